@@ -1,0 +1,49 @@
+# The README's two commands: `make run` and `make test`. Needs only Python >= 3.11 and make.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A second interpreter for the contract tests against the newest JAX (skipped, with a reason, without it).
+NEXT_PYTHON ?= $(shell command -v python3.12 2>/dev/null)
+NEXT_VENV ?= .venv-jax-next
+DEMO_CACHE ?= ./demo-cache
+
+.PHONY: run test lint clean demo-cache
+
+$(VENV)/.stamp-run: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxcache needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[gcs,service]'
+	@touch $@
+
+$(VENV)/.stamp-dev: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxcache needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@ $(VENV)/.stamp-run
+
+# Best effort: a failure here only makes the second-JAX contract tests skip with the reason.
+$(NEXT_VENV)/.stamp:
+	@if [ -n "$(NEXT_PYTHON)" ]; then \
+	  echo "building $(NEXT_VENV) with $(NEXT_PYTHON) and the newest jax"; \
+	  ($(NEXT_PYTHON) -m venv $(NEXT_VENV) && $(NEXT_VENV)/bin/pip install --quiet --upgrade jax zstandard \
+	    && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
+	else echo "no python3.12 on PATH: second-JAX contract tests will skip"; fi
+
+demo-cache: $(VENV)/.stamp-run
+	$(PY) -m jaxcache.demo $(DEMO_CACHE)
+
+run: demo-cache
+	$(VENV)/bin/jaxcache ls $(DEMO_CACHE) --sort size
+	$(VENV)/bin/jaxcache stats $(DEMO_CACHE)
+
+test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp
+	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \
+	  $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.stamp-dev
+	$(VENV)/bin/ruff check core client service warmup tests bench
+
+clean:
+	rm -rf $(VENV) $(NEXT_VENV) $(DEMO_CACHE)

@@ -1,0 +1,5 @@
+"""``python -m jaxcache`` runs the CLI."""
+
+from jaxcache.cli import run
+
+run()

@@ -1,0 +1,97 @@
+"""Full validation of a cache root: every entry decompressed, problems listed with what to do."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+
+from jaxcache.entry import Status, validate
+from jaxcache.parallel import bounded_map
+from jaxcache.scan import DEFAULT_WORKERS, Orphan, Record, scan
+from jaxcache.stats import MIXED_COMPRESSION_ADVICE, CacheStats
+from jaxcache.storage.base import Storage
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem: a corrupt entry or an orphaned ``-atime`` file."""
+
+    kind: str
+    name: str
+    key: str
+    reason: str
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    """What ``jaxcache doctor`` found."""
+
+    stats: CacheStats = field(default_factory=CacheStats)
+    corrupt: list[Finding] = field(default_factory=list)
+    orphans: list[Finding] = field(default_factory=list)
+
+    @property
+    def advice(self) -> list[str]:
+        """Explanations a user should read, beyond the lists of files."""
+        notes = []
+        if self.stats.mixed_compression:
+            notes.append(MIXED_COMPRESSION_ADVICE)
+        if self.corrupt:
+            notes.append(
+                "JAX never repairs a corrupt entry: every job that needs it warns, recompiles, and skips the "
+                "write because the file exists. Delete them (jobs recompile once and write a good copy): "
+                "`jaxcache prune ROOT --corrupt --apply`, or remove the files listed."
+            )
+        if self.orphans:
+            notes.append(
+                "orphaned -atime files are harmless bookkeeping left after their entry was removed; "
+                "deleting them frees a few bytes each."
+            )
+        return notes
+
+    @property
+    def problems(self) -> bool:
+        """True when anything needs attention (the CLI exits 1)."""
+        return bool(self.corrupt or self.orphans or self.stats.mixed_compression)
+
+    def add(self, record: Record) -> None:
+        """Fold one validated record in."""
+        self.stats.add(record)
+        if isinstance(record, Orphan):
+            self.orphans.append(Finding("orphan", record.name, record.key, "-atime file without its -cache entry"))
+        elif record.status is Status.CORRUPT:
+            self.corrupt.append(Finding("corrupt", record.name, record.key, record.reason or "corrupt"))
+
+
+def _check(storage: Storage, record: Record) -> Record | None:
+    if isinstance(record, Orphan):
+        return record
+    data = storage.read(record.name)
+    if data is None:  # deleted since it was listed (a prune, JAX's LRU): nothing left to judge
+        return None
+    v = validate(data)
+    return dataclasses.replace(
+        record, compression=v.compression, compile_seconds=v.compile_seconds, status=v.status, reason=v.reason
+    )
+
+
+def check(storage: Storage, records: Iterable[Record] | None = None, *, workers: int | None = None) -> Iterator[Record]:
+    """Yield each record of ``records`` (default: a scan of ``storage``) with a full validation result."""
+    if records is None:
+        records = scan(storage, read_headers=False)
+    if workers is None:
+        workers = DEFAULT_WORKERS[storage.listing_sorted]
+    for checked in bounded_map(partial(_check, storage), records, workers=workers):
+        if checked is not None:
+            yield checked
+
+
+def diagnose(records: Iterable[Record]) -> Diagnosis:
+    """Fold validated records (from :func:`check`) into a :class:`Diagnosis`."""
+    diagnosis = Diagnosis()
+    for record in records:
+        diagnosis.add(record)
+    return diagnosis
+

@@ -1,0 +1,35 @@
+"""One exception tree for jaxcache. Messages say what the user can do about the problem."""
+
+from __future__ import annotations
+
+
+class JaxcacheError(Exception):
+    """Root of every error jaxcache raises on purpose."""
+
+
+class InvalidInputError(JaxcacheError, ValueError):
+    """Input from a user (a URL, a name, a size, a duration) is malformed."""
+
+
+class InvalidRootError(InvalidInputError):
+    """A cache root URL cannot be opened: unknown scheme, missing directory, bad bucket name."""
+
+
+class PathEscapeError(InvalidInputError):
+    """An object name would leave its cache root (`..`, an absolute path, a NUL byte)."""
+
+
+class StorageError(JaxcacheError):
+    """The storage backend failed; the message names the root and the operation."""
+
+
+class StoragePermissionError(StorageError):
+    """The credentials in use may not perform the operation."""
+
+
+class PreconditionFailedError(StorageError):
+    """The object changed since it was listed (another generation), or already exists on a create-only write."""
+
+
+class MissingDependencyError(JaxcacheError):
+    """An optional extra is needed for this operation (for example `pip install 'jaxcache[gcs]'`)."""

@@ -1,0 +1,144 @@
+"""Stream the entries of a cache root: one record per ``-cache`` file, plus orphaned ``-atime`` files.
+
+Nothing here holds a list of everything: memory is flat in the number of entries. How a ``-cache`` file is
+paired with its ``-atime`` depends on the backend: a sorted listing (GCS) sees a key's ``-atime`` right
+before its ``-cache``; an unsorted one (a directory) looks the sibling up by name instead.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+
+from jaxcache import entry as fmt
+from jaxcache.entry import Compression, EntryKind, EntryName, Status
+from jaxcache.parallel import bounded_map
+from jaxcache.storage.base import ObjectInfo, Storage
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One compiled program in a cache root."""
+
+    key: str
+    module: str
+    hash: str
+    name: str
+    size_bytes: int
+    mtime_s: float
+    generation: int | None = None
+    atime_ns: int | None = None
+    compression: Compression | None = None
+    compile_seconds: int | None = None
+    status: Status | None = None
+    reason: str | None = None
+
+    @property
+    def last_used_s(self) -> float:
+        """The newest of the ``-atime`` record and the file's own modification time."""
+        if self.atime_ns is None:
+            return self.mtime_s
+        return max(self.mtime_s, self.atime_ns / 1e9)
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """An ``-atime`` file whose ``-cache`` file is gone (JAX's LRU or a prune removed only half)."""
+
+    key: str
+    module: str
+    name: str
+    size_bytes: int
+    mtime_s: float
+    generation: int | None = None
+
+
+Record = Entry | Orphan
+
+#: Concurrent header reads per backend: a directory gains nothing from threads, GCS a lot.
+DEFAULT_WORKERS = {True: 16, False: 1}
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    info: ObjectInfo
+    parsed: EntryName
+    has_atime: bool | None  # None: not known from the listing, look it up
+
+
+def scan(storage: Storage, *, read_headers: bool = True, workers: int | None = None) -> Iterator[Record]:
+    """Yield an :class:`Entry` per ``-cache`` file and an :class:`Orphan` per lone ``-atime`` file.
+
+    Skips ``.jaxcache/``, ``.lockfile``, XLA sub-caches and anything else JAX did not name. With
+    ``read_headers`` each entry's compression and stored compile seconds are read (a few hundred bytes
+    for most entries); an entry whose first bytes do not decode is yielded with status ``corrupt``.
+    """
+    if workers is None:
+        workers = DEFAULT_WORKERS[storage.listing_sorted]
+    pairs = _pairs_sorted(storage) if storage.listing_sorted else _pairs_unsorted(storage)
+    build = partial(_build, storage, read_headers)
+    yield from bounded_map(build, pairs, workers=workers)
+
+
+def _build(storage: Storage, read_headers: bool, item: _Pending | Orphan) -> Record:
+    if isinstance(item, Orphan):
+        return item
+    info, parsed = item.info, item.parsed
+    atime_ns = None
+    if item.has_atime is not False:
+        raw = storage.read_range(fmt.atime_name(parsed.key), 0, fmt.ATIME_BYTES + 1)
+        atime_ns = fmt.decode_atime(raw) if raw is not None else None
+    compression = seconds = status = reason = None
+    if read_headers:
+        header = fmt.read_header(partial(_read_or_empty, storage, info.name), info.size_bytes)
+        compression, seconds, status, reason = (
+            header.compression, header.compile_seconds, header.status, header.reason
+        )
+    return Entry(
+        key=parsed.key, module=parsed.module, hash=parsed.hash, name=info.name,
+        size_bytes=info.size_bytes, mtime_s=info.mtime_s, generation=info.generation,
+        atime_ns=atime_ns, compression=compression, compile_seconds=seconds, status=status, reason=reason,
+    )
+
+
+def _read_or_empty(storage: Storage, name: str, offset: int, length: int) -> bytes:
+    # An entry deleted between listing and reading reads as empty (and so is reported, not crashed on).
+    return storage.read_range(name, offset, length) or b""
+
+
+def _orphan(info: ObjectInfo, parsed: EntryName) -> Orphan:
+    return Orphan(parsed.key, parsed.module, info.name, info.size_bytes, info.mtime_s, info.generation)
+
+
+def _pairs_unsorted(storage: Storage) -> Iterator[_Pending | Orphan]:
+    for info in storage.iter_objects():
+        parsed = fmt.parse_name(info.name)
+        if parsed is None:
+            continue
+        if parsed.kind is EntryKind.CACHE:
+            yield _Pending(info, parsed, None)
+        elif not storage.exists(fmt.cache_name(parsed.key)):
+            yield _orphan(info, parsed)
+
+
+def _pairs_sorted(storage: Storage) -> Iterator[_Pending | Orphan]:
+    # "<key>-atime" sorts right before "<key>-cache"; an -atime still waiting once the listing has moved
+    # past its "-cache" name is an orphan. The waiting set holds a handful of names, not the listing.
+    waiting: collections.OrderedDict[str, tuple[ObjectInfo, EntryName]] = collections.OrderedDict()
+    for info in storage.iter_objects():
+        while waiting:
+            key = next(iter(waiting))
+            if fmt.cache_name(key) >= info.name:
+                break
+            yield _orphan(*waiting.popitem(last=False)[1])
+        parsed = fmt.parse_name(info.name)
+        if parsed is None:
+            continue
+        if parsed.kind is EntryKind.ATIME:
+            waiting[parsed.key] = (info, parsed)
+        else:
+            yield _Pending(info, parsed, waiting.pop(parsed.key, None) is not None)
+    for info, parsed in waiting.values():
+        yield _orphan(info, parsed)

@@ -1,0 +1,90 @@
+"""The one storage interface every backend implements, and the name rules every backend enforces."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from jaxcache.errors import PathEscapeError
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object under a cache root. ``name`` is relative to the root, with ``/`` separators."""
+
+    name: str
+    size_bytes: int
+    mtime_s: float
+    generation: int | None = None
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` if it stays inside the root; raise :class:`PathEscapeError` otherwise."""
+    if not name or "\x00" in name or "\\" in name or name.startswith("/"):
+        raise PathEscapeError(f"object name {name!r} is not a relative path inside the cache root")
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise PathEscapeError(f"object name {name!r} escapes the cache root or is not normalised")
+    return name
+
+
+def check_prefix(prefix: str) -> str:
+    """Like :func:`check_name` for a listing prefix, which may be empty or end in ``/``."""
+    if prefix:
+        check_name(prefix.rstrip("/") or "/")
+    return prefix
+
+
+class Storage(abc.ABC):
+    """A cache root: a local/NFS directory or a ``gs://bucket/prefix``.
+
+    Every name is relative to the root. Missing objects are return values (None/False), not exceptions;
+    vendor errors surface as :class:`jaxcache.errors.StorageError` subclasses.
+    """
+
+    url: str
+    #: True when :meth:`iter_objects` yields names in lexicographic order (GCS does; a directory does not).
+    listing_sorted: bool = False
+
+    @abc.abstractmethod
+    def iter_objects(self, prefix: str = "", *, recursive: bool = False) -> Iterator[ObjectInfo]:
+        """Yield objects lazily. Without ``recursive`` only the objects directly under ``prefix``."""
+
+    @abc.abstractmethod
+    def stat(self, name: str) -> ObjectInfo | None:
+        """One object's metadata, or None if it does not exist."""
+
+    @abc.abstractmethod
+    def read_range(self, name: str, offset: int, length: int) -> bytes | None:
+        """Up to ``length`` bytes from ``offset``; None if the object does not exist."""
+
+    @abc.abstractmethod
+    def read(self, name: str) -> bytes | None:
+        """The whole object, or None if it does not exist."""
+
+    @abc.abstractmethod
+    def delete(self, name: str, *, if_generation: int | None = None) -> bool:
+        """Delete one object; False if it was already gone.
+
+        ``if_generation`` (GCS) deletes only that generation and raises
+        :class:`~jaxcache.errors.PreconditionFailedError` if the object was replaced since it was listed.
+        """
+
+    @abc.abstractmethod
+    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:
+        """Write a whole object so that readers see either nothing/the old bytes or all of the new ones.
+
+        ``create_only`` raises :class:`~jaxcache.errors.PreconditionFailedError` if the object exists.
+        """
+
+    def exists(self, name: str) -> bool:
+        """True if the object exists."""
+        return self.stat(name) is not None
+
+    def ping(self) -> None:
+        """Raise a :class:`~jaxcache.errors.StorageError` if the root cannot be reached."""
+        next(iter(self.iter_objects()), None)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

@@ -1,0 +1,139 @@
+"""A cache root under a ``gs://bucket/prefix``, through google-cloud-storage.
+
+Imported only when a gs:// root is opened, so that nothing else pays for google-cloud-storage.
+Honours ``STORAGE_EMULATOR_HOST`` (the library does) for fake-gcs-server in tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from jaxcache.errors import (
+    InvalidRootError,
+    MissingDependencyError,
+    PreconditionFailedError,
+    StorageError,
+    StoragePermissionError,
+)
+from jaxcache.storage.base import ObjectInfo, Storage, check_name, check_prefix
+
+try:
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as auth_exc
+    from google.cloud import storage as gcs
+    from google.cloud.storage.retry import DEFAULT_RETRY
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise MissingDependencyError(
+        "gs:// cache roots need google-cloud-storage: pip install 'jaxcache[gcs]'"
+    ) from exc
+
+
+class GcsStorage(Storage):
+    """Objects under ``prefix/`` in ``bucket``. Listing is lexicographic; objects carry generations."""
+
+    listing_sorted = True
+
+    def __init__(self, bucket: str, prefix: str, *, client: gcs.Client | None = None) -> None:
+        self.bucket_name = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
+        self._base = f"{self.prefix}/" if self.prefix else ""
+        try:
+            self._client = client or gcs.Client()
+        except auth_exc.DefaultCredentialsError as exc:
+            raise StorageError(
+                f"no Google Cloud credentials for {self.url}: run `gcloud auth application-default login`, "
+                "set GOOGLE_APPLICATION_CREDENTIALS, or run with a Workload Identity service account"
+            ) from exc
+        self._bucket = self._client.bucket(bucket)
+
+    @contextlib.contextmanager
+    def _translate(self, op: str, name: str) -> Iterator[None]:
+        # The one place google-cloud-storage errors become ours. The library's retry already
+        # handled transient 429/5xx answers before anything reaches this point.
+        where = f"{op} {name!r} in {self.url}"
+        try:
+            yield
+        except gexc.PreconditionFailed as exc:
+            raise PreconditionFailedError(f"{where}: the object changed since it was listed") from exc
+        except gexc.Forbidden as exc:
+            raise StoragePermissionError(
+                f"{where}: permission denied; grant the service account the needed role on "
+                f"bucket {self.bucket_name} (see deploy/README.md)"
+            ) from exc
+        except gexc.Unauthorized as exc:
+            raise StoragePermissionError(f"{where}: credentials were rejected ({exc.message})") from exc
+        except auth_exc.GoogleAuthError as exc:
+            raise StorageError(f"{where}: authentication failed: {exc}") from exc
+        except gexc.GoogleAPIError as exc:
+            raise StorageError(f"{where} failed: {exc}") from exc
+        except OSError as exc:  # connection refused, DNS, TLS: requests raises OSError subclasses
+            raise StorageError(f"{where} failed: cannot reach Cloud Storage ({exc})") from exc
+
+    def _blob_name(self, name: str) -> str:
+        return self._base + check_name(name)
+
+    def _info(self, blob: gcs.Blob) -> ObjectInfo:
+        updated = blob.updated.timestamp() if blob.updated is not None else 0.0
+        return ObjectInfo(blob.name[len(self._base) :], blob.size or 0, updated, blob.generation)
+
+    def iter_objects(self, prefix: str = "", *, recursive: bool = False) -> Iterator[ObjectInfo]:
+        check_prefix(prefix)
+        full = self._base + prefix
+        with self._translate("list", prefix or "."):
+            pages = self._client.list_blobs(
+                self._bucket, prefix=full, delimiter=None if recursive else "/", retry=DEFAULT_RETRY
+            )
+            try:
+                for blob in pages:
+                    yield self._info(blob)
+            except gexc.NotFound as exc:
+                raise InvalidRootError(f"bucket {self.bucket_name!r} does not exist ({self.url})") from exc
+
+    def stat(self, name: str) -> ObjectInfo | None:
+        with self._translate("stat", name):
+            blob = self._bucket.get_blob(self._blob_name(name), retry=DEFAULT_RETRY)
+        return None if blob is None else self._info(blob)
+
+    def read_range(self, name: str, offset: int, length: int) -> bytes | None:
+        if length <= 0:
+            return b"" if self.exists(name) else None
+        blob = self._bucket.blob(self._blob_name(name))
+        with self._translate("read", name):
+            try:
+                return blob.download_as_bytes(
+                    start=offset, end=offset + length - 1, checksum=None, retry=DEFAULT_RETRY
+                )
+            except gexc.NotFound:
+                return None
+            except gexc.RequestRangeNotSatisfiable:
+                return b""
+
+    def read(self, name: str) -> bytes | None:
+        blob = self._bucket.blob(self._blob_name(name))
+        with self._translate("read", name):
+            try:
+                return blob.download_as_bytes(retry=DEFAULT_RETRY)
+            except gexc.NotFound:
+                return None
+
+    def delete(self, name: str, *, if_generation: int | None = None) -> bool:
+        blob = self._bucket.blob(self._blob_name(name))
+        with self._translate("delete", name):
+            try:
+                blob.delete(if_generation_match=if_generation, retry=DEFAULT_RETRY)
+            except gexc.NotFound:
+                return False
+        return True
+
+    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:
+        # A GCS upload is atomic by itself: readers see the old object or the whole new one.
+        blob = self._bucket.blob(self._blob_name(name))
+        with self._translate("write", name):
+            blob.upload_from_string(
+                data,
+                content_type="application/octet-stream",
+                if_generation_match=0 if create_only else None,
+                retry=DEFAULT_RETRY,
+            )

@@ -1,0 +1,144 @@
+"""A cache root on a local or NFS directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+
+from jaxcache.errors import (
+    InvalidRootError,
+    PreconditionFailedError,
+    StorageError,
+    StoragePermissionError,
+)
+from jaxcache.storage.base import ObjectInfo, Storage, check_name, check_prefix
+
+_TMP_PREFIX = ".jaxcache-tmp-"
+
+
+class LocalStorage(Storage):
+    """A directory. Listing order is the file system's (not sorted); there are no generations."""
+
+    listing_sorted = False
+
+    def __init__(self, root: str | os.PathLike[str], *, must_exist: bool = True) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.url = self.root
+        if must_exist and not os.path.isdir(self.root):
+            if os.path.exists(self.root):
+                raise InvalidRootError(f"cache root {self.root} is not a directory")
+            raise InvalidRootError(
+                f"cache root {self.root} does not exist: check the path, or run a JAX job with "
+                "jax_compilation_cache_dir pointing there first"
+            )
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, check_name(name))
+
+    def _error(self, op: str, name: str, exc: OSError) -> StorageError:
+        # The one place OS errors become ours, with the root and the operation in the message.
+        if isinstance(exc, PermissionError):
+            return StoragePermissionError(
+                f"{op} {name!r} under {self.root}: permission denied; "
+                "run as a user that may access the cache directory"
+            )
+        return StorageError(f"{op} {name!r} under {self.root} failed: {exc.strerror or exc}")
+
+    @contextlib.contextmanager
+    def _translate(self, op: str, name: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            raise self._error(op, name, exc) from exc
+
+    def iter_objects(self, prefix: str = "", *, recursive: bool = False) -> Iterator[ObjectInfo]:
+        check_prefix(prefix)
+        base = prefix.rstrip("/")
+        top = os.path.join(self.root, base) if base else self.root
+        yield from self._walk(top, base, recursive)
+
+    def _walk(self, directory: str, rel: str, recursive: bool) -> Iterator[ObjectInfo]:
+        try:
+            it = os.scandir(directory)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self._error("list", rel or ".", exc) from exc
+        with it:
+            for de in it:
+                name = f"{rel}/{de.name}" if rel else de.name
+                try:
+                    if de.is_file(follow_symlinks=False):
+                        if de.name.startswith(_TMP_PREFIX):
+                            continue
+                        st = de.stat(follow_symlinks=False)
+                        yield ObjectInfo(name, st.st_size, st.st_mtime)
+                    elif recursive and de.is_dir(follow_symlinks=False):
+                        yield from self._walk(de.path, name, recursive)
+                except FileNotFoundError:
+                    continue  # deleted while we listed: not there any more
+
+    def stat(self, name: str) -> ObjectInfo | None:
+        path = self._path(name)
+        with self._translate("stat", name):
+            try:
+                st = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+        return ObjectInfo(name, st.st_size, st.st_mtime)
+
+    def read_range(self, name: str, offset: int, length: int) -> bytes | None:
+        path = self._path(name)
+        with self._translate("read", name):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            try:
+                return os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
+
+    def read(self, name: str) -> bytes | None:
+        path = self._path(name)
+        with self._translate("read", name):
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+
+    def delete(self, name: str, *, if_generation: int | None = None) -> bool:
+        # A directory has no generations; JAX never rewrites a key, so there is nothing to compare.
+        path = self._path(name)
+        with self._translate("delete", name):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                return False
+        return True
+
+    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:
+        path = self._path(name)
+        directory = os.path.dirname(path)
+        with self._translate("write", name):
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=directory)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                if create_only:
+                    # link() fails if the target exists, which makes "create if absent" atomic.
+                    try:
+                        os.link(tmp, path)
+                    except FileExistsError:
+                        raise PreconditionFailedError(f"{name!r} already exists under {self.root}") from None
+                else:
+                    os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)

@@ -1,0 +1,56 @@
+"""Human-readable sizes and durations, both ways."""
+
+from __future__ import annotations
+
+import re
+
+from jaxcache.errors import InvalidInputError
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_NUMBER_UNIT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+
+
+def format_bytes(n: int | float) -> str:
+    """``1536`` → ``1.5 KiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def parse_bytes(text: str) -> int:
+    """``50GiB``, ``2.5 GB``, ``1000`` → bytes. Raises :class:`InvalidInputError` with the accepted forms."""
+    m = _NUMBER_UNIT.fullmatch(text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _SIZE_UNITS:
+        raise InvalidInputError(f"{text!r} is not a size: use a number with an optional unit, like 500MiB or 50GB")
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def format_duration(seconds: float) -> str:
+    """``90061`` → ``1d 1h``: the two largest units, for ages."""
+    s = int(max(seconds, 0))
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size or (unit == "s" and not parts):
+            parts.append(f"{s // size}{unit}")
+            s %= size
+        if len(parts) == 2:
+            break
+    return " ".join(parts)
+
+
+def parse_duration(text: str) -> float:
+    """``14d``, ``12h``, ``30m``, ``45s``, ``2w`` or plain seconds → seconds."""
+    m = _NUMBER_UNIT.fullmatch(text)
+    unit = (m.group(2).lower() or "s") if m else None
+    if m is None or unit not in _DURATION_UNITS:
+        raise InvalidInputError(f"{text!r} is not a duration: use a number with s, m, h, d or w, like 14d")
+    return float(m.group(1)) * _DURATION_UNITS[unit]

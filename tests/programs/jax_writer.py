@@ -1,0 +1,100 @@
+"""Write a real JAX cache and record ground truth from JAX itself.
+
+Standalone on purpose (imports no jaxcache): it runs under other interpreters and JAX versions too.
+Usage: python jax_writer.py CACHE_DIR MANIFEST_JSON [--no-zstd] [--lru]
+
+The manifest holds, per file JAX wrote: the module name and key JAX logged ("Writing %s to persistent
+compilation cache with key %r"), and the compile seconds and compression JAX's own decoder reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cache_dir")
+    parser.add_argument("manifest")
+    parser.add_argument("--no-zstd", action="store_true", help="make zstandard unimportable: JAX falls back to zlib")
+    parser.add_argument("--lru", action="store_true", help="set jax_compilation_cache_max_size (writes -atime files)")
+    args = parser.parse_args()
+
+    if args.no_zstd:
+        sys.modules["zstandard"] = None  # type: ignore[assignment]  # import now raises ImportError
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+    written: list[tuple[str, str]] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.msg.startswith("Writing %s to persistent compilation cache"):
+                written.append((str(record.args[0]), str(record.args[1])))
+
+    cc_logger = logging.getLogger("jax._src.compilation_cache")
+    cc_logger.setLevel(logging.DEBUG)
+    cc_logger.addHandler(Capture())
+
+    import jax
+    import jax.numpy as jnp
+    from jax._src import compilation_cache as cc
+
+    jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    if args.lru:
+        jax.config.update("jax_compilation_cache_max_size", 512 * 1024 * 1024)
+
+    @jax.jit
+    def train_step(params, x):
+        def loss(p):
+            h = x
+            for i, w in enumerate(p):
+                h = jnp.tanh(h @ w) + jnp.sin(h) * 0.1 if i % 2 else jax.nn.gelu(h @ w)
+            return jnp.mean(h**2)
+
+        grads = jax.grad(loss)(params)
+        return [w - 0.1 * g for w, g in zip(params, grads, strict=True)]
+
+    def tiny(x):
+        return x * 2 + 1
+
+    def odd(x):
+        return jnp.sin(x) + jnp.cos(x)
+
+    odd.__name__ = "odd-name.v2"  # a module name with '-' and '.': parsers must split from the right
+
+    # 250 unrolled layers: slow enough to compile (a few seconds here) that JAX stores a non-zero compile time.
+    params = [jnp.eye(64) * 0.5 for _ in range(250)]
+    x = jnp.ones((8, 64))
+    jax.block_until_ready(train_step(params, x))
+    jax.block_until_ready(jax.jit(tiny)(jnp.arange(4.0)))
+    jax.block_until_ready(jax.jit(lambda v: v @ v.T)(x))
+    jax.block_until_ready(jax.jit(odd)(x))
+
+    compression = "zstd" if cc.zstandard is not None or getattr(cc, "zstd", None) is not None else "zlib"
+    entries = []
+    for module, key in written:
+        path = os.path.join(args.cache_dir, key + "-cache")
+        with open(path, "rb") as f:
+            data = f.read()
+        _, seconds = cc.extract_executable_and_time(cc.decompress_executable(data))
+        entries.append({
+            "file": key + "-cache", "key": key, "module": module, "size_bytes": len(data),
+            "compression": compression, "stored_compile_seconds": seconds,
+            "has_atime": os.path.exists(os.path.join(args.cache_dir, key + "-atime")),
+        })
+    manifest = {
+        "jax": jax.__version__, "python": sys.version.split()[0], "compression": compression, "entries": entries,
+    }
+    with open(args.manifest, "w") as f:
+        json.dump(manifest, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
