@@ -27,7 +27,7 @@ $(VENV)/.stamp-dev: pyproject.toml
 $(NEXT_VENV)/.stamp:
 	@if [ -n "$(NEXT_PYTHON)" ]; then \
 	  echo "building $(NEXT_VENV) with $(NEXT_PYTHON) and the newest jax"; \
-	  ($(NEXT_PYTHON) -m venv $(NEXT_VENV) && $(NEXT_VENV)/bin/pip install --quiet --upgrade jax zstandard \
+	  ($(NEXT_PYTHON) -m venv $(NEXT_VENV) && $(NEXT_VENV)/bin/pip install --quiet --upgrade jax zstandard filelock \
 	    && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
 	else echo "no python3.12 on PATH: second-JAX contract tests will skip"; fi
 

@@ -9,6 +9,7 @@ import argparse
 import fnmatch
 import heapq
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -259,8 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("jaxcache: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # `jaxcache ls ROOT | head`: the reader left; that is not an error.
-        sys.stderr.close()
+        # `jaxcache ls ROOT | head`: the reader left; that is not an error. Point stdout at /dev/null so the
+        # interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
 
 

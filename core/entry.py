@@ -176,33 +176,27 @@ def _unknown_format(prefix: bytes) -> str:
     return f"not a zstd or zlib stream (starts with {prefix[:4].hex(' ') or 'nothing'}): not written by JAX"
 
 
-def read_header(read_range: Callable[[int, int], bytes], size_bytes: int) -> Header:
+def read_header(
+    read_range: Callable[[int, int], bytes], size_bytes: int, *, first_read_bytes: int = _FIRST_READ_BYTES
+) -> Header:
     """Read an entry's compression and stored compile seconds from as few bytes as possible.
 
-    ``read_range(offset, length)`` returns up to ``length`` bytes at ``offset``. The first read asks for 256
-    bytes, which is enough for zlib; a zstd frame yields no output until its first block is complete, so a
-    second read fetches exactly up to the end of that block (sized from the block header).
+    ``read_range(offset, length)`` returns up to ``length`` bytes at ``offset``. The first read asks for
+    ``first_read_bytes`` (256 by default: enough for zlib). A zstd frame yields no output until its first block
+    is complete, so if that block is not all there, a second read fetches exactly up to its end (sized from the
+    block header). Only the bytes needed are decompressed.
     """
     if size_bytes == 0:
         return Header(Compression.UNKNOWN, None, Status.CORRUPT, "empty file (0 bytes): a write that never finished")
-    data = read_range(0, min(_FIRST_READ_BYTES, size_bytes))
+    data = read_range(0, min(max(first_read_bytes, 16), size_bytes))
     compression = sniff_compression(data)
     if compression is Compression.UNKNOWN:
         return Header(compression, None, Status.CORRUPT, _unknown_format(data))
-    dec = _decompressor(compression)
     try:
-        out = dec.decompress(data)
-        if len(out) < TIME_HEADER_BYTES and len(data) < size_bytes:
-            want = size_bytes
-            if compression is Compression.ZSTD:
-                end = _zstd_first_block_end(data)
-                want = min(size_bytes, end if end is not None else _ZSTD_MAX_FIRST_BLOCK_END)
-            more = read_range(len(data), want - len(data)) if want > len(data) else b""
-            out += dec.decompress(more)
-            data_len = len(data) + len(more)
-            # A damaged block header can point past the block; fall back to the rest of the file.
-            if len(out) < TIME_HEADER_BYTES and data_len < size_bytes:
-                out += dec.decompress(read_range(data_len, size_bytes - data_len))
+        if compression is Compression.ZLIB:
+            out = _zlib_head(read_range, data, size_bytes)
+        else:
+            out = _zstd_head(read_range, data, size_bytes)
     except (zstandard.ZstdError, zlib.error) as exc:
         return Header(compression, None, Status.CORRUPT, _damage(compression, exc))
     if len(out) < TIME_HEADER_BYTES:
@@ -211,6 +205,29 @@ def read_header(read_range: Callable[[int, int], bytes], size_bytes: int) -> Hea
             f"truncated: {size_bytes} bytes end before the 4-byte compile-time header",
         )
     return Header(compression, int.from_bytes(out[:TIME_HEADER_BYTES], "big"), Status.OK)
+
+
+def _zlib_head(read_range: Callable[[int, int], bytes], data: bytes, size_bytes: int) -> bytes:
+    dec = zlib.decompressobj()
+    # max_length: inflate only the 4 bytes wanted, however much was read.
+    out = dec.decompress(data, TIME_HEADER_BYTES)
+    if len(out) < TIME_HEADER_BYTES and len(data) < size_bytes:
+        out += dec.decompress(dec.unconsumed_tail + read_range(len(data), size_bytes - len(data)), TIME_HEADER_BYTES)
+    return out
+
+
+def _zstd_head(read_range: Callable[[int, int], bytes], data: bytes, size_bytes: int) -> bytes:
+    dec = _zstd().decompressobj()
+    end = _zstd_first_block_end(data)
+    if end is None or end > _ZSTD_MAX_FIRST_BLOCK_END:
+        end = min(size_bytes, _ZSTD_MAX_FIRST_BLOCK_END)  # a damaged header: read what a block may hold
+    if len(data) >= end:
+        return dec.decompress(data[:end])
+    out = dec.decompress(data)
+    have = len(data)
+    if have < size_bytes:
+        out += dec.decompress(read_range(have, min(end, size_bytes) - have))
+    return out
 
 
 def read_header_bytes(data: bytes) -> Header:

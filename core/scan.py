@@ -92,7 +92,9 @@ def _build(storage: Storage, read_headers: bool, item: _Pending | Orphan) -> Rec
         atime_ns = fmt.decode_atime(raw) if raw is not None else None
     compression = seconds = status = reason = None
     if read_headers:
-        header = fmt.read_header(partial(_read_or_empty, storage, info.name), info.size_bytes)
+        header = fmt.read_header(
+            partial(_read_or_empty, storage, info.name), info.size_bytes, first_read_bytes=storage.head_read_bytes
+        )
         compression, seconds, status, reason = (
             header.compression, header.compile_seconds, header.status, header.reason
         )

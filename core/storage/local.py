@@ -22,6 +22,7 @@ class LocalStorage(Storage):
     """A directory. Listing order is the file system's (not sorted); there are no generations."""
 
     listing_sorted = False
+    head_read_bytes = 64 * 1024
 
     def __init__(self, root: str | os.PathLike[str], *, must_exist: bool = True) -> None:
         self.root = os.path.abspath(os.fspath(root))
@@ -35,7 +36,7 @@ class LocalStorage(Storage):
             )
 
     def _path(self, name: str) -> str:
-        return os.path.join(self.root, check_name(name))
+        return f"{self.root}/{check_name(name)}"
 
     def _error(self, op: str, name: str, exc: OSError) -> StorageError:
         # The one place OS errors become ours, with the root and the operation in the message.
@@ -80,26 +81,29 @@ class LocalStorage(Storage):
                 except FileNotFoundError:
                     continue  # deleted while we listed: not there any more
 
+    # stat() and read_range() run once or twice per entry in a scan: plain try/except, no context manager.
     def stat(self, name: str) -> ObjectInfo | None:
-        path = self._path(name)
-        with self._translate("stat", name):
-            try:
-                st = os.stat(path, follow_symlinks=False)
-            except FileNotFoundError:
-                return None
+        try:
+            st = os.stat(self._path(name), follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._error("stat", name, exc) from exc
         return ObjectInfo(name, st.st_size, st.st_mtime)
 
     def read_range(self, name: str, offset: int, length: int) -> bytes | None:
-        path = self._path(name)
-        with self._translate("read", name):
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                return None
-            try:
-                return os.pread(fd, length, offset)
-            finally:
-                os.close(fd)
+        try:
+            fd = os.open(self._path(name), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._error("read", name, exc) from exc
+        try:
+            return os.pread(fd, length, offset)
+        except OSError as exc:
+            raise self._error("read", name, exc) from exc
+        finally:
+            os.close(fd)
 
     def read(self, name: str) -> bytes | None:
         path = self._path(name)

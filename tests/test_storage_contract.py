@@ -1,0 +1,167 @@
+"""One contract every storage backend passes: a local directory and GCS on a real fake-gcs-server."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from jaxcache.errors import InvalidRootError, PathEscapeError, PreconditionFailedError
+from jaxcache.storage import LocalStorage, Storage, open_storage
+
+
+@pytest.fixture(params=["local", "gcs"])
+def storage(request, tmp_path) -> Storage:
+    if request.param == "local":
+        return open_storage(str(tmp_path))
+    bucket = request.getfixturevalue("gcs_bucket")
+    return open_storage(f"gs://{bucket}/team/jax-cache")
+
+
+def test_write_read_stat(storage):
+    storage.write_atomic("a-cache", b"hello world")
+    assert storage.read("a-cache") == b"hello world"
+    assert storage.read_range("a-cache", 6, 5) == b"world"
+    assert storage.read_range("a-cache", 6, 500) == b"world"
+    assert storage.read_range("a-cache", 100, 5) == b""
+    info = storage.stat("a-cache")
+    assert info is not None and info.name == "a-cache" and info.size_bytes == 11 and info.mtime_s > 0
+    assert storage.exists("a-cache")
+
+
+def test_missing_objects_are_return_values(storage):
+    assert storage.read("nope") is None
+    assert storage.read_range("nope", 0, 10) is None
+    assert storage.stat("nope") is None
+    assert storage.delete("nope") is False
+    assert not storage.exists("nope")
+
+
+def test_overwrite_and_create_only(storage):
+    storage.write_atomic("x", b"one")
+    storage.write_atomic("x", b"two")
+    assert storage.read("x") == b"two"
+    with pytest.raises(PreconditionFailedError):
+        storage.write_atomic("x", b"three", create_only=True)
+    assert storage.read("x") == b"two"
+    storage.write_atomic("y", b"new", create_only=True)
+    assert storage.read("y") == b"new"
+
+
+def test_listing_is_lazy_flat_or_recursive(storage):
+    for name in ["b-cache", "a-cache", ".jaxcache/runs/2026-11-30/r1-p0.json", "sub/inner"]:
+        storage.write_atomic(name, b"x")
+    it = storage.iter_objects()
+    assert iter(it) is it  # a generator, not a list
+    assert sorted(o.name for o in it) == ["a-cache", "b-cache"]
+    assert sorted(o.name for o in storage.iter_objects(recursive=True)) == [
+        ".jaxcache/runs/2026-11-30/r1-p0.json", "a-cache", "b-cache", "sub/inner",
+    ]
+    assert [o.name for o in storage.iter_objects(".jaxcache/runs/", recursive=True)] == [
+        ".jaxcache/runs/2026-11-30/r1-p0.json"
+    ]
+    assert list(storage.iter_objects("missing/")) == []
+
+
+def test_sorted_listing_claim_holds(storage):
+    names = [f"k{i:03d}-cache" for i in range(30)]
+    for name in reversed(names):
+        storage.write_atomic(name, b"x")
+    listed = [o.name for o in storage.iter_objects()]
+    if storage.listing_sorted:
+        assert listed == sorted(listed)
+    assert sorted(listed) == names
+
+
+def test_delete(storage):
+    storage.write_atomic("gone", b"x")
+    assert storage.delete("gone") is True
+    assert storage.read("gone") is None
+    assert storage.delete("gone") is False
+
+
+@pytest.mark.parametrize("bad", ["../escape", "/etc/passwd", "a/../../b", "a//b", "./a", "a\x00b", "a\\..\\b", ""])
+def test_names_cannot_escape_the_root(storage, bad):
+    for op in (
+        lambda: storage.read(bad),
+        lambda: storage.read_range(bad, 0, 1),
+        lambda: storage.stat(bad),
+        lambda: storage.delete(bad),
+        lambda: storage.write_atomic(bad, b"x"),
+    ):
+        with pytest.raises(PathEscapeError):
+            op()
+    with pytest.raises(PathEscapeError):
+        list(storage.iter_objects("../"))
+
+
+def test_generations_on_gcs(gcs_bucket, gcs_client):
+    storage = open_storage(f"gs://{gcs_bucket}/c")
+    storage.write_atomic("e-cache", b"v1")
+    first = storage.stat("e-cache").generation
+    storage.write_atomic("e-cache", b"v2")
+    second = storage.stat("e-cache").generation
+    assert first and second and first != second
+    assert [o.generation for o in storage.iter_objects()] == [second]
+
+
+def test_gcs_delete_sends_the_generation_precondition(gcs_bucket):
+    # Neither emulator enforces delete preconditions, so check the request itself carries it.
+    storage = open_storage(f"gs://{gcs_bucket}/c")
+    storage.write_atomic("e-cache", b"v1")
+    gen = storage.stat("e-cache").generation
+    seen: list[str] = []
+    session = storage._client._http
+    hook = lambda response, *a, **k: seen.append(f"{response.request.method} {response.request.url}")  # noqa: E731
+    session.hooks["response"].append(hook)
+    try:
+        assert storage.delete("e-cache", if_generation=gen) is True
+    finally:
+        session.hooks["response"].remove(hook)
+    deletes = [s for s in seen if s.startswith("DELETE ")]
+    assert deletes and f"ifGenerationMatch={gen}" in deletes[0]
+
+
+def test_gcs_missing_bucket_is_a_clear_error(fake_gcs):
+    storage = open_storage(f"gs://no-such-bucket-{uuid.uuid4().hex[:8]}/x")
+    with pytest.raises(InvalidRootError, match="does not exist"):
+        list(storage.iter_objects())
+
+
+def test_local_write_leaves_no_temp_files(tmp_path):
+    storage = LocalStorage(tmp_path)
+    storage.write_atomic(".jaxcache/runs/r.json", b"{}")
+    assert sorted(p.name for p in (tmp_path / ".jaxcache" / "runs").iterdir()) == ["r.json"]
+
+
+def test_local_skips_symlinks(tmp_path):
+    (tmp_path / "outside").write_bytes(b"secret")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "link-cache").symlink_to(tmp_path / "outside")
+    assert list(LocalStorage(root).iter_objects()) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("s3://bucket/x", "unsupported scheme"),
+        ("gs://Bad_Bucket/x", "not a valid bucket name"),
+        ("gs://b/../x", "not a valid bucket name"),
+        ("gs://bucket/a/../b", "not a clean path"),
+        ("file://host/path", "local path"),
+        ("", "empty"),
+    ],
+)
+def test_open_storage_rejects_bad_urls(url, message):
+    with pytest.raises(InvalidRootError, match=message):
+        open_storage(url)
+
+
+def test_open_storage_local_forms(tmp_path):
+    assert open_storage(str(tmp_path)).url == str(tmp_path)
+    assert open_storage(f"file://{tmp_path}").url == str(tmp_path)
+    with pytest.raises(InvalidRootError, match="does not exist"):
+        open_storage(str(tmp_path / "missing"))
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InvalidRootError, match="not a directory"):
+        open_storage(str(tmp_path / "f"))
