@@ -3,7 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # A second interpreter for the contract tests against the newest JAX (skipped, with a reason, without it).
-NEXT_PYTHON ?= $(shell command -v python3.12 2>/dev/null)
+# pyenv's shim for python3.12 exists even when 3.12 is not the active version, so try each candidate.
+NEXT_PYTHON ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do \
+  if "$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
+    "$$p" -c 'import sys; print(sys.executable)'; break; fi; done)
 NEXT_VENV ?= .venv-jax-next
 DEMO_CACHE ?= ./demo-cache
 
@@ -29,7 +32,7 @@ $(NEXT_VENV)/.stamp:
 	  echo "building $(NEXT_VENV) with $(NEXT_PYTHON) and the newest jax"; \
 	  ($(NEXT_PYTHON) -m venv $(NEXT_VENV) && $(NEXT_VENV)/bin/pip install --quiet --upgrade jax zstandard filelock \
 	    && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
-	else echo "no python3.12 on PATH: second-JAX contract tests will skip"; fi
+	else echo "no working python3.12 found: second-JAX contract tests will skip"; fi
 
 demo-cache: $(VENV)/.stamp-run
 	$(PY) -m jaxcache.demo $(DEMO_CACHE)

@@ -92,9 +92,7 @@ def _build(storage: Storage, read_headers: bool, item: _Pending | Orphan) -> Rec
         atime_ns = fmt.decode_atime(raw) if raw is not None else None
     compression = seconds = status = reason = None
     if read_headers:
-        header = fmt.read_header(
-            partial(_read_or_empty, storage, info.name), info.size_bytes, first_read_bytes=storage.head_read_bytes
-        )
+        header = read_head(storage, info)
         compression, seconds, status, reason = (
             header.compression, header.compile_seconds, header.status, header.reason
         )
@@ -102,6 +100,13 @@ def _build(storage: Storage, read_headers: bool, item: _Pending | Orphan) -> Rec
         key=parsed.key, module=parsed.module, hash=parsed.hash, name=info.name,
         size_bytes=info.size_bytes, mtime_s=info.mtime_s, generation=info.generation,
         atime_ns=atime_ns, compression=compression, compile_seconds=seconds, status=status, reason=reason,
+    )
+
+
+def read_head(storage: Storage, info: ObjectInfo) -> fmt.Header:
+    """Compression and stored compile seconds of one ``-cache`` object, reading as little as the backend allows."""
+    return fmt.read_header(
+        partial(_read_or_empty, storage, info.name), info.size_bytes, first_read_bytes=storage.head_read_bytes
     )
 
 
