@@ -17,12 +17,13 @@ from typing import Any, TypeVar
 
 from jaxcache import __version__
 from jaxcache.doctor import Diagnosis, check, diagnose
-from jaxcache.errors import JaxcacheError
+from jaxcache.errors import InvalidInputError, JaxcacheError, MissingDependencyError
+from jaxcache.prune import CORRUPT_REASON, Candidate, Decision, PrunePlan, PrunePolicy, PruneResult, apply, plan
 from jaxcache.scan import Entry, Record, scan
 from jaxcache.stats import CacheStats, summarize
 from jaxcache.storage import Storage, open_storage
 from jaxcache.table import render
-from jaxcache.units import format_bytes, format_duration
+from jaxcache.units import format_bytes, format_duration, parse_bytes, parse_duration
 
 T = TypeVar("T")
 
@@ -196,6 +197,173 @@ def cmd_doctor(args: argparse.Namespace, storage: Storage) -> int:
     return exit_code
 
 
+_PRUNE_TABLE_ROWS = 50
+_NO_RULE = (
+    "nothing selects entries: give --max-size, --unused-for, --older-than, --function, --corrupt or --orphans "
+    "(--keep and --min-age only protect entries)"
+)
+
+
+def _flag_value(flag: str, parse: Callable[[str], T], text: str | None) -> T | None:
+    """Parse one option's text, naming the option in the one-line error."""
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{flag}: {exc}") from None
+
+
+def _prune_policy(args: argparse.Namespace) -> PrunePolicy:
+    min_age = _flag_value("--min-age", parse_duration, args.min_age)
+    return PrunePolicy(
+        max_total_bytes=_flag_value("--max-size", parse_bytes, args.max_size),
+        unused_for_s=_flag_value("--unused-for", parse_duration, args.unused_for),
+        older_than_s=_flag_value("--older-than", parse_duration, args.older_than),
+        functions=tuple(args.function or ()),
+        corrupt=args.corrupt,
+        orphans=args.orphans,
+        keep=tuple(args.keep or ()),
+        min_age_s=3600.0 if min_age is None else min_age,
+    )
+
+
+def _reasons(d: Decision, details: dict[str, str]) -> list[str]:
+    # The plan says "corrupt"; the scan knows what is wrong with the entry.
+    detail = details.get(d.candidate.key)
+    return [f"{r}: {detail}" if r == CORRUPT_REASON and detail else r for r in d.reasons]
+
+
+def _decision_json(d: Decision, details: dict[str, str]) -> dict[str, Any]:
+    c = d.candidate
+    return {
+        "key": c.key,
+        "function": c.module,
+        "hash": c.key[-64:],
+        "name": c.name,
+        "size_bytes": c.size_bytes,
+        "created_s": c.created_s,
+        "last_used_s": c.last_used_s,
+        "status": c.status,
+        "orphan": c.orphan,
+        "reasons": _reasons(d, details),
+    }
+
+
+def _protected_counts(p: PrunePlan) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for d in p.protected:
+        for r in d.reasons:
+            counts[r] = counts.get(r, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _apply_with_progress(storage: Storage, p: PrunePlan, verbose: bool) -> PruneResult:
+    if verbose:
+        def say(d: Decision) -> None:
+            print(f"removed {d.candidate.name}", file=sys.stderr, flush=True)
+
+        return apply(storage, p, on_deleted=say)
+    if sys.stderr.isatty() and p.delete:
+        from tqdm import tqdm
+
+        with tqdm(total=len(p.delete), desc="deleting", unit=" entries", leave=False, file=sys.stderr,
+                  mininterval=0.2) as bar:
+            return apply(storage, p, on_deleted=lambda _: bar.update())
+    return apply(storage, p)
+
+
+def _print_prune_plan(p: PrunePlan, details: dict[str, str], now: float) -> None:
+    shown = p.delete[:_PRUNE_TABLE_ROWS]
+    if shown:
+        rows = [
+            [
+                d.candidate.module,
+                d.candidate.key[-64:][:12],
+                format_bytes(d.candidate.size_bytes),
+                format_duration(now - d.candidate.last_used_s),
+                "; ".join(_reasons(d, details)),
+            ]
+            for d in shown
+        ]
+        print(render(["FUNCTION", "HASH", "SIZE", "LAST USED", "REASONS"], rows, right=frozenset({2, 3})))
+        if len(p.delete) > len(shown):
+            print(f"... and {len(p.delete) - len(shown)} more")
+    counts = _protected_counts(p)
+    if counts:
+        print(f"\nprotected: {len(p.protected)} selected entries kept")
+        width = max(len(str(n)) for n in counts.values())
+        print("\n".join(f"  {str(n).rjust(width)}  {reason}" for reason, n in counts.items()))
+
+
+def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
+    policy = _prune_policy(args)
+    if not policy.selects_anything():
+        raise InvalidInputError(_NO_RULE)
+    details: dict[str, str] = {}
+    candidates: list[Candidate] = []
+    # Headers (one small read per entry) are needed only to find corrupt entries.
+    for record in _progress(scan(storage, read_headers=policy.corrupt), "scanning"):
+        if isinstance(record, Entry) and record.reason:
+            details[record.key] = record.reason
+        candidates.append(Candidate.from_record(record))
+    now = time.time()
+    p = plan(candidates, policy, now=now)
+    del candidates
+    if not args.json:
+        _print_prune_plan(p, details, now)
+        if p.delete or p.protected:
+            print()
+    result = _apply_with_progress(storage, p, args.verbose) if args.apply and p.delete else None
+    if args.apply and result is None:
+        result = PruneResult()
+    exit_code = EXIT_PROBLEMS if result is not None and result.errors else EXIT_OK
+    if args.json:
+        data = {
+            "root": storage.url,
+            "applied": bool(args.apply),
+            "policy": policy.as_dict(),
+            "now_s": now,
+            "entries_total": p.entries_total,
+            "kept": p.kept,
+            "bytes_freed": p.bytes_freed,
+            "bytes_remaining": p.bytes_remaining,
+            "delete": [_decision_json(d, details) for d in p.delete],
+            "protected": [_decision_json(d, details) for d in p.protected],
+            "protected_by_reason": _protected_counts(p),
+            "result": None if result is None else {
+                "deleted": result.deleted,
+                "bytes_freed": result.bytes_freed,
+                "already_gone": result.already_gone,
+                "changed": result.changed,
+                "errors": result.errors,
+            },
+        }
+        json.dump(data, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return exit_code
+    if result is None:
+        print(f"would delete {len(p.delete)} entries, freeing {format_bytes(p.bytes_freed)} "
+              f"({format_bytes(p.bytes_remaining)} remain)")
+        if p.delete:
+            print("dry run: nothing was deleted; add --apply to delete")
+        return exit_code
+    extra = []
+    if result.already_gone:
+        extra.append(f"{result.already_gone} already gone")
+    if result.changed:
+        extra.append(f"{result.changed} changed since the listing (left alone)")
+    if result.errors:
+        extra.append(f"{len(result.errors)} failed")
+    print(f"deleted {result.deleted} entries, freed {format_bytes(result.bytes_freed)}"
+          + (f" ({', '.join(extra)})" if extra else ""))
+    for message in result.errors[:10]:
+        print(f"jaxcache: error: {message}", file=sys.stderr)
+    if len(result.errors) > 10:
+        print(f"jaxcache: ... and {len(result.errors) - 10} more errors", file=sys.stderr)
+    return exit_code
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -243,7 +411,86 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("root", metavar="ROOT", help=_ROOT_HELP)
     dr.add_argument("--json", action="store_true", help="print JSON (stable field names)")
     dr.set_defaults(run=cmd_doctor)
+
+    pr = sub.add_parser(
+        "prune", help="delete entries by size, age, function, corruption (dry run unless --apply)",
+        description="Delete entries that ANY selecting rule picks (--max-size, --unused-for, --older-than, "
+                    "--function, --corrupt, --orphans) unless a keep rule protects them (--keep, --min-age). "
+                    "Prints what would go and why; nothing is deleted without --apply. Deleting entries while "
+                    "jobs run is safe: JAX recompiles what is missing.",
+        epilog="Sizes: 500MiB, 50GiB, 50GB. Durations: 45s, 30m, 12h, 14d, 2w. Exit codes: 0 ok, 1 some "
+               "deletions failed, 2 usage or input error.",
+    )
+    pr.add_argument("root", metavar="ROOT", help=_ROOT_HELP)
+    pr.add_argument("--max-size", metavar="SIZE",
+                    help="evict least recently used entries until the root holds at most SIZE")
+    pr.add_argument("--unused-for", metavar="DURATION", help="entries not used for DURATION (from -atime files, "
+                    "else creation time)")
+    pr.add_argument("--older-than", metavar="DURATION", help="entries created more than DURATION ago")
+    pr.add_argument("--function", metavar="GLOB", action="append",
+                    help="entries of functions (module names) matching GLOB, e.g. 'jit_old_*'; repeat for more")
+    pr.add_argument("--corrupt", action="store_true",
+                    help="entries whose head does not decode (the scan's header check; `jaxcache doctor` does the "
+                         "full check)")
+    pr.add_argument("--orphans", action="store_true", help="orphaned -atime files whose entry is gone")
+    pr.add_argument("--keep", metavar="PATTERN", action="append",
+                    help="never delete entries whose key, or function name, matches PATTERN (a key or a glob); "
+                         "repeat for more")
+    pr.add_argument("--min-age", metavar="DURATION", default=None,
+                    help="never delete anything created less than DURATION ago (default 1h; 0s turns it off)")
+    pr.add_argument("--apply", action="store_true", help="delete (without it, only print the plan)")
+    pr.add_argument("--json", action="store_true", help="print JSON (stable field names)")
+    pr.add_argument("-v", "--verbose", action="store_true", help="with --apply, a line per removed entry on stderr")
+    pr.set_defaults(run=cmd_prune)
+    sv = sub.add_parser(
+        "serve", help="run the catalog service (REST API, metrics) over named cache roots",
+        description="Serve the catalog of one or more cache roots over HTTP. Every flag can also be set with "
+                    "the environment variable of the same name: JAXCACHE_CACHES (JSON object name->URL), "
+                    "JAXCACHE_HOST, JAXCACHE_PORT, JAXCACHE_DB, JAXCACHE_RESCAN_S, JAXCACHE_TOKENS, "
+                    "JAXCACHE_TOKENS_FILE, JAXCACHE_INSECURE_NO_AUTH. Flags win over the environment.",
+    )
+    sv.add_argument("--cache", metavar="NAME=URL", action="append", default=[],
+                    help="a cache root to serve under NAME (repeatable), e.g. --cache prod=gs://bucket/jax-cache")
+    sv.add_argument("--host", help="address to listen on (default 127.0.0.1; others need tokens)")
+    sv.add_argument("--port", type=_non_negative, help="port (default 8080)")
+    sv.add_argument("--db", metavar="URL",
+                    help="catalog database as an SQLAlchemy URL (default: an SQLite file under ~/.local/state)")
+    sv.add_argument("--rescan-s", type=float, metavar="SECONDS", help="seconds between background rescans (300)")
+    sv.add_argument("--tokens-file", metavar="PATH", help="lines of '<sha256 hex of token> <read|report|admin>'")
+    sv.add_argument("--insecure-no-auth", action="store_true", default=None,
+                    help="serve every route without tokens on any address (labs only)")
     return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Build settings from the environment, let flags override, and run the service."""
+    try:
+        from jaxcache.service.server import serve
+        from jaxcache.service.settings import ServiceSettings
+    except ImportError as exc:
+        raise MissingDependencyError(f"the service needs its extra: pip install 'jaxcache[service]' ({exc})") from None
+    overrides: dict[str, Any] = {}
+    if args.cache:
+        caches = {}
+        for item in args.cache:
+            name, sep, url = item.partition("=")
+            if not sep or not name or not url:
+                raise InvalidInputError(f"--cache {item!r}: expected NAME=URL, e.g. demo=./demo-cache")
+            caches[name] = url
+        overrides["caches"] = caches
+    for flag in ("host", "port", "db", "rescan_s", "tokens_file", "insecure_no_auth"):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[flag] = value
+    from pydantic import ValidationError
+
+    try:
+        settings = ServiceSettings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        raise InvalidInputError(f"bad service settings: {problems}") from None
+    serve(settings)
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -251,6 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "serve":
+            return cmd_serve(args)
         storage = open_storage(args.root)
         return args.run(args, storage)
     except JaxcacheError as exc:
