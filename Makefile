@@ -9,6 +9,8 @@ NEXT_PYTHON ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/pyth
     "$$p" -c 'import sys; print(sys.executable)'; break; fi; done)
 NEXT_VENV ?= .venv-jax-next
 DEMO_CACHE ?= ./demo-cache
+HOST ?= 127.0.0.1
+PORT ?= 8080
 
 .PHONY: run test lint clean demo-cache
 
@@ -37,9 +39,10 @@ $(NEXT_VENV)/.stamp:
 demo-cache: $(VENV)/.stamp-run
 	$(PY) -m jaxcache.demo $(DEMO_CACHE)
 
+# The main job: the catalog service over the demo cache, on an embedded SQLite catalog. Ctrl-C stops it.
 run: demo-cache
-	$(VENV)/bin/jaxcache ls $(DEMO_CACHE) --sort size
-	$(VENV)/bin/jaxcache stats $(DEMO_CACHE)
+	$(VENV)/bin/jaxcache stats $(DEMO_CACHE) --top 5
+	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --host $(HOST) --port $(PORT)
 
 test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp
 	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \

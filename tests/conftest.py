@@ -65,7 +65,7 @@ def next_jax_caches(tmp_path_factory) -> dict[str, WrittenCache]:
     if not python or not os.path.exists(python):
         pytest.skip(
             "no second JAX interpreter: JAXCACHE_NEXT_PYTHON is unset or missing "
-            "(`make test` builds .venv-jax-next when python3.12 is on PATH)"
+            "(`make test` builds .venv-jax-next when a working Python 3.12 exists)"
         )
     base = tmp_path_factory.mktemp("next-jax-caches")
     return {

@@ -80,3 +80,11 @@ def test_readme_explains_the_layout():
     assert "## Layout" in readme
     for folder in ("core/", "client/", "service/", "warmup/", "deploy/", "tests/", "bench/"):
         assert folder in readme, folder
+
+
+def test_every_service_setting_is_documented():
+    from jaxcache.service.settings import ServiceSettings
+
+    readme = (ROOT / "README.md").read_text()
+    for name in ServiceSettings.model_fields:
+        assert f"`JAXCACHE_{name.upper()}`" in readme, f"JAXCACHE_{name.upper()} is not documented in README.md"

@@ -1,0 +1,253 @@
+"""Latency of the catalog service's API over a catalog of N real-format entries, under concurrent clients.
+
+Builds a directory of ``--entries`` entries (real JAX entry bytes under distinct keys, as bench/scan.py does),
+starts ``jaxcache serve`` on it in its own process (embedded SQLite catalog), waits for the first scan, then a
+separate load-generator process runs ``--clients`` concurrent clients against real HTTP on loopback:
+
+* ``GET /v1/caches/bench/entries?limit=100`` with every sort, both orders, first pages and cursor pages;
+* ``GET /healthz`` at the same concurrency: the floor of this server and client (the in-run baseline);
+* ``GET /v1/caches/bench/stats`` sequentially.
+
+Reports p50/p99 latencies and the entries/healthz ratio. The issue's targets on a 2-core machine: entries
+p50 <= 20 ms and p99 <= 100 ms at 32 clients; stats <= 100 ms. Figures, not assertions.
+
+    .venv/bin/python bench/api.py --entries 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scan import _write, load_sources, make_source  # noqa: E402
+
+SORTS = ["size", "compile", "last_used", "created", "name"]
+
+
+def build(sources: list[tuple[str, bytes]], root: str, entries: int) -> None:
+    import hashlib
+    import struct
+
+    os.makedirs(root)
+    now = time.time_ns()
+    for i in range(entries):
+        module, data = sources[i % len(sources)]
+        key = f"{module}-{hashlib.sha256(str(i).encode()).hexdigest()}"
+        _write(os.path.join(root, key + "-cache"), data)
+        _write(os.path.join(root, key + "-atime"), struct.pack("<Q", now - i * 1_000_000_000))
+        if (i + 1) % max(entries // 10, 1) == 0:
+            print(f"built {i + 1}/{entries}", file=sys.stderr)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+async def _load(base: str, clients: int, requests: int, paths: list[str]) -> list[float]:
+    import httpx
+
+    latencies: list[float] = []
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(paths[i % len(paths)])
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+
+        async def worker() -> None:
+            while not queue.empty():
+                path = queue.get_nowait()
+                t = time.perf_counter()
+                r = await client.get(path)
+                latencies.append(time.perf_counter() - t)
+                if r.status_code != 200:
+                    raise RuntimeError(f"{path}: {r.status_code} {r.text[:200]}")
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    return latencies
+
+
+_WRK_LINE = re.compile(r"^\s*(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.M)
+_UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def wrk(url: str, clients: int, seconds: int) -> dict[str, float]:
+    """p50/p99 (seconds) and requests/s from one wrk run (a C load generator: it leaves the CPU to the server)."""
+    out = subprocess.run(["wrk", "-t1", f"-c{clients}", f"-d{seconds}s", "--latency", url],
+                         check=True, capture_output=True, text=True).stdout
+    got = {f"p{p}": float(v) * _UNIT[u] for p, v, u in _WRK_LINE.findall(out)}
+    if "p50" not in got or "Socket errors" in out:
+        print(f"wrk {url}:\n{out}", file=sys.stderr)
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    if non2xx:
+        raise RuntimeError(f"{url}: {non2xx.group(1)} error responses")
+    return {**got, "rps": float(rps.group(1)) if rps else 0.0}
+
+
+def paths_with_cursors(base: str) -> list[str]:
+    import httpx
+
+    paths = []
+    with httpx.Client(base_url=base, timeout=30) as c:
+        for sort, order in (("size", "desc"), ("last_used", "asc"), ("name", "asc")):
+            first = f"/v1/caches/bench/entries?limit=100&sort={sort}&order={order}"
+            cursor = c.get(first).json()["next_cursor"]
+            for _ in range(3):
+                cursor = c.get(f"{first}&cursor={cursor}").json()["next_cursor"]
+            paths += [first, f"{first}&cursor={cursor}"]
+    return paths + ["/v1/caches/bench/entries?limit=100&function=jit_train*"]
+
+
+def loadgen(base: str, clients: int, requests: int) -> dict:
+    """Runs in its own process: gathers cursors, then measures."""
+    import httpx
+
+    rng = random.Random(0)
+    paths = []
+    with httpx.Client(base_url=base, timeout=30) as c:
+        for sort in SORTS:
+            for order in ("asc", "desc"):
+                first = f"/v1/caches/bench/entries?limit=100&sort={sort}&order={order}"
+                paths.append(first)
+                cursor = c.get(first).json()["next_cursor"]
+                for _ in range(5):  # a few pages deep, like a user paging
+                    paths.append(f"{first}&cursor={cursor}")
+                    cursor = c.get(f"{first}&cursor={cursor}").json()["next_cursor"]
+        paths.append("/v1/caches/bench/entries?limit=100&function=jit_train*")
+        paths.append("/v1/caches/bench/entries?limit=100&min_size=10000&sort=size")
+        rng.shuffle(paths)
+        asyncio.run(_load(base, clients, clients * 4, paths))  # warm-up: connections, SQLite page cache
+        entries = asyncio.run(_load(base, clients, requests, paths))
+        health = asyncio.run(_load(base, clients, requests, ["/healthz"]))
+        stats = []
+        for _ in range(30):
+            t = time.perf_counter()
+            assert c.get("/v1/caches/bench/stats").status_code == 200
+            stats.append(time.perf_counter() - t)
+    return {"entries": entries, "healthz": health, "stats": stats}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", type=int, default=100_000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=3000, help="requests per phase (httpx fallback only)")
+    parser.add_argument("--seconds", type=int, default=4, help="wrk duration per path")
+    parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.demo)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--loadgen", nargs=3, metavar=("BASE", "CLIENTS", "REQUESTS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.loadgen:
+        base, clients, requests = args.loadgen
+        print(json.dumps(loadgen(base, int(clients), int(requests))))
+        return 0
+
+    work = tempfile.mkdtemp(prefix="jaxcache-bench-api-")
+    server = None
+    try:
+        sources = load_sources(args.source or make_source(work))
+        root = os.path.join(work, "cache")
+        build(sources, root, args.entries)
+        port = _free_port()
+        base = f"http://127.0.0.1:{port}"
+        exe = os.path.join(os.path.dirname(sys.executable), "jaxcache")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
+        started = time.perf_counter()
+        server = subprocess.Popen(
+            [exe, "serve", "--cache", f"bench={root}", "--port", str(port), "--rescan-s", "86400",
+             "--db", f"sqlite:///{work}/catalog.sqlite"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        import httpx
+
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None:
+                sys.exit("error: the service exited before it was ready")
+            time.sleep(0.5)
+        first_scan = time.perf_counter() - started
+        print(f"service ready after its first scan of {args.entries} entries: {first_scan:.1f}s", file=sys.stderr)
+        fig = {"entries": args.entries, "clients": args.clients, "first_scan_s": round(first_scan, 2)}
+        if shutil.which("wrk"):
+            fig["load_generator"] = "wrk"
+            per_path = {p: wrk(base + p, args.clients, args.seconds) for p in paths_with_cursors(base)}
+            health = wrk(base + "/healthz", args.clients, args.seconds)
+            fig["paths"] = {p: {"p50_ms": round(v["p50"] * 1000, 2), "p99_ms": round(v["p99"] * 1000, 2),
+                                "rps": v["rps"]} for p, v in per_path.items()}
+            fig["entries_p50_ms"] = round(statistics.median(v["p50"] for v in per_path.values()) * 1000, 2)
+            fig["entries_p99_ms"] = round(max(v["p99"] for v in per_path.values()) * 1000, 2)
+            fig["healthz_p50_ms"] = round(health.get("p50", 0) * 1000, 3)
+            fig["healthz_p99_ms"] = round(health.get("p99", 0) * 1000, 3)
+            stats = []
+            with httpx.Client(base_url=base, timeout=30) as c:
+                for _ in range(30):
+                    t = time.perf_counter()
+                    assert c.get("/v1/caches/bench/stats").status_code == 200
+                    stats.append(time.perf_counter() - t)
+        else:
+            # Without wrk the Python load generator saturates a 2-core machine before the server does.
+            print("wrk not found (apt-get install wrk): using httpx, which understates the server", file=sys.stderr)
+            fig["load_generator"] = "httpx"
+            out = subprocess.run([sys.executable, __file__, "--loadgen", base, str(args.clients), str(args.requests)],
+                                 check=True, capture_output=True, text=True).stdout
+            raw = json.loads(out)
+            fig["entries_p50_ms"] = round(pct(raw["entries"], 50) * 1000, 2)
+            fig["entries_p99_ms"] = round(pct(raw["entries"], 99) * 1000, 2)
+            fig["healthz_p50_ms"] = round(pct(raw["healthz"], 50) * 1000, 2)
+            fig["healthz_p99_ms"] = round(pct(raw["healthz"], 99) * 1000, 2)
+            stats = raw["stats"]
+        fig["stats_median_ms"] = round(statistics.median(stats) * 1000, 2)
+        fig["stats_p99_ms"] = round(pct(stats, 99) * 1000, 2)
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGINT)
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+    fig["entries_vs_healthz_p50"] = (
+        round(fig["entries_p50_ms"] / fig["healthz_p50_ms"], 2) if fig["healthz_p50_ms"] else None
+    )
+    if args.json:
+        print(json.dumps(fig, indent=1))
+        return 0
+    print(f"{args.entries} entries, {args.clients} concurrent clients, load generator {fig['load_generator']}")
+    for path, v in fig.get("paths", {}).items():
+        print(f"  {path:90} p50 {v['p50_ms']:7.2f} ms  p99 {v['p99_ms']:7.2f} ms  {v['rps']:7.0f} req/s")
+    print(f"{'request':34} {'p50 ms':>8} {'p99 ms':>8}   target")
+    print(f"{'GET entries?limit=100 (median, max)':34} {fig['entries_p50_ms']:8.2f} {fig['entries_p99_ms']:8.2f}   "
+          "p50 <= 20, p99 <= 100")
+    print(f"{'GET /healthz (floor, same load)':34} {fig['healthz_p50_ms']:8.2f} {fig['healthz_p99_ms']:8.2f}")
+    print(f"{'GET stats (sequential, median)':34} {fig['stats_median_ms']:8.2f} {fig['stats_p99_ms']:8.2f}   <= 100")
+    print(f"entries/healthz p50 ratio: {fig['entries_vs_healthz_p50']}; first scan {fig['first_scan_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

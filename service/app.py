@@ -1,0 +1,508 @@
+"""The FastAPI application: REST routes over the catalog, background rescans, auth, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, RedirectResponse
+from jaxcache import entry as fmt
+from jaxcache import prune
+from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
+from jaxcache.service import queries
+from jaxcache.service.auth import Authenticator, Principal
+from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow, PruneRow
+from jaxcache.service.metrics import Metrics
+from jaxcache.service.pruning import PruneInProgressError, PruneLocks, run_prune
+from jaxcache.service.rescan import RescanResult, rescan
+from jaxcache.service.schemas import (
+    CacheList,
+    CacheSummary,
+    EntryModel,
+    EntryPage,
+    ErrorModel,
+    Health,
+    PinList,
+    PinModel,
+    PlannedDeletion,
+    PruneAudit,
+    PruneAuditList,
+    PruneRequest,
+    PruneResponse,
+    RescanModel,
+    StatsModel,
+)
+from jaxcache.service.settings import ServiceSettings
+from jaxcache.storage import Storage, open_storage
+from jaxcache.units import parse_duration
+from sqlalchemy import Row, delete, select
+
+log = logging.getLogger("jaxcache.service")
+
+_ERRORS = {
+    400: {"model": ErrorModel, "description": "malformed input"},
+    401: {"model": ErrorModel, "description": "no or unknown bearer token"},
+    403: {"model": ErrorModel, "description": "the token lacks the scope"},
+    404: {"model": ErrorModel, "description": "no such cache or entry"},
+}
+_MAX_PATTERN = 256
+_STATS_TTL_S = 60.0
+
+
+class State:
+    """Everything the routes share, built once per app."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.auth = Authenticator(settings)
+        self.catalog = Catalog(settings.db)
+        self.metrics = Metrics()
+        self.storages: dict[str, Storage] = {name: open_storage(url) for name, url in settings.caches.items()}
+        self.prune_locks = PruneLocks()
+        self.scan_lock = threading.Lock()
+        self._stats: dict[str, tuple[float, dict]] = {}
+        self.scanned: set[str] = set()
+        with self.catalog.session() as s:
+            for name in settings.caches:
+                row = s.get(CacheRow, name)
+                if row is None:
+                    s.add(CacheRow(name=name, url=self.storages[name].url))
+                else:
+                    row.url = self.storages[name].url
+                if row is not None and row.last_scan_s is not None:
+                    self.scanned.add(name)  # the catalog survived a restart: ready at once
+
+    def rescan(self, name: str) -> RescanResult:
+        """Rescan one cache, serialised with the background loop, recording metrics and errors."""
+        with self.scan_lock:
+            try:
+                result = rescan(self.catalog, name, self.storages[name])
+            except JaxcacheError as exc:
+                with self.catalog.session() as s:
+                    row = s.get(CacheRow, name)
+                    if row is not None:
+                        row.last_scan_error = str(exc)[:2000]
+                raise
+        self.scanned.add(name)
+        self.metrics.scan_seconds.labels(name).observe(result.seconds)
+        if result.added or result.removed or result.updated or name not in self._stats:
+            self.changed(name)
+            self.stats(name)  # computed here, in the scan thread, so requests find it ready
+        return result
+
+    def changed(self, name: str) -> None:
+        """Something in ``name`` changed (rescan, prune, delete): cached statistics are stale."""
+        self._stats.pop(name, None)
+        self._refresh_gauges(name)
+
+    def stats(self, name: str) -> dict:
+        """Statistics of one cache, recomputed after a change or once a minute (growth windows move)."""
+        cached = self._stats.get(name)
+        if cached is not None and time.monotonic() - cached[0] < _STATS_TTL_S:
+            return cached[1]
+        with self.catalog.session() as s:
+            result = queries.stats(s, name)
+        self._stats[name] = (time.monotonic(), result)
+        return result
+
+    def _refresh_gauges(self, name: str) -> None:
+        with self.catalog.session() as s:
+            count, size = queries.cache_totals(s, name)
+        self.metrics.entries.labels(name).set(count)
+        self.metrics.bytes.labels(name).set(size)
+
+    def rescan_all(self) -> None:
+        for name in self.settings.caches:
+            try:
+                self.rescan(name)
+            except JaxcacheError as exc:
+                log.warning("rescan of %s failed: %s", name, exc)
+
+
+class LimitsAndMetrics:
+    """Rejects oversized bodies (413) and records latency by route template.
+
+    A plain ASGI middleware: Starlette's BaseHTTPMiddleware costs about a millisecond per request.
+    """
+
+    def __init__(self, app, *, metrics: Metrics, max_body_bytes: int) -> None:
+        self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and (not value.isdigit() or int(value) > self.max_body_bytes):
+                response = JSONResponse({"detail": f"request body over {self.max_body_bytes} bytes"}, 413)
+                await response(scope, receive, send)
+                return
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_body_bytes:  # chunked bodies carry no content-length
+                raise HTTPException(413, f"request body over {self.max_body_bytes} bytes")
+            return message
+
+        started = time.perf_counter()
+        try:
+            await self.app(scope, limited_receive, send)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", "unmatched")
+            self.metrics.request_seconds.labels(template, scope["method"]).observe(time.perf_counter() - started)
+
+
+def _state(request: Request) -> State:
+    return request.app.state.jaxcache
+
+
+def _scope(scope: str):
+    async def check(request: Request) -> Principal:  # async: no thread hop for a hash and a compare
+        return _state(request).auth.check(request, scope)
+
+    return Depends(check)
+
+
+ReadAuth = Annotated[Principal, _scope("read")]
+AdminAuth = Annotated[Principal, _scope("admin")]
+CacheName = Annotated[str, Path(description="a configured cache name", max_length=64, examples=["prod"])]
+EntryKey = Annotated[str, Path(description="the entry key: <function>-<64 hex>", max_length=600)]
+
+
+def _storage(request: Request, cache: str) -> Storage:
+    storage = _state(request).storages.get(cache)
+    if storage is None:
+        raise HTTPException(404, f"no cache named {cache!r}: GET /v1/caches lists them")
+    return storage
+
+
+def _check_key(key: str) -> str:
+    if not fmt.is_valid_key(key):
+        raise HTTPException(400, "malformed key: expected <function>-<64 lower-case hex>, as JAX names entries")
+    return key
+
+
+def _entry_model(r: EntryRow | Row) -> EntryModel:
+    return EntryModel(
+        key=r.key, function=r.module, size_bytes=r.size_bytes, created_s=r.created_s, last_used_s=r.last_used_s,
+        has_atime=bool(r.has_atime), compression=r.compression, compile_seconds=r.compile_seconds,
+        status=r.status, reason=r.reason, generation=r.generation,
+    )
+
+
+def _entry_dict(r: Row) -> dict:
+    return {
+        "key": r.key, "function": r.module, "size_bytes": r.size_bytes, "created_s": r.created_s,
+        "last_used_s": r.last_used_s, "has_atime": bool(r.has_atime), "compression": r.compression,
+        "compile_seconds": r.compile_seconds, "status": r.status, "reason": r.reason, "generation": r.generation,
+    }
+
+
+def _duration(value: str | None, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except InvalidInputError as exc:
+        raise HTTPException(400, f"{name}: {exc}") from None
+
+
+def _policy(body: PruneRequest) -> tuple[prune.PrunePolicy, dict]:
+    data = body.model_dump(exclude={"dry_run"}, exclude_none=True)
+    data = {k: v for k, v in data.items() if v not in ([], False)}
+    try:
+        return prune.policy_from_mapping(data), data
+    except InvalidInputError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+def _planned(decisions: list[prune.Decision]) -> list[PlannedDeletion]:
+    return [
+        PlannedDeletion(
+            key=d.candidate.key, function=d.candidate.module, size_bytes=d.candidate.size_bytes,
+            kind="orphan" if d.candidate.orphan else "entry", reasons=list(d.reasons),
+        )
+        for d in decisions
+    ]
+
+
+def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    """Build the service. Raises :class:`JaxcacheError` for unusable settings (bad URL, missing root)."""
+    settings = settings or ServiceSettings()
+    state = State(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+
+        async def loop() -> None:
+            while not stop.is_set():
+                await run_in_threadpool(state.rescan_all)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=settings.rescan_s)
+
+        task = asyncio.create_task(loop())
+        try:
+            yield
+        finally:
+            stop.set()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            state.catalog.dispose()
+
+    app = FastAPI(
+        title="jaxcache",
+        version="1",
+        summary="Catalog, statistics and policy-driven pruning of JAX persistent compilation caches.",
+        lifespan=lifespan,
+    )
+    app.state.jaxcache = state
+
+    app.add_middleware(LimitsAndMetrics, metrics=state.metrics, max_body_bytes=settings.max_body_bytes)
+
+    @app.exception_handler(JaxcacheError)
+    async def jaxcache_error(_request: Request, exc: JaxcacheError) -> JSONResponse:
+        # The one place our errors become HTTP statuses.
+        if isinstance(exc, InvalidInputError):
+            status = 400
+        elif isinstance(exc, PreconditionFailedError):
+            status = 409
+        elif isinstance(exc, StorageError):
+            status = 502
+        else:
+            status = 500
+        return JSONResponse({"detail": str(exc)}, status_code=status)
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        """Until the dashboard lands, the browsable API documentation is the front page."""
+        return RedirectResponse("/docs")
+
+    @app.get("/healthz", response_model=Health, operation_id="healthz", tags=["ops"])
+    async def healthz() -> Health:
+        """The process is up."""
+        return Health(status="ok")
+
+    @app.get("/readyz", response_model=Health, operation_id="readyz", tags=["ops"],
+             responses={503: {"model": Health, "description": "not ready"}})
+    def readyz() -> Response:
+        """The catalog answers, every cache has been scanned once, and every storage is reachable."""
+        detail: dict[str, str] = {}
+        try:
+            with state.catalog.session() as s:
+                s.execute(select(1))
+        except Exception as exc:  # any database failure means not ready
+            detail["catalog"] = f"unreachable: {exc.__class__.__name__}"
+        for name, storage in state.storages.items():
+            if name not in state.scanned:
+                detail[name] = "first scan not finished"
+                continue
+            try:
+                storage.ping()
+            except JaxcacheError as exc:
+                detail[name] = str(exc)
+        ok = not detail
+        body = Health(status="ok" if ok else "not ready", detail=detail)
+        return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+    @app.get("/metrics", operation_id="metrics", tags=["ops"], response_class=Response,
+             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+    def metrics() -> Response:
+        """Prometheus metrics: entries, bytes, scan seconds, prune deletions and bytes, request latency."""
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/caches", response_model=CacheList, operation_id="listCaches", tags=["caches"], responses=_ERRORS)
+    def list_caches(_p: ReadAuth) -> CacheList:
+        """Every configured cache with its size and last scan."""
+        out = []
+        with state.catalog.session() as s:
+            for name in settings.caches:
+                row = s.get(CacheRow, name)
+                count, size = queries.cache_totals(s, name)
+                out.append(CacheSummary(
+                    name=name, url=state.storages[name].url, entries=count, size_bytes=size,
+                    last_scan_s=row.last_scan_s if row else None,
+                    last_scan_seconds=row.last_scan_seconds if row else None,
+                    last_scan_error=row.last_scan_error if row else None,
+                ))
+        return CacheList(caches=out)
+
+    @app.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries", tags=["entries"],
+             responses=_ERRORS)
+    async def list_entries(
+        request: Request, cache: CacheName, _p: ReadAuth,
+        function: Annotated[str | None, Query(max_length=256, description="glob over function names")] = None,
+        min_size: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+        max_size: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+        unused_for: Annotated[str | None, Query(max_length=32, description="e.g. 14d", examples=["14d"])] = None,
+        older_than: Annotated[str | None, Query(max_length=32, examples=["30d"])] = None,
+        status: Literal["ok", "corrupt"] | None = None,
+        sort: Literal["size", "compile", "last_used", "created", "name"] = "name",
+        order: Literal["asc", "desc"] = "asc",
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        cursor: Annotated[str | None, Query(max_length=2048)] = None,
+    ) -> Response:
+        """A page of entries, filtered and sorted; follow `next_cursor` for the rest."""
+        _storage(request, cache)
+        flt = queries.EntryFilter(
+            function=function, min_size=min_size, max_size=max_size,
+            unused_for_s=_duration(unused_for, "unused_for"), older_than_s=_duration(older_than, "older_than"),
+            status=status,
+        )
+        with state.catalog.reader() as conn:
+            rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=cursor)
+        # The hot route: rows become JSON directly (the same fields as EntryModel, which documents them);
+        # validating 100 models per request would cost more than the query.
+        page = {"entries": [_entry_dict(r) for r in rows], "next_cursor": nxt}
+        return Response(json.dumps(page, separators=(",", ":")), media_type="application/json")
+
+    @app.get("/v1/caches/{cache}/entries/{key}", response_model=EntryModel, operation_id="getEntry",
+             tags=["entries"], responses=_ERRORS)
+    def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -> EntryModel:
+        """One entry."""
+        _storage(request, cache)
+        _check_key(key)
+        with state.catalog.session() as s:
+            row = s.get(EntryRow, (cache, key, "entry"))
+            if row is None:
+                raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
+            return _entry_model(row)
+
+    @app.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry", tags=["entries"],
+                responses=_ERRORS)
+    def delete_entry(request: Request, cache: CacheName, key: EntryKey, _p: AdminAuth) -> Response:
+        """Delete one entry (its -cache, then its -atime). Jobs that need it recompile and write it again."""
+        storage = _storage(request, cache)
+        _check_key(key)
+        with state.catalog.session() as s:
+            row = s.get(EntryRow, (cache, key, "entry"))
+            generation = row.generation if row else None
+        existed = storage.delete(fmt.cache_name(key), if_generation=generation)
+        storage.delete(fmt.atime_name(key))
+        with state.catalog.session() as s:
+            s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.key == key))
+        state.changed(cache)
+        if not existed and row is None:
+            raise HTTPException(404, f"no entry {key!r} in {cache!r}")
+        return Response(status_code=204)
+
+    @app.get("/v1/caches/{cache}/stats", response_model=StatsModel, operation_id="getStats", tags=["caches"],
+             responses=_ERRORS)
+    def get_stats(request: Request, cache: CacheName, _p: ReadAuth) -> StatsModel:
+        """Totals, by function, by compression, growth per day, corrupt entries and orphans."""
+        _storage(request, cache)
+        return StatsModel(**state.stats(cache))
+
+    @app.post("/v1/caches/{cache}/prune", response_model=PruneResponse, operation_id="prune", tags=["prune"],
+              responses={**_ERRORS, 409: {"model": ErrorModel, "description": "a prune of this cache is running"}})
+    async def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneResponse:
+        """Plan a prune (default: dry run) or, with `dry_run: false` and an admin token, apply it."""
+        principal = state.auth.check(request, "read" if body.dry_run else "admin")
+        storage = _storage(request, cache)
+        policy, policy_json = _policy(body)
+        if not policy.selects_anything():
+            raise HTTPException(400, "the policy selects nothing: set max_total_bytes, unused_for, older_than, "
+                                     "functions, corrupt or orphans")
+        try:
+            outcome = await run_in_threadpool(
+                run_prune, state.catalog, cache, storage, policy, dry_run=body.dry_run, who=principal.who,
+                policy_json=policy_json, lock=state.prune_locks.get(cache),
+            )
+        except PruneInProgressError:
+            raise HTTPException(409, f"a prune of {cache!r} is already running; try again when it ends") from None
+        plan, result = outcome.plan, outcome.result
+        if result is not None:
+            state.metrics.prune_deleted.labels(cache).inc(result.deleted)
+            state.metrics.prune_bytes.labels(cache).inc(result.bytes_freed)
+            state.changed(cache)
+        return PruneResponse(
+            dry_run=body.dry_run, entries_total=plan.entries_total, delete=_planned(plan.delete),
+            protected=_planned(plan.protected), kept=plan.kept, bytes_freed=plan.bytes_freed,
+            bytes_remaining=plan.bytes_remaining,
+            deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
+            changed=result.changed if result else None, errors=result.errors if result else [],
+            audit_id=outcome.audit_id,
+        )
+
+    @app.get("/v1/caches/{cache}/prunes", response_model=PruneAuditList, operation_id="listPrunes", tags=["prune"],
+             responses=_ERRORS)
+    def list_prunes(request: Request, cache: CacheName, _p: ReadAuth,
+                    limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> PruneAuditList:
+        """Applied prunes, newest first: who, when, policy, counts, bytes."""
+        _storage(request, cache)
+        with state.catalog.session() as s:
+            rows = s.scalars(select(PruneRow).where(PruneRow.cache == cache).order_by(PruneRow.id.desc())
+                             .limit(limit))
+            return PruneAuditList(prunes=[
+                PruneAudit(id=r.id, at_s=r.at_s, who=r.who, policy=r.policy, deleted=r.deleted,
+                           bytes_freed=r.bytes_freed, already_gone=r.already_gone, changed=r.changed,
+                           errors=r.errors)
+                for r in rows
+            ])
+
+    @app.get("/v1/caches/{cache}/pins", response_model=PinList, operation_id="listPins", tags=["prune"],
+             responses=_ERRORS)
+    def list_pins(request: Request, cache: CacheName, _p: ReadAuth) -> PinList:
+        """Keys and globs that prunes never delete."""
+        _storage(request, cache)
+        with state.catalog.session() as s:
+            rows = s.scalars(select(PinRow).where(PinRow.cache == cache).order_by(PinRow.pattern))
+            return PinList(pins=[PinModel(pattern=r.pattern, created_s=r.created_s, created_by=r.created_by)
+                                 for r in rows])
+
+    def _check_pattern(pattern: str) -> str:
+        if not pattern or len(pattern) > _MAX_PATTERN or "/" in pattern or "\x00" in pattern:
+            raise HTTPException(400, "a pin is an entry key or a glob over keys and function names, "
+                                     f"1-{_MAX_PATTERN} characters, without '/'")
+        return pattern
+
+    @app.put("/v1/caches/{cache}/pins/{pattern}", response_model=PinModel, operation_id="putPin", tags=["prune"],
+             responses=_ERRORS)
+    def put_pin(request: Request, cache: CacheName, pattern: str, p: AdminAuth) -> PinModel:
+        """Protect entries matching `pattern` (a key, or a glob such as `jit_train*`) from every prune."""
+        _storage(request, cache)
+        _check_pattern(pattern)
+        with state.catalog.session() as s:
+            row = s.get(PinRow, (cache, pattern))
+            if row is None:
+                row = PinRow(cache=cache, pattern=pattern, created_s=time.time(), created_by=p.who)
+                s.add(row)
+            return PinModel(pattern=row.pattern, created_s=row.created_s, created_by=row.created_by)
+
+    @app.delete("/v1/caches/{cache}/pins/{pattern}", status_code=204, operation_id="deletePin", tags=["prune"],
+                responses=_ERRORS)
+    def delete_pin(request: Request, cache: CacheName, pattern: str, _p: AdminAuth) -> Response:
+        """Remove a pin."""
+        _storage(request, cache)
+        _check_pattern(pattern)
+        with state.catalog.session() as s:
+            row = s.get(PinRow, (cache, pattern))
+            if row is None:
+                raise HTTPException(404, f"no pin {pattern!r} on {cache!r}")
+            s.delete(row)
+        return Response(status_code=204)
+
+    @app.post("/v1/caches/{cache}/rescan", response_model=RescanModel, operation_id="rescan", tags=["caches"],
+              responses=_ERRORS)
+    async def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> RescanModel:
+        """Rescan one cache now (background rescans run every JAXCACHE_RESCAN_S seconds)."""
+        _storage(request, cache)
+        r = await run_in_threadpool(state.rescan, cache)
+        return RescanModel(cache=r.cache, added=r.added, removed=r.removed, updated=r.updated, entries=r.entries,
+                           seconds=r.seconds)
+
+    return app
+

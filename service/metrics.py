@@ -1,0 +1,23 @@
+"""Prometheus metrics, in a registry per app so that several apps (tests) never share counters."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.entries = Gauge("jaxcache_entries", "entries in the catalog", ["cache"], registry=self.registry)
+        self.bytes = Gauge("jaxcache_bytes", "bytes of -cache files in the catalog", ["cache"], registry=self.registry)
+        self.scan_seconds = Histogram("jaxcache_scan_seconds", "duration of a rescan", ["cache"],
+                                      registry=self.registry)
+        self.prune_deleted = Counter("jaxcache_prune_deleted_entries", "entries deleted by applied prunes",
+                                     ["cache"], registry=self.registry)
+        self.prune_bytes = Counter("jaxcache_prune_deleted_bytes", "bytes freed by applied prunes", ["cache"],
+                                   registry=self.registry)
+        self.request_seconds = Histogram("jaxcache_request_seconds", "HTTP request latency", ["route", "method"],
+                                         registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

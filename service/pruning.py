@@ -1,0 +1,91 @@
+"""Prunes through the service: the catalog supplies candidates, core policy plans, the executor deletes.
+
+One prune per cache at a time (a second gets 409); every applied prune is written to the audit log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+from jaxcache import prune
+from jaxcache.service.catalog import Catalog, EntryRow, PinRow, PruneRow
+from jaxcache.service.rescan import rescan
+from jaxcache.storage import Storage
+from sqlalchemy import select
+
+
+class PruneInProgressError(Exception):
+    """Another prune of the same cache is running."""
+
+
+class PruneLocks:
+    """A non-blocking lock per cache name."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def get(self, cache: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(cache, threading.Lock())
+
+
+def _candidates(catalog: Catalog, cache: str) -> list[prune.Candidate]:
+    with catalog.session() as s:
+        rows = s.execute(
+            select(EntryRow.key, EntryRow.module, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
+                   EntryRow.last_used_s, EntryRow.status, EntryRow.kind, EntryRow.generation, EntryRow.has_atime)
+            .where(EntryRow.cache == cache)
+        ).all()
+    return [
+        prune.Candidate(
+            key=r.key, module=r.module, name=r.name, size_bytes=r.size_bytes, created_s=r.created_s,
+            last_used_s=r.last_used_s, status=r.status, orphan=r.kind == "orphan", generation=r.generation,
+            has_atime=bool(r.has_atime),
+        )
+        for r in rows
+    ]
+
+
+def pins(catalog: Catalog, cache: str) -> tuple[str, ...]:
+    with catalog.session() as s:
+        return tuple(s.scalars(select(PinRow.pattern).where(PinRow.cache == cache).order_by(PinRow.pattern)))
+
+
+@dataclasses.dataclass(slots=True)
+class Outcome:
+    plan: prune.PrunePlan
+    result: prune.PruneResult | None = None
+    audit_id: int | None = None
+
+
+def run_prune(
+    catalog: Catalog, cache: str, storage: Storage, policy: prune.PrunePolicy, *, dry_run: bool, who: str,
+    policy_json: dict, lock: threading.Lock,
+) -> Outcome:
+    """Plan (and unless ``dry_run``, apply and audit) a prune of one cache. Raises PruneInProgressError."""
+    policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
+    if dry_run:
+        return Outcome(prune.plan(_candidates(catalog, cache), policy, now=time.time()))
+    if not lock.acquire(blocking=False):
+        raise PruneInProgressError(cache)
+    try:
+        # Storage is the truth: refresh the index first so the plan sees entries written since the last scan.
+        rescan(catalog, cache, storage)
+        plan = prune.plan(_candidates(catalog, cache), policy, now=time.time())
+        result = prune.apply(storage, plan)
+        rescan(catalog, cache, storage)
+        with catalog.session() as s:
+            row = PruneRow(
+                cache=cache, at_s=time.time(), who=who, policy=policy_json, deleted=result.deleted,
+                bytes_freed=result.bytes_freed, already_gone=result.already_gone, changed=result.changed,
+                errors=result.errors[:100],
+            )
+            s.add(row)
+            s.flush()
+            audit_id = row.id
+        return Outcome(plan, result, audit_id)
+    finally:
+        lock.release()

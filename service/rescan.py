@@ -1,0 +1,133 @@
+"""Rescan: make the catalog match storage, parsing only objects it has not seen (JAX never rewrites a key)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+
+from jaxcache import entry as fmt
+from jaxcache.entry import EntryKind
+from jaxcache.parallel import bounded_map
+from jaxcache.scan import DEFAULT_WORKERS, read_head
+from jaxcache.service.catalog import CacheRow, Catalog, EntryRow
+from jaxcache.storage import ObjectInfo, Storage
+from sqlalchemy import bindparam, delete, insert, select, update
+
+_CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class RescanResult:
+    """What one rescan changed."""
+
+    cache: str
+    added: int
+    removed: int
+    updated: int
+    entries: int
+    seconds: float
+
+
+def _list(storage: Storage) -> tuple[dict[str, ObjectInfo], dict[str, ObjectInfo]]:
+    # One listing, paired in memory: the catalog holds an index of every entry anyway, and this avoids a
+    # request per entry. An -atime's modification time is its access time (JAX rewrites it on each access).
+    caches: dict[str, ObjectInfo] = {}
+    atimes: dict[str, ObjectInfo] = {}
+    for info in storage.iter_objects():
+        parsed = fmt.parse_name(info.name)
+        if parsed is None:
+            continue
+        (caches if parsed.kind is EntryKind.CACHE else atimes)[parsed.key] = info
+    return caches, atimes
+
+
+def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, ObjectInfo, ObjectInfo | None]) -> dict:
+    key, info, atime = item
+    header = read_head(storage, info)
+    row = _base_row(cache, key, "entry", info, atime, now)
+    row.update(
+        compression=header.compression.value, compile_seconds=header.compile_seconds,
+        status=header.status.value, reason=header.reason,
+    )
+    return row
+
+
+def _base_row(cache: str, key: str, kind: str, info: ObjectInfo, atime: ObjectInfo | None, now: float) -> dict:
+    atime_ns = int(atime.mtime_s * 1e9) if atime is not None else None
+    return {
+        "cache": cache, "key": key, "kind": kind, "module": key[: -fmt.HASH_HEX_LEN - 1], "name": info.name,
+        "size_bytes": info.size_bytes, "created_s": info.mtime_s,
+        "last_used_s": max(info.mtime_s, atime.mtime_s) if atime is not None else info.mtime_s,
+        "generation": info.generation, "has_atime": atime is not None, "atime_ns": atime_ns,
+        "compression": None, "compile_seconds": None, "status": None, "reason": None, "first_seen_s": now,
+    }
+
+
+def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
+    """Bring ``cache``'s rows in line with ``storage``: add new entries, drop vanished ones, refresh last use."""
+    started = time.monotonic()
+    now = time.time()
+    caches, atimes = _list(storage)
+    with catalog.session() as s:
+        known = {
+            (r.key, r.kind): r
+            for r in s.execute(
+                select(EntryRow.key, EntryRow.kind, EntryRow.generation, EntryRow.size_bytes, EntryRow.created_s,
+                       EntryRow.last_used_s).where(EntryRow.cache == cache)
+            )
+        }
+    new_items = []
+    updates = []
+    for key, info in caches.items():
+        atime = atimes.get(key)
+        old = known.pop((key, "entry"), None)
+        if old is None or old.generation != info.generation or old.size_bytes != info.size_bytes \
+                or old.created_s != info.mtime_s:
+            if old is not None:
+                known[(key, "entry")] = old  # replaced object: drop the old row, parse the new one
+            new_items.append((key, info, atime))
+            continue
+        last_used = max(info.mtime_s, atime.mtime_s) if atime is not None else info.mtime_s
+        if last_used != old.last_used_s:
+            updates.append({"k_cache": cache, "k_key": key, "k_kind": "entry", "last_used_s": last_used,
+                            "has_atime": atime is not None,
+                            "atime_ns": int(atime.mtime_s * 1e9) if atime is not None else None})
+    orphan_rows = []
+    orphans = 0
+    for key, info in atimes.items():
+        if key in caches:
+            continue
+        orphans += 1
+        if known.pop((key, "orphan"), None) is None:
+            orphan_rows.append(_base_row(cache, key, "orphan", info, None, now))
+    vanished = list(known)
+    workers = DEFAULT_WORKERS[storage.listing_sorted]
+    new_rows = list(bounded_map(partial(_new_row, storage, cache, now), new_items, workers=workers))
+    with catalog.session() as s:
+        for i in range(0, len(vanished), _CHUNK):
+            for kind in ("entry", "orphan"):
+                keys = [k for k, kd in vanished[i : i + _CHUNK] if kd == kind]
+                if keys:
+                    s.execute(delete(EntryRow).where(
+                        EntryRow.cache == cache, EntryRow.kind == kind, EntryRow.key.in_(keys)))
+        rows = new_rows + orphan_rows
+        for i in range(0, len(rows), 5000):
+            s.execute(insert(EntryRow), rows[i : i + 5000])
+        if updates:
+            s.execute(
+                update(EntryRow)
+                .where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
+                       EntryRow.kind == bindparam("k_kind"))
+                .values(last_used_s=bindparam("last_used_s"), has_atime=bindparam("has_atime"),
+                        atime_ns=bindparam("atime_ns")),
+                updates,
+                execution_options={"synchronize_session": False},
+            )
+        seconds = time.monotonic() - started
+        row = s.get(CacheRow, cache)
+        if row is not None:
+            row.last_scan_s = now
+            row.last_scan_seconds = seconds
+            row.last_scan_error = None
+    return RescanResult(cache, len(rows), len(vanished), len(updates), len(caches) + orphans, seconds)
