@@ -202,14 +202,6 @@ def _entry_model(r: EntryRow | Row) -> EntryModel:
     )
 
 
-def _entry_dict(r: Row) -> dict:
-    return {
-        "key": r.key, "function": r.module, "size_bytes": r.size_bytes, "created_s": r.created_s,
-        "last_used_s": r.last_used_s, "has_atime": bool(r.has_atime), "compression": r.compression,
-        "compile_seconds": r.compile_seconds, "status": r.status, "reason": r.reason, "generation": r.generation,
-    }
-
-
 def _duration(value: str | None, name: str) -> float | None:
     if value is None:
         return None
@@ -366,7 +358,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=cursor)
         # The hot route: rows become JSON directly (the same fields as EntryModel, which documents them);
         # validating 100 models per request would cost more than the query.
-        page = {"entries": [_entry_dict(r) for r in rows], "next_cursor": nxt}
+        fields = queries.PAGE_FIELDS
+        page = {"entries": [dict(zip(fields, r, strict=True)) for r in rows], "next_cursor": nxt}
         return Response(json.dumps(page, separators=(",", ":")), media_type="application/json")
 
     @app.get("/v1/caches/{cache}/entries/{key}", response_model=EntryModel, operation_id="getEntry",

@@ -23,6 +23,16 @@ SORTS = {
 }
 
 
+#: The fields of one entry in a listing page, in the order :func:`list_entries` selects them.
+PAGE_FIELDS = ("key", "function", "size_bytes", "created_s", "last_used_s", "has_atime", "compression",
+               "compile_seconds", "status", "reason", "generation")
+_PAGE_COLUMNS = (
+    EntryRow.key, EntryRow.module.label("function"), EntryRow.size_bytes, EntryRow.created_s, EntryRow.last_used_s,
+    EntryRow.has_atime, EntryRow.compression, EntryRow.compile_seconds, EntryRow.status, EntryRow.reason,
+    EntryRow.generation,
+)
+
+
 @dataclass(frozen=True, slots=True)
 class EntryFilter:
     function: str | None = None
@@ -70,8 +80,8 @@ def list_entries(
     """One page of entries and the cursor of the next page (None on the last page)."""
     col = SORTS[sort]
     now = time.time()
-    # Plain rows, not ORM objects: a page is read-only and this is the hottest query.
-    q = select(*EntryRow.__table__.columns).where(EntryRow.cache == cache, EntryRow.kind == "entry")
+    # Plain rows of exactly the API's fields, in PAGE_FIELDS order: a page is read-only and this is the hottest query.
+    q = select(*_PAGE_COLUMNS).where(EntryRow.cache == cache, EntryRow.kind == "entry")
     if flt.function:
         q = q.where(EntryRow.module.like(glob_to_like(flt.function), escape="\\"))
         prefix = _literal_prefix(flt.function)

@@ -69,14 +69,14 @@ def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
     started = time.monotonic()
     now = time.time()
     caches, atimes = _list(storage)
-    with catalog.session() as s:
-        known = {
-            (r.key, r.kind): r
-            for r in s.execute(
-                select(EntryRow.key, EntryRow.kind, EntryRow.generation, EntryRow.size_bytes, EntryRow.created_s,
-                       EntryRow.last_used_s).where(EntryRow.cache == cache)
-            )
-        }
+    # Core rows, not ORM objects: this loads every row of the cache on each rescan.
+    with catalog.reader() as conn:
+        rows = conn.execute(
+            select(EntryRow.key, EntryRow.kind, EntryRow.generation, EntryRow.size_bytes, EntryRow.created_s,
+                   EntryRow.last_used_s).where(EntryRow.cache == cache)
+        ).all()
+    known = {(r[0], r[1]): r for r in rows}
+    del rows
     new_items = []
     updates = []
     for key, info in caches.items():
