@@ -213,7 +213,8 @@ def _duration(value: str | None, name: str) -> float | None:
 
 def _policy(body: PruneRequest) -> tuple[prune.PrunePolicy, dict]:
     data = body.model_dump(exclude={"dry_run"}, exclude_none=True)
-    data = {k: v for k, v in data.items() if v not in ([], False)}
+    # Drop unset flags and empty lists, but keep zeros: `min_age: 0` and `max_total_bytes: 0` mean something.
+    data = {k: v for k, v in data.items() if v is not False and v != []}
     try:
         return prune.policy_from_mapping(data), data
     except InvalidInputError as exc:

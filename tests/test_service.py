@@ -308,3 +308,9 @@ def test_gcs_cache(tmp_path, gcs_client, gcs_bucket, jax_caches):
         tiny = next(e for e in jax_caches["zlib"].entries if e["module"] == "jit_tiny")
         assert f"jc/{tiny['file']}" not in names and f"jc/{tiny['key']}-atime" not in names
         assert len([n for n in names if n.endswith("-cache")]) == len(jax_caches["zlib"].entries) - 1
+
+
+def test_zero_values_in_a_policy_are_kept(svc, jax_caches):
+    # 0 must not be mistaken for "unset": min_age 0 lifts the grace period, max_total_bytes 0 evicts everything.
+    plan = svc.post("/v1/caches/demo/prune", json={"max_total_bytes": 0, "min_age": 0}, headers=H_READ).json()
+    assert len(plan["delete"]) == len(jax_caches["zstd"].entries) and plan["bytes_remaining"] == 0
