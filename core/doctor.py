@@ -9,7 +9,7 @@ from functools import partial
 
 from jaxcache.entry import Status, validate
 from jaxcache.parallel import bounded_map
-from jaxcache.scan import DEFAULT_WORKERS, Orphan, Record, scan
+from jaxcache.scan import Orphan, Record, scan
 from jaxcache.stats import MIXED_COMPRESSION_ADVICE, CacheStats
 from jaxcache.storage.base import Storage
 
@@ -82,7 +82,7 @@ def check(storage: Storage, records: Iterable[Record] | None = None, *, workers:
     if records is None:
         records = scan(storage, read_headers=False)
     if workers is None:
-        workers = DEFAULT_WORKERS[storage.listing_sorted]
+        workers = storage.io_workers
     for checked in bounded_map(partial(_check, storage), records, workers=workers):
         if checked is not None:
             yield checked

@@ -38,9 +38,6 @@ from jaxcache.storage.base import Storage
 from jaxcache.storage.local import LocalStorage
 from jaxcache.units import format_duration, parse_bytes, parse_duration
 
-#: Concurrent deletions per backend: a directory gains nothing from threads; GCS wants many requests in flight.
-DEFAULT_WORKERS = {True: 16, False: 1}
-
 OVER_MAX_TOTAL = "over max_total_bytes"
 ORPHAN_REASON = "orphaned -atime file"
 CORRUPT_REASON = "corrupt"
@@ -496,11 +493,11 @@ def apply(
     Each entry's ``-cache`` goes before its ``-atime``, with ``if_generation`` from the listing (GCS): an object
     replaced since then counts as ``changed`` and is left alone; a missing one counts as ``already_gone``.
     ``on_deleted`` runs in the calling thread, in plan order, once per decision whose entry is gone afterwards
-    (deleted now or already gone). ``workers`` defaults to 1 on a directory and 16 on GCS (many requests in
-    flight). Idempotent: applying the same plan again after a crash ends in the same state as one clean run.
+    (deleted now or already gone). ``workers`` defaults to the backend's ``io_workers`` (1 on a directory,
+    16 on GCS). Idempotent: applying the same plan again after a crash ends in the same state as one clean run.
     """
     if workers is None:
-        workers = DEFAULT_WORKERS[storage.listing_sorted]
+        workers = storage.io_workers
     result = PruneResult()
     with _lock_for(storage) as lock:
         work = partial(_delete_one, storage, lock, lock is not contextlib.nullcontext)

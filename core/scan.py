@@ -57,9 +57,6 @@ class Orphan:
 
 Record = Entry | Orphan
 
-#: Concurrent header reads per backend: a directory gains nothing from threads, GCS a lot.
-DEFAULT_WORKERS = {True: 16, False: 1}
-
 
 @dataclass(frozen=True, slots=True)
 class _Pending:
@@ -76,7 +73,7 @@ def scan(storage: Storage, *, read_headers: bool = True, workers: int | None = N
     for most entries); an entry whose first bytes do not decode is yielded with status ``corrupt``.
     """
     if workers is None:
-        workers = DEFAULT_WORKERS[storage.listing_sorted]
+        workers = storage.io_workers
     pairs = _pairs_sorted(storage) if storage.listing_sorted else _pairs_unsorted(storage)
     build = partial(_build, storage, read_headers)
     yield from bounded_map(build, pairs, workers=workers)

@@ -9,7 +9,7 @@ from functools import partial
 from jaxcache import entry as fmt
 from jaxcache.entry import EntryKind
 from jaxcache.parallel import bounded_map
-from jaxcache.scan import DEFAULT_WORKERS, read_head
+from jaxcache.scan import read_head
 from jaxcache.service.catalog import CacheRow, Catalog, EntryRow
 from jaxcache.storage import ObjectInfo, Storage
 from sqlalchemy import bindparam, delete, insert, select, update
@@ -102,8 +102,7 @@ def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
         if known.pop((key, "orphan"), None) is None:
             orphan_rows.append(_base_row(cache, key, "orphan", info, None, now))
     vanished = list(known)
-    workers = DEFAULT_WORKERS[storage.listing_sorted]
-    new_rows = list(bounded_map(partial(_new_row, storage, cache, now), new_items, workers=workers))
+    new_rows = list(bounded_map(partial(_new_row, storage, cache, now), new_items, workers=storage.io_workers))
     with catalog.session() as s:
         for i in range(0, len(vanished), _CHUNK):
             for kind in ("entry", "orphan"):

@@ -52,6 +52,9 @@ class Storage(abc.ABC):
     #: Bytes worth fetching in a first read of an entry's head. A local read costs the same for 256 bytes or
     #: 64 KiB (which holds most zstd first blocks); on GCS bytes are billed, so ask for little and then exactly.
     head_read_bytes: int = 256
+    #: Requests worth having in flight at once (scans, validation, deletes): a directory gains nothing from
+    #: threads, an object store hides its latency behind many.
+    io_workers: int = 1
 
     @abc.abstractmethod
     def iter_objects(self, prefix: str = "", *, recursive: bool = False) -> Iterator[ObjectInfo]:

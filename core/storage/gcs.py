@@ -33,6 +33,7 @@ class GcsStorage(Storage):
     """Objects under ``prefix/`` in ``bucket``. Listing is lexicographic; objects carry generations."""
 
     listing_sorted = True
+    io_workers = 16
 
     def __init__(self, bucket: str, prefix: str, *, client: gcs.Client | None = None) -> None:
         self.bucket_name = bucket
