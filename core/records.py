@@ -100,6 +100,7 @@ class RunRecord:
     updated_at: float
     fingerprint: Fingerprint
     topology: str | None = None
+    cache_dir: str | None = None  # the root as the job spelled it: lets the service tell which cache a report is for
     final: bool = False
     pid: int | None = None
     keys: list[KeyUsage] = field(default_factory=list)
@@ -184,6 +185,7 @@ def parse(data: bytes | str | Mapping[str, Any]) -> RunRecord:
         updated_at=_num(data, "updated_at"),
         fingerprint=fingerprint,
         topology=_str(data, "topology", optional=True),
+        cache_dir=_str(data, "cache_dir", optional=True),
         final=_bool(data, "final"),
         pid=_int(data, "pid", optional=True),
         keys=keys,
