@@ -10,7 +10,7 @@ Imports only JAX, zstandard and the standard library (google-cloud-storage for g
 from __future__ import annotations
 
 from jaxcache.client.errors import CacheAlreadyInitializedError, CacheNotConfiguredError, UntrustedCacheDirError
-from jaxcache.client.session import CacheSession, current_session, enable_cache
+from jaxcache.client.session import CacheSession, check_cache_dir, current_session, enable_cache
 from jaxcache.client.telemetry import CacheStats
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "CacheSession",
     "CacheStats",
     "UntrustedCacheDirError",
+    "check_cache_dir",
     "current_session",
     "enable_cache",
 ]

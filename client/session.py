@@ -8,14 +8,16 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from jaxcache.client import jaxsetup
 from jaxcache.client import trust as trust_mod
 from jaxcache.client.errors import CacheAlreadyInitializedError, UntrustedCacheDirError
-from jaxcache.client.options import ClientOptions, resolve
+from jaxcache.client.options import ClientOptions, normalise_dir, resolve
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
-from jaxcache.records import HIT, WRITE, Fingerprint, RunRecord
+from jaxcache.records import HIT, WRITE, Fingerprint, KeyUsage, RunRecord
+from jaxcache.storage import is_gcs_url
 
 log = logging.getLogger("jaxcache.client")
 
@@ -64,6 +66,10 @@ class CacheSession:
         Device fields are filled once the backend is up (after the first compile, or ``jax.devices()``).
         """
         return jaxsetup.fingerprint(self.compression)
+
+    def on_program(self, callback: Callable[[KeyUsage], None]) -> None:
+        """Call ``callback(usage)`` whenever JAX finishes compiling or loading a program (warm-up progress)."""
+        self._recorder.add_listener(callback)
 
     def stats(self) -> CacheStats:
         """Hits, misses, writes, hit rate, compile, retrieval and saved seconds so far in this process."""
@@ -269,14 +275,32 @@ def _check_trust(options: ClientOptions) -> None:
         found = trust_mod.problems(options.cache_dir)
     if not found:
         return
-    message = (
-        f"the cache directory {options.cache_dir} is not trustworthy: {'; '.join(found)}. JAX executes what it"
-        " loads from there, so whoever can write it can run code in this job."
-        f" Fix: {trust_mod.advice(options.cache_dir)}"
-    )
+    message = _untrusted_message(options.cache_dir, found)
     if options.trust == "strict":
         raise UntrustedCacheDirError(message)
     log.warning("jaxcache: %s", message)
+
+
+def _untrusted_message(directory: str, found: list[str]) -> str:
+    return (
+        f"the cache directory {directory} is not trustworthy: {'; '.join(found)}. JAX executes what it"
+        " loads from there, so whoever can write it can run code in this job."
+        f" Fix: {trust_mod.advice(directory)}"
+    )
+
+
+def check_cache_dir(cache_dir: str | os.PathLike[str], *, trust: str = "strict") -> str:
+    """Normalise and judge a cache directory as :func:`enable_cache` would, changing nothing (dry runs).
+
+    Returns the normalised directory; raises :class:`UntrustedCacheDirError` in strict mode.
+    """
+    directory = normalise_dir(os.fspath(cache_dir))
+    if trust == "off" or is_gcs_url(directory):
+        return directory
+    found = trust_mod.problems(directory)
+    if found and trust == "strict":
+        raise UntrustedCacheDirError(_untrusted_message(directory, found))
+    return directory
 
 
 def _make_private_dirs(path: str) -> None:

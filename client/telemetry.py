@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jax import monitoring
@@ -75,6 +76,11 @@ class Recorder:
         self._saved_s = 0.0
         self._taps: list[tuple[logging.Logger, _Tap, int]] = []
         self._installed = False
+        self._listeners: list[Callable[[KeyUsage], None]] = []
+
+    def add_listener(self, callback: Callable[[KeyUsage], None]) -> None:
+        """Call ``callback`` with a copy of a key's usage each time JAX finishes compiling or loading it."""
+        self._listeners.append(callback)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -155,6 +161,7 @@ class Recorder:
         if event not in (_SAVED, _RETRIEVAL, _COMPILE):
             return
         usage: KeyUsage | None = getattr(self._local, "current", None)
+        finished: KeyUsage | None = None
         with self._lock:
             if event == _SAVED:
                 saved = max(float(duration_s), 0.0)
@@ -169,6 +176,13 @@ class Recorder:
                 if usage.event != records.HIT and getattr(self._local, "compile_s", None) is None:
                     self._note_compile(usage, float(duration_s))
                 self._local.current = None
+                finished = _copy(usage) if self._listeners else None
+        if event == _COMPILE and usage is not None and finished is not None:
+            for callback in self._listeners:
+                try:
+                    callback(finished)
+                except Exception:  # noqa: BLE001 - a listener's bug must not break a compile
+                    logging.getLogger("jaxcache.client").exception("jaxcache: a program listener failed")
 
     def on_log(self, record: logging.LogRecord) -> None:
         """Read one record of JAX's cache loggers (called by the tap)."""

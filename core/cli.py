@@ -442,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true", help="print JSON (stable field names)")
     pr.add_argument("-v", "--verbose", action="store_true", help="with --apply, a line per removed entry on stderr")
     pr.set_defaults(run=cmd_prune)
+    # Listed for --help only: main() hands `jaxcache warmup ...` to the warm-up CLI before parsing.
+    sub.add_parser("warmup", help="pre-fill a cache for a cluster topology (same as `warmup`; see warmup --help)",
+                   add_help=False)
     sv = sub.add_parser(
         "serve", help="run the catalog service (REST API, metrics) over named cache roots",
         description="Serve the catalog of one or more cache roots over HTTP. Every flag can also be set with "
@@ -495,6 +498,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["warmup"]:
+        # Warm-up has its own parser (and its own `--` for script arguments); this is only its second name.
+        from jaxcache.warmup.cli import main as warmup_main
+
+        return warmup_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
