@@ -302,12 +302,16 @@ def test_kustomize_renders(rendered, name):
 def _validate(obj: dict, where: str) -> None:
     import kubernetes_validate
 
+    problem = None
     try:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
     except kubernetes_validate.ValidationError as exc:
-        path = ".".join(str(p) for p in exc.path)
-        pytest.fail(f"{where}: {obj['kind']} {obj['metadata'].get('name')}: {path}: {exc.message} "
-                    f"(Kubernetes {KUBERNETES_VERSION} schema, strict)")
+        problem = f"{'.'.join(str(p) for p in exc.path)}: {exc.message}"
+    except kubernetes_validate.SchemaNotFoundError as exc:
+        problem = str(exc)
+    if problem:
+        pytest.fail(f"{where}: {obj['kind']} {obj['metadata'].get('name')}: {problem} "
+                    f"(Kubernetes {KUBERNETES_VERSION} schema, strict); fix the manifest")
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
