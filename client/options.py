@@ -20,6 +20,20 @@ from jaxcache.storage import is_gcs_url
 
 DEFAULT_RECORD_EVERY_S = 300.0
 
+# Every environment variable the client reads (the README documents each; deploy/ tests check manifests use
+# only these and the service's settings).
+ENV_VARS = (
+    "JAXCACHE_DIR",
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAXCACHE_JOB",
+    "JAXCACHE_RUN_ID",
+    "JAXCACHE_SERVICE_URL",
+    "JAXCACHE_TOKEN",
+    "JAXCACHE_MIN_COMPILE_TIME_S",
+    "JAXCACHE_MIN_ENTRY_SIZE_BYTES",
+    "JAXCACHE_RECORD_EVERY_S",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class ClientOptions:

@@ -49,11 +49,11 @@ class RecordWriter:
             self._warn_once(f"could not read entry sizes from {self._cache_dir}: {exc}")
         return found
 
-    def write(self, record: RunRecord) -> bool:
+    def write(self, record: RunRecord, *, create_only: bool = False) -> bool:
         """Write (or rewrite) the record; False, with one warning per process, when the root refuses."""
         with self._lock:
             try:
-                self.storage().write_atomic(record.name, record.to_json())
+                self.storage().write_atomic(record.name, record.to_json(), create_only=create_only)
                 return True
             except Exception as exc:  # noqa: BLE001
                 self._warn_once(f"could not write the run record {record.name} under {self._cache_dir}: {exc}")

@@ -115,10 +115,18 @@ class CacheSession:
         )
 
     def flush(self, *, final: bool = False) -> RunRecord:
-        """Write the run record now (and send it to the service when one is configured)."""
+        """Write the run record now (and send it to the service when one is configured).
+
+        On gs:// roots the record is stored only by the final flush at exit; earlier ones only reach the service.
+        """
         with self._flush_lock:
             record = self.record(final=final)
-            self._writer.write(record)
+            if not self.options.is_gcs:
+                self._writer.write(record)
+            elif final:
+                # Jobs' bucket identities may create objects but never overwrite them (deploy/terraform), so a
+                # gs:// root gets one record per process, at exit; periodic updates go to the service only.
+                self._writer.write(record, create_only=True)
             if self._reporter is not None:
                 self._reporter.submit(record.to_json())
             return record

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 import yaml
+from jaxcache.client import options as client_options
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -46,17 +47,8 @@ PRUNE = K8S / "base" / "prune"
 # The oldest Kubernetes minor the manifests promise to work on (GKE's oldest supported channels are around it).
 KUBERNETES_VERSION = "1.30.0"
 
-# The environment variables of jaxcache.client, the training-script side. Must match jaxcache.client: when that
-# module declares its variables, compare against it here instead.
-CLIENT_ENV = frozenset({
-    "JAXCACHE_DIR",
-    "JAXCACHE_JOB",
-    "JAXCACHE_SERVICE_URL",
-    "JAXCACHE_TOKEN",
-    "JAXCACHE_MIN_COMPILE_TIME_S",
-    "JAXCACHE_MIN_ENTRY_SIZE_BYTES",
-    "JAXCACHE_RECORD_EVERY_S",
-})
+# The environment variables of jaxcache.client, the training-script side, as the client declares them.
+CLIENT_ENV = frozenset(v for v in client_options.ENV_VARS if v.startswith("JAXCACHE_"))
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
@@ -224,9 +216,9 @@ def test_warmup_image_runs_the_warmup_script():
     instructions = parse_dockerfile(DOCKERFILES["warmup"])
     (entry,) = [exec_form(i) for i in instructions if i.keyword == "ENTRYPOINT"]
     assert entry == ["warmup"], f"the warm-up image's ENTRYPOINT should be the `warmup` console script, is {entry}"
-    if "warmup" not in PYPROJECT["project"]["scripts"]:
-        pytest.xfail("the `warmup` console script lands with the warm-up issue (#5): pyproject [project.scripts] "
-                     "has no `warmup` yet, so this image would not start")
+    assert PYPROJECT["project"]["scripts"].get("warmup") == "jaxcache.warmup.cli:run", (
+        "pyproject [project.scripts] must define `warmup`, or this image would not start"
+    )
 
 
 def image_user(image: str) -> tuple[int, int]:
