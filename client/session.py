@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from jaxcache.client import jaxsetup
 from jaxcache.client import trust as trust_mod
+from jaxcache.client.attestation import Attestor
 from jaxcache.client.errors import CacheAlreadyInitializedError, UntrustedCacheDirError
 from jaxcache.client.options import ClientOptions, normalise_dir, resolve
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
@@ -24,6 +25,7 @@ log = logging.getLogger("jaxcache.client")
 _lock = threading.Lock()
 _session: CacheSession | None = None
 _gcs_notice_given = False
+ATTEST_WAIT_S = 30.0  # at exit: digests of the last entries written; bounded so exit never hangs on storage
 
 
 class CacheSession:
@@ -36,6 +38,7 @@ class CacheSession:
         self.topology: str | None = None  # set by warm-up to the topology it mocks; else derived from devices
         self._recorder = Recorder()
         self._writer = RecordWriter(options.cache_dir)
+        self._attestor = Attestor(self._writer, self._recorder)
         self._reporter = ServiceReporter(options.service_url, options.token) if options.service_url else None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -138,6 +141,7 @@ class CacheSession:
         self._closed = True
         self._stop.set()
         try:
+            self.wait_for_attestations()
             self.flush(final=True)
             if self._reporter is not None:
                 self._reporter.drain()
@@ -149,9 +153,18 @@ class CacheSession:
 
     def _start(self) -> None:
         self._recorder.install()
+        self._recorder.add_listener(self._attest_writes)
         self._ticker = threading.Thread(target=self._tick, name="jaxcache-records", daemon=True)
         self._ticker.start()
         atexit.register(self.close)
+
+    def _attest_writes(self, usage: KeyUsage) -> None:
+        if usage.event == WRITE and usage.sha256 is None:
+            self._attestor.submit(usage.key)
+
+    def wait_for_attestations(self, timeout_s: float = ATTEST_WAIT_S) -> bool:
+        """Wait (bounded) until every entry written so far has its digest; False on timeout."""
+        return self._attestor.drain(timeout_s)
 
     def _tick(self) -> None:
         while not self._stop.wait(self.options.record_every_s):

@@ -39,6 +39,7 @@ class ProgramCoverage:
     compile_s: float | None = None
     size_bytes: int | None = None
     reason: str | None = None
+    sha256: str | None = None  # of the stored bytes, read back after JAX wrote them (written programs only)
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,13 +72,14 @@ def run_warmup(
         tgt.run(config.target, function, context)
     except tgt.UserCodeError as exc:
         failure = exc
+    session.wait_for_attestations()
     record = session.flush()
     if record.keys and failure is None:
         dev.check_started_backend(config.plan)
     programs = tuple(
         ProgramCoverage(
             key=u.key, function=u.function, status=status_of(u), compile_s=u.compile_s, size_bytes=u.size_bytes,
-            reason=u.reason,
+            reason=u.reason, sha256=u.sha256 if u.event == WRITE else None,
         )
         for u in record.keys
     )

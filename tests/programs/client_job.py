@@ -64,11 +64,24 @@ def main() -> int:
     x = np.arange(8, dtype=np.float32)
     m = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
     w = np.ones((4, 2), dtype=np.float32)
+    # Named functions: each program's module name (jit_affine, ...) differs, as in real jobs.
+    def affine(v):
+        return v * 2.0 + 1.0
+
+    def gram(a):
+        return a @ a.T
+
+    def wave(v):
+        return jnp.sin(v) ** 2 + jnp.cos(v) ** 2
+
+    def loss(a, b):
+        return jnp.sum((b @ a) ** 2)
+
     programs = {
-        "affine": (lambda: jax.jit(lambda v: v * 2.0 + 1.0)(x), x * 2 + 1),
-        "gram": (lambda: jax.jit(lambda a: a @ a.T)(m), m @ m.T),
-        "wave": (lambda: jax.jit(lambda v: jnp.sin(v) ** 2 + jnp.cos(v) ** 2)(x), np.ones_like(x)),
-        "grad": (lambda: jax.jit(jax.grad(lambda a, b: jnp.sum((b @ a) ** 2)))(w, m), 2 * m.T @ (m @ w)),
+        "affine": (lambda: jax.jit(affine)(x), x * 2 + 1),
+        "gram": (lambda: jax.jit(gram)(m), m @ m.T),
+        "wave": (lambda: jax.jit(wave)(x), np.ones_like(x)),
+        "grad": (lambda: jax.jit(jax.grad(loss))(w, m), 2 * m.T @ (m @ w)),
     }
     for name in args.programs.split(","):
         run, want = programs[name]
