@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import shutil
+import time
 
 import pytest
+from jaxcache import records
 from jaxcache.errors import InvalidInputError
 from jaxcache.prune import Candidate, PrunePolicy, plan, policy_from_mapping
 
@@ -83,3 +87,77 @@ def test_policy_fields():
                 {"stale_jaxlibs": True}):
         with pytest.raises(InvalidInputError):
             policy_from_mapping(bad)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# `jaxcache prune` reads the root's run records itself
+
+
+def _cli_plan(capsys, *args: str) -> dict:
+    from jaxcache.cli import main
+
+    assert main(["prune", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_prune_uses_run_records(cache_copy, jax_caches, capsys):
+    from test_service_reports import NEW, OLD, age, hit, keys_of, put_record, run, write
+
+    age(cache_copy, 10)
+    k = keys_of(jax_caches["zstd"])
+    now = time.time()
+    train, tiny, odd = k["jit_train_step"], k["jit_tiny"], k["jit_odd-name.v2"]
+    put_record(cache_copy, run("old", "o1", [write(train, 5.0, now - 21 * DAY), write(tiny, 1.0, now - 21 * DAY)],
+                               at=now - 20 * DAY, jaxlib=OLD))
+    put_record(cache_copy, run("new", "n1", [write(k["rest"][0], 2.0, now - 3600), hit(odd, 2, now - DAY)],
+                               jaxlib=NEW))
+    broken = cache_copy / records.RUNS_PREFIX / "2026-01-01" / "x-p0.json"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("{")
+
+    out = _cli_plan(capsys, str(cache_copy), "--stale-jaxlib")
+    assert {d["key"] for d in out["delete"]} == {train, tiny} and out["notes"] == []
+    assert out["run_records"]["read"] == 2 and out["run_records"]["malformed"] == [str(broken.relative_to(cache_copy))]
+    assert _cli_plan(capsys, str(cache_copy), "--stale-jaxlib", "--stale-jaxlib-window", "30d")["delete"] == []
+
+    out = _cli_plan(capsys, str(cache_copy), "--unused-for", "5d")
+    assert odd not in {d["key"] for d in out["delete"]} and len(out["delete"]) == len(k["all"]) - 1
+
+    from jaxcache.cli import main
+
+    assert main(["prune", str(cache_copy), "--stale-jaxlib-window", "3d"]) == 2
+    capsys.readouterr()
+    assert main(["prune", str(cache_copy), "--stale-jaxlib"]) == 0
+    text = capsys.readouterr()
+    assert "would delete 2 entries" in text.out and "skipping malformed run record" in text.err
+
+
+def test_cli_prune_without_recent_runs_says_so(cache_copy, capsys):
+    out = _cli_plan(capsys, str(cache_copy), "--stale-jaxlib")
+    assert out["delete"] == [] and "no run records" in out["notes"][0]
+
+
+def test_cli_prune_on_gcs_evicts_by_last_hit(tmp_path, gcs_client, gcs_bucket, jax_caches, capsys):
+    from conftest import upload_dir
+    from test_service_reports import hit, keys_of, run
+
+    src = tmp_path / "src"
+    shutil.copytree(jax_caches["zlib"].root, src)
+    for p in src.iterdir():
+        if p.name.endswith("-atime") or p.name == ".lockfile":
+            p.unlink()
+    upload_dir(gcs_client, gcs_bucket, "jc", src)
+    k = keys_of(jax_caches["zlib"])
+    tiny, odd = k["jit_tiny"], k["jit_odd-name.v2"]
+    blobs = {b.name: b for b in gcs_client.list_blobs(gcs_bucket, prefix="jc/")}
+    created = max(b.updated.timestamp() for b in blobs.values())
+    size = {n[3:-len("-cache")]: b.size for n, b in blobs.items() if n.endswith("-cache")}
+    # Hits dated after the upload (the emulator cannot backdate objects): they alone order the entries.
+    rec = run("a", "r1", [hit(odd, 1, created + 3600), hit(tiny, 1, created + 7200)], at=created + 7200)
+    gcs_client.bucket(gcs_bucket).blob(f"jc/{rec.name}").upload_from_string(rec.to_json())
+    url = f"gs://{gcs_bucket}/jc"
+    out = _cli_plan(capsys, url, "--max-size", str(size[tiny]), "--min-age", "0s")
+    order = [d["key"] for d in out["delete"]]
+    assert order[-1] == odd and set(order) == set(k["all"]) - {tiny}
+    out = _cli_plan(capsys, url, "--max-size", str(size[tiny] + size[odd]), "--min-age", "0s")
+    assert {d["key"] for d in out["delete"]} == set(k["all"]) - {tiny, odd}
