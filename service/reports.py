@@ -2,8 +2,10 @@
 
 A record is rewritten in place while its process runs (counts are totals so far), so ingestion is an upsert per
 (cache, run id, process index): the process's per-key rows are replaced and the aggregates of every key it
-touches, now or before, are recomputed from all rows of that key. Ingesting the same record twice changes
-nothing; an older version of a record than the one already ingested is ignored.
+touches, now or before, follow. Mostly as differences (new row minus old row: the cost of one record, however many
+processes share a key); from all rows of the key when the first writer may change or the last hit may move back.
+Either way the result equals a recomputation from scratch. Ingesting the same record twice changes nothing; an
+older version of a record than the one already ingested is ignored.
 
 Seconds saved by hits: for each process that hit a key, ``hits x writer's measured compile seconds - retrieval
 seconds`` when the key's first writer measured its compile and that is positive; otherwise JAX's own figure
@@ -65,7 +67,7 @@ class RecordScan:
 
 
 def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REPORT) -> IngestResult:
-    """Store ``record`` (already parsed) for ``cache`` and recompute the aggregates of the keys it touches.
+    """Store ``record`` (already parsed) for ``cache`` and update the aggregates of the keys it touches.
 
     Raises :class:`InvalidInputError` (and stores nothing) if the record names a key twice.
     """
@@ -77,7 +79,7 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
             return IngestResult(cache, record.run_id, record.process_index, run.keys, stale=True)
         where = (UsageRow.cache == cache, UsageRow.run_id == record.run_id,
                  UsageRow.process_index == record.process_index)
-        touched = set(s.scalars(select(UsageRow.key).where(*where)))
+        old = {r.key: r for r in s.execute(select(*_OWN).where(*where))}
         s.execute(delete(UsageRow).where(*where))
         fields = _run_fields(record, source)
         if run is None:
@@ -87,11 +89,81 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
                 setattr(run, name, value)
         s.flush()
         rows = [_usage_row(cache, record, u) for u in usages]
+        full = _update_in_place(s, cache, record, old, {r["key"]: r for r in rows})
         for i in range(0, len(rows), 5000):
             s.execute(insert(UsageRow), rows[i : i + 5000])
-        touched.update(u.key for u in usages)
-        recompute(s, cache, touched)
+        if full:
+            recompute(s, cache, full)
     return IngestResult(cache, record.run_id, record.process_index, len(rows), stale=False)
+
+
+_OWN = (UsageRow.key, UsageRow.event, UsageRow.hits, UsageRow.writes, UsageRow.first_at, UsageRow.last_at,
+        UsageRow.saved_s)
+
+
+def _writes(event: str, writes: int) -> bool:
+    return writes > 0 or event == records.WRITE
+
+
+def _last_hit(hits: int, first_at: float, last_at: float) -> float | None:
+    return (last_at or first_at or None) if hits else None
+
+
+def _update_in_place(s: Session, cache: str, record: RunRecord, old: dict, new: dict[str, dict]) -> set[str]:
+    """Apply one process's replaced rows to its keys' aggregates as differences, which costs the size of the record
+    rather than every process's rows of each key. Sets each new row's ``saved_s``. Returns the keys that need a
+    full :func:`recompute` instead: no aggregates yet, a first writer that changes or is this very process (its
+    compile seconds weigh every reader's row), or a last hit that could move back."""
+    me = (record.run_id, record.process_index)
+    touched = sorted(set(old) | set(new))
+    full: set[str] = set()
+    stats_updates, entry_params = [], []
+    for i in range(0, len(touched), _CHUNK):
+        chunk = touched[i : i + _CHUNK]
+        current = {r.key: r for r in s.execute(select(KeyStatsRow.key, *(getattr(KeyStatsRow, n) for n in AGGREGATES))
+                                              .where(KeyStatsRow.cache == cache, KeyStatsRow.key.in_(chunk)))}
+        for key in chunk:
+            ks, before, after = current.get(key), old.get(key), new.get(key)
+            if ks is None:
+                full.add(key)
+                continue
+            writer = (ks.writer_at_s, ks.writer_run, ks.writer_process) if ks.writer_run is not None else None
+            if before is not None and _writes(before.event, before.writes) and writer and writer[1:] == me:
+                full.add(key)
+                continue
+            if after is not None and _writes(after["event"], after["writes"]):
+                mine = (after["first_at"] or record.started_at, *me)
+                if writer is None or mine < writer:
+                    full.add(key)
+                    continue
+            old_hit = _last_hit(before.hits, before.first_at, before.last_at) if before is not None else None
+            new_hit = _last_hit(after["hits"], after["first_at"], after["last_at"]) if after is not None else None
+            if old_hit is not None and old_hit == ks.last_hit_s and (new_hit is None or new_hit < old_hit):
+                full.add(key)
+                continue
+            saved = 0.0
+            if after is not None:
+                saved = after["saved_s"] = _row_saved(after["hits"], after["retrieval_s"], after["jax_saved_s"],
+                                                      ks.writer_compile_s)
+            delta_hits = (after["hits"] if after else 0) - (before.hits if before else 0)
+            delta_saved = saved - (before.saved_s if before else 0.0)
+            last_hit = ks.last_hit_s if new_hit is None or (ks.last_hit_s or 0) >= new_hit else new_hit
+            if not delta_hits and not delta_saved and last_hit == ks.last_hit_s:
+                continue
+            stats = dict(zip(AGGREGATES, ks[1:], strict=True))
+            stats.update(hits=ks.hits + delta_hits, saved_s=ks.saved_s + delta_saved, last_hit_s=last_hit)
+            stats_updates.append({"b_key": key, "b_hits": stats["hits"], "b_saved_s": stats["saved_s"],
+                                  "b_last_hit_s": last_hit})
+            entry_params.append({"b_key": key, **{f"b_{n}": stats[n] for n in AGGREGATES}})
+    if stats_updates:
+        table = KeyStatsRow.__table__
+        s.connection().execute(
+            update(table).where(table.c.cache == cache, table.c.key == bindparam("b_key"))
+            .values(hits=bindparam("b_hits"), saved_s=bindparam("b_saved_s"), last_hit_s=bindparam("b_last_hit_s")),
+            stats_updates,
+        )
+        s.connection().execute(_entry_update(cache), entry_params)
+    return full
 
 
 def _unique(usages: list[records.KeyUsage]) -> list[records.KeyUsage]:
@@ -149,8 +221,7 @@ def aggregate(rows: Iterable) -> tuple[dict, list[tuple[str, int, float]]]:
     rows = list(rows)
     writes = [r for r in rows if r.writes > 0 or r.event == records.WRITE]
     # The earliest write; a record without first_at (0) falls back to its process's start.
-    writer = min(writes, key=lambda r: (r.first_at or r.started_s, r.started_s, r.run_id, r.process_index),
-                 default=None)
+    writer = min(writes, key=lambda r: (r.first_at or r.started_s, r.run_id, r.process_index), default=None)
     writer_compile_s = writer.compile_s if writer is not None else None
     hits = 0
     last_hit: float | None = None
@@ -163,8 +234,8 @@ def aggregate(rows: Iterable) -> tuple[dict, list[tuple[str, int, float]]]:
         saved += row_saved
         if r.hits:
             hits += r.hits
-            at = r.last_at or r.first_at
-            if at and (last_hit is None or at > last_hit):
+            at = _last_hit(r.hits, r.first_at, r.last_at)
+            if at is not None and (last_hit is None or at > last_hit):
                 last_hit = at
     stats = {
         "hits": hits, "last_hit_s": last_hit, "saved_s": saved,
@@ -181,12 +252,12 @@ def aggregate(rows: Iterable) -> tuple[dict, list[tuple[str, int, float]]]:
 EMPTY = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
 
 
-def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
-    """Recompute ``key_stats``, per-row saved seconds and the copies on entry rows for ``keys`` of ``cache``."""
-    keys = sorted(set(keys))
+def _entry_update(cache: str):
+    """UPDATE of an entry row's copy of its key's aggregates (parameters ``b_key`` and ``b_<aggregate>``); its last
+    use becomes the newer of what storage shows and the last hit."""
     entries = EntryRow.__table__
     hit = bindparam("b_last_hit_s")
-    entry_update = (
+    return (
         update(entries)
         .where(entries.c.cache == cache, entries.c.key == bindparam("b_key"), entries.c.kind == "entry")
         .values(
@@ -195,6 +266,12 @@ def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
                              else_=entries.c.seen_used_s),
         )
     )
+
+
+def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
+    """Recompute ``key_stats``, per-row saved seconds and the copies on entry rows for ``keys`` of ``cache``."""
+    keys = sorted(set(keys))
+    entry_update = _entry_update(cache)
     usage = UsageRow.__table__
     saved_update = (
         update(usage)
