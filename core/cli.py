@@ -257,9 +257,7 @@ def _decision_json(d: Decision, details: dict[str, str]) -> dict[str, Any]:
         "name": c.name,
         "size_bytes": c.size_bytes,
         "created_s": c.created_s,
-        "last_used_s": c.last_use_s,
-        "last_hit_s": c.last_hit_s,
-        "writer_jaxlib": c.writer_jaxlib,
+        "last_used_s": c.last_use_s,  # with reported hits, when run records were read
         "status": c.status,
         "orphan": c.orphan,
         "reasons": _reasons(d, details),

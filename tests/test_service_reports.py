@@ -445,6 +445,16 @@ def test_stale_jaxlib_local(svc, cache_copy, keys):
     assert set(entries(svc)) == set(keys["all"]) - {train, tiny}
 
 
+@pytest.mark.parametrize("body", [{"stale_jaxlib_window": "3d"}, {"stale_jaxlib": "perhaps"},
+                                  {"stale_jaxlib": True, "stale_jaxlib_window": "soon"},
+                                  {"stale_jaxlib": True, "stale_jaxlib_windows": "3d"}])
+def test_bad_stale_jaxlib_policies_are_rejected(svc, cache_copy, body):
+    before = _files(cache_copy)
+    r = svc.post("/v1/caches/demo/prune", json={**body, "dry_run": False}, headers=H_ADMIN)
+    assert 400 <= r.status_code < 500, (body, r.status_code, r.text)
+    assert _files(cache_copy) == before
+
+
 def test_hits_drive_lru_local(svc, cache_copy, keys, jax_caches):
     now = time.time()
     train, tiny, odd = keys["jit_train_step"], keys["jit_tiny"], keys["jit_odd-name.v2"]
