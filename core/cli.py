@@ -24,6 +24,7 @@ from jaxcache.stats import CacheStats, summarize
 from jaxcache.storage import Storage, open_storage
 from jaxcache.table import render
 from jaxcache.units import format_bytes, format_duration, parse_bytes, parse_duration
+from jaxcache.usage import RecordedUse, read_usage
 
 T = TypeVar("T")
 
@@ -237,8 +238,8 @@ def cmd_doctor(args: argparse.Namespace, storage: Storage) -> int:
 
 _PRUNE_TABLE_ROWS = 50
 _NO_RULE = (
-    "nothing selects entries: give --max-size, --unused-for, --older-than, --function, --corrupt or --orphans "
-    "(--keep and --min-age only protect entries)"
+    "nothing selects entries: give --max-size, --unused-for, --older-than, --function, --corrupt, --orphans or "
+    "--stale-jaxlib (--keep and --min-age only protect entries)"
 )
 
 
@@ -254,6 +255,10 @@ def _flag_value(flag: str, parse: Callable[[str], T], text: str | None) -> T | N
 
 def _prune_policy(args: argparse.Namespace) -> PrunePolicy:
     min_age = _flag_value("--min-age", parse_duration, args.min_age)
+    window = _flag_value("--stale-jaxlib-window", parse_duration, args.stale_jaxlib_window)
+    if window is not None and not args.stale_jaxlib:
+        raise InvalidInputError("--stale-jaxlib-window needs --stale-jaxlib")
+    extra = {} if window is None else {"stale_jaxlib_window_s": window}
     return PrunePolicy(
         max_total_bytes=_flag_value("--max-size", parse_bytes, args.max_size),
         unused_for_s=_flag_value("--unused-for", parse_duration, args.unused_for),
@@ -263,6 +268,8 @@ def _prune_policy(args: argparse.Namespace) -> PrunePolicy:
         orphans=args.orphans,
         keep=tuple(args.keep or ()),
         min_age_s=3600.0 if min_age is None else min_age,
+        stale_jaxlib=args.stale_jaxlib,
+        **extra,
     )
 
 
@@ -270,6 +277,13 @@ def _reasons(d: Decision, details: dict[str, str]) -> list[str]:
     # The plan says "corrupt"; the scan knows what is wrong with the entry.
     detail = details.get(d.candidate.key)
     return [f"{r}: {detail}" if r == CORRUPT_REASON and detail else r for r in d.reasons]
+
+
+def _records_json(use: RecordedUse | None) -> dict[str, Any] | None:
+    if use is None:
+        return None  # not read: no rule of the policy is about use
+    return {"read": use.records, "malformed": [name for name, _ in use.malformed], "keys_hit": len(use.last_hit_s),
+            "keys_with_writer": len(use.writer_jaxlib)}
 
 
 def _decision_json(d: Decision, details: dict[str, str]) -> dict[str, Any]:
@@ -281,7 +295,7 @@ def _decision_json(d: Decision, details: dict[str, str]) -> dict[str, Any]:
         "name": c.name,
         "size_bytes": c.size_bytes,
         "created_s": c.created_s,
-        "last_used_s": c.last_used_s,
+        "last_used_s": c.last_use_s,  # with reported hits, when run records were read
         "status": c.status,
         "orphan": c.orphan,
         "reasons": _reasons(d, details),
@@ -319,7 +333,7 @@ def _print_prune_plan(p: PrunePlan, details: dict[str, str], now: float) -> None
                 d.candidate.module,
                 d.candidate.key[-64:][:12],
                 format_bytes(d.candidate.size_bytes),
-                format_duration(now - d.candidate.last_used_s),
+                format_duration(now - d.candidate.last_use_s),
                 "; ".join(_reasons(d, details)),
             ]
             for d in shown
@@ -340,18 +354,28 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         raise InvalidInputError(_NO_RULE)
     details: dict[str, str] = {}
     candidates: list[Candidate] = []
+    # Run records matter only to rules about use: hits make LRU real where there are no -atime files (GCS).
+    use = None
+    if policy.stale_jaxlib or policy.max_total_bytes is not None or policy.unused_for_s is not None:
+        use = read_usage(storage)
+        for name, why in use.malformed[:10]:
+            print(f"jaxcache: warning: skipping malformed run record {name}: {why}", file=sys.stderr)
     # Headers (one small read per entry) are needed only to find corrupt entries.
     for record in _progress(scan(storage, read_headers=policy.corrupt), "scanning"):
         if isinstance(record, Entry) and record.reason:
             details[record.key] = record.reason
-        candidates.append(Candidate.from_record(record))
+        c = Candidate.from_record(record)
+        candidates.append(use.apply_to(c) if use is not None else c)
     now = time.time()
-    p = plan(candidates, policy, now=now)
+    recent = use.recent_jaxlibs(now - policy.stale_jaxlib_window_s) if use is not None else None
+    p = plan(candidates, policy, now=now, recent_jaxlibs=recent)
     del candidates
     if not args.json:
         _print_prune_plan(p, details, now)
         if p.delete or p.protected:
             print()
+        for note in p.notes:
+            print(f"note: {note}")
     result = _apply_with_progress(storage, p, args.verbose) if args.apply and p.delete else None
     if args.apply and result is None:
         result = PruneResult()
@@ -369,6 +393,8 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
             "delete": [_decision_json(d, details) for d in p.delete],
             "protected": [_decision_json(d, details) for d in p.protected],
             "protected_by_reason": _protected_counts(p),
+            "notes": p.notes,
+            "run_records": _records_json(use),
             "result": None if result is None else {
                 "deleted": result.deleted,
                 "bytes_freed": result.bytes_freed,
@@ -459,17 +485,18 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser(
         "prune", help="delete entries by size, age, function, corruption (dry run unless --apply)",
         description="Delete entries that ANY selecting rule picks (--max-size, --unused-for, --older-than, "
-                    "--function, --corrupt, --orphans) unless a keep rule protects them (--keep, --min-age). "
-                    "Prints what would go and why; nothing is deleted without --apply. Deleting entries while "
-                    "jobs run is safe: JAX recompiles what is missing.",
+                    "--function, --corrupt, --orphans, --stale-jaxlib) unless a keep rule protects them (--keep, "
+                    "--min-age). Prints what would go and why; nothing is deleted without --apply. Deleting "
+                    "entries while jobs run is safe: JAX recompiles what is missing. Rules about use read the "
+                    "root's run records (.jaxcache/runs/) for reported hits and writers.",
         epilog="Sizes: 500MiB, 50GiB, 50GB. Durations: 45s, 30m, 12h, 14d, 2w. Exit codes: 0 ok, 1 some "
                "deletions failed, 2 usage or input error.",
     )
     pr.add_argument("root", metavar="ROOT", help=_ROOT_HELP)
     pr.add_argument("--max-size", metavar="SIZE",
                     help="evict least recently used entries until the root holds at most SIZE")
-    pr.add_argument("--unused-for", metavar="DURATION", help="entries not used for DURATION (from -atime files, "
-                    "else creation time)")
+    pr.add_argument("--unused-for", metavar="DURATION", help="entries not used for DURATION (newest of -atime "
+                    "files, hits reported by run records, and creation time)")
     pr.add_argument("--older-than", metavar="DURATION", help="entries created more than DURATION ago")
     pr.add_argument("--function", metavar="GLOB", action="append",
                     help="entries of functions (module names) matching GLOB, e.g. 'jit_old_*'; repeat for more")
@@ -477,6 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="entries whose head does not decode (the scan's header check; `jaxcache doctor` does the "
                          "full check)")
     pr.add_argument("--orphans", action="store_true", help="orphaned -atime files whose entry is gone")
+    pr.add_argument("--stale-jaxlib", action="store_true",
+                    help="entries whose first writer's jaxlib no run used within --stale-jaxlib-window (from run "
+                         "records; an entry no record names is kept)")
+    pr.add_argument("--stale-jaxlib-window", metavar="DURATION", help="for --stale-jaxlib (default 14d)")
     pr.add_argument("--keep", metavar="PATTERN", action="append",
                     help="never delete entries whose key, or function name, matches PATTERN (a key or a glob); "
                          "repeat for more")

@@ -25,7 +25,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -39,6 +39,7 @@ from jaxcache.storage.local import LocalStorage
 from jaxcache.units import format_duration, parse_bytes, parse_duration
 
 OVER_MAX_TOTAL = "over max_total_bytes"
+STALE_JAXLIB_WINDOW_S = 14 * 86400.0
 ORPHAN_REASON = "orphaned -atime file"
 CORRUPT_REASON = "corrupt"
 
@@ -51,7 +52,7 @@ class PrunePolicy:
     """What to delete. An entry goes if ANY selecting rule picks it and NO keep rule (pins, min_age) protects it.
 
     Selecting rules: ``max_total_bytes``, ``unused_for_s``, ``older_than_s``, ``functions``, ``corrupt``,
-    ``orphans``. Keep rules: ``keep`` (pins) and ``min_age_s`` (a grace period for fresh entries).
+    ``orphans``, ``stale_jaxlib``. Keep rules: ``keep`` (pins) and ``min_age_s`` (a grace period for fresh entries).
     """
 
     max_total_bytes: int | None = None  # evict least recently used first until total <= this
@@ -62,6 +63,10 @@ class PrunePolicy:
     orphans: bool = False  # orphaned -atime files
     keep: tuple[str, ...] = ()  # pins: exact keys or fnmatch globs over key OR function name
     min_age_s: float = 3600.0  # grace: never delete anything created (mtime) less than this ago
+    # Entries whose writer's jaxlib no run used within the window: a jaxlib upgrade changes every key, so they can
+    # never hit again. Needs run records (plan's ``recent_jaxlibs``); an entry with an unknown writer is never stale.
+    stale_jaxlib: bool = False
+    stale_jaxlib_window_s: float = STALE_JAXLIB_WINDOW_S
 
     def __post_init__(self) -> None:
         # The service may build a policy directly: check it here too, not only in policy_from_mapping.
@@ -72,9 +77,10 @@ class PrunePolicy:
             if value is not None:
                 _check_number(name, value)
         _check_number("min_age_s", self.min_age_s)
+        _check_number("stale_jaxlib_window_s", self.stale_jaxlib_window_s)
         for name in ("functions", "keep"):
             object.__setattr__(self, name, _check_patterns(name, getattr(self, name)))
-        for name in ("corrupt", "orphans"):
+        for name in ("corrupt", "orphans", "stale_jaxlib"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidInputError(f"prune policy {name} must be true or false, not {getattr(self, name)!r}")
 
@@ -87,6 +93,7 @@ class PrunePolicy:
             or bool(self.functions)
             or self.corrupt
             or self.orphans
+            or self.stale_jaxlib
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -100,6 +107,8 @@ class PrunePolicy:
             "orphans": self.orphans,
             "keep": list(self.keep),
             "min_age": self.min_age_s,
+            "stale_jaxlib": self.stale_jaxlib,
+            "stale_jaxlib_window": self.stale_jaxlib_window_s,
         }
 
 
@@ -122,7 +131,10 @@ def _check_patterns(name: str, value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))  # in order, without repeats
 
 
-_FIELDS = ("max_total_bytes", "unused_for", "older_than", "functions", "corrupt", "orphans", "keep", "min_age")
+_FIELDS = (
+    "max_total_bytes", "unused_for", "older_than", "functions", "corrupt", "orphans", "keep", "min_age",
+    "stale_jaxlib", "stale_jaxlib_window",
+)
 
 
 def policy_from_mapping(data: Mapping[str, Any]) -> PrunePolicy:
@@ -130,7 +142,8 @@ def policy_from_mapping(data: Mapping[str, Any]) -> PrunePolicy:
 
     Fields: ``max_total_bytes`` (bytes or a size like ``"50GiB"``), ``unused_for``, ``older_than`` and
     ``min_age`` (seconds or a duration like ``"14d"``), ``functions`` and ``keep`` (lists of globs; a single
-    string is one glob), ``corrupt`` and ``orphans`` (booleans). Absent or null fields take their defaults.
+    string is one glob), ``corrupt``, ``orphans`` and ``stale_jaxlib`` (booleans), ``stale_jaxlib_window`` (a
+    duration, default 14d; only with ``stale_jaxlib``). Absent or null fields take their defaults.
     An unknown field is an error: a typo in a prune policy must not silently widen it.
     """
     if not isinstance(data, Mapping):
@@ -145,17 +158,22 @@ def policy_from_mapping(data: Mapping[str, Any]) -> PrunePolicy:
     kwargs: dict[str, Any] = {}
     if data.get("max_total_bytes") is not None:
         kwargs["max_total_bytes"] = _size("max_total_bytes", data["max_total_bytes"])
-    for key, attr in (("unused_for", "unused_for_s"), ("older_than", "older_than_s"), ("min_age", "min_age_s")):
+    durations = (("unused_for", "unused_for_s"), ("older_than", "older_than_s"), ("min_age", "min_age_s"),
+                 ("stale_jaxlib_window", "stale_jaxlib_window_s"))
+    for key, attr in durations:
         if data.get(key) is not None:
             kwargs[attr] = _duration(key, data[key])
     for key in ("functions", "keep"):
         if data.get(key) is not None:
             kwargs[key] = data[key]
-    for key in ("corrupt", "orphans"):
+    for key in ("corrupt", "orphans", "stale_jaxlib"):
         if data.get(key) is not None:
             if not isinstance(data[key], bool):
                 raise InvalidInputError(f"prune policy field {key!r} must be true or false, not {data[key]!r}")
             kwargs[key] = data[key]
+    if "stale_jaxlib_window_s" in kwargs and not kwargs.get("stale_jaxlib"):
+        # A window alone selects nothing: most likely `stale_jaxlib: true` was forgotten.
+        raise InvalidInputError("prune policy field 'stale_jaxlib_window' needs 'stale_jaxlib': true")
     return PrunePolicy(**kwargs)
 
 
@@ -202,12 +220,22 @@ class Candidate:
     name: str  # object name of the -cache file, or of the -atime file for an orphan
     size_bytes: int
     created_s: float  # mtime of the object
-    last_used_s: float  # newest of -atime, reported hits (later), creation
+    last_used_s: float  # newest of -atime and creation (may already include last_hit_s)
     status: str | None  # "ok" | "corrupt" | None (unknown)
     orphan: bool = False
     generation: int | None = None  # GCS generation of `name`
     atime_generation: int | None = None  # not always known; None = delete -atime unconditionally
     has_atime: bool = False
+    # From run records: the newest reported hit, and the jaxlib of the entry's first writer (None: unknown).
+    # Hits are the only use a GCS root records (JAX keeps no -atime there), so they make its LRU real.
+    last_hit_s: float | None = None
+    writer_jaxlib: str | None = None
+
+    @property
+    def last_use_s(self) -> float:
+        """The newest of the ``-atime``, the last reported hit and creation: what LRU rules compare."""
+        hit = self.last_hit_s
+        return self.last_used_s if hit is None or hit <= self.last_used_s else hit
 
     @classmethod
     def from_record(cls, record: Entry | Orphan) -> Candidate:
@@ -244,6 +272,7 @@ class PrunePlan:
     bytes_freed: int
     bytes_remaining: int
     entries_total: int
+    notes: list[str] = field(default_factory=list)  # what the policy could not do, and why ("no runs seen ...")
 
 
 class _Globs:
@@ -270,15 +299,35 @@ class _Globs:
         return found
 
 
-def plan(candidates: Iterable[Candidate], policy: PrunePolicy, *, now: float) -> PrunePlan:
+def plan(
+    candidates: Iterable[Candidate], policy: PrunePolicy, *, now: float,
+    recent_jaxlibs: Collection[str] | None = None,
+) -> PrunePlan:
     """Decide what ``policy`` deletes among ``candidates`` at time ``now`` (seconds since the epoch).
 
-    Pure: reads nothing, deletes nothing. ``max_total_bytes`` counts every candidate toward the total (protected
+    Pure: reads nothing, deletes nothing. Last use is :attr:`Candidate.last_use_s` (the newest of ``-atime``,
+    last reported hit and creation). ``max_total_bytes`` counts every candidate toward the total (protected
     ones and orphans too), treats entries picked by other rules as freed first, then evicts the least recently
     used unprotected entries (ties by key) until the total is at or below the limit. A protected entry the
     eviction had to pass over is listed in ``protected``. Both lists come least recently used first.
+
+    ``recent_jaxlibs`` are the jaxlib versions of runs updated within ``policy.stale_jaxlib_window_s`` (the
+    caller reads run records). ``stale_jaxlib`` selects entries whose writer's jaxlib is not among them; when it
+    is None or empty (no runs seen: nothing says which versions are current) the rule selects nothing and
+    :attr:`PrunePlan.notes` says so.
     """
     cands = candidates if isinstance(candidates, list) else list(candidates)
+    notes: list[str] = []
+    current: frozenset[str] | None = None
+    if policy.stale_jaxlib:
+        if recent_jaxlibs:
+            current = frozenset(recent_jaxlibs)
+        else:
+            notes.append(
+                f"stale_jaxlib selected nothing: no run records from the last "
+                f"{format_duration(policy.stale_jaxlib_window_s)}, so which jaxlib versions are in use is unknown"
+            )
+    stale_reason: dict[str, str] = {}
     functions = _Globs(policy.functions)
     pins = _Globs(policy.keep)
     unused_for, older_than, min_age = policy.unused_for_s, policy.older_than_s, policy.min_age_s
@@ -318,8 +367,10 @@ def plan(candidates: Iterable[Candidate], policy: PrunePolicy, *, now: float) ->
             reasons = [ORPHAN_REASON]
         else:
             reasons = []
-            if unused_for is not None and now - c.last_used_s >= unused_for:
-                reasons.append(f"unused for {age(now - c.last_used_s)}")
+            if unused_for is not None:
+                last_use = c.last_use_s
+                if now - last_use >= unused_for:
+                    reasons.append(f"unused for {age(now - last_use)}")
             if older_than is not None and now - c.created_s >= older_than:
                 reasons.append(f"created {age(now - c.created_s)} ago")
             if functions.patterns:
@@ -328,6 +379,14 @@ def plan(candidates: Iterable[Candidate], policy: PrunePolicy, *, now: float) ->
                     reasons.append(function_reason[matched[0]])
             if select_corrupt and c.status == "corrupt":
                 reasons.append(CORRUPT_REASON)
+            if current is not None and c.writer_jaxlib is not None and c.writer_jaxlib not in current:
+                why_stale = stale_reason.get(c.writer_jaxlib)
+                if why_stale is None:
+                    why_stale = stale_reason[c.writer_jaxlib] = (
+                        f"written by jaxlib {c.writer_jaxlib}, which no run used in the last "
+                        f"{format_duration(policy.stale_jaxlib_window_s)}"
+                    )
+                reasons.append(why_stale)
             if not reasons:
                 continue
         why = protection(c) if pins.patterns or now - c.created_s < min_age else ()
@@ -340,7 +399,7 @@ def plan(candidates: Iterable[Candidate], policy: PrunePolicy, *, now: float) ->
     # One order serves the eviction walk and both lists: least recently used first, ties by key. Two stable sorts
     # over plain lists (by key, then by last use) allocate no per-candidate tuples.
     order = sorted(range(len(cands)), key=[c.key for c in cands].__getitem__)
-    order.sort(key=[c.last_used_s for c in cands].__getitem__)
+    order.sort(key=[c.last_use_s for c in cands].__getitem__)
     limit = policy.max_total_bytes
     if limit is not None and total - freed > limit:
         for i in order:
@@ -363,6 +422,7 @@ def plan(candidates: Iterable[Candidate], policy: PrunePolicy, *, now: float) ->
         bytes_freed=freed,
         bytes_remaining=total - freed,
         entries_total=len(cands),
+        notes=notes,
     )
 
 

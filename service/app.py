@@ -15,9 +15,9 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Respo
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse
 from jaxcache import entry as fmt
-from jaxcache import prune
+from jaxcache import prune, records
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
-from jaxcache.service import queries
+from jaxcache.service import queries, reports
 from jaxcache.service.auth import Authenticator, Principal
 from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow, PruneRow
 from jaxcache.service.metrics import Metrics
@@ -26,10 +26,14 @@ from jaxcache.service.rescan import RescanResult, rescan
 from jaxcache.service.schemas import (
     CacheList,
     CacheSummary,
-    EntryModel,
+    EntryDetail,
+    EntryJobModel,
     EntryPage,
     ErrorModel,
     Health,
+    JobDetail,
+    JobList,
+    JobSummary,
     PinList,
     PinModel,
     PlannedDeletion,
@@ -37,13 +41,16 @@ from jaxcache.service.schemas import (
     PruneAuditList,
     PruneRequest,
     PruneResponse,
+    ReportErrorModel,
+    ReportResult,
     RescanModel,
+    RunRecordModel,
     StatsModel,
 )
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.storage import Storage, open_storage
 from jaxcache.units import parse_duration
-from sqlalchemy import Row, delete, select
+from sqlalchemy import delete, select
 
 log = logging.getLogger("jaxcache.service")
 
@@ -55,6 +62,8 @@ _ERRORS = {
 }
 _MAX_PATTERN = 256
 _STATS_TTL_S = 60.0
+_DAY_S = 86400.0
+REPORTS_PATH = "/v1/reports"
 
 
 class State:
@@ -69,6 +78,8 @@ class State:
         self.prune_locks = PruneLocks()
         self.scan_lock = threading.Lock()
         self._stats: dict[str, tuple[float, dict]] = {}
+        self._usage: dict[str, tuple[float, dict]] = {}
+        self.roots = reports.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
         self.scanned: set[str] = set()
         with self.catalog.session() as s:
             for name in settings.caches:
@@ -93,6 +104,11 @@ class State:
                 raise
         self.scanned.add(name)
         self.metrics.scan_seconds.labels(name).observe(result.seconds)
+        if result.records_ingested:
+            self.metrics.reports_ingested.labels(name, reports.STORAGE).inc(result.records_ingested)
+            self._usage.pop(name, None)
+        if result.records_malformed:
+            self.metrics.reports_malformed.labels(reports.STORAGE).inc(result.records_malformed)
         if result.added or result.removed or result.updated or name not in self._stats:
             self.changed(name)
             self.stats(name)  # computed here, in the scan thread, so requests find it ready
@@ -107,10 +123,32 @@ class State:
         """Statistics of one cache, recomputed after a change or once a minute (growth windows move)."""
         cached = self._stats.get(name)
         if cached is not None and time.monotonic() - cached[0] < _STATS_TTL_S:
+            result = cached[1]
+        else:
+            with self.catalog.session() as s:
+                result = queries.stats(s, name)
+            self._stats[name] = (time.monotonic(), result)
+        return {**result, **self.usage(name)}
+
+    def usage(self, name: str) -> dict:
+        """Hit rate and seconds saved over the last 24 h and 7 d; cached apart from the entry statistics, since
+        reports arrive far more often than entries change."""
+        cached = self._usage.get(name)
+        if cached is not None and time.monotonic() - cached[0] < _STATS_TTL_S:
             return cached[1]
-        with self.catalog.session() as s:
-            result = queries.stats(s, name)
-        self._stats[name] = (time.monotonic(), result)
+        now = time.time()
+        with self.catalog.reader() as conn:
+            result = {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
+                      "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S)}
+        self._usage[name] = (time.monotonic(), result)
+        return result
+
+    def ingest(self, name: str, record: records.RunRecord) -> reports.IngestResult:
+        """Ingest one POSTed run record into ``name``."""
+        result = reports.ingest(self.catalog, name, record, source=reports.REPORT)
+        if not result.stale:
+            self.metrics.reports_ingested.labels(name, reports.REPORT).inc()
+            self._usage.pop(name, None)
         return result
 
     def _refresh_gauges(self, name: str) -> None:
@@ -133,16 +171,19 @@ class LimitsAndMetrics:
     A plain ASGI middleware: Starlette's BaseHTTPMiddleware costs about a millisecond per request.
     """
 
-    def __init__(self, app, *, metrics: Metrics, max_body_bytes: int) -> None:
+    def __init__(self, app, *, metrics: Metrics, max_body_bytes: int, max_report_bytes: int) -> None:
         self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
+        self.max_report_bytes = max_report_bytes
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        # A run record lists every key a process touched: far bigger than any other body.
+        limit = self.max_report_bytes if scope["path"] == REPORTS_PATH else self.max_body_bytes
         for name, value in scope["headers"]:
-            if name == b"content-length" and (not value.isdigit() or int(value) > self.max_body_bytes):
-                response = JSONResponse({"detail": f"request body over {self.max_body_bytes} bytes"}, 413)
+            if name == b"content-length" and (not value.isdigit() or int(value) > limit):
+                response = JSONResponse({"detail": f"request body over {limit} bytes"}, 413)
                 await response(scope, receive, send)
                 return
         received = 0
@@ -151,8 +192,8 @@ class LimitsAndMetrics:
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.max_body_bytes:  # chunked bodies carry no content-length
-                raise HTTPException(413, f"request body over {self.max_body_bytes} bytes")
+            if received > limit:  # chunked bodies carry no content-length
+                raise HTTPException(413, f"request body over {limit} bytes")
             return message
 
         started = time.perf_counter()
@@ -176,6 +217,7 @@ def _scope(scope: str):
 
 
 ReadAuth = Annotated[Principal, _scope("read")]
+ReportAuth = Annotated[Principal, _scope("report")]
 AdminAuth = Annotated[Principal, _scope("admin")]
 CacheName = Annotated[str, Path(description="a configured cache name", max_length=64, examples=["prod"])]
 EntryKey = Annotated[str, Path(description="the entry key: <function>-<64 hex>", max_length=600)]
@@ -192,14 +234,6 @@ def _check_key(key: str) -> str:
     if not fmt.is_valid_key(key):
         raise HTTPException(400, "malformed key: expected <function>-<64 lower-case hex>, as JAX names entries")
     return key
-
-
-def _entry_model(r: EntryRow | Row) -> EntryModel:
-    return EntryModel(
-        key=r.key, function=r.module, size_bytes=r.size_bytes, created_s=r.created_s, last_used_s=r.last_used_s,
-        has_atime=bool(r.has_atime), compression=r.compression, compile_seconds=r.compile_seconds,
-        status=r.status, reason=r.reason, generation=r.generation,
-    )
 
 
 def _duration(value: str | None, name: str) -> float | None:
@@ -219,6 +253,24 @@ def _policy(body: PruneRequest) -> tuple[prune.PrunePolicy, dict]:
         return prune.policy_from_mapping(data), data
     except InvalidInputError as exc:
         raise HTTPException(400, str(exc)) from None
+
+
+def _register_record_schema(app: FastAPI) -> None:
+    """Document the run record as the body of POST /v1/reports. The route reads the raw body (records.parse is
+    the one validator, and auth must come before parsing), so FastAPI cannot see the model by itself."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = build()
+            body = RunRecordModel.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name, sub in body.pop("$defs", {}).items():
+                components.setdefault(name, sub)
+            components["RunRecordModel"] = body
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _planned(decisions: list[prune.Decision]) -> list[PlannedDeletion]:
@@ -264,7 +316,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     )
     app.state.jaxcache = state
 
-    app.add_middleware(LimitsAndMetrics, metrics=state.metrics, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(LimitsAndMetrics, metrics=state.metrics, max_body_bytes=settings.max_body_bytes,
+                       max_report_bytes=settings.max_report_bytes)
+    _register_record_schema(app)
 
     @app.exception_handler(JaxcacheError)
     async def jaxcache_error(_request: Request, exc: JaxcacheError) -> JSONResponse:
@@ -343,7 +397,12 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         unused_for: Annotated[str | None, Query(max_length=32, description="e.g. 14d", examples=["14d"])] = None,
         older_than: Annotated[str | None, Query(max_length=32, examples=["30d"])] = None,
         status: Literal["ok", "corrupt"] | None = None,
-        sort: Literal["size", "compile", "last_used", "created", "name"] = "name",
+        job: Annotated[str | None, Query(max_length=200, description="entries this job wrote or hit")] = None,
+        jaxlib: Annotated[str | None, Query(max_length=200, description="the first writer's jaxlib version",
+                                            examples=["0.12.0"])] = None,
+        topology: Annotated[str | None, Query(max_length=200, description="the first writer's topology",
+                                              examples=["4x8x1"])] = None,
+        sort: Literal["size", "compile", "last_used", "created", "name", "hits"] = "name",
         order: Literal["asc", "desc"] = "asc",
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         cursor: Annotated[str | None, Query(max_length=2048)] = None,
@@ -353,27 +412,28 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         flt = queries.EntryFilter(
             function=function, min_size=min_size, max_size=max_size,
             unused_for_s=_duration(unused_for, "unused_for"), older_than_s=_duration(older_than, "older_than"),
-            status=status,
+            status=status, job=job, jaxlib=jaxlib, topology=topology,
         )
         with state.catalog.reader() as conn:
             rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=cursor)
         # The hot route: rows become JSON directly (the same fields as EntryModel, which documents them);
         # validating 100 models per request would cost more than the query.
-        fields = queries.PAGE_FIELDS
-        page = {"entries": [dict(zip(fields, r, strict=True)) for r in rows], "next_cursor": nxt}
+        page = {"entries": [queries.page_entry(r) for r in rows], "next_cursor": nxt}
         return Response(json.dumps(page, separators=(",", ":")), media_type="application/json")
 
-    @app.get("/v1/caches/{cache}/entries/{key}", response_model=EntryModel, operation_id="getEntry",
+    @app.get("/v1/caches/{cache}/entries/{key}", response_model=EntryDetail, operation_id="getEntry",
              tags=["entries"], responses=_ERRORS)
-    def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -> EntryModel:
-        """One entry."""
+    def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -> EntryDetail:
+        """One entry, with every job that reported it."""
         _storage(request, cache)
         _check_key(key)
-        with state.catalog.session() as s:
-            row = s.get(EntryRow, (cache, key, "entry"))
+        with state.catalog.reader() as conn:
+            row = conn.execute(select(*queries.entry_columns()).where(
+                EntryRow.cache == cache, EntryRow.key == key, EntryRow.kind == "entry")).first()
             if row is None:
                 raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
-            return _entry_model(row)
+            jobs = queries.entry_jobs(conn, cache, key)
+        return EntryDetail(**queries.page_entry(row), jobs=[EntryJobModel(**j) for j in jobs])
 
     @app.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry", tags=["entries"],
                 responses=_ERRORS)
@@ -396,7 +456,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     @app.get("/v1/caches/{cache}/stats", response_model=StatsModel, operation_id="getStats", tags=["caches"],
              responses=_ERRORS)
     def get_stats(request: Request, cache: CacheName, _p: ReadAuth) -> StatsModel:
-        """Totals, by function, by compression, growth per day, corrupt entries and orphans."""
+        """Totals, by function, by compression, growth per day, corrupt entries and orphans; hit rate and seconds
+        saved over the last 24 h and 7 d (processes whose run records were updated within the window)."""
         _storage(request, cache)
         return StatsModel(**state.stats(cache))
 
@@ -409,7 +470,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         policy, policy_json = _policy(body)
         if not policy.selects_anything():
             raise HTTPException(400, "the policy selects nothing: set max_total_bytes, unused_for, older_than, "
-                                     "functions, corrupt or orphans")
+                                     "functions, corrupt, orphans or stale_jaxlib")
         try:
             outcome = await run_in_threadpool(
                 run_prune, state.catalog, cache, storage, policy, dry_run=body.dry_run, who=principal.who,
@@ -428,7 +489,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             bytes_remaining=plan.bytes_remaining,
             deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
             changed=result.changed if result else None, errors=result.errors if result else [],
-            audit_id=outcome.audit_id,
+            audit_id=outcome.audit_id, notes=plan.notes,
         )
 
     @app.get("/v1/caches/{cache}/prunes", response_model=PruneAuditList, operation_id="listPrunes", tags=["prune"],
@@ -492,11 +553,73 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     @app.post("/v1/caches/{cache}/rescan", response_model=RescanModel, operation_id="rescan", tags=["caches"],
               responses=_ERRORS)
     async def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> RescanModel:
-        """Rescan one cache now (background rescans run every JAXCACHE_RESCAN_S seconds)."""
+        """Rescan one cache now (background rescans run every JAXCACHE_RESCAN_S seconds): entries, and the run
+        records under .jaxcache/runs/ that are new or changed."""
         _storage(request, cache)
         r = await run_in_threadpool(state.rescan, cache)
         return RescanModel(cache=r.cache, added=r.added, removed=r.removed, updated=r.updated, entries=r.entries,
-                           seconds=r.seconds)
+                           seconds=r.seconds, records_ingested=r.records_ingested,
+                           records_malformed=r.records_malformed)
+
+    @app.get("/v1/caches/{cache}/jobs", response_model=JobList, operation_id="listJobs", tags=["jobs"],
+             responses=_ERRORS)
+    def list_jobs(request: Request, cache: CacheName, _p: ReadAuth,
+                  limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JobList:
+        """Jobs that reported runs on this cache, newest first: hits, misses, hit rate, seconds spent and saved."""
+        _storage(request, cache)
+        with state.catalog.reader() as conn:
+            return JobList(jobs=[JobSummary(**j) for j in queries.jobs(conn, cache, limit=limit)])
+
+    @app.get("/v1/caches/{cache}/jobs/{job}", response_model=JobDetail, operation_id="getJob", tags=["jobs"],
+             responses=_ERRORS)
+    def get_job(request: Request, cache: CacheName, job: Annotated[str, Path(max_length=200)],
+                _p: ReadAuth) -> JobDetail:
+        """One job: its totals, the keys it had to compile (misses) and its recent processes."""
+        _storage(request, cache)
+        with state.catalog.reader() as conn:
+            found = queries.jobs(conn, cache, job=job, limit=1)
+            if not found:
+                raise HTTPException(404, f"no runs of job {job!r} reported on {cache!r}")
+            missed = queries.job_misses(conn, cache, job, limit=1000)
+            recent = queries.job_runs(conn, cache, job, limit=100)
+        return JobDetail(**found[0], missed=missed, recent_runs=recent)
+
+    @app.post(
+        REPORTS_PATH, response_model=ReportResult, operation_id="ingestReport", tags=["reports"],
+        responses={
+            **_ERRORS,
+            413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_REPORT_BYTES"},
+            422: {"model": ReportErrorModel,
+                  "description": "malformed run record (nothing stored), or no cache given and none matches"},
+        },
+        openapi_extra={"requestBody": {"required": True, "description": "a run record (jaxcache.run/1)",
+                                       "content": {"application/json": {
+                                           "schema": {"$ref": "#/components/schemas/RunRecordModel"}}}}},
+    )
+    async def ingest_report(
+        request: Request, _p: ReportAuth,
+        cache: Annotated[str | None, Query(max_length=64, description="the cache the record is for; default: the "
+                                           "configured cache whose root is the record's cache_dir")] = None,
+    ) -> ReportResult:
+        """Ingest a run record (what a job's process did with each key). Needs a `report` or `admin` token.
+
+        Records are totals so far: sending one again, or an older version of it, changes nothing."""
+        if cache is not None:
+            _storage(request, cache)
+        body = await request.body()
+        try:
+            record = records.parse(body)
+            name = cache if cache is not None else reports.cache_for(record, state.roots)
+        except InvalidInputError as exc:
+            state.metrics.reports_malformed.labels(reports.REPORT).inc()
+            raise HTTPException(422, str(exc)) from None
+        try:
+            r = await run_in_threadpool(state.ingest, name, record)
+        except InvalidInputError as exc:
+            state.metrics.reports_malformed.labels(reports.REPORT).inc()
+            raise HTTPException(422, str(exc)) from None
+        return ReportResult(cache=r.cache, run_id=r.run_id, process_index=r.process_index,
+                            runs=0 if r.stale else 1, keys=r.keys, stale=r.stale)
 
     return app
 

@@ -1,9 +1,16 @@
 """The catalog: an index of every cache root's entries, rebuilt from storage by a rescan, plus what only the
-catalog holds (pins, the prune audit log). SQLite by default; any SQLAlchemy URL."""
+catalog holds (pins, the prune audit log, run reports POSTed by jobs). SQLite by default; any SQLAlchemy URL.
+
+Run records (``jaxcache.records``) fill three tables: ``runs`` (one row per process of a run), ``usage`` (what
+that process did with each key) and ``key_stats`` (per-key aggregates: first writer, hits, seconds saved). The
+aggregates are also copied onto each entry's row, so listing, sorting and filtering entries never joins.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,9 +25,13 @@ from sqlalchemy import (
     String,
     create_engine,
     event,
+    inspect,
+    update,
 )
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+log = logging.getLogger("jaxcache.service")
 
 
 class Base(DeclarativeBase):
@@ -59,6 +70,21 @@ class EntryRow(Base):
     status: Mapped[str | None] = mapped_column(String(16), nullable=True)
     reason: Mapped[str | None] = mapped_column(String(1024), nullable=True)
     first_seen_s: Mapped[float] = mapped_column(Float)
+    # Last use as storage shows it (newest of -atime and creation); last_used_s adds reported hits to it.
+    seen_used_s: Mapped[float] = mapped_column(Float)
+    # Copied from key_stats (see there) whenever either side changes.
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    saved_s: Mapped[float] = mapped_column(Float, default=0.0)
+    writer_job: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    writer_run: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    writer_process: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    writer_host: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    writer_topology: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    writer_jax: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    writer_jaxlib: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (
         Index("ix_entries_size", "cache", "kind", "size_bytes", "key"),
@@ -66,7 +92,110 @@ class EntryRow(Base):
         Index("ix_entries_created", "cache", "kind", "created_s", "key"),
         Index("ix_entries_compile", "cache", "kind", "compile_seconds", "key"),
         Index("ix_entries_module", "cache", "kind", "module"),
+        Index("ix_entries_hits", "cache", "kind", "hits", "key"),
+        Index("ix_entries_writer_jaxlib", "cache", "kind", "writer_jaxlib"),
+        Index("ix_entries_writer_topology", "cache", "kind", "writer_topology"),
     )
+
+
+#: The per-key aggregates that key_stats holds and entry rows copy, in this order.
+AGGREGATES = ("hits", "last_hit_s", "saved_s", "writer_job", "writer_run", "writer_process", "writer_host",
+              "writer_topology", "writer_jax", "writer_jaxlib", "writer_at_s", "writer_compile_s")
+
+
+class KeyStatsRow(Base):
+    """Aggregates of one key over every ingested run record. Exists before (or without) the entry itself:
+    a report may arrive before the rescan that finds the entry, and keeps its history after a prune."""
+
+    __tablename__ = "key_stats"
+    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    saved_s: Mapped[float] = mapped_column(Float, default=0.0)
+    # The first writer: the process with the earliest `write` event for the key.
+    writer_job: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    writer_run: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    writer_process: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    writer_host: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    writer_topology: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    writer_jax: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    writer_jaxlib: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class RunRow(Base):
+    """One process of one run of a job, from its latest run record."""
+
+    __tablename__ = "runs"
+    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job: Mapped[str] = mapped_column(String(256))
+    process_count: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(1024))
+    topology: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    cache_dir: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    jax: Mapped[str] = mapped_column(String(1024))
+    jaxlib: Mapped[str] = mapped_column(String(1024))
+    backend: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    fingerprint: Mapped[dict] = mapped_column(JSON)
+    fingerprint_digest: Mapped[str] = mapped_column(String(32))
+    started_s: Mapped[float] = mapped_column(Float)
+    updated_s: Mapped[float] = mapped_column(Float)
+    final: Mapped[bool] = mapped_column(Boolean, default=False)
+    pid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    keys: Mapped[int] = mapped_column(Integer, default=0)
+    source: Mapped[str] = mapped_column(String(16))  # "report" (POST) or "storage" (a rescan read the file)
+    ingested_s: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        Index("ix_runs_job", "cache", "job", "updated_s"),
+        Index("ix_runs_updated", "cache", "updated_s"),
+    )
+
+
+class UsageRow(Base):
+    """What one process did with one key: a :class:`jaxcache.records.KeyUsage`, plus the seconds its hits saved
+    by this catalog's measure (see :mod:`jaxcache.service.reports`)."""
+
+    __tablename__ = "usage"
+    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    job: Mapped[str] = mapped_column(String(256))  # the run's, repeated: per-job sums never join
+    function: Mapped[str] = mapped_column(String(1024))
+    event: Mapped[str] = mapped_column(String(16))
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    compiles: Mapped[int] = mapped_column(BigInteger, default=0)
+    writes: Mapped[int] = mapped_column(BigInteger, default=0)
+    reason: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    retrieval_s: Mapped[float] = mapped_column(Float, default=0.0)
+    jax_saved_s: Mapped[float] = mapped_column(Float, default=0.0)  # the record's saved_s (JAX's own figure)
+    saved_s: Mapped[float] = mapped_column(Float, default=0.0)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    first_at: Mapped[float] = mapped_column(Float, default=0.0)
+    last_at: Mapped[float] = mapped_column(Float, default=0.0)
+
+    __table_args__ = (
+        Index("ix_usage_key", "cache", "key"),
+        Index("ix_usage_job", "cache", "job", "key"),
+    )
+
+
+class RecordFileRow(Base):
+    """A run record object a rescan has read: it is parsed again only when it changes."""
+
+    __tablename__ = "record_files"
+    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    mtime_s: Mapped[float] = mapped_column(Float)
+    generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    error: Mapped[str | None] = mapped_column(String(2048), nullable=True)
 
 
 class PinRow(Base):
@@ -110,8 +239,29 @@ class Catalog:
             raise InvalidInputError(f"catalog database URL {url!r} is not usable: {exc}") from exc
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._migrate()
         Base.metadata.create_all(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # Writers that read then write (report ingestion, a rescan's commit) take turns in this process, so
+        # neither works from rows the other is replacing. (Several service replicas on one database would need
+        # the database's own locking; one service per catalog is the supported deployment.)
+        self.write_lock = threading.RLock()
+
+    def _migrate(self) -> None:
+        # The entries table is an index a rescan rebuilds: when an older version's table lacks columns, drop it
+        # (pins, the audit log and reports live in other tables) and mark every cache as never scanned.
+        names = inspect(self.engine).get_table_names()
+        if "entries" not in names:
+            return
+        have = {c["name"] for c in inspect(self.engine).get_columns("entries")}
+        if set(EntryRow.__table__.columns.keys()) <= have:
+            return
+        log.warning("catalog %s: the entries table is from an older version; it is rebuilt by the next rescan",
+                    self.url)
+        EntryRow.__table__.drop(self.engine)
+        if "caches" in names:
+            with self.engine.begin() as conn:
+                conn.execute(update(CacheRow).values(last_scan_s=None))
 
     @contextmanager
     def session(self) -> Iterator[Session]:

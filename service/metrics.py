@@ -16,6 +16,10 @@ class Metrics:
                                      ["cache"], registry=self.registry)
         self.prune_bytes = Counter("jaxcache_prune_deleted_bytes", "bytes freed by applied prunes", ["cache"],
                                    registry=self.registry)
+        self.reports_ingested = Counter("jaxcache_reports_ingested", "run records ingested (changed the catalog)",
+                                        ["cache", "source"], registry=self.registry)
+        self.reports_malformed = Counter("jaxcache_reports_malformed", "run records rejected as malformed",
+                                         ["source"], registry=self.registry)
         self.request_seconds = Histogram("jaxcache_request_seconds", "HTTP request latency", ["route", "method"],
                                          registry=self.registry)
 

@@ -10,6 +10,7 @@ import threading
 import time
 
 from jaxcache import prune
+from jaxcache.service import queries
 from jaxcache.service.catalog import Catalog, EntryRow, PinRow, PruneRow
 from jaxcache.service.rescan import rescan
 from jaxcache.storage import Storage
@@ -36,17 +37,27 @@ def _candidates(catalog: Catalog, cache: str) -> list[prune.Candidate]:
     with catalog.session() as s:
         rows = s.execute(
             select(EntryRow.key, EntryRow.module, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
-                   EntryRow.last_used_s, EntryRow.status, EntryRow.kind, EntryRow.generation, EntryRow.has_atime)
+                   EntryRow.seen_used_s, EntryRow.status, EntryRow.kind, EntryRow.generation, EntryRow.has_atime,
+                   EntryRow.last_hit_s, EntryRow.writer_jaxlib)
             .where(EntryRow.cache == cache)
         ).all()
     return [
         prune.Candidate(
             key=r.key, module=r.module, name=r.name, size_bytes=r.size_bytes, created_s=r.created_s,
-            last_used_s=r.last_used_s, status=r.status, orphan=r.kind == "orphan", generation=r.generation,
-            has_atime=bool(r.has_atime),
+            last_used_s=r.seen_used_s, status=r.status, orphan=r.kind == "orphan", generation=r.generation,
+            has_atime=bool(r.has_atime), last_hit_s=r.last_hit_s, writer_jaxlib=r.writer_jaxlib,
         )
         for r in rows
     ]
+
+
+def _plan(catalog: Catalog, cache: str, policy: prune.PrunePolicy) -> prune.PrunePlan:
+    now = time.time()
+    recent = None
+    if policy.stale_jaxlib:
+        with catalog.reader() as conn:
+            recent = queries.recent_jaxlibs(conn, cache, since=now - policy.stale_jaxlib_window_s)
+    return prune.plan(_candidates(catalog, cache), policy, now=now, recent_jaxlibs=recent)
 
 
 def pins(catalog: Catalog, cache: str) -> tuple[str, ...]:
@@ -68,13 +79,13 @@ def run_prune(
     """Plan (and unless ``dry_run``, apply and audit) a prune of one cache. Raises PruneInProgressError."""
     policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
     if dry_run:
-        return Outcome(prune.plan(_candidates(catalog, cache), policy, now=time.time()))
+        return Outcome(_plan(catalog, cache, policy))
     if not lock.acquire(blocking=False):
         raise PruneInProgressError(cache)
     try:
         # Storage is the truth: refresh the index first so the plan sees entries written since the last scan.
         rescan(catalog, cache, storage)
-        plan = prune.plan(_candidates(catalog, cache), policy, now=time.time())
+        plan = _plan(catalog, cache, policy)
         result = prune.apply(storage, plan)
         rescan(catalog, cache, storage)
         with catalog.session() as s:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from jaxcache.errors import InvalidInputError
-from jaxcache.service.catalog import EntryRow
+from jaxcache.service.catalog import EntryRow, RunRow, UsageRow
 from sqlalchemy import Integer, Row, and_, cast, func, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
@@ -20,17 +20,36 @@ SORTS = {
     "last_used": EntryRow.last_used_s,
     "created": EntryRow.created_s,
     "name": EntryRow.key,
+    "hits": EntryRow.hits,
 }
 
 
-#: The fields of one entry in a listing page, in the order :func:`list_entries` selects them.
+#: The fields of one entry in a listing page, in the order :func:`list_entries` selects them; the writer's
+#: fields follow (WRITER_FIELDS), nested as ``first_writer`` by :func:`page_entry`.
 PAGE_FIELDS = ("key", "function", "size_bytes", "created_s", "last_used_s", "has_atime", "compression",
-               "compile_seconds", "status", "reason", "generation")
+               "compile_seconds", "status", "reason", "generation", "hits", "last_hit_s", "measured_compile_s",
+               "saved_s")
+WRITER_FIELDS = ("job", "run_id", "process_index", "host", "topology", "jax", "jaxlib", "at_s")
 _PAGE_COLUMNS = (
     EntryRow.key, EntryRow.module.label("function"), EntryRow.size_bytes, EntryRow.created_s, EntryRow.last_used_s,
     EntryRow.has_atime, EntryRow.compression, EntryRow.compile_seconds, EntryRow.status, EntryRow.reason,
-    EntryRow.generation,
+    EntryRow.generation, EntryRow.hits, EntryRow.last_hit_s, EntryRow.writer_compile_s, EntryRow.saved_s,
+    EntryRow.writer_job, EntryRow.writer_run, EntryRow.writer_process, EntryRow.writer_host,
+    EntryRow.writer_topology, EntryRow.writer_jax, EntryRow.writer_jaxlib, EntryRow.writer_at_s,
 )
+_N = len(PAGE_FIELDS)
+
+
+def page_entry(row: Row | tuple) -> dict:
+    """One listed entry as the API's JSON object (the fields of ``EntryModel``)."""
+    out = dict(zip(PAGE_FIELDS, row[:_N], strict=True))
+    out["first_writer"] = None if row[_N] is None else dict(zip(WRITER_FIELDS, row[_N:], strict=True))
+    return out
+
+
+def entry_columns() -> tuple:
+    """The columns :func:`page_entry` expects, for queries outside listings (one entry)."""
+    return _PAGE_COLUMNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +60,9 @@ class EntryFilter:
     unused_for_s: float | None = None
     older_than_s: float | None = None
     status: str | None = None
+    job: str | None = None  # entries the job wrote or hit
+    jaxlib: str | None = None  # the first writer's
+    topology: str | None = None  # the first writer's
 
 
 def glob_to_like(glob: str) -> str:
@@ -98,6 +120,14 @@ def list_entries(
         q = q.where(EntryRow.created_s < now - flt.older_than_s)
     if flt.status:
         q = q.where(EntryRow.status == flt.status)
+    if flt.jaxlib is not None:
+        q = q.where(EntryRow.writer_jaxlib == flt.jaxlib)
+    if flt.topology is not None:
+        q = q.where(EntryRow.writer_topology == flt.topology)
+    if flt.job is not None:
+        used = select(UsageRow.key).where(UsageRow.cache == cache, UsageRow.job == flt.job,
+                                          or_(UsageRow.hits > 0, UsageRow.writes > 0))
+        q = q.where(EntryRow.key.in_(used))
     desc = order == "desc"
     if cursor:
         value, key = _decode_cursor(cursor)
@@ -122,6 +152,7 @@ def list_entries(
         "last_used": last.last_used_s,
         "created": last.created_s,
         "name": last.key,
+        "hits": last.hits,
     }[sort]
     return rows, _encode_cursor(value, last.key)
 
@@ -186,3 +217,126 @@ def stats(s: Session, cache: str) -> dict:
         "growth": growth,
         "bytes_per_day": last_week / 7,
     }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Run reports: per entry, per job, per time window
+
+
+def _rate(hits: int, misses: int) -> float | None:
+    return hits / (hits + misses) if hits + misses else None
+
+
+def entry_jobs(s: Session | Connection, cache: str, key: str) -> list[dict]:
+    """Every job that reported the key: its hits, compiles, writes, processes and last report of it."""
+    rows = s.execute(
+        select(UsageRow.job, func.sum(UsageRow.hits), func.sum(UsageRow.compiles), func.sum(UsageRow.writes),
+               func.count(), func.max(UsageRow.last_at), func.sum(UsageRow.saved_s))
+        .where(UsageRow.cache == cache, UsageRow.key == key).group_by(UsageRow.job).order_by(UsageRow.job)
+    ).all()
+    return [{"job": j, "hits": int(h or 0), "compiles": int(c or 0), "writes": int(w or 0), "processes": int(n),
+             "last_s": last or None, "saved_s": float(sv or 0)} for j, h, c, w, n, last, sv in rows]
+
+
+def usage_window(s: Session | Connection, cache: str, *, since: float) -> dict:
+    """Hits, misses, hit rate and seconds saved by the processes whose records were updated since ``since``."""
+    processes, runs, jobs = s.execute(
+        select(func.count(), func.count(func.distinct(RunRow.run_id)), func.count(func.distinct(RunRow.job)))
+        .where(RunRow.cache == cache, RunRow.updated_s >= since)
+    ).one()
+    hits, misses, saved = s.execute(
+        select(func.coalesce(func.sum(UsageRow.hits), 0), func.coalesce(func.sum(UsageRow.compiles), 0),
+               func.coalesce(func.sum(UsageRow.saved_s), 0.0))
+        .join(RunRow, and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
+                           RunRow.process_index == UsageRow.process_index))
+        .where(RunRow.cache == cache, RunRow.updated_s >= since)
+    ).one()
+    hits, misses = int(hits), int(misses)
+    return {"since_s": since, "jobs": int(jobs), "runs": int(runs), "processes": int(processes), "hits": hits,
+            "misses": misses, "hit_rate": _rate(hits, misses), "saved_s": float(saved)}
+
+
+def recent_jaxlibs(s: Session | Connection, cache: str, *, since: float) -> set[str]:
+    """The jaxlib versions of runs whose records were updated since ``since``."""
+    return set(s.scalars(select(RunRow.jaxlib).where(RunRow.cache == cache, RunRow.updated_s >= since).distinct()))
+
+
+def jobs(s: Session | Connection, cache: str, *, job: str | None = None, limit: int = 1000) -> list[dict]:
+    """Per job (newest run first): runs, processes, hits, misses, writes, hit rate, compile seconds spent,
+    seconds saved, first and last run, and the jax/jaxlib versions and topologies seen."""
+    runs_q = select(RunRow.job, func.count(func.distinct(RunRow.run_id)), func.count(), func.min(RunRow.started_s),
+                    func.max(RunRow.updated_s)).where(RunRow.cache == cache)
+    if job is not None:
+        runs_q = runs_q.where(RunRow.job == job)
+    runs_q = runs_q.group_by(RunRow.job).order_by(func.max(RunRow.updated_s).desc(), RunRow.job).limit(limit)
+    out = {j: {"job": j, "runs": int(r), "processes": int(p), "first_run_s": first, "last_run_s": last,
+               "hits": 0, "misses": 0, "writes": 0, "hit_rate": None, "compile_s": 0.0, "saved_s": 0.0,
+               "jax": [], "jaxlib": [], "topologies": []}
+           for j, r, p, first, last in s.execute(runs_q)}
+    if not out:
+        return []
+    names = list(out)
+    for j, h, m, w, c, sv in s.execute(
+        select(UsageRow.job, func.sum(UsageRow.hits), func.sum(UsageRow.compiles), func.sum(UsageRow.writes),
+               func.sum(func.coalesce(UsageRow.compile_s, 0.0)), func.sum(UsageRow.saved_s))
+        .where(UsageRow.cache == cache, UsageRow.job.in_(names)).group_by(UsageRow.job)
+    ):
+        d = out[j]
+        d.update(hits=int(h or 0), misses=int(m or 0), writes=int(w or 0), compile_s=float(c or 0),
+                 saved_s=float(sv or 0), hit_rate=_rate(int(h or 0), int(m or 0)))
+    for j, jax, jaxlib, topology in s.execute(
+        select(RunRow.job, RunRow.jax, RunRow.jaxlib, RunRow.topology)
+        .where(RunRow.cache == cache, RunRow.job.in_(names)).distinct()
+    ):
+        d = out[j]
+        for field, value in (("jax", jax), ("jaxlib", jaxlib), ("topologies", topology)):
+            if value is not None and value not in d[field]:
+                d[field].append(value)
+    for d in out.values():
+        for field in ("jax", "jaxlib", "topologies"):
+            d[field].sort()
+    return list(out.values())
+
+
+def job_misses(s: Session | Connection, cache: str, job: str, *, limit: int) -> list[dict]:
+    """Keys the job compiled because the cache did not have them, most compile seconds first."""
+    spent = func.sum(func.coalesce(UsageRow.compile_s, 0.0))
+    rows = s.execute(
+        select(UsageRow.key, UsageRow.function, func.sum(UsageRow.compiles), spent, func.sum(UsageRow.writes),
+               func.max(UsageRow.reason))
+        .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.compiles > 0)
+        .group_by(UsageRow.key, UsageRow.function).order_by(spent.desc(), UsageRow.key).limit(limit)
+    ).all()
+    present = set(s.scalars(select(EntryRow.key).where(
+        EntryRow.cache == cache, EntryRow.kind == "entry", EntryRow.key.in_([r[0] for r in rows]))))
+    return [{"key": k, "function": f, "compiles": int(n), "compile_s": float(c), "written": bool(w),
+             "reason": reason, "in_cache": k in present} for k, f, n, c, w, reason in rows]
+
+
+def job_runs(s: Session | Connection, cache: str, job: str, *, limit: int) -> list[dict]:
+    """The job's processes, newest record first, with their own hits, misses, writes and seconds saved."""
+    rows = s.execute(
+        select(RunRow.run_id, RunRow.process_index, RunRow.process_count, RunRow.host, RunRow.topology, RunRow.jax,
+               RunRow.jaxlib, RunRow.fingerprint_digest, RunRow.started_s, RunRow.updated_s, RunRow.final)
+        .where(RunRow.cache == cache, RunRow.job == job)
+        .order_by(RunRow.updated_s.desc(), RunRow.run_id, RunRow.process_index).limit(limit)
+    ).all()
+    counts = {
+        (r, p): (int(h or 0), int(m or 0), int(w or 0), float(sv or 0))
+        for r, p, h, m, w, sv in s.execute(
+            select(UsageRow.run_id, UsageRow.process_index, func.sum(UsageRow.hits), func.sum(UsageRow.compiles),
+                   func.sum(UsageRow.writes), func.sum(UsageRow.saved_s))
+            .where(UsageRow.cache == cache, UsageRow.job == job,
+                   UsageRow.run_id.in_(list({r.run_id for r in rows})))
+            .group_by(UsageRow.run_id, UsageRow.process_index)
+        )
+    }
+    out = []
+    for r in rows:
+        h, m, w, sv = counts.get((r.run_id, r.process_index), (0, 0, 0, 0.0))
+        out.append({"run_id": r.run_id, "process_index": r.process_index, "process_count": r.process_count,
+                    "host": r.host, "topology": r.topology, "jax": r.jax, "jaxlib": r.jaxlib,
+                    "fingerprint_digest": r.fingerprint_digest, "started_s": r.started_s, "updated_s": r.updated_s,
+                    "final": r.final, "hits": h, "misses": m, "writes": w, "hit_rate": _rate(h, m),
+                    "saved_s": sv})
+    return out

@@ -11,8 +11,9 @@ from jaxcache.entry import EntryKind
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service.catalog import CacheRow, Catalog, EntryRow
+from jaxcache.service.reports import EMPTY, key_stats, scan_records
 from jaxcache.storage import ObjectInfo, Storage
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import bindparam, case, delete, insert, select, update
 
 _CHUNK = 500
 
@@ -27,6 +28,8 @@ class RescanResult:
     updated: int
     entries: int
     seconds: float
+    records_ingested: int = 0  # run records under .jaxcache/runs/ read because they were new or changed
+    records_malformed: int = 0
 
 
 def _list(storage: Storage) -> tuple[dict[str, ObjectInfo], dict[str, ObjectInfo]]:
@@ -55,13 +58,24 @@ def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, ObjectIn
 
 def _base_row(cache: str, key: str, kind: str, info: ObjectInfo, atime: ObjectInfo | None, now: float) -> dict:
     atime_ns = int(atime.mtime_s * 1e9) if atime is not None else None
+    seen_used = max(info.mtime_s, atime.mtime_s) if atime is not None else info.mtime_s
     return {
         "cache": cache, "key": key, "kind": kind, "module": key[: -fmt.HASH_HEX_LEN - 1], "name": info.name,
-        "size_bytes": info.size_bytes, "created_s": info.mtime_s,
-        "last_used_s": max(info.mtime_s, atime.mtime_s) if atime is not None else info.mtime_s,
-        "generation": info.generation, "has_atime": atime is not None, "atime_ns": atime_ns,
-        "compression": None, "compile_seconds": None, "status": None, "reason": None, "first_seen_s": now,
+        "size_bytes": info.size_bytes, "created_s": info.mtime_s, "last_used_s": seen_used,
+        "seen_used_s": seen_used, "generation": info.generation, "has_atime": atime is not None,
+        "atime_ns": atime_ns, "compression": None, "compile_seconds": None, "status": None, "reason": None,
+        "first_seen_s": now, **EMPTY,
     }
+
+
+def _with_reports(row: dict, stats: dict | None) -> dict:
+    # Reports may name a key before a rescan finds its entry: the new row starts with their aggregates.
+    if stats is not None:
+        row.update(stats)
+        hit = stats["last_hit_s"]
+        if hit is not None and hit > row["seen_used_s"]:
+            row["last_used_s"] = hit
+    return row
 
 
 def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
@@ -73,7 +87,7 @@ def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
     with catalog.reader() as conn:
         rows = conn.execute(
             select(EntryRow.key, EntryRow.kind, EntryRow.generation, EntryRow.size_bytes, EntryRow.created_s,
-                   EntryRow.last_used_s).where(EntryRow.cache == cache)
+                   EntryRow.seen_used_s).where(EntryRow.cache == cache)
         ).all()
     known = {(r[0], r[1]): r for r in rows}
     del rows
@@ -88,9 +102,9 @@ def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
                 known[(key, "entry")] = old  # replaced object: drop the old row, parse the new one
             new_items.append((key, info, atime))
             continue
-        last_used = max(info.mtime_s, atime.mtime_s) if atime is not None else info.mtime_s
-        if last_used != old.last_used_s:
-            updates.append({"k_cache": cache, "k_key": key, "k_kind": "entry", "last_used_s": last_used,
+        seen_used = max(info.mtime_s, atime.mtime_s) if atime is not None else info.mtime_s
+        if seen_used != old.seen_used_s:
+            updates.append({"k_cache": cache, "k_key": key, "k_kind": "entry", "seen_used_s": seen_used,
                             "has_atime": atime is not None,
                             "atime_ns": int(atime.mtime_s * 1e9) if atime is not None else None})
     orphan_rows = []
@@ -103,7 +117,10 @@ def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
             orphan_rows.append(_base_row(cache, key, "orphan", info, None, now))
     vanished = list(known)
     new_rows = list(bounded_map(partial(_new_row, storage, cache, now), new_items, workers=storage.io_workers))
-    with catalog.session() as s:
+    # Under the write lock, so that a report ingested meanwhile cannot update rows this commit then overwrites.
+    with catalog.write_lock, catalog.session() as s:
+        reported = key_stats(s, cache, [r["key"] for r in new_rows])
+        new_rows = [_with_reports(r, reported.get(r["key"])) for r in new_rows]
         for i in range(0, len(vanished), _CHUNK):
             for kind in ("entry", "orphan"):
                 keys = [k for k, kd in vanished[i : i + _CHUNK] if kd == kind]
@@ -118,15 +135,21 @@ def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
                 update(EntryRow)
                 .where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
                        EntryRow.kind == bindparam("k_kind"))
-                .values(last_used_s=bindparam("last_used_s"), has_atime=bindparam("has_atime"),
+                # The last hit as the row holds it now: a report may have moved it since the listing.
+                .values(last_used_s=case((EntryRow.last_hit_s > bindparam("seen_used_s"), EntryRow.last_hit_s),
+                                         else_=bindparam("seen_used_s")),
+                        seen_used_s=bindparam("seen_used_s"), has_atime=bindparam("has_atime"),
                         atime_ns=bindparam("atime_ns")),
                 updates,
                 execution_options={"synchronize_session": False},
             )
-        seconds = time.monotonic() - started
+    found = scan_records(catalog, cache, storage)
+    seconds = time.monotonic() - started
+    with catalog.session() as s:
         row = s.get(CacheRow, cache)
         if row is not None:
             row.last_scan_s = now
             row.last_scan_seconds = seconds
             row.last_scan_error = None
-    return RescanResult(cache, len(rows), len(vanished), len(updates), len(caches) + orphans, seconds)
+    return RescanResult(cache, len(rows), len(vanished), len(updates), len(caches) + orphans, seconds,
+                        found.ingested, found.malformed)

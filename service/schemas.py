@@ -21,18 +21,54 @@ class CacheList(BaseModel):
     caches: list[CacheSummary]
 
 
+class WriterModel(BaseModel):
+    """The process that first wrote an entry, from run records (JAX's key cannot be read back)."""
+
+    job: str = Field(examples=["llama-pretrain"])
+    run_id: str = Field(examples=["20261130-0815-a1b2c3"])
+    process_index: int = Field(examples=[0])
+    host: str | None = Field(None, examples=["gpu-node-17"])
+    topology: str | None = Field(None, examples=["4x8x1"])
+    jax: str | None = Field(None, examples=["0.12.0"])
+    jaxlib: str | None = Field(None, examples=["0.12.0"])
+    at_s: float | None = Field(None, description="Unix time of the write (the writer's first use of the key)")
+
+
 class EntryModel(BaseModel):
     key: str = Field(examples=["jit_train_step-74b295daef28036aaea5500f2ef5877805eddd3a0db96fb5a7850a99a0735906"])
     function: str = Field(examples=["jit_train_step"])
     size_bytes: int
     created_s: float
-    last_used_s: float
+    last_used_s: float = Field(description="newest of the -atime file, the last reported hit and creation")
     has_atime: bool
     compression: str | None = Field(None, examples=["zstd"])
     compile_seconds: int | None = Field(None, description="as JAX stores it: whole seconds, truncated")
     status: str | None = Field(None, examples=["ok"])
     reason: str | None = None
     generation: int | None = Field(None, description="GCS object generation")
+    hits: int = Field(0, description="hits reported by run records")
+    last_hit_s: float | None = Field(None, description="Unix time of the last reported hit")
+    measured_compile_s: float | None = Field(
+        None, description="compile seconds measured by the first writer (not JAX's truncated whole seconds)",
+        examples=[41.7])
+    saved_s: float = Field(0.0, description="compile seconds the reported hits saved so far", examples=[1250.4])
+    first_writer: WriterModel | None = Field(None, description="null until a run record reports the write")
+
+
+class EntryJobModel(BaseModel):
+    """What one job did with one entry, over all its reported processes."""
+
+    job: str
+    hits: int
+    compiles: int
+    writes: int
+    processes: int
+    last_s: float | None = Field(None, description="Unix time of the job's last reported use of the key")
+    saved_s: float
+
+
+class EntryDetail(EntryModel):
+    jobs: list[EntryJobModel] = Field(default_factory=list, description="every job whose records name the key")
 
 
 class EntryPage(BaseModel):
@@ -53,6 +89,18 @@ class GrowthPoint(BaseModel):
     size_bytes: int
 
 
+class UsageWindowModel(BaseModel):
+    since_s: float = Field(description="start of the window (Unix time)")
+    jobs: int
+    runs: int
+    processes: int
+    hits: int
+    misses: int = Field(description="programs compiled because the cache did not have them")
+    hit_rate: float | None = Field(None, description="hits / (hits + misses); null without lookups",
+                                   examples=[0.97])
+    saved_s: float = Field(description="compile seconds saved by hits")
+
+
 class StatsModel(BaseModel):
     cache: str
     entries: int
@@ -67,6 +115,8 @@ class StatsModel(BaseModel):
     functions_total: int
     growth: list[GrowthPoint] = Field(description="entries and bytes created per day, last 30 days")
     bytes_per_day: float = Field(description="mean bytes added per day over the last 7 days")
+    last_24h: UsageWindowModel = Field(description="processes whose run records were updated in the last 24 h")
+    last_7d: UsageWindowModel = Field(description="processes whose run records were updated in the last 7 days")
 
 
 class PruneRequest(BaseModel):
@@ -86,6 +136,9 @@ class PruneRequest(BaseModel):
     orphans: bool = False
     keep: list[str] = Field(default_factory=list, description="keys or globs never to delete (besides pins)")
     min_age: float | str | None = Field(None, description="grace period, default 1h: younger entries stay")
+    stale_jaxlib: bool = Field(False, description="entries whose first writer's jaxlib no run used within "
+                                                  "stale_jaxlib_window (they can never hit again)")
+    stale_jaxlib_window: float | str | None = Field(None, description="default 14d; only with stale_jaxlib")
 
 
 class PlannedDeletion(BaseModel):
@@ -109,6 +162,7 @@ class PruneResponse(BaseModel):
     changed: int | None = Field(None, description="replaced since listed (generation changed): left alone")
     errors: list[str] = Field(default_factory=list)
     audit_id: int | None = None
+    notes: list[str] = Field(default_factory=list, description="rules that could not select, and why")
 
 
 class PruneAudit(BaseModel):
@@ -144,6 +198,130 @@ class RescanModel(BaseModel):
     updated: int
     entries: int
     seconds: float
+    records_ingested: int = Field(0, description="run records read because they were new or changed")
+    records_malformed: int = Field(0, description="run records skipped as malformed (each logged once)")
+
+
+class FingerprintModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    jax: str = Field(examples=["0.12.0"])
+    jaxlib: str = Field(examples=["0.12.0"])
+    backend: str | None = Field(None, examples=["gpu"])
+    device_kind: str | None = Field(None, examples=["NVIDIA H100 80GB HBM3"])
+    device_count: int | None = None
+    local_device_count: int | None = None
+    process_count: int | None = None
+    compression: str | None = Field(None, examples=["zstandard"])
+    xla_flags_digest: str | None = None
+    xla_caches: str | None = Field(None, examples=["none"])
+
+
+class KeyUsageModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    key: str = Field(examples=["jit_train_step-74b295daef28036aaea5500f2ef5877805eddd3a0db96fb5a7850a99a0735906"])
+    event: Literal["hit", "write", "compiled"]
+    function: str | None = None
+    hits: int | None = Field(None, ge=0)
+    compiles: int | None = Field(None, ge=0)
+    writes: int | None = Field(None, ge=0)
+    reason: str | None = Field(None, description="why a compiled program was not written")
+    compile_s: float | None = Field(None, ge=0, description="measured compile seconds")
+    retrieval_s: float | None = Field(None, ge=0)
+    saved_s: float | None = Field(None, description="JAX's figure: stored whole seconds minus retrieval")
+    size_bytes: int | None = Field(None, ge=0)
+    first_at: float | None = Field(None, ge=0)
+    last_at: float | None = Field(None, ge=0)
+
+
+class RunRecordModel(BaseModel):
+    """A run record (``jaxcache.run/1``), as jobs write under ``<root>/.jaxcache/runs/`` and POST."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_: Literal["jaxcache.run/1"] = Field(alias="schema")
+    job: str = Field(examples=["llama-pretrain"])
+    run_id: str = Field(examples=["20261130-0815-a1b2c3"])
+    process_index: int = Field(ge=0)
+    process_count: int = Field(ge=1)
+    host: str
+    started_at: float = Field(ge=0)
+    updated_at: float = Field(ge=0)
+    fingerprint: FingerprintModel
+    topology: str | None = Field(None, examples=["4x8x1"])
+    cache_dir: str | None = Field(None, examples=["gs://ml-jax-cache/prod"])
+    final: bool = False
+    pid: int | None = None
+    keys: list[KeyUsageModel] = Field(default_factory=list)
+
+
+class ReportResult(BaseModel):
+    cache: str = Field(examples=["prod"])
+    run_id: str
+    process_index: int
+    runs: int = Field(description="processes stored (0 when a newer version of this record was already there)")
+    keys: int = Field(description="per-key rows stored for the process")
+    stale: bool = Field(description="an older version of a record already ingested: nothing changed")
+
+
+class ReportErrorModel(BaseModel):
+    detail: str | list[dict] = Field(description="what is wrong (a list for malformed query parameters)")
+
+
+class JobSummary(BaseModel):
+    job: str = Field(examples=["llama-pretrain"])
+    runs: int
+    processes: int
+    hits: int
+    misses: int = Field(description="programs compiled because the cache did not have them")
+    writes: int
+    hit_rate: float | None = Field(None, examples=[0.97])
+    compile_s: float = Field(description="compile seconds spent on misses (measured)")
+    saved_s: float = Field(description="compile seconds saved by hits")
+    first_run_s: float
+    last_run_s: float = Field(description="Unix time of the newest record update")
+    jax: list[str] = Field(examples=[["0.12.0"]])
+    jaxlib: list[str] = Field(examples=[["0.12.0"]])
+    topologies: list[str] = Field(examples=[["4x8x1"]])
+
+
+class JobList(BaseModel):
+    jobs: list[JobSummary]
+
+
+class JobMiss(BaseModel):
+    key: str
+    function: str
+    compiles: int
+    compile_s: float = Field(description="measured compile seconds, over the job's processes")
+    written: bool = Field(description="a process of the job wrote it to the cache")
+    reason: str | None = Field(None, description="why it was not written, as JAX said")
+    in_cache: bool = Field(description="the cache holds the entry now")
+
+
+class JobRun(BaseModel):
+    run_id: str
+    process_index: int
+    process_count: int
+    host: str
+    topology: str | None = None
+    jax: str
+    jaxlib: str
+    fingerprint_digest: str = Field(description="equal digests: the same key inputs besides the program")
+    started_s: float
+    updated_s: float
+    final: bool
+    hits: int
+    misses: int
+    writes: int
+    hit_rate: float | None = None
+    saved_s: float
+
+
+class JobDetail(JobSummary):
+    missed: list[JobMiss] = Field(description="the job's misses, most compile seconds first (at most 1000)")
+    recent_runs: list[JobRun] = Field(description="the job's processes, newest record first (at most 100)")
 
 
 class Health(BaseModel):

@@ -42,6 +42,9 @@ class ServiceSettings(BaseSettings):
     tokens_file: Path | None = Field(None, description="file of lines '<sha256 hex> <scope>' (a mounted Secret)")
     insecure_no_auth: bool = Field(False, description="serve every route without tokens, on any address (labs only)")
     max_body_bytes: int = Field(64 * 1024, gt=0, description="largest request body accepted")
+    max_report_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="largest run record accepted by POST /v1/reports (records list every key)"
+    )
 
     @field_validator("caches")
     @classmethod
