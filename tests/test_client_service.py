@@ -1,0 +1,118 @@
+"""Client and service together, as deployed: jobs using enable_cache() report to a real `jaxcache serve`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+JOB = Path(__file__).parent / "programs" / "client_job.py"
+ADMIN, REPORT, READ = "cs-admin", "cs-report", "cs-read"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAXCACHE_", "JAX_COMPILATION_CACHE"))}
+    return {**env, "JAX_PLATFORMS": "cpu", **extra}
+
+
+@pytest.fixture
+def service(tmp_path):
+    """`jaxcache serve` over an empty cache directory, with admin, report and read tokens."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    port = _free_port()
+    tokens = {hashlib.sha256(t.encode()).hexdigest(): scope for t, scope in
+              ((ADMIN, "admin"), (REPORT, "report"), (READ, "read"))}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("jaxcache")), "serve", "--cache", f"shared={cache}", "--port",
+         str(port), "--db", f"sqlite:///{tmp_path / 'catalog.sqlite'}"],
+        env=_env(JAXCACHE_TOKENS=json.dumps(tokens)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):  # bounded wait for startup; not a timing assertion
+            if proc.poll() is not None:
+                raise AssertionError(f"serve exited: {proc.stdout.read()}")
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise AssertionError("service never became ready")
+        yield base, cache
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run_job(cache: Path, job: str, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(cache), "--job", job, *args],
+                          capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "unreachable" not in proc.stderr and "refused" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def api(base: str, path: str, token: str = READ, method: str = "GET") -> dict:
+    response = httpx.request(method, f"{base}{path}", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.mark.slow
+def test_jobs_report_to_the_service_and_entries_carry_their_writer(service):
+    base, cache = service
+    first = run_job(cache, "trainer", "--service-url", base, "--token", REPORT)
+    assert first["stats"]["writes"] >= 4
+
+    # Reported over HTTP: the job is known before any rescan.
+    jobs = api(base, "/v1/caches/shared/jobs")
+    (trainer,) = [j for j in jobs["jobs"] if j["job"] == "trainer"]
+    assert trainer["writes"] == first["stats"]["writes"] and trainer["hits"] == 0
+
+    api(base, "/v1/caches/shared/rescan", ADMIN, "POST")
+    listed = api(base, "/v1/caches/shared/entries?job=trainer&limit=1000")["entries"]
+    assert len(listed) == first["stats"]["writes"]
+    assert all(e["first_writer"]["job"] == "trainer" and e["first_writer"]["topology"] == "1x1x1" for e in listed)
+    assert all(e["measured_compile_s"] and e["measured_compile_s"] > 0 for e in listed)
+
+    # A second job reads the cache and reports nothing over HTTP: its record file reaches the catalog by rescan.
+    second = run_job(cache, "evaluator")
+    assert second["stats"]["hit_rate"] == 1.0
+    api(base, "/v1/caches/shared/rescan", ADMIN, "POST")
+    evaluator = api(base, "/v1/caches/shared/jobs/evaluator")
+    assert evaluator["hits"] == second["stats"]["hits"] and evaluator["hit_rate"] == 1.0
+    hit = api(base, "/v1/caches/shared/entries?job=evaluator&sort=hits&order=desc&limit=1000")["entries"]
+    assert len(hit) == second["stats"]["hits"] and all(e["hits"] >= 1 for e in hit)
+    assert all(e["first_writer"]["job"] == "trainer" for e in hit), "the writer stays the first job"
+
+
+@pytest.mark.slow
+def test_a_read_token_cannot_report_and_the_job_still_finishes(service):
+    base, cache = service
+    proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(cache), "--job", "sneaky", "--service-url",
+                           base, "--token", READ], capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("refused the run record: HTTP 403") == 1, proc.stderr
+    jobs = api(base, "/v1/caches/shared/jobs")["jobs"]
+    assert not [j for j in jobs if j["job"] == "sneaky"]
