@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from jaxcache import entry as fmt
 from jaxcache import prune, records
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
-from jaxcache.service import queries, reports
+from jaxcache.service import queries, reports, warmups
 from jaxcache.service.auth import Authenticator, Principal
 from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow, PruneRow
 from jaxcache.service.metrics import Metrics
@@ -46,6 +46,9 @@ from jaxcache.service.schemas import (
     RescanModel,
     RunRecordModel,
     StatsModel,
+    WarmupDetail,
+    WarmupList,
+    WarmupSummary,
 )
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.storage import Storage, open_storage
@@ -559,7 +562,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         r = await run_in_threadpool(state.rescan, cache)
         return RescanModel(cache=r.cache, added=r.added, removed=r.removed, updated=r.updated, entries=r.entries,
                            seconds=r.seconds, records_ingested=r.records_ingested,
-                           records_malformed=r.records_malformed)
+                           records_malformed=r.records_malformed, warmups_ingested=r.warmups_ingested)
 
     @app.get("/v1/caches/{cache}/jobs", response_model=JobList, operation_id="listJobs", tags=["jobs"],
              responses=_ERRORS)
@@ -583,6 +586,29 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             missed = queries.job_misses(conn, cache, job, limit=1000)
             recent = queries.job_runs(conn, cache, job, limit=100)
         return JobDetail(**found[0], missed=missed, recent_runs=recent)
+
+    @app.get("/v1/caches/{cache}/warmups", response_model=WarmupList, operation_id="listWarmups",
+             tags=["warm-ups"], responses=_ERRORS)
+    def list_warmups(request: Request, cache: CacheName, _p: ReadAuth,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> WarmupList:
+        """Warm-ups that filled this cache (from .jaxcache/warmups/ coverage records), newest first, each with how
+        many of its programs jobs have hit since."""
+        _storage(request, cache)
+        with state.catalog.reader() as conn:
+            return WarmupList(warmups=[WarmupSummary(**w) for w in warmups.list_warmups(conn, cache, limit=limit)])
+
+    @app.get("/v1/caches/{cache}/warmups/{warmup_id}", response_model=WarmupDetail, operation_id="getWarmup",
+             tags=["warm-ups"], responses=_ERRORS)
+    def get_warmup(request: Request, cache: CacheName,
+                   warmup_id: Annotated[str, Path(max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")],
+                   _p: ReadAuth) -> WarmupDetail:
+        """One warm-up: topology, GPU model, fingerprint, and every program with the hits jobs reported since."""
+        _storage(request, cache)
+        with state.catalog.reader() as conn:
+            found = warmups.get_warmup(conn, cache, warmup_id)
+        if found is None:
+            raise HTTPException(404, f"no warm-up {warmup_id!r} recorded on {cache!r}")
+        return WarmupDetail(**found)
 
     @app.post(
         REPORTS_PATH, response_model=ReportResult, operation_id="ingestReport", tags=["reports"],

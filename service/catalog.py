@@ -224,6 +224,74 @@ class PruneRow(Base):
     errors: Mapped[list] = mapped_column(JSON)
 
 
+class WarmupRow(Base):
+    """One warm-up run, from its coverage record under ``.jaxcache/warmups/``."""
+
+    __tablename__ = "warmups"
+    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    job: Mapped[str] = mapped_column(String(256))
+    topology: Mapped[str] = mapped_column(String(64))
+    platform: Mapped[str] = mapped_column(String(16))
+    gpu_model: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    started_s: Mapped[float] = mapped_column(Float)
+    finished_s: Mapped[float] = mapped_column(Float)
+    fingerprint: Mapped[dict] = mapped_column(JSON)
+    programs: Mapped[int] = mapped_column(Integer)
+    written: Mapped[int] = mapped_column(Integer)
+    present: Mapped[int] = mapped_column(Integer)
+    not_written: Mapped[int] = mapped_column(Integer)
+    compile_s: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_warmups_finished", "cache", "finished_s"),)
+
+
+class WarmupKeyRow(Base):
+    """One program a warm-up compiled or found."""
+
+    __tablename__ = "warmup_keys"
+    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
+    warmup_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    function: Mapped[str] = mapped_column(String(1024))
+    status: Mapped[str] = mapped_column(String(16))
+    compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class AttestationRow(Base):
+    """The digest an entry's writer recorded (a client run record or a warm-up coverage record); first wins."""
+
+    __tablename__ = "attestations"
+    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    writer: Mapped[str] = mapped_column(String(512))
+    at_s: Mapped[float] = mapped_column(Float)
+
+
+class VerificationRow(Base):
+    """The last integrity verdict on an entry, and which version of it (size, mtime, generation) was read."""
+
+    __tablename__ = "verifications"
+    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    classification: Mapped[str] = mapped_column(String(16))
+    classes: Mapped[list] = mapped_column(JSON)
+    reasons: Mapped[list] = mapped_column(JSON)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    attested_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    attested_by: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    embedded_module: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_s: Mapped[float] = mapped_column(Float)
+    generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    checked_s: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_verifications_class", "cache", "classification"),)
+
+
 class Catalog:
     """Owns the engine and hands out sessions."""
 

@@ -27,6 +27,7 @@ from jaxcache import records
 from jaxcache.errors import InvalidInputError
 from jaxcache.parallel import bounded_map
 from jaxcache.records import RunRecord
+from jaxcache.service import attestations
 from jaxcache.service.catalog import (
     AGGREGATES,
     Catalog,
@@ -94,6 +95,7 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
             s.execute(insert(UsageRow), rows[i : i + 5000])
         if full:
             recompute(s, cache, full)
+    attestations.record(catalog, cache, attestations.from_run(record))
     return IngestResult(cache, record.run_id, record.process_index, len(rows), stale=False)
 
 
@@ -337,7 +339,7 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage) -> RecordScan:
     with catalog.reader() as conn:
         known = {r.name: (r.size_bytes, r.mtime_s, r.generation) for r in conn.execute(
             select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation)
-            .where(RecordFileRow.cache == cache))}
+            .where(RecordFileRow.cache == cache, RecordFileRow.name.like(records.RUNS_PREFIX + "%")))}
     vanished = [n for n in known if n not in listing]
     todo = [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
     ingested = malformed = 0

@@ -10,6 +10,7 @@ from jaxcache import entry as fmt
 from jaxcache.entry import EntryKind
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
+from jaxcache.service import warmups
 from jaxcache.service.catalog import CacheRow, Catalog, EntryRow
 from jaxcache.service.reports import EMPTY, key_stats, scan_records
 from jaxcache.storage import ObjectInfo, Storage
@@ -30,6 +31,7 @@ class RescanResult:
     seconds: float
     records_ingested: int = 0  # run records under .jaxcache/runs/ read because they were new or changed
     records_malformed: int = 0
+    warmups_ingested: int = 0  # warm-up coverage records under .jaxcache/warmups/ new or changed
 
 
 def _list(storage: Storage) -> tuple[dict[str, ObjectInfo], dict[str, ObjectInfo]]:
@@ -144,6 +146,7 @@ def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
                 execution_options={"synchronize_session": False},
             )
     found = scan_records(catalog, cache, storage)
+    covered = warmups.scan(catalog, cache, storage)
     seconds = time.monotonic() - started
     with catalog.session() as s:
         row = s.get(CacheRow, cache)
@@ -152,4 +155,4 @@ def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
             row.last_scan_seconds = seconds
             row.last_scan_error = None
     return RescanResult(cache, len(rows), len(vanished), len(updates), len(caches) + orphans, seconds,
-                        found.ingested, found.malformed)
+                        found.ingested, found.malformed, covered.ingested)

@@ -40,6 +40,22 @@ def run_example_job(cache: str, devices: int = 4) -> subprocess.CompletedProcess
     return proc
 
 
+def service_view(cache: Path, tmp_path: Path) -> dict:
+    """What the catalog service says about the cache's warm-ups after a rescan."""
+    from fastapi.testclient import TestClient
+    from jaxcache.service.app import create_app
+    from jaxcache.service.settings import ServiceSettings
+
+    app = create_app(ServiceSettings(caches={"c": str(cache)}, db=f"sqlite:///{tmp_path / 'catalog.sqlite'}",
+                                     insecure_no_auth=True))
+    with TestClient(app) as client:
+        assert client.post("/v1/caches/c/rescan").status_code == 200
+        listed = client.get("/v1/caches/c/warmups").json()
+        detail = client.get(f"/v1/caches/c/warmups/{listed['warmups'][0]['id']}").json()
+        assert client.get("/v1/caches/c/warmups/nope").status_code == 404
+    return {**listed, "detail": detail}
+
+
 def test_cpu_warmup_fills_a_local_cache_that_a_fresh_job_hits_completely(tmp_path):
     cache = tmp_path / "cache"
     proc = warmup("--topology", "1x1x4", "--platform", "cpu", "--cache-dir", str(cache), "--entrypoint", EXAMPLE,
@@ -62,6 +78,14 @@ def test_cpu_warmup_fills_a_local_cache_that_a_fresh_job_hits_completely(tmp_pat
     job_run = next(r for r in runs if r.job == "example-job")
     assert {u.key for u in job_run.keys} == {p.key for p in record.programs}
     assert all(u.event == records.HIT for u in job_run.keys)
+
+    # The service lists the warm-up and how much of it the job has used since.
+    listed = service_view(cache, tmp_path)
+    (w,) = listed["warmups"]
+    assert (w["id"], w["topology"], w["programs"], w["written"]) == (record.id, "1x1x4", len(record.programs),
+                                                                     len(record.programs))
+    assert w["hit_since"] == len(record.programs)
+    assert {k["key"] for k in listed["detail"]["keys"] if k["hit_since"]} == {p.key for p in record.programs}
 
     again = warmup("--topology", "1x1x4", "--platform", "cpu", "--cache-dir", str(cache), "--entrypoint", EXAMPLE,
                    expect=1)
