@@ -9,7 +9,12 @@ Imports only JAX, zstandard and the standard library (google-cloud-storage for g
 
 from __future__ import annotations
 
-from jaxcache.client.errors import CacheAlreadyInitializedError, CacheNotConfiguredError, UntrustedCacheDirError
+from jaxcache.client.errors import (
+    CacheAlreadyInitializedError,
+    CacheNotConfiguredError,
+    TamperedCacheError,
+    UntrustedCacheDirError,
+)
 from jaxcache.client.session import CacheSession, check_cache_dir, current_session, enable_cache
 from jaxcache.client.telemetry import CacheStats
 
@@ -18,6 +23,7 @@ __all__ = [
     "CacheNotConfiguredError",
     "CacheSession",
     "CacheStats",
+    "TamperedCacheError",
     "UntrustedCacheDirError",
     "check_cache_dir",
     "current_session",

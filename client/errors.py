@@ -15,3 +15,7 @@ class CacheAlreadyInitializedError(JaxcacheError):
 
 class UntrustedCacheDirError(JaxcacheError):
     """Someone other than this user (or root) could write the cache directory, so could run code in the job."""
+
+
+class TamperedCacheError(JaxcacheError):
+    """The catalog reports entries whose bytes differ from what their writers recorded (verify="attested")."""

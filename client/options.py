@@ -32,6 +32,7 @@ ENV_VARS = (
     "JAXCACHE_MIN_COMPILE_TIME_S",
     "JAXCACHE_MIN_ENTRY_SIZE_BYTES",
     "JAXCACHE_RECORD_EVERY_S",
+    "JAXCACHE_VERIFY",
 )
 
 
@@ -50,6 +51,7 @@ class ClientOptions:
     token: str | None = None
     trust: str = "strict"
     record_every_s: float = DEFAULT_RECORD_EVERY_S
+    verify: str = "off"
 
     @property
     def is_gcs(self) -> bool:
@@ -104,6 +106,7 @@ def resolve(
     token: str | None,
     trust: str,
     default_xla_caches: str | None,
+    verify: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ClientOptions:
     """Resolve arguments against the environment and check each value."""
@@ -143,6 +146,11 @@ def resolve(
     url = service_url if service_url is not None else env.get("JAXCACHE_SERVICE_URL") or None
     if url is not None and not url.startswith(("http://", "https://")):
         raise InvalidInputError(f"service_url={url!r}: use http://host:port or https://host")
+    check = verify if verify is not None else env.get("JAXCACHE_VERIFY") or "off"
+    if check not in ("off", "sample", "attested"):
+        raise InvalidInputError(f"verify={check!r}: use off, sample or attested")
+    if check == "attested" and url is None:
+        raise InvalidInputError("verify='attested' asks the jaxcache service: set service_url (JAXCACHE_SERVICE_URL)")
     return ClientOptions(
         cache_dir=directory,
         job=check_job(job if job is not None else env.get("JAXCACHE_JOB") or _default_job()),
@@ -155,6 +163,7 @@ def resolve(
         token=token if token is not None else env.get("JAXCACHE_TOKEN") or None,
         trust=trust,
         record_every_s=every_s,
+        verify=check,
     )
 
 

@@ -17,6 +17,7 @@ from jaxcache.client.errors import CacheAlreadyInitializedError, UntrustedCacheD
 from jaxcache.client.options import ClientOptions, normalise_dir, resolve
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
+from jaxcache.client.verify import HitSampler, check_attested
 from jaxcache.records import HIT, WRITE, Fingerprint, KeyUsage, RunRecord
 from jaxcache.storage import is_gcs_url
 
@@ -39,6 +40,7 @@ class CacheSession:
         self._recorder = Recorder()
         self._writer = RecordWriter(options.cache_dir)
         self._attestor = Attestor(self._writer, self._recorder)
+        self._sampler = HitSampler(self._writer.storage()) if options.verify == "sample" else None
         self._reporter = ServiceReporter(options.service_url, options.token) if options.service_url else None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -142,6 +144,7 @@ class CacheSession:
         self._stop.set()
         try:
             self.wait_for_attestations()
+            self.check_sample()
             self.flush(final=True)
             if self._reporter is not None:
                 self._reporter.drain()
@@ -161,6 +164,20 @@ class CacheSession:
     def _attest_writes(self, usage: KeyUsage) -> None:
         if usage.event == WRITE and usage.sha256 is None:
             self._attestor.submit(usage.key)
+        elif usage.event == HIT and self._sampler is not None:
+            self._sampler.on_hit(usage.key)
+
+    @property
+    def integrity_findings(self) -> list:
+        """With ``verify="sample"``: the entries this job hit that failed the check (tampered or mismatched)."""
+        return [] if self._sampler is None else list(self._sampler.findings)
+
+    def check_sample(self, timeout_s: float = ATTEST_WAIT_S) -> list:
+        """With ``verify="sample"``: check the hits collected so far now (if not yet), wait, return findings."""
+        if self._sampler is not None:
+            self._sampler.start()
+            self._sampler.wait(timeout_s)
+        return self.integrity_findings
 
     def wait_for_attestations(self, timeout_s: float = ATTEST_WAIT_S) -> bool:
         """Wait (bounded) until every entry written so far has its digest; False on timeout."""
@@ -190,6 +207,7 @@ def enable_cache(
     service_url: str | None = None,
     token: str | None = None,
     trust: str = "strict",
+    verify: str | None = None,
 ) -> CacheSession:
     """Point JAX's persistent compilation cache at ``cache_dir`` and start counting what it does.
 
@@ -210,6 +228,8 @@ def enable_cache(
         service_url: the jaxcache service (``JAXCACHE_SERVICE_URL``) to send run records to, fail-open.
         token: a bearer token with the ``report`` scope (``JAXCACHE_TOKEN``).
         trust: ``"strict"`` refuses a directory others can write; ``"warn"`` logs; ``"off"`` skips the check.
+        verify: ``"off"`` (default; ``JAXCACHE_VERIFY``), ``"attested"`` (refuse to start when the service reports
+            tampered or mismatched entries), or ``"sample"`` (check the first entries this job hits, and warn).
 
     Returns:
         The process's :class:`CacheSession`; a second call with the same settings returns the same one.
@@ -218,6 +238,7 @@ def enable_cache(
         CacheNotConfiguredError: no directory anywhere.
         CacheAlreadyInitializedError: JAX compiled before this call, or it was called with other settings.
         UntrustedCacheDirError: in strict mode, the directory (or a parent) can be written by others.
+        TamperedCacheError: with ``verify="attested"``, the service reports tampered or mismatched entries.
         InvalidInputError: a malformed argument or variable.
     """
     global _session
@@ -232,6 +253,7 @@ def enable_cache(
         token=token,
         trust=trust,
         default_xla_caches=jaxsetup.default_xla_caches(),
+        verify=verify,
     )
     with _lock:
         if _session is not None:
@@ -239,6 +261,9 @@ def enable_cache(
         jaxsetup.check_not_compiled(options.cache_dir)
         compression = jaxsetup.compression_library()
         _check_trust(options)
+        if options.verify == "attested":
+            assert options.service_url is not None
+            check_attested(options.service_url, options.token, options.cache_dir)
         jaxsetup.apply(options.jax_settings())
         session = CacheSession(options, compression)
         session._start()
@@ -257,7 +282,7 @@ def _same_session(session: CacheSession, options: ClientOptions) -> CacheSession
     differs = [
         name
         for name in ("cache_dir", "job", "min_compile_time_secs", "min_entry_size_bytes", "xla_caches",
-                     "max_size_bytes", "service_url", "token", "trust")
+                     "max_size_bytes", "service_url", "token", "trust", "verify")
         if getattr(mine, name) != getattr(theirs, name)
     ]
     if differs:

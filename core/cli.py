@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 problems found (``doctor``), 2 usage or input error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import heapq
 import json
@@ -269,6 +270,7 @@ def _prune_policy(args: argparse.Namespace) -> PrunePolicy:
         keep=tuple(args.keep or ()),
         min_age_s=3600.0 if min_age is None else min_age,
         stale_jaxlib=args.stale_jaxlib,
+        integrity=tuple(c.strip() for c in (args.integrity or "").split(",") if c.strip()),
         **extra,
     )
 
@@ -367,6 +369,21 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         c = Candidate.from_record(record)
         candidates.append(use.apply_to(c) if use is not None else c)
     now = time.time()
+    if policy.integrity:
+        # Read every entry once and judge it against its writer's digest and embedded name.
+        from jaxcache import integrity
+
+        attested = integrity.load_attestations(storage)
+        entries = [r for r in (c for c in candidates) if not r.orphan]
+        scanned = [Entry(key=c.key, module=c.module, hash=c.key[-64:], name=c.name, size_bytes=c.size_bytes,
+                         mtime_s=c.created_s, generation=c.generation) for c in entries]
+        verdicts = {v.key: v for v in _progress(integrity.verify(storage, scanned, attested, now=now,
+                                                                 min_age_s=policy.min_age_s), "verifying")}
+        candidates = [dataclasses.replace(c, integrity=verdicts[c.key].classification) if c.key in verdicts else c
+                      for c in candidates]
+        for key, v in verdicts.items():
+            if v.classification in integrity.BAD_CLASSES:
+                details[key] = "; ".join(v.reasons)
     recent = use.recent_jaxlibs(now - policy.stale_jaxlib_window_s) if use is not None else None
     p = plan(candidates, policy, now=now, recent_jaxlibs=recent)
     del candidates
@@ -508,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="entries whose first writer's jaxlib no run used within --stale-jaxlib-window (from run "
                          "records; an entry no record names is kept)")
     pr.add_argument("--stale-jaxlib-window", metavar="DURATION", help="for --stale-jaxlib (default 14d)")
+    pr.add_argument("--integrity", metavar="CLASSES",
+                    help="entries whose integrity check (as doctor --verify) finds them tampered, mismatched "
+                         "and/or corrupt, comma-separated, e.g. tampered,mismatched,corrupt")
     pr.add_argument("--keep", metavar="PATTERN", action="append",
                     help="never delete entries whose key, or function name, matches PATTERN (a key or a glob); "
                          "repeat for more")

@@ -67,6 +67,8 @@ class PrunePolicy:
     # never hit again. Needs run records (plan's ``recent_jaxlibs``); an entry with an unknown writer is never stale.
     stale_jaxlib: bool = False
     stale_jaxlib_window_s: float = STALE_JAXLIB_WINDOW_S
+    # Integrity classes to remove ("tampered", "corrupt", "mismatched"): needs verdicts (Candidate.integrity).
+    integrity: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # The service may build a policy directly: check it here too, not only in policy_from_mapping.
@@ -83,6 +85,7 @@ class PrunePolicy:
         for name in ("corrupt", "orphans", "stale_jaxlib"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidInputError(f"prune policy {name} must be true or false, not {getattr(self, name)!r}")
+        object.__setattr__(self, "integrity", _check_integrity(self.integrity))
 
     def selects_anything(self) -> bool:
         """False when no selecting rule is set (such a policy deletes nothing)."""
@@ -94,6 +97,7 @@ class PrunePolicy:
             or self.corrupt
             or self.orphans
             or self.stale_jaxlib
+            or bool(self.integrity)
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -109,7 +113,25 @@ class PrunePolicy:
             "min_age": self.min_age_s,
             "stale_jaxlib": self.stale_jaxlib,
             "stale_jaxlib_window": self.stale_jaxlib_window_s,
+            "integrity": list(self.integrity),
         }
+
+
+INTEGRITY_CLASSES = ("tampered", "mismatched", "corrupt")
+
+
+def _check_integrity(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise InvalidInputError(f"prune policy integrity must be a list of classes, not {value!r}")
+    bad = [v for v in value if v not in INTEGRITY_CLASSES]
+    if bad:
+        raise InvalidInputError(
+            f"prune policy integrity: {', '.join(map(repr, bad))} cannot be selected; use any of "
+            f"{', '.join(INTEGRITY_CLASSES)} (pending and unattested entries are not evidence of harm)"
+        )
+    return tuple(dict.fromkeys(value))
 
 
 def _check_number(name: str, value: Any, *, integer: bool = False) -> None:
@@ -133,7 +155,7 @@ def _check_patterns(name: str, value: Any) -> tuple[str, ...]:
 
 _FIELDS = (
     "max_total_bytes", "unused_for", "older_than", "functions", "corrupt", "orphans", "keep", "min_age",
-    "stale_jaxlib", "stale_jaxlib_window",
+    "stale_jaxlib", "stale_jaxlib_window", "integrity",
 )
 
 
@@ -163,7 +185,7 @@ def policy_from_mapping(data: Mapping[str, Any]) -> PrunePolicy:
     for key, attr in durations:
         if data.get(key) is not None:
             kwargs[attr] = _duration(key, data[key])
-    for key in ("functions", "keep"):
+    for key in ("functions", "keep", "integrity"):
         if data.get(key) is not None:
             kwargs[key] = data[key]
     for key in ("corrupt", "orphans", "stale_jaxlib"):
@@ -230,6 +252,8 @@ class Candidate:
     # Hits are the only use a GCS root records (JAX keeps no -atime there), so they make its LRU real.
     last_hit_s: float | None = None
     writer_jaxlib: str | None = None
+    # The last integrity verdict (jaxcache.integrity class), when one was made.
+    integrity: str | None = None
 
     @property
     def last_use_s(self) -> float:
@@ -359,6 +383,7 @@ def plan(
     total = 0
     freed = 0
     select_orphans, select_corrupt = policy.orphans, policy.corrupt
+    integrity_classes = frozenset(policy.integrity)
     for i, c in enumerate(cands):
         total += c.size_bytes
         if c.orphan:
@@ -379,6 +404,8 @@ def plan(
                     reasons.append(function_reason[matched[0]])
             if select_corrupt and c.status == "corrupt":
                 reasons.append(CORRUPT_REASON)
+            if c.integrity is not None and c.integrity in integrity_classes:
+                reasons.append(f"integrity: {c.integrity}")
             if current is not None and c.writer_jaxlib is not None and c.writer_jaxlib not in current:
                 why_stale = stale_reason.get(c.writer_jaxlib)
                 if why_stale is None:

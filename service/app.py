@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
@@ -17,9 +18,9 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from jaxcache import entry as fmt
 from jaxcache import prune, records
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
-from jaxcache.service import queries, reports, warmups
+from jaxcache.service import queries, reports, verification, warmups
 from jaxcache.service.auth import Authenticator, Principal
-from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow, PruneRow
+from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow, PruneRow, VerificationRow
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.pruning import PruneInProgressError, PruneLocks, run_prune
 from jaxcache.service.rescan import RescanResult, rescan
@@ -31,6 +32,7 @@ from jaxcache.service.schemas import (
     EntryPage,
     ErrorModel,
     Health,
+    IntegritySummary,
     JobDetail,
     JobList,
     JobSummary,
@@ -46,6 +48,8 @@ from jaxcache.service.schemas import (
     RescanModel,
     RunRecordModel,
     StatsModel,
+    VerifyRequest,
+    VerifyResult,
     WarmupDetail,
     WarmupList,
     WarmupSummary,
@@ -159,6 +163,34 @@ class State:
             count, size = queries.cache_totals(s, name)
         self.metrics.entries.labels(name).set(count)
         self.metrics.bytes.labels(name).set(size)
+
+    def verify(self, name: str, *, max_entries: int | None = None, recheck_all: bool = False,
+               stop: threading.Event | None = None, throttled: bool = False) -> verification.VerifyPass:
+        """One integrity pass over ``name`` (only what needs it unless ``recheck_all``)."""
+        if name not in self.scanned:
+            self.rescan(name)
+        result = verification.run_pass(
+            self.catalog, name, self.storages[name], min_age_s=self.settings.verify_min_age_s,
+            max_entries=max_entries, recheck_all=recheck_all, stop=stop,
+            bytes_per_s=self.settings.verify_bytes_per_s if throttled else None,
+        )
+        self._refresh_integrity(name)
+        return result
+
+    def verify_all(self, stop: threading.Event) -> None:
+        for name in self.settings.caches:
+            if stop.is_set():
+                return
+            try:
+                self.verify(name, stop=stop, throttled=True)
+            except JaxcacheError as exc:
+                log.warning("integrity pass over %s failed: %s", name, exc)
+
+    def _refresh_integrity(self, name: str) -> None:
+        with self.catalog.reader() as conn:
+            counts = verification.summary(conn, name, limit=0)["counts"]
+        for cls, n in counts.items():
+            self.metrics.integrity.labels(name, cls).set(n)
 
     def rescan_all(self) -> None:
         for name in self.settings.caches:
@@ -301,12 +333,24 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=settings.rescan_s)
 
+        stop_verify = threading.Event()
+
+        async def verify_loop() -> None:
+            # Separate from rescans: a slow, throttled pass must not delay them.
+            while not stop.is_set():
+                await run_in_threadpool(state.verify_all, stop_verify)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=settings.rescan_s)
+
         task = asyncio.create_task(loop())
+        verify_task = asyncio.create_task(verify_loop())
         try:
             yield
         finally:
             stop.set()
+            stop_verify.set()
             task.cancel()
+            verify_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
             state.catalog.dispose()
@@ -436,7 +480,12 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             if row is None:
                 raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
             jobs = queries.entry_jobs(conn, cache, key)
-        return EntryDetail(**queries.page_entry(row), jobs=[EntryJobModel(**j) for j in jobs])
+            verdict = conn.execute(select(VerificationRow).where(VerificationRow.cache == cache,
+                                                                  VerificationRow.key == key)).first()
+        checked = {} if verdict is None else dict(
+            integrity=verdict.classification, integrity_reasons=verdict.reasons, sha256=verdict.sha256,
+            attested_by=verdict.attested_by)
+        return EntryDetail(**queries.page_entry(row), jobs=[EntryJobModel(**j) for j in jobs], **checked)
 
     @app.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry", tags=["entries"],
                 responses=_ERRORS)
@@ -609,6 +658,45 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         if found is None:
             raise HTTPException(404, f"no warm-up {warmup_id!r} recorded on {cache!r}")
         return WarmupDetail(**found)
+
+    @app.post("/v1/caches/{cache}/verify", response_model=VerifyResult, operation_id="verify", tags=["integrity"],
+              responses=_ERRORS)
+    async def post_verify(request: Request, cache: CacheName, _p: AdminAuth,
+                          body: VerifyRequest | None = None) -> VerifyResult:
+        """Verify entries now, unthrottled: new, changed and pending ones (or all with `recheck_all`). Each is
+        read, compared with its writer's digest and its embedded program name, and classified ok, tampered,
+        mismatched, corrupt, pending (younger than JAXCACHE_VERIFY_MIN_AGE_S) or unattested. The background pass
+        does the same, throttled to JAXCACHE_VERIFY_BYTES_PER_S."""
+        _storage(request, cache)
+        body = body or VerifyRequest()
+        r = await run_in_threadpool(partial(state.verify, cache, max_entries=body.max_entries,
+                                            recheck_all=body.recheck_all))
+        return VerifyResult(cache=r.cache, checked=r.checked, bytes_read=r.bytes_read, counts=r.counts,
+                            remaining=r.remaining, seconds=r.seconds)
+
+    @app.get("/v1/caches/{cache}/integrity", response_model=IntegritySummary, operation_id="getIntegrity",
+             tags=["integrity"], responses=_ERRORS)
+    def get_integrity(request: Request, cache: CacheName, _p: ReadAuth) -> IntegritySummary:
+        """Integrity of the cache's entries by class, and every tampered, mismatched, corrupt or pending one."""
+        _storage(request, cache)
+        with state.catalog.reader() as conn:
+            return IntegritySummary(**verification.summary(conn, cache))
+
+    @app.get("/v1/integrity", response_model=IntegritySummary, operation_id="getIntegrityByDir",
+             tags=["integrity"], responses={**_ERRORS, 422: {"model": ErrorModel,
+                                                             "description": "cache_dir names no configured cache"}})
+    def get_integrity_by_dir(
+        _p: Annotated[Principal, _scope("read or report")],
+        cache_dir: Annotated[str, Query(max_length=1024, description="a cache root as a job spells it")],
+    ) -> IntegritySummary:
+        """The same summary, for the cache whose root is `cache_dir`: what `enable_cache(verify="attested")` asks
+        before a job starts. A `report` token (the job's) is enough."""
+        try:
+            name = reports.cache_for_dir(cache_dir, state.roots)
+        except InvalidInputError as exc:
+            raise HTTPException(422, str(exc)) from None
+        with state.catalog.reader() as conn:
+            return IntegritySummary(**verification.summary(conn, name))
 
     @app.post(
         REPORTS_PATH, response_model=ReportResult, operation_id="ingestReport", tags=["reports"],

@@ -10,7 +10,9 @@ from fastapi import HTTPException, Request
 from jaxcache.service.settings import ServiceSettings
 
 #: Which configured scopes satisfy a required scope.
-_GRANTS = {"read": {"read", "admin"}, "report": {"report", "admin"}, "admin": {"admin"}}
+_GRANTS = {"read": {"read", "admin"}, "report": {"report", "admin"}, "admin": {"admin"},
+           # what a job may ask before it starts (its integrity check): its report token, or a read token
+           "read or report": {"read", "report", "admin"}}
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,8 @@ class Metrics:
                                    registry=self.registry)
         self.reports_ingested = Counter("jaxcache_reports_ingested", "run records ingested (changed the catalog)",
                                         ["cache", "source"], registry=self.registry)
+        self.integrity = Gauge("jaxcache_integrity_entries", "entries by last integrity verdict", ["cache", "class"],
+                               registry=self.registry)
         self.reports_malformed = Counter("jaxcache_reports_malformed", "run records rejected as malformed",
                                          ["source"], registry=self.registry)
         self.request_seconds = Histogram("jaxcache_request_seconds", "HTTP request latency", ["route", "method"],

@@ -10,7 +10,7 @@ import threading
 import time
 
 from jaxcache import prune
-from jaxcache.service import queries
+from jaxcache.service import queries, verification
 from jaxcache.service.catalog import Catalog, EntryRow, PinRow, PruneRow
 from jaxcache.service.rescan import rescan
 from jaxcache.storage import Storage
@@ -33,7 +33,11 @@ class PruneLocks:
             return self._locks.setdefault(cache, threading.Lock())
 
 
-def _candidates(catalog: Catalog, cache: str) -> list[prune.Candidate]:
+def _candidates(catalog: Catalog, cache: str, *, with_integrity: bool = False) -> list[prune.Candidate]:
+    verdicts: dict[str, str] = {}
+    if with_integrity:
+        with catalog.reader() as conn:
+            verdicts = verification.classes_of(conn, cache)
     with catalog.session() as s:
         rows = s.execute(
             select(EntryRow.key, EntryRow.module, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
@@ -46,6 +50,7 @@ def _candidates(catalog: Catalog, cache: str) -> list[prune.Candidate]:
             key=r.key, module=r.module, name=r.name, size_bytes=r.size_bytes, created_s=r.created_s,
             last_used_s=r.seen_used_s, status=r.status, orphan=r.kind == "orphan", generation=r.generation,
             has_atime=bool(r.has_atime), last_hit_s=r.last_hit_s, writer_jaxlib=r.writer_jaxlib,
+            integrity=verdicts.get(r.key),
         )
         for r in rows
     ]
@@ -57,7 +62,8 @@ def _plan(catalog: Catalog, cache: str, policy: prune.PrunePolicy) -> prune.Prun
     if policy.stale_jaxlib:
         with catalog.reader() as conn:
             recent = queries.recent_jaxlibs(conn, cache, since=now - policy.stale_jaxlib_window_s)
-    return prune.plan(_candidates(catalog, cache), policy, now=now, recent_jaxlibs=recent)
+    candidates = _candidates(catalog, cache, with_integrity=bool(policy.integrity))
+    return prune.plan(candidates, policy, now=now, recent_jaxlibs=recent)
 
 
 def pins(catalog: Catalog, cache: str) -> tuple[str, ...]:
@@ -78,6 +84,9 @@ def run_prune(
 ) -> Outcome:
     """Plan (and unless ``dry_run``, apply and audit) a prune of one cache. Raises PruneInProgressError."""
     policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
+    if policy.integrity:
+        # Judge entries new or changed since the last integrity pass, so the plan does not miss them.
+        verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s)
     if dry_run:
         return Outcome(_plan(catalog, cache, policy))
     if not lock.acquire(blocking=False):

@@ -397,13 +397,18 @@ def roots_by_dir(urls: Mapping[str, str]) -> dict[str, list[str]]:
 def cache_for(record: RunRecord, roots: Mapping[str, list[str]]) -> str:
     """The configured cache ``record.cache_dir`` names. Raises :class:`InvalidInputError` saying to pass
     ``?cache=`` when it names none, or several."""
-    norm = _normal_dir(record.cache_dir) if record.cache_dir else None
+    return cache_for_dir(record.cache_dir, roots)
+
+
+def cache_for_dir(cache_dir: str | None, roots: Mapping[str, list[str]]) -> str:
+    """The configured cache whose root is ``cache_dir`` (as a job spells it); see :func:`cache_for`."""
+    norm = _normal_dir(cache_dir) if cache_dir else None
     names = roots.get(norm, []) if norm is not None else []
     if len(names) == 1:
         return names[0]
     if not names:
-        said = f"cache_dir {record.cache_dir!r}" if record.cache_dir else "no cache_dir"
+        said = f"cache_dir {cache_dir!r}" if cache_dir else "no cache_dir"
         raise InvalidInputError(f"the record has {said}, which is not the root of any configured cache: "
                                 "pass ?cache=NAME (GET /v1/caches lists them)")
-    raise InvalidInputError(f"cache_dir {record.cache_dir!r} is the root of caches {', '.join(sorted(names))}: "
+    raise InvalidInputError(f"cache_dir {cache_dir!r} is the root of caches {', '.join(sorted(names))}: "
                             "pass ?cache=NAME")

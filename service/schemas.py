@@ -69,6 +69,11 @@ class EntryJobModel(BaseModel):
 
 class EntryDetail(EntryModel):
     jobs: list[EntryJobModel] = Field(default_factory=list, description="every job whose records name the key")
+    integrity: str | None = Field(None, description="last integrity verdict: ok, tampered, mismatched, corrupt, "
+                                                    "pending or unattested; null before the first verification")
+    integrity_reasons: list[str] = Field(default_factory=list)
+    sha256: str | None = Field(None, description="digest of the stored bytes at the last verification")
+    attested_by: str | None = Field(None, description="the writer that recorded the expected digest")
 
 
 class EntryPage(BaseModel):
@@ -139,6 +144,9 @@ class PruneRequest(BaseModel):
     stale_jaxlib: bool = Field(False, description="entries whose first writer's jaxlib no run used within "
                                                   "stale_jaxlib_window (they can never hit again)")
     stale_jaxlib_window: float | str | None = Field(None, description="default 14d; only with stale_jaxlib")
+    integrity: list[Literal["tampered", "mismatched", "corrupt"]] = Field(
+        default_factory=list, description="entries whose integrity verdict is one of these (an integrity pass runs "
+                                          "first over entries not yet judged)")
 
 
 class PlannedDeletion(BaseModel):
@@ -370,3 +378,47 @@ class WarmupKey(BaseModel):
 class WarmupDetail(WarmupSummary):
     fingerprint: dict
     keys: list[WarmupKey]
+
+
+class VerifyRequest(BaseModel):
+    """Options of an on-demand integrity pass."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_entries: int | None = Field(None, ge=1, le=10_000_000, description="stop after this many (resume later)")
+    recheck_all: bool = Field(False, description="forget stored verdicts and read every entry again")
+
+
+class VerifyResult(BaseModel):
+    cache: str
+    checked: int = Field(description="entries read and judged by this pass")
+    bytes_read: int
+    counts: dict[str, int] = Field(description="this pass's verdicts by class")
+    remaining: int = Field(description="entries still to verify (new, changed, pending, or beyond max_entries)")
+    seconds: float
+
+
+class IntegrityProblem(BaseModel):
+    key: str
+    class_: str = Field(alias="class", description="tampered, mismatched, corrupt or pending")
+    classes: list[str] = Field(description="every class that applies, most severe first")
+    reasons: list[str]
+    sha256: str | None = None
+    attested_sha256: str | None = None
+    attested_by: str | None = None
+    embedded_module: str | None = None
+    checked_s: float
+
+
+class IntegritySummary(BaseModel):
+    """Integrity of a cache's entries, from the last verification of each."""
+
+    cache: str
+    entries: int
+    verified: int
+    unverified: int = Field(description="entries not verified yet (new since the last pass)")
+    attested: int = Field(description="entries with a digest recorded by their writer")
+    counts: dict[str, int] = Field(description="ok, tampered, mismatched, corrupt, pending, unattested",
+                                   examples=[{"ok": 120, "tampered": 1, "mismatched": 0, "corrupt": 2,
+                                              "pending": 0, "unattested": 40}])
+    last_checked_s: float | None = None
+    problems: list[IntegrityProblem] = Field(description="tampered, mismatched, corrupt and pending entries")

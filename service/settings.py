@@ -41,6 +41,12 @@ class ServiceSettings(BaseSettings):
     )
     tokens_file: Path | None = Field(None, description="file of lines '<sha256 hex> <scope>' (a mounted Secret)")
     insecure_no_auth: bool = Field(False, description="serve every route without tokens, on any address (labs only)")
+    verify_bytes_per_s: float = Field(
+        20e6, gt=0, description="background integrity verification reads at most this many bytes per second"
+    )
+    verify_min_age_s: float = Field(
+        3600.0, ge=0, description="entries younger than this that look broken are 'pending', not corrupt/tampered"
+    )
     max_body_bytes: int = Field(64 * 1024, gt=0, description="largest request body accepted")
     max_report_bytes: int = Field(
         8 * 1024 * 1024, gt=0, description="largest run record accepted by POST /v1/reports (records list every key)"

@@ -116,3 +116,43 @@ def test_a_read_token_cannot_report_and_the_job_still_finishes(service):
     assert proc.stderr.count("refused the run record: HTTP 403") == 1, proc.stderr
     jobs = api(base, "/v1/caches/shared/jobs")["jobs"]
     assert not [j for j in jobs if j["job"] == "sneaky"]
+
+
+@pytest.mark.slow
+def test_verify_attested_refuses_a_tampered_cache_and_sample_warns(service):
+    base, cache = service
+    run_job(cache, "writer")  # attested entries: the writer read back and recorded each digest
+    clean = run_job(cache, "checked", "--verify", "attested", "--service-url", base, "--token", REPORT)
+    assert clean["stats"]["hit_rate"] == 1.0
+
+    # Someone with write access swaps one entry's bytes for another program's.
+    entries = sorted(cache.glob("*-cache"), key=lambda p: p.name)
+    victim = entries[1]
+    victim.write_bytes(entries[0].read_bytes())
+    old = time.time() - 7200
+    os.utime(victim, (old, old))
+    api(base, "/v1/caches/shared/rescan", ADMIN, "POST")
+    api(base, "/v1/caches/shared/verify", ADMIN, "POST")
+
+    proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(cache), "--job", "careful", "--verify",
+                           "attested", "--service-url", base, "--token", REPORT],
+                          capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 3, proc.stderr
+    assert "TamperedCacheError" in proc.stderr and victim.name.removesuffix("-cache") in proc.stderr
+    assert "--integrity tampered,mismatched,corrupt --apply" in proc.stderr
+
+
+@pytest.mark.slow
+def test_verify_sample_flags_hits_whose_bytes_differ_from_the_writers_digest(tmp_path):
+    cache = tmp_path / "cache"
+    writer = run_job(cache, "writer")
+    # The writer's record says one digest; make the entry's bytes say another (a record cannot be forged by
+    # the same people in a real deployment, but here it stands in for tampered bytes that still load).
+    record_path = cache / writer["record_name"]
+    data = json.loads(record_path.read_text())
+    target = data["keys"][0]["key"]
+    data["keys"][0]["sha256"] = "0" * 64
+    record_path.write_text(json.dumps(data))
+    out = run_job(cache, "sampler", "--verify", "sample")
+    assert out["stats"]["hit_rate"] == 1.0
+    assert out["integrity_findings"] == [{"key": target, "class": "tampered"}]

@@ -205,3 +205,21 @@ def test_doctor_verify_exit_codes_and_json(attested_cache, tmp_path):
     age(victim)
     proc = subprocess.run([*cli, str(root), "--verify"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "tampered" in proc.stdout and victim.name in proc.stdout, proc.stdout
+
+
+def test_cli_prune_integrity_deletes_exactly_the_bad_ones(attested_cache, tmp_path):
+    root = copy_of(attested_cache, tmp_path / "c")
+    victims = sorted(root.glob("*-cache"))[:2]
+    for victim in victims:
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        victim.write_bytes(bytes(data))
+        age(victim)
+    before = {p.name for p in root.glob("*-cache")}
+    cli = [sys.executable, "-m", "jaxcache", "prune", str(root), "--integrity", "tampered,mismatched,corrupt"]
+    proc = subprocess.run([*cli, "--apply", "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert {d["name"] for d in json.loads(proc.stdout)["delete"]} == {v.name for v in victims}
+    assert {p.name for p in root.glob("*-cache")} == before - {v.name for v in victims}
+    bad = subprocess.run([*cli[:-1], "unattested"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "cannot be selected" in bad.stderr

@@ -28,6 +28,7 @@ def main() -> int:
     parser.add_argument("--distributed", nargs=3, metavar=("COORDINATOR", "NUM", "ID"))
     parser.add_argument("--programs", default="affine,gram,wave,grad")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after compiling")
+    parser.add_argument("--verify", choices=["off", "sample", "attested"])
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -41,7 +42,7 @@ def main() -> int:
     from jaxcache.errors import JaxcacheError
 
     kwargs = dict(job=args.job, trust=args.trust, service_url=args.service_url, token=args.token,
-                  xla_caches=args.xla_caches, max_size_bytes=args.max_size_bytes)
+                  xla_caches=args.xla_caches, max_size_bytes=args.max_size_bytes, verify=args.verify)
     if not args.default_thresholds:
         kwargs.update(min_compile_time_secs=0, min_entry_size_bytes=-1)
     try:
@@ -92,6 +93,7 @@ def main() -> int:
     if args.sleep:
         time.sleep(args.sleep)
 
+    findings = [{"key": v.key, "class": v.classification} for v in session.check_sample()]
     stats = session.stats()
     record = session.flush()
     print(json.dumps({
@@ -101,6 +103,7 @@ def main() -> int:
         "record_name": record.name,
         "cache_dir": session.cache_dir,
         "process_index": record.process_index,
+        "integrity_findings": findings,
     }), flush=True)
     if args.distributed:
         jax.distributed.shutdown()

@@ -1,0 +1,113 @@
+"""``enable_cache(verify=...)``: check the cache's integrity before or after a job loads from it.
+
+- ``"attested"``: before anything compiles, ask the service (``GET /v1/integrity?cache_dir=...``) and refuse to
+  start when it reports tampered or mismatched entries, naming them and the command that removes them. When the
+  service cannot be asked, the job starts with one warning (fail open, like all of the client's telemetry).
+- ``"sample"``: after the fact, read the first entries this job hit and check each against its writer's digest
+  (from the root's run and warm-up records) and its embedded program name; warn about any that differ.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from jaxcache import entry as fmt
+from jaxcache import integrity
+from jaxcache.client.errors import TamperedCacheError
+from jaxcache.scan import Entry
+from jaxcache.storage import Storage
+
+log = logging.getLogger("jaxcache.client")
+
+VERIFY_MODES = ("off", "sample", "attested")
+SAMPLE_HITS = 8
+ASK_TIMEOUT_S = 2.0
+_HARM = (integrity.TAMPERED, integrity.MISMATCHED)
+
+
+def check_attested(service_url: str, token: str | None, cache_dir: str) -> None:
+    """Raise :class:`TamperedCacheError` when the service reports tampered or mismatched entries in the cache."""
+    url = f"{service_url}/v1/integrity?{urllib.parse.urlencode({'cache_dir': cache_dir})}"
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=ASK_TIMEOUT_S) as response:
+            summary = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        detail = exc.read()[:200].decode(errors="replace") if isinstance(exc, urllib.error.HTTPError) else exc
+        log.warning("jaxcache: verify='attested' could not ask %s about %s (%s); starting without the check",
+                    service_url, cache_dir, detail)
+        return
+    bad = [p for p in summary.get("problems", []) if p.get("class") in _HARM]
+    if bad:
+        shown = ", ".join(f"{p['key']} ({p['class']})" for p in bad[:10]) + (" ..." if len(bad) > 10 else "")
+        raise TamperedCacheError(
+            f"the catalog reports {len(bad)} tampered or mismatched entries in {cache_dir}: {shown}. JAX would run"
+            f" them. Remove them: jaxcache prune {cache_dir} --integrity tampered,mismatched,corrupt --apply (or"
+            f" POST /v1/caches/{summary.get('cache', 'NAME')}/prune with"
+            ' {"integrity": ["tampered", "mismatched", "corrupt"], "dry_run": false}), then find out who could'
+            " write the cache"
+        )
+
+
+class HitSampler:
+    """Checks the first few entries a job hit, once, on a background thread."""
+
+    def __init__(self, storage: Storage, *, sample: int = SAMPLE_HITS) -> None:
+        self._storage = storage
+        self._sample = sample
+        self._keys: list[str] = []
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._started = False
+        self.findings: list[integrity.Verdict] = []
+
+    def on_hit(self, key: str) -> None:
+        """Collect hits; start checking once the sample is full."""
+        with self._lock:
+            if self._started or key in self._keys:
+                return
+            self._keys.append(key)
+            if len(self._keys) < self._sample:
+                return
+        self.start()
+
+    def start(self) -> None:
+        """Check what was collected (at exit when the job hit fewer than the sample)."""
+        with self._lock:
+            if self._started or not self._keys:
+                self._done.set()
+                return
+            self._started = True
+        threading.Thread(target=self._run, name="jaxcache-verify", daemon=True).start()
+
+    def wait(self, timeout_s: float) -> None:
+        """Bounded wait for the check (at exit)."""
+        self._done.wait(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            attested = integrity.load_attestations(self._storage)
+            for key in self._keys:
+                data = self._storage.read(fmt.cache_name(key))
+                if data is None:
+                    continue
+                name = fmt.parse_name(fmt.cache_name(key))
+                entry = Entry(key=key, module=name.module, hash=name.hash, name=name.name, size_bytes=len(data),
+                              mtime_s=0.0)
+                verdict = integrity.classify(entry, data, attested.get(key), now=0.0, min_age_s=0.0)
+                if verdict.classification in _HARM:
+                    self.findings.append(verdict)
+                    log.warning("jaxcache: this job loaded %s from the cache and it is %s: %s. Results may be"
+                                " wrong; remove it (jaxcache prune ROOT --integrity tampered,mismatched --apply)",
+                                key, verdict.classification, "; ".join(verdict.reasons))
+        except Exception as exc:  # noqa: BLE001 - a check that cannot run must not break the job
+            log.warning("jaxcache: verify='sample' could not check the entries this job hit: %s", exc)
+        finally:
+            self._done.set()

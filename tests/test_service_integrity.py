@@ -1,0 +1,157 @@
+"""The service's integrity pass over real JAX entries, on a local root and on fake-gcs-server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import upload_dir
+from fastapi.testclient import TestClient
+from jaxcache.entry import parse_name
+from jaxcache.service.app import create_app
+from jaxcache.service.settings import ServiceSettings
+
+JOB = Path(__file__).parent / "programs" / "client_job.py"
+ADMIN, REPORT, READ = "i-admin", "i-report", "i-read"
+BAD = ["tampered", "mismatched", "corrupt"]
+
+
+def _headers(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory, jax_caches) -> dict:
+    """An attested cache (written through jaxcache.client) with one entry of each kind of damage, plus one
+    entry written by plain JAX. Returns the root and which keys are which."""
+    root = tmp_path_factory.mktemp("integrity") / "cache"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
+    proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(root), "--job", "writer"],
+                          capture_output=True, text=True, timeout=300, env={**env, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    by_module: dict[str, Path] = {}
+    for path in sorted(root.glob("*-cache")):
+        by_module.setdefault(parse_name(path.name).module, path)
+    paths = sorted(by_module.values())
+    flipped, swapped_from, swapped_to, truncated = paths[0], paths[1], paths[2], paths[3]
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    flipped.write_bytes(bytes(data))
+    shutil.copyfile(swapped_from, swapped_to)
+    truncated.write_bytes(truncated.read_bytes()[:40])
+    plain = next(Path(jax_caches["zstd"].root).glob("jit_train_step-*-cache"))
+    shutil.copyfile(plain, root / plain.name)
+    old = time.time() - 7200
+    for path in root.glob("*-cache"):
+        os.utime(path, (old, old))
+    key = lambda p: p.name.removesuffix("-cache")  # noqa: E731
+    return {"root": root, "flipped": key(flipped), "swapped": key(swapped_to), "truncated": key(truncated),
+            "plain": key(plain), "all": {key(p) for p in root.glob("*-cache")}}
+
+
+def _app(url: str, tmp_path: Path, **settings) -> TestClient:
+    tokens = {hashlib.sha256(t.encode()).hexdigest(): s for t, s in ((ADMIN, "admin"), (REPORT, "report"),
+                                                                       (READ, "read"))}
+    return TestClient(create_app(ServiceSettings(
+        caches={"c": url}, db=f"sqlite:///{tmp_path / 'catalog.sqlite'}", tokens=tokens, **settings)))
+
+
+def _expect_verdicts(client: TestClient, d: dict) -> dict:
+    # recheck_all: the background pass may have judged them already; this one must read every entry.
+    verify = client.post("/v1/caches/c/verify", json={"recheck_all": True}, headers=_headers(ADMIN))
+    assert verify.status_code == 200, verify.text
+    assert verify.json()["checked"] == len(d["all"]) and verify.json()["remaining"] == 0
+    summary = client.get("/v1/caches/c/integrity", headers=_headers(READ)).json()
+    problems = {p["key"]: p for p in summary["problems"]}
+    assert problems[d["flipped"]]["class"] == "tampered"
+    assert problems[d["swapped"]]["classes"][:2] == ["tampered", "mismatched"]
+    assert "corrupt" in problems[d["truncated"]]["classes"]
+    assert set(problems) == {d["flipped"], d["swapped"], d["truncated"]}
+    counts = summary["counts"]
+    assert counts["unattested"] == 1 and counts["ok"] == len(d["all"]) - 4
+    assert summary["attested"] == len(d["all"]) - 1 and summary["unverified"] == 0
+    return summary
+
+
+def _prune_bad(client: TestClient, d: dict) -> None:
+    policy = {"integrity": BAD, "min_age": 0}
+    dry = client.post("/v1/caches/c/prune", json=policy, headers=_headers(ADMIN))
+    assert dry.status_code == 200, dry.text
+    planned = {e["key"] for e in dry.json()["delete"]}
+    assert planned == {d["flipped"], d["swapped"], d["truncated"]}
+    assert client.post("/v1/caches/c/prune", json={**policy, "dry_run": False},
+                       headers=_headers(READ)).status_code == 403
+    applied = client.post("/v1/caches/c/prune", json={**policy, "dry_run": False}, headers=_headers(ADMIN))
+    assert applied.status_code == 200, applied.text
+
+
+def test_integrity_pass_classifies_and_prune_removes_exactly_the_bad_ones_locally(damaged, tmp_path):
+    root = tmp_path / "cache"
+    shutil.copytree(damaged["root"], root)
+    with _app(str(root), tmp_path) as client:
+        client.post("/v1/caches/c/rescan", headers=_headers(ADMIN))
+        _expect_verdicts(client, damaged)
+
+        detail = client.get(f"/v1/caches/c/entries/{damaged['swapped']}", headers=_headers(READ)).json()
+        assert detail["integrity"] == "tampered" and detail["attested_by"].startswith("job writer")
+        assert any("bytes of another program" in r for r in detail["integrity_reasons"])
+        plain = client.get(f"/v1/caches/c/entries/{damaged['plain']}", headers=_headers(READ)).json()
+        assert plain["integrity"] == "unattested"
+
+        # What a job with verify="attested" asks, with its report token, by its own spelling of the root.
+        by_dir = client.get("/v1/integrity", params={"cache_dir": str(root) + "/"}, headers=_headers(REPORT))
+        assert by_dir.status_code == 200 and by_dir.json()["counts"]["tampered"] == 3  # the truncated one too
+        assert client.post("/v1/caches/c/verify", headers=_headers(READ)).status_code == 403
+
+        metrics = client.get("/metrics").text
+        assert 'jaxcache_integrity_entries{cache="c",class="tampered"} 3.0' in metrics
+
+        _prune_bad(client, damaged)
+        left = {p.name.removesuffix("-cache") for p in root.glob("*-cache")}
+        assert left == damaged["all"] - {damaged["flipped"], damaged["swapped"], damaged["truncated"]}
+
+        again = client.post("/v1/caches/c/verify", json={"recheck_all": True}, headers=_headers(ADMIN)).json()
+        assert set(again["counts"]) <= {"ok", "unattested"}
+
+
+def test_fresh_damage_is_pending_not_corrupt(damaged, tmp_path):
+    root = tmp_path / "cache"
+    shutil.copytree(damaged["root"], root)
+    victim = root / f"{damaged['truncated']}-cache"
+    os.utime(victim)  # written just now: JAX may still be writing it
+    with _app(str(root), tmp_path) as client:
+        client.post("/v1/caches/c/rescan", headers=_headers(ADMIN))
+        client.post("/v1/caches/c/verify", json={"recheck_all": True}, headers=_headers(ADMIN))
+        summary = client.get("/v1/caches/c/integrity", headers=_headers(READ)).json()
+        (p,) = [p for p in summary["problems"] if p["key"] == damaged["truncated"]]
+        assert p["class"] == "pending"
+        dry = client.post("/v1/caches/c/prune", json={"integrity": BAD}, headers=_headers(ADMIN)).json()
+        assert damaged["truncated"] not in {e["key"] for e in dry["delete"]}
+
+
+def test_integrity_prune_on_gcs(damaged, gcs_client, gcs_bucket, tmp_path):
+    upload_dir(gcs_client, gcs_bucket, "jax", damaged["root"])
+    url = f"gs://{gcs_bucket}/jax"
+    # Objects on the fake server are as old as the upload: no grace period, so nothing is pending.
+    with _app(url, tmp_path, verify_min_age_s=0) as client:
+        client.post("/v1/caches/c/rescan", headers=_headers(ADMIN))
+        _expect_verdicts(client, damaged)
+        _prune_bad(client, damaged)
+    left = {b.name.removeprefix("jax/").removesuffix("-cache")
+            for b in gcs_client.list_blobs(gcs_bucket, prefix="jax/") if b.name.endswith("-cache")}
+    assert left == damaged["all"] - {damaged["flipped"], damaged["swapped"], damaged["truncated"]}
+
+
+def test_policy_integrity_rejects_classes_that_prove_nothing(tmp_path, damaged):
+    with _app(str(damaged["root"]), tmp_path) as client:
+        for bad in (["unattested"], ["pending"], "tampered,corrupt", [1]):
+            r = client.post("/v1/caches/c/prune", json={"integrity": bad}, headers=_headers(ADMIN))
+            assert r.status_code in (400, 422), (bad, r.text)
+        assert json.loads(client.get("/openapi.json").text)["paths"]["/v1/caches/{cache}/verify"]
