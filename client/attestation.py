@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 from jaxcache import entry as fmt
 from jaxcache.client.reporting import RecordWriter
@@ -50,14 +51,14 @@ class Attestor:
 
     def drain(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for queued keys to be hashed (at exit, and before warm-up's coverage)."""
-        done = threading.Event()
-
-        def wait() -> None:
-            self._queue.join()
-            done.set()
-
-        threading.Thread(target=wait, daemon=True).start()
-        return done.wait(timeout_s)
+        # Polls instead of joining on a helper thread: at interpreter exit (where this runs) Python >= 3.12
+        # refuses to start threads.
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def _run(self) -> None:
         while True:

@@ -84,9 +84,19 @@ class ServiceReporter:
         with self._cond:
             self._pending = body
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="jaxcache-report", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="jaxcache-report", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # at interpreter exit Python >= 3.12 starts no threads: send it here
+                    self._pending = None
+                    inline = True
+                else:
+                    self._thread, inline = thread, False
+            else:
+                inline = False
             self._cond.notify()
+        if inline:
+            self._post(body)
 
     def drain(self, timeout_s: float = POST_TIMEOUT_S + 0.5) -> None:
         """Wait (bounded) for the queued record to be sent: used at exit."""

@@ -85,7 +85,10 @@ class HitSampler:
                 self._done.set()
                 return
             self._started = True
-        threading.Thread(target=self._run, name="jaxcache-verify", daemon=True).start()
+        try:
+            threading.Thread(target=self._run, name="jaxcache-verify", daemon=True).start()
+        except RuntimeError:  # at interpreter exit Python >= 3.12 starts no threads: check here
+            self._run()
 
     def wait(self, timeout_s: float) -> None:
         """Bounded wait for the check (at exit)."""
