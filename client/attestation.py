@@ -7,15 +7,14 @@ is full the entry is simply left unattested (counted, never blocking).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
 import time
 
-from jaxcache import entry as fmt
 from jaxcache.client.reporting import RecordWriter
 from jaxcache.client.telemetry import Recorder
-from jaxcache.integrity import sha256_hex
 
 log = logging.getLogger("jaxcache.client")
 
@@ -64,9 +63,9 @@ class Attestor:
         while True:
             key = self._queue.get()
             try:
-                data = self._writer.storage().read(fmt.cache_name(key))
+                data = self._writer.storage().read(key + "-cache")  # JAX's entry name for a key
                 if data is not None:
-                    self._recorder.set_digest(key, sha256_hex(data), len(data))
+                    self._recorder.set_digest(key, hashlib.sha256(data).hexdigest(), len(data))
             except Exception as exc:  # noqa: BLE001 - an unreadable entry stays unattested; the job goes on
                 self.failed += 1
                 log.debug("jaxcache: could not read back %s to attest it: %s", key, exc)

@@ -12,7 +12,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from jaxcache import entry as fmt
 from jaxcache.records import RunRecord
 from jaxcache.storage import Storage, open_storage
 
@@ -42,7 +41,7 @@ class RecordWriter:
         try:
             storage = self.storage()
             for key in keys:
-                info = storage.stat(fmt.cache_name(key))
+                info = storage.stat(key + "-cache")  # JAX's entry name for a key
                 if info is not None:
                     found[key] = info.size_bytes
         except Exception as exc:  # noqa: BLE001 - telemetry must not break the job

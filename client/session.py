@@ -17,7 +17,6 @@ from jaxcache.client.errors import CacheAlreadyInitializedError, UntrustedCacheD
 from jaxcache.client.options import ClientOptions, normalise_dir, resolve
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
-from jaxcache.client.verify import HitSampler, check_attested
 from jaxcache.records import HIT, WRITE, Fingerprint, KeyUsage, RunRecord
 from jaxcache.storage import is_gcs_url
 
@@ -40,7 +39,11 @@ class CacheSession:
         self._recorder = Recorder()
         self._writer = RecordWriter(options.cache_dir)
         self._attestor = Attestor(self._writer, self._recorder)
-        self._sampler = HitSampler(self._writer.storage()) if options.verify == "sample" else None
+        self._sampler = None
+        if options.verify == "sample":
+            from jaxcache.client.verify import HitSampler  # reads entries: loaded only when asked for
+
+            self._sampler = HitSampler(self._writer.storage())
         self._reporter = ServiceReporter(options.service_url, options.token) if options.service_url else None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -262,6 +265,8 @@ def enable_cache(
         compression = jaxsetup.compression_library()
         _check_trust(options)
         if options.verify == "attested":
+            from jaxcache.client.verify import check_attested
+
             assert options.service_url is not None
             check_attested(options.service_url, options.token, options.cache_dir)
         jaxsetup.apply(options.jax_settings())

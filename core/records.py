@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from jaxcache import entry as fmt
 from jaxcache.errors import InvalidInputError
 
 SCHEMA = "jaxcache.run/1"
@@ -37,6 +36,8 @@ EVENTS = (HIT, WRITE, COMPILED)
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _JOB_RE = re.compile(r"[^\x00-\x1f/\\]{1,200}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# JAX's key shape, as jaxcache.entry parses file names (kept here so the client need not import the format code).
+_KEY_RE = re.compile(r"[^/\x00]+-[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +205,7 @@ def _key_usage(raw: Any, i: int) -> KeyUsage:
     if not isinstance(raw, Mapping):
         raise InvalidInputError(f"run record {where} must be an object")
     key = _str(raw, "key", where=where)
-    if not fmt.is_valid_key(key):
+    if not _KEY_RE.fullmatch(key):
         raise InvalidInputError(f"run record {where}.key {key!r} is not a JAX cache key (<module>-<64 hex>)")
     event = _str(raw, "event", where=where)
     if event not in EVENTS:

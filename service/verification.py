@@ -87,10 +87,9 @@ def run_pass(
                          mtime_s=r.created_s, generation=r.generation) for r in batch]
         judged = list(bounded_map(partial(_judge, storage, found, now, min_age_s), entries,
                                   workers=storage.io_workers))
-        rows, gone = [], []
+        rows = []
         for entry, verdict in zip(entries, judged, strict=True):
-            if verdict is None:
-                gone.append(entry.key)
+            if verdict is None:  # deleted since the last rescan, which will drop its row
                 continue
             att = found.get(entry.key)
             rows.append(VerificationRow(
@@ -105,8 +104,6 @@ def run_pass(
         with catalog.write_lock, catalog.session() as s:
             for row in rows:
                 s.merge(row)
-            if gone:  # deleted since the last rescan: the next rescan drops the entry row too
-                s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.key.in_(gone)))
         result.checked += len(rows)
         if len(batch) < budget:
             break
