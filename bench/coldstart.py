@@ -18,11 +18,14 @@ the parent launches the process to the end of the first step's ``block_until_rea
 (launch to exit, measured by the parent; the process takes ``--steps`` more steps after the first), the
 cold/warm and nocache/warm ratios, and ``enable_cache()`` wall time in the cold and warm processes.
 
-Then the steady state: ``--steady-steps`` steps (after the first, untimed) in fresh processes with and without
-the client, alternating, both loading *the same compiled program* from the warm directory, so the only
-difference is the client: ``without`` configures JAX by hand with the settings the client would use (and is
-checked to have written nothing, i.e. to have hit); ``with`` calls ``enable_cache()``. The ratio of the step-loop
-medians must read 1.00 within noise (the spread of the per-pair ratios is shown next to it).
+Then the steady state: ``--steady-steps`` steps (after the first, untimed) in fresh processes, in rounds of three
+in a rotating order: without the client, with it, and without it again. All load *the same compiled program*
+from the warm directory, so the only difference is the client: ``without`` configures JAX by hand with the
+settings the client would use (and is checked to have written nothing, i.e. to have hit); ``with`` calls
+``enable_cache()``. The with/without ratio of the loop medians must read 1.00 within noise, and the noise is
+measured, not guessed: the second ``without`` arm gives the without/without (A/A) ratio of the same run. Every
+worker also counts ``jax.monitoring`` events and JAX cache-logger records during its loop: the client's only
+hooks into JAX.
 
 Last, ``import jaxcache.client`` on top of ``import jax``, in fresh processes (the issue's target: <= 50 ms).
 
@@ -31,13 +34,14 @@ timing. The page cache cannot be dropped without root, so warm runs read entries
 machine that just ran the warm-up would.
 
     .venv/bin/python bench/coldstart.py             # table; figures also in bench/out/coldstart.json
-    .venv/bin/python bench/coldstart.py --quick     # fewer runs and steps, about two minutes
+    .venv/bin/python bench/coldstart.py --quick     # fewer runs and steps, about three minutes
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import shutil
@@ -49,6 +53,7 @@ import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _MODES = ("nocache", "cold", "warm")
+_STEADY_ARMS = ("without", "with", "without-again")
 _IMPORT_TARGET_MS = 50.0
 # Environment that would change what a worker does: cleared so every worker starts from the same place.
 _CLEARED_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
@@ -178,6 +183,19 @@ def _jax_settings_like_the_client(cache_dir: str) -> dict[str, object]:
     return settings
 
 
+_JAX_CACHE_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache", "jax._src.dispatch")
+
+
+class _LogCounter(logging.Filter):
+    def __init__(self, counts: dict[str, int]) -> None:
+        super().__init__()
+        self._counts = counts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self._counts["log_records"] += 1
+        return True
+
+
 def worker(mode: str, cache_dir: str, launched: float, steps: int, shape: dict[str, int]) -> dict:
     """One sample, in a fresh process. ``launched``: the parent's ``time.time()`` just before it started us."""
     began = time.time()
@@ -202,25 +220,57 @@ def worker(mode: str, cache_dir: str, launched: float, steps: int, shape: dict[s
     init, train_step = build_model(shape["layers"], shape["d_model"], shape["heads"], shape["seq"], shape["vocab"])
     data = batches(8, shape["batch"], shape["seq"], shape["vocab"])
     params, opt = init()
+    jax.block_until_ready(params)
+    init_done = time.time()
     params, opt, loss = train_step(params, opt, data[0])
     first_loss = float(loss.block_until_ready())
     first_step_at = time.time()
 
+    # Anything the client (or JAX) runs per step would have to come through jax.monitoring or JAX's cache
+    # loggers: count both over the loop, in every mode alike. Listeners fire only when JAX reports something.
+    seen = {"events": 0, "log_records": 0}
+    count_logs = _LogCounter(seen)
+
+    def count_event(*_: object, **__: object) -> None:
+        seen["events"] += 1
+
+    from jax import monitoring
+
+    monitoring.register_event_listener(count_event)
+    monitoring.register_event_duration_secs_listener(count_event)
+    for name in _JAX_CACHE_LOGGERS:
+        logging.getLogger(name).addFilter(count_logs)
+
+    # The loop in ten chunks, each ended by a sync. Another process taking a core for a second only adds time,
+    # so each run's fastest chunk estimates its step time with that taken out; the total is what a job sees.
+    chunk = max(1, steps // 10)
+    ends = []
+    loss = None
     t = time.perf_counter()
     for i in range(steps):
         params, opt, loss = train_step(params, opt, data[(i + 1) % len(data)])
-    last_loss = float(loss.block_until_ready())
+        if (i + 1) % chunk == 0 or i + 1 == steps:
+            loss.block_until_ready()
+            ends.append((time.perf_counter(), (i + 1) % chunk or chunk))
     loop_s = time.perf_counter() - t
+    last_loss = float(loss) if loss is not None else first_loss
+    starts = [t] + [end for end, _ in ends[:-1]]
+    per_step = [(end - start) / n for start, (end, n) in zip(starts, ends, strict=True)] if ends else []
 
     result = {
         "mode": mode,
         "interpreter_s": began - launched,
         "import_jax_s": jax_imported - began,
         "enable_cache_s": enable_s,
+        "init_done_s": init_done - launched,
         "first_step_s": first_step_at - launched,
         "first_loss": first_loss,
         "steps": steps,
         "loop_s": loop_s,
+        "step_s_median_chunk": statistics.median(per_step) if per_step else None,
+        "step_s_best_chunk": min(per_step) if per_step else None,
+        "loop_events": seen["events"],
+        "loop_log_records": seen["log_records"],
         "last_loss": last_loss,
     }
     if session is not None:
@@ -302,15 +352,18 @@ def measure(args: argparse.Namespace, work: str) -> dict:
                   f"wall {got['wall_s']:6.2f} s", file=sys.stderr)
     written = entries(warm_dir)
 
-    steady: dict[str, list[dict]] = {"without": [], "with": []}
+    # Three arms per round, in a rotating order: without the client, with it, and without it again. The second
+    # "without" is the yardstick: what two runs of the very same thing differ by on this machine right now.
+    steady: dict[str, list[dict]] = {arm: [] for arm in _STEADY_ARMS}
     for r in range(args.steady_repeat):
-        for mode in ("without", "with") if r % 2 == 0 else ("with", "without"):
+        for arm in _STEADY_ARMS[r % 3:] + _STEADY_ARMS[: r % 3]:
+            mode = "with" if arm == "with" else "without"
             got = launch(["--worker", mode, warm_dir, "--steps", str(args.steady_steps), *shape])
             if entries(warm_dir) != written:
-                raise SystemExit(f"the {mode!r} steady-state process wrote to the warm cache: it missed, so it did not"
+                raise SystemExit(f"the {arm!r} steady-state process wrote to the warm cache: it missed, so it did not"
                                  " run the same compiled program (do its JAX settings match the client's?)")
-            steady[mode].append(got)
-            print(f"  steady run {r + 1}/{args.steady_repeat} {mode:8s} {args.steady_steps} steps "
+            steady[arm].append(got)
+            print(f"  steady run {r + 1}/{args.steady_repeat} {arm:13s} {args.steady_steps} steps "
                   f"{got['loop_s']:6.2f} s", file=sys.stderr)
 
     imports = [launch(["--import-worker"]) for _ in range(args.import_repeat)]
@@ -335,8 +388,15 @@ def report(runs: dict, args: argparse.Namespace) -> dict:
 
     st = runs["steady"]
     loop = {m: med(r["loop_s"] for r in st[m]) for m in st}
-    pair_ratios = [w["loop_s"] / wo["loop_s"] for w, wo in zip(st["with"], st["without"], strict=True)]
-    if {r["last_loss"] for m in st for r in st[m]} != {st["without"][0]["last_loss"]}:
+    best = {m: med(r["step_s_best_chunk"] for r in st[m]) for m in st}
+
+    def per_round(arm: str, key: str) -> list[float]:
+        return [a[key] / b[key] for a, b in zip(st[arm], st["without"], strict=True)]
+
+    loop_events = {m: sum(r["loop_events"] + r["loop_log_records"] for r in st[m]) for m in st}
+    if any(loop_events.values()):
+        odd.append(f"jax.monitoring events or JAX cache log records during the step loops: {loop_events}")
+    if len({r["last_loss"] for m in st for r in st[m]}) != 1:
         odd.append("steady state: the processes with and without the client ended on different losses")
 
     imp = runs["imports"]
@@ -370,7 +430,13 @@ def report(runs: dict, args: argparse.Namespace) -> dict:
             "loop_s": {m: round(loop[m], 3) for m in loop},
             "step_ms": {m: round(1000 * loop[m] / args.steady_steps, 3) for m in loop},
             "with_vs_without": round(loop["with"] / loop["without"], 3),
-            "pair_ratios": [round(x, 3) for x in pair_ratios],
+            "again_vs_without": round(loop["without-again"] / loop["without"], 3),
+            "with_vs_without_per_round": [round(x, 3) for x in per_round("with", "loop_s")],
+            "again_vs_without_per_round": [round(x, 3) for x in per_round("without-again", "loop_s")],
+            "best_chunk_step_ms": {m: round(1000 * best[m], 3) for m in best},
+            "with_vs_without_best_chunk": round(best["with"] / best["without"], 3),
+            "again_vs_without_best_chunk": round(best["without-again"] / best["without"], 3),
+            "events_and_log_records_in_loops": loop_events,
             "first_step_s": {m: round(med(r["first_step_s"] for r in st[m]), 3) for m in st},
         },
         "imports": {
@@ -378,6 +444,7 @@ def report(runs: dict, args: argparse.Namespace) -> dict:
             "import_jax_ms": ms(med(r["import_jax_s"] for r in imp)),
             "import_client_ms": ms(med(r["import_client_s"] for r in imp)),
             "import_client_ms_runs": [ms(r["import_client_s"]) for r in imp],
+            "import_client_vs_jax": round(med(r["import_client_s"] / r["import_jax_s"] for r in imp), 3),
             "new_modules": med(r["new_modules"] for r in imp),
             "target_ms": _IMPORT_TARGET_MS,
         },
@@ -385,6 +452,14 @@ def report(runs: dict, args: argparse.Namespace) -> dict:
         "odd": odd,
         "runs": runs,
     }
+
+
+def _print_rows(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for n, row in enumerate(rows):
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
 
 
 def print_table(fig: dict) -> None:
@@ -396,11 +471,7 @@ def print_table(fig: dict) -> None:
             f"{fig['enable_cache_ms'][m]:.1f}" if m in fig["enable_cache_ms"] else "-",
             f"{fig['import_jax_ms'][m]:.0f}",
         ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for n, row in enumerate(rows):
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
+    _print_rows(rows)
     sh = fig["shape"]
     print(f"\nmedians of {fig['repeat']} runs per mode, each a fresh process (launch -> first step done; "
           f"wall: launch -> exit after {fig['steps_after_first']} more steps)")
@@ -416,17 +487,53 @@ def print_table(fig: dict) -> None:
               f"{s.get('writes', 0):g} writes, compile {s.get('compile_s', 0):.2f} s, retrieval "
               f"{s.get('retrieval_s', 0):.3f} s, saved {s.get('saved_s', 0):.2f} s")
     sd = fig["steady"]
-    print(f"steady state, {sd['steps']} steps, medians of {sd['repeat']} alternating runs (same compiled program, "
-          f"loaded from the warm cache): without client {sd['loop_s']['without']:.3f} s "
-          f"({sd['step_ms']['without']:.2f} ms/step), with {sd['loop_s']['with']:.3f} s "
-          f"({sd['step_ms']['with']:.2f} ms/step)")
-    lo, hi = min(sd["pair_ratios"]), max(sd["pair_ratios"])
-    print(f"steady state with/without client: {sd['with_vs_without']:.3f} (per-pair ratios {lo:.3f}..{hi:.3f})")
+
+    def span(xs: list[float]) -> str:
+        return f"{min(xs):.3f}..{max(xs):.3f}"
+
+    print(f"\nsteady state: {sd['steps']} steps after the first, medians of {sd['repeat']} rounds of fresh processes "
+          "(same compiled program, loaded from the warm cache)")
+    rows = [("arm", "loop s", "ms/step", "vs without", "per round", "fastest chunk ms/step", "vs without")]
+    for arm, key in (("without", None), ("with", "with_vs_without"), ("without-again", "again_vs_without")):
+        rows.append((
+            arm if arm != "without-again" else "without again (A/A)", f"{sd['loop_s'][arm]:.3f}",
+            f"{sd['step_ms'][arm]:.2f}", f"{sd[key]:.3f}" if key else "1",
+            span(sd[f"{key}_per_round"]) if key else "-", f"{sd['best_chunk_step_ms'][arm]:.2f}",
+            f"{sd[key + '_best_chunk']:.3f}" if key else "1",
+        ))
+    _print_rows(rows)
+    print(f"with/without client: {sd['with_vs_without']:.3f}; the noise yardstick, without/without (A/A): "
+          f"{sd['again_vs_without']:.3f}")
+    ev = sd["events_and_log_records_in_loops"]
+    print("jax.monitoring events + JAX cache log records during the timed loops: "
+          + ", ".join(f"{k} {v}" for k, v in ev.items()) + " (what the client's listeners and log tap could run on)")
     im = fig["imports"]
-    print(f"import jaxcache.client on top of import jax: {im['import_client_ms']:.1f} ms median of {im['repeat']} "
-          f"(import jax {im['import_jax_ms']:.0f} ms; target <= {im['target_ms']:.0f} ms)")
+    print(f"\nimport jaxcache.client on top of import jax: {im['import_client_ms']:.1f} ms median of {im['repeat']} "
+          f"(target <= {im['target_ms']:.0f} ms), {im['import_client_vs_jax']:.1%} of import jax "
+          f"({im['import_jax_ms']:.0f} ms here: both scale with the machine's load)")
     for line in fig["odd"]:
         print(f"ODD: {line}")
+
+
+def _source_version() -> str | None:
+    """The commit measured, with ``+dirty`` when the client or core has uncommitted changes (None outside git)."""
+    root = os.path.dirname(_HERE)
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "client", "core"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def _client_changed(before: str | None, after: str | None) -> bool:
+    if before is None or after is None or before.endswith("+dirty") or after.endswith("+dirty"):
+        return True
+    diff = subprocess.run(["git", "diff", "--quiet", before, after, "--", "client", "core"],
+                          cwd=os.path.dirname(_HERE), capture_output=True)
+    return diff.returncode != 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -439,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="runs per cold-start mode (default 5)")
     parser.add_argument("--steps", type=int, default=10, help="steps after the first in cold-start runs (default 10)")
     parser.add_argument("--steady-steps", type=int, default=1000, help="timed steps in steady state (default 1000)")
-    parser.add_argument("--steady-repeat", type=int, default=5, help="steady-state runs per arm (default 5)")
+    parser.add_argument("--steady-repeat", type=int, default=5,
+                        help="steady-state rounds: each runs without the client, with it, without again (default 5)")
     parser.add_argument("--import-repeat", type=int, default=7, help="import timing runs (default 7)")
     parser.add_argument("--quick", action="store_true",
                         help="3 cold-start runs, 3x300 steady steps, 5 import runs (a smoke run; ratios are noisier)")
@@ -474,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--d-model must be a multiple of --heads")
 
     began = time.perf_counter()
+    source_before = _source_version()
     if args.workdir:
         work = os.path.abspath(args.workdir)
         os.makedirs(work, mode=0o700, exist_ok=True)
@@ -491,6 +600,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     fig = report(runs, args)
     fig["command"] = " ".join([os.path.relpath(sys.executable), *sys.argv])
+    source_after = _source_version()
+    fig["source"] = source_before if source_before == source_after else f"{source_before} -> {source_after}"
+    if source_before != source_after and _client_changed(source_before, source_after):
+        fig["odd"].append(f"the client or core changed during the run ({fig['source']}): measure again")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(fig, f, indent=1)
@@ -498,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: v for k, v in fig.items() if k != "runs"}, indent=1))
     else:
         print_table(fig)
-        print(f"\nfigures and every run: {os.path.relpath(args.out)}")
+        print(f"\nmeasured at {fig['source'] or 'an unknown commit'}; figures and every run: "
+              f"{os.path.relpath(args.out)}")
     return 0
 
 
