@@ -8,6 +8,9 @@ NEXT_PYTHON ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/pyth
   if "$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
     "$$p" -c 'import sys; print(sys.executable)'; break; fi; done)
 NEXT_VENV ?= .venv-jax-next
+# checkov for tests/test_deploy.py, in a venv of its own: it pins many dependencies that must not meet ours.
+TOOLS_VENV ?= .venv-tools
+export CHECKOV_BIN ?= $(abspath $(TOOLS_VENV))/bin/checkov
 DEMO_CACHE ?= ./demo-cache
 HOST ?= 127.0.0.1
 PORT ?= 8080
@@ -36,6 +39,11 @@ $(NEXT_VENV)/.stamp:
 	    && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
 	else echo "no working python3.12 found: second-JAX contract tests will skip"; fi
 
+# Best effort: a failure here only makes the checkov test skip with the reason.
+$(TOOLS_VENV)/.stamp:
+	@($(PYTHON) -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/pip install --quiet 'checkov>=3.2' && touch $@) \
+	  || echo "could not build $(TOOLS_VENV): the checkov test of deploy/ will skip"
+
 demo-cache: $(VENV)/.stamp-run
 	$(PY) -m jaxcache.demo $(DEMO_CACHE)
 
@@ -44,7 +52,7 @@ run: demo-cache
 	$(VENV)/bin/jaxcache stats $(DEMO_CACHE) --top 5
 	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --host $(HOST) --port $(PORT)
 
-test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp
+test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp
 	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \
 	  $(VENV)/bin/pytest $(PYTEST_ARGS)
 
@@ -53,3 +61,4 @@ lint: $(VENV)/.stamp-dev
 
 clean:
 	rm -rf $(VENV) $(NEXT_VENV) $(DEMO_CACHE)
+	rm -rf $(TOOLS_VENV)

@@ -1,5 +1,25 @@
-"""jaxcache.client: what a training script calls before its first compile.
+"""The thin client: call :func:`enable_cache` first thing in a training script.
 
-``enable_cache()`` (configure JAX identically everywhere, refuse untrusted directories, count hits and
-misses) lands with the client issue; today this package only reserves the import path.
+It configures JAX's persistent compilation cache the same way in every job (so warm-up machines and jobs
+compute the same keys), refuses directories others can write, counts hits, misses and compile seconds saved,
+and writes a run record per process under ``<root>/.jaxcache/runs/`` (optionally sent to the service).
+
+Imports only JAX, zstandard and the standard library (google-cloud-storage for gs:// run records).
 """
+
+from __future__ import annotations
+
+from jaxcache.client.errors import CacheAlreadyInitializedError, CacheNotConfiguredError, UntrustedCacheDirError
+from jaxcache.client.session import CacheSession, check_cache_dir, current_session, enable_cache
+from jaxcache.client.telemetry import CacheStats
+
+__all__ = [
+    "CacheAlreadyInitializedError",
+    "CacheNotConfiguredError",
+    "CacheSession",
+    "CacheStats",
+    "UntrustedCacheDirError",
+    "check_cache_dir",
+    "current_session",
+    "enable_cache",
+]

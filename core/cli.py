@@ -174,7 +174,45 @@ def _doctor_json(storage: Storage, d: Diagnosis) -> dict[str, Any]:
     }
 
 
+def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
+    """``doctor --verify``: classify every entry's integrity against its writer's digest and embedded name."""
+    from jaxcache import integrity
+
+    min_age_s = parse_duration(args.min_age)
+    attestations = integrity.load_attestations(storage)
+    entries = (r for r in scan(storage, read_headers=False) if isinstance(r, Entry))
+    verdicts = list(_progress(integrity.verify(storage, entries, attestations, now=time.time(),
+                                               min_age_s=min_age_s), "verifying"))
+    counts = {c: sum(v.classification == c for v in verdicts) for c in integrity.CLASSES}
+    bad = [v for v in verdicts if v.classification in integrity.BAD_CLASSES]
+    if args.json:
+        json.dump({
+            "root": storage.url, "checked": len(verdicts), "counts": counts, "attested_keys": len(attestations),
+            "entries": [{"name": v.name, "key": v.key, "class": v.classification, "classes": list(v.classes),
+                         "reasons": list(v.reasons), "sha256": v.sha256, "embedded_module": v.embedded_module,
+                         "attested_by": v.attested_by} for v in verdicts],
+            "problems": bool(bad),
+        }, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return EXIT_PROBLEMS if bad else EXIT_OK
+    shown = ", ".join(f"{n} {c}" for c, n in counts.items() if n)
+    print(f"verified {len(verdicts)} entries in {storage.url}: {shown or 'none'}")
+    flagged = [v for v in verdicts if v.classification not in (integrity.OK, integrity.UNATTESTED)]
+    if flagged:
+        print(render(["CLASS", "FILE", "WHY"], [[v.classification, v.name, "; ".join(v.reasons)] for v in flagged]))
+    if bad:
+        print("\nnote: JAX executes what it loads: delete these before jobs load them "
+              "(`jaxcache prune ROOT --corrupt --apply` removes corrupt ones; remove tampered or mismatched files "
+              "and find out who could write them).")
+    if counts[integrity.UNATTESTED]:
+        print(f"\nnote: {counts[integrity.UNATTESTED]} entries have no recorded digest (written by plain JAX, not "
+              "through jaxcache.client or warmup); only their embedded name could be checked.")
+    return EXIT_PROBLEMS if bad else EXIT_OK
+
+
 def cmd_doctor(args: argparse.Namespace, storage: Storage) -> int:
+    if args.verify:
+        return cmd_verify(args, storage)
     d = diagnose(_progress(check(storage), "checking"))
     exit_code = EXIT_PROBLEMS if d.problems else EXIT_OK
     if args.json:
@@ -437,6 +475,12 @@ def build_parser() -> argparse.ArgumentParser:
                                     "-atime files, and explain mixed compression. Exits 1 if anything needs "
                                     "attention.")
     dr.add_argument("root", metavar="ROOT", help=_ROOT_HELP)
+    dr.add_argument("--verify", action="store_true",
+                    help="integrity: compare each entry with its writer's recorded digest and its embedded program "
+                         "name; classes ok, tampered, corrupt, mismatched, pending (younger than --min-age), "
+                         "unattested")
+    dr.add_argument("--min-age", default="1h", metavar="DURATION",
+                    help="with --verify: entries younger than this that look broken are pending (default 1h)")
     dr.add_argument("--json", action="store_true", help="print JSON (stable field names)")
     dr.set_defaults(run=cmd_doctor)
 
@@ -475,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true", help="print JSON (stable field names)")
     pr.add_argument("-v", "--verbose", action="store_true", help="with --apply, a line per removed entry on stderr")
     pr.set_defaults(run=cmd_prune)
+    # Listed for --help only: main() hands `jaxcache warmup ...` to the warm-up CLI before parsing.
+    sub.add_parser("warmup", help="pre-fill a cache for a cluster topology (same as `warmup`; see warmup --help)",
+                   add_help=False)
     sv = sub.add_parser(
         "serve", help="run the catalog service (REST API, metrics) over named cache roots",
         description="Serve the catalog of one or more cache roots over HTTP. Every flag can also be set with "
@@ -528,6 +575,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["warmup"]:
+        # Warm-up has its own parser (and its own `--` for script arguments); this is only its second name.
+        from jaxcache.warmup.cli import main as warmup_main
+
+        return warmup_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -244,9 +244,11 @@ class Validation:
     reason: str | None = None
     compile_seconds: int | None = None
     executable_bytes: int | None = None
+    head: bytes = b""  # the first HEAD_BYTES decompressed bytes (compile-time header + start of the executable)
 
 
 _CHUNK = 1 << 20
+HEAD_BYTES = 64 * 1024
 
 
 def validate_chunks(chunks: Iterable[bytes]) -> Validation:
@@ -276,8 +278,8 @@ def validate_chunks(chunks: Iterable[bytes]) -> Validation:
         for chunk in _chain(first, it):
             stored += len(chunk)
             out = dec.decompress(chunk)
-            if len(head) < TIME_HEADER_BYTES:
-                head += out[: TIME_HEADER_BYTES - len(head)]
+            if len(head) < HEAD_BYTES:
+                head += out[: HEAD_BYTES - len(head)]
             total += len(out)
             if dec.eof and dec.unused_data:
                 return Validation(
@@ -286,6 +288,8 @@ def validate_chunks(chunks: Iterable[bytes]) -> Validation:
         if compression is Compression.ZLIB:
             out = dec.flush()
             total += len(out)
+            if len(head) < HEAD_BYTES:
+                head += out[: HEAD_BYTES - len(head)]
     except (zstandard.ZstdError, zlib.error) as exc:
         return Validation(Status.CORRUPT, compression, _damage(compression, exc))
     if not dec.eof:
@@ -295,8 +299,8 @@ def validate_chunks(chunks: Iterable[bytes]) -> Validation:
         )
     if total <= TIME_HEADER_BYTES:
         return Validation(Status.CORRUPT, compression, "no executable after the compile-time header")
-    seconds = int.from_bytes(head, "big")
-    return Validation(Status.OK, compression, None, seconds, total - TIME_HEADER_BYTES)
+    seconds = int.from_bytes(head[:TIME_HEADER_BYTES], "big")
+    return Validation(Status.OK, compression, None, seconds, total - TIME_HEADER_BYTES, head)
 
 
 def _chain(first: bytes, rest: Iterable[bytes]) -> Iterable[bytes]:

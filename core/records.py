@@ -36,6 +36,7 @@ EVENTS = (HIT, WRITE, COMPILED)
 
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _JOB_RE = re.compile(r"[^\x00-\x1f/\\]{1,200}")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,7 @@ class KeyUsage:
     size_bytes: int | None = None
     first_at: float = 0.0
     last_at: float = 0.0
+    sha256: str | None = None  # of the stored bytes, read back by the writer once JAX finished writing them
 
 
 @dataclass(slots=True)
@@ -222,7 +224,17 @@ def _key_usage(raw: Any, i: int) -> KeyUsage:
         size_bytes=_int(raw, "size_bytes", where=where, optional=True),
         first_at=_num(raw, "first_at", where=where, optional=True) or 0.0,
         last_at=_num(raw, "last_at", where=where, optional=True) or 0.0,
+        sha256=_digest(raw, where),
     )
+
+
+def _digest(raw: Mapping[str, Any], where: str) -> str | None:
+    value = raw.get("sha256")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _SHA256_RE.fullmatch(value):
+        raise InvalidInputError(f"run record field {where}.sha256 must be 64 lower-case hex digits")
+    return value
 
 
 def _obj(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -131,6 +131,9 @@ class LocalStorage(Storage):
             os.makedirs(directory, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=directory)
             try:
+                # mkstemp makes 0600 files; others that read the root (the service, other jobs) read JAX's
+                # entries, which follow the umask, so ours should be as readable.
+                os.fchmod(fd, 0o644)
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
                     f.flush()

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# GPU check for warm-up (run it when a GPU machine is lent; never needed by the test suite; ~2-5 minutes).
+# Installs nothing: needs a Python with jaxcache and jax[cuda12] installed (PYTHON, default: .venv/bin/python).
+#   (1) warmup --topology 1x1x1 --platform gpu, then a fresh real job on the GPU: expect 100% hits.
+#   (2) warmup --topology 1x2x1 (a 2-process job mocked on one GPU), then two real processes with
+#       jax.distributed on 127.0.0.1 sharing that GPU compile the same program (no execution): report hits.
+# Whatever happens, the outcome and the JAX version go to RESULTS (default: bench/out/gpu_check.txt, or
+# $OUT/gpu_check.txt when OUT is set).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+OUTDIR=${OUT:-bench/out}
+mkdir -p "$OUTDIR"
+RESULTS=${RESULTS:-$OUTDIR/gpu_check.txt}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+: > "$RESULTS"
+say() { echo "$*" | tee -a "$RESULTS"; }
+
+say "gpu_check $(date -u +%FT%TZ)"
+say "versions: $($PYTHON -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__)' 2>&1)"
+say "devices: $($PYTHON -c 'import jax; print(jax.devices())' 2>&1 | tail -1)"
+nvidia-smi -L 2>&1 | sed 's/^/nvidia-smi: /' | tee -a "$RESULTS"
+
+say "== (1) warmup 1x1x1 --platform gpu, then a real job"
+if timeout 300 $PYTHON -m jaxcache.warmup --topology 1x1x1 --platform gpu --cache-dir "$WORK/c1" \
+    --entrypoint jaxcache.warmup.examples:warm --verify >"$WORK/w1.log" 2>&1; then
+  say "warmup: ok"; sed 's/^/  /' "$WORK/w1.log" | tee -a "$RESULTS" >/dev/null
+  if JAXCACHE_DIR="$WORK/c1" timeout 300 $PYTHON -m jaxcache.warmup.examples --steps 3 >"$WORK/j1.log" 2>&1; then
+    say "job: $(grep 'jaxcache:' "$WORK/j1.log")"
+    grep -q 'hit rate 100%' "$WORK/j1.log" && say "(1) PASS: 100% hits" || say "(1) FAIL: not all hits"
+  else
+    say "(1) FAIL: the job failed:"; tail -20 "$WORK/j1.log" | tee -a "$RESULTS"
+  fi
+else
+  say "(1) FAIL: warmup failed:"; tail -30 "$WORK/w1.log" | tee -a "$RESULTS"
+fi
+
+say "== (2) warmup 1x2x1 (mocked on one GPU), then 2 real processes sharing the GPU"
+if timeout 300 $PYTHON -m jaxcache.warmup --topology 1x2x1 --platform gpu --cache-dir "$WORK/c2" \
+    --entrypoint jaxcache.warmup.examples:warm --json >"$WORK/w2.json" 2>"$WORK/w2.log"; then
+  say "warmup: $(tail -c 400 "$WORK/w2.json")"
+  PORT=$($PYTHON -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 XLA_PYTHON_CLIENT_PREALLOCATE=false
+  for i in 0 1; do
+    timeout 300 $PYTHON bench/gpu_two_process.py "127.0.0.1:$PORT" "$i" "$WORK/c2" >"$WORK/p$i.out" 2>"$WORK/p$i.err" &
+  done
+  wait
+  for i in 0 1; do
+    if [ -s "$WORK/p$i.out" ]; then say "process $i: $(tail -1 "$WORK/p$i.out")"
+    else say "process $i FAILED:"; tail -15 "$WORK/p$i.err" | tee -a "$RESULTS"; fi
+  done
+else
+  say "(2) FAIL: warmup 1x2x1 failed:"; tail -30 "$WORK/w2.log" | tee -a "$RESULTS"
+fi
+say "results in $RESULTS"

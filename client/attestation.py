@@ -1,0 +1,73 @@
+"""Attestation: a digest of every entry this process wrote, read back once JAX has finished writing it.
+
+The digest goes into the run record, so the catalog can later tell the entry's bytes from tampered ones. Hashing
+happens on one background thread fed by a bounded queue: a training step never waits for it, and when the queue
+is full the entry is simply left unattested (counted, never blocking).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from jaxcache import entry as fmt
+from jaxcache.client.reporting import RecordWriter
+from jaxcache.client.telemetry import Recorder
+from jaxcache.integrity import sha256_hex
+
+log = logging.getLogger("jaxcache.client")
+
+QUEUE_SIZE = 1024
+
+
+class Attestor:
+    """Hashes written entries off the compiling thread and stores the digests in the recorder."""
+
+    def __init__(self, writer: RecordWriter, recorder: Recorder, *, maxsize: int = QUEUE_SIZE) -> None:
+        self._writer = writer
+        self._recorder = recorder
+        self._queue: queue.Queue[str] = queue.Queue(maxsize=maxsize)
+        self._seen: set[str] = set()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self.failed = 0
+
+    def submit(self, key: str) -> None:
+        """Queue a key JAX just wrote; never blocks."""
+        with self._lock:
+            if key in self._seen:
+                return
+            self._seen.add(key)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="jaxcache-attest", daemon=True)
+                self._thread.start()
+        try:
+            self._queue.put_nowait(key)
+        except queue.Full:
+            self.dropped += 1
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for queued keys to be hashed (at exit, and before warm-up's coverage)."""
+        done = threading.Event()
+
+        def wait() -> None:
+            self._queue.join()
+            done.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+        return done.wait(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            key = self._queue.get()
+            try:
+                data = self._writer.storage().read(fmt.cache_name(key))
+                if data is not None:
+                    self._recorder.set_digest(key, sha256_hex(data), len(data))
+            except Exception as exc:  # noqa: BLE001 - an unreadable entry stays unattested; the job goes on
+                self.failed += 1
+                log.debug("jaxcache: could not read back %s to attest it: %s", key, exc)
+            finally:
+                self._queue.task_done()

@@ -1,0 +1,17 @@
+"""The client's errors. Each message says what to change in the training script or its environment."""
+
+from __future__ import annotations
+
+from jaxcache.errors import InvalidInputError, JaxcacheError
+
+
+class CacheNotConfiguredError(InvalidInputError):
+    """No cache directory was given: not as an argument, ``JAXCACHE_DIR`` or ``JAX_COMPILATION_CACHE_DIR``."""
+
+
+class CacheAlreadyInitializedError(JaxcacheError):
+    """JAX compiled before :func:`enable_cache` ran, or the cache was already set up differently."""
+
+
+class UntrustedCacheDirError(JaxcacheError):
+    """Someone other than this user (or root) could write the cache directory, so could run code in the job."""

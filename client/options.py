@@ -1,0 +1,188 @@
+"""What :func:`jaxcache.client.enable_cache` was asked for: arguments first, then ``JAXCACHE_*`` variables.
+
+Resolution happens before JAX is touched, so every mistake here is reported before anything changes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jaxcache.client.errors import CacheNotConfiguredError
+from jaxcache.client.trust import TRUST_MODES
+from jaxcache.errors import InvalidInputError
+from jaxcache.records import check_job, check_run_id
+from jaxcache.storage import is_gcs_url
+
+DEFAULT_RECORD_EVERY_S = 300.0
+
+# Every environment variable the client reads (the README documents each; deploy/ tests check manifests use
+# only these and the service's settings).
+ENV_VARS = (
+    "JAXCACHE_DIR",
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAXCACHE_JOB",
+    "JAXCACHE_RUN_ID",
+    "JAXCACHE_SERVICE_URL",
+    "JAXCACHE_TOKEN",
+    "JAXCACHE_MIN_COMPILE_TIME_S",
+    "JAXCACHE_MIN_ENTRY_SIZE_BYTES",
+    "JAXCACHE_RECORD_EVERY_S",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOptions:
+    """Resolved settings of one session."""
+
+    cache_dir: str  # normalised: absolute local path without trailing slash, or gs://bucket/prefix
+    job: str
+    run_id: str
+    min_compile_time_secs: float | None = None  # None: keep JAX's default
+    min_entry_size_bytes: int | None = None
+    xla_caches: str | None = None  # what to set jax_persistent_cache_enable_xla_caches to; None: leave it
+    max_size_bytes: int | None = None
+    service_url: str | None = None
+    token: str | None = None
+    trust: str = "strict"
+    record_every_s: float = DEFAULT_RECORD_EVERY_S
+
+    @property
+    def is_gcs(self) -> bool:
+        """True for a ``gs://`` root."""
+        return is_gcs_url(self.cache_dir)
+
+    def jax_settings(self) -> dict[str, object]:
+        """The JAX config values this session sets: the part that must match when it is called twice."""
+        values: dict[str, object] = {"jax_compilation_cache_dir": self.cache_dir}
+        if self.min_compile_time_secs is not None:
+            values["jax_persistent_cache_min_compile_time_secs"] = self.min_compile_time_secs
+        if self.min_entry_size_bytes is not None:
+            values["jax_persistent_cache_min_entry_size_bytes"] = self.min_entry_size_bytes
+        if self.xla_caches is not None:
+            values["jax_persistent_cache_enable_xla_caches"] = self.xla_caches
+        if self.max_size_bytes is not None:
+            values["jax_compilation_cache_max_size"] = self.max_size_bytes
+        return values
+
+
+def normalise_dir(text: str) -> str:
+    """One spelling per directory, so every process configures JAX with the same string.
+
+    Local paths become absolute with symlinks resolved and no trailing slash (``./c/``, ``/abs/c`` and a
+    symlinked mount of it are one directory); ``file:///p`` becomes ``/p``; ``gs://b/p/`` becomes ``gs://b/p``.
+    """
+    text = os.fspath(text).strip()
+    if not text:
+        raise CacheNotConfiguredError("the cache directory is empty: give a directory or gs://bucket/prefix")
+    if is_gcs_url(text):
+        bucket, _, prefix = text[len("gs://") :].partition("/")
+        prefix = "/".join(p for p in prefix.split("/") if p)
+        if not bucket:
+            raise InvalidInputError(f"{text!r} names no bucket: write gs://bucket/prefix")
+        return f"gs://{bucket}/{prefix}" if prefix else f"gs://{bucket}"
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    elif "://" in text:
+        raise InvalidInputError(f"{text!r}: the cache must be a directory or gs://bucket/prefix")
+    return os.path.realpath(os.path.expanduser(text))
+
+
+def resolve(
+    cache_dir: str | os.PathLike[str] | None,
+    *,
+    job: str | None,
+    min_compile_time_secs: float | None,
+    min_entry_size_bytes: int | None,
+    xla_caches: str | None,
+    max_size_bytes: int | None,
+    service_url: str | None,
+    token: str | None,
+    trust: str,
+    default_xla_caches: str | None,
+    env: Mapping[str, str] | None = None,
+) -> ClientOptions:
+    """Resolve arguments against the environment and check each value."""
+    env = os.environ if env is None else env
+    raw_dir = cache_dir if cache_dir is not None else env.get("JAXCACHE_DIR") or env.get("JAX_COMPILATION_CACHE_DIR")
+    if raw_dir is None or not os.fspath(raw_dir).strip():
+        raise CacheNotConfiguredError(
+            "no cache directory: pass enable_cache('/path/or/gs://bucket/prefix'), or set JAXCACHE_DIR"
+            " (or JAX_COMPILATION_CACHE_DIR)"
+        )
+    directory = normalise_dir(os.fspath(raw_dir))
+    if trust not in TRUST_MODES:
+        raise InvalidInputError(f"trust={trust!r}: use one of {', '.join(TRUST_MODES)}")
+    min_time = min_compile_time_secs
+    if min_time is None and env.get("JAXCACHE_MIN_COMPILE_TIME_S"):
+        min_time = _float("JAXCACHE_MIN_COMPILE_TIME_S", env["JAXCACHE_MIN_COMPILE_TIME_S"])
+    if min_time is not None and (not _is_number(min_time) or min_time < 0):
+        raise InvalidInputError(f"min_compile_time_secs={min_time!r}: use a number of seconds >= 0")
+    min_size = min_entry_size_bytes
+    if min_size is None and env.get("JAXCACHE_MIN_ENTRY_SIZE_BYTES"):
+        min_size = _int("JAXCACHE_MIN_ENTRY_SIZE_BYTES", env["JAXCACHE_MIN_ENTRY_SIZE_BYTES"])
+    if min_size is not None and (not isinstance(min_size, int) or isinstance(min_size, bool) or min_size < -1):
+        raise InvalidInputError(f"min_entry_size_bytes={min_size!r}: use bytes >= 0, or -1 for no limit")
+    if max_size_bytes is not None:
+        if not isinstance(max_size_bytes, int) or isinstance(max_size_bytes, bool) or max_size_bytes < 1:
+            raise InvalidInputError(f"max_size_bytes={max_size_bytes!r}: use a positive number of bytes")
+        if is_gcs_url(directory):
+            raise InvalidInputError(
+                "max_size_bytes turns on JAX's own LRU, which does not work on gs:// caches (it cannot evict"
+                " there); leave it unset and let the jaxcache service prune the bucket (POST /v1/caches/NAME/prune)"
+            )
+    if xla_caches is not None and (not isinstance(xla_caches, str) or not xla_caches):
+        raise InvalidInputError(f"xla_caches={xla_caches!r}: use 'none', 'all' or a comma-separated list")
+    every_s = _float("JAXCACHE_RECORD_EVERY_S", env.get("JAXCACHE_RECORD_EVERY_S") or str(DEFAULT_RECORD_EVERY_S))
+    if every_s <= 0:
+        raise InvalidInputError("JAXCACHE_RECORD_EVERY_S must be a positive number of seconds")
+    url = service_url if service_url is not None else env.get("JAXCACHE_SERVICE_URL") or None
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise InvalidInputError(f"service_url={url!r}: use http://host:port or https://host")
+    return ClientOptions(
+        cache_dir=directory,
+        job=check_job(job if job is not None else env.get("JAXCACHE_JOB") or _default_job()),
+        run_id=check_run_id(env.get("JAXCACHE_RUN_ID") or _new_run_id()),
+        min_compile_time_secs=None if min_time is None else float(min_time),
+        min_entry_size_bytes=min_size,
+        xla_caches=xla_caches if xla_caches is not None else default_xla_caches,
+        max_size_bytes=max_size_bytes,
+        service_url=url.rstrip("/") if url else None,
+        token=token if token is not None else env.get("JAXCACHE_TOKEN") or None,
+        trust=trust,
+        record_every_s=every_s,
+    )
+
+
+def _default_job() -> str:
+    """The script's name (``train`` for ``python train.py``), so records are never anonymous."""
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    name = argv0.removesuffix(".py")
+    return name if name and name not in ("-c", "-m", "") else "unnamed"
+
+
+def _new_run_id() -> str:
+    """Time-ordered and unique; processes of one run share JAXCACHE_RUN_ID when their launcher sets it."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _float(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidInputError(f"{name}={text!r} is not a number") from None
+
+
+def _int(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidInputError(f"{name}={text!r} is not an integer") from None

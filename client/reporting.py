@@ -1,0 +1,129 @@
+"""Run records out of the process: a JSON file under ``<root>/.jaxcache/runs/`` and, optionally, the service.
+
+Both fail open. A training job must never stop or wait because its cache telemetry could not be written: each
+failure is logged once as a warning and the job goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from jaxcache import entry as fmt
+from jaxcache.records import RunRecord
+from jaxcache.storage import Storage, open_storage
+
+log = logging.getLogger("jaxcache.client")
+
+POST_TIMEOUT_S = 2.0
+
+
+class RecordWriter:
+    """Writes a process's run record to the cache root, atomically, replacing the previous version."""
+
+    def __init__(self, cache_dir: str) -> None:
+        self._cache_dir = cache_dir
+        self._storage: Storage | None = None
+        self._warned = False
+        self._lock = threading.Lock()
+
+    def storage(self) -> Storage:
+        """The cache root (opened on first use: google-cloud-storage loads only for gs:// roots)."""
+        if self._storage is None:
+            self._storage = open_storage(self._cache_dir, must_exist=False)
+        return self._storage
+
+    def sizes(self, keys: list[str]) -> dict[str, int]:
+        """Sizes of entries in the root, for records that do not know them yet; missing ones are left out."""
+        found: dict[str, int] = {}
+        try:
+            storage = self.storage()
+            for key in keys:
+                info = storage.stat(fmt.cache_name(key))
+                if info is not None:
+                    found[key] = info.size_bytes
+        except Exception as exc:  # noqa: BLE001 - telemetry must not break the job
+            self._warn_once(f"could not read entry sizes from {self._cache_dir}: {exc}")
+        return found
+
+    def write(self, record: RunRecord, *, create_only: bool = False) -> bool:
+        """Write (or rewrite) the record; False, with one warning per process, when the root refuses."""
+        with self._lock:
+            try:
+                self.storage().write_atomic(record.name, record.to_json(), create_only=create_only)
+                return True
+            except Exception as exc:  # noqa: BLE001
+                self._warn_once(f"could not write the run record {record.name} under {self._cache_dir}: {exc}")
+                return False
+
+    def _warn_once(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("jaxcache: %s (the job goes on; telemetry for this process may be incomplete)", message)
+
+
+class ServiceReporter:
+    """POSTs run records to ``<service_url>/v1/reports`` from a background thread, 2 s timeout, fail open."""
+
+    def __init__(self, service_url: str, token: str | None, *, opener: Callable[..., object] | None = None) -> None:
+        self.url = f"{service_url}/v1/reports"
+        self._token = token
+        self._warned = False
+        self._thread: threading.Thread | None = None
+        self._pending: bytes | None = None
+        self._cond = threading.Condition()
+        self._open = opener or urllib.request.urlopen
+        self.sent = 0
+        self.failed = 0
+
+    def submit(self, body: bytes) -> None:
+        """Queue the newest record; an older one not yet sent is superseded (records hold totals)."""
+        with self._cond:
+            self._pending = body
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="jaxcache-report", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def drain(self, timeout_s: float = POST_TIMEOUT_S + 0.5) -> None:
+        """Wait (bounded) for the queued record to be sent: used at exit."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending is None, timeout=timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None)
+                body = self._pending
+            assert body is not None
+            self._post(body)
+            with self._cond:
+                if self._pending is body:
+                    self._pending = None
+                self._cond.notify_all()
+
+    def _post(self, body: bytes) -> None:
+        request = urllib.request.Request(self.url, data=body, method="POST")
+        request.add_header("Content-Type", "application/json")
+        if self._token:
+            request.add_header("Authorization", f"Bearer {self._token}")
+        try:
+            with self._open(request, timeout=POST_TIMEOUT_S) as response:  # type: ignore[attr-defined]
+                response.read()
+            self.sent += 1
+        except urllib.error.HTTPError as exc:
+            self.failed += 1
+            detail = exc.read()[:300].decode(errors="replace")
+            self._warn_once(f"the jaxcache service at {self.url} refused the run record: HTTP {exc.code} {detail}")
+        except Exception as exc:  # noqa: BLE001 - URLError, timeouts, resets: the service is down or unreachable
+            self.failed += 1
+            self._warn_once(f"the jaxcache service at {self.url} is unreachable ({exc})")
+
+    def _warn_once(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("jaxcache: %s; the job goes on, and run records are still written to the cache root",
+                        message)

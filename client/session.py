@@ -1,0 +1,336 @@
+"""``enable_cache()``: configure JAX's persistent cache the same way in every job, and watch what it does."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from jaxcache.client import jaxsetup
+from jaxcache.client import trust as trust_mod
+from jaxcache.client.attestation import Attestor
+from jaxcache.client.errors import CacheAlreadyInitializedError, UntrustedCacheDirError
+from jaxcache.client.options import ClientOptions, normalise_dir, resolve
+from jaxcache.client.reporting import RecordWriter, ServiceReporter
+from jaxcache.client.telemetry import CacheStats, Recorder
+from jaxcache.records import HIT, WRITE, Fingerprint, KeyUsage, RunRecord
+from jaxcache.storage import is_gcs_url
+
+log = logging.getLogger("jaxcache.client")
+
+_lock = threading.Lock()
+_session: CacheSession | None = None
+_gcs_notice_given = False
+ATTEST_WAIT_S = 30.0  # at exit: digests of the last entries written; bounded so exit never hangs on storage
+
+
+class CacheSession:
+    """One process's use of the cache: settings, telemetry, run records. Made by :func:`enable_cache`."""
+
+    def __init__(self, options: ClientOptions, compression: str) -> None:
+        self.options = options
+        self.compression = compression
+        self.started_at = time.time()
+        self.topology: str | None = None  # set by warm-up to the topology it mocks; else derived from devices
+        self._recorder = Recorder()
+        self._writer = RecordWriter(options.cache_dir)
+        self._attestor = Attestor(self._writer, self._recorder)
+        self._reporter = ServiceReporter(options.service_url, options.token) if options.service_url else None
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._closed = False
+        self._flush_lock = threading.Lock()
+
+    # -- public -------------------------------------------------------------------------------------------------
+
+    @property
+    def cache_dir(self) -> str:
+        """The normalised directory JAX was configured with."""
+        return self.options.cache_dir
+
+    @property
+    def job(self) -> str:
+        """The job name in run records."""
+        return self.options.job
+
+    @property
+    def run_id(self) -> str:
+        """This run's id (``JAXCACHE_RUN_ID`` when the launcher sets one for all processes)."""
+        return self.options.run_id
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        """Everything besides the program that enters JAX's keys; compare two runs' with ``.differences()``.
+
+        Device fields are filled once the backend is up (after the first compile, or ``jax.devices()``).
+        """
+        return jaxsetup.fingerprint(self.compression)
+
+    def on_program(self, callback: Callable[[KeyUsage], None]) -> None:
+        """Call ``callback(usage)`` whenever JAX finishes compiling or loading a program (warm-up progress)."""
+        self._recorder.add_listener(callback)
+
+    def stats(self) -> CacheStats:
+        """Hits, misses, writes, hit rate, compile, retrieval and saved seconds so far in this process."""
+        return self._recorder.stats()
+
+    def summary(self) -> str:
+        """One line: what the cache did for this process."""
+        s = self.stats()
+        rate = "n/a" if s.hit_rate is None else f"{s.hit_rate:.0%}"
+        return (
+            f"jaxcache: job {self.job}: {s.hits} hits, {s.misses} misses ({s.writes} written), hit rate {rate};"
+            f" {s.compile_s:.1f} s compiling, {s.retrieval_s:.2f} s loading, >= {s.saved_s:.1f} s saved;"
+            f" cache {self.cache_dir}"
+        )
+
+    def record(self, *, final: bool = False) -> RunRecord:
+        """This process's run record as of now."""
+        usages = self._recorder.usages()
+        unknown = [u.key for u in usages if u.size_bytes is None and u.event in (HIT, WRITE)]
+        if unknown:
+            for key, size in self._writer.sizes(unknown).items():
+                self._recorder.set_size(key, size)
+            usages = self._recorder.usages()
+        index, count = jaxsetup.processes()
+        fp = self.fingerprint
+        topology = self.topology
+        if topology is None and fp.local_device_count is not None and fp.process_count is not None:
+            topology = f"1x{fp.process_count}x{fp.local_device_count}"
+        return RunRecord(
+            job=self.job,
+            run_id=self.run_id,
+            process_index=index,
+            process_count=max(count, index + 1),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=self.started_at,
+            updated_at=time.time(),
+            fingerprint=fp,
+            topology=topology,
+            cache_dir=self.cache_dir,
+            final=final,
+            keys=sorted(usages, key=lambda u: u.first_at),
+        )
+
+    def flush(self, *, final: bool = False) -> RunRecord:
+        """Write the run record now (and send it to the service when one is configured).
+
+        On gs:// roots the record is stored only by the final flush at exit; earlier ones only reach the service.
+        """
+        with self._flush_lock:
+            record = self.record(final=final)
+            if not self.options.is_gcs:
+                self._writer.write(record)
+            elif final:
+                # Jobs' bucket identities may create objects but never overwrite them (deploy/terraform), so a
+                # gs:// root gets one record per process, at exit; periodic updates go to the service only.
+                self._writer.write(record, create_only=True)
+            if self._reporter is not None:
+                self._reporter.submit(record.to_json())
+            return record
+
+    def close(self) -> None:
+        """Final record and summary; runs at interpreter exit. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        try:
+            self.wait_for_attestations()
+            self.flush(final=True)
+            if self._reporter is not None:
+                self._reporter.drain()
+            log.info("%s", self.summary())
+        except Exception as exc:  # noqa: BLE001 - never turn a clean exit into a crash
+            log.warning("jaxcache: could not write the final run record: %s", exc)
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._recorder.install()
+        self._recorder.add_listener(self._attest_writes)
+        self._ticker = threading.Thread(target=self._tick, name="jaxcache-records", daemon=True)
+        self._ticker.start()
+        atexit.register(self.close)
+
+    def _attest_writes(self, usage: KeyUsage) -> None:
+        if usage.event == WRITE and usage.sha256 is None:
+            self._attestor.submit(usage.key)
+
+    def wait_for_attestations(self, timeout_s: float = ATTEST_WAIT_S) -> bool:
+        """Wait (bounded) until every entry written so far has its digest; False on timeout."""
+        return self._attestor.drain(timeout_s)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.options.record_every_s):
+            try:
+                self.flush()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("jaxcache: periodic run record failed: %s", exc)
+
+    def _shutdown_for_tests(self) -> None:
+        self._stop.set()
+        self._recorder.uninstall()
+        atexit.unregister(self.close)
+
+
+def enable_cache(
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    job: str | None = None,
+    min_compile_time_secs: float | None = None,
+    min_entry_size_bytes: int | None = None,
+    xla_caches: str | None = None,
+    max_size_bytes: int | None = None,
+    service_url: str | None = None,
+    token: str | None = None,
+    trust: str = "strict",
+) -> CacheSession:
+    """Point JAX's persistent compilation cache at ``cache_dir`` and start counting what it does.
+
+    Call it before anything compiles (the first ``jax.jit`` call or array operation).
+
+    Args:
+        cache_dir: a directory (local or NFS) or ``gs://bucket/prefix``; else ``JAXCACHE_DIR``, else
+            ``JAX_COMPILATION_CACHE_DIR``.
+        job: the job name in run records (``JAXCACHE_JOB``; default: the script's name).
+        min_compile_time_secs: store only programs that took at least this long to compile
+            (``JAXCACHE_MIN_COMPILE_TIME_S``; unset keeps JAX's default, 1 s).
+        min_entry_size_bytes: store only entries at least this big (``JAXCACHE_MIN_ENTRY_SIZE_BYTES``; -1: no
+            limit; unset keeps JAX's default).
+        xla_caches: ``jax_persistent_cache_enable_xla_caches``. Default ``"none"`` on jax < 0.11, where the
+            XLA autotune-cache path enters keys and a cache mounted elsewhere would never hit; JAX's default on
+            later versions.
+        max_size_bytes: turn on JAX's own LRU eviction at this size. Local roots only: refused for gs://.
+        service_url: the jaxcache service (``JAXCACHE_SERVICE_URL``) to send run records to, fail-open.
+        token: a bearer token with the ``report`` scope (``JAXCACHE_TOKEN``).
+        trust: ``"strict"`` refuses a directory others can write; ``"warn"`` logs; ``"off"`` skips the check.
+
+    Returns:
+        The process's :class:`CacheSession`; a second call with the same settings returns the same one.
+
+    Raises:
+        CacheNotConfiguredError: no directory anywhere.
+        CacheAlreadyInitializedError: JAX compiled before this call, or it was called with other settings.
+        UntrustedCacheDirError: in strict mode, the directory (or a parent) can be written by others.
+        InvalidInputError: a malformed argument or variable.
+    """
+    global _session
+    options = resolve(
+        cache_dir,
+        job=job,
+        min_compile_time_secs=min_compile_time_secs,
+        min_entry_size_bytes=min_entry_size_bytes,
+        xla_caches=xla_caches,
+        max_size_bytes=max_size_bytes,
+        service_url=service_url,
+        token=token,
+        trust=trust,
+        default_xla_caches=jaxsetup.default_xla_caches(),
+    )
+    with _lock:
+        if _session is not None:
+            return _same_session(_session, options)
+        jaxsetup.check_not_compiled(options.cache_dir)
+        compression = jaxsetup.compression_library()
+        _check_trust(options)
+        jaxsetup.apply(options.jax_settings())
+        session = CacheSession(options, compression)
+        session._start()
+        _session = session
+        log.debug("jaxcache: cache at %s for job %s (run %s)", options.cache_dir, options.job, options.run_id)
+        return session
+
+
+def current_session() -> CacheSession | None:
+    """The session :func:`enable_cache` made in this process, if any."""
+    return _session
+
+
+def _same_session(session: CacheSession, options: ClientOptions) -> CacheSession:
+    mine, theirs = session.options, options
+    differs = [
+        name
+        for name in ("cache_dir", "job", "min_compile_time_secs", "min_entry_size_bytes", "xla_caches",
+                     "max_size_bytes", "service_url", "token", "trust")
+        if getattr(mine, name) != getattr(theirs, name)
+    ]
+    if differs:
+        shown = ", ".join(
+            f"{n}: {getattr(mine, n)!r} then {getattr(theirs, n)!r}" if n != "token" else "token differs"
+            for n in differs
+        )
+        raise CacheAlreadyInitializedError(
+            f"enable_cache() was already called in this process with other settings ({shown}); JAX's cache can"
+            " be set up once per process: call it once, early, with the settings you want"
+        )
+    return session
+
+
+def _check_trust(options: ClientOptions) -> None:
+    global _gcs_notice_given
+    if options.trust == "off":
+        return
+    if options.is_gcs:
+        if not _gcs_notice_given:
+            _gcs_notice_given = True
+            log.info(
+                "jaxcache: %s is a bucket: JAX runs what it loads from it, so its IAM must let only trusted"
+                " writers (the warm-up and process 0 of your jobs) create objects there",
+                options.cache_dir,
+            )
+        return
+    found = trust_mod.problems(options.cache_dir)
+    if not found and not os.path.isdir(options.cache_dir):
+        try:
+            _make_private_dirs(options.cache_dir)
+        except OSError as exc:
+            raise UntrustedCacheDirError(
+                f"cannot create the cache directory {options.cache_dir}: {exc.strerror}"
+            ) from None
+        found = trust_mod.problems(options.cache_dir)
+    if not found:
+        return
+    message = _untrusted_message(options.cache_dir, found)
+    if options.trust == "strict":
+        raise UntrustedCacheDirError(message)
+    log.warning("jaxcache: %s", message)
+
+
+def _untrusted_message(directory: str, found: list[str]) -> str:
+    return (
+        f"the cache directory {directory} is not trustworthy: {'; '.join(found)}. JAX executes what it"
+        " loads from there, so whoever can write it can run code in this job."
+        f" Fix: {trust_mod.advice(directory)}"
+    )
+
+
+def check_cache_dir(cache_dir: str | os.PathLike[str], *, trust: str = "strict") -> str:
+    """Normalise and judge a cache directory as :func:`enable_cache` would, changing nothing (dry runs).
+
+    Returns the normalised directory; raises :class:`UntrustedCacheDirError` in strict mode.
+    """
+    directory = normalise_dir(os.fspath(cache_dir))
+    if trust == "off" or is_gcs_url(directory):
+        return directory
+    found = trust_mod.problems(directory)
+    if found and trust == "strict":
+        raise UntrustedCacheDirError(_untrusted_message(directory, found))
+    return directory
+
+
+def _make_private_dirs(path: str) -> None:
+    """Create ``path`` and missing parents as ours, not group-writable whatever the umask."""
+    missing = []
+    current = path
+    while not os.path.exists(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    for directory in reversed(missing):
+        os.makedirs(directory, exist_ok=True)
+        os.chmod(directory, 0o755)

@@ -1,0 +1,65 @@
+"""Is a cache directory safe to load executables from?
+
+JAX executes what it loads from the cache, so anyone who can write the directory can run code in the job
+(JAX's own docs say so). A directory is trusted when only this user or root can change what it holds: it is
+not group- or world-writable and is owned by us or root. The parents matter too: whoever can rename a parent
+can swap the whole directory, unless the parent has the sticky bit (like /tmp), which forbids renaming other
+users' entries. A directory that does not exist yet is judged by the parent it will be created under, then
+again once created (so a directory someone else slipped in first is caught).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+TRUST_MODES = ("strict", "warn", "off")
+
+
+def problems(path: str) -> list[str]:
+    """Why ``path`` (absolute, normalised) is not trustworthy; empty when it is."""
+    me = os.geteuid()
+    found: list[str] = []
+    current = path
+    is_target = True
+    while True:
+        try:
+            st = os.stat(current)
+        except FileNotFoundError:
+            parent = os.path.dirname(current)
+            if parent == current:
+                break
+            # Not there yet: it will be created under the nearest existing ancestor, then judged itself.
+            current, is_target = parent, False
+            continue
+        except OSError as exc:
+            found.append(f"cannot inspect {current}: {exc.strerror}")
+            break
+        found.extend(_judge(current, st, me, is_target))
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current, is_target = parent, False
+    return found
+
+
+def _judge(path: str, st: os.stat_result, me: int, is_target: bool) -> list[str]:
+    sticky = bool(st.st_mode & stat.S_ISVTX)
+    found = []
+    if st.st_uid not in (0, me):
+        found.append(f"{path} is owned by uid {st.st_uid}, not by you (uid {me}) or root")
+    writable_by = [who for bit, who in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "everyone")) if st.st_mode & bit]
+    # The sticky bit stops others renaming what we own inside a parent, but not adding new files to the cache
+    # itself: a planted file under a key name is exactly the attack.
+    if writable_by and (is_target or not sticky):
+        found.append(f"{path} is writable by {' and '.join(writable_by)} (mode {stat.S_IMODE(st.st_mode):o})")
+    return found
+
+
+def advice(path: str) -> str:
+    """How to fix an untrusted directory."""
+    return (
+        f"use a directory only you (or root) can write, e.g. `chmod go-w {path}`, or mount the shared cache"
+        " read-only for jobs and let one trusted writer (warm-up) fill it; pass trust='warn' or 'off' to"
+        " enable_cache() only if everyone who can write there may run code in this job"
+    )

@@ -1,0 +1,111 @@
+"""A training-script stand-in that uses jaxcache.client: tests run it in fresh processes.
+
+Prints one JSON line on stdout: the session's stats, summary, fingerprint and run record as written at exit
+(read back from storage by the test). Exit 3 with ``ERROR <type>: <message>`` when enable_cache refuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cache-dir")
+    parser.add_argument("--job")
+    parser.add_argument("--trust", default="strict")
+    parser.add_argument("--service-url")
+    parser.add_argument("--token")
+    parser.add_argument("--xla-caches")
+    parser.add_argument("--max-size-bytes", type=int)
+    parser.add_argument("--default-thresholds", action="store_true", help="keep JAX's write thresholds")
+    parser.add_argument("--compile-first", action="store_true", help="compile something before enable_cache")
+    parser.add_argument("--twice", choices=["same", "other"], help="call enable_cache a second time")
+    parser.add_argument("--distributed", nargs=3, metavar=("COORDINATOR", "NUM", "ID"))
+    parser.add_argument("--programs", default="affine,gram,wave,grad")
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after compiling")
+    args = parser.parse_args()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+    import jax
+    import numpy as np
+
+    if args.compile_first:
+        jax.jit(lambda x: x + 1)(np.float32(1))
+
+    from jaxcache.client import enable_cache
+    from jaxcache.errors import JaxcacheError
+
+    kwargs = dict(job=args.job, trust=args.trust, service_url=args.service_url, token=args.token,
+                  xla_caches=args.xla_caches, max_size_bytes=args.max_size_bytes)
+    if not args.default_thresholds:
+        kwargs.update(min_compile_time_secs=0, min_entry_size_bytes=-1)
+    try:
+        session = enable_cache(args.cache_dir, **kwargs)
+        if args.twice == "same":
+            again = enable_cache(args.cache_dir, **kwargs)
+            assert again is session, "a second call with the same settings must return the same session"
+        elif args.twice == "other":
+            enable_cache(args.cache_dir, **{**kwargs, "job": "another-job"})
+    except JaxcacheError as exc:
+        print(f"ERROR {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
+
+    if args.distributed:
+        coordinator, num, pid = args.distributed
+        jax.distributed.initialize(coordinator, num_processes=int(num), process_id=int(pid))
+
+    import jax.numpy as jnp
+
+    x = np.arange(8, dtype=np.float32)
+    m = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    w = np.ones((4, 2), dtype=np.float32)
+    # Named functions: each program's module name (jit_affine, ...) differs, as in real jobs.
+    def affine(v):
+        return v * 2.0 + 1.0
+
+    def gram(a):
+        return a @ a.T
+
+    def wave(v):
+        return jnp.sin(v) ** 2 + jnp.cos(v) ** 2
+
+    def loss(a, b):
+        return jnp.sum((b @ a) ** 2)
+
+    programs = {
+        "affine": (lambda: jax.jit(affine)(x), x * 2 + 1),
+        "gram": (lambda: jax.jit(gram)(m), m @ m.T),
+        "wave": (lambda: jax.jit(wave)(x), np.ones_like(x)),
+        "grad": (lambda: jax.jit(jax.grad(loss))(w, m), 2 * m.T @ (m @ w)),
+    }
+    for name in args.programs.split(","):
+        run, want = programs[name]
+        got = np.asarray(run())
+        if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
+            print(f"{name}: got {got!r}, want {want!r}", file=sys.stderr)
+            return 1
+    if args.sleep:
+        time.sleep(args.sleep)
+
+    stats = session.stats()
+    record = session.flush()
+    print(json.dumps({
+        "stats": {**{k: getattr(stats, k) for k in stats.__slots__}, "hit_rate": stats.hit_rate},
+        "summary": session.summary(),
+        "fingerprint": json.loads(record.to_json())["fingerprint"],
+        "record_name": record.name,
+        "cache_dir": session.cache_dir,
+        "process_index": record.process_index,
+    }), flush=True)
+    if args.distributed:
+        jax.distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Warm-up entrypoints for tests: each one exercises one way a warm-up can go (imported by `warmup` via cwd)."""
+
+from __future__ import annotations
+
+import os
+
+
+def nothing(ctx):
+    """Compiles nothing at all."""
+
+
+def broken(ctx):
+    """Fails the way user code fails."""
+    raise ValueError("the user's own bug")
+
+
+def callbacks(ctx):
+    """Programs with host callbacks, which jax 0.10 refuses to store."""
+    import jax
+
+    def noisy(x):
+        jax.debug.print("x={x}", x=x)
+        return x + 1
+
+    ctx.compile(noisy, ctx.abstract((4,), "float32"))
+
+
+def unstable(ctx):
+    """A program that differs in every process (a pid baked in): a fresh verify process must miss it."""
+    import jax.numpy as jnp
+
+    pid = float(os.getpid())
+    ctx.compile(lambda x: x * pid + jnp.sin(x), ctx.abstract((8,), "float32"))

@@ -1,0 +1,207 @@
+"""Integrity: digests recorded at write time, embedded module names, and the classes doctor --verify gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import shared_fixture_dirs
+from jaxcache import coverage, integrity, records
+from jaxcache.entry import parse_name, validate
+from jaxcache.records import Fingerprint, KeyUsage, RunRecord
+from jaxcache.scan import Entry, scan
+from jaxcache.storage import LocalStorage
+
+JOB = Path(__file__).parent / "programs" / "client_job.py"
+HOUR = 3600.0
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAXCACHE_", "JAX_COMPILATION_CACHE"))}
+    return {**env, "JAX_PLATFORMS": "cpu", **extra}
+
+
+def age(path: Path, seconds: float = 2 * HOUR) -> None:
+    """Make a file look written ``seconds`` ago (older than the grace period)."""
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+def verdicts(root: Path, min_age_s: float = HOUR) -> dict[str, integrity.Verdict]:
+    storage = LocalStorage(str(root))
+    entries = [r for r in scan(storage, read_headers=False) if isinstance(r, Entry)]
+    found = integrity.load_attestations(storage)
+    return {v.key: v for v in integrity.verify(storage, entries, found, now=time.time(), min_age_s=min_age_s)}
+
+
+def attest_by_hand(root: Path, job: str = "hand") -> None:
+    """A run record with digests of the entries as they are now, as a client writer would have recorded."""
+    keys = []
+    for path in sorted(root.glob("*-cache")):
+        data = path.read_bytes()
+        name = parse_name(path.name)
+        keys.append(KeyUsage(key=name.key, event=records.WRITE, function=name.module, writes=1,
+                             size_bytes=len(data), sha256=integrity.sha256_hex(data), first_at=1.0))
+    run = RunRecord(job=job, run_id="hand-1", process_index=0, process_count=1, host="h", started_at=1.0,
+                    updated_at=1.0, fingerprint=Fingerprint(jax="0", jaxlib="0"), keys=keys)
+    (root / run.name).parent.mkdir(parents=True, exist_ok=True)
+    (root / run.name).write_bytes(run.to_json())
+
+
+@pytest.fixture(scope="module")
+def attested_cache(tmp_path_factory) -> Path:
+    """A zstd cache written through jaxcache.client: every entry attested by its writer."""
+    root = tmp_path_factory.mktemp("attested") / "cache"
+    proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(root), "--job", "writer"],
+                          capture_output=True, text=True, timeout=300, env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    for path in root.glob("*-cache"):
+        age(path)
+    return root
+
+
+def copy_of(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    for path in dst.glob("*-cache"):
+        age(path)
+    return dst
+
+
+# --- the embedded module name ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", shared_fixture_dirs(), ids=lambda p: p.name)
+def test_embedded_module_matches_jax_ground_truth(fixture):
+    manifest = json.loads((fixture / "manifest.json").read_text())
+    storage = LocalStorage(str(fixture / "cache"))
+    for item in manifest["entries"]:
+        data = storage.read(item["file"])
+        head = validate(data).head
+        assert integrity.embedded_module(head) == item["module"], item["file"]
+
+
+def test_embedded_module_in_this_jax_zlib_and_zstd(jax_caches):
+    for written in jax_caches.values():
+        for item in written.entries:
+            data = Path(written.root, item["file"]).read_bytes()
+            assert integrity.embedded_module(validate(data).head) == item["module"]
+
+
+def test_embedded_module_of_garbage_is_unknown():
+    assert integrity.embedded_module(b"") is None
+    assert integrity.embedded_module(b"\0\0\0\0\xff\xff\xff") is None
+
+
+# --- classes -----------------------------------------------------------------------------------------------
+
+
+def test_client_writes_attested_entries_and_a_clean_cache_is_all_ok(attested_cache):
+    found = integrity.load_attestations(LocalStorage(str(attested_cache)))
+    assert found and all(a.writer.startswith("job writer") for a in found.values())
+    result = verdicts(attested_cache)
+    assert result and all(v.classification == integrity.OK for v in result.values()), result
+
+
+def test_flipped_byte_in_an_attested_zstd_entry_is_tampered(attested_cache, tmp_path):
+    root = copy_of(attested_cache, tmp_path / "c")
+    victim = max(root.glob("*-cache"), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    age(victim)
+    result = verdicts(root)
+    key = victim.name.removesuffix("-cache")
+    assert result[key].classification == integrity.TAMPERED, result[key]
+    assert all(v.classification == integrity.OK for k, v in result.items() if k != key)
+
+
+def test_bytes_copied_between_functions_are_tampered_and_mismatched(attested_cache, tmp_path):
+    root = copy_of(attested_cache, tmp_path / "c")
+    by_module: dict[str, Path] = {}
+    for path in sorted(root.glob("*-cache")):
+        by_module.setdefault(parse_name(path.name).module, path)
+    (a, pa), (b, pb) = list(by_module.items())[:2]
+    shutil.copyfile(pa, pb)
+    age(pb)
+    verdict = verdicts(root)[pb.name.removesuffix("-cache")]
+    assert verdict.classes[:2] == (integrity.TAMPERED, integrity.MISMATCHED), verdict
+    assert verdict.embedded_module == a and any(a in r for r in verdict.reasons)
+
+
+def test_swapped_bytes_are_mismatched_even_without_any_record(jax_caches, tmp_path):
+    for flavour in ("zstd", "zlib"):
+        root = copy_of(Path(jax_caches[flavour].root), tmp_path / flavour)
+        shutil.rmtree(root / ".jaxcache", ignore_errors=True)
+        by_module: dict[str, Path] = {}
+        for path in sorted(root.glob("*-cache")):
+            by_module.setdefault(parse_name(path.name).module, path)
+        paths = list(by_module.values())
+        shutil.copyfile(paths[0], paths[1])
+        age(paths[1])
+        result = verdicts(root)
+        assert result[paths[1].name.removesuffix("-cache")].classification == integrity.MISMATCHED
+        others = [v for k, v in result.items() if k != paths[1].name.removesuffix("-cache")]
+        assert all(v.classification == integrity.UNATTESTED for v in others), "plain JAX entries are unattested"
+
+
+def test_zlib_attested_flip_is_tampered_and_corrupt(jax_caches, tmp_path):
+    root = copy_of(Path(jax_caches["zlib"].root), tmp_path / "zlib")
+    attest_by_hand(root)
+    victim = max(root.glob("*-cache"), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    age(victim)
+    verdict = verdicts(root)[victim.name.removesuffix("-cache")]
+    assert verdict.classes == (integrity.TAMPERED, integrity.CORRUPT), verdict  # zlib's adler32 catches it too
+
+
+def test_truncated_old_entry_is_corrupt_and_a_fresh_one_pending(jax_caches, tmp_path):
+    root = copy_of(Path(jax_caches["zstd"].root), tmp_path / "c")
+    old, fresh = sorted(root.glob("*-cache"), key=lambda p: p.stat().st_size)[-2:]
+    for path in (old, fresh):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    age(old)
+    result = verdicts(root)
+    assert result[old.name.removesuffix("-cache")].classification == integrity.CORRUPT
+    pending = result[fresh.name.removesuffix("-cache")]
+    assert pending.classification == integrity.PENDING and "may still be being written" in pending.reasons[0]
+
+
+def test_warmup_coverage_attests_what_it_wrote(tmp_path):
+    root = tmp_path / "c"
+    proc = subprocess.run([sys.executable, "-m", "jaxcache.warmup", "--topology", "1x1x2", "--platform", "cpu",
+                           "--cache-dir", str(root), "--entrypoint", "jaxcache.warmup.examples:warm", "--json"],
+                          capture_output=True, text=True, timeout=300, env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    record = coverage.parse((root / summary["coverage_record"]).read_bytes())
+    assert record.programs and all(p.sha256 for p in record.programs if p.status == coverage.WRITTEN)
+    found = integrity.load_attestations(LocalStorage(str(root)))
+    assert {p.key for p in record.programs} <= set(found)
+    assert any(a.writer == f"warm-up {record.id}" for a in found.values())
+
+
+# --- doctor --verify --------------------------------------------------------------------------------------
+
+
+def test_doctor_verify_exit_codes_and_json(attested_cache, tmp_path):
+    cli = [sys.executable, "-m", "jaxcache", "doctor"]
+    proc = subprocess.run([*cli, str(attested_cache), "--verify", "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["counts"]["ok"] == report["checked"] > 0 and not report["problems"]
+
+    root = copy_of(attested_cache, tmp_path / "c")
+    victim = next(root.glob("*-cache"))
+    victim.write_bytes(victim.read_bytes()[:-7])
+    age(victim)
+    proc = subprocess.run([*cli, str(root), "--verify"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "tampered" in proc.stdout and victim.name in proc.stdout, proc.stdout

@@ -1,0 +1,225 @@
+"""`warmup`: CPU path end to end (local and gs://), every bad input, and the GPU path's logic with fake devices."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jaxcache import coverage, records
+from jaxcache.errors import InvalidInputError
+from jaxcache.topology import Topology
+from jaxcache.warmup import devices as dev
+
+PROGRAMS = Path(__file__).parent / "programs"
+EXAMPLE = "jaxcache.warmup.examples:warm"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAXCACHE_", "JAX_COMPILATION_CACHE"))}
+    env.update(extra)
+    return env
+
+
+def warmup(*args: str, expect: int | None = 0, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "jaxcache.warmup", *args], capture_output=True, text=True,
+                          timeout=600, cwd=PROGRAMS, env=env or clean_env())
+    if expect is not None:
+        assert proc.returncode == expect, f"exit {proc.returncode}, expected {expect}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def run_example_job(cache: str, devices: int = 4) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "jaxcache.warmup.examples", "--devices", str(devices)],
+                          capture_output=True, text=True, timeout=600,
+                          env=clean_env(JAXCACHE_DIR=cache, JAXCACHE_JOB="example-job", JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_cpu_warmup_fills_a_local_cache_that_a_fresh_job_hits_completely(tmp_path):
+    cache = tmp_path / "cache"
+    proc = warmup("--topology", "1x1x4", "--platform", "cpu", "--cache-dir", str(cache), "--entrypoint", EXAMPLE,
+                  "--job", "nightly", "--verify", "--json")
+    summary = json.loads(proc.stdout)
+    assert summary["topology"] == "1x1x4" and summary["platform"] == "cpu" and summary["job"] == "nightly"
+    assert summary["programs"] >= 1 and summary["written"] == summary["programs"]
+    assert summary["verify"]["ok"] and summary["verify"]["hits"] == summary["programs"]
+    assert "jit_step" in proc.stderr and "written" in proc.stderr, "each program is shown as it finishes"
+
+    record = coverage.parse((cache / summary["coverage_record"]).read_bytes())
+    assert record.topology == "1x1x4" and record.fingerprint.local_device_count == 4
+    for program in record.programs:
+        assert program.status == coverage.WRITTEN and (cache / f"{program.key}-cache").is_file()
+        assert program.compile_s and program.compile_s > 0
+
+    job = run_example_job(str(cache))
+    assert "1 hits, 0 misses" in job.stdout and "hit rate 100%" in job.stdout, job.stdout
+    runs = [records.parse(p.read_bytes()) for p in cache.glob(".jaxcache/runs/*/*.json")]
+    job_run = next(r for r in runs if r.job == "example-job")
+    assert {u.key for u in job_run.keys} == {p.key for p in record.programs}
+    assert all(u.event == records.HIT for u in job_run.keys)
+
+    again = warmup("--topology", "1x1x4", "--platform", "cpu", "--cache-dir", str(cache), "--entrypoint", EXAMPLE,
+                   expect=1)
+    assert "already warm" in again.stderr
+    warmup("--topology", "1x1x4", "--platform", "cpu", "--cache-dir", str(cache), "--entrypoint", EXAMPLE,
+           "--ok-if-warm")
+
+
+def test_cpu_warmup_into_gcs_then_a_job_hits(gcs_client, gcs_bucket):
+    url = f"gs://{gcs_bucket}/jax"
+    proc = warmup("--topology", "1x1x4", "--platform", "cpu", "--cache-dir", url, "--entrypoint", EXAMPLE,
+                  "--verify", "--json")
+    summary = json.loads(proc.stdout)
+    assert summary["verify"]["ok"] and summary["written"] >= 1
+    blob = gcs_client.bucket(gcs_bucket).blob(f"jax/{summary['coverage_record']}")
+    assert coverage.parse(blob.download_as_bytes()).cache_dir == url
+    job = run_example_job(url)
+    assert "hit rate 100%" in job.stdout
+
+
+def test_script_mode_passes_its_arguments(tmp_path):
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
+                  "--script", "warm_script.py", "--json", "--", "--width", "16")
+    summary = json.loads(proc.stdout)
+    assert summary["written"] >= 1
+    assert any(k["function"].startswith("jit__lambda") for k in summary["keys"])
+
+
+def test_verify_reports_misses_with_both_fingerprints(tmp_path):
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
+                  "--entrypoint", "warm_targets:unstable", "--verify", expect=1)
+    assert "missed in a fresh process" in proc.stdout
+    assert "fingerprint" in proc.stdout and "warm-up" in proc.stdout and "verify run" in proc.stdout
+
+
+def test_dry_run_checks_everything_and_writes_nothing(tmp_path):
+    cache = tmp_path / "c"
+    proc = warmup("--topology", "1x1x2", "--platform", "cpu", "--cache-dir", str(cache), "--entrypoint", EXAMPLE,
+                  "--dry-run", "--json")
+    plan = json.loads(proc.stdout)
+    assert plan["dry_run"] and plan["jax_settings"] == {"jax_platforms": "cpu", "jax_num_cpu_devices": 2}
+    assert not cache.exists()
+
+
+BAD_TOPOLOGIES = ["4x8", "0x1x1", "-1x2x1", "axbxc", "4x8x1x2", "100000x1x1", "1x1x100000", ""]
+
+
+@pytest.mark.parametrize("topology", BAD_TOPOLOGIES)
+def test_malformed_topology_exit_2_one_line_nothing_written(tmp_path, topology):
+    cache = tmp_path / "c"
+    proc = warmup(f"--topology={topology}", "--platform", "cpu", "--cache-dir", str(cache), "--entrypoint",
+                  EXAMPLE, expect=2)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warmup: error: topology"), proc.stderr
+    assert not cache.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--platform", "cpu", "--topology", "2x1x4"], "multi-process CPU job never hits"),
+        (["--platform", "gpu", "--topology", "1x1x1"], "needs 1 GPU(s) of the target nodes' model"),
+        (["--platform", "cpu", "--topology", "1x1x1", "--script", "warm_script.py"], "not both"),
+        (["--platform", "cpu", "--topology", "1x1x1", "--entrypoint", "no_colon"], "pkg.module:function"),
+        (["--platform", "cpu", "--topology", "1x1x1", "--entrypoint", "warm_targets:missing"], "no function"),
+    ],
+)
+def test_bad_input_exit_2_with_a_clear_line(tmp_path, args, message):
+    cache = tmp_path / "c"
+    argv = ["--cache-dir", str(cache), *args]
+    if "--entrypoint" not in args:
+        argv += ["--entrypoint", EXAMPLE]
+    proc = warmup(*argv, expect=2)
+    assert message in proc.stderr and proc.stderr.startswith("warmup: error:"), proc.stderr
+    assert not cache.exists()
+
+
+def test_neither_entrypoint_nor_script(tmp_path):
+    proc = warmup("--topology", "1x1x1", "--cache-dir", str(tmp_path / "c"), expect=2)
+    assert "exactly one of --entrypoint" in proc.stderr
+
+
+def test_untrusted_cache_dir_is_bad_input(tmp_path):
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    cache.chmod(0o777)
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(cache), "--entrypoint", EXAMPLE,
+                  "--dry-run", expect=2)
+    assert "not trustworthy" in proc.stderr
+
+
+def test_user_code_failures_exit_1_with_their_traceback_marked(tmp_path):
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
+                  "--entrypoint", "warm_targets:broken", expect=1)
+    assert "traceback from YOUR code" in proc.stderr and "the user's own bug" in proc.stderr
+    assert "warm_targets.py" in proc.stderr and "warmup/target.py" not in proc.stderr
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
+                  "--entrypoint", "no_such_module:warm", expect=1)
+    assert "failed to import" in proc.stderr and "No module named 'no_such_module'" in proc.stderr
+
+
+def test_nothing_compiled_exit_1_says_why(tmp_path):
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "a"),
+                  "--entrypoint", "warm_targets:nothing", expect=1)
+    assert "no jit calls" in proc.stderr
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "b"),
+                  "--entrypoint", "warm_targets:callbacks", expect=None)
+    jax_next = proc.returncode == 0  # jax >= 0.12 caches programs with host callbacks
+    if not jax_next:
+        assert proc.returncode == 1 and "thresholds" in proc.stderr and "host callbacks" in proc.stderr
+
+
+def test_jaxcache_warmup_is_the_same_command():
+    proc = subprocess.run([sys.executable, "-m", "jaxcache", "warmup", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and "SLICESxHOSTSxDEVICES" in proc.stdout
+
+
+# --- the GPU path's logic, with fake device lists ------------------------------------------------------------
+
+
+def test_gpu_plan_checks_count_and_model():
+    h200 = "NVIDIA H200"
+    plan = dev.plan_backend(Topology(4, 8, 1), "gpu", dev.LocalGpus((h200,)))
+    assert plan.gpu_model == h200
+    assert plan.jax_settings() == {"jax_platforms": "cuda", "jax_mock_gpu_topology": "4x8x1"}
+    with pytest.raises(dev.WarmupSetupError, match=r"needs D = 2 GPU\(s\) per process, but this machine has 1"):
+        dev.plan_backend(Topology(4, 8, 2), "gpu", dev.LocalGpus((h200,)))
+    with pytest.raises(dev.WarmupSetupError, match="mixes GPU models"):
+        dev.plan_backend(Topology(1, 1, 2), "gpu", dev.LocalGpus((h200, "NVIDIA H100")))
+    with pytest.raises(dev.WarmupSetupError, match="JAX sees none"):
+        dev.plan_backend(Topology(1, 1, 1), "gpu", dev.LocalGpus(error="no CUDA"))
+    with pytest.raises(InvalidInputError):
+        dev.plan_backend(Topology(1, 1, 1), "tpu", None)
+    assert dev.default_platform(dev.LocalGpus((h200,))) == "gpu"
+    assert dev.default_platform(dev.LocalGpus(error="none")) == "cpu"
+
+
+def test_mock_flag_is_set_once_before_the_backend_starts():
+    code = """
+import jax
+from jaxcache.client.jaxsetup import backend_ready
+from jaxcache.topology import Topology
+from jaxcache.warmup import devices as dev
+
+plan = dev.plan_backend(Topology(1, 2, 1), "gpu", dev.LocalGpus(("NVIDIA H200",)))
+dev.configure_backend(plan)
+from jax._src import xla_bridge
+assert xla_bridge.MOCK_GPU_TOPOLOGY.value == "1x2x1", xla_bridge.MOCK_GPU_TOPOLOGY.value
+assert not backend_ready(), "configuring must not start the backend"
+jax.config.update("jax_platforms", "cpu")
+jax.devices()  # the backend starts: the mock can no longer be applied, so configuring again must refuse
+try:
+    dev.configure_backend(plan)
+except dev.WarmupSetupError as exc:
+    print("refused:", exc)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "refused: JAX's backend started before the warm-up configured it" in proc.stdout

@@ -1,0 +1,239 @@
+"""``warmup`` (also ``jaxcache warmup``): pre-fill a shared cache for a cluster topology from one machine."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from jaxcache.client import check_cache_dir
+from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, WarmupRecord
+from jaxcache.errors import JaxcacheError
+from jaxcache.records import KeyUsage
+from jaxcache.storage import is_gcs_url, open_storage
+from jaxcache.table import render
+from jaxcache.topology import parse_topology
+from jaxcache.units import format_bytes
+from jaxcache.warmup import devices as dev
+from jaxcache.warmup import target as tgt
+from jaxcache.warmup.runner import WarmupConfig, explain_nothing_compiled, run_warmup
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+_DESCRIPTION = """\
+Compile a job's programs ahead of time for a cluster topology this machine is not, and store them in the
+shared JAX cache, so the job's first step loads instead of compiling.
+
+TOPOLOGY is SLICESxHOSTSxDEVICES: S x H processes with D devices each (4x8x1: 32 single-GPU processes).
+GPU (default when JAX sees GPUs): this machine must have exactly D GPUs of the training nodes' model, since
+entries only serve nodes with the same GPU model and count; JAX mocks the S x H processes
+(jax_mock_gpu_topology). CPU: only 1x1xD (JAX hashes per-process CPU device ids into keys, so multi-process
+CPU jobs never hit pre-filled entries); D becomes jax_num_cpu_devices.
+
+The cache is configured through jaxcache.client exactly as jobs configure it (same key hygiene), with
+thresholds that store every program. A coverage record goes to <cache>/.jaxcache/warmups/<id>.json."""
+
+_EPILOG = """\
+examples:
+  warmup --topology 4x8x1 --cache-dir gs://bucket/jax-cache --entrypoint myjob.warm:programs --verify
+  warmup --topology 1x1x4 --platform cpu --cache-dir /mnt/cache --entrypoint jaxcache.warmup.examples:warm
+  warmup --topology 1x1x8 --cache-dir /mnt/cache --script train.py -- --steps 1
+
+exit codes: 0 the cache holds the programs (and --verify passed); 1 the target failed, nothing was stored,
+or --verify found misses; 2 bad input (nothing written)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (the README shows its --help)."""
+    p = argparse.ArgumentParser(prog="warmup", description=_DESCRIPTION, epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--topology", required=True, metavar="SxHxD", help="target cluster, e.g. 4x8x1")
+    p.add_argument("--cache-dir", required=True, metavar="URL", help="cache root: a directory or gs://bucket/prefix")
+    p.add_argument("--entrypoint", metavar="pkg.module:function",
+                   help="called with a WarmupContext; compiles the job's programs without data")
+    p.add_argument("--script", metavar="path.py", help="a training script run as __main__ (only its compiles count)")
+    p.add_argument("--platform", choices=dev.PLATFORMS, help="default: gpu when JAX sees GPUs here, else cpu")
+    p.add_argument("--job", default="warmup", help="job name in the coverage and run records (default: warmup)")
+    p.add_argument("--trust", choices=("strict", "warn", "off"), default="strict",
+                   help="refuse a cache directory others can write (strict, default), warn, or skip the check")
+    p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; compile nothing")
+    p.add_argument("--verify", action="store_true",
+                   help="afterwards, compile the same programs in a fresh process: pass only if all hit")
+    p.add_argument("--ok-if-warm", action="store_true",
+                   help="exit 0 when every program was already cached (scheduled re-runs); default exit 1")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--verify-child", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
+    if argv[:1] == ["--verify-child"]:
+        from jaxcache.warmup.verify import child_main
+
+        return child_main(argv[1])
+    args = build_parser().parse_args(argv)
+    try:
+        config = _validate(args, script_args)
+    except tgt.UserCodeError as exc:
+        return _user_failure(exc)
+    except JaxcacheError as exc:
+        print(f"warmup: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dry_run:
+        return _dry_run(config, args)
+    return _run(config, args)
+
+
+def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
+    topology = parse_topology(args.topology)
+    target = tgt.make_target(args.entrypoint, args.script, script_args)
+    cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
+    gpus = dev.probe_gpus() if args.platform in (None, "gpu") else None
+    platform = args.platform or dev.default_platform(gpus)  # type: ignore[arg-type]
+    plan = dev.plan_backend(topology, platform, gpus)
+    storage = open_storage(cache_dir, must_exist=False)
+    if is_gcs_url(cache_dir):
+        storage.ping()  # an unreachable bucket should fail here, not after an hour of compiling
+    return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust)
+
+
+def _dry_run(config: WarmupConfig, args: argparse.Namespace) -> int:
+    dev.configure_backend(config.plan)  # config values only: the backend stays unstarted
+    try:
+        tgt.load(config.target)
+    except tgt.UserCodeError as exc:
+        return _user_failure(exc)
+    except JaxcacheError as exc:
+        print(f"warmup: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    plan = {
+        "topology": str(config.plan.topology), "processes": config.plan.topology.processes,
+        "devices_per_process": config.plan.topology.devices, "platform": config.plan.platform,
+        "gpu_model": config.plan.gpu_model, "cache_dir": config.cache_dir, "job": config.job,
+        "target": config.target.label, "jax_settings": config.plan.jax_settings(), "dry_run": True,
+    }
+    if args.json:
+        print(json.dumps(plan, sort_keys=True))
+    else:
+        print("warmup plan (dry run: nothing compiled, nothing written)")
+        for name, value in plan.items():
+            if name != "dry_run":
+                print(f"  {name:20} {value}")
+    return EXIT_OK
+
+
+def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
+    show = _ProgramPrinter(stream=sys.stderr if args.json else sys.stdout)
+    # With --json, stdout carries only the summary: what the user's code prints goes to stderr.
+    quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    try:
+        with quiet:
+            record = run_warmup(config, on_program=show)
+    except tgt.UserCodeError as exc:
+        show.close()
+        return _user_failure(exc)
+    except JaxcacheError as exc:
+        show.close()
+        print(f"warmup: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    show.close()
+    summary = _summary(record)
+    why = explain_nothing_compiled(record)
+    failed = why is not None and not (args.ok_if_warm and why.startswith("already warm"))
+    verdict = None
+    if args.verify and not failed:
+        from jaxcache.warmup.verify import verify
+
+        verdict = verify(config, record)
+        summary["verify"] = verdict.as_dict()
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(_summary_table(summary))
+        if verdict is not None:
+            print(verdict.explain())
+    if why is not None:
+        print(f"warmup: {'error: ' if failed else ''}nothing stored: {why}", file=sys.stderr)
+    if failed or (verdict is not None and not verdict.ok):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _user_failure(exc: tgt.UserCodeError) -> int:
+    print(f"warmup: error: {exc}", file=sys.stderr)
+    print("---- traceback from YOUR code (not from warmup) ----", file=sys.stderr)
+    print(exc.details, file=sys.stderr)
+    print("---- end of your traceback ----", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _summary(record: WarmupRecord) -> dict[str, Any]:
+    programs = record.programs
+    return {
+        "id": record.id,
+        "topology": record.topology,
+        "platform": record.platform,
+        "gpu_model": record.gpu_model,
+        "job": record.job,
+        "cache_dir": record.cache_dir,
+        "coverage_record": record.name,
+        "programs": len(programs),
+        "written": sum(p.status == WRITTEN for p in programs),
+        "already_warm": sum(p.status == PRESENT for p in programs),
+        "not_written": sum(p.status == NOT_WRITTEN for p in programs),
+        "compile_s": round(sum(p.compile_s or 0.0 for p in programs if p.status != PRESENT), 3),
+        "fingerprint": json.loads(record.to_json())["fingerprint"],
+        "keys": [{"key": p.key, "function": p.function, "status": p.status, "compile_s": p.compile_s,
+                  "size_bytes": p.size_bytes, "reason": p.reason} for p in programs],
+    }
+
+
+def _summary_table(s: dict[str, Any]) -> str:
+    rows = [[s["topology"], s["platform"] + (f" ({s['gpu_model']})" if s["gpu_model"] else ""), str(s["programs"]),
+             str(s["written"]), str(s["already_warm"]), str(s["not_written"]), f"{s['compile_s']:.1f}"]]
+    table = render(["topology", "platform", "programs", "written", "already warm", "not written", "compile s"],
+                   rows, right=frozenset({2, 3, 4, 5, 6}))
+    return f"{table}\ncoverage record: {s['cache_dir']}/{s['coverage_record']}"
+
+
+class _ProgramPrinter:
+    """One line per program as JAX finishes it, plus a live counter on a terminal."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._count = 0
+        self._bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(desc="programs", unit=" programs", file=sys.stderr, leave=False)
+
+    def __call__(self, usage: KeyUsage) -> None:
+        self._count += 1
+        status = {"write": "written", "hit": "already present"}.get(usage.event, f"not written ({usage.reason})")
+        seconds = f"{usage.compile_s:7.2f} s" if usage.compile_s is not None else "        "
+        size = format_bytes(usage.size_bytes) if usage.size_bytes else ""
+        line = f"  {usage.function:40} {seconds}  {status} {size}".rstrip()
+        if self._bar is not None:
+            self._bar.write(line, file=self._stream)
+            self._bar.update(1)
+        else:
+            print(line, file=self._stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""One warm-up: configure JAX for the target topology through the client, run the user's code, record coverage."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jaxcache.client import CacheAlreadyInitializedError, enable_cache
+from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, ProgramCoverage, WarmupRecord
+from jaxcache.errors import JaxcacheError
+from jaxcache.records import HIT, WRITE, KeyUsage
+from jaxcache.storage import open_storage
+from jaxcache.warmup import devices as dev
+from jaxcache.warmup import target as tgt
+from jaxcache.warmup.context import WarmupContext
+
+# Every program is stored, however fast or small: a warm-up that skips the quick ones leaves jobs compiling.
+STORE_EVERYTHING = dict(min_compile_time_secs=0.0, min_entry_size_bytes=-1)
+
+
+class NothingCompiledError(JaxcacheError):
+    """The warm-up put nothing in the cache; the message says why (no jit calls, thresholds, already warm)."""
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    """Everything a warm-up needs, already validated."""
+
+    plan: dev.BackendPlan
+    cache_dir: str
+    job: str
+    target: tgt.Target
+    trust: str = "strict"
+
+
+def status_of(usage: KeyUsage) -> str:
+    """A run record's event as coverage: written, present (a hit), or not written."""
+    if usage.event == WRITE:
+        return WRITTEN
+    if usage.event == HIT:
+        return PRESENT
+    return NOT_WRITTEN
+
+
+def run_warmup(
+    config: WarmupConfig, on_program: Callable[[KeyUsage], None] | None = None, *, write_coverage: bool = True
+) -> WarmupRecord:
+    """Fill the cache: mock the topology, enable the cache like a job would, run the target, collect coverage.
+
+    Raises :class:`jaxcache.warmup.target.UserCodeError` when the user's code fails; the coverage of what did
+    compile is still written (it is in the cache either way).
+    """
+    started = time.time()
+    dev.configure_backend(config.plan)
+    # Import the entrypoint before anything touches the cache, so a typo or a broken import writes nothing.
+    function = tgt.load(config.target)
+    try:
+        session = enable_cache(config.cache_dir, job=config.job, trust=config.trust, **STORE_EVERYTHING)
+    except CacheAlreadyInitializedError:
+        raise CacheAlreadyInitializedError(
+            f"importing {config.target.label} compiled something before the warm-up could set up the cache:"
+            " move compiles (jit calls, array operations) from module level into the entrypoint function"
+        ) from None
+    session.topology = str(config.plan.topology)
+    if on_program is not None:
+        session.on_program(on_program)
+    context = WarmupContext(config.plan.topology, config.plan.platform, config.plan.gpu_model)
+    failure: tgt.UserCodeError | None = None
+    try:
+        tgt.run(config.target, function, context)
+    except tgt.UserCodeError as exc:
+        failure = exc
+    session.wait_for_attestations()
+    record = session.flush()
+    if record.keys and failure is None:
+        dev.check_started_backend(config.plan)
+    programs = tuple(
+        ProgramCoverage(
+            key=u.key, function=u.function, status=status_of(u), compile_s=u.compile_s, size_bytes=u.size_bytes,
+            reason=u.reason, sha256=u.sha256 if u.event == WRITE else None,
+        )
+        for u in record.keys
+    )
+    result = WarmupRecord(
+        id=_new_id(),
+        job=config.job,
+        topology=str(config.plan.topology),
+        platform=config.plan.platform,
+        gpu_model=config.plan.gpu_model,
+        started_at=started,
+        finished_at=time.time(),
+        fingerprint=record.fingerprint,
+        cache_dir=config.cache_dir,
+        programs=programs,
+    )
+    if programs and write_coverage:
+        open_storage(config.cache_dir, must_exist=False).write_atomic(result.name, result.to_json())
+    if failure is not None:
+        raise failure
+    return result
+
+
+def explain_nothing_compiled(record: WarmupRecord) -> str | None:
+    """Why a warm-up that stored nothing new is a failure, or None when it stored something."""
+    programs = record.programs
+    if not programs:
+        return (
+            "no jit calls: the target compiled nothing. An entrypoint must compile the job's programs, e.g."
+            " jax.jit(step).lower(*abstract_inputs).compile(), or ctx.compile(step, ...)"
+        )
+    written = sum(p.status == WRITTEN for p in programs)
+    present = sum(p.status == PRESENT for p in programs)
+    if written:
+        return None
+    if present == len(programs):
+        return f"already warm: all {present} programs were in the cache before this run; nothing to write"
+    reasons = sorted({p.reason for p in programs if p.status == NOT_WRITTEN and p.reason})
+    return (
+        f"thresholds: JAX compiled {len(programs) - present} program(s) but stored none"
+        + (f" ({'; '.join(reasons)})" if reasons else "")
+    )
+
+
+def _new_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
+

@@ -1,0 +1,101 @@
+"""``--verify``: a fresh process configured exactly like a job compiles the same programs; all must hit.
+
+A fresh process is the only honest check: this process's in-memory caches would answer without touching the
+persistent cache, and a job never shares a process with its warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+
+from jaxcache.coverage import WarmupRecord
+from jaxcache.records import HIT
+from jaxcache.table import render
+from jaxcache.warmup.runner import WarmupConfig
+
+VERIFY_TIMEOUT_S = 3600
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What the fresh process saw."""
+
+    ok: bool
+    hits: int
+    misses: list[dict]  # {"key", "function"} of programs it compiled instead of loading
+    fingerprint: dict
+    warmup_fingerprint: dict
+    error: str | None = None
+
+    def as_dict(self) -> dict:
+        """For --json."""
+        return asdict(self)
+
+    def explain(self) -> str:
+        """Human-readable: the misses, and both fingerprints side by side where they differ."""
+        if self.ok:
+            return f"verify: ok: a fresh process loaded all {self.hits} program(s) from the cache"
+        if self.error:
+            return f"verify: FAILED: {self.error}"
+        lines = [f"verify: FAILED: {len(self.misses)} program(s) missed in a fresh process:"]
+        lines += [f"  {m['function']}  {m['key']}" for m in self.misses]
+        rows = [
+            [name, str(self.warmup_fingerprint.get(name)), str(self.fingerprint.get(name)),
+             "" if self.warmup_fingerprint.get(name) == self.fingerprint.get(name) else "<- differs"]
+            for name in sorted(set(self.warmup_fingerprint) | set(self.fingerprint))
+        ]
+        lines += ["", render(["fingerprint", "warm-up", "verify run", ""], rows)]
+        return "\n".join(lines)
+
+
+def verify(config: WarmupConfig, record: WarmupRecord) -> VerifyResult:
+    """Run the target again in a fresh process with the same settings and compare."""
+    payload = json.dumps({
+        "platform": config.plan.platform, "topology": str(config.plan.topology), "cache_dir": config.cache_dir,
+        "job": config.job, "entrypoint": config.target.entrypoint, "script": config.target.script,
+        "script_args": list(config.target.script_args), "trust": config.trust,
+    })
+    env = {**os.environ, "JAXCACHE_RUN_ID": f"{record.id}-verify"}
+    warm_fp = json.loads(record.to_json())["fingerprint"]
+    proc = subprocess.run([sys.executable, "-m", "jaxcache.warmup", "--verify-child", payload],
+                          capture_output=True, text=True, timeout=VERIFY_TIMEOUT_S, env=env)
+    try:
+        seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = proc.stderr.strip()[-2000:]
+        return VerifyResult(False, 0, [], {}, warm_fp, error=f"the verify process failed (exit {proc.returncode}):"
+                                                              f"\n{tail}")
+    wanted = {p.key for p in record.programs}
+    hits = [k for k in seen["keys"] if k["event"] == HIT]
+    misses = [k for k in seen["keys"] if k["event"] != HIT]
+    not_seen = wanted - {k["key"] for k in seen["keys"]}
+    misses += [{"key": key, "function": key.rsplit("-", 1)[0], "event": "not compiled"} for key in sorted(not_seen)]
+    return VerifyResult(not misses, len(hits), [{"key": m["key"], "function": m["function"]} for m in misses],
+                        seen["fingerprint"], warm_fp)
+
+
+def child_main(payload: str) -> int:
+    """The fresh process: same backend plan and client settings, run the target, print what hit."""
+    from jaxcache.topology import parse_topology
+    from jaxcache.warmup import devices as dev
+    from jaxcache.warmup import target as tgt
+    from jaxcache.warmup.runner import run_warmup
+
+    spec = json.loads(payload)
+    topology = parse_topology(spec["topology"])
+    gpus = dev.probe_gpus() if spec["platform"] == "gpu" else None
+    plan = dev.plan_backend(topology, spec["platform"], gpus)
+    target = tgt.Target(entrypoint=spec["entrypoint"], script=spec["script"], script_args=spec["script_args"])
+    config = WarmupConfig(plan=plan, cache_dir=spec["cache_dir"], job=spec["job"], target=target,
+                          trust=spec["trust"])
+    record = run_warmup(config, write_coverage=False)
+    keys = [{"key": p.key, "function": p.function, "event": HIT if p.status == "present" else "compiled"}
+            for p in record.programs]
+    fp = json.loads(record.to_json())["fingerprint"]
+    print(json.dumps({"keys": keys, "fingerprint": fp}), flush=True)
+    return 0
+
