@@ -15,13 +15,13 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Respo
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse
 from jaxcache import entry as fmt
-from jaxcache import prune, records
+from jaxcache import records
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
-from jaxcache.service import queries, reports
+from jaxcache.service import pruning, queries, reports
 from jaxcache.service.auth import Authenticator, Principal
 from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow, PruneRow
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.pruning import PruneInProgressError, PruneLocks, run_prune
+from jaxcache.service.pruning import PruneInProgressError, PruneLocks
 from jaxcache.service.rescan import RescanResult, rescan
 from jaxcache.service.schemas import (
     CacheList,
@@ -36,7 +36,6 @@ from jaxcache.service.schemas import (
     JobSummary,
     PinList,
     PinModel,
-    PlannedDeletion,
     PruneAudit,
     PruneAuditList,
     PruneRequest,
@@ -151,6 +150,33 @@ class State:
             self._usage.pop(name, None)
         return result
 
+    def caches(self) -> list[CacheSummary]:
+        """Every configured cache with its size and last scan."""
+        out = []
+        with self.catalog.session() as s:
+            for name in self.settings.caches:
+                row = s.get(CacheRow, name)
+                count, size = queries.cache_totals(s, name)
+                out.append(CacheSummary(
+                    name=name, url=self.storages[name].url, entries=count, size_bytes=size,
+                    last_scan_s=row.last_scan_s if row else None,
+                    last_scan_seconds=row.last_scan_seconds if row else None,
+                    last_scan_error=row.last_scan_error if row else None,
+                ))
+        return out
+
+    def prune(self, name: str, body: PruneRequest, *, who: str) -> pruning.Outcome:
+        """Plan (or apply, when ``body.dry_run`` is false: the caller checked the admin scope) a prune of ``name``.
+        Raises InvalidInputError for a bad policy, PruneInProgressError while another prune of ``name`` runs."""
+        policy, policy_json = pruning.policy_of(body)
+        outcome = pruning.run_prune(self.catalog, name, self.storages[name], policy, dry_run=body.dry_run, who=who,
+                                    policy_json=policy_json, lock=self.prune_locks.get(name))
+        if outcome.result is not None:
+            self.metrics.prune_deleted.labels(name).inc(outcome.result.deleted)
+            self.metrics.prune_bytes.labels(name).inc(outcome.result.bytes_freed)
+            self.changed(name)
+        return outcome
+
     def _refresh_gauges(self, name: str) -> None:
         with self.catalog.session() as s:
             count, size = queries.cache_totals(s, name)
@@ -245,16 +271,6 @@ def _duration(value: str | None, name: str) -> float | None:
         raise HTTPException(400, f"{name}: {exc}") from None
 
 
-def _policy(body: PruneRequest) -> tuple[prune.PrunePolicy, dict]:
-    data = body.model_dump(exclude={"dry_run"}, exclude_none=True)
-    # Drop unset flags and empty lists, but keep zeros: `min_age: 0` and `max_total_bytes: 0` mean something.
-    data = {k: v for k, v in data.items() if v is not False and v != []}
-    try:
-        return prune.policy_from_mapping(data), data
-    except InvalidInputError as exc:
-        raise HTTPException(400, str(exc)) from None
-
-
 def _register_record_schema(app: FastAPI) -> None:
     """Document the run record as the body of POST /v1/reports. The route reads the raw body (records.parse is
     the one validator, and auth must come before parsing), so FastAPI cannot see the model by itself."""
@@ -271,16 +287,6 @@ def _register_record_schema(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-def _planned(decisions: list[prune.Decision]) -> list[PlannedDeletion]:
-    return [
-        PlannedDeletion(
-            key=d.candidate.key, function=d.candidate.module, size_bytes=d.candidate.size_bytes,
-            kind="orphan" if d.candidate.orphan else "entry", reasons=list(d.reasons),
-        )
-        for d in decisions
-    ]
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -374,18 +380,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     @app.get("/v1/caches", response_model=CacheList, operation_id="listCaches", tags=["caches"], responses=_ERRORS)
     def list_caches(_p: ReadAuth) -> CacheList:
         """Every configured cache with its size and last scan."""
-        out = []
-        with state.catalog.session() as s:
-            for name in settings.caches:
-                row = s.get(CacheRow, name)
-                count, size = queries.cache_totals(s, name)
-                out.append(CacheSummary(
-                    name=name, url=state.storages[name].url, entries=count, size_bytes=size,
-                    last_scan_s=row.last_scan_s if row else None,
-                    last_scan_seconds=row.last_scan_seconds if row else None,
-                    last_scan_error=row.last_scan_error if row else None,
-                ))
-        return CacheList(caches=out)
+        return CacheList(caches=state.caches())
 
     @app.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries", tags=["entries"],
              responses=_ERRORS)
@@ -466,31 +461,12 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     async def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneResponse:
         """Plan a prune (default: dry run) or, with `dry_run: false` and an admin token, apply it."""
         principal = state.auth.check(request, "read" if body.dry_run else "admin")
-        storage = _storage(request, cache)
-        policy, policy_json = _policy(body)
-        if not policy.selects_anything():
-            raise HTTPException(400, "the policy selects nothing: set max_total_bytes, unused_for, older_than, "
-                                     "functions, corrupt, orphans or stale_jaxlib")
+        _storage(request, cache)
         try:
-            outcome = await run_in_threadpool(
-                run_prune, state.catalog, cache, storage, policy, dry_run=body.dry_run, who=principal.who,
-                policy_json=policy_json, lock=state.prune_locks.get(cache),
-            )
+            outcome = await run_in_threadpool(state.prune, cache, body, who=principal.who)
         except PruneInProgressError:
             raise HTTPException(409, f"a prune of {cache!r} is already running; try again when it ends") from None
-        plan, result = outcome.plan, outcome.result
-        if result is not None:
-            state.metrics.prune_deleted.labels(cache).inc(result.deleted)
-            state.metrics.prune_bytes.labels(cache).inc(result.bytes_freed)
-            state.changed(cache)
-        return PruneResponse(
-            dry_run=body.dry_run, entries_total=plan.entries_total, delete=_planned(plan.delete),
-            protected=_planned(plan.protected), kept=plan.kept, bytes_freed=plan.bytes_freed,
-            bytes_remaining=plan.bytes_remaining,
-            deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
-            changed=result.changed if result else None, errors=result.errors if result else [],
-            audit_id=outcome.audit_id, notes=plan.notes,
-        )
+        return pruning.response(outcome, dry_run=body.dry_run)
 
     @app.get("/v1/caches/{cache}/prunes", response_model=PruneAuditList, operation_id="listPrunes", tags=["prune"],
              responses=_ERRORS)
