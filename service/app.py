@@ -19,7 +19,7 @@ from jaxcache import records
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
 from jaxcache.service import pruning, queries, reports
 from jaxcache.service.auth import Authenticator, Principal
-from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow, PruneRow
+from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.pruning import PruneInProgressError, PruneLocks
 from jaxcache.service.rescan import RescanResult, rescan
@@ -116,6 +116,7 @@ class State:
     def changed(self, name: str) -> None:
         """Something in ``name`` changed (rescan, prune, delete): cached statistics are stale."""
         self._stats.pop(name, None)
+        self._usage.pop(name, None)  # seconds saved by function count the entries present
         self._refresh_gauges(name)
 
     def stats(self, name: str) -> dict:
@@ -130,15 +131,16 @@ class State:
         return {**result, **self.usage(name)}
 
     def usage(self, name: str) -> dict:
-        """Hit rate and seconds saved over the last 24 h and 7 d; cached apart from the entry statistics, since
-        reports arrive far more often than entries change."""
+        """Hit rate and seconds saved over the last 24 h and 7 d, and seconds saved by function; cached apart from
+        the entry statistics, since reports arrive far more often than entries change."""
         cached = self._usage.get(name)
         if cached is not None and time.monotonic() - cached[0] < _STATS_TTL_S:
             return cached[1]
         now = time.time()
         with self.catalog.reader() as conn:
             result = {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
-                      "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S)}
+                      "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
+                      "by_function_saved": queries.saved_by_function(conn, name)}
         self._usage[name] = (time.monotonic(), result)
         return result
 
@@ -474,15 +476,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> PruneAuditList:
         """Applied prunes, newest first: who, when, policy, counts, bytes."""
         _storage(request, cache)
-        with state.catalog.session() as s:
-            rows = s.scalars(select(PruneRow).where(PruneRow.cache == cache).order_by(PruneRow.id.desc())
-                             .limit(limit))
-            return PruneAuditList(prunes=[
-                PruneAudit(id=r.id, at_s=r.at_s, who=r.who, policy=r.policy, deleted=r.deleted,
-                           bytes_freed=r.bytes_freed, already_gone=r.already_gone, changed=r.changed,
-                           errors=r.errors)
-                for r in rows
-            ])
+        with state.catalog.reader() as conn:
+            return PruneAuditList(prunes=[PruneAudit(**r) for r in queries.prunes(conn, cache, limit=limit)])
 
     @app.get("/v1/caches/{cache}/pins", response_model=PinList, operation_id="listPins", tags=["prune"],
              responses=_ERRORS)
