@@ -13,11 +13,11 @@ from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.responses import JSONResponse
 from jaxcache import entry as fmt
 from jaxcache import records
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
-from jaxcache.service import pruning, queries, reports
+from jaxcache.service import dashboard, pruning, queries, reports
 from jaxcache.service.auth import Authenticator, Principal
 from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow
 from jaxcache.service.metrics import Metrics
@@ -341,10 +341,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             status = 500
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
-    @app.get("/", include_in_schema=False)
-    def root() -> RedirectResponse:
-        """Until the dashboard lands, the browsable API documentation is the front page."""
-        return RedirectResponse("/docs")
+    dashboard.install(app, state)  # the web dashboard at / (the API's docs stay at /docs)
 
     @app.get("/healthz", response_model=Health, operation_id="healthz", tags=["ops"])
     async def healthz() -> Health:
