@@ -2,7 +2,7 @@
 
 Every figure comes from the query functions the API's routes call (``State.stats``, ``queries.list_entries``,
 ``queries.jobs`` ...), so a page and the API's JSON always agree. Pages work without JavaScript; the one script
-only adds conveniences (auto-submitting sort menus, the confirmation check, copy buttons).
+only adds conveniences (the apply button waits for the confirmation; a copy button for keys).
 
 Auth: the token comes from the ``Authorization: Bearer`` header, as for the API, or from the HttpOnly,
 SameSite=Strict cookie the login form sets. Reads are open without a token exactly when the API's are (loopback,

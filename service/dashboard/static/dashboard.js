@@ -1,10 +1,6 @@
 // jaxcache dashboard: small conveniences only. Every page works without this file.
 "use strict";
 document.addEventListener("DOMContentLoaded", () => {
-  // Sort and page-size menus submit their form at once.
-  for (const select of document.querySelectorAll("select[data-autosubmit]")) {
-    select.addEventListener("change", () => select.form.requestSubmit());
-  }
   // The apply button stays disabled until the cache name is typed (the server checks it again).
   for (const form of document.querySelectorAll("form[data-confirm]")) {
     const input = form.querySelector("input[name=confirm]");
