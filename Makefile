@@ -11,11 +11,13 @@ NEXT_VENV ?= .venv-jax-next
 # checkov for tests/test_deploy.py, in a venv of its own: it pins many dependencies that must not meet ours.
 TOOLS_VENV ?= .venv-tools
 export CHECKOV_BIN ?= $(abspath $(TOOLS_VENV))/bin/checkov
+# Debian's Chromium, driven by Playwright in tests/test_dashboard.py (Playwright's own browser download is not used).
+CHROMIUM ?= /usr/bin/chromium
 DEMO_CACHE ?= ./demo-cache
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run test lint clean demo-cache
+.PHONY: run test lint clean demo-cache chromium
 
 $(VENV)/.stamp-run: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxcache needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
@@ -44,6 +46,20 @@ $(TOOLS_VENV)/.stamp:
 	@($(PYTHON) -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/pip install --quiet 'checkov>=3.2' && touch $@) \
 	  || echo "could not build $(TOOLS_VENV): the checkov test of deploy/ will skip"
 
+# Best effort: without Chromium the dashboard's browser tests skip and say why. Installs Debian's package only when
+# /usr/bin/chromium is missing, and never upgrades one that is there.
+chromium:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then sudo=""; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else sudo=no; fi; \
+	  if [ "$(CHROMIUM)" = /usr/bin/chromium ] && [ "$$sudo" != no ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium for the dashboard's browser tests"; \
+	    ($$sudo apt-get update -qq && \
+	     $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade chromium) \
+	      || echo "could not install chromium: the dashboard's browser tests will skip"; \
+	  else echo "no $(CHROMIUM) (make installs /usr/bin/chromium with apt-get as root or with sudo):" \
+	    "the dashboard's browser tests will skip"; fi; \
+	fi
+
 demo-cache: $(VENV)/.stamp-run
 	$(PY) -m jaxcache.demo $(DEMO_CACHE)
 
@@ -52,9 +68,9 @@ run: demo-cache
 	$(VENV)/bin/jaxcache stats $(DEMO_CACHE) --top 5
 	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --host $(HOST) --port $(PORT)
 
-test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp
+test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium
 	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \
-	  $(VENV)/bin/pytest $(PYTEST_ARGS)
+	  JAXCACHE_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check core client service warmup tests bench

@@ -14,15 +14,15 @@ from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.responses import JSONResponse
 from jaxcache import entry as fmt
-from jaxcache import prune, records
+from jaxcache import records
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
-from jaxcache.service import queries, reports, verification, warmups
+from jaxcache.service import dashboard, pruning, queries, reports, verification, warmups
 from jaxcache.service.auth import Authenticator, Principal
-from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow, PruneRow, VerificationRow
+from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow, VerificationRow
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.pruning import PruneInProgressError, PruneLocks, run_prune
+from jaxcache.service.pruning import PruneInProgressError, PruneLocks
 from jaxcache.service.rescan import RescanResult, rescan
 from jaxcache.service.schemas import (
     CacheList,
@@ -38,7 +38,6 @@ from jaxcache.service.schemas import (
     JobSummary,
     PinList,
     PinModel,
-    PlannedDeletion,
     PruneAudit,
     PruneAuditList,
     PruneRequest,
@@ -124,6 +123,7 @@ class State:
     def changed(self, name: str) -> None:
         """Something in ``name`` changed (rescan, prune, delete): cached statistics are stale."""
         self._stats.pop(name, None)
+        self._usage.pop(name, None)  # seconds saved by function count the entries present
         self._refresh_gauges(name)
 
     def stats(self, name: str) -> dict:
@@ -138,15 +138,16 @@ class State:
         return {**result, **self.usage(name)}
 
     def usage(self, name: str) -> dict:
-        """Hit rate and seconds saved over the last 24 h and 7 d; cached apart from the entry statistics, since
-        reports arrive far more often than entries change."""
+        """Hit rate and seconds saved over the last 24 h and 7 d, and seconds saved by function; cached apart from
+        the entry statistics, since reports arrive far more often than entries change."""
         cached = self._usage.get(name)
         if cached is not None and time.monotonic() - cached[0] < _STATS_TTL_S:
             return cached[1]
         now = time.time()
         with self.catalog.reader() as conn:
             result = {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
-                      "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S)}
+                      "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
+                      "by_function_saved": queries.saved_by_function(conn, name)}
         self._usage[name] = (time.monotonic(), result)
         return result
 
@@ -157,6 +158,33 @@ class State:
             self.metrics.reports_ingested.labels(name, reports.REPORT).inc()
             self._usage.pop(name, None)
         return result
+
+    def caches(self) -> list[CacheSummary]:
+        """Every configured cache with its size and last scan."""
+        out = []
+        with self.catalog.session() as s:
+            for name in self.settings.caches:
+                row = s.get(CacheRow, name)
+                count, size = queries.cache_totals(s, name)
+                out.append(CacheSummary(
+                    name=name, url=self.storages[name].url, entries=count, size_bytes=size,
+                    last_scan_s=row.last_scan_s if row else None,
+                    last_scan_seconds=row.last_scan_seconds if row else None,
+                    last_scan_error=row.last_scan_error if row else None,
+                ))
+        return out
+
+    def prune(self, name: str, body: PruneRequest, *, who: str) -> pruning.Outcome:
+        """Plan (or apply, when ``body.dry_run`` is false: the caller checked the admin scope) a prune of ``name``.
+        Raises InvalidInputError for a bad policy, PruneInProgressError while another prune of ``name`` runs."""
+        policy, policy_json = pruning.policy_of(body)
+        outcome = pruning.run_prune(self.catalog, name, self.storages[name], policy, dry_run=body.dry_run, who=who,
+                                    policy_json=policy_json, lock=self.prune_locks.get(name))
+        if outcome.result is not None:
+            self.metrics.prune_deleted.labels(name).inc(outcome.result.deleted)
+            self.metrics.prune_bytes.labels(name).inc(outcome.result.bytes_freed)
+            self.changed(name)
+        return outcome
 
     def _refresh_gauges(self, name: str) -> None:
         with self.catalog.session() as s:
@@ -280,16 +308,6 @@ def _duration(value: str | None, name: str) -> float | None:
         raise HTTPException(400, f"{name}: {exc}") from None
 
 
-def _policy(body: PruneRequest) -> tuple[prune.PrunePolicy, dict]:
-    data = body.model_dump(exclude={"dry_run"}, exclude_none=True)
-    # Drop unset flags and empty lists, but keep zeros: `min_age: 0` and `max_total_bytes: 0` mean something.
-    data = {k: v for k, v in data.items() if v is not False and v != []}
-    try:
-        return prune.policy_from_mapping(data), data
-    except InvalidInputError as exc:
-        raise HTTPException(400, str(exc)) from None
-
-
 def _register_record_schema(app: FastAPI) -> None:
     """Document the run record as the body of POST /v1/reports. The route reads the raw body (records.parse is
     the one validator, and auth must come before parsing), so FastAPI cannot see the model by itself."""
@@ -306,16 +324,6 @@ def _register_record_schema(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-def _planned(decisions: list[prune.Decision]) -> list[PlannedDeletion]:
-    return [
-        PlannedDeletion(
-            key=d.candidate.key, function=d.candidate.module, size_bytes=d.candidate.size_bytes,
-            kind="orphan" if d.candidate.orphan else "entry", reasons=list(d.reasons),
-        )
-        for d in decisions
-    ]
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -380,10 +388,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             status = 500
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
-    @app.get("/", include_in_schema=False)
-    def root() -> RedirectResponse:
-        """Until the dashboard lands, the browsable API documentation is the front page."""
-        return RedirectResponse("/docs")
+    dashboard.install(app, state)  # the web dashboard at / (the API's docs stay at /docs)
 
     @app.get("/healthz", response_model=Health, operation_id="healthz", tags=["ops"])
     async def healthz() -> Health:
@@ -421,18 +426,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     @app.get("/v1/caches", response_model=CacheList, operation_id="listCaches", tags=["caches"], responses=_ERRORS)
     def list_caches(_p: ReadAuth) -> CacheList:
         """Every configured cache with its size and last scan."""
-        out = []
-        with state.catalog.session() as s:
-            for name in settings.caches:
-                row = s.get(CacheRow, name)
-                count, size = queries.cache_totals(s, name)
-                out.append(CacheSummary(
-                    name=name, url=state.storages[name].url, entries=count, size_bytes=size,
-                    last_scan_s=row.last_scan_s if row else None,
-                    last_scan_seconds=row.last_scan_seconds if row else None,
-                    last_scan_error=row.last_scan_error if row else None,
-                ))
-        return CacheList(caches=out)
+        return CacheList(caches=state.caches())
 
     @app.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries", tags=["entries"],
              responses=_ERRORS)
@@ -518,31 +512,12 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     async def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneResponse:
         """Plan a prune (default: dry run) or, with `dry_run: false` and an admin token, apply it."""
         principal = state.auth.check(request, "read" if body.dry_run else "admin")
-        storage = _storage(request, cache)
-        policy, policy_json = _policy(body)
-        if not policy.selects_anything():
-            raise HTTPException(400, "the policy selects nothing: set max_total_bytes, unused_for, older_than, "
-                                     "functions, corrupt, orphans or stale_jaxlib")
+        _storage(request, cache)
         try:
-            outcome = await run_in_threadpool(
-                run_prune, state.catalog, cache, storage, policy, dry_run=body.dry_run, who=principal.who,
-                policy_json=policy_json, lock=state.prune_locks.get(cache),
-            )
+            outcome = await run_in_threadpool(state.prune, cache, body, who=principal.who)
         except PruneInProgressError:
             raise HTTPException(409, f"a prune of {cache!r} is already running; try again when it ends") from None
-        plan, result = outcome.plan, outcome.result
-        if result is not None:
-            state.metrics.prune_deleted.labels(cache).inc(result.deleted)
-            state.metrics.prune_bytes.labels(cache).inc(result.bytes_freed)
-            state.changed(cache)
-        return PruneResponse(
-            dry_run=body.dry_run, entries_total=plan.entries_total, delete=_planned(plan.delete),
-            protected=_planned(plan.protected), kept=plan.kept, bytes_freed=plan.bytes_freed,
-            bytes_remaining=plan.bytes_remaining,
-            deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
-            changed=result.changed if result else None, errors=result.errors if result else [],
-            audit_id=outcome.audit_id, notes=plan.notes,
-        )
+        return pruning.response(outcome, dry_run=body.dry_run)
 
     @app.get("/v1/caches/{cache}/prunes", response_model=PruneAuditList, operation_id="listPrunes", tags=["prune"],
              responses=_ERRORS)
@@ -550,15 +525,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> PruneAuditList:
         """Applied prunes, newest first: who, when, policy, counts, bytes."""
         _storage(request, cache)
-        with state.catalog.session() as s:
-            rows = s.scalars(select(PruneRow).where(PruneRow.cache == cache).order_by(PruneRow.id.desc())
-                             .limit(limit))
-            return PruneAuditList(prunes=[
-                PruneAudit(id=r.id, at_s=r.at_s, who=r.who, policy=r.policy, deleted=r.deleted,
-                           bytes_freed=r.bytes_freed, already_gone=r.already_gone, changed=r.changed,
-                           errors=r.errors)
-                for r in rows
-            ])
+        with state.catalog.reader() as conn:
+            return PruneAuditList(prunes=[PruneAudit(**r) for r in queries.prunes(conn, cache, limit=limit)])
 
     @app.get("/v1/caches/{cache}/pins", response_model=PinList, operation_id="listPins", tags=["prune"],
              responses=_ERRORS)

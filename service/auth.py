@@ -32,13 +32,28 @@ class Authenticator:
         # Reads may be anonymous only where nobody else can connect and nobody configured tokens.
         self._open_reads = not self._tokens and settings.listens_on_loopback()
 
+    @property
+    def configured(self) -> bool:
+        """True when tokens are configured (reads then need one too)."""
+        return bool(self._tokens)
+
+    @property
+    def open_reads(self) -> bool:
+        """True when reads need no token (loopback with no tokens, or --insecure-no-auth)."""
+        return self._open or self._open_reads
+
     def check(self, request: Request, scope: str) -> Principal:
-        """Return the caller, or raise 401 (no/unknown token) or 403 (token lacks the scope)."""
-        if self._open:
-            return Principal("anonymous (insecure-no-auth)", None)
+        """Return the caller of an API route (``Authorization: Bearer``), or raise 401 or 403."""
         header = request.headers.get("authorization", "")
         kind, _, token = header.partition(" ")
-        if kind.lower() != "bearer" or not token.strip():
+        return self.check_token(token if kind.lower() == "bearer" else None, scope)
+
+    def check_token(self, token: str | None, scope: str) -> Principal:
+        """Return who holds ``token`` (None or blank: no token), or raise 401 (no/unknown token) or 403 (the
+        token lacks the scope). The API passes the bearer header; the dashboard also its login cookie."""
+        if self._open:
+            return Principal("anonymous (insecure-no-auth)", None)
+        if token is None or not token.strip():
             if scope == "read" and self._open_reads:
                 return Principal("anonymous (loopback)", None)
             hint = "" if self._tokens else " (this service has no tokens configured: set JAXCACHE_TOKENS)"

@@ -10,9 +10,11 @@ import threading
 import time
 
 from jaxcache import prune
+from jaxcache.errors import InvalidInputError
 from jaxcache.service import queries, verification
 from jaxcache.service.catalog import Catalog, EntryRow, PinRow, PruneRow
 from jaxcache.service.rescan import rescan
+from jaxcache.service.schemas import PlannedDeletion, PruneRequest, PruneResponse
 from jaxcache.storage import Storage
 from sqlalchemy import select
 
@@ -31,6 +33,19 @@ class PruneLocks:
     def get(self, cache: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(cache, threading.Lock())
+
+
+def policy_of(body: PruneRequest) -> tuple[prune.PrunePolicy, dict]:
+    """The policy a request asks for, and its fields as the audit log keeps them. Raises InvalidInputError, also
+    for a policy that selects nothing (the API and the dashboard both refuse it)."""
+    data = body.model_dump(exclude={"dry_run"}, exclude_none=True)
+    # Drop unset flags and empty lists, but keep zeros: `min_age: 0` and `max_total_bytes: 0` mean something.
+    data = {k: v for k, v in data.items() if v is not False and v != []}
+    policy = prune.policy_from_mapping(data)
+    if not policy.selects_anything():
+        raise InvalidInputError("the policy selects nothing: set max_total_bytes, unused_for, older_than, "
+                                "functions, corrupt, orphans, stale_jaxlib or integrity")
+    return policy, data
 
 
 def _candidates(catalog: Catalog, cache: str, *, with_integrity: bool = False) -> list[prune.Candidate]:
@@ -109,3 +124,26 @@ def run_prune(
         return Outcome(plan, result, audit_id)
     finally:
         lock.release()
+
+
+def _planned(decisions: list[prune.Decision]) -> list[PlannedDeletion]:
+    return [
+        PlannedDeletion(
+            key=d.candidate.key, function=d.candidate.module, size_bytes=d.candidate.size_bytes,
+            kind="orphan" if d.candidate.orphan else "entry", reasons=list(d.reasons),
+        )
+        for d in decisions
+    ]
+
+
+def response(outcome: Outcome, *, dry_run: bool) -> PruneResponse:
+    """What the API answers (and the dashboard shows) for a planned or applied prune."""
+    plan, result = outcome.plan, outcome.result
+    return PruneResponse(
+        dry_run=dry_run, entries_total=plan.entries_total, delete=_planned(plan.delete),
+        protected=_planned(plan.protected), kept=plan.kept, bytes_freed=plan.bytes_freed,
+        bytes_remaining=plan.bytes_remaining,
+        deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
+        changed=result.changed if result else None, errors=result.errors if result else [],
+        audit_id=outcome.audit_id, notes=plan.notes,
+    )

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from jaxcache.errors import InvalidInputError
-from jaxcache.service.catalog import EntryRow, RunRow, UsageRow
+from jaxcache.service.catalog import EntryRow, PruneRow, RunRow, UsageRow
 from sqlalchemy import Integer, Row, and_, cast, func, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
@@ -256,6 +256,18 @@ def usage_window(s: Session | Connection, cache: str, *, since: float) -> dict:
             "misses": misses, "hit_rate": _rate(hits, misses), "saved_s": float(saved)}
 
 
+def saved_by_function(s: Session | Connection, cache: str, *, limit: int = 100) -> list[dict]:
+    """Functions whose entries (in the cache now) saved the most compile seconds: entries, hits, seconds saved."""
+    saved = func.sum(EntryRow.saved_s)
+    rows = s.execute(
+        select(EntryRow.module, func.count(), func.sum(EntryRow.hits), saved)
+        .where(EntryRow.cache == cache, EntryRow.kind == "entry", EntryRow.saved_s > 0)
+        .group_by(EntryRow.module).order_by(saved.desc(), EntryRow.module).limit(limit)
+    ).all()
+    return [{"function": m, "entries": int(n), "hits": int(h or 0), "saved_s": float(sv or 0)}
+            for m, n, h, sv in rows]
+
+
 def recent_jaxlibs(s: Session | Connection, cache: str, *, since: float) -> set[str]:
     """The jaxlib versions of runs whose records were updated since ``since``."""
     return set(s.scalars(select(RunRow.jaxlib).where(RunRow.cache == cache, RunRow.updated_s >= since).distinct()))
@@ -340,3 +352,12 @@ def job_runs(s: Session | Connection, cache: str, job: str, *, limit: int) -> li
                     "final": r.final, "hits": h, "misses": m, "writes": w, "hit_rate": _rate(h, m),
                     "saved_s": sv})
     return out
+
+
+def prunes(s: Session | Connection, cache: str, *, limit: int, audit_id: int | None = None) -> list[dict]:
+    """Applied prunes of a cache, newest first (the audit log): who, when, policy, counts, bytes."""
+    q = select(PruneRow.id, PruneRow.at_s, PruneRow.who, PruneRow.policy, PruneRow.deleted, PruneRow.bytes_freed,
+               PruneRow.already_gone, PruneRow.changed, PruneRow.errors).where(PruneRow.cache == cache)
+    if audit_id is not None:
+        q = q.where(PruneRow.id == audit_id)
+    return [dict(r._mapping) for r in s.execute(q.order_by(PruneRow.id.desc()).limit(limit))]

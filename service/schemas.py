@@ -88,6 +88,13 @@ class FunctionStatsModel(BaseModel):
     compile_seconds: int
 
 
+class FunctionSavedModel(BaseModel):
+    function: str
+    entries: int = Field(description="entries of the function that saved time")
+    hits: int
+    saved_s: float = Field(description="compile seconds their reported hits saved")
+
+
 class GrowthPoint(BaseModel):
     day: str = Field(examples=["2026-11-30"])
     entries: int
@@ -122,6 +129,8 @@ class StatsModel(BaseModel):
     bytes_per_day: float = Field(description="mean bytes added per day over the last 7 days")
     last_24h: UsageWindowModel = Field(description="processes whose run records were updated in the last 24 h")
     last_7d: UsageWindowModel = Field(description="processes whose run records were updated in the last 7 days")
+    by_function_saved: list[FunctionSavedModel] = Field(
+        default_factory=list, description="top 100 functions by compile seconds their entries (in the cache now) saved")
 
 
 class PruneRequest(BaseModel):

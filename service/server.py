@@ -32,7 +32,7 @@ def serve(settings: ServiceSettings) -> None:
         )
     app = create_app(settings)
     shown = "localhost" if settings.host in ("127.0.0.1", "::1", "localhost") else settings.host
-    print(f"jaxcache service: http://{shown}:{settings.port}/ (API docs at /docs; catalog {settings.db})",
+    print(f"jaxcache service: http://{shown}:{settings.port}/ (dashboard; API docs at /docs; catalog {settings.db})",
           file=sys.stderr, flush=True)
     for name, url in settings.caches.items():
         print(f"  cache {name!r}: {url}", file=sys.stderr)

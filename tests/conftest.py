@@ -25,6 +25,16 @@ WRITER = TESTS / "programs" / "jax_writer.py"
 SHARED_FIXTURES = TESTS.parent.parent / "shared" / "fixtures"
 
 
+#: Where tests saved screenshots this run (tests/test_dashboard.py); printed in the terminal summary.
+SCREENSHOTS_KEY = pytest.StashKey[Path]()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    folder = terminalreporter.config.stash.get(SCREENSHOTS_KEY, None)
+    if folder is not None:
+        terminalreporter.write_line(f"dashboard screenshots: {folder}")
+
+
 @dataclass(frozen=True)
 class WrittenCache:
     """A cache directory JAX wrote, with ground truth from JAX's own decoder."""
