@@ -6,7 +6,6 @@ Resolution happens before JAX is touched, so every mistake here is reported befo
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 import time
 from collections.abc import Mapping
@@ -176,7 +175,7 @@ def _default_job() -> str:
 
 def _new_run_id() -> str:
     """Time-ordered and unique; processes of one run share JAXCACHE_RUN_ID when their launcher sets it."""
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(4).hex()
 
 
 def _is_number(value: object) -> bool:

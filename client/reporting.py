@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 
 from jaxcache.records import RunRecord
@@ -74,7 +72,7 @@ class ServiceReporter:
         self._thread: threading.Thread | None = None
         self._pending: bytes | None = None
         self._cond = threading.Condition()
-        self._open = opener or urllib.request.urlopen
+        self._opener = opener
         self.sent = 0
         self.failed = 0
 
@@ -115,12 +113,15 @@ class ServiceReporter:
                 self._cond.notify_all()
 
     def _post(self, body: bytes) -> None:
+        import urllib.error  # loaded on first send: most of a job's life never needs it
+        import urllib.request
+
         request = urllib.request.Request(self.url, data=body, method="POST")
         request.add_header("Content-Type", "application/json")
         if self._token:
             request.add_header("Authorization", f"Bearer {self._token}")
         try:
-            with self._open(request, timeout=POST_TIMEOUT_S) as response:  # type: ignore[attr-defined]
+            with (self._opener or urllib.request.urlopen)(request, timeout=POST_TIMEOUT_S) as response:  # type: ignore[attr-defined]
                 response.read()
             self.sent += 1
         except urllib.error.HTTPError as exc:

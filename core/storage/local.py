@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Iterator
 
 from jaxcache.errors import (
@@ -129,6 +128,8 @@ class LocalStorage(Storage):
         directory = os.path.dirname(path)
         with self._translate("write", name):
             os.makedirs(directory, exist_ok=True)
+            import tempfile  # on first write: reading a root (the common case) never needs it
+
             fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=directory)
             try:
                 # mkstemp makes 0600 files; others that read the root (the service, other jobs) read JAX's
