@@ -50,7 +50,7 @@ from jaxcache.service.schemas import (
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.storage import Storage, open_storage
 from jaxcache.units import parse_duration
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 log = logging.getLogger("jaxcache.service")
 
@@ -109,10 +109,8 @@ class State:
         except LockBusyError:
             raise
         except JaxcacheError as exc:
-            with self.catalog.session() as s:
-                row = s.get(CacheRow, name)
-                if row is not None:
-                    row.last_scan_error = str(exc)[:2000]
+            with self.catalog.session() as s:  # a write without a read first: see rescan.py
+                s.execute(update(CacheRow).where(CacheRow.name == name).values(last_scan_error=str(exc)[:2000]))
             raise
         self.scanned.add(name)
         self.metrics.scan_seconds.labels(name).observe(result.seconds)
@@ -579,11 +577,10 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         """Remove a pin."""
         _storage(request, cache)
         _check_pattern(pattern)
-        with state.catalog.session() as s:
-            row = s.get(PinRow, (cache, pattern))
-            if row is None:
-                raise HTTPException(404, f"no pin {pattern!r} on {cache!r}")
-            s.delete(row)
+        with state.catalog.session() as s:  # a write without a read first: see rescan.py
+            gone = s.execute(delete(PinRow).where(PinRow.cache == cache, PinRow.pattern == pattern)).rowcount
+        if not gone:
+            raise HTTPException(404, f"no pin {pattern!r} on {cache!r}")
         return Response(status_code=204)
 
     @app.post("/v1/caches/{cache}/rescan", response_model=RescanModel, operation_id="rescan", tags=["caches"],

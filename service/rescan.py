@@ -177,11 +177,10 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
             )
     found = scan_records(catalog, cache, storage)
     seconds = time.monotonic() - started
+    # One UPDATE, no read first: on SQLite a read-then-write transaction fails outright (SQLITE_BUSY_SNAPSHOT) when
+    # another process (a replica on the same file) wrote in between.
     with catalog.session() as s:
-        row = s.get(CacheRow, cache)
-        if row is not None:
-            row.last_scan_s = now
-            row.last_scan_seconds = seconds
-            row.last_scan_error = None
+        s.execute(update(CacheRow).where(CacheRow.name == cache)
+                  .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None))
     return RescanResult(cache, len(rows), len(vanished), len(updates), len(caches) + orphans, seconds,
                         found.ingested, found.malformed)
