@@ -102,8 +102,8 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
     """
     lock = catalog.locks.get(f"scan:{cache}")
     if not lock.acquire(timeout=-1 if wait_s is None else wait_s):
-        raise LockBusyError(f"a rescan of {cache!r} is running on another replica of the service; it updates the "
-                            "catalog they share")
+        raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "
+                            "service); try again when it ends")
     try:
         return _rescan(catalog, cache, storage)
     finally:
