@@ -17,7 +17,7 @@ DEMO_CACHE ?= ./demo-cache
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run test lint clean demo-cache chromium
+.PHONY: run test lint clean demo-cache chromium postgres
 
 $(VENV)/.stamp-run: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxcache needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
@@ -60,6 +60,16 @@ chromium:
 	    "the dashboard's browser tests will skip"; fi; \
 	fi
 
+# Best effort: PostgreSQL server binaries for the catalog's PostgreSQL tests, from Debian's packages when they are
+# missing and we are root (the tests start their own server; they skip, with the reason, without the binaries).
+postgres:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing PostgreSQL from Debian's packages for the catalog tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
+	    || echo "could not install PostgreSQL: the PostgreSQL catalog tests will skip"; \
+	else echo "no PostgreSQL server binaries and not root to install them: the PostgreSQL catalog tests will skip"; fi
+
 demo-cache: $(VENV)/.stamp-run
 	$(PY) -m jaxcache.demo $(DEMO_CACHE)
 
@@ -68,7 +78,7 @@ run: demo-cache
 	$(VENV)/bin/jaxcache stats $(DEMO_CACHE) --top 5
 	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --host $(HOST) --port $(PORT)
 
-test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium
+test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium postgres
 	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \
 	  JAXCACHE_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest $(PYTEST_ARGS)
 

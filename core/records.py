@@ -251,6 +251,8 @@ def _str(data: Mapping[str, Any], name: str, *, where: str = "", optional: bool 
         return None
     if not isinstance(value, str) or len(value) > 1000:
         raise InvalidInputError(f"run record field {_at(where, name)} must be a string of at most 1000 characters")
+    if "\x00" in value:  # no database stores text with NUL in it (PostgreSQL refuses it)
+        raise InvalidInputError(f"run record field {_at(where, name)} must not contain NUL characters")
     return value
 
 

@@ -21,6 +21,7 @@ from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailed
 from jaxcache.service import dashboard, pruning, queries, reports, verification, warmups
 from jaxcache.service.auth import Authenticator, Principal
 from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow, VerificationRow
+from jaxcache.service.locks import LockBusyError
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.pruning import PruneInProgressError, PruneLocks
 from jaxcache.service.rescan import RescanResult, rescan
@@ -56,7 +57,7 @@ from jaxcache.service.schemas import (
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.storage import Storage, open_storage
 from jaxcache.units import parse_duration
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 log = logging.getLogger("jaxcache.service")
 
@@ -69,6 +70,8 @@ _ERRORS = {
 _MAX_PATTERN = 256
 _STATS_TTL_S = 60.0
 _DAY_S = 86400.0
+#: How long POST /v1/caches/{cache}/rescan waits for a rescan another replica is running before it answers 409.
+_RESCAN_WAIT_S = 60.0
 REPORTS_PATH = "/v1/reports"
 
 
@@ -81,33 +84,41 @@ class State:
         self.catalog = Catalog(settings.db)
         self.metrics = Metrics()
         self.storages: dict[str, Storage] = {name: open_storage(url) for name, url in settings.caches.items()}
-        self.prune_locks = PruneLocks()
-        self.scan_lock = threading.Lock()
+        self.prune_locks = PruneLocks(self.catalog.locks)
         self._stats: dict[str, tuple[float, dict]] = {}
         self._usage: dict[str, tuple[float, dict]] = {}
         self.roots = reports.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
         self.scanned: set[str] = set()
         with self.catalog.session() as s:
             for name in settings.caches:
-                row = s.get(CacheRow, name)
-                if row is None:
-                    s.add(CacheRow(name=name, url=self.storages[name].url))
-                else:
-                    row.url = self.storages[name].url
-                if row is not None and row.last_scan_s is not None:
-                    self.scanned.add(name)  # the catalog survived a restart: ready at once
+                # An upsert: replicas starting together register the same caches.
+                url = self.storages[name].url
+                s.execute(self.catalog.insert(CacheRow).values(name=name, url=url)
+                          .on_conflict_do_update(index_elements=["name"], set_={"url": url}))
+        self.follow()
 
-    def rescan(self, name: str) -> RescanResult:
-        """Rescan one cache, serialised with the background loop, recording metrics and errors."""
-        with self.scan_lock:
-            try:
-                result = rescan(self.catalog, name, self.storages[name])
-            except JaxcacheError as exc:
-                with self.catalog.session() as s:
-                    row = s.get(CacheRow, name)
-                    if row is not None:
-                        row.last_scan_error = str(exc)[:2000]
-                raise
+    def follow(self, name: str | None = None) -> None:
+        """Catch up with what other replicas did to the catalog: caches they have scanned count as scanned here
+        (ready), and cached statistics and gauges of ``name`` are refreshed."""
+        with self.catalog.session() as s:
+            for row in s.scalars(select(CacheRow).where(CacheRow.name.in_(list(self.settings.caches)))):
+                if row.last_scan_s is not None:
+                    self.scanned.add(row.name)  # the catalog survived a restart, or another replica scanned it
+        if name is not None:
+            self.changed(name)
+            self._usage.pop(name, None)
+
+    def rescan(self, name: str, *, wait_s: float | None = None) -> RescanResult:
+        """Rescan one cache (one rescan of a cache at a time in every replica: waits at most ``wait_s`` seconds
+        for one running elsewhere, then raises LockBusyError), recording metrics and errors."""
+        try:
+            result = rescan(self.catalog, name, self.storages[name], wait_s=wait_s)
+        except LockBusyError:
+            raise
+        except JaxcacheError as exc:
+            with self.catalog.session() as s:  # a write without a read first: see rescan.py
+                s.execute(update(CacheRow).where(CacheRow.name == name).values(last_scan_error=str(exc)[:2000]))
+            raise
         self.scanned.add(name)
         self.metrics.scan_seconds.labels(name).observe(result.seconds)
         if result.records_ingested:
@@ -221,11 +232,27 @@ class State:
             self.metrics.integrity.labels(name, cls).set(n)
 
     def rescan_all(self) -> None:
+        """One round of background rescans. With several replicas on one catalog, a cache is skipped when another
+        replica is rescanning it or finished a rescan less than half a period ago: each replica does not list the
+        whole bucket every period."""
+        now = time.time()
+        with self.catalog.session() as s:
+            last = {r.name: r.last_scan_s for r in s.scalars(select(CacheRow))}
         for name in self.settings.caches:
+            at = last.get(name)
+            if at is not None and name in self.scanned and 0 <= now - at < self.settings.rescan_s / 2:
+                log.debug("rescan of %s skipped: scanned %.0f s ago (by another replica)", name, now - at)
+                self.follow(name)
+                continue
             try:
-                self.rescan(name)
+                self.rescan(name, wait_s=0)
+            except LockBusyError:
+                log.info("rescan of %s skipped: another replica is running one", name)
+                self.follow(name)
             except JaxcacheError as exc:
                 log.warning("rescan of %s failed: %s", name, exc)
+            except Exception:  # the database went away (a fail-over): the next round tries again
+                log.exception("rescan of %s failed", name)
 
 
 class LimitsAndMetrics:
@@ -337,7 +364,10 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 
         async def loop() -> None:
             while not stop.is_set():
-                await run_in_threadpool(state.rescan_all)
+                try:
+                    await run_in_threadpool(state.rescan_all)
+                except Exception:  # the catalog is unreachable (a database fail-over): try again next round
+                    log.exception("background rescans failed")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=settings.rescan_s)
 
@@ -380,7 +410,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         # The one place our errors become HTTP statuses.
         if isinstance(exc, InvalidInputError):
             status = 400
-        elif isinstance(exc, PreconditionFailedError):
+        elif isinstance(exc, PreconditionFailedError | LockBusyError):
             status = 409
         elif isinstance(exc, StorageError):
             status = 502
@@ -405,6 +435,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                 s.execute(select(1))
         except Exception as exc:  # any database failure means not ready
             detail["catalog"] = f"unreachable: {exc.__class__.__name__}"
+        if not detail and set(state.storages) - state.scanned:
+            state.follow()  # another replica may have done the first scan
         for name, storage in state.storages.items():
             if name not in state.scanned:
                 detail[name] = "first scan not finished"
@@ -508,7 +540,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         return StatsModel(**state.stats(cache))
 
     @app.post("/v1/caches/{cache}/prune", response_model=PruneResponse, operation_id="prune", tags=["prune"],
-              responses={**_ERRORS, 409: {"model": ErrorModel, "description": "a prune of this cache is running"}})
+              responses={**_ERRORS, 409: {"model": ErrorModel,
+                                          "description": "a prune of this cache is running (on any replica)"}})
     async def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneResponse:
         """Plan a prune (default: dry run) or, with `dry_run: false` and an admin token, apply it."""
         principal = state.auth.check(request, "read" if body.dry_run else "admin")
@@ -516,7 +549,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         try:
             outcome = await run_in_threadpool(state.prune, cache, body, who=principal.who)
         except PruneInProgressError:
-            raise HTTPException(409, f"a prune of {cache!r} is already running; try again when it ends") from None
+            raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
+                                     "service); try again when it ends") from None
         return pruning.response(outcome, dry_run=body.dry_run)
 
     @app.get("/v1/caches/{cache}/prunes", response_model=PruneAuditList, operation_id="listPrunes", tags=["prune"],
@@ -551,10 +585,11 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         _storage(request, cache)
         _check_pattern(pattern)
         with state.catalog.session() as s:
+            # An upsert that keeps the first pin: two replicas may get the same PUT.
+            s.execute(state.catalog.insert(PinRow)
+                      .values(cache=cache, pattern=pattern, created_s=time.time(), created_by=p.who)
+                      .on_conflict_do_nothing(index_elements=["cache", "pattern"]))
             row = s.get(PinRow, (cache, pattern))
-            if row is None:
-                row = PinRow(cache=cache, pattern=pattern, created_s=time.time(), created_by=p.who)
-                s.add(row)
             return PinModel(pattern=row.pattern, created_s=row.created_s, created_by=row.created_by)
 
     @app.delete("/v1/caches/{cache}/pins/{pattern}", status_code=204, operation_id="deletePin", tags=["prune"],
@@ -563,20 +598,20 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         """Remove a pin."""
         _storage(request, cache)
         _check_pattern(pattern)
-        with state.catalog.session() as s:
-            row = s.get(PinRow, (cache, pattern))
-            if row is None:
-                raise HTTPException(404, f"no pin {pattern!r} on {cache!r}")
-            s.delete(row)
+        with state.catalog.session() as s:  # a write without a read first: see rescan.py
+            gone = s.execute(delete(PinRow).where(PinRow.cache == cache, PinRow.pattern == pattern)).rowcount
+        if not gone:
+            raise HTTPException(404, f"no pin {pattern!r} on {cache!r}")
         return Response(status_code=204)
 
     @app.post("/v1/caches/{cache}/rescan", response_model=RescanModel, operation_id="rescan", tags=["caches"],
-              responses=_ERRORS)
+              responses={**_ERRORS, 409: {"model": ErrorModel, "description": "another replica has been rescanning "
+                                          "this cache for a minute: try again when it ends"}})
     async def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> RescanModel:
         """Rescan one cache now (background rescans run every JAXCACHE_RESCAN_S seconds): entries, and the run
         records under .jaxcache/runs/ that are new or changed."""
         _storage(request, cache)
-        r = await run_in_threadpool(state.rescan, cache)
+        r = await run_in_threadpool(state.rescan, cache, wait_s=_RESCAN_WAIT_S)
         return RescanModel(cache=r.cache, added=r.added, removed=r.removed, updated=r.updated, entries=r.entries,
                            seconds=r.seconds, records_ingested=r.records_ingested,
                            records_malformed=r.records_malformed, warmups_ingested=r.warmups_ingested)

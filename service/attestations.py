@@ -45,7 +45,7 @@ def record(catalog: Catalog, cache: str, digests: Iterable[Digest]) -> int:
     if not todo:
         return 0
     stored = 0
-    with catalog.write_lock, catalog.session() as s:
+    with catalog.writing(cache) as s:
         keys = list(todo)
         for i in range(0, len(keys), _CHUNK):
             chunk = keys[i : i + _CHUNK]

@@ -1,9 +1,13 @@
 """The catalog: an index of every cache root's entries, rebuilt from storage by a rescan, plus what only the
-catalog holds (pins, the prune audit log, run reports POSTed by jobs). SQLite by default; any SQLAlchemy URL.
+catalog holds (pins, the prune audit log, run reports POSTed by jobs). SQLite by default, or PostgreSQL
+(``postgresql+psycopg://``), which several replicas of the service can share (see :mod:`jaxcache.service.locks`).
 
 Run records (``jaxcache.records``) fill three tables: ``runs`` (one row per process of a run), ``usage`` (what
 that process did with each key) and ``key_stats`` (per-key aggregates: first writer, hits, seconds saved). The
 aggregates are also copied onto each entry's row, so listing, sorting and filtering entries never joins.
+
+The schema is owned by the Alembic revisions in ``migrations/`` (:mod:`jaxcache.service.migrate`): a model changed
+here needs a revision there, and a test compares the two.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from jaxcache.errors import InvalidInputError
+from jaxcache.service.locks import ClusterLocks, advisory_key
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -25,13 +30,21 @@ from sqlalchemy import (
     String,
     create_engine,
     event,
-    inspect,
-    update,
+    text,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 log = logging.getLogger("jaxcache.service")
+
+
+def Str(length: int) -> String:
+    """A string column that compares and sorts by code point on every backend: SQLite's default (BINARY), and
+    collation "C" on PostgreSQL, whose default collation follows the server's locale (``jit_b`` before ``JIT_A``
+    there, ``_`` ignored). Listings sort by key and the keyset cursor compares keys, so every replica and the API's
+    documented order must agree, and a range over a function-name prefix must select exactly that prefix."""
+    return String(length).with_variant(String(length, collation="C"), "postgresql")
 
 
 class Base(DeclarativeBase):
@@ -42,22 +55,22 @@ class CacheRow(Base):
     """A configured cache root and its last scan."""
 
     __tablename__ = "caches"
-    name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    url: Mapped[str] = mapped_column(String(1024))
+    name: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    url: Mapped[str] = mapped_column(Str(1024))
     last_scan_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_scan_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
-    last_scan_error: Mapped[str | None] = mapped_column(String(2048), nullable=True)
+    last_scan_error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
 
 
 class EntryRow(Base):
     """One ``-cache`` file (kind ``entry``) or one orphaned ``-atime`` file (kind ``orphan``)."""
 
     __tablename__ = "entries"
-    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
-    key: Mapped[str] = mapped_column(String(512), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
-    module: Mapped[str] = mapped_column(String(448))
-    name: Mapped[str] = mapped_column(String(512))
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    kind: Mapped[str] = mapped_column(Str(8), primary_key=True)
+    module: Mapped[str] = mapped_column(Str(448))
+    name: Mapped[str] = mapped_column(Str(512))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_s: Mapped[float] = mapped_column(Float)
     # Derived (newest of -atime and creation) but stored: it is what lists sort and prunes select on.
@@ -65,10 +78,10 @@ class EntryRow(Base):
     generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     has_atime: Mapped[bool] = mapped_column(Boolean, default=False)
     atime_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    compression: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    compression: Mapped[str | None] = mapped_column(Str(16), nullable=True)
     compile_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    status: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    reason: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    status: Mapped[str | None] = mapped_column(Str(16), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
     first_seen_s: Mapped[float] = mapped_column(Float)
     # Last use as storage shows it (newest of -atime and creation); last_used_s adds reported hits to it.
     seen_used_s: Mapped[float] = mapped_column(Float)
@@ -76,13 +89,13 @@ class EntryRow(Base):
     hits: Mapped[int] = mapped_column(BigInteger, default=0)
     last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     saved_s: Mapped[float] = mapped_column(Float, default=0.0)
-    writer_job: Mapped[str | None] = mapped_column(String(256), nullable=True)
-    writer_run: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    writer_job: Mapped[str | None] = mapped_column(Str(256), nullable=True)
+    writer_run: Mapped[str | None] = mapped_column(Str(128), nullable=True)
     writer_process: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    writer_host: Mapped[str | None] = mapped_column(String(1024), nullable=True)
-    writer_topology: Mapped[str | None] = mapped_column(String(1024), nullable=True)
-    writer_jax: Mapped[str | None] = mapped_column(String(1024), nullable=True)
-    writer_jaxlib: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    writer_host: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_topology: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_jax: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_jaxlib: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
     writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
@@ -108,19 +121,19 @@ class KeyStatsRow(Base):
     a report may arrive before the rescan that finds the entry, and keeps its history after a prune."""
 
     __tablename__ = "key_stats"
-    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
-    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
     hits: Mapped[int] = mapped_column(BigInteger, default=0)
     last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     saved_s: Mapped[float] = mapped_column(Float, default=0.0)
     # The first writer: the process with the earliest `write` event for the key.
-    writer_job: Mapped[str | None] = mapped_column(String(256), nullable=True)
-    writer_run: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    writer_job: Mapped[str | None] = mapped_column(Str(256), nullable=True)
+    writer_run: Mapped[str | None] = mapped_column(Str(128), nullable=True)
     writer_process: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    writer_host: Mapped[str | None] = mapped_column(String(1024), nullable=True)
-    writer_topology: Mapped[str | None] = mapped_column(String(1024), nullable=True)
-    writer_jax: Mapped[str | None] = mapped_column(String(1024), nullable=True)
-    writer_jaxlib: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    writer_host: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_topology: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_jax: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_jaxlib: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
     writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
@@ -129,25 +142,25 @@ class RunRow(Base):
     """One process of one run of a job, from its latest run record."""
 
     __tablename__ = "runs"
-    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
-    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
     process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    job: Mapped[str] = mapped_column(String(256))
+    job: Mapped[str] = mapped_column(Str(256))
     process_count: Mapped[int] = mapped_column(Integer)
-    host: Mapped[str] = mapped_column(String(1024))
-    topology: Mapped[str | None] = mapped_column(String(1024), nullable=True)
-    cache_dir: Mapped[str | None] = mapped_column(String(1024), nullable=True)
-    jax: Mapped[str] = mapped_column(String(1024))
-    jaxlib: Mapped[str] = mapped_column(String(1024))
-    backend: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    host: Mapped[str] = mapped_column(Str(1024))
+    topology: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    cache_dir: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    jax: Mapped[str] = mapped_column(Str(1024))
+    jaxlib: Mapped[str] = mapped_column(Str(1024))
+    backend: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
     fingerprint: Mapped[dict] = mapped_column(JSON)
-    fingerprint_digest: Mapped[str] = mapped_column(String(32))
+    fingerprint_digest: Mapped[str] = mapped_column(Str(32))
     started_s: Mapped[float] = mapped_column(Float)
     updated_s: Mapped[float] = mapped_column(Float)
     final: Mapped[bool] = mapped_column(Boolean, default=False)
     pid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     keys: Mapped[int] = mapped_column(Integer, default=0)
-    source: Mapped[str] = mapped_column(String(16))  # "report" (POST) or "storage" (a rescan read the file)
+    source: Mapped[str] = mapped_column(Str(16))  # "report" (POST) or "storage" (a rescan read the file)
     ingested_s: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (
@@ -161,17 +174,17 @@ class UsageRow(Base):
     by this catalog's measure (see :mod:`jaxcache.service.reports`)."""
 
     __tablename__ = "usage"
-    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
-    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
     process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    key: Mapped[str] = mapped_column(String(512), primary_key=True)
-    job: Mapped[str] = mapped_column(String(256))  # the run's, repeated: per-job sums never join
-    function: Mapped[str] = mapped_column(String(1024))
-    event: Mapped[str] = mapped_column(String(16))
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    job: Mapped[str] = mapped_column(Str(256))  # the run's, repeated: per-job sums never join
+    function: Mapped[str] = mapped_column(Str(1024))
+    event: Mapped[str] = mapped_column(Str(16))
     hits: Mapped[int] = mapped_column(BigInteger, default=0)
     compiles: Mapped[int] = mapped_column(BigInteger, default=0)
     writes: Mapped[int] = mapped_column(BigInteger, default=0)
-    reason: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
     compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     retrieval_s: Mapped[float] = mapped_column(Float, default=0.0)
     jax_saved_s: Mapped[float] = mapped_column(Float, default=0.0)  # the record's saved_s (JAX's own figure)
@@ -190,22 +203,22 @@ class RecordFileRow(Base):
     """A run record object a rescan has read: it is parsed again only when it changes."""
 
     __tablename__ = "record_files"
-    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
-    name: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    name: Mapped[str] = mapped_column(Str(1024), primary_key=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     mtime_s: Mapped[float] = mapped_column(Float)
     generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    error: Mapped[str | None] = mapped_column(String(2048), nullable=True)
+    error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
 
 
 class PinRow(Base):
     """A keep rule: an exact key or a glob over keys and function names that prunes never delete."""
 
     __tablename__ = "pins"
-    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
-    pattern: Mapped[str] = mapped_column(String(512), primary_key=True)
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    pattern: Mapped[str] = mapped_column(Str(512), primary_key=True)
     created_s: Mapped[float] = mapped_column(Float)
-    created_by: Mapped[str] = mapped_column(String(128))
+    created_by: Mapped[str] = mapped_column(Str(128))
 
 
 class PruneRow(Base):
@@ -213,9 +226,9 @@ class PruneRow(Base):
 
     __tablename__ = "prunes"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    cache: Mapped[str] = mapped_column(String(64), index=True)
+    cache: Mapped[str] = mapped_column(Str(64), index=True)
     at_s: Mapped[float] = mapped_column(Float)
-    who: Mapped[str] = mapped_column(String(128))
+    who: Mapped[str] = mapped_column(Str(128))
     policy: Mapped[dict] = mapped_column(JSON)
     deleted: Mapped[int] = mapped_column(Integer)
     bytes_freed: Mapped[int] = mapped_column(BigInteger)
@@ -228,12 +241,12 @@ class WarmupRow(Base):
     """One warm-up run, from its coverage record under ``.jaxcache/warmups/``."""
 
     __tablename__ = "warmups"
-    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
-    id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    job: Mapped[str] = mapped_column(String(256))
-    topology: Mapped[str] = mapped_column(String(64))
-    platform: Mapped[str] = mapped_column(String(16))
-    gpu_model: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    id: Mapped[str] = mapped_column(Str(128), primary_key=True)
+    job: Mapped[str] = mapped_column(Str(256))
+    topology: Mapped[str] = mapped_column(Str(64))
+    platform: Mapped[str] = mapped_column(Str(16))
+    gpu_model: Mapped[str | None] = mapped_column(Str(256), nullable=True)
     started_s: Mapped[float] = mapped_column(Float)
     finished_s: Mapped[float] = mapped_column(Float)
     fingerprint: Mapped[dict] = mapped_column(JSON)
@@ -250,11 +263,11 @@ class WarmupKeyRow(Base):
     """One program a warm-up compiled or found."""
 
     __tablename__ = "warmup_keys"
-    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
-    warmup_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    key: Mapped[str] = mapped_column(String(512), primary_key=True)
-    function: Mapped[str] = mapped_column(String(1024))
-    status: Mapped[str] = mapped_column(String(16))
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    warmup_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    function: Mapped[str] = mapped_column(Str(1024))
+    status: Mapped[str] = mapped_column(Str(16))
     compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
@@ -263,11 +276,11 @@ class AttestationRow(Base):
     """The digest an entry's writer recorded (a client run record or a warm-up coverage record); first wins."""
 
     __tablename__ = "attestations"
-    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
-    key: Mapped[str] = mapped_column(String(512), primary_key=True)
-    sha256: Mapped[str] = mapped_column(String(64))
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    sha256: Mapped[str] = mapped_column(Str(64))
     size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    writer: Mapped[str] = mapped_column(String(512))
+    writer: Mapped[str] = mapped_column(Str(512))
     at_s: Mapped[float] = mapped_column(Float)
 
 
@@ -275,15 +288,15 @@ class VerificationRow(Base):
     """The last integrity verdict on an entry, and which version of it (size, mtime, generation) was read."""
 
     __tablename__ = "verifications"
-    cache: Mapped[str] = mapped_column(String(64), primary_key=True)
-    key: Mapped[str] = mapped_column(String(512), primary_key=True)
-    classification: Mapped[str] = mapped_column(String(16))
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    classification: Mapped[str] = mapped_column(Str(16))
     classes: Mapped[list] = mapped_column(JSON)
     reasons: Mapped[list] = mapped_column(JSON)
-    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    attested_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    attested_by: Mapped[str | None] = mapped_column(String(512), nullable=True)
-    embedded_module: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    sha256: Mapped[str | None] = mapped_column(Str(64), nullable=True)
+    attested_sha256: Mapped[str | None] = mapped_column(Str(64), nullable=True)
+    attested_by: Mapped[str | None] = mapped_column(Str(512), nullable=True)
+    embedded_module: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_s: Mapped[float] = mapped_column(Float)
     generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -293,43 +306,39 @@ class VerificationRow(Base):
 
 
 class Catalog:
-    """Owns the engine and hands out sessions."""
+    """Owns the engine, hands out sessions, and knows the catalog's cross-replica locks."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, migrate: bool = True) -> None:
         self.url = url
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
             directory = os.path.dirname(url[len("sqlite:///") :])
             if directory:
                 os.makedirs(directory, exist_ok=True)
         try:
-            self.engine: Engine = create_engine(url, future=True)
+            # pre_ping: replicas outlive database restarts and fail-overs; a dead pooled connection is replaced
+            # instead of failing the request that draws it.
+            self.engine: Engine = create_engine(url, pool_pre_ping=not url.startswith("sqlite"))
         except Exception as exc:  # SQLAlchemy raises several types for a bad URL or a missing driver
             raise InvalidInputError(f"catalog database URL {url!r} is not usable: {exc}") from exc
-        if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
-        self._migrate()
-        Base.metadata.create_all(self.engine)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        # Writers that read then write (report ingestion, a rescan's commit) take turns in this process, so
-        # neither works from rows the other is replacing. (Several service replicas on one database would need
-        # the database's own locking; one service per catalog is the supported deployment.)
-        self.write_lock = threading.RLock()
+        self.dialect = self.engine.dialect.name
+        if self.dialect not in ("sqlite", "postgresql"):
+            # Upserts and the replicas' locks are written for these two (and tested on both).
+            raise InvalidInputError(f"catalog database URL {url!r}: use SQLite (sqlite:///path) or PostgreSQL "
+                                    "(postgresql+psycopg://user:password@host/db)")
+        if self.dialect == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_connect)
+            event.listen(self.engine, "begin", _sqlite_begin)
+        self.locks = ClusterLocks(self.engine.url)
+        if migrate:
+            from jaxcache.service.migrate import upgrade
 
-    def _migrate(self) -> None:
-        # The entries table is an index a rescan rebuilds: when an older version's table lacks columns, drop it
-        # (pins, the audit log and reports live in other tables) and mark every cache as never scanned.
-        names = inspect(self.engine).get_table_names()
-        if "entries" not in names:
-            return
-        have = {c["name"] for c in inspect(self.engine).get_columns("entries")}
-        if set(EntryRow.__table__.columns.keys()) <= have:
-            return
-        log.warning("catalog %s: the entries table is from an older version; it is rebuilt by the next rescan",
-                    self.url)
-        EntryRow.__table__.drop(self.engine)
-        if "caches" in names:
-            with self.engine.begin() as conn:
-                conn.execute(update(CacheRow).values(last_scan_s=None))
+            upgrade(self)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_sessions = sessionmaker(self.engine.execution_options(jaxcache_write=True),
+                                            expire_on_commit=False)
+        # Writers that read then write (report ingestion, a rescan's commit) take turns in this process before
+        # they take the database's own lock (see writing()), so they never wait on each other inside the database.
+        self.write_lock = threading.RLock()
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -338,19 +347,45 @@ class Catalog:
             yield s
 
     @contextmanager
+    def writing(self, cache: str) -> Iterator[Session]:
+        """A session whose transaction is the only one writing ``cache``'s reports and index rows, in every replica:
+        what it reads stays what it updates (no lost updates to per-key aggregates when two replicas ingest
+        reports on the same keys at once). PostgreSQL: a transaction-level advisory lock per cache, released at
+        commit or rollback (or with the connection); SQLite: ``BEGIN IMMEDIATE``, which takes the database's
+        write lock before the first read."""
+        with self.write_lock, self._write_sessions.begin() as s:
+            if self.dialect == "postgresql":
+                s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key(f"write:{cache}")})
+            yield s
+
+    @contextmanager
     def reader(self) -> Iterator[Connection]:
         """A plain connection for read-only Core queries: no ORM session machinery on hot read paths."""
         with self.engine.connect() as conn:
             yield conn
 
+    def insert(self, table):
+        """The dialect's INSERT for ``table`` (a model or a Table), which has ``on_conflict_do_update`` and
+        ``on_conflict_do_nothing``: an upsert that two replicas may run at once."""
+        return (postgresql if self.dialect == "postgresql" else sqlite).insert(table)
+
     def dispose(self) -> None:
         self.engine.dispose()
+        self.locks.dispose()
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
+def _sqlite_connect(dbapi_conn, _record) -> None:
+    # SQLAlchemy emits BEGIN itself (_sqlite_begin), so that reads are inside the transaction too and a writer can
+    # ask for BEGIN IMMEDIATE; the driver's own transaction handling would begin only at the first write.
+    dbapi_conn.isolation_level = None
     # WAL lets the API read while a rescan writes; NORMAL sync is safe with WAL and much faster.
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA busy_timeout=10000")
+    # Writers of other processes (replicas on one file) queue on the write lock; a rescan's commit can be long.
+    cur.execute("PRAGMA busy_timeout=60000")
     cur.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("jaxcache_write") else "BEGIN")

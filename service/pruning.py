@@ -1,18 +1,19 @@
 """Prunes through the service: the catalog supplies candidates, core policy plans, the executor deletes.
 
-One prune per cache at a time (a second gets 409); every applied prune is written to the audit log.
+One prune per cache at a time, across every replica sharing the catalog (the ``prune:<cache>`` lock of
+:mod:`jaxcache.service.locks`; a second gets 409); every applied prune is written to the audit log.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 
 from jaxcache import prune
 from jaxcache.errors import InvalidInputError
 from jaxcache.service import queries, verification
 from jaxcache.service.catalog import Catalog, EntryRow, PinRow, PruneRow
+from jaxcache.service.locks import ClusterLock, ClusterLocks
 from jaxcache.service.rescan import rescan
 from jaxcache.service.schemas import PlannedDeletion, PruneRequest, PruneResponse
 from jaxcache.storage import Storage
@@ -20,19 +21,17 @@ from sqlalchemy import select
 
 
 class PruneInProgressError(Exception):
-    """Another prune of the same cache is running."""
+    """Another prune of the same cache is running (in this replica or another one)."""
 
 
 class PruneLocks:
-    """A non-blocking lock per cache name."""
+    """The prune lock of each cache, shared by every replica on the catalog."""
 
-    def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
+    def __init__(self, locks: ClusterLocks) -> None:
+        self._locks = locks
 
-    def get(self, cache: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(cache, threading.Lock())
+    def get(self, cache: str) -> ClusterLock:
+        return self._locks.get(f"prune:{cache}")
 
 
 def policy_of(body: PruneRequest) -> tuple[prune.PrunePolicy, dict]:
@@ -95,7 +94,7 @@ class Outcome:
 
 def run_prune(
     catalog: Catalog, cache: str, storage: Storage, policy: prune.PrunePolicy, *, dry_run: bool, who: str,
-    policy_json: dict, lock: threading.Lock,
+    policy_json: dict, lock: ClusterLock,
 ) -> Outcome:
     """Plan (and unless ``dry_run``, apply and audit) a prune of one cache. Raises PruneInProgressError."""
     policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.catalog import EntryRow, PruneRow, RunRow, UsageRow
-from sqlalchemy import Integer, Row, and_, cast, func, or_, select
+from sqlalchemy import BigInteger, Integer, Row, and_, cast, func, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -66,11 +66,33 @@ class EntryFilter:
 
 
 def glob_to_like(glob: str) -> str:
-    """fnmatch-style ``*`` and ``?`` as SQL LIKE (escape ``\\``), portable across SQLite and PostgreSQL."""
+    """fnmatch-style ``*`` and ``?`` as SQL LIKE (escape ``\\``)."""
     if "[" in glob:
         raise InvalidInputError("function globs support * and ? only")
     out = glob.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return out.replace("*", "%").replace("?", "_")
+
+
+def _dialect(s: Session | Connection) -> str:
+    return (s.dialect if isinstance(s, Connection) else s.get_bind().dialect).name
+
+
+def glob_match(dialect: str, column, glob: str):
+    """``column`` matches the glob (``*`` and ``?``), case-sensitively like :func:`fnmatch.fnmatchcase` (the CLI's
+    ``--function``) on every backend: SQLite's LIKE ignores ASCII case, so there it is GLOB (whose only other
+    wildcard, ``[``, is refused); on PostgreSQL, LIKE (case-sensitive there)."""
+    like = glob_to_like(glob)  # refuses "["
+    if dialect == "sqlite":
+        return column.op("GLOB", is_comparison=True)(glob)
+    return column.like(like, escape="\\")
+
+
+def day_of(dialect: str, seconds):
+    """Whole days since 1970 of a time in seconds, rounded down. CAST truncates on SQLite (the same thing for times
+    after 1970) but rounds to the nearest on PostgreSQL, hence FLOOR there."""
+    if dialect == "postgresql":
+        return cast(func.floor(seconds / 86400), BigInteger)
+    return cast(seconds / 86400, Integer)
 
 
 def _literal_prefix(glob: str) -> str:
@@ -81,6 +103,10 @@ def _literal_prefix(glob: str) -> str:
     return glob
 
 
+def _number(value) -> float:
+    return 0 if isinstance(value, str) else value
+
+
 def _encode_cursor(value, key: str) -> str:
     return base64.urlsafe_b64encode(json.dumps([value, key]).encode()).decode().rstrip("=")
 
@@ -89,7 +115,7 @@ def _decode_cursor(cursor: str) -> tuple[object, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         value, key = json.loads(raw)
-        if not isinstance(key, str) or not isinstance(value, int | float | str):
+        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int | float | str):
             raise ValueError
         return value, key
     except (ValueError, TypeError, json.JSONDecodeError, UnicodeDecodeError):
@@ -105,10 +131,11 @@ def list_entries(
     # Plain rows of exactly the API's fields, in PAGE_FIELDS order: a page is read-only and this is the hottest query.
     q = select(*_PAGE_COLUMNS).where(EntryRow.cache == cache, EntryRow.kind == "entry")
     if flt.function:
-        q = q.where(EntryRow.module.like(glob_to_like(flt.function), escape="\\"))
+        q = q.where(glob_match(_dialect(s), EntryRow.module, flt.function))
         prefix = _literal_prefix(flt.function)
         if prefix:
-            # LIKE cannot use an index portably (SQLite's is case-insensitive); a range on the literal prefix can.
+            # A pattern match cannot use an index portably; a range on the literal prefix can (code-point order on
+            # both backends: see catalog.Str).
             q = q.where(EntryRow.module >= prefix, EntryRow.module < prefix[:-1] + chr(ord(prefix[-1]) + 1))
     if flt.min_size is not None:
         q = q.where(EntryRow.size_bytes >= flt.min_size)
@@ -131,6 +158,10 @@ def list_entries(
     desc = order == "desc"
     if cursor:
         value, key = _decode_cursor(cursor)
+        # PostgreSQL refuses to compare a number column with text (SQLite would answer something): a cursor of the
+        # wrong kind for the sort is not one this service issued.
+        if (sort == "name") != isinstance(value, str) or abs(_number(value)) > 2**62:
+            raise InvalidInputError("cursor is not one this service issued for this sort: start again without it")
         if sort == "name":
             q = q.where(EntryRow.key < key if desc else EntryRow.key > key)
         elif desc:
@@ -191,7 +222,7 @@ def stats(s: Session, cache: str) -> dict:
         .where(EntryRow.cache == cache, EntryRow.kind == "orphan")
     ).one()
     now = time.time()
-    day = cast(EntryRow.created_s / 86400, Integer)  # truncation is floor for times after 1970
+    day = day_of(_dialect(s), EntryRow.created_s)
     growth_rows = s.execute(
         select(day, func.count(), func.sum(EntryRow.size_bytes))
         .where(*base, EntryRow.created_s >= now - 30 * 86400).group_by(day).order_by(day)

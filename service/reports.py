@@ -7,6 +7,9 @@ processes share a key); from all rows of the key when the first writer may chang
 Either way the result equals a recomputation from scratch. Ingesting the same record twice changes nothing; an
 older version of a record than the one already ingested is ignored.
 
+Replicas sharing a catalog ingest at the same time: each record is one transaction under the cache's write lock
+(:meth:`Catalog.writing`), so aggregates are read and written by one ingestion at a time and none is lost.
+
 Seconds saved by hits: for each process that hit a key, ``hits x writer's measured compile seconds - retrieval
 seconds`` when the key's first writer measured its compile and that is positive; otherwise JAX's own figure
 (stored whole seconds minus retrieval), clipped at 0. Summed over a key's processes this is ``hits x (compile_s -
@@ -38,12 +41,13 @@ from jaxcache.service.catalog import (
     UsageRow,
 )
 from jaxcache.storage import ObjectInfo, Storage
-from sqlalchemy import and_, bindparam, case, delete, insert, select, update
+from sqlalchemy import Float, and_, bindparam, case, cast, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 log = logging.getLogger("jaxcache.service")
 
 _CHUNK = 500
+_NAME_MAX = RecordFileRow.__table__.c.name.type.length  # longer: not a record jaxcache wrote
 STORAGE, REPORT = "storage", "report"
 
 
@@ -74,7 +78,7 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
     """
     usages = _unique(record.keys)
     pk = (cache, record.run_id, record.process_index)
-    with catalog.write_lock, catalog.session() as s:
+    with catalog.writing(cache) as s:
         run = s.get(RunRow, pk)
         if run is not None and run.updated_s > record.updated_at:
             return IngestResult(cache, record.run_id, record.process_index, run.keys, stale=True)
@@ -258,12 +262,13 @@ def _entry_update(cache: str):
     """UPDATE of an entry row's copy of its key's aggregates (parameters ``b_key`` and ``b_<aggregate>``); its last
     use becomes the newer of what storage shows and the last hit."""
     entries = EntryRow.__table__
-    hit = bindparam("b_last_hit_s")
+    # Typed on the server too: PostgreSQL cannot infer the type of a parameter that is only tested for NULL.
+    hit = cast(bindparam("b_last_hit_s", type_=Float), Float)
     return (
         update(entries)
         .where(entries.c.cache == cache, entries.c.key == bindparam("b_key"), entries.c.kind == "entry")
         .values(
-            **{name: hit if name == "last_hit_s" else bindparam(f"b_{name}") for name in AGGREGATES},
+            **{name: bindparam(f"b_{name}") for name in AGGREGATES},
             last_used_s=case((and_(hit.is_not(None), hit > entries.c.seen_used_s), hit),
                              else_=entries.c.seen_used_s),
         )
@@ -335,7 +340,7 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage) -> RecordScan:
     from storage keep their runs in the catalog: reports are history that only the catalog holds.
     """
     listing = {i.name: i for i in storage.iter_objects(records.RUNS_PREFIX, recursive=True)
-               if records.is_record_name(i.name)}
+               if records.is_record_name(i.name) and len(i.name) <= _NAME_MAX}
     with catalog.reader() as conn:
         known = {r.name: (r.size_bytes, r.mtime_s, r.generation) for r in conn.execute(
             select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation)
@@ -357,11 +362,13 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage) -> RecordScan:
             log.warning("cache %s: skipping malformed run record %s: %s", cache, info.name, error)
         else:
             ingested += 1
-        with catalog.write_lock, catalog.session() as s:
-            s.merge(RecordFileRow(cache=cache, name=info.name, size_bytes=info.size_bytes, mtime_s=info.mtime_s,
-                                  generation=info.generation, error=None if error is None else error[:2000]))
+        row = {"cache": cache, "name": info.name, "size_bytes": info.size_bytes, "mtime_s": info.mtime_s,
+               "generation": info.generation, "error": None if error is None else error[:2000]}
+        with catalog.session() as s:
+            s.execute(catalog.insert(RecordFileRow).values(**row).on_conflict_do_update(
+                index_elements=["cache", "name"], set_={k: v for k, v in row.items() if k not in ("cache", "name")}))
     if vanished:
-        with catalog.write_lock, catalog.session() as s:
+        with catalog.session() as s:
             for i in range(0, len(vanished), _CHUNK):
                 s.execute(delete(RecordFileRow).where(RecordFileRow.cache == cache,
                                                       RecordFileRow.name.in_(vanished[i : i + _CHUNK])))

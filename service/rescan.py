@@ -1,7 +1,12 @@
-"""Rescan: make the catalog match storage, parsing only objects it has not seen (JAX never rewrites a key)."""
+"""Rescan: make the catalog match storage, parsing only objects it has not seen (JAX never rewrites a key).
+
+One rescan of a cache at a time across every replica sharing the catalog (the ``scan:<cache>`` lock): two would
+insert the same new rows.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -12,9 +17,12 @@ from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service import warmups
 from jaxcache.service.catalog import CacheRow, Catalog, EntryRow
+from jaxcache.service.locks import LockBusyError
 from jaxcache.service.reports import EMPTY, key_stats, scan_records
 from jaxcache.storage import ObjectInfo, Storage
 from sqlalchemy import bindparam, case, delete, insert, select, update
+
+log = logging.getLogger("jaxcache.service")
 
 _CHUNK = 500
 
@@ -34,6 +42,9 @@ class RescanResult:
     warmups_ingested: int = 0  # warm-up coverage records under .jaxcache/warmups/ new or changed
 
 
+_KEY_MAX = EntryRow.__table__.c.key.type.length
+
+
 def _list(storage: Storage) -> tuple[dict[str, ObjectInfo], dict[str, ObjectInfo]]:
     # One listing, paired in memory: the catalog holds an index of every entry anyway, and this avoids a
     # request per entry. An -atime's modification time is its access time (JAX rewrites it on each access).
@@ -42,6 +53,11 @@ def _list(storage: Storage) -> tuple[dict[str, ObjectInfo], dict[str, ObjectInfo
     for info in storage.iter_objects():
         parsed = fmt.parse_name(info.name)
         if parsed is None:
+            continue
+        if len(parsed.key) > _KEY_MAX or "\x00" in parsed.key:
+            # Not a name JAX writes (its module names are short); PostgreSQL would refuse the row and the scan.
+            log.warning("%s: skipping %s: keys longer than %d characters are not indexed", storage.url,
+                        info.name[:200], _KEY_MAX)
             continue
         (caches if parsed.kind is EntryKind.CACHE else atimes)[parsed.key] = info
     return caches, atimes
@@ -80,8 +96,23 @@ def _with_reports(row: dict, stats: dict | None) -> dict:
     return row
 
 
-def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
-    """Bring ``cache``'s rows in line with ``storage``: add new entries, drop vanished ones, refresh last use."""
+def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | None = None) -> RescanResult:
+    """Bring ``cache``'s rows in line with ``storage``: add new entries, drop vanished ones, refresh last use.
+
+    Waits for a rescan of ``cache`` that another replica (or thread) is running: without limit, or at most
+    ``wait_s`` seconds (0: not at all) and then raises :class:`LockBusyError`.
+    """
+    lock = catalog.locks.get(f"scan:{cache}")
+    if not lock.acquire(timeout=-1 if wait_s is None else wait_s):
+        raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "
+                            "service); try again when it ends")
+    try:
+        return _rescan(catalog, cache, storage)
+    finally:
+        lock.release()
+
+
+def _rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
     started = time.monotonic()
     now = time.time()
     caches, atimes = _list(storage)
@@ -119,8 +150,9 @@ def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
             orphan_rows.append(_base_row(cache, key, "orphan", info, None, now))
     vanished = list(known)
     new_rows = list(bounded_map(partial(_new_row, storage, cache, now), new_items, workers=storage.io_workers))
-    # Under the write lock, so that a report ingested meanwhile cannot update rows this commit then overwrites.
-    with catalog.write_lock, catalog.session() as s:
+    # Under the cache's write lock, so that a report ingested meanwhile (by any replica) cannot update rows this
+    # commit then overwrites.
+    with catalog.writing(cache) as s:
         reported = key_stats(s, cache, [r["key"] for r in new_rows])
         new_rows = [_with_reports(r, reported.get(r["key"])) for r in new_rows]
         for i in range(0, len(vanished), _CHUNK):
@@ -148,11 +180,10 @@ def rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
     found = scan_records(catalog, cache, storage)
     covered = warmups.scan(catalog, cache, storage)
     seconds = time.monotonic() - started
+    # One UPDATE, no read first: on SQLite a read-then-write transaction fails outright (SQLITE_BUSY_SNAPSHOT) when
+    # another process (a replica on the same file) wrote in between.
     with catalog.session() as s:
-        row = s.get(CacheRow, cache)
-        if row is not None:
-            row.last_scan_s = now
-            row.last_scan_seconds = seconds
-            row.last_scan_error = None
+        s.execute(update(CacheRow).where(CacheRow.name == cache)
+                  .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None))
     return RescanResult(cache, len(rows), len(vanished), len(updates), len(caches) + orphans, seconds,
                         found.ingested, found.malformed, covered.ingested)

@@ -33,7 +33,11 @@ class ServiceSettings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8080, ge=0, le=65535, description="port to listen on (0: any free port)")
-    db: str = Field(default_factory=default_db_url, description="catalog database, any SQLAlchemy URL")
+    db: str = Field(
+        default_factory=default_db_url,
+        description="catalog database: an SQLite URL (sqlite:///path) or PostgreSQL (postgresql+psycopg://...), "
+                    "which several replicas can share",
+    )
     rescan_s: float = Field(300.0, gt=0, description="seconds between background rescans of every cache")
     tokens: dict[str, str] = Field(
         default_factory=dict,

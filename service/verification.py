@@ -69,7 +69,7 @@ def run_pass(
     started = time.monotonic()
     result = VerifyPass(cache)
     if recheck_all:
-        with catalog.write_lock, catalog.session() as s:
+        with catalog.writing(cache) as s:
             s.execute(delete(VerificationRow).where(VerificationRow.cache == cache))
     after = ""  # keyset over the key: each entry at most once per pass (pending ones come back next pass)
     while stop is None or not stop.is_set():
@@ -101,7 +101,7 @@ def run_pass(
             ))
             result.counts[verdict.classification] = result.counts.get(verdict.classification, 0) + 1
             result.bytes_read += verdict.size_bytes
-        with catalog.write_lock, catalog.session() as s:
+        with catalog.writing(cache) as s:
             for row in rows:
                 s.merge(row)
         result.checked += len(rows)

@@ -36,7 +36,7 @@ def ingest(catalog: Catalog, cache: str, record: WarmupRecord) -> None:
     """Store one warm-up (replacing an earlier ingestion of the same id) and its digests."""
     programs = {p.key: p for p in record.programs}  # a key listed twice counts once
     counts = {status: sum(p.status == status for p in programs.values()) for status in coverage.STATUSES}
-    with catalog.write_lock, catalog.session() as s:
+    with catalog.writing(cache) as s:
         s.execute(delete(WarmupKeyRow).where(WarmupKeyRow.cache == cache, WarmupKeyRow.warmup_id == record.id))
         s.merge(WarmupRow(
             cache=cache, id=record.id, job=record.job, topology=record.topology, platform=record.platform,
@@ -76,7 +76,7 @@ def scan(catalog: Catalog, cache: str, storage: Storage) -> CoverageScan:
             error = str(exc)
             malformed += 1
             log.warning("cache %s: skipping malformed warm-up record %s: %s", cache, info.name, error)
-        with catalog.write_lock, catalog.session() as s:
+        with catalog.writing(cache) as s:
             s.merge(RecordFileRow(cache=cache, name=info.name, size_bytes=info.size_bytes, mtime_s=info.mtime_s,
                                   generation=info.generation, error=None if error is None else error[:2000]))
     return CoverageScan(ingested, malformed)

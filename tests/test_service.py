@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,13 @@ def sha(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def make_settings(tmp_path: Path, caches: dict[str, str], **kw) -> ServiceSettings:
+#: Tests marked with this run on an SQLite and on a PostgreSQL catalog (the ``svc`` fixture's parameter).
+BOTH = pytest.mark.parametrize("svc", ["sqlite", "postgresql"], indirect=True)
+
+
+def make_settings(tmp_path: Path, caches: dict[str, str], db: str | None = None, **kw) -> ServiceSettings:
     return ServiceSettings(
-        caches=caches, db=f"sqlite:///{tmp_path / 'catalog.sqlite'}", rescan_s=3600,
+        caches=caches, db=db or f"sqlite:///{tmp_path / 'catalog.sqlite'}", rescan_s=3600,
         tokens={sha(READ): "read", sha(ADMIN): "admin", sha(REPORT): "report"}, **kw,
     )
 
@@ -40,10 +45,17 @@ def age(root: Path, days: float) -> None:
             os.utime(p, (t, t))
 
 
+def catalog_db(request, tmp_path) -> str:
+    """The catalog URL for the backend a test is parametrized with (SQLite unless it says otherwise)."""
+    if getattr(request, "param", "sqlite") == "postgresql":
+        return request.getfixturevalue("pg_url")
+    return f"sqlite:///{tmp_path / 'catalog.sqlite'}"
+
+
 @pytest.fixture
-def svc(tmp_path, cache_copy):
+def svc(request, tmp_path, cache_copy):
     age(cache_copy, 10)
-    app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}))
+    app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}, db=catalog_db(request, tmp_path)))
     with TestClient(app) as client:
         assert client.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
         yield client
@@ -63,6 +75,7 @@ def _all_pages(client, query: str) -> list[dict]:
     raise AssertionError("pagination never ended")
 
 
+@BOTH
 def test_list_caches(svc, cache_copy, jax_caches):
     body = svc.get("/v1/caches", headers=H_READ).json()
     (c,) = body["caches"]
@@ -74,6 +87,7 @@ def test_list_caches(svc, cache_copy, jax_caches):
 
 @pytest.mark.parametrize("sort", ["size", "compile", "last_used", "created", "name"])
 @pytest.mark.parametrize("order", ["asc", "desc"])
+@BOTH
 def test_pagination_has_no_duplicates_or_gaps(svc, jax_caches, sort, order):
     got = _all_pages(svc, f"sort={sort}&order={order}&limit=3")
     keys = [e["key"] for e in got]
@@ -85,6 +99,7 @@ def test_pagination_has_no_duplicates_or_gaps(svc, jax_caches, sort, order):
     assert values == sorted(values, reverse=order == "desc")
 
 
+@BOTH
 def test_filters(svc, jax_caches):
     entries = jax_caches["zstd"].entries
     got = _all_pages(svc, "function=jit_odd*")
@@ -99,6 +114,54 @@ def test_filters(svc, jax_caches):
     assert len(_all_pages(svc, "older_than=1d")) == len(entries)
     assert _all_pages(svc, "status=corrupt") == []
     assert len(_all_pages(svc, "status=ok")) == len(entries)
+
+
+@BOTH
+@pytest.mark.parametrize("glob", ["jit_*", "*_*", "*.v2", "jit?odd*", "*", "JIT_*", "*TINY", "jit_Tiny", "*tiny",
+                                  "jit%", "jit\\_*", "*-name.*", "?it_t*", "jit_train_step"])
+def test_function_globs_match_like_fnmatchcase(svc, jax_caches, glob):
+    """The same answer as the CLI's --function (fnmatch.fnmatchcase: case-sensitive, only * and ?) on both
+    backends: SQLite's LIKE would ignore case, PostgreSQL's default collation would mis-order a prefix range."""
+    import fnmatch
+
+    want = sorted(e["key"] for e in jax_caches["zstd"].entries if fnmatch.fnmatchcase(e["module"], glob))
+    got = [e["key"] for e in _all_pages(svc, f"function={urllib.parse.quote(glob)}&limit=2")]
+    assert got == want
+
+
+@BOTH
+def test_names_sort_and_match_by_code_point(svc, cache_copy, jax_caches):
+    """Upper case, '_' and '.' order as code points on both backends (not as the PostgreSQL server's locale would,
+    which folds case and weighs punctuation apart), so the keyset cursor and prefix ranges see one order."""
+    for module in ("jit_B", "jit__x", "jit_a", "jit_B.v2", "JIT_c", "jit_Ba"):
+        (cache_copy / f"{module}-{'a' * 64}-cache").write_bytes(b"not a JAX entry")
+    svc.post("/v1/caches/demo/rescan", headers=H_ADMIN)
+    keys = [e["key"] for e in _all_pages(svc, "sort=name&limit=2")]
+    assert keys == sorted(keys) and len(keys) == len(jax_caches["zstd"].entries) + 6
+    assert [e["key"] for e in _all_pages(svc, "sort=name&order=desc&limit=3")] == keys[::-1]
+    assert [e["function"] for e in _all_pages(svc, "function=jit_B*")] == ["jit_B", "jit_B.v2", "jit_Ba"]
+
+
+@BOTH
+def test_growth_days_round_down(svc, cache_copy, jax_caches):
+    # Created three quarters into a day: PostgreSQL's CAST would round that to the next day.
+    day = int(time.time() // 86400) - 3
+    t = day * 86400 + 0.75 * 86400
+    for p in cache_copy.iterdir():
+        if p.is_file():
+            os.utime(p, (t, t))
+    svc.post("/v1/caches/demo/rescan", headers=H_ADMIN)
+    growth = svc.get("/v1/caches/demo/stats", headers=H_READ).json()["growth"]
+    assert [g["day"] for g in growth] == [time.strftime("%Y-%m-%d", time.gmtime(day * 86400))]
+
+
+@BOTH
+def test_a_cursor_of_another_sort_is_400(svc):
+    by_name = svc.get("/v1/caches/demo/entries?sort=name&limit=1", headers=H_READ).json()["next_cursor"]
+    by_size = svc.get("/v1/caches/demo/entries?sort=size&limit=1", headers=H_READ).json()["next_cursor"]
+    assert svc.get(f"/v1/caches/demo/entries?sort=size&cursor={by_name}", headers=H_READ).status_code == 400
+    assert svc.get(f"/v1/caches/demo/entries?sort=name&cursor={by_size}", headers=H_READ).status_code == 400
+    assert svc.get(f"/v1/caches/demo/entries?sort=size&cursor={by_size}", headers=H_READ).status_code == 200
 
 
 def test_entry_detail_and_errors(svc, jax_caches):
@@ -125,6 +188,7 @@ def test_bad_queries_are_4xx(svc, query):
     assert 400 <= r.status_code < 500, (query, r.status_code, r.text)
 
 
+@BOTH
 def test_stats_match_the_cli(svc, cache_copy, capsys):
     api = svc.get("/v1/caches/demo/stats", headers=H_READ).json()
     assert cli_main(["stats", str(cache_copy), "--json"]) == 0
@@ -142,6 +206,7 @@ def _listing(root: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
 
 
+@BOTH
 def test_prune_dry_run_changes_nothing_and_apply_deletes_the_plan(svc, cache_copy, jax_caches):
     before = _listing(cache_copy)
     policy = {"functions": ["jit_tiny", "jit_odd*"], "min_age": "1h"}
@@ -168,6 +233,7 @@ def test_prune_dry_run_changes_nothing_and_apply_deletes_the_plan(svc, cache_cop
     assert not listed & planned
 
 
+@BOTH
 def test_prune_respects_pins_and_grace(svc, cache_copy, jax_caches):
     assert svc.put("/v1/caches/demo/pins/jit_train*", headers=H_ADMIN).status_code == 200
     assert [p["pattern"] for p in svc.get("/v1/caches/demo/pins", headers=H_READ).json()["pins"]] == ["jit_train*"]
@@ -192,6 +258,7 @@ def test_bad_policies_are_rejected_and_touch_nothing(svc, cache_copy, body):
     assert _listing(cache_copy) == before
 
 
+@BOTH
 def test_second_prune_while_one_runs_gets_409(svc):
     lock = svc.app.state.jaxcache.prune_locks.get("demo")
     assert lock.acquire(blocking=False)
@@ -204,6 +271,7 @@ def test_second_prune_while_one_runs_gets_409(svc):
                     headers=H_ADMIN).status_code == 200
 
 
+@BOTH
 def test_delete_entry(svc, cache_copy, jax_caches):
     e = jax_caches["zstd"].entries[0]
     assert svc.delete(f"/v1/caches/demo/entries/{e['key']}", headers=H_READ).status_code == 403
@@ -213,6 +281,7 @@ def test_delete_entry(svc, cache_copy, jax_caches):
     assert svc.delete(f"/v1/caches/demo/entries/{e['key']}", headers=H_ADMIN).status_code == 404
 
 
+@BOTH
 def test_rescan_picks_up_changes(svc, cache_copy, jax_caches):
     e = jax_caches["zstd"].entries[1]
     (cache_copy / e["file"]).unlink()

@@ -33,9 +33,13 @@ def sha(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def settings(tmp_path: Path, caches: dict[str, str], **kw) -> ServiceSettings:
+#: Tests marked with this run on an SQLite and on a PostgreSQL catalog (the ``svc`` fixture's parameter).
+BOTH = pytest.mark.parametrize("svc", ["sqlite", "postgresql"], indirect=True)
+
+
+def settings(tmp_path: Path, caches: dict[str, str], db: str | None = None, **kw) -> ServiceSettings:
     return ServiceSettings(
-        caches=caches, db=f"sqlite:///{tmp_path / 'catalog.sqlite'}", rescan_s=3600,
+        caches=caches, db=db or f"sqlite:///{tmp_path / 'catalog.sqlite'}", rescan_s=3600,
         tokens={sha(READ): "read", sha(ADMIN): "admin", sha(REPORT): "report"}, **kw,
     )
 
@@ -128,9 +132,10 @@ def post(client, record: RunRecord | bytes, query: str = "", headers=H_REPORT):
 
 
 @pytest.fixture
-def svc(tmp_path, cache_copy):
+def svc(request, tmp_path, cache_copy):
     age(cache_copy, 10)
-    with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}))) as client:
+    db = request.getfixturevalue("pg_url") if getattr(request, "param", "sqlite") == "postgresql" else None
+    with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}, db=db))) as client:
         rescan(client)
         yield client
 
@@ -146,6 +151,7 @@ def keys(jax_caches) -> dict[str, str]:
 # Ingestion
 
 
+@BOTH
 def test_rescan_ingests_records_under_the_root(svc, cache_copy, keys, caplog):
     now = time.time()
     train, tiny = keys["jit_train_step"], keys["jit_tiny"]
@@ -191,6 +197,7 @@ def test_rescan_ingests_records_under_the_root(svc, cache_copy, keys, caplog):
     assert "jaxcache_reports_ingested_total{cache=\"demo\",source=\"storage\"} 3.0" in svc.get("/metrics").text
 
 
+@BOTH
 def test_post_report_ingests_the_same_record(svc, cache_copy, keys, tmp_path):
     now = time.time()
     train = keys["jit_train_step"]
@@ -239,6 +246,7 @@ def _catalog_state(client) -> tuple:
     return entries(client), jobs, windows
 
 
+@BOTH
 def test_malformed_reports_are_422_and_store_nothing(svc, keys):
     train = keys["jit_train_step"]
     good = json.loads(run("j", "r1", [write(train, 1.0, time.time())]).to_json())
@@ -253,13 +261,14 @@ def test_malformed_reports_are_422_and_store_nothing(svc, keys):
         json.dumps({**good, "run_id": "../../etc"}).encode(),
         json.dumps({**good, "keys": [good["keys"][0], good["keys"][0]]}).encode(),  # one key twice
         json.dumps({**good, "updated_at": "yesterday"}).encode(),
+        json.dumps({**good, "host": "node\u0000one"}).encode(),  # PostgreSQL stores no NUL in text
     ]
     for body in bodies:
         r = post(svc, body, "?cache=demo")
         assert r.status_code == 422, (body[:80], r.status_code, r.text)
         assert isinstance(r.json()["detail"], str) and r.json()["detail"]
     assert _catalog_state(svc) == before
-    assert 'jaxcache_reports_malformed_total{source="report"} 9.0' in svc.get("/metrics").text
+    assert 'jaxcache_reports_malformed_total{source="report"} 10.0' in svc.get("/metrics").text
 
 
 def test_report_body_limit_is_its_own(tmp_path, cache_copy, keys):
@@ -279,6 +288,7 @@ def test_report_body_limit_is_its_own(tmp_path, cache_copy, keys):
         assert r.status_code == 200 and r.json()["keys"] == 2000
 
 
+@BOTH
 def test_reingest_is_idempotent(svc, keys):
     now = time.time()
     train, tiny = keys["jit_train_step"], keys["jit_tiny"]
@@ -297,6 +307,7 @@ def test_reingest_is_idempotent(svc, keys):
     assert once[0][train]["hits"] == 2 and once[0][train]["saved_s"] == pytest.approx(2 * 5.0 - 0.2)
 
 
+@BOTH
 def test_a_report_may_arrive_before_its_entry(svc, cache_copy, keys):
     now = time.time()
     late = "jit_late-" + "ab" * 32
@@ -340,6 +351,7 @@ def reported(svc, keys):
     return now
 
 
+@BOTH
 def test_entry_filters_and_hits_sort(svc, keys, reported):
     train, tiny, odd = keys["jit_train_step"], keys["jit_tiny"], keys["jit_odd-name.v2"]
     assert set(entries(svc, "job=pretrain")) == {train, tiny}
@@ -358,6 +370,7 @@ def test_entry_filters_and_hits_sort(svc, keys, reported):
     assert entries(svc)[train]["hits"] == 3
 
 
+@BOTH
 def test_entry_detail_lists_jobs(svc, keys, reported):
     e = svc.get(f"/v1/caches/demo/entries/{keys['jit_train_step']}", headers=H_READ).json()
     assert [(j["job"], j["hits"], j["writes"]) for j in e["jobs"]] == [
@@ -365,6 +378,7 @@ def test_entry_detail_lists_jobs(svc, keys, reported):
     assert e["saved_s"] == pytest.approx(3 * 20.0 - 1.0)
 
 
+@BOTH
 def test_jobs(svc, keys, reported):
     jobs = {j["job"]: j for j in svc.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"]}
     assert list(jobs) == ["pretrain", "finetune", "eval"]  # newest run first
@@ -388,6 +402,7 @@ def test_jobs(svc, keys, reported):
     assert svc.get("/v1/caches/nope/jobs", headers=H_READ).status_code == 404
 
 
+@BOTH
 def test_stats_windows(svc, reported):
     stats = svc.get("/v1/caches/demo/stats", headers=H_READ).json()
     day, week = stats["last_24h"], stats["last_7d"]
@@ -418,6 +433,7 @@ def _prune(client, policy: dict, *, apply: bool = False, cache: str = "demo") ->
     return r.json()
 
 
+@BOTH
 def test_stale_jaxlib_local(svc, cache_copy, keys):
     now = time.time()
     train, tiny, odd = keys["jit_train_step"], keys["jit_tiny"], keys["jit_odd-name.v2"]
@@ -455,6 +471,7 @@ def test_bad_stale_jaxlib_policies_are_rejected(svc, cache_copy, body):
     assert _files(cache_copy) == before
 
 
+@BOTH
 def test_hits_drive_lru_local(svc, cache_copy, keys, jax_caches):
     now = time.time()
     train, tiny, odd = keys["jit_train_step"], keys["jit_tiny"], keys["jit_odd-name.v2"]
@@ -572,8 +589,9 @@ def test_an_older_entries_table_is_rebuilt(tmp_path):
     catalog.dispose()
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_incremental_aggregates_equal_a_full_recompute(tmp_path, cache_copy, keys, seed):
+@pytest.mark.parametrize(("seed", "backend"), [(seed, "sqlite") for seed in range(6)] + [(0, "postgresql"),
+                                                                                         (1, "postgresql")])
+def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_copy, keys, seed, backend):
     """Random reports (processes rewriting growing totals, late writers, older versions, keys without entries):
     the aggregates kept as differences equal a recomputation from every row."""
     import random
@@ -585,7 +603,8 @@ def test_incremental_aggregates_equal_a_full_recompute(tmp_path, cache_copy, key
     from sqlalchemy import select
 
     rng = random.Random(seed)
-    catalog = Catalog(f"sqlite:///{tmp_path / 'c.sqlite'}")
+    url = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'c.sqlite'}"
+    catalog = Catalog(url)
     do_rescan(catalog, "demo", open_storage(str(cache_copy)))
     pool = keys["all"][:5] + [f"jit_ghost{i}-{'c' * 64}" for i in range(3)]
     now = time.time()

@@ -14,6 +14,8 @@ COPY core ./core
 COPY client ./client
 COPY service ./service
 COPY warmup ./warmup
+# The service extra brings the PostgreSQL driver (psycopg, binary wheel: no libpq to install) and Alembic with the
+# catalog's migrations (package data under jaxcache/service/migrations/).
 RUN /opt/jaxcache/bin/pip install --no-cache-dir '.[service,gcs]'
 
 FROM python:3.11-slim-bookworm

@@ -1,0 +1,226 @@
+"""The catalog's Alembic migrations on SQLite and on a real PostgreSQL: empty to head equals the models, catalogs
+written before Alembic are adopted (pins and the audit log kept), replicas starting together migrate once."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from jaxcache.service import migrate
+from jaxcache.service.catalog import Base, Catalog
+from sqlalchemy import MetaData, create_engine, inspect, text
+
+REPO = Path(__file__).parent.parent
+
+# What jaxcache 0.1's first service release created (SQLAlchemy's create_all of its models, on SQLite).
+V1_DDL = """
+CREATE TABLE caches (name VARCHAR(64) NOT NULL, url VARCHAR(1024) NOT NULL, last_scan_s FLOAT,
+    last_scan_seconds FLOAT, last_scan_error VARCHAR(2048), PRIMARY KEY (name));
+CREATE TABLE entries (cache VARCHAR(64) NOT NULL, "key" VARCHAR(512) NOT NULL, kind VARCHAR(8) NOT NULL,
+    module VARCHAR(448) NOT NULL, name VARCHAR(512) NOT NULL, size_bytes BIGINT NOT NULL, created_s FLOAT NOT NULL,
+    last_used_s FLOAT NOT NULL, generation BIGINT, has_atime BOOLEAN NOT NULL, atime_ns BIGINT,
+    compression VARCHAR(16), compile_seconds INTEGER, status VARCHAR(16), reason VARCHAR(1024),
+    first_seen_s FLOAT NOT NULL, PRIMARY KEY (cache, "key", kind));
+CREATE INDEX ix_entries_created ON entries (cache, kind, created_s, "key");
+CREATE INDEX ix_entries_compile ON entries (cache, kind, compile_seconds, "key");
+CREATE INDEX ix_entries_module ON entries (cache, kind, module);
+CREATE INDEX ix_entries_last_used ON entries (cache, kind, last_used_s, "key");
+CREATE INDEX ix_entries_size ON entries (cache, kind, size_bytes, "key");
+CREATE TABLE pins (cache VARCHAR(64) NOT NULL, pattern VARCHAR(512) NOT NULL, created_s FLOAT NOT NULL,
+    created_by VARCHAR(128) NOT NULL, PRIMARY KEY (cache, pattern));
+CREATE TABLE prunes (id INTEGER NOT NULL, cache VARCHAR(64) NOT NULL, at_s FLOAT NOT NULL, who VARCHAR(128) NOT NULL,
+    policy JSON NOT NULL, deleted INTEGER NOT NULL, bytes_freed BIGINT NOT NULL, already_gone INTEGER NOT NULL,
+    changed INTEGER NOT NULL, errors JSON NOT NULL, PRIMARY KEY (id));
+CREATE INDEX ix_prunes_cache ON prunes (cache);
+"""
+KEY = "jit_f-" + "0" * 64
+PINS = [("demo", "jit_train*", 100.0, "token:abc"), ("demo", KEY, 101.0, "token:def")]
+PRUNES = [(1, "demo", 200.0, "token:abc", json.dumps({"corrupt": True}), 3, 3000, 0, 0, "[]"),
+          (7, "demo", 300.0, "token:def", json.dumps({"unused_for": "14d"}), 1, 10, 1, 0, '["gone"]')]
+
+
+def _schema_diff(url: str) -> list:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    finally:
+        engine.dispose()
+
+
+def _rows(url: str, sql: str) -> list[tuple]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(sql))]
+    finally:
+        engine.dispose()
+
+
+def _revision(url: str) -> str | None:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return migrate.current(conn)
+    finally:
+        engine.dispose()
+
+
+def _v1_catalog(path: Path) -> str:
+    db = sqlite3.connect(path)
+    db.executescript(V1_DDL)
+    db.execute("INSERT INTO caches VALUES ('demo', '/x', 123.0, 1.0, NULL)")
+    db.execute("INSERT INTO entries VALUES ('demo', ?, 'entry', 'jit_f', ?, 1, 1.0, 1.0, NULL, 0, NULL, 'zstd', 0, "
+               "'ok', NULL, 1.0)", (KEY, KEY + "-cache"))
+    db.executemany("INSERT INTO pins VALUES (?, ?, ?, ?)", PINS)
+    db.executemany("INSERT INTO prunes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", PRUNES)
+    db.commit()
+    db.close()
+    return f"sqlite:///{path}"
+
+
+def test_empty_to_head_equals_the_models(catalog_url):
+    Catalog(catalog_url).dispose()
+    assert _revision(catalog_url) == migrate.head()
+    assert _schema_diff(catalog_url) == []
+    if catalog_url.startswith("postgresql"):
+        # compare_metadata does not look at collations: the columns that listings sort by must be "C".
+        got = _rows(catalog_url, "SELECT table_name, column_name, collation_name FROM information_schema.columns "
+                                 "WHERE table_schema = 'public' AND data_type = 'character varying' "
+                                 "AND table_name != 'alembic_version'")
+        assert got and all(c == "C" for _, _, c in got), got
+
+
+def test_starting_again_changes_nothing(catalog_url):
+    Catalog(catalog_url).dispose()
+    with Catalog(catalog_url).session() as s:
+        s.execute(text("INSERT INTO pins VALUES ('demo', 'x*', 1.0, 'me')"))
+    Catalog(catalog_url).dispose()
+    assert _rows(catalog_url, "SELECT pattern FROM pins") == [("x*",)]
+
+
+def test_downgrade_to_nothing_and_up_again(catalog_url):
+    from alembic import command
+
+    Catalog(catalog_url).dispose()
+    engine = create_engine(catalog_url)
+    with engine.begin() as conn:
+        command.downgrade(migrate.config(conn), "base")
+    with engine.connect() as conn:
+        assert set(inspect(conn).get_table_names()) <= {"alembic_version"}
+    engine.dispose()
+    Catalog(catalog_url).dispose()
+    assert _schema_diff(catalog_url) == []
+
+
+def test_a_first_release_catalog_keeps_pins_and_audit_log(tmp_path, caplog):
+    url = _v1_catalog(tmp_path / "v1.sqlite")
+    with caplog.at_level(logging.WARNING, logger="jaxcache.service"):
+        Catalog(url).dispose()
+    assert _revision(url) == migrate.head()
+    assert _schema_diff(url) == []
+    assert _rows(url, "SELECT cache, pattern, created_s, created_by FROM pins ORDER BY pattern") == sorted(
+        PINS, key=lambda p: p[1])
+    assert _rows(url, "SELECT id, cache, at_s, who, policy, deleted, bytes_freed, already_gone, changed, errors "
+                      "FROM prunes ORDER BY id") == PRUNES
+    # The entries index lacked columns: rebuilt empty, and the cache counts as never scanned (not ready).
+    assert _rows(url, "SELECT count(*) FROM entries") == [(0,)]
+    assert _rows(url, "SELECT name, url, last_scan_s FROM caches") == [("demo", "/x", None)]
+    assert any("entries" in m and "rebuilt" in m for m in caplog.messages)
+    # The next audit id follows the kept ones.
+    catalog = Catalog(url)
+    with catalog.session() as s:
+        s.execute(text("INSERT INTO prunes (cache, at_s, who, policy, deleted, bytes_freed, already_gone, changed, "
+                       "errors) VALUES ('demo', 1, 'me', '{}', 0, 0, 0, 0, '[]')"))
+    catalog.dispose()
+    assert _rows(url, "SELECT max(id) FROM prunes") == [(8,)]
+
+
+def test_a_catalog_of_the_release_before_alembic_is_kept_whole(tmp_path):
+    # That release created exactly revision 0001's tables: nothing is rebuilt, reports and entries stay.
+    url = f"sqlite:///{tmp_path / 'v2.sqlite'}"
+    engine = create_engine(url)
+    metadata = MetaData()
+    migrate.scripts().get_revision(migrate.INITIAL).module.tables(metadata)
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO caches VALUES ('demo', '/x', 123.0, 1.0, NULL)"))
+        conn.execute(text("INSERT INTO key_stats (cache, key, hits, saved_s) VALUES ('demo', :k, 4, 2.5)"), {"k": KEY})
+        conn.execute(text("INSERT INTO pins VALUES ('demo', 'keep', 1.0, 'me')"))
+    engine.dispose()
+    Catalog(url).dispose()
+    assert _revision(url) == migrate.head()
+    assert _rows(url, "SELECT key, hits, saved_s FROM key_stats") == [(KEY, 4, 2.5)]
+    assert _rows(url, "SELECT last_scan_s FROM caches") == [(123.0,)]
+    assert _rows(url, "SELECT pattern FROM pins") == [("keep",)]
+
+
+def test_a_table_that_cannot_be_rebuilt_stops_the_upgrade_and_changes_nothing(tmp_path):
+    path = tmp_path / "odd.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE pins (cache VARCHAR(64), pattern VARCHAR(512), PRIMARY KEY (cache, pattern))")
+    db.execute("INSERT INTO pins VALUES ('demo', 'keep')")
+    db.commit()
+    db.close()
+    with pytest.raises(migrate.MigrationError, match="pins"):
+        Catalog(f"sqlite:///{path}")
+    db = sqlite3.connect(path)
+    assert [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["pins"]
+    assert db.execute("SELECT * FROM pins").fetchall() == [("demo", "keep")]
+
+
+def test_a_newer_schema_is_left_alone(catalog_url, caplog):
+    Catalog(catalog_url).dispose()
+    engine = create_engine(catalog_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    with caplog.at_level(logging.WARNING, logger="jaxcache.service"):
+        catalog = Catalog(catalog_url)
+    with catalog.session() as s:
+        s.execute(text("SELECT count(*) FROM entries"))
+    catalog.dispose()
+    assert _revision(catalog_url) == "9999"
+    assert any("9999" in m and "newer" in m for m in caplog.messages)
+
+
+def test_replicas_starting_together_migrate_once(catalog_url):
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def replica() -> None:
+        try:
+            start.wait()
+            Catalog(catalog_url).dispose()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=replica) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert _revision(catalog_url) == migrate.head()
+    assert _rows(catalog_url, "SELECT count(*) FROM alembic_version") == [(1,)]
+    assert _schema_diff(catalog_url) == []
+
+
+def test_revisions_are_shipped_as_package_data(tmp_path):
+    # What `pip install .` puts in site-packages (the image installs that way, not editable).
+    proc = subprocess.run([sys.executable, "-c", "import setuptools; setuptools.setup()", "-q", "build_py", "-d",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    shipped = tmp_path / "jaxcache" / "service" / "migrations"
+    for name in ("env.py", "script.py.mako", "README.md", "versions/0001_initial.py"):
+        assert (shipped / name).is_file(), name
+    assert {p.name for p in (shipped / "versions").glob("*.py")} == {
+        p.name for p in (REPO / "service" / "migrations" / "versions").glob("*.py")}
