@@ -89,6 +89,7 @@ class State:
         self._usage: dict[str, tuple[float, dict]] = {}
         self.roots = reports.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
         self.scanned: set[str] = set()
+        self._rounds_done: set[str] = set()  # caches this process has rescanned in a background round
         with self.catalog.session() as s:
             for name in settings.caches:
                 # An upsert: replicas starting together register the same caches.
@@ -240,12 +241,15 @@ class State:
             last = {r.name: r.last_scan_s for r in s.scalars(select(CacheRow))}
         for name in self.settings.caches:
             at = last.get(name)
-            if at is not None and name in self.scanned and 0 <= now - at < self.settings.rescan_s / 2:
+            # A process's first round always rescans: records and entries written while it was down (or
+            # since the last replica's scan) must not wait a whole period.
+            if (at is not None and name in self._rounds_done and 0 <= now - at < self.settings.rescan_s / 2):
                 log.debug("rescan of %s skipped: scanned %.0f s ago (by another replica)", name, now - at)
                 self.follow(name)
                 continue
             try:
                 self.rescan(name, wait_s=0)
+                self._rounds_done.add(name)
             except LockBusyError:
                 log.info("rescan of %s skipped: another replica is running one", name)
                 self.follow(name)
