@@ -6,15 +6,19 @@ writer and a second JAX version can be used) and are session-scoped to keep the 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +135,75 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+# --- `jaxcache serve` in its own process ----------------------------------------------------------------------
+
+
+def serve_env(tokens: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """This process's environment without JAXCACHE_* settings, plus ``tokens`` (plain token -> scope, stored as
+    the SHA-256 hashes the service expects) and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
+    if tokens:
+        env["JAXCACHE_TOKENS"] = json.dumps({hashlib.sha256(t.encode()).hexdigest(): s for t, s in tokens.items()})
+    return {**env, **extra}
+
+
+def start_serve(caches: dict[str, str | Path], db: str, *, env: dict[str, str], args: tuple[str, ...] = (),
+                stdout=subprocess.PIPE) -> tuple[subprocess.Popen, str]:
+    """Start `jaxcache serve` for ``caches`` (name -> root) on a free loopback port; returns the process and its
+    base URL. Wait for it with :func:`wait_ready`, stop it with :func:`stop_serve`."""
+    port = _free_port()
+    cmd = [str(Path(sys.executable).with_name("jaxcache")), "serve", "--port", str(port), "--db", db, *args]
+    for name, root in caches.items():
+        cmd += ["--cache", f"{name}={root}"]
+    proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.STDOUT, text=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(proc: subprocess.Popen, base: str, *, output=None, patience_s: float = 60.0) -> None:
+    """Wait until ``/readyz`` answers 200; raise with the process's output if it exits or never gets there.
+    A bound on waiting for another process, not a timing assertion."""
+    import httpx
+
+    def said() -> str:
+        return output() if output is not None else (proc.stdout.read() if proc.stdout else "")
+
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"jaxcache serve exited:\n{said()}")
+        try:
+            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"jaxcache serve never became ready:\n{said()}")
+
+
+def stop_serve(proc: subprocess.Popen) -> None:
+    """Ctrl-C, as a user stops it; kill if it does not exit."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def jaxcache_serve(caches: dict[str, str | Path], db: str, *, tokens: dict[str, str] | None = None,
+                   args: tuple[str, ...] = ()) -> Iterator[str]:
+    """A ready `jaxcache serve` over ``caches``; yields its base URL and stops it afterwards."""
+    proc, base = start_serve(caches, db, env=serve_env(tokens), args=args)
+    try:
+        wait_ready(proc, base)
+        yield base
+    finally:
+        stop_serve(proc)
+
 
 
 @pytest.fixture(scope="session")

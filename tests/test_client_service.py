@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import jaxcache_serve
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
 ADMIN, REPORT, READ = "cs-admin", "cs-report", "cs-read"
@@ -35,34 +34,9 @@ def service(tmp_path):
     """`jaxcache serve` over an empty cache directory, with admin, report and read tokens."""
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o755)
-    port = _free_port()
-    tokens = {hashlib.sha256(t.encode()).hexdigest(): scope for t, scope in
-              ((ADMIN, "admin"), (REPORT, "report"), (READ, "read"))}
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("jaxcache")), "serve", "--cache", f"shared={cache}", "--port",
-         str(port), "--db", f"sqlite:///{tmp_path / 'catalog.sqlite'}"],
-        env=_env(JAXCACHE_TOKENS=json.dumps(tokens)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):  # bounded wait for startup; not a timing assertion
-            if proc.poll() is not None:
-                raise AssertionError(f"serve exited: {proc.stdout.read()}")
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise AssertionError("service never became ready")
+    with jaxcache_serve({"shared": cache}, f"sqlite:///{tmp_path / 'catalog.sqlite'}",
+                        tokens={ADMIN: "admin", REPORT: "report", READ: "read"}) as base:
         yield base, cache
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def run_job(cache: Path, job: str, *args: str) -> dict:

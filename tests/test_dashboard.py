@@ -16,17 +16,14 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import time
 import tomllib
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import SCREENSHOTS_KEY
+from conftest import SCREENSHOTS_KEY, serve_env, start_serve, stop_serve, wait_ready
 from fastapi.testclient import TestClient
 from jaxcache import coverage, records
 from jaxcache import entry as fmt
@@ -436,37 +433,15 @@ class Served:
 
 
 def _serve(tmp_path: Path, root: Path):
-    port = _free_port()
-    exe = Path(sys.executable).with_name("jaxcache")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
-    env["JAXCACHE_TOKENS"] = json.dumps(TOKENS)
-    proc = subprocess.Popen(
-        [str(exe), "serve", "--cache", f"demo={root}", "--port", str(port),
-         "--db", f"sqlite:///{tmp_path / 'served.sqlite'}"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_serve({"demo": root}, f"sqlite:///{tmp_path / 'served.sqlite'}",
+                             env=serve_env(JAXCACHE_TOKENS=json.dumps(TOKENS)))
     try:
-        for _ in range(300):  # bounded wait for the first scan; not a timing assertion
-            if proc.poll() is not None:
-                raise AssertionError(f"serve exited: {proc.stdout.read()}")
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise AssertionError("service never became ready")
+        wait_ready(proc, base)
         served = Served(base, root)
         yield served
         served.api.close()
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_serve(proc)
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 import tomllib
 import urllib.error
 import urllib.request
@@ -29,6 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import jaxcache_serve
 from jaxcache.client import options as client_options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -562,35 +560,8 @@ def served(tmp_path_factory):
     caches = {name: tmp / name for name in json.loads((PRUNE / "policies.json").read_text())}
     for path in caches.values():
         path.mkdir()
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
-    env["JAXCACHE_TOKENS"] = json.dumps({hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest(): "admin"})
-    cmd = [str(Path(sys.executable).with_name("jaxcache")), "serve", "--port", str(port),
-           "--db", f"sqlite:///{tmp / 'catalog.sqlite'}"]
-    for name, path in caches.items():
-        cmd += ["--cache", f"{name}={path}"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):  # bounded wait for the first scan; not a timing assertion
-            if proc.poll() is not None:
-                raise AssertionError(f"jaxcache serve exited: {proc.stdout.read()}")
-            try:
-                with urllib.request.urlopen(f"{base}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise AssertionError("jaxcache serve never became ready")
-        yield base, port
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with jaxcache_serve(caches, f"sqlite:///{tmp / 'catalog.sqlite'}", tokens={ADMIN_TOKEN: "admin"}) as base:
+        yield base, int(base.rsplit(":", 1)[1])
 
 
 def test_prune_script_applies_each_policy_through_the_service(served, tmp_path):

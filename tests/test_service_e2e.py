@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from conftest import jaxcache_serve
 
 ADMIN = "e2e-admin-token"
 H = {"Authorization": f"Bearer {ADMIN}"}
@@ -27,34 +24,9 @@ def _free_port() -> int:
 
 @pytest.fixture
 def served(tmp_path, cache_copy):
-    port = _free_port()
-    exe = Path(sys.executable).with_name("jaxcache")
-    env = {**os.environ, "JAXCACHE_TOKENS": json.dumps({hashlib.sha256(ADMIN.encode()).hexdigest(): "admin"})}
-    proc = subprocess.Popen(
-        [str(exe), "serve", "--cache", f"demo={cache_copy}", "--port", str(port),
-         "--db", f"sqlite:///{tmp_path / 'catalog.sqlite'}"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):  # bounded wait for the first scan; not a timing assertion
-            if proc.poll() is not None:
-                raise AssertionError(f"serve exited: {proc.stdout.read()}")
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise AssertionError("service never became ready")
+    with jaxcache_serve({"demo": cache_copy}, f"sqlite:///{tmp_path / 'catalog.sqlite'}",
+                        tokens={ADMIN: "admin"}) as base:
         yield base
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.mark.slow

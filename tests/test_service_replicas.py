@@ -8,9 +8,6 @@ prune must take (as a third replica would), so the prune stays in flight until t
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import random
 import signal
 import subprocess
@@ -22,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import _free_port
+from conftest import serve_env, start_serve, stop_serve, wait_ready
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog import Catalog, EntryRow, KeyStatsRow, UsageRow
 from jaxcache.service.locks import ClusterLocks, LockBusyError
@@ -179,31 +176,15 @@ class Replica:
     """One `jaxcache serve` process."""
 
     def __init__(self, name: str, root: Path, db: str, log: Path) -> None:
-        self.name, self.port = name, _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        tokens = {hashlib.sha256(t.encode()).hexdigest(): s for t, s in ((ADMIN, "admin"), (REPORT, "report"))}
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")},
-               "JAXCACHE_TOKENS": json.dumps(tokens)}
-        self.log = log
-        self.proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("jaxcache")), "serve", "--cache", f"demo={root}", "--port",
-             str(self.port), "--db", db, "--rescan-s", "3600"],
-            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-        )
+        self.name, self.log = name, log
+        self.proc, self.base = start_serve(
+            {"demo": root}, db, env=serve_env({ADMIN: "admin", REPORT: "report"}), args=("--rescan-s", "3600"),
+            stdout=log.open("w"))
+        self.port = int(self.base.rsplit(":", 1)[1])
         self.client = httpx.Client(base_url=self.base, headers=H_ADMIN, timeout=PATIENCE_S)
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + PATIENCE_S  # bounds a wait for another process; not a timing assertion
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"replica {self.name} exited:\n{self.log.read_text()}")
-            try:
-                if httpx.get(f"{self.base}/readyz", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"replica {self.name} never became ready:\n{self.log.read_text()}")
+        wait_ready(self.proc, self.base, output=self.log.read_text, patience_s=PATIENCE_S)
 
     def entries(self) -> list[dict]:
         out, cursor = [], None
@@ -217,13 +198,7 @@ class Replica:
 
     def stop(self) -> None:
         self.client.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_serve(self.proc)
 
 
 @pytest.fixture
