@@ -20,7 +20,7 @@ from jaxcache import records
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
 from jaxcache.service import dashboard, pruning, queries, reports, verification, warmups
 from jaxcache.service.auth import Authenticator, Principal
-from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow, VerificationRow
+from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow
 from jaxcache.service.locks import LockBusyError
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.pruning import PruneInProgressError, PruneLocks
@@ -505,17 +505,14 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         _storage(request, cache)
         _check_key(key)
         with state.catalog.reader() as conn:
-            row = conn.execute(select(*queries.entry_columns()).where(
-                EntryRow.cache == cache, EntryRow.key == key, EntryRow.kind == "entry")).first()
-            if row is None:
-                raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
-            jobs = queries.entry_jobs(conn, cache, key)
-            verdict = conn.execute(select(VerificationRow).where(VerificationRow.cache == cache,
-                                                                  VerificationRow.key == key)).first()
+            found = queries.entry_detail(conn, cache, key)
+        if found is None:
+            raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
+        entry, jobs, verdict = found
         checked = {} if verdict is None else dict(
             integrity=verdict.classification, integrity_reasons=verdict.reasons, sha256=verdict.sha256,
             attested_by=verdict.attested_by)
-        return EntryDetail(**queries.page_entry(row), jobs=[EntryJobModel(**j) for j in jobs], **checked)
+        return EntryDetail(**entry, jobs=[EntryJobModel(**j) for j in jobs], **checked)
 
     @app.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry", tags=["entries"],
                 responses=_ERRORS)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from jaxcache.errors import InvalidInputError
-from jaxcache.service.catalog import EntryRow, PruneRow, RunRow, UsageRow
+from jaxcache.service.catalog import EntryRow, PruneRow, RunRow, UsageRow, VerificationRow
 from sqlalchemy import BigInteger, Integer, Row, and_, cast, func, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
@@ -392,3 +392,15 @@ def prunes(s: Session | Connection, cache: str, *, limit: int, audit_id: int | N
     if audit_id is not None:
         q = q.where(PruneRow.id == audit_id)
     return [dict(r._mapping) for r in s.execute(q.order_by(PruneRow.id.desc()).limit(limit))]
+
+
+def entry_detail(conn: Connection, cache: str, key: str) -> tuple[dict, list[dict], Row | None] | None:
+    """One entry as the API and the dashboard show it: its fields, every job that reported it, and its last
+    integrity verdict (None before the first); None when the catalog has no such entry."""
+    row = conn.execute(select(*entry_columns()).where(
+        EntryRow.cache == cache, EntryRow.key == key, EntryRow.kind == "entry")).first()
+    if row is None:
+        return None
+    verdict = conn.execute(select(VerificationRow).where(VerificationRow.cache == cache,
+                                                          VerificationRow.key == key)).first()
+    return page_entry(row), entry_jobs(conn, cache, key), verdict

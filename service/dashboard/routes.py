@@ -31,7 +31,6 @@ from fastapi.staticfiles import StaticFiles
 from jaxcache import entry as entry_fmt
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.service import pruning, queries, verification
-from jaxcache.service.catalog import EntryRow, VerificationRow
 from jaxcache.service.dashboard import format as fmt
 from jaxcache.service.dashboard import warmups
 from jaxcache.service.pruning import PruneInProgressError
@@ -39,7 +38,6 @@ from jaxcache.service.schemas import PruneRequest
 from jaxcache.units import parse_bytes, parse_duration
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import ValidationError
-from sqlalchemy import select
 
 if TYPE_CHECKING:
     from jaxcache.service.app import State
@@ -356,15 +354,12 @@ def install(app: FastAPI, state: State) -> Dashboard:
         if not entry_fmt.is_valid_key(key):
             raise HTTPException(400, "malformed key: expected <function>-<64 lower-case hex>, as JAX names entries")
         with state.catalog.reader() as conn:
-            row = conn.execute(select(*queries.entry_columns()).where(
-                EntryRow.cache == cache, EntryRow.key == key, EntryRow.kind == "entry")).first()
-            if row is None:
-                raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
-            jobs = queries.entry_jobs(conn, cache, key)
-            verdict = conn.execute(select(VerificationRow).where(VerificationRow.cache == cache,
-                                                                  VerificationRow.key == key)).first()
+            found = queries.entry_detail(conn, cache, key)  # what GET /v1/caches/{cache}/entries/{key} shows
+        if found is None:
+            raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
+        entry, jobs, verdict = found
         return dash.render(request, "entry.html", viewer=viewer, cache=cache, section="entries",
-                           e=queries.page_entry(row), jobs=jobs, verdict=verdict)
+                           e=entry, jobs=jobs, verdict=verdict)
 
     @router.get("/caches/{cache}/jobs")
     def jobs(request: Request, cache: str) -> Response:
