@@ -374,9 +374,8 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         from jaxcache import integrity
 
         attested = integrity.load_attestations(storage)
-        entries = [r for r in (c for c in candidates) if not r.orphan]
         scanned = [Entry(key=c.key, module=c.module, hash=c.key[-64:], name=c.name, size_bytes=c.size_bytes,
-                         mtime_s=c.created_s, generation=c.generation) for c in entries]
+                         mtime_s=c.created_s, generation=c.generation) for c in candidates if not c.orphan]
         verdicts = {v.key: v for v in _progress(integrity.verify(storage, scanned, attested, now=now,
                                                                  min_age_s=policy.min_age_s), "verifying")}
         candidates = [dataclasses.replace(c, integrity=verdicts[c.key].classification) if c.key in verdicts else c

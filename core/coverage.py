@@ -65,8 +65,7 @@ class WarmupRecord:
 
     def to_json(self) -> bytes:
         """Serialize as stored and as the service accepts it."""
-        data = asdict(self)
-        data["fingerprint"]["digest"] = self.fingerprint.digest
+        data = {**asdict(self), "fingerprint": self.fingerprint.as_dict()}
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 

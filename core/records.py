@@ -61,6 +61,10 @@ class Fingerprint:
         text = json.dumps(asdict(self), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def as_dict(self) -> dict[str, Any]:
+        """Every field plus ``digest``: the fingerprint as records, the API and the CLI print it."""
+        return {**asdict(self), "digest": self.digest}
+
     def differences(self, other: Fingerprint) -> dict[str, tuple[Any, Any]]:
         """Fields that differ, as ``{name: (mine, theirs)}``: why two runs' keys do not match."""
         return {
@@ -116,8 +120,7 @@ class RunRecord:
 
     def to_json(self) -> bytes:
         """Serialize as the JSON the service accepts."""
-        data = asdict(self)
-        data["fingerprint"]["digest"] = self.fingerprint.digest
+        data = {**asdict(self), "fingerprint": self.fingerprint.as_dict()}
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -41,7 +41,7 @@ def ingest(catalog: Catalog, cache: str, record: WarmupRecord) -> None:
         s.merge(WarmupRow(
             cache=cache, id=record.id, job=record.job, topology=record.topology, platform=record.platform,
             gpu_model=record.gpu_model, started_s=record.started_at, finished_s=record.finished_at,
-            fingerprint={**_fingerprint(record)}, programs=len(programs), written=counts[coverage.WRITTEN],
+            fingerprint=record.fingerprint.as_dict(), programs=len(programs), written=counts[coverage.WRITTEN],
             present=counts[coverage.PRESENT], not_written=counts[coverage.NOT_WRITTEN],
             compile_s=sum(p.compile_s or 0.0 for p in programs.values() if p.status != coverage.PRESENT),
         ))
@@ -84,12 +84,6 @@ def scan(catalog: Catalog, cache: str, storage: Storage) -> CoverageScan:
 
 def _read(storage: Storage, info: ObjectInfo) -> tuple[ObjectInfo, bytes | None]:
     return info, storage.read(info.name)
-
-
-def _fingerprint(record: WarmupRecord) -> dict:
-    import json
-
-    return json.loads(record.to_json())["fingerprint"]
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ def _summary(record: WarmupRecord) -> dict[str, Any]:
         "already_warm": sum(p.status == PRESENT for p in programs),
         "not_written": sum(p.status == NOT_WRITTEN for p in programs),
         "compile_s": round(sum(p.compile_s or 0.0 for p in programs if p.status != PRESENT), 3),
-        "fingerprint": json.loads(record.to_json())["fingerprint"],
+        "fingerprint": record.fingerprint.as_dict(),
         "keys": [{"key": p.key, "function": p.function, "status": p.status, "compile_s": p.compile_s,
                   "size_bytes": p.size_bytes, "reason": p.reason} for p in programs],
     }

@@ -60,7 +60,7 @@ def verify(config: WarmupConfig, record: WarmupRecord) -> VerifyResult:
         "script_args": list(config.target.script_args), "trust": config.trust,
     })
     env = {**os.environ, "JAXCACHE_RUN_ID": f"{record.id}-verify"}
-    warm_fp = json.loads(record.to_json())["fingerprint"]
+    warm_fp = record.fingerprint.as_dict()
     proc = subprocess.run([sys.executable, "-m", "jaxcache.warmup", "--verify-child", payload],
                           capture_output=True, text=True, timeout=VERIFY_TIMEOUT_S, env=env)
     try:
@@ -95,7 +95,7 @@ def child_main(payload: str) -> int:
     record = run_warmup(config, write_coverage=False)
     keys = [{"key": p.key, "function": p.function, "event": HIT if p.status == "present" else "compiled"}
             for p in record.programs]
-    fp = json.loads(record.to_json())["fingerprint"]
+    fp = record.fingerprint.as_dict()
     print(json.dumps({"keys": keys, "fingerprint": fp}), flush=True)
     return 0
 

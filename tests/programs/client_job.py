@@ -99,7 +99,7 @@ def main() -> int:
     print(json.dumps({
         "stats": {**{k: getattr(stats, k) for k in stats.__slots__}, "hit_rate": stats.hit_rate},
         "summary": session.summary(),
-        "fingerprint": json.loads(record.to_json())["fingerprint"],
+        "fingerprint": record.fingerprint.as_dict(),
         "record_name": record.name,
         "cache_dir": session.cache_dir,
         "process_index": record.process_index,
