@@ -62,6 +62,10 @@ class CacheRow(Base):
     last_scan_error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
 
 
+#: The expression listings sort compile seconds by (see ix_entries_compile_sort; migration 0003 spells it too).
+COMPILE_SORT_SQL = "coalesce(compile_seconds, -1)"
+
+
 class EntryRow(Base):
     """One ``-cache`` file (kind ``entry``) or one orphaned ``-atime`` file (kind ``orphan``)."""
 
@@ -103,7 +107,9 @@ class EntryRow(Base):
         Index("ix_entries_size", "cache", "kind", "size_bytes", "key"),
         Index("ix_entries_last_used", "cache", "kind", "last_used_s", "key"),
         Index("ix_entries_created", "cache", "kind", "created_s", "key"),
-        Index("ix_entries_compile", "cache", "kind", "compile_seconds", "key"),
+        # Listings sort by compile seconds with unknown (NULL) as -1: an index on exactly that expression lets a
+        # page (and its cursor's row comparison) be an index range instead of a sort of the whole cache.
+        Index("ix_entries_compile_sort", "cache", "kind", text(COMPILE_SORT_SQL), "key"),
         Index("ix_entries_module", "cache", "kind", "module"),
         Index("ix_entries_hits", "cache", "kind", "hits", "key"),
         Index("ix_entries_writer_jaxlib", "cache", "kind", "writer_jaxlib"),
@@ -339,6 +345,8 @@ class Catalog:
         # Writers that read then write (report ingestion, a rescan's commit) take turns in this process before
         # they take the database's own lock (see writing()), so they never wait on each other inside the database.
         self.write_lock = threading.RLock()
+        # The last rescan's view of each cache (rescan._Snapshot), for the next rescan in this process.
+        self.rescan_snapshots: dict[str, object] = {}
 
     @contextmanager
     def session(self) -> Iterator[Session]:

@@ -9,14 +9,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from jaxcache.errors import InvalidInputError
+from jaxcache.service import rawsql
 from jaxcache.service.catalog import EntryRow, PruneRow, RunRow, UsageRow, VerificationRow
-from sqlalchemy import BigInteger, Integer, Row, and_, cast, func, or_, select
+from sqlalchemy import BigInteger, Integer, Row, and_, bindparam, cast, func, literal_column, or_, select, tuple_
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 SORTS = {
     "size": EntryRow.size_bytes,
-    "compile": func.coalesce(EntryRow.compile_seconds, -1),
+    # Literally the indexed expression (catalog.COMPILE_SORT_SQL): a bound -1 would not match the index.
+    "compile": func.coalesce(EntryRow.compile_seconds, literal_column("-1")),
     "last_used": EntryRow.last_used_s,
     "created": EntryRow.created_s,
     "name": EntryRow.key,
@@ -43,6 +45,7 @@ _N = len(PAGE_FIELDS)
 def page_entry(row: Row | tuple) -> dict:
     """One listed entry as the API's JSON object (the fields of ``EntryModel``)."""
     out = dict(zip(PAGE_FIELDS, row[:_N], strict=True))
+    out["has_atime"] = bool(out["has_atime"])  # SQLite's raw rows give 0/1
     out["first_writer"] = None if row[_N] is None else dict(zip(WRITER_FIELDS, row[_N:], strict=True))
     return out
 
@@ -77,14 +80,20 @@ def _dialect(s: Session | Connection) -> str:
     return (s.dialect if isinstance(s, Connection) else s.get_bind().dialect).name
 
 
-def glob_match(dialect: str, column, glob: str):
-    """``column`` matches the glob (``*`` and ``?``), case-sensitively like :func:`fnmatch.fnmatchcase` (the CLI's
-    ``--function``) on every backend: SQLite's LIKE ignores ASCII case, so there it is GLOB (whose only other
-    wildcard, ``[``, is refused); on PostgreSQL, LIKE (case-sensitive there)."""
-    like = glob_to_like(glob)  # refuses "["
+def glob_pattern(dialect: str, glob: str) -> str:
+    """The value :func:`glob_match` compares with for ``glob`` (``*`` and ``?``): the glob itself on SQLite, its
+    LIKE form on PostgreSQL. Refuses ``[``."""
+    like = glob_to_like(glob)
+    return glob if dialect == "sqlite" else like
+
+
+def glob_match(dialect: str, column, pattern):
+    """``column`` matches ``pattern`` (from :func:`glob_pattern`), case-sensitively like :func:`fnmatch.fnmatchcase`
+    (the CLI's ``--function``) on every backend: SQLite's LIKE ignores ASCII case, so there it is GLOB (whose only
+    other wildcard, ``[``, is refused); on PostgreSQL, LIKE (case-sensitive there)."""
     if dialect == "sqlite":
-        return column.op("GLOB", is_comparison=True)(glob)
-    return column.like(like, escape="\\")
+        return column.op("GLOB", is_comparison=True)(pattern)
+    return column.like(pattern, escape="\\")
 
 
 def day_of(dialect: str, seconds):
@@ -123,69 +132,103 @@ def _decode_cursor(cursor: str) -> tuple[object, str]:
 
 
 def list_entries(
-    s: Session | Connection, cache: str, flt: EntryFilter, *, sort: str, order: str, limit: int, cursor: str | None,
-) -> tuple[list[Row], str | None]:
-    """One page of entries and the cursor of the next page (None on the last page)."""
-    col = SORTS[sort]
+    conn: Connection, cache: str, flt: EntryFilter, *, sort: str, order: str, limit: int, cursor: str | None,
+) -> tuple[list[tuple], str | None]:
+    """One page of entries (plain tuples in :data:`PAGE_FIELDS` order, then the writer's fields) and the cursor of
+    the next page (None on the last page)."""
     now = time.time()
-    # Plain rows of exactly the API's fields, in PAGE_FIELDS order: a page is read-only and this is the hottest query.
-    q = select(*_PAGE_COLUMNS).where(EntryRow.cache == cache, EntryRow.kind == "entry")
+    params: dict[str, object] = {"cache": cache, "page_limit": limit + 1}
+    filters: list[str] = []
     if flt.function:
-        q = q.where(glob_match(_dialect(s), EntryRow.module, flt.function))
+        params["fn_pattern"] = glob_pattern(conn.dialect.name, flt.function)
+        filters.append("function")
         prefix = _literal_prefix(flt.function)
-        if prefix:
-            # A pattern match cannot use an index portably; a range on the literal prefix can (code-point order on
-            # both backends: see catalog.Str).
-            q = q.where(EntryRow.module >= prefix, EntryRow.module < prefix[:-1] + chr(ord(prefix[-1]) + 1))
-    if flt.min_size is not None:
-        q = q.where(EntryRow.size_bytes >= flt.min_size)
-    if flt.max_size is not None:
-        q = q.where(EntryRow.size_bytes <= flt.max_size)
+        if prefix and prefix[-1] != chr(0x10FFFF):  # (the last code point has no successor)
+            params["fn_lo"], params["fn_hi"] = prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
+            filters.append("prefix")
+    for name, value in (("min_size", flt.min_size), ("max_size", flt.max_size), ("status", flt.status or None),
+                        ("jaxlib", flt.jaxlib), ("topology", flt.topology), ("job", flt.job)):
+        if value is not None:
+            params[name] = value
+            filters.append(name)
     if flt.unused_for_s is not None:
-        q = q.where(EntryRow.last_used_s < now - flt.unused_for_s)
+        params["used_before"] = now - flt.unused_for_s
+        filters.append("used_before")
     if flt.older_than_s is not None:
-        q = q.where(EntryRow.created_s < now - flt.older_than_s)
-    if flt.status:
-        q = q.where(EntryRow.status == flt.status)
-    if flt.jaxlib is not None:
-        q = q.where(EntryRow.writer_jaxlib == flt.jaxlib)
-    if flt.topology is not None:
-        q = q.where(EntryRow.writer_topology == flt.topology)
-    if flt.job is not None:
-        used = select(UsageRow.key).where(UsageRow.cache == cache, UsageRow.job == flt.job,
-                                          or_(UsageRow.hits > 0, UsageRow.writes > 0))
-        q = q.where(EntryRow.key.in_(used))
-    desc = order == "desc"
+        params["created_before"] = now - flt.older_than_s
+        filters.append("created_before")
+    has_cursor = False
     if cursor:
         value, key = _decode_cursor(cursor)
         # PostgreSQL refuses to compare a number column with text (SQLite would answer something): a cursor of the
         # wrong kind for the sort is not one this service issued.
         if (sort == "name") != isinstance(value, str) or abs(_number(value)) > 2**62:
             raise InvalidInputError("cursor is not one this service issued for this sort: start again without it")
-        if sort == "name":
-            q = q.where(EntryRow.key < key if desc else EntryRow.key > key)
-        elif desc:
-            q = q.where(or_(col < value, and_(col == value, EntryRow.key < key)))
-        else:
-            q = q.where(or_(col > value, and_(col == value, EntryRow.key > key)))
-    if sort == "name":
-        q = q.order_by(EntryRow.key.desc() if desc else EntryRow.key)
-    else:
-        q = q.order_by(col.desc() if desc else col, EntryRow.key.desc() if desc else EntryRow.key)
-    rows = s.execute(q.limit(limit + 1)).all()
+        params["after_key"] = key
+        if sort != "name":
+            params["after_value"] = value
+        has_cursor = True
+    shape = ("entries", sort, order == "desc", has_cursor, tuple(filters))
+    rows = rawsql.fetch(conn, shape, lambda: _page_statement(conn.dialect.name, *shape[1:]), params)
     if len(rows) <= limit:
         return rows, None
     rows = rows[:limit]
     last = rows[-1]
-    value = {
-        "size": last.size_bytes,
-        "compile": -1 if last.compile_seconds is None else last.compile_seconds,
-        "last_used": last.last_used_s,
-        "created": last.created_s,
-        "name": last.key,
-        "hits": last.hits,
-    }[sort]
-    return rows, _encode_cursor(value, last.key)
+    value = last[_SORT_INDEX[sort]]
+    if sort == "compile" and value is None:
+        value = -1
+    return rows, _encode_cursor(value, last[0])
+
+
+_SORT_INDEX = {"size": PAGE_FIELDS.index("size_bytes"), "compile": PAGE_FIELDS.index("compile_seconds"),
+               "last_used": PAGE_FIELDS.index("last_used_s"), "created": PAGE_FIELDS.index("created_s"),
+               "name": 0, "hits": PAGE_FIELDS.index("hits")}
+
+
+def _page_statement(dialect: str, sort: str, desc: bool, has_cursor: bool, filters: tuple[str, ...]):
+    """The listing query of one shape, every value a bound parameter (see rawsql)."""
+    col = SORTS[sort]
+    q = select(*_PAGE_COLUMNS).where(EntryRow.cache == bindparam("cache"), EntryRow.kind == "entry")
+    if "function" in filters:
+        q = q.where(glob_match(dialect, EntryRow.module, bindparam("fn_pattern")))
+    if "prefix" in filters:
+        # A pattern match cannot use an index portably; a range on the literal prefix can (code-point order on
+        # both backends: see catalog.Str). On the module for its index; on the key too (a key starts with its
+        # module), so that a listing by name walks the primary key from the prefix on instead of sorting matches.
+        lo, hi = bindparam("fn_lo"), bindparam("fn_hi")
+        q = q.where(EntryRow.module >= lo, EntryRow.module < hi, EntryRow.key >= lo, EntryRow.key < hi)
+    if "min_size" in filters:
+        q = q.where(EntryRow.size_bytes >= bindparam("min_size"))
+    if "max_size" in filters:
+        q = q.where(EntryRow.size_bytes <= bindparam("max_size"))
+    if "used_before" in filters:
+        q = q.where(EntryRow.last_used_s < bindparam("used_before"))
+    if "created_before" in filters:
+        q = q.where(EntryRow.created_s < bindparam("created_before"))
+    if "status" in filters:
+        q = q.where(EntryRow.status == bindparam("status"))
+    if "jaxlib" in filters:
+        q = q.where(EntryRow.writer_jaxlib == bindparam("jaxlib"))
+    if "topology" in filters:
+        q = q.where(EntryRow.writer_topology == bindparam("topology"))
+    if "job" in filters:
+        used = select(UsageRow.key).where(UsageRow.cache == bindparam("cache"), UsageRow.job == bindparam("job"),
+                                          or_(UsageRow.hits > 0, UsageRow.writes > 0))
+        q = q.where(EntryRow.key.in_(used))
+    if has_cursor:
+        key = bindparam("after_key")
+        if sort == "name":
+            q = q.where(EntryRow.key < key if desc else EntryRow.key > key)
+        else:
+            # A row-value comparison, which both backends answer as a range of the sort's index (an OR of
+            # "col < v, or col = v and key < k" is not always planned as one).
+            here, after = tuple_(col, EntryRow.key), tuple_(bindparam("after_value"), key)
+            q = q.where(here < after if desc else here > after)
+    if sort == "name":
+        q = q.order_by(EntryRow.key.desc() if desc else EntryRow.key)
+    else:
+        q = q.order_by(col.desc() if desc else col, EntryRow.key.desc() if desc else EntryRow.key)
+    return q.limit(bindparam("page_limit"))
 
 
 def cache_totals(s: Session, cache: str) -> tuple[int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sqlite3
 import subprocess
 import sys
@@ -97,6 +98,11 @@ def test_empty_to_head_equals_the_models(catalog_url):
                                  "WHERE table_schema = 'public' AND data_type = 'character varying' "
                                  "AND table_name != 'alembic_version'")
         assert got and all(c == "C" for _, _, c in got), got
+    # Nor at expression indexes, which listings by compile seconds need (revision 0003).
+    query = ("SELECT sql FROM sqlite_master WHERE name = 'ix_entries_compile_sort'" if catalog_url.startswith("sqlite")
+             else "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_entries_compile_sort'")
+    (definition,), = _rows(catalog_url, query)
+    assert re.search(r"coalesce\(compile_seconds, '?-1'?(::integer)?\)", definition.lower()), definition
 
 
 def test_starting_again_changes_nothing(catalog_url):

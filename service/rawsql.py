@@ -1,0 +1,54 @@
+"""Core statements compiled once per shape and run on the driver's own cursor, for the hottest read paths.
+
+SQLAlchemy's statement cache still builds the expression and processes every result row each time: on a page of
+100 entries that is most of a request's cost. Here the expression is built and compiled once per *shape* (which
+filters, which sort), values go in as bound parameters, and rows come back as the driver's plain tuples. Only for
+queries whose columns need no conversion beyond what the caller does itself (SQLite gives Boolean as 0/1).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql import Select
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    sql: str
+    positions: tuple[str, ...] | None  # bind names in order for positional drivers (SQLite); None: named (psycopg)
+    defaults: dict  # values the expression itself binds (literals such as kind = 'entry')
+
+
+_cache: dict[tuple[str, Hashable], _Compiled] = {}
+_lock = threading.Lock()
+
+
+def _compile(conn: Connection, shape: Hashable, build: Callable[[], Select]) -> _Compiled:
+    key = (conn.dialect.name, shape)
+    found = _cache.get(key)
+    if found is None:
+        compiled = build().compile(dialect=conn.dialect)
+        if "POSTCOMPILE" in compiled.string:  # an expanding IN or a literal LIMIT: not for this path
+            raise ValueError(f"statement of shape {shape!r} needs per-execution compilation")
+        found = _Compiled(compiled.string, tuple(compiled.positiontup) if compiled.positional else None,
+                          dict(compiled.params))
+        with _lock:
+            _cache[key] = found
+    return found
+
+
+def fetch(conn: Connection, shape: Hashable, build: Callable[[], Select], params: Mapping[str, object]) -> list[tuple]:
+    """Rows of the statement ``build()`` returns (built once for each ``shape``), with ``params`` bound by name."""
+    c = _compile(conn, shape, build)
+    values = {**c.defaults, **params}
+    args = values if c.positions is None else tuple(values[n] for n in c.positions)
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(c.sql, args)
+        return cursor.fetchall()
+    finally:
+        cursor.close()
