@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -12,6 +11,7 @@ from collections.abc import AsyncIterator
 from functools import partial
 from typing import Annotated, Literal
 
+import orjson
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
@@ -23,6 +23,7 @@ from jaxcache.service.auth import Authenticator, Principal
 from jaxcache.service.catalog import CacheRow, Catalog, EntryRow, PinRow
 from jaxcache.service.locks import LockBusyError
 from jaxcache.service.metrics import Metrics
+from jaxcache.service.pagecache import PageCache, ServeCachedPages
 from jaxcache.service.pruning import PruneInProgressError, PruneLocks
 from jaxcache.service.rescan import RescanResult, rescan
 from jaxcache.service.schemas import (
@@ -85,6 +86,7 @@ class State:
         self.metrics = Metrics()
         self.storages: dict[str, Storage] = {name: open_storage(url) for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
+        self.pages = PageCache(settings.page_cache_s)
         self._stats: dict[str, tuple[float, dict]] = {}
         self._usage: dict[str, tuple[float, dict]] = {}
         self.roots = reports.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
@@ -125,6 +127,7 @@ class State:
         if result.records_ingested:
             self.metrics.reports_ingested.labels(name, reports.STORAGE).inc(result.records_ingested)
             self._usage.pop(name, None)
+            self.pages.invalidate(name)  # hits, last use and first writers of listed entries moved
         if result.records_malformed:
             self.metrics.reports_malformed.labels(reports.STORAGE).inc(result.records_malformed)
         if result.added or result.removed or result.updated or name not in self._stats:
@@ -133,7 +136,8 @@ class State:
         return result
 
     def changed(self, name: str) -> None:
-        """Something in ``name`` changed (rescan, prune, delete): cached statistics are stale."""
+        """Something in ``name`` changed (rescan, prune, delete): cached statistics and pages are stale."""
+        self.pages.invalidate(name)
         self._stats.pop(name, None)
         self._usage.pop(name, None)  # seconds saved by function count the entries present
         self._refresh_gauges(name)
@@ -169,6 +173,7 @@ class State:
         if not result.stale:
             self.metrics.reports_ingested.labels(name, reports.REPORT).inc()
             self._usage.pop(name, None)
+            self.pages.invalidate(name)  # hits and last use of listed entries moved
         return result
 
     def caches(self) -> list[CacheSummary]:
@@ -213,6 +218,7 @@ class State:
             self.catalog, name, self.storages[name], min_age_s=self.settings.verify_min_age_s,
             max_entries=max_entries, recheck_all=recheck_all, stop=stop,
             bytes_per_s=self.settings.verify_bytes_per_s if throttled else None,
+            cpu_share=self.settings.verify_cpu_share if throttled else None,
         )
         self._refresh_integrity(name)
         return result
@@ -295,7 +301,7 @@ class LimitsAndMetrics:
             await self.app(scope, limited_receive, send)
         finally:
             route = scope.get("route")
-            template = getattr(route, "path", "unmatched")
+            template = getattr(route, "path", None) or scope.get("jaxcache.route", "unmatched")
             self.metrics.request_seconds.labels(template, scope["method"]).observe(time.perf_counter() - started)
 
 
@@ -405,6 +411,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     )
     app.state.jaxcache = state
 
+    # Inside LimitsAndMetrics, which times the pages it answers too.
+    app.add_middleware(ServeCachedPages, pages=state.pages, auth=state.auth)
     app.add_middleware(LimitsAndMetrics, metrics=state.metrics, max_body_bytes=settings.max_body_bytes,
                        max_report_bytes=settings.max_report_bytes)
     _register_record_schema(app)
@@ -486,6 +494,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     ) -> Response:
         """A page of entries, filtered and sorted; follow `next_cursor` for the rest."""
         _storage(request, cache)
+        generation = state.pages.generation(cache)
         flt = queries.EntryFilter(
             function=function, min_size=min_size, max_size=max_size,
             unused_for_s=_duration(unused_for, "unused_for"), older_than_s=_duration(older_than, "older_than"),
@@ -494,9 +503,10 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         with state.catalog.reader() as conn:
             rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=cursor)
         # The hot route: rows become JSON directly (the same fields as EntryModel, which documents them);
-        # validating 100 models per request would cost more than the query.
-        page = {"entries": [queries.page_entry(r) for r in rows], "next_cursor": nxt}
-        return Response(json.dumps(page, separators=(",", ":")), media_type="application/json")
+        # validating 100 models per request would cost more than the query, and orjson is 20x the json module.
+        body = orjson.dumps({"entries": [queries.page_entry(r) for r in rows], "next_cursor": nxt})
+        state.pages.put(cache, request.scope["query_string"], body, generation)
+        return Response(body, media_type="application/json")
 
     @app.get("/v1/caches/{cache}/entries/{key}", response_model=EntryDetail, operation_id="getEntry",
              tags=["entries"], responses=_ERRORS)

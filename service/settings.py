@@ -48,8 +48,17 @@ class ServiceSettings(BaseSettings):
     verify_bytes_per_s: float = Field(
         20e6, gt=0, description="background integrity verification reads at most this many bytes per second"
     )
+    verify_cpu_share: float = Field(
+        0.2, gt=0, le=1, description="background integrity verification uses at most this share of one CPU core "
+        "(it shares the process with the API)",
+    )
     verify_min_age_s: float = Field(
         3600.0, ge=0, description="entries younger than this that look broken are 'pending', not corrupt/tampered"
+    )
+    page_cache_s: float = Field(
+        1.0, ge=0, description="seconds a rendered page of an entry listing may be answered again from memory "
+        "(dropped at once when this replica sees its cache change; another replica's changes show within this "
+        "time); 0 turns it off",
     )
     max_body_bytes: int = Field(64 * 1024, gt=0, description="largest request body accepted")
     max_report_bytes: int = Field(

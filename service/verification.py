@@ -2,8 +2,10 @@
 
 Resumable: a verdict is stored per entry with the version it judged (size, creation time, generation) and the
 digest it was judged against, so a pass only reads entries that are new, changed, re-attested, or were pending
-(young) last time. Rate-limited: the background pass sleeps to stay under ``verify_bytes_per_s``; the on-demand
-pass (``POST .../verify``) runs flat out.
+(young) last time. Rate-limited: the background pass sleeps to stay under ``verify_bytes_per_s`` and to use at
+most ``verify_cpu_share`` of a core (it shares the process, and its interpreter lock, with the API: a first pass
+over a large cache running flat out made every request wait for it); the on-demand pass (``POST .../verify``)
+runs flat out.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.engine import Connection
 
 _BATCH = 256
+_THROTTLED_BATCH = 32
+
+
+def _upsert(catalog: Catalog):
+    insert = catalog.insert(VerificationRow)
+    return insert.on_conflict_do_update(
+        index_elements=["cache", "key"],
+        set_={c.name: insert.excluded[c.name] for c in VerificationRow.__table__.columns if not c.primary_key},
+    )
 
 
 @dataclass(slots=True)
@@ -62,18 +73,22 @@ def _todo(cache: str):
 
 def run_pass(
     catalog: Catalog, cache: str, storage: Storage, *, min_age_s: float, max_entries: int | None = None,
-    bytes_per_s: float | None = None, stop: threading.Event | None = None, recheck_all: bool = False,
-    clock: Callable[[], float] = time.time,
+    bytes_per_s: float | None = None, cpu_share: float | None = None, stop: threading.Event | None = None,
+    recheck_all: bool = False, clock: Callable[[], float] = time.time,
 ) -> VerifyPass:
-    """Verify what needs it (everything with ``recheck_all``), at most ``max_entries``, throttled when asked."""
+    """Verify what needs it (everything with ``recheck_all``), at most ``max_entries``, throttled when asked: at
+    most ``bytes_per_s`` read and ``cpu_share`` of one core used (this thread's CPU time), on average."""
     started = time.monotonic()
+    cpu_started = time.thread_time()
+    # Throttled, a batch is a short burst between sleeps, so requests never queue behind a long one.
+    batch_size = _BATCH if cpu_share is None else _THROTTLED_BATCH
     result = VerifyPass(cache)
     if recheck_all:
         with catalog.writing(cache) as s:
             s.execute(delete(VerificationRow).where(VerificationRow.cache == cache))
     after = ""  # keyset over the key: each entry at most once per pass (pending ones come back next pass)
     while stop is None or not stop.is_set():
-        budget = _BATCH if max_entries is None else min(_BATCH, max_entries - result.checked)
+        budget = batch_size if max_entries is None else min(batch_size, max_entries - result.checked)
         if budget <= 0:
             break
         with catalog.reader() as conn:
@@ -92,7 +107,7 @@ def run_pass(
             if verdict is None:  # deleted since the last rescan, which will drop its row
                 continue
             att = found.get(entry.key)
-            rows.append(VerificationRow(
+            rows.append(dict(
                 cache=cache, key=entry.key, classification=verdict.classification, classes=list(verdict.classes),
                 reasons=list(verdict.reasons), sha256=verdict.sha256,
                 attested_sha256=att.sha256 if att else None, attested_by=verdict.attested_by,
@@ -101,17 +116,18 @@ def run_pass(
             ))
             result.counts[verdict.classification] = result.counts.get(verdict.classification, 0) + 1
             result.bytes_read += verdict.size_bytes
-        with catalog.writing(cache) as s:
-            for row in rows:
-                s.merge(row)
+        if rows:
+            with catalog.writing(cache) as s:
+                s.execute(_upsert(catalog), rows)  # one statement per batch: an ORM merge read each row first
         result.checked += len(rows)
         if len(batch) < budget:
             break
-        if bytes_per_s:
-            # Sleep so the pass averages at most bytes_per_s since it started.
-            ahead = result.bytes_read / bytes_per_s - (time.monotonic() - started)
-            if ahead > 0 and (stop.wait(ahead) if stop is not None else time.sleep(ahead) or False):
-                break
+        # Sleep so that the pass averages at most bytes_per_s and cpu_share since it started.
+        elapsed = time.monotonic() - started
+        ahead = max(result.bytes_read / bytes_per_s - elapsed if bytes_per_s else 0.0,
+                    (time.thread_time() - cpu_started) / cpu_share - elapsed if cpu_share else 0.0)
+        if ahead > 0 and (stop.wait(ahead) if stop is not None else time.sleep(ahead) or False):
+            break
     with catalog.reader() as conn:
         result.remaining = conn.execute(select(func.count()).select_from(_todo(cache).subquery())).scalar_one()
     result.seconds = time.monotonic() - started
