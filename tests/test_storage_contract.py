@@ -165,3 +165,18 @@ def test_open_storage_local_forms(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(InvalidRootError, match="not a directory"):
         open_storage(str(tmp_path / "f"))
+
+
+def test_list_changes_against_an_earlier_listing(storage):
+    for name in ["a-cache", "a-atime", "b-cache", ".jaxcache/runs/r1-p0.json"]:
+        storage.write_atomic(name, b"x")
+    everything, gone = storage.list_changes({})
+    assert gone == set() and sorted(everything) == ["a-atime", "a-cache", "b-cache"]  # the root's own objects
+    assert everything == {o.name: (o.size_bytes, o.mtime_s, o.generation) for o in storage.iter_objects()}
+    assert storage.list_changes(everything) == ({}, set())  # nothing changed: nothing to report
+    storage.write_atomic("a-atime", b"longer")  # rewritten
+    storage.write_atomic("c-cache", b"x")  # new
+    storage.delete("b-cache")  # gone
+    changed, gone = storage.list_changes(everything)
+    assert sorted(changed) == ["a-atime", "c-cache"] and changed["a-atime"][0] == 6
+    assert gone == {"b-cache"}

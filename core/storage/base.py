@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from jaxcache.errors import PathEscapeError
@@ -17,6 +17,19 @@ class ObjectInfo:
     size_bytes: int
     mtime_s: float
     generation: int | None = None
+
+
+#: An object's (size_bytes, mtime_s, generation), as Storage.list_changes compares them.
+Stat = tuple[int, float, int | None]
+
+
+def names_gone(previous: Mapping[str, Stat], changed: Mapping[str, Stat], seen: int, storage: Storage) -> set[str]:
+    """The names of ``previous`` that a listing which saw ``seen`` of them no longer has. All seen: none (the
+    common case, decided by a count); otherwise the root is listed again to find which."""
+    if seen == len(previous):
+        return set()
+    present = {info.name for info in storage.iter_objects()}
+    return {name for name in previous if name not in present and name not in changed}
 
 
 def check_name(name: str) -> str:
@@ -86,6 +99,21 @@ class Storage(abc.ABC):
 
         ``create_only`` raises :class:`~jaxcache.errors.PreconditionFailedError` if the object exists.
         """
+
+    def list_changes(self, previous: Mapping[str, Stat]) -> tuple[dict[str, Stat], set[str]]:
+        """Compare the objects directly under the root with ``previous`` (``{name: (size_bytes, mtime_s,
+        generation)}``, an earlier answer's objects): the objects that are new or differ, and the names in
+        ``previous`` that are gone. ``list_changes({})`` is the whole listing. For listing a whole root often (the
+        service's rescans), where building an object per file costs as much as the listing itself."""
+        changed: dict[str, Stat] = {}
+        seen = 0
+        for info in self.iter_objects():
+            stat = (info.size_bytes, info.mtime_s, info.generation)
+            if previous.get(info.name) != stat:
+                changed[info.name] = stat
+            if info.name in previous:
+                seen += 1
+        return changed, names_gone(previous, changed, seen, self)
 
     def exists(self, name: str) -> bool:
         """True if the object exists."""

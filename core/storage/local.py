@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from jaxcache.errors import (
     InvalidRootError,
@@ -12,7 +12,7 @@ from jaxcache.errors import (
     StorageError,
     StoragePermissionError,
 )
-from jaxcache.storage.base import ObjectInfo, Storage, check_name, check_prefix
+from jaxcache.storage.base import ObjectInfo, Stat, Storage, check_name, check_prefix, names_gone
 
 _TMP_PREFIX = ".jaxcache-tmp-"
 
@@ -79,6 +79,33 @@ class LocalStorage(Storage):
                         yield from self._walk(de.path, name, recursive)
                 except FileNotFoundError:
                     continue  # deleted while we listed: not there any more
+
+    def list_changes(self, previous: Mapping[str, Stat]) -> tuple[dict[str, Stat], set[str]]:
+        # _walk for the root only, comparing as it goes: a rescan lists every file of a large root every few
+        # minutes, mostly unchanged, so an unchanged file costs one lookup and no object of its own.
+        changed: dict[str, Stat] = {}
+        seen = 0
+        try:
+            it = os.scandir(self.root)
+        except FileNotFoundError:
+            return changed, set(previous)  # as _walk: an empty listing
+        except OSError as exc:
+            raise self._error("list", ".", exc) from exc
+        with it:
+            for de in it:
+                name = de.name
+                try:
+                    st = de.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # deleted while we listed
+                old = previous.get(name)
+                if old is not None and old[0] == st.st_size and old[1] == st.st_mtime:
+                    seen += 1
+                    continue
+                if de.is_file(follow_symlinks=False) and not name.startswith(_TMP_PREFIX):
+                    seen += old is not None
+                    changed[name] = (st.st_size, st.st_mtime, None)
+        return changed, names_gone(previous, changed, seen, self)
 
     # stat() and read_range() run once or twice per entry in a scan: plain try/except, no context manager.
     def stat(self, name: str) -> ObjectInfo | None:
