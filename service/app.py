@@ -89,6 +89,7 @@ class State:
         self.pages = PageCache(settings.page_cache_s)
         self._stats: dict[str, tuple[float, dict]] = {}
         self._usage: dict[str, tuple[float, dict]] = {}
+        self._refreshing: set[tuple[int, str]] = set()  # (which of the two, cache) being recomputed in a thread
         self.roots = reports.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
         self.scanned: set[str] = set()
         self._rounds_done: set[str] = set()  # caches this process has rescanned in a background round
@@ -144,28 +145,49 @@ class State:
 
     def stats(self, name: str) -> dict:
         """Statistics of one cache, recomputed after a change or once a minute (growth windows move)."""
-        cached = self._stats.get(name)
-        if cached is not None and time.monotonic() - cached[0] < _STATS_TTL_S:
-            result = cached[1]
-        else:
-            with self.catalog.session() as s:
-                result = queries.stats(s, name)
-            self._stats[name] = (time.monotonic(), result)
-        return {**result, **self.usage(name)}
+        return {**self._fresh(self._stats, name, self._compute_stats), **self.usage(name)}
 
     def usage(self, name: str) -> dict:
         """Hit rate and seconds saved over the last 24 h and 7 d, and seconds saved by function; cached apart from
         the entry statistics, since reports arrive far more often than entries change."""
-        cached = self._usage.get(name)
-        if cached is not None and time.monotonic() - cached[0] < _STATS_TTL_S:
-            return cached[1]
+        return self._fresh(self._usage, name, self._compute_usage)
+
+    def _fresh(self, cached: dict[str, tuple[float, dict]], name: str, compute) -> dict:
+        # After a change the value is gone and computed now (a second at 100k entries). Once it is merely older
+        # than the TTL, the old value is answered while one thread computes the new one: no request waits.
+        found = cached.get(name)
+        if found is None:
+            result = compute(name)
+            cached[name] = (time.monotonic(), result)
+            return result
+        if time.monotonic() - found[0] >= _STATS_TTL_S and (id(cached), name) not in self._refreshing:
+            self._refreshing.add((id(cached), name))
+
+            generation = self.pages.generation(name)  # moves with every change of the cache (see changed())
+
+            def refresh() -> None:
+                try:
+                    result = compute(name)
+                    if self.pages.generation(name) == generation:  # else a change made it stale meanwhile
+                        cached[name] = (time.monotonic(), result)
+                except Exception:  # the catalog went away: the next request tries again
+                    log.exception("refreshing statistics of %s failed", name)
+                finally:
+                    self._refreshing.discard((id(cached), name))
+
+            threading.Thread(target=refresh, name="jaxcache-stats", daemon=True).start()
+        return found[1]
+
+    def _compute_stats(self, name: str) -> dict:
+        with self.catalog.session() as s:
+            return queries.stats(s, name)
+
+    def _compute_usage(self, name: str) -> dict:
         now = time.time()
         with self.catalog.reader() as conn:
-            result = {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
-                      "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
-                      "by_function_saved": queries.saved_by_function(conn, name)}
-        self._usage[name] = (time.monotonic(), result)
-        return result
+            return {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
+                    "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
+                    "by_function_saved": queries.saved_by_function(conn, name)}
 
     def ingest(self, name: str, record: records.RunRecord) -> reports.IngestResult:
         """Ingest one POSTed run record into ``name``."""

@@ -195,3 +195,20 @@ def test_the_page_cache_can_be_turned_off(tmp_path, cache_copy):
         key = client.get(url, headers=H_READ).json()["entries"][0]["key"]
         _remove_row_behind_the_service(tmp_path / "catalog.sqlite", key)
         assert client.get(url, headers=H_READ).json()["entries"][0]["key"] != key
+
+
+def test_statistics_older_than_a_minute_are_answered_while_they_are_recomputed(served, monkeypatch):
+    import jaxcache.service.app as app_module
+
+    client, db = served
+    state = client.app.state.jaxcache
+    before = client.get("/v1/caches/demo/stats", headers=H_READ).json()
+    key = client.get("/v1/caches/demo/entries?limit=1", headers=H_READ).json()["entries"][0]["key"]
+    _remove_row_behind_the_service(db, key)
+    monkeypatch.setattr(app_module, "_STATS_TTL_S", 0.0)  # every value is now due for a refresh
+    assert client.get("/v1/caches/demo/stats", headers=H_READ).json()["entries"] == before["entries"]  # no wait
+    for _ in range(200):  # the refresh thread
+        if not state._refreshing:
+            break
+        time.sleep(0.05)
+    assert client.get("/v1/caches/demo/stats", headers=H_READ).json()["entries"] == before["entries"] - 1
