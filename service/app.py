@@ -394,19 +394,25 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         stop = asyncio.Event()
 
+        first_round = asyncio.Event()
+
         async def loop() -> None:
             while not stop.is_set():
                 try:
                     await run_in_threadpool(state.rescan_all)
                 except Exception:  # the catalog is unreachable (a database fail-over): try again next round
                     log.exception("background rescans failed")
+                first_round.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=settings.rescan_s)
 
         stop_verify = threading.Event()
 
         async def verify_loop() -> None:
-            # Separate from rescans: a slow, throttled pass must not delay them.
+            # Separate from rescans: a slow, throttled pass must not delay them. It starts after the first round,
+            # which has scanned every cache: started beside it, it found the caches not yet scanned and queued a
+            # second whole rescan of each behind the first.
+            await first_round.wait()
             while not stop.is_set():
                 await run_in_threadpool(state.verify_all, stop_verify)
                 with contextlib.suppress(TimeoutError):
