@@ -89,7 +89,7 @@ class State:
         self.pages = PageCache(settings.page_cache_s)
         self._stats: dict[str, tuple[float, dict]] = {}
         self._usage: dict[str, tuple[float, dict]] = {}
-        self._refreshing: set[tuple[int, str]] = set()  # (which of the two, cache) being recomputed in a thread
+        self._refreshing: set[tuple[str, str]] = set()  # (what, cache) being recomputed in a thread
         self.roots = reports.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
         self.scanned: set[str] = set()
         self._rounds_done: set[str] = set()  # caches this process has rescanned in a background round
@@ -160,9 +160,9 @@ class State:
             result = compute(name)
             cached[name] = (time.monotonic(), result)
             return result
-        if time.monotonic() - found[0] >= _STATS_TTL_S and (id(cached), name) not in self._refreshing:
-            self._refreshing.add((id(cached), name))
-
+        job = (compute.__name__, name)
+        if time.monotonic() - found[0] >= _STATS_TTL_S and job not in self._refreshing:
+            self._refreshing.add(job)
             generation = self.pages.generation(name)  # moves with every change of the cache (see changed())
 
             def refresh() -> None:
@@ -173,7 +173,7 @@ class State:
                 except Exception:  # the catalog went away: the next request tries again
                     log.exception("refreshing statistics of %s failed", name)
                 finally:
-                    self._refreshing.discard((id(cached), name))
+                    self._refreshing.discard(job)
 
             threading.Thread(target=refresh, name="jaxcache-stats", daemon=True).start()
         return found[1]

@@ -8,7 +8,6 @@ queries whose columns need no conversion beyond what the caller does itself (SQL
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
@@ -23,8 +22,8 @@ class _Compiled:
     defaults: dict  # values the expression itself binds (literals such as kind = 'entry')
 
 
+#: Written without a lock: a race compiles a shape twice, and either result is right.
 _cache: dict[tuple[str, Hashable], _Compiled] = {}
-_lock = threading.Lock()
 
 
 def _compile(conn: Connection, shape: Hashable, build: Callable[[], Select]) -> _Compiled:
@@ -36,8 +35,7 @@ def _compile(conn: Connection, shape: Hashable, build: Callable[[], Select]) -> 
             raise ValueError(f"statement of shape {shape!r} needs per-execution compilation")
         found = _Compiled(compiled.string, tuple(compiled.positiontup) if compiled.positional else None,
                           dict(compiled.params))
-        with _lock:
-            _cache[key] = found
+        _cache[key] = found
     return found
 
 
