@@ -93,6 +93,7 @@ class State:
         self.roots = reports.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
         self.scanned: set[str] = set()
         self._rounds_done: set[str] = set()  # caches this process has rescanned in a background round
+        self.background_rounds = 0  # rounds of background rescans finished (or failed) since start
         with self.catalog.session() as s:
             for name in settings.caches:
                 # An upsert: replicas starting together register the same caches.
@@ -402,6 +403,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                     await run_in_threadpool(state.rescan_all)
                 except Exception:  # the catalog is unreachable (a database fail-over): try again next round
                     log.exception("background rescans failed")
+                state.background_rounds += 1
                 first_round.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=settings.rescan_s)

@@ -131,6 +131,16 @@ def cache_copy(tmp_path, jax_caches) -> Path:
 # --- fake-gcs-server -------------------------------------------------------------------------------------
 
 
+def settled(client) -> None:
+    """Wait until an in-process service (a TestClient's app) has finished its first round of background rescans:
+    a round still to come would race the test's own changes to the cache (ingesting half of what it writes)."""
+    state = client.app.state.jaxcache
+    deadline = time.monotonic() + 120
+    while state.background_rounds < 1:
+        assert time.monotonic() < deadline, "the first background rescan round never finished"
+        time.sleep(0.02)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

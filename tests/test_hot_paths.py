@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import settled
 from fastapi.testclient import TestClient
 from jaxcache.service import queries
 from jaxcache.service import rescan as rescan_mod
@@ -152,6 +153,7 @@ def served(tmp_path, cache_copy):
     """The service with a long page cache (60 s), so that what it serves from memory is unmistakable."""
     app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}, page_cache_s=60))
     with TestClient(app) as client:
+        settled(client)
         assert client.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
         yield client, tmp_path / "catalog.sqlite"
 

@@ -10,6 +10,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from conftest import settled
 from fastapi.testclient import TestClient
 from jaxcache import entry as fmt
 from jaxcache.cli import main as cli_main
@@ -57,6 +58,7 @@ def svc(request, tmp_path, cache_copy):
     age(cache_copy, 10)
     app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}, db=catalog_db(request, tmp_path)))
     with TestClient(app) as client:
+        settled(client)
         assert client.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
         yield client
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import upload_dir
+from conftest import settled, upload_dir
 from fastapi.testclient import TestClient
 from jaxcache import entry as fmt
 from jaxcache import records
@@ -136,6 +136,7 @@ def svc(request, tmp_path, cache_copy):
     age(cache_copy, 10)
     db = request.getfixturevalue("pg_url") if getattr(request, "param", "sqlite") == "postgresql" else None
     with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}, db=db))) as client:
+        settled(client)
         rescan(client)
         yield client
 
