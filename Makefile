@@ -19,26 +19,34 @@ PORT ?= 8080
 
 .PHONY: run test lint clean demo-cache chromium postgres
 
-$(VENV)/.stamp-run: pyproject.toml
+# The four parts, each its own distribution (core/, client/, warmup/, service/), installed in editable mode.
+PARTS := ./core[gcs] ./client[gcs] ./warmup ./service
+PART_FILES := core/pyproject.toml client/pyproject.toml warmup/pyproject.toml service/pyproject.toml
+# The lowest JAX the client and warm-up declare (client/pyproject.toml): the main venv runs the suite on exactly it.
+FLOOR_JAX ?= 0.10.2
+
+define make_venv
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxcache needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[gcs,service]'
+	$(PY) -m pip install --quiet $(foreach p,$(PARTS),-e '$(p)') 'jax==$(FLOOR_JAX)' 'jaxlib==$(FLOOR_JAX)'
+endef
+
+$(VENV)/.stamp-run: $(PART_FILES)
+	$(make_venv)
 	@touch $@
 
-$(VENV)/.stamp-dev: pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxcache needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+$(VENV)/.stamp-dev: $(PART_FILES) pyproject.toml
+	$(make_venv)
+	$(PY) -m pip install --quiet --group dev
 	@touch $@ $(VENV)/.stamp-run
 
 # Best effort: a failure here only makes the second-JAX contract tests skip with the reason.
-$(NEXT_VENV)/.stamp:
+$(NEXT_VENV)/.stamp: $(PART_FILES)
 	@if [ -n "$(NEXT_PYTHON)" ]; then \
 	  echo "building $(NEXT_VENV) with $(NEXT_PYTHON) and the newest jax"; \
-	  ($(NEXT_PYTHON) -m venv $(NEXT_VENV) && $(NEXT_VENV)/bin/pip install --quiet --upgrade jax zstandard filelock \
-	    && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
+	  ($(NEXT_PYTHON) -m venv $(NEXT_VENV) && $(NEXT_VENV)/bin/pip install --quiet --upgrade pip \
+	    && $(NEXT_VENV)/bin/pip install --quiet --upgrade -e ./core -e ./client -e ./warmup jax && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
 	else echo "no working python3.12 found: second-JAX contract tests will skip"; fi
 
 # Best effort: a failure here only makes the checkov test skip with the reason.
@@ -73,7 +81,7 @@ postgres:
 # A demo cache written by plain JAX, then a warm-up and a job through jaxcache's client, so that every page of the
 # dashboard (jobs, warm-ups, integrity) has something real to show.
 demo-cache: $(VENV)/.stamp-run
-	$(PY) -m jaxcache.demo $(DEMO_CACHE)
+	$(PY) -m jaxcache.warmup.demo $(DEMO_CACHE)
 	$(PY) -m jaxcache.warmup --topology 1x1x2 --platform cpu --cache-dir $(DEMO_CACHE) --job demo-warmup \
 	  --entrypoint jaxcache.warmup.examples:warm --ok-if-warm
 	JAX_PLATFORMS=cpu JAXCACHE_DIR=$(DEMO_CACHE) JAXCACHE_JOB=demo-job $(PY) -m jaxcache.warmup.examples --devices 2

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--requests", type=int, default=3000, help="requests per phase (httpx fallback only)")
     parser.add_argument("--seconds", type=int, default=4, help="wrk duration per path")
-    parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.demo)")
+    parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.warmup.demo)")
     parser.add_argument("--page-cache-s", type=float, help="JAXCACHE_PAGE_CACHE_S for the service (0: off)")
     parser.add_argument("--distinct", type=int, default=1000, help="distinct pages per sort in the distinct phase")
     parser.add_argument("--json", action="store_true")

@@ -19,6 +19,7 @@ def main() -> int:
     import jax
     import numpy as np
     from jax.sharding import Mesh
+
     from jaxcache.warmup import examples
 
     jax.distributed.initialize(coordinator, num_processes=2, process_id=process_id)

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10,
                         help="chunks each deleter's entries are split into, deleters taking turns (default 10)")
     parser.add_argument("--source", metavar="DIR",
-                        help="a real JAX cache dir to copy entries from (default: generate one with jaxcache.demo)")
+                        help="a real JAX cache dir to copy entries from (default: make one with jaxcache.warmup.demo)")
     parser.add_argument("--workdir", metavar="DIR", help="where to build (default: a new temp dir under /tmp)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     args = parser.parse_args(argv)

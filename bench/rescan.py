@@ -45,8 +45,9 @@ def baseline(root: str) -> dict:
 
 def child(kind: str, root: str, db: str, repeat: int = 1) -> dict:
     """``fill``: one rescan; ``rescans``: a baseline pass and a rescan, ``repeat`` times in this process."""
-    from jaxcache.service.catalog import CacheRow, Catalog
-    from jaxcache.service.rescan import rescan
+    from jaxcache.service.catalog.database import Catalog
+    from jaxcache.service.catalog.models import CacheRow
+    from jaxcache.service.tasks.rescan import rescan
     from jaxcache.storage import open_storage
 
     catalog = Catalog(db)
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.demo)")
+    parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.warmup.demo)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -177,10 +177,10 @@ def run_child(kind: str, root: str) -> dict:
 
 
 def make_source(workdir: str) -> str:
-    """Fill ``workdir/source`` with a real JAX cache via ``python -m jaxcache.demo``."""
+    """Fill ``workdir/source`` with a real JAX cache via ``python -m jaxcache.warmup.demo``."""
     source = os.path.join(workdir, "source")
-    print(f"generating a real JAX cache in {source} (python -m jaxcache.demo) ...", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "jaxcache.demo", source], check=True,
+    print(f"generating a real JAX cache in {source} (python -m jaxcache.warmup.demo) ...", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "jaxcache.warmup.demo", source], check=True,
                    env={**os.environ, "JAX_PLATFORMS": "cpu"})
     return source
 
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entries", type=int, default=100_000, help="entries to build (default 100000)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; medians are reported (default 3)")
     parser.add_argument("--source", metavar="DIR",
-                        help="a real JAX cache dir to copy entries from (default: generate one with jaxcache.demo)")
+                        help="a real JAX cache dir to copy entries from (default: make one with jaxcache.warmup.demo)")
     parser.add_argument("--workdir", metavar="DIR", help="where to build (default: a new temp dir under /tmp)")
     parser.add_argument("--keep", action="store_true", help="keep the built directories instead of removing them")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")

@@ -89,11 +89,11 @@ def next_jax_caches(tmp_path_factory) -> dict[str, WrittenCache]:
 
 
 @pytest.fixture(scope="session")
-def next_python_with_jaxcache(tmp_path_factory) -> tuple[str, dict[str, str]]:
-    """The second JAX interpreter and an environment in which it imports this checkout's core and client.
+def next_python_with_jaxcache() -> tuple[str, dict[str, str]]:
+    """The second JAX interpreter and an environment in which it imports this checkout's core, client and warm-up.
 
-    Its venv holds only JAX and zstandard, which is all the client needs; a tree of symlinks mirrors the
-    package layout (core/ is ``jaxcache``, client/ is ``jaxcache.client``) on PYTHONPATH.
+    The parts' folders are source roots of the ``jaxcache`` namespace, so putting them on PYTHONPATH is all it
+    takes (``make test`` also installs them there, in editable mode, for their dependencies).
     """
     python = os.environ.get("JAXCACHE_NEXT_PYTHON", "")
     if not python or not os.path.exists(python):
@@ -101,16 +101,8 @@ def next_python_with_jaxcache(tmp_path_factory) -> tuple[str, dict[str, str]]:
             "no second JAX interpreter: JAXCACHE_NEXT_PYTHON is unset or missing "
             "(`make test` builds .venv-jax-next when a working Python 3.12 exists)"
         )
-    site = tmp_path_factory.mktemp("next-site")
-    package = site / "jaxcache"
-    package.mkdir()
     repo = TESTS.parent
-    for item in (repo / "core").iterdir():
-        if item.name != "__pycache__":
-            (package / item.name).symlink_to(item)
-    for part in ("client", "warmup"):
-        (package / part).symlink_to(repo / part)
-    return python, {"PYTHONPATH": str(site)}
+    return python, {"PYTHONPATH": os.pathsep.join(str(repo / part) for part in ("core", "client", "warmup"))}
 
 
 def shared_fixture_dirs() -> list[Path]:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from jaxcache.cli import main
 
 

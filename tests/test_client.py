@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from jaxcache import records
 from jaxcache.client import options as client_options
 from jaxcache.client import trust

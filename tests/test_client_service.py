@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from conftest import jaxcache_serve
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"

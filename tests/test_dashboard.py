@@ -23,8 +23,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import SCREENSHOTS_KEY, serve_env, start_serve, stop_serve, wait_ready
 from fastapi.testclient import TestClient
+
+from conftest import SCREENSHOTS_KEY, serve_env, start_serve, stop_serve, wait_ready
 from jaxcache import coverage, records
 from jaxcache import entry as fmt
 from jaxcache.records import Fingerprint, KeyUsage, RunRecord
@@ -34,7 +35,7 @@ from jaxcache.service.dashboard import routes
 from jaxcache.service.settings import ServiceSettings
 
 ROOT = Path(__file__).parent.parent
-DASHBOARD = ROOT / "service" / "dashboard"
+DASHBOARD = ROOT / "service" / "jaxcache" / "service" / "dashboard"
 READ, ADMIN, REPORT = "dash-read-token", "dash-admin-token", "dash-report-token"
 H_READ, H_ADMIN = {"Authorization": f"Bearer {READ}"}, {"Authorization": f"Bearer {ADMIN}"}
 DAY = 86400.0
@@ -283,8 +284,8 @@ def test_static_assets_are_served_locally_and_nothing_points_elsewhere(app_clien
 
 def test_templates_and_assets_are_package_data():
     """`pip install .` (not only -e) ships every template and asset."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "jaxcache.service.dashboard" in config["packages"]
+    config = tomllib.loads((ROOT / "service" / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["packages"]["find"]["include"] == ["jaxcache*"]
     globs = config["package-data"]["jaxcache.service.dashboard"]
     for path in DASHBOARD.rglob("*"):
         if path.is_file() and path.suffix != ".py" and "__pycache__" not in path.parts:

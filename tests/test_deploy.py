@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from conftest import jaxcache_serve
 from jaxcache.client import options as client_options
 
@@ -48,7 +49,26 @@ KUBERNETES_VERSION = "1.30.0"
 # The environment variables of jaxcache.client, the training-script side, as the client declares them.
 CLIENT_ENV = frozenset(v for v in client_options.ENV_VARS if v.startswith("JAXCACHE_"))
 
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+# Each part is a distribution of its own: its folder holds its pyproject.toml.
+PARTS = {d: tomllib.loads((ROOT / d / "pyproject.toml").read_text()) for d in ("core", "client", "warmup", "service")}
+
+
+def installed_parts(image: str) -> dict[str, set[str]]:
+    """The parts an image's ``pip install`` installs (``./core[gcs]`` and the like): folder -> extras."""
+    found: dict[str, set[str]] = {}
+    for ins in parse_dockerfile(DOCKERFILES[image]):
+        if ins.keyword == "RUN" and "pip install" in ins.args:
+            for word in shlex.split(ins.args):
+                m = re.fullmatch(r"\./([a-z]+)(?:\[([A-Za-z0-9_,-]+)\])?", word)
+                if m:
+                    found[m.group(1)] = set(m.group(2).split(",")) if m.group(2) else set()
+    assert found, f"{DOCKERFILES[image].name} installs no part (./core, ./service, ...)"
+    return found
+
+
+def image_scripts(image: str) -> dict[str, str]:
+    """Console scripts of the parts an image installs."""
+    return {k: v for part in installed_parts(image) for k, v in PARTS[part]["project"].get("scripts", {}).items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -176,10 +196,11 @@ def test_dockerfile_copies_what_the_build_needs_and_nothing_missing(image):
                 pattern = ignored_by_dockerignore(src, patterns)
                 assert pattern is None, f"line {ins.line}: COPY {src} is excluded by .dockerignore's {pattern!r}"
                 copied.add(src.rstrip("/"))
-    # What `pip install .` reads: pyproject, its readme, every folder setuptools maps to a package.
-    needed = {"pyproject.toml", PYPROJECT["project"]["readme"]}
-    needed |= {Path(d).parts[0] for d in PYPROJECT["tool"]["setuptools"]["package-dir"].values()}
-    assert needed <= copied, f"the image builds from pyproject.toml but does not COPY {sorted(needed - copied)}"
+    # What `pip install ./part` reads: the part's folder (its pyproject.toml, readme and sources).
+    needed = set(installed_parts(image))
+    assert needed <= copied, f"the image installs {sorted(needed)} but does not COPY {sorted(needed - copied)}"
+    for part in needed:
+        assert (ROOT / part / PARTS[part]["project"]["readme"]).is_file(), f"{part}/ lacks its readme"
 
 
 @pytest.mark.parametrize("image", sorted(DOCKERFILES))
@@ -191,18 +212,17 @@ def test_dockerfile_stages_share_their_base_and_extras_exist(image):
     )
     (base,) = bases
     assert ":" in base and not base.endswith(":latest"), f"pin the base image's tag: {base}"
-    extras = set(PYPROJECT["project"]["optional-dependencies"])
-    for ins in instructions:
-        for group in re.findall(r"\.\[([A-Za-z0-9_,-]+)\]", ins.args):
-            unknown = set(group.split(",")) - extras
-            assert not unknown, f"line {ins.line}: extras {sorted(unknown)} are not in pyproject ({sorted(extras)})"
+    for part, wanted in installed_parts(image).items():
+        extras = set(PARTS[part]["project"].get("optional-dependencies", {}))
+        unknown = wanted - extras
+        assert not unknown, f"./{part}: extras {sorted(unknown)} are not in {part}/pyproject.toml ({sorted(extras)})"
 
 
 def test_service_image_runs_jaxcache_serve():
     instructions = parse_dockerfile(DOCKERFILES["service"])
     (entry,) = [exec_form(i) for i in instructions if i.keyword == "ENTRYPOINT"]
-    scripts = PYPROJECT["project"]["scripts"]
-    assert entry[0] in scripts, f"ENTRYPOINT {entry[0]!r} is not a console script of pyproject ({sorted(scripts)})"
+    scripts = image_scripts("service")
+    assert entry[0] in scripts, f"ENTRYPOINT {entry[0]!r} is not a console script of its parts ({sorted(scripts)})"
     from jaxcache.cli import build_parser
 
     parser = build_parser()
@@ -214,9 +234,20 @@ def test_warmup_image_runs_the_warmup_script():
     instructions = parse_dockerfile(DOCKERFILES["warmup"])
     (entry,) = [exec_form(i) for i in instructions if i.keyword == "ENTRYPOINT"]
     assert entry == ["warmup"], f"the warm-up image's ENTRYPOINT should be the `warmup` console script, is {entry}"
-    assert PYPROJECT["project"]["scripts"].get("warmup") == "jaxcache.warmup.cli:run", (
-        "pyproject [project.scripts] must define `warmup`, or this image would not start"
+    assert image_scripts("warmup").get("warmup") == "jaxcache.warmup.cli:run", (
+        "warmup/pyproject.toml [project.scripts] must define `warmup`, or this image would not start"
     )
+
+
+def test_service_image_carries_no_jax():
+    """The service never imports JAX: its image installs only parts that do not depend on it."""
+    parts = installed_parts("service")
+    assert "service" in parts and not {"client", "warmup"} & set(parts), parts
+    for part, extras in parts.items():
+        project = PARTS[part]["project"]
+        deps = list(project.get("dependencies", []))
+        deps += [d for e in extras for d in project.get("optional-dependencies", {}).get(e, [])]
+        assert not [d for d in deps if re.match(r"jax(lib)?\b(?!cache)", d)], f"./{part} pulls in JAX: {deps}"
 
 
 def image_user(image: str) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
+
 from conftest import shared_fixture_dirs
 from jaxcache import entry as fmt
 from jaxcache.entry import Compression, EntryKind, Status

@@ -10,15 +10,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import settled
 from fastapi.testclient import TestClient
-from jaxcache.service import queries
-from jaxcache.service import rescan as rescan_mod
-from jaxcache.service.app import create_app
-from jaxcache.service.catalog import CacheRow, Catalog, EntryRow
-from jaxcache.storage import open_storage
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from conftest import settled
+from jaxcache.service.app import create_app
+from jaxcache.service.catalog import queries
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.models import CacheRow, EntryRow
+from jaxcache.service.tasks import rescan as rescan_mod
+from jaxcache.storage import open_storage
 from test_service import ADMIN, H_ADMIN, H_READ, READ, REPORT, make_settings
 
 NEW_KEY = "jit_copied-" + "ab" * 32

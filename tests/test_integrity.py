@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import shared_fixture_dirs
 from jaxcache import coverage, integrity, records
 from jaxcache.entry import parse_name, validate

@@ -1,4 +1,5 @@
-"""The architecture's rules, checked: dependency direction, light imports, the README's promises."""
+"""The architecture's rules, checked: folders are import paths, dependency direction, no import circles, light
+imports, small files, and the README's promises."""
 
 from __future__ import annotations
 
@@ -6,38 +7,128 @@ import ast
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).parent.parent
-CORE = ROOT / "core"
+#: Each part's folder is a source root of the ``jaxcache`` namespace, and its own distribution.
+PARTS = ("core", "client", "warmup", "service")
+#: What each part may import besides itself.
+ALLOWED = {"core": set(), "client": {"core"}, "warmup": {"core", "client"}, "service": {"core"}}
+MAX_LINES = 400
+MAX_DOCSTRING_LINES = 12
 
 
-def _imports(path: Path) -> set[str]:
+def _ours(path: Path) -> bool:
+    # Not what builds and editable installs leave beside the sources.
+    return not any(p == "__pycache__" or p == "build" or p.endswith(".egg-info") for p in path.parts)
+
+
+def sources(part: str) -> list[Path]:
+    return sorted(p for p in (ROOT / part).rglob("*.py") if _ours(p.relative_to(ROOT)))
+
+
+def module_name(part: str, path: Path) -> str:
+    rel = path.relative_to(ROOT / part).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+ALL = {module_name(part, p): (part, p) for part in PARTS for p in sources(part)}
+
+
+def part_of(module: str) -> str | None:
+    """The part that holds ``module`` (``jaxcache.client.x`` is the client's), or None outside jaxcache."""
+    if module != "jaxcache" and not module.startswith("jaxcache."):
+        return None
+    second = module.split(".")[1] if "." in module else ""
+    return second if second in ("client", "warmup", "service") else "core"
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, anywhere in it (functions too); ``from m import x`` is ``m.x`` when that is
+    a module, else ``m``."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                names.add(sub if sub in ALL else node.module)
     return names
 
 
-# The CLI (core/cli.py) is the composition root: it alone may wire the parts together.
-@pytest.mark.parametrize(
-    "path", sorted(p for p in CORE.rglob("*.py") if p.name != "cli.py"), ids=lambda p: str(p.relative_to(ROOT))
-)
-def test_core_imports_no_part(path):
-    parts = {"jaxcache.client", "jaxcache.service", "jaxcache.warmup"}
-    bad = {n for n in _imports(path) if any(n == p or n.startswith(p + ".") for p in parts)}
-    assert not bad, f"{path.name} imports {bad}: the core must not depend on client, service or warm-up"
+@pytest.mark.parametrize("part", PARTS)
+def test_every_folder_is_its_import_path(part):
+    """A module's path under its part's folder is its import path: no package-dir maps, no finder magic."""
+    project = tomllib.loads((ROOT / part / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["package-dir"] == {"": "."}, f"{part}/ must be a plain source root"
+    assert not (ROOT / part / "jaxcache" / "__init__.py").exists(), "jaxcache is a namespace: no __init__.py"
+    for path in sources(part):
+        rel = path.relative_to(ROOT / part)
+        assert rel.parts[0] == "jaxcache", f"{part}/{rel}: sources live under {part}/jaxcache/"
+        owner = part_of(module_name(part, path))
+        assert owner == part, f"{part}/{rel} is a module of the {owner} part: move it to {owner}/"
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "service").rglob("*.py")), ids=lambda p: p.name)
-def test_service_never_imports_client_or_warmup(path):
-    bad = {n for n in _imports(path) if n.startswith(("jaxcache.client", "jaxcache.warmup"))}
-    assert not bad
+@pytest.mark.parametrize("name", sorted(ALL), ids=str)
+def test_dependency_direction(name):
+    part, path = ALL[name]
+    for imported in imports(path):
+        other = part_of(imported)
+        assert other is None or other == part or other in ALLOWED[part], (
+            f"{name} imports {imported}: the {part} part may import only {sorted(ALLOWED[part]) or 'itself'}"
+        )
+
+
+def test_no_import_circles():
+    graph = {name: {i for i in imports(path) if i in ALL and i != name} for name, (_, path) in ALL.items()}
+    done: set[str] = set()
+
+    def visit(node: str, stack: list[str]) -> None:
+        if node in stack:
+            cycle = stack[stack.index(node):] + [node]
+            raise AssertionError("import circle: " + " -> ".join(cycle))
+        if node in done:
+            return
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            visit(nxt, stack)
+        stack.pop()
+        done.add(node)
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+def _code_files() -> list[Path]:
+    files = [p for part in PARTS for p in sources(part)]
+    return files + sorted((ROOT / "bench").glob("*.py")) + sorted(p for p in (ROOT / "tests").rglob("*.py") if _ours(p))
+
+
+@pytest.mark.parametrize("path", _code_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_files_are_small_and_their_docstrings_short(path):
+    lines = path.read_text().splitlines()
+    assert len(lines) <= MAX_LINES, f"{len(lines)} lines: split it by what changes together (at most {MAX_LINES})"
+    doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+    assert len(doc.splitlines()) <= MAX_DOCSTRING_LINES, "module docstring: say why in a few lines (docs/ for more)"
+
+
+def test_code_cites_only_what_the_repository_holds():
+    for path in _code_files():
+        text = path.read_text()
+        assert "DESIGN.md" not in text and "shared/DESIGN" not in text, f"{path}: cite docs/ in this repository"
+        for doc in re.findall(r"docs/[\w./-]+\.md", text):
+            assert (ROOT / doc).is_file(), f"{path.relative_to(ROOT)} cites {doc}, which does not exist"
+
+
+def test_ruff_knows_jaxcache_is_first_party():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
+    assert config["lint"]["isort"]["known-first-party"] == ["jaxcache"]
+    assert set(PARTS) <= set(config["src"])
 
 
 def _loaded_after(stmt: str) -> set[str]:
@@ -46,22 +137,30 @@ def _loaded_after(stmt: str) -> set[str]:
     return set(out.split())
 
 
+HEAVY = {"fastapi", "sqlalchemy", "uvicorn", "starlette", "jax", "jaxlib", "pydantic"}
+
+
 @pytest.mark.parametrize(
     "stmt",
     [
-        "import jaxcache.entry, jaxcache.scan, jaxcache.storage, jaxcache.stats, jaxcache.doctor",
+        "import jaxcache.entry, jaxcache.scan, jaxcache.storage, jaxcache.stats, jaxcache.doctor, jaxcache.records",
         "import jaxcache.client",
         "from jaxcache.storage import open_storage; open_storage('.')",
+        "import jaxcache.cli",
     ],
 )
 def test_core_and_client_stay_light(stmt):
     loaded = _loaded_after(stmt)
-    heavy = {m for m in loaded if m.split(".")[0] in {"fastapi", "sqlalchemy", "uvicorn", "starlette", "jax"}}
+    heavy = {m for m in loaded if m.split(".")[0] in HEAVY}
     heavy |= {m for m in loaded if m.startswith("google.cloud")}
     if stmt == "import jaxcache.client":
-        heavy.discard("jax")  # the client configures JAX; it is its one heavy import
-        heavy = {m for m in heavy if not m.startswith("jax")}
+        heavy = {m for m in heavy if m.split(".")[0] not in ("jax", "jaxlib")}  # the client configures JAX
     assert not heavy, f"{stmt!r} pulled in {sorted(heavy)[:5]}"
+
+
+def test_the_service_never_loads_jax():
+    loaded = _loaded_after("import jaxcache.service.app, jaxcache.service.command")
+    assert not {m for m in loaded if m.split(".")[0] in ("jax", "jaxlib")}
 
 
 def test_gcs_backend_loads_google_cloud_storage_only_for_gs():
@@ -78,7 +177,7 @@ def test_ci_runs_the_readme_test_command():
 def test_readme_explains_the_layout():
     readme = (ROOT / "README.md").read_text()
     assert "## Layout" in readme
-    for folder in ("core/", "client/", "service/", "warmup/", "deploy/", "tests/", "bench/"):
+    for folder in ("core/", "client/", "service/", "warmup/", "deploy/", "tests/", "bench/", "docs/"):
         assert folder in readme, folder
 
 

@@ -7,17 +7,21 @@ import json
 import logging
 import re
 import sqlite3
+import shutil
 import subprocess
 import sys
 import threading
+import zipfile
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from jaxcache.service import migrate
-from jaxcache.service.catalog import Base, Catalog
 from sqlalchemy import MetaData, create_engine, inspect, text
+
+from jaxcache.service.catalog import migrate
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.models import Base
 
 REPO = Path(__file__).parent.parent
 
@@ -221,12 +225,17 @@ def test_replicas_starting_together_migrate_once(catalog_url):
 
 
 def test_revisions_are_shipped_as_package_data(tmp_path):
-    # What `pip install .` puts in site-packages (the image installs that way, not editable).
-    proc = subprocess.run([sys.executable, "-c", "import setuptools; setuptools.setup()", "-q", "build_py", "-d",
-                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    # What `pip install ./service` puts in site-packages (the image installs that way, not editable).
+    # Built from a copy: a build leaves build/ and *.egg-info behind in the folder it builds.
+    source = shutil.copytree(REPO / "service", tmp_path / "src", ignore=shutil.ignore_patterns("*.egg-info", "build"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path),
+                           str(source)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    shipped = tmp_path / "jaxcache" / "service" / "migrations"
+    (wheel,) = tmp_path.glob("jaxcache_service-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = "jaxcache/service/catalog/migrations/"
     for name in ("env.py", "script.py.mako", "README.md", "versions/0001_initial.py"):
-        assert (shipped / name).is_file(), name
-    assert {p.name for p in (shipped / "versions").glob("*.py")} == {
-        p.name for p in (REPO / "service" / "migrations" / "versions").glob("*.py")}
+        assert shipped + name in names, name
+    assert {n.rsplit("/", 1)[1] for n in names if n.startswith(shipped + "versions/") and n.endswith(".py")} == {
+        p.name for p in (REPO / "service" / "jaxcache" / "service" / "catalog" / "migrations" / "versions").glob("*.py")
+    }

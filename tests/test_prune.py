@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import TESTS, upload_dir
 from jaxcache import entry as fmt
 from jaxcache.cli import main

@@ -9,6 +9,7 @@ import shutil
 import time
 
 import pytest
+
 from jaxcache import records
 from jaxcache.errors import InvalidInputError
 from jaxcache.prune import Candidate, PrunePolicy, plan, policy_from_mapping

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import run_writer, upload_dir
 from jaxcache import entry as fmt
 from jaxcache.entry import Status

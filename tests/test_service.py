@@ -10,8 +10,9 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from conftest import settled
 from fastapi.testclient import TestClient
+
+from conftest import settled
 from jaxcache import entry as fmt
 from jaxcache.cli import main as cli_main
 from jaxcache.service.app import create_app

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from conftest import jaxcache_serve
 
 ADMIN = "e2e-admin-token"

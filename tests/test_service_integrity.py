@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import upload_dir
 from fastapi.testclient import TestClient
+
+from conftest import upload_dir
 from jaxcache.entry import parse_name
 from jaxcache.service.app import create_app
 from jaxcache.service.settings import ServiceSettings

@@ -19,15 +19,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import serve_env, start_serve, stop_serve, wait_ready
-from jaxcache.records import RunRecord
-from jaxcache.service.catalog import Catalog, EntryRow, KeyStatsRow, UsageRow
-from jaxcache.service.locks import ClusterLocks, LockBusyError
-from jaxcache.service.reports import ingest, recompute
-from jaxcache.service.rescan import rescan
-from jaxcache.storage import open_storage
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
+
+from conftest import serve_env, start_serve, stop_serve, wait_ready
+from jaxcache.records import RunRecord
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.locks import ClusterLocks, LockBusyError
+from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
+from jaxcache.service.ingestion.reports import ingest, recompute
+from jaxcache.service.tasks.rescan import rescan
+from jaxcache.storage import open_storage
 from test_service_reports import hit, keys_of, run, write
 
 ADMIN, REPORT = "replica-admin-token", "replica-report-token"
@@ -65,7 +67,7 @@ def test_a_lock_excludes_other_replicas_and_threads(catalog_url):
 _HOLDER = """
 import sys, time
 from sqlalchemy.engine import make_url
-from jaxcache.service.locks import ClusterLocks
+from jaxcache.service.catalog.locks import ClusterLocks
 lock = ClusterLocks(make_url(sys.argv[1])).get("scan:demo")
 assert lock.acquire(blocking=False)
 print("held", flush=True)

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import settled, upload_dir
 from fastapi.testclient import TestClient
+
+from conftest import settled, upload_dir
 from jaxcache import entry as fmt
 from jaxcache import records
 from jaxcache.records import Fingerprint, KeyUsage, RunRecord
@@ -568,7 +569,8 @@ def test_hits_drive_lru_gcs(gcs_svc, gcs_client, gcs_bucket, jax_caches):
 def test_an_older_entries_table_is_rebuilt(tmp_path):
     import sqlite3
 
-    from jaxcache.service.catalog import Catalog, EntryRow
+    from jaxcache.service.catalog.database import Catalog
+    from jaxcache.service.catalog.models import EntryRow
 
     path = tmp_path / "old.sqlite"
     db = sqlite3.connect(path)
@@ -597,11 +599,13 @@ def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_
     the aggregates kept as differences equal a recomputation from every row."""
     import random
 
-    from jaxcache.service.catalog import Catalog, EntryRow, KeyStatsRow, UsageRow
-    from jaxcache.service.reports import ingest, recompute
-    from jaxcache.service.rescan import rescan as do_rescan
-    from jaxcache.storage import open_storage
     from sqlalchemy import select
+
+    from jaxcache.service.catalog.database import Catalog
+    from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
+    from jaxcache.service.ingestion.reports import ingest, recompute
+    from jaxcache.service.tasks.rescan import rescan as do_rescan
+    from jaxcache.storage import open_storage
 
     rng = random.Random(seed)
     url = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'c.sqlite'}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+
 from jaxcache.errors import InvalidRootError, PathEscapeError, PreconditionFailedError
 from jaxcache.storage import LocalStorage, Storage, open_storage
 

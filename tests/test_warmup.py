@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from jaxcache import coverage, records
 from jaxcache.errors import InvalidInputError
 from jaxcache.topology import Topology
@@ -43,6 +44,7 @@ def run_example_job(cache: str, devices: int = 4) -> subprocess.CompletedProcess
 def service_view(cache: Path, tmp_path: Path) -> dict:
     """What the catalog service says about the cache's warm-ups after a rescan."""
     from fastapi.testclient import TestClient
+
     from jaxcache.service.app import create_app
     from jaxcache.service.settings import ServiceSettings
 

@@ -8,15 +8,12 @@
 FROM python:3.11-slim-bookworm AS build
 RUN python -m venv /opt/jaxcache
 WORKDIR /src
-# setuptools maps every top-level package folder (pyproject `package-dir`), so all four must be present to build.
-COPY pyproject.toml README.md ./
+# Only the core and the service: the service never imports JAX, so the image carries none (no jax, no jaxlib).
 COPY core ./core
-COPY client ./client
 COPY service ./service
-COPY warmup ./warmup
-# The service extra brings the PostgreSQL driver (psycopg, binary wheel: no libpq to install) and Alembic with the
-# catalog's migrations (package data under jaxcache/service/migrations/).
-RUN /opt/jaxcache/bin/pip install --no-cache-dir '.[service,gcs]'
+# The service brings the PostgreSQL driver (psycopg, binary wheel: no libpq to install) and Alembic with the
+# catalog's migrations (package data under jaxcache/service/catalog/migrations/).
+RUN /opt/jaxcache/bin/pip install --no-cache-dir './core[gcs]' ./service
 
 FROM python:3.11-slim-bookworm
 # A fixed numeric uid/gid so Kubernetes' runAsNonRoot can verify the user without reading /etc/passwd.

@@ -15,8 +15,56 @@ import logging
 import os
 import sys
 
+#: Layers of the slow program whose compile time a fresh process measures (see _slow_layers).
+CALIBRATION_LAYERS = 100
+#: Seconds the slow program should take to compile: JAX stores whole seconds, so well over one.
+SLOW_COMPILE_S = 2.0
+
+
+def _step(jax, jnp):
+    def train_step(params, x):
+        def loss(p):
+            h = x
+            for i, w in enumerate(p):
+                h = jnp.tanh(h @ w) + jnp.sin(h) * 0.1 if i % 2 else jax.nn.gelu(h @ w)
+            return jnp.mean(h**2)
+
+        grads = jax.grad(loss)(params)
+        return [w - 0.1 * g for w, g in zip(params, grads, strict=True)]
+
+    return train_step
+
+
+def _calibrate(layers: int) -> float:
+    """Seconds this machine takes to compile the slow program with ``layers`` layers (no cache involved)."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    params = [jnp.eye(64) * 0.5 for _ in range(layers)]
+    lowered = jax.jit(_step(jax, jnp)).lower(params, jnp.ones((8, 64)))
+    started = time.perf_counter()
+    lowered.compile()
+    return time.perf_counter() - started
+
+
+def _slow_layers() -> int:
+    """Enough layers that the slow program compiles in about SLOW_COMPILE_S here, whatever the machine's speed, so
+    that JAX stores a non-zero compile time. Measured in a fresh process: JAX decides about its cache at the first
+    compile of a process, so this one must not compile before the cache is set up."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, __file__, "--calibrate", str(CALIBRATION_LAYERS)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    seconds = float(proc.stdout.strip().splitlines()[-1])
+    return max(250, min(4000, int(CALIBRATION_LAYERS * SLOW_COMPILE_S / max(seconds, 1e-3))))
+
 
 def main() -> int:
+    if sys.argv[1:2] == ["--calibrate"]:
+        print(_calibrate(int(sys.argv[2])))
+        return 0
     parser = argparse.ArgumentParser()
     parser.add_argument("cache_dir")
     parser.add_argument("manifest")
@@ -39,6 +87,7 @@ def main() -> int:
     cc_logger.setLevel(logging.DEBUG)
     cc_logger.addHandler(Capture())
 
+    layers = _slow_layers()
     import jax
     import jax.numpy as jnp
     from jax._src import compilation_cache as cc
@@ -49,16 +98,7 @@ def main() -> int:
     if args.lru:
         jax.config.update("jax_compilation_cache_max_size", 512 * 1024 * 1024)
 
-    @jax.jit
-    def train_step(params, x):
-        def loss(p):
-            h = x
-            for i, w in enumerate(p):
-                h = jnp.tanh(h @ w) + jnp.sin(h) * 0.1 if i % 2 else jax.nn.gelu(h @ w)
-            return jnp.mean(h**2)
-
-        grads = jax.grad(loss)(params)
-        return [w - 0.1 * g for w, g in zip(params, grads, strict=True)]
+    train_step = jax.jit(_step(jax, jnp))
 
     def tiny(x):
         return x * 2 + 1
@@ -68,8 +108,8 @@ def main() -> int:
 
     odd.__name__ = "odd-name.v2"  # a module name with '-' and '.': parsers must split from the right
 
-    # 250 unrolled layers: slow enough to compile (a few seconds here) that JAX stores a non-zero compile time.
-    params = [jnp.eye(64) * 0.5 for _ in range(250)]
+    # Unrolled layers, as many as make it compile in seconds here: JAX then stores a non-zero compile time.
+    params = [jnp.eye(64) * 0.5 for _ in range(layers)]
     x = jnp.ones((8, 64))
     jax.block_until_ready(train_step(params, x))
     jax.block_until_ready(jax.jit(tiny)(jnp.arange(4.0)))

@@ -1,0 +1,302 @@
+"""Hits, misses, writes and seconds, per key, from ``jax.monitoring`` events and JAX's cache log records.
+
+Events give counts and durations; only the log records carry keys. Both fire on the thread that compiles, in
+a fixed order per compile (docs/jax-internals.md): the hit or miss record names the key, then come the events and, on a
+miss, the records saying whether it was written and how long compiling took. So the key named last on a thread
+is the one the following events belong to. Nothing here runs per training step: JAX emits these only when it
+compiles or loads a program.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jax import monitoring
+
+from jaxcache import records
+from jaxcache.records import KeyUsage
+
+LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
+
+_REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
+_HITS = "/jax/compilation_cache/cache_hits"
+_WRITES = "/jax/compilation_cache/cache_misses"  # JAX fires its "miss" event only when it writes
+_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
+_RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
+_COMPILE = "/jax/core/compile/backend_compile_duration"  # wraps the whole compile-or-load of one program
+
+_HIT_MSG = "Persistent compilation cache hit for"
+_MISS_MSG = "PERSISTENT COMPILATION CACHE MISS for"
+_WRITE_MSG = "Writing %s to persistent compilation cache"
+_TOOK_MSG = "'%s' took at least"
+_FAST_MSG = "Not writing persistent cache entry for '%s' because it took <"
+_CALLBACK_MSG = "Not writing persistent cache entry for '%s' because it uses host"
+_NOT_P0_MSG = "Not writing persistent cache entry since process_id != 0"
+_SMALL_MSG = "Not writing persistent cache entry with key %r since its size"
+_DISABLED_MSG = "Not writing persistent cache entry with key %r since cache is disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """What the persistent cache did for this process so far."""
+
+    hits: int
+    misses: int  # programs compiled because the cache did not have them
+    writes: int
+    compile_s: float  # seconds spent compiling the misses (measured, not JAX's whole seconds)
+    retrieval_s: float  # seconds spent reading and loading hits
+    saved_s: float  # compile seconds the hits saved, by JAX's stored whole seconds (a lower bound)
+
+    @property
+    def requests(self) -> int:
+        """Programs JAX looked up in the cache."""
+        return self.hits + self.misses
+
+    @property
+    def hit_rate(self) -> float | None:
+        """hits / (hits + misses); None before anything was looked up."""
+        return self.hits / self.requests if self.requests else None
+
+
+class Recorder:
+    """Collects what JAX reports about its cache. :meth:`install` once; :meth:`uninstall` restores everything."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._keys: dict[str, KeyUsage] = {}
+        self._requests = 0
+        self._hits = 0
+        self._writes = 0
+        self._compile_s = 0.0
+        self._retrieval_s = 0.0
+        self._saved_s = 0.0
+        self._taps: list[tuple[logging.Logger, _Tap, int]] = []
+        self._installed = False
+        self._listeners: list[Callable[[KeyUsage], None]] = []
+
+    def add_listener(self, callback: Callable[[KeyUsage], None]) -> None:
+        """Call ``callback`` with a copy of a key's usage each time JAX finishes compiling or loading it."""
+        self._listeners.append(callback)
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Register the event listeners and tap JAX's cache loggers."""
+        if self._installed:
+            return
+        monitoring.register_event_listener(self._on_event)
+        monitoring.register_event_duration_secs_listener(self._on_duration)
+        for name in LOGGERS:
+            logger = logging.getLogger(name)
+            # The records we need are DEBUG; what the user would have seen before still passes, nothing more.
+            tap = _Tap(self, passthrough_level=logger.getEffectiveLevel())
+            logger.addFilter(tap)
+            self._taps.append((logger, tap, logger.level))
+            if logger.getEffectiveLevel() > logging.DEBUG:
+                logger.setLevel(logging.DEBUG)
+        self._installed = True
+
+    def uninstall(self) -> None:
+        """Undo :meth:`install` (tests and re-configuration)."""
+        if not self._installed:
+            return
+        for unregister, callback in (
+            (getattr(monitoring, "unregister_event_listener", None), self._on_event),
+            (getattr(monitoring, "unregister_event_duration_listener", None), self._on_duration),
+        ):
+            if unregister is not None:
+                try:
+                    unregister(callback)
+                except (AssertionError, ValueError):
+                    pass
+        for logger, tap, level in self._taps:
+            logger.removeFilter(tap)
+            logger.setLevel(level)
+        self._taps.clear()
+        self._installed = False
+
+    # -- results ------------------------------------------------------------------------------------------------
+
+    def stats(self) -> CacheStats:
+        """Totals so far."""
+        with self._lock:
+            return CacheStats(
+                hits=self._hits,
+                misses=max(self._requests - self._hits, 0),
+                writes=self._writes,
+                compile_s=self._compile_s,
+                retrieval_s=self._retrieval_s,
+                saved_s=self._saved_s,
+            )
+
+    def usages(self) -> list[KeyUsage]:
+        """A copy of the per-key records so far."""
+        with self._lock:
+            return [_copy(u) for u in self._keys.values()]
+
+    def set_digest(self, key: str, sha256: str, size_bytes: int) -> None:
+        """Record the digest of an entry this process wrote (see :mod:`jaxcache.client.attestation`)."""
+        with self._lock:
+            if key in self._keys:
+                self._keys[key].sha256 = sha256
+                self._keys[key].size_bytes = size_bytes
+
+    def set_size(self, key: str, size_bytes: int) -> None:
+        """Remember an entry's size once it has been looked up."""
+        with self._lock:
+            if key in self._keys:
+                self._keys[key].size_bytes = size_bytes
+
+    # -- JAX callbacks: never raise into JAX --------------------------------------------------------------------
+
+    def _on_event(self, event: str, **_: object) -> None:
+        if not event.startswith("/jax/compilation_cache/"):
+            return
+        with self._lock:
+            if event == _REQUESTS:
+                self._requests += 1
+            elif event == _HITS:
+                self._hits += 1
+            elif event == _WRITES:
+                self._writes += 1
+
+    def _on_duration(self, event: str, duration_s: float, **_: object) -> None:
+        if event not in (_SAVED, _RETRIEVAL, _COMPILE):
+            return
+        usage: KeyUsage | None = getattr(self._local, "current", None)
+        finished: KeyUsage | None = None
+        with self._lock:
+            if event == _SAVED:
+                saved = max(float(duration_s), 0.0)
+                self._saved_s += saved
+                if usage is not None:
+                    usage.saved_s += saved
+            elif event == _RETRIEVAL:
+                self._retrieval_s += float(duration_s)
+                if usage is not None:
+                    usage.retrieval_s += float(duration_s)
+            elif usage is not None:  # the compile-or-load of the current key is over
+                if usage.event != records.HIT and getattr(self._local, "compile_s", None) is None:
+                    self._note_compile(usage, float(duration_s))
+                self._local.current = None
+                finished = _copy(usage) if self._listeners else None
+        if event == _COMPILE and usage is not None and finished is not None:
+            for callback in self._listeners:
+                try:
+                    callback(finished)
+                except Exception:  # noqa: BLE001 - a listener's bug must not break a compile
+                    logging.getLogger("jaxcache.client").exception("jaxcache: a program listener failed")
+
+    def on_log(self, record: logging.LogRecord) -> None:
+        """Read one record of JAX's cache loggers (called by the tap)."""
+        msg = record.msg if isinstance(record.msg, str) else ""
+        args = record.args if isinstance(record.args, tuple) else ()
+        if msg.startswith(_HIT_MSG) and len(args) == 2:
+            self._begin(str(args[1]), str(args[0]), hit=True)
+        elif msg.startswith(_MISS_MSG) and len(args) == 2:
+            self._begin(str(args[1]), str(args[0]), hit=False)
+        elif msg.startswith(_WRITE_MSG) and len(args) == 2:
+            self._update(str(args[1]), event=records.WRITE, reason=None, writes=1)
+        elif msg.startswith(_TOOK_MSG) and len(args) == 3:
+            self._compiled(float(args[2]), reason=None)
+        elif msg.startswith(_FAST_MSG) and len(args) == 3:
+            self._compiled(
+                float(args[2]),
+                reason=f"compiled in {float(args[2]):.2f} s, under jax_persistent_cache_min_compile_time_secs"
+                f"={float(args[1]):g}",
+            )
+        elif msg.startswith(_CALLBACK_MSG):
+            self._reason("uses host callbacks (jax.debug.print, callbacks): JAX does not cache it")
+        elif msg.startswith(_NOT_P0_MSG):
+            self._reason("only process 0 writes the cache")
+        elif msg.startswith(_SMALL_MSG) and len(args) == 3:
+            self._update(
+                str(args[0]),
+                event=records.COMPILED,
+                reason=f"entry of {args[1]} bytes, under jax_persistent_cache_min_entry_size_bytes={args[2]}",
+                size_bytes=int(args[1]),
+            )
+        elif msg.startswith(_DISABLED_MSG) and args:
+            self._update(str(args[0]), event=records.COMPILED, reason="the persistent cache is disabled")
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _begin(self, key: str, function: str, *, hit: bool) -> None:
+        now = time.time()
+        with self._lock:
+            usage = self._keys.get(key)
+            if usage is None:
+                usage = KeyUsage(key=key, event=records.HIT if hit else records.COMPILED, function=function,
+                                 first_at=now)
+                self._keys[key] = usage
+            usage.last_at = now
+            if hit:
+                usage.hits += 1
+            else:
+                usage.compiles += 1
+                if usage.event == records.HIT:
+                    usage.event = records.COMPILED
+        self._local.current = usage
+        self._local.compile_s = None
+
+    def _compiled(self, compile_s: float, reason: str | None) -> None:
+        usage: KeyUsage | None = getattr(self._local, "current", None)
+        with self._lock:
+            if usage is None:
+                self._compile_s += compile_s
+                return
+            self._note_compile(usage, compile_s)
+            if reason is not None and usage.event != records.WRITE:
+                usage.reason = reason
+        self._local.compile_s = compile_s
+
+    def _note_compile(self, usage: KeyUsage, compile_s: float) -> None:
+        # Called with the lock held. Keeps the slowest measurement when a process compiles a key twice.
+        self._compile_s += compile_s
+        usage.compile_s = max(usage.compile_s or 0.0, compile_s)
+
+    def _reason(self, reason: str) -> None:
+        usage: KeyUsage | None = getattr(self._local, "current", None)
+        if usage is not None:
+            with self._lock:
+                if usage.event != records.WRITE:
+                    usage.reason = reason
+
+    def _update(self, key: str, *, event: str, reason: str | None, writes: int = 0,
+                size_bytes: int | None = None) -> None:
+        with self._lock:
+            usage = self._keys.get(key)
+            if usage is None:
+                usage = KeyUsage(key=key, event=event, function=key.rsplit("-", 1)[0], first_at=time.time())
+                self._keys[key] = usage
+            if event == records.WRITE or usage.event != records.WRITE:
+                usage.event = event
+                usage.reason = reason
+            usage.writes += writes
+            if size_bytes is not None:
+                usage.size_bytes = size_bytes
+
+
+class _Tap(logging.Filter):
+    """A filter on JAX's cache loggers: reads every record, lets through only what was visible before."""
+
+    def __init__(self, recorder: Recorder, passthrough_level: int) -> None:
+        super().__init__()
+        self._recorder = recorder
+        self._passthrough_level = passthrough_level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            self._recorder.on_log(record)
+        except Exception:  # noqa: BLE001 - telemetry must never break a compile
+            pass
+        return record.levelno >= self._passthrough_level
+
+
+def _copy(usage: KeyUsage) -> KeyUsage:
+    return KeyUsage(**{name: getattr(usage, name) for name in KeyUsage.__slots__})

@@ -1,0 +1,79 @@
+"""The ``jaxcache`` command: wires storage, scanning and output together for each subcommand.
+
+Exit codes: 0 ok, 1 problems found (``doctor``), 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+
+from jaxcache.cli import doctor, listing, plugins, prune
+from jaxcache.cli.output import EXIT_OK, EXIT_USAGE
+from jaxcache.errors import JaxcacheError
+from jaxcache.storage import open_storage
+
+
+def _version() -> str:
+    try:
+        return version("jaxcache")
+    except PackageNotFoundError:  # run from a checkout without installing
+        return "unknown"
+
+
+def build_parser(command: plugins.Command | None = None) -> argparse.ArgumentParser:
+    """The argument parser, exposed for tests and for the README's help text. ``command``: the installed part's
+    command being run, whose arguments the parser then knows."""
+    parser = argparse.ArgumentParser(
+        prog="jaxcache",
+        description="Inspect and manage JAX persistent compilation caches on local/NFS directories and GCS.",
+        epilog="Exit codes: 0 ok, 1 problems found (doctor), 2 usage or input error.",
+    )
+    parser.add_argument("--version", action="version", version=f"jaxcache {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    listing.add_parsers(sub)
+    doctor.add_parser(sub)
+    prune.add_parser(sub)
+    for name, part in plugins.OPTIONAL.items():
+        if command is not None and command.name == name and command.configure is not None:
+            p = sub.add_parser(name, help=command.help, description=command.description or command.help)
+            command.configure(p)
+        else:  # listed for --help; the part's own parser takes over when it runs
+            sub.add_parser(name, help=part.help, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        command = plugins.load(argv[0]) if argv[:1] and argv[0] in plugins.OPTIONAL else None
+        if command is not None and command.main is not None:
+            return command.main(argv[1:])  # the part parses its own arguments (warmup's `--`)
+        args = build_parser(command).parse_args(argv)
+        if command is not None:
+            assert command.run is not None
+            return command.run(args)
+        storage = open_storage(args.root)
+        exit_code: int = args.run(args, storage)
+        return exit_code
+    except JaxcacheError as exc:
+        print(f"jaxcache: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("jaxcache: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `jaxcache ls ROOT | head`: the reader left; that is not an error. Point stdout at /dev/null so the
+        # interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""``jaxcache doctor``: decompress every entry and explain what is wrong; ``--verify`` judges integrity."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, print_json, progress
+from jaxcache.doctor import Diagnosis, check, diagnose
+from jaxcache.scan import Entry, scan
+from jaxcache.storage import Storage
+from jaxcache.table import render
+from jaxcache.units import parse_duration
+
+
+def _doctor_json(storage: Storage, d: Diagnosis) -> dict[str, Any]:
+    return {
+        "root": storage.url,
+        "checked": d.stats.entries,
+        "ok": d.stats.entries - d.stats.corrupt,
+        "corrupt": [{"name": f.name, "key": f.key, "reason": f.reason} for f in d.corrupt],
+        "orphans": [{"name": f.name, "key": f.key} for f in d.orphans],
+        "compression": dict(sorted(d.stats.by_compression.items())),
+        "mixed_compression": d.stats.mixed_compression,
+        "advice": d.advice,
+        "problems": d.problems,
+    }
+
+
+def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
+    """``doctor --verify``: classify every entry's integrity against its writer's digest and embedded name."""
+    from jaxcache import integrity
+
+    min_age_s = parse_duration(args.min_age)
+    attestations = integrity.load_attestations(storage)
+    entries = (r for r in scan(storage, read_headers=False) if isinstance(r, Entry))
+    verdicts = list(progress(integrity.verify(storage, entries, attestations, now=time.time(),
+                                              min_age_s=min_age_s), "verifying"))
+    counts = {c: sum(v.classification == c for v in verdicts) for c in integrity.CLASSES}
+    bad = [v for v in verdicts if v.classification in integrity.BAD_CLASSES]
+    if args.json:
+        print_json({
+            "root": storage.url, "checked": len(verdicts), "counts": counts, "attested_keys": len(attestations),
+            "entries": [{"name": v.name, "key": v.key, "class": v.classification, "classes": list(v.classes),
+                         "reasons": list(v.reasons), "sha256": v.sha256, "embedded_module": v.embedded_module,
+                         "attested_by": v.attested_by} for v in verdicts],
+            "problems": bool(bad),
+        })
+        return EXIT_PROBLEMS if bad else EXIT_OK
+    shown = ", ".join(f"{n} {c}" for c, n in counts.items() if n)
+    print(f"verified {len(verdicts)} entries in {storage.url}: {shown or 'none'}")
+    flagged = [v for v in verdicts if v.classification not in (integrity.OK, integrity.UNATTESTED)]
+    if flagged:
+        print(render(["CLASS", "FILE", "WHY"], [[v.classification, v.name, "; ".join(v.reasons)] for v in flagged]))
+    if bad:
+        print("\nnote: JAX executes what it loads: delete these before jobs load them "
+              "(`jaxcache prune ROOT --corrupt --apply` removes corrupt ones; remove tampered or mismatched files "
+              "and find out who could write them).")
+    if counts[integrity.UNATTESTED]:
+        print(f"\nnote: {counts[integrity.UNATTESTED]} entries have no recorded digest (written by plain JAX, not "
+              "through jaxcache.client or warmup); only their embedded name could be checked.")
+    return EXIT_PROBLEMS if bad else EXIT_OK
+
+
+def cmd_doctor(args: argparse.Namespace, storage: Storage) -> int:
+    if args.verify:
+        return cmd_verify(args, storage)
+    d = diagnose(progress(check(storage), "checking"))
+    exit_code = EXIT_PROBLEMS if d.problems else EXIT_OK
+    if args.json:
+        print_json(_doctor_json(storage, d))
+        return exit_code
+    s = d.stats
+    mix = ", ".join(f"{k} {v}" for k, v in sorted(s.by_compression.items())) or "-"
+    print(f"checked {s.entries} entries in {storage.url}: {s.entries - s.corrupt} ok, {s.corrupt} corrupt, "
+          f"{s.orphans} orphaned -atime files; compression: {mix}")
+    if d.corrupt:
+        print(f"\ncorrupt entries ({len(d.corrupt)}):")
+        print(render(["FILE", "REASON"], [[f.name, f.reason] for f in d.corrupt]))
+    if d.orphans:
+        print(f"\norphaned -atime files ({len(d.orphans)}):")
+        print("\n".join(f.name for f in d.orphans))
+    for note in d.advice:
+        print(f"\nnote: {note}")
+    if not d.problems:
+        print("no problems found")
+    return exit_code
+
+
+def add_parser(sub: Any) -> None:
+    """``doctor``."""
+    dr = sub.add_parser("doctor", help="validate every entry and explain what is wrong",
+                        description="Decompress every entry, list corrupt ones with the reason, list orphaned "
+                                    "-atime files, and explain mixed compression. Exits 1 if anything needs "
+                                    "attention.")
+    dr.add_argument("root", metavar="ROOT", help=ROOT_HELP)
+    dr.add_argument("--verify", action="store_true",
+                    help="integrity: compare each entry with its writer's recorded digest and its embedded program "
+                         "name; classes ok, tampered, corrupt, mismatched, pending (younger than --min-age), "
+                         "unattested")
+    dr.add_argument("--min-age", default="1h", metavar="DURATION",
+                    help="with --verify: entries younger than this that look broken are pending (default 1h)")
+    dr.add_argument("--json", action="store_true", help="print JSON (stable field names)")
+    dr.set_defaults(run=cmd_doctor)

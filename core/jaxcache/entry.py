@@ -1,0 +1,320 @@
+"""The on-disk format of JAX's persistent compilation cache, read without importing JAX.
+
+A cache root holds, per compiled program, ``<module>-<sha256 hex>-cache`` (the entry) and, when JAX's own
+LRU is on, ``<module>-<sha256 hex>-atime`` (8 bytes, little-endian ``time.time_ns()`` of the last access).
+An entry is ``compress(compile_seconds as 4-byte big-endian ‖ serialized executable)`` where the
+compression is zstd or zlib depending on what the *writing* process could import. See docs/jax-internals.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import zstandard
+
+HASH_HEX_LEN = 64
+TIME_HEADER_BYTES = 4
+ATIME_BYTES = 8
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# A zstd block holds at most 128 KiB; a frame header is at most 18 bytes. Nothing legitimate needs more
+# than this before the first byte of output appears.
+_ZSTD_MAX_FIRST_BLOCK_END = 18 + 3 + 128 * 1024
+_HASH_RE = re.compile(r"[0-9a-f]{64}")
+_FIRST_READ_BYTES = 256
+
+
+class EntryKind(enum.StrEnum):
+    """Which of a key's two files an object is."""
+
+    CACHE = "cache"
+    ATIME = "atime"
+
+
+class Compression(enum.StrEnum):
+    """Compression of an entry, sniffed from its first bytes (never assumed)."""
+
+    ZSTD = "zstd"
+    ZLIB = "zlib"
+    UNKNOWN = "unknown"
+
+
+class Status(enum.StrEnum):
+    """What a read of an entry found."""
+
+    OK = "ok"
+    CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True, slots=True)
+class EntryName:
+    """A parsed object name: ``<module>-<hash>-<kind>``."""
+
+    name: str
+    key: str
+    module: str
+    hash: str
+    kind: EntryKind
+
+
+def parse_name(name: str) -> EntryName | None:
+    """Parse an object name into key, module, hash and kind, or return None if JAX did not write it.
+
+    Module names may contain ``-`` and ``.`` (``jit_odd-name.v2``), so the name is split from the right.
+    """
+    if name.endswith("-cache"):
+        kind = EntryKind.CACHE
+    elif name.endswith("-atime"):
+        kind = EntryKind.ATIME
+    else:
+        return None
+    key = name[:-6]
+    # "<module>-" + 64 hex; the module is never empty in practice but an empty one still parses.
+    if len(key) < HASH_HEX_LEN + 1 or key[-HASH_HEX_LEN - 1] != "-" or "/" in key:
+        return None
+    digest = key[-HASH_HEX_LEN:]
+    if not _HASH_RE.fullmatch(digest):
+        return None
+    return EntryName(name=name, key=key, module=key[: -HASH_HEX_LEN - 1], hash=digest, kind=kind)
+
+
+def is_valid_key(key: str) -> bool:
+    """True when ``key`` has the shape JAX gives keys (``<module>-<64 hex>``)."""
+    return parse_name(key + "-cache") is not None
+
+
+def cache_name(key: str) -> str:
+    """The object name of a key's entry."""
+    return key + "-cache"
+
+
+def atime_name(key: str) -> str:
+    """The object name of a key's access-time file."""
+    return key + "-atime"
+
+
+def sniff_compression(prefix: bytes) -> Compression:
+    """Tell zstd from zlib by the first bytes (zstd's magic number; zlib's CMF/FLG check)."""
+    if prefix[:4] == ZSTD_MAGIC:
+        return Compression.ZSTD
+    if len(prefix) >= 2:
+        cmf, flg = prefix[0], prefix[1]
+        if cmf & 0x0F == 8 and cmf >> 4 <= 7 and (cmf * 256 + flg) % 31 == 0:
+            return Compression.ZLIB
+    return Compression.UNKNOWN
+
+
+def decode_atime(data: bytes) -> int | None:
+    """Decode an ``-atime`` file: 8 bytes little-endian nanoseconds since the epoch; None if malformed."""
+    if len(data) != ATIME_BYTES:
+        return None
+    return struct.unpack("<Q", data)[0]
+
+
+def encode_atime(time_ns: int) -> bytes:
+    """Encode nanoseconds since the epoch as JAX's LRU does."""
+    return struct.pack("<Q", time_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """What the first bytes of an entry say: compression and the stored (whole-second) compile time."""
+
+    compression: Compression
+    compile_seconds: int | None
+    status: Status
+    reason: str | None = None
+
+
+_local = threading.local()
+
+
+def _zstd() -> zstandard.ZstdDecompressor:
+    # Decompressor contexts are costly to build and not thread-safe: one per thread.
+    d = getattr(_local, "zstd", None)
+    if d is None:
+        d = _local.zstd = zstandard.ZstdDecompressor()
+    return d
+
+
+def _zstd_first_block_end(prefix: bytes) -> int | None:
+    """Offset just past the first block of a zstd frame, from its headers; None if the prefix is too short."""
+    if len(prefix) < 5:
+        return None
+    fhd = prefix[4]
+    single_segment = (fhd >> 5) & 1
+    fcs_code = fhd >> 6
+    did_code = fhd & 3
+    pos = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[did_code]
+    pos += (1 if single_segment else 0, 2, 4, 8)[fcs_code]
+    if len(prefix) < pos + 3:
+        return None
+    block_header = int.from_bytes(prefix[pos : pos + 3], "little")
+    block_type = (block_header >> 1) & 3
+    block_size = block_header >> 3
+    return pos + 3 + (1 if block_type == 1 else block_size)
+
+
+def _decompressor(compression: Compression):
+    if compression is Compression.ZSTD:
+        return _zstd().decompressobj()
+    return zlib.decompressobj()
+
+
+def _damage(compression: Compression, exc: Exception) -> str:
+    if compression is Compression.ZLIB:
+        return f"zlib stream is damaged (bad checksum or data): {exc}"
+    return f"zstd frame is damaged: {exc}"
+
+
+def _unknown_format(prefix: bytes) -> str:
+    return f"not a zstd or zlib stream (starts with {prefix[:4].hex(' ') or 'nothing'}): not written by JAX"
+
+
+def read_header(
+    read_range: Callable[[int, int], bytes], size_bytes: int, *, first_read_bytes: int = _FIRST_READ_BYTES
+) -> Header:
+    """Read an entry's compression and stored compile seconds from as few bytes as possible.
+
+    ``read_range(offset, length)`` returns up to ``length`` bytes at ``offset``. The first read asks for
+    ``first_read_bytes`` (256 by default: enough for zlib). A zstd frame yields no output until its first block
+    is complete, so if that block is not all there, a second read fetches exactly up to its end (sized from the
+    block header). Only the bytes needed are decompressed.
+    """
+    if size_bytes == 0:
+        return Header(Compression.UNKNOWN, None, Status.CORRUPT, "empty file (0 bytes): a write that never finished")
+    data = read_range(0, min(max(first_read_bytes, 16), size_bytes))
+    compression = sniff_compression(data)
+    if compression is Compression.UNKNOWN:
+        return Header(compression, None, Status.CORRUPT, _unknown_format(data))
+    try:
+        if compression is Compression.ZLIB:
+            out = _zlib_head(read_range, data, size_bytes)
+        else:
+            out = _zstd_head(read_range, data, size_bytes)
+    except (zstandard.ZstdError, zlib.error) as exc:
+        return Header(compression, None, Status.CORRUPT, _damage(compression, exc))
+    if len(out) < TIME_HEADER_BYTES:
+        return Header(
+            compression, None, Status.CORRUPT,
+            f"truncated: {size_bytes} bytes end before the 4-byte compile-time header",
+        )
+    return Header(compression, int.from_bytes(out[:TIME_HEADER_BYTES], "big"), Status.OK)
+
+
+def _zlib_head(read_range: Callable[[int, int], bytes], data: bytes, size_bytes: int) -> bytes:
+    dec = zlib.decompressobj()
+    # max_length: inflate only the 4 bytes wanted, however much was read.
+    out = dec.decompress(data, TIME_HEADER_BYTES)
+    if len(out) < TIME_HEADER_BYTES and len(data) < size_bytes:
+        out += dec.decompress(dec.unconsumed_tail + read_range(len(data), size_bytes - len(data)), TIME_HEADER_BYTES)
+    return out
+
+
+def _zstd_head(read_range: Callable[[int, int], bytes], data: bytes, size_bytes: int) -> bytes:
+    dec = _zstd().decompressobj()
+    end = _zstd_first_block_end(data)
+    if end is None or end > _ZSTD_MAX_FIRST_BLOCK_END:
+        end = min(size_bytes, _ZSTD_MAX_FIRST_BLOCK_END)  # a damaged header: read what a block may hold
+    if len(data) >= end:
+        return dec.decompress(data[:end])
+    out = dec.decompress(data)
+    have = len(data)
+    if have < size_bytes:
+        out += dec.decompress(read_range(have, min(end, size_bytes) - have))
+    return out
+
+
+def read_header_bytes(data: bytes) -> Header:
+    """:func:`read_header` over bytes already in memory."""
+    return read_header(lambda offset, length: data[offset : offset + length], len(data))
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    """The result of decompressing a whole entry."""
+
+    status: Status
+    compression: Compression
+    reason: str | None = None
+    compile_seconds: int | None = None
+    executable_bytes: int | None = None
+    head: bytes = b""  # the first HEAD_BYTES decompressed bytes (compile-time header + start of the executable)
+
+
+_CHUNK = 1 << 20
+HEAD_BYTES = 64 * 1024
+
+
+def validate_chunks(chunks: Iterable[bytes]) -> Validation:
+    """Decompress a whole entry from a stream of chunks, keeping only counts (memory stays bounded).
+
+    ``ok`` means the stream decompresses completely, ends where the frame ends, and holds a compile-time
+    header plus a non-empty executable. zlib's adler32 catches any damaged byte; a zstd frame from JAX has no
+    checksum, so a flipped byte inside its data may decompress cleanly (only a digest recorded at write time
+    can catch that).
+    """
+    it = iter(chunks)
+    first = b""
+    for chunk in it:
+        if chunk:
+            first = chunk
+            break
+    if not first:
+        return Validation(Status.CORRUPT, Compression.UNKNOWN, "empty file (0 bytes): a write that never finished")
+    compression = sniff_compression(first)
+    if compression is Compression.UNKNOWN:
+        return Validation(Status.CORRUPT, compression, _unknown_format(first))
+    dec = _decompressor(compression)
+    head = b""
+    total = 0
+    stored = 0
+    try:
+        for chunk in _chain(first, it):
+            stored += len(chunk)
+            out = dec.decompress(chunk)
+            if len(head) < HEAD_BYTES:
+                head += out[: HEAD_BYTES - len(head)]
+            total += len(out)
+            if dec.eof and dec.unused_data:
+                return Validation(
+                    Status.CORRUPT, compression, "trailing bytes after the end of the compressed stream"
+                )
+        if compression is Compression.ZLIB:
+            out = dec.flush()
+            total += len(out)
+            if len(head) < HEAD_BYTES:
+                head += out[: HEAD_BYTES - len(head)]
+    except (zstandard.ZstdError, zlib.error) as exc:
+        return Validation(Status.CORRUPT, compression, _damage(compression, exc))
+    if not dec.eof:
+        return Validation(
+            Status.CORRUPT, compression,
+            f"truncated: the {compression.value} stream stops early ({stored} bytes on storage)",
+        )
+    if total <= TIME_HEADER_BYTES:
+        return Validation(Status.CORRUPT, compression, "no executable after the compile-time header")
+    seconds = int.from_bytes(head[:TIME_HEADER_BYTES], "big")
+    return Validation(Status.OK, compression, None, seconds, total - TIME_HEADER_BYTES, head)
+
+
+def _chain(first: bytes, rest: Iterable[bytes]) -> Iterable[bytes]:
+    yield from _split(first)
+    for chunk in rest:
+        yield from _split(chunk)
+
+
+def _split(chunk: bytes) -> Iterable[bytes]:
+    # Feed at most 1 MiB at a time so decompressed output per call stays bounded.
+    for start in range(0, len(chunk), _CHUNK):
+        yield chunk[start : start + _CHUNK]
+
+
+def validate(data: bytes) -> Validation:
+    """Decompress a whole entry held in memory; see :func:`validate_chunks`."""
+    return validate_chunks([data])

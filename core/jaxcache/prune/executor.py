@@ -1,0 +1,151 @@
+"""The executor: delete what a plan says, each ``-cache`` before its ``-atime``, and account for every object.
+
+JAX treats a missing ``-cache`` as a miss and a lone ``-atime`` as harmless, so that order is safe for running
+jobs. On GCS the generation the listing saw is a precondition: an object replaced since then is left alone.
+Applying the same plan again after a crash ends in the same state as one clean run (a missing object counts as
+already gone); a crash between an entry's two deletes leaves its ``-atime`` as an orphan, which only
+``orphans=True`` removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+
+import filelock
+
+from jaxcache import entry as fmt
+from jaxcache.errors import PreconditionFailedError, StorageError
+from jaxcache.parallel import bounded_map
+from jaxcache.prune.planner import Decision, PrunePlan
+from jaxcache.storage.base import Storage
+from jaxcache.storage.local import LocalStorage
+
+log = logging.getLogger("jaxcache.prune")
+
+#: The lock file JAX's own LRU keeps in a local cache root, and how long JAX itself waits for it.
+JAX_LOCKFILE = ".lockfile"
+JAX_LOCK_TIMEOUT_S = 10.0
+
+@dataclass(slots=True)
+class PruneResult:
+    """What :func:`apply` did."""
+
+    deleted: int = 0
+    bytes_freed: int = 0
+    already_gone: int = 0
+    changed: int = 0  # precondition failed: the object was replaced since the listing; left alone
+    errors: list[str] = field(default_factory=list)
+
+
+_DELETED, _GONE, _CHANGED, _FAILED = "deleted", "gone", "changed", "failed"
+
+
+Lock = Callable[[], contextlib.AbstractContextManager[None]]
+
+
+class _JaxLruLock:
+    """JAX's own LRU lock, taken the way JAX takes it: ``filelock.FileLock`` on ``<root>/.lockfile``, which JAX
+    holds around every cache read and write when ``jax_compilation_cache_max_size`` is set.
+
+    Held around each entry's two deletions, so JAX's eviction, which lists ``-cache`` files and then reads each
+    one's ``-atime``, never sees an entry half deleted (it would fail that write and every later one). If the lock
+    cannot be had within JAX's own timeout (a stuck holder) or at all, deletion goes on without it for the rest of
+    the run: still safe for jobs, which turn read errors into warnings.
+    """
+
+    def __init__(self, path: str, timeout_s: float = JAX_LOCK_TIMEOUT_S) -> None:
+        self._lock = filelock.FileLock(path, timeout=timeout_s)
+        self._usable = True
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        locked = False
+        if self._usable:
+            try:
+                self._lock.acquire()
+                locked = True
+            except (filelock.Timeout, OSError) as exc:
+                self._usable = False
+                log.warning("prune goes on without JAX's cache lock %s: %s", self._lock.lock_file, exc)
+        try:
+            yield
+        finally:
+            if locked:
+                self._lock.release()
+
+
+@contextlib.contextmanager
+def _lock_for(storage: Storage) -> Iterator[Lock]:
+    """JAX's LRU lock on a local root where JAX's LRU is on (a ``.lockfile`` exists); a no-op elsewhere."""
+    path = os.path.join(storage.root, JAX_LOCKFILE) if isinstance(storage, LocalStorage) else None
+    if path is None or not os.path.isfile(path):
+        yield contextlib.nullcontext
+        return
+    yield _JaxLruLock(path)
+
+
+def _delete_one(
+    storage: Storage, lock: Lock, jax_lru: bool, decision: Decision
+) -> tuple[Decision, str, str | None]:
+    c = decision.candidate
+    try:
+        with lock():
+            if c.orphan and c.generation is None and storage.exists(fmt.cache_name(c.key)):
+                # The entry came back since the listing (a job wrote the key again): this -atime is its own.
+                # Deleting it would leave a -cache without -atime, which breaks every write of JAX's LRU.
+                return decision, _CHANGED, None
+            present = storage.delete(c.name, if_generation=c.generation)
+            # Where JAX's LRU is on every entry gets an -atime, possibly just after the listing looked: try anyway.
+            if c.orphan or not (c.has_atime or jax_lru):
+                return decision, _DELETED if present else _GONE, None
+            try:
+                storage.delete(fmt.atime_name(c.key), if_generation=c.atime_generation)
+            except PreconditionFailedError:
+                pass  # a job wrote this key again since the listing: the -atime is the new entry's
+            except StorageError as exc:
+                return decision, _DELETED if present else _GONE, f"{c.key}: deleted the entry but not its -atime: {exc}"
+    except PreconditionFailedError:
+        return decision, _CHANGED, None
+    except StorageError as exc:
+        return decision, _FAILED, str(exc)
+    return decision, _DELETED if present else _GONE, None
+
+
+def apply(
+    storage: Storage,
+    plan: PrunePlan,
+    *,
+    on_deleted: Callable[[Decision], None] | None = None,
+    workers: int | None = None,
+) -> PruneResult:
+    """Delete what ``plan`` says, in its order; return counts. Keeps going past per-object failures.
+
+    Each entry's ``-cache`` goes before its ``-atime``, with ``if_generation`` from the listing (GCS): an object
+    replaced since then counts as ``changed`` and is left alone; a missing one counts as ``already_gone``.
+    ``on_deleted`` runs in the calling thread, in plan order, once per decision whose entry is gone afterwards
+    (deleted now or already gone). ``workers`` defaults to the backend's ``io_workers`` (1 on a directory,
+    16 on GCS). Idempotent: applying the same plan again after a crash ends in the same state as one clean run.
+    """
+    if workers is None:
+        workers = storage.io_workers
+    result = PruneResult()
+    with _lock_for(storage) as lock:
+        work = partial(_delete_one, storage, lock, lock is not contextlib.nullcontext)
+        for decision, outcome, error in bounded_map(work, plan.delete, workers=workers):
+            if outcome == _DELETED:
+                result.deleted += 1
+                result.bytes_freed += decision.candidate.size_bytes
+            elif outcome == _GONE:
+                result.already_gone += 1
+            elif outcome == _CHANGED:
+                result.changed += 1
+            if error is not None:
+                result.errors.append(error)
+            if on_deleted is not None and outcome in (_DELETED, _GONE):
+                on_deleted(decision)
+    return result

@@ -1,0 +1,81 @@
+"""What a root's run records say about its entries: last hits, the first writer's jaxlib, the jaxlib versions in use.
+
+``jaxcache prune`` reads this straight from ``<root>/.jaxcache/runs/`` so that, without a service, ``--max-size``
+and ``--unused-for`` count reported hits (the only record of use a GCS root has) and ``--stale-jaxlib`` works. The
+service keeps the same facts in its catalog (``jaxcache.service.ingestion.reports``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from jaxcache import records
+from jaxcache.errors import InvalidInputError
+from jaxcache.parallel import bounded_map
+from jaxcache.prune import Candidate
+from jaxcache.storage.base import ObjectInfo, Storage
+
+
+@dataclass(slots=True)
+class RecordedUse:
+    """Facts from every readable run record under a root."""
+
+    last_hit_s: dict[str, float] = field(default_factory=dict)  # key -> newest reported hit
+    writer_jaxlib: dict[str, str] = field(default_factory=dict)  # key -> jaxlib of its earliest writer
+    runs: list[tuple[float, str]] = field(default_factory=list)  # (updated_at, jaxlib) per process record
+    records: int = 0
+    malformed: list[tuple[str, str]] = field(default_factory=list)  # (object name, why)
+
+    def recent_jaxlibs(self, since_s: float) -> set[str]:
+        """jaxlib versions of processes whose records were updated at or after ``since_s``."""
+        return {jaxlib for at, jaxlib in self.runs if at >= since_s}
+
+    def apply_to(self, candidate: Candidate) -> Candidate:
+        """``candidate`` with its last reported hit and writer's jaxlib filled in (orphans stay as they are)."""
+        if candidate.orphan:
+            return candidate
+        hit, jaxlib = self.last_hit_s.get(candidate.key), self.writer_jaxlib.get(candidate.key)
+        if hit is None and jaxlib is None:
+            return candidate
+        return dataclasses.replace(candidate, last_hit_s=hit, writer_jaxlib=jaxlib)
+
+
+def _read(storage: Storage, info: ObjectInfo) -> tuple[str, bytes | None, str | None]:
+    if info.size_bytes > records.MAX_RECORD_BYTES:
+        return info.name, None, f"larger than {records.MAX_RECORD_BYTES} bytes"
+    return info.name, storage.read(info.name), None
+
+
+def read_usage(storage: Storage) -> RecordedUse:
+    """Read every run record under ``storage``'s ``.jaxcache/runs/``; malformed ones are listed, not fatal."""
+    use = RecordedUse()
+    # key -> (write time, run id, process index, jaxlib) of the earliest writer so far; ties go the same way
+    # whatever order the listing came in, as in the service.
+    writers: dict[str, tuple[float, str, int, str]] = {}
+    infos = [i for i in storage.iter_objects(records.RUNS_PREFIX, recursive=True) if records.is_record_name(i.name)]
+    for name, data, error in bounded_map(lambda i: _read(storage, i), infos, workers=storage.io_workers):
+        if data is None and error is None:
+            continue  # deleted since the listing
+        if error is None:
+            try:
+                record = records.parse(data)
+            except InvalidInputError as exc:
+                error = str(exc)
+        if error is not None:
+            use.malformed.append((name, error))
+            continue
+        use.records += 1
+        jaxlib = record.fingerprint.jaxlib
+        use.runs.append((record.updated_at, jaxlib))
+        for u in record.keys:
+            if u.hits:
+                at = u.last_at or u.first_at
+                if at and at > use.last_hit_s.get(u.key, float("-inf")):
+                    use.last_hit_s[u.key] = at
+            if u.writes or u.event == records.WRITE:
+                mine = (u.first_at or record.started_at, record.run_id, record.process_index, jaxlib)
+                if u.key not in writers or mine < writers[u.key]:
+                    writers[u.key] = mine
+    use.writer_jaxlib = {key: w[3] for key, w in writers.items()}
+    return use

@@ -1,0 +1,108 @@
+"""The catalog's database: SQLite by default, or PostgreSQL (``postgresql+psycopg://``), which several replicas of
+the service share (their locks: :mod:`jaxcache.service.catalog.locks`). Sessions, write transactions, upserts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from jaxcache.errors import InvalidInputError
+from jaxcache.service.catalog.locks import ClusterLocks, advisory_key
+
+log = logging.getLogger("jaxcache.service")
+
+
+class Catalog:
+    """Owns the engine, hands out sessions, and knows the catalog's cross-replica locks."""
+
+    def __init__(self, url: str, *, migrate: bool = True) -> None:
+        self.url = url
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
+            directory = os.path.dirname(url[len("sqlite:///") :])
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+        try:
+            # pre_ping: replicas outlive database restarts and fail-overs; a dead pooled connection is replaced
+            # instead of failing the request that draws it.
+            self.engine: Engine = create_engine(url, pool_pre_ping=not url.startswith("sqlite"))
+        except Exception as exc:  # SQLAlchemy raises several types for a bad URL or a missing driver
+            raise InvalidInputError(f"catalog database URL {url!r} is not usable: {exc}") from exc
+        self.dialect = self.engine.dialect.name
+        if self.dialect not in ("sqlite", "postgresql"):
+            # Upserts and the replicas' locks are written for these two (and tested on both).
+            raise InvalidInputError(f"catalog database URL {url!r}: use SQLite (sqlite:///path) or PostgreSQL "
+                                    "(postgresql+psycopg://user:password@host/db)")
+        if self.dialect == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_connect)
+            event.listen(self.engine, "begin", _sqlite_begin)
+        self.locks = ClusterLocks(self.engine.url)
+        if migrate:
+            from jaxcache.service.catalog.migrate import upgrade
+
+            upgrade(self)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_sessions = sessionmaker(self.engine.execution_options(jaxcache_write=True),
+                                            expire_on_commit=False)
+        # Writers that read then write (report ingestion, a rescan's commit) take turns in this process before
+        # they take the database's own lock (see writing()), so they never wait on each other inside the database.
+        self.write_lock = threading.RLock()
+        # The last rescan's view of each cache (rescan._Snapshot), for the next rescan in this process.
+        self.rescan_snapshots: dict[str, object] = {}
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session that commits on success and rolls back on error."""
+        with self._sessions.begin() as s:
+            yield s
+
+    @contextmanager
+    def writing(self, cache: str) -> Iterator[Session]:
+        """A session whose transaction is the only one writing ``cache``'s reports and index rows, in every replica:
+        what it reads stays what it updates (no lost updates to per-key aggregates when two replicas ingest
+        reports on the same keys at once). PostgreSQL: a transaction-level advisory lock per cache, released at
+        commit or rollback (or with the connection); SQLite: ``BEGIN IMMEDIATE``, which takes the database's
+        write lock before the first read."""
+        with self.write_lock, self._write_sessions.begin() as s:
+            if self.dialect == "postgresql":
+                s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key(f"write:{cache}")})
+            yield s
+
+    @contextmanager
+    def reader(self) -> Iterator[Connection]:
+        """A plain connection for read-only Core queries: no ORM session machinery on hot read paths."""
+        with self.engine.connect() as conn:
+            yield conn
+
+    def insert(self, table):
+        """The dialect's INSERT for ``table`` (a model or a Table), which has ``on_conflict_do_update`` and
+        ``on_conflict_do_nothing``: an upsert that two replicas may run at once."""
+        return (postgresql if self.dialect == "postgresql" else sqlite).insert(table)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        self.locks.dispose()
+
+
+def _sqlite_connect(dbapi_conn, _record) -> None:
+    # SQLAlchemy emits BEGIN itself (_sqlite_begin), so that reads are inside the transaction too and a writer can
+    # ask for BEGIN IMMEDIATE; the driver's own transaction handling would begin only at the first write.
+    dbapi_conn.isolation_level = None
+    # WAL lets the API read while a rescan writes; NORMAL sync is safe with WAL and much faster.
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    # Writers of other processes (replicas on one file) queue on the write lock; a rescan's commit can be long.
+    cur.execute("PRAGMA busy_timeout=60000")
+    cur.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("jaxcache_write") else "BEGIN")

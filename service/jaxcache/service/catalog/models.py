@@ -1,0 +1,284 @@
+"""The catalog's tables: an index of every cache root's entries (rebuilt from storage by a rescan), and what only
+the catalog holds: pins, the prune audit log, ingested run and warm-up records, writers' digests, verdicts.
+
+Run records fill ``runs`` (a process of a run), ``usage`` (what it did with each key) and ``key_stats`` (per-key
+aggregates), which are copied onto each entry's row so that listings never join. The schema is owned by the Alembic
+revisions in ``migrations/``: a model changed here needs a revision there (a test compares the two).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Index, Integer, String, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def Str(length: int) -> String:
+    """A string column that compares and sorts by code point on every backend: SQLite's default (BINARY), and
+    collation "C" on PostgreSQL, whose default collation follows the server's locale (``jit_b`` before ``JIT_A``
+    there, ``_`` ignored). Listings sort by key and the keyset cursor compares keys, so every replica and the API's
+    documented order must agree, and a range over a function-name prefix must select exactly that prefix."""
+    return String(length).with_variant(String(length, collation="C"), "postgresql")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class CacheRow(Base):
+    """A configured cache root and its last scan."""
+
+    __tablename__ = "caches"
+    name: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    url: Mapped[str] = mapped_column(Str(1024))
+    last_scan_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_scan_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_scan_error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
+
+
+#: The expression listings sort compile seconds by (see ix_entries_compile_sort; migration 0003 spells it too).
+COMPILE_SORT_SQL = "coalesce(compile_seconds, -1)"
+
+
+class EntryRow(Base):
+    """One ``-cache`` file (kind ``entry``) or one orphaned ``-atime`` file (kind ``orphan``)."""
+
+    __tablename__ = "entries"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    kind: Mapped[str] = mapped_column(Str(8), primary_key=True)
+    module: Mapped[str] = mapped_column(Str(448))
+    name: Mapped[str] = mapped_column(Str(512))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_s: Mapped[float] = mapped_column(Float)
+    # Derived (newest of -atime and creation) but stored: it is what lists sort and prunes select on.
+    last_used_s: Mapped[float] = mapped_column(Float)
+    generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    has_atime: Mapped[bool] = mapped_column(Boolean, default=False)
+    atime_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    compression: Mapped[str | None] = mapped_column(Str(16), nullable=True)
+    compile_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    status: Mapped[str | None] = mapped_column(Str(16), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    first_seen_s: Mapped[float] = mapped_column(Float)
+    # Last use as storage shows it (newest of -atime and creation); last_used_s adds reported hits to it.
+    seen_used_s: Mapped[float] = mapped_column(Float)
+    # Copied from key_stats (see there) whenever either side changes.
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    saved_s: Mapped[float] = mapped_column(Float, default=0.0)
+    writer_job: Mapped[str | None] = mapped_column(Str(256), nullable=True)
+    writer_run: Mapped[str | None] = mapped_column(Str(128), nullable=True)
+    writer_process: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    writer_host: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_topology: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_jax: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_jaxlib: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    __table_args__ = (
+        Index("ix_entries_size", "cache", "kind", "size_bytes", "key"),
+        Index("ix_entries_last_used", "cache", "kind", "last_used_s", "key"),
+        Index("ix_entries_created", "cache", "kind", "created_s", "key"),
+        # Listings sort by compile seconds with unknown (NULL) as -1: an index on exactly that expression lets a
+        # page (and its cursor's row comparison) be an index range instead of a sort of the whole cache.
+        Index("ix_entries_compile_sort", "cache", "kind", text(COMPILE_SORT_SQL), "key"),
+        Index("ix_entries_module", "cache", "kind", "module"),
+        Index("ix_entries_hits", "cache", "kind", "hits", "key"),
+        Index("ix_entries_writer_jaxlib", "cache", "kind", "writer_jaxlib"),
+        Index("ix_entries_writer_topology", "cache", "kind", "writer_topology"),
+    )
+
+
+#: The per-key aggregates that key_stats holds and entry rows copy, in this order.
+AGGREGATES = ("hits", "last_hit_s", "saved_s", "writer_job", "writer_run", "writer_process", "writer_host",
+              "writer_topology", "writer_jax", "writer_jaxlib", "writer_at_s", "writer_compile_s")
+
+
+class KeyStatsRow(Base):
+    """Aggregates of one key over every ingested run record. Exists before (or without) the entry itself:
+    a report may arrive before the rescan that finds the entry, and keeps its history after a prune."""
+
+    __tablename__ = "key_stats"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    saved_s: Mapped[float] = mapped_column(Float, default=0.0)
+    # The first writer: the process with the earliest `write` event for the key.
+    writer_job: Mapped[str | None] = mapped_column(Str(256), nullable=True)
+    writer_run: Mapped[str | None] = mapped_column(Str(128), nullable=True)
+    writer_process: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    writer_host: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_topology: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_jax: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_jaxlib: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class RunRow(Base):
+    """One process of one run of a job, from its latest run record."""
+
+    __tablename__ = "runs"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
+    process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job: Mapped[str] = mapped_column(Str(256))
+    process_count: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(Str(1024))
+    topology: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    cache_dir: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    jax: Mapped[str] = mapped_column(Str(1024))
+    jaxlib: Mapped[str] = mapped_column(Str(1024))
+    backend: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    fingerprint: Mapped[dict] = mapped_column(JSON)
+    fingerprint_digest: Mapped[str] = mapped_column(Str(32))
+    started_s: Mapped[float] = mapped_column(Float)
+    updated_s: Mapped[float] = mapped_column(Float)
+    final: Mapped[bool] = mapped_column(Boolean, default=False)
+    pid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    keys: Mapped[int] = mapped_column(Integer, default=0)
+    source: Mapped[str] = mapped_column(Str(16))  # "report" (POST) or "storage" (a rescan read the file)
+    ingested_s: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        Index("ix_runs_job", "cache", "job", "updated_s"),
+        Index("ix_runs_updated", "cache", "updated_s"),
+    )
+
+
+class UsageRow(Base):
+    """What one process did with one key: a :class:`jaxcache.records.KeyUsage`, plus the seconds its hits saved
+    by this catalog's measure (see :mod:`jaxcache.service.ingestion.reports`)."""
+
+    __tablename__ = "usage"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
+    process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    job: Mapped[str] = mapped_column(Str(256))  # the run's, repeated: per-job sums never join
+    function: Mapped[str] = mapped_column(Str(1024))
+    event: Mapped[str] = mapped_column(Str(16))
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    compiles: Mapped[int] = mapped_column(BigInteger, default=0)
+    writes: Mapped[int] = mapped_column(BigInteger, default=0)
+    reason: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    retrieval_s: Mapped[float] = mapped_column(Float, default=0.0)
+    jax_saved_s: Mapped[float] = mapped_column(Float, default=0.0)  # the record's saved_s (JAX's own figure)
+    saved_s: Mapped[float] = mapped_column(Float, default=0.0)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    first_at: Mapped[float] = mapped_column(Float, default=0.0)
+    last_at: Mapped[float] = mapped_column(Float, default=0.0)
+
+    __table_args__ = (
+        Index("ix_usage_key", "cache", "key"),
+        Index("ix_usage_job", "cache", "job", "key"),
+    )
+
+
+class RecordFileRow(Base):
+    """A run record object a rescan has read: it is parsed again only when it changes."""
+
+    __tablename__ = "record_files"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    name: Mapped[str] = mapped_column(Str(1024), primary_key=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    mtime_s: Mapped[float] = mapped_column(Float)
+    generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
+
+
+class PinRow(Base):
+    """A keep rule: an exact key or a glob over keys and function names that prunes never delete."""
+
+    __tablename__ = "pins"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    pattern: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    created_s: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(Str(128))
+
+
+class PruneRow(Base):
+    """One applied prune, for the audit log."""
+
+    __tablename__ = "prunes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cache: Mapped[str] = mapped_column(Str(64), index=True)
+    at_s: Mapped[float] = mapped_column(Float)
+    who: Mapped[str] = mapped_column(Str(128))
+    policy: Mapped[dict] = mapped_column(JSON)
+    deleted: Mapped[int] = mapped_column(Integer)
+    bytes_freed: Mapped[int] = mapped_column(BigInteger)
+    already_gone: Mapped[int] = mapped_column(Integer)
+    changed: Mapped[int] = mapped_column(Integer)
+    errors: Mapped[list] = mapped_column(JSON)
+
+
+class WarmupRow(Base):
+    """One warm-up run, from its coverage record under ``.jaxcache/warmups/``."""
+
+    __tablename__ = "warmups"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    id: Mapped[str] = mapped_column(Str(128), primary_key=True)
+    job: Mapped[str] = mapped_column(Str(256))
+    topology: Mapped[str] = mapped_column(Str(64))
+    platform: Mapped[str] = mapped_column(Str(16))
+    gpu_model: Mapped[str | None] = mapped_column(Str(256), nullable=True)
+    started_s: Mapped[float] = mapped_column(Float)
+    finished_s: Mapped[float] = mapped_column(Float)
+    fingerprint: Mapped[dict] = mapped_column(JSON)
+    programs: Mapped[int] = mapped_column(Integer)
+    written: Mapped[int] = mapped_column(Integer)
+    present: Mapped[int] = mapped_column(Integer)
+    not_written: Mapped[int] = mapped_column(Integer)
+    compile_s: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_warmups_finished", "cache", "finished_s"),)
+
+
+class WarmupKeyRow(Base):
+    """One program a warm-up compiled or found."""
+
+    __tablename__ = "warmup_keys"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    warmup_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    function: Mapped[str] = mapped_column(Str(1024))
+    status: Mapped[str] = mapped_column(Str(16))
+    compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class AttestationRow(Base):
+    """The digest an entry's writer recorded (a client run record or a warm-up coverage record); first wins."""
+
+    __tablename__ = "attestations"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    sha256: Mapped[str] = mapped_column(Str(64))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    writer: Mapped[str] = mapped_column(Str(512))
+    at_s: Mapped[float] = mapped_column(Float)
+
+
+class VerificationRow(Base):
+    """The last integrity verdict on an entry, and which version of it (size, mtime, generation) was read."""
+
+    __tablename__ = "verifications"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    classification: Mapped[str] = mapped_column(Str(16))
+    classes: Mapped[list] = mapped_column(JSON)
+    reasons: Mapped[list] = mapped_column(JSON)
+    sha256: Mapped[str | None] = mapped_column(Str(64), nullable=True)
+    attested_sha256: Mapped[str | None] = mapped_column(Str(64), nullable=True)
+    attested_by: Mapped[str | None] = mapped_column(Str(512), nullable=True)
+    embedded_module: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_s: Mapped[float] = mapped_column(Float)
+    generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    checked_s: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_verifications_class", "cache", "classification"),)

@@ -1,0 +1,144 @@
+"""How the dashboard shows numbers and times, and the growth chart's geometry (server-side SVG).
+
+Every figure on a page is the API's value; these only decide how it reads. Pages also carry the exact value in a
+``data-value`` attribute (and sizes in a ``title``), so what a reader hovers and what tests compare is the API's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+from markupsafe import Markup
+
+from jaxcache.units import format_bytes
+
+DASH = "–"
+
+
+def size(n: int | float | None) -> str:
+    """``1536`` → ``1.5 KiB`` (IEC units, as the CLI prints them)."""
+    return DASH if n is None else format_bytes(n)
+
+
+def seconds(s: float | None) -> str:
+    """Compile seconds: ``0 s``, ``4.2 s``, ``3.5 min``, ``2.1 h``, ``3.0 d``."""
+    if s is None:
+        return DASH
+    a = abs(s)
+    if a < 60:
+        return f"{s:.0f} s" if float(s).is_integer() else f"{s:.1f} s"
+    if a < 3600:
+        return f"{s / 60:.1f} min"
+    if a < 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def rate(r: float | None) -> str:
+    """A hit rate: ``97.3 %``, or a dash when nothing was looked up."""
+    return DASH if r is None else f"{r * 100:.1f} %"
+
+
+def count(n: int | None) -> str:
+    """``12345`` → ``12,345``."""
+    return DASH if n is None else f"{n:,}"
+
+
+def utc(ts: float | None) -> str:
+    """``2026-11-30 08:15 UTC``."""
+    if ts is None:
+        return DASH
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def age(seconds_: float) -> str:
+    """``90061`` → ``1d 1h``; ``864018`` → ``10d``: the largest unit and, when not zero, the next one."""
+    s = int(max(seconds_, 0))
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    for i, (unit, size_) in enumerate(units):
+        if s >= size_ or unit == "s":
+            text = f"{s // size_}{unit}"
+            if i + 1 < len(units):
+                nxt, nsize = units[i + 1]
+                rest = (s % size_) // nsize
+                if rest:
+                    text += f" {rest}{nxt}"
+            return text
+    raise AssertionError("unreachable")
+
+
+def ago(ts: float | None, now: float | None = None) -> Markup:
+    """A ``<time>`` element reading ``3d 4h ago``, with the exact UTC time as its datetime and title."""
+    if ts is None:
+        return Markup(DASH)
+    now = time.time() if now is None else now
+    delta = now - ts
+    text = "just now" if abs(delta) < 1 else (f"{age(delta)} ago" if delta > 0 else f"in {age(-delta)}")
+    iso = datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return Markup('<time datetime="{}" title="{}">{}</time>').format(iso, utc(ts), text)
+
+
+def short_key(key: str) -> str:
+    """``jit_f-74b295da…`` : the function and the start of the hash, for tables."""
+    head, _, digest = key.rpartition("-")
+    return f"{head}-{digest[:8]}…" if head and len(digest) == 64 else key
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    day: str
+    x: float
+    y: float
+    width: float
+    height: float
+    entries: int
+    size_bytes: int
+    total_bytes: int  # held at the end of the day by the entries present now
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    width: int
+    height: int
+    bars: list[Bar]
+    line: str  # polyline points: bytes held by today's entries at the end of each day
+    y_max_bytes: int
+    top: float
+    bottom: float
+    left: float
+    right: float
+
+
+def growth_chart(growth: list[dict], total_bytes: int, *, today: date | None = None, days: int = 30,
+                 width: int = 720, height: int = 220) -> Chart:
+    """Bars of bytes written per day (the API's ``growth``, last ``days`` days) and a line of the bytes the entries
+    present now held at the end of each day. Pruned entries are not in the catalog, so the line is a lower
+    bound of what the cache held on past days."""
+    today = today or datetime.now(UTC).date()
+    by_day = {g["day"]: g for g in growth}
+    series = [(today - timedelta(days=days - 1 - i)).isoformat() for i in range(days)]
+    added = [int(by_day.get(d, {}).get("size_bytes", 0)) for d in series]
+    entries = [int(by_day.get(d, {}).get("entries", 0)) for d in series]
+    # Held at the end of day i: everything now, less what was written after day i.
+    totals, later = [], 0
+    for a in reversed(added):
+        totals.append(total_bytes - later)
+        later += a
+    totals.reverse()
+    left, right, top, bottom = 56.0, width - 8.0, 12.0, height - 28.0
+    y_max = max([*totals, *added, 1])
+    step = (right - left) / days
+
+    def y(v: int) -> float:
+        return bottom - (bottom - top) * v / y_max
+
+    bars = [
+        Bar(day=d, x=round(left + i * step + 1, 2), y=round(y(a), 2), width=round(max(step - 2, 1), 2),
+            height=round(bottom - y(a), 2), entries=n, size_bytes=a, total_bytes=t)
+        for i, (d, a, n, t) in enumerate(zip(series, added, entries, totals, strict=True))
+    ]
+    line = " ".join(f"{round(left + (i + 0.5) * step, 2)},{round(y(t), 2)}" for i, t in enumerate(totals))
+    return Chart(width=width, height=height, bars=bars, line=line, y_max_bytes=y_max, top=top, bottom=bottom,
+                 left=left, right=right)

@@ -1,0 +1,34 @@
+"""The warm-ups pages' one boundary with the catalog's warm-up coverage: the same queries the API answers
+``GET /v1/caches/{cache}/warmups[/{id}]`` with, in the field names the templates use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from jaxcache.service.catalog.models import EntryRow
+from jaxcache.service.ingestion import warmups as catalog_warmups
+
+
+def _page_fields(w: dict) -> dict:
+    return {**w, "finished_at": w["finished_s"], "present": w["already_warm"]}
+
+
+def list_warmups(state: Any, cache: str) -> list[dict]:
+    """The cache's warm-ups, newest first, each with ``hit_since`` (its programs jobs hit after it finished)."""
+    with state.catalog.reader() as conn:
+        return [_page_fields(w) for w in catalog_warmups.list_warmups(conn, cache, limit=1000)]
+
+
+def get_warmup(state: Any, cache: str, warmup_id: str) -> dict | None:
+    """One warm-up with ``program_list``: status, compile seconds, hits, whether hit since, whether still cached."""
+    with state.catalog.reader() as conn:
+        found = catalog_warmups.get_warmup(conn, cache, warmup_id)
+        if found is None:
+            return None
+        keys = [k["key"] for k in found["keys"]]
+        cached = set(conn.scalars(select(EntryRow.key).where(
+            EntryRow.cache == cache, EntryRow.kind == "entry", EntryRow.key.in_(keys)))) if keys else set()
+    programs = [{**k, "reason": None, "in_cache": k["key"] in cached} for k in found["keys"]]
+    return {**_page_fields(found), "program_list": programs}

@@ -1,0 +1,153 @@
+"""Warm-up coverage records into the catalog, and what jobs did with the programs a warm-up stored.
+
+A rescan reads ``<root>/.jaxcache/warmups/<id>.json`` (written by ``warmup``) when new or changed. A coverage
+record is written once, so ingesting is a replace of that warm-up's rows. "Hit since" counts the warm-up's
+programs that jobs have reported a hit on after the warm-up finished (run records; see reports.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+
+from sqlalchemy import and_, delete, func, insert, select
+from sqlalchemy.engine import Connection
+
+from jaxcache import coverage
+from jaxcache.coverage import WarmupRecord
+from jaxcache.errors import InvalidInputError
+from jaxcache.parallel import bounded_map
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.models import KeyStatsRow, RecordFileRow, WarmupKeyRow, WarmupRow
+from jaxcache.service.ingestion import attestations
+from jaxcache.storage import ObjectInfo, Storage
+
+log = logging.getLogger("jaxcache.service")
+
+
+@dataclass(frozen=True, slots=True)
+class CoverageScan:
+    """What a rescan did with a root's coverage records."""
+
+    ingested: int
+    malformed: int
+
+
+def ingest(catalog: Catalog, cache: str, record: WarmupRecord) -> None:
+    """Store one warm-up (replacing an earlier ingestion of the same id) and its digests."""
+    programs = {p.key: p for p in record.programs}  # a key listed twice counts once
+    counts = {status: sum(p.status == status for p in programs.values()) for status in coverage.STATUSES}
+    with catalog.writing(cache) as s:
+        s.execute(delete(WarmupKeyRow).where(WarmupKeyRow.cache == cache, WarmupKeyRow.warmup_id == record.id))
+        s.merge(WarmupRow(
+            cache=cache, id=record.id, job=record.job, topology=record.topology, platform=record.platform,
+            gpu_model=record.gpu_model, started_s=record.started_at, finished_s=record.finished_at,
+            fingerprint=record.fingerprint.as_dict(), programs=len(programs), written=counts[coverage.WRITTEN],
+            present=counts[coverage.PRESENT], not_written=counts[coverage.NOT_WRITTEN],
+            compile_s=sum(p.compile_s or 0.0 for p in programs.values() if p.status != coverage.PRESENT),
+        ))
+        rows = [dict(cache=cache, warmup_id=record.id, key=p.key, function=p.function, status=p.status,
+                     compile_s=p.compile_s, size_bytes=p.size_bytes) for p in programs.values()]
+        for i in range(0, len(rows), 5000):
+            s.execute(insert(WarmupKeyRow), rows[i : i + 5000])
+    attestations.record(catalog, cache, [
+        attestations.Digest(p.key, p.sha256, p.size_bytes, f"warm-up {record.id}", record.started_at)
+        for p in programs.values() if p.sha256 and p.status == coverage.WRITTEN
+    ])
+
+
+def scan(catalog: Catalog, cache: str, storage: Storage) -> CoverageScan:
+    """Ingest coverage records that are new or changed since the last rescan (malformed ones: one warning)."""
+    listing = {i.name: i for i in storage.iter_objects(coverage.WARMUPS_PREFIX, recursive=True)
+               if i.name.endswith(".json")}
+    with catalog.reader() as conn:
+        known = {r.name: (r.size_bytes, r.mtime_s, r.generation) for r in conn.execute(
+            select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation)
+            .where(RecordFileRow.cache == cache, RecordFileRow.name.like(coverage.WARMUPS_PREFIX + "%")))}
+    todo = [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
+    ingested = malformed = 0
+    for info, data in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
+        if data is None:
+            continue
+        error = None
+        try:
+            ingest(catalog, cache, coverage.parse(data))
+            ingested += 1
+        except InvalidInputError as exc:
+            error = str(exc)
+            malformed += 1
+            log.warning("cache %s: skipping malformed warm-up record %s: %s", cache, info.name, error)
+        with catalog.writing(cache) as s:
+            s.merge(RecordFileRow(cache=cache, name=info.name, size_bytes=info.size_bytes, mtime_s=info.mtime_s,
+                                  generation=info.generation, error=None if error is None else error[:2000]))
+    return CoverageScan(ingested, malformed)
+
+
+def _read(storage: Storage, info: ObjectInfo) -> tuple[ObjectInfo, bytes | None]:
+    return info, storage.read(info.name)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Queries
+
+
+def _hit_since():
+    """Programs of a warm-up that jobs hit after it finished."""
+    return (
+        select(func.count())
+        .select_from(WarmupKeyRow)
+        .join(KeyStatsRow, and_(KeyStatsRow.cache == WarmupKeyRow.cache, KeyStatsRow.key == WarmupKeyRow.key))
+        .where(WarmupKeyRow.cache == WarmupRow.cache, WarmupKeyRow.warmup_id == WarmupRow.id,
+               KeyStatsRow.last_hit_s >= WarmupRow.finished_s)
+        .correlate(WarmupRow)
+        .scalar_subquery()
+    )
+
+
+def list_warmups(conn: Connection, cache: str, *, limit: int) -> list[dict]:
+    """Newest first, each with how many of its programs jobs have hit since."""
+    q = (select(WarmupRow, _hit_since().label("hit_since")).where(WarmupRow.cache == cache)
+         .order_by(WarmupRow.finished_s.desc()).limit(limit))
+    return [_summary(row, hit_since) for row, hit_since in _rows(conn, q)]
+
+
+def get_warmup(conn: Connection, cache: str, warmup_id: str) -> dict | None:
+    """One warm-up with every program: status, compile seconds, and hits reported since."""
+    found = list(_rows(conn, select(WarmupRow, _hit_since().label("hit_since"))
+                       .where(WarmupRow.cache == cache, WarmupRow.id == warmup_id)))
+    if not found:
+        return None
+    row, hit_since = found[0]
+    programs = conn.execute(
+        select(WarmupKeyRow.key, WarmupKeyRow.function, WarmupKeyRow.status, WarmupKeyRow.compile_s,
+               WarmupKeyRow.size_bytes, KeyStatsRow.hits, KeyStatsRow.last_hit_s)
+        .outerjoin(KeyStatsRow, and_(KeyStatsRow.cache == WarmupKeyRow.cache, KeyStatsRow.key == WarmupKeyRow.key))
+        .where(WarmupKeyRow.cache == cache, WarmupKeyRow.warmup_id == warmup_id)
+        .order_by(WarmupKeyRow.function, WarmupKeyRow.key)
+    ).all()
+    detail = _summary(row, hit_since)
+    detail["fingerprint"] = row.fingerprint
+    detail["keys"] = [
+        {"key": p.key, "function": p.function, "status": p.status, "compile_s": p.compile_s,
+         "size_bytes": p.size_bytes, "hits": p.hits or 0, "last_hit_s": p.last_hit_s,
+         "hit_since": p.last_hit_s is not None and p.last_hit_s >= row.finished_s}
+        for p in programs
+    ]
+    return detail
+
+
+def _rows(conn: Connection, q):
+    from sqlalchemy.orm import Session
+
+    with Session(bind=conn) as s:
+        yield from s.execute(q).all()
+
+
+def _summary(row: WarmupRow, hit_since: int | None) -> dict:
+    return {
+        "id": row.id, "job": row.job, "topology": row.topology, "platform": row.platform,
+        "gpu_model": row.gpu_model, "started_s": row.started_s, "finished_s": row.finished_s,
+        "programs": row.programs, "written": row.written, "already_warm": row.present,
+        "not_written": row.not_written, "compile_s": row.compile_s, "hit_since": hit_since or 0,
+    }

@@ -1,0 +1,120 @@
+"""Service settings: flags of `jaxcache serve`, or the same names as ``JAXCACHE_*`` environment variables."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from jaxcache.errors import InvalidInputError
+
+SCOPES = ("read", "report", "admin")
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def default_db_url() -> str:
+    """An SQLite file under the user's state directory (``$XDG_STATE_HOME/jaxcache``, else ``~/.local/state``)."""
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "jaxcache"
+    return f"sqlite:///{state / 'catalog.sqlite'}"
+
+
+class ServiceSettings(BaseSettings):
+    """Every setting of the catalog service. Environment variables use the ``JAXCACHE_`` prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="JAXCACHE_", extra="ignore")
+
+    caches: dict[str, str] = Field(
+        default_factory=dict,
+        description='cache roots by name, e.g. {"prod": "gs://bucket/jax-cache", "ci": "/mnt/nfs/jax"}',
+    )
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8080, ge=0, le=65535, description="port to listen on (0: any free port)")
+    db: str = Field(
+        default_factory=default_db_url,
+        description="catalog database: an SQLite URL (sqlite:///path) or PostgreSQL (postgresql+psycopg://...), "
+                    "which several replicas can share",
+    )
+    rescan_s: float = Field(300.0, gt=0, description="seconds between background rescans of every cache")
+    tokens: dict[str, str] = Field(
+        default_factory=dict,
+        description='bearer tokens as {"<sha256 hex of token>": "read|report|admin"}; never the tokens themselves',
+    )
+    tokens_file: Path | None = Field(None, description="file of lines '<sha256 hex> <scope>' (a mounted Secret)")
+    insecure_no_auth: bool = Field(False, description="serve every route without tokens, on any address (labs only)")
+    verify_bytes_per_s: float = Field(
+        20e6, gt=0, description="background integrity verification reads at most this many bytes per second"
+    )
+    verify_cpu_share: float = Field(
+        0.2, gt=0, le=1, description="background integrity verification uses at most this share of one CPU core "
+        "(it shares the process with the API)",
+    )
+    verify_min_age_s: float = Field(
+        3600.0, ge=0, description="entries younger than this that look broken are 'pending', not corrupt/tampered"
+    )
+    page_cache_s: float = Field(
+        1.0, ge=0, description="seconds a rendered page of an entry listing may be answered again from memory "
+        "(dropped at once when this replica sees its cache change; another replica's changes show within this "
+        "time); 0 turns it off",
+    )
+    max_body_bytes: int = Field(64 * 1024, gt=0, description="largest request body accepted")
+    max_report_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="largest run record accepted by POST /v1/reports (records list every key)"
+    )
+
+    @field_validator("caches")
+    @classmethod
+    def _names(cls, caches: dict[str, str]) -> dict[str, str]:
+        for name in caches:
+            if not _NAME_RE.fullmatch(name):
+                raise ValueError(f"cache name {name!r}: use 1-63 lower-case letters, digits, '.', '_' or '-'")
+        return caches
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens(cls, tokens: dict[str, str]) -> dict[str, str]:
+        for digest, scope in tokens.items():
+            _check_token(digest, scope)
+        return tokens
+
+    def token_scopes(self) -> dict[str, str]:
+        """Every configured token hash with its scope, from ``tokens`` and ``tokens_file``."""
+        merged = dict(self.tokens)
+        if self.tokens_file is not None:
+            try:
+                text = self.tokens_file.read_text()
+            except OSError as exc:
+                raise InvalidInputError(f"cannot read tokens file {self.tokens_file}: {exc.strerror}") from exc
+            for n, line in enumerate(text.splitlines(), 1):
+                line = line.split("#", 1)[0].strip()
+                if not line:
+                    continue
+                parts = line.split()
+                if len(parts) != 2:
+                    raise InvalidInputError(f"{self.tokens_file}:{n}: expected '<sha256 hex> <scope>'")
+                try:
+                    _check_token(*parts)
+                except ValueError as exc:
+                    raise InvalidInputError(f"{self.tokens_file}:{n}: {exc}") from None
+                merged[parts[0]] = parts[1]
+        return merged
+
+    def listens_on_loopback(self) -> bool:
+        """True when only this machine can reach the service."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def _check_token(digest: str, scope: str) -> None:
+    if not _SHA256_RE.fullmatch(digest):
+        raise ValueError("token entries are SHA-256 hex digests of the token (64 lower-case hex), not tokens")
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}: use one of {', '.join(SCOPES)}")

@@ -1,0 +1,151 @@
+"""Prunes through the service: the catalog supplies candidates, core policy plans, the executor deletes.
+
+One prune per cache at a time, across every replica sharing the catalog (the ``prune:<cache>`` lock of
+:mod:`jaxcache.service.catalog.locks`; a second gets 409); every applied prune is written to the audit log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from sqlalchemy import select
+
+from jaxcache import prune
+from jaxcache.errors import InvalidInputError
+from jaxcache.service.catalog import queries
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.locks import ClusterLock, ClusterLocks
+from jaxcache.service.catalog.models import EntryRow, PinRow, PruneRow
+from jaxcache.service.schemas import PlannedDeletion, PruneRequest, PruneResponse
+from jaxcache.service.tasks import verification
+from jaxcache.service.tasks.rescan import rescan
+from jaxcache.storage import Storage
+
+
+class PruneInProgressError(Exception):
+    """Another prune of the same cache is running (in this replica or another one)."""
+
+
+class PruneLocks:
+    """The prune lock of each cache, shared by every replica on the catalog."""
+
+    def __init__(self, locks: ClusterLocks) -> None:
+        self._locks = locks
+
+    def get(self, cache: str) -> ClusterLock:
+        return self._locks.get(f"prune:{cache}")
+
+
+def policy_of(body: PruneRequest) -> tuple[prune.PrunePolicy, dict]:
+    """The policy a request asks for, and its fields as the audit log keeps them. Raises InvalidInputError, also
+    for a policy that selects nothing (the API and the dashboard both refuse it)."""
+    data = body.model_dump(exclude={"dry_run"}, exclude_none=True)
+    # Drop unset flags and empty lists, but keep zeros: `min_age: 0` and `max_total_bytes: 0` mean something.
+    data = {k: v for k, v in data.items() if v is not False and v != []}
+    policy = prune.policy_from_mapping(data)
+    if not policy.selects_anything():
+        raise InvalidInputError("the policy selects nothing: set max_total_bytes, unused_for, older_than, "
+                                "functions, corrupt, orphans, stale_jaxlib or integrity")
+    return policy, data
+
+
+def _candidates(catalog: Catalog, cache: str, *, with_integrity: bool = False) -> list[prune.Candidate]:
+    verdicts: dict[str, str] = {}
+    if with_integrity:
+        with catalog.reader() as conn:
+            verdicts = verification.classes_of(conn, cache)
+    with catalog.session() as s:
+        rows = s.execute(
+            select(EntryRow.key, EntryRow.module, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
+                   EntryRow.seen_used_s, EntryRow.status, EntryRow.kind, EntryRow.generation, EntryRow.has_atime,
+                   EntryRow.last_hit_s, EntryRow.writer_jaxlib)
+            .where(EntryRow.cache == cache)
+        ).all()
+    return [
+        prune.Candidate(
+            key=r.key, module=r.module, name=r.name, size_bytes=r.size_bytes, created_s=r.created_s,
+            last_used_s=r.seen_used_s, status=r.status, orphan=r.kind == "orphan", generation=r.generation,
+            has_atime=bool(r.has_atime), last_hit_s=r.last_hit_s, writer_jaxlib=r.writer_jaxlib,
+            integrity=verdicts.get(r.key),
+        )
+        for r in rows
+    ]
+
+
+def _plan(catalog: Catalog, cache: str, policy: prune.PrunePolicy) -> prune.PrunePlan:
+    now = time.time()
+    recent = None
+    if policy.stale_jaxlib:
+        with catalog.reader() as conn:
+            recent = queries.recent_jaxlibs(conn, cache, since=now - policy.stale_jaxlib_window_s)
+    candidates = _candidates(catalog, cache, with_integrity=bool(policy.integrity))
+    return prune.plan(candidates, policy, now=now, recent_jaxlibs=recent)
+
+
+def pins(catalog: Catalog, cache: str) -> tuple[str, ...]:
+    with catalog.session() as s:
+        return tuple(s.scalars(select(PinRow.pattern).where(PinRow.cache == cache).order_by(PinRow.pattern)))
+
+
+@dataclasses.dataclass(slots=True)
+class Outcome:
+    plan: prune.PrunePlan
+    result: prune.PruneResult | None = None
+    audit_id: int | None = None
+
+
+def run_prune(
+    catalog: Catalog, cache: str, storage: Storage, policy: prune.PrunePolicy, *, dry_run: bool, who: str,
+    policy_json: dict, lock: ClusterLock,
+) -> Outcome:
+    """Plan (and unless ``dry_run``, apply and audit) a prune of one cache. Raises PruneInProgressError."""
+    policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
+    if policy.integrity:
+        # Judge entries new or changed since the last integrity pass, so the plan does not miss them.
+        verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s)
+    if dry_run:
+        return Outcome(_plan(catalog, cache, policy))
+    if not lock.acquire(blocking=False):
+        raise PruneInProgressError(cache)
+    try:
+        # Storage is the truth: refresh the index first so the plan sees entries written since the last scan.
+        rescan(catalog, cache, storage)
+        plan = _plan(catalog, cache, policy)
+        result = prune.apply(storage, plan)
+        rescan(catalog, cache, storage)
+        with catalog.session() as s:
+            row = PruneRow(
+                cache=cache, at_s=time.time(), who=who, policy=policy_json, deleted=result.deleted,
+                bytes_freed=result.bytes_freed, already_gone=result.already_gone, changed=result.changed,
+                errors=result.errors[:100],
+            )
+            s.add(row)
+            s.flush()
+            audit_id = row.id
+        return Outcome(plan, result, audit_id)
+    finally:
+        lock.release()
+
+
+def _planned(decisions: list[prune.Decision]) -> list[PlannedDeletion]:
+    return [
+        PlannedDeletion(
+            key=d.candidate.key, function=d.candidate.module, size_bytes=d.candidate.size_bytes,
+            kind="orphan" if d.candidate.orphan else "entry", reasons=list(d.reasons),
+        )
+        for d in decisions
+    ]
+
+
+def response(outcome: Outcome, *, dry_run: bool) -> PruneResponse:
+    """What the API answers (and the dashboard shows) for a planned or applied prune."""
+    plan, result = outcome.plan, outcome.result
+    return PruneResponse(
+        dry_run=dry_run, entries_total=plan.entries_total, delete=_planned(plan.delete),
+        protected=_planned(plan.protected), kept=plan.kept, bytes_freed=plan.bytes_freed,
+        bytes_remaining=plan.bytes_remaining,
+        deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
+        changed=result.changed if result else None, errors=result.errors if result else [],
+        audit_id=outcome.audit_id, notes=plan.notes,
+    )

@@ -1,0 +1,298 @@
+"""Rescan: make the catalog match storage, parsing only objects it has not seen (JAX never rewrites a key).
+
+One rescan of a cache at a time across every replica sharing the catalog (the ``scan:<cache>`` lock): two would
+insert the same new rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+
+from sqlalchemy import bindparam, case, delete, func, insert, select, update
+
+from jaxcache import entry as fmt
+from jaxcache.parallel import bounded_map
+from jaxcache.scan import read_head
+from jaxcache.service.catalog import rawsql
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.locks import LockBusyError
+from jaxcache.service.catalog.models import CacheRow, EntryRow
+from jaxcache.service.ingestion import warmups
+from jaxcache.service.ingestion.reports import EMPTY, key_stats, scan_records
+from jaxcache.storage import ObjectInfo, Storage
+from jaxcache.storage.base import Stat
+
+log = logging.getLogger("jaxcache.service")
+
+_CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class RescanResult:
+    """What one rescan changed."""
+
+    cache: str
+    added: int
+    removed: int
+    updated: int
+    entries: int
+    seconds: float
+    records_ingested: int = 0  # run records under .jaxcache/runs/ read because they were new or changed
+    records_malformed: int = 0
+    warmups_ingested: int = 0  # warm-up coverage records under .jaxcache/warmups/ new or changed
+
+
+_KEY_MAX = EntryRow.__table__.c.key.type.length
+
+
+#: A file in a listing: (name, size_bytes, mtime_s, generation). The catalog's rows are read in the same shape
+#: (name, size_bytes, created_s, generation), so that "unchanged" is a set difference of the two, computed in C
+#: rather than by a loop over every entry.
+Listed = tuple[str, int, float, int | None]
+
+
+def _by_key(listing: dict[str, Stat], foreign: set[str]) -> tuple[dict[str, Listed], dict[str, Listed]]:
+    # The listing paired in memory by key: the catalog holds an index of every entry anyway, and this avoids a
+    # request per entry. An -atime's modification time is its access time (JAX rewrites it on each access).
+    # Names are checked afterwards, and only those of keys the catalog does not know (see _drop_foreign).
+    caches = {name[:-6]: (name, *stat) for name, stat in listing.items()
+              if name.endswith("-cache") and name not in foreign}
+    atimes = {name[:-6]: (name, *stat) for name, stat in listing.items()
+              if name.endswith("-atime") and name not in foreign}
+    return caches, atimes
+
+
+def _orphans(caches: dict[str, Listed], atimes: dict[str, Listed]) -> set[str]:
+    """Keys with an -atime and no entry."""
+    return atimes.keys() - caches.keys()
+
+
+def _last_use(caches: dict[str, Listed], atimes: dict[str, Listed]) -> dict[str, float]:
+    """Each entry's last use as storage shows it: the newer of its creation and its -atime."""
+    return {key: (item[2] if (a := atimes.get(key)) is None or a[2] < item[2] else a[2])
+            for key, item in caches.items()}
+
+
+def _drop_foreign(storage: Storage, listed: dict[str, Listed], new_keys: set[str], foreign: set[str]) -> None:
+    """Remove from ``listed`` the new keys that are not JAX's names (the known ones were checked when their rows
+    were made), adding their names to ``foreign``."""
+    for key in new_keys:
+        name = listed[key][0]
+        if fmt.parse_name(name) is None:
+            del listed[key]
+            foreign.add(name)
+        elif len(key) > _KEY_MAX or "\x00" in key:
+            # Not a name JAX writes (its module names are short); PostgreSQL would refuse the row and the scan.
+            log.warning("%s: skipping %s: keys longer than %d characters are not indexed", storage.url,
+                        name[:200], _KEY_MAX)
+            del listed[key]
+            foreign.add(name)
+
+
+def _info(item: Listed) -> ObjectInfo:
+    return ObjectInfo(*item)
+
+
+def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, Listed, Listed | None]) -> dict:
+    key, listed, atime = item
+    info = _info(listed)
+    header = read_head(storage, info)
+    row = _base_row(cache, key, "entry", info, None if atime is None else _info(atime), now)
+    row.update(
+        compression=header.compression.value, compile_seconds=header.compile_seconds,
+        status=header.status.value, reason=header.reason,
+    )
+    return row
+
+
+def _base_row(cache: str, key: str, kind: str, info: ObjectInfo, atime: ObjectInfo | None, now: float) -> dict:
+    atime_ns = int(atime.mtime_s * 1e9) if atime is not None else None
+    seen_used = max(info.mtime_s, atime.mtime_s) if atime is not None else info.mtime_s
+    return {
+        "cache": cache, "key": key, "kind": kind, "module": key[: -fmt.HASH_HEX_LEN - 1], "name": info.name,
+        "size_bytes": info.size_bytes, "created_s": info.mtime_s, "last_used_s": seen_used,
+        "seen_used_s": seen_used, "generation": info.generation, "has_atime": atime is not None,
+        "atime_ns": atime_ns, "compression": None, "compile_seconds": None, "status": None, "reason": None,
+        "first_seen_s": now, **EMPTY,
+    }
+
+
+def _with_reports(row: dict, stats: dict | None) -> dict:
+    # Reports may name a key before a rescan finds its entry: the new row starts with their aggregates.
+    if stats is not None:
+        row.update(stats)
+        hit = stats["last_hit_s"]
+        if hit is not None and hit > row["seen_used_s"]:
+            row["last_used_s"] = hit
+    return row
+
+
+def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | None = None) -> RescanResult:
+    """Bring ``cache``'s rows in line with ``storage``: add new entries, drop vanished ones, refresh last use.
+
+    Waits for a rescan of ``cache`` that another replica (or thread) is running: without limit, or at most
+    ``wait_s`` seconds (0: not at all) and then raises :class:`LockBusyError`.
+    """
+    lock = catalog.locks.get(f"scan:{cache}")
+    if not lock.acquire(timeout=-1 if wait_s is None else wait_s):
+        raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "
+                            "service); try again when it ends")
+    try:
+        return _rescan(catalog, cache, storage)
+    finally:
+        lock.release()
+
+
+def _known_statement():
+    return (select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
+                   EntryRow.generation, EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache")))
+
+
+def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Listed], dict[str, float], set[str]]:
+    """The catalog's rows of ``cache``: entries as Listed tuples, their last use as storage showed it, and the keys
+    of orphan rows."""
+    with catalog.reader() as conn:
+        rows = rawsql.fetch(conn, "rescan-known", _known_statement, {"cache": cache})
+    entries = {r[0]: r[2:6] for r in rows if r[1] == "entry"}
+    seen = {r[0]: r[6] for r in rows if r[1] == "entry"}
+    orphans = {r[0] for r in rows if r[1] != "entry"}
+    return entries, seen, orphans
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    """What one rescan left the catalog holding for a cache, kept in memory for the next rescan in this process:
+    the whole listing the rows were made from, and the names in it that are not JAX's. Valid while the catalog's
+    fingerprint of the cache (see _fingerprint) is the one this rescan left."""
+
+    fingerprint: tuple
+    listing: dict[str, Stat]
+    foreign: set[str]
+    entries: int  # entries and orphans, as the rescan counted them
+
+
+def _fingerprint_statement():
+    return select(
+        select(func.count()).select_from(EntryRow).where(EntryRow.cache == bindparam("cache")).scalar_subquery(),
+        select(CacheRow.last_scan_s).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
+        select(CacheRow.last_scan_error).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
+    )
+
+
+def _fingerprint(conn, cache: str) -> tuple:
+    """(rows, last scan, last scan error) of a cache. Entry rows change in three ways: rescans add and drop them
+    and refresh their last use, prunes and DELETE drop them. Every rescan, here or in another replica, ends by
+    noting its time (or its error), and a drop changes the count: so an equal fingerprint means the rows are the
+    ones the last rescan of this process left. Read from an index, not the rows: it costs milliseconds."""
+    return tuple(rawsql.fetch(conn, "rescan-fingerprint", _fingerprint_statement, {"cache": cache})[0])
+
+
+def _rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
+    started = time.monotonic()
+    now = time.time()
+    # The service rescans each cache every few minutes, mostly finding nothing new: the previous rescan's snapshot
+    # stands for the catalog's rows unless something else changed them, and then a listing equal to the previous
+    # one means nothing to write. Popped: a rescan that fails leaves none behind.
+    snap = catalog.rescan_snapshots.pop(cache, None)
+    with catalog.reader() as conn:
+        fingerprint = _fingerprint(conn, cache)
+    if snap is not None and snap.fingerprint == fingerprint:
+        changes, gone = storage.list_changes(snap.listing)
+        if not changes and not gone:
+            result = _finish(catalog, cache, storage, started, now, added=0, removed=0, updated=0,
+                             entries=snap.entries)
+            snap.fingerprint = (fingerprint[0], now, None)
+            catalog.rescan_snapshots[cache] = snap
+            return result
+        foreign = snap.foreign
+        known, atimes_before = _by_key(snap.listing, foreign)
+        known_seen, known_orphans = _last_use(known, atimes_before), _orphans(known, atimes_before)
+        listing = snap.listing
+        for name in gone:
+            del listing[name]
+            foreign.discard(name)
+        foreign.difference_update(changes)  # judged again below
+        listing.update(changes)
+    else:
+        # From the catalog, before the listing: a row deleted after this (a prune, a DELETE) is gone from storage
+        # too, so both agree.
+        known, known_seen, known_orphans = _known(catalog, cache)
+        listing, _ = storage.list_changes({})
+        foreign = set()
+    caches, atimes = _by_key(listing, foreign)
+    known_keys = known.keys() | known_orphans if known_orphans else known.keys()
+    _drop_foreign(storage, caches, caches.keys() - known_keys, foreign)
+    _drop_foreign(storage, atimes, atimes.keys() - known_keys, foreign)
+    # New keys and replaced objects (another size, creation time or generation): parsed and (re)inserted.
+    # (Dict equality first: C-fast, and the answer on an unchanged root, where the set difference hashes 100k
+    # tuples for nothing.)
+    changed = set() if caches == known else {key for key, _ in caches.items() - known.items()}
+    vanished = [(k, "entry") for k in known.keys() - caches.keys()]
+    vanished += [(k, "entry") for k in changed if k in known]  # replaced: the old row goes, the new one comes
+    new_items = [(key, caches[key], atimes.get(key)) for key in changed]
+    seen = _last_use(caches, atimes)
+    updates = []
+    for key, seen_used in ({}.items() if seen == known_seen else seen.items() - known_seen.items()):
+        if key in changed:
+            continue
+        atime = atimes.get(key)
+        updates.append({"k_cache": cache, "k_key": key, "k_kind": "entry", "seen_used_s": seen_used,
+                        "has_atime": atime is not None, "atime_ns": int(atime[2] * 1e9) if atime is not None else None})
+    lone = _orphans(caches, atimes)
+    orphan_rows = [_base_row(cache, key, "orphan", _info(atimes[key]), None, now) for key in lone - known_orphans]
+    vanished += [(k, "orphan") for k in known_orphans - lone]
+    orphans = len(lone)
+    new_rows = list(bounded_map(partial(_new_row, storage, cache, now), new_items, workers=storage.io_workers))
+    # Under the cache's write lock, so that a report ingested meanwhile (by any replica) cannot update rows this
+    # commit then overwrites.
+    with catalog.writing(cache) as s:
+        reported = key_stats(s, cache, [r["key"] for r in new_rows])
+        new_rows = [_with_reports(r, reported.get(r["key"])) for r in new_rows]
+        for i in range(0, len(vanished), _CHUNK):
+            for kind in ("entry", "orphan"):
+                keys = [k for k, kd in vanished[i : i + _CHUNK] if kd == kind]
+                if keys:
+                    s.execute(delete(EntryRow).where(
+                        EntryRow.cache == cache, EntryRow.kind == kind, EntryRow.key.in_(keys)))
+        rows = new_rows + orphan_rows
+        for i in range(0, len(rows), 5000):
+            s.execute(insert(EntryRow), rows[i : i + 5000])
+        if updates:
+            # Core, on the session's connection: an ORM UPDATE given many parameter sets is SQLAlchemy's "bulk
+            # update by primary key", which refuses a WHERE clause of bound parameters.
+            s.connection().execute(
+                update(EntryRow.__table__)
+                .where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
+                       EntryRow.kind == bindparam("k_kind"))
+                # The last hit as the row holds it now: a report may have moved it since the listing.
+                .values(last_used_s=case((EntryRow.last_hit_s > bindparam("seen_used_s"), EntryRow.last_hit_s),
+                                         else_=bindparam("seen_used_s")),
+                        seen_used_s=bindparam("seen_used_s"), has_atime=bindparam("has_atime"),
+                        atime_ns=bindparam("atime_ns")),
+                updates,
+            )
+        # Inside the write lock: nobody else's change can fall between the writes and this count.
+        count = _fingerprint(s.connection(), cache)[0]
+    result = _finish(catalog, cache, storage, started, now, added=len(rows), removed=len(vanished),
+                     updated=len(updates), entries=len(caches) + orphans)
+    # What _finish noted (this scan's time, no error) is part of the fingerprint.
+    catalog.rescan_snapshots[cache] = _Snapshot((count, now, None), listing, foreign, len(caches) + orphans)
+    return result
+
+
+def _finish(catalog: Catalog, cache: str, storage: Storage, started: float, now: float, *, added: int,
+            removed: int, updated: int, entries: int) -> RescanResult:
+    """Ingest run and warm-up records and note the scan's end."""
+    found = scan_records(catalog, cache, storage)
+    covered = warmups.scan(catalog, cache, storage)
+    seconds = time.monotonic() - started
+    # One UPDATE, no read first: on SQLite a read-then-write transaction fails outright (SQLITE_BUSY_SNAPSHOT) when
+    # another process (a replica on the same file) wrote in between.
+    with catalog.session() as s:
+        s.execute(update(CacheRow).where(CacheRow.name == cache)
+                  .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None))
+    return RescanResult(cache, added, removed, updated, entries, seconds, found.ingested, found.malformed,
+                        covered.ingested)

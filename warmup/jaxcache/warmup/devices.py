@@ -1,0 +1,149 @@
+"""Which backend a warm-up runs on, and whether this machine can stand in for the target topology.
+
+A cache entry serves only nodes with the same accelerator model and count (both enter the key), so the GPU path
+checks that this machine has exactly D GPUs of one model before it mocks ``S x H`` processes of them with
+``jax_mock_gpu_topology`` (docs/jax-internals.md). That flag must be set before JAX's backend starts and has no
+environment variable, so the local GPUs are counted in a short probe subprocess, never in this process.
+
+On CPU, a multi-process job's keys differ per process (device ids are hashed), so only S x H = 1 can be
+pre-filled; D becomes ``jax_num_cpu_devices``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from jaxcache.errors import InvalidInputError, JaxcacheError
+from jaxcache.topology import Topology
+
+PLATFORMS = ("gpu", "cpu")
+PROBE_TIMEOUT_S = 120
+
+_PROBE = """
+import json, sys
+try:
+    import jax
+    devices = jax.devices("gpu")
+except Exception as exc:  # no GPU backend: jaxlib without CUDA, no driver, no device
+    print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+    sys.exit(0)
+print(json.dumps({"devices": [d.device_kind for d in devices if d.process_index == jax.process_index()]}))
+"""
+
+
+class WarmupSetupError(JaxcacheError):
+    """This machine cannot warm up for the requested topology; the message names both sides of the rule."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalGpus:
+    """What the probe found: the device kind of each local GPU, or why there are none."""
+
+    kinds: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def count(self) -> int:
+        """Local GPU count."""
+        return len(self.kinds)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendPlan:
+    """How to configure JAX for the warm-up, before its backend starts."""
+
+    platform: str
+    topology: Topology
+    gpu_model: str | None = None
+
+    def jax_settings(self) -> dict[str, object]:
+        """Config values to set with ``jax.config.update`` before anything initializes the backend."""
+        if self.platform == "gpu":
+            return {"jax_platforms": "cuda", "jax_mock_gpu_topology": str(self.topology)}
+        return {"jax_platforms": "cpu", "jax_num_cpu_devices": self.topology.devices}
+
+
+def probe_gpus(python: str = sys.executable) -> LocalGpus:
+    """Count this machine's GPUs with JAX in a subprocess, so this process's backend is still unstarted."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    try:
+        proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                              env=env)
+    except subprocess.TimeoutExpired:
+        return LocalGpus(error=f"the GPU probe did not finish in {PROBE_TIMEOUT_S} s")
+    try:
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return LocalGpus(error=f"the GPU probe failed: {proc.stderr.strip()[-300:] or 'no output'}")
+    if "error" in data:
+        return LocalGpus(error=data["error"])
+    return LocalGpus(kinds=tuple(data["devices"]))
+
+
+def default_platform(gpus: LocalGpus) -> str:
+    """``gpu`` when a GPU backend exists here, else ``cpu``."""
+    return "gpu" if gpus.count else "cpu"
+
+
+def plan_backend(topology: Topology, platform: str, gpus: LocalGpus | None) -> BackendPlan:
+    """Check this machine against the topology; raise :class:`WarmupSetupError` stating the rule when it fails."""
+    if platform not in PLATFORMS:
+        raise InvalidInputError(f"--platform {platform!r}: use gpu or cpu")
+    if platform == "cpu":
+        if topology.processes > 1:
+            raise WarmupSetupError(
+                f"--platform cpu cannot warm up {topology} ({topology.processes} processes): JAX hashes each"
+                " process's CPU device ids into its keys, so a multi-process CPU job never hits a pre-filled"
+                f" entry; use a topology 1x1xD (here 1x1x{topology.devices}), or --platform gpu on a GPU machine"
+            )
+        return BackendPlan("cpu", topology)
+    need = topology.devices
+    if gpus is None or gpus.count == 0:
+        why = f" ({gpus.error})" if gpus is not None and gpus.error else ""
+        raise WarmupSetupError(
+            f"--platform gpu needs {need} GPU(s) of the target nodes' model on this machine, and JAX sees none"
+            f"{why}; install jax[cuda12] on a GPU node, or use --platform cpu for CPU jobs"
+        )
+    models = sorted(set(gpus.kinds))
+    if len(models) > 1:
+        raise WarmupSetupError(
+            f"this machine mixes GPU models ({', '.join(models)}): a warm-up must run on {need} GPU(s) of exactly"
+            " the training nodes' model"
+        )
+    if gpus.count != need:
+        raise WarmupSetupError(
+            f"topology {topology} needs D = {need} GPU(s) per process, but this machine has {gpus.count}"
+            f" {models[0]}: D must equal the local GPU count (the cache only serves nodes with the same GPU model"
+            f" and count); run on a node with {need} {models[0]} or use topology"
+            f" {topology.slices}x{topology.hosts}x{gpus.count} if the training nodes have {gpus.count}"
+        )
+    return BackendPlan("gpu", topology, gpu_model=models[0])
+
+
+def configure_backend(plan: BackendPlan) -> None:
+    """Apply the plan to JAX. Raises if the backend already started (the mock would silently do nothing)."""
+    import jax
+
+    from jaxcache.client.jaxsetup import backend_ready
+
+    if backend_ready():
+        raise WarmupSetupError("JAX's backend started before the warm-up configured it; nothing was compiled")
+    for name, value in plan.jax_settings().items():
+        jax.config.update(name, value)
+
+
+def check_started_backend(plan: BackendPlan) -> None:
+    """After the backend starts: does JAX see the topology it was asked to mock?"""
+    import jax
+
+    expected_local, expected_global = plan.topology.devices, plan.topology.global_devices
+    local, total = jax.local_device_count(), jax.device_count()
+    if (local, total) != (expected_local, expected_global) or jax.process_count() != plan.topology.processes:
+        raise WarmupSetupError(
+            f"JAX started with {local} local / {total} global devices and {jax.process_count()} processes, not"
+            f" the {expected_local} / {expected_global} and {plan.topology.processes} of {plan.topology}"
+        )
