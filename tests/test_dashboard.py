@@ -31,7 +31,7 @@ from jaxcache import entry as fmt
 from jaxcache.records import Fingerprint, KeyUsage, RunRecord
 from jaxcache.service.app import create_app
 from jaxcache.service.dashboard import format as dfmt
-from jaxcache.service.dashboard import routes
+from jaxcache.service.dashboard import site
 from jaxcache.service.settings import ServiceSettings
 
 ROOT = Path(__file__).parent.parent
@@ -222,10 +222,10 @@ def test_pages_need_a_token_when_tokens_are_configured(app_client):
     bad = app_client.get("/caches/demo", headers={"Authorization": "Bearer nope"})
     assert bad.status_code == 401 and "unknown token" in bad.text
     # A cookie the service no longer accepts goes back to the login form and is dropped.
-    app_client.cookies.set(routes.COOKIE, "rotated-away")
+    app_client.cookies.set(site.COOKIE, "rotated-away")
     r = app_client.get("/caches/demo")
     assert r.status_code == 303 and "expired=1" in r.headers["location"]
-    assert routes.COOKIE in r.headers["set-cookie"] and "Max-Age=0" in r.headers["set-cookie"]
+    assert site.COOKIE in r.headers["set-cookie"] and "Max-Age=0" in r.headers["set-cookie"]
     app_client.cookies.clear()
     # Changing things without a token: 401, as HTML.
     r = app_client.post("/caches/demo/prune", data={"corrupt": "on", "confirm": "demo"})
@@ -239,7 +239,7 @@ def test_login_sets_a_strict_httponly_cookie(app_client):
     r = app_client.post("/login", data={"token": READ, "next": "/caches/demo/jobs"})
     assert r.status_code == 303 and r.headers["location"] == "/caches/demo/jobs"
     cookie = r.headers["set-cookie"]
-    assert cookie.startswith(f"{routes.COOKIE}={READ};")
+    assert cookie.startswith(f"{site.COOKIE}={READ};")
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
     assert app_client.get("/caches/demo/jobs").status_code == 200
     # The API itself does not take the cookie: it wants the header.
@@ -315,7 +315,7 @@ def test_prune_apply_needs_admin_confirmation_and_the_form_token(app_client, see
     assert r.status_code == 400 and "type the cache name" in r.text
     assert listing(seeded) == before
     # The form token of another cache does not pass either.
-    assert csrf != app_client.app.state.dashboard.csrf(routes.Viewer("x", "admin", ADMIN, "cookie", True), "prune:x")
+    assert csrf != app_client.app.state.dashboard.csrf(site.Viewer("x", "admin", ADMIN, "cookie", True), "prune:x")
     r = app_client.post("/caches/demo/prune", data={**form, "csrf": csrf})
     assert r.status_code == 303 and r.headers["location"].startswith("/caches/demo/prune?applied=")
     assert listing(seeded) == before - torn

@@ -17,6 +17,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from conftest import settled
 from jaxcache.service.app import create_app
 from jaxcache.service.catalog import queries
+from jaxcache.service.catalog.queries import listing
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
 from jaxcache.service.tasks import rescan as rescan_mod
@@ -126,7 +127,7 @@ def test_listing_pages_are_index_ranges(tmp_path, sort, desc, has_cursor):
     """Every sort, either order, first or later page: SQLite walks an index (no sort of the whole cache, which
     made a page by compile time cost 200 ms at 100k entries)."""
     catalog = Catalog(f"sqlite:///{tmp_path / 'c.sqlite'}")
-    statement = queries._page_statement("sqlite", sort, desc, has_cursor, ())
+    statement = listing._page_statement("sqlite", sort, desc, has_cursor, ())
     compiled = statement.compile(dialect=sqlite_dialect.dialect())
     params = {**compiled.params, "cache": "c", "page_limit": 101, "after_key": "k", "after_value": 1}
     db = sqlite3.connect(tmp_path / "c.sqlite")
@@ -139,7 +140,7 @@ def test_listing_pages_are_index_ranges(tmp_path, sort, desc, has_cursor):
 
 def test_a_function_filter_listed_by_name_walks_the_key(tmp_path):
     catalog = Catalog(f"sqlite:///{tmp_path / 'c.sqlite'}")
-    statement = queries._page_statement("sqlite", "name", False, False, ("function", "prefix"))
+    statement = listing._page_statement("sqlite", "name", False, False, ("function", "prefix"))
     compiled = statement.compile(dialect=sqlite_dialect.dialect())
     params = {**compiled.params, "cache": "c", "page_limit": 101, "fn_pattern": "jit_train*", "fn_lo": "jit_train",
               "fn_hi": "jit_trainz"}
@@ -202,14 +203,14 @@ def test_the_page_cache_can_be_turned_off(tmp_path, cache_copy):
 
 
 def test_statistics_older_than_a_minute_are_answered_while_they_are_recomputed(served, monkeypatch):
-    import jaxcache.service.app as app_module
+    import jaxcache.service.state as state_module
 
     client, db = served
     state = client.app.state.jaxcache
     before = client.get("/v1/caches/demo/stats", headers=H_READ).json()
     key = client.get("/v1/caches/demo/entries?limit=1", headers=H_READ).json()["entries"][0]["key"]
     _remove_row_behind_the_service(db, key)
-    monkeypatch.setattr(app_module, "_STATS_TTL_S", 0.0)  # every value is now due for a refresh
+    monkeypatch.setattr(state_module, "_STATS_TTL_S", 0.0)  # every value is now due for a refresh
     assert client.get("/v1/caches/demo/stats", headers=H_READ).json()["entries"] == before["entries"]  # no wait
     for _ in range(200):  # the refresh thread
         if not state._refreshing:

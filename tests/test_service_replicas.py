@@ -27,7 +27,8 @@ from jaxcache.records import RunRecord
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLocks, LockBusyError
 from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
-from jaxcache.service.ingestion.reports import ingest, recompute
+from jaxcache.service.ingestion.aggregates import recompute
+from jaxcache.service.ingestion.reports import ingest
 from jaxcache.service.tasks.rescan import rescan
 from jaxcache.storage import open_storage
 from test_service_reports import hit, keys_of, run, write

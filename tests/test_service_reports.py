@@ -603,7 +603,8 @@ def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_
 
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
-    from jaxcache.service.ingestion.reports import ingest, recompute
+    from jaxcache.service.ingestion.aggregates import recompute
+    from jaxcache.service.ingestion.reports import ingest
     from jaxcache.service.tasks.rescan import rescan as do_rescan
     from jaxcache.storage import open_storage
 

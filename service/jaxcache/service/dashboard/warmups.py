@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select
 
 from jaxcache.service.catalog.models import EntryRow
-from jaxcache.service.ingestion import warmups as catalog_warmups
+from jaxcache.service.catalog.queries import coverage as catalog_warmups
 
 
 def _page_fields(w: dict) -> dict:

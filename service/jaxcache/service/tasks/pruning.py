@@ -12,12 +12,11 @@ import time
 from sqlalchemy import select
 
 from jaxcache import prune
-from jaxcache.errors import InvalidInputError
 from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLock, ClusterLocks
 from jaxcache.service.catalog.models import EntryRow, PinRow, PruneRow
-from jaxcache.service.schemas import PlannedDeletion, PruneRequest, PruneResponse
+from jaxcache.service.catalog.queries import verdicts as verdicts_q
 from jaxcache.service.tasks import verification
 from jaxcache.service.tasks.rescan import rescan
 from jaxcache.storage import Storage
@@ -37,24 +36,11 @@ class PruneLocks:
         return self._locks.get(f"prune:{cache}")
 
 
-def policy_of(body: PruneRequest) -> tuple[prune.PrunePolicy, dict]:
-    """The policy a request asks for, and its fields as the audit log keeps them. Raises InvalidInputError, also
-    for a policy that selects nothing (the API and the dashboard both refuse it)."""
-    data = body.model_dump(exclude={"dry_run"}, exclude_none=True)
-    # Drop unset flags and empty lists, but keep zeros: `min_age: 0` and `max_total_bytes: 0` mean something.
-    data = {k: v for k, v in data.items() if v is not False and v != []}
-    policy = prune.policy_from_mapping(data)
-    if not policy.selects_anything():
-        raise InvalidInputError("the policy selects nothing: set max_total_bytes, unused_for, older_than, "
-                                "functions, corrupt, orphans, stale_jaxlib or integrity")
-    return policy, data
-
-
 def _candidates(catalog: Catalog, cache: str, *, with_integrity: bool = False) -> list[prune.Candidate]:
     verdicts: dict[str, str] = {}
     if with_integrity:
         with catalog.reader() as conn:
-            verdicts = verification.classes_of(conn, cache)
+            verdicts = verdicts_q.classes_of(conn, cache)
     with catalog.session() as s:
         rows = s.execute(
             select(EntryRow.key, EntryRow.module, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
@@ -126,26 +112,3 @@ def run_prune(
         return Outcome(plan, result, audit_id)
     finally:
         lock.release()
-
-
-def _planned(decisions: list[prune.Decision]) -> list[PlannedDeletion]:
-    return [
-        PlannedDeletion(
-            key=d.candidate.key, function=d.candidate.module, size_bytes=d.candidate.size_bytes,
-            kind="orphan" if d.candidate.orphan else "entry", reasons=list(d.reasons),
-        )
-        for d in decisions
-    ]
-
-
-def response(outcome: Outcome, *, dry_run: bool) -> PruneResponse:
-    """What the API answers (and the dashboard shows) for a planned or applied prune."""
-    plan, result = outcome.plan, outcome.result
-    return PruneResponse(
-        dry_run=dry_run, entries_total=plan.entries_total, delete=_planned(plan.delete),
-        protected=_planned(plan.protected), kept=plan.kept, bytes_freed=plan.bytes_freed,
-        bytes_remaining=plan.bytes_remaining,
-        deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
-        changed=result.changed if result else None, errors=result.errors if result else [],
-        audit_id=outcome.audit_id, notes=plan.notes,
-    )

@@ -21,7 +21,8 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow, EntryRow
 from jaxcache.service.ingestion import warmups
-from jaxcache.service.ingestion.reports import EMPTY, key_stats, scan_records
+from jaxcache.service.ingestion.aggregates import EMPTY, key_stats
+from jaxcache.service.ingestion.runfiles import scan_records
 from jaxcache.storage import ObjectInfo, Storage
 from jaxcache.storage.base import Stat
 

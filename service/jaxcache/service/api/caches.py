@@ -1,0 +1,44 @@
+"""Caches: the configured roots, their statistics, and rescans on demand."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+
+from jaxcache.service.api.deps import ERRORS, AdminAuth, CacheName, ReadAuth, state_of, storage_of
+from jaxcache.service.api.schemas.caches import CacheList, CacheSummary, RescanModel, StatsModel
+from jaxcache.service.api.schemas.common import ErrorModel
+
+router = APIRouter(tags=["caches"], responses=ERRORS)
+
+#: How long POST /v1/caches/{cache}/rescan waits for a rescan another replica is running before it answers 409.
+RESCAN_WAIT_S = 60.0
+
+
+@router.get("/v1/caches", response_model=CacheList, operation_id="listCaches")
+def list_caches(request: Request, _p: ReadAuth) -> CacheList:
+    """Every configured cache with its size and last scan."""
+    return CacheList(caches=[CacheSummary(**asdict(c)) for c in state_of(request).caches()])
+
+
+@router.get("/v1/caches/{cache}/stats", response_model=StatsModel, operation_id="getStats")
+def get_stats(request: Request, cache: CacheName, _p: ReadAuth) -> StatsModel:
+    """Totals, by function, by compression, growth per day, corrupt entries and orphans; hit rate and seconds
+    saved over the last 24 h and 7 d (processes whose run records were updated within the window)."""
+    storage_of(request, cache)
+    return StatsModel(**state_of(request).stats(cache))
+
+
+@router.post("/v1/caches/{cache}/rescan", response_model=RescanModel, operation_id="rescan",
+             responses={409: {"model": ErrorModel, "description": "another replica has been rescanning this cache "
+                                                                  "for a minute: try again when it ends"}})
+async def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> RescanModel:
+    """Rescan one cache now (background rescans run every JAXCACHE_RESCAN_S seconds): entries, and the run
+    records under .jaxcache/runs/ that are new or changed."""
+    storage_of(request, cache)
+    r = await run_in_threadpool(state_of(request).rescan, cache, wait_s=RESCAN_WAIT_S)
+    return RescanModel(cache=r.cache, added=r.added, removed=r.removed, updated=r.updated, entries=r.entries,
+                       seconds=r.seconds, records_ingested=r.records_ingested,
+                       records_malformed=r.records_malformed, warmups_ingested=r.warmups_ingested)

@@ -1,0 +1,99 @@
+"""Entries: a listing page (the hottest route), one entry with the jobs that used it, and deleting one."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import orjson
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from sqlalchemy import delete
+
+from jaxcache import entry as fmt
+from jaxcache.service.api.deps import (
+    ERRORS,
+    AdminAuth,
+    CacheName,
+    EntryKey,
+    ReadAuth,
+    check_key,
+    duration,
+    state_of,
+    storage_of,
+)
+from jaxcache.service.api.schemas.entries import EntryDetail, EntryJobModel, EntryPage
+from jaxcache.service.catalog import queries
+from jaxcache.service.catalog.models import EntryRow
+
+router = APIRouter(tags=["entries"], responses=ERRORS)
+
+
+@router.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries")
+async def list_entries(
+    request: Request, cache: CacheName, _p: ReadAuth,
+    function: Annotated[str | None, Query(max_length=256, description="glob over function names")] = None,
+    min_size: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+    max_size: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+    unused_for: Annotated[str | None, Query(max_length=32, description="e.g. 14d", examples=["14d"])] = None,
+    older_than: Annotated[str | None, Query(max_length=32, examples=["30d"])] = None,
+    status: Literal["ok", "corrupt"] | None = None,
+    job: Annotated[str | None, Query(max_length=200, description="entries this job wrote or hit")] = None,
+    jaxlib: Annotated[str | None, Query(max_length=200, description="the first writer's jaxlib version",
+                                        examples=["0.12.0"])] = None,
+    topology: Annotated[str | None, Query(max_length=200, description="the first writer's topology",
+                                          examples=["4x8x1"])] = None,
+    sort: Literal["size", "compile", "last_used", "created", "name", "hits"] = "name",
+    order: Literal["asc", "desc"] = "asc",
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=2048)] = None,
+) -> Response:
+    """A page of entries, filtered and sorted; follow `next_cursor` for the rest."""
+    state = state_of(request)
+    storage_of(request, cache)
+    generation = state.pages.generation(cache)
+    flt = queries.EntryFilter(
+        function=function, min_size=min_size, max_size=max_size,
+        unused_for_s=duration(unused_for, "unused_for"), older_than_s=duration(older_than, "older_than"),
+        status=status, job=job, jaxlib=jaxlib, topology=topology,
+    )
+    with state.catalog.reader() as conn:
+        rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=cursor)
+    # The hot route: rows become JSON directly (the same fields as EntryModel, which documents them);
+    # validating 100 models per request would cost more than the query, and orjson is 20x the json module.
+    body = orjson.dumps({"entries": [queries.page_entry(r) for r in rows], "next_cursor": nxt})
+    state.pages.put(cache, request.scope["query_string"], body, generation)
+    return Response(body, media_type="application/json")
+
+
+@router.get("/v1/caches/{cache}/entries/{key}", response_model=EntryDetail, operation_id="getEntry")
+def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -> EntryDetail:
+    """One entry, with every job that reported it."""
+    storage_of(request, cache)
+    check_key(key)
+    with state_of(request).catalog.reader() as conn:
+        found = queries.entry_detail(conn, cache, key)
+    if found is None:
+        raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
+    entry, jobs, verdict = found
+    checked = {} if verdict is None else dict(
+        integrity=verdict.classification, integrity_reasons=verdict.reasons, sha256=verdict.sha256,
+        attested_by=verdict.attested_by)
+    return EntryDetail(**entry, jobs=[EntryJobModel(**j) for j in jobs], **checked)
+
+
+@router.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry")
+def delete_entry(request: Request, cache: CacheName, key: EntryKey, _p: AdminAuth) -> Response:
+    """Delete one entry (its -cache, then its -atime). Jobs that need it recompile and write it again."""
+    state = state_of(request)
+    storage = storage_of(request, cache)
+    check_key(key)
+    with state.catalog.session() as s:
+        row = s.get(EntryRow, (cache, key, "entry"))
+        generation = row.generation if row else None
+    existed = storage.delete(fmt.cache_name(key), if_generation=generation)
+    storage.delete(fmt.atime_name(key))
+    with state.catalog.session() as s:
+        s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.key == key))
+    state.changed(cache)
+    if not existed and row is None:
+        raise HTTPException(404, f"no entry {key!r} in {cache!r}")
+    return Response(status_code=204)

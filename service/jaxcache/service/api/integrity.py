@@ -1,0 +1,58 @@
+"""Integrity: passes on demand, and the verdicts by cache or by the root a job names."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+
+from jaxcache.errors import InvalidInputError
+from jaxcache.service.api.deps import ERRORS, AdminAuth, CacheName, ReadAuth, ReadOrReportAuth, state_of, storage_of
+from jaxcache.service.api.schemas.common import ErrorModel
+from jaxcache.service.api.schemas.integrity import IntegritySummary, VerifyRequest, VerifyResult
+from jaxcache.service.catalog.queries import verdicts
+from jaxcache.service.ingestion import routing
+
+router = APIRouter(tags=["integrity"], responses=ERRORS)
+
+
+@router.post("/v1/caches/{cache}/verify", response_model=VerifyResult, operation_id="verify")
+async def post_verify(request: Request, cache: CacheName, _p: AdminAuth,
+                      body: VerifyRequest | None = None) -> VerifyResult:
+    """Verify entries now, unthrottled: new, changed and pending ones (or all with `recheck_all`). Each is
+    read, compared with its writer's digest and its embedded program name, and classified ok, tampered,
+    mismatched, corrupt, pending (younger than JAXCACHE_VERIFY_MIN_AGE_S) or unattested. The background pass
+    does the same, throttled to JAXCACHE_VERIFY_BYTES_PER_S."""
+    storage_of(request, cache)
+    body = body or VerifyRequest()
+    r = await run_in_threadpool(partial(state_of(request).verify, cache, max_entries=body.max_entries,
+                                        recheck_all=body.recheck_all))
+    return VerifyResult(cache=r.cache, checked=r.checked, bytes_read=r.bytes_read, counts=r.counts,
+                        remaining=r.remaining, seconds=r.seconds)
+
+
+@router.get("/v1/caches/{cache}/integrity", response_model=IntegritySummary, operation_id="getIntegrity")
+def get_integrity(request: Request, cache: CacheName, _p: ReadAuth) -> IntegritySummary:
+    """Integrity of the cache's entries by class, and every tampered, mismatched, corrupt or pending one."""
+    storage_of(request, cache)
+    with state_of(request).catalog.reader() as conn:
+        return IntegritySummary(**verdicts.summary(conn, cache))
+
+
+@router.get("/v1/integrity", response_model=IntegritySummary, operation_id="getIntegrityByDir",
+            responses={422: {"model": ErrorModel, "description": "cache_dir names no configured cache"}})
+def get_integrity_by_dir(
+    request: Request, _p: ReadOrReportAuth,
+    cache_dir: Annotated[str, Query(max_length=1024, description="a cache root as a job spells it")],
+) -> IntegritySummary:
+    """The same summary, for the cache whose root is `cache_dir`: what `enable_cache(verify="attested")` asks
+    before a job starts. A `report` token (the job's) is enough."""
+    state = state_of(request)
+    try:
+        name = routing.cache_for_dir(cache_dir, state.roots)
+    except InvalidInputError as exc:
+        raise HTTPException(422, str(exc)) from None
+    with state.catalog.reader() as conn:
+        return IntegritySummary(**verdicts.summary(conn, name))

@@ -1,0 +1,101 @@
+"""Prunes and pins: plan or apply a policy, the audit log, and the keys or globs that prunes never delete."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy import delete, select
+
+from jaxcache.service.api.deps import ERRORS, AdminAuth, CacheName, ReadAuth, state_of, storage_of
+from jaxcache.service.api.schemas.common import ErrorModel
+from jaxcache.service.api.schemas.prune import (
+    PinList,
+    PinModel,
+    PruneAudit,
+    PruneAuditList,
+    PruneRequest,
+    PruneResponse,
+    policy_of,
+    response_of,
+)
+from jaxcache.service.catalog import queries
+from jaxcache.service.catalog.models import PinRow
+from jaxcache.service.tasks.pruning import PruneInProgressError
+
+router = APIRouter(tags=["prune"], responses=ERRORS)
+
+_MAX_PATTERN = 256
+
+
+@router.post("/v1/caches/{cache}/prune", response_model=PruneResponse, operation_id="prune",
+             responses={409: {"model": ErrorModel, "description": "a prune of this cache is running (on any replica)"}})
+async def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneResponse:
+    """Plan a prune (default: dry run) or, with `dry_run: false` and an admin token, apply it."""
+    state = state_of(request)
+    principal = state.auth.check(request, "read" if body.dry_run else "admin")
+    storage_of(request, cache)
+    policy, policy_json = policy_of(body)
+    try:
+        outcome = await run_in_threadpool(state.prune, cache, policy, policy_json=policy_json,
+                                          dry_run=body.dry_run, who=principal.who)
+    except PruneInProgressError:
+        raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
+                                 "service); try again when it ends") from None
+    return response_of(outcome, dry_run=body.dry_run)
+
+
+@router.get("/v1/caches/{cache}/prunes", response_model=PruneAuditList, operation_id="listPrunes")
+def list_prunes(request: Request, cache: CacheName, _p: ReadAuth,
+                limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> PruneAuditList:
+    """Applied prunes, newest first: who, when, policy, counts, bytes."""
+    storage_of(request, cache)
+    with state_of(request).catalog.reader() as conn:
+        return PruneAuditList(prunes=[PruneAudit(**r) for r in queries.prunes(conn, cache, limit=limit)])
+
+
+@router.get("/v1/caches/{cache}/pins", response_model=PinList, operation_id="listPins")
+def list_pins(request: Request, cache: CacheName, _p: ReadAuth) -> PinList:
+    """Keys and globs that prunes never delete."""
+    storage_of(request, cache)
+    with state_of(request).catalog.session() as s:
+        rows = s.scalars(select(PinRow).where(PinRow.cache == cache).order_by(PinRow.pattern))
+        return PinList(pins=[PinModel(pattern=r.pattern, created_s=r.created_s, created_by=r.created_by)
+                             for r in rows])
+
+
+def _check_pattern(pattern: str) -> str:
+    if not pattern or len(pattern) > _MAX_PATTERN or "/" in pattern or "\x00" in pattern:
+        raise HTTPException(400, "a pin is an entry key or a glob over keys and function names, "
+                                 f"1-{_MAX_PATTERN} characters, without '/'")
+    return pattern
+
+
+@router.put("/v1/caches/{cache}/pins/{pattern}", response_model=PinModel, operation_id="putPin")
+def put_pin(request: Request, cache: CacheName, pattern: str, p: AdminAuth) -> PinModel:
+    """Protect entries matching `pattern` (a key, or a glob such as `jit_train*`) from every prune."""
+    storage_of(request, cache)
+    _check_pattern(pattern)
+    catalog = state_of(request).catalog
+    with catalog.session() as s:
+        # An upsert that keeps the first pin: two replicas may get the same PUT.
+        s.execute(catalog.insert(PinRow)
+                  .values(cache=cache, pattern=pattern, created_s=time.time(), created_by=p.who)
+                  .on_conflict_do_nothing(index_elements=["cache", "pattern"]))
+        row = s.get(PinRow, (cache, pattern))
+        assert row is not None
+        return PinModel(pattern=row.pattern, created_s=row.created_s, created_by=row.created_by)
+
+
+@router.delete("/v1/caches/{cache}/pins/{pattern}", status_code=204, operation_id="deletePin")
+def delete_pin(request: Request, cache: CacheName, pattern: str, _p: AdminAuth) -> Response:
+    """Remove a pin."""
+    storage_of(request, cache)
+    _check_pattern(pattern)
+    with state_of(request).catalog.session() as s:  # a write without a read first: see tasks/rescan.py
+        gone = s.execute(delete(PinRow).where(PinRow.cache == cache, PinRow.pattern == pattern)).rowcount
+    if not gone:
+        raise HTTPException(404, f"no pin {pattern!r} on {cache!r}")
+    return Response(status_code=204)

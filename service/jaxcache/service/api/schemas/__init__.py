@@ -1,0 +1,1 @@
+"""Pydantic models at the API's edge, one module per resource: what clients send and receive."""

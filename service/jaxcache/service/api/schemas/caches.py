@@ -1,0 +1,83 @@
+"""The caches and their statistics, as the API answers them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class CacheSummary(BaseModel):
+    name: str = Field(examples=["prod"])
+    url: str = Field(examples=["gs://ml-jax-cache/prod"])
+    entries: int
+    size_bytes: int
+    last_scan_s: float | None = Field(None, description="Unix time of the last completed scan")
+    last_scan_seconds: float | None = None
+    last_scan_error: str | None = None
+
+
+class CacheList(BaseModel):
+    caches: list[CacheSummary]
+
+
+class FunctionStatsModel(BaseModel):
+    function: str
+    entries: int
+    size_bytes: int
+    compile_seconds: int
+
+
+class FunctionSavedModel(BaseModel):
+    function: str
+    entries: int = Field(description="entries of the function that saved time")
+    hits: int
+    saved_s: float = Field(description="compile seconds their reported hits saved")
+
+
+class GrowthPoint(BaseModel):
+    day: str = Field(examples=["2026-11-30"])
+    entries: int
+    size_bytes: int
+
+
+class UsageWindowModel(BaseModel):
+    since_s: float = Field(description="start of the window (Unix time)")
+    jobs: int
+    runs: int
+    processes: int
+    hits: int
+    misses: int = Field(description="programs compiled because the cache did not have them")
+    hit_rate: float | None = Field(None, description="hits / (hits + misses); null without lookups",
+                                   examples=[0.97])
+    saved_s: float = Field(description="compile seconds saved by hits")
+
+
+class StatsModel(BaseModel):
+    cache: str
+    entries: int
+    size_bytes: int
+    compile_seconds: int
+    corrupt: int
+    orphans: int
+    orphan_bytes: int
+    compression: dict[str, int]
+    mixed_compression: bool
+    by_function: list[FunctionStatsModel] = Field(description="top 100 functions by size")
+    functions_total: int
+    growth: list[GrowthPoint] = Field(description="entries and bytes created per day, last 30 days")
+    bytes_per_day: float = Field(description="mean bytes added per day over the last 7 days")
+    last_24h: UsageWindowModel = Field(description="processes whose run records were updated in the last 24 h")
+    last_7d: UsageWindowModel = Field(description="processes whose run records were updated in the last 7 days")
+    by_function_saved: list[FunctionSavedModel] = Field(
+        default_factory=list, description="top 100 functions by compile seconds their entries (in the cache now) saved")
+
+
+class RescanModel(BaseModel):
+    cache: str
+    added: int
+    removed: int
+    updated: int
+    entries: int
+    seconds: float
+    records_ingested: int = Field(0, description="run records read because they were new or changed")
+    records_malformed: int = Field(0, description="run records skipped as malformed (each logged once)")
+    warmups_ingested: int = Field(0, description="warm-up coverage records read because they were new or changed")

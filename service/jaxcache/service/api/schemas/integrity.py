@@ -1,0 +1,49 @@
+"""Integrity passes and verdicts."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class VerifyRequest(BaseModel):
+    """Options of an on-demand integrity pass."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_entries: int | None = Field(None, ge=1, le=10_000_000, description="stop after this many (resume later)")
+    recheck_all: bool = Field(False, description="forget stored verdicts and read every entry again")
+
+
+class VerifyResult(BaseModel):
+    cache: str
+    checked: int = Field(description="entries read and judged by this pass")
+    bytes_read: int
+    counts: dict[str, int] = Field(description="this pass's verdicts by class")
+    remaining: int = Field(description="entries still to verify (new, changed, pending, or beyond max_entries)")
+    seconds: float
+
+
+class IntegrityProblem(BaseModel):
+    key: str
+    class_: str = Field(alias="class", description="tampered, mismatched, corrupt or pending")
+    classes: list[str] = Field(description="every class that applies, most severe first")
+    reasons: list[str]
+    sha256: str | None = None
+    attested_sha256: str | None = None
+    attested_by: str | None = None
+    embedded_module: str | None = None
+    checked_s: float
+
+
+class IntegritySummary(BaseModel):
+    """Integrity of a cache's entries, from the last verification of each."""
+
+    cache: str
+    entries: int
+    verified: int
+    unverified: int = Field(description="entries not verified yet (new since the last pass)")
+    attested: int = Field(description="entries with a digest recorded by their writer")
+    counts: dict[str, int] = Field(description="ok, tampered, mismatched, corrupt, pending, unattested",
+                                   examples=[{"ok": 120, "tampered": 1, "mismatched": 0, "corrupt": 2,
+                                              "pending": 0, "unattested": 40}])
+    last_checked_s: float | None = None
+    problems: list[IntegrityProblem] = Field(description="tampered, mismatched, corrupt and pending entries")

@@ -1,0 +1,122 @@
+"""Prune policies, plans and results, the audit log and pins."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jaxcache import prune
+from jaxcache.errors import InvalidInputError
+from jaxcache.service.tasks.pruning import Outcome
+
+
+class PruneRequest(BaseModel):
+    """A prune policy. Unknown fields are rejected: a typo must not silently widen a prune."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"max_total_bytes": "50GiB", "unused_for": "14d", "corrupt": True}]},
+    )
+
+    dry_run: bool = Field(True, description="only report what would be deleted (the default)")
+    max_total_bytes: int | str | None = Field(None, description="evict least recently used until under this")
+    unused_for: float | str | None = Field(None, description="seconds or a duration like 14d")
+    older_than: float | str | None = Field(None, description="created longer ago than this")
+    functions: list[str] = Field(default_factory=list, description="globs over function names")
+    corrupt: bool = False
+    orphans: bool = False
+    keep: list[str] = Field(default_factory=list, description="keys or globs never to delete (besides pins)")
+    min_age: float | str | None = Field(None, description="grace period, default 1h: younger entries stay")
+    stale_jaxlib: bool = Field(False, description="entries whose first writer's jaxlib no run used within "
+                                                  "stale_jaxlib_window (they can never hit again)")
+    stale_jaxlib_window: float | str | None = Field(None, description="default 14d; only with stale_jaxlib")
+    integrity: list[Literal["tampered", "mismatched", "corrupt"]] = Field(
+        default_factory=list, description="entries whose integrity verdict is one of these (an integrity pass runs "
+                                          "first over entries not yet judged)")
+
+
+class PlannedDeletion(BaseModel):
+    key: str
+    function: str
+    size_bytes: int
+    kind: Literal["entry", "orphan"]
+    reasons: list[str]
+
+
+class PruneResponse(BaseModel):
+    dry_run: bool
+    entries_total: int
+    delete: list[PlannedDeletion]
+    protected: list[PlannedDeletion] = Field(description="selected by a rule but kept; reasons say why")
+    kept: int = Field(description="entries no rule selected")
+    bytes_freed: int
+    bytes_remaining: int
+    deleted: int | None = Field(None, description="applied prunes: entries really deleted")
+    already_gone: int | None = None
+    changed: int | None = Field(None, description="replaced since listed (generation changed): left alone")
+    errors: list[str] = Field(default_factory=list)
+    audit_id: int | None = None
+    notes: list[str] = Field(default_factory=list, description="rules that could not select, and why")
+
+
+class PruneAudit(BaseModel):
+    id: int
+    at_s: float
+    who: str
+    policy: dict
+    deleted: int
+    bytes_freed: int
+    already_gone: int
+    changed: int
+    errors: list[str]
+
+
+class PruneAuditList(BaseModel):
+    prunes: list[PruneAudit]
+
+
+class PinModel(BaseModel):
+    pattern: str
+    created_s: float
+    created_by: str
+
+
+class PinList(BaseModel):
+    pins: list[PinModel]
+
+
+def policy_of(body: PruneRequest) -> tuple[prune.PrunePolicy, dict[str, Any]]:
+    """The policy a request asks for, and its fields as the audit log keeps them. Raises InvalidInputError, also
+    for a policy that selects nothing (the API and the dashboard both refuse it)."""
+    data = body.model_dump(exclude={"dry_run"}, exclude_none=True)
+    # Drop unset flags and empty lists, but keep zeros: `min_age: 0` and `max_total_bytes: 0` mean something.
+    data = {k: v for k, v in data.items() if v is not False and v != []}
+    policy = prune.policy_from_mapping(data)
+    if not policy.selects_anything():
+        raise InvalidInputError("the policy selects nothing: set max_total_bytes, unused_for, older_than, "
+                                "functions, corrupt, orphans, stale_jaxlib or integrity")
+    return policy, data
+
+
+def _planned(decisions: list[prune.Decision]) -> list[PlannedDeletion]:
+    return [
+        PlannedDeletion(
+            key=d.candidate.key, function=d.candidate.module, size_bytes=d.candidate.size_bytes,
+            kind="orphan" if d.candidate.orphan else "entry", reasons=list(d.reasons),
+        )
+        for d in decisions
+    ]
+
+
+def response_of(outcome: Outcome, *, dry_run: bool) -> PruneResponse:
+    """What the API answers (and the dashboard shows) for a planned or applied prune."""
+    plan, result = outcome.plan, outcome.result
+    return PruneResponse(
+        dry_run=dry_run, entries_total=plan.entries_total, delete=_planned(plan.delete),
+        protected=_planned(plan.protected), kept=plan.kept, bytes_freed=plan.bytes_freed,
+        bytes_remaining=plan.bytes_remaining,
+        deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
+        changed=result.changed if result else None, errors=result.errors if result else [],
+        audit_id=outcome.audit_id, notes=plan.notes,
+    )

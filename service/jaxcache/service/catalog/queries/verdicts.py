@@ -1,0 +1,51 @@
+"""Integrity verdicts as the catalog holds them: counts by class, attested and unverified entries, problems."""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, func, select
+from sqlalchemy.engine import Connection
+
+from jaxcache import integrity
+from jaxcache.service.catalog.models import AttestationRow, EntryRow, VerificationRow
+
+
+def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
+    """Counts by class, how many entries are attested and unverified, and the bad entries with reasons."""
+    v = VerificationRow
+    current = and_(v.cache == EntryRow.cache, v.key == EntryRow.key)
+    counts = {c: 0 for c in integrity.CLASSES}
+    rows = conn.execute(
+        select(v.classification, func.count()).join(EntryRow, current)
+        .where(EntryRow.cache == cache, EntryRow.kind == "entry").group_by(v.classification))
+    for cls, n in rows:
+        counts[cls] = n
+    total = conn.execute(select(func.count()).select_from(EntryRow)
+                         .where(EntryRow.cache == cache, EntryRow.kind == "entry")).scalar_one()
+    attested = conn.execute(
+        select(func.count()).select_from(EntryRow)
+        .join(AttestationRow, and_(AttestationRow.cache == EntryRow.cache, AttestationRow.key == EntryRow.key))
+        .where(EntryRow.cache == cache, EntryRow.kind == "entry")).scalar_one()
+    last = conn.execute(select(func.max(v.checked_s)).where(v.cache == cache)).scalar_one()
+    bad = conn.execute(
+        select(v.key, v.classification, v.classes, v.reasons, v.sha256, v.attested_sha256, v.attested_by,
+               v.embedded_module, v.checked_s)
+        .join(EntryRow, current)
+        .where(EntryRow.cache == cache, EntryRow.kind == "entry",
+               v.classification.in_(integrity.BAD_CLASSES + (integrity.PENDING,)))
+        .order_by(v.classification, v.key).limit(limit)).all()
+    return {
+        "cache": cache,
+        "entries": total,
+        "verified": sum(counts.values()),
+        "unverified": total - sum(counts.values()),
+        "attested": attested,
+        "counts": counts,
+        "last_checked_s": last,
+        "problems": [dict(r._mapping) | {"class": r.classification} for r in bad],
+    }
+
+
+def classes_of(conn: Connection, cache: str) -> dict[str, str]:
+    """``{key: class}`` of every verified entry (for prune policies)."""
+    v = VerificationRow
+    return {r.key: r.classification for r in conn.execute(select(v.key, v.classification).where(v.cache == cache))}

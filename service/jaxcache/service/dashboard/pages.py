@@ -1,0 +1,179 @@
+"""The dashboard's pages that read: caches, overview, entries, an entry, jobs, a job, warm-ups; and signing in."""
+
+from __future__ import annotations
+
+from fastapi import HTTPException, Request
+from fastapi.responses import RedirectResponse, Response
+from fastapi.routing import APIRouter
+
+from jaxcache import entry as entry_fmt
+from jaxcache.errors import InvalidInputError
+from jaxcache.service.catalog import queries
+from jaxcache.service.catalog.queries import verdicts
+from jaxcache.service.dashboard import format as fmt
+from jaxcache.service.dashboard import warmups
+from jaxcache.service.dashboard.forms import read_form
+from jaxcache.service.dashboard.site import (
+    COOKIE,
+    COOKIE_MAX_AGE_S,
+    ENTRY_FILTERS,
+    ENTRY_SORTS,
+    Dashboard,
+    ToLogin,
+    Viewer,
+    credential,
+    html_route,
+    safe_next,
+)
+from jaxcache.units import parse_bytes, parse_duration
+
+
+def routes(dash: Dashboard) -> APIRouter:
+    """The reading pages of ``dash``."""
+    state = dash.state
+    router = APIRouter(route_class=html_route(dash), include_in_schema=False)
+
+    @router.get("/")
+    def index(request: Request) -> Response:
+        viewer = dash.viewer(request)
+        return dash.render(request, "index.html", viewer=viewer, summaries=state.caches())
+
+    @router.get("/login")
+    def login_form(request: Request, next: str = "/", expired: str | None = None) -> Response:
+        token, source = credential(request)
+        current = None
+        if token is not None:
+            try:
+                current = dash.viewer(request)
+            except (HTTPException, ToLogin):
+                current = None
+        message = "Your token is no longer accepted: sign in again." if expired else None
+        return dash.render(request, "login.html", viewer=current, next_url=safe_next(next), error=message)
+
+    @router.post("/login")
+    async def login(request: Request) -> Response:
+        form = await read_form(request)
+        if request.headers.get("sec-fetch-site") == "cross-site":
+            raise HTTPException(403, "sign in from this site's own login form")
+        token, next_url = form.get("token", "").strip(), safe_next(form.get("next"))
+        try:
+            state.auth.check_token(token or None, "read")
+        except HTTPException as exc:
+            message = ("Enter a token." if not token else "Unknown token." if exc.status_code == 401 else
+                       f"{exc.detail}: the dashboard needs a read or admin token.")
+            return dash.render(request, "login.html", status=exc.status_code if token else 400, viewer=None,
+                               next_url=next_url, error=message)
+        response = RedirectResponse(request.scope.get("root_path", "").rstrip("/") + next_url, 303)
+        response.set_cookie(COOKIE, token, max_age=COOKIE_MAX_AGE_S, path="/", httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")
+        return response
+
+    @router.post("/logout")
+    async def logout(request: Request) -> Response:
+        form = await read_form(request)
+        token, source = credential(request)
+        if source == "cookie":
+            viewer = Viewer(who="", scope=None, token=token, source=source, can_admin=False)
+            dash.check_form(request, viewer, form, "logout")
+        response = RedirectResponse(request.scope.get("root_path", "").rstrip("/") + "/login", 303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    @router.get("/caches/{cache}")
+    def overview(request: Request, cache: str) -> Response:
+        viewer = dash.viewer(request)
+        dash.cache_or_404(cache)
+        stats = state.stats(cache)  # exactly what GET /v1/caches/{cache}/stats answers
+        summary = next(c for c in state.caches() if c.name == cache)
+        chart = fmt.growth_chart(stats["growth"], stats["size_bytes"])
+        with state.catalog.reader() as conn:
+            integrity = verdicts.summary(conn, cache, limit=20)  # what GET .../integrity answers
+        return dash.render(request, "overview.html", viewer=viewer, cache=cache, section="overview", stats=stats,
+                           summary=summary, chart=chart, integrity=integrity)
+
+    @router.get("/caches/{cache}/entries")
+    def entries(request: Request, cache: str) -> Response:
+        viewer = dash.viewer(request)
+        dash.cache_or_404(cache)
+        q = request.query_params
+        form = {f: q.get(f, "").strip() for f in ENTRY_FILTERS}
+        sort = q.get("sort") if q.get("sort") in ENTRY_SORTS else "name"
+        order = q.get("order") if q.get("order") in ("asc", "desc") else "asc"
+        limit = int(q["limit"]) if q.get("limit", "").isdigit() and 1 <= int(q["limit"]) <= 1000 else 50
+        cursor = q.get("cursor") or None
+        error, rows, next_cursor = None, [], None
+        try:
+            if form["status"] not in ("", "ok", "corrupt"):
+                raise InvalidInputError("status: ok or corrupt")
+            flt = queries.EntryFilter(
+                function=form["function"] or None,
+                min_size=parse_bytes(form["min_size"]) if form["min_size"] else None,
+                max_size=parse_bytes(form["max_size"]) if form["max_size"] else None,
+                unused_for_s=parse_duration(form["unused_for"]) if form["unused_for"] else None,
+                older_than_s=parse_duration(form["older_than"]) if form["older_than"] else None,
+                status=form["status"] or None, job=form["job"] or None, jaxlib=form["jaxlib"] or None,
+                topology=form["topology"] or None,
+            )
+            with state.catalog.reader() as conn:
+                found, next_cursor = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit,
+                                                          cursor=cursor)
+            rows = [queries.page_entry(r) for r in found]
+        except InvalidInputError as exc:
+            error = str(exc)
+        params = {**form, "sort": sort, "order": order, "limit": limit}
+        return dash.render(request, "entries.html", status=400 if error else 200, viewer=viewer, cache=cache,
+                           section="entries", form=form, sort=sort, order=order, limit=limit, rows=rows,
+                           next_cursor=next_cursor, cursor=cursor, params=params, error=error)
+
+    @router.get("/caches/{cache}/entries/{key}")
+    def entry(request: Request, cache: str, key: str) -> Response:
+        viewer = dash.viewer(request)
+        dash.cache_or_404(cache)
+        if not entry_fmt.is_valid_key(key):
+            raise HTTPException(400, "malformed key: expected <function>-<64 lower-case hex>, as JAX names entries")
+        with state.catalog.reader() as conn:
+            found = queries.entry_detail(conn, cache, key)  # what GET /v1/caches/{cache}/entries/{key} shows
+        if found is None:
+            raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
+        entry, jobs, verdict = found
+        return dash.render(request, "entry.html", viewer=viewer, cache=cache, section="entries",
+                           e=entry, jobs=jobs, verdict=verdict)
+
+    @router.get("/caches/{cache}/jobs")
+    def jobs(request: Request, cache: str) -> Response:
+        viewer = dash.viewer(request)
+        dash.cache_or_404(cache)
+        with state.catalog.reader() as conn:
+            found = queries.jobs(conn, cache, limit=1000)
+        return dash.render(request, "jobs.html", viewer=viewer, cache=cache, section="jobs", jobs=found)
+
+    @router.get("/caches/{cache}/jobs/{job}")
+    def job(request: Request, cache: str, job: str) -> Response:
+        viewer = dash.viewer(request)
+        dash.cache_or_404(cache)
+        with state.catalog.reader() as conn:
+            found = queries.jobs(conn, cache, job=job, limit=1)
+            if not found:
+                raise HTTPException(404, f"no runs of job {job!r} reported on {cache!r}")
+            missed = queries.job_misses(conn, cache, job, limit=1000)
+            recent = queries.job_runs(conn, cache, job, limit=100)
+        return dash.render(request, "job.html", viewer=viewer, cache=cache, section="jobs", j=found[0],
+                           missed=missed, recent=recent)
+
+    @router.get("/caches/{cache}/warmups")
+    def warmup_list(request: Request, cache: str) -> Response:
+        viewer = dash.viewer(request)
+        dash.cache_or_404(cache)
+        return dash.render(request, "warmups.html", viewer=viewer, cache=cache, section="warmups",
+                           warmups=warmups.list_warmups(state, cache))
+
+    @router.get("/caches/{cache}/warmups/{warmup_id}")
+    def warmup_detail(request: Request, cache: str, warmup_id: str) -> Response:
+        viewer = dash.viewer(request)
+        dash.cache_or_404(cache)
+        found = warmups.get_warmup(state, cache, warmup_id)
+        if found is None:
+            raise HTTPException(404, f"no warm-up {warmup_id!r} ingested for {cache!r}")
+        return dash.render(request, "warmup.html", viewer=viewer, cache=cache, section="warmups", w=found)
+
+    return router

@@ -1,0 +1,94 @@
+"""The dashboard's prune page: the API's policy fields, a dry-run preview, and apply (admin token, the typed cache
+name, and the form's own token)."""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any
+
+from fastapi import HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import RedirectResponse, Response
+from fastapi.routing import APIRouter
+
+from jaxcache.errors import InvalidInputError
+from jaxcache.service.api.schemas.prune import policy_of, response_of
+from jaxcache.service.catalog import queries
+from jaxcache.service.dashboard.forms import policy_form, policy_request, read_form
+from jaxcache.service.dashboard.site import Dashboard, ToLogin, Viewer, html_route
+from jaxcache.service.tasks.pruning import PruneInProgressError
+
+
+def routes(dash: Dashboard) -> APIRouter:
+    """The prune page of ``dash``."""
+    state = dash.state
+    router = APIRouter(route_class=html_route(dash), include_in_schema=False)
+
+    def prune_page(request: Request, viewer: Viewer, cache: str, form: dict[str, str], *, status: int = 200,
+                   preview: Any = None, error: str | None = None, applied: dict | None = None) -> Response:
+        with state.catalog.reader() as conn:
+            audit = queries.prunes(conn, cache, limit=50)
+        return dash.render(request, "prune.html", status=status, viewer=viewer, cache=cache, section="prune",
+                           form=form, preview=preview, error=error, applied=applied, audit=audit,
+                           csrf=dash.csrf(viewer, f"prune:{cache}"))
+
+    @router.get("/caches/{cache}/prune")
+    async def prune_form(request: Request, cache: str) -> Response:
+        viewer = dash.viewer(request)
+        dash.cache_or_404(cache)
+        q = request.query_params
+        form = policy_form(q)
+        preview = error = applied = None
+        status = 200
+        if q.get("applied", "").isdigit():
+            with state.catalog.reader() as conn:
+                found = queries.prunes(conn, cache, limit=1, audit_id=int(q["applied"]))
+            applied = found[0] if found else None
+        if q.get("preview"):
+            try:
+                policy, policy_json = policy_of(policy_request(form, dry_run=True))
+                outcome = await run_in_threadpool(state.prune, cache, policy, policy_json=policy_json, dry_run=True,
+                                                  who=viewer.who)
+                preview = response_of(outcome, dry_run=True)
+            except InvalidInputError as exc:
+                error, status = str(exc), 400
+        return await run_in_threadpool(prune_page, request, viewer, cache, form, status=status, preview=preview,
+                                       error=error, applied=applied)
+
+    @router.post("/caches/{cache}/prune")
+    async def prune_apply(request: Request, cache: str) -> Response:
+        dash.cache_or_404(cache)
+        form_values = await read_form(request)
+        form = policy_form(form_values)
+        try:
+            viewer = dash.viewer(request, "admin")
+        except HTTPException as exc:
+            try:
+                reader = dash.viewer(request)
+            except (HTTPException, ToLogin):
+                raise exc from None
+            message = (f"Applying a prune needs an admin token; you are signed in with "
+                       f"{'a ' + reader.scope + ' token' if reader.scope else 'anonymous read access'}. "
+                       "Nothing was deleted.")
+            return await run_in_threadpool(prune_page, request, reader, cache, form, status=exc.status_code,
+                                           error=message)
+        dash.check_form(request, viewer, form_values, f"prune:{cache}")
+        if form_values.get("confirm", "").strip() != cache:
+            return await run_in_threadpool(
+                prune_page, request, viewer, cache, form, status=400,
+                error=f"To apply, type the cache name ({cache}) in the confirmation box. Nothing was deleted.")
+        try:
+            policy, policy_json = policy_of(policy_request(form, dry_run=False))
+            outcome = await run_in_threadpool(state.prune, cache, policy, policy_json=policy_json, dry_run=False,
+                                              who=viewer.who)
+        except InvalidInputError as exc:
+            return await run_in_threadpool(prune_page, request, viewer, cache, form, status=400,
+                                           error=f"{exc}. Nothing was deleted.")
+        except PruneInProgressError:
+            return await run_in_threadpool(prune_page, request, viewer, cache, form, status=409,
+                                           error=f"A prune of {cache} is already running; try again when it ends.")
+        base = request.scope.get("root_path", "").rstrip("/")
+        query = urllib.parse.urlencode({"applied": outcome.audit_id})
+        return RedirectResponse(f"{base}/caches/{urllib.parse.quote(cache, safe='')}/prune?{query}", 303)
+
+    return router

@@ -1,0 +1,145 @@
+"""Per-key aggregates of run records (first writer, hits, last hit, seconds saved), computed from every process's
+rows of a key, and their copies on entry rows. Seconds saved: docs/service.md, "Run records"."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sqlalchemy import Float, and_, bindparam, case, cast, delete, insert, select, update
+from sqlalchemy.orm import Session
+
+from jaxcache import records
+from jaxcache.service.catalog.models import AGGREGATES, EntryRow, KeyStatsRow, RunRow, UsageRow
+
+_CHUNK = 500
+
+
+def wrote(event: str, writes: int) -> bool:
+    """Whether a usage row records a write of its key."""
+    return writes > 0 or event == records.WRITE
+
+
+def hit_at(hits: int, first_at: float, last_at: float) -> float | None:
+    """When a usage row last hit its key (None: it never did)."""
+    return (last_at or first_at or None) if hits else None
+
+
+def saved_of_row(hits: int, retrieval_s: float, jax_saved_s: float, writer_compile_s: float | None) -> float:
+    if not hits:
+        return 0.0
+    if writer_compile_s is not None:
+        ours = hits * writer_compile_s - retrieval_s
+        if ours > 0:
+            return ours
+    return max(jax_saved_s, 0.0)
+
+
+_JOIN = and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
+             RunRow.process_index == UsageRow.process_index)
+_COLUMNS = (
+    UsageRow.key, UsageRow.run_id, UsageRow.process_index, UsageRow.job, UsageRow.event, UsageRow.hits,
+    UsageRow.writes, UsageRow.compile_s, UsageRow.retrieval_s, UsageRow.jax_saved_s, UsageRow.saved_s,
+    UsageRow.first_at, UsageRow.last_at, RunRow.host, RunRow.topology, RunRow.jax, RunRow.jaxlib, RunRow.started_s,
+)
+
+
+def aggregate(rows: Iterable) -> tuple[dict, list[tuple[str, int, float]]]:
+    """Aggregates of one key from its usage rows (joined with their runs), and ``(run_id, process_index,
+    saved_s)`` for each row whose saved seconds change."""
+    rows = list(rows)
+    writes = [r for r in rows if r.writes > 0 or r.event == records.WRITE]
+    # The earliest write; a record without first_at (0) falls back to its process's start.
+    writer = min(writes, key=lambda r: (r.first_at or r.started_s, r.run_id, r.process_index), default=None)
+    writer_compile_s = writer.compile_s if writer is not None else None
+    hits = 0
+    last_hit: float | None = None
+    saved = 0.0
+    changed = []
+    for r in rows:
+        row_saved = saved_of_row(r.hits, r.retrieval_s, r.jax_saved_s, writer_compile_s)
+        if row_saved != r.saved_s:
+            changed.append((r.run_id, r.process_index, row_saved))
+        saved += row_saved
+        if r.hits:
+            hits += r.hits
+            at = hit_at(r.hits, r.first_at, r.last_at)
+            if at is not None and (last_hit is None or at > last_hit):
+                last_hit = at
+    stats = {
+        "hits": hits, "last_hit_s": last_hit, "saved_s": saved,
+        "writer_job": writer.job if writer else None, "writer_run": writer.run_id if writer else None,
+        "writer_process": writer.process_index if writer else None, "writer_host": writer.host if writer else None,
+        "writer_topology": writer.topology if writer else None, "writer_jax": writer.jax if writer else None,
+        "writer_jaxlib": writer.jaxlib if writer else None,
+        "writer_at_s": (writer.first_at or writer.started_s) if writer else None,
+        "writer_compile_s": writer_compile_s,
+    }
+    return stats, changed
+
+
+EMPTY = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
+
+
+def entry_update_statement(cache: str):
+    """UPDATE of an entry row's copy of its key's aggregates (parameters ``b_key`` and ``b_<aggregate>``); its last
+    use becomes the newer of what storage shows and the last hit."""
+    entries = EntryRow.__table__
+    # Typed on the server too: PostgreSQL cannot infer the type of a parameter that is only tested for NULL.
+    hit = cast(bindparam("b_last_hit_s", type_=Float), Float)
+    return (
+        update(entries)
+        .where(entries.c.cache == cache, entries.c.key == bindparam("b_key"), entries.c.kind == "entry")
+        .values(
+            **{name: bindparam(f"b_{name}") for name in AGGREGATES},
+            last_used_s=case((and_(hit.is_not(None), hit > entries.c.seen_used_s), hit),
+                             else_=entries.c.seen_used_s),
+        )
+    )
+
+
+def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
+    """Recompute ``key_stats``, per-row saved seconds and the copies on entry rows for ``keys`` of ``cache``."""
+    keys = sorted(set(keys))
+    entry_update = entry_update_statement(cache)
+    usage = UsageRow.__table__
+    saved_update = (
+        update(usage)
+        .where(usage.c.cache == cache, usage.c.key == bindparam("b_key"), usage.c.run_id == bindparam("b_run"),
+               usage.c.process_index == bindparam("b_process"))
+        .values(saved_s=bindparam("b_saved"))
+    )
+    for i in range(0, len(keys), _CHUNK):
+        chunk = keys[i : i + _CHUNK]
+        by_key: dict[str, list] = {}
+        for r in s.execute(select(*_COLUMNS).join(RunRow, _JOIN).where(UsageRow.cache == cache,
+                                                                         UsageRow.key.in_(chunk))):
+            by_key.setdefault(r.key, []).append(r)
+        stats_rows, entry_params, saved_params = [], [], []
+        for key in chunk:
+            rows = by_key.get(key)
+            if rows:
+                stats, changed = aggregate(rows)
+                stats_rows.append({"cache": cache, "key": key, **stats})
+                saved_params += [{"b_key": key, "b_run": run, "b_process": p, "b_saved": v} for run, p, v in changed]
+            else:
+                stats = EMPTY
+            entry_params.append({"b_key": key, **{f"b_{n}": stats[n] for n in AGGREGATES}})
+        s.execute(delete(KeyStatsRow).where(KeyStatsRow.cache == cache, KeyStatsRow.key.in_(chunk)))
+        if stats_rows:
+            s.execute(insert(KeyStatsRow), stats_rows)
+        conn = s.connection()
+        if saved_params:
+            conn.execute(saved_update, saved_params)
+        conn.execute(entry_update, entry_params)
+
+
+def key_stats(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:
+    """``{key: aggregates}`` for those of ``keys`` that reports mention (for entry rows a rescan adds)."""
+    out: dict[str, dict] = {}
+    cols = [getattr(KeyStatsRow, n) for n in AGGREGATES]
+    for i in range(0, len(keys), _CHUNK):
+        chunk = keys[i : i + _CHUNK]
+        for row in s.execute(select(KeyStatsRow.key, *cols).where(KeyStatsRow.cache == cache,
+                                                                   KeyStatsRow.key.in_(chunk))):
+            out[row[0]] = dict(zip(AGGREGATES, row[1:], strict=True))
+    return out

@@ -1,0 +1,259 @@
+"""What the service's routes, pages and background loops share: one :class:`State` per app."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+
+from jaxcache import records
+from jaxcache.errors import JaxcacheError
+from jaxcache.prune import PrunePolicy
+from jaxcache.service.auth import Authenticator
+from jaxcache.service.catalog import queries
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.locks import LockBusyError
+from jaxcache.service.catalog.models import CacheRow
+from jaxcache.service.catalog.queries import verdicts
+from jaxcache.service.ingestion import reports, routing
+from jaxcache.service.metrics import Metrics
+from jaxcache.service.pagecache import PageCache
+from jaxcache.service.settings import ServiceSettings
+from jaxcache.service.tasks import pruning, verification
+from jaxcache.service.tasks.pruning import PruneLocks
+from jaxcache.service.tasks.rescan import RescanResult, rescan
+from jaxcache.storage import Storage, open_storage
+
+log = logging.getLogger("jaxcache.service")
+
+_STATS_TTL_S = 60.0
+_DAY_S = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheInfo:
+    """A configured cache, its size and its last scan (GET /v1/caches, the dashboard's index)."""
+
+    name: str
+    url: str
+    entries: int
+    size_bytes: int
+    last_scan_s: float | None
+    last_scan_seconds: float | None
+    last_scan_error: str | None
+
+
+class State:
+    """Everything the routes share, built once per app."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.auth = Authenticator(settings)
+        self.catalog = Catalog(settings.db)
+        self.metrics = Metrics()
+        self.storages: dict[str, Storage] = {name: open_storage(url) for name, url in settings.caches.items()}
+        self.prune_locks = PruneLocks(self.catalog.locks)
+        self.pages = PageCache(settings.page_cache_s)
+        self._stats: dict[str, tuple[float, dict]] = {}
+        self._usage: dict[str, tuple[float, dict]] = {}
+        self._refreshing: set[tuple[str, str]] = set()  # (what, cache) being recomputed in a thread
+        self.roots = routing.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
+        self.scanned: set[str] = set()
+        self._rounds_done: set[str] = set()  # caches this process has rescanned in a background round
+        self.background_rounds = 0  # rounds of background rescans finished (or failed) since start
+        with self.catalog.session() as s:
+            for name in settings.caches:
+                # An upsert: replicas starting together register the same caches.
+                url = self.storages[name].url
+                s.execute(self.catalog.insert(CacheRow).values(name=name, url=url)
+                          .on_conflict_do_update(index_elements=["name"], set_={"url": url}))
+        self.follow()
+
+    def follow(self, name: str | None = None) -> None:
+        """Catch up with what other replicas did to the catalog: caches they have scanned count as scanned here
+        (ready), and cached statistics and gauges of ``name`` are refreshed."""
+        with self.catalog.session() as s:
+            for row in s.scalars(select(CacheRow).where(CacheRow.name.in_(list(self.settings.caches)))):
+                if row.last_scan_s is not None:
+                    self.scanned.add(row.name)  # the catalog survived a restart, or another replica scanned it
+        if name is not None:
+            self.changed(name)
+            self._usage.pop(name, None)
+
+    def rescan(self, name: str, *, wait_s: float | None = None) -> RescanResult:
+        """Rescan one cache (one rescan of a cache at a time in every replica: waits at most ``wait_s`` seconds
+        for one running elsewhere, then raises LockBusyError), recording metrics and errors."""
+        try:
+            result = rescan(self.catalog, name, self.storages[name], wait_s=wait_s)
+        except LockBusyError:
+            raise
+        except JaxcacheError as exc:
+            with self.catalog.session() as s:  # a write without a read first: see rescan.py
+                s.execute(update(CacheRow).where(CacheRow.name == name).values(last_scan_error=str(exc)[:2000]))
+            raise
+        self.scanned.add(name)
+        self.metrics.scan_seconds.labels(name).observe(result.seconds)
+        if result.records_ingested:
+            self.metrics.reports_ingested.labels(name, reports.STORAGE).inc(result.records_ingested)
+            self._usage.pop(name, None)
+            self.pages.invalidate(name)  # hits, last use and first writers of listed entries moved
+        if result.records_malformed:
+            self.metrics.reports_malformed.labels(reports.STORAGE).inc(result.records_malformed)
+        if result.added or result.removed or result.updated or name not in self._stats:
+            self.changed(name)
+            self.stats(name)  # computed here, in the scan thread, so requests find it ready
+        return result
+
+    def changed(self, name: str) -> None:
+        """Something in ``name`` changed (rescan, prune, delete): cached statistics and pages are stale."""
+        self.pages.invalidate(name)
+        self._stats.pop(name, None)
+        self._usage.pop(name, None)  # seconds saved by function count the entries present
+        self._refresh_gauges(name)
+
+    def stats(self, name: str) -> dict:
+        """Statistics of one cache, recomputed after a change or once a minute (growth windows move)."""
+        return {**self._fresh(self._stats, name, self._compute_stats), **self.usage(name)}
+
+    def usage(self, name: str) -> dict:
+        """Hit rate and seconds saved over the last 24 h and 7 d, and seconds saved by function; cached apart from
+        the entry statistics, since reports arrive far more often than entries change."""
+        return self._fresh(self._usage, name, self._compute_usage)
+
+    def _fresh(self, cached: dict[str, tuple[float, dict]], name: str, compute) -> dict:
+        # After a change the value is gone and computed now (a second at 100k entries). Once it is merely older
+        # than the TTL, the old value is answered while one thread computes the new one: no request waits.
+        found = cached.get(name)
+        if found is None:
+            result = compute(name)
+            cached[name] = (time.monotonic(), result)
+            return result
+        job = (compute.__name__, name)
+        if time.monotonic() - found[0] >= _STATS_TTL_S and job not in self._refreshing:
+            self._refreshing.add(job)
+            generation = self.pages.generation(name)  # moves with every change of the cache (see changed())
+
+            def refresh() -> None:
+                try:
+                    result = compute(name)
+                    if self.pages.generation(name) == generation:  # else a change made it stale meanwhile
+                        cached[name] = (time.monotonic(), result)
+                except Exception:  # the catalog went away: the next request tries again
+                    log.exception("refreshing statistics of %s failed", name)
+                finally:
+                    self._refreshing.discard(job)
+
+            threading.Thread(target=refresh, name="jaxcache-stats", daemon=True).start()
+        return found[1]
+
+    def _compute_stats(self, name: str) -> dict:
+        with self.catalog.session() as s:
+            return queries.stats(s, name)
+
+    def _compute_usage(self, name: str) -> dict:
+        now = time.time()
+        with self.catalog.reader() as conn:
+            return {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
+                    "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
+                    "by_function_saved": queries.saved_by_function(conn, name)}
+
+    def ingest(self, name: str, record: records.RunRecord) -> reports.IngestResult:
+        """Ingest one POSTed run record into ``name``."""
+        result = reports.ingest(self.catalog, name, record, source=reports.REPORT)
+        if not result.stale:
+            self.metrics.reports_ingested.labels(name, reports.REPORT).inc()
+            self._usage.pop(name, None)
+            self.pages.invalidate(name)  # hits and last use of listed entries moved
+        return result
+
+    def caches(self) -> list[CacheInfo]:
+        """Every configured cache with its size and last scan."""
+        out = []
+        with self.catalog.session() as s:
+            for name in self.settings.caches:
+                row = s.get(CacheRow, name)
+                count, size = queries.cache_totals(s, name)
+                out.append(CacheInfo(
+                    name=name, url=self.storages[name].url, entries=count, size_bytes=size,
+                    last_scan_s=row.last_scan_s if row else None,
+                    last_scan_seconds=row.last_scan_seconds if row else None,
+                    last_scan_error=row.last_scan_error if row else None,
+                ))
+        return out
+
+    def prune(self, name: str, policy: PrunePolicy, *, policy_json: dict[str, Any], dry_run: bool,
+              who: str) -> pruning.Outcome:
+        """Plan (or apply, unless ``dry_run``: the caller checked the admin scope) a prune of ``name``. Raises
+        PruneInProgressError while another prune of ``name`` runs."""
+        outcome = pruning.run_prune(self.catalog, name, self.storages[name], policy, dry_run=dry_run, who=who,
+                                    policy_json=policy_json, lock=self.prune_locks.get(name))
+        if outcome.result is not None:
+            self.metrics.prune_deleted.labels(name).inc(outcome.result.deleted)
+            self.metrics.prune_bytes.labels(name).inc(outcome.result.bytes_freed)
+            self.changed(name)
+        return outcome
+
+    def _refresh_gauges(self, name: str) -> None:
+        with self.catalog.session() as s:
+            count, size = queries.cache_totals(s, name)
+        self.metrics.entries.labels(name).set(count)
+        self.metrics.bytes.labels(name).set(size)
+
+    def verify(self, name: str, *, max_entries: int | None = None, recheck_all: bool = False,
+               stop: threading.Event | None = None, throttled: bool = False) -> verification.VerifyPass:
+        """One integrity pass over ``name`` (only what needs it unless ``recheck_all``)."""
+        if name not in self.scanned:
+            self.rescan(name)
+        result = verification.run_pass(
+            self.catalog, name, self.storages[name], min_age_s=self.settings.verify_min_age_s,
+            max_entries=max_entries, recheck_all=recheck_all, stop=stop,
+            bytes_per_s=self.settings.verify_bytes_per_s if throttled else None,
+            cpu_share=self.settings.verify_cpu_share if throttled else None,
+        )
+        self._refresh_integrity(name)
+        return result
+
+    def verify_all(self, stop: threading.Event) -> None:
+        for name in self.settings.caches:
+            if stop.is_set():
+                return
+            try:
+                self.verify(name, stop=stop, throttled=True)
+            except JaxcacheError as exc:
+                log.warning("integrity pass over %s failed: %s", name, exc)
+
+    def _refresh_integrity(self, name: str) -> None:
+        with self.catalog.reader() as conn:
+            counts = verdicts.summary(conn, name, limit=0)["counts"]
+        for cls, n in counts.items():
+            self.metrics.integrity.labels(name, cls).set(n)
+
+    def rescan_all(self) -> None:
+        """One round of background rescans. With several replicas on one catalog, a cache is skipped when another
+        replica is rescanning it or finished a rescan less than half a period ago: each replica does not list the
+        whole bucket every period."""
+        now = time.time()
+        with self.catalog.session() as s:
+            last = {r.name: r.last_scan_s for r in s.scalars(select(CacheRow))}
+        for name in self.settings.caches:
+            at = last.get(name)
+            # A process's first round always rescans: records and entries written while it was down (or
+            # since the last replica's scan) must not wait a whole period.
+            if (at is not None and name in self._rounds_done and 0 <= now - at < self.settings.rescan_s / 2):
+                log.debug("rescan of %s skipped: scanned %.0f s ago (by another replica)", name, now - at)
+                self.follow(name)
+                continue
+            try:
+                self.rescan(name, wait_s=0)
+                self._rounds_done.add(name)
+            except LockBusyError:
+                log.info("rescan of %s skipped: another replica is running one", name)
+                self.follow(name)
+            except JaxcacheError as exc:
+                log.warning("rescan of %s failed: %s", name, exc)
+            except Exception:  # the database went away (a fail-over): the next round tries again
+                log.exception("rescan of %s failed", name)
