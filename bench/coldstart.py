@@ -178,7 +178,7 @@ def _jax_settings_like_the_client(cache_dir: str) -> dict[str, object]:
         "jax_persistent_cache_min_compile_time_secs": 0,
         "jax_persistent_cache_min_entry_size_bytes": -1,
     }
-    if version < (0, 11):  # the client's default there (see jaxcache.client.jaxsetup.default_xla_caches)
+    if version < (0, 11):  # the client's default there (see jaxcache.client.jax_internals.default_xla_caches)
         settings["jax_persistent_cache_enable_xla_caches"] = "none"
     return settings
 

@@ -16,10 +16,9 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from conftest import settled
 from jaxcache.service.app import create_app
-from jaxcache.service.catalog import queries
-from jaxcache.service.catalog.queries import listing
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
+from jaxcache.service.catalog.queries import listing
 from jaxcache.service.tasks import rescan as rescan_mod
 from jaxcache.storage import open_storage
 from test_service import ADMIN, H_ADMIN, H_READ, READ, REPORT, make_settings

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sqlite3
 import shutil
+import sqlite3
 import subprocess
 import sys
 import threading

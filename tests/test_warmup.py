@@ -229,7 +229,7 @@ def test_gpu_plan_checks_count_and_model():
 def test_mock_flag_is_set_once_before_the_backend_starts():
     code = """
 import jax
-from jaxcache.client.jaxsetup import backend_ready
+from jaxcache.client.jax_internals import backend_ready
 from jaxcache.topology import Topology
 from jaxcache.warmup import devices as dev
 

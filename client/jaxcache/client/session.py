@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from jaxcache.client import jaxsetup
+from jaxcache.client import jax_internals as ji
 from jaxcache.client import trust as trust_mod
 from jaxcache.client.attestation import Attestor
 from jaxcache.client.errors import CacheAlreadyInitializedError, UntrustedCacheDirError
@@ -73,7 +73,7 @@ class CacheSession:
 
         Device fields are filled once the backend is up (after the first compile, or ``jax.devices()``).
         """
-        return jaxsetup.fingerprint(self.compression)
+        return ji.fingerprint(self.compression)
 
     def on_program(self, callback: Callable[[KeyUsage], None]) -> None:
         """Call ``callback(usage)`` whenever JAX finishes compiling or loading a program (warm-up progress)."""
@@ -101,7 +101,7 @@ class CacheSession:
             for key, size in self._writer.sizes(unknown).items():
                 self._recorder.set_size(key, size)
             usages = self._recorder.usages()
-        index, count = jaxsetup.processes()
+        index, count = ji.processes()
         fp = self.fingerprint
         topology = self.topology
         if topology is None and fp.local_device_count is not None and fp.process_count is not None:
@@ -255,21 +255,21 @@ def enable_cache(
         service_url=service_url,
         token=token,
         trust=trust,
-        default_xla_caches=jaxsetup.default_xla_caches(),
+        default_xla_caches=ji.default_xla_caches(),
         verify=verify,
     )
     with _lock:
         if _session is not None:
             return _same_session(_session, options)
-        jaxsetup.check_not_compiled(options.cache_dir)
-        compression = jaxsetup.compression_library()
+        ji.check_not_compiled(options.cache_dir)
+        compression = ji.compression_library()
         _check_trust(options)
         if options.verify == "attested":
             from jaxcache.client.verify import check_attested
 
             assert options.service_url is not None
             check_attested(options.service_url, options.token, options.cache_dir)
-        jaxsetup.apply(options.jax_settings())
+        ji.apply(options.jax_settings())
         session = CacheSession(options, compression)
         session._start()
         _session = session

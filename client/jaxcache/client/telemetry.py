@@ -1,10 +1,8 @@
 """Hits, misses, writes and seconds, per key, from ``jax.monitoring`` events and JAX's cache log records.
 
-Events give counts and durations; only the log records carry keys. Both fire on the thread that compiles, in
-a fixed order per compile (docs/jax-internals.md): the hit or miss record names the key, then come the events and, on a
-miss, the records saying whether it was written and how long compiling took. So the key named last on a thread
-is the one the following events belong to. Nothing here runs per training step: JAX emits these only when it
-compiles or loads a program.
+Events give counts and durations; only the log records carry keys. Both fire on the compiling thread in a fixed
+order per lookup (docs/jax-internals.md, "Telemetry"), so the key named last on a thread is the one the following
+events belong to. Nothing here runs per training step: JAX emits these only when it compiles or loads a program.
 """
 
 from __future__ import annotations
@@ -18,26 +16,8 @@ from dataclasses import dataclass
 from jax import monitoring
 
 from jaxcache import records
+from jaxcache.client import jax_internals as ji
 from jaxcache.records import KeyUsage
-
-LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
-
-_REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
-_HITS = "/jax/compilation_cache/cache_hits"
-_WRITES = "/jax/compilation_cache/cache_misses"  # JAX fires its "miss" event only when it writes
-_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
-_RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
-_COMPILE = "/jax/core/compile/backend_compile_duration"  # wraps the whole compile-or-load of one program
-
-_HIT_MSG = "Persistent compilation cache hit for"
-_MISS_MSG = "PERSISTENT COMPILATION CACHE MISS for"
-_WRITE_MSG = "Writing %s to persistent compilation cache"
-_TOOK_MSG = "'%s' took at least"
-_FAST_MSG = "Not writing persistent cache entry for '%s' because it took <"
-_CALLBACK_MSG = "Not writing persistent cache entry for '%s' because it uses host"
-_NOT_P0_MSG = "Not writing persistent cache entry since process_id != 0"
-_SMALL_MSG = "Not writing persistent cache entry with key %r since its size"
-_DISABLED_MSG = "Not writing persistent cache entry with key %r since cache is disabled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +30,9 @@ class CacheStats:
     compile_s: float  # seconds spent compiling the misses (measured, not JAX's whole seconds)
     retrieval_s: float  # seconds spent reading and loading hits
     saved_s: float  # compile seconds the hits saved, by JAX's stored whole seconds (a lower bound)
+    #: Lookups JAX made whose key jaxcache could not tell (none of JAX's log records that name keys came): this
+    #: JAX moved what jaxcache reads, and per-key telemetry is missing for them.
+    unrecognised: int = 0
 
     @property
     def requests(self) -> int:
@@ -75,6 +58,7 @@ class Recorder:
         self._compile_s = 0.0
         self._retrieval_s = 0.0
         self._saved_s = 0.0
+        self._unrecognised = 0
         self._taps: list[tuple[logging.Logger, _Tap, int]] = []
         self._installed = False
         self._listeners: list[Callable[[KeyUsage], None]] = []
@@ -91,7 +75,7 @@ class Recorder:
             return
         monitoring.register_event_listener(self._on_event)
         monitoring.register_event_duration_secs_listener(self._on_duration)
-        for name in LOGGERS:
+        for name in ji.LOGGERS:
             logger = logging.getLogger(name)
             # The records we need are DEBUG; what the user would have seen before still passes, nothing more.
             tap = _Tap(self, passthrough_level=logger.getEffectiveLevel())
@@ -132,6 +116,7 @@ class Recorder:
                 compile_s=self._compile_s,
                 retrieval_s=self._retrieval_s,
                 saved_s=self._saved_s,
+                unrecognised=self._unrecognised,
             )
 
     def usages(self) -> list[KeyUsage]:
@@ -158,25 +143,28 @@ class Recorder:
         if not event.startswith("/jax/compilation_cache/"):
             return
         with self._lock:
-            if event == _REQUESTS:
+            if event == ji.REQUESTS:
                 self._requests += 1
-            elif event == _HITS:
+                self._local.awaiting_key = True  # the hit or miss record that names the key comes next
+            elif event == ji.HITS:
                 self._hits += 1
-            elif event == _WRITES:
+            elif event == ji.WRITES:
                 self._writes += 1
 
     def _on_duration(self, event: str, duration_s: float, **_: object) -> None:
-        if event not in (_SAVED, _RETRIEVAL, _COMPILE):
+        if event not in (ji.SAVED, ji.RETRIEVAL, ji.COMPILE):
             return
+        if event == ji.COMPILE and getattr(self._local, "awaiting_key", False):
+            self._unrecognised_lookup()
         usage: KeyUsage | None = getattr(self._local, "current", None)
         finished: KeyUsage | None = None
         with self._lock:
-            if event == _SAVED:
+            if event == ji.SAVED:
                 saved = max(float(duration_s), 0.0)
                 self._saved_s += saved
                 if usage is not None:
                     usage.saved_s += saved
-            elif event == _RETRIEVAL:
+            elif event == ji.RETRIEVAL:
                 self._retrieval_s += float(duration_s)
                 if usage is not None:
                     usage.retrieval_s += float(duration_s)
@@ -185,7 +173,7 @@ class Recorder:
                     self._note_compile(usage, float(duration_s))
                 self._local.current = None
                 finished = _copy(usage) if self._listeners else None
-        if event == _COMPILE and usage is not None and finished is not None:
+        if event == ji.COMPILE and usage is not None and finished is not None:
             for callback in self._listeners:
                 try:
                     callback(finished)
@@ -196,35 +184,42 @@ class Recorder:
         """Read one record of JAX's cache loggers (called by the tap)."""
         msg = record.msg if isinstance(record.msg, str) else ""
         args = record.args if isinstance(record.args, tuple) else ()
-        if msg.startswith(_HIT_MSG) and len(args) == 2:
+        if msg.startswith(ji.HIT_MSG.prefix) and len(args) == 2:
             self._begin(str(args[1]), str(args[0]), hit=True)
-        elif msg.startswith(_MISS_MSG) and len(args) == 2:
+        elif msg.startswith(ji.MISS_MSG.prefix) and len(args) == 2:
             self._begin(str(args[1]), str(args[0]), hit=False)
-        elif msg.startswith(_WRITE_MSG) and len(args) == 2:
+        elif msg.startswith(ji.WRITE_MSG.prefix) and len(args) == 2:
             self._update(str(args[1]), event=records.WRITE, reason=None, writes=1)
-        elif msg.startswith(_TOOK_MSG) and len(args) == 3:
+        elif msg.startswith(ji.TOOK_MSG.prefix) and len(args) == 3:
             self._compiled(float(args[2]), reason=None)
-        elif msg.startswith(_FAST_MSG) and len(args) == 3:
+        elif msg.startswith(ji.FAST_MSG.prefix) and len(args) == 3:
             self._compiled(
                 float(args[2]),
                 reason=f"compiled in {float(args[2]):.2f} s, under jax_persistent_cache_min_compile_time_secs"
                 f"={float(args[1]):g}",
             )
-        elif msg.startswith(_CALLBACK_MSG):
+        elif msg.startswith(ji.CALLBACK_MSG.prefix):
             self._reason("uses host callbacks (jax.debug.print, callbacks): JAX does not cache it")
-        elif msg.startswith(_NOT_P0_MSG):
+        elif msg.startswith(ji.NOT_P0_MSG.prefix):
             self._reason("only process 0 writes the cache")
-        elif msg.startswith(_SMALL_MSG) and len(args) == 3:
+        elif msg.startswith(ji.SMALL_MSG.prefix) and len(args) == 3:
             self._update(
                 str(args[0]),
                 event=records.COMPILED,
                 reason=f"entry of {args[1]} bytes, under jax_persistent_cache_min_entry_size_bytes={args[2]}",
                 size_bytes=int(args[1]),
             )
-        elif msg.startswith(_DISABLED_MSG) and args:
+        elif msg.startswith(ji.DISABLED_MSG.prefix) and args:
             self._update(str(args[0]), event=records.COMPILED, reason="the persistent cache is disabled")
 
     # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _unrecognised_lookup(self) -> None:
+        self._local.awaiting_key = False
+        with self._lock:
+            self._unrecognised += 1
+        ji.degraded("looked a program up in its persistent cache, but logged none of the records that name its key"
+                    " in the way jaxcache reads them, so jaxcache could not tell which program hit or missed")
 
     def _begin(self, key: str, function: str, *, hit: bool) -> None:
         now = time.time()
@@ -243,6 +238,7 @@ class Recorder:
                     usage.event = records.COMPILED
         self._local.current = usage
         self._local.compile_s = None
+        self._local.awaiting_key = False
 
     def _compiled(self, compile_s: float, reason: str | None) -> None:
         usage: KeyUsage | None = getattr(self._local, "current", None)

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from jaxcache.client import check_cache_dir
+from jaxcache.client import check_cache_dir, current_session
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, WarmupRecord
 from jaxcache.errors import JaxcacheError
 from jaxcache.records import KeyUsage
@@ -147,7 +147,8 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     show.close()
     summary = _summary(record)
-    why = explain_nothing_compiled(record)
+    session = current_session()
+    why = explain_nothing_compiled(record, unrecognised=session.stats().unrecognised if session else 0)
     failed = why is not None and not (args.ok_if_warm and why.startswith("already warm"))
     verdict = None
     if args.verify and not failed:

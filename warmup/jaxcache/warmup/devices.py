@@ -128,7 +128,7 @@ def configure_backend(plan: BackendPlan) -> None:
     """Apply the plan to JAX. Raises if the backend already started (the mock would silently do nothing)."""
     import jax
 
-    from jaxcache.client.jaxsetup import backend_ready
+    from jaxcache.client.jax_internals import backend_ready
 
     if backend_ready():
         raise WarmupSetupError("JAX's backend started before the warm-up configured it; nothing was compiled")

@@ -102,9 +102,16 @@ def run_warmup(
     return result
 
 
-def explain_nothing_compiled(record: WarmupRecord) -> str | None:
-    """Why a warm-up that stored nothing new is a failure, or None when it stored something."""
+def explain_nothing_compiled(record: WarmupRecord, *, unrecognised: int = 0) -> str | None:
+    """Why a warm-up that stored nothing new is a failure, or None when it stored something. ``unrecognised``:
+    lookups JAX made whose keys the client could not tell (see CacheStats.unrecognised)."""
     programs = record.programs
+    if not programs and unrecognised:
+        return (
+            f"JAX {record.fingerprint.jax} looked up {unrecognised} program(s) in the cache, but jaxcache could not"
+            " tell which: this JAX logs its cache records in a way jaxcache does not read (docs/jax-internals.md)."
+            " The programs may well be cached (jaxcache ls shows what is); the coverage record is empty"
+        )
     if not programs:
         return (
             "no jit calls: the target compiled nothing. An entrypoint must compile the job's programs, e.g."

@@ -1,0 +1,238 @@
+"""Everything jaxcache relies on that JAX does not promise: private modules and attributes, the texts of its cache
+log records, its monitoring event names. One module, so that a JAX release that moves one of them breaks here and
+in :func:`probe` (which the test suite runs on every supported JAX), not silently elsewhere. What each item is and
+why it matters: docs/jax-internals.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from jaxcache.client.errors import CacheAlreadyInitializedError
+from jaxcache.errors import MissingDependencyError
+from jaxcache.records import Fingerprint
+
+log = logging.getLogger("jaxcache.client")
+
+#: The loggers whose DEBUG records name the key of each lookup, and what became of it.
+LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
+
+# jax.monitoring events, fired on the compiling thread.
+REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
+HITS = "/jax/compilation_cache/cache_hits"
+WRITES = "/jax/compilation_cache/cache_misses"  # JAX fires its "miss" event only when it writes
+SAVED = "/jax/compilation_cache/compile_time_saved_sec"
+RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
+COMPILE = "/jax/core/compile/backend_compile_duration"  # wraps the whole compile-or-load of one program
+EVENTS = (REQUESTS, HITS, WRITES, SAVED, RETRIEVAL, COMPILE)
+
+
+@dataclass(frozen=True, slots=True)
+class LogText:
+    """The start of a log message JAX writes, as its source spells the format string."""
+
+    prefix: str
+    logger: str
+    #: False for texts only some supported versions write (jax 0.12 caches programs with host callbacks, so it
+    #: no longer says it will not).
+    everywhere: bool = True
+
+
+HIT_MSG = LogText("Persistent compilation cache hit for", "jax._src.compiler")
+MISS_MSG = LogText("PERSISTENT COMPILATION CACHE MISS for", "jax._src.compiler")
+WRITE_MSG = LogText("Writing %s to persistent compilation cache", "jax._src.compilation_cache")
+TOOK_MSG = LogText("'%s' took at least", "jax._src.compiler")
+FAST_MSG = LogText("Not writing persistent cache entry for '%s' because it took <", "jax._src.compiler")
+CALLBACK_MSG = LogText("Not writing persistent cache entry for '%s' because it uses host", "jax._src.compiler",
+                       everywhere=False)
+NOT_P0_MSG = LogText("Not writing persistent cache entry since process_id != 0", "jax._src.compiler")
+SMALL_MSG = LogText("Not writing persistent cache entry with key %r since its size", "jax._src.compilation_cache")
+DISABLED_MSG = LogText("Not writing persistent cache entry with key %r since cache is disabled",
+                       "jax._src.compilation_cache")
+LOG_TEXTS = (HIT_MSG, MISS_MSG, WRITE_MSG, TOOK_MSG, FAST_MSG, CALLBACK_MSG, NOT_P0_MSG, SMALL_MSG, DISABLED_MSG)
+
+#: Private attributes read, by module: ``(module, attribute, alternatives)``; one of them must exist.
+ATTRIBUTES = (
+    ("jax._src.compilation_cache", "_cache_initialized", ()),
+    ("jax._src.compilation_cache", "_cache_checked", ()),
+    ("jax._src.compilation_cache", "zstandard", ("zstd",)),
+    ("jax._src.xla_bridge", "backends_are_initialized", ("_backends",)),
+    ("jax._src.distributed", "global_state", ()),
+)
+_EVENT_MODULES = ("jax._src.compiler", "jax._src.compilation_cache", "jax._src.dispatch")
+_warned: set[str] = set()
+
+
+def jax_version() -> tuple[int, ...]:
+    """``jax.__version__`` as numbers (``0.10.2`` → ``(0, 10, 2)``)."""
+    parts = []
+    for piece in jax.__version__.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def degraded(what: str) -> None:
+    """Say once, at WARNING, that this JAX lacks something jaxcache reads (telemetry may then be incomplete)."""
+    if what not in _warned:
+        _warned.add(what)
+        log.warning("jaxcache: JAX %s %s; jaxcache's record of this process may be incomplete (run "
+                    "jaxcache.client.jax_internals.probe() for what else moved, and see docs/jax-internals.md)",
+                    jax.__version__, what)
+
+
+def default_xla_caches() -> str | None:
+    """``"none"`` where JAX hashes the XLA autotune-cache *path* into keys (jax < 0.11), else leave JAX's default.
+
+    With JAX's default on those versions, a cache mounted at another path (or spelled differently) misses
+    everything. From jax 0.11 the path is blanked before hashing, so the default is kept there.
+    """
+    return "none" if jax_version() < (0, 11) else None
+
+
+def compression_library() -> str:
+    """The library name JAX hashes into keys ("zstandard" or "zlib"); refuses to run without zstandard.
+
+    A process without zstandard computes other keys than every process with it: it would never hit.
+    """
+    from jax._src import compilation_cache as cc
+
+    if getattr(cc, "zstandard", None) is not None or getattr(cc, "zstd", None) is not None:
+        return "zstandard"
+    raise MissingDependencyError(
+        "JAX cannot import zstandard here, so its cache keys would differ from every other job's and it would"
+        " never hit the shared cache: pip install zstandard (jaxcache depends on it; is this the right venv?)"
+    )
+
+
+def check_not_compiled(cache_dir: str) -> None:
+    """Raise :class:`CacheAlreadyInitializedError` when JAX has already decided about its persistent cache.
+
+    JAX checks once per process whether the cache is used, at the first compile, and never again: configuring
+    it afterwards silently does nothing.
+    """
+    from jax._src import compilation_cache as cc
+
+    current = jax.config.jax_compilation_cache_dir
+    initialized = getattr(cc, "_cache_initialized", None)
+    checked = getattr(cc, "_cache_checked", None)
+    if initialized is None or checked is None:
+        degraded("has no compilation_cache._cache_initialized/_cache_checked: whether it compiled already is unknown")
+        return
+    if initialized and current and current != cache_dir:
+        raise CacheAlreadyInitializedError(
+            f"JAX already opened the persistent cache at {current!r}, not {cache_dir!r}: call"
+            " jaxcache.client.enable_cache() first, before anything compiles (a jit call, an array operation)"
+        )
+    if checked:
+        where = f"with the cache at {current!r}" if current else "without a persistent cache"
+        raise CacheAlreadyInitializedError(
+            f"JAX has already compiled {where}, and it decides about the cache only once per process: call"
+            " jaxcache.client.enable_cache() earlier, before the first jit call or array operation"
+        )
+
+
+def apply(settings: dict[str, Any]) -> None:
+    """Set JAX config values (``jax.config.update``), all or nothing."""
+    previous = {name: getattr(jax.config, name) for name in settings}
+    try:
+        for name, value in settings.items():
+            jax.config.update(name, value)
+    except Exception:
+        for name, value in previous.items():
+            jax.config.update(name, value)
+        raise
+    if not jax.config.jax_enable_compilation_cache:
+        log.warning("jax_enable_compilation_cache is False here: JAX will not use the cache until it is True")
+
+
+def backend_ready() -> bool:
+    """True once JAX's backend is initialized, so asking for devices does not start it early.
+
+    Starting it in enable_cache() would break ``jax.distributed.initialize()`` called after it.
+    """
+    from jax._src import xla_bridge
+
+    probe = getattr(xla_bridge, "backends_are_initialized", None)
+    if probe is not None:
+        return bool(probe())
+    return bool(getattr(xla_bridge, "_backends", None))
+
+
+def processes() -> tuple[int, int]:
+    """``(process_index, process_count)``, without starting the backend."""
+    if backend_ready():
+        return jax.process_index(), jax.process_count()
+    from jax._src import distributed
+
+    state = distributed.global_state
+    return int(getattr(state, "process_id", 0) or 0), int(getattr(state, "num_processes", 1) or 1)
+
+
+def fingerprint(compression: str) -> Fingerprint:
+    """Everything besides the program that enters keys; device fields only once the backend is up."""
+    import jaxlib
+
+    fields: dict[str, Any] = {}
+    if backend_ready():
+        devices = jax.devices()
+        fields = dict(
+            backend=jax.default_backend(),
+            device_kind=devices[0].device_kind if devices else None,
+            device_count=len(devices),
+            local_device_count=jax.local_device_count(),
+            process_count=jax.process_count(),
+        )
+    flags = os.environ.get("XLA_FLAGS", "")
+    return Fingerprint(
+        jax=jax.__version__,
+        jaxlib=getattr(jaxlib, "__version__", None) or jax.__version__,
+        compression=compression,
+        xla_flags_digest=hashlib.sha256(flags.encode()).hexdigest()[:16],
+        xla_caches=jax.config.jax_persistent_cache_enable_xla_caches,
+        **fields,
+    )
+
+
+def _literals(module_name: str) -> set[str]:
+    """Every string constant in a module's source (adjacent literals joined, as the parser joins them)."""
+    import importlib
+
+    source = inspect.getsource(importlib.import_module(module_name))
+    return {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def probe() -> list[str]:
+    """What this JAX lacks of everything listed here, as messages; empty when all is where jaxcache expects it.
+
+    Reads JAX's own source for the log texts and event names, so it needs no compile."""
+    import importlib
+
+    problems = []
+    for module_name, attribute, alternatives in ATTRIBUTES:
+        module = importlib.import_module(module_name)
+        if not any(hasattr(module, a) for a in (attribute, *alternatives)):
+            names = " or ".join((attribute, *alternatives))
+            problems.append(f"{module_name} has no {names}")
+    literals = {name: _literals(name) for name in {t.logger for t in LOG_TEXTS} | set(_EVENT_MODULES)}
+    for text in LOG_TEXTS:
+        if text.everywhere and not any(s.startswith(text.prefix) for s in literals[text.logger]):
+            problems.append(f"{text.logger} no longer logs {text.prefix!r}")
+    events = set().union(*(literals[m] for m in _EVENT_MODULES))
+    problems += [f"no module of {', '.join(_EVENT_MODULES)} records the event {e!r}" for e in EVENTS if e not in events]
+    for name in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+                 "jax_persistent_cache_min_entry_size_bytes", "jax_persistent_cache_enable_xla_caches",
+                 "jax_compilation_cache_max_size", "jax_enable_compilation_cache",
+                 # set by warm-up before the backend starts
+                 "jax_platforms", "jax_num_cpu_devices", "jax_mock_gpu_topology"):
+        if name not in jax.config.values:
+            problems.append(f"jax.config has no {name}")
+    return problems
