@@ -187,3 +187,18 @@ def test_every_service_setting_is_documented():
     readme = (ROOT / "README.md").read_text()
     for name in ServiceSettings.model_fields:
         assert f"`JAXCACHE_{name.upper()}`" in readme, f"JAXCACHE_{name.upper()} is not documented in README.md"
+
+
+RECORD_TYPES = {"RunRecord": "records", "KeyUsage": "records", "Fingerprint": "records", "WarmupRecord": "coverage",
+                "ProgramCoverage": "coverage"}
+
+
+def test_each_record_format_is_defined_once():
+    """The run and coverage records have one schema each (jaxcache.records, jaxcache.coverage): no second parser or
+    model of them anywhere, the API's included."""
+    for name, (part, path) in ALL.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for record, home in RECORD_TYPES.items():
+                    if record in node.name:
+                        assert name == f"jaxcache.{home}", f"{name} defines {node.name}: use jaxcache.{home}.{record}"

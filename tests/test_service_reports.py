@@ -14,6 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
@@ -623,9 +624,7 @@ def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_
             rec = run(f"job-{run_id}", run_id, [], at=start, process_index=index, process_count=2,
                       jaxlib=rng.choice([NEW, OLD]))
         else:
-            rec = RunRecord(**{**{f: getattr(rec, f) for f in rec.__dataclass_fields__},
-                               "keys": [KeyUsage(**{f: getattr(u, f) for f in u.__dataclass_fields__})
-                                        for u in rec.keys]})
+            rec = msgspec.structs.replace(rec, keys=[msgspec.structs.replace(u) for u in rec.keys])
         for _ in range(rng.randrange(1, 4)):
             key = rng.choice(pool)
             u = next((u for u in rec.keys if u.key == key), None)
@@ -643,8 +642,7 @@ def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_
         rec.updated_at = rec.started_at + 10 * step
         if rng.random() < 0.15 and (run_id, index) in state:
             older = state[(run_id, index)]
-            older = RunRecord(**{**{f: getattr(older, f) for f in older.__dataclass_fields__},
-                                 "updated_at": older.updated_at - 1, "keys": older.keys[:1]})
+            older = msgspec.structs.replace(older, updated_at=older.updated_at - 1, keys=older.keys[:1])
             assert ingest(catalog, "demo", older).stale
         ingest(catalog, "demo", rec)
         state[(run_id, index)] = rec

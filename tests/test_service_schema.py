@@ -44,3 +44,15 @@ def test_api_conforms(api_schema):
             )
 
         check()
+
+
+def test_the_report_body_in_openapi_is_the_record_formats_own_schema(tmp_path):
+    from jaxcache import records
+
+    app = create_app(ServiceSettings(caches={}, db=f"sqlite:///{tmp_path / 'c.sqlite'}"))
+    components = app.openapi()["components"]["schemas"]
+    _, own = records.json_schema()
+    assert set(components["RunRecordModel"]["properties"]) == set(own["RunRecord"]["properties"])
+    assert components["KeyUsageModel"]["properties"]["sha256"] == own["KeyUsage"]["properties"]["sha256"]
+    body = app.openapi()["paths"]["/v1/reports"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/RunRecordModel"}

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 from jax import monitoring
 
 from jaxcache import records
@@ -295,4 +296,4 @@ class _Tap(logging.Filter):
 
 
 def _copy(usage: KeyUsage) -> KeyUsage:
-    return KeyUsage(**{name: getattr(usage, name) for name in KeyUsage.__slots__})
+    return msgspec.structs.replace(usage)

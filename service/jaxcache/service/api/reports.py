@@ -11,7 +11,7 @@ from jaxcache import records
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.api.deps import ERRORS, ReportAuth, state_of, storage_of
 from jaxcache.service.api.schemas.common import ErrorModel
-from jaxcache.service.api.schemas.reports import ReportErrorModel, ReportResult, RunRecordModel
+from jaxcache.service.api.schemas.reports import ReportErrorModel, ReportResult
 from jaxcache.service.ingestion import reports as ingestion
 from jaxcache.service.ingestion import routing
 from jaxcache.service.middleware import REPORTS_PATH
@@ -58,19 +58,35 @@ async def ingest_report(
                         runs=0 if r.stale else 1, keys=r.keys, stale=r.stale)
 
 
+#: The run record's components in the OpenAPI document, by the names earlier versions of the document used.
+_COMPONENT_NAMES = {"RunRecord": "RunRecordModel", "KeyUsage": "KeyUsageModel", "Fingerprint": "FingerprintModel"}
+
+
+def _renamed(node: Any) -> Any:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+            name = ref.rsplit("/", 1)[1]
+            return {**node, "$ref": f"#/components/schemas/{_COMPONENT_NAMES.get(name, name)}"}
+        return {k: _renamed(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_renamed(v) for v in node]
+    return node
+
+
 def document_record_schema(app: FastAPI) -> None:
-    """Document the run record as the body of POST /v1/reports. The route reads the raw body (records.parse is
-    the one validator, and auth must come before parsing), so FastAPI cannot see the model by itself."""
+    """Document the run record as the body of POST /v1/reports, from the record format's own schema
+    (jaxcache.records, the one validator). The route reads the raw body (auth must come before parsing), so
+    FastAPI cannot see it by itself."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = build()
-            body = RunRecordModel.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
+            _, found = records.json_schema()
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for name, sub in body.pop("$defs", {}).items():
-                components.setdefault(name, sub)
-            components["RunRecordModel"] = body
+            for name, sub in found.items():
+                components[_COMPONENT_NAMES.get(name, name)] = _renamed(sub)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -9,8 +9,9 @@ version of one, changes nothing. How the figures are defined: docs/service.md, "
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
+import msgspec
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.orm import Session
 
@@ -144,7 +145,7 @@ def _run_fields(record: RunRecord, source: str) -> dict:
     return {
         "job": record.job, "process_count": record.process_count, "host": record.host,
         "topology": record.topology, "cache_dir": record.cache_dir, "jax": fp.jax, "jaxlib": fp.jaxlib,
-        "backend": fp.backend, "fingerprint": asdict(fp), "fingerprint_digest": fp.digest,
+        "backend": fp.backend, "fingerprint": msgspec.structs.asdict(fp), "fingerprint_digest": fp.digest,
         "started_s": record.started_at, "updated_s": record.updated_at, "final": record.final, "pid": record.pid,
         "keys": len(record.keys), "source": source, "ingested_s": time.time(),
     }
