@@ -196,7 +196,7 @@ RECORD_TYPES = {"RunRecord": "records", "KeyUsage": "records", "Fingerprint": "r
 def test_each_record_format_is_defined_once():
     """The run and coverage records have one schema each (jaxcache.records, jaxcache.coverage): no second parser or
     model of them anywhere, the API's included."""
-    for name, (part, path) in ALL.items():
+    for name, (_, path) in ALL.items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
                 for record, home in RECORD_TYPES.items():
