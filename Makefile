@@ -91,12 +91,15 @@ run: demo-cache
 	$(VENV)/bin/jaxcache stats $(DEMO_CACHE) --top 5
 	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --host $(HOST) --port $(PORT)
 
+# The type checker first (pyproject.toml [tool.mypy]: strict on the core and the client), then the suite.
 test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium postgres
+	$(VENV)/bin/mypy
 	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \
 	  JAXCACHE_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check core client service warmup tests bench
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) $(NEXT_VENV) $(DEMO_CACHE)

@@ -1,20 +1,6 @@
-"""Latency of the catalog service's API over a catalog of N real-format entries, under concurrent clients.
-
-Builds a directory of ``--entries`` entries (real JAX entry bytes under distinct keys, as bench/scan.py does),
-starts ``jaxcache serve`` on it in its own process (embedded SQLite catalog), waits for the first scan, then a
-separate load-generator process runs ``--clients`` concurrent clients against real HTTP on loopback:
-
-* ``GET /v1/caches/bench/entries?limit=100``, repeated pages: first pages and cursor pages of several sorts, each
-  path asked over and over (a dashboard on many screens, scripts re-reading a listing). After the first request
-  of a path the service's page cache answers it (``JAXCACHE_PAGE_CACHE_S``, 1 s by default);
-* the same route, distinct pages: every request a different page (thousands of cursors of three sorts, cycled so
-  that no page is asked twice within the page cache's lifetime): the catalog query path on every request;
-* ``GET /healthz`` at the same concurrency: the floor of this server and client (the in-run baseline);
-* ``GET /v1/caches/bench/stats`` sequentially.
-
-Reports p50/p99 latencies and the entries/healthz ratio. The issue's targets on a 2-core machine: entries
-p50 <= 20 ms and p99 <= 100 ms at 32 clients; stats <= 100 ms. Figures, not assertions. ``--page-cache-s 0``
-runs the service without its page cache (then repeated pages take the query path too).
+"""Latency of the catalog service's API over N real-format entries under concurrent clients: repeated listing
+pages (the page cache answers), distinct pages (the query path every time) and ``GET /healthz`` (the baseline) at
+``--clients`` connections, and stats sequentially. Figures, not assertions; what each figure means: README.md.
 
     .venv/bin/python bench/api.py --entries 100000
 """
@@ -37,24 +23,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scan import _write, load_sources, make_source  # noqa: E402
+from entries import build_root as build  # noqa: E402
+from entries import load_sources, make_source
 
 SORTS = ["size", "compile", "last_used", "created", "name"]
-
-
-def build(sources: list[tuple[str, bytes]], root: str, entries: int) -> None:
-    import hashlib
-    import struct
-
-    os.makedirs(root)
-    now = time.time_ns()
-    for i in range(entries):
-        module, data = sources[i % len(sources)]
-        key = f"{module}-{hashlib.sha256(str(i).encode()).hexdigest()}"
-        _write(os.path.join(root, key + "-cache"), data)
-        _write(os.path.join(root, key + "-atime"), struct.pack("<Q", now - i * 1_000_000_000))
-        if (i + 1) % max(entries // 10, 1) == 0:
-            print(f"built {i + 1}/{entries}", file=sys.stderr)
 
 
 def _free_port() -> int:

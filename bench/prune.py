@@ -1,23 +1,6 @@
-"""Benchmark prune: planning over N candidates, and local deletion throughput against a raw ``os.unlink`` loop.
-
-What it measures, on a local directory of ``--entries`` real-format JAX cache entries (each a
-``<module>-<sha256 hex>-cache`` file copied byte for byte from a real cache, plus its 8-byte ``-atime`` file, built
-as ``bench/scan.py`` builds them, with deterministic ages):
-
-* ``plan``: :func:`jaxcache.prune.plan` over all N candidates with a policy that uses every kind of rule
-  (``unused_for``, ``max_total_bytes`` eviction, a function glob, pins, the ``min_age`` grace), median of
-  ``--repeat`` runs. Target: at most 2 s for 100k candidates.
-* ``apply``: :func:`jaxcache.prune.apply` deleting ``--delete`` entries (``-cache`` then ``-atime``) with a
-  ``.lockfile`` present, so every deletion takes JAX's own LRU lock as it does on a root where JAX's LRU is on;
-  and again on other entries without the ``.lockfile``. Target: at least 2,000 entries/s.
-* ``raw unlink``: the same number of other entries deleted by a bare ``os.unlink`` loop (two calls per entry):
-  the floor, for the ratio.
-
-Each deleter takes its own slice of the same directory (every third key), so all see the same directory size and a
-warm page cache (the build just wrote it, then ``os.sync()`` writes it back). The deleters take turns in
-``--rounds`` chunks, each round in a different order, so the file system's background work spreads over all of
-them. Nothing here asserts a timing; it asserts that each deleter removed exactly the files it was given and
-nothing else (that is correctness).
+"""Prune: planning over N candidates (a policy using every kind of rule), and local deletion throughput with JAX's
+LRU lock, against a raw ``os.unlink`` loop over the same directory. Deleters take turns on slices of one
+directory; each must remove exactly its own files (the one assertion). What each figure means: README.md.
 
     .venv/bin/python bench/prune.py --entries 100000        # table; --json for machine-readable figures
 """
@@ -25,7 +8,6 @@ nothing else (that is correctness).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -36,16 +18,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scan import load_sources, make_source  # noqa: E402  (bench/scan.py: the same real entries, the same keys)
+from entries import key_of, load_sources, make_source  # noqa: E402  (the same entries, the same keys)
 
 DAY = 86400.0
 PLAN_TARGET_S = 2.0
 APPLY_TARGET_PER_S = 2000.0
-
-
-def key_of(module: str, i: int) -> str:
-    """Entry ``i``'s key, as bench/scan.py names them."""
-    return f"{module}-{hashlib.sha256(str(i).encode()).hexdigest()}"
 
 
 def build(sources: list[tuple[str, bytes]], root: str, entries: int, now: float) -> list[str]:

@@ -1,17 +1,5 @@
-"""Rescan of an unchanged cache root by the service's catalog, against a raw ``scandir`` + ``stat`` pass.
-
-The service rescans every root every ``JAXCACHE_RESCAN_S`` seconds; on a root where nothing changed that pass
-must cost little more than listing the directory. This builds ``--entries`` real-format entries (each with an
-``-atime``), fills a SQLite catalog with one untimed rescan, then times:
-
-* ``baseline``: ``os.scandir`` + ``DirEntry.stat()`` over every file;
-* ``first``: a process's first rescan of the unchanged root (it reads every row of the catalog to compare), each
-  in a fresh process, alternating with a baseline pass there;
-* ``periodic``: the rescans that follow in the same process, as the service's background rounds are (the catalog
-  unchanged since this process's last rescan, checked by its fingerprint, so the listing is compared with the
-  previous one), alternating with baseline passes in that process.
-
-Reports medians and ratios (the issue's target: <= 1.5x for the periodic rescan). Figures, not assertions.
+"""The service's rescan of an unchanged root, a process's first (it reads the catalog) and its periodic ones,
+against a raw ``scandir`` + ``stat`` pass in the same process. Figures, not assertions.
 
     .venv/bin/python bench/rescan.py --entries 100000
 """
@@ -29,8 +17,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from api import build  # noqa: E402
-from scan import load_sources, make_source  # noqa: E402
+from entries import build_root as build  # noqa: E402
+from entries import load_sources, make_source
 
 
 def baseline(root: str) -> dict:

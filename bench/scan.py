@@ -1,23 +1,7 @@
-"""Benchmark jaxcache's directory scanner against the tightest hand-written loop that gets the same answers.
-
-What it measures: the time to walk a local cache root of ``--entries`` real-format JAX cache entries (each a
-``<module>-<sha256 hex>-cache`` file copied byte for byte from a real cache, plus its 8-byte ``-atime`` file) and
-read every entry's compression header and stored compile seconds. Three readers do the same walk:
-
-* ``baseline``: ``os.scandir`` + ``DirEntry.stat()`` + ``open``/``pread``/decompress, written for speed only;
-* ``scan``: ``jaxcache.scan.scan(open_storage(dir))``, iterated;
-* ``summarize``: ``jaxcache.stats.summarize(scan(storage))``, what ``jaxcache stats`` does.
-
-Why: the scanner is what every ``jaxcache`` command runs over roots that reach hundreds of thousands of entries,
-and its promise is "close to raw syscalls, memory flat in the number of entries". Machines are noisy, so every
-figure that matters is a ratio measured in one run: scan time over baseline time, and peak RSS of the scanner at
-N/10 entries against N entries. Nothing here asserts a timing; the script does assert that all readers agree on
-the entry count, compile-seconds sum, byte total and ``-atime`` sum (that is correctness).
-
-Every measurement runs in a fresh interpreter (so its peak RSS, read inside the child from ``VmHWM`` where Linux
-has it, else ``getrusage``, is its own), measurements alternate, and medians of ``--repeat`` runs are reported.
-The page cache cannot be dropped without root, so an untimed baseline pass warms it first and every reader sees
-a warm cache.
+"""jaxcache's directory scanner (``scan`` and ``summarize``, what ``ls`` and ``stats`` run) against the tightest
+hand-written loop that gets the same answers (``scandir`` + ``stat`` + ``pread`` + decompress), each in a fresh
+interpreter; ratios of medians, and peak RSS at N/10 and N entries. The readers must agree on every total (the
+one assertion). What each figure means: README.md.
 
     .venv/bin/python bench/scan.py --entries 100000          # table; --json for machine-readable figures
 """
@@ -25,10 +9,8 @@ a warm cache.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -36,8 +18,9 @@ import sys
 import tempfile
 import time
 
-_NAME_RE = re.compile(r"(?P<module>.+)-(?P<hash>[0-9a-f]{64})-cache")
-_MAX_SOURCES = 64
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from entries import Progress, key_of, load_sources, make_source, write  # noqa: E402
+
 _TARGET_RATIO = 1.5
 _KINDS = ("baseline", "scan", "summarize")
 
@@ -176,64 +159,6 @@ def run_child(kind: str, root: str) -> dict:
 # Building the directories.
 
 
-def make_source(workdir: str) -> str:
-    """Fill ``workdir/source`` with a real JAX cache via ``python -m jaxcache.warmup.demo``."""
-    source = os.path.join(workdir, "source")
-    print(f"generating a real JAX cache in {source} (python -m jaxcache.warmup.demo) ...", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "jaxcache.warmup.demo", source], check=True,
-                   env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    return source
-
-
-def load_sources(source: str) -> list[tuple[str, bytes]]:
-    """``(module, bytes)`` of up to ``_MAX_SOURCES`` real ``-cache`` files, sorted by name."""
-    found = []
-    for name in sorted(os.listdir(source)):
-        m = _NAME_RE.fullmatch(name)
-        if m is None:
-            continue
-        with open(os.path.join(source, name), "rb") as f:
-            found.append((m["module"], f.read()))
-        if len(found) >= _MAX_SOURCES:
-            break
-    if not found:
-        sys.exit(f"error: no <module>-<64 hex>-cache files in {source}")
-    return found
-
-
-class _Progress:
-    """tqdm on a terminal; otherwise a line on stderr every 10%."""
-
-    def __init__(self, total: int, desc: str) -> None:
-        self.total, self.desc, self.done, self.next_pct = total, desc, 0, 10
-        self.bar = None
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, unit="entry", unit_scale=True, file=sys.stderr)
-
-    def update(self, n: int = 1) -> None:
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-            return
-        while self.total and self.done * 100 >= self.next_pct * self.total and self.next_pct <= 100:
-            print(f"{self.desc}: {self.next_pct}% ({self.done}/{self.total})", file=sys.stderr)
-            self.next_pct += 10
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _write(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
 def build(sources: list[tuple[str, bytes]], big: str, small: str, entries: int) -> None:
     """Write ``entries`` entries (+ ``-atime`` files) into ``big``; the first ``entries // 10`` also into ``small``.
 
@@ -245,16 +170,16 @@ def build(sources: list[tuple[str, bytes]], big: str, small: str, entries: int) 
     n_small = entries // 10
     os.makedirs(big)
     os.makedirs(small)
-    progress = _Progress(entries, f"building {entries} entries")
+    progress = Progress(entries, f"building {entries} entries")
     try:
         for i in range(entries):
             module, data = sources[i % len(sources)]
-            key = f"{module}-{hashlib.sha256(str(i).encode()).hexdigest()}"
+            key = key_of(module, i)
             atime = pack_atime(time.time_ns())
             dirs = (big, small) if i < n_small else (big,)
             for d in dirs:
-                _write(os.path.join(d, key + "-cache"), data)
-                _write(os.path.join(d, key + "-atime"), atime)
+                write(os.path.join(d, key + "-cache"), data)
+                write(os.path.join(d, key + "-atime"), atime)
             progress.update()
     finally:
         progress.close()

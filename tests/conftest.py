@@ -151,11 +151,13 @@ def serve_env(tokens: dict[str, str] | None = None, **extra: str) -> dict[str, s
 
 
 def start_serve(caches: dict[str, str | Path], db: str, *, env: dict[str, str], args: tuple[str, ...] = (),
-                stdout=subprocess.PIPE) -> tuple[subprocess.Popen, str]:
+                stdout=subprocess.PIPE, exe: str | Path | None = None) -> tuple[subprocess.Popen, str]:
     """Start `jaxcache serve` for ``caches`` (name -> root) on a free loopback port; returns the process and its
-    base URL. Wait for it with :func:`wait_ready`, stop it with :func:`stop_serve`."""
+    base URL. Wait for it with :func:`wait_ready`, stop it with :func:`stop_serve`. ``exe``: another venv's
+    `jaxcache` (default: this one's)."""
     port = _free_port()
-    cmd = [str(Path(sys.executable).with_name("jaxcache")), "serve", "--port", str(port), "--db", db, *args]
+    exe = exe or Path(sys.executable).with_name("jaxcache")
+    cmd = [str(exe), "serve", "--port", str(port), "--db", db, *args]
     for name, root in caches.items():
         cmd += ["--cache", f"{name}={root}"]
     proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.STDOUT, text=True)

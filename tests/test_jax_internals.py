@@ -102,3 +102,18 @@ def test_a_warm_up_that_captures_no_keys_says_why_not_no_jit_calls(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "no jit calls" not in proc.stderr
     assert "jaxcache could not tell which" in proc.stderr and "docs/jax-internals.md" in proc.stderr
+
+
+def test_the_lowest_jax_the_client_claims_is_the_one_the_suite_runs_on():
+    import re
+    from pathlib import Path
+
+    import jax
+
+    root = Path(__file__).resolve().parent.parent
+    floor = re.search(r'"jax>=([0-9.]+)"', (root / "client" / "pyproject.toml").read_text()).group(1)
+    pinned = re.search(r"^FLOOR_JAX \?= ([0-9.]+)$", (root / "Makefile").read_text(), re.M).group(1)
+    assert pinned == floor, f"make test pins jax {pinned}, but client/pyproject.toml claims jax>={floor}"
+    if jax.__version__ != floor:
+        pytest.skip(f"this venv has jax {jax.__version__}, not the floor {floor} that `make test` pins in .venv")
+    assert jax_internals.jax_version() == tuple(int(p) for p in floor.split("."))
