@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -18,10 +18,11 @@ SCHEMA = "jaxcache.warmup/1"
 WARMUPS_PREFIX = f"{RECORDS_DIR}/warmups/"
 MAX_COVERAGE_BYTES = 32 * 1024 * 1024
 
-WRITTEN = "written"  # compiled and stored by this warm-up
-PRESENT = "present"  # already in the cache: a hit
-NOT_WRITTEN = "not_written"  # compiled but JAX did not store it (reason says why)
-STATUSES = (WRITTEN, PRESENT, NOT_WRITTEN)
+Status = Literal["written", "present", "not_written"]
+WRITTEN: Final = "written"  # compiled and stored by this warm-up
+PRESENT: Final = "present"  # already in the cache: a hit
+NOT_WRITTEN: Final = "not_written"  # compiled but JAX did not store it (reason says why)
+STATUSES: tuple[Status, ...] = (WRITTEN, PRESENT, NOT_WRITTEN)
 
 _ID = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
 WarmupId = Annotated[str, msgspec.Meta(pattern=f"^{_ID}$")]
@@ -32,7 +33,7 @@ class ProgramCoverage(msgspec.Struct, frozen=True):
 
     key: Key
     function: Text
-    status: Literal["written", "present", "not_written"]
+    status: Status
     compile_s: Seconds | None = None
     size_bytes: Annotated[int, msgspec.Meta(ge=0, lt=2**53)] | None = None
     reason: Text | None = None

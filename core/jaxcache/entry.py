@@ -15,6 +15,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import zstandard
 
@@ -113,7 +114,8 @@ def decode_atime(data: bytes) -> int | None:
     """Decode an ``-atime`` file: 8 bytes little-endian nanoseconds since the epoch; None if malformed."""
     if len(data) != ATIME_BYTES:
         return None
-    return struct.unpack("<Q", data)[0]
+    time_ns: int = struct.unpack("<Q", data)[0]
+    return time_ns
 
 
 def encode_atime(time_ns: int) -> bytes:
@@ -160,7 +162,21 @@ def _zstd_first_block_end(prefix: bytes) -> int | None:
     return pos + 3 + (1 if block_type == 1 else block_size)
 
 
-def _decompressor(compression: Compression):
+class _Decompressor(Protocol):
+    """What zstd's and zlib's streaming decompressors share."""
+
+    @property
+    def eof(self) -> bool: ...
+
+    @property
+    def unused_data(self) -> bytes: ...
+
+    def decompress(self, data: bytes, /) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+def _decompressor(compression: Compression) -> _Decompressor:
     if compression is Compression.ZSTD:
         return _zstd().decompressobj()
     return zlib.decompressobj()

@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -25,10 +25,11 @@ RECORDS_DIR = ".jaxcache"
 RUNS_PREFIX = f"{RECORDS_DIR}/runs/"
 MAX_RECORD_BYTES = 32 * 1024 * 1024  # a process touching ~100k keys; anything bigger is not ours
 
-HIT = "hit"
-WRITE = "write"
-COMPILED = "compiled"  # compiled because the cache did not have it, and not written (reason says why)
-EVENTS = (HIT, WRITE, COMPILED)
+Event = Literal["hit", "write", "compiled"]
+HIT: Final = "hit"
+WRITE: Final = "write"
+COMPILED: Final = "compiled"  # compiled because the cache did not have it, and not written (reason says why)
+EVENTS: tuple[Event, ...] = (HIT, WRITE, COMPILED)
 
 _RUN_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
 _JOB = r"[^\x00-\x1f/\\]{1,200}"
@@ -83,7 +84,7 @@ class KeyUsage(msgspec.Struct):
     """What one process did with one key. Counts and seconds are totals for the process so far."""
 
     key: Key
-    event: Literal["hit", "write", "compiled"]  # the most informative event seen: write > compiled > hit
+    event: Event  # the most informative event seen: write > compiled > hit
     function: Text = ""  # the key's module name when empty
     hits: Count = 0
     compiles: Count = 0

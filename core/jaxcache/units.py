@@ -37,7 +37,7 @@ def parse_bytes(text: str) -> int:
 def format_duration(seconds: float) -> str:
     """``90061`` → ``1d 1h``: the two largest units, for ages."""
     s = int(max(seconds, 0))
-    parts = []
+    parts: list[str] = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if s >= size or (unit == "s" and not parts):
             parts.append(f"{s // size}{unit}")

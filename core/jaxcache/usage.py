@@ -57,7 +57,7 @@ def read_usage(storage: Storage) -> RecordedUse:
     for name, data, error in bounded_map(lambda i: _read(storage, i), infos, workers=storage.io_workers):
         if data is None and error is None:
             continue  # deleted since the listing
-        if error is None:
+        if data is not None and error is None:
             try:
                 record = records.parse(data)
             except InvalidInputError as exc:

@@ -121,7 +121,8 @@ def check_not_compiled(cache_dir: str) -> None:
     """
     from jax._src import compilation_cache as cc
 
-    current = jax.config.jax_compilation_cache_dir
+    # jax.config's options are properties JAX adds at run time; its annotations do not list them.
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
     initialized = getattr(cc, "_cache_initialized", None)
     checked = getattr(cc, "_cache_checked", None)
     if initialized is None or checked is None:
@@ -145,12 +146,12 @@ def apply(settings: dict[str, Any]) -> None:
     previous = {name: getattr(jax.config, name) for name in settings}
     try:
         for name, value in settings.items():
-            jax.config.update(name, value)
+            jax.config.update(name, value)  # type: ignore[no-untyped-call]  # JAX leaves it unannotated
     except Exception:
         for name, value in previous.items():
-            jax.config.update(name, value)
+            jax.config.update(name, value)  # type: ignore[no-untyped-call]  # JAX leaves it unannotated
         raise
-    if not jax.config.jax_enable_compilation_cache:
+    if not jax.config.jax_enable_compilation_cache:  # type: ignore[attr-defined]  # added at run time
         log.warning("jax_enable_compilation_cache is False here: JAX will not use the cache until it is True")
 
 
@@ -197,7 +198,7 @@ def fingerprint(compression: str) -> Fingerprint:
         jaxlib=getattr(jaxlib, "__version__", None) or jax.__version__,
         compression=compression,
         xla_flags_digest=hashlib.sha256(flags.encode()).hexdigest()[:16],
-        xla_caches=jax.config.jax_persistent_cache_enable_xla_caches,
+        xla_caches=jax.config.jax_persistent_cache_enable_xla_caches,  # type: ignore[attr-defined]  # run-time option
         **fields,
     )
 

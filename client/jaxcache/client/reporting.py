@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 from jaxcache.records import RunRecord
 from jaxcache.storage import Storage, open_storage
@@ -65,7 +67,9 @@ class RecordWriter:
 class ServiceReporter:
     """POSTs run records to ``<service_url>/v1/reports`` from a background thread, 2 s timeout, fail open."""
 
-    def __init__(self, service_url: str, token: str | None, *, opener: Callable[..., object] | None = None) -> None:
+    def __init__(
+        self, service_url: str, token: str | None, *, opener: Callable[..., AbstractContextManager[Any]] | None = None
+    ) -> None:
         self.url = f"{service_url}/v1/reports"
         self._token = token
         self._warned = False
@@ -121,7 +125,7 @@ class ServiceReporter:
         if self._token:
             request.add_header("Authorization", f"Bearer {self._token}")
         try:
-            with (self._opener or urllib.request.urlopen)(request, timeout=POST_TIMEOUT_S) as response:  # type: ignore[attr-defined]
+            with (self._opener or urllib.request.urlopen)(request, timeout=POST_TIMEOUT_S) as response:
                 response.read()
             self.sent += 1
         except urllib.error.HTTPError as exc:

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from jaxcache.client import jax_internals as ji
 from jaxcache.client import trust as trust_mod
@@ -19,6 +20,9 @@ from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
 from jaxcache.records import HIT, WRITE, Fingerprint, KeyUsage, RunRecord
 from jaxcache.storage import is_gcs_url
+
+if TYPE_CHECKING:  # verify mode loads it only when asked for
+    from jaxcache.integrity import Verdict
 
 log = logging.getLogger("jaxcache.client")
 
@@ -171,11 +175,11 @@ class CacheSession:
             self._sampler.on_hit(usage.key)
 
     @property
-    def integrity_findings(self) -> list:
+    def integrity_findings(self) -> list[Verdict]:
         """With ``verify="sample"``: the entries this job hit that failed the check (tampered or mismatched)."""
         return [] if self._sampler is None else list(self._sampler.findings)
 
-    def check_sample(self, timeout_s: float = ATTEST_WAIT_S) -> list:
+    def check_sample(self, timeout_s: float = ATTEST_WAIT_S) -> list[Verdict]:
         """With ``verify="sample"``: check the hits collected so far now (if not yet), wait, return findings."""
         if self._sampler is not None:
             self._sampler.start()

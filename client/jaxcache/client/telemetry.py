@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from jax import monitoring
@@ -152,7 +153,7 @@ class Recorder:
             elif event == ji.WRITES:
                 self._writes += 1
 
-    def _on_duration(self, event: str, duration_s: float, **_: object) -> None:
+    def _on_duration(self, event: str, duration_secs: float, **_: object) -> None:
         if event not in (ji.SAVED, ji.RETRIEVAL, ji.COMPILE):
             return
         if event == ji.COMPILE and getattr(self._local, "awaiting_key", False):
@@ -161,17 +162,17 @@ class Recorder:
         finished: KeyUsage | None = None
         with self._lock:
             if event == ji.SAVED:
-                saved = max(float(duration_s), 0.0)
+                saved = max(float(duration_secs), 0.0)
                 self._saved_s += saved
                 if usage is not None:
                     usage.saved_s += saved
             elif event == ji.RETRIEVAL:
-                self._retrieval_s += float(duration_s)
+                self._retrieval_s += float(duration_secs)
                 if usage is not None:
-                    usage.retrieval_s += float(duration_s)
+                    usage.retrieval_s += float(duration_secs)
             elif usage is not None:  # the compile-or-load of the current key is over
                 if usage.event != records.HIT and getattr(self._local, "compile_s", None) is None:
-                    self._note_compile(usage, float(duration_s))
+                    self._note_compile(usage, float(duration_secs))
                 self._local.current = None
                 finished = _copy(usage) if self._listeners else None
         if event == ji.COMPILE and usage is not None and finished is not None:
@@ -184,7 +185,7 @@ class Recorder:
     def on_log(self, record: logging.LogRecord) -> None:
         """Read one record of JAX's cache loggers (called by the tap)."""
         msg = record.msg if isinstance(record.msg, str) else ""
-        args = record.args if isinstance(record.args, tuple) else ()
+        args: tuple[Any, ...] = record.args if isinstance(record.args, tuple) else ()
         if msg.startswith(ji.HIT_MSG.prefix) and len(args) == 2:
             self._begin(str(args[1]), str(args[0]), hit=True)
         elif msg.startswith(ji.MISS_MSG.prefix) and len(args) == 2:
@@ -264,7 +265,7 @@ class Recorder:
                 if usage.event != records.WRITE:
                     usage.reason = reason
 
-    def _update(self, key: str, *, event: str, reason: str | None, writes: int = 0,
+    def _update(self, key: str, *, event: records.Event, reason: str | None, writes: int = 0,
                 size_bytes: int | None = None) -> None:
         with self._lock:
             usage = self._keys.get(key)

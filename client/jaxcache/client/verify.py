@@ -102,6 +102,8 @@ class HitSampler:
                 if data is None:
                     continue
                 name = fmt.parse_name(fmt.cache_name(key))
+                if name is None:
+                    raise ValueError(f"{key!r} is not the shape of a key JAX gives")
                 entry = Entry(key=key, module=name.module, hash=name.hash, name=name.name, size_bytes=len(data),
                               mtime_s=0.0)
                 verdict = integrity.classify(entry, data, attested.get(key), now=0.0, min_age_s=0.0)

@@ -103,9 +103,10 @@ class GcsStorage(Storage):
         blob = self._bucket.blob(self._blob_name(name))
         with self._translate("read", name):
             try:
-                return blob.download_as_bytes(
+                data: bytes = blob.download_as_bytes(
                     start=offset, end=offset + length - 1, checksum=None, retry=DEFAULT_RETRY
                 )
+                return data
             except gexc.NotFound:
                 return None
             except gexc.RequestRangeNotSatisfiable:
@@ -115,7 +116,8 @@ class GcsStorage(Storage):
         blob = self._bucket.blob(self._blob_name(name))
         with self._translate("read", name):
             try:
-                return blob.download_as_bytes(retry=DEFAULT_RETRY)
+                data: bytes = blob.download_as_bytes(retry=DEFAULT_RETRY)
+                return data
             except gexc.NotFound:
                 return None
 

@@ -92,7 +92,7 @@ class State:
         except LockBusyError:
             raise
         except JaxcacheError as exc:
-            with self.catalog.session() as s:  # a write without a read first: see rescan.py
+            with self.catalog.session() as s:  # a write without a read first: see tasks/rescan.py
                 s.execute(update(CacheRow).where(CacheRow.name == name).values(last_scan_error=str(exc)[:2000]))
             raise
         self.scanned.add(name)

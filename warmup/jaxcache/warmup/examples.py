@@ -74,7 +74,7 @@ def run_job(steps: int) -> float:
               for n in params_sharding}
     x = jax.device_put(rng.standard_normal(s["x"]).astype(np.float32), by_batch)
     y = jax.device_put(rng.standard_normal(s["y"]).astype(np.float32), by_batch)
-    value = None
+    value: Any = None
     for _ in range(steps):
         params, value = step(params, x, y)
     return float(value)

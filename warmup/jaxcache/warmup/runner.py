@@ -6,9 +6,10 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 from jaxcache.client import CacheAlreadyInitializedError, enable_cache
-from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, ProgramCoverage, WarmupRecord
+from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, ProgramCoverage, Status, WarmupRecord
 from jaxcache.errors import JaxcacheError
 from jaxcache.records import HIT, WRITE, KeyUsage
 from jaxcache.storage import open_storage
@@ -16,8 +17,14 @@ from jaxcache.warmup import devices as dev
 from jaxcache.warmup import target as tgt
 from jaxcache.warmup.context import WarmupContext
 
+
+class _Thresholds(TypedDict):
+    min_compile_time_secs: float
+    min_entry_size_bytes: int
+
+
 # Every program is stored, however fast or small: a warm-up that skips the quick ones leaves jobs compiling.
-STORE_EVERYTHING = dict(min_compile_time_secs=0.0, min_entry_size_bytes=-1)
+STORE_EVERYTHING: _Thresholds = {"min_compile_time_secs": 0.0, "min_entry_size_bytes": -1}
 
 
 class NothingCompiledError(JaxcacheError):
@@ -35,7 +42,7 @@ class WarmupConfig:
     trust: str = "strict"
 
 
-def status_of(usage: KeyUsage) -> str:
+def status_of(usage: KeyUsage) -> Status:
     """A run record's event as coverage: written, present (a hit), or not written."""
     if usage.event == WRITE:
         return WRITTEN

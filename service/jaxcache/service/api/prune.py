@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy import delete, select
+from sqlalchemy import CursorResult, delete, select
 
 from jaxcache.service.api.deps import ERRORS, AdminAuth, CacheName, ReadAuth, state_of, storage_of
 from jaxcache.service.api.schemas.common import ErrorModel
@@ -95,7 +95,9 @@ def delete_pin(request: Request, cache: CacheName, pattern: str, _p: AdminAuth) 
     storage_of(request, cache)
     _check_pattern(pattern)
     with state_of(request).catalog.session() as s:  # a write without a read first: see tasks/rescan.py
-        gone = s.execute(delete(PinRow).where(PinRow.cache == cache, PinRow.pattern == pattern)).rowcount
+        # A DELETE's result is a CursorResult; Session.execute is typed for any statement.
+        result = s.execute(delete(PinRow).where(PinRow.cache == cache, PinRow.pattern == pattern))
+        gone = cast(CursorResult[Any], result).rowcount
     if not gone:
         raise HTTPException(404, f"no pin {pattern!r} on {cache!r}")
     return Response(status_code=204)

@@ -81,12 +81,13 @@ def document_record_schema(app: FastAPI) -> None:
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = build()
+        schema = app.openapi_schema
+        if schema is None:
+            schema = build()  # FastAPI's keeps it as app.openapi_schema
             _, found = records.json_schema()
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for name, sub in found.items():
                 components[_COMPONENT_NAMES.get(name, name)] = _renamed(sub)
-        return app.openapi_schema
+        return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

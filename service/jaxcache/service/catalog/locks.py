@@ -1,25 +1,7 @@
-"""Locks that every replica of the service sharing one catalog respects: one rescanner and one pruner at a time.
-
-The lock lives where the catalog lives, so no other coordination service is needed:
-
-- PostgreSQL: a session-level advisory lock (``pg_advisory_lock``) held on a connection of its own, opened for
-  the lock and closed when it is released. A replica that dies loses that connection and the server releases the
-  lock with it: at once when the process is killed (the kernel closes its socket), within about a minute when the
-  whole machine vanishes (the lock connection asks the server for TCP keepalives).
-- SQLite: a file lock (``filelock``, ``flock`` on Unix) beside the database file, which the kernel releases when the
-  process that holds it dies. Replicas on SQLite share one machine (or one file system with working locks).
-- An in-memory SQLite catalog belongs to one process: a thread lock is enough.
-
-Within one process a thread lock per name comes first, so threads of one replica take turns without opening
-connections, and a lock is never taken twice by one replica (PostgreSQL's advisory locks would nest). Waits
-queue where the lock is: on the server for PostgreSQL, by polling the file for SQLite.
-
-A PostgreSQL lock is held as long as its connection lives: if the database restarts under a holder, the holder
-carries on while another replica may take the lock. What the locks guard survives that overlap: a second rescan
-at once fails on the rows the first one inserts (and the next round rescans again), and prunes delete with
-generation preconditions. The locks keep replicas from doing the same work twice; correctness does not hang on
-them alone.
-"""
+"""Locks that every replica of the service sharing one catalog respects: one rescanner and one pruner of a cache
+at a time. They live where the catalog lives (PostgreSQL advisory locks on connections of their own, ``flock``
+files beside an SQLite file, a thread lock for an in-memory catalog), and a replica that dies releases them. Why
+they are shaped so, and what survives when they overlap: docs/service.md, "Replicas and locks"."""
 
 from __future__ import annotations
 
@@ -29,7 +11,7 @@ import os
 import re
 import threading
 import time
-from typing import Protocol
+from typing import Protocol, cast
 
 import filelock
 from sqlalchemy import create_engine, text
@@ -107,7 +89,8 @@ class _AdvisoryLocks:
         try:
             for setting, value in _KEEPALIVES.items():
                 conn.execute(text(f"SET {setting} = {int(value)}"))
-            if conn.dialect.server_version_info >= (14,):
+            version = conn.dialect.server_version_info  # set once connected
+            if version is not None and version >= (14,):
                 # A replica killed while it waits for a lock: the server would otherwise notice only once the wait
                 # ends (it does not read the socket of a backend that runs a query).
                 conn.execute(text("SET client_connection_check_interval = 5000"))
@@ -133,8 +116,7 @@ class _AdvisoryLocks:
         return (conn, name)
 
     def release(self, handle: object) -> None:
-        conn, name = handle  # type: ignore[misc]
-        conn: Connection
+        conn, name = cast(tuple[Connection, str], handle)  # what acquire() returned
         try:
             conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": advisory_key(name)})
         except Exception as exc:  # the connection is gone: so is the lock

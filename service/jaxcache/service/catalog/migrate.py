@@ -52,7 +52,7 @@ def scripts() -> ScriptDirectory:
     return ScriptDirectory.from_config(config())
 
 
-def head() -> str:
+def head() -> str | None:
     """The newest revision this version knows."""
     return scripts().get_current_head()
 
@@ -62,7 +62,7 @@ def current(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
-def upgrade(catalog) -> str:
+def upgrade(catalog) -> str | None:
     """Upgrade ``catalog``'s database to head (adopting a pre-Alembic catalog first). Returns the revision it is at.
 
     A database at a revision this version does not know (a newer replica already upgraded it during a rolling

@@ -8,7 +8,9 @@ revisions in ``migrations/``: a model changed here needs a revision there (a tes
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, Index, Integer, String, text
+from typing import Any, cast
+
+from sqlalchemy import JSON, BigInteger, Boolean, ColumnElement, Float, Index, Integer, String, Table, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -22,6 +24,20 @@ def Str(length: int) -> String:
 
 class Base(DeclarativeBase):
     pass
+
+
+def table_of(model: type[Base]) -> Table:
+    """The table a model is mapped to, for Core statements: SQLAlchemy types ``__table__`` as any FromClause (a
+    model may map a join or a subquery), which ``update()`` does not take; every model here maps a Table."""
+    return cast(Table, model.__table__)
+
+
+def max_length(column: ColumnElement[Any]) -> int:
+    """The length of a ``Str`` column: longer values would not fit."""
+    kind = column.type
+    if not isinstance(kind, String) or kind.length is None:
+        raise TypeError(f"{column} is not a string column of bounded length")
+    return kind.length
 
 
 class CacheRow(Base):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import Select
@@ -33,7 +34,7 @@ def _compile(conn: Connection, shape: Hashable, build: Callable[[], Select]) -> 
         compiled = build().compile(dialect=conn.dialect)
         if "POSTCOMPILE" in compiled.string:  # an expanding IN or a literal LIMIT: not for this path
             raise ValueError(f"statement of shape {shape!r} needs per-execution compilation")
-        found = _Compiled(compiled.string, tuple(compiled.positiontup) if compiled.positional else None,
+        found = _Compiled(compiled.string, tuple(compiled.positiontup or ()) if compiled.positional else None,
                           dict(compiled.params))
         _cache[key] = found
     return found
@@ -47,6 +48,6 @@ def fetch(conn: Connection, shape: Hashable, build: Callable[[], Select], params
     cursor = conn.connection.cursor()
     try:
         cursor.execute(c.sql, args)
-        return cursor.fetchall()
+        return cast(list[tuple], cursor.fetchall())  # both drivers give a list; the DBAPI stub says Sequence
     finally:
         cursor.close()

@@ -97,8 +97,9 @@ def routes(dash: Dashboard) -> APIRouter:
         dash.cache_or_404(cache)
         q = request.query_params
         form = {f: q.get(f, "").strip() for f in ENTRY_FILTERS}
-        sort = q.get("sort") if q.get("sort") in ENTRY_SORTS else "name"
-        order = q.get("order") if q.get("order") in ("asc", "desc") else "asc"
+        sort, order = q.get("sort"), q.get("order")
+        sort = sort if sort in ENTRY_SORTS else "name"
+        order = order if order in ("asc", "desc") else "asc"
         limit = int(q["limit"]) if q.get("limit", "").isdigit() and 1 <= int(q["limit"]) <= 1000 else 50
         cursor = q.get("cursor") or None
         error, rows, next_cursor = None, [], None

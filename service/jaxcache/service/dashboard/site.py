@@ -175,7 +175,7 @@ def html_route(dashboard: Dashboard) -> type[APIRoute]:
                 except ToLogin as exc:
                     target = "/login?" + urllib.parse.urlencode(
                         {"next": exc.next_url, **({"expired": "1"} if exc.expired else {})})
-                    response = RedirectResponse(request.scope.get("root_path", "").rstrip("/") + target, 303)
+                    response: Response = RedirectResponse(request.scope.get("root_path", "").rstrip("/") + target, 303)
                     if exc.expired:
                         response.delete_cookie(COOKIE, path="/")
                     return response

@@ -9,7 +9,7 @@ from sqlalchemy import Float, and_, bindparam, case, cast, delete, insert, selec
 from sqlalchemy.orm import Session
 
 from jaxcache import records
-from jaxcache.service.catalog.models import AGGREGATES, EntryRow, KeyStatsRow, RunRow, UsageRow
+from jaxcache.service.catalog.models import AGGREGATES, EntryRow, KeyStatsRow, RunRow, UsageRow, table_of
 
 _CHUNK = 500
 
@@ -83,7 +83,7 @@ EMPTY = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
 def entry_update_statement(cache: str):
     """UPDATE of an entry row's copy of its key's aggregates (parameters ``b_key`` and ``b_<aggregate>``); its last
     use becomes the newer of what storage shows and the last hit."""
-    entries = EntryRow.__table__
+    entries = table_of(EntryRow)
     # Typed on the server too: PostgreSQL cannot infer the type of a parameter that is only tested for NULL.
     hit = cast(bindparam("b_last_hit_s", type_=Float), Float)
     return (
@@ -101,7 +101,7 @@ def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
     """Recompute ``key_stats``, per-row saved seconds and the copies on entry rows for ``keys`` of ``cache``."""
     keys = sorted(set(keys))
     entry_update = entry_update_statement(cache)
-    usage = UsageRow.__table__
+    usage = table_of(UsageRow)
     saved_update = (
         update(usage)
         .where(usage.c.cache == cache, usage.c.key == bindparam("b_key"), usage.c.run_id == bindparam("b_run"),

@@ -40,7 +40,7 @@ def from_run(record: RunRecord) -> list[Digest]:
 
 def record(catalog: Catalog, cache: str, digests: Iterable[Digest]) -> int:
     """Store digests for keys that have none yet, or replace a later writer's with an earlier one's."""
-    todo = {}
+    todo: dict[str, Digest] = {}
     for d in digests:
         if d.key not in todo or d.at_s < todo[d.key].at_s:
             todo[d.key] = d

@@ -19,7 +19,7 @@ from jaxcache import records
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import AGGREGATES, KeyStatsRow, RunRow, UsageRow
+from jaxcache.service.catalog.models import AGGREGATES, KeyStatsRow, RunRow, UsageRow, table_of
 from jaxcache.service.ingestion import attestations
 from jaxcache.service.ingestion.aggregates import entry_update_statement, hit_at, recompute, saved_of_row, wrote
 
@@ -121,7 +121,7 @@ def _update_in_place(s: Session, cache: str, record: RunRecord, old: dict, new: 
                                   "b_last_hit_s": last_hit})
             entry_params.append({"b_key": key, **{f"b_{n}": stats[n] for n in AGGREGATES}})
     if stats_updates:
-        table = KeyStatsRow.__table__
+        table = table_of(KeyStatsRow)
         s.connection().execute(
             update(table).where(table.c.cache == cache, table.c.key == bindparam("b_key"))
             .values(hits=bindparam("b_hits"), saved_s=bindparam("b_saved_s"), last_hit_s=bindparam("b_last_hit_s")),

@@ -12,14 +12,14 @@ from jaxcache import records
 from jaxcache.errors import InvalidInputError
 from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import RecordFileRow
+from jaxcache.service.catalog.models import RecordFileRow, max_length
 from jaxcache.service.ingestion.reports import STORAGE, ingest
 from jaxcache.storage import ObjectInfo, Storage
 
 log = logging.getLogger("jaxcache.service")
 
 _CHUNK = 500
-_NAME_MAX = RecordFileRow.__table__.c.name.type.length  # longer: not a record jaxcache wrote
+_NAME_MAX = max_length(RecordFileRow.__table__.c.name)  # longer: not a record jaxcache wrote
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage) -> RecordScan:
     for info, data, error in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
         if data is None and error is None:
             continue  # deleted since the listing
-        if error is None:
+        if data is not None and error is None:
             try:
                 record = records.parse(data)
                 ingest(catalog, cache, record, source=STORAGE)

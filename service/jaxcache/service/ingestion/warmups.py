@@ -2,7 +2,7 @@
 
 A rescan reads ``<root>/.jaxcache/warmups/<id>.json`` (written by ``warmup``) when new or changed. A coverage
 record is written once, so ingesting is a replace of that warm-up's rows. "Hit since" counts the warm-up's
-programs that jobs have reported a hit on after the warm-up finished (run records; see reports.py).
+programs that jobs have reported a hit on after the warm-up finished (their run records: ingestion/reports.py).
 """
 
 from __future__ import annotations

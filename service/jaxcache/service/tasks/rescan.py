@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 from sqlalchemy import bindparam, case, delete, func, insert, select, update
 
@@ -19,7 +20,7 @@ from jaxcache.scan import read_head
 from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import LockBusyError
-from jaxcache.service.catalog.models import CacheRow, EntryRow
+from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
 from jaxcache.service.ingestion import warmups
 from jaxcache.service.ingestion.aggregates import EMPTY, key_stats
 from jaxcache.service.ingestion.runfiles import scan_records
@@ -46,7 +47,7 @@ class RescanResult:
     warmups_ingested: int = 0  # warm-up coverage records under .jaxcache/warmups/ new or changed
 
 
-_KEY_MAX = EntryRow.__table__.c.key.type.length
+_KEY_MAX = max_length(EntryRow.__table__.c.key)
 
 
 #: A file in a listing: (name, size_bytes, mtime_s, generation). The catalog's rows are read in the same shape
@@ -197,7 +198,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
     # The service rescans each cache every few minutes, mostly finding nothing new: the previous rescan's snapshot
     # stands for the catalog's rows unless something else changed them, and then a listing equal to the previous
     # one means nothing to write. Popped: a rescan that fails leaves none behind.
-    snap = catalog.rescan_snapshots.pop(cache, None)
+    snap = cast(_Snapshot | None, catalog.rescan_snapshots.pop(cache, None))  # the catalog keeps them opaque
     with catalog.reader() as conn:
         fingerprint = _fingerprint(conn, cache)
     if snap is not None and snap.fingerprint == fingerprint:
@@ -265,7 +266,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
             # Core, on the session's connection: an ORM UPDATE given many parameter sets is SQLAlchemy's "bulk
             # update by primary key", which refuses a WHERE clause of bound parameters.
             s.connection().execute(
-                update(EntryRow.__table__)
+                update(table_of(EntryRow))
                 .where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
                        EntryRow.kind == bindparam("k_kind"))
                 # The last hit as the row holds it now: a report may have moved it since the listing.

@@ -127,8 +127,11 @@ def run_pass(
         elapsed = time.monotonic() - started
         ahead = max(result.bytes_read / bytes_per_s - elapsed if bytes_per_s else 0.0,
                     (time.thread_time() - cpu_started) / cpu_share - elapsed if cpu_share else 0.0)
-        if ahead > 0 and (stop.wait(ahead) if stop is not None else time.sleep(ahead) or False):
-            break
+        if ahead > 0:
+            if stop is None:
+                time.sleep(ahead)
+            elif stop.wait(ahead):
+                break
     with catalog.reader() as conn:
         result.remaining = conn.execute(select(func.count()).select_from(_todo(cache).subquery())).scalar_one()
     result.seconds = time.monotonic() - started

@@ -31,7 +31,7 @@ def run() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    # Command line: alembic -c service/migrations/alembic.ini -x db=URL ... (or JAXCACHE_DB)
+    # Command line: alembic -c service/jaxcache/service/catalog/migrations/alembic.ini -x db=URL ... (or JAXCACHE_DB)
     url = context.get_x_argument(as_dictionary=True).get("db") or os.environ.get("JAXCACHE_DB")
     if not url:
         raise SystemExit("give the catalog database: alembic ... -x db=sqlite:////tmp/catalog.sqlite (or JAXCACHE_DB)")

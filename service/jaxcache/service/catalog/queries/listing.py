@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Row, bindparam, func, literal_column, or_, select, tuple_
+from sqlalchemy import BindParameter, Row, bindparam, func, literal_column, or_, select, tuple_
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -108,7 +108,7 @@ def _encode_cursor(value, key: str) -> str:
     return base64.urlsafe_b64encode(json.dumps([value, key]).encode()).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str) -> tuple[object, str]:
+def _decode_cursor(cursor: str) -> tuple[int | float | str, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         value, key = json.loads(raw)
@@ -147,14 +147,14 @@ def list_entries(
         filters.append("created_before")
     has_cursor = False
     if cursor:
-        value, key = _decode_cursor(cursor)
+        after, key = _decode_cursor(cursor)
         # PostgreSQL refuses to compare a number column with text (SQLite would answer something): a cursor of the
         # wrong kind for the sort is not one this service issued.
-        if (sort == "name") != isinstance(value, str) or abs(_number(value)) > 2**62:
+        if (sort == "name") != isinstance(after, str) or abs(_number(after)) > 2**62:
             raise InvalidInputError("cursor is not one this service issued for this sort: start again without it")
         params["after_key"] = key
         if sort != "name":
-            params["after_value"] = value
+            params["after_value"] = after
         has_cursor = True
     shape = ("entries", sort, order == "desc", has_cursor, tuple(filters))
     rows = rawsql.fetch(conn, shape, lambda: _page_statement(conn.dialect.name, *shape[1:]), params)
@@ -181,9 +181,10 @@ def _page_statement(dialect: str, sort: str, desc: bool, has_cursor: bool, filte
         q = q.where(glob_match(dialect, EntryRow.module, bindparam("fn_pattern")))
     if "prefix" in filters:
         # A pattern match cannot use an index portably; a range on the literal prefix can (code-point order on
-        # both backends: see catalog.Str). On the module for its index; on the key too (a key starts with its
+        # both backends: see catalog.models.Str). On the module for its index; on the key too (a key starts with its
         # module), so that a listing by name walks the primary key from the prefix on instead of sorting matches.
-        lo, hi = bindparam("fn_lo"), bindparam("fn_hi")
+        lo: BindParameter[str] = bindparam("fn_lo")
+        hi: BindParameter[str] = bindparam("fn_hi")
         q = q.where(EntryRow.module >= lo, EntryRow.module < hi, EntryRow.key >= lo, EntryRow.key < hi)
     if "min_size" in filters:
         q = q.where(EntryRow.size_bytes >= bindparam("min_size"))
@@ -204,7 +205,7 @@ def _page_statement(dialect: str, sort: str, desc: bool, has_cursor: bool, filte
                                           or_(UsageRow.hits > 0, UsageRow.writes > 0))
         q = q.where(EntryRow.key.in_(used))
     if has_cursor:
-        key = bindparam("after_key")
+        key: BindParameter[str] = bindparam("after_key")
         if sort == "name":
             q = q.where(EntryRow.key < key if desc else EntryRow.key > key)
         else:

@@ -52,7 +52,7 @@ def stats(s: Session, cache: str) -> dict:
         compression[comp or "unknown"] = compression.get(comp or "unknown", 0) + n
         f = functions.setdefault(module, [0, 0, 0])
         f[0], f[1], f[2] = f[0] + n, f[1] + b, f[2] + c
-    by_fn = sorted(((m, *v) for m, v in functions.items()), key=lambda t: (-t[2], t[0]))
+    by_fn = sorted(((m, f[0], f[1], f[2]) for m, f in functions.items()), key=lambda t: (-t[2], t[0]))
     orphans, orphan_bytes = s.execute(
         select(func.count(), func.coalesce(func.sum(EntryRow.size_bytes), 0))
         .where(EntryRow.cache == cache, EntryRow.kind == "orphan")

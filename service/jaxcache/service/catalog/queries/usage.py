@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
@@ -56,6 +58,7 @@ def jobs(s: Session | Connection, cache: str, *, job: str | None = None, limit: 
     if job is not None:
         runs_q = runs_q.where(RunRow.job == job)
     runs_q = runs_q.group_by(RunRow.job).order_by(func.max(RunRow.updated_s).desc(), RunRow.job).limit(limit)
+    out: dict[str, dict[str, Any]]
     out = {j: {"job": j, "runs": int(r), "processes": int(p), "first_run_s": first, "last_run_s": last,
                "hits": 0, "misses": 0, "writes": 0, "hit_rate": None, "compile_s": 0.0, "saved_s": 0.0,
                "jax": [], "jaxlib": [], "topologies": []}

@@ -19,7 +19,7 @@ depends_on = None
 
 
 def _str(length: int) -> sa.String:
-    # Code-point order on PostgreSQL too (see catalog.Str).
+    # Code-point order on PostgreSQL too (see catalog.models.Str).
     return sa.String(length).with_variant(sa.String(length, collation="C"), "postgresql")
 
 
