@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).parent
+# Fixtures that the tests of one subject share live beside them; this makes them visible to every test module.
+pytest_plugins = ["dashboard_support", "deploy_support", "reports_support"]
 WRITER = TESTS / "programs" / "jax_writer.py"
 SHARED_FIXTURES = TESTS.parent.parent / "shared" / "fixtures"
 

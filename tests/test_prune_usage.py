@@ -102,7 +102,7 @@ def _cli_plan(capsys, *args: str) -> dict:
 
 
 def test_cli_prune_uses_run_records(cache_copy, jax_caches, capsys):
-    from test_service_reports import NEW, OLD, age, hit, keys_of, put_record, run, write
+    from reports_support import NEW, OLD, age, hit, keys_of, put_record, run, write
 
     age(cache_copy, 10)
     k = keys_of(jax_caches["zstd"])
@@ -140,7 +140,7 @@ def test_cli_prune_without_recent_runs_says_so(cache_copy, capsys):
 
 def test_cli_prune_on_gcs_evicts_by_last_hit(tmp_path, gcs_client, gcs_bucket, jax_caches, capsys):
     from conftest import upload_dir
-    from test_service_reports import hit, keys_of, run
+    from reports_support import hit, keys_of, run
 
     src = tmp_path / "src"
     shutil.copytree(jax_caches["zlib"].root, src)

@@ -31,7 +31,7 @@ from jaxcache.service.ingestion.aggregates import recompute
 from jaxcache.service.ingestion.reports import ingest
 from jaxcache.service.tasks.rescan import rescan
 from jaxcache.storage import open_storage
-from test_service_reports import hit, keys_of, run, write
+from reports_support import hit, keys_of, run, write
 
 ADMIN, REPORT = "replica-admin-token", "replica-report-token"
 H_ADMIN, H_REPORT = {"Authorization": f"Bearer {ADMIN}"}, {"Authorization": f"Bearer {REPORT}"}

@@ -1,154 +1,39 @@
-"""Run records in the service: ingestion from the root (rescan) and from POST /v1/reports, what entries, jobs and
-stats show from them, and prunes that use them (hit-driven LRU, stale_jaxlib) on a local root and on GCS.
-
-Records name keys of real entries written by JAX (the session's ``jax_caches``).
-"""
+"""Run records into the catalog: from rescans and from POST /v1/reports, idempotent, malformed ones refused, and
+the aggregates they feed (first writer, hits, seconds saved) equal to a full recompute."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import shutil
 import time
-from pathlib import Path
 
 import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest import settled, upload_dir
-from jaxcache import entry as fmt
 from jaxcache import records
-from jaxcache.records import Fingerprint, KeyUsage, RunRecord
+from jaxcache.records import RunRecord
 from jaxcache.service.app import create_app
-from jaxcache.service.settings import ServiceSettings
-
-READ, ADMIN, REPORT = "read-token-123", "admin-token-456", "report-token-789"
-H_READ, H_ADMIN, H_REPORT = ({"Authorization": f"Bearer {t}"} for t in (READ, ADMIN, REPORT))
-DAY = 86400.0
-NEW, OLD = "0.12.0", "0.10.2"
-
-
-def sha(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-#: Tests marked with this run on an SQLite and on a PostgreSQL catalog (the ``svc`` fixture's parameter).
-BOTH = pytest.mark.parametrize("svc", ["sqlite", "postgresql"], indirect=True)
-
-
-def settings(tmp_path: Path, caches: dict[str, str], db: str | None = None, **kw) -> ServiceSettings:
-    return ServiceSettings(
-        caches=caches, db=db or f"sqlite:///{tmp_path / 'catalog.sqlite'}", rescan_s=3600,
-        tokens={sha(READ): "read", sha(ADMIN): "admin", sha(REPORT): "report"}, **kw,
-    )
-
-
-def age(root: Path, days: float) -> None:
-    """Make every entry under root look created and last used ``days`` ago."""
-    t = time.time() - days * DAY
-    for p in root.iterdir():
-        if p.is_file():
-            if p.name.endswith("-atime"):
-                p.write_bytes(fmt.encode_atime(int(t * 1e9)))
-            os.utime(p, (t, t))
-
-
-def run(job: str, run_id: str, keys: list[KeyUsage], *, at: float | None = None, jaxlib: str = NEW,
-        topology: str | None = "1x1x1", process_index: int = 0, process_count: int = 1,
-        cache_dir: str | None = None, host: str = "node-1") -> RunRecord:
-    """A run record of one process, last updated at ``at`` (default now)."""
-    at = time.time() if at is None else at
-    return RunRecord(
-        job=job, run_id=run_id, process_index=process_index, process_count=process_count, host=host,
-        started_at=at - 60, updated_at=at, fingerprint=Fingerprint(jax=jaxlib, jaxlib=jaxlib, backend="cpu"),
-        topology=topology, cache_dir=cache_dir, final=True, keys=keys,
-    )
-
-
-def write(key: str, compile_s: float, at: float) -> KeyUsage:
-    return KeyUsage(key=key, event=records.WRITE, compiles=1, writes=1, compile_s=compile_s, first_at=at,
-                    last_at=at)
-
-
-def hit(key: str, hits: int, at: float, *, retrieval_s: float = 0.0, saved_s: float = 0.0) -> KeyUsage:
-    return KeyUsage(key=key, event=records.HIT, hits=hits, retrieval_s=retrieval_s, saved_s=saved_s,
-                    first_at=at - 1, last_at=at)
-
-
-def compiled(key: str, compile_s: float, at: float, reason: str = "only process 0 writes the cache") -> KeyUsage:
-    return KeyUsage(key=key, event=records.COMPILED, compiles=1, compile_s=compile_s, reason=reason, first_at=at,
-                    last_at=at)
-
-
-def keys_of(cache) -> dict[str, str]:
-    """{module: key} of the test programs (compiled once each), plus "all": every key JAX wrote (some versions
-    also cache helper programs, a few under one module name) and "rest": those besides train, tiny and odd."""
-    found = {e["module"]: e["key"] for e in cache.entries}
-    named = {m: found[m] for m in ("jit_train_step", "jit_tiny", "jit_odd-name.v2")}
-    every = sorted(e["key"] for e in cache.entries)
-    return {**named, "all": every, "rest": sorted(set(every) - set(named.values()))}
-
-
-def put_record(root: Path, record: RunRecord) -> Path:
-    path = root / record.name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(record.to_json())
-    return path
-
-
-def entries(client, query: str = "", cache: str = "demo") -> dict[str, dict]:
-    out, cursor = {}, None
-    while True:
-        url = f"/v1/caches/{cache}/entries?limit=2&{query}" + (f"&cursor={cursor}" if cursor else "")
-        r = client.get(url, headers=H_READ)
-        assert r.status_code == 200, r.text
-        body = r.json()
-        for e in body["entries"]:
-            assert e["key"] not in out
-            out[e["key"]] = e
-        cursor = body["next_cursor"]
-        if not cursor:
-            return out
-
-
-def rescan(client, cache: str = "demo") -> dict:
-    r = client.post(f"/v1/caches/{cache}/rescan", headers=H_ADMIN)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def report(client, record: RunRecord, query: str = "?cache=demo") -> dict:
-    """POST a record that must be accepted."""
-    r = post(client, record, query)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def post(client, record: RunRecord | bytes, query: str = "", headers=H_REPORT):
-    body = record if isinstance(record, bytes) else record.to_json()
-    return client.post(f"/v1/reports{query}", content=body,
-                       headers={**headers, "content-type": "application/json"})
-
-
-@pytest.fixture
-def svc(request, tmp_path, cache_copy):
-    age(cache_copy, 10)
-    db = request.getfixturevalue("pg_url") if getattr(request, "param", "sqlite") == "postgresql" else None
-    with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}, db=db))) as client:
-        settled(client)
-        rescan(client)
-        yield client
-
-
-@pytest.fixture
-def keys(jax_caches) -> dict[str, str]:
-    k = keys_of(jax_caches["zstd"])
-    assert k["rest"]
-    return k
-
+from reports_support import (
+    BOTH,
+    DAY,
+    H_ADMIN,
+    H_READ,
+    H_REPORT,
+    NEW,
+    OLD,
+    compiled,
+    entries,
+    hit,
+    post,
+    put_record,
+    report,
+    rescan,
+    run,
+    settings,
+    write,
+)
 
 # --------------------------------------------------------------------------------------------------------------
 # Ingestion
@@ -333,238 +218,6 @@ def test_saved_seconds_without_a_known_writer_use_jax_figure(svc, keys):
     # The writer's record arrives later: the readers' saved seconds are recomputed from its measurement.
     report(svc, run("w", "r0", [write(odd, 10.0, now - 900)], at=now - 800))
     assert entries(svc)[odd]["saved_s"] == pytest.approx(40.0)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Entries, jobs, stats
-
-
-@pytest.fixture
-def reported(svc, keys):
-    """pretrain (jaxlib NEW, 2x4x8) wrote train and tiny; finetune (OLD, 1x1x1) wrote odd and hit train twice;
-    eval compiled tiny without writing it and hit train once."""
-    now = time.time()
-    train, tiny, odd = keys["jit_train_step"], keys["jit_tiny"], keys["jit_odd-name.v2"]
-    report(svc, run("pretrain", "p1", [write(train, 20.0, now - 7200), write(tiny, 1.0, now - 7200)],
-                  at=now - 7000, topology="2x4x8"))
-    report(svc, run("finetune", "f1", [write(odd, 2.0, now - 5000), hit(train, 2, now - 4000, retrieval_s=1.0)],
-                  at=now - 3 * DAY, jaxlib=OLD, topology="1x1x1"))
-    report(svc, run("eval", "e1", [hit(train, 1, now - 100), compiled(tiny, 0.5, now - 100)], at=now - 10 * DAY,
-                  process_index=1, process_count=2))
-    return now
-
-
-@BOTH
-def test_entry_filters_and_hits_sort(svc, keys, reported):
-    train, tiny, odd = keys["jit_train_step"], keys["jit_tiny"], keys["jit_odd-name.v2"]
-    assert set(entries(svc, "job=pretrain")) == {train, tiny}
-    assert set(entries(svc, "job=finetune")) == {train, odd}
-    assert set(entries(svc, "job=eval")) == {train}  # compiled tiny without writing: not used from the cache
-    assert set(entries(svc, "job=nobody")) == set()
-    assert set(entries(svc, f"jaxlib={NEW}")) == {train, tiny}
-    assert set(entries(svc, f"jaxlib={OLD}")) == {odd}
-    assert set(entries(svc, "topology=2x4x8")) == {train, tiny}
-    assert set(entries(svc, "topology=1x1x1&job=finetune")) == {odd}
-    for order in ("asc", "desc"):
-        got = list(entries(svc, f"sort=hits&order={order}").values())
-        assert len(got) == len(keys["all"])
-        values = [(e["hits"], e["key"]) for e in got]
-        assert values == sorted(values, reverse=order == "desc")
-    assert entries(svc)[train]["hits"] == 3
-
-
-@BOTH
-def test_entry_detail_lists_jobs(svc, keys, reported):
-    e = svc.get(f"/v1/caches/demo/entries/{keys['jit_train_step']}", headers=H_READ).json()
-    assert [(j["job"], j["hits"], j["writes"]) for j in e["jobs"]] == [
-        ("eval", 1, 0), ("finetune", 2, 0), ("pretrain", 0, 1)]
-    assert e["saved_s"] == pytest.approx(3 * 20.0 - 1.0)
-
-
-@BOTH
-def test_jobs(svc, keys, reported):
-    jobs = {j["job"]: j for j in svc.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"]}
-    assert list(jobs) == ["pretrain", "finetune", "eval"]  # newest run first
-    p, f, e = jobs["pretrain"], jobs["finetune"], jobs["eval"]
-    assert (p["runs"], p["processes"], p["hits"], p["misses"], p["writes"]) == (1, 1, 0, 2, 2)
-    assert p["hit_rate"] == 0.0 and p["compile_s"] == 21.0 and p["saved_s"] == 0.0
-    assert p["jaxlib"] == [NEW] and p["topologies"] == ["2x4x8"]
-    assert (f["hits"], f["misses"], f["writes"]) == (2, 1, 1) and f["hit_rate"] == pytest.approx(2 / 3)
-    assert f["saved_s"] == pytest.approx(2 * 20.0 - 1.0) and f["jaxlib"] == [OLD]
-    assert e["hit_rate"] == 0.5 and e["last_run_s"] == pytest.approx(reported - 10 * DAY)
-
-    d = svc.get("/v1/caches/demo/jobs/eval", headers=H_READ).json()
-    assert d["hits"] == 1 and d["misses"] == 1
-    assert d["missed"] == [{"key": keys["jit_tiny"], "function": "jit_tiny", "compiles": 1, "compile_s": 0.5,
-                            "written": False, "reason": "only process 0 writes the cache", "in_cache": True}]
-    (r,) = d["recent_runs"]
-    assert (r["run_id"], r["process_index"], r["process_count"], r["hits"], r["misses"]) == ("e1", 1, 2, 1, 1)
-    assert r["fingerprint_digest"] == Fingerprint(jax=NEW, jaxlib=NEW, backend="cpu").digest
-    assert svc.get("/v1/caches/demo/jobs/nobody", headers=H_READ).status_code == 404
-    assert svc.get("/v1/caches/demo/jobs/pretrain", headers={}).status_code == 401
-    assert svc.get("/v1/caches/nope/jobs", headers=H_READ).status_code == 404
-
-
-@BOTH
-def test_stats_windows(svc, reported):
-    stats = svc.get("/v1/caches/demo/stats", headers=H_READ).json()
-    day, week = stats["last_24h"], stats["last_7d"]
-    # pretrain updated 2 h ago; finetune 3 days ago; eval 10 days ago (outside both windows).
-    assert (day["jobs"], day["processes"], day["hits"], day["misses"], day["saved_s"]) == (1, 1, 0, 2, 0.0)
-    assert day["hit_rate"] == 0.0
-    assert (week["jobs"], week["hits"], week["misses"]) == (2, 2, 3)
-    assert week["hit_rate"] == pytest.approx(2 / 5) and week["saved_s"] == pytest.approx(39.0)
-
-
-def test_stats_windows_without_runs(svc):
-    stats = svc.get("/v1/caches/demo/stats", headers=H_READ).json()
-    assert stats["last_24h"]["hit_rate"] is None and stats["last_7d"]["processes"] == 0
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Prunes fed by reports: local root
-
-
-def _files(root: Path) -> set[str]:
-    return {p.name for p in root.iterdir() if p.is_file()}
-
-
-def _prune(client, policy: dict, *, apply: bool = False, cache: str = "demo") -> dict:
-    r = client.post(f"/v1/caches/{cache}/prune", json={**policy, "dry_run": not apply},
-                    headers=H_ADMIN if apply else H_READ)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-@BOTH
-def test_stale_jaxlib_local(svc, cache_copy, keys):
-    now = time.time()
-    train, tiny, odd = keys["jit_train_step"], keys["jit_tiny"], keys["jit_odd-name.v2"]
-    other = keys["rest"][0]
-    # Before any run record: the rule selects nothing and says why.
-    plan = _prune(svc, {"stale_jaxlib": True})
-    assert plan["delete"] == [] and "no run records from the last 14d" in plan["notes"][0]
-    # train and tiny were written by jaxlib OLD, last run 20 days ago; other by NEW, run today; the rest: writer
-    # unknown.
-    report(svc, run("old", "o1", [write(train, 5.0, now - 21 * DAY), write(tiny, 1.0, now - 21 * DAY)],
-                  at=now - 20 * DAY, jaxlib=OLD))
-    plan = _prune(svc, {"stale_jaxlib": True})
-    assert plan["delete"] == [] and plan["notes"]  # still no run within the window
-    report(svc, run("new", "n1", [write(other, 5.0, now - 3600), hit(odd, 1, now - 60)], jaxlib=NEW))
-    before = _files(cache_copy)
-    plan = _prune(svc, {"stale_jaxlib": True})
-    assert {d["key"] for d in plan["delete"]} == {train, tiny} and plan["notes"] == []
-    assert plan["delete"][0]["reasons"] == [f"written by jaxlib {OLD}, which no run used in the last 14d"]
-    assert _files(cache_copy) == before
-    # A window long enough to include the old run: nothing is stale.
-    assert _prune(svc, {"stale_jaxlib": True, "stale_jaxlib_window": "30d"})["delete"] == []
-    applied = _prune(svc, {"stale_jaxlib": True}, apply=True)
-    assert applied["deleted"] == 2
-    assert before - _files(cache_copy) == {f"{k}{s}" for k in (train, tiny) for s in ("-cache", "-atime")}
-    assert set(entries(svc)) == set(keys["all"]) - {train, tiny}
-
-
-@pytest.mark.parametrize("body", [{"stale_jaxlib_window": "3d"}, {"stale_jaxlib": "perhaps"},
-                                  {"stale_jaxlib": True, "stale_jaxlib_window": "soon"},
-                                  {"stale_jaxlib": True, "stale_jaxlib_windows": "3d"}])
-def test_bad_stale_jaxlib_policies_are_rejected(svc, cache_copy, body):
-    before = _files(cache_copy)
-    r = svc.post("/v1/caches/demo/prune", json={**body, "dry_run": False}, headers=H_ADMIN)
-    assert 400 <= r.status_code < 500, (body, r.status_code, r.text)
-    assert _files(cache_copy) == before
-
-
-@BOTH
-def test_hits_drive_lru_local(svc, cache_copy, keys, jax_caches):
-    now = time.time()
-    train, tiny, odd = keys["jit_train_step"], keys["jit_tiny"], keys["jit_odd-name.v2"]
-    unhit = sorted([train, *keys["rest"]])
-    size = {e["key"]: e["size_bytes"] for e in jax_caches["zstd"].entries}
-    # Every entry was created and last touched (-atime) 10 days ago; tiny was hit 1 day ago, odd 3 days ago.
-    report(svc, run("a", "r1", [hit(tiny, 2, now - DAY), hit(odd, 1, now - 3 * DAY)], at=now - DAY))
-    plan = _prune(svc, {"unused_for": "5d"})
-    assert {d["key"] for d in plan["delete"]} == set(unhit)
-    # LRU: the entries without hits go first (ties by key), then odd (hit 3 days ago) before tiny.
-    plan = _prune(svc, {"max_total_bytes": size[tiny]})
-    assert [d["key"] for d in plan["delete"]] == [*unhit, odd]
-    assert plan["bytes_remaining"] == size[tiny]
-    before = _files(cache_copy)
-    applied = _prune(svc, {"max_total_bytes": size[tiny] + size[odd]}, apply=True)
-    assert applied["deleted"] == len(unhit)
-    assert before - _files(cache_copy) == {f"{k}{s}" for k in unhit for s in ("-cache", "-atime")}
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Prunes fed by reports: GCS (no -atime files: hits are the only record of use)
-
-
-@pytest.fixture
-def gcs_svc(tmp_path, gcs_client, gcs_bucket, jax_caches):
-    src = tmp_path / "src"
-    shutil.copytree(jax_caches["zlib"].root, src)
-    for p in src.iterdir():
-        if p.name.endswith("-atime") or p.name == ".lockfile":
-            p.unlink()  # JAX's LRU does not work on gs://: a real GCS cache has no -atime files
-    upload_dir(gcs_client, gcs_bucket, "jc", src)
-    url = f"gs://{gcs_bucket}/jc"
-    with TestClient(create_app(settings(tmp_path, {"prod": url}))) as client:
-        rescan(client, "prod")
-        yield client, url
-
-
-def _blobs(gcs_client, bucket: str) -> set[str]:
-    return {b.name for b in gcs_client.list_blobs(bucket, prefix="jc/") if "/.jaxcache/" not in b.name}
-
-
-def test_stale_jaxlib_gcs(gcs_svc, gcs_client, gcs_bucket, jax_caches):
-    client, url = gcs_svc
-    k = keys_of(jax_caches["zlib"])
-    train, tiny, other = k["jit_train_step"], k["jit_tiny"], k["rest"][0]
-    now = time.time()
-    # The old writer's record sits in the bucket (found by a rescan); the new run reports over HTTP, naming the
-    # root with a trailing slash.
-    old = run("old", "o1", [write(train, 5.0, now - 21 * DAY), write(tiny, 1.0, now - 21 * DAY)],
-              at=now - 20 * DAY, jaxlib=OLD)
-    gcs_client.bucket(gcs_bucket).blob(f"jc/{old.name}").upload_from_string(old.to_json())
-    assert rescan(client, "prod")["records_ingested"] == 1
-    r = post(client, run("new", "n1", [write(other, 5.0, now - 60)], jaxlib=NEW, cache_dir=url + "/"))
-    assert r.status_code == 200 and r.json()["cache"] == "prod"
-    policy = {"stale_jaxlib": True, "min_age": 0}
-    before = _blobs(gcs_client, gcs_bucket)
-    plan = _prune(client, policy, cache="prod")
-    assert {d["key"] for d in plan["delete"]} == {train, tiny}
-    assert _blobs(gcs_client, gcs_bucket) == before
-    assert _prune(client, policy, apply=True, cache="prod")["deleted"] == 2
-    assert before - _blobs(gcs_client, gcs_bucket) == {f"jc/{train}-cache", f"jc/{tiny}-cache"}
-    assert set(entries(client, cache="prod")) == set(k["all"]) - {train, tiny}
-
-
-def test_hits_drive_lru_gcs(gcs_svc, gcs_client, gcs_bucket, jax_caches):
-    client, _ = gcs_svc
-    k = keys_of(jax_caches["zlib"])
-    tiny, odd = k["jit_tiny"], k["jit_odd-name.v2"]
-    unhit = sorted(set(k["all"]) - {tiny, odd})
-    listed = entries(client, cache="prod")
-    assert not any(e["has_atime"] for e in listed.values())
-    created = max(e["created_s"] for e in listed.values())
-    size = {key: e["size_bytes"] for key, e in listed.items()}
-    # The emulator stamps objects with their upload time and cannot backdate them, so the hits are dated after
-    # it (one and two hours later): only a hit, never creation, can make one entry more recent than another.
-    report(client, run("a", "r1", [hit(odd, 1, created + 3600), hit(tiny, 3, created + 7200)], at=created + 7200),
-         "?cache=prod")
-    plan = _prune(client, {"max_total_bytes": size[tiny], "min_age": 0}, cache="prod")
-    # Without hits, creation alone would order them; with hits, unhit ones go first, then odd, and tiny stays.
-    assert [d["key"] for d in plan["delete"]][-1] == odd
-    assert {d["key"] for d in plan["delete"]} == {*unhit, odd}
-    # unused_for: wait until every entry is over a second old; the hit ones were used later than that.
-    while time.time() < created + 1.05:
-        time.sleep(0.05)
-    plan = _prune(client, {"unused_for": "1s", "min_age": 0}, cache="prod")
-    assert {d["key"] for d in plan["delete"]} == set(unhit)
-    before = _blobs(gcs_client, gcs_bucket)
-    applied = _prune(client, {"unused_for": "1s", "min_age": 0}, apply=True, cache="prod")
-    assert applied["deleted"] == len(unhit)
-    assert before - _blobs(gcs_client, gcs_bucket) == {f"jc/{key}-cache" for key in unhit}
 
 
 def test_an_older_entries_table_is_rebuilt(tmp_path):

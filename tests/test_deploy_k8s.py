@@ -1,0 +1,290 @@
+"""deploy/k8s/: the manifests render, validate against Kubernetes' schemas, and wire the service, prune, warm-up
+and training jobs the way the code reads its settings."""
+
+
+import ast
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from deploy_support import (
+    CLIENT_ENV,
+    DEPLOY,
+    DOCKERFILES,
+    K8S,
+    KUBERNETES_VERSION,
+    KUSTOMIZATIONS,
+    PLAIN_MANIFESTS,
+    PRUNE,
+    ROOT,
+    by_kind,
+    container_env,
+    image_env,
+    image_user,
+    one,
+    parse_dockerfile,
+    plain,
+    pod_spec,
+)
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_kustomize_renders(rendered, name):
+    kinds = {d["kind"] for d in rendered[name]}
+    expected = {"Namespace", "ServiceAccount", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget",
+                "NetworkPolicy", "CronJob"}
+    assert expected <= kinds, f"deploy/k8s/{name} renders no {sorted(expected - kinds)}"
+
+
+def _validate(obj: dict, where: str) -> None:
+    import kubernetes_validate
+
+    problem = None
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        problem = f"{'.'.join(str(p) for p in exc.path)}: {exc.message}"
+    except kubernetes_validate.SchemaNotFoundError as exc:
+        problem = str(exc)
+    if problem:
+        pytest.fail(f"{where}: {obj['kind']} {obj['metadata'].get('name')}: {problem} "
+                    f"(Kubernetes {KUBERNETES_VERSION} schema, strict); fix the manifest")
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_rendered_objects_validate_against_kubernetes_schemas(rendered, name):
+    for obj in rendered[name]:
+        _validate(obj, f"deploy/k8s/{name} (rendered)")
+
+
+@pytest.mark.parametrize("path", PLAIN_MANIFESTS, ids=lambda p: str(p.relative_to(K8S)))
+def test_plain_manifests_validate_against_kubernetes_schemas(path):
+    docs = plain(path)
+    assert docs, f"{path.relative_to(ROOT)} holds no object"
+    for obj in docs:
+        _validate(obj, str(path.relative_to(ROOT)))
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_service_pods_are_hardened_and_probed(rendered, name):
+    docs = rendered[name]
+    deployment = one(docs, "Deployment", "jaxcache")
+    assert deployment["spec"]["replicas"] == 2
+    spec = pod_spec(deployment)
+    (container,) = spec["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    mounted = {m["mountPath"] for m in container.get("volumeMounts", [])}
+    assert {"/tmp", image_env("service")["XDG_STATE_HOME"]} <= mounted, (
+        "the root filesystem is read-only: mount writable volumes at /tmp and the image's XDG_STATE_HOME"
+    )
+    for obj in by_kind(docs, "Deployment") + by_kind(docs, "CronJob"):
+        spec = pod_spec(obj)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        assert (spec["securityContext"]["runAsUser"], spec["securityContext"]["runAsGroup"]) == image_user("service")
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            where = f"{obj['kind']} {obj['metadata']['name']} container {c['name']}"
+            assert sc["readOnlyRootFilesystem"] is True, f"{where}: set readOnlyRootFilesystem: true"
+            assert sc["allowPrivilegeEscalation"] is False, f"{where}: set allowPrivilegeEscalation: false"
+            assert sc["capabilities"]["drop"] == ["ALL"], f"{where}: drop ALL capabilities"
+            assert "cpu" in c["resources"]["requests"] and "memory" in c["resources"]["limits"], (
+                f"{where}: set cpu requests and memory limits"
+            )
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_service_port_and_user_match_the_image(rendered, name):
+    env = image_env("service")
+    deployment = one(rendered[name], "Deployment", "jaxcache")
+    (container,) = pod_spec(deployment)["containers"]
+    (port,) = container["ports"]
+    exposed = [i.args for i in parse_dockerfile(DOCKERFILES["service"]) if i.keyword == "EXPOSE"]
+    assert str(port["containerPort"]) == env["JAXCACHE_PORT"] and exposed == [env["JAXCACHE_PORT"]], (
+        f"containerPort {port['containerPort']}, the image's JAXCACHE_PORT {env['JAXCACHE_PORT']} and EXPOSE "
+        f"{exposed} must agree"
+    )
+    service = one(rendered[name], "Service", "jaxcache")
+    assert service["spec"]["ports"][0]["targetPort"] in (port["name"], port["containerPort"])
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_config_is_accepted_by_the_service_settings(rendered, name, monkeypatch):
+    from jaxcache.service.settings import ServiceSettings
+
+    config = one(rendered[name], "ConfigMap", "jaxcache-config")
+    assert {"JAXCACHE_CACHES", "JAXCACHE_RESCAN_S"} <= set(config["data"])
+    for key in [k for k in os.environ if k.startswith("JAXCACHE_")]:
+        monkeypatch.delenv(key)
+    for key, value in {**image_env("service"), **config["data"]}.items():
+        if key.startswith("JAXCACHE_"):
+            monkeypatch.setenv(key, value)
+    settings = ServiceSettings()  # raises on a malformed cache map, name or interval
+    assert settings.caches, f"deploy/k8s/{name}: JAXCACHE_CACHES names no cache"
+    if name == "overlays/gcs":
+        assert all(url.startswith("gs://") for url in settings.caches.values()), settings.caches
+    if name == "overlays/nfs":
+        (container,) = pod_spec(one(rendered[name], "Deployment", "jaxcache"))["containers"]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod_spec(one(rendered[name], "Deployment", "jaxcache"))["volumes"]}
+        for url in settings.caches.values():
+            assert url in mounts, f"cache root {url} is not a mounted volume: mount the ReadWriteMany PVC there"
+            claim = volumes[mounts[url]]["persistentVolumeClaim"]["claimName"]
+            pvc = one(rendered[name], "PersistentVolumeClaim", claim)
+            assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    policies = json.loads(one(rendered[name], "ConfigMap", "jaxcache-prune")["data"]["policies.json"])
+    assert set(policies) <= set(settings.caches), (
+        f"prune policies name caches {sorted(set(policies) - set(settings.caches))} that {name} does not serve"
+    )
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_secret_template_provides_what_the_pods_read(rendered, name):
+    secrets = {s["metadata"]["name"]: s for s in plain(K8S / "base" / "secret.template.yaml")}
+    for obj in by_kind(rendered[name], "Deployment") + by_kind(rendered[name], "CronJob"):
+        for c in pod_spec(obj)["containers"]:
+            for ref in c.get("envFrom", []):
+                if "secretRef" in ref:
+                    assert ref["secretRef"]["name"] in secrets, (
+                        f"{obj['metadata']['name']} reads Secret {ref['secretRef']['name']}: add it to the template"
+                    )
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["key"] in secrets[ref["name"]]["stringData"], (
+                        f"{obj['metadata']['name']} reads {ref['name']}/{ref['key']}: add it to secret.template.yaml"
+                    )
+    service_secret = secrets["jaxcache"]["stringData"]
+    assert {"JAXCACHE_TOKENS", "JAXCACHE_DB"} <= set(service_secret)
+    assert json.loads(service_secret["JAXCACHE_TOKENS"]), "JAXCACHE_TOKENS must be a JSON object of hash -> scope"
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_network_policy_admits_training_namespaces_prometheus_and_prune(rendered, name):
+    policy = one(rendered[name], "NetworkPolicy", "jaxcache")
+    sources = [peer for rule in policy["spec"]["ingress"] for peer in rule["from"]]
+    training_ns = one(plain(K8S / "examples" / "training-job.yaml"), "Namespace")
+    ns_labels = training_ns["metadata"]["labels"]
+    assert any(p.get("namespaceSelector", {}).get("matchLabels", {}).items() <= ns_labels.items()
+               and "podSelector" not in p for p in sources), (
+        "the example training namespace's labels do not match the NetworkPolicy's training-namespace selector"
+    )
+    assert any("prometheus" in json.dumps(p) for p in sources), "let Prometheus scrape /metrics"
+    cron = one(rendered[name], "CronJob")
+    labels = cron["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    assert any(p.get("podSelector", {}).get("matchLabels", {}).items() <= labels.items()
+               and "namespaceSelector" not in p for p in sources), "the NetworkPolicy must admit the prune pods"
+    default_deny = one(rendered[name], "NetworkPolicy", "default-deny")
+    assert default_deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_prune_cronjob_wiring(rendered, name):
+    docs = rendered[name]
+    cron = one(docs, "CronJob")
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    (container,) = pod_spec(cron)["containers"]
+    env = container_env(container)
+    service = one(docs, "Service", "jaxcache")
+    assert env["JAXCACHE_SERVICE_URL"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    assert "secretKeyRef" in env["JAXCACHE_TOKEN"], "the admin token must come from a Secret"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    (volume,) = [v for v in pod_spec(cron)["volumes"] if "configMap" in v]
+    config = one(docs, "ConfigMap", volume["configMap"]["name"])
+    script = container["command"][-1]
+    assert script == f"{mounts[volume['name']]}/prune.py" and "prune.py" in config["data"], (
+        f"the CronJob runs {script}, which is not where the prune ConfigMap is mounted"
+    )
+    assert config["data"]["prune.py"] == (PRUNE / "prune.py").read_text()
+
+
+def _scalar_args(container: dict) -> dict[str, str]:
+    args = container["args"]
+    return {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+
+
+def test_warmup_job_follows_the_model_and_count_rule():
+    docs = plain(K8S / "warmup-job.yaml")
+    job = one(docs, "Job")
+    (container,) = pod_spec(job)["containers"]
+    assert container["command"] == ["warmup"]
+    args = _scalar_args(container)
+    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", args["--topology"])
+    assert match, f"--topology {args['--topology']!r} is not SxHxD"
+    slices, hosts, devices = map(int, match.groups())
+    assert args["--platform"] == "gpu" and "--entrypoint" in args
+    gpus = int(container["resources"]["limits"]["nvidia.com/gpu"])
+    assert gpus == devices, f"the warm-up pod gets {gpus} GPUs but D = {devices}: they must be equal"
+
+    training = one(plain(K8S / "examples" / "training-job.yaml"), "Job")
+    (train,) = pod_spec(training)["containers"]
+    assert training["spec"]["completions"] == slices * hosts, "the example training job is not S x H processes"
+    assert int(train["resources"]["limits"]["nvidia.com/gpu"]) == devices, "training nodes' GPUs per process != D"
+    selector = "cloud.google.com/gke-accelerator"
+    assert pod_spec(job)["nodeSelector"][selector] == pod_spec(training)["nodeSelector"][selector], (
+        "the warm-up node must have the training nodes' GPU model"
+    )
+    assert container["image"] == train["image"], "warm-up must run the training image (same JAX, jaxlib, code)"
+    assert args["--cache-dir"] == container_env(train)["JAXCACHE_DIR"], "warm-up must fill the cache training reads"
+    account = one(docs, "ServiceAccount")
+    assert pod_spec(job)["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_training_example_configures_the_client_before_training():
+    docs = plain(K8S / "examples" / "training-job.yaml")
+    job = one(docs, "Job")
+    (container,) = pod_spec(job)["containers"]
+    env = container_env(container)
+    assert {"JAXCACHE_DIR", "JAXCACHE_JOB", "JAXCACHE_SERVICE_URL", "JAXCACHE_TOKEN"} <= set(env)
+    assert "secretKeyRef" in env["JAXCACHE_TOKEN"], "JAXCACHE_TOKEN must come from a Secret, not the manifest"
+    assert env["JAXCACHE_SERVICE_URL"] == "http://jaxcache.jaxcache.svc.cluster.local:8080", (
+        "JAXCACHE_SERVICE_URL must name the base's Service (jaxcache) in its namespace (jaxcache) and port"
+    )
+    assert container["command"] == ["python", "-c"]
+    tree = ast.parse(container["args"][0])
+    imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "jaxcache.client"]
+    assert any(a.name == "enable_cache" for n in imports for a in n.names), "import enable_cache from jaxcache.client"
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "enable_cache"]
+    assert calls, "the training command must call enable_cache() before its first compile"
+
+
+def test_gcsfuse_reader_mounts_the_bucket_read_only():
+    job = one(plain(K8S / "examples" / "gcsfuse-reader-job.yaml"), "Job")
+    assert job["spec"]["template"]["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true", (
+        "GKE injects the GCSFuse sidecar only for pods annotated gke-gcsfuse/volumes: \"true\""
+    )
+    spec = pod_spec(job)
+    (csi,) = [v for v in spec["volumes"] if "csi" in v]
+    assert csi["csi"]["driver"] == "gcsfuse.csi.storage.gke.io" and csi["csi"]["readOnly"] is True
+    (container,) = spec["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == csi["name"]]
+    assert mount["readOnly"] is True
+    assert container_env(container)["JAXCACHE_DIR"] == mount["mountPath"]
+
+
+def deploy_files() -> list[Path]:
+    return [p for p in sorted(DEPLOY.rglob("*")) if p.is_file() and ".terraform" not in p.parts]
+
+
+def test_every_jaxcache_variable_in_deploy_is_a_real_setting():
+    from jaxcache.service.settings import ServiceSettings
+
+    service = {f"JAXCACHE_{name.upper()}" for name in ServiceSettings.model_fields}
+    known = service | CLIENT_ENV
+    unknown = []
+    for path in deploy_files() + [ROOT / ".dockerignore"]:
+        if not path.exists():
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for name in re.findall(r"\bJAXCACHE_[A-Z0-9_]*[A-Z0-9]\b", line):
+                if name not in known:
+                    unknown.append(f"{path.relative_to(ROOT)}:{n}: {name}")
+    assert not unknown, (
+        "these JAXCACHE_* names are neither service settings (jaxcache.service.settings.ServiceSettings) nor client "
+        "variables (CLIENT_ENV here, which must match jaxcache.client): fix the name or add the setting\n"
+        + "\n".join(unknown)
+    )
