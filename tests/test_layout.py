@@ -203,3 +203,9 @@ def test_each_record_format_is_defined_once():
                 for record, home in RECORD_TYPES.items():
                     if record in node.name:
                         assert name == f"jaxcache.{home}", f"{name} defines {node.name}: use jaxcache.{home}.{record}"
+
+
+def test_the_documented_imports_work():
+    code = ("from jaxcache import client; from jaxcache.client import enable_cache; "
+            "assert client.enable_cache is enable_cache; import jaxcache.warmup, jaxcache.service")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -53,30 +55,46 @@ class _JaxLruLock:
     holds around every cache read and write when ``jax_compilation_cache_max_size`` is set.
 
     Held around each entry's two deletions, so JAX's eviction, which lists ``-cache`` files and then reads each
-    one's ``-atime``, never sees an entry half deleted (it would fail that write and every later one). If the lock
-    cannot be had within JAX's own timeout (a stuck holder) or at all, deletion goes on without it for the rest of
-    the run: still safe for jobs, which turn read errors into warnings.
+    one's ``-atime``, never sees an entry half deleted (it would fail that write and every later one). Taking it
+    costs an open, a flock and a close, more than the two deletions, so it is kept across the entries of up to
+    ``HOLD_S``: JAX then waits at most that long. If it cannot be had within JAX's own timeout (a stuck holder) or
+    at all, deletion goes on without it for the rest of the run: still safe for jobs, which turn read errors into
+    warnings. :meth:`close` releases it.
     """
 
+    HOLD_S = 0.02
+
     def __init__(self, path: str, timeout_s: float = JAX_LOCK_TIMEOUT_S) -> None:
-        self._lock = filelock.FileLock(path, timeout=timeout_s)
+        self._lock = filelock.FileLock(path, timeout=timeout_s, thread_local=False)
+        self._mutex = threading.Lock()  # one entry at a time, whichever thread deletes it
         self._usable = True
+        self._since: float | None = None  # when this run took the file lock, while it holds it
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
-        locked = False
-        if self._usable:
+        with self._mutex:
+            if self._usable and self._since is None:
+                try:
+                    self._lock.acquire()
+                    self._since = time.monotonic()
+                except (filelock.Timeout, OSError) as exc:
+                    self._usable = False
+                    log.warning("prune goes on without JAX's cache lock %s: %s", self._lock.lock_file, exc)
             try:
-                self._lock.acquire()
-                locked = True
-            except (filelock.Timeout, OSError) as exc:
-                self._usable = False
-                log.warning("prune goes on without JAX's cache lock %s: %s", self._lock.lock_file, exc)
-        try:
-            yield
-        finally:
-            if locked:
-                self._lock.release()
+                yield
+            finally:
+                if self._since is not None and time.monotonic() - self._since >= self.HOLD_S:
+                    self._release()
+
+    def _release(self) -> None:
+        self._since = None
+        self._lock.release()
+
+    def close(self) -> None:
+        """Release the file lock if this run still holds it."""
+        with self._mutex:
+            if self._since is not None:
+                self._release()
 
 
 @contextlib.contextmanager
@@ -86,7 +104,11 @@ def _lock_for(storage: Storage) -> Iterator[Lock]:
     if path is None or not os.path.isfile(path):
         yield contextlib.nullcontext
         return
-    yield _JaxLruLock(path)
+    lock = _JaxLruLock(path)
+    try:
+        yield lock
+    finally:
+        lock.close()
 
 
 def _delete_one(
