@@ -38,6 +38,7 @@ class ProgramCoverage(msgspec.Struct, frozen=True):
     size_bytes: Annotated[int, msgspec.Meta(ge=0, lt=2**53)] | None = None
     reason: Text | None = None
     sha256: Sha256 | None = None  # of the stored bytes, read back after JAX wrote them (written programs only)
+    signature: Sha256 | None = None  # HMAC of the digest with the writers' key (jaxcache.attestations.sign)
 
 
 class WarmupRecord(msgspec.Struct, frozen=True, tag_field="schema", tag=SCHEMA):

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
-from jaxcache.entry import Status, validate
+from jaxcache.entry import Status, validate_chunks
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import Orphan, Record, scan
 from jaxcache.stats import MIXED_COMPRESSION_ADVICE, CacheStats
@@ -68,10 +68,10 @@ class Diagnosis:
 def _check(storage: Storage, record: Record) -> Record | None:
     if isinstance(record, Orphan):
         return record
-    data = storage.read(record.name)
-    if data is None:  # deleted since it was listed (a prune, JAX's LRU): nothing left to judge
+    chunks = storage.read_chunks(record.name)  # a stream: memory stays bounded whatever the entry's size
+    if chunks is None:  # deleted since it was listed (a prune, JAX's LRU): nothing left to judge
         return None
-    v = validate(data)
+    v = validate_chunks(chunks)
     return dataclasses.replace(
         record, compression=v.compression, compile_seconds=v.compile_seconds, status=v.status, reason=v.reason
     )

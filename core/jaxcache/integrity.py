@@ -1,27 +1,22 @@
 """Integrity: tell a good entry from a tampered, swapped, torn or unattested one before a job loads it.
 
 JAX executes what it loads, zstd entries carry no checksum, and an entry's bytes copied under another key load
-silently and compute the wrong thing (docs/jax-internals.md). Two independent checks catch that:
-
-- a digest recorded by the process that wrote the entry (the client's run records, warm-up's coverage records):
-  any later change to the bytes is ``tampered``;
-- the module name JAX serializes inside the executable, which must equal the one in the file name: bytes moved
-  between keys of different functions are ``mismatched``, even with no record at all.
-
-Reading that name needs no JAX: the serialized executable starts with a length-delimited protobuf header whose
-field 7 is the module name (pinned by tests against JAX 0.10 and 0.12 entries).
+silently and compute the wrong thing (docs/jax-internals.md, "Entry bytes"). Two checks catch that: the digest its
+writer recorded (jaxcache.attestations says what each kind of record is worth), and the module name inside the
+executable (jaxcache.executable), which must equal the file name's. Entries are read as a stream: memory stays
+bounded whatever their size.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from jaxcache import coverage, records
-from jaxcache.entry import TIME_HEADER_BYTES, Status, validate
-from jaxcache.errors import InvalidInputError
+from jaxcache.attestations import FILE, Attestation, load
+from jaxcache.entry import Status, validate_chunks
+from jaxcache.executable import embedded_module
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import Entry
 from jaxcache.storage.base import Storage
@@ -29,29 +24,22 @@ from jaxcache.storage.base import Storage
 OK = "ok"
 TAMPERED = "tampered"
 MISMATCHED = "mismatched"
+DIFFERS = "differs"
 CORRUPT = "corrupt"
 PENDING = "pending"
 UNATTESTED = "unattested"
-# Most severe first: an entry's class is the first that applies; every applying one is listed.
-CLASSES = (TAMPERED, MISMATCHED, CORRUPT, PENDING, UNATTESTED, OK)
-BAD_CLASSES = (TAMPERED, MISMATCHED, CORRUPT)
-_MODULE_FIELD = 7
+# Most severe first: an entry's class is the first that applies and acts; every applying one is listed.
+CLASSES = (TAMPERED, MISMATCHED, DIFFERS, CORRUPT, PENDING, UNATTESTED, OK)
+BAD_CLASSES = (TAMPERED, MISMATCHED, DIFFERS, CORRUPT)
+#: Where the embedded-name check is pinned by tests; elsewhere a mismatch is shown but acts on nothing by itself.
+PINNED_PLATFORMS = frozenset({"cpu"})
 
-
-@dataclass(frozen=True, slots=True)
-class Attestation:
-    """What the writer of an entry recorded about it."""
-
-    key: str
-    sha256: str
-    size_bytes: int | None
-    writer: str  # "job <job> run <run_id>" or "warm-up <id>"
-    at: float = 0.0
+__all__ = ["Attestation", "Verdict", "classify", "judge", "load_attestations", "embedded_module", "verify"]
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """One entry's integrity."""
+    """One entry's integrity. ``classification`` is what jobs and prunes act on; ``classes`` lists every finding."""
 
     key: str
     name: str
@@ -69,139 +57,95 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def embedded_module(head: bytes) -> str | None:
-    """The module name inside a decompressed entry's serialized executable; None when it cannot be read."""
-    body = head[TIME_HEADER_BYTES:]
-    try:
-        length, i = _varint(body, 0)
-        header = body[i : i + length]
-        if len(header) < length:
-            return None
-        for number, value in _fields(header):
-            if number == _MODULE_FIELD and isinstance(value, bytes):
-                return value.decode("utf-8")
-    except (IndexError, ValueError, UnicodeDecodeError):
-        return None
-    return None
+def load_attestations(storage: Storage, *, secret: bytes | None = None) -> dict[str, Attestation]:
+    """The digest that counts for each key of a root, from its run and coverage records."""
+    return load(storage, secret=secret).by_key
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, i
-        if shift > 63:
-            raise ValueError("varint too long")
+def judge(entry: Entry, chunks: Iterable[bytes], attestation: Attestation | None, *, now: float,
+          min_age_s: float) -> Verdict:
+    """Judge one entry from its bytes, read once as a stream. Entries younger than ``min_age_s`` that look broken
+    are ``pending``, never corrupt or tampered: JAX writes non-atomically, so a file being written looks
+    truncated."""
+    digest = hashlib.sha256()
+    size = 0
 
+    def fed() -> Iterator[bytes]:
+        nonlocal size
+        for chunk in chunks:
+            digest.update(chunk)
+            size += len(chunk)
+            yield chunk
 
-def _fields(message: bytes) -> Iterator[tuple[int, int | bytes]]:
-    i = 0
-    while i < len(message):
-        tag, i = _varint(message, i)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, i = _varint(message, i)
-            yield number, value
-        elif wire == 2:
-            length, i = _varint(message, i)
-            yield number, message[i : i + length]
-            i += length
-        elif wire == 1:
-            i += 8
-        elif wire == 5:
-            i += 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-
-
-def classify(entry: Entry, data: bytes, attestation: Attestation | None, *, now: float, min_age_s: float) -> Verdict:
-    """Judge one entry's bytes. Entries younger than ``min_age_s`` that look broken are ``pending``, never
-    corrupt or tampered: JAX writes non-atomically, so a file being written looks truncated."""
+    stream = fed()
+    validation = validate_chunks(stream)
+    for _ in stream:  # validation may stop at the first damage; the digest covers every byte
+        pass
+    sha = digest.hexdigest()
+    module = embedded_module(validation.head) if validation.status is Status.OK else None
     classes: list[str] = []
     reasons: list[str] = []
-    digest = sha256_hex(data)
-    validation = validate(data)
-    module = embedded_module(validation.head) if validation.status is Status.OK else None
-    if attestation is not None and attestation.sha256 != digest:
-        classes.append(TAMPERED)
-        reasons.append(f"digest {digest[:12]}… differs from the {attestation.sha256[:12]}… recorded by its writer"
-                       f" ({attestation.writer})")
+    if attestation is not None and attestation.sha256 != sha:
+        if attestation.source == FILE:
+            classes.append(DIFFERS)
+            reasons.append(f"digest {sha[:12]}… differs from the {attestation.sha256[:12]}… {attestation.described()};"
+                           " whoever can write the bucket could have written either, so this is not proof of"
+                           " tampering, but the entry is not what its writer stored: delete it")
+        else:
+            classes.append(TAMPERED)
+            reasons.append(f"digest {sha[:12]}… differs from the {attestation.sha256[:12]}… {attestation.described()}")
+    pinned = attestation is not None and attestation.platform in PINNED_PLATFORMS
     if module is not None and module != entry.module:
         classes.append(MISMATCHED)
         reasons.append(f"the executable inside is {module!r}, but the file name says {entry.module!r}: bytes of"
-                       " another program")
+                       " another program" + ("" if pinned else _UNPINNED.format(
+                           attestation.platform if attestation is not None and attestation.platform else "unknown")))
     if validation.status is not Status.OK:
         classes.append(CORRUPT)
         reasons.append(validation.reason or "does not decompress")
-    young = now - entry.mtime_s < min_age_s
-    if young and classes and MISMATCHED not in classes:
-        classes = [PENDING]
+    acting = [c for c in classes if c != MISMATCHED or pinned]
+    if now - entry.mtime_s < min_age_s and acting and MISMATCHED not in acting:
+        classes, acting = [PENDING], [PENDING]
         reasons = [f"written {max(now - entry.mtime_s, 0):.0f} s ago (grace {min_age_s:.0f} s): may still be"
                    f" being written; {'; '.join(reasons)}"]
-    if not classes:
-        classes.append(OK if attestation is not None else UNATTESTED)
+    if not acting:
+        fallback = OK if attestation is not None else UNATTESTED
+        classes.append(fallback)
+        acting.append(fallback)
         if attestation is None:
             reasons.append("no writer recorded a digest (written by plain JAX, or before jaxcache)")
     ordered = tuple(c for c in CLASSES if c in classes)
     return Verdict(
-        key=entry.key, name=entry.name, classification=ordered[0], classes=ordered, reasons=tuple(reasons),
-        sha256=digest, size_bytes=len(data), embedded_module=module,
+        key=entry.key, name=entry.name, classification=next(c for c in CLASSES if c in acting), classes=ordered,
+        reasons=tuple(reasons), sha256=sha, size_bytes=size, embedded_module=module,
         attested_by=attestation.writer if attestation is not None else None,
     )
 
 
-def load_attestations(storage: Storage) -> dict[str, Attestation]:
-    """Digests recorded in a root's run records and warm-up coverage records, first writer per key."""
-    found: dict[str, Attestation] = {}
+_UNPINNED = (" (not acted on by itself: the embedded-name check is pinned on CPU entries only, and this entry's"
+             " writer ran on {0}; `jaxcache doctor --verify` on entries the GPU check writes will pin it there)")
 
-    def keep(att: Attestation) -> None:
-        old = found.get(att.key)
-        if old is None or att.at < old.at:
-            found[att.key] = att
 
-    for info in storage.iter_objects(records.RUNS_PREFIX, recursive=True):
-        if not records.is_record_name(info.name):
-            continue
-        try:
-            run = records.parse(storage.read(info.name) or b"")
-        except InvalidInputError:
-            continue
-        for usage in run.keys:
-            if usage.sha256 and usage.event == records.WRITE:
-                keep(Attestation(usage.key, usage.sha256, usage.size_bytes, f"job {run.job} run {run.run_id}",
-                                 usage.first_at or run.started_at))
-    for info in storage.iter_objects(coverage.WARMUPS_PREFIX, recursive=True):
-        if not info.name.endswith(".json"):
-            continue
-        try:
-            warm = coverage.parse(storage.read(info.name) or b"")
-        except InvalidInputError:
-            continue
-        for program in warm.programs:
-            if program.sha256 and program.status == coverage.WRITTEN:
-                keep(Attestation(program.key, program.sha256, program.size_bytes, f"warm-up {warm.id}",
-                                 warm.started_at))
-    return found
+def classify(entry: Entry, data: bytes, attestation: Attestation | None, *, now: float,
+             min_age_s: float) -> Verdict:
+    """:func:`judge` over bytes already in memory."""
+    return judge(entry, (data,), attestation, now=now, min_age_s=min_age_s)
 
 
 def verify(
-    storage: Storage, entries: Iterable[Entry], attestations: dict[str, Attestation], *, now: float,
+    storage: Storage, entries: Iterable[Entry], attestations: Mapping[str, Attestation], *, now: float,
     min_age_s: float, workers: int | None = None,
 ) -> Iterator[Verdict]:
     """Read and judge every entry (in parallel, order kept); entries deleted meanwhile are skipped."""
-    judge = partial(_judge, storage, attestations, now, min_age_s)
-    for verdict in bounded_map(judge, entries, workers=workers or storage.io_workers):
+    work = partial(_judge, storage, attestations, now, min_age_s)
+    for verdict in bounded_map(work, entries, workers=workers or storage.io_workers):
         if verdict is not None:
             yield verdict
 
 
-def _judge(storage: Storage, attestations: dict[str, Attestation], now: float, min_age_s: float,
+def _judge(storage: Storage, attestations: Mapping[str, Attestation], now: float, min_age_s: float,
            entry: Entry) -> Verdict | None:
-    data = storage.read(entry.name)
-    if data is None:
+    chunks = storage.read_chunks(entry.name)
+    if chunks is None:
         return None
-    return classify(entry, data, attestations.get(entry.key), now=now, min_age_s=min_age_s)
+    return judge(entry, chunks, attestations.get(entry.key), now=now, min_age_s=min_age_s)

@@ -60,6 +60,7 @@ class Fingerprint(msgspec.Struct, frozen=True):
     compression: Text | None = None  # "zstandard" or "zlib": the library name JAX hashes into keys
     xla_flags_digest: Text | None = None
     xla_caches: Text | None = None
+    python: Text | None = None  # the interpreter's version: which zstd library JAX uses, hence hashes, depends on it
 
     @property
     def digest(self) -> str:
@@ -97,6 +98,7 @@ class KeyUsage(msgspec.Struct):
     first_at: Seconds = 0.0
     last_at: Seconds = 0.0
     sha256: Sha256 | None = None  # of the stored bytes, read back by the writer once JAX finished writing them
+    signature: Sha256 | None = None  # HMAC of the digest with the writers' key (jaxcache.attestations.sign)
 
     def __post_init__(self) -> None:
         if not self.function:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from jaxcache.client.errors import (
     CacheAlreadyInitializedError,
     CacheNotConfiguredError,
+    IntegrityCheckError,
     TamperedCacheError,
     UntrustedCacheDirError,
 )
@@ -21,6 +22,7 @@ from jaxcache.client.telemetry import CacheStats
 __all__ = [
     "CacheAlreadyInitializedError",
     "CacheNotConfiguredError",
+    "IntegrityCheckError",
     "CacheSession",
     "CacheStats",
     "TamperedCacheError",

@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 
+from jaxcache.attestations import sign
 from jaxcache.client.reporting import RecordWriter
 from jaxcache.client.telemetry import Recorder
 
@@ -24,9 +25,11 @@ QUEUE_SIZE = 1024
 class Attestor:
     """Hashes written entries off the compiling thread and stores the digests in the recorder."""
 
-    def __init__(self, writer: RecordWriter, recorder: Recorder, *, maxsize: int = QUEUE_SIZE) -> None:
+    def __init__(self, writer: RecordWriter, recorder: Recorder, *, maxsize: int = QUEUE_SIZE,
+                 secret: bytes | None = None) -> None:
         self._writer = writer
         self._recorder = recorder
+        self._secret = secret  # JAXCACHE_ATTEST_KEY: digests signed with it outrank anyone else's
         self._queue: queue.Queue[str] = queue.Queue(maxsize=maxsize)
         self._seen: set[str] = set()
         self._thread: threading.Thread | None = None
@@ -63,9 +66,15 @@ class Attestor:
         while True:
             key = self._queue.get()
             try:
-                data = self._writer.storage().read(key + "-cache")  # JAX's entry name for a key
-                if data is not None:
-                    self._recorder.set_digest(key, hashlib.sha256(data).hexdigest(), len(data))
+                chunks = self._writer.storage().read_chunks(key + "-cache")  # JAX's entry name for a key
+                if chunks is not None:
+                    digest, size = hashlib.sha256(), 0
+                    for chunk in chunks:  # a stream: entries of hundreds of MB stay out of memory
+                        digest.update(chunk)
+                        size += len(chunk)
+                    sha = digest.hexdigest()
+                    signature = sign(self._secret, key, sha) if self._secret is not None else None
+                    self._recorder.set_digest(key, sha, size, signature)
             except Exception as exc:  # noqa: BLE001 - an unreadable entry stays unattested; the job goes on
                 self.failed += 1
                 log.debug("jaxcache: could not read back %s to attest it: %s", key, exc)

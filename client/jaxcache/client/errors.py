@@ -19,3 +19,8 @@ class UntrustedCacheDirError(JaxcacheError):
 
 class TamperedCacheError(JaxcacheError):
     """The catalog reports entries whose bytes differ from what their writers recorded (verify="attested")."""
+
+
+class IntegrityCheckError(JaxcacheError):
+    """``verify="attested"`` could not ask the service because of a setting (token, scope, URL, cache_dir):
+    failing closed, since starting would silently skip the check. The message names the fix."""

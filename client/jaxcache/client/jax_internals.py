@@ -11,6 +11,7 @@ import hashlib
 import inspect
 import logging
 import os
+import platform
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,14 +100,24 @@ def default_xla_caches() -> str | None:
 
 
 def compression_library() -> str:
-    """The library name JAX hashes into keys ("zstandard" or "zlib"); refuses to run without zstandard.
+    """The library name JAX hashes into keys, read the way its key code reads it: "zstandard" when its
+    compilation_cache module holds the zstandard module, else "zlib". Refuses to run without zstd at all.
 
-    A process without zstandard computes other keys than every process with it: it would never hit.
+    On Python >= 3.14 JAX compresses with the standard library's compression.zstd and leaves that attribute None,
+    so it hashes "zlib" although the entries are zstd: such a process shares keys only with its like, which the
+    fingerprint's python field makes visible. A process with no zstd at all would never hit the shared cache.
     """
     from jax._src import compilation_cache as cc
 
-    if getattr(cc, "zstandard", None) is not None or getattr(cc, "zstd", None) is not None:
+    if getattr(cc, "zstandard", None) is not None:
         return "zstandard"
+    if getattr(cc, "zstd", None) is not None:
+        if "zstd-hashed-as-zlib" not in _warned:
+            _warned.add("zstd-hashed-as-zlib")
+            log.warning("jaxcache: JAX %s on Python %s compresses with compression.zstd but hashes 'zlib' into its"
+                        " cache keys: this process hits only entries written on the same Python and JAX",
+                        jax.__version__, platform.python_version())
+        return "zlib"
     raise MissingDependencyError(
         "JAX cannot import zstandard here, so its cache keys would differ from every other job's and it would"
         " never hit the shared cache: pip install zstandard (jaxcache depends on it; is this the right venv?)"
@@ -199,6 +210,7 @@ def fingerprint(compression: str) -> Fingerprint:
         compression=compression,
         xla_flags_digest=hashlib.sha256(flags.encode()).hexdigest()[:16],
         xla_caches=jax.config.jax_persistent_cache_enable_xla_caches,  # type: ignore[attr-defined]  # run-time option
+        python=platform.python_version(),
         **fields,
     )
 

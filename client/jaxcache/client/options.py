@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jaxcache.client.errors import CacheNotConfiguredError
 from jaxcache.client.trust import TRUST_MODES
@@ -32,6 +32,7 @@ ENV_VARS = (
     "JAXCACHE_MIN_ENTRY_SIZE_BYTES",
     "JAXCACHE_RECORD_EVERY_S",
     "JAXCACHE_VERIFY",
+    "JAXCACHE_ATTEST_KEY",
 )
 
 
@@ -51,6 +52,7 @@ class ClientOptions:
     trust: str = "strict"
     record_every_s: float = DEFAULT_RECORD_EVERY_S
     verify: str = "off"
+    attest_key: bytes | None = field(default=None, repr=False)  # signs this process's digests (JAXCACHE_ATTEST_KEY)
 
     @property
     def is_gcs(self) -> bool:
@@ -163,6 +165,7 @@ def resolve(
         trust=trust,
         record_every_s=every_s,
         verify=check,
+        attest_key=env.get("JAXCACHE_ATTEST_KEY", "").encode() or None,
     )
 
 

@@ -42,7 +42,7 @@ class CacheSession:
         self.topology: str | None = None  # set by warm-up to the topology it mocks; else derived from devices
         self._recorder = Recorder()
         self._writer = RecordWriter(options.cache_dir)
-        self._attestor = Attestor(self._writer, self._recorder)
+        self._attestor = Attestor(self._writer, self._recorder, secret=options.attest_key)
         self._sampler = None
         if options.verify == "sample":
             from jaxcache.client.verify import HitSampler  # reads entries: loaded only when asked for

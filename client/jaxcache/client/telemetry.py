@@ -126,12 +126,13 @@ class Recorder:
         with self._lock:
             return [_copy(u) for u in self._keys.values()]
 
-    def set_digest(self, key: str, sha256: str, size_bytes: int) -> None:
+    def set_digest(self, key: str, sha256: str, size_bytes: int, signature: str | None = None) -> None:
         """Record the digest of an entry this process wrote (see :mod:`jaxcache.client.attestation`)."""
         with self._lock:
             if key in self._keys:
                 self._keys[key].sha256 = sha256
                 self._keys[key].size_bytes = size_bytes
+                self._keys[key].signature = signature
 
     def set_size(self, key: str, size_bytes: int) -> None:
         """Remember an entry's size once it has been looked up."""

@@ -1,8 +1,9 @@
 """``enable_cache(verify=...)``: check the cache's integrity before or after a job loads from it.
 
 - ``"attested"``: before anything compiles, ask the service (``GET /v1/integrity?cache_dir=...``) and refuse to
-  start when it reports tampered or mismatched entries, naming them and the command that removes them. When the
-  service cannot be asked, the job starts with one warning (fail open, like all of the client's telemetry).
+  start when it reports tampered, mismatched or differing entries, naming them and the command that removes them.
+  A setting the service refuses (token, scope, URL, cache_dir) raises too: starting would skip the check silently.
+  Only an unreachable or failing service lets the job start, with one warning.
 - ``"sample"``: after the fact, read the first entries this job hit and check each against its writer's digest
   (from the root's run and warm-up records) and its embedded program name; warn about any that differ.
 """
@@ -18,7 +19,8 @@ import urllib.request
 
 from jaxcache import entry as fmt
 from jaxcache import integrity
-from jaxcache.client.errors import TamperedCacheError
+from jaxcache.attestations import key_from_env
+from jaxcache.client.errors import IntegrityCheckError, TamperedCacheError
 from jaxcache.scan import Entry
 from jaxcache.storage import Storage
 
@@ -27,7 +29,15 @@ log = logging.getLogger("jaxcache.client")
 VERIFY_MODES = ("off", "sample", "attested")
 SAMPLE_HITS = 8
 ASK_TIMEOUT_S = 2.0
-_HARM = (integrity.TAMPERED, integrity.MISMATCHED)
+_HARM = (integrity.TAMPERED, integrity.MISMATCHED, integrity.DIFFERS)
+#: What a refusal by the service means, and what to change: configuration errors fail closed.
+_REFUSED = {
+    401: "the service does not know the token: set JAXCACHE_TOKEN (or token=) to one with the report or read scope",
+    403: "the token's scope may not read integrity: give the job a token with the report or read scope",
+    404: "no jaxcache integrity route there: is JAXCACHE_SERVICE_URL the jaxcache service's base URL?",
+    422: "the service has no cache with this root: pass the cache_dir the service is configured with (GET /v1/caches"
+         " lists the roots)",
+}
 
 
 def check_attested(service_url: str, token: str | None, cache_dir: str) -> None:
@@ -39,20 +49,31 @@ def check_attested(service_url: str, token: str | None, cache_dir: str) -> None:
     try:
         with urllib.request.urlopen(request, timeout=ASK_TIMEOUT_S) as response:
             summary = json.loads(response.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        detail = exc.read()[:200].decode(errors="replace") if isinstance(exc, urllib.error.HTTPError) else exc
-        log.warning("jaxcache: verify='attested' could not ask %s about %s (%s); starting without the check",
-                    service_url, cache_dir, detail)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:300].decode(errors="replace")
+        if exc.code in _REFUSED or 400 <= exc.code < 500:
+            fix = _REFUSED.get(exc.code, "check the service URL, token and cache_dir")
+            raise IntegrityCheckError(
+                f"verify='attested': {service_url} refused to report on {cache_dir} (HTTP {exc.code} {detail}):"
+                f" {fix}. The job does not start unchecked; verify='off' skips the check deliberately"
+            ) from None
+        log.warning("jaxcache: verify='attested' could not ask %s about %s (HTTP %s %s); starting without the"
+                    " check", service_url, cache_dir, exc.code, detail)
+        return
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # unreachable, timed out, or not JSON
+        log.warning("jaxcache: verify='attested' could not reach %s to ask about %s (%s); starting without the"
+                    " check", service_url, cache_dir, exc)
         return
     bad = [p for p in summary.get("problems", []) if p.get("class") in _HARM]
     if bad:
         shown = ", ".join(f"{p['key']} ({p['class']})" for p in bad[:10]) + (" ..." if len(bad) > 10 else "")
         raise TamperedCacheError(
-            f"the catalog reports {len(bad)} tampered or mismatched entries in {cache_dir}: {shown}. JAX would run"
-            f" them. Remove them: jaxcache prune {cache_dir} --integrity tampered,mismatched,corrupt --apply (or"
-            f" POST /v1/caches/{summary.get('cache', 'NAME')}/prune with"
-            ' {"integrity": ["tampered", "mismatched", "corrupt"], "dry_run": false}), then find out who could'
-            " write the cache"
+            f"the catalog reports {len(bad)} tampered, mismatched or differing entries in {cache_dir}: {shown}. JAX"
+            f" would run them. Remove them: jaxcache prune {cache_dir} --integrity"
+            " tampered,mismatched,differs,corrupt --apply (or POST"
+            f" /v1/caches/{summary.get('cache', 'NAME')}/prune with"
+            ' {"integrity": ["tampered", "mismatched", "differs", "corrupt"], "dry_run": false}), then find out'
+            " who could write the cache"
         )
 
 
@@ -96,21 +117,21 @@ class HitSampler:
 
     def _run(self) -> None:
         try:
-            attested = integrity.load_attestations(self._storage)
+            attested = integrity.load_attestations(self._storage, secret=key_from_env())
             for key in self._keys:
-                data = self._storage.read(fmt.cache_name(key))
-                if data is None:
+                chunks = self._storage.read_chunks(fmt.cache_name(key))
+                if chunks is None:
                     continue
                 name = fmt.parse_name(fmt.cache_name(key))
                 if name is None:
                     raise ValueError(f"{key!r} is not the shape of a key JAX gives")
-                entry = Entry(key=key, module=name.module, hash=name.hash, name=name.name, size_bytes=len(data),
-                              mtime_s=0.0)
-                verdict = integrity.classify(entry, data, attested.get(key), now=0.0, min_age_s=0.0)
+                entry = Entry(key=key, module=name.module, hash=name.hash, name=name.name, size_bytes=0, mtime_s=0.0)
+                verdict = integrity.judge(entry, chunks, attested.get(key), now=0.0, min_age_s=0.0)
                 if verdict.classification in _HARM:
                     self.findings.append(verdict)
                     log.warning("jaxcache: this job loaded %s from the cache and it is %s: %s. Results may be"
-                                " wrong; remove it (jaxcache prune ROOT --integrity tampered,mismatched --apply)",
+                                " wrong; remove it (jaxcache prune ROOT --integrity tampered,mismatched,differs"
+                                " --apply)",
                                 key, verdict.classification, "; ".join(verdict.reasons))
         except Exception as exc:  # noqa: BLE001 - a check that cannot run must not break the job
             log.warning("jaxcache: verify='sample' could not check the entries this job hit: %s", exc)

@@ -30,10 +30,12 @@ def _doctor_json(storage: Storage, d: Diagnosis) -> dict[str, Any]:
 
 def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
     """``doctor --verify``: classify every entry's integrity against its writer's digest and embedded name."""
+    from jaxcache import attestations as att
     from jaxcache import integrity
 
     min_age_s = parse_duration(args.min_age)
-    attestations = integrity.load_attestations(storage)
+    found = att.load(storage, secret=att.key_from_env())
+    attestations = found.by_key
     entries = (r for r in scan(storage, read_headers=False) if isinstance(r, Entry))
     verdicts = list(progress(integrity.verify(storage, entries, attestations, now=time.time(),
                                               min_age_s=min_age_s), "verifying"))
@@ -45,6 +47,10 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
             "entries": [{"name": v.name, "key": v.key, "class": v.classification, "classes": list(v.classes),
                          "reasons": list(v.reasons), "sha256": v.sha256, "embedded_module": v.embedded_module,
                          "attested_by": v.attested_by} for v in verdicts],
+            "conflicts": [{"key": key, "counted": attestations[key].sha256,
+                           "others": [{"sha256": o.sha256, "writer": o.writer, "source": o.source, "record": o.record}
+                                      for o in others]}
+                          for key, others in sorted(found.conflicts.items())],
             "problems": bool(bad),
         })
         return EXIT_PROBLEMS if bad else EXIT_OK
@@ -55,8 +61,11 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
         print(render(["CLASS", "FILE", "WHY"], [[v.classification, v.name, "; ".join(v.reasons)] for v in flagged]))
     if bad:
         print("\nnote: JAX executes what it loads: delete these before jobs load them "
-              "(`jaxcache prune ROOT --corrupt --apply` removes corrupt ones; remove tampered or mismatched files "
-              "and find out who could write them).")
+              "(`jaxcache prune ROOT --integrity tampered,mismatched,differs,corrupt --apply`), and find out who "
+              "could write them.")
+    if found.conflicts:
+        print(f"\nnote: {len(found.conflicts)} entries have more than one recorded digest; the first counted, the"
+              " others are listed with --json (a second writer raced the first, or a record was forged)")
     if counts[integrity.UNATTESTED]:
         print(f"\nnote: {counts[integrity.UNATTESTED]} entries have no recorded digest (written by plain JAX, not "
               "through jaxcache.client or warmup); only their embedded name could be checked.")
@@ -97,7 +106,8 @@ def add_parser(sub: Any) -> None:
     dr.add_argument("root", metavar="ROOT", help=ROOT_HELP)
     dr.add_argument("--verify", action="store_true",
                     help="integrity: compare each entry with its writer's recorded digest and its embedded program "
-                         "name; classes ok, tampered, corrupt, mismatched, pending (younger than --min-age), "
+                         "name; classes ok, tampered (differs from a signed digest: JAXCACHE_ATTEST_KEY), differs "
+                         "(from a record in the bucket), mismatched, corrupt, pending (younger than --min-age), "
                          "unattested")
     dr.add_argument("--min-age", default="1h", metavar="DURATION",
                     help="with --verify: entries younger than this that look broken are pending (default 1h)")

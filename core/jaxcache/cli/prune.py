@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from jaxcache.attestations import key_from_env
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, flag_value, print_json, progress
 from jaxcache.errors import InvalidInputError
 from jaxcache.prune import CORRUPT_REASON, Candidate, Decision, PrunePlan, PrunePolicy, PruneResult, apply, plan
@@ -143,7 +144,7 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         # Read every entry once and judge it against its writer's digest and embedded name.
         from jaxcache import integrity
 
-        attested = integrity.load_attestations(storage)
+        attested = integrity.load_attestations(storage, secret=key_from_env())
         scanned = [Entry(key=c.key, module=c.module, hash=c.key[-64:], name=c.name, size_bytes=c.size_bytes,
                          mtime_s=c.created_s, generation=c.generation) for c in candidates if not c.orphan]
         verdicts = {v.key: v for v in progress(integrity.verify(storage, scanned, attested, now=now,
@@ -242,8 +243,8 @@ def add_parser(sub: Any) -> None:
                          "records; an entry no record names is kept)")
     pr.add_argument("--stale-jaxlib-window", metavar="DURATION", help="for --stale-jaxlib (default 14d)")
     pr.add_argument("--integrity", metavar="CLASSES",
-                    help="entries whose integrity check (as doctor --verify) finds them tampered, mismatched "
-                         "and/or corrupt, comma-separated, e.g. tampered,mismatched,corrupt")
+                    help="entries whose integrity check (as doctor --verify) finds them tampered, mismatched, "
+                         "differs and/or corrupt, comma-separated, e.g. tampered,mismatched,differs,corrupt")
     pr.add_argument("--keep", metavar="PATTERN", action="append",
                     help="never delete entries whose key, or function name, matches PATTERN (a key or a glob); "
                          "repeat for more")

@@ -13,7 +13,7 @@ from jaxcache.units import parse_bytes, parse_duration
 
 STALE_JAXLIB_WINDOW_S = 14 * 86400.0
 #: Integrity classes a policy may select: the ones that are evidence of harm.
-INTEGRITY_CLASSES = ("tampered", "mismatched", "corrupt")
+INTEGRITY_CLASSES = ("tampered", "mismatched", "differs", "corrupt")
 
 @dataclass(frozen=True, slots=True)
 class PrunePolicy:

@@ -19,6 +19,9 @@ class ObjectInfo:
     generation: int | None = None
 
 
+#: How much of an object a streaming read holds at a time (Storage.read_chunks).
+CHUNK_BYTES = 1 << 20
+
 #: An object's (size_bytes, mtime_s, generation), as Storage.list_changes compares them.
 Stat = tuple[int, float, int | None]
 
@@ -114,6 +117,12 @@ class Storage(abc.ABC):
             if info.name in previous:
                 seen += 1
         return changed, names_gone(previous, changed, seen, self)
+
+    def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
+        """The whole object as successive chunks of at most ``chunk_bytes`` (memory stays bounded however large it
+        is), or None if it does not exist. A backend without a streaming read returns it whole."""
+        data = self.read(name)
+        return None if data is None else iter((data,))
 
     def exists(self, name: str) -> bool:
         """True if the object exists."""

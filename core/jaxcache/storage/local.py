@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
+from typing import BinaryIO
 
 from jaxcache.errors import (
     InvalidRootError,
@@ -12,7 +13,7 @@ from jaxcache.errors import (
     StorageError,
     StoragePermissionError,
 )
-from jaxcache.storage.base import ObjectInfo, Stat, Storage, check_name, check_prefix, names_gone
+from jaxcache.storage.base import CHUNK_BYTES, ObjectInfo, Stat, Storage, check_name, check_prefix, names_gone
 
 _TMP_PREFIX = ".jaxcache-tmp-"
 
@@ -139,6 +140,20 @@ class LocalStorage(Storage):
                     return f.read()
             except FileNotFoundError:
                 return None
+
+    def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
+        path = self._path(name)
+        with self._translate("read", name):
+            try:
+                f = open(path, "rb")  # noqa: SIM115 - closed by the generator, which owns it from here
+            except FileNotFoundError:
+                return None
+        return self._chunks(f, name, chunk_bytes)
+
+    def _chunks(self, f: BinaryIO, name: str, chunk_bytes: int) -> Iterator[bytes]:
+        with f, self._translate("read", name):
+            while chunk := f.read(chunk_bytes):
+                yield chunk
 
     def delete(self, name: str, *, if_generation: int | None = None) -> bool:
         # A directory has no generations; JAX never rewrites a key, so there is nothing to compare.
