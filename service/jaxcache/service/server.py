@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from jaxcache.errors import InvalidInputError
+from jaxcache.service.catalog.database import masked
 from jaxcache.service.settings import ServiceSettings
 
 
@@ -33,8 +34,8 @@ def serve(settings: ServiceSettings) -> None:
         )
     app = create_app(settings)
     shown = "localhost" if settings.host in ("127.0.0.1", "::1", "localhost") else settings.host
-    print(f"jaxcache service: http://{shown}:{settings.port}/ (dashboard; API docs at /docs; catalog {settings.db})",
-          file=sys.stderr, flush=True)
+    print(f"jaxcache service: http://{shown}:{settings.port}/ (dashboard; API docs at /docs; catalog"
+          f" {masked(settings.catalog_url)})", file=sys.stderr, flush=True)
     for name, url in settings.caches.items():
         print(f"  cache {name!r}: {url}", file=sys.stderr)
     # asyncio's loop, not uvloop: uvloop serves more requests a second but unfairly under load (bench/api.py,

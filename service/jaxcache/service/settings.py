@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jaxcache.errors import InvalidInputError
@@ -34,10 +34,10 @@ class ServiceSettings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8080, ge=0, le=65535, description="port to listen on (0: any free port)")
-    db: str = Field(
-        default_factory=default_db_url,
+    db: SecretStr = Field(
+        default_factory=lambda: SecretStr(default_db_url()),
         description="catalog database: an SQLite URL (sqlite:///path) or PostgreSQL (postgresql+psycopg://...), "
-                    "which several replicas can share",
+                    "which several replicas can share; a secret (its password is never printed)",
     )
     rescan_s: float = Field(300.0, gt=0, description="seconds between background rescans of every cache")
     tokens: dict[str, str] = Field(
@@ -60,6 +60,10 @@ class ServiceSettings(BaseSettings):
         1.0, ge=0, description="seconds a rendered page of an entry listing may be answered again from memory "
         "(dropped at once when this replica sees its cache change; another replica's changes show within this "
         "time); 0 turns it off",
+    )
+    attest_key: SecretStr | None = Field(
+        None, description="the key writers sign their entries' digests with (the same JAXCACHE_ATTEST_KEY in jobs and "
+        "warm-ups): signed digests outrank reported and file ones",
     )
     max_body_bytes: int = Field(64 * 1024, gt=0, description="largest request body accepted")
     max_report_bytes: int = Field(
@@ -102,6 +106,16 @@ class ServiceSettings(BaseSettings):
                     raise InvalidInputError(f"{self.tokens_file}:{n}: {exc}") from None
                 merged[parts[0]] = parts[1]
         return merged
+
+    @property
+    def catalog_url(self) -> str:
+        """The catalog database's URL, password included: only for connecting, never for printing."""
+        return self.db.get_secret_value()
+
+    @property
+    def attest_secret(self) -> bytes | None:
+        """The signing key as bytes, or None."""
+        return self.attest_key.get_secret_value().encode() if self.attest_key else None
 
     def listens_on_loopback(self) -> bool:
         """True when only this machine can reach the service."""

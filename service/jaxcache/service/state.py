@@ -53,7 +53,7 @@ class State:
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
         self.auth = Authenticator(settings)
-        self.catalog = Catalog(settings.db)
+        self.catalog = Catalog(settings.catalog_url)
         self.metrics = Metrics()
         self.storages: dict[str, Storage] = {name: open_storage(url) for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
@@ -88,7 +88,8 @@ class State:
         """Rescan one cache (one rescan of a cache at a time in every replica: waits at most ``wait_s`` seconds
         for one running elsewhere, then raises LockBusyError), recording metrics and errors."""
         try:
-            result = rescan(self.catalog, name, self.storages[name], wait_s=wait_s)
+            result = rescan(self.catalog, name, self.storages[name], wait_s=wait_s,
+                            secret=self.settings.attest_secret)
         except LockBusyError:
             raise
         except JaxcacheError as exc:
@@ -163,7 +164,7 @@ class State:
 
     def ingest(self, name: str, record: records.RunRecord) -> reports.IngestResult:
         """Ingest one POSTed run record into ``name``."""
-        result = reports.ingest(self.catalog, name, record, source=reports.REPORT)
+        result = reports.ingest(self.catalog, name, record, source=reports.REPORT, secret=self.settings.attest_secret)
         if not result.stale:
             self.metrics.reports_ingested.labels(name, reports.REPORT).inc()
             self._usage.pop(name, None)
@@ -189,8 +190,10 @@ class State:
               who: str) -> pruning.Outcome:
         """Plan (or apply, unless ``dry_run``: the caller checked the admin scope) a prune of ``name``. Raises
         PruneInProgressError while another prune of ``name`` runs."""
+        throttle = pruning.Throttle(self.settings.verify_bytes_per_s, self.settings.verify_cpu_share)
         outcome = pruning.run_prune(self.catalog, name, self.storages[name], policy, dry_run=dry_run, who=who,
-                                    policy_json=policy_json, lock=self.prune_locks.get(name))
+                                    policy_json=policy_json, lock=self.prune_locks.get(name),
+                                    secret=self.settings.attest_secret, throttle=throttle)
         if outcome.result is not None:
             self.metrics.prune_deleted.labels(name).inc(outcome.result.deleted)
             self.metrics.prune_bytes.labels(name).inc(outcome.result.bytes_freed)

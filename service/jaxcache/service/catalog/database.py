@@ -11,13 +11,34 @@ from contextlib import contextmanager
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from jaxcache.errors import InvalidInputError
+from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.service.catalog.locks import ClusterLocks, advisory_key
 
 log = logging.getLogger("jaxcache.service")
+
+
+class CatalogUnreachableError(JaxcacheError):
+    """The catalog database does not answer (or refuses the connection); the message says where and what to check."""
+
+
+def masked(url: str) -> str:
+    """``url`` with its password replaced by ``***``: what may be printed or logged."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<not a database URL>"
+
+
+def unreachable(url: URL, exc: OperationalError) -> str:
+    """One line on a catalog that does not answer: which server, what it said, what to check."""
+    said = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc).splitlines()[0]
+    where = f"{url.host or 'localhost'}:{url.port or 5432}" if url.get_backend_name() == "postgresql" else url.database
+    return (f"cannot reach the catalog database at {where} (database {url.database!r} as {url.username!r}): {said}."
+            " Check that the server runs and is reachable from here, and JAXCACHE_DB's host, port, user and password")
 
 
 class Catalog:
@@ -25,6 +46,7 @@ class Catalog:
 
     def __init__(self, url: str, *, migrate: bool = True) -> None:
         self.url = url
+        shown = masked(url)
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
             directory = os.path.dirname(url[len("sqlite:///") :])
             if directory:
@@ -34,11 +56,11 @@ class Catalog:
             # instead of failing the request that draws it.
             self.engine: Engine = create_engine(url, pool_pre_ping=not url.startswith("sqlite"))
         except Exception as exc:  # SQLAlchemy raises several types for a bad URL or a missing driver
-            raise InvalidInputError(f"catalog database URL {url!r} is not usable: {exc}") from exc
+            raise InvalidInputError(f"catalog database URL {shown!r} is not usable: {exc}") from None
         self.dialect = self.engine.dialect.name
         if self.dialect not in ("sqlite", "postgresql"):
             # Upserts and the replicas' locks are written for these two (and tested on both).
-            raise InvalidInputError(f"catalog database URL {url!r}: use SQLite (sqlite:///path) or PostgreSQL "
+            raise InvalidInputError(f"catalog database URL {shown!r}: use SQLite (sqlite:///path) or PostgreSQL "
                                     "(postgresql+psycopg://user:password@host/db)")
         if self.dialect == "sqlite":
             event.listen(self.engine, "connect", _sqlite_connect)
@@ -47,7 +69,10 @@ class Catalog:
         if migrate:
             from jaxcache.service.catalog.migrate import upgrade
 
-            upgrade(self)
+            try:
+                upgrade(self)
+            except OperationalError as exc:  # the server is not there, or refuses this user
+                raise CatalogUnreachableError(unreachable(self.engine.url, exc)) from None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(jaxcache_write=True),
                                             expire_on_commit=False)

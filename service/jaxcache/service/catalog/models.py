@@ -268,7 +268,8 @@ class WarmupKeyRow(Base):
 
 
 class AttestationRow(Base):
-    """The digest an entry's writer recorded (a client run record or a warm-up coverage record); first wins."""
+    """The digest that counts for an entry: the first the service accepted of the highest source (signed >
+    reported > read from a file; jaxcache.attestations). Others go to ``attestation_conflicts``."""
 
     __tablename__ = "attestations"
     cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
@@ -276,7 +277,24 @@ class AttestationRow(Base):
     sha256: Mapped[str] = mapped_column(Str(64))
     size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     writer: Mapped[str] = mapped_column(Str(512))
-    at_s: Mapped[float] = mapped_column(Float)
+    at_s: Mapped[float] = mapped_column(Float)  # when the service accepted it, by its own clock
+    source: Mapped[str] = mapped_column(Str(16), server_default="file")
+    record: Mapped[str | None] = mapped_column(Str(1024), nullable=True)  # the record file it was read from
+    platform: Mapped[str | None] = mapped_column(Str(16), nullable=True)
+
+
+class AttestationConflictRow(Base):
+    """A digest of an entry that differs from the one that counts: shown, never silently taking its place."""
+
+    __tablename__ = "attestation_conflicts"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    sha256: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    writer: Mapped[str] = mapped_column(Str(512))
+    source: Mapped[str] = mapped_column(Str(16))
+    record: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    seen_s: Mapped[float] = mapped_column(Float)
 
 
 class VerificationRow(Base):

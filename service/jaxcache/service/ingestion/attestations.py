@@ -1,72 +1,69 @@
-"""Digests that writers recorded for the entries they wrote: the catalog's side of ``jaxcache.integrity``.
+"""Writers' digests into the catalog: the digest that counts per key, and the conflicting ones beside it.
 
-JAX never rewrites a key, so the first recorded digest of a key is the one its bytes must keep; later records of
-the same key (a second writer racing the first) do not replace it.
+The service stamps each digest with its own clock when it accepts it, so no record can back-date itself, and
+applies jaxcache.attestations' rule: the first accepted wins within a source, a higher source (signed > reported >
+read from a file) outranks a lower one, and every other digest is kept as a conflict, never replacing silently.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from jaxcache.integrity import Attestation
-from jaxcache.records import WRITE, RunRecord
+from jaxcache.attestations import Attestation, prefer
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import AttestationRow
+from jaxcache.service.catalog.models import AttestationConflictRow, AttestationRow
 
 _CHUNK = 500
 
 
-@dataclass(frozen=True, slots=True)
-class Digest:
-    """One writer's digest of one key."""
-
-    key: str
-    sha256: str
-    size_bytes: int | None
-    writer: str
-    at_s: float
+def _row(cache: str, a: Attestation) -> dict[str, object]:
+    return dict(cache=cache, key=a.key, sha256=a.sha256, size_bytes=a.size_bytes, writer=a.writer[:512], at_s=a.at,
+                source=a.source, record=a.record, platform=a.platform)
 
 
-def from_run(record: RunRecord) -> list[Digest]:
-    """The digests a client run record carries (keys it wrote and read back)."""
-    return [Digest(u.key, u.sha256, u.size_bytes, f"job {record.job} run {record.run_id} p{record.process_index}",
-                   u.first_at or record.started_at)
-            for u in record.keys if u.sha256 and u.event == WRITE]
+def _attestation(r: AttestationRow) -> Attestation:
+    return Attestation(r.key, r.sha256, r.size_bytes, r.writer, r.at_s, r.source, r.record, r.platform)
 
 
-def record(catalog: Catalog, cache: str, digests: Iterable[Digest]) -> int:
-    """Store digests for keys that have none yet, or replace a later writer's with an earlier one's."""
-    todo: dict[str, Digest] = {}
-    for d in digests:
-        if d.key not in todo or d.at_s < todo[d.key].at_s:
-            todo[d.key] = d
+def record(catalog: Catalog, cache: str, found: Iterable[Attestation]) -> int:
+    """Accept ``found`` (in order) for ``cache``; returns how many keys' counted digest changed."""
+    todo = list(found)
     if not todo:
         return 0
-    stored = 0
+    changed = 0
     with catalog.writing(cache) as s:
-        keys = list(todo)
+        keys = sorted({a.key for a in todo})
+        existing: dict[str, AttestationRow] = {}
         for i in range(0, len(keys), _CHUNK):
-            chunk = keys[i : i + _CHUNK]
-            existing = {r.key: r for r in s.scalars(select(AttestationRow).where(
-                AttestationRow.cache == cache, AttestationRow.key.in_(chunk)))}
-            for key in chunk:
-                d, old = todo[key], existing.get(key)
-                if old is None:
-                    s.add(AttestationRow(cache=cache, key=key, sha256=d.sha256, size_bytes=d.size_bytes,
-                                         writer=d.writer[:512], at_s=d.at_s))
-                    stored += 1
-                elif d.at_s < old.at_s:
-                    old.sha256, old.size_bytes, old.writer, old.at_s = d.sha256, d.size_bytes, d.writer[:512], d.at_s
-                    stored += 1
-    return stored
+            existing.update((r.key, r) for r in s.scalars(select(AttestationRow).where(
+                AttestationRow.cache == cache, AttestationRow.key.in_(keys[i : i + _CHUNK]))))
+        conflicts: list[Attestation] = []
+        for att in todo:
+            row = existing.get(att.key)
+            winner, other = prefer(None if row is None else _attestation(row), att)
+            if other is not None:
+                conflicts.append(other)
+            if row is None:
+                row = existing[att.key] = AttestationRow(**_row(cache, winner))
+                s.add(row)
+                changed += 1
+            elif (winner.sha256, winner.source) != (row.sha256, row.source):
+                for name, value in _row(cache, winner).items():
+                    setattr(row, name, value)
+                changed += 1
+        for other in conflicts:
+            s.execute(catalog.insert(AttestationConflictRow).values(
+                cache=cache, key=other.key, sha256=other.sha256, size_bytes=other.size_bytes,
+                writer=other.writer[:512], source=other.source, record=other.record, seen_s=other.at,
+            ).on_conflict_do_nothing(index_elements=["cache", "key", "sha256"]))
+    return changed
 
 
 def load(conn: Connection, cache: str, keys: Iterable[str] | None = None) -> dict[str, Attestation]:
-    """Attestations of a cache (all, or of ``keys``)."""
+    """The digests that count for a cache's entries (all, or those of ``keys``)."""
     q = select(AttestationRow).where(AttestationRow.cache == cache)
     out: dict[str, Attestation] = {}
     key_list = None if keys is None else list(keys)
@@ -74,5 +71,5 @@ def load(conn: Connection, cache: str, keys: Iterable[str] | None = None) -> dic
     for chunk in chunks:
         qq = q if chunk is None else q.where(AttestationRow.key.in_(chunk))
         for r in conn.execute(qq):
-            out[r.key] = Attestation(r.key, r.sha256, r.size_bytes, r.writer, r.at_s)
+            out[r.key] = Attestation(r.key, r.sha256, r.size_bytes, r.writer, r.at_s, r.source, r.record, r.platform)
     return out

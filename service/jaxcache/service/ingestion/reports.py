@@ -16,6 +16,7 @@ from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from jaxcache import records
+from jaxcache.attestations import FILE, REPORTED, from_run
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog.database import Catalog
@@ -38,7 +39,8 @@ class IngestResult:
     stale: bool  # a newer version of this record was already ingested: nothing changed
 
 
-def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REPORT) -> IngestResult:
+def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REPORT, secret: bytes | None = None,
+           record_name: str | None = None) -> IngestResult:
     """Store ``record`` (already parsed) for ``cache`` and update the aggregates of the keys it touches.
 
     Raises :class:`InvalidInputError` (and stores nothing) if the record names a key twice.
@@ -66,7 +68,10 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
             s.execute(insert(UsageRow), rows[i : i + 5000])
         if full:
             recompute(s, cache, full)
-    attestations.record(catalog, cache, attestations.from_run(record))
+    # A POSTed digest came with a report token; one read from the bucket is worth what the bucket's writers are.
+    kind = REPORTED if source == REPORT else FILE
+    attestations.record(catalog, cache, from_run(record, source=kind, at=time.time(), secret=secret,
+                                                 record=record_name))
     return IngestResult(cache, record.run_id, record.process_index, len(rows), stale=False)
 
 

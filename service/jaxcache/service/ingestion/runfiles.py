@@ -37,7 +37,7 @@ def _read(storage: Storage, info: ObjectInfo) -> tuple[ObjectInfo, bytes | None,
     return info, storage.read(info.name), None
 
 
-def scan_records(catalog: Catalog, cache: str, storage: Storage) -> RecordScan:
+def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: bytes | None = None) -> RecordScan:
     """Ingest the run records under ``<root>/.jaxcache/runs/`` that are new or changed since the last rescan.
 
     A malformed record is skipped with one warning (it is read again only once it changes). Records that vanish
@@ -58,7 +58,7 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage) -> RecordScan:
         if data is not None and error is None:
             try:
                 record = records.parse(data)
-                ingest(catalog, cache, record, source=STORAGE)
+                ingest(catalog, cache, record, source=STORAGE, secret=secret, record_name=info.name)
             except InvalidInputError as exc:
                 error = str(exc)
         if error is not None:

@@ -8,12 +8,14 @@ programs that jobs have reported a hit on after the warm-up finished (their run 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from functools import partial
 
 from sqlalchemy import delete, insert, select
 
 from jaxcache import coverage
+from jaxcache.attestations import FILE, from_coverage
 from jaxcache.coverage import WarmupRecord
 from jaxcache.errors import InvalidInputError
 from jaxcache.parallel import bounded_map
@@ -33,7 +35,8 @@ class CoverageScan:
     malformed: int
 
 
-def ingest(catalog: Catalog, cache: str, record: WarmupRecord) -> None:
+def ingest(catalog: Catalog, cache: str, record: WarmupRecord, *, secret: bytes | None = None,
+           record_name: str | None = None) -> None:
     """Store one warm-up (replacing an earlier ingestion of the same id) and its digests."""
     programs = {p.key: p for p in record.programs}  # a key listed twice counts once
     counts = {status: sum(p.status == status for p in programs.values()) for status in coverage.STATUSES}
@@ -50,13 +53,11 @@ def ingest(catalog: Catalog, cache: str, record: WarmupRecord) -> None:
                      compile_s=p.compile_s, size_bytes=p.size_bytes) for p in programs.values()]
         for i in range(0, len(rows), 5000):
             s.execute(insert(WarmupKeyRow), rows[i : i + 5000])
-    attestations.record(catalog, cache, [
-        attestations.Digest(p.key, p.sha256, p.size_bytes, f"warm-up {record.id}", record.started_at)
-        for p in programs.values() if p.sha256 and p.status == coverage.WRITTEN
-    ])
+    attestations.record(catalog, cache, from_coverage(record, source=FILE, at=time.time(), secret=secret,
+                                                     record=record_name))
 
 
-def scan(catalog: Catalog, cache: str, storage: Storage) -> CoverageScan:
+def scan(catalog: Catalog, cache: str, storage: Storage, *, secret: bytes | None = None) -> CoverageScan:
     """Ingest coverage records that are new or changed since the last rescan (malformed ones: one warning)."""
     listing = {i.name: i for i in storage.iter_objects(coverage.WARMUPS_PREFIX, recursive=True)
                if i.name.endswith(".json")}
@@ -71,7 +72,7 @@ def scan(catalog: Catalog, cache: str, storage: Storage) -> CoverageScan:
             continue
         error = None
         try:
-            ingest(catalog, cache, coverage.parse(data))
+            ingest(catalog, cache, coverage.parse(data), secret=secret, record_name=info.name)
             ingested += 1
         except InvalidInputError as exc:
             error = str(exc)

@@ -81,25 +81,44 @@ class Outcome:
     audit_id: int | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Throttle:
+    """How fast an integrity pass run for a prune may read: as the background pass does."""
+
+    bytes_per_s: float | None = None
+    cpu_share: float | None = None
+
+
 def run_prune(
     catalog: Catalog, cache: str, storage: Storage, policy: prune.PrunePolicy, *, dry_run: bool, who: str,
-    policy_json: dict, lock: ClusterLock,
+    policy_json: dict, lock: ClusterLock, secret: bytes | None = None, throttle: Throttle | None = None,
 ) -> Outcome:
-    """Plan (and unless ``dry_run``, apply and audit) a prune of one cache. Raises PruneInProgressError."""
+    """Plan (and unless ``dry_run``, apply and audit) a prune of one cache. Raises PruneInProgressError.
+
+    A dry run reads nothing from storage: with ``integrity`` it uses the verdicts already made and says how many
+    entries are not judged yet (anyone with a read token may ask for one). Applying (an admin) first judges those
+    entries, throttled like the background pass."""
     policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
-    if policy.integrity:
-        # Judge entries new or changed since the last integrity pass, so the plan does not miss them.
-        verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s)
     if dry_run:
-        return Outcome(_plan(catalog, cache, policy))
+        plan = _plan(catalog, cache, policy)
+        if policy.integrity:
+            unjudged = verification.unjudged(catalog, cache)
+            if unjudged:
+                plan.notes.append(f"integrity used the verdicts made so far: {unjudged} entries are not judged yet"
+                                  " (the background pass will judge them; applying this prune judges them first)")
+        return Outcome(plan)
     if not lock.acquire(blocking=False):
         raise PruneInProgressError(cache)
     try:
         # Storage is the truth: refresh the index first so the plan sees entries written since the last scan.
-        rescan(catalog, cache, storage)
+        rescan(catalog, cache, storage, secret=secret)
+        if policy.integrity:
+            throttle = throttle or Throttle()
+            verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s,
+                                  bytes_per_s=throttle.bytes_per_s, cpu_share=throttle.cpu_share)
         plan = _plan(catalog, cache, policy)
         result = prune.apply(storage, plan)
-        rescan(catalog, cache, storage)
+        rescan(catalog, cache, storage, secret=secret)
         with catalog.session() as s:
             row = PruneRow(
                 cache=cache, at_s=time.time(), who=who, policy=policy_json, deleted=result.deleted,

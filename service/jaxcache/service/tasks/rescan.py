@@ -132,7 +132,8 @@ def _with_reports(row: dict, stats: dict | None) -> dict:
     return row
 
 
-def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | None = None) -> RescanResult:
+def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | None = None,
+           secret: bytes | None = None) -> RescanResult:
     """Bring ``cache``'s rows in line with ``storage``: add new entries, drop vanished ones, refresh last use.
 
     Waits for a rescan of ``cache`` that another replica (or thread) is running: without limit, or at most
@@ -143,7 +144,7 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
         raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "
                             "service); try again when it ends")
     try:
-        return _rescan(catalog, cache, storage)
+        return _rescan(catalog, cache, storage, secret)
     finally:
         lock.release()
 
@@ -192,7 +193,7 @@ def _fingerprint(conn, cache: str) -> tuple:
     return tuple(rawsql.fetch(conn, "rescan-fingerprint", _fingerprint_statement, {"cache": cache})[0])
 
 
-def _rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
+def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None) -> RescanResult:
     started = time.monotonic()
     now = time.time()
     # The service rescans each cache every few minutes, mostly finding nothing new: the previous rescan's snapshot
@@ -204,7 +205,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
     if snap is not None and snap.fingerprint == fingerprint:
         changes, gone = storage.list_changes(snap.listing)
         if not changes and not gone:
-            result = _finish(catalog, cache, storage, started, now, added=0, removed=0, updated=0,
+            result = _finish(catalog, cache, storage, secret, started, now, added=0, removed=0, updated=0,
                              entries=snap.entries)
             snap.fingerprint = (fingerprint[0], now, None)
             catalog.rescan_snapshots[cache] = snap
@@ -278,18 +279,18 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage) -> RescanResult:
             )
         # Inside the write lock: nobody else's change can fall between the writes and this count.
         count = _fingerprint(s.connection(), cache)[0]
-    result = _finish(catalog, cache, storage, started, now, added=len(rows), removed=len(vanished),
+    result = _finish(catalog, cache, storage, secret, started, now, added=len(rows), removed=len(vanished),
                      updated=len(updates), entries=len(caches) + orphans)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
     catalog.rescan_snapshots[cache] = _Snapshot((count, now, None), listing, foreign, len(caches) + orphans)
     return result
 
 
-def _finish(catalog: Catalog, cache: str, storage: Storage, started: float, now: float, *, added: int,
-            removed: int, updated: int, entries: int) -> RescanResult:
+def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None, started: float, now: float, *,
+            added: int, removed: int, updated: int, entries: int) -> RescanResult:
     """Ingest run and warm-up records and note the scan's end."""
-    found = scan_records(catalog, cache, storage)
-    covered = warmups.scan(catalog, cache, storage)
+    found = scan_records(catalog, cache, storage, secret=secret)
+    covered = warmups.scan(catalog, cache, storage, secret=secret)
     seconds = time.monotonic() - started
     # One UPDATE, no read first: on SQLite a read-then-write transaction fails outright (SQLITE_BUSY_SNAPSHOT) when
     # another process (a replica on the same file) wrote in between.

@@ -138,9 +138,16 @@ def run_pass(
     return result
 
 
+def unjudged(catalog: Catalog, cache: str) -> int:
+    """Entries with no verdict for their current version yet (new, changed, re-attested or pending)."""
+    with catalog.reader() as conn:
+        count: int = conn.execute(select(func.count()).select_from(_todo(cache).subquery())).scalar_one()
+    return count
+
+
 def _judge(storage: Storage, found: dict[str, integrity.Attestation], now: float, min_age_s: float,
            entry: Entry) -> integrity.Verdict | None:
-    data = storage.read(entry.name)
-    if data is None:
+    chunks = storage.read_chunks(entry.name)  # a stream: memory stays bounded per entry, however large
+    if chunks is None:
         return None
-    return integrity.classify(entry, data, found.get(entry.key), now=now, min_age_s=min_age_s)
+    return integrity.judge(entry, chunks, found.get(entry.key), now=now, min_age_s=min_age_s)

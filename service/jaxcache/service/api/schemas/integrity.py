@@ -24,7 +24,7 @@ class VerifyResult(BaseModel):
 
 class IntegrityProblem(BaseModel):
     key: str
-    class_: str = Field(alias="class", description="tampered, mismatched, corrupt or pending")
+    class_: str = Field(alias="class", description="tampered, mismatched, differs, corrupt or pending")
     classes: list[str] = Field(description="every class that applies, most severe first")
     reasons: list[str]
     sha256: str | None = None
@@ -32,6 +32,24 @@ class IntegrityProblem(BaseModel):
     attested_by: str | None = None
     embedded_module: str | None = None
     checked_s: float
+
+
+class OtherDigest(BaseModel):
+    sha256: str
+    writer: str
+    source: str = Field(description="signed, reported or file: how the digest reached the service")
+    record: str | None = Field(None, description="the record file it was read from")
+    seen_s: float
+
+
+class DigestConflict(BaseModel):
+    """An entry for which writers recorded different digests: the one that counts, and the others."""
+
+    key: str
+    sha256: str = Field(description="the digest the entry is judged against")
+    writer: str
+    source: str
+    others: list[OtherDigest]
 
 
 class IntegritySummary(BaseModel):
@@ -42,8 +60,11 @@ class IntegritySummary(BaseModel):
     verified: int
     unverified: int = Field(description="entries not verified yet (new since the last pass)")
     attested: int = Field(description="entries with a digest recorded by their writer")
-    counts: dict[str, int] = Field(description="ok, tampered, mismatched, corrupt, pending, unattested",
+    counts: dict[str, int] = Field(description="ok, tampered, mismatched, differs, corrupt, pending, unattested",
                                    examples=[{"ok": 120, "tampered": 1, "mismatched": 0, "corrupt": 2,
                                               "pending": 0, "unattested": 40}])
     last_checked_s: float | None = None
-    problems: list[IntegrityProblem] = Field(description="tampered, mismatched, corrupt and pending entries")
+    problems: list[IntegrityProblem] = Field(
+        description="tampered, mismatched, differing, corrupt and pending entries")
+    conflicts: list[DigestConflict] = Field(
+        default_factory=list, description="entries with more than one recorded digest (the first accepted counts)")

@@ -31,7 +31,7 @@ class PruneRequest(BaseModel):
     stale_jaxlib: bool = Field(False, description="entries whose first writer's jaxlib no run used within "
                                                   "stale_jaxlib_window (they can never hit again)")
     stale_jaxlib_window: float | str | None = Field(None, description="default 14d; only with stale_jaxlib")
-    integrity: list[Literal["tampered", "mismatched", "corrupt"]] = Field(
+    integrity: list[Literal["tampered", "mismatched", "differs", "corrupt"]] = Field(
         default_factory=list, description="entries whose integrity verdict is one of these (an integrity pass runs "
                                           "first over entries not yet judged)")
 

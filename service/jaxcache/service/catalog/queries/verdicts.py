@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
 
 from jaxcache import integrity
-from jaxcache.service.catalog.models import AttestationRow, EntryRow, VerificationRow
+from jaxcache.service.catalog.models import AttestationConflictRow, AttestationRow, EntryRow, VerificationRow
 
 
 def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
@@ -34,6 +36,7 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
                v.classification.in_(integrity.BAD_CLASSES + (integrity.PENDING,)))
         .order_by(v.classification, v.key).limit(limit)).all()
     return {
+        "conflicts": conflicts(conn, cache, limit=limit),
         "cache": cache,
         "entries": total,
         "verified": sum(counts.values()),
@@ -43,6 +46,23 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
         "last_checked_s": last,
         "problems": [dict(r._mapping) | {"class": r.classification} for r in bad],
     }
+
+
+def conflicts(conn: Connection, cache: str, *, limit: int = 1000) -> list[dict[str, Any]]:
+    """Entries with more than one recorded digest: the one that counts, and the others, newest first."""
+    a, c = AttestationRow, AttestationConflictRow
+    rows = conn.execute(
+        select(c.key, c.sha256, c.writer, c.source, c.record, c.seen_s, a.sha256.label("counted"),
+               a.writer.label("counted_by"), a.source.label("counted_source"))
+        .join(a, and_(a.cache == c.cache, a.key == c.key))
+        .where(c.cache == cache).order_by(c.key, c.seen_s.desc()).limit(limit)).all()
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        found = out.setdefault(r.key, {"key": r.key, "sha256": r.counted, "writer": r.counted_by,
+                                       "source": r.counted_source, "others": []})
+        found["others"].append({"sha256": r.sha256, "writer": r.writer, "source": r.source, "record": r.record,
+                                "seen_s": r.seen_s})
+    return list(out.values())
 
 
 def classes_of(conn: Connection, cache: str) -> dict[str, str]:
