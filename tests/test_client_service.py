@@ -17,6 +17,8 @@ from conftest import jaxcache_serve
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
 ADMIN, REPORT, READ = "cs-admin", "cs-report", "cs-read"
+#: Writers and the service share it: digests are signed, so a mismatch against one is proof of tampering.
+KEY = "cs-attest-key"
 
 
 def _free_port() -> int:
@@ -27,7 +29,7 @@ def _free_port() -> int:
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAXCACHE_", "JAX_COMPILATION_CACHE"))}
-    return {**env, "JAX_PLATFORMS": "cpu", **extra}
+    return {**env, "JAX_PLATFORMS": "cpu", "JAXCACHE_ATTEST_KEY": KEY, **extra}
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def service(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o755)
     with jaxcache_serve({"shared": cache}, f"sqlite:///{tmp_path / 'catalog.sqlite'}",
-                        tokens={ADMIN: "admin", REPORT: "report", READ: "read"}) as base:
+                        tokens={ADMIN: "admin", REPORT: "report", READ: "read"}, JAXCACHE_ATTEST_KEY=KEY) as base:
         yield base, cache
 
 
@@ -114,15 +116,15 @@ def test_verify_attested_refuses_a_tampered_cache_and_sample_warns(service):
                           capture_output=True, text=True, timeout=300, env=_env())
     assert proc.returncode == 3, proc.stderr
     assert "TamperedCacheError" in proc.stderr and victim.name.removesuffix("-cache") in proc.stderr
-    assert "--integrity tampered,mismatched,corrupt --apply" in proc.stderr
+    assert "--integrity tampered,mismatched,differs,corrupt --apply" in proc.stderr
 
 
 @pytest.mark.slow
 def test_verify_sample_flags_hits_whose_bytes_differ_from_the_writers_digest(tmp_path):
     cache = tmp_path / "cache"
     writer = run_job(cache, "writer")
-    # The writer's record says one digest; make the entry's bytes say another (a record cannot be forged by
-    # the same people in a real deployment, but here it stands in for tampered bytes that still load).
+    # The writer's record says one digest and the entry's bytes another: the record edited after the fact (its
+    # signature no longer matches, so the digest is worth a file's). The job warns: the entry differs.
     record_path = cache / writer["record_name"]
     data = json.loads(record_path.read_text())
     target = data["keys"][0]["key"]
@@ -130,4 +132,4 @@ def test_verify_sample_flags_hits_whose_bytes_differ_from_the_writers_digest(tmp
     record_path.write_text(json.dumps(data))
     out = run_job(cache, "sampler", "--verify", "sample")
     assert out["stats"]["hit_rate"] == 1.0
-    assert out["integrity_findings"] == [{"key": target, "class": "tampered"}]
+    assert out["integrity_findings"] == [{"key": target, "class": "differs"}]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import shared_fixture_dirs
-from jaxcache import coverage, integrity, records
+from jaxcache import attestations, coverage, integrity, records
 from jaxcache.entry import parse_name, validate
 from jaxcache.records import Fingerprint, KeyUsage, RunRecord
 from jaxcache.scan import Entry, scan
@@ -21,6 +21,8 @@ from jaxcache.storage import LocalStorage
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
 HOUR = 3600.0
+#: The writers' signing key: digests signed with it count as proof (JAXCACHE_ATTEST_KEY).
+KEY = "test-attest-key"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -34,23 +36,25 @@ def age(path: Path, seconds: float = 2 * HOUR) -> None:
     os.utime(path, (t, t))
 
 
-def verdicts(root: Path, min_age_s: float = HOUR) -> dict[str, integrity.Verdict]:
+def verdicts(root: Path, min_age_s: float = HOUR, secret: str | None = KEY) -> dict[str, integrity.Verdict]:
     storage = LocalStorage(str(root))
     entries = [r for r in scan(storage, read_headers=False) if isinstance(r, Entry)]
-    found = integrity.load_attestations(storage)
+    found = integrity.load_attestations(storage, secret=secret.encode() if secret else None)
     return {v.key: v for v in integrity.verify(storage, entries, found, now=time.time(), min_age_s=min_age_s)}
 
 
-def attest_by_hand(root: Path, job: str = "hand") -> None:
-    """A run record with digests of the entries as they are now, as a client writer would have recorded."""
+def attest_by_hand(root: Path, job: str = "hand", secret: str | None = KEY) -> None:
+    """A run record with digests of the entries as they are now, as a client writer (on CPU) would have recorded."""
     keys = []
     for path in sorted(root.glob("*-cache")):
         data = path.read_bytes()
         name = parse_name(path.name)
+        sha = integrity.sha256_hex(data)
         keys.append(KeyUsage(key=name.key, event=records.WRITE, function=name.module, writes=1,
-                             size_bytes=len(data), sha256=integrity.sha256_hex(data), first_at=1.0))
+                             size_bytes=len(data), sha256=sha, first_at=1.0,
+                             signature=attestations.sign(secret.encode(), name.key, sha) if secret else None))
     run = RunRecord(job=job, run_id="hand-1", process_index=0, process_count=1, host="h", started_at=1.0,
-                    updated_at=1.0, fingerprint=Fingerprint(jax="0", jaxlib="0"), keys=keys)
+                    updated_at=1.0, fingerprint=Fingerprint(jax="0", jaxlib="0", backend="cpu"), keys=keys)
     (root / run.name).parent.mkdir(parents=True, exist_ok=True)
     (root / run.name).write_bytes(run.to_json())
 
@@ -60,7 +64,7 @@ def attested_cache(tmp_path_factory) -> Path:
     """A zstd cache written through jaxcache.client: every entry attested by its writer."""
     root = tmp_path_factory.mktemp("attested") / "cache"
     proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(root), "--job", "writer"],
-                          capture_output=True, text=True, timeout=300, env=clean_env())
+                          capture_output=True, text=True, timeout=300, env=clean_env(JAXCACHE_ATTEST_KEY=KEY))
     assert proc.returncode == 0, proc.stderr
     for path in root.glob("*-cache"):
         age(path)
@@ -135,7 +139,9 @@ def test_bytes_copied_between_functions_are_tampered_and_mismatched(attested_cac
     assert verdict.embedded_module == a and any(a in r for r in verdict.reasons)
 
 
-def test_swapped_bytes_are_mismatched_even_without_any_record(jax_caches, tmp_path):
+def test_swapped_bytes_without_a_record_are_flagged_but_not_acted_on(jax_caches, tmp_path):
+    """The embedded-name check is pinned on CPU entries only: without a record nothing says an entry is CPU's, so a
+    mismatch is listed and explained, but the class that jobs and prunes act on stays unattested."""
     for flavour in ("zstd", "zlib"):
         root = copy_of(Path(jax_caches[flavour].root), tmp_path / flavour)
         shutil.rmtree(root / ".jaxcache", ignore_errors=True)
@@ -146,7 +152,9 @@ def test_swapped_bytes_are_mismatched_even_without_any_record(jax_caches, tmp_pa
         shutil.copyfile(paths[0], paths[1])
         age(paths[1])
         result = verdicts(root)
-        assert result[paths[1].name.removesuffix("-cache")].classification == integrity.MISMATCHED
+        swapped = result[paths[1].name.removesuffix("-cache")]
+        assert swapped.classification == integrity.UNATTESTED and integrity.MISMATCHED in swapped.classes
+        assert "not acted on by itself" in swapped.reasons[0] and "unknown" in swapped.reasons[0]
         others = [v for k, v in result.items() if k != paths[1].name.removesuffix("-cache")]
         assert all(v.classification == integrity.UNATTESTED for v in others), "plain JAX entries are unattested"
 
@@ -194,8 +202,9 @@ def test_warmup_coverage_attests_what_it_wrote(tmp_path):
 
 def test_doctor_verify_exit_codes_and_json(attested_cache, tmp_path):
     cli = [sys.executable, "-m", "jaxcache", "doctor"]
+    env = clean_env(JAXCACHE_ATTEST_KEY=KEY)
     proc = subprocess.run([*cli, str(attested_cache), "--verify", "--json"], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["counts"]["ok"] == report["checked"] > 0 and not report["problems"]
@@ -204,8 +213,12 @@ def test_doctor_verify_exit_codes_and_json(attested_cache, tmp_path):
     victim = next(root.glob("*-cache"))
     victim.write_bytes(victim.read_bytes()[:-7])
     age(victim)
-    proc = subprocess.run([*cli, str(root), "--verify"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*cli, str(root), "--verify"], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 1 and "tampered" in proc.stdout and victim.name in proc.stdout, proc.stdout
+    # Without the key the records are files anyone who can write the bucket could have written: `differs`.
+    proc = subprocess.run([*cli, str(root), "--verify"], capture_output=True, text=True, timeout=120, env=clean_env())
+    first = proc.stdout.splitlines()[0]
+    assert proc.returncode == 1 and "1 differs" in first and "tampered" not in first, proc.stdout
 
 
 def test_cli_prune_integrity_deletes_exactly_the_bad_ones(attested_cache, tmp_path):
@@ -218,7 +231,8 @@ def test_cli_prune_integrity_deletes_exactly_the_bad_ones(attested_cache, tmp_pa
         age(victim)
     before = {p.name for p in root.glob("*-cache")}
     cli = [sys.executable, "-m", "jaxcache", "prune", str(root), "--integrity", "tampered,mismatched,corrupt"]
-    proc = subprocess.run([*cli, "--apply", "--json"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*cli, "--apply", "--json"], capture_output=True, text=True, timeout=120,
+                          env=clean_env(JAXCACHE_ATTEST_KEY=KEY))
     assert proc.returncode == 0, proc.stderr
     assert {d["name"] for d in json.loads(proc.stdout)["delete"]} == {v.name for v in victims}
     assert {p.name for p in root.glob("*-cache")} == before - {v.name for v in victims}

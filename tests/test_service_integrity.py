@@ -21,6 +21,7 @@ from jaxcache.service.settings import ServiceSettings
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
 ADMIN, REPORT, READ = "i-admin", "i-report", "i-read"
+KEY = "i-attest-key"  # the writer signs its digests and the service checks them: a mismatch is tampering
 BAD = ["tampered", "mismatched", "corrupt"]
 
 
@@ -35,7 +36,8 @@ def damaged(tmp_path_factory, jax_caches) -> dict:
     root = tmp_path_factory.mktemp("integrity") / "cache"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
     proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(root), "--job", "writer"],
-                          capture_output=True, text=True, timeout=300, env={**env, "JAX_PLATFORMS": "cpu"})
+                          capture_output=True, text=True, timeout=300,
+                          env={**env, "JAX_PLATFORMS": "cpu", "JAXCACHE_ATTEST_KEY": KEY})
     assert proc.returncode == 0, proc.stderr
     by_module: dict[str, Path] = {}
     for path in sorted(root.glob("*-cache")):
@@ -61,7 +63,8 @@ def _app(url: str, tmp_path: Path, **settings) -> TestClient:
     tokens = {hashlib.sha256(t.encode()).hexdigest(): s for t, s in ((ADMIN, "admin"), (REPORT, "report"),
                                                                        (READ, "read"))}
     return TestClient(create_app(ServiceSettings(
-        caches={"c": url}, db=f"sqlite:///{tmp_path / 'catalog.sqlite'}", tokens=tokens, **settings)))
+        caches={"c": url}, db=f"sqlite:///{tmp_path / 'catalog.sqlite'}", tokens=tokens,
+        **{"attest_key": KEY, **settings})))
 
 
 def _expect_verdicts(client: TestClient, d: dict) -> dict:
