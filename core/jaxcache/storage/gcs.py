@@ -134,9 +134,16 @@ class GcsStorage(Storage):
         # A GCS upload is atomic by itself: readers see the old object or the whole new one.
         blob = self._bucket.blob(self._blob_name(name))
         with self._translate("write", name):
-            blob.upload_from_string(
-                data,
-                content_type="application/octet-stream",
-                if_generation_match=0 if create_only else None,
-                retry=DEFAULT_RETRY,
-            )
+            try:
+                blob.upload_from_string(
+                    data,
+                    content_type="application/octet-stream",
+                    if_generation_match=0 if create_only else None,
+                    retry=DEFAULT_RETRY,
+                )
+            except gexc.PreconditionFailed:
+                # The library retries an upload whose response was lost; when that attempt had created the
+                # object, the retry's 412 is about our own write. An object holding exactly our bytes means the
+                # create happened; anything else (or nothing) there is someone else's doing.
+                if not create_only or self.read(name) != data:
+                    raise

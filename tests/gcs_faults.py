@@ -1,0 +1,159 @@
+"""A fault-injecting HTTP proxy in front of fake-gcs-server: GCS answering 429/503, or losing responses.
+
+Everything is forwarded to the emulator unchanged unless a test asked otherwise (:meth:`GcsFaults.fail`,
+:meth:`GcsFaults.drop`), so the real google-cloud-storage client, its retries and the real emulator do the rest.
+Clients created after STORAGE_EMULATOR_HOST names :attr:`GcsFaults.url` (subprocesses too) go through it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+# Per connection, not end to end: never forwarded (http.client and the handler frame each side themselves).
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+               "content-length", "host"}
+_REASONS = {429: "rateLimitExceeded", 503: "backendError"}
+
+
+@dataclass
+class _Fault:
+    status: int | None  # None: forward the request, then drop the response
+    remaining: int
+    method: str | None
+    path: re.Pattern[str] | None
+
+    def matches(self, method: str, path: str) -> bool:
+        return (self.remaining > 0 and (self.method is None or self.method == method)
+                and (self.path is None or self.path.search(path) is not None))
+
+
+class GcsFaults:
+    """The proxy (started on a free loopback port) and what it should do to the next requests. Thread-safe."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self._lock = threading.Lock()
+        self._faults: list[_Fault] = []
+        #: ``(method, path, what)`` of every request, in arrival order; ``what`` is a status code or "dropped".
+        self.log: list[tuple[str, str, int | str]] = []
+        self._server = _Server(self)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="gcs-faults", daemon=True)
+        self._thread.start()
+
+    def fail(self, count: int, status: int = 503, *, method: str | None = None, path: str | None = None) -> None:
+        """Answer the next ``count`` requests (those with ``method`` whose path and query match the regex ``path``)
+        with ``status`` and a JSON error body as GCS sends, without forwarding them."""
+        self._add(_Fault(status, count, method, re.compile(path) if path else None))
+
+    def drop(self, count: int = 1, *, method: str | None = None, path: str | None = None) -> None:
+        """Forward the next ``count`` matching requests, then close the connection without answering: the server
+        did the work, the client never hears of it."""
+        self._add(_Fault(None, count, method, re.compile(path) if path else None))
+
+    def injected(self) -> list[tuple[str, str, int | str]]:
+        """The requests that got a fault instead of the emulator's answer."""
+        with self._lock:
+            return [e for e in self.log if e[2] == "dropped" or e[2] in _REASONS]
+
+    def pending(self) -> int:
+        """Faults asked for but not yet served."""
+        with self._lock:
+            return sum(f.remaining for f in self._faults)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def _add(self, fault: _Fault) -> None:
+        with self._lock:
+            self._faults.append(fault)
+
+    def _take(self, method: str, path: str) -> _Fault | None:
+        # Faults are served in the order they were asked for: fail(2, 503) then fail(2, 429) gives 503 503 429 429.
+        with self._lock:
+            fault = next((f for f in self._faults if f.matches(method, path)), None)
+            if fault is not None:
+                fault.remaining -= 1
+            return fault
+
+    def _record(self, method: str, path: str, what: int | str) -> None:
+        with self._lock:
+            self.log.append((method, path, what))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a client's idle keep-alive connection must not hold up close()
+
+    def __init__(self, faults: GcsFaults) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.faults = faults
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as google-cloud-storage's connection pool expects
+    server: _Server
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        faults = self.server.faults
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            # Neither google-cloud-storage nor gcsfs sends one; fail loudly should that change.
+            self.send_error(501, "the fault proxy does not read chunked request bodies")
+            return
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        fault = faults._take(self.command, self.path)
+        if fault is not None and fault.status is not None:
+            faults._record(self.command, self.path, fault.status)
+            message = f"injected {fault.status} from {faults.url}"
+            error = {"code": fault.status, "message": message,
+                     "errors": [{"message": message, "domain": "global", "reason": _REASONS[fault.status]}]}
+            self._answer(fault.status, [("Content-Type", "application/json; charset=UTF-8")],
+                         json.dumps({"error": error}).encode())
+            return
+        status, headers, payload = self._forward(faults, body)
+        if fault is not None:
+            faults._record(self.command, self.path, "dropped")
+            self.close_connection = True  # the handler closes the socket having written nothing
+            return
+        faults._record(self.command, self.path, status)
+        self._answer(status, headers, payload)
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_GET
+
+    def _forward(self, faults: GcsFaults, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        up = urlsplit(faults.upstream)
+        conn = http.client.HTTPConnection(up.hostname or "127.0.0.1", up.port, timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            resp = conn.getresponse()
+            payload = resp.read()
+            # The emulator names itself in resumable-upload session URLs: keep those going through the proxy.
+            out = [(k, v.replace(faults.upstream, faults.url) if k.lower() == "location" else v)
+                   for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP]
+            if self.command == "HEAD":
+                out.append(("Content-Length", resp.headers.get("Content-Length", "0")))
+            return resp.status, out, payload
+        finally:
+            conn.close()
+
+    def _answer(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
+        self.send_response_only(status)  # the emulator's own Date and Server headers pass through
+        for k, v in headers:
+            self.send_header(k, v)
+        has_body = self.command != "HEAD" and status not in (204, 304)
+        if has_body:
+            self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if has_body:
+            self.wfile.write(payload)

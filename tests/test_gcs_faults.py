@@ -1,0 +1,158 @@
+"""GCS answering 429/503 for a while, or losing a response, through a fault-injecting proxy in front of
+fake-gcs-server (tests/gcs_faults.py): scans, prunes, create-only writes and jobs retry and finish, and storage
+ends exactly as it would have without the faults."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from google.cloud.storage.retry import DEFAULT_RETRY
+
+from conftest import upload_dir
+from gcs_faults import GcsFaults
+from jaxcache import entry as fmt
+from jaxcache import records
+from jaxcache.cli import main
+from jaxcache.errors import PreconditionFailedError
+from jaxcache.prune import Candidate, PrunePolicy, apply, plan
+from jaxcache.scan import Entry, scan
+from jaxcache.storage import gcs as gcs_backend
+from jaxcache.storage import open_storage
+
+pytestmark = [pytest.mark.gcs, pytest.mark.slow]
+
+JOB = Path(__file__).parent / "programs" / "client_job.py"
+# What requests' paths look like. Not every request: google-cloud-storage also fetches bucket metadata in the
+# background, best effort, which a fault there would not test.
+LISTING = r"/o\?"
+MEDIA = r"alt=media"
+CREATE_ONLY = r"ifGenerationMatch=0"  # google-cloud-storage's uploads with if_generation_match=0
+
+
+@pytest.fixture
+def faults(fake_gcs, monkeypatch) -> Iterator[GcsFaults]:
+    """The proxy, with google-cloud-storage clients created from now on going through it.
+
+    The session's ``gcs_client`` still talks to the emulator directly: tests set up and check storage with it."""
+    proxy = GcsFaults(fake_gcs)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    # The library's own retry policy, backing off from 20 ms instead of 1 s, keeps each test short.
+    monkeypatch.setattr(gcs_backend, "DEFAULT_RETRY", DEFAULT_RETRY.with_delay(initial=0.02, maximum=0.2))
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def _listing(client, bucket: str, prefix: str) -> dict[str, bytes]:
+    base = prefix + "/"
+    return {b.name[len(base):]: b.download_as_bytes() for b in client.list_blobs(bucket, prefix=base)}
+
+
+def _entries(url: str) -> dict[str, Entry]:
+    return {r.key: r for r in scan(open_storage(url)) if isinstance(r, Entry)}
+
+
+def test_scan_finishes_through_503_and_429(faults, gcs_client, gcs_bucket, jax_caches):
+    upload_dir(gcs_client, gcs_bucket, "jc", jax_caches["zstd"].root)
+    url = f"gs://{gcs_bucket}/jc"
+    clean = _entries(url)
+    assert set(clean) == {e["key"] for e in jax_caches["zstd"].entries}
+    assert all(e.status is fmt.Status.OK for e in clean.values())
+
+    faults.fail(2, 503, path=LISTING)
+    faults.fail(2, 429, path=LISTING)
+    faults.fail(3, 503, path=MEDIA)  # entries' heads and -atime files, read by 16 threads at once
+    assert _entries(url) == clean
+    assert faults.pending() == 0 and len(faults.injected()) == 7
+
+
+def test_cli_ls_and_stats_finish_through_503_and_429(faults, capsys, gcs_client, gcs_bucket, jax_caches):
+    upload_dir(gcs_client, gcs_bucket, "jc", jax_caches["zlib"].root)
+    url = f"gs://{gcs_bucket}/jc"
+    manifest = jax_caches["zlib"].entries
+    clean = {}
+    for command in ("ls", "stats"):
+        assert main([command, url, "--json"]) == 0
+        clean[command] = json.loads(capsys.readouterr().out)
+        faults.fail(1, 503, path=LISTING)
+        faults.fail(2, 429, path=LISTING)
+        faults.fail(2, 503, path=MEDIA)
+        code = main([command, url, "--json"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert json.loads(out) == clean[command] and faults.pending() == 0
+    assert {e["key"] for e in clean["ls"]["entries"]} == {e["key"] for e in manifest}
+    assert clean["stats"]["entries"] == len(manifest)
+    assert len(faults.injected()) == 10
+
+
+def test_prune_deletes_exactly_the_plan_through_503(faults, gcs_client, gcs_bucket, cache_copy):
+    upload_dir(gcs_client, gcs_bucket, "jc", cache_copy)
+    before = _listing(gcs_client, gcs_bucket, "jc")
+    storage = open_storage(f"gs://{gcs_bucket}/jc")
+    cands = [Candidate.from_record(r) for r in scan(storage)]
+    p = plan(cands, PrunePolicy(functions=("jit_tiny", "jit_odd*"), min_age_s=0), now=time.time())
+    doomed = [d.candidate for d in p.delete]
+    assert len(doomed) >= 2
+
+    faults.fail(4, 503, method="DELETE")
+    faults.fail(2, 429, method="DELETE")
+    result = apply(storage, p)
+    assert (result.deleted, result.already_gone, result.changed, result.errors) == (len(doomed), 0, 0, [])
+    assert faults.pending() == 0
+    gone = {f"{c.key}-cache" for c in doomed} | {f"{c.key}-atime" for c in doomed if c.has_atime}
+    assert gone <= set(before)
+    assert _listing(gcs_client, gcs_bucket, "jc") == {k: v for k, v in before.items() if k not in gone}
+
+
+def test_create_only_write_whose_response_was_lost_succeeds(faults, gcs_client, gcs_bucket):
+    storage = open_storage(f"gs://{gcs_bucket}/jc")
+    name, data = ".jaxcache/runs/2025-01-01/run-p0.json", b'{"job": "lost-response"}'
+    faults.drop(1, method="POST", path=CREATE_ONLY)
+    # The emulator created the object, the client never heard so and retried: the retry got 412.
+    storage.write_atomic(name, data, create_only=True)
+    assert [what for method, _, what in faults.log if method == "POST"] == ["dropped", 412]
+    assert gcs_client.bucket(gcs_bucket).blob(f"jc/{name}").download_as_bytes() == data
+
+    # Someone else's object under the name is still refused, with or without a lost response.
+    with pytest.raises(PreconditionFailedError):
+        storage.write_atomic(name, b'{"job": "another"}', create_only=True)
+    faults.drop(1, method="POST")
+    with pytest.raises(PreconditionFailedError):
+        storage.write_atomic(name, b'{"job": "another"}', create_only=True)
+    assert faults.pending() == 0
+    assert gcs_client.bucket(gcs_bucket).blob(f"jc/{name}").download_as_bytes() == data
+
+
+def test_client_job_exits_0_and_writes_its_record_while_gcs_answers_503(faults, gcs_client, gcs_bucket):
+    """Through the proxy go JAX's own reads and writes (gcsfs, with its own retries) and jaxcache's (the entries'
+    read-back digests and the run record, google-cloud-storage at its real back-off)."""
+    url = f"gs://{gcs_bucket}/jax-cache"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAXCACHE_", "JAX_COMPILATION_CACHE"))}
+    env["JAX_PLATFORMS"] = "cpu"
+    faults.fail(2, 503, method="GET", path=r"/storage/v1/b/[^/]+/o")  # JAX's first lookups
+    faults.fail(2, 503, method="POST", path=r"uploadType=resumable")  # JAX writing entries
+    faults.fail(2, 429, path=MEDIA)  # the client reading entries back for their digests
+    faults.drop(1, method="POST", path=CREATE_ONLY)  # the run record
+    proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", url, "--job", "faulty-gcs"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert faults.pending() == 0
+    assert "jaxcache:" not in proc.stderr, proc.stderr  # no warning: the lost response is not a failed write
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    stored = _listing(gcs_client, gcs_bucket, "jax-cache")
+    record = records.parse(stored[out["record_name"]])
+    assert record.job == "faulty-gcs" and record.final and len(record.keys) == out["stats"]["misses"] >= 4
+    for usage in record.keys:
+        data = stored[f"{usage.key}-cache"]
+        assert usage.event == records.WRITE and usage.size_bytes == len(data), usage
+        assert usage.sha256 == hashlib.sha256(data).hexdigest(), usage
