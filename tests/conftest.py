@@ -152,14 +152,14 @@ def serve_env(tokens: dict[str, str] | None = None, **extra: str) -> dict[str, s
     return {**env, **extra}
 
 
-def start_serve(caches: dict[str, str | Path], db: str, *, env: dict[str, str], args: tuple[str, ...] = (),
+def start_serve(caches: dict[str, str | Path], db: str | None, *, env: dict[str, str], args: tuple[str, ...] = (),
                 stdout=subprocess.PIPE, exe: str | Path | None = None) -> tuple[subprocess.Popen, str]:
     """Start `jaxcache serve` for ``caches`` (name -> root) on a free loopback port; returns the process and its
     base URL. Wait for it with :func:`wait_ready`, stop it with :func:`stop_serve`. ``exe``: another venv's
-    `jaxcache` (default: this one's)."""
+    `jaxcache` (default: this one's). ``db`` None: the catalog comes from ``env``'s JAXCACHE_DB."""
     port = _free_port()
     exe = exe or Path(sys.executable).with_name("jaxcache")
-    cmd = [str(exe), "serve", "--port", str(port), "--db", db, *args]
+    cmd = [str(exe), "serve", "--port", str(port), *(["--db", db] if db else []), *args]
     for name, root in caches.items():
         cmd += ["--cache", f"{name}={root}"]
     proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.STDOUT, text=True)

@@ -133,3 +133,58 @@ def test_verify_sample_flags_hits_whose_bytes_differ_from_the_writers_digest(tmp
     out = run_job(cache, "sampler", "--verify", "sample")
     assert out["stats"]["hit_rate"] == 1.0
     assert out["integrity_findings"] == [{"key": target, "class": "differs"}]
+
+
+def test_verify_attested_fails_closed_on_settings_the_service_refuses(service):
+    """A token, route or cache_dir the service refuses is a setting to fix: starting would skip the check."""
+    from jaxcache.client import IntegrityCheckError
+    from jaxcache.client.verify import check_attested
+
+    base, cache = service
+    check_attested(base, REPORT, str(cache))  # the right settings on a clean cache: no complaint
+    cases = [(base, "not-a-token", str(cache), "HTTP 401", "JAXCACHE_TOKEN"),
+             (base, REPORT, str(cache.parent / "elsewhere"), "HTTP 422", "GET /v1/caches"),
+             (f"{base}/wrong-prefix", REPORT, str(cache), "HTTP 404", "JAXCACHE_SERVICE_URL")]
+    for url, token, cache_dir, status, fix in cases:
+        with pytest.raises(IntegrityCheckError) as info:
+            check_attested(url, token, cache_dir)
+        assert status in str(info.value) and fix in str(info.value) and "verify='off'" in str(info.value)
+
+
+def test_verify_attested_starts_with_one_warning_when_the_service_is_down(caplog):
+    import http.server
+    import threading
+
+    from jaxcache.client.verify import check_attested
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(503)
+            self.end_headers()
+            self.wfile.write(b"catalog unreachable")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with caplog.at_level("WARNING", logger="jaxcache.client"):
+            check_attested(f"http://127.0.0.1:{server.server_address[1]}", REPORT, "/cache")
+            check_attested(f"http://127.0.0.1:{_free_port()}", REPORT, "/cache")  # nothing listens there
+    finally:
+        server.shutdown()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and all("starting without the check" in m for m in messages), messages
+    assert "HTTP 503" in messages[0] and "could not reach" in messages[1]
+
+
+@pytest.mark.slow
+def test_a_job_with_a_refused_token_does_not_start(service):
+    base, cache = service
+    proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(cache), "--job", "typo", "--verify",
+                           "attested", "--service-url", base, "--token", "not-a-token"],
+                          capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 3, proc.stderr
+    assert "IntegrityCheckError" in proc.stderr and "HTTP 401" in proc.stderr and "Traceback" not in proc.stderr
+    assert not list(cache.glob("*-cache")), "nothing compiled into the cache"

@@ -117,3 +117,27 @@ def test_the_lowest_jax_the_client_claims_is_the_one_the_suite_runs_on():
     if jax.__version__ != floor:
         pytest.skip(f"this venv has jax {jax.__version__}, not the floor {floor} that `make test` pins in .venv")
     assert jax_internals.jax_version() == tuple(int(p) for p in floor.split("."))
+
+
+def test_python_3_14_zstd_is_named_as_jax_hashes_it(monkeypatch, caplog):
+    """On Python >= 3.14 JAX compresses with compression.zstd, leaves its zstandard attribute None and hashes
+    "zlib": simulated here by setting those attributes, which is all JAX's key code looks at."""
+    import platform
+
+    from jax._src import compilation_cache as cc
+
+    assert jax_internals.compression_library() == "zstandard"
+    monkeypatch.setattr(cc, "zstandard", None)
+    monkeypatch.setattr(cc, "zstd", object(), raising=False)
+    monkeypatch.setattr(jax_internals, "_warned", set())
+    with caplog.at_level("WARNING", logger="jaxcache.client"):
+        assert jax_internals.compression_library() == "zlib"
+        assert jax_internals.compression_library() == "zlib"
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "compression.zstd" in warning and platform.python_version() in warning
+    fingerprint = jax_internals.fingerprint("zlib")
+    assert fingerprint.compression == "zlib" and fingerprint.python == platform.python_version()
+
+    monkeypatch.setattr(cc, "zstd", None)
+    with pytest.raises(Exception, match="pip install zstandard"):
+        jax_internals.compression_library()

@@ -31,10 +31,10 @@ BOTH = pytest.mark.parametrize("svc", ["sqlite", "postgresql"], indirect=True)
 
 
 def make_settings(tmp_path: Path, caches: dict[str, str], db: str | None = None, **kw) -> ServiceSettings:
-    return ServiceSettings(
-        caches=caches, db=db or f"sqlite:///{tmp_path / 'catalog.sqlite'}", rescan_s=3600,
-        tokens={sha(READ): "read", sha(ADMIN): "admin", sha(REPORT): "report"}, **kw,
-    )
+    return ServiceSettings(**{
+        "caches": caches, "db": db or f"sqlite:///{tmp_path / 'catalog.sqlite'}", "rescan_s": 3600,
+        "tokens": {sha(READ): "read", sha(ADMIN): "admin", sha(REPORT): "report"}, **kw,
+    })
 
 
 def age(root: Path, days: float) -> None:

@@ -181,3 +181,30 @@ def test_list_changes_against_an_earlier_listing(storage):
     changed, gone = storage.list_changes(everything)
     assert sorted(changed) == ["a-atime", "c-cache"] and changed["a-atime"][0] == 6
     assert gone == {"b-cache"}
+
+
+def test_read_chunks_streams_with_bounded_memory(storage):
+    """An entry is hashed chunk by chunk: a 24 MiB object never sits in memory whole."""
+    import hashlib
+    import os
+    import tracemalloc
+
+    data = os.urandom(24 << 20)
+    storage.write_atomic("big-cache", data)
+    expected = hashlib.sha256(data).hexdigest()
+    del data
+    assert storage.read_chunks("nope") is None
+    tracemalloc.start()
+    try:
+        chunks = storage.read_chunks("big-cache", chunk_bytes=1 << 20)
+        assert chunks is not None
+        digest, sizes = hashlib.sha256(), []
+        for chunk in chunks:
+            digest.update(chunk)
+            sizes.append(len(chunk))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert digest.hexdigest() == expected
+    assert max(sizes) <= 1 << 20 and sum(sizes) == 24 << 20
+    assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB while streaming a 24 MiB object"

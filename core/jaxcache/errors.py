@@ -27,6 +27,10 @@ class StoragePermissionError(StorageError):
     """The credentials in use may not perform the operation."""
 
 
+class RootGoneError(StorageError):
+    """A local cache root does not exist or is not a directory: listed, it would look like an empty cache."""
+
+
 class PreconditionFailedError(StorageError):
     """The object changed since it was listed (another generation), or already exists on a create-only write."""
 

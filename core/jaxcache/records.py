@@ -38,6 +38,7 @@ _JOB = r"[^\x00-\x1f/\\]{1,200}"
 Text = Annotated[str, msgspec.Meta(max_length=1000, pattern=r"^[^\x00]*$")]
 ShortText = Annotated[str, msgspec.Meta(max_length=256, pattern=r"^[^\x00]*$")]
 Count = Annotated[int, msgspec.Meta(ge=0, lt=2**53)]
+ProcessIndex = Annotated[int, msgspec.Meta(ge=0, lt=2**31)]  # the catalog's 32-bit columns
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=1e12)]
 SignedSeconds = Annotated[float, msgspec.Meta(ge=-1e12, le=1e12)]
 # JAX's key shape (<module>-<64 hex>), at most as long as the catalog's key column.
@@ -110,8 +111,8 @@ class RunRecord(msgspec.Struct, tag_field="schema", tag=SCHEMA):
 
     job: Job
     run_id: RunId
-    process_index: Count
-    process_count: Annotated[int, msgspec.Meta(ge=1, lt=2**53)]
+    process_index: ProcessIndex
+    process_count: Annotated[int, msgspec.Meta(ge=1, lt=2**31)]
     host: Text
     started_at: Seconds
     updated_at: Seconds

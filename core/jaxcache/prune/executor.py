@@ -21,7 +21,7 @@ from functools import partial
 import filelock
 
 from jaxcache import entry as fmt
-from jaxcache.errors import PreconditionFailedError, StorageError
+from jaxcache.errors import PreconditionFailedError, RootGoneError, StorageError
 from jaxcache.parallel import bounded_map
 from jaxcache.prune.planner import Decision, PrunePlan
 from jaxcache.storage.base import Storage
@@ -133,6 +133,8 @@ def _delete_one(
                 return decision, _DELETED if present else _GONE, f"{c.key}: deleted the entry but not its -atime: {exc}"
     except PreconditionFailedError:
         return decision, _CHANGED, None
+    except RootGoneError:
+        raise  # not this entry's failure: the whole prune stops
     except StorageError as exc:
         return decision, _FAILED, str(exc)
     return decision, _DELETED if present else _GONE, None
@@ -145,7 +147,8 @@ def apply(
     on_deleted: Callable[[Decision], None] | None = None,
     workers: int | None = None,
 ) -> PruneResult:
-    """Delete what ``plan`` says, in its order; return counts. Keeps going past per-object failures.
+    """Delete what ``plan`` says, in its order; return counts. Keeps going past per-object failures, but raises
+    :class:`~jaxcache.errors.RootGoneError` when a local root is not there (its entries would all look gone).
 
     Each entry's ``-cache`` goes before its ``-atime``, with ``if_generation`` from the listing (GCS): an object
     replaced since then counts as ``changed`` and is left alone; a missing one counts as ``already_gone``.
@@ -155,6 +158,8 @@ def apply(
     """
     if workers is None:
         workers = storage.io_workers
+    if plan.delete:
+        storage.ping()
     result = PruneResult()
     with _lock_for(storage) as lock:
         work = partial(_delete_one, storage, lock, lock is not contextlib.nullcontext)

@@ -100,7 +100,8 @@ class Storage(abc.ABC):
     def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:
         """Write a whole object so that readers see either nothing/the old bytes or all of the new ones.
 
-        ``create_only`` raises :class:`~jaxcache.errors.PreconditionFailedError` if the object exists.
+        ``create_only`` raises :class:`~jaxcache.errors.PreconditionFailedError` if the object exists with
+        other bytes (a backend may accept an existing object that holds exactly ``data``: a retried create).
         """
 
     def list_changes(self, previous: Mapping[str, Stat]) -> tuple[dict[str, Stat], set[str]]:

@@ -16,7 +16,7 @@ from jaxcache.errors import (
     StorageError,
     StoragePermissionError,
 )
-from jaxcache.storage.base import ObjectInfo, Storage, check_name, check_prefix
+from jaxcache.storage.base import CHUNK_BYTES, ObjectInfo, Storage, check_name, check_prefix
 
 try:
     from google.api_core import exceptions as gexc
@@ -120,6 +120,27 @@ class GcsStorage(Storage):
                 return data
             except gexc.NotFound:
                 return None
+
+    def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
+        with self._translate("read", name):
+            blob = self._bucket.get_blob(self._blob_name(name), retry=DEFAULT_RETRY)
+        if blob is None:
+            return None
+        # Ranges pinned to the generation listed first: a replaced object cannot splice into the bytes read.
+        pinned = self._bucket.blob(self._blob_name(name), generation=blob.generation)
+        return self._chunks(pinned, name, blob.size or 0, chunk_bytes)
+
+    def _chunks(self, blob: gcs.Blob, name: str, size: int, chunk_bytes: int) -> Iterator[bytes]:
+        for start in range(0, size, chunk_bytes):
+            end = min(start + chunk_bytes, size) - 1
+            with self._translate("read", name):
+                try:
+                    chunk: bytes = blob.download_as_bytes(start=start, end=end, checksum=None, retry=DEFAULT_RETRY)
+                except gexc.NotFound:
+                    raise StorageError(
+                        f"{self.url}/{name} was deleted or replaced while it was read; read it again"
+                    ) from None
+            yield chunk
 
     def delete(self, name: str, *, if_generation: int | None = None) -> bool:
         blob = self._bucket.blob(self._blob_name(name))

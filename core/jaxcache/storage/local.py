@@ -10,6 +10,7 @@ from typing import BinaryIO
 from jaxcache.errors import (
     InvalidRootError,
     PreconditionFailedError,
+    RootGoneError,
     StorageError,
     StoragePermissionError,
 )
@@ -34,6 +35,21 @@ class LocalStorage(Storage):
                 f"cache root {self.root} does not exist: check the path, or run a JAX job with "
                 "jax_compilation_cache_dir pointing there first"
             )
+
+    def _gone(self) -> RootGoneError | None:
+        # An unmounted NFS volume must not list as an empty cache: a rescan would drop every row of it.
+        if os.path.isdir(self.root):
+            return None
+        what = "is not a directory" if os.path.exists(self.root) else "does not exist"
+        return RootGoneError(
+            f"cache root {self.root} {what} (an unmounted volume?): it cannot be listed, so nothing is taken as"
+            " deleted and nothing is pruned until it is back"
+        )
+
+    def _check_root(self) -> None:
+        """Called when an object is not there: that says nothing about the object when the whole root is gone."""
+        if gone := self._gone():
+            raise gone
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{check_name(name)}"
@@ -63,8 +79,12 @@ class LocalStorage(Storage):
     def _walk(self, directory: str, rel: str, recursive: bool) -> Iterator[ObjectInfo]:
         try:
             it = os.scandir(directory)
-        except FileNotFoundError:
-            return
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            if gone := self._gone():
+                raise gone from None
+            if isinstance(exc, FileNotFoundError):
+                return  # a folder under the root that is not there (yet): nothing in it
+            raise self._error("list", rel or ".", exc) from exc
         except OSError as exc:
             raise self._error("list", rel or ".", exc) from exc
         with it:
@@ -88,8 +108,8 @@ class LocalStorage(Storage):
         seen = 0
         try:
             it = os.scandir(self.root)
-        except FileNotFoundError:
-            return changed, set(previous)  # as _walk: an empty listing
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._gone() or StorageError(f"listing {self.root} failed: it changed while listed") from None
         except OSError as exc:
             raise self._error("list", ".", exc) from exc
         with it:
@@ -113,6 +133,7 @@ class LocalStorage(Storage):
         try:
             st = os.stat(self._path(name), follow_symlinks=False)
         except FileNotFoundError:
+            self._check_root()
             return None
         except OSError as exc:
             raise self._error("stat", name, exc) from exc
@@ -122,6 +143,7 @@ class LocalStorage(Storage):
         try:
             fd = os.open(self._path(name), os.O_RDONLY)
         except FileNotFoundError:
+            self._check_root()
             return None
         except OSError as exc:
             raise self._error("read", name, exc) from exc
@@ -139,6 +161,7 @@ class LocalStorage(Storage):
                 with open(path, "rb") as f:
                     return f.read()
             except FileNotFoundError:
+                self._check_root()
                 return None
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
@@ -147,6 +170,7 @@ class LocalStorage(Storage):
             try:
                 f = open(path, "rb")  # noqa: SIM115 - closed by the generator, which owns it from here
             except FileNotFoundError:
+                self._check_root()
                 return None
         return self._chunks(f, name, chunk_bytes)
 
@@ -162,6 +186,7 @@ class LocalStorage(Storage):
             try:
                 os.unlink(path)
             except FileNotFoundError:
+                self._check_root()
                 return False
         return True
 

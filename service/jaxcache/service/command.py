@@ -25,7 +25,8 @@ def configure(sv: argparse.ArgumentParser) -> None:
     sv.add_argument("--host", help="address to listen on (default 127.0.0.1; others need tokens)")
     sv.add_argument("--port", type=non_negative, help="port (default 8080)")
     sv.add_argument("--db", metavar="URL",
-                    help="catalog database as an SQLAlchemy URL (default: an SQLite file under ~/.local/state)")
+                    help="catalog database as an SQLAlchemy URL (default: an SQLite file under ~/.local/state);"
+                         " put a password in JAXCACHE_DB instead, where other users' `ps` cannot see it")
     sv.add_argument("--rescan-s", type=float, metavar="SECONDS", help="seconds between background rescans (300)")
     sv.add_argument("--tokens-file", metavar="PATH", help="lines of '<sha256 hex of token> <read|report|admin>'")
     sv.add_argument("--insecure-no-auth", action="store_true", default=None,

@@ -22,6 +22,13 @@ class Metrics:
                                registry=self.registry)
         self.reports_malformed = Counter("jaxcache_reports_malformed", "run records rejected as malformed",
                                          ["source"], registry=self.registry)
+        self.loop_last_success = Gauge("jaxcache_loop_last_success_timestamp_seconds",
+                                       "when a background loop (rescan, verify) last finished a round without error",
+                                       ["loop"], registry=self.registry)
+        self.loop_failing = Gauge("jaxcache_loop_failing", "1 while a background loop's rounds fail, else 0",
+                                  ["loop"], registry=self.registry)
+        self.loop_errors = Counter("jaxcache_loop_errors", "failed rounds (or caches in a round) of background loops",
+                                   ["loop", "kind"], registry=self.registry)
         self.request_seconds = Histogram("jaxcache_request_seconds", "HTTP request latency", ["route", "method"],
                                          registry=self.registry)
 

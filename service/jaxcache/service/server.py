@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from jaxcache.errors import InvalidInputError
+from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.service.catalog.database import masked
 from jaxcache.service.settings import ServiceSettings
 
@@ -36,8 +36,12 @@ def serve(settings: ServiceSettings) -> None:
     shown = "localhost" if settings.host in ("127.0.0.1", "::1", "localhost") else settings.host
     print(f"jaxcache service: http://{shown}:{settings.port}/ (dashboard; API docs at /docs; catalog"
           f" {masked(settings.catalog_url)})", file=sys.stderr, flush=True)
-    for name, url in settings.caches.items():
-        print(f"  cache {name!r}: {url}", file=sys.stderr)
+    for name, storage in app.state.jaxcache.storages.items():
+        try:
+            storage.ping()
+            print(f"  cache {name!r}: {storage.url}", file=sys.stderr)
+        except JaxcacheError as exc:  # served anyway: the rows it has stay, and it is rescanned once it is back
+            print(f"  cache {name!r}: {storage.url} (not readable now: {exc})", file=sys.stderr)
     # asyncio's loop, not uvloop: uvloop serves more requests a second but unfairly under load (bench/api.py,
     # 32 clients on distinct pages: p99 1.02 s against asyncio's 0.22 s, p50 101 against 125 ms).
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False, loop="asyncio")

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from jaxcache import records
-from jaxcache.errors import JaxcacheError
+from jaxcache.errors import InvalidRootError, JaxcacheError, RootGoneError
 from jaxcache.prune import PrunePolicy
 from jaxcache.service.auth import Authenticator
 from jaxcache.service.catalog import queries
@@ -23,7 +23,8 @@ from jaxcache.service.ingestion import reports, routing
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.pagecache import PageCache
 from jaxcache.service.settings import ServiceSettings
-from jaxcache.service.tasks import pruning, verification
+from jaxcache.service.tasks import prune_audit, pruning, verification
+from jaxcache.service.tasks.health import LoopHealth
 from jaxcache.service.tasks.pruning import PruneLocks
 from jaxcache.service.tasks.rescan import RescanResult, rescan
 from jaxcache.storage import Storage, open_storage
@@ -55,7 +56,10 @@ class State:
         self.auth = Authenticator(settings)
         self.catalog = Catalog(settings.catalog_url)
         self.metrics = Metrics()
-        self.storages: dict[str, Storage] = {name: open_storage(url) for name, url in settings.caches.items()}
+        self.loops = LoopHealth(self.metrics)
+        # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
+        self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
+                                             for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
         self.pages = PageCache(settings.page_cache_s)
         self._stats: dict[str, tuple[float, dict]] = {}
@@ -72,6 +76,22 @@ class State:
                 s.execute(self.catalog.insert(CacheRow).values(name=name, url=url)
                           .on_conflict_do_update(index_elements=["name"], set_={"url": url}))
         self.follow()
+        self._refuse_unknown_missing_roots()
+
+    def _refuse_unknown_missing_roots(self) -> None:
+        # A root the catalog has scanned before and that is gone now (an unmounted volume) is served from its rows
+        # and reported as a scan error until it is back; one it has never seen is most likely a typo.
+        for name, storage in self.storages.items():
+            if name in self.scanned:
+                continue
+            try:
+                storage.ping()
+            except RootGoneError:
+                raise InvalidRootError(f"cache {name!r}: {storage.url} does not exist or is not a directory: check"
+                                       " the path, or run a JAX job with jax_compilation_cache_dir pointing there"
+                                       " first") from None
+            except JaxcacheError:
+                pass  # unreachable now (GCS, permissions): a scan error to show, not a reason not to start
 
     def follow(self, name: str | None = None) -> None:
         """Catch up with what other replicas did to the catalog: caches they have scanned count as scanned here
@@ -200,6 +220,26 @@ class State:
             self.changed(name)
         return outcome
 
+    def close_interrupted_prunes(self, name: str) -> None:
+        """Close the audit rows of prunes of ``name`` whose replica died mid-way (none runs while we hold the
+        cache's prune lock; skipped while one does)."""
+        lock = self.prune_locks.get(name)
+        if not lock.acquire(blocking=False):
+            return
+        try:
+            if prune_audit.close_interrupted(self.catalog, name, self.storages[name]):
+                self.changed(name)
+        finally:
+            lock.release()
+
+    def delete_entry(self, name: str, key: str, *, who: str) -> bool:
+        """Delete one entry, audited; False when there was none. Raises PruneInProgressError."""
+        deleted = pruning.delete_entry(self.catalog, name, self.storages[name], key, who=who,
+                                       lock=self.prune_locks.get(name))
+        if deleted:
+            self.changed(name)
+        return deleted
+
     def _refresh_gauges(self, name: str) -> None:
         with self.catalog.session() as s:
             count, size = queries.cache_totals(s, name)
@@ -220,14 +260,17 @@ class State:
         self._refresh_integrity(name)
         return result
 
-    def verify_all(self, stop: threading.Event) -> None:
+    def verify_all(self, stop: threading.Event) -> list[tuple[str, Exception]]:
+        """One throttled integrity pass over every cache; the caches whose pass failed, with why."""
+        failed: list[tuple[str, Exception]] = []
         for name in self.settings.caches:
             if stop.is_set():
-                return
+                break
             try:
                 self.verify(name, stop=stop, throttled=True)
-            except JaxcacheError as exc:
-                log.warning("integrity pass over %s failed: %s", name, exc)
+            except Exception as exc:  # noqa: BLE001 - one cache's failure must not stop the others' passes
+                failed.append((name, exc))
+        return failed
 
     def _refresh_integrity(self, name: str) -> None:
         with self.catalog.reader() as conn:
@@ -235,11 +278,12 @@ class State:
         for cls, n in counts.items():
             self.metrics.integrity.labels(name, cls).set(n)
 
-    def rescan_all(self) -> None:
-        """One round of background rescans. With several replicas on one catalog, a cache is skipped when another
-        replica is rescanning it or finished a rescan less than half a period ago: each replica does not list the
-        whole bucket every period."""
+    def rescan_all(self) -> list[tuple[str, Exception]]:
+        """One round of background rescans; the caches whose rescan failed, with why. With several replicas on one
+        catalog, a cache is skipped when another replica is rescanning it or finished a rescan less than half a
+        period ago: each replica does not list the whole bucket every period."""
         now = time.time()
+        failed: list[tuple[str, Exception]] = []
         with self.catalog.session() as s:
             last = {r.name: r.last_scan_s for r in s.scalars(select(CacheRow))}
         for name in self.settings.caches:
@@ -253,10 +297,10 @@ class State:
             try:
                 self.rescan(name, wait_s=0)
                 self._rounds_done.add(name)
+                self.close_interrupted_prunes(name)
             except LockBusyError:
                 log.info("rescan of %s skipped: another replica is running one", name)
                 self.follow(name)
-            except JaxcacheError as exc:
-                log.warning("rescan of %s failed: %s", name, exc)
-            except Exception:  # the database went away (a fail-over): the next round tries again
-                log.exception("rescan of %s failed", name)
+            except Exception as exc:  # noqa: BLE001 - a root or the database gone: the others still get rescanned
+                failed.append((name, exc))
+        return failed

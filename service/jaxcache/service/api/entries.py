@@ -6,9 +6,7 @@ from typing import Annotated, Literal
 
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Request, Response
-from sqlalchemy import delete
 
-from jaxcache import entry as fmt
 from jaxcache.service.api.deps import (
     ERRORS,
     AdminAuth,
@@ -20,9 +18,10 @@ from jaxcache.service.api.deps import (
     state_of,
     storage_of,
 )
+from jaxcache.service.api.schemas.common import ErrorModel
 from jaxcache.service.api.schemas.entries import EntryDetail, EntryJobModel, EntryPage
 from jaxcache.service.catalog import queries
-from jaxcache.service.catalog.models import EntryRow
+from jaxcache.service.tasks.pruning import PruneInProgressError
 
 router = APIRouter(tags=["entries"], responses=ERRORS)
 
@@ -80,20 +79,20 @@ def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -
     return EntryDetail(**entry, jobs=[EntryJobModel(**j) for j in jobs], **checked)
 
 
-@router.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry")
-def delete_entry(request: Request, cache: CacheName, key: EntryKey, _p: AdminAuth) -> Response:
-    """Delete one entry (its -cache, then its -atime). Jobs that need it recompile and write it again."""
+@router.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry",
+               responses={409: {"model": ErrorModel, "description": "a prune of this cache is running, or the entry"
+                                                                     " was written again since it was listed"}})
+def delete_entry(request: Request, cache: CacheName, key: EntryKey, principal: AdminAuth) -> Response:
+    """Delete one entry (its -cache, then its -atime, under JAX's lock), audited as a prune of one in
+    `GET /v1/caches/{cache}/prunes`. Jobs that need it recompile and write it again."""
     state = state_of(request)
-    storage = storage_of(request, cache)
+    storage_of(request, cache)
     check_key(key)
-    with state.catalog.session() as s:
-        row = s.get(EntryRow, (cache, key, "entry"))
-        generation = row.generation if row else None
-    existed = storage.delete(fmt.cache_name(key), if_generation=generation)
-    storage.delete(fmt.atime_name(key))
-    with state.catalog.session() as s:
-        s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.key == key))
-    state.changed(cache)
-    if not existed and row is None:
+    try:
+        deleted = state.delete_entry(cache, key, who=principal.who)
+    except PruneInProgressError:
+        raise HTTPException(409, f"a prune of {cache!r} is running (on this or another replica of the service);"
+                                 " try again when it ends") from None
+    if not deleted:
         raise HTTPException(404, f"no entry {key!r} in {cache!r}")
     return Response(status_code=204)

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from jaxcache.errors import JaxcacheError
 from jaxcache.service.api.deps import state_of
-from jaxcache.service.api.schemas.common import Health
+from jaxcache.service.api.schemas.common import Health, LoopModel, Readiness
 
 router = APIRouter(tags=["ops"])
 
@@ -41,13 +41,16 @@ def _readiness(request: Request) -> dict[str, str]:
     return detail
 
 
-@router.get("/readyz", response_model=Health, operation_id="readyz",
-            responses={503: {"model": Health, "description": "not ready"}})
+@router.get("/readyz", response_model=Readiness, operation_id="readyz",
+            responses={503: {"model": Readiness, "description": "not ready"}})
 async def readyz(request: Request) -> Response:
-    """The catalog answers, every cache has been scanned once, and every storage is reachable."""
+    """The catalog answers, every cache has been scanned once, and every storage is reachable. ``loops``: how
+    the background loops are doing (a failing loop does not make the replica unready: it serves what it has)."""
     detail = await run_in_threadpool(_readiness, request)
     ok = not detail
-    body = Health(status="ok" if ok else "not ready", detail=detail)
+    loops = {name: LoopModel.model_validate(status, from_attributes=True)
+             for name, status in state_of(request).loops.snapshot().items()}
+    body = Readiness(status="ok" if ok else "not ready", detail=detail, loops=loops)
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
 

@@ -217,7 +217,8 @@ class PinRow(Base):
 
 
 class PruneRow(Base):
-    """One applied prune, for the audit log."""
+    """One applied prune or single-entry delete, for the audit log: written with its plan before anything is
+    deleted (``state`` "running"), then its outcome ("done", "failed", or "interrupted" when the replica died)."""
 
     __tablename__ = "prunes"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -230,6 +231,22 @@ class PruneRow(Base):
     already_gone: Mapped[int] = mapped_column(Integer)
     changed: Mapped[int] = mapped_column(Integer)
     errors: Mapped[list] = mapped_column(JSON)
+    kind: Mapped[str] = mapped_column(Str(16), default="prune", server_default="prune")  # or "delete"
+    state: Mapped[str] = mapped_column(Str(16), default="done", server_default="done")
+    planned: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    planned_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    ended_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class PruneItemRow(Base):
+    """An object a prune planned to delete, written before it deletes any: after a crash, the objects that are
+    gone among these are what it deleted."""
+
+    __tablename__ = "prune_items"
+    prune_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Str(1024), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
 
 
 class WarmupRow(Base):

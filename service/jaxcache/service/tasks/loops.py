@@ -1,20 +1,25 @@
 """The background loops of one service process: rescans of every cache each period, and throttled integrity
 passes, which start after the first round of rescans (started beside it, they queued a second rescan of each cache
-behind the first)."""
+behind the first).
+
+A loop never dies of an error: a failed round (the catalog in a fail-over, a root unmounted, a bug) is noted in
+:class:`~jaxcache.service.tasks.health.LoopHealth` and the round is tried again after a backoff.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi.concurrency import run_in_threadpool
 
 from jaxcache.service.state import State
 
-log = logging.getLogger("jaxcache.service")
+RESCAN, VERIFY = "rescan", "verify"
+
+Round = Callable[[], list[tuple[str, Exception]]]
 
 
 @contextlib.asynccontextmanager
@@ -25,26 +30,33 @@ async def background(state: State) -> AsyncIterator[None]:
     first_round = asyncio.Event()
     stop_verify = threading.Event()  # seen by a pass running in a worker thread
 
-    async def rescans() -> None:
+    async def supervised(loop: str, one_round: Round, after_round: Callable[[], None] | None = None) -> None:
         while not stop.is_set():
             try:
-                await run_in_threadpool(state.rescan_all)
-            except Exception:  # the catalog is unreachable (a database fail-over): try again next round
-                log.exception("background rescans failed")
-            state.background_rounds += 1
-            first_round.set()
+                failed = await run_in_threadpool(one_round)
+            except Exception as exc:  # noqa: BLE001 - noted, logged once, retried: the loop must outlive it
+                state.loops.failed(loop, exc)
+            else:
+                for where, error in failed:
+                    state.loops.failed(loop, error, where)
+                if not failed:
+                    state.loops.succeeded(loop)
+            if after_round is not None:
+                after_round()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=period_s)
+                await asyncio.wait_for(stop.wait(), timeout=state.loops.wait_s(loop, period_s))
+
+    def rescanned() -> None:
+        state.background_rounds += 1
+        first_round.set()
 
     async def verification() -> None:
         # Separate from rescans: a slow, throttled pass must not delay them.
         await first_round.wait()
-        while not stop.is_set():
-            await run_in_threadpool(state.verify_all, stop_verify)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=period_s)
+        await supervised(VERIFY, lambda: state.verify_all(stop_verify))
 
-    tasks = [asyncio.create_task(rescans()), asyncio.create_task(verification())]
+    tasks = [asyncio.create_task(supervised(RESCAN, state.rescan_all, rescanned)),
+             asyncio.create_task(verification())]
     try:
         yield
     finally:

@@ -1,7 +1,8 @@
 """Prunes through the service: the catalog supplies candidates, core policy plans, the executor deletes.
 
-One prune per cache at a time, across every replica sharing the catalog (the ``prune:<cache>`` lock of
-:mod:`jaxcache.service.catalog.locks`; a second gets 409); every applied prune is written to the audit log.
+One prune (or single-entry delete) per cache at a time, across every replica sharing the catalog (the
+``prune:<cache>`` lock of :mod:`jaxcache.service.catalog.locks`; a second gets 409); each is audited before it
+deletes anything (:mod:`jaxcache.service.tasks.prune_audit`).
 """
 
 from __future__ import annotations
@@ -9,15 +10,17 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
+from jaxcache import entry as fmt
 from jaxcache import prune
+from jaxcache.errors import PreconditionFailedError
 from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLock, ClusterLocks
-from jaxcache.service.catalog.models import EntryRow, PinRow, PruneRow
+from jaxcache.service.catalog.models import EntryRow, PinRow
 from jaxcache.service.catalog.queries import verdicts as verdicts_q
-from jaxcache.service.tasks import verification
+from jaxcache.service.tasks import prune_audit, verification
 from jaxcache.service.tasks.rescan import rescan
 from jaxcache.storage import Storage
 
@@ -95,11 +98,12 @@ def run_prune(
 ) -> Outcome:
     """Plan (and unless ``dry_run``, apply and audit) a prune of one cache. Raises PruneInProgressError.
 
-    A dry run reads nothing from storage: with ``integrity`` it uses the verdicts already made and says how many
-    entries are not judged yet (anyone with a read token may ask for one). Applying (an admin) first judges those
-    entries, throttled like the background pass."""
+    A dry run reads nothing from storage but checks it is there: with ``integrity`` it uses the verdicts already
+    made and says how many entries are not judged yet (anyone with a read token may ask for one). Applying (an
+    admin) first judges those entries, throttled like the background pass, and audits before deleting."""
     policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
     if dry_run:
+        storage.ping()  # a root that is gone (unmounted) refuses: its rows are not what is there
         plan = _plan(catalog, cache, policy)
         if policy.integrity:
             unjudged = verification.unjudged(catalog, cache)
@@ -112,22 +116,62 @@ def run_prune(
     try:
         # Storage is the truth: refresh the index first so the plan sees entries written since the last scan.
         rescan(catalog, cache, storage, secret=secret)
+        prune_audit.close_interrupted(catalog, cache, storage)
         if policy.integrity:
             throttle = throttle or Throttle()
             verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s,
                                   bytes_per_s=throttle.bytes_per_s, cpu_share=throttle.cpu_share)
         plan = _plan(catalog, cache, policy)
-        result = prune.apply(storage, plan)
+        audit_id = prune_audit.begin(catalog, cache, plan.delete, who=who, policy_json=policy_json)
+        result = _apply_audited(catalog, audit_id, storage, plan)
         rescan(catalog, cache, storage, secret=secret)
-        with catalog.session() as s:
-            row = PruneRow(
-                cache=cache, at_s=time.time(), who=who, policy=policy_json, deleted=result.deleted,
-                bytes_freed=result.bytes_freed, already_gone=result.already_gone, changed=result.changed,
-                errors=result.errors[:100],
-            )
-            s.add(row)
-            s.flush()
-            audit_id = row.id
         return Outcome(plan, result, audit_id)
+    finally:
+        lock.release()
+
+
+def _apply_audited(catalog: Catalog, audit_id: int, storage: Storage, plan: prune.PrunePlan) -> prune.PruneResult:
+    """Apply ``plan`` under audit row ``audit_id``; on an error part-way the row says how far it got."""
+    done = prune.PruneResult()
+
+    def count(decision: prune.Decision) -> None:  # deleted now or already gone: either way not there any more
+        done.deleted += 1
+        done.bytes_freed += decision.candidate.size_bytes
+
+    try:
+        result = prune.apply(storage, plan, on_deleted=count)
+    except Exception as exc:
+        prune_audit.finish(catalog, audit_id, done, state=prune_audit.FAILED,
+                           error=f"stopped after {done.deleted} of {len(plan.delete)} objects: {exc}")
+        raise
+    prune_audit.finish(catalog, audit_id, result)
+    return result
+
+
+def delete_entry(catalog: Catalog, cache: str, storage: Storage, key: str, *, who: str, lock: ClusterLock) -> bool:
+    """Delete one entry as a prune of one would (JAX's lock, ``-cache`` before ``-atime``, the listed generation),
+    audited. False when neither storage nor the catalog had it. Raises PruneInProgressError."""
+    if not lock.acquire(blocking=False):
+        raise PruneInProgressError(cache)
+    try:
+        with catalog.session() as s:
+            row = s.get(EntryRow, (cache, key, "entry"))
+            stat = storage.stat(fmt.cache_name(key))
+            if row is None and stat is None:
+                return False
+            candidate = prune.Candidate(
+                key=key, module=key.rsplit("-", 1)[0], name=fmt.cache_name(key),
+                size_bytes=stat.size_bytes if stat else row.size_bytes if row else 0,
+                created_s=row.created_s if row else 0.0, last_used_s=row.seen_used_s if row else 0.0,
+                status=row.status if row else None, generation=row.generation if row else None, has_atime=True)
+        plan = prune.PrunePlan(delete=[prune.Decision(candidate, ("deleted by request",))], protected=[], kept=0,
+                               bytes_freed=candidate.size_bytes, bytes_remaining=0, entries_total=1)
+        audit_id = prune_audit.begin(catalog, cache, plan.delete, who=who, policy_json={"key": key}, kind="delete")
+        result = _apply_audited(catalog, audit_id, storage, plan)
+        if result.changed:
+            raise PreconditionFailedError(f"{key} was written again since it was listed: rescan and try again")
+        with catalog.session() as s:
+            s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.key == key))
+        return True
     finally:
         lock.release()

@@ -5,9 +5,22 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 
+class LoopModel(BaseModel):
+    """A background loop: when it last finished a round without error, its last error, rounds failed in a row."""
+
+    last_success_s: float | None = None
+    last_error: str | None = None
+    last_error_s: float | None = None
+    failures: int = 0
+
+
 class Health(BaseModel):
     status: str
     detail: dict[str, str] = Field(default_factory=dict)
+
+
+class Readiness(Health):
+    loops: dict[str, LoopModel] = Field(default_factory=dict, description="background loops (rescan, verify)")
 
 
 class ErrorModel(BaseModel):

@@ -61,10 +61,18 @@ class PruneResponse(BaseModel):
 
 
 class PruneAudit(BaseModel):
+    """An applied prune or single-entry delete, audited before it deleted anything."""
+
     id: int
     at_s: float
     who: str
     policy: dict
+    kind: Literal["prune", "delete"] = "prune"
+    state: Literal["running", "done", "failed", "interrupted"] = Field(
+        "done", description="running until it ends; interrupted: its replica stopped mid-way (closed at restart)")
+    planned: int = Field(0, description="objects it planned to delete (written before the first delete)")
+    planned_bytes: int = 0
+    ended_s: float | None = None
     deleted: int
     bytes_freed: int
     already_gone: int

@@ -1,0 +1,147 @@
+"""Faults inside one service process: background loops that fail and recover, a root that vanishes and comes back,
+single-entry deletes that are audited and take JAX's lock."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import filelock
+import pytest
+from fastapi.testclient import TestClient
+
+from conftest import settled
+from jaxcache.service.app import create_app
+from jaxcache.service.tasks import health
+from test_service import BOTH, H_ADMIN, H_READ, make_settings
+
+
+def _wait(predicate, what: str, patience_s: float = 60.0):
+    """A bound on waiting for background work, not a timing assertion."""
+    deadline = time.monotonic() + patience_s
+    while not (found := predicate()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+    return found
+
+
+def test_a_loop_that_fails_is_retried_logged_once_and_shown(tmp_path, cache_copy, monkeypatch, caplog):
+    monkeypatch.setattr(health, "BACKOFF_FIRST_S", 0.01)
+    app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}, rescan_s=0.05))
+    state = app.state.jaxcache
+    real_verify, calls = state.verify, []
+
+    def flaky(name, **kw):  # three rounds fail as a database fail-over would, then it works again
+        calls.append(name)
+        if len(calls) <= 3:
+            raise RuntimeError("server closed the connection unexpectedly")
+        return real_verify(name, **kw)
+
+    monkeypatch.setattr(state, "verify", flaky)
+    with caplog.at_level(logging.INFO, logger="jaxcache.service"), TestClient(app) as client:
+        settled(client)
+        failing = _wait(lambda: (r := client.get("/readyz").json()["loops"].get("verify")) and r["failures"] and r,
+                        "the verify loop to report its failure")
+        assert "demo: server closed the connection unexpectedly" in failing["last_error"]
+        recovered = _wait(lambda: (r := client.get("/readyz").json()["loops"]["verify"])["last_success_s"] and r,
+                          "the verify loop to recover")
+        assert recovered["failures"] == 0 and recovered["last_error_s"] < recovered["last_success_s"]
+        assert client.get("/readyz").status_code == 200  # a failing loop does not take the replica out
+        metrics = client.get("/metrics").text
+    assert 'jaxcache_loop_errors_total{kind="RuntimeError",loop="verify"} 3.0' in metrics
+    assert 'jaxcache_loop_failing{loop="verify"} 0.0' in metrics
+    assert 'jaxcache_loop_last_success_timestamp_seconds{loop="rescan"}' in metrics
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "background verify failed" in errors[0].getMessage(), [r.getMessage() for r in errors]
+    assert errors[0].exc_info is not None  # not our error type: the traceback helps whoever reads the log
+    assert any("recovered after 3 failed round(s)" in r.getMessage() for r in caplog.records)
+
+
+@BOTH
+def test_a_root_that_vanishes_keeps_its_rows_and_refuses_prunes(svc, cache_copy):
+    listed = svc.get("/v1/caches/demo/entries?limit=1000", headers=H_READ).json()["entries"]
+    files = sorted(p.name for p in cache_copy.iterdir())
+    away = cache_copy.with_name("unmounted")
+    for gone in ("moved", "a file"):
+        cache_copy.rename(away)
+        if gone == "a file":
+            cache_copy.write_text("not a directory")
+        r = svc.post("/v1/caches/demo/rescan", headers=H_ADMIN)
+        assert r.status_code == 502 and str(cache_copy) in r.json()["detail"], r.text
+        assert svc.get("/v1/caches/demo/entries?limit=1000", headers=H_READ).json()["entries"] == listed
+        ready = svc.get("/readyz")
+        assert ready.status_code == 503 and "unmounted volume" in ready.json()["detail"]["demo"]
+        (info,) = svc.get("/v1/caches", headers=H_READ).json()["caches"]
+        assert "does not exist" in info["last_scan_error"] or "not a directory" in info["last_scan_error"]
+        assert "unmounted volume" in svc.get("/caches/demo", headers=H_READ).text  # the dashboard says so
+        for dry_run in (True, False):
+            r = svc.post("/v1/caches/demo/prune", headers=H_ADMIN, json={"unused_for": "1d", "dry_run": dry_run})
+            assert r.status_code == 502 and "nothing is pruned" in r.json()["detail"], r.text
+        r = svc.delete(f"/v1/caches/demo/entries/{listed[0]['key']}", headers=H_ADMIN)
+        assert r.status_code == 502, r.text
+        if gone == "a file":
+            cache_copy.unlink()
+        away.rename(cache_copy)
+        assert sorted(p.name for p in cache_copy.iterdir()) == files  # nothing was deleted meanwhile
+    assert svc.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
+    assert svc.get("/readyz").status_code == 200
+    assert svc.get("/v1/caches", headers=H_READ).json()["caches"][0]["last_scan_error"] is None
+    assert svc.get("/v1/caches/demo/entries?limit=1000", headers=H_READ).json()["entries"] == listed
+    audit = svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"]
+    assert audit == [], "refused prunes delete nothing and leave no audit row"
+
+
+@BOTH
+def test_deleting_one_entry_waits_for_jax_lock_and_is_audited(svc, cache_copy):
+    key = svc.get("/v1/caches/demo/entries?limit=1", headers=H_READ).json()["entries"][0]["key"]
+    lock = filelock.FileLock(str(cache_copy / ".lockfile"))
+    done = threading.Event()
+    with lock:  # a JAX process in the middle of its LRU bookkeeping
+        worker = threading.Thread(target=lambda: (svc.delete(f"/v1/caches/demo/entries/{key}", headers=H_ADMIN),
+                                                  done.set()))
+        worker.start()
+        time.sleep(0.3)
+        assert not done.is_set() and (cache_copy / f"{key}-cache").exists(), "deleted under JAX's lock"
+    worker.join(30)
+    assert done.is_set() and not (cache_copy / f"{key}-cache").exists() and not (cache_copy / f"{key}-atime").exists()
+    (row,) = svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"]
+    assert (row["kind"], row["state"], row["planned"], row["deleted"], row["who"]) == (
+        "delete", "done", 1, 1, row["who"])
+    assert row["policy"] == {"key": key} and row["ended_s"] >= row["at_s"]
+    assert svc.delete(f"/v1/caches/demo/entries/{key}", headers=H_ADMIN).status_code == 404
+    assert len(svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"]) == 1
+
+
+@BOTH
+def test_an_applied_prune_is_audited_before_it_deletes(svc, cache_copy, monkeypatch):
+    """The audit row and its planned objects are committed before the first delete, and a prune stopped part-way
+    (here: the root unmounted after two entries) says how far it got."""
+    from sqlalchemy import select
+
+    from jaxcache.errors import RootGoneError
+    from jaxcache.service.catalog.models import PruneItemRow, PruneRow
+
+    state = svc.app.state.jaxcache
+    storage = state.storages["demo"]
+    real_delete, seen = storage.delete, []
+
+    def delete(name, **kw):
+        with state.catalog.session() as s:
+            seen.append((s.scalar(select(PruneRow.state)), len(s.scalars(select(PruneItemRow.name)).all())))
+        if len(seen) == 5:  # the third entry's -cache
+            raise RootGoneError(f"cache root {cache_copy} does not exist (an unmounted volume?)")
+        return real_delete(name, **kw)
+
+    monkeypatch.setattr(storage, "delete", delete)
+    before = {p.name for p in cache_copy.iterdir()}
+    r = svc.post("/v1/caches/demo/prune", headers=H_ADMIN, json={"unused_for": "1d", "dry_run": False})
+    assert r.status_code == 502, r.text
+    (row,) = svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"]
+    assert seen[0] == ("running", row["planned"]) and row["planned"] >= 3, "nothing deleted before the intent"
+    assert row["state"] == "failed" and row["deleted"] == 2 and row["ended_s"] is not None
+    assert row["errors"][0].startswith(f"stopped after 2 of {row['planned']} objects")
+    gone = before - {p.name for p in cache_copy.iterdir()}
+    with state.catalog.session() as s:
+        planned = set(s.scalars(select(PruneItemRow.key)))
+    assert len(gone) == 4 and {n.rsplit("-", 1)[0] for n in gone} <= planned
