@@ -116,6 +116,19 @@ def test_script_mode_passes_its_arguments(tmp_path):
     assert any(k["function"].startswith("jit__lambda") for k in summary["keys"])
 
 
+def test_a_verify_process_past_its_timeout_fails_without_a_traceback(tmp_path):
+    env = clean_env(WARM_TARGETS_MARKER=str(tmp_path / "ran-once"))
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
+                  "--entrypoint", "warm_targets:slow_to_verify", "--verify", "--verify-timeout", "5", expect=1,
+                  env=env)
+    assert "verify: FAILED: the verify process did not finish in 5 s" in proc.stdout, proc.stdout
+    assert "--verify-timeout" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
+                  "--entrypoint", EXAMPLE, "--verify-timeout", "0", expect=2)
+    assert "--verify-timeout" in proc.stderr and "positive number of seconds" in proc.stderr
+
+
 def test_verify_reports_misses_with_both_fingerprints(tmp_path):
     proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
                   "--entrypoint", "warm_targets:unstable", "--verify", expect=1)

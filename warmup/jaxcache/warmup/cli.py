@@ -20,6 +20,7 @@ from jaxcache.units import format_bytes
 from jaxcache.warmup import devices as dev
 from jaxcache.warmup import target as tgt
 from jaxcache.warmup.runner import WarmupConfig, explain_nothing_compiled, run_warmup
+from jaxcache.warmup.verify import VERIFY_TIMEOUT_S, verify
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -43,7 +44,7 @@ examples:
   warmup --topology 1x1x8 --cache-dir /mnt/cache --script train.py -- --steps 1
 
 exit codes: 0 the cache holds the programs (and --verify passed); 1 the target failed, nothing was stored,
-or --verify found misses; 2 bad input (nothing written)."""
+or --verify found misses or ran past --verify-timeout; 2 bad input (nothing written)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,11 +63,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; compile nothing")
     p.add_argument("--verify", action="store_true",
                    help="afterwards, compile the same programs in a fresh process: pass only if all hit")
+    p.add_argument("--verify-timeout", type=_seconds, default=VERIFY_TIMEOUT_S, metavar="SECONDS",
+                   help=f"stop --verify's process after this long and fail (default {VERIFY_TIMEOUT_S:g})")
     p.add_argument("--ok-if-warm", action="store_true",
                    help="exit 0 when every program was already cached (scheduled re-runs); default exit 1")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--verify-child", help=argparse.SUPPRESS)
     return p
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a positive number of seconds")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,9 +165,7 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
     failed = why is not None and not (args.ok_if_warm and why.startswith("already warm"))
     verdict = None
     if args.verify and not failed:
-        from jaxcache.warmup.verify import verify
-
-        verdict = verify(config, record)
+        verdict = verify(config, record, timeout_s=args.verify_timeout)
         summary["verify"] = verdict.as_dict()
     if args.json:
         print(json.dumps(summary, sort_keys=True))
