@@ -18,7 +18,7 @@ from jaxcache.client.errors import CacheAlreadyInitializedError, UntrustedCacheD
 from jaxcache.client.options import ClientOptions, normalise_dir, resolve
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
-from jaxcache.records import HIT, WRITE, Fingerprint, KeyUsage, RunRecord
+from jaxcache.records import HIT, JOB, WRITE, Fingerprint, KeyUsage, RunKind, RunRecord
 from jaxcache.storage import is_gcs_url
 
 if TYPE_CHECKING:  # verify mode loads it only when asked for
@@ -40,6 +40,7 @@ class CacheSession:
         self.compression = compression
         self.started_at = time.time()
         self.topology: str | None = None  # set by warm-up to the topology it mocks; else derived from devices
+        self.kind: RunKind = JOB  # what wrote the run records: warm-up sets its own kinds, kept out of jobs' figures
         self._recorder = Recorder()
         self._writer = RecordWriter(options.cache_dir)
         self._attestor = Attestor(self._writer, self._recorder)
@@ -123,6 +124,7 @@ class CacheSession:
             topology=topology,
             cache_dir=self.cache_dir,
             final=final,
+            kind=self.kind,
             keys=sorted(usages, key=lambda u: u.first_at),
         )
 

@@ -35,7 +35,8 @@ entries only serve nodes with the same GPU model and count; JAX mocks the S x H 
 CPU jobs never hit pre-filled entries); D becomes jax_num_cpu_devices.
 
 The cache is configured through jaxcache.client exactly as jobs configure it (same key hygiene), with
-thresholds that store every program. A coverage record goes to <cache>/.jaxcache/warmups/<id>.json."""
+thresholds that store every program. A coverage record goes to <cache>/.jaxcache/warmups/<id>.json; the run
+records say they are a warm-up's, so the service and `jaxcache prune` keep them out of jobs' hit rates."""
 
 _EPILOG = """\
 examples:

@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from jaxcache.coverage import WarmupRecord
-from jaxcache.records import HIT
+from jaxcache.records import HIT, WARMUP_VERIFY
 from jaxcache.table import render
 from jaxcache.warmup.runner import WarmupConfig
 
@@ -111,7 +111,7 @@ def child_main(payload: str) -> int:
     target = tgt.Target(entrypoint=spec["entrypoint"], script=spec["script"], script_args=spec["script_args"])
     config = WarmupConfig(plan=plan, cache_dir=spec["cache_dir"], job=spec["job"], target=target,
                           trust=spec["trust"])
-    record = run_warmup(config, write_coverage=False)
+    record = run_warmup(config, write_coverage=False, kind=WARMUP_VERIFY)
     keys = [{"key": p.key, "function": p.function, "event": HIT if p.status == "present" else "compiled"}
             for p in record.programs]
     fp = record.fingerprint.as_dict()
