@@ -116,6 +116,21 @@ def test_script_mode_passes_its_arguments(tmp_path):
     assert any(k["function"].startswith("jit__lambda") for k in summary["keys"])
 
 
+def test_a_script_that_enables_the_cache_itself_runs_under_the_warmups_settings(tmp_path):
+    cache = tmp_path / "c"
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(cache), "--script",
+                  "train_script.py", "--verify")
+    assert f"script got job=warmup cache={cache}" in proc.stdout
+    assert "verify: ok" in proc.stdout
+    (notice,) = [line for line in proc.stderr.splitlines() if "runs this script under its own cache settings" in line]
+    assert "job='train'" in notice and "min_compile_time_secs=5" in notice and "cache_dir='./somewhere'" in notice
+    assert not (PROGRAMS / "somewhere").exists(), "the script's own directory is not used"
+    (coverage_file,) = cache.glob(".jaxcache/warmups/*.json")
+    record = coverage.parse(coverage_file.read_bytes())
+    assert record.programs and all(p.status == coverage.WRITTEN for p in record.programs)
+    assert all((cache / f"{p.key}-cache").is_file() for p in record.programs)
+
+
 def test_a_verify_process_past_its_timeout_fails_without_a_traceback(tmp_path):
     env = clean_env(WARM_TARGETS_MARKER=str(tmp_path / "ran-once"))
     proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),

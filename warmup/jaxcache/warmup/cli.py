@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from jaxcache.client import check_cache_dir, current_session
@@ -56,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", required=True, metavar="URL", help="cache root: a directory or gs://bucket/prefix")
     p.add_argument("--entrypoint", metavar="pkg.module:function",
                    help="called with a WarmupContext; compiles the job's programs without data")
-    p.add_argument("--script", metavar="path.py", help="a training script run as __main__ (only its compiles count)")
+    p.add_argument("--script", metavar="path.py",
+                   help="a training script run as __main__ (only its compiles count; its own enable_cache() call"
+                        " gets the warm-up's cache settings)")
     p.add_argument("--platform", choices=dev.PLATFORMS, help="default: gpu when JAX sees GPUs here, else cpu")
     p.add_argument("--job", default="warmup", help="job name in the coverage and run records (default: warmup)")
     p.add_argument("--trust", choices=("strict", "warn", "off"), default="strict",
@@ -150,7 +153,7 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
     # With --json, stdout carries only the summary: what the user's code prints goes to stderr.
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     try:
-        with quiet:
+        with quiet, _client_notices():
             record = run_warmup(config, on_program=show)
     except tgt.UserCodeError as exc:
         show.close()
@@ -179,6 +182,27 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
     if failed or (verdict is not None and not verdict.ok):
         return EXIT_FAILED
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _client_notices() -> Iterator[None]:
+    """Show the client's notices on stderr while the warm-up runs (from INFO: that a --script's own enable_cache()
+    got the warm-up's settings is one): nothing else in this process configures logging, and Python's fallback
+    shows warnings only."""
+    logger = logging.getLogger("jaxcache.client")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.INFO)
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False  # a script that configured logging itself would show each notice twice
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
 
 
 def _user_failure(exc: tgt.UserCodeError) -> int:

@@ -77,6 +77,8 @@ def run_warmup(
         ) from None
     session.topology = str(config.plan.topology)
     session.kind = kind
+    # A --script is a training script: it calls enable_cache() itself, with a job's settings, and gets this session.
+    session.claim_process("the warm-up")
     if on_program is not None:
         session.on_program(on_program)
     context = WarmupContext(config.plan.topology, config.plan.platform, config.plan.gpu_model)
