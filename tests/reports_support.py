@@ -51,13 +51,13 @@ def age(root: Path, days: float) -> None:
 
 def run(job: str, run_id: str, keys: list[KeyUsage], *, at: float | None = None, jaxlib: str = NEW,
         topology: str | None = "1x1x1", process_index: int = 0, process_count: int = 1,
-        cache_dir: str | None = None, host: str = "node-1") -> RunRecord:
-    """A run record of one process, last updated at ``at`` (default now)."""
+        cache_dir: str | None = None, host: str = "node-1", kind: records.RunKind = records.JOB) -> RunRecord:
+    """A run record of one process, last updated at ``at`` (default now); ``kind`` says what wrote it."""
     at = time.time() if at is None else at
     return RunRecord(
         job=job, run_id=run_id, process_index=process_index, process_count=process_count, host=host,
         started_at=at - 60, updated_at=at, fingerprint=Fingerprint(jax=jaxlib, jaxlib=jaxlib, backend="cpu"),
-        topology=topology, cache_dir=cache_dir, final=True, keys=keys,
+        topology=topology, cache_dir=cache_dir, final=True, keys=keys, kind=kind,
     )
 
 

@@ -244,6 +244,22 @@ def test_options_resolution_order_and_checks(tmp_path):
             _resolve(**case)
 
 
+def test_a_claimed_sessions_notice_says_what_did_not_apply(tmp_path):
+    import logging
+
+    from jaxcache.client import claim
+
+    mine = _resolve(str(tmp_path / "c"), job="warmup", min_compile_time_secs=0.0, token="secret")
+    level, text = claim.notice(mine, "the tool", {"cache_dir": f"{tmp_path}/c/", "job": "train",
+                                                  "min_compile_time_secs": 0, "token": "other", "trust": "strict"})
+    assert level == logging.INFO and "job='train' (the tool's: 'warmup')" in text
+    assert "cache_dir" not in text and "min_compile_time_secs" not in text, "the same settings, spelled otherwise"
+    assert "token" in text and "other" not in text and "secret" not in text
+    level, text = claim.notice(mine, "the tool", {"cache_dir": "gs://elsewhere"})
+    assert level == logging.WARNING and "another cache" in text
+    assert claim.notice(mine, "the tool", {"trust": "strict"})[0] == logging.INFO
+
+
 # --- telemetry out of the process ----------------------------------------------------------------------------
 
 

@@ -173,6 +173,26 @@ def test_a_catalog_of_the_release_before_alembic_is_kept_whole(tmp_path):
     assert _rows(url, "SELECT pattern FROM pins") == [("keep",)]
 
 
+def test_runs_reported_before_run_kinds_are_jobs(catalog_url):
+    from alembic import command
+
+    engine = create_engine(catalog_url)
+    with engine.begin() as conn:
+        command.upgrade(migrate.config(conn), "0003")
+        conn.execute(text("INSERT INTO runs (cache, run_id, process_index, job, process_count, host, jax, jaxlib, "
+                          "fingerprint, fingerprint_digest, started_s, updated_s, final, keys, source, ingested_s) "
+                          "VALUES ('demo', 'r1', 0, 'train', 1, 'h', '1', '1', '{}', 'd', 1, 2, false, 1, 'report', "
+                          "3)"))
+        conn.execute(text("INSERT INTO usage (cache, run_id, process_index, key, job, function, event, hits, "
+                          "compiles, writes, retrieval_s, jax_saved_s, saved_s, first_at, last_at) "
+                          "VALUES ('demo', 'r1', 0, :k, 'train', 'jit_f', 'hit', 1, 0, 0, 0, 0, 0, 1, 1)"), {"k": KEY})
+    engine.dispose()
+    Catalog(catalog_url).dispose()
+    assert _revision(catalog_url) == migrate.head()
+    assert _rows(catalog_url, "SELECT run_id, kind FROM runs") == [("r1", "job")]
+    assert _rows(catalog_url, "SELECT key, kind FROM usage") == [(KEY, "job")]
+
+
 def test_a_table_that_cannot_be_rebuilt_stops_the_upgrade_and_changes_nothing(tmp_path):
     path = tmp_path / "odd.sqlite"
     db = sqlite3.connect(path)

@@ -133,6 +133,25 @@ def test_cli_prune_uses_run_records(cache_copy, jax_caches, capsys):
     assert "would delete 2 entries" in text.out and "skipping malformed run record" in text.err
 
 
+def test_cli_prune_does_not_count_a_warmups_hits_as_use(cache_copy, jax_caches, capsys):
+    from reports_support import age, hit, keys_of, put_record, run, write
+
+    age(cache_copy, 10)
+    k = keys_of(jax_caches["zstd"])
+    now = time.time()
+    tiny, odd = k["jit_tiny"], k["jit_odd-name.v2"]
+    put_record(cache_copy, run("warmup", "w1", [write(tiny, 1.0, now - 3600)], kind="warmup"))
+    put_record(cache_copy, run("warmup", "w1-verify", [hit(tiny, 1, now - 3000), hit(odd, 1, now - 3000)],
+                               kind="warmup-verify"))
+    # Its jaxlib counts as in use, though: a warm-up for a new jaxlib runs before its jobs do.
+    out = _cli_plan(capsys, str(cache_copy), "--stale-jaxlib")
+    assert out["delete"] == [] and out["notes"] == []
+    put_record(cache_copy, run("train", "j1", [hit(odd, 1, now - DAY)]))
+    out = _cli_plan(capsys, str(cache_copy), "--unused-for", "5d")
+    gone = {d["key"] for d in out["delete"]}
+    assert tiny in gone and odd not in gone, "only the job's hit is use"
+
+
 def test_cli_prune_without_recent_runs_says_so(cache_copy, capsys):
     out = _cli_plan(capsys, str(cache_copy), "--stale-jaxlib")
     assert out["delete"] == [] and "no run records" in out["notes"][0]

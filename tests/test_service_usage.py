@@ -113,6 +113,37 @@ def test_stats_windows(svc, reported):
     assert week["hit_rate"] == pytest.approx(2 / 5) and week["saved_s"] == pytest.approx(39.0)
 
 
+@BOTH
+def test_warmups_and_their_verify_runs_are_not_jobs(svc, keys):
+    """A warm-up writes, its verify run hits what it wrote, a job hits one of them: only the job is use."""
+    now = time.time()
+    train, tiny = keys["jit_train_step"], keys["jit_tiny"]
+    report(svc, run("pretrain", "w1", [write(train, 20.0, now - 900), write(tiny, 1.0, now - 900)], at=now - 800,
+                    kind="warmup"))
+    report(svc, run("pretrain", "w1-verify", [hit(train, 1, now - 700), hit(tiny, 1, now - 700)], at=now - 650,
+                    kind="warmup-verify"))
+    report(svc, run("pretrain", "j1", [hit(train, 2, now - 100, retrieval_s=1.0)], at=now - 50))
+
+    jobs = svc.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"]
+    assert [(j["job"], j["runs"], j["hits"], j["misses"], j["writes"]) for j in jobs] == [("pretrain", 1, 2, 0, 0)]
+    d = svc.get("/v1/caches/demo/jobs/pretrain", headers=H_READ).json()
+    assert d["missed"] == [] and [r["run_id"] for r in d["recent_runs"]] == ["j1"]
+    day = svc.get("/v1/caches/demo/stats", headers=H_READ).json()["last_24h"]
+    assert (day["jobs"], day["runs"], day["processes"], day["hits"], day["misses"]) == (1, 1, 1, 2, 0)
+    assert day["hit_rate"] == 1.0 and day["saved_s"] == pytest.approx(2 * 20.0 - 1.0)
+
+    listed = entries(svc)
+    # The warm-up is the first writer (that is who stored it); only the job's hits count as use.
+    assert listed[train]["first_writer"]["run_id"] == "w1" and listed[train]["measured_compile_s"] == 20.0
+    assert listed[train]["hits"] == 2 and listed[train]["last_hit_s"] == pytest.approx(now - 100)
+    assert listed[tiny]["hits"] == 0 and listed[tiny]["last_hit_s"] is None and listed[tiny]["saved_s"] == 0.0
+    assert set(entries(svc, "job=pretrain")) == {train}
+    e = svc.get(f"/v1/caches/demo/entries/{tiny}", headers=H_READ).json()
+    assert e["jobs"] == [] and e["first_writer"]["job"] == "pretrain"
+    saved = svc.get("/v1/caches/demo/stats", headers=H_READ).json()["by_function_saved"]
+    assert [f["function"] for f in saved] == ["jit_train_step"]
+
+
 def test_stats_windows_without_runs(svc):
     stats = svc.get("/v1/caches/demo/stats", headers=H_READ).json()
     assert stats["last_24h"]["hit_rate"] is None and stats["last_7d"]["processes"] == 0

@@ -116,6 +116,72 @@ def test_script_mode_passes_its_arguments(tmp_path):
     assert any(k["function"].startswith("jit__lambda") for k in summary["keys"])
 
 
+def test_a_script_that_enables_the_cache_itself_runs_under_the_warmups_settings(tmp_path):
+    cache = tmp_path / "c"
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(cache), "--script",
+                  "train_script.py", "--verify")
+    assert f"script got job=warmup cache={cache}" in proc.stdout
+    assert "verify: ok" in proc.stdout
+    (notice,) = [line for line in proc.stderr.splitlines() if "runs this script under its own cache settings" in line]
+    assert "job='train'" in notice and "min_compile_time_secs=5" in notice and "cache_dir='./somewhere'" in notice
+    assert not (PROGRAMS / "somewhere").exists(), "the script's own directory is not used"
+    (coverage_file,) = cache.glob(".jaxcache/warmups/*.json")
+    record = coverage.parse(coverage_file.read_bytes())
+    assert record.programs and all(p.status == coverage.WRITTEN for p in record.programs)
+    assert all((cache / f"{p.key}-cache").is_file() for p in record.programs)
+
+
+def test_a_verify_process_past_its_timeout_fails_without_a_traceback(tmp_path):
+    env = clean_env(WARM_TARGETS_MARKER=str(tmp_path / "ran-once"))
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
+                  "--entrypoint", "warm_targets:slow_to_verify", "--verify", "--verify-timeout", "5", expect=1,
+                  env=env)
+    assert "verify: FAILED: the verify process did not finish in 5 s" in proc.stdout, proc.stdout
+    assert "--verify-timeout" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
+                  "--entrypoint", EXAMPLE, "--verify-timeout", "0", expect=2)
+    assert "--verify-timeout" in proc.stderr and "positive number of seconds" in proc.stderr
+
+
+def test_a_warmup_and_its_verify_run_are_not_jobs(tmp_path):
+    cache = tmp_path / "cache"
+    summary = json.loads(warmup("--topology", "1x1x2", "--platform", "cpu", "--cache-dir", str(cache),
+                                "--entrypoint", EXAMPLE, "--verify", "--json").stdout)
+    assert summary["verify"]["ok"]
+    runs = [records.parse(p.read_bytes()) for p in cache.glob(".jaxcache/runs/*/*.json")]
+    assert sorted(r.kind for r in runs) == ["warmup", "warmup-verify"]
+
+    before = catalog_view(cache, tmp_path)
+    assert before["warmups"][0]["hit_since"] == 0, "its own verify run is not a job hitting it"
+    assert before["jobs"] == []
+    assert (before["last_24h"]["hits"], before["last_24h"]["misses"], before["last_24h"]["hit_rate"]) == (0, 0, None)
+
+    run_example_job(str(cache), devices=2)
+    after = catalog_view(cache, tmp_path)
+    assert after["warmups"][0]["hit_since"] == summary["programs"]
+    assert [j["job"] for j in after["jobs"]] == ["example-job"]
+    window = after["last_24h"]
+    assert (window["jobs"], window["misses"], window["hit_rate"]) == (1, 0, 1.0)
+    assert window["hits"] == summary["programs"]
+
+
+def catalog_view(cache: Path, tmp_path: Path) -> dict:
+    """Warm-ups, jobs and the last day's hit rate, as the service sees them after a rescan."""
+    from fastapi.testclient import TestClient
+
+    from jaxcache.service.app import create_app
+    from jaxcache.service.settings import ServiceSettings
+
+    app = create_app(ServiceSettings(caches={"c": str(cache)}, db=f"sqlite:///{tmp_path / 'view.sqlite'}",
+                                     insecure_no_auth=True))
+    with TestClient(app) as client:
+        assert client.post("/v1/caches/c/rescan").status_code == 200
+        return {"warmups": client.get("/v1/caches/c/warmups").json()["warmups"],
+                "jobs": client.get("/v1/caches/c/jobs").json()["jobs"],
+                "last_24h": client.get("/v1/caches/c/stats").json()["last_24h"]}
+
+
 def test_verify_reports_misses_with_both_fingerprints(tmp_path):
     proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
                   "--entrypoint", "warm_targets:unstable", "--verify", expect=1)

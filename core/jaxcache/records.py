@@ -31,6 +31,13 @@ WRITE: Final = "write"
 COMPILED: Final = "compiled"  # compiled because the cache did not have it, and not written (reason says why)
 EVENTS: tuple[Event, ...] = (HIT, WRITE, COMPILED)
 
+# What kind of process wrote a record. Only jobs' hits are use: a warm-up's own compiles and its verify run's hits
+# would make hit rates, job lists, "hit since" and LRU prunes describe the tool instead of the jobs it serves.
+RunKind = Literal["job", "warmup", "warmup-verify"]
+JOB: Final = "job"
+WARMUP: Final = "warmup"
+WARMUP_VERIFY: Final = "warmup-verify"
+
 _RUN_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
 _JOB = r"[^\x00-\x1f/\\]{1,200}"
 
@@ -121,6 +128,10 @@ class RunRecord(msgspec.Struct, tag_field="schema", tag=SCHEMA):
     cache_dir: Text | None = None  # the root as the job spelled it: which cache a report is for
     final: bool = False
     pid: Count | None = None
+    # Records from before the field were all written by jobs.
+    kind: Annotated[RunKind, msgspec.Meta(description=(
+        "what wrote the record: a job, or a warm-up and its --verify run, which are kept out of jobs' figures"
+    ))] = JOB
     keys: list[KeyUsage] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:

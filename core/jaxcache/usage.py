@@ -21,7 +21,7 @@ from jaxcache.storage.base import ObjectInfo, Storage
 class RecordedUse:
     """Facts from every readable run record under a root."""
 
-    last_hit_s: dict[str, float] = field(default_factory=dict)  # key -> newest reported hit
+    last_hit_s: dict[str, float] = field(default_factory=dict)  # key -> newest hit a job reported
     writer_jaxlib: dict[str, str] = field(default_factory=dict)  # key -> jaxlib of its earliest writer
     runs: list[tuple[float, str]] = field(default_factory=list)  # (updated_at, jaxlib) per process record
     records: int = 0
@@ -69,7 +69,8 @@ def read_usage(storage: Storage) -> RecordedUse:
         jaxlib = record.fingerprint.jaxlib
         use.runs.append((record.updated_at, jaxlib))
         for u in record.keys:
-            if u.hits:
+            # A warm-up's verify run hits every key it just wrote: that is not use, and would keep it from LRU prunes.
+            if u.hits and record.kind == records.JOB:
                 at = u.last_at or u.first_at
                 if at and at > use.last_hit_s.get(u.key, float("-inf")):
                     use.last_hit_s[u.key] = at

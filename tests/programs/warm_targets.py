@@ -31,3 +31,15 @@ def unstable(ctx):
 
     pid = float(os.getpid())
     ctx.compile(lambda x: x * pid + jnp.sin(x), ctx.abstract((8,), "float32"))
+
+
+def slow_to_verify(ctx):
+    """Compiles, and hangs when run again (by --verify's fresh process): the marker file says it ran before."""
+    import time
+    from pathlib import Path
+
+    marker = Path(os.environ["WARM_TARGETS_MARKER"])
+    ctx.compile(lambda x: x * 2.0, ctx.abstract((8,), "float32"))
+    if marker.exists():
+        time.sleep(600)
+    marker.touch()

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from jaxcache.client import claim
 from jaxcache.client import jax_internals as ji
 from jaxcache.client import trust as trust_mod
 from jaxcache.client.attestation import Attestor
@@ -18,7 +19,7 @@ from jaxcache.client.errors import CacheAlreadyInitializedError, UntrustedCacheD
 from jaxcache.client.options import ClientOptions, normalise_dir, resolve
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
-from jaxcache.records import HIT, WRITE, Fingerprint, KeyUsage, RunRecord
+from jaxcache.records import HIT, JOB, WRITE, Fingerprint, KeyUsage, RunKind, RunRecord
 from jaxcache.storage import is_gcs_url
 
 if TYPE_CHECKING:  # verify mode loads it only when asked for
@@ -40,6 +41,9 @@ class CacheSession:
         self.compression = compression
         self.started_at = time.time()
         self.topology: str | None = None  # set by warm-up to the topology it mocks; else derived from devices
+        self.kind: RunKind = JOB  # what wrote the run records: warm-up sets its own kinds, kept out of jobs' figures
+        self._owner: str | None = None  # see claim_process
+        self._deferred_notice_given = False
         self._recorder = Recorder()
         self._writer = RecordWriter(options.cache_dir)
         self._attestor = Attestor(self._writer, self._recorder, secret=options.attest_key)
@@ -83,6 +87,15 @@ class CacheSession:
         """Call ``callback(usage)`` whenever JAX finishes compiling or loading a program (warm-up progress)."""
         self._recorder.add_listener(callback)
 
+    def claim_process(self, owner: str) -> None:
+        """Make later :func:`enable_cache` calls in this process return this session, whatever they ask for.
+
+        For a tool that runs a user's script under its own settings (``warmup --script`` runs training scripts,
+        which call ``enable_cache()`` themselves): the tool's settings win, and the first such call logs which of
+        the script's were overridden, naming ``owner``.
+        """
+        self._owner = owner
+
     def stats(self) -> CacheStats:
         """Hits, misses, writes, hit rate, compile, retrieval and saved seconds so far in this process."""
         return self._recorder.stats()
@@ -123,6 +136,7 @@ class CacheSession:
             topology=topology,
             cache_dir=self.cache_dir,
             final=final,
+            kind=self.kind,
             keys=sorted(usages, key=lambda u: u.first_at),
         )
 
@@ -167,6 +181,16 @@ class CacheSession:
         self._ticker = threading.Thread(target=self._tick, name="jaxcache-records", daemon=True)
         self._ticker.start()
         atexit.register(self.close)
+
+    def _claimed_call(self, asked: dict[str, object]) -> CacheSession:
+        """A later enable_cache() call in a process this session claimed: this session, and one notice."""
+        assert self._owner is not None
+        with _lock:
+            first, self._deferred_notice_given = not self._deferred_notice_given, True
+        if first:
+            level, text = claim.notice(self.options, self._owner, asked)
+            log.log(level, "%s", text)
+        return self
 
     def _attest_writes(self, usage: KeyUsage) -> None:
         if usage.event == WRITE and usage.sha256 is None:
@@ -239,7 +263,8 @@ def enable_cache(
             tampered or mismatched entries), or ``"sample"`` (check the first entries this job hits, and warn).
 
     Returns:
-        The process's :class:`CacheSession`; a second call with the same settings returns the same one.
+        The process's :class:`CacheSession`; a second call with the same settings returns the same one, and
+        so does any call once a tool that runs this script claimed its session (``warmup --script``).
 
     Raises:
         CacheNotConfiguredError: no directory anywhere.
@@ -249,6 +274,16 @@ def enable_cache(
         InvalidInputError: a malformed argument or variable.
     """
     global _session
+    with _lock:
+        claimed = _session if _session is not None and _session._owner is not None else None
+    if claimed is not None:
+        # Before resolving: the script's settings do not apply, so they need not resolve here (a bare
+        # enable_cache() relying on a JAXCACHE_DIR that only the training nodes set must not fail).
+        return claimed._claimed_call({
+            "cache_dir": cache_dir, "job": job, "min_compile_time_secs": min_compile_time_secs,
+            "min_entry_size_bytes": min_entry_size_bytes, "xla_caches": xla_caches, "max_size_bytes": max_size_bytes,
+            "service_url": service_url, "token": token, "trust": trust, "verify": verify,
+        })
     options = resolve(
         cache_dir,
         job=job,
@@ -322,7 +357,7 @@ def _check_trust(options: ClientOptions) -> None:
     found = trust_mod.problems(options.cache_dir)
     if not found and not os.path.isdir(options.cache_dir):
         try:
-            _make_private_dirs(options.cache_dir)
+            trust_mod.make_private_dirs(options.cache_dir)
         except OSError as exc:
             raise UntrustedCacheDirError(
                 f"cannot create the cache directory {options.cache_dir}: {exc.strerror}"
@@ -330,18 +365,10 @@ def _check_trust(options: ClientOptions) -> None:
         found = trust_mod.problems(options.cache_dir)
     if not found:
         return
-    message = _untrusted_message(options.cache_dir, found)
+    message = trust_mod.untrusted_message(options.cache_dir, found)
     if options.trust == "strict":
         raise UntrustedCacheDirError(message)
     log.warning("jaxcache: %s", message)
-
-
-def _untrusted_message(directory: str, found: list[str]) -> str:
-    return (
-        f"the cache directory {directory} is not trustworthy: {'; '.join(found)}. JAX executes what it"
-        " loads from there, so whoever can write it can run code in this job."
-        f" Fix: {trust_mod.advice(directory)}"
-    )
 
 
 def check_cache_dir(cache_dir: str | os.PathLike[str], *, trust: str = "strict") -> str:
@@ -354,17 +381,5 @@ def check_cache_dir(cache_dir: str | os.PathLike[str], *, trust: str = "strict")
         return directory
     found = trust_mod.problems(directory)
     if found and trust == "strict":
-        raise UntrustedCacheDirError(_untrusted_message(directory, found))
+        raise UntrustedCacheDirError(trust_mod.untrusted_message(directory, found))
     return directory
-
-
-def _make_private_dirs(path: str) -> None:
-    """Create ``path`` and missing parents as ours, not group-writable whatever the umask."""
-    missing = []
-    current = path
-    while not os.path.exists(current):
-        missing.append(current)
-        current = os.path.dirname(current)
-    for directory in reversed(missing):
-        os.makedirs(directory, exist_ok=True)
-        os.chmod(directory, 0o755)

@@ -63,3 +63,24 @@ def advice(path: str) -> str:
         " read-only for jobs and let one trusted writer (warm-up) fill it; pass trust='warn' or 'off' to"
         " enable_cache() only if everyone who can write there may run code in this job"
     )
+
+
+def untrusted_message(directory: str, found: list[str]) -> str:
+    """Why a directory is refused, and the fix."""
+    return (
+        f"the cache directory {directory} is not trustworthy: {'; '.join(found)}. JAX executes what it"
+        " loads from there, so whoever can write it can run code in this job."
+        f" Fix: {advice(directory)}"
+    )
+
+
+def make_private_dirs(path: str) -> None:
+    """Create ``path`` and missing parents as ours, not group-writable whatever the umask."""
+    missing = []
+    current = path
+    while not os.path.exists(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    for directory in reversed(missing):
+        os.makedirs(directory, exist_ok=True)
+        os.chmod(directory, 0o755)

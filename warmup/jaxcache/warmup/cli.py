@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from jaxcache.client import check_cache_dir, current_session
@@ -20,6 +21,7 @@ from jaxcache.units import format_bytes
 from jaxcache.warmup import devices as dev
 from jaxcache.warmup import target as tgt
 from jaxcache.warmup.runner import WarmupConfig, explain_nothing_compiled, run_warmup
+from jaxcache.warmup.verify import VERIFY_TIMEOUT_S, verify
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -34,7 +36,8 @@ entries only serve nodes with the same GPU model and count; JAX mocks the S x H 
 CPU jobs never hit pre-filled entries); D becomes jax_num_cpu_devices.
 
 The cache is configured through jaxcache.client exactly as jobs configure it (same key hygiene), with
-thresholds that store every program. A coverage record goes to <cache>/.jaxcache/warmups/<id>.json."""
+thresholds that store every program. A coverage record goes to <cache>/.jaxcache/warmups/<id>.json; the run
+records say they are a warm-up's, so the service and `jaxcache prune` keep them out of jobs' hit rates."""
 
 _EPILOG = """\
 examples:
@@ -43,7 +46,7 @@ examples:
   warmup --topology 1x1x8 --cache-dir /mnt/cache --script train.py -- --steps 1
 
 exit codes: 0 the cache holds the programs (and --verify passed); 1 the target failed, nothing was stored,
-or --verify found misses; 2 bad input (nothing written)."""
+or --verify found misses or ran past --verify-timeout; 2 bad input (nothing written)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", required=True, metavar="URL", help="cache root: a directory or gs://bucket/prefix")
     p.add_argument("--entrypoint", metavar="pkg.module:function",
                    help="called with a WarmupContext; compiles the job's programs without data")
-    p.add_argument("--script", metavar="path.py", help="a training script run as __main__ (only its compiles count)")
+    p.add_argument("--script", metavar="path.py",
+                   help="a training script run as __main__ (only its compiles count; its own enable_cache() call"
+                        " gets the warm-up's cache settings)")
     p.add_argument("--platform", choices=dev.PLATFORMS, help="default: gpu when JAX sees GPUs here, else cpu")
     p.add_argument("--job", default="warmup", help="job name in the coverage and run records (default: warmup)")
     p.add_argument("--trust", choices=("strict", "warn", "off"), default="strict",
@@ -62,11 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; compile nothing")
     p.add_argument("--verify", action="store_true",
                    help="afterwards, compile the same programs in a fresh process: pass only if all hit")
+    p.add_argument("--verify-timeout", type=_seconds, default=VERIFY_TIMEOUT_S, metavar="SECONDS",
+                   help=f"stop --verify's process after this long and fail (default {VERIFY_TIMEOUT_S:g})")
     p.add_argument("--ok-if-warm", action="store_true",
                    help="exit 0 when every program was already cached (scheduled re-runs); default exit 1")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--verify-child", help=argparse.SUPPRESS)
     return p
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a positive number of seconds")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,7 +153,7 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
     # With --json, stdout carries only the summary: what the user's code prints goes to stderr.
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     try:
-        with quiet:
+        with quiet, _client_notices():
             record = run_warmup(config, on_program=show)
     except tgt.UserCodeError as exc:
         show.close()
@@ -152,9 +169,7 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
     failed = why is not None and not (args.ok_if_warm and why.startswith("already warm"))
     verdict = None
     if args.verify and not failed:
-        from jaxcache.warmup.verify import verify
-
-        verdict = verify(config, record)
+        verdict = verify(config, record, timeout_s=args.verify_timeout)
         summary["verify"] = verdict.as_dict()
     if args.json:
         print(json.dumps(summary, sort_keys=True))
@@ -167,6 +182,27 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
     if failed or (verdict is not None and not verdict.ok):
         return EXIT_FAILED
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _client_notices() -> Iterator[None]:
+    """Show the client's notices on stderr while the warm-up runs (from INFO: that a --script's own enable_cache()
+    got the warm-up's settings is one): nothing else in this process configures logging, and Python's fallback
+    shows warnings only."""
+    logger = logging.getLogger("jaxcache.client")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.INFO)
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False  # a script that configured logging itself would show each notice twice
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
 
 
 def _user_failure(exc: tgt.UserCodeError) -> int:

@@ -11,7 +11,7 @@ from typing import TypedDict
 from jaxcache.client import CacheAlreadyInitializedError, enable_cache
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, ProgramCoverage, Status, WarmupRecord
 from jaxcache.errors import JaxcacheError
-from jaxcache.records import HIT, WRITE, KeyUsage
+from jaxcache.records import HIT, WARMUP, WRITE, KeyUsage, RunKind
 from jaxcache.storage import open_storage
 from jaxcache.warmup import devices as dev
 from jaxcache.warmup import target as tgt
@@ -52,12 +52,17 @@ def status_of(usage: KeyUsage) -> Status:
 
 
 def run_warmup(
-    config: WarmupConfig, on_program: Callable[[KeyUsage], None] | None = None, *, write_coverage: bool = True
+    config: WarmupConfig,
+    on_program: Callable[[KeyUsage], None] | None = None,
+    *,
+    write_coverage: bool = True,
+    kind: RunKind = WARMUP,
 ) -> WarmupRecord:
     """Fill the cache: mock the topology, enable the cache like a job would, run the target, collect coverage.
 
-    Raises :class:`jaxcache.warmup.target.UserCodeError` when the user's code fails; the coverage of what did
-    compile is still written (it is in the cache either way).
+    ``kind`` goes into the run record (``warmup-verify`` for --verify's fresh process), which keeps the run out of
+    jobs' figures. Raises :class:`jaxcache.warmup.target.UserCodeError` when the user's code fails; the coverage of
+    what did compile is still written (it is in the cache either way).
     """
     started = time.time()
     dev.configure_backend(config.plan)
@@ -71,6 +76,9 @@ def run_warmup(
             " move compiles (jit calls, array operations) from module level into the entrypoint function"
         ) from None
     session.topology = str(config.plan.topology)
+    session.kind = kind
+    # A --script is a training script: it calls enable_cache() itself, with a job's settings, and gets this session.
+    session.claim_process("the warm-up")
     if on_program is not None:
         session.on_program(on_program)
     context = WarmupContext(config.plan.topology, config.plan.platform, config.plan.gpu_model)

@@ -13,11 +13,11 @@ import sys
 from dataclasses import asdict, dataclass
 
 from jaxcache.coverage import WarmupRecord
-from jaxcache.records import HIT
+from jaxcache.records import HIT, WARMUP_VERIFY
 from jaxcache.table import render
 from jaxcache.warmup.runner import WarmupConfig
 
-VERIFY_TIMEOUT_S = 3600
+VERIFY_TIMEOUT_S = 3600.0  # --verify-timeout's default
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,9 @@ class VerifyResult:
         return "\n".join(lines)
 
 
-def verify(config: WarmupConfig, record: WarmupRecord) -> VerifyResult:
-    """Run the target again in a fresh process with the same settings and compare."""
+def verify(config: WarmupConfig, record: WarmupRecord, *, timeout_s: float = VERIFY_TIMEOUT_S) -> VerifyResult:
+    """Run the target again in a fresh process with the same settings and compare; a process that runs past
+    ``timeout_s`` is killed and the result fails saying so."""
     payload = json.dumps({
         "platform": config.plan.platform, "topology": str(config.plan.topology), "cache_dir": config.cache_dir,
         "job": config.job, "entrypoint": config.target.entrypoint, "script": config.target.script,
@@ -61,8 +62,11 @@ def verify(config: WarmupConfig, record: WarmupRecord) -> VerifyResult:
     })
     env = {**os.environ, "JAXCACHE_RUN_ID": f"{record.id}-verify"}
     warm_fp = record.fingerprint.as_dict()
-    proc = subprocess.run([sys.executable, "-m", "jaxcache.warmup", "--verify-child", payload],
-                          capture_output=True, text=True, timeout=VERIFY_TIMEOUT_S, env=env)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "jaxcache.warmup", "--verify-child", payload],
+                              capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired as exc:
+        return VerifyResult(False, 0, [], {}, warm_fp, error=_timed_out(config, timeout_s, exc.stderr))
     try:
         seen = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -76,6 +80,21 @@ def verify(config: WarmupConfig, record: WarmupRecord) -> VerifyResult:
     misses += [{"key": key, "function": key.rsplit("-", 1)[0], "event": "not compiled"} for key in sorted(not_seen)]
     return VerifyResult(not misses, len(hits), [{"key": m["key"], "function": m["function"]} for m in misses],
                         seen["fingerprint"], warm_fp)
+
+
+def _timed_out(config: WarmupConfig, timeout_s: float, stderr: bytes | str | None) -> str:
+    # Output so far comes back as bytes whatever text= says (the process was killed mid-write).
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr or ""
+    if config.target.script:
+        why = ("it runs the whole script again: give the script arguments that stop it after its first steps"
+               " (warmup ... --script train.py -- --steps 1), or allow it longer with --verify-timeout SECONDS")
+    else:
+        why = ("it runs the entrypoint again, loading what the warm-up stored instead of compiling; allow it longer"
+               " with --verify-timeout SECONDS")
+    message = (f"the verify process did not finish in {timeout_s:g} s and was stopped: {why}. The programs the"
+               " warm-up stored are in the cache either way")
+    tail = text.strip()[-2000:]
+    return f"{message}. Its last output:\n{tail}" if tail else message
 
 
 def child_main(payload: str) -> int:
@@ -92,7 +111,7 @@ def child_main(payload: str) -> int:
     target = tgt.Target(entrypoint=spec["entrypoint"], script=spec["script"], script_args=spec["script_args"])
     config = WarmupConfig(plan=plan, cache_dir=spec["cache_dir"], job=spec["job"], target=target,
                           trust=spec["trust"])
-    record = run_warmup(config, write_coverage=False)
+    record = run_warmup(config, write_coverage=False, kind=WARMUP_VERIFY)
     keys = [{"key": p.key, "function": p.function, "event": HIT if p.status == "present" else "compiled"}
             for p in record.programs]
     fp = record.fingerprint.as_dict()

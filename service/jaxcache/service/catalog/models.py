@@ -156,6 +156,8 @@ class RunRow(Base):
     pid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     keys: Mapped[int] = mapped_column(Integer, default=0)
     source: Mapped[str] = mapped_column(Str(16))  # "report" (POST) or "storage" (a rescan read the file)
+    # What wrote the record (jaxcache.records.RunKind): only jobs count in jobs' figures and hit aggregates.
+    kind: Mapped[str] = mapped_column(Str(16), default="job", server_default="job")
     ingested_s: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (
@@ -174,6 +176,7 @@ class UsageRow(Base):
     process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     key: Mapped[str] = mapped_column(Str(512), primary_key=True)
     job: Mapped[str] = mapped_column(Str(256))  # the run's, repeated: per-job sums never join
+    kind: Mapped[str] = mapped_column(Str(16), default="job", server_default="job")  # the run's too, for that
     function: Mapped[str] = mapped_column(Str(1024))
     event: Mapped[str] = mapped_column(Str(16))
     hits: Mapped[int] = mapped_column(BigInteger, default=0)

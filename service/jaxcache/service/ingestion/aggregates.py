@@ -19,6 +19,13 @@ def wrote(event: str, writes: int) -> bool:
     return writes > 0 or event == records.WRITE
 
 
+def used_hits(kind: str, hits: int) -> int:
+    """The hits of a usage row that count as use of its key: a job's. A warm-up's run is not use, and its verify
+    run hits every key the warm-up just wrote; counted, they would make a warm-up "hit since" itself and keep its
+    entries from LRU prunes. Their writes still count (a warm-up is often a key's first writer)."""
+    return hits if kind == records.JOB else 0
+
+
 def hit_at(hits: int, first_at: float, last_at: float) -> float | None:
     """When a usage row last hit its key (None: it never did)."""
     return (last_at or first_at or None) if hits else None
@@ -37,7 +44,7 @@ def saved_of_row(hits: int, retrieval_s: float, jax_saved_s: float, writer_compi
 _JOIN = and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
              RunRow.process_index == UsageRow.process_index)
 _COLUMNS = (
-    UsageRow.key, UsageRow.run_id, UsageRow.process_index, UsageRow.job, UsageRow.event, UsageRow.hits,
+    UsageRow.key, UsageRow.run_id, UsageRow.process_index, UsageRow.job, UsageRow.kind, UsageRow.event, UsageRow.hits,
     UsageRow.writes, UsageRow.compile_s, UsageRow.retrieval_s, UsageRow.jax_saved_s, UsageRow.saved_s,
     UsageRow.first_at, UsageRow.last_at, RunRow.host, RunRow.topology, RunRow.jax, RunRow.jaxlib, RunRow.started_s,
 )
@@ -45,7 +52,7 @@ _COLUMNS = (
 
 def aggregate(rows: Iterable) -> tuple[dict, list[tuple[str, int, float]]]:
     """Aggregates of one key from its usage rows (joined with their runs), and ``(run_id, process_index,
-    saved_s)`` for each row whose saved seconds change."""
+    saved_s)`` for each row whose saved seconds change. Only jobs' hits count (:func:`used_hits`)."""
     rows = list(rows)
     writes = [r for r in rows if r.writes > 0 or r.event == records.WRITE]
     # The earliest write; a record without first_at (0) falls back to its process's start.
@@ -56,13 +63,14 @@ def aggregate(rows: Iterable) -> tuple[dict, list[tuple[str, int, float]]]:
     saved = 0.0
     changed = []
     for r in rows:
-        row_saved = saved_of_row(r.hits, r.retrieval_s, r.jax_saved_s, writer_compile_s)
+        used = used_hits(r.kind, r.hits)
+        row_saved = saved_of_row(used, r.retrieval_s, r.jax_saved_s, writer_compile_s)
         if row_saved != r.saved_s:
             changed.append((r.run_id, r.process_index, row_saved))
         saved += row_saved
-        if r.hits:
-            hits += r.hits
-            at = hit_at(r.hits, r.first_at, r.last_at)
+        if used:
+            hits += used
+            at = hit_at(used, r.first_at, r.last_at)
             if at is not None and (last_hit is None or at > last_hit):
                 last_hit = at
     stats = {

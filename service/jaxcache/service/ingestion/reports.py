@@ -22,7 +22,14 @@ from jaxcache.records import RunRecord
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import AGGREGATES, KeyStatsRow, RunRow, UsageRow, table_of
 from jaxcache.service.ingestion import attestations
-from jaxcache.service.ingestion.aggregates import entry_update_statement, hit_at, recompute, saved_of_row, wrote
+from jaxcache.service.ingestion.aggregates import (
+    entry_update_statement,
+    hit_at,
+    recompute,
+    saved_of_row,
+    used_hits,
+    wrote,
+)
 
 _CHUNK = 500
 STORAGE, REPORT = "storage", "report"
@@ -75,8 +82,8 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
     return IngestResult(cache, record.run_id, record.process_index, len(rows), stale=False)
 
 
-_OWN = (UsageRow.key, UsageRow.event, UsageRow.hits, UsageRow.writes, UsageRow.first_at, UsageRow.last_at,
-        UsageRow.saved_s)
+_OWN = (UsageRow.key, UsageRow.kind, UsageRow.event, UsageRow.hits, UsageRow.writes, UsageRow.first_at,
+        UsageRow.last_at, UsageRow.saved_s)
 
 
 def _update_in_place(s: Session, cache: str, record: RunRecord, old: dict, new: dict[str, dict]) -> set[str]:
@@ -106,16 +113,19 @@ def _update_in_place(s: Session, cache: str, record: RunRecord, old: dict, new: 
                 if writer is None or mine < writer:
                     full.add(key)
                     continue
-            old_hit = hit_at(before.hits, before.first_at, before.last_at) if before is not None else None
-            new_hit = hit_at(after["hits"], after["first_at"], after["last_at"]) if after is not None else None
+            # A record's kind may differ from its earlier version's: each side counts by its own.
+            old_used = used_hits(before.kind, before.hits) if before is not None else 0
+            new_used = used_hits(after["kind"], after["hits"]) if after is not None else 0
+            old_hit = hit_at(old_used, before.first_at, before.last_at) if before is not None else None
+            new_hit = hit_at(new_used, after["first_at"], after["last_at"]) if after is not None else None
             if old_hit is not None and old_hit == ks.last_hit_s and (new_hit is None or new_hit < old_hit):
                 full.add(key)
                 continue
             saved = 0.0
             if after is not None:
-                saved = after["saved_s"] = saved_of_row(after["hits"], after["retrieval_s"], after["jax_saved_s"],
+                saved = after["saved_s"] = saved_of_row(new_used, after["retrieval_s"], after["jax_saved_s"],
                                                       ks.writer_compile_s)
-            delta_hits = (after["hits"] if after else 0) - (before.hits if before else 0)
+            delta_hits = new_used - old_used
             delta_saved = saved - (before.saved_s if before else 0.0)
             last_hit = ks.last_hit_s if new_hit is None or (ks.last_hit_s or 0) >= new_hit else new_hit
             if not delta_hits and not delta_saved and last_hit == ks.last_hit_s:
@@ -152,15 +162,15 @@ def _run_fields(record: RunRecord, source: str) -> dict:
         "topology": record.topology, "cache_dir": record.cache_dir, "jax": fp.jax, "jaxlib": fp.jaxlib,
         "backend": fp.backend, "fingerprint": msgspec.structs.asdict(fp), "fingerprint_digest": fp.digest,
         "started_s": record.started_at, "updated_s": record.updated_at, "final": record.final, "pid": record.pid,
-        "keys": len(record.keys), "source": source, "ingested_s": time.time(),
+        "keys": len(record.keys), "source": source, "ingested_s": time.time(), "kind": record.kind,
     }
 
 
 def _usage_row(cache: str, record: RunRecord, u: records.KeyUsage) -> dict:
     return {
         "cache": cache, "run_id": record.run_id, "process_index": record.process_index, "key": u.key,
-        "job": record.job, "function": u.function, "event": u.event, "hits": u.hits, "compiles": u.compiles,
-        "writes": u.writes, "reason": u.reason, "compile_s": u.compile_s, "retrieval_s": u.retrieval_s,
-        "jax_saved_s": u.saved_s, "saved_s": 0.0, "size_bytes": u.size_bytes, "first_at": u.first_at,
-        "last_at": u.last_at,
+        "job": record.job, "kind": record.kind, "function": u.function, "event": u.event, "hits": u.hits,
+        "compiles": u.compiles, "writes": u.writes, "reason": u.reason, "compile_s": u.compile_s,
+        "retrieval_s": u.retrieval_s, "jax_saved_s": u.saved_s, "saved_s": 0.0, "size_bytes": u.size_bytes,
+        "first_at": u.first_at, "last_at": u.last_at,
     }

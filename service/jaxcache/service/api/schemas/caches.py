@@ -65,8 +65,10 @@ class StatsModel(BaseModel):
     functions_total: int
     growth: list[GrowthPoint] = Field(description="entries and bytes created per day, last 30 days")
     bytes_per_day: float = Field(description="mean bytes added per day over the last 7 days")
-    last_24h: UsageWindowModel = Field(description="processes whose run records were updated in the last 24 h")
-    last_7d: UsageWindowModel = Field(description="processes whose run records were updated in the last 7 days")
+    last_24h: UsageWindowModel = Field(
+        description="jobs' processes whose run records were updated in the last 24 h (warm-ups are not jobs)")
+    last_7d: UsageWindowModel = Field(
+        description="jobs' processes whose run records were updated in the last 7 days (warm-ups are not jobs)")
     by_function_saved: list[FunctionSavedModel] = Field(
         default_factory=list, description="top 100 functions by compile seconds their entries (in the cache now) saved")
 

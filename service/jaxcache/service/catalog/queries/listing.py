@@ -12,6 +12,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache.errors import InvalidInputError
+from jaxcache.records import JOB
 from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.models import EntryRow, UsageRow, VerificationRow
 
@@ -202,7 +203,7 @@ def _page_statement(dialect: str, sort: str, desc: bool, has_cursor: bool, filte
         q = q.where(EntryRow.writer_topology == bindparam("topology"))
     if "job" in filters:
         used = select(UsageRow.key).where(UsageRow.cache == bindparam("cache"), UsageRow.job == bindparam("job"),
-                                          or_(UsageRow.hits > 0, UsageRow.writes > 0))
+                                          UsageRow.kind == JOB, or_(UsageRow.hits > 0, UsageRow.writes > 0))
         q = q.where(EntryRow.key.in_(used))
     if has_cursor:
         key: BindParameter[str] = bindparam("after_key")
@@ -221,11 +222,13 @@ def _page_statement(dialect: str, sort: str, desc: bool, has_cursor: bool, filte
 
 
 def entry_jobs(s: Session | Connection, cache: str, key: str) -> list[dict]:
-    """Every job that reported the key: its hits, compiles, writes, processes and last report of it."""
+    """Every job that reported the key: its hits, compiles, writes, processes and last report of it (warm-ups are
+    not jobs: the first writer names a warm-up that wrote the key)."""
     rows = s.execute(
         select(UsageRow.job, func.sum(UsageRow.hits), func.sum(UsageRow.compiles), func.sum(UsageRow.writes),
                func.count(), func.max(UsageRow.last_at), func.sum(UsageRow.saved_s))
-        .where(UsageRow.cache == cache, UsageRow.key == key).group_by(UsageRow.job).order_by(UsageRow.job)
+        .where(UsageRow.cache == cache, UsageRow.key == key, UsageRow.kind == JOB)
+        .group_by(UsageRow.job).order_by(UsageRow.job)
     ).all()
     return [{"job": j, "hits": int(h or 0), "compiles": int(c or 0), "writes": int(w or 0), "processes": int(n),
              "last_s": last or None, "saved_s": float(sv or 0)} for j, h, c, w, n, last, sv in rows]

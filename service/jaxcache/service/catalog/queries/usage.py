@@ -1,4 +1,7 @@
-"""What run records say: hit rates and seconds saved over a window, per job, per function, per process."""
+"""What run records say: hit rates and seconds saved over a window, per job, per function, per process.
+
+Only jobs' runs count (``kind`` "job"): a warm-up and its verify run are tools, not jobs (jaxcache.records.RunKind).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from jaxcache.records import JOB
 from jaxcache.service.catalog.models import EntryRow, RunRow, UsageRow
 
 
@@ -19,14 +23,14 @@ def usage_window(s: Session | Connection, cache: str, *, since: float) -> dict:
     """Hits, misses, hit rate and seconds saved by the processes whose records were updated since ``since``."""
     processes, runs, jobs = s.execute(
         select(func.count(), func.count(func.distinct(RunRow.run_id)), func.count(func.distinct(RunRow.job)))
-        .where(RunRow.cache == cache, RunRow.updated_s >= since)
+        .where(RunRow.cache == cache, RunRow.updated_s >= since, RunRow.kind == JOB)
     ).one()
     hits, misses, saved = s.execute(
         select(func.coalesce(func.sum(UsageRow.hits), 0), func.coalesce(func.sum(UsageRow.compiles), 0),
                func.coalesce(func.sum(UsageRow.saved_s), 0.0))
         .join(RunRow, and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
                            RunRow.process_index == UsageRow.process_index))
-        .where(RunRow.cache == cache, RunRow.updated_s >= since)
+        .where(RunRow.cache == cache, RunRow.updated_s >= since, RunRow.kind == JOB)
     ).one()
     hits, misses = int(hits), int(misses)
     return {"since_s": since, "jobs": int(jobs), "runs": int(runs), "processes": int(processes), "hits": hits,
@@ -46,7 +50,8 @@ def saved_by_function(s: Session | Connection, cache: str, *, limit: int = 100) 
 
 
 def recent_jaxlibs(s: Session | Connection, cache: str, *, since: float) -> set[str]:
-    """The jaxlib versions of runs whose records were updated since ``since``."""
+    """The jaxlib versions of runs whose records were updated since ``since``. Warm-ups' too: a warm-up for a new
+    jaxlib runs before its jobs do, and what it wrote must not look stale to a prune meanwhile."""
     return set(s.scalars(select(RunRow.jaxlib).where(RunRow.cache == cache, RunRow.updated_s >= since).distinct()))
 
 
@@ -54,7 +59,7 @@ def jobs(s: Session | Connection, cache: str, *, job: str | None = None, limit: 
     """Per job (newest run first): runs, processes, hits, misses, writes, hit rate, compile seconds spent,
     seconds saved, first and last run, and the jax/jaxlib versions and topologies seen."""
     runs_q = select(RunRow.job, func.count(func.distinct(RunRow.run_id)), func.count(), func.min(RunRow.started_s),
-                    func.max(RunRow.updated_s)).where(RunRow.cache == cache)
+                    func.max(RunRow.updated_s)).where(RunRow.cache == cache, RunRow.kind == JOB)
     if job is not None:
         runs_q = runs_q.where(RunRow.job == job)
     runs_q = runs_q.group_by(RunRow.job).order_by(func.max(RunRow.updated_s).desc(), RunRow.job).limit(limit)
@@ -69,14 +74,14 @@ def jobs(s: Session | Connection, cache: str, *, job: str | None = None, limit: 
     for j, h, m, w, c, sv in s.execute(
         select(UsageRow.job, func.sum(UsageRow.hits), func.sum(UsageRow.compiles), func.sum(UsageRow.writes),
                func.sum(func.coalesce(UsageRow.compile_s, 0.0)), func.sum(UsageRow.saved_s))
-        .where(UsageRow.cache == cache, UsageRow.job.in_(names)).group_by(UsageRow.job)
+        .where(UsageRow.cache == cache, UsageRow.job.in_(names), UsageRow.kind == JOB).group_by(UsageRow.job)
     ):
         d = out[j]
         d.update(hits=int(h or 0), misses=int(m or 0), writes=int(w or 0), compile_s=float(c or 0),
                  saved_s=float(sv or 0), hit_rate=_rate(int(h or 0), int(m or 0)))
     for j, jax, jaxlib, topology in s.execute(
         select(RunRow.job, RunRow.jax, RunRow.jaxlib, RunRow.topology)
-        .where(RunRow.cache == cache, RunRow.job.in_(names)).distinct()
+        .where(RunRow.cache == cache, RunRow.job.in_(names), RunRow.kind == JOB).distinct()
     ):
         d = out[j]
         for field, value in (("jax", jax), ("jaxlib", jaxlib), ("topologies", topology)):
@@ -94,7 +99,7 @@ def job_misses(s: Session | Connection, cache: str, job: str, *, limit: int) -> 
     rows = s.execute(
         select(UsageRow.key, UsageRow.function, func.sum(UsageRow.compiles), spent, func.sum(UsageRow.writes),
                func.max(UsageRow.reason))
-        .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.compiles > 0)
+        .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.kind == JOB, UsageRow.compiles > 0)
         .group_by(UsageRow.key, UsageRow.function).order_by(spent.desc(), UsageRow.key).limit(limit)
     ).all()
     present = set(s.scalars(select(EntryRow.key).where(
@@ -108,7 +113,7 @@ def job_runs(s: Session | Connection, cache: str, job: str, *, limit: int) -> li
     rows = s.execute(
         select(RunRow.run_id, RunRow.process_index, RunRow.process_count, RunRow.host, RunRow.topology, RunRow.jax,
                RunRow.jaxlib, RunRow.fingerprint_digest, RunRow.started_s, RunRow.updated_s, RunRow.final)
-        .where(RunRow.cache == cache, RunRow.job == job)
+        .where(RunRow.cache == cache, RunRow.job == job, RunRow.kind == JOB)
         .order_by(RunRow.updated_s.desc(), RunRow.run_id, RunRow.process_index).limit(limit)
     ).all()
     counts = {
@@ -116,7 +121,7 @@ def job_runs(s: Session | Connection, cache: str, job: str, *, limit: int) -> li
         for r, p, h, m, w, sv in s.execute(
             select(UsageRow.run_id, UsageRow.process_index, func.sum(UsageRow.hits), func.sum(UsageRow.compiles),
                    func.sum(UsageRow.writes), func.sum(UsageRow.saved_s))
-            .where(UsageRow.cache == cache, UsageRow.job == job,
+            .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.kind == JOB,
                    UsageRow.run_id.in_(list({r.run_id for r in rows})))
             .group_by(UsageRow.run_id, UsageRow.process_index)
         )
