@@ -8,7 +8,6 @@ import threading
 import time
 
 import filelock
-import pytest
 from fastapi.testclient import TestClient
 
 from conftest import settled

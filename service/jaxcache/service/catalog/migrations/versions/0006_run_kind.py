@@ -1,10 +1,10 @@
 """What kind of process wrote a run record (job, warmup, warmup-verify): runs.kind, repeated on usage.kind.
 
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-12-07
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-12-01
 
-Only columns with a server default: rows already there (and rows that replicas still on 0003 insert during a
+Only columns with a server default: rows already there (and rows that replicas still on 0005 insert during a
 rolling update) are jobs, as every record was before warm-ups said otherwise.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
