@@ -122,6 +122,24 @@ def cache_copy(tmp_path, jax_caches) -> Path:
     return dst
 
 
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str = "1m") -> Iterator[Path]:
+    """A small tmpfs mounted at ``path`` (a volume to fill up or unmount); skips where mounting is not allowed."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (as in CI's container); run the suite as root to test full and "
+                    "unmounted volumes")
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()}): full and unmounted volumes go untested")
+    try:
+        yield path
+    finally:
+        if os.path.ismount(path):
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
 # --- fake-gcs-server -------------------------------------------------------------------------------------
 
 

@@ -208,3 +208,22 @@ def test_read_chunks_streams_with_bounded_memory(storage):
     assert digest.hexdigest() == expected
     assert max(sizes) <= 1 << 20 and sum(sizes) == 24 << 20
     assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB while streaming a 24 MiB object"
+
+
+def test_an_unmounted_volume_is_not_an_empty_root(tmp_path):
+    """Unmounted, a volume leaves its empty mount point behind: listed, it would look like an empty cache."""
+    import subprocess
+
+    from conftest import tmpfs
+    from jaxcache.errors import RootGoneError
+
+    with tmpfs(tmp_path / "nfs") as mount:
+        storage = LocalStorage(mount)
+        storage.write_atomic("k-cache", b"x")
+        assert [o.name for o in storage.iter_objects()] == ["k-cache"]
+        subprocess.run(["umount", str(mount)], check=True)
+        assert mount.is_dir() and not list(mount.iterdir())
+        for listing in (lambda: list(storage.iter_objects()), lambda: storage.list_changes({}), storage.ping,
+                        lambda: storage.delete("k-cache"), lambda: storage.read("k-cache")):
+            with pytest.raises(RootGoneError, match="was a mount point and is not any more"):
+                listing()

@@ -28,6 +28,7 @@ class LocalStorage(Storage):
     def __init__(self, root: str | os.PathLike[str], *, must_exist: bool = True) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.url = self.root
+        self._mounted = os.path.ismount(self.root)  # seen as a mount point: from then on it must be one
         if must_exist and not os.path.isdir(self.root):
             if os.path.exists(self.root):
                 raise InvalidRootError(f"cache root {self.root} is not a directory")
@@ -37,8 +38,16 @@ class LocalStorage(Storage):
             )
 
     def _gone(self) -> RootGoneError | None:
-        # An unmounted NFS volume must not list as an empty cache: a rescan would drop every row of it.
+        # An unmounted NFS volume must not list as an empty cache: a rescan would drop every row of it. Its mount
+        # point may stay behind as an empty directory: a root seen as a mount point must still be one.
         if os.path.isdir(self.root):
+            if os.path.ismount(self.root):
+                self._mounted = True
+            elif self._mounted:
+                return RootGoneError(
+                    f"cache root {self.root} was a mount point and is not any more (an unmounted volume?): it is"
+                    " not listed, so nothing is taken as deleted and nothing is pruned until it is back"
+                )
             return None
         what = "is not a directory" if os.path.exists(self.root) else "does not exist"
         return RootGoneError(
@@ -72,6 +81,8 @@ class LocalStorage(Storage):
 
     def iter_objects(self, prefix: str = "", *, recursive: bool = False) -> Iterator[ObjectInfo]:
         check_prefix(prefix)
+        if gone := self._gone():
+            raise gone
         base = prefix.rstrip("/")
         top = os.path.join(self.root, base) if base else self.root
         yield from self._walk(top, base, recursive)
@@ -106,6 +117,8 @@ class LocalStorage(Storage):
         # minutes, mostly unchanged, so an unchanged file costs one lookup and no object of its own.
         changed: dict[str, Stat] = {}
         seen = 0
+        if gone := self._gone():
+            raise gone
         try:
             it = os.scandir(self.root)
         except (FileNotFoundError, NotADirectoryError):
