@@ -59,6 +59,7 @@ class Attested:
 
     by_key: dict[str, Attestation] = field(default_factory=dict)
     conflicts: dict[str, list[Attestation]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # record object -> why it was not read (malformed)
 
     def add(self, att: Attestation) -> None:
         """Fold in one digest, in the order they were accepted."""
@@ -113,13 +114,16 @@ def from_coverage(warm: coverage.WarmupRecord, *, source: str, at: float, secret
 
 def load(storage: Storage, *, secret: bytes | None = None) -> Attested:
     """Digests in a root's run and coverage records, oldest record object first (by its modification time, which
-    the storage sets, not the record). Unreadable or malformed records are skipped."""
+    the storage sets, not the record). Malformed records are skipped, and named in ``skipped``."""
     found = Attested()
     runs = [i for i in storage.iter_objects(records.RUNS_PREFIX, recursive=True) if records.is_record_name(i.name)]
     warmups = [i for i in storage.iter_objects(coverage.WARMUPS_PREFIX, recursive=True) if i.name.endswith(".json")]
     for info in sorted(runs + warmups, key=lambda i: (i.mtime_s, i.name)):
-        for att in _from_object(storage, info, secret):
-            found.add(att)
+        try:
+            for att in _from_object(storage, info, secret):
+                found.add(att)
+        except InvalidInputError as exc:
+            found.skipped[info.name] = str(exc)
     return found
 
 
@@ -127,9 +131,6 @@ def _from_object(storage: Storage, info: ObjectInfo, secret: bytes | None) -> It
     data = storage.read(info.name)
     if data is None:
         return []
-    try:
-        if records.is_record_name(info.name):
-            return from_run(records.parse(data), source=FILE, at=info.mtime_s, secret=secret, record=info.name)
-        return from_coverage(coverage.parse(data), source=FILE, at=info.mtime_s, secret=secret, record=info.name)
-    except InvalidInputError:
-        return []
+    if records.is_record_name(info.name):
+        return from_run(records.parse(data), source=FILE, at=info.mtime_s, secret=secret, record=info.name)
+    return from_coverage(coverage.parse(data), source=FILE, at=info.mtime_s, secret=secret, record=info.name)

@@ -46,8 +46,10 @@ Text = Annotated[str, msgspec.Meta(max_length=1000, pattern=r"^[^\x00]*$")]
 ShortText = Annotated[str, msgspec.Meta(max_length=256, pattern=r"^[^\x00]*$")]
 Count = Annotated[int, msgspec.Meta(ge=0, lt=2**53)]
 ProcessIndex = Annotated[int, msgspec.Meta(ge=0, lt=2**31)]  # the catalog's 32-bit columns
-Seconds = Annotated[float, msgspec.Meta(ge=0, le=1e12)]
-SignedSeconds = Annotated[float, msgspec.Meta(ge=-1e12, le=1e12)]
+# Durations and Unix times alike: a time must name a date (year below 10000), which record names are made of.
+MAX_SECONDS = 253_402_300_799.0
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
+SignedSeconds = Annotated[float, msgspec.Meta(ge=-MAX_SECONDS, le=MAX_SECONDS)]
 # JAX's key shape (<module>-<64 hex>), at most as long as the catalog's key column.
 Key = Annotated[str, msgspec.Meta(max_length=512, pattern=r"^[^/\x00]+-[0-9a-f]{64}$")]
 Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]

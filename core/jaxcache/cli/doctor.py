@@ -51,6 +51,7 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
                            "others": [{"sha256": o.sha256, "writer": o.writer, "source": o.source, "record": o.record}
                                       for o in others]}
                           for key, others in sorted(found.conflicts.items())],
+            "skipped_records": [{"record": name, "error": why} for name, why in sorted(found.skipped.items())],
             "problems": bool(bad),
         })
         return EXIT_PROBLEMS if bad else EXIT_OK
@@ -66,6 +67,10 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
     if found.conflicts:
         print(f"\nnote: {len(found.conflicts)} entries have more than one recorded digest; the first counted, the"
               " others are listed with --json (a second writer raced the first, or a record was forged)")
+    if found.skipped:
+        first, why = min(found.skipped.items())
+        print(f"\nnote: skipped {len(found.skipped)} malformed run or warm-up records (their digests are not used);"
+              f" the first: {first}: {why}")
     if counts[integrity.UNATTESTED]:
         print(f"\nnote: {counts[integrity.UNATTESTED]} entries have no recorded digest (written by plain JAX, not "
               "through jaxcache.client or warmup); only their embedded name could be checked.")

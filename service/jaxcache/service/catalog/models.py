@@ -300,7 +300,7 @@ class AttestationRow(Base):
     at_s: Mapped[float] = mapped_column(Float)  # when the service accepted it, by its own clock
     source: Mapped[str] = mapped_column(Str(16), server_default="file")
     record: Mapped[str | None] = mapped_column(Str(1024), nullable=True)  # the record file it was read from
-    platform: Mapped[str | None] = mapped_column(Str(16), nullable=True)
+    platform: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
 
 
 class AttestationConflictRow(Base):

@@ -29,7 +29,7 @@ def upgrade() -> None:
     with op.batch_alter_table("attestations") as batch:
         batch.add_column(sa.Column("source", _str(16), server_default="file", nullable=False))
         batch.add_column(sa.Column("record", _str(1024), nullable=True))
-        batch.add_column(sa.Column("platform", _str(16), nullable=True))
+        batch.add_column(sa.Column("platform", _str(1024), nullable=True))
     op.create_table(
         "attestation_conflicts",
         sa.Column("cache", _str(64), primary_key=True),
