@@ -8,6 +8,8 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
+from sqlalchemy.exc import DBAPIError, OperationalError
+
 from jaxcache.errors import JaxcacheError
 from jaxcache.service.metrics import Metrics
 
@@ -51,7 +53,8 @@ class LoopHealth:
     def failed(self, loop: str, exc: BaseException, where: str = "") -> None:
         """Note one failed round (or one cache's part of it, ``where``); log the first error of each kind."""
         kind = f"{where}:{type(exc).__name__}" if where else type(exc).__name__
-        message = f"{where}: {exc}" if where else str(exc) or type(exc).__name__
+        said = describe(exc)
+        message = f"{where}: {said}" if where else said
         with self._lock:
             before = self._loops.get(loop, LoopStatus())
             self._loops[loop] = replace(before, last_error=message[:2000], last_error_s=time.time(),
@@ -61,9 +64,11 @@ class LoopHealth:
         self._metrics.loop_errors.labels(loop, type(exc).__name__).inc()
         self._metrics.loop_failing.labels(loop).set(1)
         if first:
-            # Our own errors carry a message to act on; anything else is a bug or an outage: its traceback helps.
+            # Our own errors carry a message to act on, as does a database that is down; anything else is a bug:
+            # its traceback helps.
+            expected = isinstance(exc, JaxcacheError | OperationalError)
             log.error("background %s failed: %s (retrying with backoff; this is logged once until it recovers)",
-                      loop, message, exc_info=None if isinstance(exc, JaxcacheError) else exc)
+                      loop, message, exc_info=None if expected else exc)
         else:
             log.debug("background %s failed again: %s", loop, message)
 
@@ -81,3 +86,12 @@ class LoopHealth:
     def snapshot(self) -> dict[str, LoopStatus]:
         with self._lock:
             return dict(self._loops)
+
+
+def describe(exc: BaseException) -> str:
+    """One line on an error: for the database's, what the server said (not the statement and its parameters)."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        said = str(exc.orig).strip().splitlines()
+        return f"catalog database: {said[0] if said else type(exc.orig).__name__}"
+    text = str(exc).strip()
+    return text.splitlines()[0][:1000] if text else type(exc).__name__

@@ -1,0 +1,198 @@
+"""The fault suite: real faults on real parts, each test ending with the catalog and storage consistent and saying
+what was lost (nothing). GCS answering 429/503 is in test_gcs_faults.py; in-process faults in test_service_faults."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import serve_env, start_serve, stop_serve, tmpfs, wait_ready
+from jaxcache import records
+from jaxcache.errors import StorageError
+from jaxcache.storage import LocalStorage
+
+ADMIN = "fault-admin"
+H = {"Authorization": f"Bearer {ADMIN}"}
+PATIENCE_S = 120.0
+DAY = 86400.0
+
+pytestmark = pytest.mark.slow
+
+
+def _until(predicate, what: str, patience_s: float = PATIENCE_S):
+    """A bound on waiting for another process, not a timing assertion."""
+    deadline = time.monotonic() + patience_s
+    while not (found := predicate()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+    return found
+
+
+def _fake_entries(root: Path, n: int, *, age_days: float, tag: str) -> set[str]:
+    """``n`` entries (-cache and -atime) named as JAX names them; their bytes are not a program (a prune does not
+    care, and writing 10,000 real ones would take minutes)."""
+    at = time.time() - age_days * DAY
+    keys = set()
+    for i in range(n):
+        key = f"jit_{tag}_{i}-{hashlib.sha256(f'{tag}{i}'.encode()).hexdigest()}"
+        for suffix in ("-cache", "-atime"):
+            path = root / f"{key}{suffix}"
+            path.write_bytes(b"x" * 64)
+            os.utime(path, (at, at))
+        keys.add(key)
+    return keys
+
+
+def _serve(root: Path, db: str, log: Path, *args: str):
+    proc, base = start_serve({"demo": root}, db, env=serve_env({ADMIN: "admin"}), args=args, stdout=log.open("a"))
+    wait_ready(proc, base, output=log.read_text, patience_s=PATIENCE_S)
+    return proc, base
+
+
+def test_kill_9_mid_prune_then_restart_accounts_for_every_deletion(tmp_path):
+    root = tmp_path / "cache"
+    root.mkdir()
+    old = _fake_entries(root, 12_000, age_days=30, tag="old")
+    young = _fake_entries(root, 200, age_days=0, tag="young")
+    db, log = f"sqlite:///{tmp_path / 'catalog.sqlite'}", tmp_path / "serve.log"
+    proc, base = _serve(root, db, log, "--rescan-s", "3600")
+    with httpx.Client(base_url=base, headers=H, timeout=PATIENCE_S) as client:
+        import threading
+
+        threading.Thread(target=lambda: _post_quietly(client, "/v1/caches/demo/prune",
+                                                      {"unused_for": "7d", "dry_run": False}), daemon=True).start()
+        # Once the intent is written and deletions are under way, the service dies as a node would.
+        _until(lambda: sum(1 for p in root.iterdir() if p.name.endswith("-cache")) < len(old) + len(young) - 100,
+               "the prune to start deleting", patience_s=300)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    left = {p.name for p in root.iterdir()}
+    with sqlite3.connect(tmp_path / "catalog.sqlite") as con:
+        (state, planned), = con.execute("SELECT state, planned FROM prunes").fetchall()
+        items = {name for (name,) in con.execute("SELECT name FROM prune_items")}
+    assert state == "running" and planned == len(old) == len(items), "the intent was written before deleting"
+    gone = {f"{k}-cache" for k in old | young} - left
+    assert 0 < len(gone) < len(old), "killed mid-way"
+    assert gone <= items, "every deleted entry was planned, and so audited"
+    assert all(f"{k}-cache" in left and f"{k}-atime" in left for k in young), "nothing outside the policy is gone"
+
+    proc, base = _serve(root, db, log, "--rescan-s", "3600")  # the restarted replica closes the interrupted prune
+    try:
+        with httpx.Client(base_url=base, headers=H, timeout=PATIENCE_S) as client:
+            audit = _until(lambda: [p for p in client.get("/v1/caches/demo/prunes").json()["prunes"]
+                                    if p["state"] != "running"], "the interrupted prune to be closed")
+            assert audit[0]["state"] == "interrupted" and audit[0]["deleted"] == len(gone)
+            assert audit[0]["errors"][0].startswith("interrupted")
+            r = client.post("/v1/caches/demo/prune", json={"unused_for": "7d", "dry_run": False})
+            assert r.status_code == 200 and r.json()["deleted"] == len(old) - len(gone), r.text
+    finally:
+        stop_serve(proc)
+    assert {p.name for p in root.iterdir() if p.name.endswith("-cache")} == {f"{k}-cache" for k in young}
+
+
+def _post_quietly(client: httpx.Client, path: str, body: dict) -> None:
+    try:
+        client.post(path, json=body)
+    except httpx.HTTPError:
+        pass  # the service was killed under it: that is the test
+
+
+def test_postgres_stopped_and_restarted_mid_rescan_the_loops_recover(tmp_path, private_postgres, cache_copy):
+    log = tmp_path / "serve.log"
+    proc, base = _serve(cache_copy, private_postgres.create_database(), log, "--rescan-s", "0.5")
+    try:
+        with httpx.Client(base_url=base, headers=H, timeout=PATIENCE_S) as client:
+            before = client.get("/v1/caches/demo/entries?limit=1000").json()["entries"]
+            added = _fake_entries(cache_copy, 3000, age_days=1, tag="new")  # a long rescan to stop it in
+            time.sleep(0.3)
+            private_postgres.stop()
+            down = _until(lambda: (r := client.get("/readyz")).status_code == 503 and r.json(), "readyz to say so")
+            assert "catalog" in down["detail"]
+            failing = _until(lambda: (r := client.get("/readyz").json()["loops"].get("rescan", {})).get("failures")
+                             and r, "the rescan loop to report the outage")
+            assert failing["last_error"]
+            private_postgres.start()
+            _until(lambda: client.get("/readyz").status_code == 200, "the service to be ready again")
+            _until(lambda: client.get("/readyz").json()["loops"]["rescan"]["failures"] == 0, "rescans to recover")
+            _until(lambda: client.get("/v1/caches").json()["caches"][0]["entries"] == len(before) + len(added),
+                   "the new entries to be cataloged")
+            for e in before:
+                assert client.get(f"/v1/caches/demo/entries/{e['key']}").status_code == 200, "no row lost"
+            assert proc.poll() is None, "recovered without a restart"
+    finally:
+        stop_serve(proc)
+    said = log.read_text()
+    assert said.count("background rescan failed") == 1, "the outage is logged once, not every round"
+    assert "Traceback" not in said and max(map(len, said.splitlines())) < 1000, "one line on an outage"
+
+
+def test_a_local_root_removed_and_restored_keeps_its_rows(tmp_path, cache_copy):
+    log = tmp_path / "serve.log"
+    proc, base = _serve(cache_copy, f"sqlite:///{tmp_path / 'c.sqlite'}", log, "--rescan-s", "0.3")
+    away = cache_copy.with_name("away")
+    try:
+        with httpx.Client(base_url=base, headers=H, timeout=PATIENCE_S) as client:
+            before = client.get("/v1/caches/demo/entries?limit=1000").json()["entries"]
+            cache_copy.rename(away)
+            gone = _until(lambda: (r := client.get("/readyz").json()["loops"].get("rescan", {})).get("failures")
+                          and r, "the rescan loop to see the root gone")
+            assert "does not exist" in gone["last_error"]
+            assert client.get("/v1/caches/demo/entries?limit=1000").json()["entries"] == before
+            away.rename(cache_copy)
+            _until(lambda: client.get("/readyz").status_code == 200, "the root to be back")
+            assert client.get("/v1/caches/demo/entries?limit=1000").json()["entries"] == before
+    finally:
+        stop_serve(proc)
+
+
+def test_a_full_disk_while_a_record_is_written_keeps_the_old_one(tmp_path):
+    with tmpfs(tmp_path / "vol", size="256k") as vol:
+        storage = LocalStorage(vol)
+        name = f"{records.RUNS_PREFIX}2026-12-01/r1-p0.json"
+        storage.write_atomic(name, b'{"version": 1}')
+        fd = os.open(vol / "filler", os.O_WRONLY | os.O_CREAT)  # the volume fills up (someone else's files)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        with pytest.raises(StorageError, match="No space left"):
+            storage.write_atomic(name, b'{"version": 2, "keys": "' + b"k" * 64 * 1024 + b'"}')
+        assert storage.read(name) == b'{"version": 1}'
+        leftovers = [p.name for p in (vol / records.RUNS_PREFIX / "2026-12-01").iterdir()]
+        assert leftovers == ["r1-p0.json"], "no partial file left behind"
+
+
+def test_a_job_on_a_full_volume_still_finishes(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    job = Path(__file__).parent / "programs" / "client_job.py"
+    with tmpfs(tmp_path / "vol", size="128k") as vol:
+        cache = vol / "cache"
+        cache.mkdir()
+        fd = os.open(vol / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JAXCACHE_", "JAX_COMPILATION_CACHE"))}
+        proc = subprocess.run([sys.executable, str(job), "--cache-dir", str(cache), "--job", "full"],
+                              capture_output=True, text=True, timeout=300, env={**env, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("jaxcache: could not write the run record") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["stats"]["misses"] >= 4
