@@ -2,6 +2,8 @@
 # GPU check for warm-up (run it when a GPU machine is lent; never needed by the test suite; ~2-5 minutes).
 # Installs nothing: needs a Python with jaxcache and jax[cuda12] installed (PYTHON, default: .venv/bin/python).
 #   (1) warmup --topology 1x1x1 --platform gpu, then a fresh real job on the GPU: expect 100% hits.
+#   (1b) jaxcache doctor --verify --json on what (1) wrote: the embedded-module check, pinned on CPU entries only,
+#        checked on GPU entries (until it is, `mismatched` on a non-CPU entry does not act by itself).
 #   (2) warmup --topology 1x2x1 (a 2-process job mocked on one GPU), then two real processes with
 #       jax.distributed on 127.0.0.1 sharing that GPU compile the same program (no execution): report hits.
 # Whatever happens, the outcome and the JAX version go to RESULTS (default: bench/out/gpu_check.txt, or
@@ -34,6 +36,14 @@ if timeout 300 $PYTHON -m jaxcache.warmup --topology 1x1x1 --platform gpu --cach
   fi
 else
   say "(1) FAIL: warmup failed:"; tail -30 "$WORK/w1.log" | tee -a "$RESULTS"
+fi
+
+say "== (1b) doctor --verify on the GPU entries (1) wrote"
+if [ -d "$WORK/c1" ]; then
+  $PYTHON -m jaxcache doctor "$WORK/c1" --verify --min-age 0s --json >"$WORK/v1.json" 2>"$WORK/v1.err"
+  say "doctor --verify exit $?: $($PYTHON -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["counts"], [(e["class"], e["embedded_module"], e["key"][:40]) for e in d["entries"]])' "$WORK/v1.json" 2>&1 | head -c 2000)"
+  grep -q '"mismatched": 0' "$WORK/v1.json" && say "(1b) PASS: no mismatched GPU entry" \
+    || say "(1b) CHECK: mismatched GPU entries above: the embedded-module check does not hold on GPU as written"
 fi
 
 say "== (2) warmup 1x2x1 (mocked on one GPU), then 2 real processes sharing the GPU"
