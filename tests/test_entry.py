@@ -196,3 +196,44 @@ def test_validation_counts_the_executable(jax_caches):
     data = _bytes(jax_caches["zstd"].root, e["file"])
     v = fmt.validate(data)
     assert v.executable_bytes == len(zstandard.ZstdDecompressor().decompress(data)) - 4
+
+
+def _stream(data: bytes, chunk: int = 1 << 20):
+    return (data[i : i + chunk] for i in range(0, len(data), chunk))
+
+
+BOMB = (7).to_bytes(fmt.TIME_HEADER_BYTES, "big") + b"\0" * (256 << 20)  # 256 MiB of output from a few KiB on storage
+PACKERS = {
+    "zstd": lambda raw: zstandard.ZstdCompressor().compress(raw),
+    "zstd-unsized": lambda raw: zstandard.ZstdCompressor(write_content_size=False).compress(raw),
+    "zlib": lambda raw: zlib.compress(raw, 9),
+}
+
+
+@pytest.mark.parametrize("packer", list(PACKERS))
+def test_validation_memory_is_bounded_whatever_the_ratio(packer):
+    """A decompression bomb written into the bucket costs the verifier at most a few MiB, not its output."""
+    import tracemalloc
+
+    packed = PACKERS[packer](BOMB)
+    assert len(packed) < (1 << 20)
+    tracemalloc.start()
+    try:
+        found = fmt.validate_chunks(_stream(packed))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert found.status is Status.OK and found.executable_bytes == len(BOMB) - fmt.TIME_HEADER_BYTES and found.compile_seconds == 7
+    assert peak < 24 << 20, f"peak {peak / 2**20:.0f} MiB for {len(BOMB) >> 20} MiB of output"
+
+
+@pytest.mark.parametrize("packer", list(PACKERS))
+def test_streamed_validation_finds_truncation_and_trailing_bytes(packer):
+    raw = (3).to_bytes(fmt.TIME_HEADER_BYTES, "big") + bytes(range(256)) * 4096
+    packed = PACKERS[packer](raw)
+    assert fmt.validate_chunks(_stream(packed, 4096)).status is Status.OK
+    cut = fmt.validate_chunks(_stream(packed[: len(packed) // 2], 4096))
+    assert cut.status is Status.CORRUPT and ("truncated" in cut.reason or "damaged" in cut.reason), cut.reason
+    for extra in (b"junk", packed):
+        longer = fmt.validate_chunks(_stream(packed + extra, 4096))
+        assert longer.status is Status.CORRUPT and longer.reason, (packer, extra[:4], longer)

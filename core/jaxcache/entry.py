@@ -9,15 +9,17 @@ compression is zstd or zlib depending on what the *writing* process could import
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 import struct
 import threading
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
 
 import zstandard
+
+from jaxcache import decompress
 
 HASH_HEX_LEN = 64
 TIME_HEADER_BYTES = 4
@@ -162,26 +164,6 @@ def _zstd_first_block_end(prefix: bytes) -> int | None:
     return pos + 3 + (1 if block_type == 1 else block_size)
 
 
-class _Decompressor(Protocol):
-    """What zstd's and zlib's streaming decompressors share."""
-
-    @property
-    def eof(self) -> bool: ...
-
-    @property
-    def unused_data(self) -> bytes: ...
-
-    def decompress(self, data: bytes, /) -> bytes: ...
-
-    def flush(self) -> bytes: ...
-
-
-def _decompressor(compression: Compression) -> _Decompressor:
-    if compression is Compression.ZSTD:
-        return _zstd().decompressobj()
-    return zlib.decompressobj()
-
-
 def _damage(compression: Compression, exc: Exception) -> str:
     if compression is Compression.ZLIB:
         return f"zlib stream is damaged (bad checksum or data): {exc}"
@@ -263,7 +245,6 @@ class Validation:
     head: bytes = b""  # the first HEAD_BYTES decompressed bytes (compile-time header + start of the executable)
 
 
-_CHUNK = 1 << 20
 HEAD_BYTES = 64 * 1024
 
 
@@ -286,49 +267,28 @@ def validate_chunks(chunks: Iterable[bytes]) -> Validation:
     compression = sniff_compression(first)
     if compression is Compression.UNKNOWN:
         return Validation(Status.CORRUPT, compression, _unknown_format(first))
-    dec = _decompressor(compression)
-    head = b""
+    head = bytearray()
     total = 0
-    stored = 0
+
+    def sink(out: bytes) -> None:
+        nonlocal total
+        if len(head) < HEAD_BYTES:
+            head.extend(out[: HEAD_BYTES - len(head)])
+        total += len(out)
+
     try:
-        for chunk in _chain(first, it):
-            stored += len(chunk)
-            out = dec.decompress(chunk)
-            if len(head) < HEAD_BYTES:
-                head += out[: HEAD_BYTES - len(head)]
-            total += len(out)
-            if dec.eof and dec.unused_data:
-                return Validation(
-                    Status.CORRUPT, compression, "trailing bytes after the end of the compressed stream"
-                )
-        if compression is Compression.ZLIB:
-            out = dec.flush()
-            total += len(out)
-            if len(head) < HEAD_BYTES:
-                head += out[: HEAD_BYTES - len(head)]
+        if compression is Compression.ZSTD:
+            decompress.zstd_stream(first, it, sink, _zstd())
+        else:
+            decompress.zlib_stream(itertools.chain((first,), it), sink)
+    except decompress.StreamDamage as exc:
+        return Validation(Status.CORRUPT, compression, str(exc))
     except (zstandard.ZstdError, zlib.error) as exc:
         return Validation(Status.CORRUPT, compression, _damage(compression, exc))
-    if not dec.eof:
-        return Validation(
-            Status.CORRUPT, compression,
-            f"truncated: the {compression.value} stream stops early ({stored} bytes on storage)",
-        )
     if total <= TIME_HEADER_BYTES:
         return Validation(Status.CORRUPT, compression, "no executable after the compile-time header")
     seconds = int.from_bytes(head[:TIME_HEADER_BYTES], "big")
-    return Validation(Status.OK, compression, None, seconds, total - TIME_HEADER_BYTES, head)
-
-
-def _chain(first: bytes, rest: Iterable[bytes]) -> Iterable[bytes]:
-    yield from _split(first)
-    for chunk in rest:
-        yield from _split(chunk)
-
-
-def _split(chunk: bytes) -> Iterable[bytes]:
-    # Feed at most 1 MiB at a time so decompressed output per call stays bounded.
-    for start in range(0, len(chunk), _CHUNK):
-        yield chunk[start : start + _CHUNK]
+    return Validation(Status.OK, compression, None, seconds, total - TIME_HEADER_BYTES, bytes(head))
 
 
 def validate(data: bytes) -> Validation:
