@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from typing import Annotated, Literal
 
 import orjson
@@ -9,6 +10,8 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from sqlalchemy import delete
 
 from jaxcache import entry as fmt
+from jaxcache.errors import StorageError
+from jaxcache.service.api import cursors
 from jaxcache.service.api.deps import (
     ERRORS,
     AdminAuth,
@@ -21,8 +24,10 @@ from jaxcache.service.api.deps import (
     storage_of,
 )
 from jaxcache.service.api.schemas.entries import EntryDetail, EntryJobModel, EntryPage
+from jaxcache.service.api.schemas.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText
 from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.models import EntryRow
+from jaxcache.storage import Storage
 
 router = APIRouter(tags=["entries"], responses=ERRORS)
 
@@ -30,21 +35,23 @@ router = APIRouter(tags=["entries"], responses=ERRORS)
 @router.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries")
 async def list_entries(
     request: Request, cache: CacheName, _p: ReadAuth,
-    function: Annotated[str | None, Query(max_length=256, description="glob over function names")] = None,
-    min_size: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-    max_size: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-    unused_for: Annotated[str | None, Query(max_length=32, description="e.g. 14d", examples=["14d"])] = None,
-    older_than: Annotated[str | None, Query(max_length=32, examples=["30d"])] = None,
+    function: Annotated[str | None, Query(max_length=256, pattern=FUNCTION_GLOB,
+                                          description="glob over function names: * and ?")] = None,
+    min_size: Annotated[int | None, Query(ge=0, le=MAX_BYTES)] = None,
+    max_size: Annotated[int | None, Query(ge=0, le=MAX_BYTES)] = None,
+    unused_for: Annotated[DurationText | None, Query(description="e.g. 14d", examples=["14d"])] = None,
+    older_than: Annotated[DurationText | None, Query(examples=["30d"])] = None,
     status: Literal["ok", "corrupt"] | None = None,
-    job: Annotated[str | None, Query(max_length=200, description="entries this job wrote or hit")] = None,
-    jaxlib: Annotated[str | None, Query(max_length=200, description="the first writer's jaxlib version",
+    job: Annotated[str | None, Query(max_length=200, pattern=TEXT, description="entries this job wrote or hit")] = None,
+    jaxlib: Annotated[str | None, Query(max_length=200, pattern=TEXT, description="the first writer's jaxlib version",
                                         examples=["0.12.0"])] = None,
-    topology: Annotated[str | None, Query(max_length=200, description="the first writer's topology",
+    topology: Annotated[str | None, Query(max_length=200, pattern=TEXT, description="the first writer's topology",
                                           examples=["4x8x1"])] = None,
     sort: Literal["size", "compile", "last_used", "created", "name", "hits"] = "name",
     order: Literal["asc", "desc"] = "asc",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(max_length=2048)] = None,
+    cursor: Annotated[str | None, Query(max_length=cursors.MAX_LENGTH, pattern=CURSOR,
+                                        description="`next_cursor` of the previous page, with the same sort")] = None,
 ) -> Response:
     """A page of entries, filtered and sorted; follow `next_cursor` for the rest."""
     state = state_of(request)
@@ -56,10 +63,11 @@ async def list_entries(
         status=status, job=job, jaxlib=jaxlib, topology=topology,
     )
     with state.catalog.reader() as conn:
-        rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=cursor)
+        rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit,
+                                         cursor=cursors.to_catalog(cursor, sort) if cursor else None)
     # The hot route: rows become JSON directly (the same fields as EntryModel, which documents them);
     # validating 100 models per request would cost more than the query, and orjson is 20x the json module.
-    body = orjson.dumps({"entries": [queries.page_entry(r) for r in rows], "next_cursor": nxt})
+    body = orjson.dumps({"entries": [queries.page_entry(r) for r in rows], "next_cursor": cursors.from_catalog(nxt)})
     state.pages.put(cache, request.scope["query_string"], body, generation)
     return Response(body, media_type="application/json")
 
@@ -80,6 +88,16 @@ def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -
     return EntryDetail(**entry, jobs=[EntryJobModel(**j) for j in jobs], **checked)
 
 
+def _delete(storage: Storage, name: str, *, if_generation: int | None = None) -> bool:
+    try:
+        return storage.delete(name, if_generation=if_generation)
+    except StorageError as exc:
+        # A name longer than the file system holds is no file (JAX could not have written it): nothing to delete.
+        if isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.ENAMETOOLONG:
+            return False
+        raise
+
+
 @router.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry")
 def delete_entry(request: Request, cache: CacheName, key: EntryKey, _p: AdminAuth) -> Response:
     """Delete one entry (its -cache, then its -atime). Jobs that need it recompile and write it again."""
@@ -89,8 +107,8 @@ def delete_entry(request: Request, cache: CacheName, key: EntryKey, _p: AdminAut
     with state.catalog.session() as s:
         row = s.get(EntryRow, (cache, key, "entry"))
         generation = row.generation if row else None
-    existed = storage.delete(fmt.cache_name(key), if_generation=generation)
-    storage.delete(fmt.atime_name(key))
+    existed = _delete(storage, fmt.cache_name(key), if_generation=generation)
+    _delete(storage, fmt.atime_name(key))
     with state.catalog.session() as s:
         s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.key == key))
     state.changed(cache)
