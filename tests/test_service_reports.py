@@ -115,15 +115,16 @@ def test_post_report_auth(svc, keys, headers, status):
 
 
 def test_post_report_needs_a_known_cache(svc, keys, tmp_path):
+    # A well-formed record for a cache this service does not have: 404, as for ?cache= naming none.
     rec = run("j", "r1", [write(keys["jit_tiny"], 1.0, time.time())])
     assert post(svc, rec, "?cache=nope").status_code == 404
     r = post(svc, rec)  # no cache_dir and no ?cache=
-    assert r.status_code == 422 and "?cache=" in r.json()["detail"]
+    assert r.status_code == 404 and "?cache=" in r.json()["detail"]
     rec.cache_dir = str(tmp_path / "elsewhere")
     r = post(svc, rec)
-    assert r.status_code == 422 and "not the root of any configured cache" in r.json()["detail"]
+    assert r.status_code == 404 and "not the root of any configured cache" in r.json()["detail"]
     rec.cache_dir = "gs://some-bucket/jax"
-    assert post(svc, rec).status_code == 422
+    assert post(svc, rec).status_code == 404
     assert svc.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"] == []
 
 

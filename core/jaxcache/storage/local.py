@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator, Mapping
 from typing import BinaryIO
@@ -17,6 +18,11 @@ from jaxcache.errors import (
 from jaxcache.storage.base import CHUNK_BYTES, ObjectInfo, Stat, Storage, check_name, check_prefix, names_gone
 
 _TMP_PREFIX = ".jaxcache-tmp-"
+
+
+def _absent(exc: OSError) -> bool:
+    # A name longer than the file system allows names no file: JAX could not have written it.
+    return isinstance(exc, FileNotFoundError) or exc.errno == errno.ENAMETOOLONG
 
 
 class LocalStorage(Storage):
@@ -145,20 +151,20 @@ class LocalStorage(Storage):
     def stat(self, name: str) -> ObjectInfo | None:
         try:
             st = os.stat(self._path(name), follow_symlinks=False)
-        except FileNotFoundError:
-            self._check_root()
-            return None
         except OSError as exc:
+            if _absent(exc):
+                self._check_root()
+                return None
             raise self._error("stat", name, exc) from exc
         return ObjectInfo(name, st.st_size, st.st_mtime)
 
     def read_range(self, name: str, offset: int, length: int) -> bytes | None:
         try:
             fd = os.open(self._path(name), os.O_RDONLY)
-        except FileNotFoundError:
-            self._check_root()
-            return None
         except OSError as exc:
+            if _absent(exc):
+                self._check_root()
+                return None
             raise self._error("read", name, exc) from exc
         try:
             return os.pread(fd, length, offset)
@@ -173,7 +179,9 @@ class LocalStorage(Storage):
             try:
                 with open(path, "rb") as f:
                     return f.read()
-            except FileNotFoundError:
+            except OSError as exc:
+                if not _absent(exc):
+                    raise
                 self._check_root()
                 return None
 
@@ -182,7 +190,9 @@ class LocalStorage(Storage):
         with self._translate("read", name):
             try:
                 f = open(path, "rb")  # noqa: SIM115 - closed by the generator, which owns it from here
-            except FileNotFoundError:
+            except OSError as exc:
+                if not _absent(exc):
+                    raise
                 self._check_root()
                 return None
         return self._chunks(f, name, chunk_bytes)
@@ -198,7 +208,9 @@ class LocalStorage(Storage):
         with self._translate("delete", name):
             try:
                 os.unlink(path)
-            except FileNotFoundError:
+            except OSError as exc:
+                if not _absent(exc):
+                    raise
                 self._check_root()
                 return False
         return True

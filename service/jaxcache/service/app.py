@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from jaxcache.service import dashboard
-from jaxcache.service.api import caches, entries, errors, integrity, jobs, ops, prune, reports, warmups
+from jaxcache.service.api import caches, docs, entries, errors, integrity, jobs, ops, prune, reports, warmups
 from jaxcache.service.middleware import LimitsAndMetrics
 from jaxcache.service.pagecache import ServeCachedPages
 from jaxcache.service.settings import ServiceSettings
@@ -35,6 +35,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         version="1",
         summary="Catalog, statistics and policy-driven pruning of JAX persistent compilation caches.",
         lifespan=lifespan,
+        docs_url=None, redoc_url=None,  # served from the package by api/docs.py, not from a CDN
     )
     app.state.jaxcache = state
     # Inside LimitsAndMetrics, which times the pages it answers too.
@@ -42,6 +43,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.add_middleware(LimitsAndMetrics, metrics=state.metrics, max_body_bytes=state.settings.max_body_bytes,
                        max_report_bytes=state.settings.max_report_bytes)
     errors.install(app)
+    docs.install(app)
     dashboard.install(app, state)  # the web dashboard at / (the API's docs stay at /docs)
     for module in ROUTERS:
         app.include_router(module.router)

@@ -5,11 +5,15 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Path, Request
+from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
+from fastapi.security.base import SecurityBase
 
 from jaxcache import entry as fmt
 from jaxcache.errors import InvalidInputError
-from jaxcache.service.api.schemas.common import ErrorModel
+from jaxcache.service.api.schemas import fields
+from jaxcache.service.api.schemas.common import ErrorModel, UnprocessableModel
 from jaxcache.service.auth import Principal
+from jaxcache.service.ingestion import routing
 from jaxcache.service.state import State
 from jaxcache.storage import Storage
 from jaxcache.units import parse_duration
@@ -21,6 +25,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorModel, "description": "the token lacks the scope"},
     404: {"model": ErrorModel, "description": "no such cache or entry"},
 }
+#: A 422 of a route that also refuses, with a reason, what it read.
+UNPROCESSABLE: dict[str, Any] = {"model": UnprocessableModel}
+#: The OpenAPI name of the bearer scheme (what generated clients and the docs page's Authorize button use).
+BEARER = "bearer"
+#: For routes that check the token themselves (the scope depends on the body).
+BEARER_REQUIRED: dict[str, Any] = {"security": [{BEARER: []}]}
 
 
 def state_of(request: Request) -> State:
@@ -29,13 +39,23 @@ def state_of(request: Request) -> State:
     return state
 
 
+class BearerScope(SecurityBase):
+    """A dependency that checks the bearer token grants ``needed`` and returns who it is. A security scheme to
+    FastAPI, so every route that takes it is marked in the OpenAPI document; no other work per request."""
+
+    def __init__(self, needed: str) -> None:
+        self.needed = needed
+        self.scheme_name = BEARER
+        self.model = HTTPBearerModel(description="a token (its SHA-256 in JAXCACHE_TOKENS) with the scope `read`, "
+                                                 "`report` or `admin`; routes name the scope they need")
+
+    async def __call__(self, request: Request) -> Principal:  # async: no thread hop for a hash and a compare
+        return state_of(request).auth.check(request, self.needed)
+
+
 def scope(needed: str) -> Any:
     """A dependency that checks the bearer token grants ``needed`` and returns who it is."""
-
-    async def check(request: Request) -> Principal:  # async: no thread hop for a hash and a compare
-        return state_of(request).auth.check(request, needed)
-
-    return Depends(check)
+    return Depends(BearerScope(needed))
 
 
 ReadAuth = Annotated[Principal, scope("read")]
@@ -43,7 +63,8 @@ ReportAuth = Annotated[Principal, scope("report")]
 AdminAuth = Annotated[Principal, scope("admin")]
 ReadOrReportAuth = Annotated[Principal, scope("read or report")]
 CacheName = Annotated[str, Path(description="a configured cache name", max_length=64, examples=["prod"])]
-EntryKey = Annotated[str, Path(description="the entry key: <function>-<64 hex>", max_length=600)]
+EntryKey = Annotated[str, Path(description="the entry key: <function>-<64 lower-case hex>", max_length=600,
+                               pattern=fields.KEY)]
 
 
 def storage_of(request: Request, cache: str) -> Storage:
@@ -52,6 +73,15 @@ def storage_of(request: Request, cache: str) -> Storage:
     if storage is None:
         raise HTTPException(404, f"no cache named {cache!r}: GET /v1/caches lists them")
     return storage
+
+
+def unroutable(cache_dir: str | None, roots: dict[str, list[str]]) -> tuple[int, list[str]]:
+    """For a ``cache_dir`` that names no one configured cache: 422 and the caches that share its root (the caller
+    must name one), or 404 and none when no cache has it (well formed, but there is nothing there)."""
+    # The one place a root is normalised is routing's; its error says which case only in words.
+    norm = routing._normal_dir(cache_dir) if cache_dir else None
+    sharing = roots.get(norm, []) if norm is not None else []
+    return (422, sorted(sharing)) if len(sharing) > 1 else (404, [])
 
 
 def check_key(key: str) -> str:

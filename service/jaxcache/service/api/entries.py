@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
+from jaxcache.service.api import cursors
 from jaxcache.service.api.deps import (
     ERRORS,
     AdminAuth,
@@ -20,6 +21,7 @@ from jaxcache.service.api.deps import (
 )
 from jaxcache.service.api.schemas.common import ErrorModel
 from jaxcache.service.api.schemas.entries import EntryDetail, EntryJobModel, EntryPage
+from jaxcache.service.api.schemas.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText
 from jaxcache.service.catalog import queries
 from jaxcache.service.tasks.pruning import PruneInProgressError
 
@@ -29,21 +31,23 @@ router = APIRouter(tags=["entries"], responses=ERRORS)
 @router.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries")
 async def list_entries(
     request: Request, cache: CacheName, _p: ReadAuth,
-    function: Annotated[str | None, Query(max_length=256, description="glob over function names")] = None,
-    min_size: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-    max_size: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-    unused_for: Annotated[str | None, Query(max_length=32, description="e.g. 14d", examples=["14d"])] = None,
-    older_than: Annotated[str | None, Query(max_length=32, examples=["30d"])] = None,
+    function: Annotated[str | None, Query(max_length=256, pattern=FUNCTION_GLOB,
+                                          description="glob over function names: * and ?")] = None,
+    min_size: Annotated[int | None, Query(ge=0, le=MAX_BYTES)] = None,
+    max_size: Annotated[int | None, Query(ge=0, le=MAX_BYTES)] = None,
+    unused_for: Annotated[DurationText | None, Query(description="e.g. 14d", examples=["14d"])] = None,
+    older_than: Annotated[DurationText | None, Query(examples=["30d"])] = None,
     status: Literal["ok", "corrupt"] | None = None,
-    job: Annotated[str | None, Query(max_length=200, description="entries this job wrote or hit")] = None,
-    jaxlib: Annotated[str | None, Query(max_length=200, description="the first writer's jaxlib version",
+    job: Annotated[str | None, Query(max_length=200, pattern=TEXT, description="entries this job wrote or hit")] = None,
+    jaxlib: Annotated[str | None, Query(max_length=200, pattern=TEXT, description="the first writer's jaxlib version",
                                         examples=["0.12.0"])] = None,
-    topology: Annotated[str | None, Query(max_length=200, description="the first writer's topology",
+    topology: Annotated[str | None, Query(max_length=200, pattern=TEXT, description="the first writer's topology",
                                           examples=["4x8x1"])] = None,
     sort: Literal["size", "compile", "last_used", "created", "name", "hits"] = "name",
     order: Literal["asc", "desc"] = "asc",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(max_length=2048)] = None,
+    cursor: Annotated[str | None, Query(max_length=cursors.MAX_LENGTH, pattern=CURSOR,
+                                        description="`next_cursor` of the previous page, with the same sort")] = None,
 ) -> Response:
     """A page of entries, filtered and sorted; follow `next_cursor` for the rest."""
     state = state_of(request)
@@ -55,10 +59,11 @@ async def list_entries(
         status=status, job=job, jaxlib=jaxlib, topology=topology,
     )
     with state.catalog.reader() as conn:
-        rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=cursor)
+        rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit,
+                                         cursor=cursors.to_catalog(cursor, sort) if cursor else None)
     # The hot route: rows become JSON directly (the same fields as EntryModel, which documents them);
     # validating 100 models per request would cost more than the query, and orjson is 20x the json module.
-    body = orjson.dumps({"entries": [queries.page_entry(r) for r in rows], "next_cursor": nxt})
+    body = orjson.dumps({"entries": [queries.page_entry(r) for r in rows], "next_cursor": cursors.from_catalog(nxt)})
     state.pages.put(cache, request.scope["query_string"], body, generation)
     return Response(body, media_type="application/json")
 

@@ -9,8 +9,19 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from jaxcache.errors import InvalidInputError
-from jaxcache.service.api.deps import ERRORS, AdminAuth, CacheName, ReadAuth, ReadOrReportAuth, state_of, storage_of
+from jaxcache.service.api.deps import (
+    ERRORS,
+    UNPROCESSABLE,
+    AdminAuth,
+    CacheName,
+    ReadAuth,
+    ReadOrReportAuth,
+    state_of,
+    storage_of,
+    unroutable,
+)
 from jaxcache.service.api.schemas.common import ErrorModel
+from jaxcache.service.api.schemas.fields import CACHE_DIR
 from jaxcache.service.api.schemas.integrity import IntegritySummary, VerifyRequest, VerifyResult
 from jaxcache.service.catalog.queries import verdicts
 from jaxcache.service.ingestion import routing
@@ -18,7 +29,8 @@ from jaxcache.service.ingestion import routing
 router = APIRouter(tags=["integrity"], responses=ERRORS)
 
 
-@router.post("/v1/caches/{cache}/verify", response_model=VerifyResult, operation_id="verify")
+@router.post("/v1/caches/{cache}/verify", response_model=VerifyResult, operation_id="verify",
+             responses={413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_BODY_BYTES"}})
 async def post_verify(request: Request, cache: CacheName, _p: AdminAuth,
                       body: VerifyRequest | None = None) -> VerifyResult:
     """Verify entries now, unthrottled: new, changed and pending ones (or all with `recheck_all`). Each is
@@ -42,17 +54,24 @@ def get_integrity(request: Request, cache: CacheName, _p: ReadAuth) -> Integrity
 
 
 @router.get("/v1/integrity", response_model=IntegritySummary, operation_id="getIntegrityByDir",
-            responses={422: {"model": ErrorModel, "description": "cache_dir names no configured cache"}})
+            responses={404: {"model": ErrorModel, "description": "no configured cache has this root"},
+                       422: {**UNPROCESSABLE, "description": "several configured caches have this root, or the "
+                                                             "request does not match the schema"}})
 def get_integrity_by_dir(
     request: Request, _p: ReadOrReportAuth,
-    cache_dir: Annotated[str, Query(max_length=1024, description="a cache root as a job spells it")],
+    cache_dir: Annotated[str, Query(max_length=1024, pattern=CACHE_DIR,
+                                    description="a cache root as a job spells it: an absolute directory, a file:// "
+                                                "URL of one, or gs://bucket/prefix", examples=["/mnt/jax-cache"])],
 ) -> IntegritySummary:
     """The same summary, for the cache whose root is `cache_dir`: what `enable_cache(verify="attested")` asks
     before a job starts. A `report` token (the job's) is enough."""
     state = state_of(request)
     try:
         name = routing.cache_for_dir(cache_dir, state.roots)
-    except InvalidInputError as exc:
-        raise HTTPException(422, str(exc)) from None
+    except InvalidInputError:
+        status, sharing = unroutable(cache_dir, state.roots)
+        said = (f"caches {', '.join(sharing)} share the root {cache_dir!r}: ask GET /v1/caches/NAME/integrity"
+                if sharing else f"no configured cache has the root {cache_dir!r}: GET /v1/caches lists them")
+        raise HTTPException(status, said) from None
     with state.catalog.reader() as conn:
         return IntegritySummary(**verdicts.summary(conn, name))

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
 from jaxcache.service.api.deps import ERRORS, CacheName, ReadAuth, state_of, storage_of
+from jaxcache.service.api.schemas.fields import TEXT
 from jaxcache.service.api.schemas.jobs import JobDetail, JobList, JobSummary
 from jaxcache.service.catalog import queries
 
@@ -23,7 +24,7 @@ def list_jobs(request: Request, cache: CacheName, _p: ReadAuth,
 
 
 @router.get("/v1/caches/{cache}/jobs/{job}", response_model=JobDetail, operation_id="getJob")
-def get_job(request: Request, cache: CacheName, job: Annotated[str, Path(max_length=200)],
+def get_job(request: Request, cache: CacheName, job: Annotated[str, Path(max_length=200, pattern=TEXT)],
             _p: ReadAuth) -> JobDetail:
     """One job: its totals, the keys it had to compile (misses) and its recent processes."""
     storage_of(request, cache)

@@ -5,11 +5,20 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import CursorResult, delete, select
 
-from jaxcache.service.api.deps import ERRORS, AdminAuth, CacheName, ReadAuth, state_of, storage_of
+from jaxcache.service.api.deps import (
+    BEARER_REQUIRED,
+    ERRORS,
+    AdminAuth,
+    CacheName,
+    ReadAuth,
+    state_of,
+    storage_of,
+)
+from jaxcache.service.api.schemas import fields
 from jaxcache.service.api.schemas.common import ErrorModel
 from jaxcache.service.api.schemas.prune import (
     PinList,
@@ -28,10 +37,14 @@ from jaxcache.service.tasks.pruning import PruneInProgressError
 router = APIRouter(tags=["prune"], responses=ERRORS)
 
 _MAX_PATTERN = 256
+PinPattern = Annotated[str, Path(max_length=_MAX_PATTERN, pattern=fields.PIN, examples=["jit_train*"],
+                                 description="an entry key, or a glob over keys and function names")]
 
 
 @router.post("/v1/caches/{cache}/prune", response_model=PruneResponse, operation_id="prune",
-             responses={409: {"model": ErrorModel, "description": "a prune of this cache is running (on any replica)"}})
+             responses={409: {"model": ErrorModel, "description": "a prune of this cache is running (on any replica)"},
+                        413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_BODY_BYTES"}},
+             openapi_extra=BEARER_REQUIRED)  # the token is checked in the route: its scope depends on dry_run
 async def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneResponse:
     """Plan a prune (default: dry run) or, with `dry_run: false` and an admin token, apply it."""
     state = state_of(request)
@@ -66,18 +79,10 @@ def list_pins(request: Request, cache: CacheName, _p: ReadAuth) -> PinList:
                              for r in rows])
 
 
-def _check_pattern(pattern: str) -> str:
-    if not pattern or len(pattern) > _MAX_PATTERN or "/" in pattern or "\x00" in pattern:
-        raise HTTPException(400, "a pin is an entry key or a glob over keys and function names, "
-                                 f"1-{_MAX_PATTERN} characters, without '/'")
-    return pattern
-
-
 @router.put("/v1/caches/{cache}/pins/{pattern}", response_model=PinModel, operation_id="putPin")
-def put_pin(request: Request, cache: CacheName, pattern: str, p: AdminAuth) -> PinModel:
+def put_pin(request: Request, cache: CacheName, pattern: PinPattern, p: AdminAuth) -> PinModel:
     """Protect entries matching `pattern` (a key, or a glob such as `jit_train*`) from every prune."""
     storage_of(request, cache)
-    _check_pattern(pattern)
     catalog = state_of(request).catalog
     with catalog.session() as s:
         # An upsert that keeps the first pin: two replicas may get the same PUT.
@@ -90,10 +95,9 @@ def put_pin(request: Request, cache: CacheName, pattern: str, p: AdminAuth) -> P
 
 
 @router.delete("/v1/caches/{cache}/pins/{pattern}", status_code=204, operation_id="deletePin")
-def delete_pin(request: Request, cache: CacheName, pattern: str, _p: AdminAuth) -> Response:
+def delete_pin(request: Request, cache: CacheName, pattern: PinPattern, _p: AdminAuth) -> Response:
     """Remove a pin."""
     storage_of(request, cache)
-    _check_pattern(pattern)
     with state_of(request).catalog.session() as s:  # a write without a read first: see tasks/rescan.py
         # A DELETE's result is a CursorResult; Session.execute is typed for any statement.
         result = s.execute(delete(PinRow).where(PinRow.cache == cache, PinRow.pattern == pattern))

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from jaxcache import records
 from jaxcache.errors import InvalidInputError
-from jaxcache.service.api.deps import ERRORS, ReportAuth, state_of, storage_of
+from jaxcache.service.api.deps import ERRORS, UNPROCESSABLE, ReportAuth, state_of, storage_of, unroutable
 from jaxcache.service.api.schemas.common import ErrorModel
-from jaxcache.service.api.schemas.reports import ReportErrorModel, ReportResult
+from jaxcache.service.api.schemas.reports import ReportResult
 from jaxcache.service.ingestion import reports as ingestion
 from jaxcache.service.ingestion import routing
 from jaxcache.service.middleware import REPORTS_PATH
@@ -23,9 +24,11 @@ router = APIRouter(tags=["reports"])
     REPORTS_PATH, response_model=ReportResult, operation_id="ingestReport",
     responses={
         **ERRORS,
+        404: {"model": ErrorModel, "description": "no cache of that name, or (without `cache`) none whose root is "
+                                                  "the record's cache_dir"},
         413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_REPORT_BYTES"},
-        422: {"model": ReportErrorModel,
-              "description": "malformed run record (nothing stored), or no cache given and none matches"},
+        422: {**UNPROCESSABLE, "description": "malformed run record (nothing stored), or several caches have its "
+                                              "cache_dir as root (pass `cache`)"},
     },
     openapi_extra={"requestBody": {"required": True, "description": "a run record (jaxcache.run/1)",
                                    "content": {"application/json": {
@@ -34,7 +37,8 @@ router = APIRouter(tags=["reports"])
 async def ingest_report(
     request: Request, _p: ReportAuth,
     cache: Annotated[str | None, Query(max_length=64, description="the cache the record is for; default: the "
-                                       "configured cache whose root is the record's cache_dir")] = None,
+                                       "configured cache whose root is the record's cache_dir",
+                                       examples=["prod"])] = None,
 ) -> ReportResult:
     """Ingest a run record (what a job's process did with each key). Needs a `report` or `admin` token.
 
@@ -44,11 +48,15 @@ async def ingest_report(
         storage_of(request, cache)
     body = await request.body()
     try:
-        record = records.parse(body)
-        name = cache if cache is not None else routing.cache_for(record, state.roots)
+        record = _parse(body)
     except InvalidInputError as exc:
         state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
         raise HTTPException(422, str(exc)) from None
+    try:
+        name = cache if cache is not None else routing.cache_for(record, state.roots)
+    except InvalidInputError as exc:
+        state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
+        raise HTTPException(unroutable(record.cache_dir, state.roots)[0], str(exc)) from None
     try:
         r = await run_in_threadpool(state.ingest, name, record)
     except InvalidInputError as exc:
@@ -56,6 +64,48 @@ async def ingest_report(
         raise HTTPException(422, str(exc)) from None
     return ReportResult(cache=r.cache, run_id=r.run_id, process_index=r.process_index,
                         runs=0 if r.stale else 1, keys=r.keys, stale=r.stale)
+
+
+#: The catalog counts processes in 32-bit columns (PostgreSQL's INTEGER); the record format allows up to 2**53.
+MAX_PROCESSES = 2**31 - 1
+
+
+def _parse(body: bytes) -> records.RunRecord:
+    record = _decoded(body)
+    if record.process_count > MAX_PROCESSES:
+        raise InvalidInputError(f"run record is malformed: process_count {record.process_count} is over "
+                                f"{MAX_PROCESSES}, the most the catalog counts")
+    return record
+
+
+def _decoded(body: bytes) -> records.RunRecord:
+    try:
+        return records.parse(body)
+    except InvalidInputError as exc:
+        # JSON Schema, so the OpenAPI document, counts 3.0 as an integer; the record format does not. Only a
+        # refused record pays for a second look.
+        refused = exc
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise refused from None
+    seen: list[float] = []
+    fixed = _integral(data, seen)
+    if not seen:
+        raise refused
+    return records.parse(fixed)
+
+
+def _integral(node: Any, seen: list[float]) -> Any:
+    """``node`` with every integral float that an int holds exactly (below 2**53) as that int, listed in ``seen``."""
+    if isinstance(node, float) and node.is_integer() and abs(node) < 2**53:
+        seen.append(node)
+        return int(node)
+    if isinstance(node, dict):
+        return {k: _integral(v, seen) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_integral(v, seen) for v in node]
+    return node
 
 
 #: The run record's components in the OpenAPI document, by the names earlier versions of the document used.
@@ -88,6 +138,10 @@ def document_record_schema(app: FastAPI) -> None:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for name, sub in found.items():
                 components[_COMPONENT_NAMES.get(name, name)] = _renamed(sub)
+            fields = components["RunRecordModel"]["properties"]
+            for field, most in (("process_count", MAX_PROCESSES), ("process_index", MAX_PROCESSES - 1)):
+                fields[field] = {**{k: v for k, v in fields[field].items() if k != "exclusiveMaximum"},
+                                 "maximum": most}
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 
@@ -25,3 +27,20 @@ class Readiness(Health):
 
 class ErrorModel(BaseModel):
     detail: str
+
+
+class ValidationProblem(BaseModel):
+    """One problem FastAPI found in a request (its own 422 answers list them)."""
+
+    loc: list[str | int] = Field(description="where: query, path or body, then the field",
+                                 examples=[["query", "limit"]])
+    msg: str
+    type: str
+    input: Any = None
+    ctx: dict[str, Any] | None = None
+
+
+class UnprocessableModel(BaseModel):
+    """A 422: a list when the request does not match the schema, a string when a route refuses what it read."""
+
+    detail: str | list[ValidationProblem]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from jaxcache.service.api.schemas.fields import CURSOR
+
 
 class WriterModel(BaseModel):
     """The process that first wrote an entry, from run records (JAX's key cannot be read back)."""
@@ -62,4 +64,5 @@ class EntryDetail(EntryModel):
 
 class EntryPage(BaseModel):
     entries: list[EntryModel]
-    next_cursor: str | None = Field(None, description="pass as `cursor` for the next page; null on the last page")
+    next_cursor: str | None = Field(None, description="pass as `cursor` for the next page; null on the last page",
+                                    json_schema_extra={"pattern": CURSOR})

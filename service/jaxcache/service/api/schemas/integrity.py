@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from jaxcache.service.api.schemas.fields import integral
 
 
 class VerifyRequest(BaseModel):
     """Options of an on-demand integrity pass."""
 
-    model_config = ConfigDict(extra="forbid")
-    max_entries: int | None = Field(None, ge=1, le=10_000_000, description="stop after this many (resume later)")
+    model_config = ConfigDict(extra="forbid", strict=True)  # `"recheck_all": 0` is a mistake, not a false
+    max_entries: Annotated[int, Field(ge=1, le=10_000_000), integral] | None = Field(
+        None, description="stop after this many (resume later)")
     recheck_all: bool = Field(False, description="forget stored verdicts and read every entry again")
 
 

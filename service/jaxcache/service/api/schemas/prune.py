@@ -8,32 +8,48 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from jaxcache import prune
 from jaxcache.errors import InvalidInputError
+from jaxcache.service.api.schemas.fields import Duration, Glob, Size
 from jaxcache.service.tasks.pruning import Outcome
+
+#: What the core refuses beyond each field's own rules, stated for clients (the core still decides): a policy must
+#: select something, and a stale_jaxlib_window comes with stale_jaxlib.
+_SELECTS_SOMETHING: list[Any] = [
+    *({"required": [f], "properties": {f: {"not": {"type": "null"}}}}
+      for f in ("max_total_bytes", "unused_for", "older_than")),
+    *({"required": [f], "properties": {f: {"minItems": 1}}} for f in ("functions", "integrity")),
+    *({"required": [f], "properties": {f: {"const": True}}} for f in ("corrupt", "orphans", "stale_jaxlib")),
+]
+_WINDOW_NEEDS_RULE: dict[str, Any] = {
+    "if": {"required": ["stale_jaxlib_window"], "properties": {"stale_jaxlib_window": {"not": {"type": "null"}}}},
+    "then": {"required": ["stale_jaxlib"], "properties": {"stale_jaxlib": {"const": True}}},
+}
 
 
 class PruneRequest(BaseModel):
     """A prune policy. Unknown fields are rejected: a typo must not silently widen a prune."""
 
+    # Strict: `"stale_jaxlib": 0` is a client's mistake, not a false.
     model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={"examples": [{"max_total_bytes": "50GiB", "unused_for": "14d", "corrupt": True}]},
+        extra="forbid", strict=True,
+        json_schema_extra={"examples": [{"max_total_bytes": "50GiB", "unused_for": "14d", "corrupt": True}],
+                           "anyOf": _SELECTS_SOMETHING, **_WINDOW_NEEDS_RULE},
     )
 
     dry_run: bool = Field(True, description="only report what would be deleted (the default)")
-    max_total_bytes: int | str | None = Field(None, description="evict least recently used until under this")
-    unused_for: float | str | None = Field(None, description="seconds or a duration like 14d")
-    older_than: float | str | None = Field(None, description="created longer ago than this")
-    functions: list[str] = Field(default_factory=list, description="globs over function names")
+    max_total_bytes: Size = Field(None, description="evict least recently used until under this")
+    unused_for: Duration = Field(None, description="seconds or a duration like 14d")
+    older_than: Duration = Field(None, description="created longer ago than this")
+    functions: list[Glob] = Field(default_factory=list, description="globs over function names")
     corrupt: bool = False
     orphans: bool = False
-    keep: list[str] = Field(default_factory=list, description="keys or globs never to delete (besides pins)")
-    min_age: float | str | None = Field(None, description="grace period, default 1h: younger entries stay")
+    keep: list[Glob] = Field(default_factory=list, description="keys or globs never to delete (besides pins)")
+    min_age: Duration = Field(None, description="grace period, default 1h: younger entries stay")
     stale_jaxlib: bool = Field(False, description="entries whose first writer's jaxlib no run used within "
                                                   "stale_jaxlib_window (they can never hit again)")
-    stale_jaxlib_window: float | str | None = Field(None, description="default 14d; only with stale_jaxlib")
+    stale_jaxlib_window: Duration = Field(None, description="default 14d; only with stale_jaxlib")
     integrity: list[Literal["tampered", "mismatched", "differs", "corrupt"]] = Field(
-        default_factory=list, description="entries whose integrity verdict is one of these (an integrity pass runs "
-                                          "first over entries not yet judged)")
+        default_factory=list, description="entries whose integrity verdict is one of these (applying judges entries "
+                                          "not judged yet first, throttled; a dry run uses the verdicts made so far)")
 
 
 class PlannedDeletion(BaseModel):

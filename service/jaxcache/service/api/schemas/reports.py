@@ -13,6 +13,3 @@ class ReportResult(BaseModel):
     keys: int = Field(description="per-key rows stored for the process")
     stale: bool = Field(description="an older version of a record already ingested: nothing changed")
 
-
-class ReportErrorModel(BaseModel):
-    detail: str | list[dict] = Field(description="what is wrong (a list for malformed query parameters)")
