@@ -143,7 +143,7 @@ def test_verify_attested_fails_closed_on_settings_the_service_refuses(service):
     base, cache = service
     check_attested(base, REPORT, str(cache))  # the right settings on a clean cache: no complaint
     cases = [(base, "not-a-token", str(cache), "HTTP 401", "JAXCACHE_TOKEN"),
-             (base, REPORT, str(cache.parent / "elsewhere"), "HTTP 422", "GET /v1/caches"),
+             (base, REPORT, str(cache.parent / "elsewhere"), "HTTP 404", "pass the cache_dir the service is"),
              (f"{base}/wrong-prefix", REPORT, str(cache), "HTTP 404", "JAXCACHE_SERVICE_URL")]
     for url, token, cache_dir, status, fix in cases:
         with pytest.raises(IntegrityCheckError) as info:

@@ -53,6 +53,8 @@ def check_attested(service_url: str, token: str | None, cache_dir: str) -> None:
         detail = exc.read()[:300].decode(errors="replace")
         if exc.code in _REFUSED or 400 <= exc.code < 500:
             fix = _REFUSED.get(exc.code, "check the service URL, token and cache_dir")
+            if exc.code == 404 and "has the root" in detail:  # the route is there; the root is not one of its caches
+                fix = _REFUSED[422]
             raise IntegrityCheckError(
                 f"verify='attested': {service_url} refused to report on {cache_dir} (HTTP {exc.code} {detail}):"
                 f" {fix}. The job does not start unchecked; verify='off' skips the check deliberately"
