@@ -2,8 +2,9 @@
 
 A record is rewritten while its process runs (its counts are totals so far), so ingesting one is an upsert per
 (cache, run id, process index): the process's rows are replaced and the aggregates of the keys it touches follow,
-as differences where that is exact, else recomputed (:mod:`.aggregates`). Ingesting a record twice, or an older
-version of one, changes nothing. How the figures are defined: docs/service.md, "Run records".
+as differences where that is exact, else recomputed (:mod:`.aggregates`). Ingesting a record twice, an older
+version of one, or one older than the cache's compaction watermark (its run may be in key_history already),
+changes nothing. How the figures are defined: docs/service.md, "Run records".
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from jaxcache.attestations import FILE, REPORTED, from_run
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import AGGREGATES, KeyStatsRow, RunRow, UsageRow, table_of
+from jaxcache.service.catalog.models import AGGREGATES, CacheRow, KeyStatsRow, RunRow, UsageRow, table_of
 from jaxcache.service.ingestion import attestations
 from jaxcache.service.ingestion.aggregates import (
     entry_update_statement,
@@ -58,6 +59,8 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
         run = s.get(RunRow, pk)
         if run is not None and run.updated_s > record.updated_at:
             return IngestResult(cache, record.run_id, record.process_index, run.keys, stale=True)
+        if run is None and _compacted(s, cache, record):
+            return IngestResult(cache, record.run_id, record.process_index, 0, stale=True)
         where = (UsageRow.cache == cache, UsageRow.run_id == record.run_id,
                  UsageRow.process_index == record.process_index)
         old = {r.key: r for r in s.execute(select(*_OWN).where(*where))}
@@ -80,6 +83,13 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
     attestations.record(catalog, cache, from_run(record, source=kind, at=time.time(), secret=secret,
                                                  record=record_name))
     return IngestResult(cache, record.run_id, record.process_index, len(rows), stale=False)
+
+
+def _compacted(s: Session, cache: str, record: RunRecord) -> bool:
+    """Whether ``record`` is older than the cache's compaction watermark: its run may be in key_history already
+    (a run with a row here is newer than the watermark, so only new runs need this read)."""
+    watermark = s.scalar(select(CacheRow.compacted_before_s).where(CacheRow.name == cache))
+    return watermark is not None and record.updated_at < watermark
 
 
 _OWN = (UsageRow.key, UsageRow.kind, UsageRow.event, UsageRow.hits, UsageRow.writes, UsageRow.first_at,
