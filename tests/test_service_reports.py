@@ -48,8 +48,9 @@ def test_rescan_ingests_records_under_the_root(svc, cache_copy, keys, caplog):
     reader = run("finetune", "r2", [hit(train, 3, now - 100, retrieval_s=0.6), hit(tiny, 1, now - 50)], at=now - 50)
     put_record(cache_copy, writer)
     path = put_record(cache_copy, reader)
-    (cache_copy / records.RUNS_PREFIX / "2026-01-01").mkdir(parents=True)
-    bad = cache_copy / records.RUNS_PREFIX / "2026-01-01" / "broken-p0.json"
+    # Today's folder, which every rescan lists (old days settle: test_service_retention_listing.py).
+    (cache_copy / records.RUNS_PREFIX / records.day_of(now)).mkdir(parents=True, exist_ok=True)
+    bad = cache_copy / records.RUNS_PREFIX / records.day_of(now) / "broken-p0.json"
     bad.write_text('{"schema": "jaxcache.run/1", "job": ')
 
     with caplog.at_level(logging.WARNING, logger="jaxcache.service"):

@@ -254,6 +254,9 @@ def test_stale_jaxlib_gcs(gcs_svc, gcs_client, gcs_bucket, jax_caches):
     old = run("old", "o1", [write(train, 5.0, now - 21 * DAY), write(tiny, 1.0, now - 21 * DAY)],
               at=now - 20 * DAY, jaxlib=OLD)
     gcs_client.bucket(gcs_bucket).blob(f"jc/{old.name}").upload_from_string(old.to_json())
+    # Its day folder is 20 days old: found by a process's first listing (as if the record predated the service)
+    # or its daily full one, not by every rescan (see test_service_retention_listing.py).
+    client.app.state.jaxcache.catalog.record_listings.pop("prod")
     assert rescan(client, "prod")["records_ingested"] == 1
     r = post(client, run("new", "n1", [write(other, 5.0, now - 60)], jaxlib=NEW, cache_dir=url + "/"))
     assert r.status_code == 200 and r.json()["cache"] == "prod"

@@ -152,10 +152,14 @@ class RunRecord(msgspec.Struct, tag_field="schema", tag=SCHEMA):
         return msgspec.json.encode(data, order="sorted")
 
 
+def day_of(at: float) -> str:
+    """The UTC date of Unix time ``at`` as record directories name days (``YYYY-MM-DD``)."""
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d")
+
+
 def record_name(run_id: str, process_index: int, started_at: float) -> str:
     """``.jaxcache/runs/<UTC date of start>/<run_id>-p<index>.json``."""
-    day = dt.datetime.fromtimestamp(started_at, dt.UTC).strftime("%Y-%m-%d")
-    return f"{RUNS_PREFIX}{day}/{run_id}-p{process_index}.json"
+    return f"{RUNS_PREFIX}{day_of(started_at)}/{run_id}-p{process_index}.json"
 
 
 def is_record_name(name: str) -> bool:

@@ -18,6 +18,8 @@ class Metrics:
                                    registry=self.registry)
         self.reports_ingested = Counter("jaxcache_reports_ingested", "run records ingested (changed the catalog)",
                                         ["cache", "source"], registry=self.registry)
+        self.records_compacted = Counter("jaxcache_records_compacted", "run records (processes) older than the "
+                                         "retention folded into per-key history", ["cache"], registry=self.registry)
         self.integrity = Gauge("jaxcache_integrity_entries", "entries by last integrity verdict", ["cache", "class"],
                                registry=self.registry)
         self.reports_malformed = Counter("jaxcache_reports_malformed", "run records rejected as malformed",

@@ -40,6 +40,11 @@ class ServiceSettings(BaseSettings):
                     "which several replicas can share; a secret (its password is never printed)",
     )
     rescan_s: float = Field(300.0, gt=0, description="seconds between background rescans of every cache")
+    records_retain_d: float = Field(
+        30.0, ge=1, description="days run records are kept: older runs are compacted into per-key aggregates (hits, "
+        "seconds saved and first writers keep counting them) and their record files deleted by the service; job "
+        "lists, usage windows and stale_jaxlib see only the runs kept",
+    )
     tokens: dict[str, str] = Field(
         default_factory=dict,
         description='bearer tokens as {"<sha256 hex of token>": "read|report|admin"}; never the tokens themselves',
@@ -111,6 +116,11 @@ class ServiceSettings(BaseSettings):
     def catalog_url(self) -> str:
         """The catalog database's URL, password included: only for connecting, never for printing."""
         return self.db.get_secret_value()
+
+    @property
+    def records_retain_s(self) -> float:
+        """The run records' retention in seconds."""
+        return self.records_retain_d * 86400.0
 
     @property
     def attest_secret(self) -> bytes | None:

@@ -109,7 +109,7 @@ class State:
         for one running elsewhere, then raises LockBusyError), recording metrics and errors."""
         try:
             result = rescan(self.catalog, name, self.storages[name], wait_s=wait_s,
-                            secret=self.settings.attest_secret)
+                            secret=self.settings.attest_secret, retain_s=self.settings.records_retain_s)
         except LockBusyError:
             raise
         except JaxcacheError as exc:
@@ -124,6 +124,9 @@ class State:
             self.pages.invalidate(name)  # hits, last use and first writers of listed entries moved
         if result.records_malformed:
             self.metrics.reports_malformed.labels(reports.STORAGE).inc(result.records_malformed)
+        if result.records_compacted:
+            self.metrics.records_compacted.labels(name).inc(result.records_compacted)
+            self._usage.pop(name, None)  # the usage windows' runs may be gone
         if result.added or result.removed or result.updated or name not in self._stats:
             self.changed(name)
             self.stats(name)  # computed here, in the scan thread, so requests find it ready
@@ -213,7 +216,8 @@ class State:
         throttle = pruning.Throttle(self.settings.verify_bytes_per_s, self.settings.verify_cpu_share)
         outcome = pruning.run_prune(self.catalog, name, self.storages[name], policy, dry_run=dry_run, who=who,
                                     policy_json=policy_json, lock=self.prune_locks.get(name),
-                                    secret=self.settings.attest_secret, throttle=throttle)
+                                    secret=self.settings.attest_secret, throttle=throttle,
+                                    retain_s=self.settings.records_retain_s)
         if outcome.result is not None:
             self.metrics.prune_deleted.labels(name).inc(outcome.result.deleted)
             self.metrics.prune_bytes.labels(name).inc(outcome.result.bytes_freed)

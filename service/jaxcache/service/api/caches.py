@@ -41,4 +41,5 @@ async def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> Resc
     r = await run_in_threadpool(state_of(request).rescan, cache, wait_s=RESCAN_WAIT_S)
     return RescanModel(cache=r.cache, added=r.added, removed=r.removed, updated=r.updated, entries=r.entries,
                        seconds=r.seconds, records_ingested=r.records_ingested,
-                       records_malformed=r.records_malformed, warmups_ingested=r.warmups_ingested)
+                       records_malformed=r.records_malformed, warmups_ingested=r.warmups_ingested,
+                       records_compacted=r.records_compacted)

@@ -81,6 +81,8 @@ class Catalog:
         self.write_lock = threading.RLock()
         # The last rescan's view of each cache (rescan._Snapshot), for the next rescan in this process.
         self.rescan_snapshots: dict[str, object] = {}
+        # What the last listings of each cache's run records found (ingestion.runfiles._Listings), likewise.
+        self.record_listings: dict[str, object] = {}
 
     @contextmanager
     def session(self) -> Iterator[Session]:

@@ -2,8 +2,9 @@
 the catalog holds: pins, the prune audit log, ingested run and warm-up records, writers' digests, verdicts.
 
 Run records fill ``runs`` (a process of a run), ``usage`` (what it did with each key) and ``key_stats`` (per-key
-aggregates), which are copied onto each entry's row so that listings never join. The schema is owned by the Alembic
-revisions in ``migrations/``: a model changed here needs a revision there (a test compares the two).
+aggregates), which are copied onto each entry's row so that listings never join; runs older than the retention are
+folded into ``key_history`` and deleted. The schema is owned by the Alembic revisions in ``migrations/``: a model
+changed here needs a revision there (a test compares the two).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class CacheRow(Base):
     last_scan_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_scan_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_scan_error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
+    # Runs last updated before this were compacted into key_history: a record older than it changes nothing.
+    compacted_before_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 #: The expression listings sort compile seconds by (see ix_entries_compile_sort; migration 0003 spells it too).
@@ -111,13 +114,9 @@ AGGREGATES = ("hits", "last_hit_s", "saved_s", "writer_job", "writer_run", "writ
               "writer_topology", "writer_jax", "writer_jaxlib", "writer_at_s", "writer_compile_s")
 
 
-class KeyStatsRow(Base):
-    """Aggregates of one key over every ingested run record. Exists before (or without) the entry itself:
-    a report may arrive before the rescan that finds the entry, and keeps its history after a prune."""
+class _Aggregates:
+    """The per-key aggregate columns (AGGREGATES), shared by key_stats and key_history."""
 
-    __tablename__ = "key_stats"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
     hits: Mapped[int] = mapped_column(BigInteger, default=0)
     last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     saved_s: Mapped[float] = mapped_column(Float, default=0.0)
@@ -131,6 +130,25 @@ class KeyStatsRow(Base):
     writer_jaxlib: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
     writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class KeyStatsRow(_Aggregates, Base):
+    """Aggregates of one key over every ingested run record, compacted ones (key_history) included. Exists before
+    (or without) the entry itself: a report may arrive before the rescan that finds the entry, and keeps its
+    history after a prune."""
+
+    __tablename__ = "key_stats"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+
+
+class KeyHistoryRow(_Aggregates, Base):
+    """Aggregates of one key over the runs compacted after the records' retention (their runs and usage rows are
+    gone): jobs' hits, last hit, seconds saved as their usage rows held them, and the earliest writer among them."""
+
+    __tablename__ = "key_history"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
 
 
 class RunRow(Base):
@@ -207,6 +225,9 @@ class RecordFileRow(Base):
     mtime_s: Mapped[float] = mapped_column(Float)
     generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
+
+    # Retention finds the files older than its horizon without reading every row.
+    __table_args__ = (Index("ix_record_files_mtime", "cache", "mtime_s"),)
 
 
 class PinRow(Base):

@@ -1,5 +1,6 @@
 """Per-key aggregates of run records (first writer, hits, last hit, seconds saved), computed from every process's
-rows of a key, and their copies on entry rows. Seconds saved: docs/service.md, "Run records"."""
+rows of a key plus the key's compacted history, and their copies on entry rows. Seconds saved and retention:
+docs/service.md, "Run records"."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from sqlalchemy import Float, and_, bindparam, case, cast, delete, insert, selec
 from sqlalchemy.orm import Session
 
 from jaxcache import records
-from jaxcache.service.catalog.models import AGGREGATES, EntryRow, KeyStatsRow, RunRow, UsageRow, table_of
+from jaxcache.service.catalog.models import (
+    AGGREGATES,
+    EntryRow,
+    KeyHistoryRow,
+    KeyStatsRow,
+    RunRow,
+    UsageRow,
+    table_of,
+)
 
 _CHUNK = 500
 
@@ -41,26 +50,51 @@ def saved_of_row(hits: int, retrieval_s: float, jax_saved_s: float, writer_compi
     return max(jax_saved_s, 0.0)
 
 
-_JOIN = and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
+#: A usage row joined with its run: what aggregates are computed from.
+USAGE_JOIN = and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
              RunRow.process_index == UsageRow.process_index)
-_COLUMNS = (
+USAGE_COLUMNS = (
     UsageRow.key, UsageRow.run_id, UsageRow.process_index, UsageRow.job, UsageRow.kind, UsageRow.event, UsageRow.hits,
     UsageRow.writes, UsageRow.compile_s, UsageRow.retrieval_s, UsageRow.jax_saved_s, UsageRow.saved_s,
     UsageRow.first_at, UsageRow.last_at, RunRow.host, RunRow.topology, RunRow.jax, RunRow.jaxlib, RunRow.started_s,
 )
 
 
-def aggregate(rows: Iterable) -> tuple[dict, list[tuple[str, int, float]]]:
-    """Aggregates of one key from its usage rows (joined with their runs), and ``(run_id, process_index,
-    saved_s)`` for each row whose saved seconds change. Only jobs' hits count (:func:`used_hits`)."""
+EMPTY = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
+WRITER = tuple(n for n in AGGREGATES if n.startswith("writer_"))
+
+
+def writer_of(r) -> dict:
+    """The writer fields of a usage row (joined with its run) that wrote its key."""
+    return {"writer_job": r.job, "writer_run": r.run_id, "writer_process": r.process_index, "writer_host": r.host,
+            "writer_topology": r.topology, "writer_jax": r.jax, "writer_jaxlib": r.jaxlib,
+            # A record without first_at (0) falls back to its process's start.
+            "writer_at_s": r.first_at or r.started_s, "writer_compile_s": r.compile_s}
+
+
+def _order(w: dict) -> tuple:
+    return w["writer_at_s"], w["writer_run"], w["writer_process"]
+
+
+def earliest_writer(rows: Iterable, history: dict | None) -> dict | None:
+    """The first writer among ``rows`` and the compacted runs' (``history``): the earliest write, ties broken by
+    run id and process index, so every replica agrees whatever order records arrive in."""
+    found = [writer_of(r) for r in rows if wrote(r.event, r.writes)]
+    if history is not None and history["writer_run"] is not None:
+        found.append({n: history[n] for n in WRITER})
+    return min(found, key=_order, default=None)
+
+
+def aggregate(rows: Iterable, history: dict | None = None) -> tuple[dict, list[tuple[str, int, float]]]:
+    """Aggregates of one key from its usage rows (joined with their runs) and its compacted runs' (``history``,
+    a key_history row as a dict), and ``(run_id, process_index, saved_s)`` for each row whose saved seconds
+    change. Only jobs' hits count (:func:`used_hits`); history's seconds saved are kept as they were."""
     rows = list(rows)
-    writes = [r for r in rows if r.writes > 0 or r.event == records.WRITE]
-    # The earliest write; a record without first_at (0) falls back to its process's start.
-    writer = min(writes, key=lambda r: (r.first_at or r.started_s, r.run_id, r.process_index), default=None)
-    writer_compile_s = writer.compile_s if writer is not None else None
-    hits = 0
-    last_hit: float | None = None
-    saved = 0.0
+    writer = earliest_writer(rows, history)
+    writer_compile_s = writer["writer_compile_s"] if writer is not None else None
+    hits = history["hits"] if history else 0
+    last_hit: float | None = history["last_hit_s"] if history else None
+    saved = history["saved_s"] if history else 0.0
     changed = []
     for r in rows:
         used = used_hits(r.kind, r.hits)
@@ -73,19 +107,26 @@ def aggregate(rows: Iterable) -> tuple[dict, list[tuple[str, int, float]]]:
             at = hit_at(used, r.first_at, r.last_at)
             if at is not None and (last_hit is None or at > last_hit):
                 last_hit = at
-    stats = {
-        "hits": hits, "last_hit_s": last_hit, "saved_s": saved,
-        "writer_job": writer.job if writer else None, "writer_run": writer.run_id if writer else None,
-        "writer_process": writer.process_index if writer else None, "writer_host": writer.host if writer else None,
-        "writer_topology": writer.topology if writer else None, "writer_jax": writer.jax if writer else None,
-        "writer_jaxlib": writer.jaxlib if writer else None,
-        "writer_at_s": (writer.first_at or writer.started_s) if writer else None,
-        "writer_compile_s": writer_compile_s,
-    }
+    stats = {"hits": hits, "last_hit_s": last_hit, "saved_s": saved, **(writer or dict.fromkeys(WRITER))}
     return stats, changed
 
 
-EMPTY = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
+def fold(history: dict | None, rows: Iterable) -> dict:
+    """``history`` with compacted usage rows (joined with their runs) added: jobs' hits, the last hit, the
+    seconds saved as the rows hold them (their key's writer's measure when they were compacted), the writer."""
+    rows = list(rows)
+    hits: int = history["hits"] if history else 0
+    saved: float = history["saved_s"] if history else 0.0
+    last_hit: float | None = history["last_hit_s"] if history else None
+    for r in rows:
+        used = used_hits(r.kind, r.hits)
+        hits += used
+        saved += r.saved_s
+        at = hit_at(used, r.first_at, r.last_at)
+        if at is not None and (last_hit is None or at > last_hit):
+            last_hit = at
+    writer = earliest_writer(rows, history) or dict.fromkeys(WRITER)
+    return {"hits": hits, "last_hit_s": last_hit, "saved_s": saved, **writer}
 
 
 def entry_update_statement(cache: str):
@@ -106,7 +147,8 @@ def entry_update_statement(cache: str):
 
 
 def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
-    """Recompute ``key_stats``, per-row saved seconds and the copies on entry rows for ``keys`` of ``cache``."""
+    """Recompute ``key_stats``, per-row saved seconds and the copies on entry rows for ``keys`` of ``cache``, from
+    the keys' usage rows and their compacted history."""
     keys = sorted(set(keys))
     entry_update = entry_update_statement(cache)
     usage = table_of(UsageRow)
@@ -119,14 +161,15 @@ def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
     for i in range(0, len(keys), _CHUNK):
         chunk = keys[i : i + _CHUNK]
         by_key: dict[str, list] = {}
-        for r in s.execute(select(*_COLUMNS).join(RunRow, _JOIN).where(UsageRow.cache == cache,
+        for r in s.execute(select(*USAGE_COLUMNS).join(RunRow, USAGE_JOIN).where(UsageRow.cache == cache,
                                                                          UsageRow.key.in_(chunk))):
             by_key.setdefault(r.key, []).append(r)
+        history = histories(s, cache, chunk)
         stats_rows, entry_params, saved_params = [], [], []
         for key in chunk:
-            rows = by_key.get(key)
-            if rows:
-                stats, changed = aggregate(rows)
+            rows, past = by_key.get(key), history.get(key)
+            if rows or past:
+                stats, changed = aggregate(rows or [], past)
                 stats_rows.append({"cache": cache, "key": key, **stats})
                 saved_params += [{"b_key": key, "b_run": run, "b_process": p, "b_saved": v} for run, p, v in changed]
             else:
@@ -139,6 +182,13 @@ def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
         if saved_params:
             conn.execute(saved_update, saved_params)
         conn.execute(entry_update, entry_params)
+
+
+def histories(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:
+    """``{key: aggregates}`` of the compacted runs of those of ``keys`` (at most _CHUNK) that have any."""
+    cols = [getattr(KeyHistoryRow, n) for n in AGGREGATES]
+    return {row[0]: dict(zip(AGGREGATES, row[1:], strict=True)) for row in s.execute(
+        select(KeyHistoryRow.key, *cols).where(KeyHistoryRow.cache == cache, KeyHistoryRow.key.in_(keys)))}
 
 
 def key_stats(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:

@@ -2,8 +2,9 @@
 
 A record is rewritten while its process runs (its counts are totals so far), so ingesting one is an upsert per
 (cache, run id, process index): the process's rows are replaced and the aggregates of the keys it touches follow,
-as differences where that is exact, else recomputed (:mod:`.aggregates`). Ingesting a record twice, or an older
-version of one, changes nothing. How the figures are defined: docs/service.md, "Run records".
+as differences where that is exact, else recomputed (:mod:`.aggregates`). Ingesting a record twice, an older
+version of one, or one older than the cache's compaction watermark (its run may be in key_history already),
+changes nothing. How the figures are defined: docs/service.md, "Run records".
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from jaxcache.attestations import FILE, REPORTED, from_run
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import AGGREGATES, KeyStatsRow, RunRow, UsageRow, table_of
+from jaxcache.service.catalog.models import AGGREGATES, CacheRow, KeyStatsRow, RunRow, UsageRow, table_of
 from jaxcache.service.ingestion import attestations
 from jaxcache.service.ingestion.aggregates import (
     entry_update_statement,
@@ -58,28 +59,49 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
         run = s.get(RunRow, pk)
         if run is not None and run.updated_s > record.updated_at:
             return IngestResult(cache, record.run_id, record.process_index, run.keys, stale=True)
-        where = (UsageRow.cache == cache, UsageRow.run_id == record.run_id,
-                 UsageRow.process_index == record.process_index)
-        old = {r.key: r for r in s.execute(select(*_OWN).where(*where))}
-        s.execute(delete(UsageRow).where(*where))
-        fields = _run_fields(record, source)
-        if run is None:
-            s.add(RunRow(cache=cache, run_id=record.run_id, process_index=record.process_index, **fields))
-        else:
-            for name, value in fields.items():
-                setattr(run, name, value)
-        s.flush()
-        rows = [_usage_row(cache, record, u) for u in usages]
-        full = _update_in_place(s, cache, record, old, {r["key"]: r for r in rows})
-        for i in range(0, len(rows), 5000):
-            s.execute(insert(UsageRow), rows[i : i + 5000])
-        if full:
-            recompute(s, cache, full)
+        compacted = run is None and _compacted(s, cache, record)
+        if not compacted:
+            stored = _store(s, cache, record, usages, run, source)
     # A POSTed digest came with a report token; one read from the bucket is worth what the bucket's writers are.
+    # Recorded for compacted records too: digests are evidence, never counts (the first accepted one counts, the
+    # others are kept as conflicts), and a back-dated record must not hide a forged digest.
     kind = REPORTED if source == REPORT else FILE
     attestations.record(catalog, cache, from_run(record, source=kind, at=time.time(), secret=secret,
                                                  record=record_name))
-    return IngestResult(cache, record.run_id, record.process_index, len(rows), stale=False)
+    if compacted:
+        return IngestResult(cache, record.run_id, record.process_index, 0, stale=True)
+    return IngestResult(cache, record.run_id, record.process_index, stored, stale=False)
+
+
+def _store(s: Session, cache: str, record: RunRecord, usages: list[records.KeyUsage], run: RunRow | None,
+           source: str) -> int:
+    """Replace the process's run and usage rows with ``record``'s and update its keys' aggregates; the rows
+    stored."""
+    where = (UsageRow.cache == cache, UsageRow.run_id == record.run_id,
+             UsageRow.process_index == record.process_index)
+    old = {r.key: r for r in s.execute(select(*_OWN).where(*where))}
+    s.execute(delete(UsageRow).where(*where))
+    fields = _run_fields(record, source)
+    if run is None:
+        s.add(RunRow(cache=cache, run_id=record.run_id, process_index=record.process_index, **fields))
+    else:
+        for name, value in fields.items():
+            setattr(run, name, value)
+    s.flush()
+    rows = [_usage_row(cache, record, u) for u in usages]
+    full = _update_in_place(s, cache, record, old, {r["key"]: r for r in rows})
+    for i in range(0, len(rows), 5000):
+        s.execute(insert(UsageRow), rows[i : i + 5000])
+    if full:
+        recompute(s, cache, full)
+    return len(rows)
+
+
+def _compacted(s: Session, cache: str, record: RunRecord) -> bool:
+    """Whether ``record`` is older than the cache's compaction watermark: its run may be in key_history already
+    (a run with a row here is newer than the watermark, so only new runs need this read)."""
+    watermark = s.scalar(select(CacheRow.compacted_before_s).where(CacheRow.name == cache))
+    return watermark is not None and record.updated_at < watermark
 
 
 _OWN = (UsageRow.key, UsageRow.kind, UsageRow.event, UsageRow.hits, UsageRow.writes, UsageRow.first_at,

@@ -14,7 +14,7 @@ from sqlalchemy import delete, select
 
 from jaxcache import entry as fmt
 from jaxcache import prune
-from jaxcache.errors import PreconditionFailedError
+from jaxcache.errors import InvalidInputError, PreconditionFailedError
 from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLock, ClusterLocks
@@ -62,7 +62,23 @@ def _candidates(catalog: Catalog, cache: str, *, with_integrity: bool = False) -
     ]
 
 
-def _plan(catalog: Catalog, cache: str, policy: prune.PrunePolicy) -> prune.PrunePlan:
+def _check_window(policy: prune.PrunePolicy, retain_s: float | None) -> None:
+    """Refuse a stale_jaxlib window longer than the run records' retention: the jaxlib versions in use come from
+    runs, and runs older than the retention are compacted away, so such a window would call live entries stale."""
+    if policy.stale_jaxlib and retain_s is not None and policy.stale_jaxlib_window_s > retain_s:
+        raise InvalidInputError(
+            f"stale_jaxlib_window {_days(policy.stale_jaxlib_window_s)}d is longer than the run records' retention "
+            f"(JAXCACHE_RECORDS_RETAIN_D={_days(retain_s)}): runs older than that are compacted, so the jaxlib "
+            f"versions they used are not known; use a window of at most {_days(retain_s)}d, or raise "
+            "JAXCACHE_RECORDS_RETAIN_D")
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86400:g}"
+
+
+def _plan(catalog: Catalog, cache: str, policy: prune.PrunePolicy, retain_s: float | None = None) -> prune.PrunePlan:
+    _check_window(policy, retain_s)
     now = time.time()
     recent = None
     if policy.stale_jaxlib:
@@ -95,16 +111,19 @@ class Throttle:
 def run_prune(
     catalog: Catalog, cache: str, storage: Storage, policy: prune.PrunePolicy, *, dry_run: bool, who: str,
     policy_json: dict, lock: ClusterLock, secret: bytes | None = None, throttle: Throttle | None = None,
+    retain_s: float | None = None,
 ) -> Outcome:
     """Plan (and unless ``dry_run``, apply and audit) a prune of one cache. Raises PruneInProgressError.
 
     A dry run reads nothing from storage but checks it is there: with ``integrity`` it uses the verdicts already
     made and says how many entries are not judged yet (anyone with a read token may ask for one). Applying (an
-    admin) first judges those entries, throttled like the background pass, and audits before deleting."""
+    admin) first judges those entries, throttled like the background pass, and audits before deleting. With
+    ``retain_s`` (the run records' retention), a longer stale_jaxlib window raises InvalidInputError."""
+    _check_window(policy, retain_s)
     policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
     if dry_run:
         storage.ping()  # a root that is gone (unmounted) refuses: its rows are not what is there
-        plan = _plan(catalog, cache, policy)
+        plan = _plan(catalog, cache, policy, retain_s)
         if policy.integrity:
             unjudged = verification.unjudged(catalog, cache)
             if unjudged:
@@ -121,7 +140,7 @@ def run_prune(
             throttle = throttle or Throttle()
             verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s,
                                   bytes_per_s=throttle.bytes_per_s, cpu_share=throttle.cpu_share)
-        plan = _plan(catalog, cache, policy)
+        plan = _plan(catalog, cache, policy, retain_s)
         audit_id = prune_audit.begin(catalog, cache, plan.delete, who=who, policy_json=policy_json)
         result = _apply_audited(catalog, audit_id, storage, plan)
         rescan(catalog, cache, storage, secret=secret)

@@ -24,6 +24,7 @@ from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, tabl
 from jaxcache.service.ingestion import warmups
 from jaxcache.service.ingestion.aggregates import EMPTY, key_stats
 from jaxcache.service.ingestion.runfiles import scan_records
+from jaxcache.service.tasks import retention
 from jaxcache.storage import ObjectInfo, Storage
 from jaxcache.storage.base import Stat
 
@@ -45,6 +46,7 @@ class RescanResult:
     records_ingested: int = 0  # run records under .jaxcache/runs/ read because they were new or changed
     records_malformed: int = 0
     warmups_ingested: int = 0  # warm-up coverage records under .jaxcache/warmups/ new or changed
+    records_compacted: int = 0  # runs (processes) older than the retention folded into per-key history
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
@@ -133,8 +135,9 @@ def _with_reports(row: dict, stats: dict | None) -> dict:
 
 
 def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | None = None,
-           secret: bytes | None = None) -> RescanResult:
-    """Bring ``cache``'s rows in line with ``storage``: add new entries, drop vanished ones, refresh last use.
+           secret: bytes | None = None, retain_s: float | None = None) -> RescanResult:
+    """Bring ``cache``'s rows in line with ``storage``: add new entries, drop vanished ones, refresh last use;
+    then, with ``retain_s``, compact the runs older than that (:mod:`.retention`).
 
     Waits for a rescan of ``cache`` that another replica (or thread) is running: without limit, or at most
     ``wait_s`` seconds (0: not at all) and then raises :class:`LockBusyError`.
@@ -144,7 +147,7 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
         raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "
                             "service); try again when it ends")
     try:
-        return _rescan(catalog, cache, storage, secret)
+        return _rescan(catalog, cache, storage, secret, retain_s)
     finally:
         lock.release()
 
@@ -193,7 +196,8 @@ def _fingerprint(conn, cache: str) -> tuple:
     return tuple(rawsql.fetch(conn, "rescan-fingerprint", _fingerprint_statement, {"cache": cache})[0])
 
 
-def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None) -> RescanResult:
+def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None,
+            retain_s: float | None) -> RescanResult:
     started = time.monotonic()
     now = time.time()
     # The service rescans each cache every few minutes, mostly finding nothing new: the previous rescan's snapshot
@@ -205,7 +209,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
     if snap is not None and snap.fingerprint == fingerprint:
         changes, gone = storage.list_changes(snap.listing)
         if not changes and not gone:
-            result = _finish(catalog, cache, storage, secret, started, now, added=0, removed=0, updated=0,
+            result = _finish(catalog, cache, storage, secret, retain_s, started, now, added=0, removed=0, updated=0,
                              entries=snap.entries)
             snap.fingerprint = (fingerprint[0], now, None)
             catalog.rescan_snapshots[cache] = snap
@@ -279,18 +283,19 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
             )
         # Inside the write lock: nobody else's change can fall between the writes and this count.
         count = _fingerprint(s.connection(), cache)[0]
-    result = _finish(catalog, cache, storage, secret, started, now, added=len(rows), removed=len(vanished),
+    result = _finish(catalog, cache, storage, secret, retain_s, started, now, added=len(rows), removed=len(vanished),
                      updated=len(updates), entries=len(caches) + orphans)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
     catalog.rescan_snapshots[cache] = _Snapshot((count, now, None), listing, foreign, len(caches) + orphans)
     return result
 
 
-def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None, started: float, now: float, *,
-            added: int, removed: int, updated: int, entries: int) -> RescanResult:
-    """Ingest run and warm-up records and note the scan's end."""
+def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None, retain_s: float | None,
+            started: float, now: float, *, added: int, removed: int, updated: int, entries: int) -> RescanResult:
+    """Ingest run and warm-up records, compact the old runs, and note the scan's end."""
     found = scan_records(catalog, cache, storage, secret=secret)
     covered = warmups.scan(catalog, cache, storage, secret=secret)
+    compacted = retention.compact(catalog, cache, storage, retain_s=retain_s).runs if retain_s is not None else 0
     seconds = time.monotonic() - started
     # One UPDATE, no read first: on SQLite a read-then-write transaction fails outright (SQLITE_BUSY_SNAPSHOT) when
     # another process (a replica on the same file) wrote in between.
@@ -298,4 +303,4 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
         s.execute(update(CacheRow).where(CacheRow.name == cache)
                   .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None))
     return RescanResult(cache, added, removed, updated, entries, seconds, found.ingested, found.malformed,
-                        covered.ingested)
+                        covered.ingested, compacted)

@@ -83,3 +83,5 @@ class RescanModel(BaseModel):
     records_ingested: int = Field(0, description="run records read because they were new or changed")
     records_malformed: int = Field(0, description="run records skipped as malformed (each logged once)")
     warmups_ingested: int = Field(0, description="warm-up coverage records read because they were new or changed")
+    records_compacted: int = Field(0, description="run records (processes) older than JAXCACHE_RECORDS_RETAIN_D "
+                                                  "folded into per-key history, their runs and files deleted")
