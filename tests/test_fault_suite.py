@@ -22,6 +22,7 @@ ADMIN = "fault-admin"
 H = {"Authorization": f"Bearer {ADMIN}"}
 PATIENCE_S = 120.0
 DAY = 86400.0
+KEY = "jit_f-" + "a" * 64
 
 pytestmark = pytest.mark.slow
 
@@ -196,3 +197,50 @@ def test_a_job_on_a_full_volume_still_finishes(tmp_path):
     assert proc.stderr.count("jaxcache: could not write the run record") == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["stats"]["misses"] >= 4
+
+
+def _malformed_records(day_dir: Path, n: int) -> None:
+    """``n`` broken run records of many kinds, as a buggy or hostile writer would leave them."""
+    good = {"schema": "jaxcache.run/1", "job": "train", "run_id": "r", "process_index": 0, "process_count": 1,
+            "host": "h", "started_at": time.time(), "updated_at": time.time(),
+            "fingerprint": {"jax": "0.10.2", "jaxlib": "0.10.2"}, "keys": []}
+    import json
+
+    breakers = [
+        lambda i: b"{not json",
+        lambda i: b"",
+        lambda i: json.dumps({**good, "schema": "jaxcache.run/99"}).encode(),
+        lambda i: json.dumps({**good, "process_index": 2**40, "process_count": 2**41}).encode(),
+        lambda i: json.dumps({**good, "host": "h" * 5000}).encode(),
+        lambda i: json.dumps({**good, "job": "a\u0000b"}).encode(),
+        lambda i: json.dumps({**good, "keys": [{"key": KEY, "event": "write", "sha256": 12345}]}).encode(),
+        lambda i: json.dumps({**good, "started_at": 1e300}).encode(),
+        lambda i: json.dumps([good]).encode(),
+        lambda i: json.dumps({**good, "keys": [{"key": KEY, "event": "hit"}] * 2}).encode(),
+    ]
+    for i in range(n):
+        (day_dir / f"bad{i:04d}-p0.json").write_bytes(breakers[i % len(breakers)](i))
+
+
+def test_a_thousand_malformed_records_are_counted_never_fatal(tmp_path, cache_copy, catalog_url, caplog):
+    import logging
+
+    from fastapi.testclient import TestClient
+
+    from jaxcache.service.app import create_app
+    from test_service import H_ADMIN, make_settings
+
+    day = cache_copy / records.RUNS_PREFIX / time.strftime("%Y-%m-%d", time.gmtime())
+    day.mkdir(parents=True)
+    _malformed_records(day, 1000)
+    app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}, db=catalog_url))
+    client = TestClient(app)  # no background rounds: the test's rescans are the only ones
+    with caplog.at_level(logging.WARNING, logger="jaxcache.service"):
+        first = client.post("/v1/caches/demo/rescan", headers=H_ADMIN)
+        again = client.post("/v1/caches/demo/rescan", headers=H_ADMIN)
+    assert first.status_code == 200 and first.json()["records_malformed"] == 1000, first.text
+    assert again.status_code == 200 and again.json()["records_malformed"] == 0, "each is read once"
+    assert 'jaxcache_reports_malformed_total{source="storage"} 1000.0' in client.get("/metrics").text
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "skipped 1000 malformed run record(s)" in warnings[0], warnings[:3]
+    assert not [r for r in caplog.records if r.exc_info], "no traceback"

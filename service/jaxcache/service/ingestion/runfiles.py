@@ -18,10 +18,10 @@ from typing import cast
 from sqlalchemy import ColumnElement, delete, or_, select
 
 from jaxcache import records
-from jaxcache.errors import InvalidInputError
 from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow, RunRow, max_length
+from jaxcache.service.ingestion import malformed
 from jaxcache.service.ingestion.reports import STORAGE, ingest
 from jaxcache.storage import ObjectInfo, Storage
 
@@ -111,8 +111,9 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: byte
                  now: float | None = None) -> RecordScan:
     """Ingest the run records under ``<root>/.jaxcache/runs/`` that are new or changed since the last rescan.
 
-    A malformed record is skipped with one warning (it is read again only once it changes). Records that vanish
-    from storage keep their runs in the catalog (until the retention compacts them).
+    A malformed record is skipped and counted, with one warning per rescan for all of them (each is read again only
+    once it changes). Records that vanish from storage keep their runs in the catalog (until retention compacts
+    them).
     """
     now = time.time() if now is None else now
     # Popped: a scan that fails leaves none, and the next one lists everything.
@@ -123,7 +124,8 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: byte
     known = _known(catalog, cache, days)
     vanished = [n for n in known if n not in listing]
     todo = [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
-    ingested = malformed = 0
+    ingested = 0
+    skipped = malformed.Skipped("run record")
     for info, data, error in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
         if data is None and error is None:
             continue  # deleted since the listing
@@ -131,11 +133,10 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: byte
             try:
                 record = records.parse(data)
                 ingest(catalog, cache, record, source=STORAGE, secret=secret, record_name=info.name)
-            except InvalidInputError as exc:
-                error = str(exc)
+            except malformed.REFUSALS as exc:
+                error = malformed.reason(exc)
         if error is not None:
-            malformed += 1
-            log.warning("cache %s: skipping malformed run record %s: %s", cache, info.name, error)
+            skipped.add(info.name, error)
         else:
             ingested += 1
         row = {"cache": cache, "name": info.name, "size_bytes": info.size_bytes, "mtime_s": info.mtime_s,
@@ -153,4 +154,5 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: byte
     changed = {} if state is None or full else {d: c for d, c in state.changed.items() if d not in (days or ())}
     changed.update({cast(str, d): d in touched for d in found})
     catalog.record_listings[cache] = _Listings(now if full or state is None else state.full_at, changed)
-    return RecordScan(ingested, malformed, len(listing) - len(todo), None if days is None else tuple(days))
+    skipped.log(cache)
+    return RecordScan(ingested, len(skipped), len(listing) - len(todo), None if days is None else tuple(days))

@@ -17,11 +17,10 @@ from sqlalchemy import delete, insert, select
 from jaxcache import coverage
 from jaxcache.attestations import FILE, from_coverage
 from jaxcache.coverage import WarmupRecord
-from jaxcache.errors import InvalidInputError
 from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow, WarmupKeyRow, WarmupRow
-from jaxcache.service.ingestion import attestations
+from jaxcache.service.ingestion import attestations, malformed
 from jaxcache.storage import ObjectInfo, Storage
 
 log = logging.getLogger("jaxcache.service")
@@ -58,7 +57,7 @@ def ingest(catalog: Catalog, cache: str, record: WarmupRecord, *, secret: bytes 
 
 
 def scan(catalog: Catalog, cache: str, storage: Storage, *, secret: bytes | None = None) -> CoverageScan:
-    """Ingest coverage records that are new or changed since the last rescan (malformed ones: one warning)."""
+    """Ingest coverage records that are new or changed since the last rescan (malformed ones: counted, one warning)."""
     listing = {i.name: i for i in storage.iter_objects(coverage.WARMUPS_PREFIX, recursive=True)
                if i.name.endswith(".json")}
     with catalog.reader() as conn:
@@ -66,7 +65,8 @@ def scan(catalog: Catalog, cache: str, storage: Storage, *, secret: bytes | None
             select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation)
             .where(RecordFileRow.cache == cache, RecordFileRow.name.like(coverage.WARMUPS_PREFIX + "%")))}
     todo = [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
-    ingested = malformed = 0
+    ingested = 0
+    skipped = malformed.Skipped("warm-up record")
     for info, data in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
         if data is None:
             continue
@@ -74,14 +74,14 @@ def scan(catalog: Catalog, cache: str, storage: Storage, *, secret: bytes | None
         try:
             ingest(catalog, cache, coverage.parse(data), secret=secret, record_name=info.name)
             ingested += 1
-        except InvalidInputError as exc:
-            error = str(exc)
-            malformed += 1
-            log.warning("cache %s: skipping malformed warm-up record %s: %s", cache, info.name, error)
+        except malformed.REFUSALS as exc:
+            error = malformed.reason(exc)
+            skipped.add(info.name, error)
         with catalog.writing(cache) as s:
             s.merge(RecordFileRow(cache=cache, name=info.name, size_bytes=info.size_bytes, mtime_s=info.mtime_s,
                                   generation=info.generation, error=None if error is None else error[:2000]))
-    return CoverageScan(ingested, malformed)
+    skipped.log(cache)
+    return CoverageScan(ingested, len(skipped))
 
 
 def _read(storage: Storage, info: ObjectInfo) -> tuple[ObjectInfo, bytes | None]:

@@ -81,7 +81,7 @@ class RescanModel(BaseModel):
     entries: int
     seconds: float
     records_ingested: int = Field(0, description="run records read because they were new or changed")
-    records_malformed: int = Field(0, description="run records skipped as malformed (each logged once)")
+    records_malformed: int = Field(0, description="run records skipped as malformed (one warning per rescan)")
     warmups_ingested: int = Field(0, description="warm-up coverage records read because they were new or changed")
     records_compacted: int = Field(0, description="run records (processes) older than JAXCACHE_RECORDS_RETAIN_D "
                                                   "folded into per-key history, their runs and files deleted")

@@ -1,0 +1,47 @@
+"""Records a rescan skips: counted, and logged once per rescan however many there are (a thousand malformed files
+must not be a thousand warnings every few minutes; each is read again only when it changes)."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.exc import DataError, IntegrityError
+
+from jaxcache.errors import InvalidInputError
+
+log = logging.getLogger("jaxcache.service")
+
+#: What a record that cannot be stored may raise: our schema's refusal, or the catalog's (a value the schema let
+#: through and a column does not hold). A database that is down is not the record's fault and is not caught.
+REFUSALS = (InvalidInputError, DataError, IntegrityError)
+
+
+def reason(exc: Exception) -> str:
+    """Why a record was refused, in one line (the catalog's own message, not its statement)."""
+    if isinstance(exc, DataError | IntegrityError):
+        said = str(exc.orig).strip().splitlines() if exc.orig is not None else []
+        return f"the catalog refused it: {said[0] if said else type(exc).__name__}"
+    return str(exc)
+
+
+class Skipped:
+    """The records one rescan skipped, with why."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.found: list[tuple[str, str]] = []
+
+    def add(self, name: str, why: str) -> None:
+        self.found.append((name, why))
+        log.debug("skipping malformed %s %s: %s", self.what, name, why)
+
+    def log(self, cache: str) -> None:
+        if not self.found:
+            return
+        name, why = self.found[0]
+        more = f" and {len(self.found) - 1} more" if len(self.found) > 1 else ""
+        log.warning("cache %s: skipped %d malformed %s(s), each read again only once it changes: %s: %s%s",
+                    cache, len(self.found), self.what, name, why, more)
+
+    def __len__(self) -> int:
+        return len(self.found)
