@@ -11,6 +11,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from jaxcache.errors import InvalidInputError
+from jaxcache.keyparts import KeyParts, ProgramSignature
 from jaxcache.records import RECORDS_DIR, Fingerprint, Key, Seconds, Sha256, ShortText, Text, decode
 from jaxcache.topology import parse_topology
 
@@ -39,6 +40,8 @@ class ProgramCoverage(msgspec.Struct, frozen=True):
     reason: Text | None = None
     sha256: Sha256 | None = None  # of the stored bytes, read back after JAX wrote them (written programs only)
     signature: Sha256 | None = None  # HMAC of the digest with the writers' key (jaxcache.attestations.sign)
+    parts: KeyParts | None = None  # the hash of each part of the key, as JAX computed it
+    program: ProgramSignature | None = None  # the program's entry signature, as its module declares it
 
 
 class WarmupRecord(msgspec.Struct, frozen=True, tag_field="schema", tag=SCHEMA):

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from jaxcache.errors import InvalidInputError
+from jaxcache.keyparts import KeyParts, ProgramSignature
 
 SCHEMA = "jaxcache.run/1"
 RECORDS_DIR = ".jaxcache"
@@ -71,11 +72,15 @@ class Fingerprint(msgspec.Struct, frozen=True):
     xla_flags_digest: Text | None = None
     xla_caches: Text | None = None
     python: Text | None = None  # the interpreter's version: which zstd library JAX uses, hence hashes, depends on it
+    platform_version: Text | None = None  # the backend's version string, which JAX hashes ("backend" part)
+    xla_flags: Annotated[tuple[Text, ...], msgspec.Meta(max_length=512)] | None = None  # the flags JAX hashed
 
     @property
     def digest(self) -> str:
-        """A short stable hash of every field: equal digests mean the same key inputs besides the program."""
-        text = json.dumps(msgspec.structs.asdict(self), sort_keys=True)
+        """A short stable hash of every known field: equal digests mean the same key inputs besides the program.
+        Unknown (None) fields are left out, so a field added later leaves older fingerprints' digests as they were."""
+        known = {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}
+        text = json.dumps(known, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def as_dict(self) -> dict[str, Any]:
@@ -109,6 +114,8 @@ class KeyUsage(msgspec.Struct):
     last_at: Seconds = 0.0
     sha256: Sha256 | None = None  # of the stored bytes, read back by the writer once JAX finished writing them
     signature: Sha256 | None = None  # HMAC of the digest with the writers' key (jaxcache.attestations.sign)
+    parts: KeyParts | None = None  # the hash of each part of the key, as JAX computed it (None: not captured)
+    program: ProgramSignature | None = None  # the program's entry signature, as its module declares it
 
     def __post_init__(self) -> None:
         if not self.function:

@@ -1,0 +1,64 @@
+"""What enters a JAX cache key, part by part: the hash JAX gives each part (in the order it hashes them) and the
+readable facts behind them, as run and coverage records carry them. Two keys of one program compare here: the
+parts that differ say why a job missed (:mod:`jaxcache.explain`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+import msgspec
+
+#: The parts of a key in the order JAX hashes them, by the names jaxcache uses (also the names of miss causes).
+COMPUTATION: Final = "computation"
+JAXLIB: Final = "jaxlib"
+BACKEND: Final = "backend"
+XLA_FLAGS: Final = "xla_flags"
+COMPILE_OPTIONS: Final = "compile_options"
+DEVICES: Final = "devices"
+COMPRESSION: Final = "compression"
+CUSTOM_HOOK: Final = "custom_hook"
+ORDER: tuple[str, ...] = (COMPUTATION, JAXLIB, BACKEND, XLA_FLAGS, COMPILE_OPTIONS, DEVICES, COMPRESSION, CUSTOM_HOOK)
+
+Hash = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+# One argument or result as the program's main function declares it: "f32[32,128]", with its sharding if any.
+Operand = Annotated[str, msgspec.Meta(max_length=1000, pattern=r"^[^\x00]*$")]
+Operands = Annotated[tuple[Operand, ...], msgspec.Meta(max_length=4096)]
+
+
+class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The SHA-256 JAX computed of each part of one key (a part JAX did not report is None)."""
+
+    computation: Hash | None = None
+    jaxlib: Hash | None = None
+    backend: Hash | None = None
+    xla_flags: Hash | None = None
+    compile_options: Hash | None = None
+    devices: Hash | None = None
+    compression: Hash | None = None
+    custom_hook: Hash | None = None
+
+    def differing(self, other: KeyParts) -> list[str]:
+        """The parts, in JAX's order, that both know and that differ."""
+        return [p for p in ORDER if (a := getattr(self, p)) is not None and (b := getattr(other, p)) is not None
+                and a != b]
+
+    def known(self) -> list[str]:
+        return [p for p in ORDER if getattr(self, p) is not None]
+
+
+class ProgramSignature(msgspec.Struct, frozen=True):
+    """The entry signature of a program (its module's ``main``): what "the program changed" can point at."""
+
+    args: Operands = ()
+    results: Operands = ()
+
+    def changes(self, before: ProgramSignature) -> list[str]:
+        """What changed from ``before``, in words: "argument 0: f32[32,128] → f32[16,128]"."""
+        out = []
+        for what, old, new in (("argument", before.args, self.args), ("result", before.results, self.results)):
+            if len(old) != len(new):
+                out.append(f"{len(old)} → {len(new)} {what}s")
+            for i, (a, b) in enumerate(zip(old, new, strict=False)):
+                if a != b:
+                    out.append(f"{what} {i}: {a} → {b}")
+        return out
