@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from jaxcache.cli import doctor, listing, plugins, prune
+from jaxcache.cli import doctor, explain, listing, plugins, prune
 from jaxcache.cli.output import EXIT_OK, EXIT_USAGE
 from jaxcache.errors import JaxcacheError
 from jaxcache.storage import open_storage
@@ -37,6 +37,7 @@ def build_parser(command: plugins.Command | None = None) -> argparse.ArgumentPar
     listing.add_parsers(sub)
     doctor.add_parser(sub)
     prune.add_parser(sub)
+    explain.add_parser(sub)
     for name, part in plugins.OPTIONAL.items():
         if command is not None and command.name == name and command.configure is not None:
             p = sub.add_parser(name, help=command.help, description=command.description or command.help)

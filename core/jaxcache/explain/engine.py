@@ -1,0 +1,120 @@
+"""Deciding a miss's cause, in the order of :data:`jaxcache.explain.causes.CAUSES`: what happened to the key itself
+(deleted, unreadable, never written), then what the nearest key of the same function differs in."""
+
+from __future__ import annotations
+
+from jaxcache import keyparts as kp
+from jaxcache.explain import causes as c
+from jaxcache.explain.model import EntryNow, Explanation, History, Known, Miss, PartDiff
+from jaxcache.explain.values import diff
+
+# A process's own record is no evidence about the cache it found: only other processes' words count.
+_EARLIER_EVENTS = ("write", "hit")
+#: Processes compiling one program at once all miss it; what another wrote this close to the miss (or with a
+#: clock this far off) is not evidence that it was there.
+RACE_S = 2.0
+
+
+def explain(miss: Miss, history: History, *, root: str = "ROOT") -> Explanation:
+    """The cause of one miss (a key a process compiled because the cache did not give it one)."""
+    others = [k for k in history.earlier(miss.key, before=miss.at - RACE_S) if not _same_process(k, miss)]
+    found = _about_the_key(miss, history, others, root)
+    if found is not None:
+        return found
+    # What the cache could have given at the time: keys recorded, and entries written, before the miss.
+    family = [k for k in history.of_function(miss.function) if k.key != miss.key and k.at < miss.at]
+    entries = [e for e in history.entries_of_function(miss.function) if e.key != miss.key and e.created_s < miss.at]
+    if not family and not entries:
+        return Explanation(c.NEW_PROGRAM, c.fix(c.NEW_PROGRAM, function=miss.function))
+    mine = miss.parts
+    with_parts = [(k, k.parts) for k in family if k.parts is not None and k.event in ("write", "hit")]
+    if mine is None or not with_parts:
+        return _without_parts(miss, entries, family)
+    nearest, theirs = min(with_parts, key=lambda kp_: (len(mine.differing(kp_[1])), -kp_[0].at, kp_[0].key))
+    differing = mine.differing(theirs)
+    if not differing:
+        return Explanation(c.UNKNOWN, c.fix(c.UNKNOWN, why="the recorded parts are equal, yet the keys differ"),
+                           nearest=nearest.key)
+    differs = tuple(diff(p, miss, nearest) for p in differing)
+    if differing == [kp.COMPUTATION]:
+        runs = _unstable_runs(miss, family)
+        if runs >= 2:
+            return Explanation(c.UNSTABLE_PROGRAM, c.fix(c.UNSTABLE_PROGRAM, function=miss.function, runs=runs),
+                               differs, nearest.key)
+        changes = "; ".join(differs[0].changes) or "the program body changed"
+        return Explanation(c.PROGRAM_CHANGED, c.fix(c.PROGRAM_CHANGED, function=miss.function, changes=changes),
+                           differs, nearest.key)
+    # A change of environment (jaxlib, flags, devices) usually changes the lowered program too: it is the cause.
+    cause = next(p for p in differing if p != kp.COMPUTATION)
+    first = next(d for d in differs if d.part == cause)
+    text = c.fix(cause, mine=first.mine or "?", theirs=first.theirs or "?",
+                 changes="; ".join(first.changes) or "values not recorded")
+    return Explanation(cause, text, differs, nearest.key)
+
+
+def _about_the_key(miss: Miss, history: History, others: list[Known], root: str) -> Explanation | None:
+    """evicted, unreadable or not_written: what happened to this very key before the miss."""
+    deletion = history.deletion(miss.key, before=miss.at)
+    if deletion is not None:
+        how = f"by {deletion.how} ({deletion.by}) at {_when(deletion.at_s)}"
+        return Explanation(c.EVICTED, c.fix(c.EVICTED, how=how, function=miss.function),
+                           detail={"deleted_at": _when(deletion.at_s), "by": deletion.by, "how": deletion.how})
+    entry = history.entry(miss.key)
+    present_then = entry is not None and entry.created_s <= miss.at - RACE_S
+    if present_then and entry is not None and entry.readable is not True:
+        problem = entry.problem or ("it could not be checked" if entry.readable is None else "unreadable")
+        return Explanation(c.UNREADABLE, c.fix(c.UNREADABLE, problem=problem, root=root))
+    stored = [k for k in others if k.event in _EARLIER_EVENTS]
+    if stored and not present_then:
+        when = _when(max(k.at for k in stored))
+        how = (f"after {when} (it was in the cache then); by whom is not recorded here: the service's prune audit "
+               "log names prunes and deletes")
+        return Explanation(c.EVICTED, c.fix(c.EVICTED, how=how, function=miss.function))
+    if present_then:
+        problem = "it reads fine now: the job could not read it at the time (a storage error?)"
+        return Explanation(c.UNREADABLE, c.fix(c.UNREADABLE, problem=problem, root=root))
+    unwritten = [k for k in others if k.event == "compiled"]
+    if unwritten:
+        last = max(unwritten, key=lambda k: k.at)
+        return Explanation(c.NOT_WRITTEN, c.fix(c.NOT_WRITTEN, reason=last.reason),
+                           detail={"reason": last.reason or "", "run_id": last.run_id or ""})
+    return None
+
+
+def _without_parts(miss: Miss, entries: list[EntryNow], family: list[Known]) -> Explanation:
+    """No key of the function carries parts: what the entries themselves reveal (their compression), else
+    unknown."""
+    mine = miss.fingerprint.compression if miss.fingerprint else None
+    other = next((e.compression for e in entries if e.compression and mine and e.compression != mine), None)
+    if other is not None and mine is not None:
+        text = c.fix(kp.COMPRESSION, mine=mine, theirs=other)
+        return Explanation(kp.COMPRESSION, text, (PartDiff(kp.COMPRESSION, mine, other),), entries[0].key)
+    why = ("the entries of this function were written by plain JAX (no run record)" if entries and not family
+           else "the records of this function carry no key parts: written before jaxcache recorded them")
+    return Explanation(c.UNKNOWN, c.fix(c.UNKNOWN, why=why), nearest=entries[0].key if entries else None)
+
+
+def _unstable_runs(miss: Miss, family: list[Known]) -> int:
+    """How many runs of the miss's job compiled this function with the same signature and environment, each
+    to another program (0 unless each run's program differed)."""
+    if miss.parts is None:
+        return 0
+    rest = {p: getattr(miss.parts, p) for p in kp.ORDER if p != kp.COMPUTATION}
+    same = [k for k in family if k.job == miss.job and k.parts is not None and k.event in ("write", "compiled")
+            and k.program == miss.program and all(getattr(k.parts, p) == v for p, v in rest.items())]
+    by_run: dict[str | None, set[str | None]] = {}
+    for k in [*same, miss]:
+        by_run.setdefault(k.run_id, set()).add(k.parts.computation if k.parts else None)
+    programs = {p for ps in by_run.values() for p in ps}
+    return len(by_run) if len(by_run) >= 2 and len(programs) == len(by_run) else 0
+
+
+def _same_process(a: Known, b: Known) -> bool:
+    return a.run_id == b.run_id and a.process_index == b.process_index
+
+
+def _when(at_s: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(at_s, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+

@@ -1,0 +1,125 @@
+"""A cache root as an explainer's history, with no service: its run and warm-up records say who looked up which
+key with which parts, its listing says which entries are there (read only for the few misses that need it)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from functools import partial
+
+from jaxcache import coverage, records
+from jaxcache import entry as fmt
+from jaxcache.errors import InvalidInputError
+from jaxcache.explain.model import Deletion, EntryNow, Known
+from jaxcache.parallel import bounded_map
+from jaxcache.storage import ObjectInfo, Storage
+
+#: How JAX names the compression library it hashes, by the compression an entry's magic bytes show.
+LIBRARY = {fmt.Compression.ZSTD: "zstandard", fmt.Compression.ZLIB: "zlib"}
+
+
+def knowns_of_run(record: records.RunRecord) -> Iterator[Known]:
+    """What one run record says about each key it names."""
+    for u in record.keys:
+        yield Known(key=u.key, function=u.function, event=u.event, at=u.first_at or record.started_at,
+                    job=record.job, run_id=record.run_id, process_index=record.process_index, kind=record.kind,
+                    parts=u.parts, program=u.program, fingerprint=record.fingerprint, topology=record.topology,
+                    reason=u.reason, compile_s=u.compile_s)
+
+
+def knowns_of_warmup(warm: coverage.WarmupRecord) -> Iterator[Known]:
+    """What one warm-up's coverage record says: programs it wrote, found, or compiled without writing."""
+    events = {coverage.WRITTEN: "write", coverage.PRESENT: "hit", coverage.NOT_WRITTEN: "compiled"}
+    for p in warm.programs:
+        yield Known(key=p.key, function=p.function, event=events[p.status], at=warm.started_at, job=warm.job,
+                    run_id=warm.id, kind="warmup", parts=p.parts, program=p.program, fingerprint=warm.fingerprint,
+                    topology=warm.topology, reason=p.reason, compile_s=p.compile_s)
+
+
+def is_miss(k: Known) -> bool:
+    """A job's process compiled the key: the cache did not give it."""
+    return k.kind == records.JOB and k.event in (records.WRITE, records.COMPILED)
+
+
+class RootHistory:
+    """The records and entries of one root, indexed for :func:`jaxcache.explain.explain`."""
+
+    def __init__(self, storage: Storage, knowns: Iterable[Known], listing: Iterable[ObjectInfo]) -> None:
+        self._storage = storage
+        self._by_key: dict[str, list[Known]] = defaultdict(list)
+        self._by_function: dict[str, list[Known]] = defaultdict(list)
+        for k in knowns:
+            self._by_key[k.key].append(k)
+            self._by_function[k.function].append(k)
+        self._entries: dict[str, ObjectInfo] = {}
+        self._of_module: dict[str, list[str]] = defaultdict(list)
+        for info in listing:
+            name = fmt.parse_name(info.name)
+            if name is not None and name.kind is fmt.EntryKind.CACHE:
+                self._entries[name.key] = info
+                self._of_module[name.module].append(name.key)
+        self._checked: dict[str, EntryNow] = {}
+
+    @property
+    def knowns(self) -> Iterator[Known]:
+        for ks in self._by_key.values():
+            yield from ks
+
+    def entry(self, key: str) -> EntryNow | None:
+        """The entry, decompressed once to tell whether JAX could load it."""
+        info = self._entries.get(key)
+        if info is None:
+            return None
+        if key not in self._checked:
+            chunks = self._storage.read_chunks(info.name)
+            if chunks is None:
+                return None
+            v = fmt.validate_chunks(chunks)
+            self._checked[key] = EntryNow(key, info.mtime_s, readable=v.status is fmt.Status.OK,
+                                          compression=LIBRARY.get(v.compression), problem=v.reason)
+        return self._checked[key]
+
+    def deletion(self, key: str, *, before: float) -> Deletion | None:
+        return None  # a root keeps no audit log: the service's catalog does
+
+    def earlier(self, key: str, *, before: float) -> list[Known]:
+        return [k for k in self._by_key.get(key, ()) if k.at < before]
+
+    def of_function(self, function: str) -> list[Known]:
+        return self._by_function.get(function, [])
+
+    def entries_of_function(self, function: str) -> list[EntryNow]:
+        """A few of the function's entries, with the compression their first bytes show."""
+        out = []
+        for key in self._of_module.get(function, [])[:3]:
+            info = self._entries[key]
+            head = self._storage.read_range(info.name, 0, 8) or b""
+            out.append(EntryNow(key, info.mtime_s, compression=LIBRARY.get(fmt.sniff_compression(head))))
+        return out
+
+
+def read_records(storage: Storage) -> tuple[list[Known], int]:
+    """Every run and warm-up record of the root as knowns, and how many records were malformed (skipped)."""
+    names = [i for i in storage.iter_objects(records.RECORDS_DIR + "/", recursive=True) if i.name.endswith(".json")]
+    knowns: list[Known] = []
+    skipped = 0
+    for found in bounded_map(partial(_read, storage), names, workers=storage.io_workers):
+        if found is None:
+            skipped += 1
+        else:
+            knowns.extend(found)
+    return knowns, skipped
+
+
+def _read(storage: Storage, info: ObjectInfo) -> list[Known] | None:
+    data = storage.read(info.name)
+    if data is None:
+        return []
+    try:
+        if records.is_record_name(info.name):
+            return list(knowns_of_run(records.parse(data)))
+        if info.name.startswith(coverage.WARMUPS_PREFIX):
+            return list(knowns_of_warmup(coverage.parse(data)))
+    except InvalidInputError:
+        return None
+    return []

@@ -1,0 +1,192 @@
+"""The miss explainer on hand-made histories: one test per cause, the order causes are decided in, and the CLI
+over records written to a real root. (Real JAX makes each cause happen in test_explain_jax.py.)"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field, replace
+
+import msgspec
+import pytest
+
+from jaxcache import keyparts as kp
+from jaxcache.cli import main as cli_main
+from jaxcache.explain import Deletion, EntryNow, Known, explain
+from jaxcache.keyparts import KeyParts, ProgramSignature
+from jaxcache.records import Fingerprint
+
+NOW = 1_800_000_000.0
+FP = Fingerprint(jax="0.10.2", jaxlib="0.10.2", backend="cpu", device_kind="cpu", device_count=2, process_count=1,
+                 compression="zstandard", platform_version="cpu 1", xla_flags=("--xla_cpu_fast=true",))
+
+
+def h(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def parts(**changed: str) -> KeyParts:
+    return KeyParts(**{p: h(changed.get(p, p)) for p in kp.ORDER})
+
+
+def key(function: str, salt: str) -> str:
+    return f"{function}-{h(salt)}"
+
+
+SIG = ProgramSignature(args=("f32[32,128]",), results=("f32[32,128]",))
+
+
+def known(k: str, event: str, at: float, *, job: str = "train", run: str = "r1", p: KeyParts | None = None,
+          fp: Fingerprint = FP, program: ProgramSignature | None = SIG, reason: str | None = None,
+          kind: str = "job") -> Known:
+    return Known(key=k, function=k.rsplit("-", 1)[0], event=event, at=at, job=job, run_id=run, kind=kind,
+                 parts=p if p is not None else parts(), program=program, fingerprint=fp, reason=reason)
+
+
+@dataclass
+class FakeHistory:
+    knowns: list[Known] = field(default_factory=list)
+    entries: dict[str, EntryNow] = field(default_factory=dict)
+    deletions: dict[str, Deletion] = field(default_factory=dict)
+
+    def entry(self, k):
+        return self.entries.get(k)
+
+    def deletion(self, k, *, before):
+        d = self.deletions.get(k)
+        return d if d is not None and d.at_s < before else None
+
+    def earlier(self, k, *, before):
+        return [x for x in self.knowns if x.key == k and x.at < before]
+
+    def of_function(self, f):
+        return [x for x in self.knowns if x.function == f]
+
+    def entries_of_function(self, f):
+        return [e for e in self.entries.values() if e.key.rsplit("-", 1)[0] == f]
+
+
+K = key("jit_step", "a")
+
+
+def test_evicted_names_the_prune_that_deleted_it():
+    hist = FakeHistory([known(K, "write", NOW - 100, run="r0")],
+                       deletions={K: Deletion(K, NOW - 50, "token admin-1", "prune #7 (unused_for 14d)")})
+    why = explain(known(K, "write", NOW, run="r2"), hist)
+    assert why.cause == "evicted" and "prune #7" in why.fix and why.detail["by"] == "token admin-1"
+
+
+def test_evicted_without_an_audit_log_when_an_earlier_run_had_it():
+    hist = FakeHistory([known(K, "write", NOW - 100, run="r0")])
+    assert explain(known(K, "write", NOW, run="r2"), hist).cause == "evicted"
+
+
+def test_unreadable_names_the_command_that_removes_it():
+    hist = FakeHistory(entries={K: EntryNow(K, NOW - 100, readable=False, problem="truncated")})
+    why = explain(known(K, "compiled", NOW, run="r2"), hist, root="/cache")
+    assert why.cause == "unreadable" and "truncated" in why.fix and "jaxcache prune /cache --corrupt" in why.fix
+
+
+def test_not_written_says_why_and_what_to_set():
+    reason = "compiled in 0.20 s, under jax_persistent_cache_min_compile_time_secs=1"
+    hist = FakeHistory([known(K, "compiled", NOW - 100, run="r0", reason=reason)])
+    why = explain(known(K, "compiled", NOW, run="r2"), hist)
+    assert why.cause == "not_written" and "min_compile_time_secs=0" in why.fix and reason in why.fix
+
+
+def test_new_program():
+    assert explain(known(K, "write", NOW), FakeHistory()).cause == "new_program"
+
+
+def test_program_changed_says_which_argument():
+    old = key("jit_step", "old")
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0", p=parts(computation="v1"))],
+                       {old: EntryNow(old, NOW - 100)})
+    miss = known(K, "write", NOW, p=parts(computation="v2"),
+                 program=ProgramSignature(args=("f32[16,128]",), results=("f32[16,128]",)))
+    why = explain(miss, hist)
+    assert why.cause == "program_changed" and why.nearest == old
+    assert "argument 0: f32[32,128] → f32[16,128]" in why.differs[0].changes
+
+
+def test_same_signature_different_body_is_a_changed_program_once_and_unstable_across_runs():
+    first = known(key("jit_step", "1"), "write", NOW - 200, run="r0", p=parts(computation="c1"))
+    hist = FakeHistory([first])
+    why = explain(known(K, "write", NOW, run="r1", p=parts(computation="c2")), hist)
+    assert why.cause == "unstable_program" and "shard_map" in why.fix
+    other_job = replace(first, job="eval")
+    assert explain(known(K, "write", NOW, run="r1", p=parts(computation="c2")),
+                   FakeHistory([other_job])).cause == "program_changed"
+
+
+@pytest.mark.parametrize(("part", "fp_change"), [
+    ("jaxlib", {"jaxlib": "0.12.0"}), ("backend", {"platform_version": "cuda 12.8"}),
+    ("xla_flags", {"xla_flags": ("--xla_cpu_fast=false", "--xla_new=1")}), ("compile_options", {}),
+    ("devices", {"device_count": 4}), ("compression", {"compression": "zlib"}), ("custom_hook", {}),
+])
+def test_a_part_that_differs_is_the_cause_with_both_values(part, fp_change):
+    old = key("jit_step", "old")
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0")], {old: EntryNow(old, NOW - 100)})
+    miss = known(K, "write", NOW, p=parts(**{part: "changed"}), fp=msgspec.structs.replace(FP, **fp_change))
+    why = explain(miss, hist)
+    assert why.cause == part and why.nearest == old and [d.part for d in why.differs] == [part]
+    if part == "xla_flags":
+        assert why.differs[0].changes == ("added --xla_new=1", "--xla_cpu_fast: true → false")
+    if part == "jaxlib":
+        assert (why.differs[0].theirs, why.differs[0].mine) == ("0.10.2", "0.12.0") and "0.10.2" in why.fix
+
+
+def test_an_environment_change_outranks_the_program_change_it_brings():
+    old = key("jit_step", "old")
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0")], {old: EntryNow(old, NOW - 100)})
+    why = explain(known(K, "write", NOW, p=parts(computation="x", jaxlib="y")), hist)
+    assert why.cause == "jaxlib" and [d.part for d in why.differs] == ["computation", "jaxlib"]
+
+
+def test_plain_jax_entries_reveal_their_compression_else_unknown():
+    old = key("jit_step", "old")
+    zlib_entry = FakeHistory(entries={old: EntryNow(old, NOW - 100, compression="zlib")})
+    assert explain(known(K, "write", NOW, p=None), zlib_entry).cause == "compression"
+    same = FakeHistory(entries={old: EntryNow(old, NOW - 100, compression="zstandard")})
+    why = explain(known(K, "write", NOW, p=None), same)
+    assert why.cause == "unknown" and "plain JAX" in why.fix
+
+
+def test_the_order_is_evicted_first():
+    hist = FakeHistory([known(K, "compiled", NOW - 90, run="r0", reason="only process 0 writes the cache"),
+                        known(K, "write", NOW - 100, run="rw")],
+                       deletions={K: Deletion(K, NOW - 50, "admin", "DELETE")})
+    assert explain(known(K, "write", NOW, run="r2"), hist).cause == "evicted"
+
+
+def test_the_cli_explains_a_roots_records(tmp_path, capsys):
+    from jaxcache.records import KeyUsage, RunRecord
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    t = time.time()
+
+    def write(run: str, usage: KeyUsage, fp: Fingerprint, at: float) -> None:
+        record = RunRecord(job="train", run_id=run, process_index=0, process_count=1, host="h", started_at=at,
+                           updated_at=at, fingerprint=fp, final=True, keys=[usage])
+        path = root / record.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(record.to_json())
+
+    old, new = key("jit_step", "old"), key("jit_step", "new")
+    write("r0", KeyUsage(key=old, event="write", compiles=1, writes=1, first_at=t - 100, parts=parts(),
+                         program=SIG), FP, t - 100)
+    (root / f"{old}-cache").write_bytes(b"x")
+    write("r1", KeyUsage(key=new, event="write", compiles=1, writes=1, first_at=t, compile_s=3.5,
+                         parts=parts(xla_flags="other"), program=SIG), msgspec.structs.replace(FP, xla_flags=()), t)
+    assert cli_main(["explain", str(root), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (miss,) = [m for m in out["misses"] if m["run_id"] == "r1"]
+    assert miss["cause"] == "xla_flags" and miss["nearest"] == old and miss["compile_s"] == 3.5
+    assert miss["differs"][0]["changes"] == ["removed --xla_cpu_fast=true"]
+    assert {m["cause"] for m in out["misses"] if m["run_id"] == "r0"} == {"new_program"}
+    assert cli_main(["explain", str(root), "--run", "r1"]) == 0
+    table = capsys.readouterr().out
+    assert "xla_flags" in table and "give the warm-up the job's XLA_FLAGS" in table and "3.5" in table
+    assert cli_main(["explain", str(root), "--since", "soon"]) == 2
