@@ -7,6 +7,7 @@ from jaxcache import keyparts as kp
 from jaxcache.explain import causes as c
 from jaxcache.explain.model import EntryNow, Explanation, History, Known, Miss, PartDiff
 from jaxcache.explain.values import diff
+from jaxcache.keyparts import KeyParts
 
 # A process's own record is no evidence about the cache it found: only other processes' words count.
 _EARLIER_EVENTS = ("write", "hit")
@@ -30,7 +31,12 @@ def explain(miss: Miss, history: History, *, root: str = "ROOT") -> Explanation:
     with_parts = [(k, k.parts) for k in family if k.parts is not None and k.event in ("write", "hit")]
     if mine is None or not with_parts:
         return _without_parts(miss, entries, family)
-    nearest, theirs = min(with_parts, key=lambda kp_: (len(mine.differing(kp_[1])), -kp_[0].at, kp_[0].key))
+    # Many records name the same key: compare each distinct set of parts once, by its latest record.
+    latest: dict[KeyParts, Known] = {}
+    for k, p in with_parts:
+        if p not in latest or k.at > latest[p].at:
+            latest[p] = k
+    theirs, nearest = min(latest.items(), key=lambda item: (len(mine.differing(item[0])), -item[1].at, item[1].key))
     differing = mine.differing(theirs)
     if not differing:
         return Explanation(c.UNKNOWN, c.fix(c.UNKNOWN, why="the recorded parts are equal, yet the keys differ"),

@@ -21,10 +21,7 @@ LIBRARY = {fmt.Compression.ZSTD: "zstandard", fmt.Compression.ZLIB: "zlib"}
 def knowns_of_run(record: records.RunRecord) -> Iterator[Known]:
     """What one run record says about each key it names."""
     for u in record.keys:
-        yield Known(key=u.key, function=u.function, event=u.event, at=u.first_at or record.started_at,
-                    job=record.job, run_id=record.run_id, process_index=record.process_index, kind=record.kind,
-                    parts=u.parts, program=u.program, fingerprint=record.fingerprint, topology=record.topology,
-                    reason=u.reason, compile_s=u.compile_s)
+        yield _known(record, u)
 
 
 def knowns_of_warmup(warm: coverage.WarmupRecord) -> Iterator[Known]:
@@ -99,27 +96,57 @@ class RootHistory:
 
 
 def read_records(storage: Storage) -> tuple[list[Known], int]:
-    """Every run and warm-up record of the root as knowns, and how many records were malformed (skipped)."""
+    """Every run and warm-up record of the root as knowns, and how many records were malformed (skipped).
+
+    Hits are by far the most numerous and matter only as "someone had it then": of each key's hits, the first and
+    the last are kept."""
     names = [i for i in storage.iter_objects(records.RECORDS_DIR + "/", recursive=True) if i.name.endswith(".json")]
     knowns: list[Known] = []
+    hits: dict[str, list[tuple[float, records.RunRecord, records.KeyUsage]]] = {}
     skipped = 0
     for found in bounded_map(partial(_read, storage), names, workers=storage.io_workers):
-        if found is None:
+        if found is _MALFORMED:
             skipped += 1
-        else:
-            knowns.extend(found)
+        elif isinstance(found, coverage.WarmupRecord):
+            knowns.extend(knowns_of_warmup(found))
+        elif isinstance(found, records.RunRecord):
+            for u in found.keys:
+                if u.event != records.HIT:
+                    knowns.append(_known(found, u))
+                    continue
+                at = u.first_at or found.started_at
+                ends = hits.get(u.key)
+                if ends is None:
+                    hits[u.key] = [(at, found, u), (at, found, u)]
+                elif at < ends[0][0]:
+                    ends[0] = (at, found, u)
+                elif at > ends[1][0]:
+                    ends[1] = (at, found, u)
+    for ends in hits.values():
+        knowns.extend(_known(r, u) for _, r, u in (ends if ends[0][0] != ends[1][0] else ends[:1]))
     return knowns, skipped
 
 
-def _read(storage: Storage, info: ObjectInfo) -> list[Known] | None:
+def _known(record: records.RunRecord, u: records.KeyUsage) -> Known:
+    return Known(key=u.key, function=u.function, event=u.event, at=u.first_at or record.started_at, job=record.job,
+                 run_id=record.run_id, process_index=record.process_index, kind=record.kind, parts=u.parts,
+                 program=u.program, fingerprint=record.fingerprint, topology=record.topology, reason=u.reason,
+                 compile_s=u.compile_s)
+
+
+_MALFORMED = object()
+
+
+def _read(storage: Storage, info: ObjectInfo) -> object:
+    """The parsed record; None for an object that is gone or not a record; ``_MALFORMED``."""
     data = storage.read(info.name)
     if data is None:
-        return []
+        return None
     try:
         if records.is_record_name(info.name):
-            return list(knowns_of_run(records.parse(data)))
+            return records.parse(data)
         if info.name.startswith(coverage.WARMUPS_PREFIX):
-            return list(knowns_of_warmup(coverage.parse(data)))
+            return coverage.parse(data)
     except InvalidInputError:
-        return None
-    return []
+        return _MALFORMED
+    return None
