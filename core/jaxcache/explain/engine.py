@@ -9,21 +9,22 @@ from jaxcache.explain.model import EntryNow, Explanation, History, Known, Miss, 
 from jaxcache.explain.values import diff
 from jaxcache.keyparts import KeyParts
 
-# A process's own record is no evidence about the cache it found: only other processes' words count.
+# The processes of one run compile the same programs at about the same time, each missing them: what the miss's own
+# run says is no evidence about the cache it found. Only other runs' words count.
 _EARLIER_EVENTS = ("write", "hit")
-#: Processes compiling one program at once all miss it; what another wrote this close to the miss (or with a
-#: clock this far off) is not evidence that it was there.
-RACE_S = 2.0
+#: An entry written this little before a miss (or with a clock this far off) is no evidence that it was there.
+RACE_S = 0.5
 
 
 def explain(miss: Miss, history: History, *, root: str = "ROOT") -> Explanation:
     """The cause of one miss (a key a process compiled because the cache did not give it one)."""
-    others = [k for k in history.earlier(miss.key, before=miss.at - RACE_S) if not _same_process(k, miss)]
+    others = [k for k in history.earlier(miss.key, before=miss.at) if k.run_id != miss.run_id]
     found = _about_the_key(miss, history, others, root)
     if found is not None:
         return found
     # What the cache could have given at the time: keys recorded, and entries written, before the miss.
-    family = [k for k in history.of_function(miss.function) if k.key != miss.key and k.at < miss.at]
+    family = [k for k in history.of_function(miss.function)
+              if k.key != miss.key and k.at < miss.at and k.run_id != miss.run_id]
     entries = [e for e in history.entries_of_function(miss.function) if e.key != miss.key and e.created_s < miss.at]
     if not family and not entries:
         return Explanation(c.NEW_PROGRAM, c.fix(c.NEW_PROGRAM, function=miss.function))
@@ -113,10 +114,6 @@ def _unstable_runs(miss: Miss, family: list[Known]) -> int:
         by_run.setdefault(k.run_id, set()).add(k.parts.computation if k.parts else None)
     programs = {p for ps in by_run.values() for p in ps}
     return len(by_run) if len(by_run) >= 2 and len(programs) == len(by_run) else 0
-
-
-def _same_process(a: Known, b: Known) -> bool:
-    return a.run_id == b.run_id and a.process_index == b.process_index
 
 
 def _when(at_s: float) -> str:

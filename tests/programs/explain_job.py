@@ -1,0 +1,69 @@
+"""A job whose programs can be made to miss on purpose, one way per flag: tests run it in fresh processes and ask
+`jaxcache explain` why. Prints one JSON line: the run id, the misses and hits, and the client's summary.
+
+--plain runs JAX's own cache without jaxcache (no run record), as a job that never heard of it would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache-dir", required=True)
+    ap.add_argument("--job", default="train")
+    ap.add_argument("--rows", type=int, default=32, help="the program's input has this many rows")
+    ap.add_argument("--devices", type=int, help="CPU devices (jax_num_cpu_devices)")
+    ap.add_argument("--compiler-option", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--unstable", action="store_true", help="bake a value that changes every run into the program")
+    ap.add_argument("--default-thresholds", action="store_true", help="JAX's 1 s minimum compile time to write")
+    ap.add_argument("--plain", action="store_true", help="JAX's cache without jaxcache.client")
+    ap.add_argument("--hide-zstandard", action="store_true", help="JAX compresses with zlib (plain only)")
+    args = ap.parse_args()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if args.hide_zstandard:
+        sys.modules["zstandard"] = None  # type: ignore[assignment]  # import fails: JAX falls back to zlib
+
+    import jax
+
+    if args.devices:
+        jax.config.update("jax_num_cpu_devices", args.devices)
+    session = None
+    if args.plain:
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    else:
+        from jaxcache.client import enable_cache
+
+        thresholds = {} if args.default_thresholds else {"min_compile_time_secs": 0, "min_entry_size_bytes": -1}
+        session = enable_cache(args.cache_dir, job=args.job, trust="off", **thresholds)
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    salt = float(time.time_ns() % 997) if args.unstable else 0.0
+    options = dict(o.split("=", 1) for o in args.compiler_option)
+
+    def step(a, b):
+        return jnp.tanh(a @ b + salt).sum(axis=0)
+
+    compiled = jax.jit(step, compiler_options=options or None)
+    out = compiled(np.ones((args.rows, 16), np.float32), np.ones((16, 8), np.float32))
+    jax.block_until_ready(out)
+    if session is None:
+        print(json.dumps({"plain": True}))
+        return 0
+    record = session.flush()
+    usages = [{"key": u.key, "function": u.function, "event": u.event} for u in record.keys]
+    print(json.dumps({"run_id": record.run_id, "keys": usages, "summary": session.summary()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

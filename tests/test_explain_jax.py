@@ -1,0 +1,113 @@
+"""Every miss cause made to happen for real: JAX jobs in fresh processes write and read one cache, then
+`jaxcache explain` names why the reader compiled. One test per cause."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxcache.cli import main as cli_main
+
+JOB = Path(__file__).parent / "programs" / "explain_job.py"
+pytestmark = pytest.mark.slow
+
+
+def run(cache: Path, *args: str, python: str = sys.executable, env: dict[str, str] | None = None) -> dict:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JAXCACHE_", "JAX_", "XLA_FLAGS"))}
+    proc = subprocess.run([python, str(JOB), "--cache-dir", str(cache), *args], capture_output=True, text=True,
+                          timeout=300, env={**base, "JAX_PLATFORMS": "cpu", **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def causes(cache: Path, capsys, run_id: str) -> list[dict]:
+    capsys.readouterr()
+    assert cli_main(["explain", str(cache), "--run", run_id, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["misses"]
+
+
+def only(misses: list[dict]) -> dict:
+    assert len(misses) == 1, misses
+    return misses[0]
+
+
+def test_a_changed_input_shape_is_a_changed_program(tmp_path, capsys):
+    run(tmp_path, "--rows", "32")
+    miss = only(causes(tmp_path, capsys, run(tmp_path, "--rows", "16")["run_id"]))
+    assert miss["cause"] == "program_changed" and miss["nearest"]
+    assert any("argument 0: f32[32,16] → f32[16,16]" in c for c in miss["differs"][0]["changes"]), miss
+
+
+def test_changed_xla_flags_say_which_flag(tmp_path, capsys):
+    run(tmp_path, env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=true"})
+    reader = run(tmp_path, env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"})
+    miss = only(causes(tmp_path, capsys, reader["run_id"]))
+    flags = next(d for d in miss["differs"] if d["part"] == "xla_flags")
+    assert miss["cause"] == "xla_flags" and flags["changes"] == ["--xla_cpu_enable_fast_math: true → false"]
+
+
+def test_two_against_four_devices(tmp_path, capsys):
+    run(tmp_path, "--devices", "2")
+    miss = only(causes(tmp_path, capsys, run(tmp_path, "--devices", "4")["run_id"]))
+    devices = next(d for d in miss["differs"] if d["part"] == "devices")
+    assert miss["cause"] == "devices" and "2 ×" in devices["theirs"] and "4 ×" in devices["mine"], miss
+
+
+def test_a_zlib_writer_without_jaxcache_and_a_zstd_reader(tmp_path, capsys):
+    run(tmp_path, "--plain", "--hide-zstandard")
+    miss = only(causes(tmp_path, capsys, run(tmp_path)["run_id"]))
+    assert miss["cause"] == "compression" and miss["differs"][0]["theirs"] == "zlib", miss
+
+
+def test_a_newer_jax_writer_and_an_older_reader(tmp_path, capsys, next_python_with_jaxcache):
+    python, env = next_python_with_jaxcache
+    run(tmp_path, python=python, env=env)
+    miss = only(causes(tmp_path, capsys, run(tmp_path)["run_id"]))
+    jaxlib = next(d for d in miss["differs"] if d["part"] == "jaxlib")
+    assert miss["cause"] == "jaxlib" and jaxlib["theirs"] != jaxlib["mine"] and jaxlib["theirs"] in miss["fix"]
+
+
+def test_a_program_under_the_compile_time_threshold_was_not_written(tmp_path, capsys):
+    run(tmp_path, "--default-thresholds")
+    miss = only(causes(tmp_path, capsys, run(tmp_path)["run_id"]))
+    assert miss["cause"] == "not_written" and "min_compile_time_secs" in miss["fix"], miss
+
+
+def test_a_lowering_that_differs_every_run_is_unstable(tmp_path, capsys):
+    first = run(tmp_path, "--unstable")
+    assert only(causes(tmp_path, capsys, first["run_id"]))["cause"] == "new_program"
+    time.sleep(1.1)
+    miss = only(causes(tmp_path, capsys, run(tmp_path, "--unstable")["run_id"]))
+    assert miss["cause"] == "unstable_program" and "shard_map" in miss["fix"], miss
+
+
+def test_other_compiler_options(tmp_path, capsys):
+    run(tmp_path)
+    miss = only(causes(tmp_path, capsys, run(tmp_path, "--compiler-option",
+                                              "xla_cpu_enable_fast_math=true")["run_id"]))
+    assert miss["cause"] == "compile_options", miss
+
+
+def test_an_entry_pruned_between_two_runs_was_evicted(tmp_path, capsys):
+    run(tmp_path)
+    for entry in tmp_path.glob("jit_step-*"):
+        entry.unlink()
+    miss = only(causes(tmp_path, capsys, run(tmp_path)["run_id"]))
+    assert miss["cause"] == "evicted", miss
+
+
+def test_a_truncated_entry_is_unreadable(tmp_path, capsys):
+    run(tmp_path)
+    (entry,) = tmp_path.glob("jit_step-*-cache")
+    stat = entry.stat()
+    entry.write_bytes(entry.read_bytes()[: stat.st_size // 2])
+    os.utime(entry, (stat.st_atime, stat.st_mtime))
+    time.sleep(1.1)
+    miss = only(causes(tmp_path, capsys, run(tmp_path)["run_id"]))
+    assert miss["cause"] == "unreadable" and "--corrupt --apply" in miss["fix"], miss
