@@ -183,9 +183,12 @@ def report(runs: dict, args: argparse.Namespace) -> dict:
             "first_step_s": {arm: round(kp_first[arm], 3) for arm in kp},
             "cold_on_vs_off": round(kp_first["cold-on"] / kp_first["cold-off"], 3),
             "cold_on_vs_off_per_round": [round(x, 3) for x in kp_rounds("cold-on", "cold-off")],
+            "cold_on_vs_off_median_round": round(med(kp_rounds("cold-on", "cold-off")), 3),
+            "cold_again_vs_on_median_round": round(med(kp_rounds("cold-on-again", "cold-on")), 3),
             "cold_again_vs_on": round(kp_first["cold-on-again"] / kp_first["cold-on"], 3),
             "warm_on_vs_off": round(kp_first["warm-on"] / kp_first["warm-off"], 3),
             "warm_on_vs_off_per_round": [round(x, 3) for x in kp_rounds("warm-on", "warm-off")],
+            "warm_on_vs_off_median_round": round(med(kp_rounds("warm-on", "warm-off")), 3),
             "target": _PARTS_TARGET,
         },
         "steady": {
@@ -255,7 +258,8 @@ def print_table(fig: dict) -> None:
           f" cold {kp['first_step_s']['cold-on']:.2f} vs {kp['first_step_s']['cold-off']:.2f} s ="
           f" {kp['cold_on_vs_off']:.3f} (target <= {kp['target']:.2f}; A/A on/on {kp['cold_again_vs_on']:.3f}),"
           f" warm {kp['first_step_s']['warm-on']:.2f} vs {kp['first_step_s']['warm-off']:.2f} s ="
-          f" {kp['warm_on_vs_off']:.3f}")
+          f" {kp['warm_on_vs_off']:.3f}; median of the rounds' own ratios: cold {kp['cold_on_vs_off_median_round']:.3f}"
+          f" (A/A {kp['cold_again_vs_on_median_round']:.3f}), warm {kp['warm_on_vs_off_median_round']:.3f}")
     sd = fig["steady"]
 
     def span(xs: list[float]) -> str:
