@@ -1,7 +1,8 @@
 """Cold start of a real train step with ``jaxcache.client``: no cache, a cold cache and a warm one (time to first
-step, process wall), the steady state with and without the client against an A/A noise arm, and the cost of
-``import jaxcache.client``. Every sample runs in a fresh interpreter (bench/coldstart_worker.py); figures are
-medians and ratios within one run. What each figure means: README.md.
+step, process wall), what capturing key parts costs a cold and a warm start, the steady state with and without the
+client against an A/A noise arm, and the cost of ``import jaxcache.client``. Every sample runs in a fresh
+interpreter (bench/coldstart_worker.py); figures are medians and ratios within one run. What each figure means:
+README.md.
 
     .venv/bin/python bench/coldstart.py             # table; figures also in bench/out/coldstart.json
     .venv/bin/python bench/coldstart.py --quick     # fewer runs and steps, about three minutes
@@ -23,6 +24,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _WORKER = os.path.join(_HERE, "coldstart_worker.py")
 _MODES = ("nocache", "cold", "warm")
 _STEADY_ARMS = ("without", "with", "without-again")
+# Starts with the key-part capture on and off (JAXCACHE_KEY_PARTS); "cold-on-again" is the A/A noise arm.
+_PARTS_ARMS = ("cold-on", "cold-off", "cold-on-again", "warm-on", "warm-off")
+_PARTS_TARGET = 1.05
 _IMPORT_TARGET_MS = 50.0
 # Environment that would change what a worker does: cleared so every worker starts from the same place.
 _CLEARED_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
@@ -39,12 +43,12 @@ def _env() -> dict[str, str]:
     return env
 
 
-def launch(args: list[str], timeout: float = 600) -> dict:
+def launch(args: list[str], timeout: float = 600, env: dict[str, str] | None = None) -> dict:
     """Run a worker; return its JSON plus ``wall_s`` (launch to exit, measured here)."""
     launched = time.time()
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, _WORKER, *args, "--launched", repr(launched)], capture_output=True,
-                          text=True, env=_env(), timeout=timeout)
+                          text=True, env={**_env(), **(env or {})}, timeout=timeout)
     wall = time.perf_counter() - t
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
@@ -81,6 +85,18 @@ def measure(args: argparse.Namespace, work: str) -> dict:
                   f"wall {got['wall_s']:6.2f} s", file=sys.stderr)
     written = entries(warm_dir)
 
+    # What capturing key parts costs a start (with its log at DEBUG JAX hashes each part of a key twice).
+    parts: dict[str, list[dict]] = {arm: [] for arm in _PARTS_ARMS}
+    for r in range(args.parts_repeat):
+        for arm in _PARTS_ARMS[r % 5:] + _PARTS_ARMS[: r % 5]:
+            mode = arm.partition("-")[0]
+            cache_dir = warm_dir if mode == "warm" else os.path.join(work, f"parts-{r}-{arm}")
+            got = launch(["--mode", mode, "--cache-dir", cache_dir, "--steps", "0", *shape],
+                         env={"JAXCACHE_KEY_PARTS": "off" if arm.endswith("-off") else "on"})
+            parts[arm].append(got)
+            print(f"  key parts run {r + 1}/{args.parts_repeat} {arm:13s} first step {got['first_step_s']:6.2f} s",
+                  file=sys.stderr)
+
     # Three arms per round, in a rotating order: without the client, with it, and without it again. The second
     # "without" is the yardstick: what two runs of the very same thing differ by on this machine right now.
     steady: dict[str, list[dict]] = {arm: [] for arm in _STEADY_ARMS}
@@ -96,7 +112,7 @@ def measure(args: argparse.Namespace, work: str) -> dict:
                   f"{got['loop_s']:6.2f} s", file=sys.stderr)
 
     imports = [launch(["--mode", "import"]) for _ in range(args.import_repeat)]
-    return {"coldstart": coldstart, "steady": steady, "imports": imports, "entries": len(written),
+    return {"coldstart": coldstart, "parts": parts, "steady": steady, "imports": imports, "entries": len(written),
             "entry_bytes": sum(os.path.getsize(os.path.join(warm_dir, n)) for n in written)}
 
 
@@ -114,6 +130,15 @@ def report(runs: dict, args: argparse.Namespace) -> dict:
         s = r["stats"]
         if s["hits"] or not s["misses"] or s["writes"] != s["misses"]:
             odd.append(f"a cold run's stats: {r['summary']}")
+
+    kp = runs["parts"]
+    kp_first = {arm: med(r["first_step_s"] for r in kp[arm]) for arm in kp}
+    if any(r["keys_with_parts"] for arm in ("cold-off", "warm-off") for r in kp[arm]) or not all(
+            r["keys_with_parts"] for arm in ("cold-on", "warm-on") for r in kp[arm]):
+        odd.append("key parts: captured with JAXCACHE_KEY_PARTS=off, or not captured with it on")
+
+    def kp_rounds(arm: str, base: str) -> list[float]:
+        return [a["first_step_s"] / b["first_step_s"] for a, b in zip(kp[arm], kp[base], strict=True)]
 
     st = runs["steady"]
     loop = {m: med(r["loop_s"] for r in st[m]) for m in st}
@@ -153,6 +178,19 @@ def report(runs: dict, args: argparse.Namespace) -> dict:
         "import_jax_ms": {m: ms(med(r["import_jax_s"] for r in cs[m])) for m in _MODES},
         "stats": {m: {k: med(s[k] for s in stats[m]) for k in stats[m][0] if stats[m][0][k] is not None}
                   for m in stats},
+        "key_parts": {
+            "repeat": args.parts_repeat,
+            "first_step_s": {arm: round(kp_first[arm], 3) for arm in kp},
+            "cold_on_vs_off": round(kp_first["cold-on"] / kp_first["cold-off"], 3),
+            "cold_on_vs_off_per_round": [round(x, 3) for x in kp_rounds("cold-on", "cold-off")],
+            "cold_on_vs_off_median_round": round(med(kp_rounds("cold-on", "cold-off")), 3),
+            "cold_again_vs_on_median_round": round(med(kp_rounds("cold-on-again", "cold-on")), 3),
+            "cold_again_vs_on": round(kp_first["cold-on-again"] / kp_first["cold-on"], 3),
+            "warm_on_vs_off": round(kp_first["warm-on"] / kp_first["warm-off"], 3),
+            "warm_on_vs_off_per_round": [round(x, 3) for x in kp_rounds("warm-on", "warm-off")],
+            "warm_on_vs_off_median_round": round(med(kp_rounds("warm-on", "warm-off")), 3),
+            "target": _PARTS_TARGET,
+        },
         "steady": {
             "steps": args.steady_steps,
             "repeat": args.steady_repeat,
@@ -215,6 +253,13 @@ def print_table(fig: dict) -> None:
         print(f"session stats ({m}, medians): {s.get('hits', 0):g} hits, {s.get('misses', 0):g} misses, "
               f"{s.get('writes', 0):g} writes, compile {s.get('compile_s', 0):.2f} s, retrieval "
               f"{s.get('retrieval_s', 0):.3f} s, saved {s.get('saved_s', 0):.2f} s")
+    kp = fig["key_parts"]
+    print(f"\nkey parts captured (JAXCACHE_KEY_PARTS on) vs not, time to first step, medians of {kp['repeat']} rounds:"
+          f" cold {kp['first_step_s']['cold-on']:.2f} vs {kp['first_step_s']['cold-off']:.2f} s ="
+          f" {kp['cold_on_vs_off']:.3f} (target <= {kp['target']:.2f}; A/A on/on {kp['cold_again_vs_on']:.3f}),"
+          f" warm {kp['first_step_s']['warm-on']:.2f} vs {kp['first_step_s']['warm-off']:.2f} s ="
+          f" {kp['warm_on_vs_off']:.3f}; median of the rounds' own ratios: cold {kp['cold_on_vs_off_median_round']:.3f}"
+          f" (A/A {kp['cold_again_vs_on_median_round']:.3f}), warm {kp['warm_on_vs_off_median_round']:.3f}")
     sd = fig["steady"]
 
     def span(xs: list[float]) -> str:
@@ -278,8 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady-repeat", type=int, default=5,
                         help="steady-state rounds: each runs without the client, with it, without again (default 5)")
     parser.add_argument("--import-repeat", type=int, default=7, help="import timing runs (default 7)")
+    parser.add_argument("--parts-repeat", type=int, default=9,
+                        help="rounds of starts with the key-part capture on and off (default 9)")
     parser.add_argument("--quick", action="store_true",
-                        help="3 cold-start runs, 3x300 steady steps, 5 import runs (a smoke run; ratios are noisier)")
+                        help="3 cold-start runs, 5 key-part rounds, 3x300 steady steps, 5 import runs (a smoke run;"
+                        " ratios are noisier)")
     parser.add_argument("--layers", type=int, default=4, help="transformer blocks (default 4)")
     parser.add_argument("--d-model", type=int, default=64, help="model width (default 64)")
     parser.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
@@ -293,9 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     args = parser.parse_args(argv)
     if args.quick:
-        args.repeat, args.steady_steps, args.steady_repeat, args.import_repeat = 3, 300, 3, 5
-    if args.repeat < 1 or args.steady_repeat < 1 or args.import_repeat < 1 or args.steady_steps < 1:
-        parser.error("--repeat, --steady-repeat, --import-repeat and --steady-steps must be at least 1")
+        args.repeat, args.steady_steps, args.steady_repeat, args.import_repeat, args.parts_repeat = 3, 300, 3, 5, 5
+    if min(args.repeat, args.steady_repeat, args.import_repeat, args.steady_steps, args.parts_repeat) < 1:
+        parser.error("--repeat, --steady-repeat, --import-repeat, --parts-repeat and --steady-steps must be >= 1")
     if args.d_model % args.heads:
         parser.error("--d-model must be a multiple of --heads")
 

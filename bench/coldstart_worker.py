@@ -133,7 +133,7 @@ def _jax_settings_like_the_client(cache_dir: str) -> dict[str, object]:
     return settings
 
 
-_JAX_CACHE_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache", "jax._src.dispatch")
+_JAX_CACHE_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache", "jax._src.dispatch", "jax._src.cache_key")
 
 
 class _LogCounter(logging.Filter):
@@ -227,6 +227,7 @@ def worker(mode: str, cache_dir: str, launched: float, steps: int, shape: dict[s
         s = session.stats()
         result["stats"] = {k: getattr(s, k) for k in s.__slots__} | {"hit_rate": s.hit_rate}
         result["summary"] = session.summary()
+        result["keys_with_parts"] = sum(u.parts is not None for u in session.record().keys)
         if mode in ("warm", "with") and not (s.hits > 0 and s.misses == 0 and s.hit_rate == 1.0):
             print(f"FAIL: a warm process must load every program from the cache; {session.summary()}",
                   file=sys.stderr)

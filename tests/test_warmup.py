@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxcache import coverage, records
+from jaxcache import coverage, keyparts, records
 from jaxcache.errors import InvalidInputError
 from jaxcache.topology import Topology
 from jaxcache.warmup import devices as dev
@@ -73,6 +73,8 @@ def test_cpu_warmup_fills_a_local_cache_that_a_fresh_job_hits_completely(tmp_pat
     for program in record.programs:
         assert program.status == coverage.WRITTEN and (cache / f"{program.key}-cache").is_file()
         assert program.compile_s and program.compile_s > 0
+        assert program.parts is not None and program.parts.known() == list(keyparts.ORDER)
+        assert program.program is not None and program.program.args, program
 
     job = run_example_job(str(cache))
     assert "1 hits, 0 misses" in job.stdout and "hit rate 100%" in job.stdout, job.stdout
@@ -80,6 +82,7 @@ def test_cpu_warmup_fills_a_local_cache_that_a_fresh_job_hits_completely(tmp_pat
     job_run = next(r for r in runs if r.job == "example-job")
     assert {u.key for u in job_run.keys} == {p.key for p in record.programs}
     assert all(u.event == records.HIT for u in job_run.keys)
+    assert {u.key: u.parts for u in job_run.keys} == {p.key: p.parts for p in record.programs}
 
     # The service lists the warm-up and how much of it the job has used since.
     listed = service_view(cache, tmp_path)

@@ -12,19 +12,25 @@ import inspect
 import logging
 import os
 import platform
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 
+from jaxcache import keyparts
 from jaxcache.client.errors import CacheAlreadyInitializedError
 from jaxcache.errors import MissingDependencyError
+from jaxcache.keyparts import ProgramSignature
 from jaxcache.records import Fingerprint
 
 log = logging.getLogger("jaxcache.client")
 
 #: The loggers whose DEBUG records name the key of each lookup, and what became of it.
 LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
+#: The logger whose DEBUG records give the hash of each part of a key as JAX computes it (docs: "Key parts").
+KEY_LOGGER = "jax._src.cache_key"
 
 # jax.monitoring events, fired on the compiling thread.
 REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
@@ -58,7 +64,23 @@ NOT_P0_MSG = LogText("Not writing persistent cache entry since process_id != 0",
 SMALL_MSG = LogText("Not writing persistent cache entry with key %r since its size", "jax._src.compilation_cache")
 DISABLED_MSG = LogText("Not writing persistent cache entry with key %r since cache is disabled",
                        "jax._src.compilation_cache")
-LOG_TEXTS = (HIT_MSG, MISS_MSG, WRITE_MSG, TOOK_MSG, FAST_MSG, CALLBACK_MSG, NOT_P0_MSG, SMALL_MSG, DISABLED_MSG)
+PART_MSG = LogText("get_cache_key hash of serialized %s: %s", KEY_LOGGER)  # (label, that part's own hash)
+SO_FAR_MSG = LogText("get_cache_key hash after serializing %s: %s", KEY_LOGGER)  # (label, hash of all so far)
+FLAG_MSG = LogText("Including XLA flag in cache key: %s", KEY_LOGGER)
+KEY_TEXTS = (PART_MSG, SO_FAR_MSG, FLAG_MSG)
+LOG_TEXTS = (HIT_MSG, MISS_MSG, WRITE_MSG, TOOK_MSG, FAST_MSG, CALLBACK_MSG, NOT_P0_MSG, SMALL_MSG, DISABLED_MSG,
+             *KEY_TEXTS)
+#: JAX's label of each part of a key (as cache_key.get names them, in its order) → jaxcache's part name.
+PART_LABELS = {
+    "computation": keyparts.COMPUTATION,
+    "jax_lib version": keyparts.JAXLIB,
+    "backend version": keyparts.BACKEND,
+    "XLA flags": keyparts.XLA_FLAGS,
+    "compile_options": keyparts.COMPILE_OPTIONS,
+    "accelerator_config": keyparts.DEVICES,
+    "compression": keyparts.COMPRESSION,
+    "custom_hook": keyparts.CUSTOM_HOOK,
+}
 
 #: Private attributes read, by module: ``(module, attribute, alternatives)``; one of them must exist.
 ATTRIBUTES = (
@@ -67,9 +89,11 @@ ATTRIBUTES = (
     ("jax._src.compilation_cache", "zstandard", ("zstd",)),
     ("jax._src.xla_bridge", "backends_are_initialized", ("_backends",)),
     ("jax._src.distributed", "global_state", ()),
+    ("jax._src.compilation_cache", "get_cache_key", ()),
 )
 _EVENT_MODULES = ("jax._src.compiler", "jax._src.compilation_cache", "jax._src.dispatch")
 _warned: set[str] = set()
+_said: set[str] = set()
 
 
 def jax_version() -> tuple[int, ...]:
@@ -88,6 +112,13 @@ def degraded(what: str) -> None:
         log.warning("jaxcache: JAX %s %s; jaxcache's record of this process may be incomplete (run "
                     "jaxcache.client.jax_internals.probe() for what else moved, and see docs/jax-internals.md)",
                     jax.__version__, what)
+
+
+def less_detail(what: str) -> None:
+    """Say once, at INFO, that this JAX lacks something only the finer detail of run records needs."""
+    if what not in _said:
+        _said.add(what)
+        log.info("jaxcache: JAX %s %s (see docs/jax-internals.md)", jax.__version__, what)
 
 
 def default_xla_caches() -> str | None:
@@ -189,12 +220,15 @@ def processes() -> tuple[int, int]:
     return int(getattr(state, "process_id", 0) or 0), int(getattr(state, "num_processes", 1) or 1)
 
 
-def fingerprint(compression: str) -> Fingerprint:
-    """Everything besides the program that enters keys; device fields only once the backend is up."""
+def fingerprint(compression: str, xla_flags: tuple[str, ...] | None = None) -> Fingerprint:
+    """Everything besides the program that enters keys; device fields only once the backend is up. ``xla_flags``:
+    those JAX hashed into the last key (:data:`FLAG_MSG`), None before any lookup or where this JAX does not say."""
     import jaxlib
 
     fields: dict[str, Any] = {}
     if backend_ready():
+        from jax.extend import backend as extend_backend
+
         devices = jax.devices()
         fields = dict(
             backend=jax.default_backend(),
@@ -202,6 +236,7 @@ def fingerprint(compression: str) -> Fingerprint:
             device_count=len(devices),
             local_device_count=jax.local_device_count(),
             process_count=jax.process_count(),
+            platform_version=str(getattr(extend_backend.get_backend(), "platform_version", "")) or None,
         )
     flags = os.environ.get("XLA_FLAGS", "")
     return Fingerprint(
@@ -211,8 +246,101 @@ def fingerprint(compression: str) -> Fingerprint:
         xla_flags_digest=hashlib.sha256(flags.encode()).hexdigest()[:16],
         xla_caches=jax.config.jax_persistent_cache_enable_xla_caches,  # type: ignore[attr-defined]  # run-time option
         python=platform.python_version(),
+        xla_flags=xla_flags,
         **fields,
     )
+
+
+def hook_cache_keys(on_key: Callable[[str, ProgramSignature | None], None]) -> Callable[[], None] | None:
+    """Wrap ``compilation_cache.get_cache_key`` so that ``on_key(key, signature)`` hears of every key JAX computes,
+    with its program's entry signature, on the compiling thread. Returns the undo; None where there is nothing to
+    wrap. The compiler calls it through the module attribute, which is what makes wrapping it work."""
+    from jax._src import compilation_cache as cc
+
+    original = getattr(cc, "get_cache_key", None)
+    if original is None:
+        return None
+    active = [True]
+
+    def get_cache_key(module: Any, *args: Any, **kwargs: Any) -> Any:
+        key = original(module, *args, **kwargs)
+        if active[0]:
+            try:
+                on_key(str(key), entry_signature(module))
+            except Exception:  # noqa: BLE001, S110 - reading the signature must never break a compile
+                pass
+        return key
+
+    cc.get_cache_key = get_cache_key
+
+    def undo() -> None:
+        active[0] = False  # another wrapper may sit on top of ours: then it stays, doing nothing
+        if cc.get_cache_key is get_cache_key:
+            cc.get_cache_key = original
+
+    return undo
+
+
+_TENSOR = re.compile(r"^tensor<((?:[0-9?]+x)*)([^x][^,]*)>$")
+_ELEMENTS = {"i1": "bool", "complex<f32>": "c64", "complex<f64>": "c128"}
+_MAX_OPERANDS, _MAX_OPERAND = 4096, 1000  # what ProgramSignature holds
+_MLIR_NAMES = ("FunctionType", "TypeAttr", "ArrayAttr", "DictAttr", "StringAttr")  # what entry_signature uses
+
+
+def entry_signature(module: Any) -> ProgramSignature | None:
+    """The argument and result types of the module's ``main`` as it declares them (``f32[32,128]``), each with
+    its sharding, memory kind and donation when it has them. Reads top-level operations only: cheap."""
+    from jaxlib.mlir import ir  # the MLIR bindings JAX builds its modules with
+
+    meshes: dict[str, str] = {}
+    main = None
+    for op in module.body.operations:
+        kind, attrs = op.operation.name, op.operation.attributes
+        if kind == "sdy.mesh" and "mesh" in attrs:
+            meshes["@" + ir.StringAttr(attrs["sym_name"]).value] = str(attrs["mesh"]).removeprefix("#sdy.")
+        elif kind == "func.func" and "sym_name" in attrs and ir.StringAttr(attrs["sym_name"]).value == "main":
+            main = op.operation.attributes
+    if main is None:
+        return None
+    function = ir.FunctionType(ir.TypeAttr(main["function_type"]).value)
+
+    def operands(types: Any, name: str) -> tuple[str, ...]:
+        dicts = [ir.DictAttr(d) for d in ir.ArrayAttr(main[name])] if name in main else []
+        out = [(_type(str(t)) + (_annotations(dicts[i], meshes, ir) if i < len(dicts) else ""))[:_MAX_OPERAND]
+               for i, t in enumerate(types)]
+        if len(out) > _MAX_OPERANDS:
+            out[_MAX_OPERANDS - 1:] = [f"... {len(out) - _MAX_OPERANDS + 1} more"]
+        return tuple(out)
+
+    return ProgramSignature(args=operands(function.inputs, "arg_attrs"),
+                            results=operands(function.results, "res_attrs"))
+
+
+def _type(text: str) -> str:
+    """``tensor<8x4xf32>`` → ``f32[8,4]``, in JAX's short dtype names; anything else as MLIR prints it."""
+    m = _TENSOR.match(text)
+    if m is None:
+        return text
+    element = m.group(2)
+    element = _ELEMENTS.get(element) or ("u" + element[2:] if element.startswith("ui") else element)
+    return f"{element}[{','.join(d for d in m.group(1).split('x') if d)}]"
+
+
+def _annotations(attributes: Any, meshes: dict[str, str], ir: Any) -> str:
+    text = ""
+    if "sdy.sharding" in attributes:  # "#sdy.sharding<@mesh, [...]>": inline the mesh, so a resize shows here
+        sharding = str(attributes["sdy.sharding"]).removeprefix("#sdy.sharding")
+        ref = re.match(r"<(@[\w.$-]+)", sharding)
+        if ref is not None and ref.group(1) in meshes:
+            sharding = "<" + meshes[ref.group(1)] + sharding[ref.end():]
+        text += f" sharding={sharding}"
+    elif "mhlo.sharding" in attributes:
+        text += f" sharding={ir.StringAttr(attributes['mhlo.sharding']).value}"
+    if "mhlo.memory_kind" in attributes:
+        text += f" memory={ir.StringAttr(attributes['mhlo.memory_kind']).value}"
+    if "tf.aliasing_output" in attributes or "jax.buffer_donor" in attributes:
+        text += " donated"
+    return text
 
 
 def _literals(module_name: str) -> set[str]:
@@ -221,6 +349,15 @@ def _literals(module_name: str) -> set[str]:
 
     source = inspect.getsource(importlib.import_module(module_name))
     return {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def _calls_through_module(module_name: str, module_alias: str, function: str) -> bool:
+    """Whether a module's source calls ``module_alias.function(...)``: a wrapper set on that attribute is seen."""
+    import importlib
+
+    tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == function
+               and isinstance(n.func.value, ast.Name) and n.func.value.id == module_alias for n in ast.walk(tree))
 
 
 def probe() -> list[str]:
@@ -239,6 +376,13 @@ def probe() -> list[str]:
     for text in LOG_TEXTS:
         if text.everywhere and not any(s.startswith(text.prefix) for s in literals[text.logger]):
             problems.append(f"{text.logger} no longer logs {text.prefix!r}")
+    problems += [f"{KEY_LOGGER} no longer names a part {label!r}" for label in PART_LABELS
+                 if label not in literals[KEY_LOGGER]]
+    if not _calls_through_module("jax._src.compiler", "compilation_cache", "get_cache_key"):
+        problems.append("jax._src.compiler no longer calls compilation_cache.get_cache_key (the key hook sees nothing)")
+    from jaxlib.mlir import ir
+
+    problems += [f"jaxlib.mlir.ir has no {n}" for n in _MLIR_NAMES if not hasattr(ir, n)]
     events = set().union(*(literals[m] for m in _EVENT_MODULES))
     problems += [f"no module of {', '.join(_EVENT_MODULES)} records the event {e!r}" for e in EVENTS if e not in events]
     for name in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",

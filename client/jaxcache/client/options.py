@@ -33,6 +33,7 @@ ENV_VARS = (
     "JAXCACHE_RECORD_EVERY_S",
     "JAXCACHE_VERIFY",
     "JAXCACHE_ATTEST_KEY",
+    "JAXCACHE_KEY_PARTS",
 )
 
 
@@ -53,6 +54,7 @@ class ClientOptions:
     record_every_s: float = DEFAULT_RECORD_EVERY_S
     verify: str = "off"
     attest_key: bytes | None = field(default=None, repr=False)  # signs this process's digests (JAXCACHE_ATTEST_KEY)
+    key_parts: bool = True  # capture what went into each key (JAXCACHE_KEY_PARTS=off turns it off)
 
     @property
     def is_gcs(self) -> bool:
@@ -152,6 +154,9 @@ def resolve(
         raise InvalidInputError(f"verify={check!r}: use off, sample or attested")
     if check == "attested" and url is None:
         raise InvalidInputError("verify='attested' asks the jaxcache service: set service_url (JAXCACHE_SERVICE_URL)")
+    parts = (env.get("JAXCACHE_KEY_PARTS") or "on").strip().lower()
+    if parts not in ("on", "off"):
+        raise InvalidInputError(f"JAXCACHE_KEY_PARTS={parts!r}: use on or off")
     return ClientOptions(
         cache_dir=directory,
         job=check_job(job if job is not None else env.get("JAXCACHE_JOB") or _default_job()),
@@ -166,6 +171,7 @@ def resolve(
         record_every_s=every_s,
         verify=check,
         attest_key=env.get("JAXCACHE_ATTEST_KEY", "").encode() or None,
+        key_parts=parts == "on",
     )
 
 

@@ -16,6 +16,7 @@ from jaxcache.client import jax_internals as ji
 from jaxcache.client import trust as trust_mod
 from jaxcache.client.attestation import Attestor
 from jaxcache.client.errors import CacheAlreadyInitializedError, UntrustedCacheDirError
+from jaxcache.client.misses import MAX_CHECKED, MAX_CHECKED_GCS, MissCauses, MissCheck
 from jaxcache.client.options import ClientOptions, normalise_dir, resolve
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
@@ -44,8 +45,10 @@ class CacheSession:
         self.kind: RunKind = JOB  # what wrote the run records: warm-up sets its own kinds, kept out of jobs' figures
         self._owner: str | None = None  # see claim_process
         self._deferred_notice_given = False
-        self._recorder = Recorder()
+        self._recorder = Recorder(key_parts=options.key_parts)
         self._writer = RecordWriter(options.cache_dir)
+        self._misses = MissCheck(lambda name: self._writer.storage().stat(name),
+                                 limit=MAX_CHECKED_GCS if options.is_gcs else MAX_CHECKED)
         self._attestor = Attestor(self._writer, self._recorder, secret=options.attest_key)
         self._sampler = None
         if options.verify == "sample":
@@ -81,7 +84,7 @@ class CacheSession:
 
         Device fields are filled once the backend is up (after the first compile, or ``jax.devices()``).
         """
-        return ji.fingerprint(self.compression)
+        return ji.fingerprint(self.compression, xla_flags=self._recorder.xla_flags())
 
     def on_program(self, callback: Callable[[KeyUsage], None]) -> None:
         """Call ``callback(usage)`` whenever JAX finishes compiling or loading a program (warm-up progress)."""
@@ -100,14 +103,19 @@ class CacheSession:
         """Hits, misses, writes, hit rate, compile, retrieval and saved seconds so far in this process."""
         return self._recorder.stats()
 
+    def miss_causes(self) -> MissCauses:
+        """This process's misses by the causes it can tell on its own (reads the metadata of missed entries)."""
+        return self._misses.causes(self.stats().misses, self._recorder.usages())
+
     def summary(self) -> str:
-        """One line: what the cache did for this process."""
+        """One line: what the cache did for this process, and why its misses missed as far as it can tell."""
         s = self.stats()
         rate = "n/a" if s.hit_rate is None else f"{s.hit_rate:.0%}"
+        causes = self.miss_causes().describe(self.cache_dir, self.run_id) if s.misses else ""
         return (
             f"jaxcache: job {self.job}: {s.hits} hits, {s.misses} misses ({s.writes} written), hit rate {rate};"
             f" {s.compile_s:.1f} s compiling, {s.retrieval_s:.2f} s loading, >= {s.saved_s:.1f} s saved;"
-            f" cache {self.cache_dir}"
+            f" cache {self.cache_dir}" + (f"; {causes}" if causes else "")
         )
 
     def record(self, *, final: bool = False) -> RunRecord:

@@ -19,6 +19,7 @@ from jax import monitoring
 
 from jaxcache import records
 from jaxcache.client import jax_internals as ji
+from jaxcache.client.keycapture import KeyCapture
 from jaxcache.records import KeyUsage
 
 
@@ -48,9 +49,12 @@ class CacheStats:
 
 
 class Recorder:
-    """Collects what JAX reports about its cache. :meth:`install` once; :meth:`uninstall` restores everything."""
+    """Collects what JAX reports about its cache. :meth:`install` once; :meth:`uninstall` restores everything.
 
-    def __init__(self) -> None:
+    ``key_parts``: also capture what went into each key (:mod:`jaxcache.client.keycapture`).
+    """
+
+    def __init__(self, *, key_parts: bool = True) -> None:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._keys: dict[str, KeyUsage] = {}
@@ -64,6 +68,8 @@ class Recorder:
         self._taps: list[tuple[logging.Logger, _Tap, int]] = []
         self._installed = False
         self._listeners: list[Callable[[KeyUsage], None]] = []
+        self._capture = KeyCapture() if key_parts else None
+        self._unhook: Callable[[], None] | None = None
 
     def add_listener(self, callback: Callable[[KeyUsage], None]) -> None:
         """Call ``callback`` with a copy of a key's usage each time JAX finishes compiling or loading it."""
@@ -77,10 +83,18 @@ class Recorder:
             return
         monitoring.register_event_listener(self._on_event)
         monitoring.register_event_duration_secs_listener(self._on_duration)
-        for name in ji.LOGGERS:
+        readers: list[tuple[str, Callable[[logging.LogRecord], None]]] = [(n, self.on_log) for n in ji.LOGGERS]
+        if self._capture is not None:
+            # At DEBUG this logger makes JAX hash each part of a key twice: a cost per compile, not per step.
+            readers.append((ji.KEY_LOGGER, self._capture.on_log))
+            self._unhook = ji.hook_cache_keys(self._capture.on_key)
+            if self._unhook is None:
+                ji.less_detail("has no compilation_cache.get_cache_key to hook: run records will not carry the"
+                               " programs' signatures")
+        for name, reader in readers:
             logger = logging.getLogger(name)
             # The records we need are DEBUG; what the user would have seen before still passes, nothing more.
-            tap = _Tap(self, passthrough_level=logger.getEffectiveLevel())
+            tap = _Tap(reader, passthrough_level=logger.getEffectiveLevel())
             logger.addFilter(tap)
             self._taps.append((logger, tap, logger.level))
             if logger.getEffectiveLevel() > logging.DEBUG:
@@ -104,6 +118,9 @@ class Recorder:
             logger.removeFilter(tap)
             logger.setLevel(level)
         self._taps.clear()
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
         self._installed = False
 
     # -- results ------------------------------------------------------------------------------------------------
@@ -120,6 +137,10 @@ class Recorder:
                 saved_s=self._saved_s,
                 unrecognised=self._unrecognised,
             )
+
+    def xla_flags(self) -> tuple[str, ...] | None:
+        """The XLA flags JAX hashed into the last key it computed; None before that, or without key parts."""
+        return None if self._capture is None else self._capture.xla_flags
 
     def usages(self) -> list[KeyUsage]:
         """A copy of the per-key records so far."""
@@ -226,6 +247,10 @@ class Recorder:
 
     def _begin(self, key: str, function: str, *, hit: bool) -> None:
         now = time.time()
+        parts, program = self._capture.take(key) if self._capture is not None else (None, None)
+        if self._capture is not None and parts is None:
+            ji.less_detail("did not log the parts of a cache key as jaxcache reads them: run records say which"
+                           " programs missed, but not which part of their key changed")
         with self._lock:
             usage = self._keys.get(key)
             if usage is None:
@@ -233,6 +258,8 @@ class Recorder:
                                  first_at=now)
                 self._keys[key] = usage
             usage.last_at = now
+            usage.parts = usage.parts or parts
+            usage.program = usage.program or program
             if hit:
                 usage.hits += 1
             else:
@@ -284,14 +311,14 @@ class Recorder:
 class _Tap(logging.Filter):
     """A filter on JAX's cache loggers: reads every record, lets through only what was visible before."""
 
-    def __init__(self, recorder: Recorder, passthrough_level: int) -> None:
+    def __init__(self, reader: Callable[[logging.LogRecord], None], passthrough_level: int) -> None:
         super().__init__()
-        self._recorder = recorder
+        self._reader = reader
         self._passthrough_level = passthrough_level
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
-            self._recorder.on_log(record)
+            self._reader(record)
         except Exception:  # noqa: BLE001 - telemetry must never break a compile
             pass
         return record.levelno >= self._passthrough_level

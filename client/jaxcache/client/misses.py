@@ -1,0 +1,106 @@
+"""Why this process's misses missed, as far as the client can tell on its own; ``jaxcache explain`` tells the rest.
+
+Two causes need nothing but this process: JAX said it would not write the program (a threshold, host callbacks,
+not process 0, the cache disabled), so no run before wrote it either; or the key's entry is in the cache but could
+not be read (corrupt or torn: JAX warns, recompiles, and never rewrites an entry that exists). Everything else (a
+new program, or a part of the key that changed since the entry was written) needs other runs' records.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from jaxcache.records import COMPILED, KeyUsage
+from jaxcache.storage import ObjectInfo
+
+#: An entry older than its miss by more than this existed before the lookup (clocks and mtime granularity aside).
+SLACK_S = 2.0
+#: Entries looked at per process, local and on a bucket (one request each there): bounds what a summary costs.
+MAX_CHECKED, MAX_CHECKED_GCS = 1000, 100
+_THRESHOLD = re.compile(r", (under \S+=\S+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class MissCauses:
+    """The misses of one process by cause. ``not_written``: (what JAX said, misses), grouped by threshold."""
+
+    misses: int
+    not_written: tuple[tuple[str, int], ...] = ()
+    unreadable: int = 0
+
+    @property
+    def unexplained(self) -> int:
+        """Misses the client cannot explain on its own."""
+        return max(self.misses - sum(n for _, n in self.not_written) - self.unreadable, 0)
+
+    def describe(self, cache_dir: str, run_id: str) -> str:
+        """The causes in words, with the command that explains the rest; empty without misses."""
+        if not self.misses:
+            return ""
+        said = []
+        if self.not_written:
+            said.append(f"{sum(n for _, n in self.not_written)} not written, as JAX said ("
+                        + "; ".join(f"{n}: {why}" for why, n in self.not_written) + ")")
+        if self.unreadable:
+            said.append(f"{self.unreadable} unreadable (the entry is in the cache but could not be read: corrupt or"
+                        f" torn, and JAX never rewrites it; jaxcache doctor {shlex.quote(cache_dir)} lists it)")
+        if self.unexplained:
+            said.append(f"{self.unexplained} to explain: jaxcache explain {shlex.quote(cache_dir)} --run"
+                        f" {shlex.quote(run_id)}")
+        return f"of {self.misses} miss{'es' if self.misses != 1 else ''}: " + ", ".join(said)
+
+
+class MissCheck:
+    """Sorts misses by cause; remembers which entries it looked at, so a second summary stats nothing again."""
+
+    def __init__(self, stat: Callable[[str], ObjectInfo | None], limit: int = MAX_CHECKED) -> None:
+        self._stat = stat  # an entry's metadata by file name, None when it is not there
+        self._limit = limit  # beyond it, misses go unchecked: `jaxcache explain` looks at them
+        self._unreadable: dict[str, bool] = {}
+
+    def causes(self, misses: int, usages: Iterable[KeyUsage]) -> MissCauses:
+        groups: dict[str, list[KeyUsage]] = {}
+        unreadable = 0
+        for usage in usages:
+            if not usage.compiles:
+                continue
+            # First: an entry there before the lookup is why it missed, whatever JAX then said about writing it.
+            if not usage.hits and self._is_unreadable(usage):
+                unreadable += usage.compiles
+            elif usage.event == COMPILED and usage.reason:
+                m = _THRESHOLD.search(usage.reason)
+                groups.setdefault(m.group(1) if m else usage.reason, []).append(usage)
+        not_written = tuple((_said(why, found), sum(u.compiles for u in found)) for why, found in groups.items())
+        return MissCauses(misses=misses, not_written=not_written, unreadable=unreadable)
+
+    def _is_unreadable(self, usage: KeyUsage) -> bool:
+        known = self._unreadable.get(usage.key)
+        if known is not None or len(self._unreadable) >= self._limit:
+            return bool(known)
+        try:
+            info = self._stat(usage.key + "-cache")  # JAX's entry name for a key
+        except Exception:  # noqa: BLE001 - storage trouble: unknown, ask again next time
+            return False
+        # An entry this process wrote is newer than its lookup; one there before the lookup could not be read.
+        self._unreadable[usage.key] = info is not None and info.mtime_s < usage.first_at - SLACK_S
+        return self._unreadable[usage.key]
+
+
+def _said(why: str, found: list[KeyUsage]) -> str:
+    """JAX's reason, with the range of the measured values when it is a threshold."""
+    if not why.startswith("under "):
+        return why
+    if "compile_time" in why:
+        values = [u.compile_s for u in found if u.compile_s is not None]
+        what, unit, shown = "compiled in", " s", "{:.2f}".format
+    else:
+        values = [float(u.size_bytes) for u in found if u.size_bytes is not None]
+        what, unit, shown = "entries of", " bytes", "{:.0f}".format
+    if not values:
+        return why
+    low, high = min(values), max(values)
+    span = shown(low) if shown(low) == shown(high) else f"{shown(low)}-{shown(high)}"
+    return f"{what} {span}{unit}, {why}"
