@@ -190,3 +190,12 @@ def test_the_cli_explains_a_roots_records(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "xla_flags" in table and "give the warm-up the job's XLA_FLAGS" in table and "3.5" in table
     assert cli_main(["explain", str(root), "--since", "soon"]) == 2
+
+
+def test_compile_options_that_move_with_flags_or_devices_are_not_the_cause():
+    old = key("jit_step", "old")
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0")], {old: EntryNow(old, NOW - 100)})
+    sharded = explain(known(K, "write", NOW, p=parts(computation="x", compile_options="y", devices="z")), hist)
+    assert sharded.cause == "devices" and [d.part for d in sharded.differs] == [
+        "computation", "compile_options", "devices"]
+    assert explain(known(K, "write", NOW, p=parts(compile_options="y")), hist).cause == "compile_options"

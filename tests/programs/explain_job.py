@@ -48,7 +48,8 @@ def main() -> int:
     import numpy as np
 
     salt = float(time.time_ns() % 997) if args.unstable else 0.0
-    options = dict(o.split("=", 1) for o in args.compiler_option)
+    options = {name: {"true": True, "false": False}.get(value, value)
+               for name, value in (o.split("=", 1) for o in args.compiler_option)}
 
     def step(a, b):
         return jnp.tanh(a @ b + salt).sum(axis=0)

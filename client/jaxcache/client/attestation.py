@@ -14,12 +14,15 @@ import threading
 import time
 
 from jaxcache.attestations import sign
+from jaxcache.client.misses import SLACK_S
 from jaxcache.client.reporting import RecordWriter
 from jaxcache.client.telemetry import Recorder
 
 log = logging.getLogger("jaxcache.client")
 
 QUEUE_SIZE = 1024
+UNREADABLE_REASON = ("the cache holds an entry for this key that JAX could not load; JAX does not rewrite an entry"
+                     " that exists")
 
 
 class Attestor:
@@ -30,15 +33,15 @@ class Attestor:
         self._writer = writer
         self._recorder = recorder
         self._secret = secret  # JAXCACHE_ATTEST_KEY: digests signed with it outrank anyone else's
-        self._queue: queue.Queue[str] = queue.Queue(maxsize=maxsize)
+        self._queue: queue.Queue[tuple[str, float]] = queue.Queue(maxsize=maxsize)
         self._seen: set[str] = set()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.dropped = 0
         self.failed = 0
 
-    def submit(self, key: str) -> None:
-        """Queue a key JAX just wrote; never blocks."""
+    def submit(self, key: str, looked_up_at: float = 0.0) -> None:
+        """Queue a key JAX says it just wrote (having looked it up at ``looked_up_at``); never blocks."""
         with self._lock:
             if key in self._seen:
                 return
@@ -47,7 +50,7 @@ class Attestor:
                 self._thread = threading.Thread(target=self._run, name="jaxcache-attest", daemon=True)
                 self._thread.start()
         try:
-            self._queue.put_nowait(key)
+            self._queue.put_nowait((key, looked_up_at))
         except queue.Full:
             self.dropped += 1
 
@@ -64,9 +67,16 @@ class Attestor:
 
     def _run(self) -> None:
         while True:
-            key = self._queue.get()
+            key, looked_up_at = self._queue.get()
             try:
-                chunks = self._writer.storage().read_chunks(key + "-cache")  # JAX's entry name for a key
+                storage = self._writer.storage()
+                info = storage.stat(key + "-cache")  # JAX's entry name for a key
+                if info is not None and info.mtime_s < looked_up_at - SLACK_S:
+                    # JAX says "writing" and writes nothing when an entry is there that it could not load: those
+                    # bytes are not this process's, and attesting them would vouch for a broken entry.
+                    self._recorder.mark_not_written(key, UNREADABLE_REASON)
+                    continue
+                chunks = storage.read_chunks(key + "-cache")
                 if chunks is not None:
                     digest, size = hashlib.sha256(), 0
                     for chunk in chunks:  # a stream: entries of hundreds of MB stay out of memory

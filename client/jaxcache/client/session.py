@@ -202,7 +202,7 @@ class CacheSession:
 
     def _attest_writes(self, usage: KeyUsage) -> None:
         if usage.event == WRITE and usage.sha256 is None:
-            self._attestor.submit(usage.key)
+            self._attestor.submit(usage.key, usage.first_at)
         elif usage.event == HIT and self._sampler is not None:
             self._sampler.on_hit(usage.key)
 

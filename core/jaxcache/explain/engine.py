@@ -52,7 +52,10 @@ def explain(miss: Miss, history: History, *, root: str = "ROOT") -> Explanation:
         return Explanation(c.PROGRAM_CHANGED, c.fix(c.PROGRAM_CHANGED, function=miss.function, changes=changes),
                            differs, nearest.key)
     # A change of environment (jaxlib, flags, devices) usually changes the lowered program too: it is the cause.
-    cause = next(p for p in differing if p != kp.COMPUTATION)
+    # XLA reads flags and the device count into the compile options, so those differ along with either: the
+    # options are the cause only when nothing else is.
+    environment = [p for p in differing if p != kp.COMPUTATION]
+    cause = next((p for p in environment if p != kp.COMPILE_OPTIONS), environment[0])
     first = next(d for d in differs if d.part == cause)
     text = c.fix(cause, mine=first.mine or "?", theirs=first.theirs or "?",
                  changes="; ".join(first.changes) or "values not recorded")
