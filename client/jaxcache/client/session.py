@@ -43,6 +43,7 @@ class CacheSession:
         self.started_at = time.time()
         self.topology: str | None = None  # set by warm-up to the topology it mocks; else derived from devices
         self.kind: RunKind = JOB  # what wrote the run records: warm-up sets its own kinds, kept out of jobs' figures
+        self.write_records = True  # False: no run record reaches the cache or the service (warmup --check)
         self._owner: str | None = None  # see claim_process
         self._deferred_notice_given = False
         self._recorder = Recorder(key_parts=options.key_parts)
@@ -155,6 +156,8 @@ class CacheSession:
         """
         with self._flush_lock:
             record = self.record(final=final)
+            if not self.write_records:
+                return record
             if not self.options.is_gcs:
                 self._writer.write(record)
             elif final:

@@ -10,6 +10,7 @@ from typing import Any
 from jaxcache.cli.output import EXIT_OK, ROOT_HELP, flag_value, print_json
 from jaxcache.explain import Explanation, Known, explain
 from jaxcache.explain.from_root import RootHistory, is_miss, read_records
+from jaxcache.explain.values import differs_text
 from jaxcache.records import check_job, check_run_id
 from jaxcache.storage import Storage
 from jaxcache.table import render
@@ -37,16 +38,6 @@ def _row(miss: Known, why: Explanation) -> dict[str, Any]:
             "process_index": miss.process_index, "compile_s": miss.compile_s, **why.as_dict()}
 
 
-def summary(diffs: list[dict[str, Any]]) -> str:
-    """What differs, in a few words for a table cell."""
-    parts = []
-    for d in diffs[:3]:
-        said = "; ".join(d["changes"][:2]) if d["changes"] else (
-            f"{d['theirs']} → {d['mine']}" if d["mine"] or d["theirs"] else "")
-        parts.append(f"{d['part']}: {said}" if said else d["part"])
-    return ", ".join(parts)
-
-
 def cmd_explain(args: argparse.Namespace, storage: Storage) -> int:
     job = flag_value("--job", check_job, args.job)
     run = flag_value("--run", check_run_id, args.run_id)
@@ -62,7 +53,7 @@ def cmd_explain(args: argparse.Namespace, storage: Storage) -> int:
     for r in rows:
         groups[(r["cause"], r["function"])].append(r)
     lines = sorted(groups.items(), key=lambda g: -sum(r["compile_s"] or 0 for r in g[1]))
-    table = [[cause, function, str(len(g)), f"{sum(r['compile_s'] or 0 for r in g):.1f}", summary(g[0]["differs"]),
+    table = [[cause, function, str(len(g)), f"{sum(r['compile_s'] or 0 for r in g):.1f}", differs_text(g[0]["differs"]),
               g[0]["fix"]] for (cause, function), g in lines]
     print(render(["CAUSE", "FUNCTION", "MISSES", "COMPILE S", "WHAT DIFFERS", "FIX"], table))
     total = sum(r["compile_s"] or 0 for r in rows)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from jaxcache import keyparts as kp
 from jaxcache.explain.model import Known, PartDiff
 
@@ -60,3 +62,13 @@ def _signature(known: Known) -> str | None:
     if known.program is None:
         return None
     return f"({', '.join(known.program.args)}) -> ({', '.join(known.program.results)})"
+
+
+def differs_text(diffs: list[dict[str, Any]]) -> str:
+    """What differs (``Explanation.as_dict()["differs"]``), in a few words for a table cell."""
+    parts = []
+    for d in diffs[:3]:
+        said = "; ".join(d["changes"][:2]) if d["changes"] else (
+            f"{d['theirs']} → {d['mine']}" if d["mine"] or d["theirs"] else "")
+        parts.append(f"{d['part']}: {said}" if said else d["part"])
+    return ", ".join(parts)

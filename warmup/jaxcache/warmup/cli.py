@@ -13,13 +13,14 @@ from typing import Any
 from jaxcache.client import check_cache_dir, current_session
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, WarmupRecord
 from jaxcache.errors import JaxcacheError
-from jaxcache.records import KeyUsage
+from jaxcache.records import WARMUP_VERIFY, KeyUsage
 from jaxcache.storage import is_gcs_url, open_storage
 from jaxcache.table import render
 from jaxcache.topology import parse_topology
 from jaxcache.units import format_bytes
 from jaxcache.warmup import devices as dev
 from jaxcache.warmup import target as tgt
+from jaxcache.warmup.check import check_summary, check_text
 from jaxcache.warmup.runner import WarmupConfig, explain_nothing_compiled, run_warmup
 from jaxcache.warmup.verify import VERIFY_TIMEOUT_S, verify
 
@@ -45,8 +46,11 @@ examples:
   warmup --topology 1x1x4 --platform cpu --cache-dir /mnt/cache --entrypoint jaxcache.warmup.examples:warm
   warmup --topology 1x1x8 --cache-dir /mnt/cache --script train.py -- --steps 1
 
-exit codes: 0 the cache holds the programs (and --verify passed); 1 the target failed, nothing was stored,
-or --verify found misses or ran past --verify-timeout; 2 bad input (nothing written)."""
+  warmup --topology 4x8x1 --cache-dir gs://bucket/jax-cache --entrypoint myjob.warm:programs --check
+
+exit codes: 0 the cache holds the programs (and --verify passed; with --check: every program hit); 1 the target
+failed, nothing was stored, --verify or --check found misses, or --verify ran past --verify-timeout; 2 bad input
+(nothing written)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse a cache directory others can write (strict, default), warn, or skip the check")
     p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; compile nothing")
     p.add_argument("--verify", action="store_true",
-                   help="afterwards, compile the same programs in a fresh process: pass only if all hit")
+                   help="afterwards, compile the same programs in a fresh process: pass only if all hit; each miss"
+                        " is explained part by part (warm-up run against verify run)")
+    p.add_argument("--check", action="store_true",
+                   help="pre-flight on a node of the target cluster: look the job's programs up in the shared cache"
+                        " and write nothing (no entry, no record); print coverage and the cause of every miss"
+                        " (exit 0 only when all hit)")
     p.add_argument("--verify-timeout", type=_seconds, default=VERIFY_TIMEOUT_S, metavar="SECONDS",
                    help=f"stop --verify's process after this long and fail (default {VERIFY_TIMEOUT_S:g})")
     p.add_argument("--ok-if-warm", action="store_true",
@@ -107,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if args.dry_run:
         return _dry_run(config, args)
+    if args.check:
+        return _check(config, args)
     return _run(config, args)
 
 
@@ -121,6 +132,24 @@ def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
     if is_gcs_url(cache_dir):
         storage.ping()  # an unreachable bucket should fail here, not after an hour of compiling
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust)
+
+
+def _check(config: WarmupConfig, args: argparse.Namespace) -> int:
+    quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    try:
+        with quiet, _client_notices():
+            record = run_warmup(config, write_coverage=False, kind=WARMUP_VERIFY, check=True)
+    except tgt.UserCodeError as exc:
+        return _user_failure(exc)
+    except JaxcacheError as exc:
+        print(f"warmup: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    summary = check_summary(config, record)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(check_text(summary))
+    return EXIT_OK if summary["programs"] and summary["hits"] == summary["programs"] else EXIT_FAILED
 
 
 def _dry_run(config: WarmupConfig, args: argparse.Namespace) -> int:

@@ -25,6 +25,8 @@ class _Thresholds(TypedDict):
 
 # Every program is stored, however fast or small: a warm-up that skips the quick ones leaves jobs compiling.
 STORE_EVERYTHING: _Thresholds = {"min_compile_time_secs": 0.0, "min_entry_size_bytes": -1}
+# --check looks every program up and stores none: JAX writes no entry smaller than this.
+STORE_NOTHING: _Thresholds = {"min_compile_time_secs": 0.0, "min_entry_size_bytes": 2**62}
 
 
 class NothingCompiledError(JaxcacheError):
@@ -57,19 +59,22 @@ def run_warmup(
     *,
     write_coverage: bool = True,
     kind: RunKind = WARMUP,
+    check: bool = False,
 ) -> WarmupRecord:
     """Fill the cache: mock the topology, enable the cache like a job would, run the target, collect coverage.
 
     ``kind`` goes into the run record (``warmup-verify`` for --verify's fresh process), which keeps the run out of
-    jobs' figures. Raises :class:`jaxcache.warmup.target.UserCodeError` when the user's code fails; the coverage of
-    what did compile is still written (it is in the cache either way).
+    jobs' figures. ``check``: look every program up and write nothing (no entry, no record). Raises
+    :class:`jaxcache.warmup.target.UserCodeError` when the user's code fails; the coverage of what did compile is
+    still written (it is in the cache either way).
     """
     started = time.time()
     dev.configure_backend(config.plan)
     # Import the entrypoint before anything touches the cache, so a typo or a broken import writes nothing.
     function = tgt.load(config.target)
     try:
-        session = enable_cache(config.cache_dir, job=config.job, trust=config.trust, **STORE_EVERYTHING)
+        session = enable_cache(config.cache_dir, job=config.job, trust=config.trust,
+                               **(STORE_NOTHING if check else STORE_EVERYTHING))
     except CacheAlreadyInitializedError:
         raise CacheAlreadyInitializedError(
             f"importing {config.target.label} compiled something before the warm-up could set up the cache:"
@@ -77,6 +82,7 @@ def run_warmup(
         ) from None
     session.topology = str(config.plan.topology)
     session.kind = kind
+    session.write_records = not check
     # A --script is a training script: it calls enable_cache() itself, with a job's settings, and gets this session.
     session.claim_process("the warm-up")
     if on_program is not None:
@@ -111,7 +117,7 @@ def run_warmup(
         cache_dir=config.cache_dir,
         programs=programs,
     )
-    if programs and write_coverage:
+    if programs and write_coverage and not check:
         open_storage(config.cache_dir, must_exist=False).write_atomic(result.name, result.to_json())
     if failure is not None:
         raise failure

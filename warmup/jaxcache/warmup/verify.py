@@ -12,9 +12,15 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+import msgspec
+
 from jaxcache.coverage import WarmupRecord
-from jaxcache.records import HIT, WARMUP_VERIFY
+from jaxcache.explain.from_root import knowns_of_warmup
+from jaxcache.explain.values import differs_text
+from jaxcache.records import HIT, WARMUP_VERIFY, Fingerprint
+from jaxcache.storage import open_storage
 from jaxcache.table import render
+from jaxcache.warmup.misses import explained, miss_of
 from jaxcache.warmup.runner import WarmupConfig
 
 VERIFY_TIMEOUT_S = 3600.0  # --verify-timeout's default
@@ -26,7 +32,7 @@ class VerifyResult:
 
     ok: bool
     hits: int
-    misses: list[dict]  # {"key", "function"} of programs it compiled instead of loading
+    misses: list[dict]  # programs it compiled instead of loading: key, function, cause, differs, nearest, fix
     fingerprint: dict
     warmup_fingerprint: dict
     error: str | None = None
@@ -41,8 +47,9 @@ class VerifyResult:
             return f"verify: ok: a fresh process loaded all {self.hits} program(s) from the cache"
         if self.error:
             return f"verify: FAILED: {self.error}"
-        lines = [f"verify: FAILED: {len(self.misses)} program(s) missed in a fresh process:"]
-        lines += [f"  {m['function']}  {m['key']}" for m in self.misses]
+        lines = [f"verify: FAILED: {len(self.misses)} program(s) missed in a fresh process:", ""]
+        lines.append(render(["function", "cause", "what differs", "fix"],
+                            [[m["function"], m["cause"], differs_text(m["differs"]), m["fix"]] for m in self.misses]))
         rows = [
             [name, str(self.warmup_fingerprint.get(name)), str(self.fingerprint.get(name)),
              "" if self.warmup_fingerprint.get(name) == self.fingerprint.get(name) else "<- differs"]
@@ -75,11 +82,18 @@ def verify(config: WarmupConfig, record: WarmupRecord, *, timeout_s: float = VER
                                                               f"\n{tail}")
     wanted = {p.key for p in record.programs}
     hits = [k for k in seen["keys"] if k["event"] == HIT]
-    misses = [k for k in seen["keys"] if k["event"] != HIT]
-    not_seen = wanted - {k["key"] for k in seen["keys"]}
-    misses += [{"key": key, "function": key.rsplit("-", 1)[0], "event": "not compiled"} for key in sorted(not_seen)]
-    return VerifyResult(not misses, len(hits), [{"key": m["key"], "function": m["function"]} for m in misses],
-                        seen["fingerprint"], warm_fp)
+    compiled = [k for k in seen["keys"] if k["event"] != HIT]
+    fingerprint = msgspec.convert({k: v for k, v in seen["fingerprint"].items() if k != "digest"}, Fingerprint)
+    misses = [miss_of(k, fingerprint, run_id=f"{record.id}-verify", job=config.job, topology=record.topology)
+              for k in compiled]
+    storage = open_storage(config.cache_dir, must_exist=False)
+    found = explained(storage, misses, knowns_of_warmup(record))
+    # A warm-up key that a miss already names as its nearest is that miss's other half, not a second finding.
+    not_seen = wanted - {k["key"] for k in seen["keys"]} - {m["nearest"] for m in found}
+    found += [{"key": key, "function": key.rsplit("-", 1)[0], "cause": "not_compiled", "differs": [],
+               "nearest": None, "fix": "the fresh process did not compile this program: the target compiles"
+               " something else the second time (a program chosen at random, or by time)"} for key in sorted(not_seen)]
+    return VerifyResult(not found, len(hits), found, seen["fingerprint"], warm_fp)
 
 
 def _timed_out(config: WarmupConfig, timeout_s: float, stderr: bytes | str | None) -> str:
@@ -102,6 +116,7 @@ def child_main(payload: str) -> int:
     from jaxcache.topology import parse_topology
     from jaxcache.warmup import devices as dev
     from jaxcache.warmup import target as tgt
+    from jaxcache.warmup.misses import program_dict
     from jaxcache.warmup.runner import run_warmup
 
     spec = json.loads(payload)
@@ -112,8 +127,7 @@ def child_main(payload: str) -> int:
     config = WarmupConfig(plan=plan, cache_dir=spec["cache_dir"], job=spec["job"], target=target,
                           trust=spec["trust"])
     record = run_warmup(config, write_coverage=False, kind=WARMUP_VERIFY)
-    keys = [{"key": p.key, "function": p.function, "event": HIT if p.status == "present" else "compiled"}
-            for p in record.programs]
+    keys = [{**program_dict(p), "event": HIT if p.status == "present" else "compiled"} for p in record.programs]
     fp = record.fingerprint.as_dict()
     print(json.dumps({"keys": keys, "fingerprint": fp}), flush=True)
     return 0

@@ -1,0 +1,41 @@
+"""``warmup --check``: on a node of the target cluster, how much of the job the shared cache covers, and why each
+miss missed (against the root's run and warm-up records). It writes nothing: the node learns, before the real job
+starts, that the warm-up machine's driver, flags or devices differ from its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxcache.coverage import PRESENT, WarmupRecord
+from jaxcache.explain.from_root import read_records
+from jaxcache.explain.values import differs_text
+from jaxcache.storage import open_storage
+from jaxcache.table import render
+from jaxcache.warmup.misses import explained, miss_of, program_dict
+from jaxcache.warmup.runner import WarmupConfig
+
+
+def check_summary(config: WarmupConfig, record: WarmupRecord) -> dict[str, Any]:
+    """Coverage (programs that hit / all) and every miss with its cause and fix."""
+    storage = open_storage(config.cache_dir, must_exist=False)
+    missed = [p for p in record.programs if p.status != PRESENT]
+    knowns, _ = read_records(storage)
+    misses = [miss_of(program_dict(p), record.fingerprint, run_id=record.id, job=config.job,
+                      topology=record.topology) for p in missed]
+    found = explained(storage, misses, knowns)
+    programs = len(record.programs)
+    hits = programs - len(missed)
+    return {"cache_dir": config.cache_dir, "topology": record.topology, "platform": record.platform,
+            "programs": programs, "hits": hits, "coverage": hits / programs if programs else None,
+            "misses": found, "fingerprint": record.fingerprint.as_dict()}
+
+
+def check_text(s: dict[str, Any]) -> str:
+    if not s["programs"]:
+        return "check: the target compiled nothing: no program to look up (does the entrypoint call jax.jit?)"
+    head = (f"check: {s['hits']} of {s['programs']} programs hit in {s['cache_dir']} "
+            f"({100 * s['coverage']:.0f}%) on {s['topology']} {s['platform']}; nothing was written")
+    if not s["misses"]:
+        return head
+    rows = [[m["function"], m["cause"], differs_text(m["differs"]), m["fix"]] for m in s["misses"]]
+    return f"{head}\n\n" + render(["function", "cause", "what differs", "fix"], rows)
