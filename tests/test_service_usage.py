@@ -92,8 +92,12 @@ def test_jobs(svc, keys, reported):
 
     d = svc.get("/v1/caches/demo/jobs/eval", headers=H_READ).json()
     assert d["hits"] == 1 and d["misses"] == 1
-    assert d["missed"] == [{"key": keys["jit_tiny"], "function": "jit_tiny", "compiles": 1, "compile_s": 0.5,
-                            "written": False, "reason": "only process 0 writes the cache", "in_cache": True}]
+    (miss,) = d["missed"]
+    why = {name: miss.pop(name) for name in ("cause", "differs", "nearest", "fix")}
+    assert miss == {"key": keys["jit_tiny"], "function": "jit_tiny", "compiles": 1, "compile_s": 0.5,
+                    "written": False, "reason": "only process 0 writes the cache", "in_cache": True}
+    # pretrain wrote it two hours before and it is in the cache: eval could not load what was there.
+    assert why["cause"] == "unreadable" and "--corrupt --apply" in why["fix"], why
     (r,) = d["recent_runs"]
     assert (r["run_id"], r["process_index"], r["process_count"], r["hits"], r["misses"]) == ("e1", 1, 2, 1, 1)
     assert r["fingerprint_digest"] == Fingerprint(jax=NEW, jaxlib=NEW, backend="cpu").digest

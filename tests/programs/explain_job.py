@@ -60,6 +60,7 @@ def main() -> int:
     if session is None:
         print(json.dumps({"plain": True}))
         return 0
+    session.wait_for_attestations()  # what the final record says of each write, as at exit
     record = session.flush()
     usages = [{"key": u.key, "function": u.function, "event": u.event} for u in record.keys]
     print(json.dumps({"run_id": record.run_id, "keys": usages, "summary": session.summary()}), flush=True)

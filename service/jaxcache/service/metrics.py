@@ -22,6 +22,8 @@ class Metrics:
                                          "retention folded into per-key history", ["cache"], registry=self.registry)
         self.integrity = Gauge("jaxcache_integrity_entries", "entries by last integrity verdict", ["cache", "class"],
                                registry=self.registry)
+        self.misses = Counter("jaxcache_misses", "jobs' misses, each counted once when first explained, by cause "
+                              "(jaxcache.explain.CAUSES)", ["cache", "cause"], registry=self.registry)
         self.reports_malformed = Counter("jaxcache_reports_malformed", "run records rejected as malformed",
                                          ["source"], registry=self.registry)
         self.loop_last_success = Gauge("jaxcache_loop_last_success_timestamp_seconds",

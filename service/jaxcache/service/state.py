@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,7 @@ class State:
         self.auth = Authenticator(settings)
         self.catalog = Catalog(settings.catalog_url)
         self.metrics = Metrics()
+        self.catalog.on_misses = self._count_misses
         self.loops = LoopHealth(self.metrics)
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
@@ -183,7 +185,9 @@ class State:
         with self.catalog.reader() as conn:
             return {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
                     "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
-                    "by_function_saved": queries.saved_by_function(conn, name)}
+                    "by_function_saved": queries.saved_by_function(conn, name),
+                    "misses_by_cause": {"last_24h": queries.misses_by_cause(conn, name, since=now - _DAY_S),
+                                        "last_7d": queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
 
     def ingest(self, name: str, record: records.RunRecord) -> reports.IngestResult:
         """Ingest one POSTed run record into ``name``."""
@@ -193,6 +197,10 @@ class State:
             self._usage.pop(name, None)
             self.pages.invalidate(name)  # hits and last use of listed entries moved
         return result
+
+    def _count_misses(self, name: str, counts: Mapping[str, int]) -> None:
+        for cause, n in counts.items():
+            self.metrics.misses.labels(name, cause).inc(n)
 
     def caches(self) -> list[CacheInfo]:
         """Every configured cache with its size and last scan."""

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import JSON, BigInteger, Boolean, ColumnElement, Float, Index, Integer, String, Table, text
+from sqlalchemy import JSON, BigInteger, Boolean, ColumnElement, Float, Index, Integer, String, Table, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: A nullable JSON column whose Python None is SQL NULL (not the JSON text ``null``): "no parts recorded" must be
+#: a condition an index and ``IS NULL`` can see.
+NullableJSON = JSON(none_as_null=True)
 
 
 def Str(length: int) -> String:
@@ -208,10 +212,22 @@ class UsageRow(Base):
     size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     first_at: Mapped[float] = mapped_column(Float, default=0.0)
     last_at: Mapped[float] = mapped_column(Float, default=0.0)
+    # What entered the key (jaxcache.keyparts), as the record carried them: what explanations compare.
+    parts: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
+    program: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
+    # A job's miss (event write or compiled), explained at ingestion (jaxcache.explain); NULL: not explained yet
+    # (every other row, and misses ingested before revision 0008 or by a replica still on 0007).
+    cause: Mapped[str | None] = mapped_column(Str(32), nullable=True)
+    differs: Mapped[list | None] = mapped_column(NullableJSON, nullable=True)  # [{part, mine, theirs, changes}]
+    nearest: Mapped[str | None] = mapped_column(Str(512), nullable=True)
+    fix: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (
         Index("ix_usage_key", "cache", "key"),
         Index("ix_usage_job", "cache", "job", "key"),
+        # "The keys of function F in cache C, newest first" is an index range: explanations look for the nearest
+        # key of a miss's function among them without reading the function's whole history.
+        Index("ix_usage_function", "cache", "function", "first_at"),
     )
 
 
@@ -272,6 +288,9 @@ class PruneItemRow(Base):
     key: Mapped[str] = mapped_column(Str(512))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
 
+    # An evicted miss names the prune that deleted its key: found by key, not by reading every prune's plan.
+    __table_args__ = (Index("ix_prune_items_key", "key"),)
+
 
 class WarmupRow(Base):
     """One warm-up run, from its coverage record under ``.jaxcache/warmups/``."""
@@ -306,6 +325,15 @@ class WarmupKeyRow(Base):
     status: Mapped[str] = mapped_column(Str(16))
     compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # What explanations read of a warm-up's programs, as for usage rows: why one was not written, and its key.
+    reason: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    parts: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
+    program: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
+
+    __table_args__ = (
+        Index("ix_warmup_keys_key", "cache", "key"),
+        Index("ix_warmup_keys_function", "cache", "function"),
+    )
 
 
 class AttestationRow(Base):

@@ -12,6 +12,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from markupsafe import Markup
 
+from jaxcache.explain.values import differs_text
 from jaxcache.units import format_bytes
 
 DASH = "–"
@@ -78,6 +79,23 @@ def ago(ts: float | None, now: float | None = None) -> Markup:
     text = "just now" if abs(delta) < 1 else (f"{age(delta)} ago" if delta > 0 else f"in {age(-delta)}")
     iso = datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     return Markup('<time datetime="{}" title="{}">{}</time>').format(iso, utc(ts), text)
+
+
+def by_cause(missed: list[dict]) -> list[dict]:
+    """A job's misses (``queries.job_misses``) grouped by cause, most compile time lost first; each miss with what
+    differs in a few words. Misses not explained yet (ingested before explanations) group as cause None."""
+    groups: dict[str | None, list[dict]] = {}
+    for m in missed:
+        groups.setdefault(m["cause"], []).append({**m, "differs_text": differs_text(m["differs"])})
+    out = [{"cause": cause or "unexplained", "misses": len(ms), "compile_s": sum(m["compile_s"] for m in ms),
+            "fix": ms[0]["fix"], "missed": ms} for cause, ms in groups.items()]
+    return sorted(out, key=lambda g: (-g["compile_s"], g["cause"]))
+
+
+def top_causes(by_cause: dict, limit: int = 10) -> list[dict]:
+    """The week's causes (stats' ``misses_by_cause``), most compile time lost first, with the day's count beside."""
+    day = {c["cause"]: c["misses"] for c in by_cause["last_24h"]["causes"]}
+    return [{**c, "misses_24h": day.get(c["cause"], 0)} for c in by_cause["last_7d"]["causes"][:limit]]
 
 
 def short_key(key: str) -> str:

@@ -89,7 +89,8 @@ def routes(dash: Dashboard) -> APIRouter:
         with state.catalog.reader() as conn:
             integrity = verdicts.summary(conn, cache, limit=20)  # what GET .../integrity answers
         return dash.render(request, "overview.html", viewer=viewer, cache=cache, section="overview", stats=stats,
-                           summary=summary, chart=chart, integrity=integrity)
+                           summary=summary, chart=chart, integrity=integrity,
+                           causes=fmt.top_causes(stats["misses_by_cause"]))
 
     @router.get("/caches/{cache}/entries")
     def entries(request: Request, cache: str) -> Response:
@@ -159,7 +160,7 @@ def routes(dash: Dashboard) -> APIRouter:
             missed = queries.job_misses(conn, cache, job, limit=1000)
             recent = queries.job_runs(conn, cache, job, limit=100)
         return dash.render(request, "job.html", viewer=viewer, cache=cache, section="jobs", j=found[0],
-                           missed=missed, recent=recent)
+                           causes=fmt.by_cause(missed), recent=recent)
 
     @router.get("/caches/{cache}/warmups")
     def warmup_list(request: Request, cache: str) -> Response:

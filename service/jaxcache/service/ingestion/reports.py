@@ -10,7 +10,7 @@ changes nothing. How the figures are defined: docs/service.md, "Run records".
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from sqlalchemy import bindparam, delete, insert, select, update
@@ -20,9 +20,11 @@ from jaxcache import records
 from jaxcache.attestations import FILE, REPORTED, from_run
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import RunRecord
+from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import AGGREGATES, CacheRow, KeyStatsRow, RunRow, UsageRow, table_of
 from jaxcache.service.ingestion import attestations
+from jaxcache.service.ingestion import explain as explaining
 from jaxcache.service.ingestion.aggregates import (
     entry_update_statement,
     hit_at,
@@ -45,23 +47,34 @@ class IngestResult:
     process_index: int
     keys: int  # per-key rows stored for the process
     stale: bool  # a newer version of this record was already ingested: nothing changed
+    misses: dict[str, int] = field(default_factory=dict)  # misses explained for the first time, by cause
+    pending: tuple[explaining.Pending, ...] = ()  # misses stored unexplained (``explain=False``)
 
 
 def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REPORT, secret: bytes | None = None,
-           record_name: str | None = None) -> IngestResult:
-    """Store ``record`` (already parsed) for ``cache`` and update the aggregates of the keys it touches.
+           record_name: str | None = None, explain: bool = True) -> IngestResult:
+    """Store ``record`` (already parsed) for ``cache``, update the aggregates of the keys it touches, and explain
+    its new misses (unless ``explain`` is False: a rescan explains all its records' misses at its end, when every
+    record it read is in, whatever order it read them in).
 
     Raises :class:`InvalidInputError` (and stores nothing) if the record names a key twice.
     """
     usages = _unique(record.keys)
     pk = (cache, record.run_id, record.process_index)
+    counts: dict[str, int] = {}
+    pending: list[explaining.Pending] = []
     with catalog.writing(cache) as s:
         run = s.get(RunRow, pk)
         if run is not None and run.updated_s > record.updated_at:
             return IngestResult(cache, record.run_id, record.process_index, run.keys, stale=True)
         compacted = run is None and _compacted(s, cache, record)
         if not compacted:
-            stored = _store(s, cache, record, usages, run, source)
+            stored, pending = _store(s, cache, record, usages, run, source)
+            if explain and pending:
+                counts = dict(explaining.explain_pending(s, cache, pending))
+                pending = []
+    if counts:
+        catalog.count_misses(cache, counts)
     # A POSTed digest came with a report token; one read from the bucket is worth what the bucket's writers are.
     # Recorded for compacted records too: digests are evidence, never counts (the first accepted one counts, the
     # others are kept as conflicts), and a back-dated record must not hide a forged digest.
@@ -70,16 +83,19 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
                                                  record=record_name))
     if compacted:
         return IngestResult(cache, record.run_id, record.process_index, 0, stale=True)
-    return IngestResult(cache, record.run_id, record.process_index, stored, stale=False)
+    return IngestResult(cache, record.run_id, record.process_index, stored, stale=False, misses=counts,
+                        pending=tuple(pending))
 
 
 def _store(s: Session, cache: str, record: RunRecord, usages: list[records.KeyUsage], run: RunRow | None,
-           source: str) -> int:
+           source: str) -> tuple[int, list[explaining.Pending]]:
     """Replace the process's run and usage rows with ``record``'s and update its keys' aggregates; the rows
-    stored."""
+    stored, and the misses among them to explain (the others keep the explanation their earlier row had)."""
     where = (UsageRow.cache == cache, UsageRow.run_id == record.run_id,
              UsageRow.process_index == record.process_index)
     old = {r.key: r for r in s.execute(select(*_OWN).where(*where))}
+    explained = {} if run is None else _explained(s, cache, record)
+    same_run = run is not None and all(getattr(run, n) == v for n, v in _explained_run_fields(record).items())
     s.execute(delete(UsageRow).where(*where))
     fields = _run_fields(record, source)
     if run is None:
@@ -89,12 +105,22 @@ def _store(s: Session, cache: str, record: RunRecord, usages: list[records.KeyUs
             setattr(run, name, value)
     s.flush()
     rows = [_usage_row(cache, record, u) for u in usages]
+    pending = []
+    for row in rows:
+        if explaining.is_miss(row["kind"], row["event"]):
+            before = explained.get(row["key"])
+            kept = explaining.carried(before, row, same_run)
+            if kept is None:
+                pending.append(explaining.Pending(record.run_id, record.process_index, row["key"],
+                                                  counted=before is None or before["cause"] is None))
+            else:
+                row.update(kept)
     full = _update_in_place(s, cache, record, old, {r["key"]: r for r in rows})
     for i in range(0, len(rows), 5000):
         s.execute(insert(UsageRow), rows[i : i + 5000])
     if full:
         recompute(s, cache, full)
-    return len(rows)
+    return len(rows), pending
 
 
 def _compacted(s: Session, cache: str, record: RunRecord) -> bool:
@@ -188,6 +214,19 @@ def _run_fields(record: RunRecord, source: str) -> dict:
     }
 
 
+def _explained(s: Session, cache: str, record: RunRecord) -> dict[str, dict]:
+    """The process's stored misses with what their explanations were made of, by key."""
+    rows = rawsql.fetch(s.connection(), "ingest-explained", explaining.stored_statement,
+                        {"cache": cache, "run_id": record.run_id, "process_index": record.process_index})
+    return {r[0]: explaining.as_stored(r) for r in rows}
+
+
+def _explained_run_fields(record: RunRecord) -> dict:
+    """What an explanation reads of the run besides the usage row: a change re-explains its misses."""
+    return {"fingerprint_digest": record.fingerprint.digest, "topology": record.topology,
+            "started_s": record.started_at, "job": record.job, "kind": record.kind}
+
+
 def _usage_row(cache: str, record: RunRecord, u: records.KeyUsage) -> dict:
     return {
         "cache": cache, "run_id": record.run_id, "process_index": record.process_index, "key": u.key,
@@ -195,4 +234,7 @@ def _usage_row(cache: str, record: RunRecord, u: records.KeyUsage) -> dict:
         "compiles": u.compiles, "writes": u.writes, "reason": u.reason, "compile_s": u.compile_s,
         "retrieval_s": u.retrieval_s, "jax_saved_s": u.saved_s, "saved_s": 0.0, "size_bytes": u.size_bytes,
         "first_at": u.first_at, "last_at": u.last_at,
+        "parts": None if u.parts is None else msgspec.to_builtins(u.parts),
+        "program": None if u.program is None else msgspec.to_builtins(u.program),
+        "cause": None, "differs": None, "nearest": None, "fix": None,
     }

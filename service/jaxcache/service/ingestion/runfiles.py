@@ -22,6 +22,7 @@ from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow, RunRow, max_length
 from jaxcache.service.ingestion import malformed
+from jaxcache.service.ingestion.explain import Pending
 from jaxcache.service.ingestion.reports import STORAGE, ingest
 from jaxcache.storage import ObjectInfo, Storage
 
@@ -46,6 +47,7 @@ class RecordScan:
     malformed: int
     unchanged: int
     listed_days: tuple[str, ...] | None = None  # the day directories listed; None: all of runs/
+    pending: tuple[Pending, ...] = ()  # the ingested records' misses, stored unexplained (see explain.explain_stored)
 
 
 @dataclass(slots=True)
@@ -125,6 +127,7 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: byte
     vanished = [n for n in known if n not in listing]
     todo = [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
     ingested = 0
+    pending: list[Pending] = []
     skipped = malformed.Skipped("run record")
     for info, data, error in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
         if data is None and error is None:
@@ -132,7 +135,8 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: byte
         if data is not None and error is None:
             try:
                 record = records.parse(data)
-                ingest(catalog, cache, record, source=STORAGE, secret=secret, record_name=info.name)
+                pending.extend(ingest(catalog, cache, record, source=STORAGE, secret=secret, record_name=info.name,
+                                      explain=False).pending)
             except malformed.REFUSALS as exc:
                 error = malformed.reason(exc)
         if error is not None:
@@ -155,4 +159,5 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: byte
     changed.update({cast(str, d): d in touched for d in found})
     catalog.record_listings[cache] = _Listings(now if full or state is None else state.full_at, changed)
     skipped.log(cache)
-    return RecordScan(ingested, len(skipped), len(listing) - len(todo), None if days is None else tuple(days))
+    return RecordScan(ingested, len(skipped), len(listing) - len(todo), None if days is None else tuple(days),
+                      tuple(pending))

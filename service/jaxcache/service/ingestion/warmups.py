@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
+import msgspec
 from sqlalchemy import delete, insert, select
 
 from jaxcache import coverage
@@ -49,7 +50,10 @@ def ingest(catalog: Catalog, cache: str, record: WarmupRecord, *, secret: bytes 
             compile_s=sum(p.compile_s or 0.0 for p in programs.values() if p.status != coverage.PRESENT),
         ))
         rows = [dict(cache=cache, warmup_id=record.id, key=p.key, function=p.function, status=p.status,
-                     compile_s=p.compile_s, size_bytes=p.size_bytes) for p in programs.values()]
+                     compile_s=p.compile_s, size_bytes=p.size_bytes, reason=p.reason,
+                     parts=None if p.parts is None else msgspec.to_builtins(p.parts),
+                     program=None if p.program is None else msgspec.to_builtins(p.program))
+                for p in programs.values()]
         for i in range(0, len(rows), 5000):
             s.execute(insert(WarmupKeyRow), rows[i : i + 5000])
     attestations.record(catalog, cache, from_coverage(record, source=FILE, at=time.time(), secret=secret,

@@ -21,6 +21,7 @@ from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
+from jaxcache.service.ingestion import explain as explaining
 from jaxcache.service.ingestion import warmups
 from jaxcache.service.ingestion.aggregates import EMPTY, key_stats
 from jaxcache.service.ingestion.runfiles import scan_records
@@ -47,6 +48,7 @@ class RescanResult:
     records_malformed: int = 0
     warmups_ingested: int = 0  # warm-up coverage records under .jaxcache/warmups/ new or changed
     records_compacted: int = 0  # runs (processes) older than the retention folded into per-key history
+    misses_explained: int = 0  # the ingested records' misses, explained once they were all in
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
@@ -295,6 +297,8 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
     """Ingest run and warm-up records, compact the old runs, and note the scan's end."""
     found = scan_records(catalog, cache, storage, secret=secret)
     covered = warmups.scan(catalog, cache, storage, secret=secret)
+    # Once every record and warm-up this rescan read is in, whatever order they were listed in.
+    explained = explaining.explain_stored(catalog, cache, found.pending, root=storage.url)
     compacted = retention.compact(catalog, cache, storage, retain_s=retain_s).runs if retain_s is not None else 0
     seconds = time.monotonic() - started
     # One UPDATE, no read first: on SQLite a read-then-write transaction fails outright (SQLITE_BUSY_SNAPSHOT) when
@@ -303,4 +307,4 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
         s.execute(update(CacheRow).where(CacheRow.name == cache)
                   .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None))
     return RescanResult(cache, added, removed, updated, entries, seconds, found.ingested, found.malformed,
-                        covered.ingested, compacted)
+                        covered.ingested, compacted, sum(explained.values()))

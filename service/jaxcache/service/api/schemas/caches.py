@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from jaxcache.service.api.schemas.misses import MissesByCause
+
 
 class CacheSummary(BaseModel):
     name: str = Field(examples=["prod"])
@@ -71,6 +73,8 @@ class StatsModel(BaseModel):
         description="jobs' processes whose run records were updated in the last 7 days (warm-ups are not jobs)")
     by_function_saved: list[FunctionSavedModel] = Field(
         default_factory=list, description="top 100 functions by compile seconds their entries (in the cache now) saved")
+    misses_by_cause: MissesByCause = Field(
+        description="jobs' misses over the last 24 h and 7 d by cause, with the compile seconds each cause cost")
 
 
 class RescanModel(BaseModel):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from jaxcache.service.api.schemas.misses import MissExplanation
+
 
 class JobSummary(BaseModel):
     job: str = Field(examples=["llama-pretrain"])
@@ -26,7 +28,9 @@ class JobList(BaseModel):
     jobs: list[JobSummary]
 
 
-class JobMiss(BaseModel):
+class JobMiss(MissExplanation):
+    """A key the job compiled because the cache did not give it, explained by its most recent miss."""
+
     key: str
     function: str
     compiles: int
@@ -56,5 +60,6 @@ class JobRun(BaseModel):
 
 
 class JobDetail(JobSummary):
-    missed: list[JobMiss] = Field(description="the job's misses, most compile seconds first (at most 1000)")
+    missed: list[JobMiss] = Field(description="the job's misses, most compile seconds first (at most 1000), each "
+                                              "with its cause, what differs, the nearest key and the fix")
     recent_runs: list[JobRun] = Field(description="the job's processes, newest record first (at most 100)")

@@ -18,6 +18,7 @@ from jaxcache.service.catalog.queries.listing import (
     list_entries,
     page_entry,
 )
+from jaxcache.service.catalog.queries.misses import misses_by_cause
 from jaxcache.service.catalog.queries.totals import cache_totals, day_of, stats
 from jaxcache.service.catalog.queries.usage import (
     job_misses,
@@ -31,5 +32,5 @@ from jaxcache.service.catalog.queries.usage import (
 __all__ = [
     "PAGE_FIELDS", "SORTS", "WRITER_FIELDS", "EntryFilter", "cache_totals", "day_of", "entry_columns", "entry_detail",
     "entry_jobs", "glob_match", "glob_pattern", "glob_to_like", "job_misses", "job_runs", "jobs", "list_entries",
-    "page_entry", "prunes", "recent_jaxlibs", "saved_by_function", "stats", "usage_window",
+    "misses_by_cause", "page_entry", "prunes", "recent_jaxlibs", "saved_by_function", "stats", "usage_window",
 ]

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from jaxcache.records import JOB
 from jaxcache.service.catalog.models import EntryRow, RunRow, UsageRow
+from jaxcache.service.catalog.queries.misses import latest_explanations
 
 
 def _rate(hits: int, misses: int) -> float | None:
@@ -94,7 +95,8 @@ def jobs(s: Session | Connection, cache: str, *, job: str | None = None, limit: 
 
 
 def job_misses(s: Session | Connection, cache: str, job: str, *, limit: int) -> list[dict]:
-    """Keys the job compiled because the cache did not have them, most compile seconds first."""
+    """Keys the job compiled because the cache did not have them, most compile seconds first, each with the
+    explanation of its most recent miss (:mod:`.misses`)."""
     spent = func.sum(func.coalesce(UsageRow.compile_s, 0.0))
     rows = s.execute(
         select(UsageRow.key, UsageRow.function, func.sum(UsageRow.compiles), spent, func.sum(UsageRow.writes),
@@ -104,8 +106,10 @@ def job_misses(s: Session | Connection, cache: str, job: str, *, limit: int) -> 
     ).all()
     present = set(s.scalars(select(EntryRow.key).where(
         EntryRow.cache == cache, EntryRow.kind == "entry", EntryRow.key.in_([r[0] for r in rows]))))
+    why = latest_explanations(s, cache, job, [r[0] for r in rows])
+    none: dict[str, object] = {"cause": None, "differs": [], "nearest": None, "fix": None}
     return [{"key": k, "function": f, "compiles": int(n), "compile_s": float(c), "written": bool(w),
-             "reason": reason, "in_cache": k in present} for k, f, n, c, w, reason in rows]
+             "reason": reason, "in_cache": k in present, **why.get(k, none)} for k, f, n, c, w, reason in rows]
 
 
 def job_runs(s: Session | Connection, cache: str, job: str, *, limit: int) -> list[dict]:

@@ -1,0 +1,321 @@
+"""The catalog as an explainer's history (:class:`jaxcache.explain.History`): usage and warm-up rows say who looked
+up which key with which parts, entry rows and integrity verdicts what the cache holds now, the prune audit log what
+was deleted. Loaded for a batch of misses in a few statements, each an index range with a bound on what it reads,
+so a miss costs the same however long its function's history is (docs/service.md, "Explained misses")."""
+
+from __future__ import annotations
+
+from collections import defaultdict, namedtuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+from sqlalchemy import Select, Text, and_, bindparam, cast, select
+from sqlalchemy.engine import Connection
+
+from jaxcache import integrity
+from jaxcache.explain import Deletion, EntryNow, Known
+from jaxcache.explain.from_root import LIBRARY
+from jaxcache.keyparts import KeyParts, ProgramSignature
+from jaxcache.records import Fingerprint
+from jaxcache.service.catalog import rawsql
+from jaxcache.service.catalog.models import (
+    EntryRow,
+    PruneItemRow,
+    PruneRow,
+    RunRow,
+    UsageRow,
+    VerificationRow,
+    WarmupKeyRow,
+    WarmupRow,
+)
+
+#: Rows read per missed key (its newest before the batch's last miss): the engine wants the latest write, hit and
+#: compile of other processes, which are among them unless that many processes looked the key up since.
+KEY_ROWS = 200
+#: Rows with parts read per function: the newest of each of its most recent keys (at most FUNCTION_KEYS keys), so
+#: that one key many processes hit does not hide the others. The nearest key is searched among them.
+FUNCTION_KEYS, ROWS_PER_KEY = 8, 16
+#: The function's oldest rows, whatever their parts: whether the cache had seen the function at all (new_program).
+FIRST_ROWS = 4
+#: Entries read per function, oldest first (as many as the CLI reads of a root).
+FUNCTION_ENTRIES = 3
+WARMUP_ROWS = 1000
+#: Misses of one key or function this close in time share one read of the rows before the last of them.
+BUCKET_S = 3600.0
+#: Prunes that deleted (or may have deleted part of) what they planned: done, failed or interrupted.
+RUNNING = "running"
+#: JAX loads an entry in every class but these: corrupt does not decompress, pending is not judged yet.
+_UNREADABLE, _UNJUDGED = integrity.CORRUPT, integrity.PENDING
+
+T = TypeVar("T")
+_u, _r = UsageRow, RunRow
+
+
+def _text(column: Any) -> Any:
+    # JSON as its text on both drivers (psycopg would decode it): decoded here once per distinct value.
+    return cast(column, Text).label(column.key)
+
+
+_USAGE = (_u.key, _u.function, _u.event, _u.first_at, _u.job, _u.run_id, _u.process_index, _u.kind, _text(_u.parts),
+          _text(_u.program), _u.reason, _u.compile_s, _r.started_s, _text(_r.fingerprint), _r.topology)
+UsageKnown = namedtuple("UsageKnown", [str(c.key) for c in _USAGE])  # type: ignore[misc]
+_EVENTS = {"written": "write", "present": "hit", "not_written": "compiled"}
+
+
+def chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def decoded(value: Any, kind: type[T]) -> T | None:
+    """A JSON column's value as ``kind`` (its text, or what a driver decoded); None when it is not one."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, (str, bytes)):
+            return msgspec.json.decode(value, type=kind)
+        return msgspec.convert(value, kind)
+    except (msgspec.ValidationError, msgspec.DecodeError):  # another version's format: not evidence this one reads
+        return None
+
+
+class Decoder:
+    """JSON texts of parts, programs and fingerprints decoded once each: most rows repeat their key's and run's."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[type, str], Any] = {}
+
+    def __call__(self, text: str | None, kind: type[T]) -> T | None:
+        if text is None:
+            return None
+        found = self._seen.get((kind, text), self)
+        if found is self:
+            found = self._seen[(kind, text)] = decoded(text, kind)
+        return found
+
+
+# Every statement is built once per shape with bound values (rawsql): a miss costs a few driver calls, not the
+# building of a few SQLAlchemy expressions, which is most of the cost of a small query.
+def _usage_base() -> Select:
+    return (select(*_USAGE).join(_r, and_(_r.cache == _u.cache, _r.run_id == _u.run_id,
+                                          _r.process_index == _u.process_index))
+            .where(_u.cache == bindparam("cache")))
+
+
+def _of_key() -> Select:
+    return (_usage_base().where(_u.key == bindparam("key"), _u.first_at < bindparam("until"))
+            .order_by(_u.first_at.desc()).limit(bindparam("limit")))
+
+
+def _of_function(seen: int) -> Callable[[], Select]:
+    """The newest rows with parts of a function, but those of the ``seen`` keys bound as x0, x1, ..."""
+    def build() -> Select:
+        return (_usage_base().where(_u.function == bindparam("function"), _u.first_at < bindparam("until"),
+                                    _u.parts.is_not(None), *(_u.key != bindparam(f"x{i}") for i in range(seen)))
+                .order_by(_u.first_at.desc()).limit(bindparam("limit")))
+    return build
+
+
+def _first_of_function() -> Select:
+    return _usage_base().where(_u.function == bindparam("function")).order_by(_u.first_at).limit(bindparam("limit"))
+
+
+def _stored() -> Select:
+    return _usage_base().where(_u.run_id == bindparam("run_id"), _u.process_index == bindparam("process_index"),
+                               _u.key == bindparam("key"), _u.cause.is_(None))
+
+
+def _warmups_of(column: str) -> Callable[[], Select]:
+    def build() -> Select:
+        w, wr = WarmupKeyRow, WarmupRow
+        return (select(w.key, w.function, w.status, w.reason, _text(w.parts), _text(w.program), w.compile_s, wr.id,
+                       wr.job, wr.started_s, _text(wr.fingerprint), wr.topology)
+                .join(wr, and_(wr.cache == w.cache, wr.id == w.warmup_id))
+                .where(w.cache == bindparam("cache"), getattr(w, column) == bindparam("value"),
+                       wr.started_s < bindparam("until"))
+                .order_by(wr.started_s.desc()).limit(bindparam("limit")))
+    return build
+
+
+def _entry() -> Select:
+    e, v = EntryRow, VerificationRow
+    return (select(e.key, e.created_s, e.size_bytes, e.compression, e.status, e.reason, v.classification,
+                   _text(v.reasons), v.size_bytes, v.created_s)
+            .outerjoin(v, and_(v.cache == e.cache, v.key == e.key))
+            .where(e.cache == bindparam("cache"), e.kind == "entry", e.key == bindparam("key")))
+
+
+def _entries_of_function() -> Select:
+    e = EntryRow
+    return (select(e.key, e.created_s, e.compression)
+            .where(e.cache == bindparam("cache"), e.kind == "entry", e.module == bindparam("function"))
+            .order_by(e.created_s, e.key).limit(bindparam("limit")))
+
+
+def _deletions() -> Select:
+    i, p = PruneItemRow, PruneRow
+    return (select(p.id, p.at_s, p.who, _text(p.policy), p.kind).select_from(i).join(p, p.id == i.prune_id)
+            .where(p.cache == bindparam("cache"), i.key == bindparam("key"), p.state != RUNNING,
+                   ~i.name.like("%-atime")))
+
+
+def stored_misses(conn: Connection, cache: str, rows: Iterable[tuple[str, int, str]]) -> list[Known]:
+    """The usage rows (run id, process index, key) still unexplained, as the engine's misses, oldest first."""
+    decode = Decoder()
+    out = [known_of_usage(UsageKnown(*r), decode) for run_id, process, key in rows
+           for r in rawsql.fetch(conn, "explain-stored", _stored,
+                                 {"cache": cache, "run_id": run_id, "process_index": process, "key": key})]
+    return sorted(out, key=lambda k: (k.at, k.run_id or "", k.process_index, k.key))
+
+
+class CatalogHistory:
+    """What the catalog knows about the keys and functions of ``misses`` (each a :class:`Known` of a job's miss),
+    read once."""
+
+    def __init__(self, conn: Connection, cache: str, misses: Sequence[Known]) -> None:
+        self._conn, self._cache = conn, cache
+        self._decode = Decoder()
+        by_key: dict[str, list[float]] = defaultdict(list)
+        by_function: dict[str, list[float]] = defaultdict(list)
+        for m in misses:
+            by_key[m.key].append(m.at)
+            by_function[m.function].append(m.at)
+        self._by_key: dict[str, list[Known]] = defaultdict(list)
+        self._by_function: dict[str, list[Known]] = defaultdict(list)
+        seen: set[tuple[str, str | None, int, str]] = set()
+        for k in [*self._usage(_untils(by_key), _untils(by_function)), *self._warmups(by_key, by_function)]:
+            ident = (k.key, k.run_id, k.process_index, k.kind)
+            if ident not in seen:
+                seen.add(ident)
+                self._by_key[k.key].append(k)
+                self._by_function[k.function].append(k)
+        self._entries = {k: e for k in sorted(by_key) if (e := self._entry_of(k)) is not None}
+        self._function_entries = {f: self._entries_of_function(f) for f in sorted(by_function)}
+        self._deletions = {k: self._deletions_of(k) for k in sorted(by_key)}
+
+    # --- the History protocol ---------------------------------------------------------------------------------
+
+    def entry(self, key: str) -> EntryNow | None:
+        return self._entries.get(key)
+
+    def deletion(self, key: str, *, before: float) -> Deletion | None:
+        found = [d for d in self._deletions.get(key, ()) if d.at_s < before]
+        return max(found, key=lambda d: d.at_s) if found else None
+
+    def earlier(self, key: str, *, before: float) -> list[Known]:
+        return [k for k in self._by_key.get(key, ()) if k.at < before]
+
+    def of_function(self, function: str) -> list[Known]:
+        return self._by_function.get(function, [])
+
+    def entries_of_function(self, function: str) -> list[EntryNow]:
+        return self._function_entries.get(function, [])
+
+    # --- loading ----------------------------------------------------------------------------------------------
+
+    def _fetch(self, shape: str, build: Callable[[], Select], **params: Any) -> list[tuple]:
+        return rawsql.fetch(self._conn, shape, build, {"cache": self._cache, **params})
+
+    def _usage(self, keys: list[tuple[str, float]], functions: list[tuple[str, float]]) -> Iterable[Known]:
+        rows = [r for k, until in keys for r in self._fetch("explain-key", _of_key, key=k, until=until,
+                                                              limit=KEY_ROWS)]
+        rows += [r for f, until in functions for r in self._of_function(f, until)]
+        rows += [r for f in sorted({f for f, _ in functions})
+                 for r in self._fetch("explain-first", _first_of_function, function=f, limit=FIRST_ROWS)]
+        for r in rows:
+            yield known_of_usage(UsageKnown(*r), self._decode)
+
+    def _of_function(self, function: str, until: float) -> list[tuple]:
+        # Key by key, newest first: each read skips the keys found so far (an index range, filtered).
+        rows: list[tuple] = []
+        seen: list[str] = []
+        while len(seen) < FUNCTION_KEYS:
+            found = self._fetch(f"explain-function-{len(seen)}", _of_function(len(seen)), function=function,
+                                until=until, limit=ROWS_PER_KEY, **{f"x{i}": k for i, k in enumerate(seen)})
+            rows += found
+            new = list(dict.fromkeys(r[0] for r in found if r[0] not in seen))
+            if len(found) < ROWS_PER_KEY or not new:
+                break
+            seen += new
+        return rows
+
+    def _warmups(self, keys: dict[str, list[float]], functions: dict[str, list[float]]) -> Iterable[Known]:
+        for column, values in (("key", keys), ("function", functions)):
+            for value, ats in sorted(values.items()):
+                for (key, function, status, reason, parts, program, compile_s, warmup, job, started, fp,
+                     topology) in self._fetch(f"explain-warmups-{column}", _warmups_of(column), value=value,
+                                              until=max(ats), limit=WARMUP_ROWS):
+                    yield Known(key=key, function=function, event=_EVENTS.get(status, "compiled"), at=started,
+                                job=job, run_id=warmup, kind="warmup", parts=self._decode(parts, KeyParts),
+                                program=self._decode(program, ProgramSignature),
+                                fingerprint=self._decode(fp, Fingerprint),
+                                topology=topology, reason=reason, compile_s=compile_s)
+
+    def _entry_of(self, key: str) -> EntryNow | None:
+        for r in self._fetch("explain-entry", _entry, key=key):
+            readable, problem = _readable(*r[1:])
+            return EntryNow(key, r[1], readable=readable, compression=_library(r[3]), problem=problem)
+        return None
+
+    def _entries_of_function(self, function: str) -> list[EntryNow]:
+        return [EntryNow(key, created, compression=_library(compression)) for key, created, compression
+                in self._fetch("explain-entries", _entries_of_function, function=function, limit=FUNCTION_ENTRIES)]
+
+    def _deletions_of(self, key: str) -> list[Deletion]:
+        out = []
+        for audit_id, at_s, who, policy, kind in self._fetch("explain-deletions", _deletions, key=key):
+            how = "DELETE" if kind == "delete" else f"prune #{audit_id} ({policy_summary(decoded(policy, dict))})"
+            out.append(Deletion(key, at_s, who, how))
+        return out
+
+
+def _untils(times: dict[str, list[float]]) -> list[tuple[str, float]]:
+    """(name, until) per name and group of its misses' times at most BUCKET_S apart: each group reads the newest rows
+    before its last miss, so a batch spanning days (a rescan of a backlog) still reads what its early misses need."""
+    out = []
+    for name, ats in sorted(times.items()):
+        ats.sort()
+        start = ats[0]
+        for at, nxt in zip(ats, [*ats[1:], None], strict=True):
+            if nxt is None or nxt - start > BUCKET_S:
+                out.append((name, at))
+                start = nxt if nxt is not None else start
+    return out
+
+
+def known_of_usage(r: Any, decode: Decoder) -> Known:
+    """A usage row (with its run's columns) as the engine's :class:`Known`, as from_root reads a run record."""
+    return Known(key=r.key, function=r.function, event=r.event, at=r.first_at or r.started_s, job=r.job,
+                 run_id=r.run_id, process_index=r.process_index, kind=r.kind, parts=decode(r.parts, KeyParts),
+                 program=decode(r.program, ProgramSignature), fingerprint=decode(r.fingerprint, Fingerprint),
+                 topology=r.topology, reason=r.reason, compile_s=r.compile_s)
+
+
+def _library(compression: str | None) -> str | None:
+    return next((name for c, name in LIBRARY.items() if c.value == compression), None)
+
+
+def _readable(created_s: float, size: int, compression: str | None, status: str | None, reason: str | None,
+              verdict: str | None, reasons: Any, judged_size: int | None,
+              judged_created: float | None) -> tuple[bool | None, str | None]:
+    """Whether JAX can load the entry, by the last integrity verdict on this version of it (else by its head, which
+    the rescan decoded): corrupt entries cannot be loaded; entries nobody judged are None."""
+    if verdict is not None and (judged_size, judged_created) == (size, created_s):
+        if verdict == _UNREADABLE:
+            return False, "; ".join(decoded(reasons, list[str]) or []) or "corrupt"
+        return (None, None) if verdict == _UNJUDGED else (True, None)
+    if status == "corrupt":
+        return False, reason or "its head does not decode"
+    return None, None
+
+
+def policy_summary(policy: Any, *, limit: int = 200) -> str:
+    """A prune's policy in a few words, as the audit log keeps it: ``unused_for 14d, functions jit_a*``."""
+    if not isinstance(policy, dict) or not policy:
+        return "no policy recorded"
+    said = [name if value is True else f"{name} {','.join(map(str, value)) if isinstance(value, list) else value}"
+            for name, value in policy.items()]
+    text = ", ".join(said)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+

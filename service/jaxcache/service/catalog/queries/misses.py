@@ -1,0 +1,53 @@
+"""Jobs' misses as ingestion explained them: by cause over a window, and the latest explanation of a job's keys.
+
+Only jobs' runs count (``kind`` "job"), as in :mod:`.usage`; a miss is one usage row (a process compiling a key).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, func, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from jaxcache.records import COMPILED, JOB, WRITE
+from jaxcache.service.catalog.models import RunRow, UsageRow
+
+_MISS = (UsageRow.kind == JOB, UsageRow.event.in_((WRITE, COMPILED)))
+_CHUNK = 500
+
+
+def misses_by_cause(s: Session | Connection, cache: str, *, since: float) -> dict:
+    """Misses of the processes whose records were updated since ``since``, by cause (most compile seconds lost
+    first), and how many are not explained yet."""
+    spent = func.sum(func.coalesce(UsageRow.compile_s, 0.0))
+    rows = s.execute(
+        select(UsageRow.cause, func.count(), spent)
+        .join(RunRow, and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
+                           RunRow.process_index == UsageRow.process_index))
+        .where(RunRow.cache == cache, RunRow.updated_s >= since, RunRow.kind == JOB, *_MISS)
+        .group_by(UsageRow.cause)
+    ).all()
+    ranked = sorted(((float(sec or 0), int(n), c) for c, n, sec in rows if c), key=lambda t: (-t[0], -t[1], t[2]))
+    causes = [{"cause": c, "misses": n, "compile_s": sec} for sec, n, c in ranked]
+    unexplained = sum(int(n) for c, n, _ in rows if c is None)
+    return {"since_s": since, "causes": causes, "unexplained": unexplained}
+
+
+def latest_explanations(s: Session | Connection, cache: str, job: str, keys: list[str]) -> dict[str, dict]:
+    """For each of ``keys``, the explanation of the job's most recent miss of it that has one."""
+    out: dict[str, dict] = {}
+    at = func.max(UsageRow.first_at)
+    for i in range(0, len(keys), _CHUNK):
+        part = keys[i : i + _CHUNK]
+        latest = (select(UsageRow.key, at.label("at"))
+                  .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.key.in_(part),
+                         UsageRow.cause.is_not(None), *_MISS)
+                  .group_by(UsageRow.key).subquery())
+        for r in s.execute(
+            select(UsageRow.key, UsageRow.cause, UsageRow.differs, UsageRow.nearest, UsageRow.fix)
+            .join(latest, and_(latest.c.key == UsageRow.key, latest.c.at == UsageRow.first_at))
+            .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.cause.is_not(None), *_MISS)
+            .order_by(UsageRow.key, UsageRow.run_id.desc(), UsageRow.process_index)
+        ):
+            out.setdefault(r.key, {"cause": r.cause, "differs": r.differs or [], "nearest": r.nearest, "fix": r.fix})
+    return out
