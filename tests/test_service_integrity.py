@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest import upload_dir
+from conftest import settled, upload_dir
 from jaxcache.entry import parse_name
 from jaxcache.service.app import create_app
 from jaxcache.service.settings import ServiceSettings
@@ -67,6 +67,13 @@ def _app(url: str, tmp_path: Path, **settings) -> TestClient:
         **{"attest_key": KEY, **settings})))
 
 
+def _rescanned(client: TestClient) -> None:
+    # After the first background round: a rescan POSTed while it runs waits for it, or under load answers busy.
+    settled(client)
+    r = client.post("/v1/caches/c/rescan", headers=_headers(ADMIN))
+    assert r.status_code == 200, r.text
+
+
 def _expect_verdicts(client: TestClient, d: dict) -> dict:
     # recheck_all: the background pass may have judged them already; this one must read every entry.
     verify = client.post("/v1/caches/c/verify", json={"recheck_all": True}, headers=_headers(ADMIN))
@@ -100,7 +107,7 @@ def test_integrity_pass_classifies_and_prune_removes_exactly_the_bad_ones_locall
     root = tmp_path / "cache"
     shutil.copytree(damaged["root"], root)
     with _app(str(root), tmp_path) as client:
-        client.post("/v1/caches/c/rescan", headers=_headers(ADMIN))
+        _rescanned(client)
         _expect_verdicts(client, damaged)
 
         detail = client.get(f"/v1/caches/c/entries/{damaged['swapped']}", headers=_headers(READ)).json()
@@ -131,7 +138,7 @@ def test_fresh_damage_is_pending_not_corrupt(damaged, tmp_path):
     victim = root / f"{damaged['truncated']}-cache"
     os.utime(victim)  # written just now: JAX may still be writing it
     with _app(str(root), tmp_path) as client:
-        client.post("/v1/caches/c/rescan", headers=_headers(ADMIN))
+        _rescanned(client)
         client.post("/v1/caches/c/verify", json={"recheck_all": True}, headers=_headers(ADMIN))
         summary = client.get("/v1/caches/c/integrity", headers=_headers(READ)).json()
         (p,) = [p for p in summary["problems"] if p["key"] == damaged["truncated"]]
@@ -145,7 +152,7 @@ def test_integrity_prune_on_gcs(damaged, gcs_client, gcs_bucket, tmp_path):
     url = f"gs://{gcs_bucket}/jax"
     # Objects on the fake server are as old as the upload: no grace period, so nothing is pending.
     with _app(url, tmp_path, verify_min_age_s=0) as client:
-        client.post("/v1/caches/c/rescan", headers=_headers(ADMIN))
+        _rescanned(client)
         _expect_verdicts(client, damaged)
         _prune_bad(client, damaged)
     left = {b.name.removeprefix("jax/").removesuffix("-cache")
