@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -33,6 +34,11 @@ SHARED_FIXTURES = TESTS.parent.parent / "shared" / "fixtures"
 
 #: Where tests saved screenshots this run (tests/test_dashboard.py); printed in the terminal summary.
 SCREENSHOTS_KEY = pytest.StashKey[Path]()
+
+
+# What the project keeps in the user's cache directory (the service's rescan snapshots, the CLI's head index) goes
+# to a directory of this test run, never the developer's.
+os.environ.setdefault("XDG_CACHE_HOME", tempfile.mkdtemp(prefix="jaxcache-tests-xdg-cache-"))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -33,8 +33,8 @@ def _rows(catalog: Catalog, cache: str) -> set[tuple]:
             EntryRow.has_atime, EntryRow.status).where(EntryRow.cache == cache))}
 
 
-def _catalog(url: str, root: Path) -> Catalog:
-    catalog = Catalog(url)
+def _catalog(url: str, root: Path, snapshot_dir: Path | None = None) -> Catalog:
+    catalog = Catalog(url, snapshot_dir=snapshot_dir)
     with catalog.session() as s:
         if s.get(CacheRow, "c") is None:
             s.add(CacheRow(name="c", url=str(root)))
@@ -113,6 +113,77 @@ def test_periodic_rescans_follow_every_change(catalog_url, cache_copy, tmp_path,
     assert reads() == 3 and mine.added == 0
     assert _rows(catalog, "c") == _fresh_rows(tmp_path, cache_copy)
     other.dispose()
+    catalog.dispose()
+
+
+def test_a_restarted_process_compares_with_the_listing_it_kept_on_disk(catalog_url, cache_copy, tmp_path,
+                                                                       catalog_reads, caplog):
+    storage, kept = open_storage(str(cache_copy)), tmp_path / "snapshots"
+
+    def restarted() -> Catalog:
+        return _catalog(catalog_url, cache_copy, kept)
+
+    def reads() -> int:  # full reads of the catalog's rows by these processes (not by _fresh_rows' catalogs)
+        return sum(c is not None and getattr(c, "snapshot_dir", None) == kept for c in catalog_reads)
+
+    first = restarted()
+    filled = rescan_mod.rescan(first, "c", storage)
+    assert filled.added > 0 and reads() == 1
+    assert rescan_mod.rescan(first, "c", storage).added == 0  # the sidecar follows every rescan
+    first.dispose()
+    assert not list(cache_copy.glob("rescan-*")), "nothing is kept in the cache root"
+
+    # A restart, nothing changed: no catalog row read, nothing written.
+    second = restarted()
+    again = rescan_mod.rescan(second, "c", storage)
+    assert (again.added, again.removed, again.updated, again.entries) == (0, 0, 0, filled.entries)
+    assert reads() == 1
+    # Changes while it was down are found from the kept listing, as a full rescan finds them.
+    shutil.copy(next(cache_copy.glob("*-cache")), cache_copy / f"{NEW_KEY}-cache")
+    later = time.time() + 120
+    os.utime(sorted(cache_copy.glob("*-atime"))[0], (later, later))
+    second.dispose()
+    third = restarted()
+    changed = rescan_mod.rescan(third, "c", storage)
+    assert (changed.added, changed.updated) == (1, 1) and reads() == 1
+    assert _rows(third, "c") == _fresh_rows(tmp_path, cache_copy)
+    third.dispose()
+
+    # Another replica (no kept listing of its own) prunes meanwhile: the kept listing no longer stands.
+    other = Catalog(catalog_url)
+    victim = sorted(cache_copy.glob("*-cache"))[0]
+    victim.unlink()
+    with other.session() as s:
+        s.execute(delete(EntryRow).where(EntryRow.cache == "c", EntryRow.key == victim.name[: -len("-cache")],
+                                         EntryRow.kind == "entry"))
+    other.dispose()
+    fourth = restarted()
+    rescan_mod.rescan(fourth, "c", storage)
+    assert reads() == 2 and _rows(fourth, "c") == _fresh_rows(tmp_path, cache_copy)
+    fourth.dispose()
+
+    # A damaged kept listing is not evidence: the catalog is read, the rows stay right, the listing is rewritten.
+    for path in kept.glob("*.listing"):
+        path.write_bytes(path.read_bytes()[:100])
+    fifth = restarted()
+    assert rescan_mod.rescan(fifth, "c", storage).added == 0 and reads() == 3
+    assert _rows(fifth, "c") == _fresh_rows(tmp_path, cache_copy)
+    fifth.dispose()
+    sixth = restarted()
+    rescan_mod.rescan(sixth, "c", storage)
+    assert reads() == 3
+    sixth.dispose()
+
+
+def test_a_snapshot_directory_that_cannot_be_written_costs_only_speed(catalog_url, cache_copy, tmp_path, caplog):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    catalog = _catalog(catalog_url, cache_copy, blocked / "snapshots")
+    storage = open_storage(str(cache_copy))
+    assert rescan_mod.rescan(catalog, "c", storage).added > 0
+    assert rescan_mod.rescan(catalog, "c", storage).added == 0
+    warned = [r for r in caplog.records if "cannot keep rescan snapshots" in r.getMessage()]
+    assert len(warned) <= 1 and (warned or "snapshots" in str(rescan_mod.snapshots._warned))
     catalog.dispose()
 
 

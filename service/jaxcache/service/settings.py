@@ -23,6 +23,11 @@ def default_db_url() -> str:
     return f"sqlite:///{state / 'catalog.sqlite'}"
 
 
+def default_snapshot_dir() -> Path:
+    """Under the user's cache directory (``$XDG_CACHE_HOME/jaxcache``, else ``~/.cache``): it can be lost."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jaxcache" / "service"
+
+
 class ServiceSettings(BaseSettings):
     """Every setting of the catalog service. Environment variables use the ``JAXCACHE_`` prefix."""
 
@@ -70,10 +75,20 @@ class ServiceSettings(BaseSettings):
         None, description="the key writers sign their entries' digests with (the same JAXCACHE_ATTEST_KEY in jobs and "
         "warm-ups): signed digests outrank reported and file ones",
     )
+    snapshot_dir: Path | None = Field(
+        default_factory=default_snapshot_dir, description="local directory where rescans keep the listing they "
+        "last saw, so a restarted process's first rescan of an unchanged cache reads no catalog row (losing it "
+        "costs one slower rescan); empty: keep it in memory only",
+    )
     max_body_bytes: int = Field(64 * 1024, gt=0, description="largest request body accepted")
     max_report_bytes: int = Field(
         8 * 1024 * 1024, gt=0, description="largest run record accepted by POST /v1/reports (records list every key)"
     )
+
+    @field_validator("snapshot_dir", mode="before")
+    @classmethod
+    def _no_snapshot_dir(cls, value: object) -> object:
+        return None if value == "" else value
 
     @field_validator("caches")
     @classmethod

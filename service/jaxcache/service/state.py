@@ -55,7 +55,7 @@ class State:
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
         self.auth = Authenticator(settings)
-        self.catalog = Catalog(settings.catalog_url)
+        self.catalog = Catalog(settings.catalog_url, snapshot_dir=settings.snapshot_dir)
         self.metrics = Metrics()
         self.catalog.on_misses = self._count_misses
         self.loops = LoopHealth(self.metrics)

@@ -45,8 +45,10 @@ def unreachable(url: URL, exc: OperationalError) -> str:
 class Catalog:
     """Owns the engine, hands out sessions, and knows the catalog's cross-replica locks."""
 
-    def __init__(self, url: str, *, migrate: bool = True) -> None:
+    def __init__(self, url: str, *, migrate: bool = True, snapshot_dir: str | os.PathLike[str] | None = None) -> None:
         self.url = url
+        # Where rescans keep their listing for a restarted process (tasks/snapshots.py); None: in memory only.
+        self.snapshot_dir = snapshot_dir
         shown = masked(url)
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
             directory = os.path.dirname(url[len("sqlite:///") :])
@@ -83,7 +85,7 @@ class Catalog:
         # Writers that read then write (report ingestion, a rescan's commit) take turns in this process before
         # they take the database's own lock (see writing()), so they never wait on each other inside the database.
         self.write_lock = threading.RLock()
-        # The last rescan's view of each cache (rescan._Snapshot), for the next rescan in this process.
+        # The last rescan's view of each cache (tasks.snapshots.Snapshot), for the next rescan in this process.
         self.rescan_snapshots: dict[str, object] = {}
         # What the last listings of each cache's run records found (ingestion.runfiles._Listings), likewise.
         self.record_listings: dict[str, object] = {}

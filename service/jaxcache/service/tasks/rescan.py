@@ -10,7 +10,6 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import cast
 
 from sqlalchemy import bindparam, case, delete, func, insert, select, update
 
@@ -25,7 +24,7 @@ from jaxcache.service.ingestion import explain as explaining
 from jaxcache.service.ingestion import warmups
 from jaxcache.service.ingestion.aggregates import EMPTY, key_stats
 from jaxcache.service.ingestion.runfiles import scan_records
-from jaxcache.service.tasks import retention
+from jaxcache.service.tasks import retention, snapshots
 from jaxcache.storage import ObjectInfo, Storage
 from jaxcache.storage.base import Stat
 
@@ -170,18 +169,6 @@ def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Listed], dict[str, f
     return entries, seen, orphans
 
 
-@dataclass(slots=True)
-class _Snapshot:
-    """What one rescan left the catalog holding for a cache, kept in memory for the next rescan in this process:
-    the whole listing the rows were made from, and the names in it that are not JAX's. Valid while the catalog's
-    fingerprint of the cache (see _fingerprint) is the one this rescan left."""
-
-    fingerprint: tuple
-    listing: dict[str, Stat]
-    foreign: set[str]
-    entries: int  # entries and orphans, as the rescan counted them
-
-
 def _fingerprint_statement():
     return select(
         select(func.count()).select_from(EntryRow).where(EntryRow.cache == bindparam("cache")).scalar_subquery(),
@@ -205,16 +192,16 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
     # The service rescans each cache every few minutes, mostly finding nothing new: the previous rescan's snapshot
     # stands for the catalog's rows unless something else changed them, and then a listing equal to the previous
     # one means nothing to write. Popped: a rescan that fails leaves none behind.
-    snap = cast(_Snapshot | None, catalog.rescan_snapshots.pop(cache, None))  # the catalog keeps them opaque
     with catalog.reader() as conn:
         fingerprint = _fingerprint(conn, cache)
-    if snap is not None and snap.fingerprint == fingerprint:
+    snap = snapshots.take(catalog, cache, storage, fingerprint)
+    if snap is not None:
         changes, gone = storage.list_changes(snap.listing)
         if not changes and not gone:
             result = _finish(catalog, cache, storage, secret, retain_s, started, now, added=0, removed=0, updated=0,
                              entries=snap.entries)
             snap.fingerprint = (fingerprint[0], now, None)
-            catalog.rescan_snapshots[cache] = snap
+            snapshots.keep(catalog, cache, storage, snap, listing_changed=False)
             return result
         foreign = snap.foreign
         known, atimes_before = _by_key(snap.listing, foreign)
@@ -288,7 +275,8 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
     result = _finish(catalog, cache, storage, secret, retain_s, started, now, added=len(rows), removed=len(vanished),
                      updated=len(updates), entries=len(caches) + orphans)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
-    catalog.rescan_snapshots[cache] = _Snapshot((count, now, None), listing, foreign, len(caches) + orphans)
+    snapshots.keep(catalog, cache, storage, snapshots.Snapshot((count, now, None), listing, foreign,
+                                                            len(caches) + orphans), listing_changed=True)
     return result
 
 

@@ -1,0 +1,116 @@
+"""A rescan's view of a cache (the listing its rows were made from), kept for the next rescan: in memory, and on
+local disk so that a restarted process's first rescan of an unchanged cache compares the listing with the last one
+instead of reading every catalog row (a third of a first rescan at 100k entries).
+
+The disk copy is two files per (catalog, cache, root): the listing (msgpack), rewritten only when the listing
+changed, and a small sidecar naming the listing and the catalog fingerprint the rescan left, rewritten by every
+rescan (each moves the fingerprint). The disk copy is used only when the catalog's fingerprint now is the
+sidecar's: no rescan, prune or DELETE by anyone since. Anything unreadable is ignored (a full rescan follows);
+a failed write logs once per process and changes nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from jaxcache.service.catalog.database import Catalog, masked
+from jaxcache.storage import Storage
+from jaxcache.storage.base import Stat
+
+log = logging.getLogger("jaxcache.service")
+
+_VERSION = 1
+_warned: set[str] = set()
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """The whole listing the rows were made from, and the names in it that are not JAX's. Valid while the
+    catalog's fingerprint of the cache (rescan._fingerprint) is ``fingerprint``."""
+
+    fingerprint: tuple
+    listing: dict[str, Stat]
+    foreign: set[str]
+    entries: int  # entries and orphans, as the rescan counted them
+    listing_id: str | None = field(default=None)  # the disk copy holding this listing, if written
+
+
+class _Listing(msgspec.Struct, array_like=True):
+    version: int
+    listing_id: str
+    entries: int
+    foreign: list[str]
+    listing: dict[str, tuple[int, float, int | None]]
+
+
+def _paths(catalog: Catalog, cache: str, storage: Storage) -> tuple[Path, Path] | None:
+    if catalog.snapshot_dir is None:
+        return None
+    ident = hashlib.sha256("\0".join((masked(catalog.url), cache, storage.url)).encode()).hexdigest()[:24]
+    base = Path(catalog.snapshot_dir) / f"rescan-{ident}"
+    return base.with_suffix(".listing"), base.with_suffix(".json")
+
+
+def take(catalog: Catalog, cache: str, storage: Storage, fingerprint: tuple) -> Snapshot | None:
+    """The snapshot valid for ``fingerprint``: this process's last, else the disk copy; popped (a rescan that
+    fails leaves none behind)."""
+    snap = catalog.rescan_snapshots.pop(cache, None)
+    if isinstance(snap, Snapshot):
+        return snap if snap.fingerprint == fingerprint else None
+    paths = _paths(catalog, cache, storage)
+    if paths is None:
+        return None
+    listing_path, sidecar_path = paths
+    try:
+        sidecar = json.loads(sidecar_path.read_text())
+        if sidecar.get("version") != _VERSION or tuple(sidecar["fingerprint"]) != fingerprint:
+            return None
+        stored = msgspec.msgpack.decode(listing_path.read_bytes(), type=_Listing)
+    except (OSError, ValueError, KeyError, TypeError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if stored.version != _VERSION or stored.listing_id != sidecar.get("listing_id"):
+        return None
+    return Snapshot(fingerprint, stored.listing, set(stored.foreign), stored.entries, stored.listing_id)
+
+
+def keep(catalog: Catalog, cache: str, storage: Storage, snap: Snapshot, *, listing_changed: bool) -> None:
+    """Keep ``snap`` for the next rescan, in memory and on disk."""
+    catalog.rescan_snapshots[cache] = snap
+    paths = _paths(catalog, cache, storage)
+    if paths is None:
+        return
+    listing_path, sidecar_path = paths
+    try:
+        listing_path.parent.mkdir(parents=True, exist_ok=True)
+        if listing_changed or snap.listing_id is None or not listing_path.exists():
+            snap.listing_id = uuid.uuid4().hex
+            _write(listing_path, msgspec.msgpack.encode(
+                _Listing(_VERSION, snap.listing_id, snap.entries, sorted(snap.foreign), snap.listing)))
+        _write(sidecar_path, json.dumps({"version": _VERSION, "fingerprint": list(snap.fingerprint),
+                                         "listing_id": snap.listing_id}).encode())
+    except OSError as exc:
+        if str(listing_path.parent) not in _warned:
+            _warned.add(str(listing_path.parent))
+            log.warning("cannot keep rescan snapshots in %s (%s): a restarted service's first rescan reads every "
+                        "catalog row instead; set JAXCACHE_STATE_DIR to a writable directory", listing_path.parent,
+                        exc.strerror or exc)
+
+
+def _write(path: Path, data: bytes) -> None:
+    # A reader sees the old file or the new one, never half of one.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
