@@ -175,6 +175,32 @@ def test_a_restarted_process_compares_with_the_listing_it_kept_on_disk(catalog_u
     sixth.dispose()
 
 
+def test_a_large_rescan_writes_in_batches_the_rows_one_write_makes(catalog_url, cache_copy, tmp_path, monkeypatch):
+    """New entries parsed and written a few at a time (a first rescan of a million entries held every row in memory
+    at once): the same rows, orphans and replaced entries included, as one write makes."""
+    catalog = _catalog(catalog_url, cache_copy)
+    storage = open_storage(str(cache_copy))
+    rescan_mod.rescan(catalog, "c", storage)
+    replaced = sorted(cache_copy.glob("*-cache"))[0]
+    replaced.write_bytes(replaced.read_bytes())  # another mtime: a replaced object
+    (cache_copy / sorted(cache_copy.glob("*-atime"))[1].name.replace("-atime", "-cache")).unlink()  # an orphan
+    shutil.copy(next(cache_copy.glob("*-cache")), cache_copy / f"{NEW_KEY}-cache")
+    monkeypatch.setattr(rescan_mod, "_NEW_PER_WRITE", 2)
+    catalog.rescan_snapshots.clear()
+    result = rescan_mod.rescan(catalog, "c", storage)
+    assert result.added >= 3 and result.removed >= 2
+    batched = _rows(catalog, "c")
+    monkeypatch.setattr(rescan_mod, "_NEW_PER_WRITE", 20_000)
+    assert batched == _fresh_rows(tmp_path, cache_copy)
+    fresh_batched = tmp_path / "batched.sqlite"
+    monkeypatch.setattr(rescan_mod, "_NEW_PER_WRITE", 3)
+    other = _catalog(f"sqlite:///{fresh_batched}", cache_copy)
+    rescan_mod.rescan(other, "c", storage)
+    assert _rows(other, "c") == batched
+    other.dispose()
+    catalog.dispose()
+
+
 def test_a_snapshot_directory_that_cannot_be_written_costs_only_speed(catalog_url, cache_copy, tmp_path, caplog):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")

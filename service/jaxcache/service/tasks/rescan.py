@@ -31,6 +31,7 @@ from jaxcache.storage.base import Stat
 log = logging.getLogger("jaxcache.service")
 
 _CHUNK = 500
+_NEW_PER_WRITE = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,15 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
         lock.release()
 
 
+def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
+    for i in range(0, len(vanished), _CHUNK):
+        for kind in ("entry", "orphan"):
+            keys = [k for k, kd in vanished[i : i + _CHUNK] if kd == kind]
+            if keys:
+                s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.kind == kind,
+                                                 EntryRow.key.in_(keys)))
+
+
 def _known_statement():
     return (select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
                    EntryRow.generation, EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache")))
@@ -241,38 +251,44 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
     orphan_rows = [_base_row(cache, key, "orphan", _info(atimes[key]), None, now) for key in lone - known_orphans]
     vanished += [(k, "orphan") for k in known_orphans - lone]
     orphans = len(lone)
-    new_rows = list(bounded_map(partial(_new_row, storage, cache, now), new_items, workers=storage.io_workers))
-    # Under the cache's write lock, so that a report ingested meanwhile (by any replica) cannot update rows this
-    # commit then overwrites.
-    with catalog.writing(cache) as s:
-        reported = key_stats(s, cache, [r["key"] for r in new_rows])
-        new_rows = [_with_reports(r, reported.get(r["key"])) for r in new_rows]
-        for i in range(0, len(vanished), _CHUNK):
-            for kind in ("entry", "orphan"):
-                keys = [k for k, kd in vanished[i : i + _CHUNK] if kd == kind]
-                if keys:
-                    s.execute(delete(EntryRow).where(
-                        EntryRow.cache == cache, EntryRow.kind == kind, EntryRow.key.in_(keys)))
-        rows = new_rows + orphan_rows
-        for i in range(0, len(rows), 5000):
-            s.execute(insert(EntryRow), rows[i : i + 5000])
-        if updates:
-            # Core, on the session's connection: an ORM UPDATE given many parameter sets is SQLAlchemy's "bulk
-            # update by primary key", which refuses a WHERE clause of bound parameters.
-            s.connection().execute(
-                update(table_of(EntryRow))
-                .where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
-                       EntryRow.kind == bindparam("k_kind"))
-                # The last hit as the row holds it now: a report may have moved it since the listing.
-                .values(last_used_s=case((EntryRow.last_hit_s > bindparam("seen_used_s"), EntryRow.last_hit_s),
-                                         else_=bindparam("seen_used_s")),
-                        seen_used_s=bindparam("seen_used_s"), has_atime=bindparam("has_atime"),
-                        atime_ns=bindparam("atime_ns")),
-                updates,
-            )
-        # Inside the write lock: nobody else's change can fall between the writes and this count.
-        count = _fingerprint(s.connection(), cache)[0]
-    result = _finish(catalog, cache, storage, secret, retain_s, started, now, added=len(rows), removed=len(vanished),
+    # New entries are parsed and written _NEW_PER_WRITE at a time: a first rescan of a million-entry root held every
+    # row in memory at once (gigabytes) and the write lock for minutes. One batch (the usual rescan) is one
+    # transaction as before; the deletes go with the first, the rest with the last.
+    batches = [new_items[i : i + _NEW_PER_WRITE] for i in range(0, len(new_items), _NEW_PER_WRITE)] or [[]]
+    added = len(orphan_rows)
+    for number, batch in enumerate(batches):
+        new_rows = list(bounded_map(partial(_new_row, storage, cache, now), batch, workers=storage.io_workers))
+        # Under the cache's write lock, so that a report ingested meanwhile (by any replica) cannot update rows
+        # this commit then overwrites.
+        with catalog.writing(cache) as s:
+            if number == 0:
+                _delete(s, cache, vanished)
+            reported = key_stats(s, cache, [r["key"] for r in new_rows])
+            rows = [_with_reports(r, reported.get(r["key"])) for r in new_rows]
+            if number == len(batches) - 1:
+                rows += orphan_rows
+            for i in range(0, len(rows), 5000):
+                s.execute(insert(EntryRow), rows[i : i + 5000])
+            added += len(new_rows)
+            if number < len(batches) - 1:
+                continue
+            if updates:
+                # Core, on the session's connection: an ORM UPDATE given many parameter sets is SQLAlchemy's
+                # "bulk update by primary key", which refuses a WHERE clause of bound parameters.
+                s.connection().execute(
+                    update(table_of(EntryRow))
+                    .where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
+                           EntryRow.kind == bindparam("k_kind"))
+                    # The last hit as the row holds it now: a report may have moved it since the listing.
+                    .values(last_used_s=case((EntryRow.last_hit_s > bindparam("seen_used_s"), EntryRow.last_hit_s),
+                                             else_=bindparam("seen_used_s")),
+                            seen_used_s=bindparam("seen_used_s"), has_atime=bindparam("has_atime"),
+                            atime_ns=bindparam("atime_ns")),
+                    updates,
+                )
+            # Inside the write lock: nobody else's change can fall between the writes and this count.
+            count = _fingerprint(s.connection(), cache)[0]
+    result = _finish(catalog, cache, storage, secret, retain_s, started, now, added=added, removed=len(vanished),
                      updated=len(updates), entries=len(caches) + orphans)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
     snapshots.keep(catalog, cache, storage, snapshots.Snapshot((count, now, None), listing, foreign,

@@ -1,0 +1,166 @@
+"""The service over a root of a million entries (local): catalog size, service memory, the periodic rescan against
+a ``scandir`` + ``stat`` pass, distinct listing pages at 32 clients, stats latency and a prune plan. Figures, not
+assertions; the one check is that the catalog holds every entry.
+
+    .venv/bin/python bench/million.py --entries 1000000
+
+Entries are hard links to a few real-format entries (a million 15 kB copies would be 15 GB and prove nothing
+more: the service reads heads once and then only lists), each with its own ``-atime``; building 1M takes a few
+minutes, the service's first rescan (which parses every head) a few more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from api import _free_port, distinct_pages, pct, wrk, wrk_cycle  # noqa: E402
+from entries import key_of, load_sources, make_source  # noqa: E402
+
+
+def build(sources: list[tuple[str, bytes]], root: str, entries: int) -> None:
+    os.makedirs(root)
+    originals = []
+    for i, (module, data) in enumerate(sources):
+        path = os.path.join(root, key_of(module, i) + "-cache")
+        with open(path, "wb") as f:
+            f.write(data)
+        originals.append(path)
+    now = time.time_ns()
+    for i in range(len(sources), entries):
+        module, _ = sources[i % len(sources)]
+        key = key_of(module, i)
+        os.link(originals[i % len(sources)], os.path.join(root, key + "-cache"))
+        with open(os.path.join(root, key + "-atime"), "wb") as f:
+            f.write(struct.pack("<Q", now - i * 1_000_000_000))
+        if (i + 1) % max(entries // 10, 1) == 0:
+            print(f"built {i + 1}/{entries}", file=sys.stderr)
+
+
+def scandir_stat(root: str) -> float:
+    t = time.perf_counter()
+    with os.scandir(root) as it:
+        for de in it:
+            de.stat()
+    return time.perf_counter() - t
+
+
+def memory(pid: int) -> dict[str, float]:
+    """The process's resident and peak resident memory, MiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                out[name] = round(int(value.split()[0]) / 1024, 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", type=int, default=1_000_000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=int, default=8, help="wrk duration of the distinct-pages phase")
+    parser.add_argument("--repeat", type=int, default=3, help="periodic rescans measured")
+    parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.warmup.demo)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    import httpx
+
+    work = tempfile.mkdtemp(prefix="jaxcache-bench-million-")
+    server = None
+    fig: dict = {"entries": args.entries}
+    try:
+        root = os.path.join(work, "cache")
+        t = time.perf_counter()
+        build(load_sources(args.source or make_source(work)), root, args.entries)
+        fig["build_s"] = round(time.perf_counter() - t, 1)
+        port, db = _free_port(), os.path.join(work, "catalog.sqlite")
+        base = f"http://127.0.0.1:{port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
+        env["JAXCACHE_SNAPSHOT_DIR"] = os.path.join(work, "kept")
+        exe = os.path.join(os.path.dirname(sys.executable), "jaxcache")
+        started = time.perf_counter()
+        server = subprocess.Popen(
+            [exe, "serve", "--cache", f"bench={root}", "--port", str(port), "--rescan-s", "86400",
+             "--db", f"sqlite:///{db}", "--insecure-no-auth"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with httpx.Client(base_url=base, timeout=600) as c:
+            while True:
+                try:
+                    found = c.get("/v1/caches/bench/stats")
+                    if found.status_code == 200 and found.json()["entries"] >= args.entries:
+                        break
+                except httpx.TransportError:
+                    pass
+                if server.poll() is not None:
+                    sys.exit("error: the service exited before it cataloged the root")
+                time.sleep(2)
+            fig["first_scan_s"] = round(time.perf_counter() - started, 1)
+            fig["after_first_scan_mib"] = memory(server.pid)
+            catalog_bytes = sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))
+            fig["catalog_mib"] = round(catalog_bytes / 2**20, 1)
+
+            rescans, bases = [], []
+            for _ in range(args.repeat + 1):
+                bases.append(scandir_stat(root))
+                t = time.perf_counter()
+                r = c.post("/v1/caches/bench/rescan")
+                assert r.status_code == 200, r.text
+                rescans.append(time.perf_counter() - t)
+            # The first POSTed rescan may still find the snapshot missing (the background round's own is kept).
+            fig["periodic_rescan_s"] = round(statistics.median(rescans[1:]), 3)
+            fig["scandir_stat_s"] = round(statistics.median(bases[1:]), 3)
+            fig["periodic_ratio"] = round(fig["periodic_rescan_s"] / fig["scandir_stat_s"], 2)
+            fig["after_rescans_mib"] = memory(server.pid)
+
+            stats = []
+            for _ in range(10):
+                t = time.perf_counter()
+                assert c.get("/v1/caches/bench/stats").status_code == 200
+                stats.append(time.perf_counter() - t)
+            fig["stats_median_ms"] = round(statistics.median(stats) * 1000, 1)
+            fig["stats_p99_ms"] = round(pct(stats, 99) * 1000, 1)
+
+            half = c.get("/v1/caches/bench/stats").json()["size_bytes"] // 2
+            t = time.perf_counter()
+            plan = c.post("/v1/caches/bench/prune", json={"max_total_bytes": half, "min_age": "0s", "dry_run": True})
+            fig["prune_plan_s"] = round(time.perf_counter() - t, 2)
+            assert plan.status_code == 200, plan.text
+            fig["prune_planned"] = len(plan.json()["delete"])
+
+        if shutil.which("wrk"):
+            pages = distinct_pages(base, 100)
+            cold = wrk_cycle(base, pages, args.clients, args.seconds, work)
+            health = wrk(base + "/healthz", args.clients, 4)
+            fig["distinct_pages"] = len(pages)
+            fig["distinct_p50_ms"] = round(cold["p50"] * 1000, 1)
+            fig["distinct_p99_ms"] = round(cold["p99"] * 1000, 1)
+            fig["healthz_p99_ms"] = round(health["p99"] * 1000, 1)
+        else:
+            print("wrk not found (apt-get install wrk): no listing latency under load", file=sys.stderr)
+        fig["end_mib"] = memory(server.pid)
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGINT)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(fig, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
