@@ -1,6 +1,6 @@
 """The usage collector (jaxcache.service.usage_metrics): hit rate and compile seconds saved per cache and per job in
 /metrics, equal to what the API answers for the same catalog; the catalog asked at most once per TTL; a failing
-catalog costs the samples and a log line, never the scrape."""
+catalog costs the samples and a log line, never the scrape. And refused reports counted by reason."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.exc import OperationalError
 
 from jaxcache.service.usage_metrics import MAX_JOBS, UsageCollector
-from reports_support import DAY, H_READ, compiled, hit, report, run, write
+from reports_support import DAY, H_ADMIN, H_READ, compiled, hit, post, report, run, write
 
 
 def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -158,3 +158,16 @@ def test_a_slow_catalog_holds_the_first_scrape_only_briefly(svc):
     settle(collector)
     assert samples(scrape(collector), "jaxcache_saved_seconds")
 
+
+def test_refused_reports_are_counted_by_reason(svc, keys):
+    ok = run("j", "r1", [hit(keys["jit_train_step"], 1, time.time())])
+    assert post(svc, ok, "?cache=demo").status_code == 200
+    assert post(svc, b"{}", "?cache=demo").status_code == 422
+    assert post(svc, ok, "?cache=demo", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert post(svc, ok, "?cache=demo", headers=H_READ).status_code == 403
+    assert post(svc, ok, "?cache=nope").status_code == 404
+    assert svc.post("/v1/reports?cache=demo", content=b"x" * (svc.app.state.jaxcache.settings.max_report_bytes + 1),
+                    headers=H_ADMIN).status_code == 413
+    counted = samples(svc.get("/metrics").text, "jaxcache_reports_rejected_total")
+    assert counted == {(("reason", r),): 1.0
+                       for r in ("malformed", "unauthenticated", "forbidden", "unknown_cache", "too_large")}
