@@ -1,5 +1,6 @@
-"""deploy/'s alerting rules: promtool's syntax check and unit tests, the PrometheusRule the same as the plain
-rules file, and every alert actionable."""
+"""deploy/'s monitoring: the alerting rules (promtool's syntax check and unit tests, the PrometheusRule the same as the
+plain rules file), the Grafana dashboard (valid, every panel with a data source and a title), and every metric
+either queries is one the real service exports."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from deploy_support import DEPLOY, K8S, load_docs, one
+from reports_support import H_ADMIN, compiled, hit, report, run
 
 RULES = DEPLOY / "prometheus" / "jaxcache-rules.yml"
 RULES_TEST = DEPLOY / "prometheus" / "jaxcache-rules.test.yml"
@@ -125,4 +129,98 @@ def test_alerts_say_how_bad_and_what_to_do(alert):
     notes = alert["annotations"]
     assert notes.get("summary") and len(notes.get("description", "")) > 80, (
         f"{alert['alert']}: the on-call needs a summary and a description saying where to look and what to do"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Dashboard
+
+
+def test_dashboard_is_importable_with_a_datasource_and_a_cache_variable():
+    board = dashboard()  # valid JSON, or this raises
+    assert board["id"] is None and board["uid"] and board["title"], "importable: no id, a stable uid, a title"
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    cache = variables["cache"]
+    assert cache["type"] == "query" and cache["datasource"]["uid"] == "${datasource}"
+    assert cache["multi"] and cache["includeAll"]
+    ids = [p["id"] for p in panels(board)]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for p in panels(board):
+        where = f"panel {p.get('id')} {p.get('title')!r}"
+        assert p.get("title"), f"{where}: give it a title"
+        assert p.get("datasource", {}).get("uid") == "${datasource}", f"{where}: use the $datasource variable"
+        if p["type"] != "row":
+            assert p.get("targets"), f"{where}: queries nothing"
+            assert all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"]), where
+            assert all('cache=~"$cache"' in t["expr"] for t in p["targets"]
+                       if re.search(r"\{[^}]*cache", t["expr"])), f"{where}: filter by $cache, not a fixed cache"
+
+
+def test_dashboard_covers_what_operators_of_a_fleet_look_at():
+    queried = {m for expr in dashboard_queries(dashboard()) for m in METRIC.findall(expr)}
+    for name in ("jaxcache_hit_rate", "jaxcache_saved_seconds", "jaxcache_job_hit_rate", "jaxcache_job_saved_seconds",
+                 "jaxcache_misses_total", "jaxcache_bytes", "jaxcache_entries", "jaxcache_prune_deleted_entries_total",
+                 "jaxcache_integrity_entries", "jaxcache_loop_errors_total", "jaxcache_scan_seconds_bucket",
+                 "jaxcache_reports_ingested_total", "jaxcache_reports_malformed_total",
+                 "jaxcache_reports_rejected_total"):
+        assert name in queried, f"the dashboard has no panel over {name}"
+
+
+def test_dashboard_queries_parse_as_promql(promtool, tmp_path):
+    # promtool has no expression checker: each query becomes a recording rule, which `check rules` parses.
+    rules = [{"record": f"jaxcache:dashboard_query_{i}", "expr": grafana_to_promql(expr)}
+             for i, expr in enumerate(dashboard_queries(dashboard()))]
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    proc = _promtool(promtool, "check", "rules", path)
+    assert proc.returncode == 0, f"a dashboard query is not PromQL:\n{proc.stdout}{proc.stderr}\n" + "\n".join(
+        f"{r['record']}: {r['expr']}" for r in rules)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Every metric the dashboard and the rules query exists
+
+
+def exported_names(text: str) -> set[str]:
+    """The series names a query can use against this exposition."""
+    return {family.name + suffix for family in text_string_to_metric_families(text)
+            for suffix in SUFFIXES.get(family.type, ("",))}
+
+
+def unknown(queries: list[str], exported: set[str]) -> list[str]:
+    return sorted({name for q in queries for name in METRIC.findall(q)} - exported)
+
+
+@pytest.fixture
+def exported(svc, keys) -> set[str]:
+    """What the real service exports after a rescan (the fixture's), a POSTed report with a hit and a miss, and an
+    integrity pass: every family, most with labelled series."""
+    now = time.time()
+    report(svc, run("metrics-job", "m1", [hit(keys["jit_train_step"], 2, now), compiled(keys["jit_tiny"], 1.0, now)]))
+    assert svc.post("/v1/caches/demo/verify", headers=H_ADMIN).status_code == 200
+    text = svc.get("/metrics").text
+    assert 'jaxcache_job_hit_rate{cache="demo",job="metrics-job"}' in text
+    assert "jaxcache_misses_total{" in text and 'jaxcache_integrity_entries{cache="demo",class="ok"}' in text
+    return exported_names(text)
+
+
+def test_the_name_check_catches_what_does_not_exist(exported):
+    assert unknown(['rate(jaxcache_nope_total[5m])', 'jaxcache_entries'], exported) == ["jaxcache_nope_total"]
+    # A counter is queried by its _total series, a histogram by its _bucket/_sum/_count: the bare names have none.
+    assert unknown(["jaxcache_misses", "jaxcache_scan_seconds", "jaxcache_entries_total"], exported) == [
+        "jaxcache_entries_total", "jaxcache_misses", "jaxcache_scan_seconds"]
+
+
+@pytest.mark.parametrize("source", ["dashboard", "rules"])
+def test_every_queried_metric_is_exported_by_the_service(exported, source):
+    if source == "dashboard":
+        queries, where = dashboard_queries(dashboard()), "deploy/grafana/jaxcache-dashboard.json"
+    else:
+        queries, where = [a["expr"] for a in alerts()], "deploy/prometheus/jaxcache-rules.yml"
+    assert {m for q in queries for m in METRIC.findall(q)}, f"{where} queries no jaxcache_* metric"
+    missing = unknown(queries, exported)
+    assert not missing, (
+        f"{where} queries metrics the service does not export: {missing} (exported: "
+        f"{sorted(n for n in exported if not n.endswith('_created'))})"
     )
