@@ -1,6 +1,6 @@
 """deploy/'s monitoring: the alerting rules (promtool's syntax check and unit tests, the PrometheusRule the same as the
-plain rules file), the Grafana dashboard (valid, every panel with a data source and a title), and every metric
-either queries is one the real service exports."""
+plain rules file), the Grafana dashboard (valid, every panel with a data source and a title), every metric either
+queries is one the real service exports, and the monitoring component's ServiceMonitor finds the Service."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy_support import DEPLOY, K8S, load_docs, one
+from deploy_support import DEPLOY, K8S, KUSTOMIZATIONS, by_kind, load_docs, one
 from reports_support import H_ADMIN, compiled, hit, report, run
 
 RULES = DEPLOY / "prometheus" / "jaxcache-rules.yml"
@@ -224,3 +224,58 @@ def test_every_queried_metric_is_exported_by_the_service(exported, source):
         f"{where} queries metrics the service does not export: {missing} (exported: "
         f"{sorted(n for n in exported if not n.endswith('_created'))})"
     )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The monitoring component
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory) -> dict[str, list[dict]]:
+    """Each of deploy/k8s's kustomizations with the monitoring component added, as an operator's overlay does."""
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl is not installed: install kubectl (it bundles kustomize) to render deploy/k8s")
+    out = {}
+    for name in KUSTOMIZATIONS:
+        folder = tmp_path_factory.mktemp(name.replace("/", "-") + "-monitored")
+        (folder / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [os.path.relpath(K8S / name, folder)],
+            "components": [os.path.relpath(MONITORING, folder)],
+        }))
+        proc = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"deploy/k8s/{name} with the monitoring component does not build:\n{proc.stderr}"
+        out[name] = load_docs(proc.stdout)
+    return out
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_the_base_and_overlays_need_no_operator(rendered, name):
+    kinds = {d["apiVersion"].split("/")[0] for d in rendered[name]}
+    assert "monitoring.coreos.com" not in kinds, f"deploy/k8s/{name} must build for clusters without the Operator"
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_service_monitor_selects_the_service_and_its_port(monitored, rendered, name):
+    docs = monitored[name]
+    monitor = one(docs, "ServiceMonitor")
+    service = one(docs, "Service", "jaxcache")
+    namespace = monitor["metadata"].get("namespace")
+    assert namespace == service["metadata"]["namespace"], (
+        "the ServiceMonitor must sit in the Service's namespace (it looks only there without a namespaceSelector)")
+    wanted = monitor["spec"]["selector"]["matchLabels"]
+    matched = [s for s in by_kind(docs, "Service")
+               if s["metadata"].get("namespace") == namespace and wanted.items() <= s["metadata"]["labels"].items()]
+    assert matched == [service], f"the ServiceMonitor's selector {wanted} must match the Service jaxcache alone"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}, (
+        f"endpoint port {endpoint['port']!r} is no port name of the Service")
+    assert endpoint["path"] == "/metrics" and "bearerTokenSecret" not in endpoint and "authorization" not in endpoint
+    rule = one(docs, "PrometheusRule")
+    assert rule["metadata"]["namespace"] == namespace
+    assert rule["spec"]["groups"] == rules_groups()
+    without = {(d["kind"], d["metadata"]["name"]) for d in docs} - {("ServiceMonitor", "jaxcache"),
+                                                                     ("PrometheusRule", "jaxcache")}
+    assert without == {(d["kind"], d["metadata"]["name"]) for d in rendered[name]}, (
+        "the component must only add the ServiceMonitor and the PrometheusRule")
