@@ -13,11 +13,13 @@ TOOLS_VENV ?= .venv-tools
 export CHECKOV_BIN ?= $(abspath $(TOOLS_VENV))/bin/checkov
 # Debian's Chromium, driven by Playwright in tests/test_dashboard.py (Playwright's own browser download is not used).
 CHROMIUM ?= /usr/bin/chromium
+# promtool, from Debian's prometheus package: tests/test_deploy_monitoring.py checks and unit-tests the alert rules.
+PROMTOOL ?= /usr/bin/promtool
 DEMO_CACHE ?= ./demo-cache
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run test lint clean demo-cache chromium postgres
+.PHONY: run test lint clean demo-cache chromium prometheus postgres
 
 # The four parts, each its own distribution (core/, client/, warmup/, service/), installed in editable mode.
 PARTS := ./core[gcs] ./client[gcs] ./warmup ./service
@@ -68,6 +70,21 @@ chromium:
 	    "the dashboard's browser tests will skip"; fi; \
 	fi
 
+# Best effort: without promtool the alert rules' tests skip and say why. Installs Debian's prometheus package (it
+# ships /usr/bin/promtool) only when promtool is missing, and never upgrades one that is there.
+prometheus:
+	@if [ ! -x "$(PROMTOOL)" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then sudo=""; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else sudo=no; fi; \
+	  if [ "$(PROMTOOL)" = /usr/bin/promtool ] && [ "$$sudo" != no ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's prometheus (for promtool) for the alert rules' tests"; \
+	    ($$sudo apt-get update -qq && \
+	     $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade --no-install-recommends \
+	       prometheus) \
+	      || echo "could not install prometheus: the alert rules' tests will skip"; \
+	  else echo "no $(PROMTOOL) (make installs Debian's prometheus with apt-get as root or with sudo):" \
+	    "the alert rules' tests will skip"; fi; \
+	fi
+
 # Best effort: PostgreSQL server binaries for the catalog's PostgreSQL tests, from Debian's packages when they are
 # missing and we are root (the tests start their own server; they skip, with the reason, without the binaries).
 postgres:
@@ -92,10 +109,10 @@ run: demo-cache
 	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --host $(HOST) --port $(PORT)
 
 # The type checker first (pyproject.toml [tool.mypy]: strict on the core and the client), then the suite.
-test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium postgres
+test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium prometheus postgres
 	$(VENV)/bin/mypy
 	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \
-	  JAXCACHE_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest $(PYTEST_ARGS)
+	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check core client service warmup tests bench

@@ -266,6 +266,47 @@ def test_gcsfuse_reader_mounts_the_bucket_read_only():
     assert container_env(container)["JAXCACHE_DIR"] == mount["mountPath"]
 
 
+#: What a cache of files written once and never changed wants from GCSFuse (deploy/README.md explains each).
+GCSFUSE_TUNED = {"metadata-cache:ttl-secs": "-1", "metadata-cache:negative-ttl-secs": "0"}
+#: A million entries: gcsfuse's stat cache takes about 1.4 KB an entry, its type cache about 0.2 KB (4 MiB is
+#: about 21k entries); the cache is one flat directory, whose type cache holds every name looked up.
+GCSFUSE_MIN_MB = {"metadata-cache:stat-cache-max-size-mb": 1_000_000 * 1400 // 2**20,
+                  "metadata-cache:type-cache-max-size-mb": 1_000_000 * 200 // 2**20}
+
+
+def _mount_options(value: str) -> dict[str, str]:
+    """GKE's mountOptions string as {option: value}: config-file fields are ``section:field:value``, flags
+    ``name=value`` or a bare ``name``."""
+    assert " " not in value, f"mountOptions {value!r}: the CSI driver wants commas and no spaces"
+    out = {}
+    for option in value.split(","):
+        if option.count(":") >= 2:
+            section, field, setting = option.split(":", 2)
+            out[f"{section}:{field}"] = setting
+        else:
+            name, _, setting = option.partition("=")
+            out[name] = setting
+    return out
+
+
+def test_gcsfuse_mount_is_tuned_for_entries_written_once():
+    job = one(plain(K8S / "examples" / "gcsfuse-reader-job.yaml"), "Job")
+    (csi,) = [v for v in pod_spec(job)["volumes"] if "csi" in v]
+    options = _mount_options(csi["csi"]["volumeAttributes"]["mountOptions"])
+    assert {k: options.get(k) for k in GCSFUSE_TUNED} == GCSFUSE_TUNED
+    for name, least in GCSFUSE_MIN_MB.items():
+        assert options.get(name) == "-1" or int(options.get(name, 0)) >= least, (
+            f"{name} {options.get(name)}: size it for a million entries (>= {least} MiB, or -1)")
+    security = pod_spec(job)["securityContext"]
+    assert (options.get("uid"), options.get("gid")) == (str(security["runAsUser"]), str(security["runAsGroup"]))
+    assert "file-cache:max-size-mb" not in options or any(
+        v["name"] == "gke-gcsfuse-cache" for v in pod_spec(job)["volumes"]), (
+        "a file cache needs a gke-gcsfuse-cache volume, or the sidecar's small default one fills")
+    readme = (DEPLOY / "README.md").read_text()
+    undocumented = [name for name in options if f"`{name}" not in readme]
+    assert not undocumented, f"explain these mount options in deploy/README.md: {undocumented}"
+
+
 def deploy_files() -> list[Path]:
     return [p for p in sorted(DEPLOY.rglob("*")) if p.is_file() and ".terraform" not in p.parts]
 

@@ -26,6 +26,9 @@ class Metrics:
                               "(jaxcache.explain.CAUSES)", ["cache", "cause"], registry=self.registry)
         self.reports_malformed = Counter("jaxcache_reports_malformed", "run records rejected as malformed",
                                          ["source"], registry=self.registry)
+        self.reports_rejected = Counter("jaxcache_reports_rejected", "POST /v1/reports answered with an error, by "
+                                        "reason (from the status: unauthenticated, forbidden, unknown_cache, "
+                                        "too_large, malformed, error, other)", ["reason"], registry=self.registry)
         self.loop_last_success = Gauge("jaxcache_loop_last_success_timestamp_seconds",
                                        "when a background loop (rescan, verify) last finished a round without error",
                                        ["loop"], registry=self.registry)

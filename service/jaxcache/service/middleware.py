@@ -1,4 +1,5 @@
-"""The ASGI layer in front of every route: body limits (413) and request latency by route template."""
+"""The ASGI layer in front of every route: body limits (413), request latency by route template, and refused run
+records by reason."""
 
 from __future__ import annotations
 
@@ -11,6 +12,15 @@ from jaxcache.service.metrics import Metrics
 
 #: The one route whose bodies may be large: a run record lists every key a process touched.
 REPORTS_PATH = "/v1/reports"
+
+#: ``jaxcache_reports_rejected_total{reason}`` by response status; other 5xx are "error", other 4xx "other".
+REJECTIONS = {400: "malformed", 401: "unauthenticated", 403: "forbidden", 404: "unknown_cache", 413: "too_large",
+              422: "malformed"}
+
+
+def rejection(status: int) -> str:
+    """The ``reason`` label of a refused report answered with ``status``."""
+    return REJECTIONS.get(status, "error" if status >= 500 else "other")
 
 
 class LimitsAndMetrics:
@@ -28,7 +38,22 @@ class LimitsAndMetrics:
             await self.app(scope, receive, send)
             return
         # A run record lists every key a process touched: far bigger than any other body.
-        limit = self.max_report_bytes if scope["path"] == REPORTS_PATH else self.max_body_bytes
+        reports = scope["path"] == REPORTS_PATH
+        limit = self.max_report_bytes if reports else self.max_body_bytes
+        if reports and scope["method"] == "POST":
+            # A job's refused report is lost (its client only warns): count each, whatever refused it.
+            answered = False
+            inner_send = send
+
+            async def send(message) -> None:
+                nonlocal answered
+                if message["type"] == "http.response.start":
+                    answered = True
+                    if message["status"] >= 400:
+                        self.metrics.reports_rejected.labels(rejection(message["status"])).inc()
+                await inner_send(message)
+        else:
+            answered = True
         for name, value in scope["headers"]:
             if name == b"content-length" and (not value.isdigit() or int(value) > limit):
                 response = JSONResponse({"detail": f"request body over {limit} bytes"}, 413)
@@ -47,6 +72,10 @@ class LimitsAndMetrics:
         started = time.perf_counter()
         try:
             await self.app(scope, limited_receive, send)
+        except Exception:
+            if not answered:  # Starlette's outermost layer answers it 500, through a send we never see
+                self.metrics.reports_rejected.labels("error").inc()
+            raise
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or scope.get("jaxcache.route", "unmatched")

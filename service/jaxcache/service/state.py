@@ -28,6 +28,7 @@ from jaxcache.service.tasks import prune_audit, pruning, verification
 from jaxcache.service.tasks.health import LoopHealth
 from jaxcache.service.tasks.pruning import PruneLocks
 from jaxcache.service.tasks.rescan import RescanResult, rescan
+from jaxcache.service.usage_metrics import UsageCollector
 from jaxcache.storage import Storage, open_storage
 
 log = logging.getLogger("jaxcache.service")
@@ -57,6 +58,7 @@ class State:
         self.auth = Authenticator(settings)
         self.catalog = Catalog(settings.catalog_url, snapshot_dir=settings.snapshot_dir)
         self.metrics = Metrics()
+        self.metrics.registry.register(UsageCollector(self.catalog, list(settings.caches)))
         self.catalog.on_misses = self._count_misses
         self.loops = LoopHealth(self.metrics)
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
