@@ -143,8 +143,8 @@ class HeadIndex:
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
-        except FileNotFoundError:
-            return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # none yet (saving says so if it cannot be made)
         except OSError as exc:
             self.warn(f"cannot read the head index {self.path} ({exc.strerror or exc}): reading every entry's head")
             return None
