@@ -172,8 +172,7 @@ def _pairs_sorted(storage: Storage) -> Iterator[_Pending | Orphan]:
 # may come before or after it in a directory's order and its stamp decides whether the index's value still holds.
 
 
-@dataclass(slots=True)
-class _ToRead:
+class _ToRead(msgspec.Struct, gc=False):
     key: str
     module: str
     hash: str
@@ -275,7 +274,8 @@ def _read_missing(storage: Storage, read_headers: bool, item: _ToRead) -> Entry:
     if item.head is not None:
         head = item.head.compression, item.head.compile_seconds, item.head.status, item.head.reason
     elif read_headers:
-        h = read_head(storage, ObjectInfo(item.name, item.size_bytes, item.mtime_s, item.generation))
+        h = fmt.read_header(partial(_read_or_empty, storage, item.name), item.size_bytes,
+                            first_read_bytes=storage.head_read_bytes)
         head = h.compression, h.compile_seconds, h.status, h.reason
     return Entry(item.key, item.module, item.hash, item.name, item.size_bytes, item.mtime_s, item.generation,
                  atime_ns, *head)
