@@ -8,6 +8,7 @@ import os
 import threading
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from conftest import upload_dir
@@ -202,6 +203,22 @@ def test_a_corrupt_index_is_ignored_with_one_warning_and_rebuilt(capsys, cache_c
         assert index_snapshot(root).entries  # written anew
         again, err = run_json(capsys, "stats", root)
         assert again == expected and err == ""
+
+
+def test_an_index_whose_parts_disagree_is_ignored_with_one_warning(capsys, cache_copy, jax_caches, index_dir):
+    root = str(cache_copy)
+    run_json(capsys, "ls", root)
+    index = HeadIndex.for_storage(open_storage(root))
+    assert index is not None
+    snapshot = index.load()
+    assert snapshot is not None
+    snapshot.atime_stamps = msgspec.Raw(msgspec.msgpack.encode([]))
+    index.save(snapshot)
+    path = cache_copy / jax_caches["zstd"].entries[0]["file"]
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # not the indexed listing
+    got, err = run_json(capsys, "ls", root)
+    assert got == run_json(capsys, "ls", root, "--no-index")[0]
+    assert err.count("warning") == 1 and "0 -atime stamps" in err
 
 
 def test_another_format_version_is_replaced_silently(capsys, cache_copy, index_dir):

@@ -58,8 +58,12 @@ class Snapshot(msgspec.Struct, array_like=True):
     orphans: list[Orphan]
 
     def decode_atime_stamps(self) -> list[AtimeStamp]:
-        """``atime_stamps`` decoded."""
-        return msgspec.msgpack.decode(self.atime_stamps, type=list[AtimeStamp])
+        """``atime_stamps`` decoded; raises ``ValueError`` (or msgspec's DecodeError, one) where they do not match
+        ``entries``."""
+        stamps = msgspec.msgpack.decode(self.atime_stamps, type=list[AtimeStamp])
+        if len(stamps) != len(self.entries):
+            raise ValueError(f"{len(stamps)} -atime stamps for {len(self.entries)} entries")
+        return stamps
 
 
 def listing_digest(listing: Sequence[Listed]) -> bytes:
@@ -162,6 +166,16 @@ class HeadIndex:
             self._corrupt(f"it describes {snapshot.identity}")
             return None
         return snapshot
+
+    def previous_entries(self, snapshot: Snapshot) -> dict[str, tuple[Entry, AtimeStamp]]:
+        """``snapshot``'s entries by object name, each with its -atime file's stamp; empty (warned) where the
+        stamps cannot be decoded: then every entry is read again."""
+        try:
+            stamps = snapshot.decode_atime_stamps()
+        except ValueError as exc:  # msgspec.DecodeError is a ValueError
+            self._corrupt(str(exc))
+            return {}
+        return {e.name: (e, st) for e, st in zip(snapshot.entries, stamps, strict=True)}
 
     def _corrupt(self, why: str) -> None:
         self.warn(f"ignoring the corrupt head index {self.path} ({why}): reading every entry's head and writing it "

@@ -211,9 +211,7 @@ def _scan_indexed(storage: Storage, index: HeadIndex, read_headers: bool, worker
         yield from previous.orphans
         return
 
-    old: dict[str, tuple[Entry, tuple[int, float, int | None] | None]] = {}
-    if previous is not None:
-        old = {e.name: (e, st) for e, st in zip(previous.entries, previous.decode_atime_stamps(), strict=True)}
+    old = index.previous_entries(previous) if previous is not None else {}
     stamps = {name: (size, mtime, generation) for name, size, mtime, generation in listing}
     kept: list[Entry] = []  # what the new index holds (heads that still hold are kept even where not yielded)
     todo: list[_ToRead] = []
