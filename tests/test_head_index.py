@@ -16,6 +16,7 @@ from jaxcache import entry as fmt
 from jaxcache.cli import main
 from jaxcache.head_index import HeadIndex, Snapshot
 from jaxcache.scan import Entry, Orphan, read_head, scan
+from jaxcache.scan_indexed import scan_indexed
 from jaxcache.storage import open_storage
 
 
@@ -43,7 +44,7 @@ def listed(root: str, **kwargs) -> tuple[list, int]:
     storage = open_storage(root)
     index = HeadIndex.for_storage(storage)
     assert index is not None
-    records = list(scan(storage, index=index, **kwargs))
+    records = list(scan_indexed(storage, index, **kwargs))
     return records, storage.reads
 
 

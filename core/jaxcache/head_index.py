@@ -1,17 +1,13 @@
 """The head index: what one listing of a cache root learnt about its entries, kept for the next listing of that root.
 
 An entry's head (compression, stored compile seconds, whether it decodes) cannot change while the object stays the
-same: JAX never rewrites a key. So ``jaxcache ls`` and ``stats`` keep each entry they built, with what says "the same
-object" (size and mtime in a directory; generation and size on GCS) and the same for its ``-atime`` file, and the next
-listing reads only what is new or changed (jaxcache.scan does the comparing). A root whose listing is exactly the one
-the index was built from is answered from the index without comparing entry by entry.
-
-One file per root, named by a hash of the root's identity (its URL, plus the endpoint of an emulator), in
+same: JAX never rewrites a key. So each listing keeps the entries it built, with what says "the same object" (size and
+mtime in a directory; generation and size on GCS) for them and their -atime files, and the next one reads only what
+is new or changed (jaxcache.scan_indexed compares). One file per root, named by a hash of the root's identity, in
 ``$JAXCACHE_INDEX_DIR``, else ``$XDG_CACHE_HOME/jaxcache/heads``, else ``~/.cache/jaxcache/heads``; never inside the
-root (other users and jobs read the root, and JAX owns it). ``JAXCACHE_INDEX=off`` turns it off. A file that cannot be
-read or decoded is ignored with one warning and written anew; one of another version of this format is replaced
-silently.
-Writers replace the file whole (a temporary file renamed over it), so concurrent listings never see half of one.
+root (JAX and other users own it). ``JAXCACHE_INDEX=off`` turns it off. A file that cannot be read or decoded is
+ignored with one warning and written anew, one of another format version replaced silently; writers replace the file
+whole (a temporary file renamed over it), so concurrent listings never see half of one.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ import collections
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -20,11 +19,6 @@ from jaxcache.entry import Compression, EntryKind, EntryName, Status
 from jaxcache.parallel import bounded_map
 from jaxcache.storage.base import ObjectInfo, Storage
 
-if TYPE_CHECKING:
-    from jaxcache.head_index import HeadIndex
-
-#: The names a scan pairs (every other name under a root is not JAX's entry).
-_SUFFIXES = ("-cache", "-atime")
 
 # Entries and orphans are msgspec Structs, not dataclasses: a listing builds one per file (100k and more), a Struct
 # costs a third of a frozen dataclass to build, and the head index (jaxcache.head_index) stores and loads them as they
@@ -76,23 +70,16 @@ class _Pending:
     has_atime: bool | None  # None: not known from the listing, look it up
 
 
-def scan(
-    storage: Storage, *, read_headers: bool = True, workers: int | None = None, index: HeadIndex | None = None
-) -> Iterator[Record]:
+def scan(storage: Storage, *, read_headers: bool = True, workers: int | None = None) -> Iterator[Record]:
     """Yield an :class:`Entry` per ``-cache`` file and an :class:`Orphan` per lone ``-atime`` file.
 
     Skips ``.jaxcache/``, ``.lockfile``, XLA sub-caches and anything else JAX did not name. With
     ``read_headers`` each entry's compression and stored compile seconds are read (a few hundred bytes
-    for most entries); an entry whose first bytes do not decode is yielded with status ``corrupt``.
-
-    With an ``index`` (jaxcache.head_index) only new and changed objects are read, and the index is saved once the
-    last record has been yielded; the root's whole listing is then held in memory. Without one, memory stays flat.
+    for most entries); an entry whose first bytes do not decode is yielded with status ``corrupt``. Memory stays
+    flat; jaxcache.scan_indexed gives the same records reading only what a head index does not hold.
     """
     if workers is None:
         workers = storage.io_workers
-    if index is not None:
-        yield from _scan_indexed(storage, index, read_headers, workers)
-        return
     pairs = _pairs_sorted(storage) if storage.listing_sorted else _pairs_unsorted(storage)
     build = partial(_build, storage, read_headers)
     yield from bounded_map(build, pairs, workers=workers)
@@ -122,11 +109,11 @@ def _build(storage: Storage, read_headers: bool, item: _Pending | Orphan) -> Rec
 def read_head(storage: Storage, info: ObjectInfo) -> fmt.Header:
     """Compression and stored compile seconds of one ``-cache`` object, reading as little as the backend allows."""
     return fmt.read_header(
-        partial(_read_or_empty, storage, info.name), info.size_bytes, first_read_bytes=storage.head_read_bytes
+        partial(read_or_empty, storage, info.name), info.size_bytes, first_read_bytes=storage.head_read_bytes
     )
 
 
-def _read_or_empty(storage: Storage, name: str, offset: int, length: int) -> bytes:
+def read_or_empty(storage: Storage, name: str, offset: int, length: int) -> bytes:
     # An entry deleted between listing and reading reads as empty (and so is reported, not crashed on).
     return storage.read_range(name, offset, length) or b""
 
@@ -165,115 +152,3 @@ def _pairs_sorted(storage: Storage) -> Iterator[_Pending | Orphan]:
             yield _Pending(info, parsed, waiting.pop(parsed.key, None) is not None)
     for info, parsed in waiting.values():
         yield _orphan(info, parsed)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# With a head index. The whole listing is taken first (as tuples: the cheapest form), since an entry's -atime file
-# may come before or after it in a directory's order and its stamp decides whether the index's value still holds.
-
-
-class _ToRead(msgspec.Struct, gc=False):
-    key: str
-    module: str
-    hash: str
-    name: str
-    size_bytes: int
-    mtime_s: float
-    generation: int | None
-    atime_ns: int | None  # the index's value, where it still holds
-    read_atime: bool
-    head: Entry | None  # the index's entry, where its head still holds; None: read it (or, without heads, leave it)
-
-
-def _same(size: int, mtime: float, generation: int | None, other: tuple[int, float, int | None]) -> bool:
-    # A GCS object is the same one while its generation is (its "updated" time also moves with metadata changes);
-    # a file, while its size and mtime are (JAX writes each key once; its -atime file is rewritten in place).
-    if generation is not None:
-        return generation == other[2] and size == other[0]
-    return size == other[0] and mtime == other[1]
-
-
-def _without_head(e: Entry) -> Entry:
-    if e.status is None:
-        return e
-    return msgspec.structs.replace(e, compression=None, compile_seconds=None, status=None, reason=None)
-
-
-def _scan_indexed(storage: Storage, index: HeadIndex, read_headers: bool, workers: int) -> Iterator[Record]:
-    from jaxcache.head_index import Snapshot, listing_digest
-
-    listing = storage.list_stats(_SUFFIXES)
-    digest = listing_digest(listing)
-    previous = index.load()
-    if previous is not None and previous.listing_digest == digest and (previous.heads_complete or not read_headers):
-        # Exactly the objects the index was built from: its entries are this listing's answer.
-        yield from previous.entries if read_headers else map(_without_head, previous.entries)
-        yield from previous.orphans
-        return
-
-    old = index.previous_entries(previous) if previous is not None else {}
-    stamps = {name: (size, mtime, generation) for name, size, mtime, generation in listing}
-    kept: list[Entry] = []  # what the new index holds (heads that still hold are kept even where not yielded)
-    todo: list[_ToRead] = []
-    orphans: list[Orphan] = []
-    for name, size, mtime, generation in listing:
-        if name.endswith("-atime"):
-            if name[:-6] + "-cache" not in stamps:
-                parsed = fmt.parse_name(name)
-                if parsed is not None:
-                    orphans.append(Orphan(parsed.key, parsed.module, name, size, mtime, generation))
-            continue
-        before, before_atime = old.get(name, (None, None))
-        if before is not None:
-            key, module, digest_hex = before.key, before.module, before.hash
-        else:
-            parsed = fmt.parse_name(name)
-            if parsed is None:
-                continue
-            key, module, digest_hex = parsed.key, parsed.module, parsed.hash
-        atime_stamp = stamps.get(key + "-atime")
-        atime_ns, read_atime = None, False
-        if atime_stamp is not None:
-            if before is not None and before_atime is not None and _same(*atime_stamp, before_atime):
-                atime_ns = before.atime_ns
-            else:
-                read_atime = True
-        head = None
-        if before is not None and before.status is not None and _same(size, mtime, generation, (
-                before.size_bytes, before.mtime_s, before.generation)):
-            head = before
-        if read_atime or (read_headers and head is None):
-            todo.append(_ToRead(key, module, digest_hex, name, size, mtime, generation, atime_ns, read_atime, head))
-            continue
-        if head is not None and head.mtime_s == mtime and head.atime_ns == atime_ns:
-            e = head  # the common case: nothing about it changed
-        else:
-            e = Entry(key, module, digest_hex, name, size, mtime, generation, atime_ns,
-                      *((head.compression, head.compile_seconds, head.status, head.reason) if head else ()))
-        kept.append(e)
-        yield e if read_headers else _without_head(e)
-    for e in bounded_map(partial(_read_missing, storage, read_headers), todo, workers=workers):
-        kept.append(e)
-        yield e if read_headers else _without_head(e)
-    yield from orphans
-    atimes = [stamps.get(e.key + "-atime") for e in kept]
-    index.save(Snapshot(
-        identity=index.identity, listing_digest=digest, heads_complete=all(e.status is not None for e in kept),
-        entries=kept, atime_stamps=msgspec.Raw(msgspec.msgpack.encode(atimes)), orphans=orphans,
-    ))
-
-
-def _read_missing(storage: Storage, read_headers: bool, item: _ToRead) -> Entry:
-    atime_ns = item.atime_ns
-    if item.read_atime:
-        raw = storage.read_range(fmt.atime_name(item.key), 0, fmt.ATIME_BYTES + 1)
-        atime_ns = fmt.decode_atime(raw) if raw is not None else None
-    head: tuple[fmt.Compression | None, int | None, Status | None, str | None] = (None, None, None, None)
-    if item.head is not None:
-        head = item.head.compression, item.head.compile_seconds, item.head.status, item.head.reason
-    elif read_headers:
-        h = fmt.read_header(partial(_read_or_empty, storage, item.name), item.size_bytes,
-                            first_read_bytes=storage.head_read_bytes)
-        head = h.compression, h.compile_seconds, h.status, h.reason
-    return Entry(item.key, item.module, item.hash, item.name, item.size_bytes, item.mtime_s, item.generation,
-                 atime_ns, *head)

@@ -23,6 +23,7 @@ from jaxcache.entry import Compression, Status
 from jaxcache.errors import InvalidInputError
 from jaxcache.head_index import INDEX_ENV, HeadIndex
 from jaxcache.scan import Entry, Record, scan
+from jaxcache.scan_indexed import scan_indexed
 from jaxcache.stats import CacheStats, summarize
 from jaxcache.storage import Storage, is_gcs_url
 from jaxcache.table import render
@@ -76,9 +77,12 @@ def _warn(message: str) -> None:
     print(f"jaxcache: warning: {message}", file=sys.stderr)
 
 
-def head_index(args: argparse.Namespace, storage: Storage) -> HeadIndex | None:
-    """The root's head index, unless ``--no-index`` or ``JAXCACHE_INDEX=off``."""
-    return None if args.no_index else HeadIndex.for_storage(storage, warn=_warn)
+def records(args: argparse.Namespace, storage: Storage, *, read_headers: bool = True) -> Iterator[Record]:
+    """The root's records through its head index, unless ``--no-index`` or ``JAXCACHE_INDEX=off``."""
+    index = None if args.no_index else HeadIndex.for_storage(storage, warn=_warn)
+    if index is None:
+        return scan(storage, read_headers=read_headers)
+    return scan_indexed(storage, index, read_headers=read_headers)
 
 
 def reads_heads(args: argparse.Namespace, storage: Storage) -> bool:
@@ -99,8 +103,7 @@ def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
     heads = reads_heads(args, storage)
     if args.sort in HEAD_SORTS and not heads:
         raise InvalidInputError(f"--sort {args.sort} needs every entry's head: drop --no-heads")
-    records = scan(storage, read_headers=heads, index=head_index(args, storage))
-    entries = _select(progress(records, "scanning"), args.function)
+    entries = _select(progress(records(args, storage, read_headers=heads), "scanning"), args.function)
     key = SORTS[args.sort]
     chosen = heapq.nsmallest(args.limit, entries, key=key) if args.limit is not None else sorted(entries, key=key)
     if args.json:
@@ -152,7 +155,7 @@ def stats_json(storage: Storage, s: CacheStats) -> dict[str, Any]:
 
 
 def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
-    s = summarize(progress(scan(storage, index=head_index(args, storage)), "scanning"))
+    s = summarize(progress(records(args, storage), "scanning"))
     data = stats_json(storage, s)
     if args.json:
         print_json(data)
