@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -181,6 +180,8 @@ class HeadIndex:
         """Replace the file with ``snapshot``, whole (a reader sees the old file or the new one)."""
         directory = os.path.dirname(self.path)
         tmp = None
+        import tempfile  # only to save: a listing the index answers writes nothing
+
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".heads", dir=directory)
