@@ -47,6 +47,22 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(f"dashboard screenshots: {folder}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _head_index_dir(tmp_path_factory) -> Iterator[Path]:
+    """`jaxcache ls`/`stats` keep a head index per root in the user's cache directory: in tests (and the CLI
+    processes they start), a folder of the session's instead, so nothing is written under ~/.cache."""
+    folder = tmp_path_factory.mktemp("head-index")
+    old = os.environ.get("JAXCACHE_INDEX_DIR")
+    os.environ["JAXCACHE_INDEX_DIR"] = str(folder)
+    try:
+        yield folder
+    finally:
+        if old is None:
+            os.environ.pop("JAXCACHE_INDEX_DIR", None)
+        else:
+            os.environ["JAXCACHE_INDEX_DIR"] = old
+
+
 @dataclass(frozen=True)
 class WrittenCache:
     """A cache directory JAX wrote, with ground truth from JAX's own decoder."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+
+import msgspec
 
 from jaxcache.entry import Status, validate_chunks
 from jaxcache.parallel import bounded_map
@@ -72,7 +73,7 @@ def _check(storage: Storage, record: Record) -> Record | None:
     if chunks is None:  # deleted since it was listed (a prune, JAX's LRU): nothing left to judge
         return None
     v = validate_chunks(chunks)
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         record, compression=v.compression, compile_seconds=v.compile_seconds, status=v.status, reason=v.reason
     )
 

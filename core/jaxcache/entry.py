@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import msgspec
 import zstandard
 
 from jaxcache import decompress
@@ -54,8 +55,8 @@ class Status(enum.StrEnum):
     CORRUPT = "corrupt"
 
 
-@dataclass(frozen=True, slots=True)
-class EntryName:
+# EntryName and Header are msgspec Structs (not dataclasses) for what a listing costs: one of each per entry read.
+class EntryName(msgspec.Struct, frozen=True, gc=False):
     """A parsed object name: ``<module>-<hash>-<kind>``."""
 
     name: str
@@ -125,8 +126,7 @@ def encode_atime(time_ns: int) -> bytes:
     return struct.pack("<Q", time_ns)
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(msgspec.Struct, frozen=True, gc=False):
     """What the first bytes of an entry say: compression and the stored (whole-second) compile time."""
 
     compression: Compression

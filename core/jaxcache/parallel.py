@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -20,6 +22,10 @@ def bounded_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int) -> It
     if workers <= 1:
         yield from map(fn, items)
         return
+    # Imported here: a directory's scans run without threads, and concurrent.futures (with logging) is a good part
+    # of what starting `jaxcache ls` imports.
+    from concurrent.futures import ThreadPoolExecutor
+
     window: collections.deque[Future[R]] = collections.deque()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="jaxcache-io") as pool:
         try:

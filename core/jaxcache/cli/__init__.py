@@ -6,38 +6,66 @@ Exit codes: 0 ok, 1 problems found (``doctor``), 2 usage or input error.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
-from jaxcache.cli import doctor, explain, listing, plugins, prune
+from jaxcache.cli import plugins
 from jaxcache.cli.output import EXIT_OK, EXIT_USAGE
 from jaxcache.errors import JaxcacheError
 from jaxcache.storage import open_storage
 
+#: The core's commands, and the module under jaxcache.cli that defines each. A command's module is imported only
+#: to run it or for --help: `jaxcache ls` of a large root takes well under a second, of which importing every
+#: command (prune, explain, doctor) would be a good share.
+CORE_COMMANDS = {"ls": "listing", "stats": "listing", "doctor": "doctor", "prune": "prune", "explain": "explain"}
+
 
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("jaxcache")
     except PackageNotFoundError:  # run from a checkout without installing
         return "unknown"
 
 
-def build_parser(command: plugins.Command | None = None) -> argparse.ArgumentParser:
+class _VersionAction(argparse.Action):
+    """``--version``, looking the version up only when asked (importlib.metadata is slow to import)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0,
+                         help="show program's version number and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"jaxcache {_version()}")
+        parser.exit()
+
+
+def _add_command_parsers(sub: Any, module_name: str) -> None:
+    module = importlib.import_module(f"jaxcache.cli.{module_name}")
+    (getattr(module, "add_parsers", None) or module.add_parser)(sub)
+
+
+def build_parser(command: plugins.Command | None = None, *, only: str | None = None) -> argparse.ArgumentParser:
     """The argument parser, exposed for tests and for the README's help text. ``command``: the installed part's
-    command being run, whose arguments the parser then knows."""
+    command being run, whose arguments the parser then knows. ``only``: a core command's name, to build just what
+    running it needs."""
     parser = argparse.ArgumentParser(
         prog="jaxcache",
         description="Inspect and manage JAX persistent compilation caches on local/NFS directories and GCS.",
         epilog="Exit codes: 0 ok, 1 problems found (doctor), 2 usage or input error.",
     )
-    parser.add_argument("--version", action="version", version=f"jaxcache {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    listing.add_parsers(sub)
-    doctor.add_parser(sub)
-    prune.add_parser(sub)
-    explain.add_parser(sub)
+    if only in CORE_COMMANDS:
+        _add_command_parsers(sub, CORE_COMMANDS[only])
+        return parser
+    for module_name in dict.fromkeys(CORE_COMMANDS.values()):
+        _add_command_parsers(sub, module_name)
     for name, part in plugins.OPTIONAL.items():
         if command is not None and command.name == name and command.configure is not None:
             p = sub.add_parser(name, help=command.help, description=command.description or command.help)
@@ -54,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = plugins.load(argv[0]) if argv[:1] and argv[0] in plugins.OPTIONAL else None
         if command is not None and command.main is not None:
             return command.main(argv[1:])  # the part parses its own arguments (warmup's `--`)
-        args = build_parser(command).parse_args(argv)
+        args = build_parser(command, only=argv[0] if argv else None).parse_args(argv)
         if command is not None:
             assert command.run is not None
             return command.run(args)

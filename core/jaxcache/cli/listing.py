@@ -1,45 +1,96 @@
-"""``jaxcache ls`` and ``jaxcache stats``: a root's entries and their totals, straight from storage."""
+"""``jaxcache ls`` and ``jaxcache stats``: a root's entries and their totals, from storage and the head index.
+
+Which figures need an entry's head (its first bytes): compile seconds, compression and the corrupt check. ``stats``
+shows all three, so it reads every head (once per object: the head index keeps them). ``ls`` shows them too, and
+reads them on a directory, where a head costs a local read; on gs:// roots, where each costs a request, only with
+``--heads`` or ``--sort compile``. Sizes, ages, names and last use come from the listing and the ``-atime`` files.
+"""
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
 import heapq
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import msgspec
+
 from jaxcache.cli.output import EXIT_OK, ROOT_HELP, non_negative, print_json, progress
+from jaxcache.entry import Compression, Status
+from jaxcache.errors import InvalidInputError
+from jaxcache.head_index import INDEX_ENV, HeadIndex
 from jaxcache.scan import Entry, Record, scan
+from jaxcache.scan_indexed import scan_indexed
 from jaxcache.stats import CacheStats, summarize
-from jaxcache.storage import Storage
+from jaxcache.storage import Storage, is_gcs_url
 from jaxcache.table import render
 from jaxcache.units import format_bytes, format_duration
 
-SORTS: dict[str, tuple[Callable[[Entry], Any], bool]] = {
-    # name: (key, largest-first)
-    "size": (lambda e: e.size_bytes, True),
-    "compile": (lambda e: -1 if e.compile_seconds is None else e.compile_seconds, True),
-    "age": (lambda e: e.mtime_s, False),  # oldest first
-    "name": (lambda e: e.key, False),
+# Each order ascending, and total (ties broken by key): the same entries print in the same order whatever order the
+# listing (or the index) gave them in.
+SORTS: dict[str, Callable[[Entry], Any]] = {
+    "size": lambda e: (-e.size_bytes, e.key),  # largest first
+    "compile": lambda e: (1 if e.compile_seconds is None else -e.compile_seconds, e.key),  # longest first, unknown last
+    "age": lambda e: (e.mtime_s, e.key),  # oldest first
+    "name": lambda e: e.key,
 }
+#: The sorts that need every entry's head.
+HEAD_SORTS = frozenset({"compile"})
+
+
+class EntryJson(msgspec.Struct, gc=False):
+    """One entry as ``ls --json`` prints it: the field names are the stable JSON (a Struct, not a dict: ``ls`` of a
+    large root builds one per entry)."""
+
+    key: str
+    function: str
+    hash: str
+    size_bytes: int
+    compression: Compression | None
+    compile_seconds: int | None
+    status: Status | None
+    reason: str | None
+    created_s: float
+    last_used_s: float
+    has_atime: bool
+
+
+def entry_row(e: Entry) -> EntryJson:
+    """One entry for ``ls --json``."""
+    atime_ns = e.atime_ns
+    return EntryJson(
+        e.key, e.module, e.hash, e.size_bytes, e.compression, e.compile_seconds, e.status, e.reason, e.mtime_s,
+        e.mtime_s if atime_ns is None else max(e.mtime_s, atime_ns / 1e9), atime_ns is not None,
+    )
 
 
 def entry_json(e: Entry) -> dict[str, Any]:
-    """One entry as ``ls --json`` prints it (stable field names)."""
-    return {
-        "key": e.key,
-        "function": e.module,
-        "hash": e.hash,
-        "size_bytes": e.size_bytes,
-        "compression": e.compression.value if e.compression else None,
-        "compile_seconds": e.compile_seconds,
-        "status": e.status.value if e.status else None,
-        "reason": e.reason,
-        "created_s": e.mtime_s,
-        "last_used_s": e.last_used_s,
-        "has_atime": e.atime_ns is not None,
-    }
+    """One entry as ``ls --json`` prints it (stable field names), as plain JSON values."""
+    data: dict[str, Any] = msgspec.to_builtins(entry_row(e))
+    return data
+
+
+def _warn(message: str) -> None:
+    print(f"jaxcache: warning: {message}", file=sys.stderr)
+
+
+def records(args: argparse.Namespace, storage: Storage, *, read_headers: bool = True) -> Iterator[Record]:
+    """The root's records through its head index, unless ``--no-index`` or ``JAXCACHE_INDEX=off``."""
+    index = None if args.no_index else HeadIndex.for_storage(storage, warn=_warn)
+    if index is None:
+        return scan(storage, read_headers=read_headers)
+    return scan_indexed(storage, index, read_headers=read_headers)
+
+
+def reads_heads(args: argparse.Namespace, storage: Storage) -> bool:
+    """Whether ``ls`` reads entries' heads: ``--heads``/``--no-heads``, else on a directory, or for ``--sort
+    compile``."""
+    if args.heads is not None:
+        return bool(args.heads)
+    return args.sort in HEAD_SORTS or not is_gcs_url(storage.url)
 
 
 def _select(records: Iterable[Record], function: str | None) -> Iterator[Entry]:
@@ -49,33 +100,35 @@ def _select(records: Iterable[Record], function: str | None) -> Iterator[Entry]:
 
 
 def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
-    entries = _select(progress(scan(storage), "scanning"), args.function)
-    key, largest_first = SORTS[args.sort]
-    if args.limit is not None:
-        pick = heapq.nlargest if largest_first else heapq.nsmallest
-        chosen = pick(args.limit, entries, key=key)
-    else:
-        chosen = sorted(entries, key=key, reverse=largest_first)
+    heads = reads_heads(args, storage)
+    if args.sort in HEAD_SORTS and not heads:
+        raise InvalidInputError(f"--sort {args.sort} needs every entry's head: drop --no-heads")
+    entries = _select(progress(records(args, storage, read_headers=heads), "scanning"), args.function)
+    key = SORTS[args.sort]
+    chosen = heapq.nsmallest(args.limit, entries, key=key) if args.limit is not None else sorted(entries, key=key)
     if args.json:
-        print_json({"root": storage.url, "entries": [entry_json(e) for e in chosen]})
+        print_json({"root": storage.url, "heads_read": heads, "entries": [entry_row(e) for e in chosen]})
         return EXIT_OK
     now = time.time()
+    unread = "?" if heads else "-"
     rows = [
         [
             e.module,
             e.hash[:12],
             format_bytes(e.size_bytes),
-            "?" if e.compile_seconds is None else f"{e.compile_seconds} s",
+            unread if e.compile_seconds is None else f"{e.compile_seconds} s",
             format_duration(now - e.mtime_s),
             format_duration(now - e.last_used_s) if e.atime_ns is not None else "-",
-            e.compression.value if e.compression else "?",
-            e.status.value if e.status else "?",
+            e.compression.value if e.compression else unread,
+            e.status.value if e.status else unread,
         ]
         for e in chosen
     ]
     headers = ["FUNCTION", "HASH", "SIZE", "COMPILE", "AGE", "LAST USED", "COMPRESSION", "STATUS"]
     print(render(headers, rows, right=frozenset({2, 3, 4, 5})))
     print(f"{len(rows)} entries, {format_bytes(sum(e.size_bytes for e in chosen))} in {storage.url}")
+    if not heads:
+        print("heads not read (a request per entry on gs://): --heads shows compile seconds, compression and status")
     return EXIT_OK
 
 
@@ -102,7 +155,7 @@ def stats_json(storage: Storage, s: CacheStats) -> dict[str, Any]:
 
 
 def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
-    s = summarize(progress(scan(storage), "scanning"))
+    s = summarize(progress(records(args, storage), "scanning"))
     data = stats_json(storage, s)
     if args.json:
         print_json(data)
@@ -134,6 +187,10 @@ def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
     return EXIT_OK
 
 
+INDEX_HELP = (f"read every entry again instead of using the head index (kept per root in the user's cache directory; "
+              f"{INDEX_ENV}=off turns it off everywhere)")
+
+
 def add_parsers(sub: Any) -> None:
     """``ls`` and ``stats``."""
     ls = sub.add_parser("ls", help="list the entries of a cache root",
@@ -145,6 +202,11 @@ def add_parsers(sub: Any) -> None:
                     help="order: size and compile largest first, age oldest first, name A-Z (default: name)")
     ls.add_argument("--function", metavar="GLOB", help="only functions (module names) matching GLOB, e.g. 'jit_train*'")
     ls.add_argument("--limit", metavar="N", type=non_negative, help="show at most N entries")
+    ls.add_argument("--heads", action=argparse.BooleanOptionalAction, default=None,
+                    help="read each entry's head for compile seconds, compression and status (default: on a "
+                         "directory, and on gs:// only with --sort compile, since each head is a request there; the "
+                         "head index keeps them, so each object's head is read once)")
+    ls.add_argument("--no-index", action="store_true", help=INDEX_HELP)
     ls.set_defaults(run=cmd_ls)
 
     st = sub.add_parser("stats", help="totals for a cache root",
@@ -154,4 +216,5 @@ def add_parsers(sub: Any) -> None:
     st.add_argument("--json", action="store_true", help="print JSON (stable field names)")
     st.add_argument("--top", metavar="N", type=non_negative, default=20,
                     help="functions to show in the table (default 20; --json lists all)")
+    st.add_argument("--no-index", action="store_true", help=INDEX_HELP)
     st.set_defaults(run=cmd_stats)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 
 from jaxcache.errors import MissingDependencyError
 
@@ -50,6 +49,8 @@ OPTIONAL: dict[str, PartCommand] = {
 
 def load(name: str) -> Command:
     """The installed part's command ``name``; raises :class:`MissingDependencyError` naming what to install."""
+    from importlib.metadata import entry_points  # only for a part's command: `ls` and the others start faster
+
     for ep in entry_points(group=GROUP, name=name):
         command = ep.load()
         if not isinstance(command, Command):

@@ -25,6 +25,9 @@ CHUNK_BYTES = 1 << 20
 #: An object's (size_bytes, mtime_s, generation), as Storage.list_changes compares them.
 Stat = tuple[int, float, int | None]
 
+#: One object of a whole listing (Storage.list_stats): (name, size_bytes, mtime_s, generation).
+Listed = tuple[str, int, float, int | None]
+
 
 def names_gone(previous: Mapping[str, Stat], changed: Mapping[str, Stat], seen: int, storage: Storage) -> set[str]:
     """The names of ``previous`` that a listing which saw ``seen`` of them no longer has. All seen: none (the
@@ -71,6 +74,15 @@ class Storage(abc.ABC):
     #: Requests worth having in flight at once (scans, validation, deletes): a directory gains nothing from
     #: threads, an object store hides its latency behind many.
     io_workers: int = 1
+    #: Requests for object bytes this instance made (an open or a GET, found or not): for tests and benchmarks
+    #: that must show what a listing read. Under threads a count may be lost; 0 stays exact.
+    reads: int = 0
+
+    @property
+    def identity(self) -> str:
+        """What names this root for state kept outside it (the head index): its URL, plus the endpoint where a
+        backend may be pointed elsewhere (an emulator holds other objects under the same bucket name)."""
+        return self.url
 
     @abc.abstractmethod
     def iter_objects(self, prefix: str = "", *, recursive: bool = False) -> Iterator[ObjectInfo]:
@@ -118,6 +130,16 @@ class Storage(abc.ABC):
             if info.name in previous:
                 seen += 1
         return changed, names_gone(previous, changed, seen, self)
+
+    def list_stats(self, suffixes: tuple[str, ...] = ()) -> list[Listed]:
+        """The objects directly under the root whose names end in one of ``suffixes`` (every object without), in
+        listing order, as ``(name, size_bytes, mtime_s, generation)`` tuples: a whole listing without an object per
+        file, for callers that compare or keep whole listings (the head index)."""
+        return [
+            (info.name, info.size_bytes, info.mtime_s, info.generation)
+            for info in self.iter_objects()
+            if not suffixes or info.name.endswith(suffixes)
+        ]
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         """The whole object as successive chunks of at most ``chunk_bytes`` (memory stays bounded however large it

@@ -16,7 +16,7 @@ from jaxcache.errors import (
     StorageError,
     StoragePermissionError,
 )
-from jaxcache.storage.base import CHUNK_BYTES, ObjectInfo, Storage, check_name, check_prefix
+from jaxcache.storage.base import CHUNK_BYTES, Listed, ObjectInfo, Storage, check_name, check_prefix
 
 try:
     from google.api_core import exceptions as gexc
@@ -27,6 +27,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise MissingDependencyError(
         "gs:// cache roots need google-cloud-storage: pip install 'jaxcache[gcs]'"
     ) from exc
+
+
+_PUBLIC_ENDPOINT = "https://storage.googleapis.com"
+# What a listing needs of each object: smaller pages to send and to parse (a root lists 1,000 objects a page).
+_LIST_FIELDS = "items(name,size,updated,generation),nextPageToken"
 
 
 class GcsStorage(Storage):
@@ -48,6 +53,12 @@ class GcsStorage(Storage):
                 "set GOOGLE_APPLICATION_CREDENTIALS, or run with a Workload Identity service account"
             ) from exc
         self._bucket = self._client.bucket(bucket)
+
+    @property
+    def identity(self) -> str:
+        endpoint = getattr(self._client, "api_endpoint", None) or ""
+        # The same gs:// URL on an emulator (STORAGE_EMULATOR_HOST) is another bucket altogether.
+        return self.url if endpoint.rstrip("/") == _PUBLIC_ENDPOINT else f"{self.url} at {endpoint}"
 
     @contextlib.contextmanager
     def _translate(self, op: str, name: str) -> Iterator[None]:
@@ -92,6 +103,24 @@ class GcsStorage(Storage):
             except gexc.NotFound as exc:
                 raise InvalidRootError(f"bucket {self.bucket_name!r} does not exist ({self.url})") from exc
 
+    def list_stats(self, suffixes: tuple[str, ...] = ()) -> list[Listed]:
+        base = len(self._base)
+        out: list[Listed] = []
+        with self._translate("list", "."):
+            pages = self._client.list_blobs(
+                self._bucket, prefix=self._base, delimiter="/", fields=_LIST_FIELDS, retry=DEFAULT_RETRY
+            )
+            try:
+                for blob in pages:
+                    name = blob.name[base:]
+                    if suffixes and not name.endswith(suffixes):
+                        continue
+                    updated = blob.updated.timestamp() if blob.updated is not None else 0.0
+                    out.append((name, blob.size or 0, updated, blob.generation))
+            except gexc.NotFound as exc:
+                raise InvalidRootError(f"bucket {self.bucket_name!r} does not exist ({self.url})") from exc
+        return out
+
     def stat(self, name: str) -> ObjectInfo | None:
         with self._translate("stat", name):
             blob = self._bucket.get_blob(self._blob_name(name), retry=DEFAULT_RETRY)
@@ -101,6 +130,7 @@ class GcsStorage(Storage):
         if length <= 0:
             return b"" if self.exists(name) else None
         blob = self._bucket.blob(self._blob_name(name))
+        self.reads += 1
         with self._translate("read", name):
             try:
                 data: bytes = blob.download_as_bytes(
@@ -114,6 +144,7 @@ class GcsStorage(Storage):
 
     def read(self, name: str) -> bytes | None:
         blob = self._bucket.blob(self._blob_name(name))
+        self.reads += 1
         with self._translate("read", name):
             try:
                 data: bytes = blob.download_as_bytes(retry=DEFAULT_RETRY)
@@ -133,6 +164,7 @@ class GcsStorage(Storage):
     def _chunks(self, blob: gcs.Blob, name: str, size: int, chunk_bytes: int) -> Iterator[bytes]:
         for start in range(0, size, chunk_bytes):
             end = min(start + chunk_bytes, size) - 1
+            self.reads += 1
             with self._translate("read", name):
                 try:
                     chunk: bytes = blob.download_as_bytes(start=start, end=end, checksum=None, retry=DEFAULT_RETRY)

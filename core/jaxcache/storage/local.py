@@ -15,7 +15,16 @@ from jaxcache.errors import (
     StorageError,
     StoragePermissionError,
 )
-from jaxcache.storage.base import CHUNK_BYTES, ObjectInfo, Stat, Storage, check_name, check_prefix, names_gone
+from jaxcache.storage.base import (
+    CHUNK_BYTES,
+    Listed,
+    ObjectInfo,
+    Stat,
+    Storage,
+    check_name,
+    check_prefix,
+    names_gone,
+)
 
 _TMP_PREFIX = ".jaxcache-tmp-"
 
@@ -147,6 +156,39 @@ class LocalStorage(Storage):
                     changed[name] = (st.st_size, st.st_mtime, None)
         return changed, names_gone(previous, changed, seen, self)
 
+    def list_stats(self, suffixes: tuple[str, ...] = ()) -> list[Listed]:
+        # The root only, as list_changes: a repeated `jaxcache ls` costs this listing and little else, so it is the
+        # tightest loop that gives the answer. Through a descriptor of the root, each stat is an fstatat() relative
+        # to it rather than a lookup of the whole path again.
+        if gone := self._gone():
+            raise gone
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._gone() or StorageError(f"listing {self.root} failed: it changed while listed") from None
+        except OSError as exc:
+            raise self._error("list", ".", exc) from exc
+        out: list[Listed] = []
+        add = out.append
+        try:
+            with os.scandir(fd) as it:
+                for de in it:
+                    name = de.name
+                    if suffixes and not name.endswith(suffixes):
+                        continue
+                    if not de.is_file(follow_symlinks=False) or name.startswith(_TMP_PREFIX):
+                        continue
+                    try:
+                        st = de.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # deleted while we listed
+                    add((name, st.st_size, st.st_mtime, None))
+        except OSError as exc:
+            raise self._error("list", ".", exc) from exc
+        finally:
+            os.close(fd)
+        return out
+
     # stat() and read_range() run once or twice per entry in a scan: plain try/except, no context manager.
     def stat(self, name: str) -> ObjectInfo | None:
         try:
@@ -159,6 +201,7 @@ class LocalStorage(Storage):
         return ObjectInfo(name, st.st_size, st.st_mtime)
 
     def read_range(self, name: str, offset: int, length: int) -> bytes | None:
+        self.reads += 1
         try:
             fd = os.open(self._path(name), os.O_RDONLY)
         except OSError as exc:
@@ -174,6 +217,7 @@ class LocalStorage(Storage):
             os.close(fd)
 
     def read(self, name: str) -> bytes | None:
+        self.reads += 1
         path = self._path(name)
         with self._translate("read", name):
             try:
@@ -186,6 +230,7 @@ class LocalStorage(Storage):
                 return None
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
+        self.reads += 1
         path = self._path(name)
         with self._translate("read", name):
             try:

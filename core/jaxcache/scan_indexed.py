@@ -1,0 +1,134 @@
+"""A scan through a head index (jaxcache.head_index): the same records as jaxcache.scan, reading only what is new or
+changed since the index was saved, and nothing at all for a root listed exactly as then.
+
+The whole listing is taken first, as tuples (the cheapest form): an entry's -atime file may come before or after it in
+a directory's order, and its stamp decides whether the index's value still holds. Memory follows the root's size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+
+import msgspec
+
+from jaxcache import entry as fmt
+from jaxcache.entry import Status
+from jaxcache.head_index import HeadIndex, Snapshot, listing_digest
+from jaxcache.parallel import bounded_map
+from jaxcache.scan import Entry, Orphan, Record, read_or_empty
+from jaxcache.storage.base import Storage
+
+#: The names a scan pairs (every other name under a root is not JAX's entry).
+_SUFFIXES = ("-cache", "-atime")
+
+
+class _ToRead(msgspec.Struct, gc=False):
+    key: str
+    module: str
+    hash: str
+    name: str
+    size_bytes: int
+    mtime_s: float
+    generation: int | None
+    atime_ns: int | None  # the index's value, where it still holds
+    read_atime: bool
+    head: Entry | None  # the index's entry, where its head still holds; None: read it (or, without heads, leave it)
+
+
+def _same(size: int, mtime: float, generation: int | None, other: tuple[int, float, int | None]) -> bool:
+    # A GCS object is the same one while its generation is (its "updated" time also moves with metadata changes);
+    # a file, while its size and mtime are (JAX writes each key once; its -atime file is rewritten in place).
+    if generation is not None:
+        return generation == other[2] and size == other[0]
+    return size == other[0] and mtime == other[1]
+
+
+def _without_head(e: Entry) -> Entry:
+    if e.status is None:
+        return e
+    return msgspec.structs.replace(e, compression=None, compile_seconds=None, status=None, reason=None)
+
+
+def scan_indexed(
+    storage: Storage, index: HeadIndex, *, read_headers: bool = True, workers: int | None = None
+) -> Iterator[Record]:
+    """The records :func:`jaxcache.scan.scan` yields, reading only the objects ``index`` does not hold as they are
+    now; ``index`` is saved once the last record has been yielded."""
+    if workers is None:
+        workers = storage.io_workers
+    listing = storage.list_stats(_SUFFIXES)
+    digest = listing_digest(listing)
+    previous = index.load()
+    if previous is not None and previous.listing_digest == digest and (previous.heads_complete or not read_headers):
+        # Exactly the objects the index was built from: its entries are this listing's answer.
+        yield from previous.entries if read_headers else map(_without_head, previous.entries)
+        yield from previous.orphans
+        return
+
+    old = index.previous_entries(previous) if previous is not None else {}
+    stamps = {name: (size, mtime, generation) for name, size, mtime, generation in listing}
+    kept: list[Entry] = []  # what the new index holds (heads that still hold are kept even where not yielded)
+    todo: list[_ToRead] = []
+    orphans: list[Orphan] = []
+    for name, size, mtime, generation in listing:
+        if name.endswith("-atime"):
+            if name[:-6] + "-cache" not in stamps:
+                parsed = fmt.parse_name(name)
+                if parsed is not None:
+                    orphans.append(Orphan(parsed.key, parsed.module, name, size, mtime, generation))
+            continue
+        before, before_atime = old.get(name, (None, None))
+        if before is not None:
+            key, module, digest_hex = before.key, before.module, before.hash
+        else:
+            parsed = fmt.parse_name(name)
+            if parsed is None:
+                continue
+            key, module, digest_hex = parsed.key, parsed.module, parsed.hash
+        atime_stamp = stamps.get(key + "-atime")
+        atime_ns, read_atime = None, False
+        if atime_stamp is not None:
+            if before is not None and before_atime is not None and _same(*atime_stamp, before_atime):
+                atime_ns = before.atime_ns
+            else:
+                read_atime = True
+        head = None
+        if before is not None and before.status is not None and _same(size, mtime, generation, (
+                before.size_bytes, before.mtime_s, before.generation)):
+            head = before
+        if read_atime or (read_headers and head is None):
+            todo.append(_ToRead(key, module, digest_hex, name, size, mtime, generation, atime_ns, read_atime, head))
+            continue
+        if head is not None and head.mtime_s == mtime and head.atime_ns == atime_ns:
+            e = head  # the common case: nothing about it changed
+        else:
+            e = Entry(key, module, digest_hex, name, size, mtime, generation, atime_ns,
+                      *((head.compression, head.compile_seconds, head.status, head.reason) if head else ()))
+        kept.append(e)
+        yield e if read_headers else _without_head(e)
+    for e in bounded_map(partial(_read_missing, storage, read_headers), todo, workers=workers):
+        kept.append(e)
+        yield e if read_headers else _without_head(e)
+    yield from orphans
+    atimes = [stamps.get(e.key + "-atime") for e in kept]
+    index.save(Snapshot(
+        identity=index.identity, listing_digest=digest, heads_complete=all(e.status is not None for e in kept),
+        entries=kept, atime_stamps=msgspec.Raw(msgspec.msgpack.encode(atimes)), orphans=orphans,
+    ))
+
+
+def _read_missing(storage: Storage, read_headers: bool, item: _ToRead) -> Entry:
+    atime_ns = item.atime_ns
+    if item.read_atime:
+        raw = storage.read_range(fmt.atime_name(item.key), 0, fmt.ATIME_BYTES + 1)
+        atime_ns = fmt.decode_atime(raw) if raw is not None else None
+    head: tuple[fmt.Compression | None, int | None, Status | None, str | None] = (None, None, None, None)
+    if item.head is not None:
+        head = item.head.compression, item.head.compile_seconds, item.head.status, item.head.reason
+    elif read_headers:
+        h = fmt.read_header(partial(read_or_empty, storage, item.name), item.size_bytes,
+                            first_read_bytes=storage.head_read_bytes)
+        head = h.compression, h.compile_seconds, h.status, h.reason
+    return Entry(item.key, item.module, item.hash, item.name, item.size_bytes, item.mtime_s, item.generation,
+                 atime_ns, *head)

@@ -1,0 +1,334 @@
+"""The head index of `jaxcache ls`/`stats`: a second listing reads nothing, what changed is read again, and the
+answers are the ones a listing without the index gives. On directories and on GCS (fake-gcs-server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from conftest import upload_dir
+from jaxcache import entry as fmt
+from jaxcache.cli import main
+from jaxcache.head_index import HeadIndex, Snapshot
+from jaxcache.scan import Entry, Orphan, read_head, scan
+from jaxcache.scan_indexed import scan_indexed
+from jaxcache.storage import open_storage
+
+
+@pytest.fixture
+def index_dir(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "index"
+    monkeypatch.setenv("JAXCACHE_INDEX_DIR", str(folder))
+    monkeypatch.delenv("JAXCACHE_INDEX", raising=False)
+    return folder
+
+
+def run_json(capsys, *argv: str) -> tuple[dict, str]:
+    code = main([*argv, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out), err
+
+
+def by_key(data: dict) -> dict[str, dict]:
+    return {e["key"]: e for e in data["entries"]}
+
+
+def listed(root: str, **kwargs) -> tuple[list, int]:
+    """One indexed scan of ``root``: its records and how many object reads it made."""
+    storage = open_storage(root)
+    index = HeadIndex.for_storage(storage)
+    assert index is not None
+    records = list(scan_indexed(storage, index, **kwargs))
+    return records, storage.reads
+
+
+def garble_keeping_stamp(path: Path) -> None:
+    """Same size, same mtime, other bytes: only the index can still know what the entry held."""
+    st = path.stat()
+    path.write_bytes(b"\x01" * st.st_size)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def index_snapshot(root: str) -> Snapshot:
+    index = HeadIndex.for_storage(open_storage(root))
+    assert index is not None
+    snapshot = index.load()
+    assert snapshot is not None
+    return snapshot
+
+
+# --- directories ---------------------------------------------------------------------------------------------
+
+
+def test_second_listing_reads_no_entry(cache_copy, jax_caches, index_dir):
+    first, reads_first = listed(str(cache_copy))
+    n = len(jax_caches["zstd"].entries)
+    assert reads_first == 2 * n  # every head and every -atime file
+    second, reads_second = listed(str(cache_copy))
+    assert reads_second == 0
+    assert sorted(second, key=lambda r: r.name) == sorted(first, key=lambda r: r.name)
+
+
+def test_the_index_answers_until_size_or_mtime_changes(capsys, cache_copy, jax_caches, index_dir):
+    root = str(cache_copy)
+    before, _ = run_json(capsys, "ls", root)
+    victim = jax_caches["zstd"].entries[0]
+    path = cache_copy / victim["file"]
+    garble_keeping_stamp(path)
+    again, _ = run_json(capsys, "ls", root)
+    assert again == before  # answered from the index: the garbage was not read
+    assert by_key(again)[victim["key"]]["status"] == "ok"
+
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000_000))
+    changed, _ = run_json(capsys, "ls", root)
+    got = by_key(changed)[victim["key"]]
+    assert got["status"] == "corrupt" and got["compile_seconds"] is None and "not a zstd or zlib" in got["reason"]
+    assert got["created_s"] == path.stat().st_mtime
+    others = {k: v for k, v in by_key(changed).items() if k != victim["key"]}
+    assert others == {k: v for k, v in by_key(before).items() if k != victim["key"]}
+
+    second = jax_caches["zstd"].entries[1]
+    path2 = cache_copy / second["file"]
+    st = path2.stat()
+    path2.write_bytes(path2.read_bytes()[: st.st_size // 2])  # a new size, even with the old mtime
+    os.utime(path2, ns=(st.st_atime_ns, st.st_mtime_ns))
+    stats, _ = run_json(capsys, "stats", root)
+    assert stats["corrupt"] == 2
+    assert by_key(run_json(capsys, "ls", root)[0])[second["key"]]["size_bytes"] == st.st_size // 2
+
+
+def test_new_changed_atime_and_deleted_entries(capsys, cache_copy, jax_caches, index_dir):
+    root = str(cache_copy)
+    entries = jax_caches["zstd"].entries
+    run_json(capsys, "ls", root)
+    # A new entry (another key with real bytes), a rewritten -atime file, a deleted entry.
+    new_key = entries[0]["module"] + "-" + "e" * 64
+    (cache_copy / (new_key + "-cache")).write_bytes((cache_copy / entries[0]["file"]).read_bytes())
+    later_ns = (int((cache_copy / entries[1]["file"]).stat().st_mtime) + 7200) * 10**9
+    (cache_copy / (entries[1]["key"] + "-atime")).write_bytes(fmt.encode_atime(later_ns))
+    gone = entries[2]
+    (cache_copy / gone["file"]).unlink()
+    (cache_copy / (gone["key"] + "-atime")).unlink()
+
+    alone = open_storage(root)
+    read_head(alone, alone.stat(new_key + "-cache"))
+    records, reads = listed(root)
+    assert reads == alone.reads + 1  # the new entry's head, and the rewritten -atime file
+    data, _ = run_json(capsys, "ls", root)
+    got = by_key(data)
+    assert gone["key"] not in got
+    assert got[new_key]["status"] == "ok" and got[new_key]["compile_seconds"] == entries[0]["stored_compile_seconds"]
+    assert got[new_key]["has_atime"] is False
+    assert got[entries[1]["key"]]["last_used_s"] == later_ns / 1e9
+    snapshot = index_snapshot(root)
+    assert gone["key"] not in {e.key for e in snapshot.entries}  # vanished entries drop out of the index too
+    assert new_key in {e.key for e in snapshot.entries}
+
+
+def test_outputs_equal_those_without_the_index(capsys, cache_copy, jax_caches, index_dir):
+    root = str(cache_copy)
+    (cache_copy / ("jit_gone-" + "0" * 64 + "-atime")).write_bytes(fmt.encode_atime(1))  # an orphan
+    (cache_copy / jax_caches["zstd"].entries[0]["file"]).write_bytes(b"")  # a corrupt entry
+    for argv in (["ls", root], ["ls", root, "--sort", "size"], ["ls", root, "--sort", "compile", "--limit", "3"],
+                 ["ls", root, "--sort", "age", "--function", "jit_*"], ["stats", root]):
+        without, _ = run_json(capsys, *argv, "--no-index")
+        first, _ = run_json(capsys, *argv)
+        second, _ = run_json(capsys, *argv)
+        assert first == without and second == without, argv
+    stats, _ = run_json(capsys, "stats", root)
+    assert stats["orphans"] == 1 and stats["corrupt"] == 1
+    assert [type(r) for r in listed(root)[0]].count(Orphan) == 1
+
+
+def test_index_off_reads_every_head(capsys, cache_copy, jax_caches, index_dir, monkeypatch):
+    root = str(cache_copy)
+    run_json(capsys, "ls", root)
+    victim = jax_caches["zstd"].entries[0]
+    garble_keeping_stamp(cache_copy / victim["file"])
+    for how in ("env", "flag"):
+        if how == "env":
+            monkeypatch.setenv("JAXCACHE_INDEX", "off")
+            data, _ = run_json(capsys, "ls", root)
+            assert HeadIndex.for_storage(open_storage(root)) is None
+        else:
+            monkeypatch.delenv("JAXCACHE_INDEX")
+            data, _ = run_json(capsys, "ls", root, "--no-index")
+        assert by_key(data)[victim["key"]]["status"] == "corrupt", how
+    storage = open_storage(root)
+    list(scan(storage))
+    assert storage.reads == 2 * len(jax_caches["zstd"].entries)
+
+
+def test_the_index_lives_outside_the_root(capsys, cache_copy, index_dir, monkeypatch):
+    root = str(cache_copy)
+    before = sorted(str(p.relative_to(cache_copy)) for p in cache_copy.rglob("*"))
+    run_json(capsys, "ls", root)
+    run_json(capsys, "stats", root)
+    assert sorted(str(p.relative_to(cache_copy)) for p in cache_copy.rglob("*")) == before
+    assert [p.suffix for p in index_dir.iterdir()] == [".heads"]
+
+    # Pointed inside the root, it is not used (and not written there), with a warning.
+    monkeypatch.setenv("JAXCACHE_INDEX_DIR", str(cache_copy / "sub"))
+    _, err = run_json(capsys, "ls", root)
+    assert "inside the cache root" in err and err.count("warning") == 1
+    assert not (cache_copy / "sub").exists()
+
+
+def test_default_location_is_the_users_cache_directory(tmp_path, monkeypatch, cache_copy):
+    monkeypatch.delenv("JAXCACHE_INDEX_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    index = HeadIndex.for_storage(open_storage(str(cache_copy)))
+    assert index is not None and Path(index.path).parent == tmp_path / "xdg" / "jaxcache" / "heads"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    index = HeadIndex.for_storage(open_storage(str(cache_copy)))
+    assert index is not None and Path(index.path).parent == tmp_path / "home" / ".cache" / "jaxcache" / "heads"
+
+
+def test_a_corrupt_index_is_ignored_with_one_warning_and_rebuilt(capsys, cache_copy, jax_caches, index_dir):
+    root = str(cache_copy)
+    expected, _ = run_json(capsys, "stats", root, "--no-index")
+    run_json(capsys, "stats", root)
+    (path,) = index_dir.iterdir()
+    for garbage in (path.read_bytes()[:1000], b"not an index at all", b""):
+        path.write_bytes(garbage)
+        got, err = run_json(capsys, "stats", root)
+        assert got == expected
+        assert err.count("warning") == 1 and "corrupt head index" in err, garbage[:20]
+        assert index_snapshot(root).entries  # written anew
+        again, err = run_json(capsys, "stats", root)
+        assert again == expected and err == ""
+
+
+def test_an_index_whose_parts_disagree_is_ignored_with_one_warning(capsys, cache_copy, jax_caches, index_dir):
+    root = str(cache_copy)
+    run_json(capsys, "ls", root)
+    index = HeadIndex.for_storage(open_storage(root))
+    assert index is not None
+    snapshot = index.load()
+    assert snapshot is not None
+    snapshot.atime_stamps = msgspec.Raw(msgspec.msgpack.encode([]))
+    index.save(snapshot)
+    path = cache_copy / jax_caches["zstd"].entries[0]["file"]
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # not the indexed listing
+    got, err = run_json(capsys, "ls", root)
+    assert got == run_json(capsys, "ls", root, "--no-index")[0]
+    assert err.count("warning") == 1 and "0 -atime stamps" in err
+
+
+def test_another_format_version_is_replaced_silently(capsys, cache_copy, index_dir):
+    root = str(cache_copy)
+    run_json(capsys, "ls", root)
+    (path,) = index_dir.iterdir()
+    data = path.read_bytes()
+    path.write_bytes(b"jaxcache head index v0 000000000000\n" + data[data.index(b"\n") + 1 :])
+    _, err = run_json(capsys, "ls", root)
+    assert err == ""
+    assert listed(root)[1] == 0  # rebuilt in our format
+
+
+def test_an_unwritable_index_warns_and_still_answers(capsys, cache_copy, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("JAXCACHE_INDEX_DIR", str(blocker / "index"))  # under a file: cannot be created
+    data, err = run_json(capsys, "ls", str(cache_copy))
+    assert data["entries"] and err.count("warning") == 1 and "cannot save the head index" in err
+
+
+def test_concurrent_listings_leave_a_whole_index(cache_copy, jax_caches, index_dir):
+    root = str(cache_copy)
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            for _ in range(5):
+                listed(root)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(index_snapshot(root).entries) == len(jax_caches["zstd"].entries)
+    assert [p.name for p in index_dir.iterdir() if p.name.startswith(".tmp-")] == []
+    assert listed(root)[1] == 0
+
+
+# --- GCS -----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gcs_roots(gcs_client, gcs_bucket, jax_caches, tmp_path, index_dir) -> dict[str, str]:
+    """The zstd cache on GCS twice: as JAX writes there (no -atime files: its LRU is off on object stores) and with
+    its -atime files (a job that set a cache size)."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for e in jax_caches["zstd"].entries:
+        (plain / e["file"]).write_bytes(Path(jax_caches["zstd"].root, e["file"]).read_bytes())
+    upload_dir(gcs_client, gcs_bucket, "plain", plain)
+    upload_dir(gcs_client, gcs_bucket, "lru", jax_caches["zstd"].root)
+    return {"plain": f"gs://{gcs_bucket}/plain", "lru": f"gs://{gcs_bucket}/lru"}
+
+
+@pytest.mark.gcs
+def test_gcs_ls_reads_no_object_without_head_figures(capsys, gcs_roots, jax_caches):
+    n = len(jax_caches["zstd"].entries)
+    assert listed(gcs_roots["plain"], read_headers=False)[1] == 0
+    assert listed(gcs_roots["lru"], read_headers=False)[1] == n  # each -atime file, once
+    assert listed(gcs_roots["lru"], read_headers=False)[1] == 0
+
+    data, _ = run_json(capsys, "ls", gcs_roots["plain"], "--sort", "size")
+    assert data["heads_read"] is False and len(data["entries"]) == n
+    assert all(e["compression"] is None and e["status"] is None for e in data["entries"])
+    assert all(e.status is None for e in index_snapshot(gcs_roots["plain"]).entries)  # no head was read
+    code = main(["ls", gcs_roots["plain"]])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "--heads shows compile seconds" in out
+
+    with_heads, _ = run_json(capsys, "ls", gcs_roots["plain"], "--heads")
+    assert with_heads["heads_read"] is True and all(e["status"] == "ok" for e in with_heads["entries"])
+    by_sort, _ = run_json(capsys, "ls", gcs_roots["plain"], "--sort", "compile")
+    assert by_sort["heads_read"] is True
+    assert main(["ls", gcs_roots["plain"], "--sort", "compile", "--no-heads"]) == 2
+    assert "needs every entry's head" in capsys.readouterr().err
+
+
+@pytest.mark.gcs
+def test_gcs_stats_reads_each_object_version_once(capsys, gcs_client, gcs_bucket, gcs_roots, jax_caches):
+    root = gcs_roots["lru"]
+    n = len(jax_caches["zstd"].entries)
+    expected, _ = run_json(capsys, "stats", root, "--no-index")
+    plain = open_storage(root)
+    assert sum(isinstance(r, Entry) for r in scan(plain)) == n
+    assert listed(root)[1] == plain.reads  # heads (one or two ranged GETs each) and -atime files, as without it
+    assert listed(root)[1] == 0
+    assert run_json(capsys, "stats", root)[0] == expected
+
+    # A rewritten object is a new generation: read again, whatever its size.
+    victim = jax_caches["zstd"].entries[0]
+    blob = gcs_client.bucket(gcs_bucket).blob(f"lru/{victim['file']}")
+    blob.upload_from_string(b"\x01" * victim["size_bytes"])
+    records, reads = listed(root)
+    assert reads == 1  # 256 bytes of garbage: not zstd, nothing more to read
+    got = {r.key: r for r in records if isinstance(r, Entry)}[victim["key"]]
+    assert got.status is fmt.Status.CORRUPT and got.generation == gcs_client.bucket(gcs_bucket).get_blob(
+        f"lru/{victim['file']}").generation
+    stats, _ = run_json(capsys, "stats", root)
+    assert stats["corrupt"] == 1 and stats == run_json(capsys, "stats", root, "--no-index")[0]
+    ls_index, _ = run_json(capsys, "ls", root, "--heads")
+    assert ls_index == run_json(capsys, "ls", root, "--heads", "--no-index")[0]
+
+
+@pytest.mark.gcs
+def test_gcs_index_is_per_endpoint(gcs_roots):
+    storage = open_storage(gcs_roots["plain"])
+    assert storage.identity.startswith(gcs_roots["plain"] + " at http://127.0.0.1:")
