@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from conftest import settled
+from conftest import settled, upload_dir
 from jaxcache.service.app import create_app
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
@@ -313,3 +313,23 @@ def test_statistics_older_than_a_minute_are_answered_while_they_are_recomputed(s
             break
         time.sleep(0.05)
     assert client.get("/v1/caches/demo/stats", headers=H_READ).json()["entries"] == before["entries"] - 1
+
+
+def test_rescans_of_an_unchanged_bucket_read_no_object(gcs_client, gcs_bucket, cache_copy, tmp_path):
+    """Objects are read once per version: a periodic rescan of a bucket nothing changed in only lists, and so does
+    a restarted process's first one (the listing it kept on disk)."""
+    upload_dir(gcs_client, gcs_bucket, "jax", cache_copy)
+    url = f"gs://{gcs_bucket}/jax"
+    kept = tmp_path / "kept"
+    catalog = _catalog(f"sqlite:///{tmp_path / 'c.sqlite'}", cache_copy, kept)
+    storage = open_storage(url)
+    assert rescan_mod.rescan(catalog, "c", storage).added > 0
+    assert storage.reads > 0  # the first rescan parsed every head
+    storage.reads = 0
+    assert rescan_mod.rescan(catalog, "c", storage).added == 0
+    assert storage.reads == 0
+    catalog.dispose()
+    restarted, fresh = _catalog(f"sqlite:///{tmp_path / 'c.sqlite'}", cache_copy, kept), open_storage(url)
+    assert rescan_mod.rescan(restarted, "c", fresh).added == 0
+    assert fresh.reads == 0
+    restarted.dispose()
