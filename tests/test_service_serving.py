@@ -1,0 +1,130 @@
+"""How the service serves requests: catalog work and body parsing happen in worker threads, so one slow request
+never stalls the event loop (``/healthz`` and everything else keep answering while it runs).
+
+Nothing here measures a time: a slow request is one the test holds (its catalog query or its parsing waits on an
+event), and the assertions are about what finishes before what."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from conftest import settled
+from jaxcache import records
+from jaxcache.service.app import create_app
+from jaxcache.service.catalog import queries
+from reports_support import H_READ, H_REPORT, hit, keys_of, run, settings
+
+#: Bound on waiting for a held request; the assertions never depend on it.
+PATIENCE_S = 60
+
+#: The only ``async def`` routes: none touches the catalog or storage, or parses more than a form of at most
+#: JAXCACHE_MAX_BODY_BYTES; the reports route reads its body on the loop and parses it in a thread.
+ASYNC_ROUTES = {
+    "healthz",  # answers a constant
+    "ingest_report",  # awaits the body, then parses and ingests in worker threads
+    "swagger_ui", "redoc",  # render a page of links to packaged assets
+    "login", "logout",  # a small form and a token's hash
+    "prune_form", "prune_apply",  # a token's hash; catalog work and rendering through run_in_threadpool
+}
+
+
+def test_only_routes_that_do_no_blocking_work_run_on_the_event_loop(tmp_path, cache_copy):
+    """A new ``async def`` route that queried the catalog would stall every request while it ran: such routes
+    are plain ``def`` (FastAPI runs them in its thread pool), and this list is the exceptions, each checked."""
+    app = create_app(settings(tmp_path, {"demo": str(cache_copy)}))
+    routes = list(_api_routes(app.routes))
+    assert len(routes) > 30  # every router's routes were found
+    on_loop = {r.endpoint.__name__ for r in routes if inspect.iscoroutinefunction(r.endpoint)}
+    assert on_loop == ASYNC_ROUTES
+
+
+def _api_routes(routes: list) -> Iterator[APIRoute]:
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        included = getattr(route, "original_router", None)  # an included router (FastAPI >= 0.16x)
+        if included is not None:
+            yield from _api_routes(included.routes)
+
+
+class Held:
+    """Wraps a function so that calls wait until :meth:`release` (each call says it has begun)."""
+
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self.real = real
+        self.entered = threading.Event()
+        self.released = threading.Event()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        assert self.released.wait(PATIENCE_S), "the test never released the held call"
+        return self.real(*args, **kwargs)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@pytest.fixture
+def client(tmp_path, cache_copy) -> Iterator[TestClient]:
+    with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}))) as c:
+        settled(c)
+        yield c
+
+
+def _while_held(client: TestClient, held: Held, slow: Callable[[], Any]) -> tuple[list[str], Any]:
+    """Start ``slow`` (a request that reaches ``held``), ask /healthz and a cached-nothing read meanwhile, then
+    release it; the order in which they finished, and the slow request's response."""
+    finished: list[str] = []
+    answer: dict[str, Any] = {}
+
+    def slow_request() -> None:
+        try:
+            answer["response"] = slow()
+        finally:  # a loop stalled by it makes the held call give up: the order below says so
+            finished.append("slow")
+
+    thread = threading.Thread(target=slow_request)
+    thread.start()
+    try:
+        assert held.entered.wait(PATIENCE_S), "the slow request never reached the held call"
+        health = client.get("/healthz")
+        assert health.status_code == 200
+        finished.append("healthz")
+        assert client.get("/v1/caches", headers=H_READ).status_code == 200  # the catalog itself is free
+        finished.append("caches")
+    finally:
+        held.release()
+        thread.join(PATIENCE_S)
+    return finished, answer.get("response")
+
+
+def test_healthz_answers_while_a_listing_waits_for_its_catalog_query(client, monkeypatch):
+    held = Held(queries.list_entries)
+    monkeypatch.setattr(queries, "list_entries", held)
+    finished, response = _while_held(
+        client, held, lambda: client.get("/v1/caches/demo/entries?limit=5", headers=H_READ))
+    assert finished == ["healthz", "caches", "slow"]
+    assert response is not None and response.status_code == 200 and response.json()["entries"]
+
+
+def test_healthz_answers_while_a_large_report_is_parsed(client, monkeypatch, jax_caches):
+    train = keys_of(jax_caches["zstd"])["jit_train_step"]
+    # A process that touched thousands of keys: a body of megabytes.
+    many = [hit(f"jit_f{i}-{i:064x}", 1, 1_700_000_000.0 + i) for i in range(10_000)]
+    record = run("big-job", "big-run", [hit(train, 2, 1_700_000_000.0), *many])
+    body = record.to_json()
+    assert len(body) > 1_000_000
+    held = Held(records.parse)
+    monkeypatch.setattr(records, "parse", held)
+    finished, response = _while_held(client, held, lambda: client.post(
+        "/v1/reports?cache=demo", content=body, headers={**H_REPORT, "content-type": "application/json"}))
+    assert finished == ["healthz", "caches", "slow"]
+    assert response is not None and response.status_code == 200, response.text
+    assert response.json()["keys"] == len(record.keys)
