@@ -8,21 +8,17 @@ import logging
 import shutil
 import time
 
-import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
 from jaxcache import records
-from jaxcache.records import RunRecord
 from jaxcache.service.app import create_app
 from reports_support import (
     BOTH,
-    DAY,
     H_ADMIN,
     H_READ,
     H_REPORT,
     NEW,
-    OLD,
     compiled,
     entries,
     hit,
@@ -245,87 +241,4 @@ def test_an_older_entries_table_is_rebuilt(tmp_path):
         assert conn.exec_driver_sql("SELECT count(*) FROM entries").scalar() == 0
         # Not ready until the first rescan fills the index again.
         assert conn.exec_driver_sql("SELECT last_scan_s FROM caches").scalar() is None
-    catalog.dispose()
-
-
-@pytest.mark.parametrize(("seed", "backend"), [(seed, "sqlite") for seed in range(6)] + [(0, "postgresql"),
-                                                                                         (1, "postgresql")])
-def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_copy, keys, seed, backend):
-    """Random reports (processes rewriting growing totals, late writers, older versions, keys without entries,
-    warm-ups and their verify runs, whose hits are not use): the aggregates kept as differences equal a
-    recomputation from every row, and count only jobs' hits."""
-    import random
-
-    from sqlalchemy import select
-
-    from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
-    from jaxcache.service.ingestion.aggregates import recompute
-    from jaxcache.service.ingestion.reports import ingest
-    from jaxcache.service.tasks.rescan import rescan as do_rescan
-    from jaxcache.storage import open_storage
-
-    rng = random.Random(seed)
-    url = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'c.sqlite'}"
-    catalog = Catalog(url)
-    do_rescan(catalog, "demo", open_storage(str(cache_copy)))
-    pool = keys["all"][:5] + [f"jit_ghost{i}-{'c' * 64}" for i in range(3)]
-    now = time.time()
-    state: dict[tuple[str, int], RunRecord] = {}
-    ingested: dict[tuple[str, int], RunRecord] = {}  # the version the catalog holds
-    for step in range(40):
-        run_id, index = rng.choice(["a", "b", "c"]), rng.randrange(2)
-        rec = state.get((run_id, index))
-        if rec is None or rng.random() < 0.1:
-            start = now - rng.uniform(0, 5 * DAY)
-            rec = run(f"job-{run_id}", run_id, [], at=start, process_index=index, process_count=2,
-                      jaxlib=rng.choice([NEW, OLD]), kind=rng.choice(["job", "job", "warmup", "warmup-verify"]))
-        else:
-            rec = msgspec.structs.replace(rec, keys=[msgspec.structs.replace(u) for u in rec.keys])
-        for _ in range(rng.randrange(1, 4)):
-            key = rng.choice(pool)
-            u = next((u for u in rec.keys if u.key == key), None)
-            at = rec.started_at + rng.uniform(0, 3600)
-            if u is None:
-                kind = rng.choice(["hit", "write", "compiled"])
-                u = {"hit": hit(key, 1, at, retrieval_s=rng.uniform(0, 1), saved_s=rng.uniform(-1, 3)),
-                     "write": write(key, rng.choice([None, rng.uniform(0, 20)]), at),
-                     "compiled": compiled(key, rng.uniform(0, 5), at)}[kind]
-                rec.keys.append(u)
-            elif u.hits:
-                u.hits += rng.randrange(1, 3)
-                u.retrieval_s += rng.uniform(0, 1)
-                u.last_at = max(u.last_at, at)
-        rec.updated_at = rec.started_at + 10 * step
-        if rng.random() < 0.15 and (run_id, index) in state:
-            older = state[(run_id, index)]
-            older = msgspec.structs.replace(older, updated_at=older.updated_at - 1, keys=older.keys[:1])
-            assert ingest(catalog, "demo", older).stale
-        if not ingest(catalog, "demo", rec).stale:
-            ingested[(run_id, index)] = rec
-        state[(run_id, index)] = rec
-
-    def snapshot():
-        with catalog.reader() as conn:
-            stats = {r[0]: tuple(r[1:]) for r in conn.execute(select(
-                KeyStatsRow.key, KeyStatsRow.hits, KeyStatsRow.last_hit_s, KeyStatsRow.saved_s, KeyStatsRow.writer_run,
-                KeyStatsRow.writer_process, KeyStatsRow.writer_jaxlib, KeyStatsRow.writer_compile_s))}
-            rows = {tuple(r[:3]): r[3] for r in conn.execute(select(
-                UsageRow.run_id, UsageRow.process_index, UsageRow.key, UsageRow.saved_s))}
-            entries = {r[0]: tuple(r[1:]) for r in conn.execute(select(
-                EntryRow.key, EntryRow.hits, EntryRow.saved_s, EntryRow.last_used_s, EntryRow.writer_run))}
-        return stats, rows, entries
-
-    kept = snapshot()
-    with catalog.session() as s:
-        recompute(s, "demo", pool)
-    fresh = snapshot()
-    assert kept[0].keys() == fresh[0].keys() and kept[1].keys() == fresh[1].keys()
-    for a, b in zip(kept, fresh, strict=True):
-        for k in b:
-            assert a[k] == pytest.approx(b[k]), (k, a[k], b[k])
-    jobs_hits = {key: sum(u.hits for r in ingested.values() if r.kind == "job" for u in r.keys if u.key == key)
-                 for key in fresh[0]}
-    assert {key: v[0] for key, v in fresh[0].items()} == jobs_hits
-    assert any(r.kind != "job" and any(u.hits for u in r.keys) for r in ingested.values()), "no warm-up hit drawn"
     catalog.dispose()

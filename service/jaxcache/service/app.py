@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
 
 from jaxcache.service import dashboard
 from jaxcache.service.api import caches, docs, entries, errors, integrity, jobs, ops, prune, reports, warmups
@@ -28,6 +29,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             async with background(state):
                 yield
         finally:
+            await run_in_threadpool(state.reports.close)  # what was accepted is ingested before the catalog goes
             state.catalog.dispose()
 
     app = FastAPI(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,10 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.catalog.queries import verdicts
+from jaxcache.service.ingestion import explain as explaining
 from jaxcache.service.ingestion import reports, routing
+from jaxcache.service.ingestion.explain import Pending
+from jaxcache.service.ingestion.queue import ReportQueue
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.pagecache import PageCache
 from jaxcache.service.settings import ServiceSettings
@@ -66,6 +69,7 @@ class State:
                                              for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
         self.pages = PageCache(settings.page_cache_s)
+        self.reports = ReportQueue(self._ingest_batch, self.ingest, self._explain, max_queued=settings.report_queue)
         self._stats: dict[str, tuple[float, dict]] = {}
         self._usage: dict[str, tuple[float, dict]] = {}
         self._refreshing: set[tuple[str, str]] = set()  # (what, cache) being recomputed in a thread
@@ -192,13 +196,29 @@ class State:
                                         "last_7d": queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
 
     def ingest(self, name: str, record: records.RunRecord) -> reports.IngestResult:
-        """Ingest one POSTed run record into ``name``."""
+        """Ingest one POSTed run record into ``name`` now, in a transaction of its own (POSTs go through
+        ``self.reports``, which batches them)."""
         result = reports.ingest(self.catalog, name, record, source=reports.REPORT, secret=self.settings.attest_secret)
-        if not result.stale:
-            self.metrics.reports_ingested.labels(name, reports.REPORT).inc()
+        self._ingested(name, [result])
+        return result
+
+    def _ingest_batch(self, name: str, batch: Sequence[records.RunRecord],
+                      later: reports.PendingMisses) -> list[reports.IngestResult]:
+        results = reports.ingest_batch(self.catalog, name, batch, source=reports.REPORT,
+                                       secret=self.settings.attest_secret, later=later)
+        self._ingested(name, results)
+        return results
+
+    def _explain(self, name: str, pending: list[Pending]) -> None:
+        explaining.explain_stored(self.catalog, name, pending)
+        self._usage.pop(name, None)  # misses by cause moved
+
+    def _ingested(self, name: str, results: list[reports.IngestResult]) -> None:
+        fresh = sum(not r.stale for r in results)
+        if fresh:
+            self.metrics.reports_ingested.labels(name, reports.REPORT).inc(fresh)
             self._usage.pop(name, None)
             self.pages.invalidate(name)  # hits and last use of listed entries moved
-        return result
 
     def _count_misses(self, name: str, counts: Mapping[str, int]) -> None:
         for cause, n in counts.items():

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from fastapi import APIRouter, Request
-from fastapi.concurrency import run_in_threadpool
 
 from jaxcache.service.api.deps import ERRORS, AdminAuth, CacheName, ReadAuth, state_of, storage_of
 from jaxcache.service.api.schemas.caches import CacheList, CacheSummary, RescanModel, StatsModel
@@ -34,11 +33,11 @@ def get_stats(request: Request, cache: CacheName, _p: ReadAuth) -> StatsModel:
 @router.post("/v1/caches/{cache}/rescan", response_model=RescanModel, operation_id="rescan",
              responses={409: {"model": ErrorModel, "description": "another replica has been rescanning this cache "
                                                                   "for a minute: try again when it ends"}})
-async def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> RescanModel:
+def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> RescanModel:
     """Rescan one cache now (background rescans run every JAXCACHE_RESCAN_S seconds): entries, and the run
     records under .jaxcache/runs/ that are new or changed."""
     storage_of(request, cache)
-    r = await run_in_threadpool(state_of(request).rescan, cache, wait_s=RESCAN_WAIT_S)
+    r = state_of(request).rescan(cache, wait_s=RESCAN_WAIT_S)
     return RescanModel(cache=r.cache, added=r.added, removed=r.removed, updated=r.updated, entries=r.entries,
                        seconds=r.seconds, records_ingested=r.records_ingested,
                        records_malformed=r.records_malformed, warmups_ingested=r.warmups_ingested,

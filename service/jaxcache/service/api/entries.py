@@ -29,7 +29,7 @@ router = APIRouter(tags=["entries"], responses=ERRORS)
 
 
 @router.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries")
-async def list_entries(
+def list_entries(
     request: Request, cache: CacheName, _p: ReadAuth,
     function: Annotated[str | None, Query(max_length=256, pattern=FUNCTION_GLOB,
                                           description="glob over function names: * and ?")] = None,

@@ -9,6 +9,7 @@ from starlette.routing import Match
 
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
 from jaxcache.service.catalog.locks import LockBusyError
+from jaxcache.service.ingestion.queue import QueueFullError
 
 
 def status_of(exc: JaxcacheError) -> int:
@@ -43,6 +44,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(JaxcacheError)
     async def jaxcache_error(_request: Request, exc: JaxcacheError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=status_of(exc))
+
+    @app.exception_handler(QueueFullError)
+    async def queue_full(_request: Request, exc: QueueFullError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after_s)})
 
     # Starlette's router answers 405 from the first route whose path matches, naming only that route's methods:
     # a path served by GET and DELETE routes would say `Allow: GET`. (Only 405s come here: no cost otherwise.)

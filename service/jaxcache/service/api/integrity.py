@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.concurrency import run_in_threadpool
 
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.api.deps import (
@@ -31,16 +29,15 @@ router = APIRouter(tags=["integrity"], responses=ERRORS)
 
 @router.post("/v1/caches/{cache}/verify", response_model=VerifyResult, operation_id="verify",
              responses={413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_BODY_BYTES"}})
-async def post_verify(request: Request, cache: CacheName, _p: AdminAuth,
-                      body: VerifyRequest | None = None) -> VerifyResult:
+def post_verify(request: Request, cache: CacheName, _p: AdminAuth,
+                body: VerifyRequest | None = None) -> VerifyResult:
     """Verify entries now, unthrottled: new, changed and pending ones (or all with `recheck_all`). Each is
     read, compared with its writer's digest and its embedded program name, and classified ok, tampered,
     mismatched, corrupt, pending (younger than JAXCACHE_VERIFY_MIN_AGE_S) or unattested. The background pass
     does the same, throttled to JAXCACHE_VERIFY_BYTES_PER_S."""
     storage_of(request, cache)
     body = body or VerifyRequest()
-    r = await run_in_threadpool(partial(state_of(request).verify, cache, max_entries=body.max_entries,
-                                        recheck_all=body.recheck_all))
+    r = state_of(request).verify(cache, max_entries=body.max_entries, recheck_all=body.recheck_all)
     return VerifyResult(cache=r.cache, checked=r.checked, bytes_read=r.bytes_read, counts=r.counts,
                         remaining=r.remaining, seconds=r.seconds)
 

@@ -6,7 +6,6 @@ import time
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
-from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import CursorResult, delete, select
 
 from jaxcache.service.api.deps import (
@@ -45,15 +44,14 @@ PinPattern = Annotated[str, Path(max_length=_MAX_PATTERN, pattern=fields.PIN, ex
              responses={409: {"model": ErrorModel, "description": "a prune of this cache is running (on any replica)"},
                         413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_BODY_BYTES"}},
              openapi_extra=BEARER_REQUIRED)  # the token is checked in the route: its scope depends on dry_run
-async def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneResponse:
+def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneResponse:
     """Plan a prune (default: dry run) or, with `dry_run: false` and an admin token, apply it."""
     state = state_of(request)
     principal = state.auth.check(request, "read" if body.dry_run else "admin")
     storage_of(request, cache)
     policy, policy_json = policy_of(body)
     try:
-        outcome = await run_in_threadpool(state.prune, cache, policy, policy_json=policy_json,
-                                          dry_run=body.dry_run, who=principal.who)
+        outcome = state.prune(cache, policy, policy_json=policy_json, dry_run=body.dry_run, who=principal.who)
     except PruneInProgressError:
         raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
                                  "service); try again when it ends") from None

@@ -16,6 +16,7 @@ from jaxcache.service.api.schemas.reports import ReportResult
 from jaxcache.service.ingestion import reports as ingestion
 from jaxcache.service.ingestion import routing
 from jaxcache.service.middleware import REPORTS_PATH
+from jaxcache.service.state import State
 
 router = APIRouter(tags=["reports"])
 
@@ -29,6 +30,10 @@ router = APIRouter(tags=["reports"])
         413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_REPORT_BYTES"},
         422: {**UNPROCESSABLE, "description": "malformed run record (nothing stored), or several caches have its "
                                               "cache_dir as root (pass `cache`)"},
+        503: {"model": ErrorModel, "description": "JAXCACHE_REPORT_QUEUE records are already waiting for the "
+                                                  "catalog: send it again after Retry-After seconds (its record "
+                                                  "file reaches the catalog at the next rescan anyway)",
+              "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}}},
     },
     openapi_extra={"requestBody": {"required": True, "description": "a run record (jaxcache.run/1)",
                                    "content": {"application/json": {
@@ -46,24 +51,33 @@ async def ingest_report(
     state = state_of(request)
     if cache is not None:
         storage_of(request, cache)
+    state.reports.check_room()  # a full queue answers 503 before the body is parsed
     body = await request.body()
+    # Up to JAXCACHE_MAX_REPORT_BYTES of JSON: parsed in a worker thread, so that the loop keeps answering.
+    record, name = await run_in_threadpool(_accept, state, body, cache)
     try:
-        record = _parse(body)
-    except InvalidInputError as exc:
-        state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
-        raise HTTPException(422, str(exc)) from None
-    try:
-        name = cache if cache is not None else routing.cache_for(record, state.roots)
-    except InvalidInputError as exc:
-        state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
-        raise HTTPException(unroutable(record.cache_dir, state.roots)[0], str(exc)) from None
-    try:
-        r = await run_in_threadpool(state.ingest, name, record)
+        # Waits for the writer thread's batch without holding a thread of the pool.
+        r = await state.reports.ingest(name, record)
     except InvalidInputError as exc:
         state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
         raise HTTPException(422, str(exc)) from None
     return ReportResult(cache=r.cache, run_id=r.run_id, process_index=r.process_index,
                         runs=0 if r.stale else 1, keys=r.keys, stale=r.stale)
+
+
+def _accept(state: State, body: bytes, cache: str | None) -> tuple[records.RunRecord, str]:
+    """The record in ``body`` and the cache it is for, or 422/404 (counted as malformed)."""
+    try:
+        record = _parse(body)
+        ingestion.check(record)
+    except InvalidInputError as exc:
+        state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
+        raise HTTPException(422, str(exc)) from None
+    try:
+        return record, cache if cache is not None else routing.cache_for(record, state.roots)
+    except InvalidInputError as exc:
+        state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
+        raise HTTPException(unroutable(record.cache_dir, state.roots)[0], str(exc)) from None
 
 
 #: The catalog counts processes in 32-bit columns (PostgreSQL's INTEGER); the record format allows up to 2**53.

@@ -106,7 +106,7 @@ class EntryRow(Base):
         # Listings sort by compile seconds with unknown (NULL) as -1: an index on exactly that expression lets a
         # page (and its cursor's row comparison) be an index range instead of a sort of the whole cache.
         Index("ix_entries_compile_sort", "cache", "kind", text(COMPILE_SORT_SQL), "key"),
-        Index("ix_entries_module", "cache", "kind", "module"),
+        Index("ix_entries_module", "cache", "kind", "module", "created_s", "key"),
         Index("ix_entries_hits", "cache", "kind", "hits", "key"),
         Index("ix_entries_writer_jaxlib", "cache", "kind", "writer_jaxlib"),
         Index("ix_entries_writer_topology", "cache", "kind", "writer_topology"),
@@ -223,7 +223,7 @@ class UsageRow(Base):
     fix: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (
-        Index("ix_usage_key", "cache", "key"),
+        Index("ix_usage_key", "cache", "key", "first_at"),
         Index("ix_usage_job", "cache", "job", "key"),
         # "The keys of function F in cache C, newest first" is an index range: explanations look for the nearest
         # key of a miss's function among them without reading the function's whole history.

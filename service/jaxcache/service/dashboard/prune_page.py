@@ -32,6 +32,10 @@ def routes(dash: Dashboard) -> APIRouter:
                            form=form, preview=preview, error=error, applied=applied, audit=audit,
                            csrf=dash.csrf(viewer, f"prune:{cache}"))
 
+    def audit_row(cache: str, audit_id: int) -> list[dict]:
+        with state.catalog.reader() as conn:
+            return queries.prunes(conn, cache, limit=1, audit_id=audit_id)
+
     @router.get("/caches/{cache}/prune")
     async def prune_form(request: Request, cache: str) -> Response:
         viewer = dash.viewer(request)
@@ -41,8 +45,7 @@ def routes(dash: Dashboard) -> APIRouter:
         preview = error = applied = None
         status = 200
         if q.get("applied", "").isdigit():
-            with state.catalog.reader() as conn:
-                found = queries.prunes(conn, cache, limit=1, audit_id=int(q["applied"]))
+            found = await run_in_threadpool(audit_row, cache, int(q["applied"]))
             applied = found[0] if found else None
         if q.get("preview"):
             try:

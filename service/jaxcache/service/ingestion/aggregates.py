@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import Float, and_, bindparam, case, cast, delete, insert, select, update
+from sqlalchemy import BindParameter, Float, and_, bindparam, case, cast, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from jaxcache import records
@@ -129,9 +129,10 @@ def fold(history: dict | None, rows: Iterable) -> dict:
     return {"hits": hits, "last_hit_s": last_hit, "saved_s": saved, **writer}
 
 
-def entry_update_statement(cache: str):
-    """UPDATE of an entry row's copy of its key's aggregates (parameters ``b_key`` and ``b_<aggregate>``); its last
-    use becomes the newer of what storage shows and the last hit."""
+def entry_update_statement(cache: str | BindParameter[str]):
+    """UPDATE of an entry row's copy of its key's aggregates (parameters ``b_key`` and ``b_<aggregate>``; ``cache``
+    a name, or a bound parameter of its own); its last use becomes the newer of what storage shows and the last
+    hit."""
     entries = table_of(EntryRow)
     # Typed on the server too: PostgreSQL cannot infer the type of a parameter that is only tested for NULL.
     hit = cast(bindparam("b_last_hit_s", type_=Float), Float)

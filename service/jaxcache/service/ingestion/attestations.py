@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
 
 from jaxcache.attestations import Attestation, prefer
 from jaxcache.service.catalog.database import Catalog
@@ -33,8 +34,14 @@ def record(catalog: Catalog, cache: str, found: Iterable[Attestation]) -> int:
     todo = list(found)
     if not todo:
         return 0
-    changed = 0
     with catalog.writing(cache) as s:
+        return record_in(catalog, s, cache, todo)
+
+
+def record_in(catalog: Catalog, s: Session, cache: str, todo: list[Attestation]) -> int:
+    """:func:`record` in ``s``'s write transaction (one the caller took with ``catalog.writing(cache)``)."""
+    changed = 0
+    if todo:
         keys = sorted({a.key for a in todo})
         existing: dict[str, AttestationRow] = {}
         for i in range(0, len(keys), _CHUNK):

@@ -10,14 +10,16 @@ changes nothing. How the figures are defined: docs/service.md, "Run records".
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import msgspec
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import Insert, Update, bindparam, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from jaxcache import records
-from jaxcache.attestations import FILE, REPORTED, from_run
+from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog import rawsql
@@ -59,38 +61,114 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
 
     Raises :class:`InvalidInputError` (and stores nothing) if the record names a key twice.
     """
-    usages = _unique(record.keys)
-    pk = (cache, record.run_id, record.process_index)
+    check(record)
     counts: dict[str, int] = {}
-    pending: list[explaining.Pending] = []
+    aggregates = _Aggregates(cache)
     with catalog.writing(cache) as s:
-        run = s.get(RunRow, pk)
-        if run is not None and run.updated_s > record.updated_at:
-            return IngestResult(cache, record.run_id, record.process_index, run.keys, stale=True)
-        compacted = run is None and _compacted(s, cache, record)
-        if not compacted:
-            stored, pending = _store(s, cache, record, usages, run, source)
-            if explain and pending:
-                counts = dict(explaining.explain_pending(s, cache, pending))
-                pending = []
+        result, attest = _ingest_in(s, aggregates, record, source)
+        aggregates.flush(s)
+        if explain and result.pending:
+            counts = dict(explaining.explain_pending(s, cache, result.pending))
+            result = replace(result, misses=counts, pending=())
     if counts:
         catalog.count_misses(cache, counts)
     # A POSTed digest came with a report token; one read from the bucket is worth what the bucket's writers are.
     # Recorded for compacted records too: digests are evidence, never counts (the first accepted one counts, the
     # others are kept as conflicts), and a back-dated record must not hide a forged digest.
+    found = _attestations(record, source, secret, record_name) if attest else []
+    if found:
+        attestations.record(catalog, cache, found)
+    return result
+
+
+class PendingMisses:
+    """Stored misses not explained yet, by process: a process's later record replaces what its earlier one left
+    (its rows were replaced), and whether a miss counts stays what the catalog held before the first of them."""
+
+    def __init__(self) -> None:
+        self._by_process: dict[tuple[str, int], dict[str, explaining.Pending]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(by_key) for by_key in self._by_process.values())
+
+    def add(self, result: IngestResult) -> None:
+        """What ``result`` (not stale) left to explain."""
+        process = (result.run_id, result.process_index)
+        earlier = self._by_process.get(process, {})
+        self._by_process[process] = {p.key: replace(p, counted=earlier[p.key].counted) if p.key in earlier else p
+                                     for p in result.pending}
+
+    def take(self, limit: int | None = None) -> list[explaining.Pending]:
+        """The misses held (whole processes' while at most ``limit``, at least one process's), which are no longer
+        held."""
+        out: list[explaining.Pending] = []
+        for process in list(self._by_process):
+            if limit is not None and out and len(out) + len(self._by_process[process]) > limit:
+                break
+            out += self._by_process.pop(process).values()
+        return out
+
+
+def ingest_batch(catalog: Catalog, cache: str, batch: Sequence[RunRecord], *, source: str = REPORT,
+                 secret: bytes | None = None, later: PendingMisses | None = None) -> list[IngestResult]:
+    """Ingest several records of ``cache`` in one write transaction, each as :func:`ingest` would, in order, their
+    digests recorded in the same transaction. What a job's processes send at once share their keys, so a batch
+    reads and writes each key's aggregates once instead of once a record. Their misses are explained together at
+    the end (one read of the history for all), or, given ``later``, added to it for the caller to explain
+    (:func:`explaining.explain_stored`) once it has time. Any error stores nothing of the batch (the caller tries
+    the records one at a time); each record must have passed :func:`check`. The results' ``misses`` stay empty:
+    the count goes to the catalog's listener."""
+    results: list[IngestResult] = []
+    pending = PendingMisses() if later is None else later
+    found: list[Attestation] = []
+    aggregates = _Aggregates(cache)
+    with catalog.writing(cache) as s:
+        for record in batch:
+            result, attest = _ingest_in(s, aggregates, record, source)
+            results.append(result)
+            if not result.stale:
+                pending.add(result)
+            if attest:
+                found += _attestations(record, source, secret, None)
+        aggregates.flush(s)
+        counts = Counter[str]()
+        if later is None and (todo := pending.take()):
+            counts = explaining.explain_pending(s, cache, todo)
+        if found:
+            attestations.record_in(catalog, s, cache, found)
+    catalog.count_misses(cache, counts)
+    return [replace(r, pending=()) for r in results]
+
+
+def check(record: RunRecord) -> None:
+    """Refuse (InvalidInputError) a record the catalog cannot store: one that names a key twice."""
+    _unique(record.keys)
+
+
+def _ingest_in(s: Session, aggregates: _Aggregates, record: RunRecord, source: str) -> tuple[IngestResult, bool]:
+    """One record in ``s``'s write transaction, its misses stored unexplained (``pending``); and whether its
+    digests are to be recorded (not for an older version of a record already in)."""
+    cache = aggregates.cache
+    run = s.get(RunRow, (cache, record.run_id, record.process_index))
+    if run is not None and run.updated_s > record.updated_at:
+        return IngestResult(cache, record.run_id, record.process_index, run.keys, stale=True), False
+    if run is None and _compacted(s, cache, record):
+        return IngestResult(cache, record.run_id, record.process_index, 0, stale=True), True
+    stored, pending = _store(s, aggregates, record, run, source)
+    return IngestResult(cache, record.run_id, record.process_index, stored, stale=False,
+                        pending=tuple(pending)), True
+
+
+def _attestations(record: RunRecord, source: str, secret: bytes | None, name: str | None) -> list[Attestation]:
     kind = REPORTED if source == REPORT else FILE
-    attestations.record(catalog, cache, from_run(record, source=kind, at=time.time(), secret=secret,
-                                                 record=record_name))
-    if compacted:
-        return IngestResult(cache, record.run_id, record.process_index, 0, stale=True)
-    return IngestResult(cache, record.run_id, record.process_index, stored, stale=False, misses=counts,
-                        pending=tuple(pending))
+    return list(from_run(record, source=kind, at=time.time(), secret=secret, record=name))
 
 
-def _store(s: Session, cache: str, record: RunRecord, usages: list[records.KeyUsage], run: RunRow | None,
+def _store(s: Session, aggregates: _Aggregates, record: RunRecord, run: RunRow | None,
            source: str) -> tuple[int, list[explaining.Pending]]:
     """Replace the process's run and usage rows with ``record``'s and update its keys' aggregates; the rows
     stored, and the misses among them to explain (the others keep the explanation their earlier row had)."""
+    cache = aggregates.cache
     where = (UsageRow.cache == cache, UsageRow.run_id == record.run_id,
              UsageRow.process_index == record.process_index)
     old = {r.key: r for r in s.execute(select(*_OWN).where(*where))}
@@ -104,7 +182,7 @@ def _store(s: Session, cache: str, record: RunRecord, usages: list[records.KeyUs
         for name, value in fields.items():
             setattr(run, name, value)
     s.flush()
-    rows = [_usage_row(cache, record, u) for u in usages]
+    rows = [_usage_row(cache, record, u) for u in record.keys]
     pending = []
     for row in rows:
         if explaining.is_miss(row["kind"], row["event"]):
@@ -115,11 +193,12 @@ def _store(s: Session, cache: str, record: RunRecord, usages: list[records.KeyUs
                                                   counted=before is None or before["cause"] is None))
             else:
                 row.update(kept)
-    full = _update_in_place(s, cache, record, old, {r["key"]: r for r in rows})
-    for i in range(0, len(rows), 5000):
-        s.execute(insert(UsageRow), rows[i : i + 5000])
+    full = _update_in_place(s, aggregates, record, old, {r["key"]: r for r in rows})
+    rawsql.execute_many(s.connection(), "ingest-usage", _usage_insert, [_as_params(r) for r in rows])
     if full:
+        aggregates.flush(s)  # what recompute reads must not lag behind this transaction's own changes
         recompute(s, cache, full)
+        aggregates.forget(full)
     return len(rows), pending
 
 
@@ -134,7 +213,55 @@ _OWN = (UsageRow.key, UsageRow.kind, UsageRow.event, UsageRow.hits, UsageRow.wri
         UsageRow.last_at, UsageRow.saved_s)
 
 
-def _update_in_place(s: Session, cache: str, record: RunRecord, old: dict, new: dict[str, dict]) -> set[str]:
+class _Aggregates:
+    """The aggregates of the keys a transaction's records touch, as those records leave them: each key is read
+    once and written once (at :meth:`flush`), however many of the transaction's records touch it; the processes of
+    one job touch the same keys."""
+
+    def __init__(self, cache: str) -> None:
+        self.cache = cache
+        self._rows: dict[str, dict | None] = {}  # None: the key has no aggregates yet
+        self._dirty: set[str] = set()
+
+    def get(self, s: Session, keys: list[str]) -> dict[str, dict | None]:
+        missing = [k for k in keys if k not in self._rows]
+        for i in range(0, len(missing), _CHUNK):
+            chunk = missing[i : i + _CHUNK]
+            self._rows.update(dict.fromkeys(chunk))
+            for r in s.execute(select(KeyStatsRow.key, *(getattr(KeyStatsRow, n) for n in AGGREGATES))
+                               .where(KeyStatsRow.cache == self.cache, KeyStatsRow.key.in_(chunk))):
+                self._rows[r[0]] = dict(zip(AGGREGATES, r[1:], strict=True))
+        return {k: self._rows[k] for k in keys}
+
+    def put(self, key: str, stats: dict) -> None:
+        self._rows[key] = stats
+        self._dirty.add(key)
+
+    def forget(self, keys: set[str]) -> None:
+        """``keys`` were recomputed in the database: read them again when next touched."""
+        for key in keys:
+            self._rows.pop(key, None)
+            self._dirty.discard(key)
+
+    def flush(self, s: Session) -> None:
+        """Write the changed keys' aggregates, and their copies on entry rows."""
+        if not self._dirty:
+            return
+        stats_updates, entry_params = [], []
+        for key in sorted(self._dirty):
+            stats = self._rows[key]
+            assert stats is not None  # put() stores a dict
+            stats_updates.append({"b_cache": self.cache, "b_key": key, "b_hits": stats["hits"],
+                                  "b_saved_s": stats["saved_s"], "b_last_hit_s": stats["last_hit_s"]})
+            entry_params.append({"b_cache": self.cache, "b_key": key, **{f"b_{n}": stats[n] for n in AGGREGATES}})
+        conn = s.connection()
+        rawsql.execute_many(conn, "ingest-key-stats", _stats_update, stats_updates)
+        rawsql.execute_many(conn, "ingest-entry-copy", _entry_copy, entry_params)
+        self._dirty.clear()
+
+
+def _update_in_place(s: Session, aggregates: _Aggregates, record: RunRecord, old: dict,
+                     new: dict[str, dict]) -> set[str]:
     """Apply one process's replaced rows to its keys' aggregates as differences, which costs the size of the record
     rather than every process's rows of each key. Sets each new row's ``saved_s``. Returns the keys that need a
     full :func:`recompute` instead: no aggregates yet, a first writer that changes or is this very process (its
@@ -142,56 +269,68 @@ def _update_in_place(s: Session, cache: str, record: RunRecord, old: dict, new: 
     me = (record.run_id, record.process_index)
     touched = sorted(set(old) | set(new))
     full: set[str] = set()
-    stats_updates, entry_params = [], []
-    for i in range(0, len(touched), _CHUNK):
-        chunk = touched[i : i + _CHUNK]
-        current = {r.key: r for r in s.execute(select(KeyStatsRow.key, *(getattr(KeyStatsRow, n) for n in AGGREGATES))
-                                              .where(KeyStatsRow.cache == cache, KeyStatsRow.key.in_(chunk)))}
-        for key in chunk:
-            ks, before, after = current.get(key), old.get(key), new.get(key)
-            if ks is None:
+    current = aggregates.get(s, touched)
+    for key in touched:
+        ks, before, after = current[key], old.get(key), new.get(key)
+        if ks is None:
+            full.add(key)
+            continue
+        writer = (ks["writer_at_s"], ks["writer_run"], ks["writer_process"]) if ks["writer_run"] is not None else None
+        if before is not None and wrote(before.event, before.writes) and writer and writer[1:] == me:
+            full.add(key)
+            continue
+        if after is not None and wrote(after["event"], after["writes"]):
+            mine = (after["first_at"] or record.started_at, *me)
+            if writer is None or mine < writer:
                 full.add(key)
                 continue
-            writer = (ks.writer_at_s, ks.writer_run, ks.writer_process) if ks.writer_run is not None else None
-            if before is not None and wrote(before.event, before.writes) and writer and writer[1:] == me:
-                full.add(key)
-                continue
-            if after is not None and wrote(after["event"], after["writes"]):
-                mine = (after["first_at"] or record.started_at, *me)
-                if writer is None or mine < writer:
-                    full.add(key)
-                    continue
-            # A record's kind may differ from its earlier version's: each side counts by its own.
-            old_used = used_hits(before.kind, before.hits) if before is not None else 0
-            new_used = used_hits(after["kind"], after["hits"]) if after is not None else 0
-            old_hit = hit_at(old_used, before.first_at, before.last_at) if before is not None else None
-            new_hit = hit_at(new_used, after["first_at"], after["last_at"]) if after is not None else None
-            if old_hit is not None and old_hit == ks.last_hit_s and (new_hit is None or new_hit < old_hit):
-                full.add(key)
-                continue
-            saved = 0.0
-            if after is not None:
-                saved = after["saved_s"] = saved_of_row(new_used, after["retrieval_s"], after["jax_saved_s"],
-                                                      ks.writer_compile_s)
-            delta_hits = new_used - old_used
-            delta_saved = saved - (before.saved_s if before else 0.0)
-            last_hit = ks.last_hit_s if new_hit is None or (ks.last_hit_s or 0) >= new_hit else new_hit
-            if not delta_hits and not delta_saved and last_hit == ks.last_hit_s:
-                continue
-            stats = dict(zip(AGGREGATES, ks[1:], strict=True))
-            stats.update(hits=ks.hits + delta_hits, saved_s=ks.saved_s + delta_saved, last_hit_s=last_hit)
-            stats_updates.append({"b_key": key, "b_hits": stats["hits"], "b_saved_s": stats["saved_s"],
-                                  "b_last_hit_s": last_hit})
-            entry_params.append({"b_key": key, **{f"b_{n}": stats[n] for n in AGGREGATES}})
-    if stats_updates:
-        table = table_of(KeyStatsRow)
-        s.connection().execute(
-            update(table).where(table.c.cache == cache, table.c.key == bindparam("b_key"))
-            .values(hits=bindparam("b_hits"), saved_s=bindparam("b_saved_s"), last_hit_s=bindparam("b_last_hit_s")),
-            stats_updates,
-        )
-        s.connection().execute(entry_update_statement(cache), entry_params)
+        # A record's kind may differ from its earlier version's: each side counts by its own.
+        old_used = used_hits(before.kind, before.hits) if before is not None else 0
+        new_used = used_hits(after["kind"], after["hits"]) if after is not None else 0
+        old_hit = hit_at(old_used, before.first_at, before.last_at) if before is not None else None
+        new_hit = hit_at(new_used, after["first_at"], after["last_at"]) if after is not None else None
+        if old_hit is not None and old_hit == ks["last_hit_s"] and (new_hit is None or new_hit < old_hit):
+            full.add(key)
+            continue
+        saved = 0.0
+        if after is not None:
+            saved = after["saved_s"] = saved_of_row(new_used, after["retrieval_s"], after["jax_saved_s"],
+                                                  ks["writer_compile_s"])
+        delta_hits = new_used - old_used
+        delta_saved = saved - (before.saved_s if before else 0.0)
+        last_hit = ks["last_hit_s"] if new_hit is None or (ks["last_hit_s"] or 0) >= new_hit else new_hit
+        if not delta_hits and not delta_saved and last_hit == ks["last_hit_s"]:
+            continue
+        aggregates.put(key, {**ks, "hits": ks["hits"] + delta_hits, "saved_s": ks["saved_s"] + delta_saved,
+                             "last_hit_s": last_hit})
     return full
+
+
+def _stats_update() -> Update:
+    table = table_of(KeyStatsRow)
+    return (update(table).where(table.c.cache == bindparam("b_cache"), table.c.key == bindparam("b_key"))
+            .values(hits=bindparam("b_hits"), saved_s=bindparam("b_saved_s"), last_hit_s=bindparam("b_last_hit_s")))
+
+
+def _entry_copy() -> Update:
+    return entry_update_statement(bindparam("b_cache"))
+
+
+#: The usage columns whose values are JSON: written as their text (rawsql binds no type processors).
+_JSON_COLUMNS = ("parts", "program", "differs")
+
+
+def _usage_insert() -> Insert:
+    table = table_of(UsageRow)
+    return insert(table).values({c.name: bindparam(c.name, type_=c.type) for c in table.columns})
+
+
+def _as_params(row: dict) -> dict:
+    out = dict(row)
+    for name in _JSON_COLUMNS:
+        if out[name] is not None:
+            out[name] = msgspec.json.encode(out[name]).decode()
+    return out
 
 
 def _unique(usages: list[records.KeyUsage]) -> list[records.KeyUsage]:

@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
-from sqlalchemy import Select, Text, and_, bindparam, cast, select
+from sqlalchemy import Select, Text, and_, bindparam, cast, or_, select
 from sqlalchemy.engine import Connection
 
 from jaxcache import integrity
 from jaxcache.explain import Deletion, EntryNow, Known
 from jaxcache.explain.from_root import LIBRARY
 from jaxcache.keyparts import KeyParts, ProgramSignature
-from jaxcache.records import Fingerprint
+from jaxcache.records import COMPILED, JOB, WRITE, Fingerprint
 from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.models import (
     EntryRow,
@@ -122,8 +122,10 @@ def _first_of_function() -> Select:
 
 
 def _stored() -> Select:
+    # A job's miss only: a row may have been replaced since it was listed to explain (a run id used again).
     return _usage_base().where(_u.run_id == bindparam("run_id"), _u.process_index == bindparam("process_index"),
-                               _u.key == bindparam("key"), _u.cause.is_(None))
+                               _u.key == bindparam("key"), _u.cause.is_(None), _u.kind == JOB,
+                               or_(_u.event == WRITE, _u.event == COMPILED))  # (an IN would not compile once)
 
 
 def _warmups_of(column: str) -> Callable[[], Select]:

@@ -1,0 +1,242 @@
+"""How the service serves requests: catalog work and body parsing happen in worker threads, so one slow request
+never stalls the event loop (``/healthz`` and everything else keep answering while it runs).
+
+Nothing here measures a time: a slow request is one the test holds (its catalog query or its parsing waits on an
+event), and the assertions are about what finishes before what."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from conftest import settled
+from jaxcache import records
+from jaxcache.service.app import create_app
+from jaxcache.service.catalog import queries
+from reports_support import H_READ, H_REPORT, hit, keys_of, run, settings
+
+#: Bound on waiting for a held request; the assertions never depend on it.
+PATIENCE_S = 60
+
+#: The only ``async def`` routes: none touches the catalog or storage, or parses more than a form of at most
+#: JAXCACHE_MAX_BODY_BYTES; the reports route reads its body on the loop and parses it in a thread.
+ASYNC_ROUTES = {
+    "healthz",  # answers a constant
+    "ingest_report",  # awaits the body, then parses and ingests in worker threads
+    "swagger_ui", "redoc",  # render a page of links to packaged assets
+    "login", "logout",  # a small form and a token's hash
+    "prune_form", "prune_apply",  # a token's hash; catalog work and rendering through run_in_threadpool
+}
+
+
+def test_only_routes_that_do_no_blocking_work_run_on_the_event_loop(tmp_path, cache_copy):
+    """A new ``async def`` route that queried the catalog would stall every request while it ran: such routes
+    are plain ``def`` (FastAPI runs them in its thread pool), and this list is the exceptions, each checked."""
+    app = create_app(settings(tmp_path, {"demo": str(cache_copy)}))
+    routes = list(_api_routes(app.routes))
+    assert len(routes) > 30  # every router's routes were found
+    on_loop = {r.endpoint.__name__ for r in routes if inspect.iscoroutinefunction(r.endpoint)}
+    assert on_loop == ASYNC_ROUTES
+
+
+def _api_routes(routes: list) -> Iterator[APIRoute]:
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        included = getattr(route, "original_router", None)  # an included router (FastAPI >= 0.16x)
+        if included is not None:
+            yield from _api_routes(included.routes)
+
+
+class Held:
+    """Wraps a function so that calls wait until :meth:`release` (each call says it has begun)."""
+
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self.real = real
+        self.entered = threading.Event()
+        self.released = threading.Event()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        assert self.released.wait(PATIENCE_S), "the test never released the held call"
+        return self.real(*args, **kwargs)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@pytest.fixture
+def client(tmp_path, cache_copy) -> Iterator[TestClient]:
+    with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}))) as c:
+        settled(c)
+        yield c
+
+
+def _while_held(client: TestClient, held: Held, slow: Callable[[], Any]) -> tuple[list[str], Any]:
+    """Start ``slow`` (a request that reaches ``held``), ask /healthz and a cached-nothing read meanwhile, then
+    release it; the order in which they finished, and the slow request's response."""
+    finished: list[str] = []
+    answer: dict[str, Any] = {}
+
+    def slow_request() -> None:
+        try:
+            answer["response"] = slow()
+        finally:  # a loop stalled by it makes the held call give up: the order below says so
+            finished.append("slow")
+
+    thread = threading.Thread(target=slow_request)
+    thread.start()
+    try:
+        assert held.entered.wait(PATIENCE_S), "the slow request never reached the held call"
+        health = client.get("/healthz")
+        assert health.status_code == 200
+        finished.append("healthz")
+        assert client.get("/v1/caches", headers=H_READ).status_code == 200  # the catalog itself is free
+        finished.append("caches")
+    finally:
+        held.release()
+        thread.join(PATIENCE_S)
+    return finished, answer.get("response")
+
+
+def test_healthz_answers_while_a_listing_waits_for_its_catalog_query(client, monkeypatch):
+    held = Held(queries.list_entries)
+    monkeypatch.setattr(queries, "list_entries", held)
+    finished, response = _while_held(
+        client, held, lambda: client.get("/v1/caches/demo/entries?limit=5", headers=H_READ))
+    assert finished == ["healthz", "caches", "slow"]
+    assert response is not None and response.status_code == 200 and response.json()["entries"]
+
+
+def test_healthz_answers_while_a_large_report_is_parsed(client, monkeypatch, jax_caches):
+    train = keys_of(jax_caches["zstd"])["jit_train_step"]
+    # A process that touched thousands of keys: a body of megabytes.
+    many = [hit(f"jit_f{i}-{i:064x}", 1, 1_700_000_000.0 + i) for i in range(10_000)]
+    record = run("big-job", "big-run", [hit(train, 2, 1_700_000_000.0), *many])
+    body = record.to_json()
+    assert len(body) > 1_000_000
+    held = Held(records.parse)
+    monkeypatch.setattr(records, "parse", held)
+    finished, response = _while_held(client, held, lambda: client.post(
+        "/v1/reports?cache=demo", content=body, headers={**H_REPORT, "content-type": "application/json"}))
+    assert finished == ["healthz", "caches", "slow"]
+    assert response is not None and response.status_code == 200, response.text
+    assert response.json()["keys"] == len(record.keys)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Reports: one writer per process, in batches, and 503 when its queue is full
+
+
+class HeldOnce(Held):
+    """The first call waits for :meth:`release`; the others go through at once. Every call's arguments kept."""
+
+    def __init__(self, real: Callable[..., Any]) -> None:
+        super().__init__(real)
+        self.calls: list[tuple] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(args)
+        if len(self.calls) == 1:
+            return super().__call__(*args, **kwargs)
+        return self.real(*args, **kwargs)
+
+
+def _post_in_thread(client: TestClient, record, out: dict) -> threading.Thread:
+    def send() -> None:
+        out[record.process_index] = client.post("/v1/reports?cache=demo", content=record.to_json(),
+                                                headers={**H_REPORT, "content-type": "application/json"})
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    """Bound on waiting for the service's threads; not a timing assertion."""
+    import time
+
+    deadline = time.monotonic() + PATIENCE_S
+    while not condition():
+        assert time.monotonic() < deadline, "the service never got there"
+        time.sleep(0.01)
+
+
+def _job(train: str, processes: int) -> list:
+    import time
+
+    from reports_support import compiled, write
+
+    at = time.time() - 120
+    return [run("storm", "r1", [write(train, 3.0, at) if p == 0 else compiled(train, 3.0, at),
+                                hit(f"jit_other-{p:064x}", 1, at)], at=at + 60, process_index=p,
+                process_count=processes) for p in range(processes)]
+
+
+def test_reports_posted_together_are_ingested_in_one_batch_each_answered_with_its_own(client, monkeypatch,
+                                                                                     jax_caches):
+    from jaxcache.service.ingestion import reports as ingestion
+
+    state = client.app.state.jaxcache
+    held = HeldOnce(ingestion.ingest_batch)
+    monkeypatch.setattr(ingestion, "ingest_batch", held)
+    recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 6)
+    answers: dict[int, Any] = {}
+    first = _post_in_thread(client, recs[0], answers)
+    assert held.entered.wait(PATIENCE_S)
+    rest = [_post_in_thread(client, r, answers) for r in recs[1:]]
+    _wait_for(lambda: len(state.reports) == 5)  # all five wait for the writer, which holds the first
+    assert client.get("/healthz").status_code == 200
+    held.release()
+    for t in [first, *rest]:
+        t.join(PATIENCE_S)
+    assert [len(args[2]) for args in held.calls] == [1, 5]  # one transaction for the five that waited
+    for p, r in answers.items():
+        assert r.status_code == 200, r.text
+        assert (r.json()["run_id"], r.json()["process_index"], r.json()["keys"]) == ("r1", p, 2)
+    assert state.reports.settled(PATIENCE_S)  # the batch's misses are explained after its answers
+    job = client.get("/v1/caches/demo/jobs/storm", headers=H_READ).json()
+    assert job["processes"] == 6 and job["misses"] == 6
+    assert all(m["cause"] is not None for m in job["missed"])
+    metrics = client.get("/metrics").text
+    counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith('jaxcache_misses_total{cache="demo"'))
+    assert counted == 6  # each process's miss once
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_the_record_file_is_ingested_by_rescan(
+        tmp_path, cache_copy, monkeypatch, jax_caches):
+    from jaxcache.service.ingestion import reports as ingestion
+    from reports_support import put_record, rescan
+
+    held = HeldOnce(ingestion.ingest_batch)
+    monkeypatch.setattr(ingestion, "ingest_batch", held)
+    recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 3)
+    with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}, report_queue=1))) as c:
+        settled(c)
+        state = c.app.state.jaxcache
+        answers: dict[int, Any] = {}
+        first = _post_in_thread(c, recs[0], answers)
+        assert held.entered.wait(PATIENCE_S)
+        second = _post_in_thread(c, recs[1], answers)
+        _wait_for(lambda: len(state.reports) == 1)
+        # The job writes its record file as well (the client always does), and posts: the queue is full.
+        put_record(cache_copy, recs[2])
+        refused = c.post("/v1/reports?cache=demo", content=recs[2].to_json(),
+                         headers={**H_REPORT, "content-type": "application/json"})
+        assert refused.status_code == 503
+        assert int(refused.headers["retry-after"]) >= 1
+        assert "JAXCACHE_REPORT_QUEUE=1" in refused.json()["detail"]
+        held.release()
+        for t in (first, second):
+            t.join(PATIENCE_S)
+        assert {p: r.status_code for p, r in answers.items()} == {0: 200, 1: 200}
+        assert rescan(c)["records_ingested"] == 1  # the refused record, from its file
+        job = c.get("/v1/caches/demo/jobs/storm", headers=H_READ).json()
+        assert job["processes"] == 3 and job["misses"] == 3
