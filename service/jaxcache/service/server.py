@@ -85,8 +85,12 @@ def _config(app: Any, *, factory: bool = False, workers: int | None = None) -> A
 
     # asyncio's loop, not uvloop: uvloop serves more requests a second but unfairly under load (bench/api.py,
     # 32 clients on distinct pages: p99 1.02 s against asyncio's 0.22 s, p50 101 against 125 ms).
+    # backlog: what asyncio accepts per wake-up (and the listen backlog only where uvicorn binds). Every worker
+    # wakes for a connection on the shared socket, and with 2048 the first awake took all that a client pool
+    # opened together: wrk's 32 on one worker, 555 req/s instead of 1,600 with 16 (two workers, two cores); with
+    # 1, some connections waited seconds.
     return uvicorn.Config(app, factory=factory, workers=workers, log_level="info", access_log=False,
-                          loop="asyncio")
+                          loop="asyncio", backlog=16 if workers else 2048)
 
 
 def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
