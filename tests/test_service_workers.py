@@ -2,7 +2,7 @@
 loops and another taking over when it dies, pages and metrics that agree whichever worker answers, and workers
 that die with the serving process.
 
-Requests go out on new connections, so the kernel hands them to the workers in turn; nothing waits for a time
+Requests go out on new connections, which the kernel spreads over the workers' sockets; nothing waits for a time
 to pass but for another process to get somewhere (bounded, never asserted on)."""
 
 from __future__ import annotations
@@ -42,11 +42,16 @@ def _alive(pid: int) -> bool:
 
 def _leaders(runtime: Path) -> list[int]:
     """The processes holding the leader lock (from the kernel's own table)."""
-    inode = (runtime / "leader.lock").stat().st_ino
+    found = (runtime / "leader.lock").stat()
+    # The machine's whole table: the same inode number on another device is another file.
+    ident = (os.major(found.st_dev), os.minor(found.st_dev), found.st_ino)
     holders = []
     for line in Path("/proc/locks").read_text().splitlines():
         fields = line.split()
-        if "->" not in fields and fields[1] == "FLOCK" and fields[-3].split(":")[-1] == str(inode):
+        if "->" in fields or fields[1] != "FLOCK":
+            continue
+        major, minor, inode = fields[5].split(":")
+        if (int(major, 16), int(minor, 16), int(inode)) == ident:
             holders.append(int(fields[4]))
     return holders
 
@@ -150,7 +155,8 @@ def test_workers_die_with_the_serving_process_and_release_their_locks(served, tm
     proc.wait()
     for pid in workers:
         _until(lambda pid=pid: not _alive(pid), f"worker {pid} gone")
-    assert _leaders(runtime) == []
+    # A process reads as a zombie once its main thread is gone; its files (and locks) go with its last thread.
+    _until(lambda: _leaders(runtime) == [], "the leader lock released")
     locks = ClusterLocks(make_url(f"sqlite:///{tmp_path / 'catalog.sqlite'}"))
     try:
         assert locks.get("scan:demo").acquire(blocking=False)
@@ -173,3 +179,23 @@ def test_workers_get_the_settings_the_flags_and_the_environment_gave(tmp_path, m
     again = ServiceSettings()
     assert again.model_dump() == settings.model_dump()
     assert again.catalog_url == settings.catalog_url and again.attest_secret == settings.attest_secret
+
+
+def test_a_new_service_removes_the_runtime_directories_killed_ones_left(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    from jaxcache.service.workers import runtime_directory
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / "jaxcache-serve-left"
+    left.mkdir()
+    (left / "serving.pid").write_text(dead.stdout.strip())
+    running = tmp_path / "jaxcache-serve-running"
+    running.mkdir()
+    (running / "serving.pid").write_text(str(os.getpid()))
+    with runtime_directory() as mine:
+        assert not left.exists() and running.exists() and Path(mine).parent == tmp_path
+    assert not Path(mine).exists()

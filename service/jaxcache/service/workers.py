@@ -1,8 +1,8 @@
-"""``jaxcache serve --workers N``: N worker processes behind one listening socket, each the whole app, sharing a
-runtime directory that the serving process creates and removes: the leader lock (one worker runs the background
-loops), the generations of each cache (pages and statistics stay coherent), the loops' health (every worker's
-/readyz shows it) and Prometheus's multiprocess files (every worker's /metrics counts all). docs/service.md,
-"Serving".
+"""``jaxcache serve --workers N``: N worker processes listening on one port (a socket each, SO_REUSEPORT), each the
+whole app, watched by the serving process and sharing a runtime directory that it creates and removes: the leader
+lock (one worker runs the background loops), the generations of each cache (pages and statistics stay coherent),
+the loops' health (every worker's /readyz shows it) and Prometheus's multiprocess files (every worker's /metrics
+counts all). docs/service.md, "Serving".
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -145,9 +145,66 @@ def runtime_directory() -> Iterator[str]:
     import shutil
     import tempfile
 
-    directory = tempfile.mkdtemp(prefix="jaxcache-serve-")
+    _sweep(Path(tempfile.gettempdir()))
+    directory = tempfile.mkdtemp(prefix=_PREFIX)
     os.mkdir(os.path.join(directory, "metrics"))
+    (Path(directory) / "serving.pid").write_text(str(os.getpid()))
     try:
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+_PREFIX = "jaxcache-serve-"
+
+
+def _sweep(tmp: Path) -> None:
+    """Remove the runtime directories of serving processes that were killed (they could not remove their own)."""
+    import shutil
+
+    for directory in tmp.glob(f"{_PREFIX}*"):
+        try:
+            pid = int((directory / "serving.pid").read_text())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(directory, ignore_errors=True)
+        except (OSError, ValueError):  # another user's, or one still starting: not ours to judge
+            continue
+
+
+def supervise(count: int, target: Callable[..., None], args: tuple) -> bool:
+    """Run ``count`` processes of ``target(*args)`` (spawned: a fresh interpreter each) until SIGINT or SIGTERM,
+    starting another for one that exits; stop them all (SIGTERM, then wait) and return False as soon as one exits
+    with uvicorn's startup failure (the next would fail the same way)."""
+    import multiprocessing
+
+    from uvicorn.config import STARTUP_FAILURE
+
+    spawn = multiprocessing.get_context("spawn")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def start() -> Any:
+        process = spawn.Process(target=target, args=args, name="jaxcache-worker")
+        process.start()
+        return process
+
+    processes = [start() for _ in range(count)]
+    started = True
+    while not stop.wait(0.5):
+        for i, process in enumerate(processes):
+            if process.exitcode is None:
+                continue
+            if process.exitcode == STARTUP_FAILURE:
+                started = False
+                stop.set()
+                break
+            log.warning("worker process %d exited (%s): starting another", process.pid, process.exitcode)
+            processes[i] = start()
+    for process in processes:
+        if process.exitcode is None:
+            process.terminate()
+    for process in processes:
+        process.join()
+    return started
