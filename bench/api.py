@@ -1,14 +1,16 @@
 """Latency of the catalog service's API over N real-format entries under concurrent clients: repeated listing
 pages (the page cache answers), distinct pages (the query path every time) and ``GET /healthz`` (the baseline) at
-``--clients`` connections, and stats sequentially. Figures, not assertions; what each figure means: README.md.
+``--clients`` connections, and stats sequentially; with ``--workers 1,2``, for each number of worker processes in
+turn over the same root and catalog. Figures, not assertions; what each figure means: README.md.
 
-    .venv/bin/python bench/api.py --entries 100000
+    .venv/bin/python bench/api.py --entries 100000 --workers 1,2
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -161,43 +163,71 @@ def loadgen(base: str, clients: int, requests: int) -> dict:
     return {"entries": entries, "healthz": health, "stats": stats}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entries", type=int, default=100_000)
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--requests", type=int, default=3000, help="requests per phase (httpx fallback only)")
-    parser.add_argument("--seconds", type=int, default=4, help="wrk duration per path")
-    parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.warmup.demo)")
-    parser.add_argument("--page-cache-s", type=float, help="JAXCACHE_PAGE_CACHE_S for the service (0: off)")
-    parser.add_argument("--distinct", type=int, default=1000, help="distinct pages per sort in the distinct phase")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--loadgen", nargs=3, metavar=("BASE", "CLIENTS", "REQUESTS"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.loadgen:
-        base, clients, requests = args.loadgen
-        print(json.dumps(loadgen(base, int(clients), int(requests))))
-        return 0
+def measure(base: str, args, work: str) -> dict:
+    """Every phase against the service at ``base``."""
+    import httpx
 
-    work = tempfile.mkdtemp(prefix="jaxcache-bench-api-")
-    server = None
+    fig: dict = {}
+    if shutil.which("wrk"):
+        fig["load_generator"] = "wrk"
+        per_path = {p: wrk(base + p, args.clients, args.seconds) for p in paths_with_cursors(base)}
+        health = wrk(base + "/healthz", args.clients, args.seconds)
+        distinct = distinct_pages(base, args.distinct)
+        cold = wrk_cycle(base, distinct, args.clients, args.seconds * 2, work)
+        fig["distinct_pages"] = len(distinct)
+        fig["distinct_p50_ms"] = round(cold["p50"] * 1000, 2)
+        fig["distinct_p99_ms"] = round(cold["p99"] * 1000, 2)
+        fig["distinct_rps"] = cold["rps"]
+        fig["paths"] = {p: {"p50_ms": round(v["p50"] * 1000, 2), "p99_ms": round(v["p99"] * 1000, 2),
+                            "rps": v["rps"]} for p, v in per_path.items()}
+        fig["entries_p50_ms"] = round(statistics.median(v["p50"] for v in per_path.values()) * 1000, 2)
+        fig["entries_p99_ms"] = round(max(v["p99"] for v in per_path.values()) * 1000, 2)
+        fig["healthz_p50_ms"] = round(health.get("p50", 0) * 1000, 3)
+        fig["healthz_p99_ms"] = round(health.get("p99", 0) * 1000, 3)
+        stats = []
+        with httpx.Client(base_url=base, timeout=30) as c:
+            for _ in range(30):
+                t = time.perf_counter()
+                assert c.get("/v1/caches/bench/stats").status_code == 200
+                stats.append(time.perf_counter() - t)
+    else:
+        # Without wrk the Python load generator saturates a 2-core machine before the server does.
+        print("wrk not found (apt-get install wrk): using httpx, which understates the server", file=sys.stderr)
+        fig["load_generator"] = "httpx"
+        out = subprocess.run([sys.executable, __file__, "--loadgen", base, str(args.clients), str(args.requests)],
+                             check=True, capture_output=True, text=True).stdout
+        raw = json.loads(out)
+        fig["entries_p50_ms"] = round(pct(raw["entries"], 50) * 1000, 2)
+        fig["entries_p99_ms"] = round(pct(raw["entries"], 99) * 1000, 2)
+        fig["healthz_p50_ms"] = round(pct(raw["healthz"], 50) * 1000, 2)
+        fig["healthz_p99_ms"] = round(pct(raw["healthz"], 99) * 1000, 2)
+        stats = raw["stats"]
+    fig["stats_median_ms"] = round(statistics.median(stats) * 1000, 2)
+    fig["stats_p99_ms"] = round(pct(stats, 99) * 1000, 2)
+    fig["entries_vs_healthz_p50"] = (
+        round(fig["entries_p50_ms"] / fig["healthz_p50_ms"], 2) if fig["healthz_p50_ms"] else None
+    )
+    return fig
+
+
+@contextlib.contextmanager
+def service(root: str, work: str, workers: int | None, page_cache_s: float | None):
+    """`jaxcache serve` over ``root`` (``--workers`` unless None); its base URL and seconds until ready."""
+    import httpx
+
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    exe = os.path.join(os.path.dirname(sys.executable), "jaxcache")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
+    if page_cache_s is not None:
+        env["JAXCACHE_PAGE_CACHE_S"] = str(page_cache_s)
+    started = time.perf_counter()
+    server = subprocess.Popen(
+        [exe, "serve", "--cache", f"bench={root}", "--port", str(port), "--rescan-s", "86400",
+         "--db", f"sqlite:///{work}/catalog.sqlite", *(["--workers", str(workers)] if workers else [])],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
     try:
-        sources = load_sources(args.source or make_source(work))
-        root = os.path.join(work, "cache")
-        build(sources, root, args.entries)
-        port = _free_port()
-        base = f"http://127.0.0.1:{port}"
-        exe = os.path.join(os.path.dirname(sys.executable), "jaxcache")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
-        if args.page_cache_s is not None:
-            env["JAXCACHE_PAGE_CACHE_S"] = str(args.page_cache_s)
-        started = time.perf_counter()
-        server = subprocess.Popen(
-            [exe, "serve", "--cache", f"bench={root}", "--port", str(port), "--rescan-s", "86400",
-             "--db", f"sqlite:///{work}/catalog.sqlite"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        import httpx
-
         while True:
             try:
                 if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
@@ -207,73 +237,72 @@ def main(argv: list[str] | None = None) -> int:
             if server.poll() is not None:
                 sys.exit("error: the service exited before it was ready")
             time.sleep(0.5)
-        first_scan = time.perf_counter() - started
-        print(f"service ready after its first scan of {args.entries} entries: {first_scan:.1f}s", file=sys.stderr)
-        fig = {"entries": args.entries, "clients": args.clients, "first_scan_s": round(first_scan, 2),
-               "page_cache_s": args.page_cache_s if args.page_cache_s is not None else 1.0}
-        if shutil.which("wrk"):
-            fig["load_generator"] = "wrk"
-            per_path = {p: wrk(base + p, args.clients, args.seconds) for p in paths_with_cursors(base)}
-            health = wrk(base + "/healthz", args.clients, args.seconds)
-            distinct = distinct_pages(base, args.distinct)
-            cold = wrk_cycle(base, distinct, args.clients, args.seconds * 2, work)
-            fig["distinct_pages"] = len(distinct)
-            fig["distinct_p50_ms"] = round(cold["p50"] * 1000, 2)
-            fig["distinct_p99_ms"] = round(cold["p99"] * 1000, 2)
-            fig["distinct_rps"] = cold["rps"]
-            fig["paths"] = {p: {"p50_ms": round(v["p50"] * 1000, 2), "p99_ms": round(v["p99"] * 1000, 2),
-                                "rps": v["rps"]} for p, v in per_path.items()}
-            fig["entries_p50_ms"] = round(statistics.median(v["p50"] for v in per_path.values()) * 1000, 2)
-            fig["entries_p99_ms"] = round(max(v["p99"] for v in per_path.values()) * 1000, 2)
-            fig["healthz_p50_ms"] = round(health.get("p50", 0) * 1000, 3)
-            fig["healthz_p99_ms"] = round(health.get("p99", 0) * 1000, 3)
-            stats = []
-            with httpx.Client(base_url=base, timeout=30) as c:
-                for _ in range(30):
-                    t = time.perf_counter()
-                    assert c.get("/v1/caches/bench/stats").status_code == 200
-                    stats.append(time.perf_counter() - t)
-        else:
-            # Without wrk the Python load generator saturates a 2-core machine before the server does.
-            print("wrk not found (apt-get install wrk): using httpx, which understates the server", file=sys.stderr)
-            fig["load_generator"] = "httpx"
-            out = subprocess.run([sys.executable, __file__, "--loadgen", base, str(args.clients), str(args.requests)],
-                                 check=True, capture_output=True, text=True).stdout
-            raw = json.loads(out)
-            fig["entries_p50_ms"] = round(pct(raw["entries"], 50) * 1000, 2)
-            fig["entries_p99_ms"] = round(pct(raw["entries"], 99) * 1000, 2)
-            fig["healthz_p50_ms"] = round(pct(raw["healthz"], 50) * 1000, 2)
-            fig["healthz_p99_ms"] = round(pct(raw["healthz"], 99) * 1000, 2)
-            stats = raw["stats"]
-        fig["stats_median_ms"] = round(statistics.median(stats) * 1000, 2)
-        fig["stats_p99_ms"] = round(pct(stats, 99) * 1000, 2)
+        yield base, time.perf_counter() - started
     finally:
-        if server is not None:
-            server.send_signal(signal.SIGINT)
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", type=int, default=100_000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=3000, help="requests per phase (httpx fallback only)")
+    parser.add_argument("--seconds", type=int, default=4, help="wrk duration per path")
+    parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.warmup.demo)")
+    parser.add_argument("--page-cache-s", type=float, help="JAXCACHE_PAGE_CACHE_S for the service (0: off)")
+    parser.add_argument("--distinct", type=int, default=1000, help="distinct pages per sort in the distinct phase")
+    parser.add_argument("--workers", default="",
+                        help="comma-separated `jaxcache serve --workers` values to measure in turn over the same "
+                             "root and catalog, e.g. 1,2 (default: the service's default)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--loadgen", nargs=3, metavar=("BASE", "CLIENTS", "REQUESTS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.loadgen:
+        base, clients, requests = args.loadgen
+        print(json.dumps(loadgen(base, int(clients), int(requests))))
+        return 0
+
+    configs: list[int | None] = [int(w) for w in args.workers.split(",") if w.strip()] or [None]
+    work = tempfile.mkdtemp(prefix="jaxcache-bench-api-")
+    runs = []
+    try:
+        sources = load_sources(args.source or make_source(work))
+        root = os.path.join(work, "cache")
+        build(sources, root, args.entries)
+        for workers in configs:
+            with service(root, work, workers, args.page_cache_s) as (base, ready_s):
+                print(f"service (workers {workers or 'default'}) ready after {ready_s:.1f}s", file=sys.stderr)
+                fig = {"entries": args.entries, "clients": args.clients, "workers": workers or "default",
+                       "ready_s": round(ready_s, 2),
+                       "page_cache_s": args.page_cache_s if args.page_cache_s is not None else 1.0}
+                fig.update(measure(base, args, work))
+                runs.append(fig)
+    finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    fig["entries_vs_healthz_p50"] = (
-        round(fig["entries_p50_ms"] / fig["healthz_p50_ms"], 2) if fig["healthz_p50_ms"] else None
-    )
     if args.json:
-        print(json.dumps(fig, indent=1))
+        print(json.dumps(runs[0] if len(runs) == 1 else runs, indent=1))
         return 0
-    print(f"{args.entries} entries, {args.clients} concurrent clients, load generator {fig['load_generator']}")
-    for path, v in fig.get("paths", {}).items():
-        print(f"  {path:90} p50 {v['p50_ms']:7.2f} ms  p99 {v['p99_ms']:7.2f} ms  {v['rps']:7.0f} req/s")
-    print(f"{'request':34} {'p50 ms':>8} {'p99 ms':>8}   target")
-    print(f"{'GET entries?limit=100 (median, max)':34} {fig['entries_p50_ms']:8.2f} {fig['entries_p99_ms']:8.2f}   "
-          "p50 <= 20, p99 <= 100   repeated pages (page cache " + ("on" if fig["page_cache_s"] else "off") + ")")
-    if "distinct_p50_ms" in fig:
-        print(f"{'GET entries?limit=100 (distinct)':34} {fig['distinct_p50_ms']:8.2f} {fig['distinct_p99_ms']:8.2f}   "
-              f"p50 <= 20, p99 <= 100   {fig['distinct_pages']} pages in turn, {fig['distinct_rps']:.0f} req/s")
-    print(f"{'GET /healthz (floor, same load)':34} {fig['healthz_p50_ms']:8.2f} {fig['healthz_p99_ms']:8.2f}")
-    print(f"{'GET stats (sequential, median)':34} {fig['stats_median_ms']:8.2f} {fig['stats_p99_ms']:8.2f}   <= 100")
-    print(f"entries/healthz p50 ratio: {fig['entries_vs_healthz_p50']}; first scan {fig['first_scan_s']} s")
+    for fig in runs:
+        print(f"{args.entries} entries, {args.clients} concurrent clients, workers {fig['workers']}, load generator "
+              f"{fig['load_generator']}; ready after {fig['ready_s']} s (the first includes the first scan)")
+        for path, v in fig.get("paths", {}).items():
+            print(f"  {path:90} p50 {v['p50_ms']:7.2f} ms  p99 {v['p99_ms']:7.2f} ms  {v['rps']:7.0f} req/s")
+        print(f"{'request':34} {'p50 ms':>8} {'p99 ms':>8}   target")
+        print(f"{'GET entries?limit=100 (median, max)':34} {fig['entries_p50_ms']:8.2f} {fig['entries_p99_ms']:8.2f}   "
+              "p50 <= 20, p99 <= 100   repeated pages (page cache " + ("on" if fig["page_cache_s"] else "off") + ")")
+        if "distinct_p50_ms" in fig:
+            print(f"{'GET entries?limit=100 (distinct)':34} {fig['distinct_p50_ms']:8.2f} "
+                  f"{fig['distinct_p99_ms']:8.2f}   p50 <= 20, p99 <= 100   {fig['distinct_pages']} pages in turn, "
+                  f"{fig['distinct_rps']:.0f} req/s")
+        print(f"{'GET /healthz (floor, same load)':34} {fig['healthz_p50_ms']:8.2f} {fig['healthz_p99_ms']:8.2f}")
+        print(f"{'GET stats (sequential, median)':34} {fig['stats_median_ms']:8.2f} {fig['stats_p99_ms']:8.2f}   "
+              "<= 100")
+        print(f"entries/healthz p50 ratio: {fig['entries_vs_healthz_p50']}")
     return 0
 
 

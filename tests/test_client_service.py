@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -188,3 +189,152 @@ def test_a_job_with_a_refused_token_does_not_start(service):
     assert proc.returncode == 3, proc.stderr
     assert "IntegrityCheckError" in proc.stderr and "HTTP 401" in proc.stderr and "Traceback" not in proc.stderr
     assert not list(cache.glob("*-cache")), "nothing compiled into the cache"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A slow or overloaded service: the job never waits for it, and its record file reaches the catalog by rescan
+
+
+class HoldingProxy:
+    """Between the job and the service: forwards each request at once and holds the service's answer until
+    :meth:`release`, as a service too slow for the job's timeout would (it did the work; the job never hears)."""
+
+    def __init__(self, target: str) -> None:
+        import threading
+
+        self.target = target.removeprefix("http://").rsplit(":", 1)
+        self.held: list[bytes] = []
+        self._release = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
+
+    def _relay(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            while len(body) < length:
+                body += conn.recv(65536)
+            # urllib asks for Connection: close, so the service's answer ends where its connection does.
+            with socket.create_connection((self.target[0], int(self.target[1]))) as upstream:
+                upstream.sendall(head + b"\r\n\r\n" + body)
+                answer = b""
+                while chunk := upstream.recv(65536):
+                    answer += chunk
+            self.held.append(answer)
+            self._release.wait()
+            with contextlib.suppress(OSError):  # the job gave up long ago
+                conn.sendall(answer)
+
+    def release(self) -> None:
+        self._release.set()
+        self._server.close()
+
+
+def _job_env(**extra: str) -> dict[str, str]:
+    return _env(JAXCACHE_RECORD_EVERY_S="3600", **extra)  # one POST, at exit
+
+
+def _counted_once(base: str, job: str, stats: dict) -> None:
+    summary = api(base, f"/v1/caches/shared/jobs/{job}")
+    assert summary["processes"] == 1 and summary["runs"] == 1
+    assert (summary["hits"], summary["writes"]) == (stats["hits"], stats["writes"])
+
+
+@pytest.mark.slow
+def test_a_job_does_not_wait_for_a_slow_service_and_a_rescan_counts_its_record_once(service):
+    base, cache = service
+    proxy = HoldingProxy(base)
+    try:
+        proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(cache), "--job", "patient",
+                               "--service-url", proxy.url, "--token", REPORT],
+                              capture_output=True, text=True, timeout=300, env=_job_env())
+        # The job is done while the service's answer (it took the record) is still held: it did not wait for it.
+        assert proc.returncode == 0, proc.stderr
+        assert proxy.held and all(b" 200 OK" in answer.split(b"\r\n")[0] for answer in proxy.held)
+        assert proc.stderr.count("unreachable") == 1 and "timed out" in proc.stderr, proc.stderr
+    finally:
+        proxy.release()
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    api(base, "/v1/caches/shared/rescan", ADMIN, "POST")  # the record file, the same record again
+    _counted_once(base, "patient", out["stats"])
+
+
+@pytest.mark.slow
+def test_a_job_refused_by_a_full_queue_goes_on_and_a_rescan_ingests_its_record(tmp_path):
+    """A real service whose writer waits for the catalog (this test holds SQLite's write lock) and whose queue
+    holds one record: the job's POST is answered 503 at once, and its record file reaches the catalog later."""
+    import sqlite3
+    import threading
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    db = tmp_path / "catalog.sqlite"
+    with jaxcache_serve({"shared": cache}, f"sqlite:///{db}", tokens={ADMIN: "admin", REPORT: "report", READ: "read"},
+                        args=("--workers", "1"), JAXCACHE_REPORT_QUEUE="1", JAXCACHE_ATTEST_KEY=KEY) as base:
+        lock = sqlite3.connect(db, timeout=60, isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")  # the service's writer now waits in its BEGIN IMMEDIATE
+        fillers: list[threading.Thread] = []
+        try:
+            headers = {"Authorization": f"Bearer {REPORT}", "content-type": "application/json"}
+            for i in range(2):  # one into the writer, which waits; then the queue holds one more at most
+                thread = threading.Thread(target=httpx.post, args=(f"{base}/v1/reports?cache=shared",),
+                                          kwargs={"content": _filler(cache, i), "timeout": 120, "headers": headers})
+                thread.start()
+                fillers.append(thread)
+            # Until the queue stays full: a probe that found room stays queued after its timeout, and a record
+            # queued while the writer was still free is taken within moments (bounds on waiting, not asserted).
+            refused = 0
+            for i in range(2, 40):
+                try:
+                    answer = httpx.post(f"{base}/v1/reports?cache=shared", content=_filler(cache, i), timeout=2,
+                                        headers=headers)
+                except httpx.ReadTimeout:
+                    refused = 0
+                    continue
+                assert answer.status_code == 503, answer.text
+                assert int(answer.headers["retry-after"]) >= 1
+                refused += 1
+                if refused == 3:
+                    break
+                time.sleep(0.2)
+            else:
+                pytest.fail("the queue never filled")
+            proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(cache), "--job", "refused",
+                                   "--service-url", base, "--token", REPORT],
+                                  capture_output=True, text=True, timeout=300, env=_job_env())
+            assert proc.returncode == 0, proc.stderr
+            assert proc.stderr.count("refused the run record: HTTP 503") == 1, proc.stderr
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+            for thread in fillers:
+                thread.join(120)
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert "refused" not in {j["job"] for j in api(base, "/v1/caches/shared/jobs")["jobs"]}
+        assert api(base, "/v1/caches/shared/rescan", ADMIN, "POST")["records_ingested"] >= 1
+        _counted_once(base, "refused", out["stats"])
+
+
+def _filler(cache: Path, i: int) -> bytes:
+    from jaxcache import records
+
+    at = time.time()
+    return records.RunRecord(
+        job="filler", run_id=f"filler-{i}", process_index=0, process_count=1, host="h", started_at=at - 1,
+        updated_at=at, fingerprint=records.Fingerprint(jax="0.12.0", jaxlib="0.12.0"), cache_dir=str(cache),
+        keys=[records.KeyUsage(key=f"jit_f-{i:064x}", event=records.HIT, hits=1, first_at=at)]).to_json()

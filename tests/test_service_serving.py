@@ -28,6 +28,7 @@ PATIENCE_S = 60
 #: JAXCACHE_MAX_BODY_BYTES; the reports route reads its body on the loop and parses it in a thread.
 ASYNC_ROUTES = {
     "healthz",  # answers a constant
+    "list_entries",  # its query and JSON in one of the threads kept for listings (State.read)
     "ingest_report",  # awaits the body, then parses and ingests in worker threads
     "swagger_ui", "redoc",  # render a page of links to packaged assets
     "login", "logout",  # a small form and a token's hash

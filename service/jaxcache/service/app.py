@@ -15,18 +15,23 @@ from jaxcache.service.pagecache import ServeCachedPages
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.service.state import State
 from jaxcache.service.tasks.loops import background
+from jaxcache.service.workers import Runtime
 
 ROUTERS = (ops, caches, entries, prune, jobs, warmups, integrity, reports)
 
 
-def create_app(settings: ServiceSettings | None = None) -> FastAPI:
-    """Build the service. Raises :class:`JaxcacheError` for unusable settings (bad URL, missing root)."""
-    state = State(settings or ServiceSettings())
+def create_app(settings: ServiceSettings | None = None, *, runtime: Runtime | None = None) -> FastAPI:
+    """Build the service (one of ``jaxcache serve --workers``'s given their ``runtime``). Raises
+    :class:`JaxcacheError` for unusable settings (bad URL, missing root)."""
+    settings = settings or ServiceSettings()
+    state = State(settings, runtime.generations(settings) if runtime is not None else None)
+    state.runtime = runtime
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
-            async with background(state):
+            # One process runs the background loops: this one, or the workers' leader.
+            async with background(state) if runtime is None else runtime.loops_when_leader(state):
                 yield
         finally:
             await run_in_threadpool(state.reports.close)  # what was accepted is ingested before the catalog goes

@@ -13,8 +13,8 @@ from jaxcache.errors import InvalidInputError
 _DESCRIPTION = (
     "Serve the catalog of one or more cache roots over HTTP. Every flag can also be set with the environment "
     "variable of the same name: JAXCACHE_CACHES (JSON object name->URL), JAXCACHE_HOST, JAXCACHE_PORT, JAXCACHE_DB, "
-    "JAXCACHE_RESCAN_S, JAXCACHE_TOKENS, JAXCACHE_TOKENS_FILE, JAXCACHE_INSECURE_NO_AUTH. Flags win over the "
-    "environment."
+    "JAXCACHE_WORKERS, JAXCACHE_RESCAN_S, JAXCACHE_TOKENS, JAXCACHE_TOKENS_FILE, JAXCACHE_INSECURE_NO_AUTH. Flags "
+    "win over the environment."
 )
 
 
@@ -27,10 +27,21 @@ def configure(sv: argparse.ArgumentParser) -> None:
     sv.add_argument("--db", metavar="URL",
                     help="catalog database as an SQLAlchemy URL (default: an SQLite file under ~/.local/state);"
                          " put a password in JAXCACHE_DB instead, where other users' `ps` cannot see it")
+    sv.add_argument("--workers", type=positive, metavar="N",
+                    help="worker processes serving requests, each using a CPU; one of them runs the background "
+                         "rescans, verification and retention (default: the CPUs this process may use, at most 4)")
     sv.add_argument("--rescan-s", type=float, metavar="SECONDS", help="seconds between background rescans (300)")
     sv.add_argument("--tokens-file", metavar="PATH", help="lines of '<sha256 hex of token> <read|report|admin>'")
     sv.add_argument("--insecure-no-auth", action="store_true", default=None,
                     help="serve every route without tokens on any address (labs only)")
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number >= 1 (as the core CLI's ``non_negative``)."""
+    value = non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                 raise InvalidInputError(f"--cache {item!r}: expected NAME=URL, e.g. demo=./demo-cache")
             caches[name] = url
         overrides["caches"] = caches
-    for flag in ("host", "port", "db", "rescan_s", "tokens_file", "insecure_no_auth"):
+    for flag in ("host", "port", "db", "workers", "rescan_s", "tokens_file", "insecure_no_auth"):
         value = getattr(args, flag)
         if value is not None:
             overrides[flag] = value

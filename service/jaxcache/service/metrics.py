@@ -1,15 +1,26 @@
-"""Prometheus metrics, in a registry per app so that several apps (tests) never share counters."""
+"""Prometheus metrics, in a registry per app so that several apps (tests) never share counters. Under
+`jaxcache serve --workers N` (PROMETHEUS_MULTIPROC_DIR set) every worker's values go to files there, and any
+worker's /metrics adds them up: counters and histograms summed, gauges as the worker that set them last did."""
 
 from __future__ import annotations
 
+import os
+from typing import Final
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+#: A gauge across worker processes: what the last worker to set it saw (the catalog's totals, the loops' leader).
+LAST: Final = "mostrecent"
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.entries = Gauge("jaxcache_entries", "entries in the catalog", ["cache"], registry=self.registry)
-        self.bytes = Gauge("jaxcache_bytes", "bytes of -cache files in the catalog", ["cache"], registry=self.registry)
+        self.entries = Gauge("jaxcache_entries", "entries in the catalog", ["cache"], registry=self.registry,
+                             multiprocess_mode=LAST)
+        self.bytes = Gauge("jaxcache_bytes", "bytes of -cache files in the catalog", ["cache"], registry=self.registry,
+                           multiprocess_mode=LAST)
         self.scan_seconds = Histogram("jaxcache_scan_seconds", "duration of a rescan", ["cache"],
                                       registry=self.registry)
         self.prune_deleted = Counter("jaxcache_prune_deleted_entries", "entries deleted by applied prunes",
@@ -21,7 +32,7 @@ class Metrics:
         self.records_compacted = Counter("jaxcache_records_compacted", "run records (processes) older than the "
                                          "retention folded into per-key history", ["cache"], registry=self.registry)
         self.integrity = Gauge("jaxcache_integrity_entries", "entries by last integrity verdict", ["cache", "class"],
-                               registry=self.registry)
+                               registry=self.registry, multiprocess_mode=LAST)
         self.misses = Counter("jaxcache_misses", "jobs' misses, each counted once when first explained, by cause "
                               "(jaxcache.explain.CAUSES)", ["cache", "cause"], registry=self.registry)
         self.reports_malformed = Counter("jaxcache_reports_malformed", "run records rejected as malformed",
@@ -31,13 +42,17 @@ class Metrics:
                                         "too_large, malformed, error, other)", ["reason"], registry=self.registry)
         self.loop_last_success = Gauge("jaxcache_loop_last_success_timestamp_seconds",
                                        "when a background loop (rescan, verify) last finished a round without error",
-                                       ["loop"], registry=self.registry)
+                                       ["loop"], registry=self.registry, multiprocess_mode=LAST)
         self.loop_failing = Gauge("jaxcache_loop_failing", "1 while a background loop's rounds fail, else 0",
-                                  ["loop"], registry=self.registry)
+                                  ["loop"], registry=self.registry, multiprocess_mode=LAST)
         self.loop_errors = Counter("jaxcache_loop_errors", "failed rounds (or caches in a round) of background loops",
                                    ["loop", "kind"], registry=self.registry)
         self.request_seconds = Histogram("jaxcache_request_seconds", "HTTP request latency", ["route", "method"],
                                          registry=self.registry)
 
     def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            every_worker = CollectorRegistry()
+            MultiProcessCollector(every_worker)
+            return generate_latest(every_worker)
         return generate_latest(self.registry)

@@ -2,9 +2,9 @@
 
 Listings are the hottest route (dashboards open on many screens, scripts paging through a cache), and a cache's
 catalog changes only when a rescan finds something, a report arrives, or a prune or delete runs. A page is kept at
-most ``ttl_s`` seconds and no longer than this process sees its cache unchanged: every change this process makes
-(or follows from another replica's rescan) drops its cache's pages at once; changes that another replica makes
-show here within ``ttl_s``.
+most ``ttl_s`` seconds and no longer than its cache is unchanged: every change this process or another worker of
+the same ``jaxcache serve`` makes (or follows from another replica's rescan) drops the cache's pages in every
+worker at once; changes that another replica makes show here within ``ttl_s``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections import OrderedDict
 from fastapi import HTTPException
 
 from jaxcache.service.auth import Authenticator
+from jaxcache.service.generations import ENTRIES, USAGE, Generations
 
 #: The listing route, as the latency metric labels it.
 ENTRIES_ROUTE = "/v1/caches/{cache}/entries"
@@ -23,13 +24,13 @@ _PREFIX, _SUFFIX = "/v1/caches/", "/entries"
 
 
 class PageCache:
-    """Rendered listing pages by (cache, query string), for at most ``ttl_s`` seconds and ``max_pages`` pages."""
+    """Rendered listing pages by (cache, query string), for at most ``ttl_s`` seconds and ``max_pages`` pages, each
+    while its cache's :mod:`~jaxcache.service.generations` counters stay as they were when it was rendered."""
 
-    def __init__(self, ttl_s: float, max_pages: int = 512) -> None:
-        self.ttl_s, self.max_pages = ttl_s, max_pages
+    def __init__(self, ttl_s: float, generations: Generations, max_pages: int = 512) -> None:
+        self.ttl_s, self.max_pages, self.generations = ttl_s, max_pages, generations
         self._pages: OrderedDict[tuple[str, bytes], tuple[float, int, bytes]] = OrderedDict()
-        self._generations: dict[str, int] = {}
-        self._lock = threading.Lock()  # rescans and prunes invalidate from worker threads
+        self._lock = threading.Lock()  # pages are put and dropped from worker threads
 
     @property
     def enabled(self) -> bool:
@@ -37,13 +38,8 @@ class PageCache:
 
     def generation(self, cache: str) -> int:
         """Read before the query that renders a page, passed to :meth:`put`: a change during the query then
-        makes the page stale at once."""
-        return self._generations.get(cache, 0)
-
-    def invalidate(self, cache: str) -> None:
-        """Something in ``cache`` changed: its pages are stale."""
-        with self._lock:
-            self._generations[cache] = self._generations.get(cache, 0) + 1
+        makes the page stale at once. Moves with every change of entries or usage (each counter only grows)."""
+        return self.generations.get(cache, ENTRIES) + self.generations.get(cache, USAGE)
 
     def put(self, cache: str, query: bytes, body: bytes, generation: int) -> None:
         if not self.enabled:
@@ -59,7 +55,7 @@ class PageCache:
         if found is None:
             return None
         expires, generation, body = found
-        if generation != self._generations.get(cache, 0) or time.monotonic() > expires:
+        if generation != self.generation(cache) or time.monotonic() > expires:
             with self._lock:
                 self._pages.pop((cache, query), None)
             return None

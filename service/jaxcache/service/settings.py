@@ -28,6 +28,19 @@ def default_snapshot_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jaxcache" / "service"
 
 
+#: The most workers the default takes: each holds its own connections, pages and statistics.
+DEFAULT_MAX_WORKERS = 4
+
+
+def _default_workers() -> int:
+    """The CPUs this process may run on, at most :data:`DEFAULT_MAX_WORKERS`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, DEFAULT_MAX_WORKERS))
+
+
 class ServiceSettings(BaseSettings):
     """Every setting of the catalog service. Environment variables use the ``JAXCACHE_`` prefix."""
 
@@ -43,6 +56,11 @@ class ServiceSettings(BaseSettings):
         default_factory=lambda: SecretStr(default_db_url()),
         description="catalog database: an SQLite URL (sqlite:///path) or PostgreSQL (postgresql+psycopg://...), "
                     "which several replicas can share; a secret (its password is never printed)",
+    )
+    workers: int = Field(
+        default_factory=_default_workers, ge=1, le=64,
+        description="worker processes serving requests (each the whole API; one of them runs the background "
+        "loops); default: the CPUs this process may use, at most 4",
     )
     rescan_s: float = Field(300.0, gt=0, description="seconds between background rescans of every cache")
     records_retain_d: float = Field(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Literal
 
 import orjson
@@ -23,13 +24,14 @@ from jaxcache.service.api.schemas.common import ErrorModel
 from jaxcache.service.api.schemas.entries import EntryDetail, EntryJobModel, EntryPage
 from jaxcache.service.api.schemas.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText
 from jaxcache.service.catalog import queries
+from jaxcache.service.state import State
 from jaxcache.service.tasks.pruning import PruneInProgressError
 
 router = APIRouter(tags=["entries"], responses=ERRORS)
 
 
 @router.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries")
-def list_entries(
+async def list_entries(
     request: Request, cache: CacheName, _p: ReadAuth,
     function: Annotated[str | None, Query(max_length=256, pattern=FUNCTION_GLOB,
                                           description="glob over function names: * and ?")] = None,
@@ -52,20 +54,27 @@ def list_entries(
     """A page of entries, filtered and sorted; follow `next_cursor` for the rest."""
     state = state_of(request)
     storage_of(request, cache)
-    generation = state.pages.generation(cache)
     flt = queries.EntryFilter(
         function=function, min_size=min_size, max_size=max_size,
         unused_for_s=duration(unused_for, "unused_for"), older_than_s=duration(older_than, "older_than"),
         status=status, job=job, jaxlib=jaxlib, topology=topology,
     )
-    with state.catalog.reader() as conn:
-        rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit,
-                                         cursor=cursors.to_catalog(cursor, sort) if cursor else None)
-    # The hot route: rows become JSON directly (the same fields as EntryModel, which documents them);
-    # validating 100 models per request would cost more than the query, and orjson is 20x the json module.
-    body = orjson.dumps({"entries": [queries.page_entry(r) for r in rows], "next_cursor": cursors.from_catalog(nxt)})
-    state.pages.put(cache, request.scope["query_string"], body, generation)
+    at = cursors.to_catalog(cursor, sort) if cursor else None
+    # The hot route: on the threads kept for listings (State.read), not the shared pool.
+    body = await state.read(partial(_page, state, cache, flt, sort, order, limit, at, request.scope["query_string"]))
     return Response(body, media_type="application/json")
+
+
+def _page(state: State, cache: str, flt: queries.EntryFilter, sort: str, order: str, limit: int, at: str | None,
+          query: bytes) -> bytes:
+    generation = state.pages.generation(cache)
+    with state.catalog.reader() as conn:
+        rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=at)
+    # Rows become JSON directly (the same fields as EntryModel, which documents them): validating 100 models per
+    # request would cost more than the query, and orjson is 20x the json module.
+    body = orjson.dumps({"entries": [queries.page_entry(r) for r in rows], "next_cursor": cursors.from_catalog(nxt)})
+    state.pages.put(cache, query, body, generation)
+    return body
 
 
 @router.get("/v1/caches/{cache}/entries/{key}", response_model=EntryDetail, operation_id="getEntry")

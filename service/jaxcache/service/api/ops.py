@@ -48,7 +48,7 @@ def readyz(request: Request) -> Response:
     detail = _readiness(request)
     ok = not detail
     loops = {name: LoopModel.model_validate(status, from_attributes=True)
-             for name, status in state_of(request).loops.snapshot().items()}
+             for name, status in state_of(request).loop_snapshot().items()}
     body = Readiness(status="ok" if ok else "not ready", detail=detail, loops=loops)
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 

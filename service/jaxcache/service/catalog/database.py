@@ -59,7 +59,11 @@ class Catalog:
             # instead of failing the request that draws it.
             # JSON columns through msgspec: every usage row carries its key's parts, and the standard library's
             # encoder was a tenth of a record's ingestion.
-            self.engine: Engine = create_engine(url, pool_pre_ping=not url.startswith("sqlite"),
+            # PostgreSQL: a plan per execution. psycopg prepares a statement run five times, and the server then
+            # keeps a generic plan made for the table as it was: one made while a new catalog's usage table was
+            # empty scanned it whole for every report long after (10 ms a statement at 200,000 rows).
+            options = {"options": "-c plan_cache_mode=force_custom_plan"} if url.startswith("postgresql") else {}
+            self.engine: Engine = create_engine(url, pool_pre_ping=not url.startswith("sqlite"), connect_args=options,
                                                 json_serializer=_json_text, json_deserializer=msgspec.json.decode)
         except Exception as exc:  # SQLAlchemy raises several types for a bad URL or a missing driver
             raise InvalidInputError(f"catalog database URL {shown!r} is not usable: {exc}") from None
@@ -71,6 +75,7 @@ class Catalog:
         if self.dialect == "sqlite":
             event.listen(self.engine, "connect", _sqlite_connect)
             event.listen(self.engine, "begin", _sqlite_begin)
+            event.listen(self.engine, "checkin", _sqlite_checkin)
         self.locks = ClusterLocks(self.engine.url)
         if migrate:
             from jaxcache.service.catalog.migrate import upgrade
@@ -144,14 +149,27 @@ def _sqlite_connect(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
-    # 64 MiB of page cache (SQLite's default is 2 MiB), taken as pages are read: a batch of reports writes many
-    # megabytes of usage rows and index pages, and with the default cache it spilled and re-read pages mid-way
-    # (bench/reports.py: a fifth more records/s).
-    cur.execute("PRAGMA cache_size=-65536")
     # Writers of other processes (replicas on one file) queue on the write lock; a rescan's commit can be long.
     cur.execute("PRAGMA busy_timeout=60000")
     cur.close()
 
 
+#: Pages of SQLite's cache for a write transaction (its default is 2 MiB): a batch of reports writes many megabytes
+#: of usage rows and index pages, and with the default it spilled and read pages again mid-way (bench/reports.py:
+#: a fifth more records/s). Given back when the connection returns to the pool: a reader needs few pages, and the
+#: pool keeps up to 15 connections per process.
+_WRITE_CACHE, _READ_CACHE = "PRAGMA cache_size=-65536", "PRAGMA cache_size=-2000"
+
+
 def _sqlite_begin(conn: Connection) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("jaxcache_write") else "BEGIN")
+    if conn.get_execution_options().get("jaxcache_write"):
+        conn.exec_driver_sql(_WRITE_CACHE)
+        conn.info["jaxcache_big_cache"] = True
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    else:
+        conn.exec_driver_sql("BEGIN")
+
+
+def _sqlite_checkin(dbapi_conn, record) -> None:
+    if record.info.pop("jaxcache_big_cache", False):
+        dbapi_conn.execute(_READ_CACHE)

@@ -113,9 +113,14 @@ def explain_pending(s: Session, cache: str, pending: Sequence[Pending], *, root:
                            **{f"b_{n}": why[n] for n in COLUMNS}})
             if (miss.run_id, miss.process_index, miss.key) in counted:
                 counts[why["cause"]] += 1
-        if params:
-            conn.execute(_update_statement(), [{"b_cache": cache, **p} for p in params])
+        # The driver's executemany (rawsql): SQLAlchemy's processed every value in Python first.
+        rawsql.execute_many(conn, "explain-update", _update_statement,
+                            [{"b_cache": cache, **p, "b_differs": _json(p["b_differs"])} for p in params])
     return counts
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else msgspec.json.encode(value).decode()
 
 
 def _root_statement() -> Select:

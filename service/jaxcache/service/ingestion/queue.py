@@ -132,6 +132,7 @@ class ReportQueue:
         return batch
 
     def _run(self) -> None:
+        explained = False
         while True:
             with self._cond:
                 self._busy = False
@@ -141,7 +142,10 @@ class ReportQueue:
                 if not self._items and not self._later:
                     return  # closed, and everything ingested and explained
                 self._busy = True
-                batch = self._take() if self._items and not self._explain_due() else None
+                # Misses that have waited long: a transaction of them, then a batch again, and so on.
+                due = self._explain_due() and not explained
+                batch = self._take() if self._items and not due else None
+            explained = batch is None
             if batch is None:
                 self._explain_some()
                 continue

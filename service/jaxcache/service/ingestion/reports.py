@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import msgspec
-from sqlalchemy import Insert, Update, bindparam, delete, insert, select, update
+from sqlalchemy import Update, bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
 from jaxcache import records
@@ -194,7 +194,7 @@ def _store(s: Session, aggregates: _Aggregates, record: RunRecord, run: RunRow |
             else:
                 row.update(kept)
     full = _update_in_place(s, aggregates, record, old, {r["key"]: r for r in rows})
-    rawsql.execute_many(s.connection(), "ingest-usage", _usage_insert, [_as_params(r) for r in rows])
+    rawsql.insert_rows(s.connection(), table_of(UsageRow), [_as_params(r) for r in rows])
     if full:
         aggregates.flush(s)  # what recompute reads must not lag behind this transaction's own changes
         recompute(s, cache, full)
@@ -318,11 +318,6 @@ def _entry_copy() -> Update:
 
 #: The usage columns whose values are JSON: written as their text (rawsql binds no type processors).
 _JSON_COLUMNS = ("parts", "program", "differs")
-
-
-def _usage_insert() -> Insert:
-    table = table_of(UsageRow)
-    return insert(table).values({c.name: bindparam(c.name, type_=c.type) for c in table.columns})
 
 
 def _as_params(row: dict) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -37,6 +38,8 @@ class LoopHealth:
         self._lock = threading.Lock()
         self._loops: dict[str, LoopStatus] = {}
         self._logged: dict[str, set[str]] = {}  # loop -> kinds of error logged since it last succeeded
+        # Told every change (the leader of several workers publishes it to the others: see workers.py).
+        self.on_change: Callable[[dict[str, LoopStatus]], None] | None = None
 
     def succeeded(self, loop: str) -> None:
         now = time.time()
@@ -49,6 +52,7 @@ class LoopHealth:
                      before.last_error)
         self._metrics.loop_last_success.labels(loop).set(now)
         self._metrics.loop_failing.labels(loop).set(0)
+        self._changed()
 
     def failed(self, loop: str, exc: BaseException, where: str = "") -> None:
         """Note one failed round (or one cache's part of it, ``where``); log the first error of each kind."""
@@ -63,6 +67,7 @@ class LoopHealth:
             self._logged[loop].add(kind)
         self._metrics.loop_errors.labels(loop, type(exc).__name__).inc()
         self._metrics.loop_failing.labels(loop).set(1)
+        self._changed()
         if first:
             # Our own errors carry a message to act on, as does a database that is down; anything else is a bug:
             # its traceback helps.
@@ -86,6 +91,13 @@ class LoopHealth:
     def snapshot(self) -> dict[str, LoopStatus]:
         with self._lock:
             return dict(self._loops)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change(self.snapshot())
+            except OSError as exc:  # the other workers' /readyz shows an older status; the loop goes on
+                log.warning("could not publish the background loops' status: %s", exc)
 
 
 def describe(exc: BaseException) -> str:

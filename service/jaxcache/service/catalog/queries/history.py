@@ -124,7 +124,7 @@ def _first_of_function() -> Select:
 def _stored() -> Select:
     # A job's miss only: a row may have been replaced since it was listed to explain (a run id used again).
     return _usage_base().where(_u.run_id == bindparam("run_id"), _u.process_index == bindparam("process_index"),
-                               _u.key == bindparam("key"), _u.cause.is_(None), _u.kind == JOB,
+                               _u.cause.is_(None), _u.kind == JOB,
                                or_(_u.event == WRITE, _u.event == COMPILED))  # (an IN would not compile once)
 
 
@@ -165,9 +165,14 @@ def _deletions() -> Select:
 def stored_misses(conn: Connection, cache: str, rows: Iterable[tuple[str, int, str]]) -> list[Known]:
     """The usage rows (run id, process index, key) still unexplained, as the engine's misses, oldest first."""
     decode = Decoder()
-    out = [known_of_usage(UsageKnown(*r), decode) for run_id, process, key in rows
+    wanted: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for run_id, process, key in rows:
+        wanted[(run_id, process)].add(key)
+    # A process's unexplained misses in one read (a report's are dozens): one read a row was a round trip each.
+    out = [known_of_usage(UsageKnown(*r), decode) for (run_id, process), keys in wanted.items()
            for r in rawsql.fetch(conn, "explain-stored", _stored,
-                                 {"cache": cache, "run_id": run_id, "process_index": process, "key": key})]
+                                 {"cache": cache, "run_id": run_id, "process_index": process})
+           if r[0] in keys]
     return sorted(out, key=lambda k: (k.at, k.run_id or "", k.process_index, k.key))
 
 

@@ -1,0 +1,201 @@
+"""`jaxcache serve --workers N`, for real: one listening socket, one worker (the leader) running the background
+loops and another taking over when it dies, pages and metrics that agree whichever worker answers, and workers
+that die with the serving process.
+
+Requests go out on new connections, which the kernel spreads over the workers' sockets; nothing waits for a time
+to pass but for another process to get somewhere (bounded, never asserted on)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import serve_env, start_serve, stop_serve, wait_ready
+from jaxcache.service.settings import ServiceSettings
+from jaxcache.service.workers import settings_environment
+from reports_support import hit, keys_of, run
+
+ADMIN, REPORT, READ = "w-admin", "w-report", "w-read"
+PATIENCE_S = 120
+
+
+def _children(pid: int) -> list[int]:
+    """The serving process's worker processes (not multiprocessing's resource tracker beside them)."""
+    found = Path(f"/proc/{pid}/task/{pid}/children")
+    pids = [int(p) for p in found.read_text().split()] if found.exists() else []
+    return [p for p in pids if _alive(p) and b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def _leaders(runtime: Path) -> list[int]:
+    """The processes holding the leader lock (from the kernel's own table)."""
+    found = (runtime / "leader.lock").stat()
+    # The machine's whole table: the same inode number on another device is another file.
+    ident = (os.major(found.st_dev), os.minor(found.st_dev), found.st_ino)
+    holders = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields or fields[1] != "FLOCK":
+            continue
+        major, minor, inode = fields[5].split(":")
+        if (int(major, 16), int(minor, 16), int(inode)) == ident:
+            holders.append(int(fields[4]))
+    return holders
+
+
+def _until(condition, what: str):
+    deadline = time.monotonic() + PATIENCE_S
+    while True:
+        found = condition()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.1)
+
+
+def _metric(base: str, prefix: str) -> float:
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+@pytest.fixture
+def served(tmp_path, cache_copy):
+    if not Path("/proc/locks").exists():
+        pytest.skip("needs Linux's /proc to see which worker holds the leader lock")
+    env = serve_env({ADMIN: "admin", REPORT: "report", READ: "read"}, JAXCACHE_PAGE_CACHE_S="300")
+    log = tmp_path / "serve.log"
+    proc, base = start_serve({"demo": cache_copy}, f"sqlite:///{tmp_path / 'catalog.sqlite'}", env=env,
+                             args=("--workers", "2", "--rescan-s", "3600"), stdout=log.open("w"))
+    try:
+        wait_ready(proc, base, output=log.read_text, patience_s=PATIENCE_S)
+        workers = _until(lambda: len(_children(proc.pid)) == 2 and _children(proc.pid), "two workers")
+        runtime = Path(_until(lambda: next((p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob(
+            "jaxcache-serve-*") if any(_leaders_or_none(p, workers))), None), "the runtime directory"))
+        yield proc, base, workers, runtime
+    finally:
+        stop_serve(proc)
+
+
+def _leaders_or_none(runtime: Path, workers: list[int]) -> list[int]:
+    try:
+        return [pid for pid in _leaders(runtime) if pid in workers]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.slow
+def test_one_worker_leads_the_background_loops_and_another_takes_over_when_it_dies(served):
+    proc, base, workers, runtime = served
+    (leader,) = _leaders(runtime)
+    assert leader in workers
+    # The leader's first round rescanned once; the other worker ran none.
+    assert _metric(base, 'jaxcache_scan_seconds_count{cache="demo"}') == 1
+    for _ in range(6):  # any worker's /readyz shows the leader's loops
+        ready = httpx.get(f"{base}/readyz", timeout=30).json()
+        assert ready["status"] == "ok" and ready["loops"]["rescan"]["last_success_s"] is not None
+
+    os.kill(leader, signal.SIGKILL)
+    survivor = next(pid for pid in workers if pid != leader)
+    assert _until(lambda: _leaders(runtime) == [survivor], "the other worker leads")
+    # Its first round as leader rescans (a process's first round always does).
+    _until(lambda: _metric(base, 'jaxcache_scan_seconds_count{cache="demo"}') == 2, "a second rescan")
+    _until(lambda: len(_children(proc.pid)) == 2, "the dead worker replaced")
+    assert _leaders(runtime) == [survivor]
+
+
+@pytest.mark.slow
+def test_pages_and_metrics_agree_whichever_worker_answers(served, jax_caches):
+    _, base, _, _ = served
+    train = keys_of(jax_caches["zstd"])["jit_train_step"]
+    page = "/v1/caches/demo/entries?limit=1000"
+
+    def hits() -> set[int]:
+        seen = set()
+        for _ in range(12):  # a new connection each: both workers answer, each from its page cache after once
+            body = httpx.get(f"{base}{page}", headers={"Authorization": f"Bearer {READ}"}, timeout=30).json()
+            seen.add(next(e["hits"] for e in body["entries"] if e["key"] == train))
+        return seen
+
+    before = hits()
+    assert len(before) == 1
+    posted = httpx.post(f"{base}/v1/reports?cache=demo", content=run("j", "r1", [hit(train, 5, time.time())]).to_json(),
+                        headers={"Authorization": f"Bearer {REPORT}", "content-type": "application/json"}, timeout=30)
+    assert posted.status_code == 200, posted.text
+    # Whichever worker ingested it, no worker answers its cached page (kept for 300 s) any more.
+    assert hits() == {before.pop() + 5}
+
+    start = _metric(base, 'jaxcache_request_seconds_count{method="GET",route="/healthz"}')
+    for _ in range(20):
+        assert httpx.get(f"{base}/healthz", timeout=30).status_code == 200
+    for _ in range(4):  # the sum over every worker, whichever answers /metrics
+        assert _metric(base, 'jaxcache_request_seconds_count{method="GET",route="/healthz"}') == start + 20
+
+
+@pytest.mark.slow
+def test_workers_die_with_the_serving_process_and_release_their_locks(served, tmp_path):
+    from sqlalchemy.engine import make_url
+
+    from jaxcache.service.catalog.locks import ClusterLocks
+
+    proc, _, workers, runtime = served
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    for pid in workers:
+        _until(lambda pid=pid: not _alive(pid), f"worker {pid} gone")
+    # A process reads as a zombie once its main thread is gone; its files (and locks) go with its last thread.
+    _until(lambda: _leaders(runtime) == [], "the leader lock released")
+    locks = ClusterLocks(make_url(f"sqlite:///{tmp_path / 'catalog.sqlite'}"))
+    try:
+        assert locks.get("scan:demo").acquire(blocking=False)
+        locks.get("scan:demo").release()
+    finally:
+        locks.dispose()
+        shutil.rmtree(runtime, ignore_errors=True)  # a killed process leaves its runtime directory behind
+
+
+def test_workers_get_the_settings_the_flags_and_the_environment_gave(tmp_path, monkeypatch):
+    settings = ServiceSettings(
+        caches={"a": "/tmp/a", "b": "gs://bucket/x"}, host="0.0.0.0", port=0, db="postgresql+psycopg://u:p@h/db",
+        workers=3, rescan_s=12.5, tokens={"a" * 64: "admin"}, tokens_file=tmp_path / "tokens",
+        insecure_no_auth=True, attest_key="k3y", page_cache_s=0, report_queue=7)
+    for name in list(os.environ):
+        if name.startswith("JAXCACHE_"):
+            monkeypatch.delenv(name)
+    for name, value in settings_environment(settings).items():
+        monkeypatch.setenv(name, value)
+    again = ServiceSettings()
+    assert again.model_dump() == settings.model_dump()
+    assert again.catalog_url == settings.catalog_url and again.attest_secret == settings.attest_secret
+
+
+def test_a_new_service_removes_the_runtime_directories_killed_ones_left(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    from jaxcache.service.workers import runtime_directory
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / "jaxcache-serve-left"
+    left.mkdir()
+    (left / "serving.pid").write_text(dead.stdout.strip())
+    running = tmp_path / "jaxcache-serve-running"
+    running.mkdir()
+    (running / "serving.pid").write_text(str(os.getpid()))
+    with runtime_directory() as mine:
+        assert not left.exists() and running.exists() and Path(mine).parent == tmp_path
+    assert not Path(mine).exists()
