@@ -55,15 +55,42 @@ def scandir_stat(root: str) -> float:
     return time.perf_counter() - t
 
 
-def memory(pid: int) -> dict[str, float]:
-    """The process's resident and peak resident memory, MiB."""
+def _children(pid: int) -> list[int]:
+    kids = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return kids
+
+
+def _status(pid: int) -> dict[str, float]:
     out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            name, _, value = line.partition(":")
-            if name in ("VmRSS", "VmHWM"):
-                out[name] = round(int(value.split()[0]) / 1024, 1)
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name in ("VmRSS", "VmHWM"):
+                    out[name] = round(int(value.split()[0]) / 1024, 1)
+    except OSError:
+        pass
     return out
+
+
+def memory(pid: int) -> dict[str, float]:
+    """Resident memory of the service, MiB: the serving process and its workers together (``VmRSS``), the largest
+    of them, and the sum of each one's peak (``VmHWM``; an upper bound of the service's peak)."""
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        todo += _children(p)
+    each = [s for s in map(_status, pids) if s]
+    return {"VmRSS": round(sum(s.get("VmRSS", 0) for s in each), 1),
+            "largest_VmRSS": max((s.get("VmRSS", 0) for s in each), default=0),
+            "VmHWM": round(sum(s.get("VmHWM", 0) for s in each), 1), "processes": len(each)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,18 +100,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=8, help="wrk duration of the distinct-pages phase")
     parser.add_argument("--repeat", type=int, default=3, help="periodic rescans measured")
     parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.warmup.demo)")
+    parser.add_argument("--workers", type=int, help="`jaxcache serve --workers` (default: the service's default)")
+    parser.add_argument("--work", help="a folder to build the root in and keep it for the next run (default: a "
+                                       "temporary one, removed); the catalog is made anew each run")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     import httpx
 
-    work = tempfile.mkdtemp(prefix="jaxcache-bench-million-")
+    work = args.work or tempfile.mkdtemp(prefix="jaxcache-bench-million-")
     server = None
     fig: dict = {"entries": args.entries}
     try:
-        root = os.path.join(work, "cache")
+        root = os.path.join(work, f"cache-{args.entries}")
         t = time.perf_counter()
-        build(load_sources(args.source or make_source(work)), root, args.entries)
+        if not os.path.exists(os.path.join(work, f"built-{args.entries}")):
+            shutil.rmtree(root, ignore_errors=True)
+            build(load_sources(args.source or make_source(work)), root, args.entries)
+            open(os.path.join(work, f"built-{args.entries}"), "w").close()
         fig["build_s"] = round(time.perf_counter() - t, 1)
+        for stale in ("catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm", "kept"):
+            shutil.rmtree(os.path.join(work, stale), ignore_errors=True)
+            if os.path.isfile(os.path.join(work, stale)):
+                os.unlink(os.path.join(work, stale))
         port, db = _free_port(), os.path.join(work, "catalog.sqlite")
         base = f"http://127.0.0.1:{port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
@@ -93,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         server = subprocess.Popen(
             [exe, "serve", "--cache", f"bench={root}", "--port", str(port), "--rescan-s", "86400",
-             "--db", f"sqlite:///{db}", "--insecure-no-auth"],
+             "--db", f"sqlite:///{db}", "--insecure-no-auth",
+             *(["--workers", str(args.workers)] if args.workers else [])],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with httpx.Client(base_url=base, timeout=600) as c:
             while True:
@@ -137,7 +175,14 @@ def main(argv: list[str] | None = None) -> int:
             plan = c.post("/v1/caches/bench/prune", json={"max_total_bytes": half, "min_age": "0s", "dry_run": True})
             fig["prune_plan_s"] = round(time.perf_counter() - t, 2)
             assert plan.status_code == 200, plan.text
-            fig["prune_planned"] = len(plan.json()["delete"])
+            fig["prune_planned"] = plan.json()["delete_count"]
+            # The same plan answered with every planned deletion listed, as before list_limit.
+            t = time.perf_counter()
+            whole = c.post("/v1/caches/bench/prune", json={"max_total_bytes": half, "min_age": "0s",
+                                                           "list_limit": 1_000_000})
+            fig["prune_plan_listing_all_s"] = round(time.perf_counter() - t, 2)
+            assert whole.status_code == 200 and len(whole.json()["delete"]) == fig["prune_planned"]
+            del whole
 
         if shutil.which("wrk"):
             pages = distinct_pages(base, 100)
@@ -157,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                 server.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 server.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(fig, indent=1))
     return 0
 

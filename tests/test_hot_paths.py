@@ -20,6 +20,7 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
 from jaxcache.service.catalog.queries import listing
 from jaxcache.service.tasks import rescan as rescan_mod
+from jaxcache.service.tasks import snapshots
 from jaxcache.storage import open_storage
 from test_service import ADMIN, H_ADMIN, H_READ, READ, REPORT, make_settings
 
@@ -173,6 +174,36 @@ def test_a_restarted_process_compares_with_the_listing_it_kept_on_disk(catalog_u
     rescan_mod.rescan(sixth, "c", storage)
     assert reads() == 3
     sixth.dispose()
+
+
+def test_a_large_listing_is_kept_on_disk_only_and_read_back_by_the_next_rescan(catalog_url, cache_copy, tmp_path,
+                                                                               catalog_reads, monkeypatch):
+    """Above IN_MEMORY_MAX objects the listing is not held between rescans (at a million entries it was half a GiB
+    of the service's memory); the next rescan in the same process compares with the disk copy instead."""
+    monkeypatch.setattr(snapshots, "IN_MEMORY_MAX", 3)
+    storage = open_storage(str(cache_copy))
+    catalog = _catalog(catalog_url, cache_copy, tmp_path / "snapshots")
+    first = rescan_mod.rescan(catalog, "c", storage)
+    assert first.entries > 3 and reads_of(catalog_reads, catalog) == 1
+    assert "c" not in catalog.rescan_snapshots and list((tmp_path / "snapshots").glob("*.listing"))
+    again = rescan_mod.rescan(catalog, "c", storage)
+    assert (again.added, again.removed, again.updated) == (0, 0, 0) and reads_of(catalog_reads, catalog) == 1
+    shutil.copy(next(cache_copy.glob("*-cache")), cache_copy / f"{NEW_KEY}-cache")
+    later = time.time() + 120
+    os.utime(sorted(cache_copy.glob("*-atime"))[0], (later, later))
+    changed = rescan_mod.rescan(catalog, "c", storage)
+    assert (changed.added, changed.updated) == (1, 1) and reads_of(catalog_reads, catalog) == 1
+    assert "c" not in catalog.rescan_snapshots
+    assert _rows(catalog, "c") == _fresh_rows(tmp_path, cache_copy)
+    # A small listing is still held in memory.
+    monkeypatch.setattr(snapshots, "IN_MEMORY_MAX", 10_000)
+    rescan_mod.rescan(catalog, "c", storage)
+    assert "c" in catalog.rescan_snapshots and reads_of(catalog_reads, catalog) == 1
+    catalog.dispose()
+
+
+def reads_of(calls: list[Catalog], catalog: Catalog) -> int:
+    return sum(c is catalog for c in calls)
 
 
 def test_a_large_rescan_writes_in_batches_the_rows_one_write_makes(catalog_url, cache_copy, tmp_path, monkeypatch):

@@ -55,7 +55,7 @@ def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneR
     except PruneInProgressError:
         raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
                                  "service); try again when it ends") from None
-    return response_of(outcome, dry_run=body.dry_run)
+    return response_of(outcome, dry_run=body.dry_run, limit=body.list_limit)
 
 
 @router.get("/v1/caches/{cache}/prunes", response_model=PruneAuditList, operation_id="listPrunes")

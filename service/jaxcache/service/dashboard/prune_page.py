@@ -15,7 +15,7 @@ from jaxcache.errors import InvalidInputError
 from jaxcache.service.api.schemas.prune import policy_of, response_of
 from jaxcache.service.catalog import queries
 from jaxcache.service.dashboard.forms import policy_form, policy_request, read_form
-from jaxcache.service.dashboard.site import Dashboard, ToLogin, Viewer, html_route
+from jaxcache.service.dashboard.site import MAX_SHOWN, Dashboard, ToLogin, Viewer, html_route
 from jaxcache.service.tasks.pruning import PruneInProgressError
 
 
@@ -52,7 +52,7 @@ def routes(dash: Dashboard) -> APIRouter:
                 policy, policy_json = policy_of(policy_request(form, dry_run=True))
                 outcome = await run_in_threadpool(state.prune, cache, policy, policy_json=policy_json, dry_run=True,
                                                   who=viewer.who)
-                preview = response_of(outcome, dry_run=True)
+                preview = response_of(outcome, dry_run=True, limit=MAX_SHOWN)
             except InvalidInputError as exc:
                 error, status = str(exc), 400
         return await run_in_threadpool(prune_page, request, viewer, cache, form, status=status, preview=preview,

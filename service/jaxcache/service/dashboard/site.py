@@ -33,7 +33,7 @@ ENTRY_FILTERS = ("function", "min_size", "max_size", "unused_for", "older_than",
 ENTRY_SORTS = {"name": "Function / key", "size": "Size", "compile": "Compile s", "created": "Created",
                "last_used": "Last used", "hits": "Hits"}
 PAGE_SIZES = (25, 50, 100, 250, 1000)
-MAX_SHOWN = 500  # rows of a prune plan shown on the page (the API's answer lists all)
+MAX_SHOWN = 500  # rows of a prune plan shown on the page, and all its preview builds
 # No inline script or style anywhere, so the policy can forbid both; every asset is served from here.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

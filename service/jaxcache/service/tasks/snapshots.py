@@ -1,6 +1,6 @@
-"""A rescan's view of a cache (the listing its rows were made from), kept for the next rescan: in memory, and on
-local disk so that a restarted process's first rescan of an unchanged cache compares the listing with the last one
-instead of reading every catalog row (a third of a first rescan at 100k entries).
+"""A rescan's view of a cache (the listing its rows were made from), kept for the next rescan: in memory (up to
+IN_MEMORY_MAX objects), and on local disk so that a restarted process's first rescan of an unchanged cache compares
+the listing with the last one instead of reading every catalog row (a third of a first rescan at 100k entries).
 
 The disk copy is two files per (catalog, cache, root): the listing (msgpack), rewritten only when the listing
 changed, and a small sidecar naming the listing and the catalog fingerprint the rescan left, rewritten by every
@@ -29,6 +29,10 @@ from jaxcache.storage.base import Stat
 log = logging.getLogger("jaxcache.service")
 
 _VERSION = 1
+#: Listings of more objects than this stay on disk only between rescans, and the next reads them back: kept in
+#: memory a listing costs about 270 bytes an object as Python strings and tuples (half a GiB at a million
+#: entries, the largest part of a service's memory), read back about a second per million objects.
+IN_MEMORY_MAX = 200_000
 _warned: set[str] = set()
 
 
@@ -83,10 +87,11 @@ def take(catalog: Catalog, cache: str, storage: Storage, fingerprint: tuple) -> 
 
 
 def keep(catalog: Catalog, cache: str, storage: Storage, snap: Snapshot, *, listing_changed: bool) -> None:
-    """Keep ``snap`` for the next rescan, in memory and on disk."""
-    catalog.rescan_snapshots[cache] = snap
+    """Keep ``snap`` for the next rescan: on disk, and in memory unless it is large and the disk copy was
+    written."""
     paths = _paths(catalog, cache, storage)
     if paths is None:
+        catalog.rescan_snapshots[cache] = snap
         return
     listing_path, sidecar_path = paths
     try:
@@ -97,7 +102,10 @@ def keep(catalog: Catalog, cache: str, storage: Storage, snap: Snapshot, *, list
                 _Listing(_VERSION, snap.listing_id, snap.entries, sorted(snap.foreign), snap.listing)))
         _write(sidecar_path, json.dumps({"version": _VERSION, "fingerprint": list(snap.fingerprint),
                                          "listing_id": snap.listing_id}).encode())
+        if len(snap.listing) <= IN_MEMORY_MAX:
+            catalog.rescan_snapshots[cache] = snap
     except OSError as exc:
+        catalog.rescan_snapshots[cache] = snap
         if str(listing_path.parent) not in _warned:
             _warned.add(str(listing_path.parent))
             log.warning("cannot keep rescan snapshots in %s (%s): a restarted service's first rescan reads every "

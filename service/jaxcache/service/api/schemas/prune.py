@@ -25,6 +25,11 @@ _WINDOW_NEEDS_RULE: dict[str, Any] = {
 }
 
 
+#: A plan over a million entries can select half of them: listing each in the answer cost more than planning.
+DEFAULT_LIST_LIMIT = 1000
+MAX_LIST_LIMIT = 1_000_000
+
+
 class PruneRequest(BaseModel):
     """A prune policy. Unknown fields are rejected: a typo must not silently widen a prune."""
 
@@ -47,6 +52,10 @@ class PruneRequest(BaseModel):
     stale_jaxlib: bool = Field(False, description="entries whose first writer's jaxlib no run used within "
                                                   "stale_jaxlib_window (they can never hit again)")
     stale_jaxlib_window: Duration = Field(None, description="default 14d; only with stale_jaxlib")
+    list_limit: int = Field(
+        DEFAULT_LIST_LIMIT, ge=0, le=MAX_LIST_LIMIT,
+        description="list at most this many planned deletions, and as many protected entries, first to go first; "
+                    "the counts and bytes always cover the whole plan")
     integrity: list[Literal["tampered", "mismatched", "differs", "corrupt"]] = Field(
         default_factory=list, description="entries whose integrity verdict is one of these (applying judges entries "
                                           "not judged yet first, throttled; a dry run uses the verdicts made so far)")
@@ -63,8 +72,13 @@ class PlannedDeletion(BaseModel):
 class PruneResponse(BaseModel):
     dry_run: bool
     entries_total: int
-    delete: list[PlannedDeletion]
-    protected: list[PlannedDeletion] = Field(description="selected by a rule but kept; reasons say why")
+    delete: list[PlannedDeletion] = Field(description="what goes, first to go first: at most the request's "
+                                                      "list_limit of them (delete_count is all)")
+    delete_count: int = Field(description="entries and orphans the plan deletes, listed or not")
+    protected: list[PlannedDeletion] = Field(description="selected by a rule but kept; reasons say why (at most "
+                                                         "list_limit; protected_count is all)")
+    protected_count: int
+    truncated: bool = Field(description="true when delete or protected lists fewer than the plan holds")
     kept: int = Field(description="entries no rule selected")
     bytes_freed: int
     bytes_remaining: int
@@ -113,7 +127,7 @@ class PinList(BaseModel):
 def policy_of(body: PruneRequest) -> tuple[prune.PrunePolicy, dict[str, Any]]:
     """The policy a request asks for, and its fields as the audit log keeps them. Raises InvalidInputError, also
     for a policy that selects nothing (the API and the dashboard both refuse it)."""
-    data = body.model_dump(exclude={"dry_run"}, exclude_none=True)
+    data = body.model_dump(exclude={"dry_run", "list_limit"}, exclude_none=True)
     # Drop unset flags and empty lists, but keep zeros: `min_age: 0` and `max_total_bytes: 0` mean something.
     data = {k: v for k, v in data.items() if v is not False and v != []}
     policy = prune.policy_from_mapping(data)
@@ -133,12 +147,15 @@ def _planned(decisions: list[prune.Decision]) -> list[PlannedDeletion]:
     ]
 
 
-def response_of(outcome: Outcome, *, dry_run: bool) -> PruneResponse:
-    """What the API answers (and the dashboard shows) for a planned or applied prune."""
+def response_of(outcome: Outcome, *, dry_run: bool, limit: int = DEFAULT_LIST_LIMIT) -> PruneResponse:
+    """What the API answers (and the dashboard shows) for a planned or applied prune, listing at most ``limit``
+    deletions and as many protected entries."""
     plan, result = outcome.plan, outcome.result
     return PruneResponse(
-        dry_run=dry_run, entries_total=plan.entries_total, delete=_planned(plan.delete),
-        protected=_planned(plan.protected), kept=plan.kept, bytes_freed=plan.bytes_freed,
+        dry_run=dry_run, entries_total=plan.entries_total, delete=_planned(plan.delete[:limit]),
+        delete_count=len(plan.delete), protected=_planned(plan.protected[:limit]),
+        protected_count=len(plan.protected), truncated=max(len(plan.delete), len(plan.protected)) > limit,
+        kept=plan.kept, bytes_freed=plan.bytes_freed,
         bytes_remaining=plan.bytes_remaining,
         deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
         changed=result.changed if result else None, errors=result.errors if result else [],
