@@ -19,8 +19,8 @@ from jaxcache.service.app import create_app
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
 from jaxcache.service.catalog.queries import listing
+from jaxcache.service.tasks import memory, snapshots
 from jaxcache.service.tasks import rescan as rescan_mod
-from jaxcache.service.tasks import snapshots
 from jaxcache.storage import open_storage
 from test_service import ADMIN, H_ADMIN, H_READ, READ, REPORT, make_settings
 
@@ -199,6 +199,21 @@ def test_a_large_listing_is_kept_on_disk_only_and_read_back_by_the_next_rescan(c
     monkeypatch.setattr(snapshots, "IN_MEMORY_MAX", 10_000)
     rescan_mod.rescan(catalog, "c", storage)
     assert "c" in catalog.rescan_snapshots and reads_of(catalog_reads, catalog) == 1
+    catalog.dispose()
+
+
+def test_a_large_rescan_gives_its_memory_back(catalog_url, cache_copy, tmp_path, monkeypatch):
+    released = []
+    real = memory.release
+    monkeypatch.setattr(memory, "release", lambda: (released.append(1), real()))
+    catalog = _catalog(catalog_url, cache_copy)
+    storage = open_storage(str(cache_copy))
+    monkeypatch.setattr(memory, "RELEASE_FROM_ENTRIES", 10_000)
+    rescan_mod.rescan(catalog, "c", storage)
+    assert released == []  # a small cache is not worth a full collection
+    monkeypatch.setattr(memory, "RELEASE_FROM_ENTRIES", 1)
+    rescan_mod.rescan(catalog, "c", storage)
+    assert released == [1]
     catalog.dispose()
 
 

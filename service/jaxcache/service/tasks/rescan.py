@@ -24,7 +24,7 @@ from jaxcache.service.ingestion import explain as explaining
 from jaxcache.service.ingestion import warmups
 from jaxcache.service.ingestion.aggregates import EMPTY, key_stats
 from jaxcache.service.ingestion.runfiles import scan_records
-from jaxcache.service.tasks import retention, snapshots
+from jaxcache.service.tasks import memory, retention, snapshots
 from jaxcache.storage import ObjectInfo, Storage
 from jaxcache.storage.base import Stat
 
@@ -149,9 +149,12 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
         raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "
                             "service); try again when it ends")
     try:
-        return _rescan(catalog, cache, storage, secret, retain_s)
+        result = _rescan(catalog, cache, storage, secret, retain_s)
     finally:
         lock.release()
+    if result.entries >= memory.RELEASE_FROM_ENTRIES:
+        memory.release()
+    return result
 
 
 def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
