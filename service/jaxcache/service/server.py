@@ -104,6 +104,10 @@ def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
         os.environ[workers.RUNTIME_ENV] = runtime
         os.environ[workers.SUPERVISOR_ENV] = str(os.getpid())
         os.environ[workers.PROMETHEUS_ENV] = os.path.join(runtime, "metrics")
+        # The C library's allocator for the workers, unless the operator chose one: after a rescan of a million
+        # entries, Python's own kept hundreds of MiB of its arenas pinned by a few live objects each, which
+        # malloc_trim (tasks/memory.py) can hand back from the C library's heap.
+        os.environ.setdefault("PYTHONMALLOC", "malloc")
         host, port = settings.host, sock.getsockname()[1]
         if not workers.supervise(settings.workers, run_worker, (host, port)):
             raise JaxcacheError("a worker process could not start (its error is above); the service stopped")
