@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             fig["prune_plan_s"] = round(time.perf_counter() - t, 2)
             assert plan.status_code == 200, plan.text
             fig["prune_planned"] = plan.json()["delete_count"]
+            fig["after_prune_plan_mib"] = memory(server.pid)
             # The same plan answered with every planned deletion listed, as before list_limit.
             t = time.perf_counter()
             whole = c.post("/v1/caches/bench/prune", json={"max_total_bytes": half, "min_age": "0s",
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             fig["prune_plan_listing_all_s"] = round(time.perf_counter() - t, 2)
             assert whole.status_code == 200 and len(whole.json()["delete"]) == fig["prune_planned"]
             del whole
+            fig["after_prune_plan_listing_all_mib"] = memory(server.pid)
 
         if shutil.which("wrk"):
             pages = distinct_pages(base, 100)

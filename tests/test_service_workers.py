@@ -101,6 +101,9 @@ def test_one_worker_leads_the_background_loops_and_another_takes_over_when_it_di
     proc, base, workers, runtime = served
     (leader,) = _leaders(runtime)
     assert leader in workers
+    if "PYTHONMALLOC" not in os.environ:  # the C library's allocator, whose free heap a large rescan hands back
+        assert all(b"PYTHONMALLOC=malloc" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                   for pid in workers)
     # The leader's first round rescanned once; the other worker ran none.
     assert _metric(base, 'jaxcache_scan_seconds_count{cache="demo"}') == 1
     for _ in range(6):  # any worker's /readyz shows the leader's loops

@@ -31,6 +31,7 @@ from jaxcache.service.api.schemas.prune import (
 )
 from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.models import PinRow
+from jaxcache.service.tasks import memory
 from jaxcache.service.tasks.pruning import PruneInProgressError
 
 router = APIRouter(tags=["prune"], responses=ERRORS)
@@ -55,7 +56,11 @@ def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneR
     except PruneInProgressError:
         raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
                                  "service); try again when it ends") from None
-    return response_of(outcome, dry_run=body.dry_run, limit=body.list_limit)
+    response = response_of(outcome, dry_run=body.dry_run, limit=body.list_limit)
+    if outcome.plan.entries_total >= memory.RELEASE_FROM_ENTRIES:
+        del outcome  # a plan over a million entries held a candidate for each
+        memory.release()
+    return response
 
 
 @router.get("/v1/caches/{cache}/prunes", response_model=PruneAuditList, operation_id="listPrunes")
