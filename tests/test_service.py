@@ -259,6 +259,19 @@ def test_prune_answer_lists_at_most_list_limit_and_counts_the_whole_plan(svc, ca
     assert "list_limit" not in audit["policy"]  # how much was shown is not part of what was pruned
 
 
+def test_a_large_prune_plan_gives_its_memory_back_once_answered(svc, monkeypatch):
+    from jaxcache.service.tasks import memory
+
+    released: list[int] = []
+    monkeypatch.setattr(memory, "release", lambda: released.append(1))
+    monkeypatch.setattr(memory, "RELEASE_FROM_ENTRIES", 10_000)
+    assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
+    assert released == []
+    monkeypatch.setattr(memory, "RELEASE_FROM_ENTRIES", 1)
+    assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
+    assert released == [1]
+
+
 @BOTH
 def test_prune_respects_pins_and_grace(svc, cache_copy, jax_caches):
     assert svc.put("/v1/caches/demo/pins/jit_train*", headers=H_ADMIN).status_code == 200

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, HTTPException, Path, Query, Request, Response
 from sqlalchemy import CursorResult, delete, select
 
 from jaxcache.service.api.deps import (
@@ -45,7 +45,7 @@ PinPattern = Annotated[str, Path(max_length=_MAX_PATTERN, pattern=fields.PIN, ex
              responses={409: {"model": ErrorModel, "description": "a prune of this cache is running (on any replica)"},
                         413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_BODY_BYTES"}},
              openapi_extra=BEARER_REQUIRED)  # the token is checked in the route: its scope depends on dry_run
-def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneResponse:
+def post_prune(request: Request, cache: CacheName, body: PruneRequest, background: BackgroundTasks) -> PruneResponse:
     """Plan a prune (default: dry run) or, with `dry_run: false` and an admin token, apply it."""
     state = state_of(request)
     principal = state.auth.check(request, "read" if body.dry_run else "admin")
@@ -56,11 +56,11 @@ def post_prune(request: Request, cache: CacheName, body: PruneRequest) -> PruneR
     except PruneInProgressError:
         raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
                                  "service); try again when it ends") from None
-    response = response_of(outcome, dry_run=body.dry_run, limit=body.list_limit)
     if outcome.plan.entries_total >= memory.RELEASE_FROM_ENTRIES:
-        del outcome  # a plan over a million entries held a candidate for each
-        memory.release()
-    return response
+        # Once the answer is sent: a plan over a million entries held a candidate for each, and a long list of
+        # deletions is serialized after this returns.
+        background.add_task(memory.release)
+    return response_of(outcome, dry_run=body.dry_run, limit=body.list_limit)
 
 
 @router.get("/v1/caches/{cache}/prunes", response_model=PruneAuditList, operation_id="listPrunes")
