@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jaxcache import prune
 from jaxcache.errors import InvalidInputError
@@ -52,13 +52,22 @@ class PruneRequest(BaseModel):
     stale_jaxlib: bool = Field(False, description="entries whose first writer's jaxlib no run used within "
                                                   "stale_jaxlib_window (they can never hit again)")
     stale_jaxlib_window: Duration = Field(None, description="default 14d; only with stale_jaxlib")
+    # Not strict: JSON Schema's integer includes 2.0 (a client's float-typed number); _whole refuses the rest.
     list_limit: int = Field(
-        DEFAULT_LIST_LIMIT, ge=0, le=MAX_LIST_LIMIT,
+        DEFAULT_LIST_LIMIT, ge=0, le=MAX_LIST_LIMIT, strict=False,
         description="list at most this many planned deletions, and as many protected entries, first to go first; "
                     "the counts and bytes always cover the whole plan")
     integrity: list[Literal["tampered", "mismatched", "differs", "corrupt"]] = Field(
         default_factory=list, description="entries whose integrity verdict is one of these (applying judges entries "
                                           "not judged yet first, throttled; a dry run uses the verdicts made so far)")
+
+
+    @field_validator("list_limit", mode="before")
+    @classmethod
+    def _whole(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError("list_limit must be a whole number")
+        return value
 
 
 class PlannedDeletion(BaseModel):

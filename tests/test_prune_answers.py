@@ -1,0 +1,46 @@
+"""A prune's answer over a large plan: at most list_limit deletions listed, counts and bytes over the whole plan,
+and the plan's memory given back once it is answered."""
+
+from __future__ import annotations
+
+import test_service
+from jaxcache.service.tasks import memory
+from test_service import BOTH, H_ADMIN, H_READ, _listing
+
+svc = test_service.svc  # the fixture, parametrized by BOTH
+
+
+@BOTH
+def test_prune_answer_lists_at_most_list_limit_and_counts_the_whole_plan(svc, cache_copy, jax_caches):
+    whole = svc.post("/v1/caches/demo/prune", json={"older_than": "0s", "min_age": "0s"}, headers=H_READ).json()
+    n = len(whole["delete"])
+    assert n >= 3 and whole["delete_count"] == n and whole["truncated"] is False
+    assert whole["protected_count"] == len(whole["protected"])
+    short = svc.post("/v1/caches/demo/prune", json={"older_than": "0s", "min_age": "0s", "list_limit": 2},
+                     headers=H_READ).json()
+    assert short["delete"] == whole["delete"][:2]  # the first to go, as the whole plan orders them
+    assert short["delete_count"] == n and short["truncated"] is True
+    assert short["bytes_freed"] == whole["bytes_freed"] and short["bytes_remaining"] == whole["bytes_remaining"]
+    assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s", "min_age": "0s", "list_limit": 2.0},
+                    headers=H_READ).json()["delete"] == short["delete"]  # JSON's 2.0 is the integer 2
+    for bad in (-1, 1_000_001, "5", 2.5, True):
+        r = svc.post("/v1/caches/demo/prune", json={"older_than": "0s", "list_limit": bad}, headers=H_READ)
+        assert r.status_code == 422, (bad, r.text)
+    before = _listing(cache_copy)
+    applied = svc.post("/v1/caches/demo/prune", json={"older_than": "0s", "min_age": "0s", "list_limit": 0,
+                                                      "dry_run": False}, headers=H_ADMIN).json()
+    assert applied["delete"] == [] and applied["delete_count"] == applied["deleted"] == n
+    assert len(before) - len(_listing(cache_copy)) >= n
+    audit = svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"][0]
+    assert "list_limit" not in audit["policy"]  # how much was shown is not part of what was pruned
+
+
+def test_a_large_prune_plan_gives_its_memory_back_once_answered(svc, monkeypatch):
+    released: list[int] = []
+    monkeypatch.setattr(memory, "release", lambda: released.append(1))
+    monkeypatch.setattr(memory, "RELEASE_FROM_ENTRIES", 10_000)
+    assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
+    assert released == []
+    monkeypatch.setattr(memory, "RELEASE_FROM_ENTRIES", 1)
+    assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
+    assert released == [1]
