@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from entries import build_root as build  # noqa: E402
@@ -210,10 +211,24 @@ def measure(base: str, args, work: str) -> dict:
     return fig
 
 
+def wait_ready(server: subprocess.Popen, base: str, output: Callable[[], str]) -> None:
+    """Until ``GET /readyz`` answers 200; exits with ``output()`` if the service exits first."""
+    import httpx
+
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if server.poll() is not None:
+            sys.exit(f"error: the service exited before it was ready\n{output()}".rstrip())
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def service(root: str, work: str, workers: int | None, page_cache_s: float | None):
     """`jaxcache serve` over ``root`` (``--workers`` unless None); its base URL and seconds until ready."""
-    import httpx
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -228,15 +243,7 @@ def service(root: str, work: str, workers: int | None, page_cache_s: float | Non
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None:
-                sys.exit("error: the service exited before it was ready")
-            time.sleep(0.5)
+        wait_ready(server, base, lambda: "")
         yield base, time.perf_counter() - started
     finally:
         server.send_signal(signal.SIGINT)

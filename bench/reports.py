@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from api import _free_port, distinct_pages, pct  # noqa: E402
+from api import _free_port, distinct_pages, pct, wait_ready  # noqa: E402
 from entries import build_root, key_of, load_sources, make_source  # noqa: E402
 
 JOB = "storm"
@@ -198,8 +198,6 @@ def _summary(latencies: list[float]) -> dict:
 
 @contextlib.contextmanager
 def service(root: str, db: str, work: str, workers: int | None) -> Iterator[str]:
-    import httpx
-
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     exe = os.path.join(os.path.dirname(sys.executable), "jaxcache")
@@ -211,16 +209,11 @@ def service(root: str, db: str, work: str, workers: int | None) -> Iterator[str]
     log = open(os.path.join(work, f"serve-{port}.log"), "w")
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None:
-                log.close()
-                sys.exit(f"error: the service exited before it was ready:\n{open(log.name).read()[-3000:]}")
-            time.sleep(0.5)
+        def output() -> str:
+            log.flush()
+            return open(log.name).read()[-3000:]
+
+        wait_ready(server, base, output)
         yield base
     finally:
         server.send_signal(signal.SIGINT)
