@@ -137,6 +137,15 @@ def shared_fixture_dirs() -> list[Path]:
 
 
 @pytest.fixture
+def index_dir(tmp_path, monkeypatch) -> Path:
+    """A head index directory of the test's own (JAXCACHE_INDEX_DIR), the index on."""
+    folder = tmp_path / "index"
+    monkeypatch.setenv("JAXCACHE_INDEX_DIR", str(folder))
+    monkeypatch.delenv("JAXCACHE_INDEX", raising=False)
+    return folder
+
+
+@pytest.fixture
 def cache_copy(tmp_path, jax_caches) -> Path:
     """A writable copy of the zstd cache (with -atime files and JAX's .lockfile)."""
     dst = tmp_path / "cache"

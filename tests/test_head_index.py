@@ -20,14 +20,6 @@ from jaxcache.scan_indexed import scan_indexed
 from jaxcache.storage import open_storage
 
 
-@pytest.fixture
-def index_dir(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "index"
-    monkeypatch.setenv("JAXCACHE_INDEX_DIR", str(folder))
-    monkeypatch.delenv("JAXCACHE_INDEX", raising=False)
-    return folder
-
-
 def run_json(capsys, *argv: str) -> tuple[dict, str]:
     code = main([*argv, "--json"])
     out, err = capsys.readouterr()
@@ -53,6 +45,11 @@ def garble_keeping_stamp(path: Path) -> None:
     st = path.stat()
     path.write_bytes(b"\x01" * st.st_size)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def forget_answers(index_dir: Path) -> None:
+    for kept in [*index_dir.glob("*.ls"), *index_dir.glob("*.stats")]:
+        kept.unlink()
 
 
 def index_snapshot(root: str) -> Snapshot:
@@ -171,7 +168,8 @@ def test_the_index_lives_outside_the_root(capsys, cache_copy, index_dir, monkeyp
     run_json(capsys, "ls", root)
     run_json(capsys, "stats", root)
     assert sorted(str(p.relative_to(cache_copy)) for p in cache_copy.rglob("*")) == before
-    assert [p.suffix for p in index_dir.iterdir()] == [".heads"]
+    # The index, and the last answer of each command (jaxcache.answers).
+    assert sorted(p.suffix for p in index_dir.iterdir()) == [".heads", ".ls", ".stats"]
 
     # Pointed inside the root, it is not used (and not written there), with a warning.
     monkeypatch.setenv("JAXCACHE_INDEX_DIR", str(cache_copy / "sub"))
@@ -195,9 +193,10 @@ def test_a_corrupt_index_is_ignored_with_one_warning_and_rebuilt(capsys, cache_c
     root = str(cache_copy)
     expected, _ = run_json(capsys, "stats", root, "--no-index")
     run_json(capsys, "stats", root)
-    (path,) = index_dir.iterdir()
+    (path,) = index_dir.glob("*.heads")
     for garbage in (path.read_bytes()[:1000], b"not an index at all", b""):
         path.write_bytes(garbage)
+        forget_answers(index_dir)  # else the kept answer is given without reading the index
         got, err = run_json(capsys, "stats", root)
         assert got == expected
         assert err.count("warning") == 1 and "corrupt head index" in err, garbage[:20]
@@ -225,9 +224,10 @@ def test_an_index_whose_parts_disagree_is_ignored_with_one_warning(capsys, cache
 def test_another_format_version_is_replaced_silently(capsys, cache_copy, index_dir):
     root = str(cache_copy)
     run_json(capsys, "ls", root)
-    (path,) = index_dir.iterdir()
+    (path,) = index_dir.glob("*.heads")
     data = path.read_bytes()
     path.write_bytes(b"jaxcache head index v0 000000000000\n" + data[data.index(b"\n") + 1 :])
+    forget_answers(index_dir)
     _, err = run_json(capsys, "ls", root)
     assert err == ""
     assert listed(root)[1] == 0  # rebuilt in our format
@@ -261,6 +261,53 @@ def test_concurrent_listings_leave_a_whole_index(cache_copy, jax_caches, index_d
     assert len(index_snapshot(root).entries) == len(jax_caches["zstd"].entries)
     assert [p.name for p in index_dir.iterdir() if p.name.startswith(".tmp-")] == []
     assert listed(root)[1] == 0
+
+
+def test_a_first_listing_reads_heads_in_forked_workers_as_one_process_would(cache_copy, jax_caches, index_dir,
+                                                                            monkeypatch, tmp_path):
+    """Many heads to read on a directory: worker processes decompress them (the GIL keeps threads from it), and
+    the records, the index and the count of reads are the ones a scan in this process gives."""
+    import multiprocessing.pool
+
+    import jaxcache.scan_indexed as indexed
+
+    root = str(cache_copy)
+    serial, serial_reads = listed(root)
+    monkeypatch.setenv("JAXCACHE_INDEX_DIR", str(tmp_path / "forked-index"))
+    monkeypatch.setattr(indexed, "FORK_MIN_READS", 2)
+    monkeypatch.setattr(indexed, "_FORK_CHUNK", 2)
+    forks: list[int] = []
+    assert threading.active_count() == 1, "a thread left running by another test: this one would not fork"
+    monkeypatch.setattr(multiprocessing.pool.Pool, "__init__", _counting(multiprocessing.pool.Pool.__init__, forks))
+    forked, forked_reads = listed(root)
+    assert forks and forked_reads == serial_reads == 2 * len(jax_caches["zstd"].entries)
+    assert sorted(forked, key=lambda r: r.name) == sorted(serial, key=lambda r: r.name)
+    assert listed(root)[1] == 0  # the index the workers' reads built answers the next listing
+
+
+def _counting(init, calls: list[int]):
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        init(self, *args, **kwargs)
+    return counted
+
+
+def test_forked_chunks_stay_in_this_process_while_other_threads_run():
+    from jaxcache.parallel import forked_chunks
+
+    pids = list(forked_chunks(lambda chunk: (os.getpid(), sum(chunk)), list(range(10)), chunk=3, workers=2))
+    assert [total for _, total in pids] == [3, 12, 21, 9]
+    assert {pid for pid, _ in pids} != {os.getpid()}  # forked
+    ready, stop = threading.Event(), threading.Event()
+    other = threading.Thread(target=lambda: (ready.set(), stop.wait()))
+    other.start()
+    try:
+        ready.wait()
+        pids = list(forked_chunks(lambda chunk: (os.getpid(), sum(chunk)), list(range(10)), chunk=3, workers=2))
+    finally:
+        stop.set()
+        other.join()
+    assert {pid for pid, _ in pids} == {os.getpid()}
 
 
 # --- GCS -----------------------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ INDEX_ENV = "JAXCACHE_INDEX"
 INDEX_DIR_ENV = "JAXCACHE_INDEX_DIR"
 _OFF = frozenset({"off", "0", "false", "no"})
 
-#: The first line of every index file, then this format's version and the layout of what follows.
+#: The first line of every index file, then this format's version and the layout of what follows. A change to how a
+#: head is judged (compression, compile seconds, status) bumps the version: indexes and kept answers are then rebuilt.
 _MAGIC = b"jaxcache head index "
 FORMAT_VERSION = 1
 
@@ -90,6 +91,11 @@ def _schema() -> bytes:
     return hashlib.sha256(layout.encode()).hexdigest()[:12].encode()
 
 
+def index_header() -> bytes:
+    """The first line of an index file of this format and layout (what else a listing keeps is keyed on it)."""
+    return _MAGIC + b"v%d %s\n" % (FORMAT_VERSION, _schema())
+
+
 def _inside(path: str, root: str) -> bool:
     path, root = os.path.realpath(path), os.path.realpath(root)
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
@@ -134,9 +140,6 @@ class HeadIndex:
             self._warned = True
             self._warn(message)
 
-    def _header(self) -> bytes:
-        return _MAGIC + b"v%d %s\n" % (FORMAT_VERSION, _schema())
-
     def load(self) -> Snapshot | None:
         """What the last listing saved, or None (no index yet, another format, or unusable: warned)."""
         try:
@@ -147,7 +150,7 @@ class HeadIndex:
         except OSError as exc:
             self.warn(f"cannot read the head index {self.path} ({exc.strerror or exc}): reading every entry's head")
             return None
-        header = self._header()
+        header = index_header()
         if not data.startswith(header):
             if not data.startswith(_MAGIC):
                 self._corrupt("it is not a head index")
@@ -178,24 +181,29 @@ class HeadIndex:
 
     def save(self, snapshot: Snapshot) -> None:
         """Replace the file with ``snapshot``, whole (a reader sees the old file or the new one)."""
-        directory = os.path.dirname(self.path)
-        tmp = None
-        import tempfile  # only to save: a listing the index answers writes nothing
-
         try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".heads", dir=directory)
             # No fsync: a file torn by a crash fails to decode and is rebuilt; the next listing pays, nothing is lost.
-            with os.fdopen(fd, "wb") as f:
-                f.write(self._header())
-                f.write(msgspec.msgpack.encode(snapshot))
-            os.replace(tmp, self.path)
-            tmp = None
+            write_whole(self.path, index_header(), msgspec.msgpack.encode(snapshot))
             self.saved = True
         except OSError as exc:
             self.warn(f"cannot save the head index {self.path} ({exc.strerror or exc}): the next listing reads every "
                       f"head again; set {INDEX_DIR_ENV} to a writable directory, or {INDEX_ENV}=off")
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+
+
+def write_whole(path: str, *parts: bytes) -> None:
+    """Replace ``path`` with ``parts`` through a temporary file renamed over it (its directory made if need be),
+    so that a reader sees the old file or the new one; raises OSError."""
+    import tempfile  # only to save: a listing the index answers writes nothing
+
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for part in parts:
+                f.write(part)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

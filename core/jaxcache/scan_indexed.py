@@ -8,6 +8,7 @@ a directory's order, and its stamp decides whether the index's value still holds
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
 
 import msgspec
@@ -15,9 +16,9 @@ import msgspec
 from jaxcache import entry as fmt
 from jaxcache.entry import Status
 from jaxcache.head_index import HeadIndex, Snapshot, listing_digest
-from jaxcache.parallel import bounded_map
+from jaxcache.parallel import bounded_map, forked_chunks, usable_cpus
 from jaxcache.scan import Entry, Orphan, Record, read_or_empty
-from jaxcache.storage.base import Storage
+from jaxcache.storage.base import Listed, Storage
 
 #: The names a scan pairs (every other name under a root is not JAX's entry).
 _SUFFIXES = ("-cache", "-atime")
@@ -50,15 +51,32 @@ def _without_head(e: Entry) -> Entry:
     return msgspec.structs.replace(e, compression=None, compile_seconds=None, status=None, reason=None)
 
 
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A root's -cache and -atime objects as listed once, and their digest (what says "the same root")."""
+
+    objects: list[Listed]
+    digest: bytes
+
+
+def list_root(storage: Storage) -> Listing:
+    """The listing :func:`scan_indexed` compares with its index."""
+    objects = storage.list_stats(_SUFFIXES)
+    return Listing(objects, listing_digest(objects))
+
+
 def scan_indexed(
-    storage: Storage, index: HeadIndex, *, read_headers: bool = True, workers: int | None = None
+    storage: Storage, index: HeadIndex, *, read_headers: bool = True, workers: int | None = None,
+    listed: Listing | None = None,
 ) -> Iterator[Record]:
     """The records :func:`jaxcache.scan.scan` yields, reading only the objects ``index`` does not hold as they are
-    now; ``index`` is saved once the last record has been yielded."""
+    now (``listed``: as a :func:`list_root` just taken lists them); ``index`` is saved once the last record has
+    been yielded."""
     if workers is None:
         workers = storage.io_workers
-    listing = storage.list_stats(_SUFFIXES)
-    digest = listing_digest(listing)
+    if listed is None:
+        listed = list_root(storage)
+    listing, digest = listed.objects, listed.digest
     previous = index.load()
     if previous is not None and previous.listing_digest == digest and (previous.heads_complete or not read_headers):
         # Exactly the objects the index was built from: its entries are this listing's answer.
@@ -107,7 +125,7 @@ def scan_indexed(
                       *((head.compression, head.compile_seconds, head.status, head.reason) if head else ()))
         kept.append(e)
         yield e if read_headers else _without_head(e)
-    for e in bounded_map(partial(_read_missing, storage, read_headers), todo, workers=workers):
+    for e in _read_all(storage, read_headers, todo, workers):
         kept.append(e)
         yield e if read_headers else _without_head(e)
     yield from orphans
@@ -116,6 +134,28 @@ def scan_indexed(
         identity=index.identity, listing_digest=digest, heads_complete=all(e.status is not None for e in kept),
         entries=kept, atime_stamps=msgspec.Raw(msgspec.msgpack.encode(atimes)), orphans=orphans,
     ))
+
+
+#: Heads to read before a directory's scan forks workers: decompressing a head costs tens of microseconds of CPU
+#: under the GIL, so threads do not share it (a first `ls` of 100k entries spends seconds there), processes do.
+FORK_MIN_READS = 4096
+_FORK_CHUNK = 1024
+
+
+def _read_all(storage: Storage, read_headers: bool, todo: list[_ToRead], workers: int) -> Iterator[Entry]:
+    if workers > 1 or len(todo) < FORK_MIN_READS:  # an object store: many requests in flight, in threads
+        yield from bounded_map(partial(_read_missing, storage, read_headers), todo, workers=workers)
+        return
+    for entries, reads in forked_chunks(partial(_read_chunk, storage, read_headers), todo, chunk=_FORK_CHUNK,
+                                        workers=usable_cpus()):
+        storage.reads += reads  # made in a worker: counted here, as a scan in this process counts them
+        yield from entries
+
+
+def _read_chunk(storage: Storage, read_headers: bool, items: list[_ToRead]) -> tuple[list[Entry], int]:
+    before = storage.reads
+    entries = [_read_missing(storage, read_headers, item) for item in items]
+    return entries, storage.reads - before
 
 
 def _read_missing(storage: Storage, read_headers: bool, item: _ToRead) -> Entry:

@@ -14,16 +14,18 @@ import heapq
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 
-from jaxcache.cli.output import EXIT_OK, ROOT_HELP, non_negative, print_json, progress
+from jaxcache.answers import KeptAnswer
+from jaxcache.cli.output import EXIT_OK, ROOT_HELP, json_text, non_negative, progress, send_out, write_out
 from jaxcache.entry import Compression, Status
 from jaxcache.errors import InvalidInputError
 from jaxcache.head_index import INDEX_ENV, HeadIndex
 from jaxcache.scan import Entry, Record, scan
-from jaxcache.scan_indexed import scan_indexed
+from jaxcache.scan_indexed import Listing, list_root, scan_indexed
 from jaxcache.stats import CacheStats, summarize
 from jaxcache.storage import Storage, is_gcs_url
 from jaxcache.table import render
@@ -77,12 +79,36 @@ def _warn(message: str) -> None:
     print(f"jaxcache: warning: {message}", file=sys.stderr)
 
 
-def records(args: argparse.Namespace, storage: Storage, *, read_headers: bool = True) -> Iterator[Record]:
-    """The root's records through its head index, unless ``--no-index`` or ``JAXCACHE_INDEX=off``."""
-    index = None if args.no_index else HeadIndex.for_storage(storage, warn=_warn)
-    if index is None:
-        return scan(storage, read_headers=read_headers)
-    return scan_indexed(storage, index, read_headers=read_headers)
+class _Indexed:
+    """The root's head index (None: ``--no-index``, ``JAXCACHE_INDEX=off``, or unusable) and, with one, the listing
+    it compares with, taken once: it also says whether the command's last answer still holds."""
+
+    def __init__(self, args: argparse.Namespace, storage: Storage) -> None:
+        self.storage = storage
+        self.index = None if args.no_index else HeadIndex.for_storage(storage, warn=_warn)
+        self.listed = list_root(storage) if self.index is not None else None
+
+    def kept(self, command: str, options: tuple[object, ...]) -> KeptAnswer | None:
+        return None if self.index is None else KeptAnswer(self.index, command, (self.storage.url, *options))
+
+    def records(self, *, read_headers: bool = True) -> Iterator[Record]:
+        if self.index is None:
+            return scan(self.storage, read_headers=read_headers)
+        return scan_indexed(self.storage, self.index, read_headers=read_headers, listed=self.listed)
+
+
+def _answered(kept: KeptAnswer | None, listed: Listing | None) -> bytes | None:
+    return kept.get(listed.digest) if kept is not None and listed is not None else None
+
+
+def _sent(kept: KeptAnswer | None, listed: Listing | None) -> bool:
+    """Whether the kept answer was printed (it holds for this listing)."""
+    f = kept.open(listed.digest) if kept is not None and listed is not None else None
+    if f is None:
+        return False
+    with f:
+        send_out(f)
+    return True
 
 
 def reads_heads(args: argparse.Namespace, storage: Storage) -> bool:
@@ -99,15 +125,39 @@ def _select(records: Iterable[Record], function: str | None) -> Iterator[Entry]:
             yield r
 
 
+def _sorted(entries: Iterable[Entry], sort: str, limit: int | None) -> list[Entry]:
+    key = SORTS[sort]
+    if limit is not None:
+        return heapq.nsmallest(limit, entries, key=key)
+    # Whole roots (100k entries and more): C-level keys, ties by key through sort stability (reverse keeps it).
+    by_key = sorted(entries, key=_KEY)
+    if sort == "size":
+        by_key.sort(key=_SIZE, reverse=True)
+    elif sort == "age":
+        by_key.sort(key=_MTIME)
+    elif sort != "name":
+        by_key.sort(key=key)
+    return by_key
+
+
+_KEY, _SIZE, _MTIME = attrgetter("key"), attrgetter("size_bytes"), attrgetter("mtime_s")
+
+
 def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
     heads = reads_heads(args, storage)
     if args.sort in HEAD_SORTS and not heads:
         raise InvalidInputError(f"--sort {args.sort} needs every entry's head: drop --no-heads")
-    entries = _select(progress(records(args, storage, read_headers=heads), "scanning"), args.function)
-    key = SORTS[args.sort]
-    chosen = heapq.nsmallest(args.limit, entries, key=key) if args.limit is not None else sorted(entries, key=key)
+    source = _Indexed(args, storage)
+    kept = source.kept("ls", (heads, args.sort, args.limit, args.function)) if args.json else None
+    if _sent(kept, source.listed):
+        return EXIT_OK
+    entries = _select(progress(source.records(read_headers=heads), "scanning"), args.function)
+    chosen = _sorted(entries, args.sort, args.limit)
     if args.json:
-        print_json({"root": storage.url, "heads_read": heads, "entries": [entry_row(e) for e in chosen]})
+        answer = json_text({"root": storage.url, "heads_read": heads, "entries": [entry_row(e) for e in chosen]})
+        write_out(answer)
+        if kept is not None and source.listed is not None:
+            kept.put(source.listed.digest, answer)
         return EXIT_OK
     now = time.time()
     unread = "?" if heads else "-"
@@ -155,28 +205,37 @@ def stats_json(storage: Storage, s: CacheStats) -> dict[str, Any]:
 
 
 def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
-    s = summarize(progress(records(args, storage), "scanning"))
-    data = stats_json(storage, s)
+    source = _Indexed(args, storage)
+    kept = source.kept("stats", ())
+    answer = _answered(kept, source.listed)
+    if answer is None:
+        answer = json_text(stats_json(storage, summarize(progress(source.records(), "scanning"))))
+        if kept is not None and source.listed is not None:
+            kept.put(source.listed.digest, answer)
     if args.json:
-        print_json(data)
+        write_out(answer)
         return EXIT_OK
+    data = msgspec.json.decode(answer)
     now = time.time()
-    mix = ", ".join(f"{k} {v}" for k, v in sorted(s.by_compression.items())) or "-"
+    mix = ", ".join(f"{k} {v}" for k, v in sorted(data["compression"].items())) or "-"
+    corrupt = data["corrupt"]
     summary = [
         ["root", storage.url],
-        ["entries", f"{s.entries} ({s.with_atime} with an -atime record)"],
-        ["size", format_bytes(s.size_bytes)],
-        ["compile time stored", f"{s.compile_seconds} s (JAX stores whole seconds; most small programs store 0)"],
+        ["entries", f"{data['entries']} ({data['with_atime']} with an -atime record)"],
+        ["size", format_bytes(data["size_bytes"])],
+        ["compile time stored",
+         f"{data['compile_seconds']} s (JAX stores whole seconds; most small programs store 0)"],
         ["compression", mix],
-        ["corrupt (header check)", f"{s.corrupt}" + (" - run `jaxcache doctor` for details" if s.corrupt else "")],
-        ["orphaned -atime files", f"{s.orphans} ({format_bytes(s.orphan_bytes)})"],
+        ["corrupt (header check)", f"{corrupt}" + (" - run `jaxcache doctor` for details" if corrupt else "")],
+        ["orphaned -atime files", f"{data['orphans']} ({format_bytes(data['orphan_bytes'])})"],
     ]
-    if s.oldest_mtime_s is not None and s.newest_mtime_s is not None:
+    oldest, newest = data["oldest_created_s"], data["newest_created_s"]
+    if oldest is not None and newest is not None:
         summary.append(["oldest / newest entry",
-                        f"{format_duration(now - s.oldest_mtime_s)} / {format_duration(now - s.newest_mtime_s)} ago"])
+                        f"{format_duration(now - oldest)} / {format_duration(now - newest)} ago"])
     width = max(len(k) for k, _ in summary)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in summary))
-    if s.mixed_compression:
+    if data["mixed_compression"]:
         print("\nwarning: both zstd and zlib entries: run `jaxcache doctor` for what that means")
     top = data["by_function"][: args.top]
     if top:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 
@@ -27,18 +29,49 @@ def progress(items: Iterable[T], what: str) -> Iterator[T]:
     yield from tqdm(items, desc=what, unit=" entries", leave=False, file=sys.stderr, mininterval=0.2)
 
 
-def print_json(data: Any) -> None:
-    """One JSON document on stdout (``--json``), indented by one space."""
+def json_text(data: Any) -> bytes:
+    """``data`` as ``--json`` prints it: indented by one space, and a newline."""
     # msgspec, not json: `ls --json` of a large root is tens of MB, which json's indenting encoder (pure Python)
     # takes seconds over. Same layout; non-ASCII text is written as UTF-8 rather than as \u escapes.
-    text = msgspec.json.format(msgspec.json.encode(data), indent=1)
+    return msgspec.json.format(msgspec.json.encode(data), indent=1) + b"\n"
+
+
+def write_out(text: bytes) -> None:
+    """``text`` (UTF-8) on stdout, as it is."""
     out = getattr(sys.stdout, "buffer", None)
     if out is None:  # a text-only stream (a test's StringIO)
-        sys.stdout.write(text.decode() + "\n")
+        sys.stdout.write(text.decode())
         return
     sys.stdout.flush()
-    out.write(text + b"\n")
+    out.write(text)
     out.flush()
+
+
+def send_out(f: BinaryIO) -> None:
+    """The rest of ``f`` on stdout; copied by the kernel where stdout is a file or pipe (a kept ``ls --json``
+    answer is tens of MB)."""
+    fileno = getattr(sys.stdout, "fileno", None)
+    sys.stdout.flush()
+    try:
+        out = fileno() if fileno is not None else None
+    except (OSError, ValueError):  # io.UnsupportedOperation is both: a test's StringIO
+        out = None
+    if out is not None:
+        try:
+            offset = f.tell()
+            while sent := os.sendfile(out, f.fileno(), offset, 1 << 30):
+                offset += sent
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS):  # no sendfile to this kind of stdout: copy below
+                raise
+            f.seek(offset)
+    write_out(f.read())
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout (``--json``), indented by one space."""
+    write_out(json_text(data))
 
 
 def flag_value(flag: str, parse: Callable[[str], T], text: str | None) -> T | None:
