@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -263,51 +265,53 @@ def test_concurrent_listings_leave_a_whole_index(cache_copy, jax_caches, index_d
     assert listed(root)[1] == 0
 
 
+_FORKED_LISTING = """
+import json, multiprocessing.pool, sys
+import jaxcache.scan_indexed as indexed
+from jaxcache.head_index import HeadIndex
+from jaxcache.storage import open_storage
+indexed.FORK_MIN_READS, indexed._FORK_CHUNK = 2, 2
+pools = []
+init = multiprocessing.pool.Pool.__init__
+multiprocessing.pool.Pool.__init__ = lambda self, *a, **k: (pools.append(1), init(self, *a, **k))[1]
+storage = open_storage(sys.argv[1])
+records = list(indexed.scan_indexed(storage, HeadIndex.for_storage(storage)))
+print(json.dumps({"pools": len(pools), "reads": storage.reads,
+                  "records": sorted([r.name, r.size_bytes, getattr(r, "status", None)] for r in records)}))
+"""
+
+
 def test_a_first_listing_reads_heads_in_forked_workers_as_one_process_would(cache_copy, jax_caches, index_dir,
-                                                                            monkeypatch, tmp_path):
+                                                                            tmp_path):
     """Many heads to read on a directory: worker processes decompress them (the GIL keeps threads from it), and
-    the records, the index and the count of reads are the ones a scan in this process gives."""
-    import multiprocessing.pool
-
-    import jaxcache.scan_indexed as indexed
-
+    the records, the index and the count of reads are the ones a scan in this process gives. In a fresh process:
+    this one runs other tests' threads, and a scan forks only where no other thread runs."""
     root = str(cache_copy)
     serial, serial_reads = listed(root)
-    monkeypatch.setenv("JAXCACHE_INDEX_DIR", str(tmp_path / "forked-index"))
-    monkeypatch.setattr(indexed, "FORK_MIN_READS", 2)
-    monkeypatch.setattr(indexed, "_FORK_CHUNK", 2)
-    forks: list[int] = []
-    assert threading.active_count() == 1, "a thread left running by another test: this one would not fork"
-    monkeypatch.setattr(multiprocessing.pool.Pool, "__init__", _counting(multiprocessing.pool.Pool.__init__, forks))
-    forked, forked_reads = listed(root)
-    assert forks and forked_reads == serial_reads == 2 * len(jax_caches["zstd"].entries)
-    assert sorted(forked, key=lambda r: r.name) == sorted(serial, key=lambda r: r.name)
-    assert listed(root)[1] == 0  # the index the workers' reads built answers the next listing
-
-
-def _counting(init, calls: list[int]):
-    def counted(self, *args, **kwargs):
-        calls.append(1)
-        init(self, *args, **kwargs)
-    return counted
+    env = {**os.environ, "JAXCACHE_INDEX_DIR": str(tmp_path / "forked-index")}
+    done = subprocess.run([sys.executable, "-c", _FORKED_LISTING, root], env=env, capture_output=True, text=True,
+                          check=True, timeout=120)
+    forked = json.loads(done.stdout)
+    assert forked["pools"] == 1 and forked["reads"] == serial_reads == 2 * len(jax_caches["zstd"].entries)
+    assert forked["records"] == sorted([r.name, r.size_bytes, getattr(r, "status", None)] for r in serial)
+    env_index = HeadIndex(str(next((tmp_path / "forked-index").glob("*.heads"))), open_storage(root).identity)
+    snapshot = env_index.load()
+    assert snapshot is not None and len(snapshot.entries) == len(jax_caches["zstd"].entries)  # saved by the parent
 
 
 def test_forked_chunks_stay_in_this_process_while_other_threads_run():
     from jaxcache.parallel import forked_chunks
 
-    pids = list(forked_chunks(lambda chunk: (os.getpid(), sum(chunk)), list(range(10)), chunk=3, workers=2))
-    assert [total for _, total in pids] == [3, 12, 21, 9]
-    assert {pid for pid, _ in pids} != {os.getpid()}  # forked
     ready, stop = threading.Event(), threading.Event()
     other = threading.Thread(target=lambda: (ready.set(), stop.wait()))
     other.start()
     try:
         ready.wait()
-        pids = list(forked_chunks(lambda chunk: (os.getpid(), sum(chunk)), list(range(10)), chunk=3, workers=2))
+        got = list(forked_chunks(lambda chunk: (os.getpid(), sum(chunk)), list(range(10)), chunk=3, workers=2))
     finally:
         stop.set()
         other.join()
-    assert {pid for pid, _ in pids} == {os.getpid()}
+    assert got == [(os.getpid(), 3), (os.getpid(), 12), (os.getpid(), 21), (os.getpid(), 9)]
 
 
 # --- GCS -----------------------------------------------------------------------------------------------------
