@@ -10,6 +10,7 @@ columns take their text).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -70,7 +71,11 @@ def execute_many(conn: Connection, shape: Hashable, build: Callable[[], ClauseEl
         rows: list = [{**c.defaults, **p} for p in params]
     else:
         positions, defaults = c.positions, c.defaults
-        rows = [tuple(p[n] if n in p else defaults[n] for n in positions) for p in params]
+        try:  # every value given (insert_rows): the tuples built in C, not a generator per row
+            rows = list(map(operator.itemgetter(*positions), params)) if len(positions) > 1 else [
+                (p[positions[0]],) for p in params]
+        except KeyError:
+            rows = [tuple(p[n] if n in p else defaults[n] for n in positions) for p in params]
     cursor = conn.connection.cursor()
     try:
         cursor.executemany(c.sql, rows)

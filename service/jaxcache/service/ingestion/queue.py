@@ -30,11 +30,14 @@ log = logging.getLogger("jaxcache.service")
 #: for its transaction, and a record's answer for the whole batch.
 MAX_BATCH_RECORDS = 256
 MAX_BATCH_KEYS = 100_000
-#: Misses wait at most this long, or this many, for a moment with no record waiting.
-DEFER_S = 10.0
-MAX_DEFERRED = 50_000
-#: Misses explained per write transaction: records that arrive meanwhile wait at most for one.
-EXPLAIN_CHUNK = 1000
+#: Misses wait at most this long, or this many, for a moment with no record waiting: long enough for a storm (a
+#: 1,000-process job's end: 60,000 misses) to be ingested before its misses are explained, since explaining holds
+#: the cache's write lock in every worker and replica. A pending miss costs about 150 bytes.
+DEFER_S = 30.0
+MAX_DEFERRED = 200_000
+#: Misses explained at once, between batches of records (which wait for them): one history read for a job's misses
+#: of the same keys, a short enough stall.
+EXPLAIN_CHUNK = 5000
 
 Batch = Callable[[str, Sequence[RunRecord], PendingMisses], list[IngestResult]]
 One = Callable[[str, RunRecord], IngestResult]
@@ -132,7 +135,7 @@ class ReportQueue:
         return batch
 
     def _run(self) -> None:
-        explained = False
+        records_until = 0.0  # after explaining while records waited, records have the writer as long again
         while True:
             with self._cond:
                 self._busy = False
@@ -142,12 +145,13 @@ class ReportQueue:
                 if not self._items and not self._later:
                     return  # closed, and everything ingested and explained
                 self._busy = True
-                # Misses that have waited long: a transaction of them, then a batch again, and so on.
-                due = self._explain_due() and not explained
+                # Misses that have waited long share the writer with waiting records, time for time.
+                due = self._explain_due() and time.monotonic() >= records_until
                 batch = self._take() if self._items and not due else None
-            explained = batch is None
             if batch is None:
+                began = time.monotonic()
                 self._explain_some()
+                records_until = 2 * time.monotonic() - began
                 continue
             started = time.monotonic()
             outcomes = self._outcomes(batch)
