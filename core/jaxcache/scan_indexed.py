@@ -139,6 +139,8 @@ def scan_indexed(
 #: Heads to read before a directory's scan forks workers: decompressing a head costs tens of microseconds of CPU
 #: under the GIL, so threads do not share it (a first `ls` of 100k entries spends seconds there), processes do.
 FORK_MIN_READS = 4096
+#: More would mostly copy the parent: the listing's reads are also bounded by the disk.
+FORK_MAX_WORKERS = 8
 _FORK_CHUNK = 1024
 
 
@@ -147,7 +149,7 @@ def _read_all(storage: Storage, read_headers: bool, todo: list[_ToRead], workers
         yield from bounded_map(partial(_read_missing, storage, read_headers), todo, workers=workers)
         return
     for entries, reads in forked_chunks(partial(_read_chunk, storage, read_headers), todo, chunk=_FORK_CHUNK,
-                                        workers=usable_cpus()):
+                                        workers=min(usable_cpus(), FORK_MAX_WORKERS)):
         storage.reads += reads  # made in a worker: counted here, as a scan in this process counts them
         yield from entries
 
