@@ -241,3 +241,83 @@ def test_a_full_queue_answers_503_with_retry_after_and_the_record_file_is_ingest
         assert rescan(c)["records_ingested"] == 1  # the refused record, from its file
         job = c.get("/v1/caches/demo/jobs/storm", headers=H_READ).json()
         assert job["processes"] == 3 and job["misses"] == 3
+
+
+def test_the_writer_waits_a_moment_for_records_still_arriving(client, monkeypatch, jax_caches):
+    """A record queued while another request still reads or parses its own waits for it: one batch of both (small
+    batches cost half as much again a record). A lone record does not wait (the other tests' answers)."""
+    from jaxcache.service.api import reports as route
+    from jaxcache.service.ingestion import queue
+    from jaxcache.service.ingestion import reports as ingestion
+
+    monkeypatch.setattr(queue, "LINGER_S", PATIENCE_S)  # the wait ends when the record is queued, not at its bound
+    calls = HeldOnce(ingestion.ingest_batch)
+    calls.release()  # nothing held: every call kept
+    monkeypatch.setattr(ingestion, "ingest_batch", calls)
+    parsing, go_on = threading.Event(), threading.Event()
+    accept = route._accept
+
+    def slow_accept(state, body, cache):
+        if b'"process_index":0' in body.replace(b" ", b""):
+            parsing.set()
+            assert go_on.wait(PATIENCE_S)
+        return accept(state, body, cache)
+
+    monkeypatch.setattr(route, "_accept", slow_accept)
+    recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 2)
+    answers: dict[int, Any] = {}
+    slow = _post_in_thread(client, recs[0], answers)
+    assert parsing.wait(PATIENCE_S)
+    quick = _post_in_thread(client, recs[1], answers)
+    state = client.app.state.jaxcache
+    _wait_for(lambda: len(state.reports) == 1)  # queued; the writer waits for the record still being parsed
+    assert calls.calls == []
+    go_on.set()
+    for t in (slow, quick):
+        t.join(PATIENCE_S)
+    assert {p: r.status_code for p, r in answers.items()} == {0: 200, 1: 200}
+    assert [len(args[2]) for args in calls.calls] == [2]
+
+
+def test_a_storms_misses_wait_for_a_quiet_moment_and_a_lone_record_explains_only_its_own(client, monkeypatch,
+                                                                                          jax_caches):
+    """Explaining holds the cache's write lock in every worker: between a storm's requests, a worker explains
+    nothing but a lone record's own misses (read-your-writes), and the rest once no record came for a while."""
+    from jaxcache.service.ingestion import queue
+    from jaxcache.service.ingestion import reports as ingestion
+
+    monkeypatch.setattr(queue, "QUIET_S", PATIENCE_S)  # no quiet moment during the test
+    state = client.app.state.jaxcache
+    held = HeldOnce(ingestion.ingest_batch)
+    monkeypatch.setattr(ingestion, "ingest_batch", held)
+    recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 7)
+    answers: dict[int, Any] = {}
+    first = _post_in_thread(client, recs[0], answers)
+    assert held.entered.wait(PATIENCE_S)
+    rest = [_post_in_thread(client, r, answers) for r in recs[1:6]]
+    _wait_for(lambda: len(state.reports) == 5)
+    held.release()
+    for t in [first, *rest]:
+        t.join(PATIENCE_S)
+    lone = _post_in_thread(client, recs[6], answers)  # alone: its misses explained before its answer
+    lone.join(PATIENCE_S)
+    assert {p: r.status_code for p, r in answers.items()} == dict.fromkeys(range(7), 200)
+    # The first and the last went alone (explained before their answers); the batch of five waits for quiet.
+    assert _explained_processes(state) == ({0, 6}, 7)
+    monkeypatch.setattr(queue, "QUIET_S", 0.0)
+    with state.reports._cond:  # the writer waits with the old bound: wake it to read the new one
+        state.reports._cond.notify_all()
+    assert state.reports.settled(PATIENCE_S)
+    assert _explained_processes(state) == (set(range(7)), 7)
+
+
+def _explained_processes(state) -> tuple[set[int], int]:
+    """The processes of run r1 whose miss is explained, and how many misses the run has."""
+    from sqlalchemy import select
+
+    from jaxcache.service.catalog.models import UsageRow
+
+    with state.catalog.reader() as conn:
+        rows = conn.execute(select(UsageRow.process_index, UsageRow.cause).where(
+            UsageRow.cache == "demo", UsageRow.run_id == "r1", UsageRow.event.in_(("write", "compiled")))).all()
+    return {p for p, cause in rows if cause is not None}, len(rows)

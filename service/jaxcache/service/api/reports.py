@@ -52,15 +52,16 @@ async def ingest_report(
     if cache is not None:
         storage_of(request, cache)
     state.reports.check_room()  # a full queue answers 503 before the body is parsed
-    body = await request.body()
-    # Up to JAXCACHE_MAX_REPORT_BYTES of JSON: parsed in a worker thread, so that the loop keeps answering.
-    record, name = await run_in_threadpool(_accept, state, body, cache)
-    try:
-        # Waits for the writer thread's batch without holding a thread of the pool.
-        r = await state.reports.ingest(name, record)
-    except InvalidInputError as exc:
-        state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
-        raise HTTPException(422, str(exc)) from None
+    with state.reports.arriving() as arrival:  # the writer waits a moment for this record to join its batch
+        body = await request.body()
+        # Up to JAXCACHE_MAX_REPORT_BYTES of JSON: parsed in a worker thread, so that the loop keeps answering.
+        record, name = await run_in_threadpool(_accept, state, body, cache)
+        try:
+            # Waits for the writer thread's batch without holding a thread of the pool.
+            r = await state.reports.ingest(name, record, arrival)
+        except InvalidInputError as exc:
+            state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
+            raise HTTPException(422, str(exc)) from None
     return ReportResult(cache=r.cache, run_id=r.run_id, process_index=r.process_index,
                         runs=0 if r.stale else 1, keys=r.keys, stale=r.stale)
 

@@ -98,6 +98,10 @@ class PendingMisses:
         self._by_process[process] = {p.key: replace(p, counted=earlier[p.key].counted) if p.key in earlier else p
                                      for p in result.pending}
 
+    def take_process(self, run_id: str, process_index: int) -> list[explaining.Pending]:
+        """The misses held for that process, which are no longer held."""
+        return list(self._by_process.pop((run_id, process_index), {}).values())
+
     def take(self, limit: int | None = None) -> list[explaining.Pending]:
         """The misses held (whole processes' while at most ``limit``, at least one process's), which are no longer
         held."""
