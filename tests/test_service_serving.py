@@ -180,6 +180,22 @@ def _job(train: str, processes: int) -> list:
                 process_count=processes) for p in range(processes)]
 
 
+def _post_held_then_together(client: TestClient, held: HeldOnce, recs: list,
+                             meanwhile: Callable[[], bool] = lambda: True) -> dict[int, Any]:
+    """POST the first record, whose batch ``held`` keeps, then the others, which queue behind it; release it once
+    they all wait (and ``meanwhile`` holds); the answers by process index."""
+    answers: dict[int, Any] = {}
+    first = _post_in_thread(client, recs[0], answers)
+    assert held.entered.wait(PATIENCE_S)
+    rest = [_post_in_thread(client, r, answers) for r in recs[1:]]
+    _wait_for(lambda: len(client.app.state.jaxcache.reports) == len(rest))  # behind the writer, which holds the first
+    assert meanwhile()
+    held.release()
+    for t in [first, *rest]:
+        t.join(PATIENCE_S)
+    return answers
+
+
 def test_reports_posted_together_are_ingested_in_one_batch_each_answered_with_its_own(client, monkeypatch,
                                                                                      jax_caches):
     from jaxcache.service.ingestion import reports as ingestion
@@ -188,15 +204,8 @@ def test_reports_posted_together_are_ingested_in_one_batch_each_answered_with_it
     held = HeldOnce(ingestion.ingest_batch)
     monkeypatch.setattr(ingestion, "ingest_batch", held)
     recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 6)
-    answers: dict[int, Any] = {}
-    first = _post_in_thread(client, recs[0], answers)
-    assert held.entered.wait(PATIENCE_S)
-    rest = [_post_in_thread(client, r, answers) for r in recs[1:]]
-    _wait_for(lambda: len(state.reports) == 5)  # all five wait for the writer, which holds the first
-    assert client.get("/healthz").status_code == 200
-    held.release()
-    for t in [first, *rest]:
-        t.join(PATIENCE_S)
+    answers = _post_held_then_together(client, held, recs,
+                                       meanwhile=lambda: client.get("/healthz").status_code == 200)
     assert [len(args[2]) for args in held.calls] == [1, 5]  # one transaction for the five that waited
     for p, r in answers.items():
         assert r.status_code == 200, r.text
@@ -291,14 +300,7 @@ def test_a_storms_misses_wait_for_a_quiet_moment_and_a_lone_record_explains_only
     held = HeldOnce(ingestion.ingest_batch)
     monkeypatch.setattr(ingestion, "ingest_batch", held)
     recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 7)
-    answers: dict[int, Any] = {}
-    first = _post_in_thread(client, recs[0], answers)
-    assert held.entered.wait(PATIENCE_S)
-    rest = [_post_in_thread(client, r, answers) for r in recs[1:6]]
-    _wait_for(lambda: len(state.reports) == 5)
-    held.release()
-    for t in [first, *rest]:
-        t.join(PATIENCE_S)
+    answers = _post_held_then_together(client, held, recs[:6])
     lone = _post_in_thread(client, recs[6], answers)  # alone: its misses explained before its answer
     lone.join(PATIENCE_S)
     assert {p: r.status_code for p, r in answers.items()} == dict.fromkeys(range(7), 200)
