@@ -21,6 +21,9 @@ import tempfile
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+from tables import print_rows  # noqa: E402
+
 _WORKER = os.path.join(_HERE, "coldstart_worker.py")
 _MODES = ("nocache", "cold", "warm")
 _STEADY_ARMS = ("without", "with", "without-again")
@@ -221,14 +224,6 @@ def report(runs: dict, args: argparse.Namespace) -> dict:
     }
 
 
-def _print_rows(rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for n, row in enumerate(rows):
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
-
-
 def print_table(fig: dict) -> None:
     rows = [("mode", "first step s", "vs warm", "process wall s", "vs warm", "enable_cache() ms", "import jax ms")]
     for m in _MODES:
@@ -238,7 +233,7 @@ def print_table(fig: dict) -> None:
             f"{fig['enable_cache_ms'][m]:.1f}" if m in fig["enable_cache_ms"] else "-",
             f"{fig['import_jax_ms'][m]:.0f}",
         ))
-    _print_rows(rows)
+    print_rows(rows)
     sh = fig["shape"]
     print(f"\nmedians of {fig['repeat']} runs per mode, each a fresh process (launch -> first step done; "
           f"wall: launch -> exit after {fig['steps_after_first']} more steps)")
@@ -275,7 +270,7 @@ def print_table(fig: dict) -> None:
             span(sd[f"{key}_per_round"]) if key else "-", f"{sd['best_chunk_step_ms'][arm]:.2f}",
             f"{sd[key + '_best_chunk']:.3f}" if key else "1",
         ))
-    _print_rows(rows)
+    print_rows(rows)
     print(f"with/without client: {sd['with_vs_without']:.3f}; the noise yardstick, without/without (A/A): "
           f"{sd['again_vs_without']:.3f}")
     ev = sd["events_and_log_records_in_loops"]

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from entries import Progress, key_of, load_sources, make_source  # noqa: E402
+from tables import print_rows  # noqa: E402
 
 _TARGET_RATIO = 1.5
 _JAXCACHE = os.path.join(os.path.dirname(sys.executable), "jaxcache")
@@ -158,12 +159,7 @@ def print_table(fig: dict) -> None:
         (label, f"{row['median_s']:.3f}", f"{row['vs_gcloud_ls']:.2f}x", f"{row['vs_gcloud_du']:.2f}x")
         for label, row in fig["measurements"].items()
     ]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    for n, line in enumerate(lines):
-        cells = enumerate(zip(line, widths, strict=True))
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in cells))
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
+    print_rows(lines)
     t = fig["target_ratio"]
     print(f"\n{fig['entries']} entries on fake-gcs-server; medians of {fig['repeat']} rounds, each a fresh process")
     print(f"second ls --json / gcloud ls -l: {fig['second_ls_vs_gcloud_ls']:.2f} (target <= {t}); second stats --json "

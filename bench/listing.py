@@ -21,6 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from entries import Progress, key_of, load_sources, make_source, write  # noqa: E402
+from tables import print_rows  # noqa: E402
 
 _TARGET_RATIO = 1.5
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -126,12 +127,7 @@ def print_table(fig: dict) -> None:
         (label, f"{row['median_s']:.3f}", f"{row['vs_find']:.2f}x", f"{row['vs_raw_pass']:.2f}x")
         for label, row in fig["measurements"].items()
     ]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    for n, line in enumerate(lines):
-        cells = enumerate(zip(line, widths, strict=True))
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in cells))
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
+    print_rows(lines)
     t = fig["target_ratio"]
     print(f"\n{fig['entries']} entries with -atime files; medians of {fig['repeat']} rounds (find and the raw pass "
           f"twice a round), each a fresh process; head index file {fig['index_file_bytes'] / 2**20:.1f} MiB")

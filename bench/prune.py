@@ -19,6 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from entries import key_of, load_sources, make_source  # noqa: E402  (the same entries, the same keys)
+from tables import print_rows  # noqa: E402
 
 DAY = 86400.0
 PLAN_TARGET_S = 2.0
@@ -161,11 +162,7 @@ def print_table(fig: dict) -> None:
         target = "-" if name == "raw_unlink" else f">= {APPLY_TARGET_PER_S:,.0f}/s"
         rows.append((label, str(m["entries"]), f"{m['seconds']:.3f}", f"{m['entries_per_s']:,.0f}",
                      f"{m['seconds'] / raw['seconds']:.2f}x", target))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for n, row in enumerate(rows):
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
+    print_rows(rows)
     print(f"\n{fig['entries']} entries built; plan: median of {fig['repeat']} runs over candidates from one scan "
           f"({p['scan_s']:.2f} s without headers): {p['delete']} to delete, {p['protected']} protected, "
           f"{p['kept']} kept")

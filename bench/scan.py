@@ -20,6 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from entries import Progress, key_of, load_sources, make_source, write  # noqa: E402
+from tables import print_rows  # noqa: E402
 
 _TARGET_RATIO = 1.5
 _KINDS = ("baseline", "scan", "summarize")
@@ -262,12 +263,7 @@ def print_table(fig: dict) -> None:
             label, str(row["entries"]), f"{row['seconds']:.3f}", f"{row['entries_per_s']:,.0f}",
             f"{row['time_vs_baseline']:.2f}x", f"{row['peak_rss_mib']:.1f}",
         ))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    for n, line in enumerate(lines):
-        cells = zip(line, widths, strict=True)
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(cells)))
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
+    print_rows(lines)
     mib = fig["size_bytes"] / (1024 * 1024)
     print(f"\n{fig['entries']} entries ({mib:,.0f} MiB of -cache files); medians of {fig['repeat']} runs, "
           "each in a fresh process")

@@ -21,20 +21,19 @@ _MAGIC = b"jaxcache answer v1 "
 
 
 class KeptAnswer:
-    """``command``'s last answer for ``index``'s root under ``options`` (the values its output depends on)."""
+    """``command``'s answer for ``index``'s root under ``options`` (the values its output depends on), as kept for
+    the listing of ``digest``."""
 
-    def __init__(self, index: HeadIndex, command: str, options: tuple[object, ...]) -> None:
+    def __init__(self, index: HeadIndex, command: str, options: tuple[object, ...], digest: bytes) -> None:
         self.path = f"{index.path.removesuffix('.heads')}.{command}"
         self._index = index
         # The index's own format and layout too: an upgrade that reads heads differently bumps it (head_index).
-        self._options = hashlib.sha256(repr((index_header(), index.identity, command, options)).encode()).hexdigest()
+        key = hashlib.sha256(repr((index_header(), index.identity, command, options)).encode()).hexdigest()
+        self._header = _MAGIC + f"{key} {digest.hex()} ".encode()
 
-    def _header(self, digest: bytes) -> bytes:
-        return _MAGIC + f"{self._options} {digest.hex()} ".encode()
-
-    def open(self, digest: bytes) -> BinaryIO | None:
-        """The answer kept for the listing of ``digest``, as a file positioned at its start; or None."""
-        header = self._header(digest)
+    def open(self) -> BinaryIO | None:
+        """The kept answer, as a file positioned at its start; or None."""
+        header = self._header
         try:
             f = open(self.path, "rb")  # noqa: SIM115 - the caller's to close
         except OSError:
@@ -51,9 +50,9 @@ class KeptAnswer:
         f.close()
         return None
 
-    def get(self, digest: bytes) -> bytes | None:
-        """The answer kept for the listing of ``digest``, or None."""
-        f = self.open(digest)
+    def get(self) -> bytes | None:
+        """The kept answer, or None."""
+        f = self.open()
         if f is None:
             return None
         with f:
@@ -62,11 +61,10 @@ class KeptAnswer:
             except OSError:
                 return None
 
-    def put(self, digest: bytes, answer: bytes) -> None:
-        """Keep ``answer`` for the listing of ``digest``; a directory that cannot take it is warned about once, by
-        the index."""
+    def put(self, answer: bytes) -> None:
+        """Keep ``answer``; a directory that cannot take it is warned about once, by the index."""
         try:
-            write_whole(self.path, self._header(digest), b"%d\n" % len(answer), answer)
+            write_whole(self.path, self._header, b"%d\n" % len(answer), answer)
         except OSError as exc:
             self._index.warn(f"cannot save the last answer in {os.path.dirname(self.path)} ({exc.strerror or exc}): "
                              "the next listing answers afresh")

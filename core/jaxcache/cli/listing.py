@@ -25,7 +25,7 @@ from jaxcache.entry import Compression, Status
 from jaxcache.errors import InvalidInputError
 from jaxcache.head_index import INDEX_ENV, HeadIndex
 from jaxcache.scan import Entry, Record, scan
-from jaxcache.scan_indexed import Listing, list_root, scan_indexed
+from jaxcache.scan_indexed import list_root, scan_indexed
 from jaxcache.stats import CacheStats, summarize
 from jaxcache.storage import Storage, is_gcs_url
 from jaxcache.table import render
@@ -89,7 +89,9 @@ class _Indexed:
         self.listed = list_root(storage) if self.index is not None else None
 
     def kept(self, command: str, options: tuple[object, ...]) -> KeptAnswer | None:
-        return None if self.index is None else KeptAnswer(self.index, command, (self.storage.url, *options))
+        if self.index is None or self.listed is None:
+            return None
+        return KeptAnswer(self.index, command, (self.storage.url, *options), self.listed.digest)
 
     def records(self, *, read_headers: bool = True) -> Iterator[Record]:
         if self.index is None:
@@ -97,13 +99,9 @@ class _Indexed:
         return scan_indexed(self.storage, self.index, read_headers=read_headers, listed=self.listed)
 
 
-def _answered(kept: KeptAnswer | None, listed: Listing | None) -> bytes | None:
-    return kept.get(listed.digest) if kept is not None and listed is not None else None
-
-
-def _sent(kept: KeptAnswer | None, listed: Listing | None) -> bool:
+def _sent(kept: KeptAnswer | None) -> bool:
     """Whether the kept answer was printed (it holds for this listing)."""
-    f = kept.open(listed.digest) if kept is not None and listed is not None else None
+    f = kept.open() if kept is not None else None
     if f is None:
         return False
     with f:
@@ -149,15 +147,15 @@ def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
         raise InvalidInputError(f"--sort {args.sort} needs every entry's head: drop --no-heads")
     source = _Indexed(args, storage)
     kept = source.kept("ls", (heads, args.sort, args.limit, args.function)) if args.json else None
-    if _sent(kept, source.listed):
+    if _sent(kept):
         return EXIT_OK
     entries = _select(progress(source.records(read_headers=heads), "scanning"), args.function)
     chosen = _sorted(entries, args.sort, args.limit)
     if args.json:
         answer = json_text({"root": storage.url, "heads_read": heads, "entries": [entry_row(e) for e in chosen]})
         write_out(answer)
-        if kept is not None and source.listed is not None:
-            kept.put(source.listed.digest, answer)
+        if kept is not None:
+            kept.put(answer)
         return EXIT_OK
     now = time.time()
     unread = "?" if heads else "-"
@@ -207,11 +205,11 @@ def stats_json(storage: Storage, s: CacheStats) -> dict[str, Any]:
 def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
     source = _Indexed(args, storage)
     kept = source.kept("stats", ())
-    answer = _answered(kept, source.listed)
+    answer = kept.get() if kept is not None else None
     if answer is None:
         answer = json_text(stats_json(storage, summarize(progress(source.records(), "scanning"))))
-        if kept is not None and source.listed is not None:
-            kept.put(source.listed.digest, answer)
+        if kept is not None:
+            kept.put(answer)
     if args.json:
         write_out(answer)
         return EXIT_OK
