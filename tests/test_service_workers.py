@@ -202,3 +202,30 @@ def test_a_new_service_removes_the_runtime_directories_killed_ones_left(tmp_path
     with runtime_directory() as mine:
         assert not left.exists() and running.exists() and Path(mine).parent == tmp_path
     assert not Path(mine).exists()
+
+
+def test_a_worker_that_stops_before_it_leads_ends_without_a_traceback(tmp_path, monkeypatch):
+    """Ctrl-C while another worker leads: the stopping worker's wait for the lock may end as the leader exits."""
+    import asyncio
+    import fcntl
+    import threading
+
+    from jaxcache.service.workers import Runtime
+
+    failures: list = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+    held = os.open(tmp_path / "leader.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another worker leads
+    runtime = Runtime(str(tmp_path))
+
+    async def serve_and_stop() -> None:
+        async with runtime.loops_when_leader(state=None):
+            await asyncio.sleep(0.05)
+
+    asyncio.run(serve_and_stop())
+    (waiter,) = [t for t in threading.enumerate() if t.name == "jaxcache-leader"]
+    assert waiter.is_alive()  # still waiting for the lock
+    os.close(held)  # the leader exits: the lock comes to the stopped worker's waiting thread
+    waiter.join(30)
+    assert not waiter.is_alive() and failures == []
+    assert runtime.leader  # it took the lock on its way out; its process's exit releases it

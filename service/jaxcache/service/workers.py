@@ -60,6 +60,9 @@ class Runtime:
         became: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def wait() -> None:
+            # Running from the start, so a worker that stops before it leads cannot cancel the future under the
+            # thread (which would then raise, with a traceback, when the lock comes to it as its process exits).
+            became.set_running_or_notify_cancel()
             try:
                 self._wait_to_lead()
                 became.set_result(None)
