@@ -128,10 +128,17 @@ def paths_with_cursors(base: str) -> list[str]:
     with httpx.Client(base_url=base, timeout=30) as c:
         for sort, order in (("size", "desc"), ("last_used", "asc"), ("name", "asc")):
             first = f"/v1/caches/bench/entries?limit=100&sort={sort}&order={order}"
+            paths.append(first)
             cursor = c.get(first).json()["next_cursor"]
-            for _ in range(3):
-                cursor = c.get(f"{first}&cursor={cursor}").json()["next_cursor"]
-            paths += [first, f"{first}&cursor={cursor}"]
+            for _ in range(3):  # a page a few deep, where the root has one
+                if not cursor:
+                    break
+                deeper = c.get(f"{first}&cursor={cursor}").json()["next_cursor"]
+                if not deeper:
+                    break
+                cursor = deeper
+            if cursor:
+                paths.append(f"{first}&cursor={cursor}")
     return paths + ["/v1/caches/bench/entries?limit=100&function=jit_train*"]
 
 
@@ -147,7 +154,9 @@ def loadgen(base: str, clients: int, requests: int) -> dict:
                 first = f"/v1/caches/bench/entries?limit=100&sort={sort}&order={order}"
                 paths.append(first)
                 cursor = c.get(first).json()["next_cursor"]
-                for _ in range(5):  # a few pages deep, like a user paging
+                for _ in range(5):  # a few pages deep, like a user paging; a small root has fewer
+                    if not cursor:
+                        break
                     paths.append(f"{first}&cursor={cursor}")
                     cursor = c.get(f"{first}&cursor={cursor}").json()["next_cursor"]
         paths.append("/v1/caches/bench/entries?limit=100&function=jit_train*")

@@ -83,6 +83,9 @@ def test_a_root_that_vanishes_keeps_its_rows_and_refuses_prunes(svc, cache_copy)
             cache_copy.unlink()
         away.rename(cache_copy)
         assert sorted(p.name for p in cache_copy.iterdir()) == files  # nothing was deleted meanwhile
+    metrics = svc.get("/metrics").text
+    failed = [line for line in metrics.splitlines() if line.startswith('jaxcache_scan_errors_total{cache="demo"')]
+    assert failed and sum(float(line.split()[-1]) for line in failed) >= 2, failed  # moved, then a file
     assert svc.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
     assert svc.get("/readyz").status_code == 200
     assert svc.get("/v1/caches", headers=H_READ).json()["caches"][0]["last_scan_error"] is None

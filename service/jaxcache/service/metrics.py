@@ -23,6 +23,8 @@ class Metrics:
                            multiprocess_mode=LAST)
         self.scan_seconds = Histogram("jaxcache_scan_seconds", "duration of a rescan", ["cache"],
                                       registry=self.registry)
+        self.scan_errors = Counter("jaxcache_scan_errors", "rescans of a cache that failed, by error kind",
+                                   ["cache", "kind"], registry=self.registry)
         self.prune_deleted = Counter("jaxcache_prune_deleted_entries", "entries deleted by applied prunes",
                                      ["cache"], registry=self.registry)
         self.prune_bytes = Counter("jaxcache_prune_deleted_bytes", "bytes freed by applied prunes", ["cache"],

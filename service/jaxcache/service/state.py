@@ -140,9 +140,13 @@ class State:
                             secret=self.settings.attest_secret, retain_s=self.settings.records_retain_s)
         except LockBusyError:
             raise
-        except JaxcacheError as exc:
-            with self.catalog.session() as s:  # a write without a read first: see tasks/rescan.py
-                s.execute(update(CacheRow).where(CacheRow.name == name).values(last_scan_error=str(exc)[:2000]))
+        except Exception as exc:
+            # Per cache, which the loops' own error count is not: which bucket's scans fail, whatever the cause.
+            self.metrics.scan_errors.labels(name, type(exc).__name__).inc()
+            if isinstance(exc, JaxcacheError):
+                with self.catalog.session() as s:  # a write without a read first: see tasks/rescan.py
+                    s.execute(update(CacheRow).where(CacheRow.name == name)
+                              .values(last_scan_error=str(exc)[:2000]))
             raise
         self.scanned.add(name)
         self.metrics.scan_seconds.labels(name).observe(result.seconds)

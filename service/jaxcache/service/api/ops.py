@@ -56,5 +56,6 @@ def readyz(request: Request) -> Response:
 @router.get("/metrics", operation_id="metrics", response_class=Response,
             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
 def metrics(request: Request) -> Response:
-    """Prometheus metrics: entries, bytes, scan seconds, prune deletions and bytes, request latency."""
+    """Prometheus metrics: the catalog's entries and bytes, scans, prunes, reports, misses, integrity, background
+    loops, request latency, and hit rates read from the catalog (README, "API")."""
     return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
