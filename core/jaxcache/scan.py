@@ -108,9 +108,8 @@ def _build(storage: Storage, read_headers: bool, item: _Pending | Orphan) -> Rec
 
 def read_head(storage: Storage, info: ObjectInfo) -> fmt.Header:
     """Compression and stored compile seconds of one ``-cache`` object, reading as little as the backend allows."""
-    return fmt.read_header(
-        partial(read_or_empty, storage, info.name), info.size_bytes, first_read_bytes=storage.head_read_bytes
-    )
+    return fmt.read_header(partial(read_or_empty, storage, info.name), info.size_bytes,
+                           first_read_bytes=storage.head_first_read(info.size_bytes))
 
 
 def read_or_empty(storage: Storage, name: str, offset: int, length: int) -> bytes:

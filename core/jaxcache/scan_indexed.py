@@ -170,7 +170,7 @@ def _read_missing(storage: Storage, read_headers: bool, item: _ToRead) -> Entry:
         head = item.head.compression, item.head.compile_seconds, item.head.status, item.head.reason
     elif read_headers:
         h = fmt.read_header(partial(read_or_empty, storage, item.name), item.size_bytes,
-                            first_read_bytes=storage.head_read_bytes)
+                            first_read_bytes=storage.head_first_read(item.size_bytes))
         head = h.compression, h.compile_seconds, h.status, h.reason
     return Entry(item.key, item.module, item.hash, item.name, item.size_bytes, item.mtime_s, item.generation,
                  atime_ns, *head)

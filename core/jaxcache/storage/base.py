@@ -71,12 +71,19 @@ class Storage(abc.ABC):
     #: Bytes worth fetching in a first read of an entry's head. A local read costs the same for 256 bytes or
     #: 64 KiB (which holds most zstd first blocks); on GCS bytes are billed, so ask for little and then exactly.
     head_read_bytes: int = 256
+    #: Objects up to this size are read whole in that first read: a small zstd entry is mostly its first block,
+    #: which the second read would fetch to its end anyway, so one request costs about the bytes of two.
+    head_whole_bytes: int = 0
     #: Requests worth having in flight at once (scans, validation, deletes): a directory gains nothing from
     #: threads, an object store hides its latency behind many.
     io_workers: int = 1
     #: Requests for object bytes this instance made (an open or a GET, found or not): for tests and benchmarks
     #: that must show what a listing read. Under threads a count may be lost; 0 stays exact.
     reads: int = 0
+
+    def head_first_read(self, size_bytes: int) -> int:
+        """Bytes to ask for in the first read of the head of a ``size_bytes`` entry."""
+        return size_bytes if 0 < size_bytes <= self.head_whole_bytes else self.head_read_bytes
 
     @property
     def identity(self) -> str:

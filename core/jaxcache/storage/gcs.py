@@ -39,6 +39,9 @@ class GcsStorage(Storage):
 
     listing_sorted = True
     io_workers = 16
+    # Most entries of a JAX cache are programs of a few KiB: one GET each instead of two, for a few KiB more at
+    # most on a multi-block entry of this size.
+    head_whole_bytes = 32 * 1024
 
     def __init__(self, bucket: str, prefix: str, *, client: gcs.Client | None = None) -> None:
         self.bucket_name = bucket
