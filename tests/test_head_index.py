@@ -8,13 +8,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import msgspec
 
 from head_index_support import by_key, forget_answers, garble_keeping_stamp, index_snapshot, listed, run_json
 from jaxcache import entry as fmt
-from jaxcache.head_index import HeadIndex
+from jaxcache.head_index import UNUSED_DAYS, HeadIndex, sweep
 from jaxcache.scan import Orphan, read_head, scan
 from jaxcache.storage import open_storage
 
@@ -272,3 +273,24 @@ def test_forked_chunks_stay_in_this_process_while_other_threads_run():
 
 # --- GCS -----------------------------------------------------------------------------------------------------
 
+
+def test_the_files_of_roots_nobody_lists_are_swept(capsys, cache_copy, tmp_path, index_dir):
+    root, other = str(cache_copy), tmp_path / "other"
+    other.mkdir()
+    run_json(capsys, "ls", root)
+    mine = sorted(os.listdir(index_dir))
+    assert any(n.endswith(".heads") for n in mine) and any(n.endswith(".ls") for n in mine)
+    long_ago = time.time() - (UNUSED_DAYS + 1) * 86400
+    stale = ["a" * 32 + ".heads", "a" * 32 + ".ls", "b" * 32 + ".stats", ".tmp-crashed"]
+    kept = ["c" * 32 + ".heads", "c" * 32 + ".ls", "notes.txt", ".tmp-being-written"]
+    for name in stale + kept:
+        (index_dir / name).write_bytes(b"x")
+    for name in [*stale, "c" * 32 + ".ls", "notes.txt", *mine]:
+        os.utime(index_dir / name, (long_ago, long_ago))
+    # A listing answered from what is kept saves nothing and sweeps nothing, but marks its own root's index used.
+    run_json(capsys, "ls", root)
+    assert set(os.listdir(index_dir)) == {*mine, *stale, *kept}
+    run_json(capsys, "ls", str(other))  # a new root's index is saved: the others are swept
+    left = set(os.listdir(index_dir))
+    assert not left & set(stale) and set(mine) | set(kept) <= left, sorted(left)
+    assert sweep(str(index_dir)) == []

@@ -7,7 +7,8 @@ is new or changed (jaxcache.scan_indexed compares). One file per root, named by 
 ``$JAXCACHE_INDEX_DIR``, else ``$XDG_CACHE_HOME/jaxcache/heads``, else ``~/.cache/jaxcache/heads``; never inside the
 root (JAX and other users own it). ``JAXCACHE_INDEX=off`` turns it off. A file that cannot be read or decoded is
 ignored with one warning and written anew, one of another format version replaced silently; writers replace the file
-whole (a temporary file renamed over it), so concurrent listings never see half of one.
+whole (a temporary file renamed over it), so concurrent listings never see half of one. Saving an index sweeps the
+files of roots nobody listed for :data:`UNUSED_DAYS`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -31,6 +33,12 @@ _OFF = frozenset({"off", "0", "false", "no"})
 #: head is judged (compression, compile seconds, status) bumps the version: indexes and kept answers are then rebuilt.
 _MAGIC = b"jaxcache head index "
 FORMAT_VERSION = 1
+
+#: A root's index and kept answers that no listing has used for this long are removed when another index is saved:
+#: roots come and go (CI runners, copies, unmounted volumes), and a 100k-entry root's files take tens of MB.
+UNUSED_DAYS = 30
+_SUFFIX = ".heads"
+_TMP_PREFIX = ".tmp-"
 
 #: The -atime file's (size_bytes, mtime_s, generation) for the entry at the same position, or None without one.
 AtimeStamp = tuple[int, float, int | None] | None
@@ -131,8 +139,14 @@ class HeadIndex:
                 f"(set {INDEX_DIR_ENV} to a directory outside it)"
             )
             return None
-        name = hashlib.sha256(storage.identity.encode()).hexdigest()[:32] + ".heads"
+        name = hashlib.sha256(storage.identity.encode()).hexdigest()[:32] + _SUFFIX
         return cls(os.path.join(directory, name), storage.identity, warn=warn)
+
+    def used(self) -> None:
+        """Mark the root's index as used now (its mtime), which keeps it and the root's kept answers from being
+        swept (:data:`UNUSED_DAYS`)."""
+        with contextlib.suppress(OSError):
+            os.utime(self.path)
 
     def warn(self, message: str) -> None:
         """Report a problem with the index, the first time only."""
@@ -188,6 +202,47 @@ class HeadIndex:
         except OSError as exc:
             self.warn(f"cannot save the head index {self.path} ({exc.strerror or exc}): the next listing reads every "
                       f"head again; set {INDEX_DIR_ENV} to a writable directory, or {INDEX_ENV}=off")
+            return
+        sweep(os.path.dirname(self.path))
+
+
+def sweep(directory: str, *, now: float | None = None) -> list[str]:
+    """Remove the index files and kept answers in ``directory`` of roots whose index no listing used (or saved) for
+    :data:`UNUSED_DAYS`, and temporary files as old; the names removed. Files of other names are left alone, and a
+    file that cannot be removed is left for the next sweep."""
+    horizon = (time.time() if now is None else now) - UNUSED_DAYS * 86400
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    last_use: dict[str, float] = {}
+    for name in names:
+        if name.endswith(_SUFFIX):
+            with contextlib.suppress(OSError):
+                last_use[name.removesuffix(_SUFFIX)] = os.stat(os.path.join(directory, name)).st_mtime
+    removed = []
+    for name in names:
+        path = os.path.join(directory, name)
+        stem, dot, _ = name.partition(".")
+        if name.startswith(_TMP_PREFIX):
+            stale = _older(path, horizon)  # left by a crash; one being written now is new
+        elif dot and len(stem) == 32 and all(c in "0123456789abcdef" for c in stem):
+            # A kept answer goes with its root's index; one without an index, by its own age.
+            stale = last_use[stem] < horizon if stem in last_use else _older(path, horizon)
+        else:
+            continue  # not ours
+        if stale:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(name)
+    return removed
+
+
+def _older(path: str, horizon: float) -> bool:
+    try:
+        return os.stat(path).st_mtime < horizon
+    except OSError:
+        return False
 
 
 def write_whole(path: str, *parts: bytes) -> None:
@@ -197,7 +252,7 @@ def write_whole(path: str, *parts: bytes) -> None:
 
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             for part in parts:

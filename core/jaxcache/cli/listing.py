@@ -86,6 +86,8 @@ class _Indexed:
     def __init__(self, args: argparse.Namespace, storage: Storage) -> None:
         self.storage = storage
         self.index = None if args.no_index else HeadIndex.for_storage(storage, warn=_warn)
+        if self.index is not None:
+            self.index.used()
         self.listed = list_root(storage) if self.index is not None else None
 
     def kept(self, command: str, options: tuple[object, ...]) -> KeptAnswer | None:
