@@ -256,24 +256,6 @@ def test_a_first_listing_reads_heads_in_forked_workers_as_one_process_would(cach
     assert snapshot is not None and len(snapshot.entries) == len(jax_caches["zstd"].entries)  # saved by the parent
 
 
-def test_forked_chunks_stay_in_this_process_while_other_threads_run():
-    from jaxcache.parallel import forked_chunks
-
-    ready, stop = threading.Event(), threading.Event()
-    other = threading.Thread(target=lambda: (ready.set(), stop.wait()))
-    other.start()
-    try:
-        ready.wait()
-        got = list(forked_chunks(lambda chunk: (os.getpid(), sum(chunk)), list(range(10)), chunk=3, workers=2))
-    finally:
-        stop.set()
-        other.join()
-    assert got == [(os.getpid(), 3), (os.getpid(), 12), (os.getpid(), 21), (os.getpid(), 9)]
-
-
-# --- GCS -----------------------------------------------------------------------------------------------------
-
-
 def test_the_files_of_roots_nobody_lists_are_swept(capsys, cache_copy, tmp_path, index_dir):
     root, other = str(cache_copy), tmp_path / "other"
     other.mkdir()

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 from collections.abc import Iterator, Mapping
+from functools import partial
 from typing import BinaryIO
 
 from jaxcache.errors import (
@@ -15,6 +16,7 @@ from jaxcache.errors import (
     StorageError,
     StoragePermissionError,
 )
+from jaxcache.parallel import forked_half
 from jaxcache.storage.base import (
     CHUNK_BYTES,
     Listed,
@@ -27,6 +29,25 @@ from jaxcache.storage.base import (
 )
 
 _TMP_PREFIX = ".jaxcache-tmp-"
+
+
+#: A listing of at least this many files stats its second half in a forked child meanwhile (jaxcache.parallel):
+#: 100k entries (200k files) listed in 0.44-0.49 s where one process took 0.54-0.64 s on 2 CPUs.
+FORK_MIN_STATS = 16_384
+
+
+def _stat_names(fd: int, names: list[str]) -> list[tuple[int, float] | None]:
+    """Size and mtime of each of ``names`` in the directory ``fd``; None for one deleted since it was listed."""
+    out: list[tuple[int, float] | None] = []
+    add, stat = out.append, os.stat
+    for name in names:
+        try:
+            st = stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            add(None)
+            continue
+        add((st.st_size, st.st_mtime))
+    return out
 
 
 def _absent(exc: OSError) -> bool:
@@ -168,26 +189,16 @@ class LocalStorage(Storage):
             raise self._gone() or StorageError(f"listing {self.root} failed: it changed while listed") from None
         except OSError as exc:
             raise self._error("list", ".", exc) from exc
-        out: list[Listed] = []
-        add = out.append
         try:
-            with os.scandir(fd) as it:
-                for de in it:
-                    name = de.name
-                    if suffixes and not name.endswith(suffixes):
-                        continue
-                    if not de.is_file(follow_symlinks=False) or name.startswith(_TMP_PREFIX):
-                        continue
-                    try:
-                        st = de.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue  # deleted while we listed
-                    add((name, st.st_size, st.st_mtime, None))
+            with os.scandir(fd) as it:  # names and types only: d_type, no stat yet
+                names = [de.name for de in it if (not suffixes or de.name.endswith(suffixes))
+                         and de.is_file(follow_symlinks=False) and not de.name.startswith(_TMP_PREFIX)]
+            stats = forked_half(partial(_stat_names, fd), names, min_items=FORK_MIN_STATS)
         except OSError as exc:
             raise self._error("list", ".", exc) from exc
         finally:
             os.close(fd)
-        return out
+        return [(name, st[0], st[1], None) for name, st in zip(names, stats, strict=True) if st is not None]
 
     # stat() and read_range() run once or twice per entry in a scan: plain try/except, no context manager.
     def stat(self, name: str) -> ObjectInfo | None:
