@@ -79,6 +79,12 @@ def _status(pid: int) -> dict[str, float]:
     return out
 
 
+def _scanned(c) -> bool:
+    """Whether a scan of the root has ended (its end is recorded after its last rows)."""
+    caches = c.get("/v1/caches").json()["caches"]
+    return any(x["name"] == "bench" and x["last_scan_s"] is not None for x in caches)
+
+
 def memory(pid: int) -> dict[str, float]:
     """Resident memory of the service, MiB: the serving process and its workers together (``VmRSS``), the largest
     of them, and the sum of each one's peak (``VmHWM``; an upper bound of the service's peak)."""
@@ -137,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             while True:
                 try:
                     found = c.get("/v1/caches/bench/stats")
-                    if found.status_code == 200 and found.json()["entries"] >= args.entries:
+                    # Every row, and the scan over: rows are committed in parts, before the scan releases its memory.
+                    if found.status_code == 200 and found.json()["entries"] >= args.entries and _scanned(c):
                         break
                 except httpx.TransportError:
                     pass
