@@ -323,3 +323,46 @@ def _explained_processes(state) -> tuple[set[int], int]:
         rows = conn.execute(select(UsageRow.process_index, UsageRow.cause).where(
             UsageRow.cache == "demo", UsageRow.run_id == "r1", UsageRow.event.in_(("write", "compiled")))).all()
     return {p for p, cause in rows if cause is not None}, len(rows)
+
+
+def test_a_storms_copies_on_entry_rows_wait_for_a_quiet_moment_and_a_lone_records_are_made_before_its_answer(
+        client, monkeypatch, jax_caches):
+    """Every batch of a job's records updates the same keys' aggregates; on PostgreSQL each update of an entry row
+    writes all its indexes again. So a batch's copies onto entry rows wait for a quiet moment (key_stats is
+    current at once), and a lone record's are made in its own transaction."""
+    import time
+
+    from jaxcache.service.ingestion import queue
+    from jaxcache.service.ingestion import reports as ingestion
+
+    monkeypatch.setattr(queue, "QUIET_S", PATIENCE_S)  # no quiet moment, and no copy due, during the test
+    monkeypatch.setattr(queue, "COPY_DEFER_S", PATIENCE_S)
+    state = client.app.state.jaxcache
+    held = HeldOnce(ingestion.ingest_batch)
+    monkeypatch.setattr(ingestion, "ingest_batch", held)
+    train, at = keys_of(jax_caches["zstd"])["jit_train_step"], time.time() - 60
+    recs = [run("copies", "c1", [hit(train, 1, at)], at=at + 30, process_index=p, process_count=7) for p in range(7)]
+    answers = _post_held_then_together(client, held, recs[:6])
+    assert [len(args[2]) for args in held.calls] == [1, 5]
+    assert _hits(state, train) == (6, 1)  # the aggregates have the batch; its entry row only the first, lone one
+    monkeypatch.setattr(queue, "QUIET_S", 0.0)
+    with state.reports._cond:  # the writer waits with the old bound: wake it to read the new one
+        state.reports._cond.notify_all()
+    assert state.reports.settled(PATIENCE_S) and _hits(state, train) == (6, 6)
+    monkeypatch.setattr(queue, "QUIET_S", PATIENCE_S)
+    lone = _post_in_thread(client, recs[6], answers)
+    lone.join(PATIENCE_S)
+    assert answers[6].status_code == 200 and _hits(state, train) == (7, 7)  # in the lone record's transaction
+
+
+def _hits(state, key: str) -> tuple[int, int]:
+    """The key's hits in key_stats, and as its entry row's copy says."""
+    from sqlalchemy import select
+
+    from jaxcache.service.catalog.models import EntryRow, KeyStatsRow
+
+    with state.catalog.reader() as conn:
+        stats = conn.execute(select(KeyStatsRow.hits).where(KeyStatsRow.cache == "demo", KeyStatsRow.key == key))
+        entry = conn.execute(select(EntryRow.hits).where(EntryRow.cache == "demo", EntryRow.key == key,
+                                                         EntryRow.kind == "entry"))
+        return stats.scalar_one(), entry.scalar_one()

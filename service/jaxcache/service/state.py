@@ -25,6 +25,7 @@ from jaxcache.service.catalog.queries import verdicts
 from jaxcache.service.generations import ENTRIES, USAGE, Generations, LocalGenerations
 from jaxcache.service.ingestion import explain as explaining
 from jaxcache.service.ingestion import reports, routing
+from jaxcache.service.ingestion.aggregates import copy_to_entries
 from jaxcache.service.ingestion.explain import Pending
 from jaxcache.service.ingestion.queue import ReportQueue
 from jaxcache.service.metrics import Metrics
@@ -79,7 +80,8 @@ class State:
         self.prune_locks = PruneLocks(self.catalog.locks)
         self.pages = PageCache(settings.page_cache_s, self.generations)
         self._read_limiter: anyio.CapacityLimiter | None = None  # made in the event loop, at the first read
-        self.reports = ReportQueue(self._ingest_batch, self.ingest, self._explain, max_queued=settings.report_queue)
+        self.reports = ReportQueue(self._ingest_batch, self.ingest, self._explain, self._copy,
+                                   max_queued=settings.report_queue)
         # (when computed, the generation it was computed at, the value) by cache
         self._stats: dict[str, tuple[float, int, dict]] = {}
         self._usage: dict[str, tuple[float, int, dict]] = {}
@@ -228,12 +230,16 @@ class State:
         self._ingested(name, [result])
         return result
 
-    def _ingest_batch(self, name: str, batch: Sequence[records.RunRecord],
-                      later: reports.PendingMisses) -> list[reports.IngestResult]:
+    def _ingest_batch(self, name: str, batch: Sequence[records.RunRecord], later: reports.PendingMisses,
+                      copies: set[str] | None) -> list[reports.IngestResult]:
         results = reports.ingest_batch(self.catalog, name, batch, source=reports.REPORT,
-                                       secret=self.settings.attest_secret, later=later)
+                                       secret=self.settings.attest_secret, later=later, copies=copies)
         self._ingested(name, results)
         return results
+
+    def _copy(self, name: str, keys: set[str]) -> None:
+        copy_to_entries(self.catalog, name, keys)
+        self.generations.bump(name, USAGE)  # listed entries' hits and last use moved
 
     def _explain(self, name: str, pending: list[Pending]) -> None:
         explaining.explain_stored(self.catalog, name, pending)

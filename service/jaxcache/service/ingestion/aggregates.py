@@ -10,6 +10,7 @@ from sqlalchemy import BindParameter, Float, and_, bindparam, case, cast, delete
 from sqlalchemy.orm import Session
 
 from jaxcache import records
+from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import (
     AGGREGATES,
     EntryRow,
@@ -183,6 +184,20 @@ def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
         if saved_params:
             conn.execute(saved_update, saved_params)
         conn.execute(entry_update, entry_params)
+
+
+def copy_to_entries(catalog: Catalog, cache: str, keys: Iterable[str]) -> None:
+    """Copy the aggregates of ``keys`` as key_stats holds them now onto their entry rows, in a write transaction of
+    the cache: what a storm's batches left for later (on PostgreSQL an entry row's update writes every index of the
+    row again, and the same rows were updated by every batch)."""
+    keys = sorted(set(keys))
+    with catalog.writing(cache) as s:
+        update = entry_update_statement(cache)
+        for i in range(0, len(keys), _CHUNK):
+            chunk = keys[i : i + _CHUNK]
+            stats = key_stats(s, cache, chunk)
+            params = [{"b_key": k, **{f"b_{n}": stats.get(k, EMPTY)[n] for n in AGGREGATES}} for k in chunk]
+            s.connection().execute(update, params)
 
 
 def histories(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:

@@ -46,10 +46,16 @@ MAX_DEFERRED = 200_000
 #: Misses explained at once, between batches of records (which wait for them): one history read for a job's misses
 #: of the same keys, a short enough stall.
 EXPLAIN_CHUNK = 5000
+#: A storm's batches leave their keys' copies on entry rows (hits, last use, the writer) for the quiet moment, or
+#: for at most this long: every batch of a job's records touches the same keys, and on PostgreSQL each update of an
+#: entry row writes all of its indexes again (bench/reports.py: half of a storm's time, listings slowed by the dead
+#: rows). A lone record's copies are made in its own transaction, before its answer.
+COPY_DEFER_S = 5.0
 
-Batch = Callable[[str, Sequence[RunRecord], PendingMisses], list[IngestResult]]
+Batch = Callable[[str, Sequence[RunRecord], PendingMisses, set[str] | None], list[IngestResult]]
 One = Callable[[str, RunRecord], IngestResult]
 Explain = Callable[[str, list[Pending]], None]
+Copy = Callable[[str, set[str]], None]
 
 
 class QueueFullError(JaxcacheError):
@@ -78,10 +84,13 @@ class _Item:
 class ReportQueue:
     """Records waiting for the catalog, and the thread that ingests them (started with the first record)."""
 
-    def __init__(self, batch: Batch, one: One, explain: Explain, *, max_queued: int) -> None:
-        self._batch, self._one, self._explain, self.max_queued = batch, one, explain, max_queued
+    def __init__(self, batch: Batch, one: One, explain: Explain, copy: Copy, *, max_queued: int) -> None:
+        self._batch, self._one, self._explain, self._copy = batch, one, explain, copy
+        self.max_queued = max_queued
         self._later: dict[str, PendingMisses] = {}  # by cache; only the writer thread touches them
         self._later_since: dict[str, float] = {}
+        self._copies: dict[str, set[str]] = {}  # keys whose entry rows' copies are due, by cache (the writer's)
+        self._copies_since = 0.0
         self._items: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -138,7 +147,8 @@ class ReportQueue:
     def settled(self, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) until every record taken is ingested and its misses explained."""
         with self._cond:
-            return self._cond.wait_for(lambda: not (self._items or self._later or self._busy), timeout_s)
+            return self._cond.wait_for(lambda: not (self._items or self._later or self._copies or self._busy),
+                                       timeout_s)
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Ingest what is queued, then stop the thread (waits at most ``timeout_s``)."""
@@ -176,21 +186,29 @@ class ReportQueue:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
-                if not self._later:
+                if not self._later and not self._copies:
                     self._cond.wait_for(lambda: self._items or self._closed)
                 elif not self._items:
                     self._cond.wait_for(lambda: self._items or self._closed or self._quiet(), self._until_quiet())
-                if not self._items and not self._later:
-                    return  # closed, and everything ingested and explained
-                if not self._items and not (self._closed or self._quiet() or self._explain_due()):
+                if not self._items and not self._later and not self._copies:
+                    return  # closed, and everything ingested, explained and copied
+                copy = bool(self._copies) and (self._closed or self._quiet() or self._copies_due())
+                if not self._items and not copy and not (self._closed or self._quiet() or self._explain_due()):
                     continue  # a moment between records: in a storm, others are on their way
                 self._busy = True
-                # Misses that have waited long share the writer with waiting records, time for time.
-                due = self._explain_due() and time.monotonic() >= records_until
-                if self._items and not due and self._arriving and len(self._items) < MAX_BATCH_RECORDS:
-                    self._cond.wait_for(lambda: not self._arriving or len(self._items) >= MAX_BATCH_RECORDS,
-                                        LINGER_S)
-                batch = self._take() if self._items and not due else None
+                if copy:  # cheap, and what the next batch's readers list: before records and misses
+                    copies, self._copies = self._copies, {}
+                else:
+                    copies = {}
+                    # Misses that have waited long share the writer with waiting records, time for time.
+                    due = self._explain_due() and time.monotonic() >= records_until
+                    if self._items and not due and self._arriving and len(self._items) < MAX_BATCH_RECORDS:
+                        self._cond.wait_for(lambda: not self._arriving or len(self._items) >= MAX_BATCH_RECORDS,
+                                            LINGER_S)
+                    batch = self._take() if self._items and not due else None
+            if copies:
+                self._copy_all(copies)
+                continue
             if batch is None:
                 began = time.monotonic()
                 self._explain_some()
@@ -220,6 +238,23 @@ class ReportQueue:
         if self._arriving:
             return QUIET_S  # an arrival's end wakes the writer
         return max(QUIET_S - (time.monotonic() - self._last_activity), 0.001)
+
+    def _copies_due(self) -> bool:
+        return time.monotonic() - self._copies_since >= COPY_DEFER_S
+
+    def _copy_all(self, copies: dict[str, set[str]]) -> None:
+        for cache, keys in copies.items():
+            if not keys:
+                continue  # its batches' keys were all recomputed, their copies made with them
+            try:
+                self._copy(cache, keys)
+            except Exception as exc:  # noqa: BLE001 - kept for the next quiet moment; the writer goes on
+                log.warning("copying the aggregates of %d keys of %s onto their entries failed (tried again "
+                            "later): %s", len(keys), cache, exc)
+                with self._cond:
+                    if not self._copies:
+                        self._copies_since = time.monotonic()
+                    self._copies.setdefault(cache, set()).update(keys)
 
     def _explain_due(self) -> bool:
         if not self._later:
@@ -253,8 +288,14 @@ class ReportQueue:
         cache, records = batch[0].cache, [i.record for i in batch]
         later = self._later.setdefault(cache, PendingMisses())
         self._later_since.setdefault(cache, time.monotonic())
+        copies = None
+        if len(batch) > 1:  # a lone record's copies go in its own transaction: a reader right after sees them
+            with self._cond:
+                if not self._copies:
+                    self._copies_since = time.monotonic()
+                copies = self._copies.setdefault(cache, set())
         try:
-            return list(self._batch(cache, records, later))
+            return list(self._batch(cache, records, later, copies))
         except Exception as exc:  # noqa: BLE001 - answered below, record by record
             if len(batch) == 1:
                 return [exc]

@@ -114,18 +114,20 @@ class PendingMisses:
 
 
 def ingest_batch(catalog: Catalog, cache: str, batch: Sequence[RunRecord], *, source: str = REPORT,
-                 secret: bytes | None = None, later: PendingMisses | None = None) -> list[IngestResult]:
+                 secret: bytes | None = None, later: PendingMisses | None = None,
+                 copies: set[str] | None = None) -> list[IngestResult]:
     """Ingest several records of ``cache`` in one write transaction, each as :func:`ingest` would, in order, their
     digests recorded in the same transaction. What a job's processes send at once share their keys, so a batch
     reads and writes each key's aggregates once instead of once a record. Their misses are explained together at
     the end (one read of the history for all), or, given ``later``, added to it for the caller to explain
-    (:func:`explaining.explain_stored`) once it has time. Any error stores nothing of the batch (the caller tries
-    the records one at a time); each record must have passed :func:`check`. The results' ``misses`` stay empty:
-    the count goes to the catalog's listener."""
+    (:func:`explaining.explain_stored`) once it has time; given ``copies``, likewise the keys whose copies on entry
+    rows are due (:func:`aggregates.copy_to_entries`). Any error stores nothing of the batch (the caller tries the
+    records one at a time); each record must have passed :func:`check`. The results' ``misses`` stay empty: the
+    count goes to the catalog's listener."""
     results: list[IngestResult] = []
     pending = PendingMisses() if later is None else later
     found: list[Attestation] = []
-    aggregates = _Aggregates(cache)
+    aggregates = _Aggregates(cache, copies)
     with catalog.writing(cache) as s:
         for record in batch:
             result, attest = _ingest_in(s, aggregates, record, source)
@@ -222,10 +224,11 @@ class _Aggregates:
     once and written once (at :meth:`flush`), however many of the transaction's records touch it; the processes of
     one job touch the same keys."""
 
-    def __init__(self, cache: str) -> None:
+    def __init__(self, cache: str, copies: set[str] | None = None) -> None:
         self.cache = cache
         self._rows: dict[str, dict | None] = {}  # None: the key has no aggregates yet
         self._dirty: set[str] = set()
+        self._copies = copies  # None: copy onto entry rows at flush
 
     def get(self, s: Session, keys: list[str]) -> dict[str, dict | None]:
         missing = [k for k in keys if k not in self._rows]
@@ -260,7 +263,10 @@ class _Aggregates:
             entry_params.append({"b_cache": self.cache, "b_key": key, **{f"b_{n}": stats[n] for n in AGGREGATES}})
         conn = s.connection()
         rawsql.execute_many(conn, "ingest-key-stats", _stats_update, stats_updates)
-        rawsql.execute_many(conn, "ingest-entry-copy", _entry_copy, entry_params)
+        if self._copies is None:
+            rawsql.execute_many(conn, "ingest-entry-copy", _entry_copy, entry_params)
+        else:
+            self._copies.update(self._dirty)
         self._dirty.clear()
 
 
