@@ -271,6 +271,11 @@ def test_replicas_serve_one_listing_and_ingest_reports_together(replicas, jax_ca
     with ThreadPoolExecutor(8) as ex:
         assert set(ex.map(post, range(len(recs)))) == {200}
     want = sum(u.hits for r in recs for u in r.keys if u.key == train)
+    # Records that came together leave their entry rows' copies for the writer's next quiet moment (0.5 s).
+    deadline = time.monotonic() + 60
+    while any({e["key"]: e["hits"] for e in r.entries()}[train] != want for r in (a, b)):
+        assert time.monotonic() < deadline, "the entries' copies of the aggregates never caught up"
+        time.sleep(0.1)
     for r in (a, b):
         got = {e["key"]: e for e in r.entries()}
         assert got[train]["hits"] == want and got[tiny]["hits"] == 40
