@@ -51,6 +51,7 @@ EXPLAIN_CHUNK = 5000
 #: entry row writes all of its indexes again (bench/reports.py: half of a storm's time, listings slowed by the dead
 #: rows). A lone record's copies are made in its own transaction, before its answer.
 COPY_DEFER_S = 5.0
+COPY_RETRY_S = 1.0
 
 Batch = Callable[[str, Sequence[RunRecord], PendingMisses, set[str] | None], list[IngestResult]]
 One = Callable[[str, RunRecord], IngestResult]
@@ -248,13 +249,18 @@ class ReportQueue:
                 continue  # its batches' keys were all recomputed, their copies made with them
             try:
                 self._copy(cache, keys)
-            except Exception as exc:  # noqa: BLE001 - kept for the next quiet moment; the writer goes on
-                log.warning("copying the aggregates of %d keys of %s onto their entries failed (tried again "
-                            "later): %s", len(keys), cache, exc)
+            except Exception as exc:  # noqa: BLE001 - tried again after a pause; the writer goes on
                 with self._cond:
-                    if not self._copies:
-                        self._copies_since = time.monotonic()
-                    self._copies.setdefault(cache, set()).update(keys)
+                    closing = self._closed
+                    if not closing:
+                        if not self._copies:
+                            self._copies_since = time.monotonic()
+                        self._copies.setdefault(cache, set()).update(keys)
+                log.warning("copying the aggregates of %d keys of %s onto their entry rows failed (%s): %s", len(keys),
+                            cache, "the service is stopping: their listed hits stay behind until their keys are "
+                            "reported again" if closing else f"trying again in {COPY_RETRY_S:g} s", exc)
+                if not closing:
+                    time.sleep(COPY_RETRY_S)  # the catalog is failing: the next batch would as well
 
     def _explain_due(self) -> bool:
         if not self._later:
