@@ -130,6 +130,11 @@ def fold(history: dict | None, rows: Iterable) -> dict:
     return {"hits": hits, "last_hit_s": last_hit, "saved_s": saved, **writer}
 
 
+def entry_params(key: str, stats: dict) -> dict:
+    """The parameters of :func:`entry_update_statement` that copy ``stats`` (a key's aggregates) onto ``key``'s row."""
+    return {"b_key": key, **{f"b_{n}": stats[n] for n in AGGREGATES}}
+
+
 def entry_update_statement(cache: str | BindParameter[str]):
     """UPDATE of an entry row's copy of its key's aggregates (parameters ``b_key`` and ``b_<aggregate>``; ``cache``
     a name, or a bound parameter of its own); its last use becomes the newer of what storage shows and the last
@@ -167,7 +172,7 @@ def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
                                                                          UsageRow.key.in_(chunk))):
             by_key.setdefault(r.key, []).append(r)
         history = histories(s, cache, chunk)
-        stats_rows, entry_params, saved_params = [], [], []
+        stats_rows, copies, saved_params = [], [], []
         for key in chunk:
             rows, past = by_key.get(key), history.get(key)
             if rows or past:
@@ -176,14 +181,14 @@ def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
                 saved_params += [{"b_key": key, "b_run": run, "b_process": p, "b_saved": v} for run, p, v in changed]
             else:
                 stats = EMPTY
-            entry_params.append({"b_key": key, **{f"b_{n}": stats[n] for n in AGGREGATES}})
+            copies.append(entry_params(key, stats))
         s.execute(delete(KeyStatsRow).where(KeyStatsRow.cache == cache, KeyStatsRow.key.in_(chunk)))
         if stats_rows:
             s.execute(insert(KeyStatsRow), stats_rows)
         conn = s.connection()
         if saved_params:
             conn.execute(saved_update, saved_params)
-        conn.execute(entry_update, entry_params)
+        conn.execute(entry_update, copies)
 
 
 def copy_to_entries(catalog: Catalog, cache: str, keys: Iterable[str]) -> None:
@@ -196,8 +201,7 @@ def copy_to_entries(catalog: Catalog, cache: str, keys: Iterable[str]) -> None:
         for i in range(0, len(keys), _CHUNK):
             chunk = keys[i : i + _CHUNK]
             stats = key_stats(s, cache, chunk)
-            params = [{"b_key": k, **{f"b_{n}": stats.get(k, EMPTY)[n] for n in AGGREGATES}} for k in chunk]
-            s.connection().execute(update, params)
+            s.connection().execute(update, [entry_params(k, stats.get(k, EMPTY)) for k in chunk])
 
 
 def histories(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:

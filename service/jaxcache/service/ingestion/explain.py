@@ -24,7 +24,7 @@ from jaxcache.service.catalog.queries.history import CatalogHistory, stored_miss
 
 #: Misses explained together: one history is read for all of them, up to this many keys (a key's history is up to
 #: KEY_ROWS rows) and misses. A job's processes miss the same keys: a storm's 60,000 misses of 60 keys take three
-#: batches, not sixty (explaining them took 7.3 s in batches of 1,000 misses, 2.9 s in batches of 10,000).
+#: batches, not sixty (explaining them on SQLite took 7.3 s in batches of 1,000 misses, 2.6 s in these).
 BATCH_KEYS, BATCH = 1000, 20_000
 #: What a stored explanation keeps at most: a program's signature or a run's flags can be long, the API pages are not.
 _CHANGES, _TEXT = 50, 2000

@@ -5,8 +5,9 @@ transaction. The request parses its record in a thread, hands it over and waits 
 ingests everything queued for the cache in one transaction and answers each request with its own result. The
 busier the service, the bigger the batches; a lone record goes in at once. A full queue answers 503 with
 Retry-After instead of letting requests pile up (the record file reaches the catalog by rescan). A batch's misses
-are explained after its answers, once nothing waits (a lone record's before its answer, so that a reader right
-after the POST sees them). docs/service.md, "Serving" and "Report storms"."""
+are explained after its answers, once nothing waits, and its keys' aggregates copied onto their entry rows (a lone
+record's both before its answer, so that a reader right after the POST sees them). docs/service.md, "Serving" and
+"Report storms"."""
 
 from __future__ import annotations
 
@@ -146,7 +147,8 @@ class ReportQueue:
         return await item.future
 
     def settled(self, timeout_s: float) -> bool:
-        """Wait (at most ``timeout_s``) until every record taken is ingested and its misses explained."""
+        """Wait (at most ``timeout_s``) until every record taken is ingested, its misses explained and its keys'
+        copies on entry rows made."""
         with self._cond:
             return self._cond.wait_for(lambda: not (self._items or self._later or self._copies or self._busy),
                                        timeout_s)
@@ -240,6 +242,12 @@ class ReportQueue:
             return QUIET_S  # an arrival's end wakes the writer
         return max(QUIET_S - (time.monotonic() - self._last_activity), 0.001)
 
+    def _copies_of(self, cache: str) -> set[str]:
+        """The keys of ``cache`` whose copies wait (called locked); the wait starts with the first cache's."""
+        if not self._copies:
+            self._copies_since = time.monotonic()
+        return self._copies.setdefault(cache, set())
+
     def _copies_due(self) -> bool:
         return time.monotonic() - self._copies_since >= COPY_DEFER_S
 
@@ -253,9 +261,7 @@ class ReportQueue:
                 with self._cond:
                     closing = self._closed
                     if not closing:
-                        if not self._copies:
-                            self._copies_since = time.monotonic()
-                        self._copies.setdefault(cache, set()).update(keys)
+                        self._copies_of(cache).update(keys)
                 log.warning("copying the aggregates of %d keys of %s onto their entry rows failed (%s): %s", len(keys),
                             cache, "the service is stopping: their listed hits stay behind until their keys are "
                             "reported again" if closing else f"trying again in {COPY_RETRY_S:g} s", exc)
@@ -297,9 +303,7 @@ class ReportQueue:
         copies = None
         if len(batch) > 1:  # a lone record's copies go in its own transaction: a reader right after sees them
             with self._cond:
-                if not self._copies:
-                    self._copies_since = time.monotonic()
-                copies = self._copies.setdefault(cache, set())
+                copies = self._copies_of(cache)
         try:
             return list(self._batch(cache, records, later, copies))
         except Exception as exc:  # noqa: BLE001 - answered below, record by record

@@ -28,6 +28,7 @@ from jaxcache.service.catalog.models import AGGREGATES, CacheRow, KeyStatsRow, R
 from jaxcache.service.ingestion import attestations
 from jaxcache.service.ingestion import explain as explaining
 from jaxcache.service.ingestion.aggregates import (
+    entry_params,
     entry_update_statement,
     hit_at,
     recompute,
@@ -254,18 +255,19 @@ class _Aggregates:
         """Write the changed keys' aggregates, and their copies on entry rows."""
         if not self._dirty:
             return
-        stats_updates, entry_params = [], []
+        changed: list[tuple[str, dict]] = []
         for key in sorted(self._dirty):
             stats = self._rows[key]
             assert stats is not None  # put() stores a dict
-            stats_updates.append({"b_cache": self.cache, "b_key": key, "b_hits": stats["hits"],
-                                  "b_saved_s": stats["saved_s"], "b_last_hit_s": stats["last_hit_s"]})
-            entry_params.append({"b_cache": self.cache, "b_key": key, **{f"b_{n}": stats[n] for n in AGGREGATES}})
+            changed.append((key, stats))
         conn = s.connection()
-        rawsql.execute_many(conn, "ingest-key-stats", _stats_update, stats_updates)
+        rawsql.execute_many(conn, "ingest-key-stats", _stats_update, [
+            {"b_cache": self.cache, "b_key": key, "b_hits": stats["hits"], "b_saved_s": stats["saved_s"],
+             "b_last_hit_s": stats["last_hit_s"]} for key, stats in changed])
         if self._copies is None:
-            rawsql.execute_many(conn, "ingest-entry-copy", _entry_copy, entry_params)
-        else:
+            rawsql.execute_many(conn, "ingest-entry-copy", _entry_copy,
+                                [{"b_cache": self.cache, **entry_params(key, stats)} for key, stats in changed])
+        else:  # the caller copies them later, from key_stats as it is then
             self._copies.update(self._dirty)
         self._dirty.clear()
 
