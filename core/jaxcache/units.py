@@ -35,16 +35,25 @@ def parse_bytes(text: str) -> int:
 
 
 def format_duration(seconds: float) -> str:
-    """``90061`` → ``1d 1h``: the two largest units, for ages."""
+    """``90061`` → ``1d 1h``: the two largest units that are not zero (``86460`` → ``1d 1m``), for ages. Spelled
+    out unit by unit: ``ls`` formats one per entry and column."""
     s = int(max(seconds, 0))
-    parts: list[str] = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if s >= size or (unit == "s" and not parts):
-            parts.append(f"{s // size}{unit}")
-            s %= size
-        if len(parts) == 2:
-            break
-    return " ".join(parts)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        m, r = divmod(s, 60)
+        return f"{m}m {r}s" if r else f"{m}m"
+    if s < 86400:
+        h, r = divmod(s, 3600)
+        if r >= 60:
+            return f"{h}h {r // 60}m"
+        return f"{h}h {r}s" if r else f"{h}h"
+    d, r = divmod(s, 86400)
+    if r >= 3600:
+        return f"{d}d {r // 3600}h"
+    if r >= 60:
+        return f"{d}d {r // 60}m"
+    return f"{d}d {r}s" if r else f"{d}d"
 
 
 def parse_duration(text: str) -> float:

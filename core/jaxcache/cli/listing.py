@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from jaxcache.answers import KeptAnswer
+from jaxcache.cli import ls_table
 from jaxcache.cli.output import EXIT_OK, ROOT_HELP, json_text, non_negative, progress, send_out, write_out
 from jaxcache.entry import Compression, Status
 from jaxcache.errors import InvalidInputError
@@ -148,37 +149,28 @@ def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
     if args.sort in HEAD_SORTS and not heads:
         raise InvalidInputError(f"--sort {args.sort} needs every entry's head: drop --no-heads")
     source = _Indexed(args, storage)
-    kept = source.kept("ls", (heads, args.sort, args.limit, args.function)) if args.json else None
-    if _sent(kept):
-        return EXIT_OK
+    options = (heads, args.sort, args.limit, args.function)
+    if args.json:
+        kept = source.kept("ls", options)
+        if _sent(kept):
+            return EXIT_OK
+    else:  # the table's ages move with the clock: its kept part is the rest, printed with ages of now
+        kept = source.kept("ls-table", options)
+        table = ls_table.decode(answer) if kept is not None and (answer := kept.get()) is not None else None
+        if table is not None:
+            write_out(table.render(time.time()))
+            return EXIT_OK
     entries = _select(progress(source.records(read_headers=heads), "scanning"), args.function)
     chosen = _sorted(entries, args.sort, args.limit)
     if args.json:
         answer = json_text({"root": storage.url, "heads_read": heads, "entries": [entry_row(e) for e in chosen]})
         write_out(answer)
-        if kept is not None:
-            kept.put(answer)
-        return EXIT_OK
-    now = time.time()
-    unread = "?" if heads else "-"
-    rows = [
-        [
-            e.module,
-            e.hash[:12],
-            format_bytes(e.size_bytes),
-            unread if e.compile_seconds is None else f"{e.compile_seconds} s",
-            format_duration(now - e.mtime_s),
-            format_duration(now - e.last_used_s) if e.atime_ns is not None else "-",
-            e.compression.value if e.compression else unread,
-            e.status.value if e.status else unread,
-        ]
-        for e in chosen
-    ]
-    headers = ["FUNCTION", "HASH", "SIZE", "COMPILE", "AGE", "LAST USED", "COMPRESSION", "STATUS"]
-    print(render(headers, rows, right=frozenset({2, 3, 4, 5})))
-    print(f"{len(rows)} entries, {format_bytes(sum(e.size_bytes for e in chosen))} in {storage.url}")
-    if not heads:
-        print("heads not read (a request per entry on gs://): --heads shows compile seconds, compression and status")
+    else:
+        table = ls_table.build(chosen, heads=heads, url=storage.url)
+        write_out(table.render(time.time()))
+        answer = table.encode()
+    if kept is not None:
+        kept.put(answer)
     return EXIT_OK
 
 
