@@ -125,6 +125,31 @@ def test_cli_apply_verbose_prints_a_line_per_entry(capsys, cache_copy):
     assert not [p for p in cache_copy.iterdir() if p.name.startswith(("jit_tiny-", "jit_odd"))]
 
 
+def test_cli_corrupt_reads_heads_through_the_head_index(capsys, cache_copy, index_dir, monkeypatch):
+    """A second `prune --corrupt` of an unchanged root reads no head; an entry broken since is read and found."""
+    from jaxcache import scan_indexed
+
+    reads: list[str] = []
+    real = scan_indexed._read_missing
+    monkeypatch.setattr(scan_indexed, "_read_missing", lambda *a: reads.append(a[-1].name) or real(*a))
+    broken = _break_two(cache_copy)
+    argv = ("prune", str(cache_copy), "--corrupt", "--min-age", "0s", "--json")
+
+    def planned() -> list[str]:
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 0 and err == ""
+        return sorted(d["name"] for d in json.loads(out)["delete"])
+
+    assert planned() == broken and set(broken) <= set(reads)
+    reads.clear()
+    assert planned() == broken and reads == []
+    third = sorted(p.name for p in cache_copy.iterdir() if p.name.endswith("-cache") and p.name not in broken)[0]
+    (cache_copy / third).write_bytes(b"\x02" * 100)
+    assert planned() == sorted([*broken, third]) and reads == [third]
+    with_no_index = run_cli(capsys, *argv, "--no-index")[1]  # every head read by the plain scan
+    assert sorted(d["name"] for d in json.loads(with_no_index)["delete"]) == sorted([*broken, third])
+
+
 def test_cli_without_a_selecting_rule_exits_2(capsys, cache_copy):
     before = snapshot(cache_copy)
     for extra in ([], ["--keep", "x", "--min-age", "0s", "--apply"]):

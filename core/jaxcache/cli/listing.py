@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import heapq
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from operator import attrgetter
@@ -21,12 +20,11 @@ import msgspec
 
 from jaxcache.answers import KeptAnswer
 from jaxcache.cli import ls_table
+from jaxcache.cli.indexed import INDEX_HELP, IndexedRoot
 from jaxcache.cli.output import EXIT_OK, ROOT_HELP, json_text, non_negative, progress, send_out, write_out
 from jaxcache.entry import Compression, Status
 from jaxcache.errors import InvalidInputError
-from jaxcache.head_index import INDEX_ENV, HeadIndex
-from jaxcache.scan import Entry, Record, scan
-from jaxcache.scan_indexed import list_root, scan_indexed
+from jaxcache.scan import Entry, Record
 from jaxcache.stats import CacheStats, summarize
 from jaxcache.storage import Storage, is_gcs_url
 from jaxcache.table import render
@@ -76,32 +74,6 @@ def entry_json(e: Entry) -> dict[str, Any]:
     return data
 
 
-def _warn(message: str) -> None:
-    print(f"jaxcache: warning: {message}", file=sys.stderr)
-
-
-class _Indexed:
-    """The root's head index (None: ``--no-index``, ``JAXCACHE_INDEX=off``, or unusable) and, with one, the listing
-    it compares with, taken once: it also says whether the command's last answer still holds."""
-
-    def __init__(self, args: argparse.Namespace, storage: Storage) -> None:
-        self.storage = storage
-        self.index = None if args.no_index else HeadIndex.for_storage(storage, warn=_warn)
-        if self.index is not None:
-            self.index.used()
-        self.listed = list_root(storage) if self.index is not None else None
-
-    def kept(self, command: str, options: tuple[object, ...]) -> KeptAnswer | None:
-        if self.index is None or self.listed is None:
-            return None
-        return KeptAnswer(self.index, command, (self.storage.url, *options), self.listed.digest)
-
-    def records(self, *, read_headers: bool = True) -> Iterator[Record]:
-        if self.index is None:
-            return scan(self.storage, read_headers=read_headers)
-        return scan_indexed(self.storage, self.index, read_headers=read_headers, listed=self.listed)
-
-
 def _sent(kept: KeptAnswer | None) -> bool:
     """Whether the kept answer was printed (it holds for this listing)."""
     f = kept.open() if kept is not None else None
@@ -148,7 +120,7 @@ def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
     heads = reads_heads(args, storage)
     if args.sort in HEAD_SORTS and not heads:
         raise InvalidInputError(f"--sort {args.sort} needs every entry's head: drop --no-heads")
-    source = _Indexed(args, storage)
+    source = IndexedRoot(storage, use_index=not args.no_index)
     options = (heads, args.sort, args.limit, args.function)
     if args.json:
         kept = source.kept("ls", options)
@@ -197,7 +169,7 @@ def stats_json(storage: Storage, s: CacheStats) -> dict[str, Any]:
 
 
 def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
-    source = _Indexed(args, storage)
+    source = IndexedRoot(storage, use_index=not args.no_index)
     kept = source.kept("stats", ())
     answer = kept.get() if kept is not None else None
     if answer is None:
@@ -236,10 +208,6 @@ def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
                 for f in top]
         print(render(["FUNCTION", "ENTRIES", "SIZE", "COMPILE"], rows, right=frozenset({1, 2, 3})))
     return EXIT_OK
-
-
-INDEX_HELP = (f"read every entry again instead of using the head index (kept per root in the user's cache directory; "
-              f"{INDEX_ENV}=off turns it off everywhere)")
 
 
 def add_parsers(sub: Any) -> None:

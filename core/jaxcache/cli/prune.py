@@ -9,10 +9,11 @@ import time
 from typing import Any
 
 from jaxcache.attestations import key_from_env
+from jaxcache.cli.indexed import INDEX_HELP, IndexedRoot
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, flag_value, print_json, progress
 from jaxcache.errors import InvalidInputError
 from jaxcache.prune import CORRUPT_REASON, Candidate, Decision, PrunePlan, PrunePolicy, PruneResult, apply, plan
-from jaxcache.scan import Entry, scan
+from jaxcache.scan import Entry
 from jaxcache.storage import Storage
 from jaxcache.table import render
 from jaxcache.units import format_bytes, format_duration, parse_bytes, parse_duration
@@ -133,8 +134,10 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         use = read_usage(storage)
         for name, why in use.malformed[:10]:
             print(f"jaxcache: warning: skipping malformed run record {name}: {why}", file=sys.stderr)
-    # Headers (one small read per entry) are needed only to find corrupt entries.
-    for record in progress(scan(storage, read_headers=policy.corrupt), "scanning"):
+    # Heads (one small read per entry) are needed only to find corrupt entries: the head index has those it read
+    # before (an entry changed since is read again, as for `ls`), and a listing alone needs no index.
+    root = IndexedRoot(storage, use_index=policy.corrupt and not args.no_index)
+    for record in progress(root.records(read_headers=policy.corrupt), "scanning"):
         if isinstance(record, Entry) and record.reason:
             details[record.key] = record.reason
         c = Candidate.from_record(record)
@@ -250,6 +253,7 @@ def add_parser(sub: Any) -> None:
                          "repeat for more")
     pr.add_argument("--min-age", metavar="DURATION", default=None,
                     help="never delete anything created less than DURATION ago (default 1h; 0s turns it off)")
+    pr.add_argument("--no-index", action="store_true", help=f"with --corrupt: {INDEX_HELP}")
     pr.add_argument("--apply", action="store_true", help="delete (without it, only print the plan)")
     pr.add_argument("--json", action="store_true", help="print JSON (stable field names)")
     pr.add_argument("-v", "--verbose", action="store_true", help="with --apply, a line per removed entry on stderr")
