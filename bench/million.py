@@ -12,6 +12,7 @@ minutes, the service's first rescan (which parses every head) a few more.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -21,7 +22,9 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from api import _free_port, distinct_pages, pct, wrk, wrk_cycle  # noqa: E402
@@ -97,6 +100,36 @@ def memory(pid: int) -> dict[str, float]:
     return {"VmRSS": round(sum(s.get("VmRSS", 0) for s in each), 1),
             "largest_VmRSS": max((s.get("VmRSS", 0) for s in each), default=0),
             "VmHWM": round(sum(s.get("VmHWM", 0) for s in each), 1), "processes": len(each)}
+
+
+def settled(pid: int, *, after_s: float = 6.0) -> dict[str, float]:
+    """:func:`memory` ``after_s`` seconds after a request was answered: the service gives back what a large plan
+    held once it has answered (a full collection, then ``malloc_trim``), in the background."""
+    time.sleep(after_s)
+    return memory(pid)
+
+
+@contextlib.contextmanager
+def peak_rss(pid: int, every_s: float = 0.05) -> Iterator[dict]:
+    """The largest ``VmRSS`` of the service (every process together, MiB) sampled while the block runs, in the
+    yielded dict as ``peak_VmRSS`` once it ends: what one request's work costs at its height, which neither the
+    sum of the processes' lifetime peaks (``VmHWM``) nor a reading afterwards shows."""
+    out: dict = {}
+    stop = threading.Event()
+    peak = [memory(pid)["VmRSS"]]
+
+    def sample() -> None:
+        while not stop.wait(every_s):
+            peak[0] = max(peak[0], memory(pid)["VmRSS"])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        sampler.join()
+        out["peak_VmRSS"] = peak[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,19 +212,24 @@ def main(argv: list[str] | None = None) -> int:
 
             half = c.get("/v1/caches/bench/stats").json()["size_bytes"] // 2
             t = time.perf_counter()
-            plan = c.post("/v1/caches/bench/prune", json={"max_total_bytes": half, "min_age": "0s", "dry_run": True})
+            with peak_rss(server.pid) as peak:
+                plan = c.post("/v1/caches/bench/prune", json={"max_total_bytes": half, "min_age": "0s",
+                                                              "dry_run": True})
             fig["prune_plan_s"] = round(time.perf_counter() - t, 2)
+            fig["during_prune_plan_mib"] = peak["peak_VmRSS"]
             assert plan.status_code == 200, plan.text
             fig["prune_planned"] = plan.json()["delete_count"]
-            fig["after_prune_plan_mib"] = memory(server.pid)
+            fig["after_prune_plan_mib"] = settled(server.pid)
             # The same plan answered with every planned deletion listed, as before list_limit.
             t = time.perf_counter()
-            whole = c.post("/v1/caches/bench/prune", json={"max_total_bytes": half, "min_age": "0s",
-                                                           "list_limit": 1_000_000})
+            with peak_rss(server.pid) as peak:
+                whole = c.post("/v1/caches/bench/prune", json={"max_total_bytes": half, "min_age": "0s",
+                                                               "list_limit": 1_000_000})
             fig["prune_plan_listing_all_s"] = round(time.perf_counter() - t, 2)
+            fig["during_prune_plan_listing_all_mib"] = peak["peak_VmRSS"]
             assert whole.status_code == 200 and len(whole.json()["delete"]) == fig["prune_planned"]
             del whole
-            fig["after_prune_plan_listing_all_mib"] = memory(server.pid)
+            fig["after_prune_plan_listing_all_mib"] = settled(server.pid)
 
         if shutil.which("wrk"):
             pages = distinct_pages(base, 100)

@@ -44,3 +44,33 @@ def test_a_large_prune_plan_gives_its_memory_back_once_answered(svc, monkeypatch
     monkeypatch.setattr(memory, "RELEASE_FROM_ENTRIES", 1)
     assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
     assert released == [1]
+
+
+@BOTH
+def test_plan_candidates_come_in_batches_sharing_one_string_per_function(svc, monkeypatch):
+    """A million candidates must not also hold a million rows, nor a million copies of a few function names."""
+    from jaxcache.service.catalog import rawsql
+    from jaxcache.service.tasks import pruning
+
+    catalog = svc.app.state.jaxcache.catalog
+    with catalog.reader() as conn:
+        rows = rawsql.fetch(conn, "prune-candidates", pruning._candidates_statement, {"cache": "demo"})
+        assert [r for b in rawsql.batches(conn, "prune-candidates", pruning._candidates_statement,
+                                          {"cache": "demo"}, size=3) for r in b] == rows
+        assert max(map(len, rawsql.batches(conn, "prune-candidates", pruning._candidates_statement,
+                                           {"cache": "demo"}, size=3))) == 3
+    sizes: list[int] = []
+    real = rawsql.batches
+    monkeypatch.setattr(rawsql, "batches", lambda *a, **k: (sizes.append(len(b)) or b for b in real(*a, size=2)))
+    candidates = pruning._candidates(catalog, "demo")
+    assert len(candidates) == len(rows) > 2 and max(sizes) == 2
+    assert sorted(c.key for c in candidates) == sorted(r[0] for r in rows)
+    by_module: dict[str, list] = {}
+    for c in candidates:
+        by_module.setdefault(c.module, []).append(c)
+    shared = [cs for cs in by_module.values() if len(cs) > 1]
+    assert shared, "the demo cache has functions with several entries"
+    for cs in shared:
+        assert all(c.module is cs[0].module for c in cs)
+    statuses = [c.status for c in candidates if c.status is not None]
+    assert len({id(s) for s in statuses}) == len(set(statuses))

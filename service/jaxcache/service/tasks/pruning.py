@@ -44,14 +44,22 @@ def _candidates(catalog: Catalog, cache: str, *, with_integrity: bool = False) -
     if with_integrity:
         with catalog.reader() as conn:
             verdicts = verdicts_q.classes_of(conn, cache)
-    with catalog.reader() as conn:
-        rows = rawsql.fetch(conn, "prune-candidates", _candidates_statement, {"cache": cache})
     # Positional, from the driver's tuples: at a million entries SQLAlchemy's rows and keyword arguments were most
-    # of a plan's time.
+    # of a plan's time. A batch of rows at a time, and one string per distinct function, status and jaxlib (the
+    # driver makes one a row): the rows and those copies were over a third of a million candidates' memory.
     make = prune.Candidate
-    return [make(key, module, name, size, created, seen, status, kind == "orphan", generation, None,
-                 bool(has_atime), last_hit, writer, verdicts.get(key))
-            for key, module, name, size, created, seen, status, kind, generation, has_atime, last_hit, writer in rows]
+    out: list[prune.Candidate] = []
+    texts: dict[str, str] = {}
+    one = texts.setdefault
+    with catalog.reader() as conn:
+        for rows in rawsql.batches(conn, "prune-candidates", _candidates_statement, {"cache": cache}):
+            out += [make(key, one(module, module), name, size, created, seen,
+                         status if status is None else one(status, status), kind == "orphan", generation, None,
+                         bool(has_atime), last_hit, writer if writer is None else one(writer, writer),
+                         verdicts.get(key))
+                    for key, module, name, size, created, seen, status, kind, generation, has_atime, last_hit,
+                    writer in rows]
+    return out
 
 
 def _candidates_statement() -> Select:
