@@ -2,9 +2,9 @@
 
 Names, hashes, sizes, compile seconds, compression and status stay the same while the root lists the same; the two
 ages (AGE, LAST USED) change with the time of asking. So the fixed cells are kept padded, with each entry's creation
-and last-use times, and a repeated ``ls`` of an unchanged root prints them with ages worked out now: at 100k entries
-that is a tenth of the work of folding and formatting every entry again. Laid out exactly as
-:func:`jaxcache.table.render` lays out the same cells.
+and last-use times, and a repeated ``ls`` of an unchanged root prints them with ages worked out now instead of
+folding and formatting every entry from the index again. Laid out exactly as :func:`jaxcache.table.render` lays out
+the same cells.
 """
 
 from __future__ import annotations
