@@ -1,7 +1,13 @@
 """A prune's answer over a large plan: at most list_limit deletions listed, counts and bytes over the whole plan,
-and the plan's memory given back once it is answered."""
+the plan's memory given back once it is answered, its candidates read in batches sharing their strings, and the
+collector paused while it is made."""
 
 from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
 
 import test_service
 from jaxcache.service.tasks import memory
@@ -74,3 +80,52 @@ def test_plan_candidates_come_in_batches_sharing_one_string_per_function(svc, mo
         assert all(c.module is cs[0].module for c in cs)
     statuses = [c.status for c in candidates if c.status is not None]
     assert len({id(s) for s in statuses}) == len(set(statuses))
+
+
+def test_a_plan_is_made_with_the_collector_paused(svc, monkeypatch):
+    from jaxcache import prune
+    from jaxcache.service.tasks import pruning
+
+    seen: list[bool] = []
+    real = prune.plan
+    monkeypatch.setattr(pruning.prune, "plan", lambda *a, **k: seen.append(gc.isenabled()) or real(*a, **k))
+    assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
+    assert seen == [False] and gc.isenabled()
+
+
+def test_gc_paused_nests_overlaps_and_leaves_a_disabled_collector_alone():
+    assert gc.isenabled()
+    with memory.gc_paused():
+        assert not gc.isenabled()
+        with memory.gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer block still runs
+    assert gc.isenabled()
+
+    inside, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with memory.gc_paused():
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=other)
+    with memory.gc_paused():
+        t.start()
+        assert inside.wait(10)
+    assert not gc.isenabled()  # the other thread's block has not ended
+    release.set()
+    t.join()
+    assert gc.isenabled()
+
+    with pytest.raises(RuntimeError), memory.gc_paused():
+        raise RuntimeError("a failed plan")
+    assert gc.isenabled()
+
+    gc.disable()
+    try:
+        with memory.gc_paused():
+            pass
+        assert not gc.isenabled()  # someone else's to turn on
+    finally:
+        gc.enable()

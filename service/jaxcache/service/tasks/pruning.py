@@ -20,7 +20,7 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLock, ClusterLocks
 from jaxcache.service.catalog.models import EntryRow, PinRow
 from jaxcache.service.catalog.queries import verdicts as verdicts_q
-from jaxcache.service.tasks import prune_audit, verification
+from jaxcache.service.tasks import memory, prune_audit, verification
 from jaxcache.service.tasks.rescan import rescan
 from jaxcache.storage import Storage
 
@@ -90,8 +90,9 @@ def _plan(catalog: Catalog, cache: str, policy: prune.PrunePolicy, retain_s: flo
     if policy.stale_jaxlib:
         with catalog.reader() as conn:
             recent = queries.recent_jaxlibs(conn, cache, since=now - policy.stale_jaxlib_window_s)
-    candidates = _candidates(catalog, cache, with_integrity=bool(policy.integrity))
-    return prune.plan(candidates, policy, now=now, recent_jaxlibs=recent)
+    with memory.gc_paused():
+        candidates = _candidates(catalog, cache, with_integrity=bool(policy.integrity))
+        return prune.plan(candidates, policy, now=now, recent_jaxlibs=recent)
 
 
 def pins(catalog: Catalog, cache: str) -> tuple[str, ...]:
