@@ -82,15 +82,20 @@ def test_plan_candidates_come_in_batches_sharing_one_string_per_function(svc, mo
     assert len({id(s) for s in statuses}) == len(set(statuses))
 
 
-def test_a_plan_is_made_with_the_collector_paused(svc, monkeypatch):
+def test_a_plan_is_made_and_answered_with_the_collector_paused(svc, monkeypatch):
     from jaxcache import prune
+    from jaxcache.service.api import prune as route
     from jaxcache.service.tasks import pruning
 
-    seen: list[bool] = []
-    real = prune.plan
-    monkeypatch.setattr(pruning.prune, "plan", lambda *a, **k: seen.append(gc.isenabled()) or real(*a, **k))
+    seen: list[tuple[str, bool]] = []
+
+    def noting(name: str, real):
+        return lambda *a, **k: seen.append((name, gc.isenabled())) or real(*a, **k)
+
+    monkeypatch.setattr(pruning.prune, "plan", noting("plan", prune.plan))
+    monkeypatch.setattr(route, "response_of", noting("answer", route.response_of))
     assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
-    assert seen == [False] and gc.isenabled()
+    assert seen == [("plan", False), ("answer", False)] and gc.isenabled()
 
 
 def test_gc_paused_nests_overlaps_and_leaves_a_disabled_collector_alone():

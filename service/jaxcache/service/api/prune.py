@@ -45,7 +45,7 @@ PinPattern = Annotated[str, Path(max_length=_MAX_PATTERN, pattern=fields.PIN, ex
              responses={409: {"model": ErrorModel, "description": "a prune of this cache is running (on any replica)"},
                         413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_BODY_BYTES"}},
              openapi_extra=BEARER_REQUIRED)  # the token is checked in the route: its scope depends on dry_run
-def post_prune(request: Request, cache: CacheName, body: PruneRequest, background: BackgroundTasks) -> PruneResponse:
+def post_prune(request: Request, cache: CacheName, body: PruneRequest, background: BackgroundTasks) -> Response:
     """Plan a prune (default: dry run) or, with `dry_run: false` and an admin token, apply it."""
     state = state_of(request)
     principal = state.auth.check(request, "read" if body.dry_run else "admin")
@@ -60,7 +60,12 @@ def post_prune(request: Request, cache: CacheName, body: PruneRequest, backgroun
         # Once the answer is sent: a plan over a million entries held a candidate for each, and a long list of
         # deletions is serialized after this returns.
         background.add_task(memory.release)
-    return response_of(outcome, dry_run=body.dry_run, limit=body.list_limit)
+    # A model per listed deletion, while the plan's million objects are alive: the collector's passes would walk
+    # them all again, as they would the plan's (tasks/memory.py). Already validated: returned as a model, FastAPI
+    # would validate it again and encode it through the json module.
+    with memory.gc_paused():
+        answer = response_of(outcome, dry_run=body.dry_run, limit=body.list_limit)
+        return Response(answer.model_dump_json(), media_type="application/json")
 
 
 @router.get("/v1/caches/{cache}/prunes", response_model=PruneAuditList, operation_id="listPrunes")
