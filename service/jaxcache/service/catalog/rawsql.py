@@ -10,10 +10,11 @@ columns take their text).
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, insert
 from sqlalchemy.engine import Connection
@@ -45,34 +46,36 @@ def _compile(conn: Connection, shape: Hashable, build: Callable[[], ClauseElemen
     return found
 
 
-def fetch(conn: Connection, shape: Hashable, build: Callable[[], ClauseElement],
-          params: Mapping[str, object]) -> list[tuple]:
-    """Rows of the statement ``build()`` returns (built once for each ``shape``), with ``params`` bound by name."""
+@contextlib.contextmanager
+def _executed(conn: Connection, shape: Hashable, build: Callable[[], ClauseElement],
+              params: Mapping[str, object]) -> Iterator[Any]:
+    """The driver's cursor, the statement ``build()`` returns (built once for each ``shape``) executed on it with
+    ``params`` bound by name; closed after the block."""
     c = _compile(conn, shape, build)
     values = {**c.defaults, **params}
     args = values if c.positions is None else tuple(values[n] for n in c.positions)
     cursor = conn.connection.cursor()
     try:
         cursor.execute(c.sql, args)
-        return cast(list[tuple], cursor.fetchall())  # both drivers give a list; the DBAPI stub says Sequence
+        yield cursor
     finally:
         cursor.close()
+
+
+def fetch(conn: Connection, shape: Hashable, build: Callable[[], ClauseElement],
+          params: Mapping[str, object]) -> list[tuple]:
+    """Rows of the statement ``build()`` returns (built once for each ``shape``), with ``params`` bound by name."""
+    with _executed(conn, shape, build, params) as cursor:
+        return cast(list[tuple], cursor.fetchall())  # both drivers give a list; the DBAPI stub says Sequence
 
 
 def batches(conn: Connection, shape: Hashable, build: Callable[[], ClauseElement], params: Mapping[str, object], *,
             size: int = 10_000) -> Iterator[list[tuple]]:
     """The rows :func:`fetch` gives, ``size`` at a time: a caller that keeps objects made from a million rows need
     not hold the rows as well."""
-    c = _compile(conn, shape, build)
-    values = {**c.defaults, **params}
-    args = values if c.positions is None else tuple(values[n] for n in c.positions)
-    cursor = conn.connection.cursor()
-    try:
-        cursor.execute(c.sql, args)
+    with _executed(conn, shape, build, params) as cursor:
         while rows := cursor.fetchmany(size):
             yield cast(list[tuple], rows)
-    finally:
-        cursor.close()
 
 
 def execute_many(conn: Connection, shape: Hashable, build: Callable[[], ClauseElement],
