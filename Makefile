@@ -15,6 +15,9 @@ export CHECKOV_BIN ?= $(abspath $(TOOLS_VENV))/bin/checkov
 CHROMIUM ?= /usr/bin/chromium
 # promtool, from Debian's prometheus package: tests/test_deploy_monitoring.py checks and unit-tests the alert rules.
 PROMTOOL ?= /usr/bin/promtool
+# Test processes (pytest-xdist), one per core up to 4: most tests wait on subprocesses (JAX compiles, servers), and
+# each process starts its own PostgreSQL and fake-gcs-server. 0 runs the suite in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
 DEMO_CACHE ?= ./demo-cache
 HOST ?= 127.0.0.1
 PORT ?= 8080
@@ -112,7 +115,7 @@ run: demo-cache
 test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium prometheus postgres
 	$(VENV)/bin/mypy
 	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \
-	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest $(PYTEST_ARGS)
+	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check core client service warmup tests bench
