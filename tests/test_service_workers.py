@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -26,7 +27,7 @@ PATIENCE_S = 120
 
 
 def _children(pid: int) -> list[int]:
-    """The serving process's worker processes (not multiprocessing's resource tracker beside them)."""
+    """The serving process's workers and report writer (not multiprocessing's resource tracker beside them)."""
     found = Path(f"/proc/{pid}/task/{pid}/children")
     pids = [int(p) for p in found.read_text().split()] if found.exists() else []
     return [p for p in pids if _alive(p) and b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
@@ -81,12 +82,26 @@ def served(tmp_path, cache_copy):
                              args=("--workers", "2", "--rescan-s", "3600"), stdout=log.open("w"))
     try:
         wait_ready(proc, base, output=log.read_text, patience_s=PATIENCE_S)
-        workers = _until(lambda: len(_children(proc.pid)) == 2 and _children(proc.pid), "two workers")
+        children = _until(lambda: len(_children(proc.pid)) == 3 and _children(proc.pid),
+                          "two workers and the report writer")
         runtime = Path(_until(lambda: next((p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob(
-            "jaxcache-serve-*") if any(_leaders_or_none(p, workers))), None), "the runtime directory"))
-        yield proc, base, workers, runtime
+            "jaxcache-serve-*") if any(_leaders_or_none(p, children))), None), "the runtime directory"))
+        writer = _writer(runtime)
+        yield proc, base, [pid for pid in children if pid != writer], runtime
     finally:
         stop_serve(proc)
+
+
+def _writer(runtime: Path, other_than: int | None = None) -> int:
+    """The report writer's pid (it writes it once it listens)."""
+    def found() -> int | None:
+        try:
+            pid = int((runtime / "writer.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if pid != other_than and _alive(pid) else None
+
+    return _until(found, "the report writer listening")
 
 
 def _leaders_or_none(runtime: Path, workers: list[int]) -> list[int]:
@@ -115,7 +130,7 @@ def test_one_worker_leads_the_background_loops_and_another_takes_over_when_it_di
     assert _until(lambda: _leaders(runtime) == [survivor], "the other worker leads")
     # Its first round as leader rescans (a process's first round always does).
     _until(lambda: _metric(base, 'jaxcache_scan_seconds_count{cache="demo"}') == 2, "a second rescan")
-    _until(lambda: len(_children(proc.pid)) == 2, "the dead worker replaced")
+    _until(lambda: len(_children(proc.pid)) == 3, "the dead worker replaced")
     assert _leaders(runtime) == [survivor]
 
 
@@ -145,6 +160,37 @@ def test_pages_and_metrics_agree_whichever_worker_answers(served, jax_caches):
         assert httpx.get(f"{base}/healthz", timeout=30).status_code == 200
     for _ in range(4):  # the sum over every worker, whichever answers /metrics
         assert _metric(base, 'jaxcache_request_seconds_count{method="GET",route="/healthz"}') == start + 20
+
+
+@pytest.mark.slow
+def test_one_report_writer_ingests_every_workers_records_and_another_starts_when_it_dies(served, jax_caches):
+    proc, base, workers, runtime = served
+    writer = _writer(runtime)
+    assert writer in _children(proc.pid) and writer not in workers and writer not in _leaders(runtime)
+    train = keys_of(jax_caches["zstd"])["jit_train_step"]
+    at = time.time()
+
+    def post(record) -> httpx.Response:
+        return httpx.post(f"{base}/v1/reports?cache=demo", content=record.to_json(), timeout=PATIENCE_S,
+                          headers={"Authorization": f"Bearer {REPORT}", "content-type": "application/json"})
+
+    def hits() -> int:
+        body = httpx.get(f"{base}/v1/caches/demo/entries?limit=1000", timeout=30,
+                         headers={"Authorization": f"Bearer {READ}"}).json()
+        return next(e["hits"] for e in body["entries"] if e["key"] == train)
+
+    before = hits()
+    records = [run("j", "r1", [hit(train, 1, at)], at=at, process_index=p, process_count=8) for p in range(8)]
+    with ThreadPoolExecutor(8) as pool:  # a new connection each: both workers hand records to the one writer
+        answers = list(pool.map(post, records))
+    assert [(a.status_code, a.json()["process_index"]) for a in answers] == [(200, p) for p in range(8)]
+    _until(lambda: hits() == before + 8, "the eight hits listed")
+
+    os.kill(writer, signal.SIGKILL)
+    assert _writer(runtime, other_than=writer) in _children(proc.pid)  # the serving process started another
+    answer = post(run("j", "r2", [hit(train, 1, at)], at=at))
+    assert answer.status_code == 200, answer.text
+    _until(lambda: hits() == before + 9, "the hit the new writer ingested listed")
 
 
 @pytest.mark.slow

@@ -10,6 +10,8 @@ from fastapi.concurrency import run_in_threadpool
 
 from jaxcache.service import dashboard
 from jaxcache.service.api import caches, docs, entries, errors, integrity, jobs, ops, prune, reports, warmups
+from jaxcache.service.ingestion import wire
+from jaxcache.service.ingestion.remote import RemoteReports
 from jaxcache.service.middleware import LimitsAndMetrics
 from jaxcache.service.pagecache import ServeCachedPages
 from jaxcache.service.settings import ServiceSettings
@@ -26,6 +28,8 @@ def create_app(settings: ServiceSettings | None = None, *, runtime: Runtime | No
     settings = settings or ServiceSettings()
     state = State(settings, runtime.generations(settings) if runtime is not None else None)
     state.runtime = runtime
+    if runtime is not None:  # the serving process runs one report writer for all its workers
+        state.reports = RemoteReports(runtime.dir / wire.SOCKET_NAME)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -34,7 +38,10 @@ def create_app(settings: ServiceSettings | None = None, *, runtime: Runtime | No
             async with background(state) if runtime is None else runtime.loops_when_leader(state):
                 yield
         finally:
-            await run_in_threadpool(state.reports.close)  # what was accepted is ingested before the catalog goes
+            if isinstance(state.reports, RemoteReports):
+                state.reports.close()  # the writer ingests what it took, then the serving process stops it
+            else:
+                await run_in_threadpool(state.reports.close)  # what was accepted is ingested before the catalog goes
             state.catalog.dispose()
 
     app = FastAPI(

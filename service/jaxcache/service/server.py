@@ -97,6 +97,7 @@ def _config(app: Any, *, factory: bool = False) -> Any:
 
 def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
     from jaxcache.service import workers
+    from jaxcache.service.ingestion.writer import run_writer
 
     with workers.runtime_directory() as runtime:
         # Spawned workers inherit this environment: the settings (flags included), and where to share.
@@ -109,7 +110,7 @@ def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
         # malloc_trim (tasks/memory.py) can hand back from the C library's heap.
         os.environ.setdefault("PYTHONMALLOC", "malloc")
         host, port = settings.host, sock.getsockname()[1]
-        if not workers.supervise(settings.workers, run_worker, (host, port)):
+        if not workers.supervise(settings.workers, run_worker, (host, port), writer=run_writer):
             raise JaxcacheError("a worker process could not start (its error is above); the service stopped")
 
 

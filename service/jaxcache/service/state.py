@@ -28,6 +28,7 @@ from jaxcache.service.ingestion import reports, routing
 from jaxcache.service.ingestion.aggregates import copy_to_entries
 from jaxcache.service.ingestion.explain import Pending
 from jaxcache.service.ingestion.queue import ReportQueue
+from jaxcache.service.ingestion.remote import RemoteReports
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.pagecache import PageCache
 from jaxcache.service.settings import ServiceSettings
@@ -80,8 +81,9 @@ class State:
         self.prune_locks = PruneLocks(self.catalog.locks)
         self.pages = PageCache(settings.page_cache_s, self.generations)
         self._read_limiter: anyio.CapacityLimiter | None = None  # made in the event loop, at the first read
-        self.reports = ReportQueue(self._ingest_batch, self.ingest, self._explain, self._copy,
-                                   max_queued=settings.report_queue)
+        # Or, in a worker of `jaxcache serve --workers`, the report writer process's (app.py sets it).
+        self.reports: ReportQueue | RemoteReports = ReportQueue(
+            self._ingest_batch, self.ingest, self._explain, self._copy, max_queued=settings.report_queue)
         # (when computed, the generation it was computed at, the value) by cache
         self._stats: dict[str, tuple[float, int, dict]] = {}
         self._usage: dict[str, tuple[float, int, dict]] = {}

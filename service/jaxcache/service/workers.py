@@ -175,10 +175,12 @@ def _sweep(tmp: Path) -> None:
             continue
 
 
-def supervise(count: int, target: Callable[..., None], args: tuple) -> bool:
-    """Run ``count`` processes of ``target(*args)`` (spawned: a fresh interpreter each) until SIGINT or SIGTERM,
-    starting another for one that exits; stop them all (SIGTERM, then wait) and return False as soon as one exits
-    with uvicorn's startup failure (the next would fail the same way)."""
+def supervise(count: int, target: Callable[..., None], args: tuple, *,
+              writer: Callable[[], None] | None = None) -> bool:
+    """Run ``count`` processes of ``target(*args)`` (spawned: a fresh interpreter each), and one of ``writer``
+    (the report writer) before them, until SIGINT or SIGTERM, starting another for one that exits; stop the
+    workers (SIGTERM, then wait), then the writer, which ingests what they handed it; return False as soon as one
+    exits with uvicorn's startup failure (the next would fail the same way)."""
     import multiprocessing
 
     from uvicorn.config import STARTUP_FAILURE
@@ -188,12 +190,14 @@ def supervise(count: int, target: Callable[..., None], args: tuple) -> bool:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
-    def start() -> Any:
-        process = spawn.Process(target=target, args=args, name="jaxcache-worker")
+    def start(body: Callable[..., None], body_args: tuple, name: str) -> Any:
+        process = spawn.Process(target=body, args=body_args, name=name)
         process.start()
         return process
 
-    processes = [start() for _ in range(count)]
+    kinds = [(writer, (), "jaxcache-writer")] if writer is not None else []
+    kinds += [(target, args, "jaxcache-worker")] * count
+    processes = [start(*kind) for kind in kinds]
     started = True
     while not stop.wait(0.5):
         for i, process in enumerate(processes):
@@ -203,11 +207,14 @@ def supervise(count: int, target: Callable[..., None], args: tuple) -> bool:
                 started = False
                 stop.set()
                 break
-            log.warning("worker process %d exited (%s): starting another", process.pid, process.exitcode)
-            processes[i] = start()
-    for process in processes:
-        if process.exitcode is None:
-            process.terminate()
-    for process in processes:
-        process.join()
+            log.warning("%s process %d exited (%s): starting another", kinds[i][2].removeprefix("jaxcache-"),
+                        process.pid, process.exitcode)
+            processes[i] = start(*kinds[i])
+    first = 1 if writer is not None else 0
+    for group in (processes[first:], processes[:first]):  # the workers, then the writer
+        for process in group:
+            if process.exitcode is None:
+                process.terminate()
+        for process in group:
+            process.join()
     return started

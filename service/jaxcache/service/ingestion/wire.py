@@ -1,0 +1,85 @@
+"""What a worker of ``jaxcache serve --workers`` and the report writer process say to each other over the unix
+socket in the runtime directory: length-prefixed msgpack frames, a request and its reply sharing an id, so that
+many requests wait on one connection at once."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import msgspec
+
+from jaxcache.records import RunRecord
+
+SOCKET_NAME = "reports.sock"
+PID_NAME = "writer.pid"
+#: A frame's length is a 4-byte big-endian unsigned int; a record is at most JAXCACHE_MAX_REPORT_BYTES of JSON,
+#: less as msgpack, so this bounds only a confused peer.
+MAX_FRAME = 1 << 30
+_LENGTH = struct.Struct(">I")
+
+# What the writer answers besides a result: the errors a worker turns back into its own exceptions.
+INVALID, FULL, STOPPING, FAILED = "invalid", "full", "stopping", "failed"
+
+
+class Ingest(msgspec.Struct, tag="ingest"):
+    id: int
+    cache: str
+    record: RunRecord
+
+
+class Settle(msgspec.Struct, tag="settle"):
+    id: int
+    timeout_s: float
+
+
+Request = Ingest | Settle
+
+
+class Result(msgspec.Struct):
+    cache: str
+    run_id: str
+    process_index: int
+    keys: int
+    stale: bool
+
+
+class Reply(msgspec.Struct):
+    id: int
+    result: Result | None = None
+    settled: bool = False
+    error: str | None = None  # one of INVALID, FULL, STOPPING, FAILED
+    message: str = ""
+    retry_after_s: int = 1
+
+
+_requests = msgspec.msgpack.Decoder(Request)
+_replies = msgspec.msgpack.Decoder(Reply)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def frame(message: Request | Reply) -> bytes:
+    body = _encoder.encode(message)
+    return _LENGTH.pack(len(body)) + body
+
+
+async def _read(reader: asyncio.StreamReader) -> bytes | None:
+    """One frame's body, or None at the end of the stream."""
+    try:
+        head = await reader.readexactly(_LENGTH.size)
+    except asyncio.IncompleteReadError:
+        return None
+    (length,) = _LENGTH.unpack(head)
+    if length > MAX_FRAME:
+        raise ValueError(f"a frame of {length} bytes: the peer is not a jaxcache report writer or worker")
+    return await reader.readexactly(length)
+
+
+async def read_request(reader: asyncio.StreamReader) -> Request | None:
+    body = await _read(reader)
+    return None if body is None else _requests.decode(body)
+
+
+async def read_reply(reader: asyncio.StreamReader) -> Reply | None:
+    body = await _read(reader)
+    return None if body is None else _replies.decode(body)

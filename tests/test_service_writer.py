@@ -1,0 +1,109 @@
+"""The report writer process's two ends in one process: a worker's RemoteReports talking to writer.serve over a
+real unix socket, with a real catalog. Records come back with the results the local queue gives; when no writer
+listens, or it goes away with records in flight, the worker answers 503 with Retry-After, never a traceback.
+Its life as a process of `jaxcache serve --workers`: tests/test_service_workers.py."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxcache.service.ingestion import wire, writer
+from jaxcache.service.ingestion.queue import QueueFullError
+from jaxcache.service.ingestion.remote import RemoteReports
+from jaxcache.service.state import State
+from reports_support import hit, keys_of, run, settings
+
+PATIENCE_S = 60
+
+
+class Writer:
+    """writer.serve in a thread of its own, with its own event loop, until :meth:`stop`."""
+
+    def __init__(self, state: State, path: Path) -> None:
+        self.state, self.path = state, path
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._thread = threading.Thread(target=self._loop.run_until_complete,
+                                        args=(writer.serve(state, path, self._stop),), daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + PATIENCE_S
+        while not (path.parent / wire.PID_NAME).exists():
+            assert time.monotonic() < deadline, "the writer never listened"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(PATIENCE_S)
+        self._loop.close()
+
+
+@pytest.fixture
+def state(tmp_path, cache_copy):
+    s = State(settings(tmp_path, {"demo": str(cache_copy)}))
+    yield s
+    s.catalog.dispose()
+
+
+def _runs(tmp_path: Path) -> list[tuple]:
+    with sqlite3.connect(tmp_path / "catalog.sqlite") as db:
+        return db.execute("SELECT run_id, process_index, keys FROM runs ORDER BY process_index").fetchall()
+
+
+def test_records_go_through_the_writer_and_come_back_with_their_results(tmp_path, state, jax_caches):
+    path = tmp_path / "runtime" / wire.SOCKET_NAME
+    path.parent.mkdir()
+    served = Writer(state, path)
+    train = keys_of(jax_caches["zstd"])["jit_train_step"]
+    at = time.time()
+    records = [run("j", "r1", [hit(train, 2, at)], at=at, process_index=p, process_count=3) for p in range(3)]
+    remote = RemoteReports(path)
+
+    async def send() -> list:
+        results = await asyncio.gather(*(remote.ingest("demo", r) for r in records))
+        older = run("j", "r1", [hit(train, 1, at - 10)], at=at - 10, process_index=0, process_count=3)
+        again = await remote.ingest("demo", older)  # an older version of a record in changes nothing
+        settled = await remote.settled(PATIENCE_S)
+        remote.close()
+        return [*results, again, settled]
+
+    try:
+        *results, again, settled = asyncio.run(send())
+    finally:
+        served.stop()
+    assert [(r.cache, r.run_id, r.process_index, r.keys, r.stale) for r in results] == [
+        ("demo", "r1", p, 1, False) for p in range(3)]
+    assert again.stale and settled
+    assert _runs(tmp_path) == [("r1", p, 1) for p in range(3)]
+
+
+def test_without_a_writer_a_record_is_refused_for_a_moment(tmp_path):
+    remote = RemoteReports(tmp_path / wire.SOCKET_NAME, connect_wait_s=0.3)
+    with pytest.raises(QueueFullError) as refused:
+        asyncio.run(remote.ingest("demo", run("j", "r1", [])))
+    assert refused.value.retry_after_s == 1
+    assert "report writer is not available" in str(refused.value)
+    assert "reaches the catalog at the next rescan" in str(refused.value)
+
+
+def test_records_in_flight_when_the_writer_goes_are_refused_for_a_moment(tmp_path):
+    """A writer that reads a request and goes away: the waiting request is answered, not left hanging."""
+    path = tmp_path / wire.SOCKET_NAME
+
+    async def main() -> None:
+        async def vanish(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await wire.read_request(reader)
+            w.close()
+
+        server = await asyncio.start_unix_server(vanish, path=str(path))
+        async with server:
+            remote = RemoteReports(path)
+            with pytest.raises(QueueFullError, match="stopped before answering"):
+                await asyncio.wait_for(remote.ingest("demo", run("j", "r1", [])), PATIENCE_S)
+
+    asyncio.run(main())
