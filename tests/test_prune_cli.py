@@ -150,6 +150,14 @@ def test_cli_corrupt_reads_heads_through_the_head_index(capsys, cache_copy, inde
     assert sorted(d["name"] for d in json.loads(with_no_index)["delete"]) == sorted([*broken, third])
 
 
+def test_cli_no_index_without_corrupt_exits_2(capsys, cache_copy):
+    before = snapshot(cache_copy)
+    code, out, err = run_cli(capsys, "prune", str(cache_copy), "--unused-for", "1d", "--no-index", "--apply")
+    assert code == 2 and out == ""
+    assert err == "jaxcache: error: --no-index needs --corrupt: without it prune reads no entry heads and no index\n"
+    assert snapshot(cache_copy) == before
+
+
 def test_cli_without_a_selecting_rule_exits_2(capsys, cache_copy):
     before = snapshot(cache_copy)
     for extra in ([], ["--keep", "x", "--min-age", "0s", "--apply"]):

@@ -31,6 +31,8 @@ def _prune_policy(args: argparse.Namespace) -> PrunePolicy:
     window = flag_value("--stale-jaxlib-window", parse_duration, args.stale_jaxlib_window)
     if window is not None and not args.stale_jaxlib:
         raise InvalidInputError("--stale-jaxlib-window needs --stale-jaxlib")
+    if args.no_index and not args.corrupt:  # only --corrupt reads heads, so only it uses the head index
+        raise InvalidInputError("--no-index needs --corrupt: without it prune reads no entry heads and no index")
     extra = {} if window is None else {"stale_jaxlib_window_s": window}
     return PrunePolicy(
         max_total_bytes=flag_value("--max-size", parse_bytes, args.max_size),
