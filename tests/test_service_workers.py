@@ -275,3 +275,16 @@ def test_a_worker_that_stops_before_it_leads_ends_without_a_traceback(tmp_path, 
     waiter.join(30)
     assert not waiter.is_alive() and failures == []
     assert runtime.leader  # it took the lock on its way out; its process's exit releases it
+
+
+def test_a_process_that_keeps_exiting_at_once_is_not_started_for_ever(caplog):
+    """A worker that dies right after each start (a broken install, a catalog gone) stops the service instead of
+    being started again every half second; the signal handlers the supervisor set are put back."""
+    from jaxcache.service import workers
+
+    before = signal.getsignal(signal.SIGTERM)
+    began = time.monotonic()
+    assert workers.supervise(1, os._exit, (1,)) is False
+    assert time.monotonic() - began < PATIENCE_S
+    assert f"worker process exited {workers.FAST_EXITS} times in a row" in caplog.text
+    assert signal.getsignal(signal.SIGTERM) is before

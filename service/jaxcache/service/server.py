@@ -111,7 +111,8 @@ def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
         os.environ.setdefault("PYTHONMALLOC", "malloc")
         host, port = settings.host, sock.getsockname()[1]
         if not workers.supervise(settings.workers, run_worker, (host, port), writer=run_writer):
-            raise JaxcacheError("a worker process could not start (its error is above); the service stopped")
+            raise JaxcacheError("a worker process or the report writer could not start, or kept exiting at once "
+                                "(its error is above); the service stopped")
 
 
 def run_worker(host: str, port: int) -> None:

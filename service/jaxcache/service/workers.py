@@ -175,20 +175,25 @@ def _sweep(tmp: Path) -> None:
             continue
 
 
+#: A process that exits within this long of its start, this many times in a row, is not started again: it would
+#: fail the same way (its error repeated every half second), so the service stops and says so.
+FAST_EXIT_S, FAST_EXITS = 10.0, 5
+
+
 def supervise(count: int, target: Callable[..., None], args: tuple, *,
               writer: Callable[[], None] | None = None) -> bool:
     """Run ``count`` processes of ``target(*args)`` (spawned: a fresh interpreter each), and one of ``writer``
     (the report writer) before them, until SIGINT or SIGTERM, starting another for one that exits; stop the
     workers (SIGTERM, then wait), then the writer, which ingests what they handed it; return False as soon as one
-    exits with uvicorn's startup failure (the next would fail the same way)."""
+    exits with uvicorn's startup failure, or one keeps exiting at once (the next would fail the same way)."""
     import multiprocessing
+    import time
 
     from uvicorn.config import STARTUP_FAILURE
 
     spawn = multiprocessing.get_context("spawn")
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def start(body: Callable[..., None], body_args: tuple, name: str) -> Any:
         process = spawn.Process(target=body, args=body_args, name=name)
@@ -198,18 +203,24 @@ def supervise(count: int, target: Callable[..., None], args: tuple, *,
     kinds = [(writer, (), "jaxcache-writer")] if writer is not None else []
     kinds += [(target, args, "jaxcache-worker")] * count
     processes = [start(*kind) for kind in kinds]
+    since = [time.monotonic()] * len(kinds)  # when each slot's process started
+    fast = [0] * len(kinds)  # exits in a row, each within FAST_EXIT_S of its start
     started = True
     while not stop.wait(0.5):
         for i, process in enumerate(processes):
             if process.exitcode is None:
                 continue
-            if process.exitcode == STARTUP_FAILURE:
+            what = kinds[i][2].removeprefix("jaxcache-")
+            fast[i] = fast[i] + 1 if time.monotonic() - since[i] < FAST_EXIT_S else 0
+            if process.exitcode == STARTUP_FAILURE or fast[i] >= FAST_EXITS:
+                if fast[i] >= FAST_EXITS:
+                    log.error("%s process exited %d times in a row within %g s of its start (last: %s): not "
+                              "starting another", what, fast[i], FAST_EXIT_S, process.exitcode)
                 started = False
                 stop.set()
                 break
-            log.warning("%s process %d exited (%s): starting another", kinds[i][2].removeprefix("jaxcache-"),
-                        process.pid, process.exitcode)
-            processes[i] = start(*kinds[i])
+            log.warning("%s process %d exited (%s): starting another", what, process.pid, process.exitcode)
+            processes[i], since[i] = start(*kinds[i]), time.monotonic()
     first = 1 if writer is not None else 0
     for group in (processes[first:], processes[:first]):  # the workers, then the writer
         for process in group:
@@ -217,4 +228,6 @@ def supervise(count: int, target: Callable[..., None], args: tuple, *,
                 process.terminate()
         for process in group:
             process.join()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
     return started
