@@ -91,6 +91,20 @@ def test_without_a_writer_a_record_is_refused_for_a_moment(tmp_path):
     assert "reaches the catalog at the next rescan" in str(refused.value)
 
 
+def test_requests_waiting_for_an_absent_writer_share_one_wait(tmp_path):
+    """Eight requests at once with no writer: all refused after one wait for its socket, not one wait each."""
+    remote = RemoteReports(tmp_path / wire.SOCKET_NAME, connect_wait_s=1.0)
+
+    async def main() -> list:
+        return await asyncio.gather(*(remote.ingest("demo", run("j", "r1", [], process_index=p, process_count=8))
+                                      for p in range(8)), return_exceptions=True)
+
+    began = time.monotonic()
+    answers = asyncio.run(main())
+    assert time.monotonic() - began < 4.0
+    assert all(isinstance(a, QueueFullError) for a in answers)
+
+
 def test_records_in_flight_when_the_writer_goes_are_refused_for_a_moment(tmp_path):
     """A writer that reads a request and goes away: the waiting request is answered, not left hanging."""
     path = tmp_path / wire.SOCKET_NAME

@@ -33,7 +33,7 @@ class RemoteReports:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[wire.Reply]] = {}
         self._writer: asyncio.StreamWriter | None = None
-        self._connecting: asyncio.Lock | None = None
+        self._connecting: asyncio.Task[asyncio.StreamWriter] | None = None
         self._full_until = 0.0  # monotonic: the writer said its queue was full until about then
         self._retry_after_s = 1
 
@@ -93,23 +93,26 @@ class RemoteReports:
             self._waiting.pop(request_id, None)
 
     async def _connected(self) -> asyncio.StreamWriter:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            if self._writer is not None and not self._writer.is_closing():
-                return self._writer
-            deadline = time.monotonic() + self.connect_wait_s
-            while True:
-                try:
-                    reader, writer = await asyncio.open_unix_connection(self.socket_path)
-                    break
-                except OSError as exc:  # not listening yet, or gone: it is (re)starting
-                    if time.monotonic() >= deadline:
-                        raise self._unavailable(f"its socket does not answer ({exc})") from None
-                    await asyncio.sleep(0.1)
-            self._writer = writer
-            asyncio.get_running_loop().create_task(self._replies(reader, writer))
-            return writer
+        if self._writer is not None and not self._writer.is_closing():
+            return self._writer
+        # One attempt at a time, shared: requests that arrive while the writer is away all wait for the same one.
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.get_running_loop().create_task(self._connect())
+        return await asyncio.shield(self._connecting)
+
+    async def _connect(self) -> asyncio.StreamWriter:
+        deadline = time.monotonic() + self.connect_wait_s
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(self.socket_path)
+                break
+            except OSError as exc:  # not listening yet, or gone: it is (re)starting
+                if time.monotonic() >= deadline:
+                    raise self._unavailable(f"its socket does not answer ({exc})") from None
+                await asyncio.sleep(0.1)
+        self._writer = writer
+        asyncio.get_running_loop().create_task(self._replies(reader, writer))
+        return writer
 
     async def _replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Hand each reply to the request waiting for it; when the connection ends, fail those still waiting."""
