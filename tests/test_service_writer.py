@@ -30,7 +30,7 @@ class Writer:
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
         self._thread = threading.Thread(target=self._loop.run_until_complete,
-                                        args=(writer.serve(state, path, self._stop),), daemon=True)
+                                        args=(writer.serve(state.reports, path, self._stop),), daemon=True)
         self._thread.start()
         deadline = time.monotonic() + PATIENCE_S
         while not (path.parent / wire.PID_NAME).exists():

@@ -37,9 +37,6 @@ class RemoteReports:
         self._full_until = 0.0  # monotonic: the writer said its queue was full until about then
         self._retry_after_s = 1
 
-    def __len__(self) -> int:
-        return len(self._waiting)
-
     def check_room(self) -> None:
         """Refuse (QueueFullError) while the writer's last word was that its queue is full: before a body is
         parsed, as the local queue does."""

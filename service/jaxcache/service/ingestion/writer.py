@@ -36,15 +36,16 @@ def run_writer() -> None:
     except JaxcacheError as exc:  # checked by the serving process first: something changed since
         print(f"jaxcache: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(STARTUP_FAILURE) from None
-    assert isinstance(state.reports, ReportQueue)
-    state.reports.max_queued = settings.report_queue * settings.workers  # as when each worker had its own queue
+    reports = state.reports
+    assert isinstance(reports, ReportQueue)  # a worker's app swaps in RemoteReports; this process builds no app
+    reports.max_queued = settings.report_queue * settings.workers  # as when each worker had its own queue
     try:
-        asyncio.run(serve(state, runtime.dir / wire.SOCKET_NAME))
+        asyncio.run(serve(reports, runtime.dir / wire.SOCKET_NAME))
     finally:
         state.catalog.dispose()
 
 
-async def serve(state, path: Path, stop: asyncio.Event | None = None) -> None:
+async def serve(reports: ReportQueue, path: Path, stop: asyncio.Event | None = None) -> None:
     """Answer workers on ``path`` until SIGTERM or SIGINT (or ``stop``), then ingest what was taken."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
@@ -53,19 +54,19 @@ async def serve(state, path: Path, stop: asyncio.Event | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a writer before this one died without removing it
-    server = await asyncio.start_unix_server(lambda r, w: _connection(state, r, w), path=str(path))
+    server = await asyncio.start_unix_server(lambda r, w: _connection(reports, r, w), path=str(path))
     (path.parent / wire.PID_NAME).write_text(str(os.getpid()))
     log.info("process %d ingests the workers' run records", os.getpid())
     async with server:
         await stop.wait()
-    await asyncio.to_thread(state.reports.close)
+    await asyncio.to_thread(reports.close)
 
 
-async def _connection(state, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _connection(reports: ReportQueue, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     tasks: set[asyncio.Task] = set()
     try:
         while (request := await wire.read_request(reader)) is not None:
-            task = asyncio.create_task(_answer(state, request, writer))
+            task = asyncio.create_task(_answer(reports, request, writer))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
     except (ConnectionError, OSError, ValueError) as exc:
@@ -76,8 +77,8 @@ async def _connection(state, reader: asyncio.StreamReader, writer: asyncio.Strea
         writer.close()
 
 
-async def _answer(state, request: wire.Request, writer: asyncio.StreamWriter) -> None:
-    reply = await _reply(state, request)
+async def _answer(reports: ReportQueue, request: wire.Request, writer: asyncio.StreamWriter) -> None:
+    reply = await _reply(reports, request)
     if writer.is_closing():
         return
     writer.write(wire.frame(reply))
@@ -85,11 +86,11 @@ async def _answer(state, request: wire.Request, writer: asyncio.StreamWriter) ->
         await writer.drain()
 
 
-async def _reply(state, request: wire.Request) -> wire.Reply:
+async def _reply(reports: ReportQueue, request: wire.Request) -> wire.Reply:
     if isinstance(request, wire.Settle):
-        return wire.Reply(request.id, settled=await asyncio.to_thread(state.reports.settled, request.timeout_s))
+        return wire.Reply(request.id, settled=await asyncio.to_thread(reports.settled, request.timeout_s))
     try:
-        r = await state.reports.ingest(request.cache, request.record)
+        r = await reports.ingest(request.cache, request.record)
     except InvalidInputError as exc:
         return wire.Reply(request.id, error=wire.INVALID, message=str(exc))
     except QueueFullError as exc:
