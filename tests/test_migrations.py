@@ -193,6 +193,77 @@ def test_runs_reported_before_run_kinds_are_jobs(catalog_url):
     assert _rows(catalog_url, "SELECT key, kind FROM usage") == [(KEY, "job")]
 
 
+def test_usage_rows_of_0009_become_one_row_per_run_and_key_and_back(catalog_url):
+    """A catalog of per-process usage rows (revision 0009) upgraded: one row per run and key with its processes'
+    sums and extremes, each process's figures packed and its totals on its run row, explanations kept; and
+    downgraded again, the per-process rows as they were (the explanation of a run's miss on each of its rows)."""
+    from alembic import command
+
+    from jaxcache.service.ingestion import figures
+
+    engine = create_engine(catalog_url)
+    run_sql = ("INSERT INTO runs (cache, run_id, process_index, job, process_count, host, jax, jaxlib, fingerprint, "
+               "fingerprint_digest, started_s, updated_s, final, keys, source, ingested_s, kind) VALUES ('demo', "
+               ":run, :p, 'train', 2, 'h', '1', '1', '{}', 'd', 100, :updated, true, 2, 'report', 3, :kind)")
+    usage_sql = ("INSERT INTO usage (cache, run_id, process_index, key, job, kind, function, event, hits, compiles, "
+                 "writes, reason, compile_s, retrieval_s, jax_saved_s, saved_s, size_bytes, first_at, last_at, cause, "
+                 "fix) VALUES ('demo', :run, :p, :k, 'train', :kind, 'jit_f', :event, :hits, :compiles, :writes, "
+                 ":reason, :cs, :rs, 0, :saved, :size, :first, :last, :cause, :fix)")
+    other = "jit_f-" + "1" * 64
+    rows = [  # run r1: process 0 wrote KEY and hit the other key, process 1 compiled KEY and hit the other key
+        dict(run="r1", p=0, k=KEY, kind="job", event="write", hits=0, compiles=1, writes=1, reason=None, cs=7.0,
+             rs=0.0, saved=0.0, size=100, first=110.0, last=110.0, cause="new_program", fix="nothing to do"),
+        dict(run="r1", p=1, k=KEY, kind="job", event="compiled", hits=0, compiles=1, writes=0,
+             reason="only process 0 writes the cache", cs=6.5, rs=0.0, saved=0.0, size=None, first=111.0, last=111.0,
+             cause=None, fix=None),
+        dict(run="r1", p=0, k=other, kind="job", event="hit", hits=2, compiles=0, writes=0, reason=None, cs=None,
+             rs=0.5, saved=3.0, size=None, first=120.0, last=130.0, cause=None, fix=None),
+        dict(run="r1", p=1, k=other, kind="job", event="hit", hits=1, compiles=0, writes=0, reason=None, cs=None,
+             rs=0.25, saved=1.5, size=None, first=121.0, last=125.0, cause=None, fix=None),
+        dict(run="v1", p=0, k=other, kind="warmup-verify", event="hit", hits=4, compiles=0, writes=0, reason=None,
+             cs=None, rs=0.0, saved=0.0, size=None, first=90.0, last=90.0, cause=None, fix=None),
+    ]
+    with engine.begin() as conn:
+        command.upgrade(migrate.config(conn), "0009")
+        for run, p, updated, kind in (("r1", 0, 200.0, "job"), ("r1", 1, 201.0, "job"), ("v1", 0, 95.0,
+                                                                                         "warmup-verify")):
+            conn.execute(text(run_sql), {"run": run, "p": p, "updated": updated, "kind": kind})
+        for r in rows:
+            conn.execute(text(usage_sql), r)
+    before = _rows(catalog_url, "SELECT run_id, process_index, key, kind, event, hits, compiles, writes, reason, "
+                                "compile_s, retrieval_s, saved_s, size_bytes, first_at, last_at FROM usage "
+                                "ORDER BY run_id, process_index, key")
+    Catalog(catalog_url).dispose()
+    assert _revision(catalog_url) == migrate.head() and _schema_diff(catalog_url) == []
+    got = _rows(catalog_url, "SELECT run_id, key, kind, process_index, processes, event, hits, compiles, writes, "
+                             "reason, compile_s, retrieval_s, saved_s, size_bytes, first_at, last_at, last_hit_s, "
+                             "updated_s, writer_process, writer_at_s, writer_compile_s, missed, counted, cause "
+                             "FROM usage ORDER BY run_id, key")
+    assert got == [
+        ("r1", KEY, "job", 0, 2, "write", 0, 2, 1, "only process 0 writes the cache", 13.5, 0.0, 0.0, 100, 110.0,
+         111.0, None, 201.0, 0, 110.0, 7.0, 2, 2, "new_program"),
+        ("r1", other, "job", 0, 2, "hit", 3, 0, 0, None, 0.0, 0.75, 4.5, None, 120.0, 130.0, 130.0, 201.0, None,
+         None, None, 0, 0, None),
+        ("v1", other, "warmup-verify", 0, 1, "hit", 4, 0, 0, None, 0.0, 0.0, 0.0, None, 90.0, 90.0, None, 95.0,
+         None, None, None, 0, 0, None),
+    ]
+    assert _rows(catalog_url, "SELECT run_id, process_index, hits, compiles, writes, saved_s FROM runs "
+                              "ORDER BY run_id, process_index") == [
+        ("r1", 0, 2, 1, 1, 3.0), ("r1", 1, 1, 1, 0, 1.5), ("v1", 0, 4, 0, 0, 0.0)]
+    packed = {(r, p): figures.decode(bytes(f)) for r, p, f in _rows(
+        catalog_url, "SELECT run_id, process_index, figures FROM process_keys")}
+    assert packed[("r1", 1)].keys == sorted([KEY, other]) and packed[("r1", 1)].compile_s[0] == 6.5
+    engine = create_engine(catalog_url)
+    with engine.begin() as conn:
+        command.downgrade(migrate.config(conn), "0009")
+    engine.dispose()
+    assert _rows(catalog_url, "SELECT run_id, process_index, key, kind, event, hits, compiles, writes, reason, "
+                              "compile_s, retrieval_s, saved_s, size_bytes, first_at, last_at FROM usage "
+                              "ORDER BY run_id, process_index, key") == before
+    assert _rows(catalog_url, "SELECT process_index, cause FROM usage WHERE key = :k ORDER BY process_index"
+                 .replace(":k", f"'{KEY}'")) == [(0, "new_program"), (1, "new_program")]
+
+
 def test_a_table_that_cannot_be_rebuilt_stops_the_upgrade_and_changes_nothing(tmp_path):
     path = tmp_path / "odd.sqlite"
     db = sqlite3.connect(path)

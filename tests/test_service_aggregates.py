@@ -22,11 +22,11 @@ def _random_reports(rng, pool: list[str], now: float) -> list[tuple[RunRecord, b
     state: dict[tuple[str, int], RunRecord] = {}
     out: list[tuple[RunRecord, bool]] = []
     for step in range(40):
-        run_id, index = rng.choice(["a", "b", "c"]), rng.randrange(2)
+        run_id, index = rng.choice(["a", "b", "c"]), rng.randrange(3)
         rec = state.get((run_id, index))
         if rec is None or rng.random() < 0.1:
             start = now - rng.uniform(0, 5 * DAY)
-            rec = run(f"job-{run_id}", run_id, [], at=start, process_index=index, process_count=2,
+            rec = run(f"job-{run_id}", run_id, [], at=start, process_index=index, process_count=3,
                       jaxlib=rng.choice([NEW, OLD]), kind=rng.choice(["job", "job", "warmup", "warmup-verify"]))
         else:
             rec = msgspec.structs.replace(rec, keys=[msgspec.structs.replace(u) for u in rec.keys])
@@ -56,6 +56,7 @@ def _random_reports(rng, pool: list[str], now: float) -> list[tuple[RunRecord, b
 def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> dict[tuple[str, int], RunRecord]:
     """Ingest ``reports`` one at a time (``batch_sizes`` None) or in batches of the sizes it yields; the versions
     the catalog holds, by process. Older versions must come back stale."""
+    from jaxcache.service.ingestion.packed import report_of
     from jaxcache.service.ingestion.reports import ingest, ingest_batch
 
     held: dict[tuple[str, int], RunRecord] = {}
@@ -67,7 +68,7 @@ def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> di
         if batch_sizes is None:
             results = [ingest(catalog, "demo", chunk[0][0])]
         else:
-            results = ingest_batch(catalog, "demo", [r for r, _ in chunk])
+            results = ingest_batch(catalog, "demo", [report_of(r) for r, _ in chunk])
         for (rec, older), result in zip(chunk, results, strict=True):
             if older:
                 assert result.stale
@@ -90,7 +91,7 @@ def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_
     from sqlalchemy import select
 
     from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
+    from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, RunRow, UsageRow
     from jaxcache.service.ingestion.aggregates import recompute
     from jaxcache.service.tasks.rescan import rescan as do_rescan
     from jaxcache.storage import open_storage
@@ -109,17 +110,20 @@ def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_
             stats = {r[0]: tuple(r[1:]) for r in conn.execute(select(
                 KeyStatsRow.key, KeyStatsRow.hits, KeyStatsRow.last_hit_s, KeyStatsRow.saved_s, KeyStatsRow.writer_run,
                 KeyStatsRow.writer_process, KeyStatsRow.writer_jaxlib, KeyStatsRow.writer_compile_s))}
-            rows = {tuple(r[:3]): r[3] for r in conn.execute(select(
-                UsageRow.run_id, UsageRow.process_index, UsageRow.key, UsageRow.saved_s))}
+            columns = [c for c in UsageRow.__table__.columns if c.name not in (
+                "parts", "program", "cause", "differs", "nearest", "fix", "counted")]
+            rows = {tuple(r[:5]): tuple(r[5:]) for r in conn.execute(select(*columns))}
+            runs = {tuple(r[:2]): tuple(r[2:]) for r in conn.execute(select(
+                RunRow.run_id, RunRow.process_index, RunRow.hits, RunRow.compiles, RunRow.writes, RunRow.saved_s))}
             entries = {r[0]: tuple(r[1:]) for r in conn.execute(select(
                 EntryRow.key, EntryRow.hits, EntryRow.saved_s, EntryRow.last_used_s, EntryRow.writer_run))}
-        return stats, rows, entries
+        return stats, rows, entries, runs
 
     kept = snapshot()
     with catalog.session() as s:
         recompute(s, "demo", pool)
     fresh = snapshot()
-    assert kept[0].keys() == fresh[0].keys() and kept[1].keys() == fresh[1].keys()
+    assert all(a.keys() == b.keys() for a, b in zip(kept, fresh, strict=True))
     for a, b in zip(kept, fresh, strict=True):
         for k in b:
             assert a[k] == pytest.approx(b[k]), (k, a[k], b[k])

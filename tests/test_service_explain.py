@@ -113,13 +113,13 @@ def test_records_without_key_parts_still_ingest_and_say_unknown(svc):
 
 
 def test_misses_of_the_same_keys_are_explained_in_few_batches():
-    """A job's processes miss the same keys: one history read serves many misses, bounded by keys and by misses."""
+    """Jobs miss the same keys: one history read serves many runs' misses, bounded by keys and by misses."""
     from jaxcache.service.ingestion.explain import BATCH, BATCH_KEYS, Pending, batches
 
-    storm = [Pending(f"run-{p}", p, f"key-{k}", counted=True) for p in range(1000) for k in range(60)]
+    storm = [Pending(f"run-{p}", "train", f"key-{k}") for p in range(1000) for k in range(60)]
     got = list(batches(storm))
     assert [len(b) for b in got] == [BATCH, BATCH, len(storm) - 2 * BATCH]
     assert [p for b in got for p in b] == storm  # in order, each once
-    distinct = [Pending("run", 0, f"key-{k}", counted=True) for k in range(BATCH_KEYS + 5)]
+    distinct = [Pending("run", "train", f"key-{k}") for k in range(BATCH_KEYS + 5)]
     assert [len(b) for b in batches(distinct)] == [BATCH_KEYS, 5]
     assert list(batches([])) == []

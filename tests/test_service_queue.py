@@ -9,6 +9,7 @@ import logging
 import time
 
 from jaxcache.service.ingestion import queue
+from jaxcache.service.ingestion.packed import report_of
 from jaxcache.service.ingestion.reports import IngestResult, PendingMisses
 from reports_support import hit, run
 
@@ -24,7 +25,7 @@ class Catalog:
     def batch(self, cache: str, recs, later: PendingMisses, copies: set[str] | None) -> list[IngestResult]:
         self.batches.append(len(recs))
         assert copies is not None  # several records: their copies wait
-        copies.update(u.key for r in recs for u in r.keys)
+        copies.update(key for r in recs for key in r.keys)
         return [IngestResult(cache, r.run_id, r.process_index, len(r.keys), stale=False) for r in recs]
 
     def one(self, cache: str, record) -> IngestResult:
@@ -53,8 +54,8 @@ def _storm(q: queue.ReportQueue, recs) -> list:
 
 def _records() -> list:
     at = time.time()
-    return [run("storm", "r1", [hit("jit_a-" + "0" * 64, 1, at), hit(f"jit_b-{p:064x}", 1, at)], at=at,
-                process_index=p, process_count=3) for p in range(3)]
+    return [report_of(run("storm", "r1", [hit("jit_a-" + "0" * 64, 1, at), hit(f"jit_b-{p:064x}", 1, at)], at=at,
+                          process_index=p, process_count=3)) for p in range(3)]
 
 
 def test_a_failed_copy_is_made_again_after_a_pause(monkeypatch, caplog):
@@ -67,7 +68,7 @@ def test_a_failed_copy_is_made_again_after_a_pause(monkeypatch, caplog):
         results = _storm(q, recs)
         assert q.settled(PATIENCE_S)
     assert catalog.batches == [3] and [r.process_index for r in results] == [0, 1, 2]
-    assert catalog.copied == [("demo", {u.key for r in recs for u in r.keys})] and catalog.failures == 0
+    assert catalog.copied == [("demo", {key for r in recs for key in r.keys})] and catalog.failures == 0
     assert sum("trying again" in r.getMessage() for r in caplog.records) == 2
     q.close()
 

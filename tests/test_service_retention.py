@@ -216,3 +216,4 @@ def test_the_service_compacts_at_its_rescans_and_counts_them(tmp_path, cache_cop
         r = client.post("/v1/caches/demo/rescan", headers=H_ADMIN).json()
         assert r["records_compacted"] == 0 and r["records_ingested"] == 0
     assert not any((cache_copy / records.RUNS_PREFIX).rglob("*.json"))
+

@@ -7,6 +7,7 @@ event), and the assertions are about what finishes before what."""
 from __future__ import annotations
 
 import inspect
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +20,7 @@ from conftest import settled
 from jaxcache import records
 from jaxcache.service.app import create_app
 from jaxcache.service.catalog import queries
-from reports_support import H_READ, H_REPORT, hit, keys_of, run, settings
+from reports_support import H_READ, H_REPORT, compiled, hit, keys_of, run, settings
 
 #: Bound on waiting for a held request; the assertions never depend on it.
 PATIENCE_S = 60
@@ -291,7 +292,11 @@ def test_the_writer_waits_a_moment_for_records_still_arriving(client, monkeypatc
 def test_a_storms_misses_wait_for_a_quiet_moment_and_a_lone_record_explains_only_its_own(client, monkeypatch,
                                                                                           jax_caches):
     """Explaining holds the cache's write lock in every worker: between a storm's requests, a worker explains
-    nothing but a lone record's own misses (read-your-writes), and the rest once no record came for a while."""
+    nothing but a lone record's own misses (read-your-writes), and the rest once no record came for a while. (Runs
+    of one process each: a run's processes share their misses' rows, so a job's later processes find them
+    explained.)"""
+    import time
+
     from jaxcache.service.ingestion import queue
     from jaxcache.service.ingestion import reports as ingestion
 
@@ -299,30 +304,56 @@ def test_a_storms_misses_wait_for_a_quiet_moment_and_a_lone_record_explains_only
     state = client.app.state.jaxcache
     held = HeldOnce(ingestion.ingest_batch)
     monkeypatch.setattr(ingestion, "ingest_batch", held)
-    recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 7)
+    train, at = keys_of(jax_caches["zstd"])["jit_train_step"], time.time() - 120
+    recs = [run("storm", f"r{p}", [compiled(train, 3.0, at)], at=at + 60, process_index=p, process_count=7)
+            for p in range(7)]  # (by process index: the answers are told apart by it)
     answers = _post_held_then_together(client, held, recs[:6])
     lone = _post_in_thread(client, recs[6], answers)  # alone: its misses explained before its answer
     lone.join(PATIENCE_S)
     assert {p: r.status_code for p, r in answers.items()} == dict.fromkeys(range(7), 200)
     # The first and the last went alone (explained before their answers); the batch of five waits for quiet.
-    assert _explained_processes(state) == ({0, 6}, 7)
+    assert _explained_runs(state) == ({"r0", "r6"}, 7)
     monkeypatch.setattr(queue, "QUIET_S", 0.0)
     with state.reports._cond:  # the writer waits with the old bound: wake it to read the new one
         state.reports._cond.notify_all()
     assert state.reports.settled(PATIENCE_S)
-    assert _explained_processes(state) == (set(range(7)), 7)
+    assert _explained_runs(state) == ({f"r{p}" for p in range(7)}, 7)
 
 
-def _explained_processes(state) -> tuple[set[int], int]:
-    """The processes of run r1 whose miss is explained, and how many misses the run has."""
+def test_a_runs_processes_share_its_misses_explanation(client):
+    """A job's processes that compile the same key share one usage row of their run and its explanation: the row
+    counts each of them (``missed``), and jaxcache_misses_total counts each process once."""
+    from sqlalchemy import select
+
+    from jaxcache.service.catalog.models import UsageRow
+
+    state = client.app.state.jaxcache
+    ghost = "jit_ghost-" + "d" * 64  # no entry of its function: its miss is new_program whenever the test runs
+    for rec in _job(ghost, 5):
+        r = client.post("/v1/reports?cache=demo", content=rec.to_json(),
+                        headers={**H_REPORT, "content-type": "application/json"})
+        assert r.status_code == 200, r.text
+    assert state.reports.settled(PATIENCE_S)
+    with state.catalog.reader() as conn:
+        (row,) = conn.execute(select(UsageRow.processes, UsageRow.missed, UsageRow.counted, UsageRow.cause,
+                                     UsageRow.compiles).where(UsageRow.cache == "demo", UsageRow.run_id == "r1",
+                                                              UsageRow.key == ghost)).all()
+    assert tuple(row) == (5, 5, 5, "new_program", 5)
+    counted = re.search(r'^jaxcache_misses_total{cache="demo",cause="new_program"} (\S+)$',
+                        client.get("/metrics").text, re.M)
+    assert counted is not None and float(counted.group(1)) == 5.0
+
+
+def _explained_runs(state) -> tuple[set[str], int]:
+    """The runs whose miss is explained, and how many runs missed."""
     from sqlalchemy import select
 
     from jaxcache.service.catalog.models import UsageRow
 
     with state.catalog.reader() as conn:
-        rows = conn.execute(select(UsageRow.process_index, UsageRow.cause).where(
-            UsageRow.cache == "demo", UsageRow.run_id == "r1", UsageRow.event.in_(("write", "compiled")))).all()
-    return {p for p, cause in rows if cause is not None}, len(rows)
+        rows = conn.execute(select(UsageRow.run_id, UsageRow.cause).where(
+            UsageRow.cache == "demo", UsageRow.event.in_(("write", "compiled")))).all()
+    return {r for r, cause in rows if cause is not None}, len(rows)
 
 
 def test_a_storms_copies_on_entry_rows_wait_for_a_quiet_moment_and_a_lone_records_are_made_before_its_answer(

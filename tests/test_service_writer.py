@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from jaxcache.service.ingestion import wire, writer
+from jaxcache.service.ingestion.packed import report_of
 from jaxcache.service.ingestion.queue import QueueFullError
 from jaxcache.service.ingestion.remote import RemoteReports
 from jaxcache.service.state import State
@@ -65,9 +66,9 @@ def test_records_go_through_the_writer_and_come_back_with_their_results(tmp_path
     remote = RemoteReports(path)
 
     async def send() -> list:
-        results = await asyncio.gather(*(remote.ingest("demo", r) for r in records))
+        results = await asyncio.gather(*(remote.ingest("demo", report_of(r)) for r in records))
         older = run("j", "r1", [hit(train, 1, at - 10)], at=at - 10, process_index=0, process_count=3)
-        again = await remote.ingest("demo", older)  # an older version of a record in changes nothing
+        again = await remote.ingest("demo", report_of(older))  # an older version of a record in changes nothing
         settled = await remote.settled(PATIENCE_S)
         remote.close()
         return [*results, again, settled]
@@ -85,7 +86,7 @@ def test_records_go_through_the_writer_and_come_back_with_their_results(tmp_path
 def test_without_a_writer_a_record_is_refused_for_a_moment(tmp_path):
     remote = RemoteReports(tmp_path / wire.SOCKET_NAME, connect_wait_s=0.3)
     with pytest.raises(QueueFullError) as refused:
-        asyncio.run(remote.ingest("demo", run("j", "r1", [])))
+        asyncio.run(remote.ingest("demo", report_of(run("j", "r1", []))))
     assert refused.value.retry_after_s == 1
     assert "report writer is not available" in str(refused.value)
     assert "reaches the catalog at the next rescan" in str(refused.value)
@@ -96,7 +97,8 @@ def test_requests_waiting_for_an_absent_writer_share_one_wait(tmp_path):
     remote = RemoteReports(tmp_path / wire.SOCKET_NAME, connect_wait_s=1.0)
 
     async def main() -> list:
-        return await asyncio.gather(*(remote.ingest("demo", run("j", "r1", [], process_index=p, process_count=8))
+        return await asyncio.gather(*(remote.ingest("demo", report_of(run("j", "r1", [], process_index=p,
+                                                                          process_count=8)))
                                       for p in range(8)), return_exceptions=True)
 
     began = time.monotonic()
@@ -118,6 +120,6 @@ def test_records_in_flight_when_the_writer_goes_are_refused_for_a_moment(tmp_pat
         async with server:
             remote = RemoteReports(path)
             with pytest.raises(QueueFullError, match="stopped before answering"):
-                await asyncio.wait_for(remote.ingest("demo", run("j", "r1", [])), PATIENCE_S)
+                await asyncio.wait_for(remote.ingest("demo", report_of(run("j", "r1", []))), PATIENCE_S)
 
     asyncio.run(main())

@@ -27,6 +27,7 @@ from jaxcache.service.ingestion import explain as explaining
 from jaxcache.service.ingestion import reports, routing
 from jaxcache.service.ingestion.aggregates import copy_to_entries
 from jaxcache.service.ingestion.explain import Pending
+from jaxcache.service.ingestion.packed import Report
 from jaxcache.service.ingestion.queue import ReportQueue
 from jaxcache.service.ingestion.remote import RemoteReports
 from jaxcache.service.metrics import Metrics
@@ -225,14 +226,14 @@ class State:
                     "misses_by_cause": {"last_24h": queries.misses_by_cause(conn, name, since=now - _DAY_S),
                                         "last_7d": queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
 
-    def ingest(self, name: str, record: records.RunRecord) -> reports.IngestResult:
+    def ingest(self, name: str, record: records.RunRecord | Report) -> reports.IngestResult:
         """Ingest one POSTed run record into ``name`` now, in a transaction of its own (POSTs go through
         ``self.reports``, which batches them)."""
         result = reports.ingest(self.catalog, name, record, source=reports.REPORT, secret=self.settings.attest_secret)
         self._ingested(name, [result])
         return result
 
-    def _ingest_batch(self, name: str, batch: Sequence[records.RunRecord], later: reports.PendingMisses,
+    def _ingest_batch(self, name: str, batch: Sequence[Report], later: reports.PendingMisses,
                       copies: set[str] | None) -> list[reports.IngestResult]:
         results = reports.ingest_batch(self.catalog, name, batch, source=reports.REPORT,
                                        secret=self.settings.attest_secret, later=later, copies=copies)

@@ -15,6 +15,7 @@ from jaxcache.service.api.schemas.common import ErrorModel
 from jaxcache.service.api.schemas.reports import ReportResult
 from jaxcache.service.ingestion import reports as ingestion
 from jaxcache.service.ingestion import routing
+from jaxcache.service.ingestion.packed import Report, report_of
 from jaxcache.service.middleware import REPORTS_PATH
 from jaxcache.service.state import State
 
@@ -55,10 +56,10 @@ async def ingest_report(
     with state.reports.arriving() as arrival:  # the writer waits a moment for this record to join its batch
         body = await request.body()
         # Up to JAXCACHE_MAX_REPORT_BYTES of JSON: parsed in a worker thread, so that the loop keeps answering.
-        record, name = await run_in_threadpool(_accept, state, body, cache)
+        report, name = await run_in_threadpool(_accept, state, body, cache)
         try:
             # Waits for the writer thread's batch without holding a thread of the pool.
-            r = await state.reports.ingest(name, record, arrival)
+            r = await state.reports.ingest(name, report, arrival)
         except InvalidInputError as exc:
             state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
             raise HTTPException(422, str(exc)) from None
@@ -66,8 +67,9 @@ async def ingest_report(
                         runs=0 if r.stale else 1, keys=r.keys, stale=r.stale)
 
 
-def _accept(state: State, body: bytes, cache: str | None) -> tuple[records.RunRecord, str]:
-    """The record in ``body`` and the cache it is for, or 422/404 (counted as malformed)."""
+def _accept(state: State, body: bytes, cache: str | None) -> tuple[Report, str]:
+    """The record in ``body`` as ingestion takes it, and the cache it is for, or 422/404 (counted as
+    malformed)."""
     try:
         record = _parse(body)
         ingestion.check(record)
@@ -75,7 +77,7 @@ def _accept(state: State, body: bytes, cache: str | None) -> tuple[records.RunRe
         state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
         raise HTTPException(422, str(exc)) from None
     try:
-        return record, cache if cache is not None else routing.cache_for(record, state.roots)
+        return report_of(record), cache if cache is not None else routing.cache_for(record, state.roots)
     except InvalidInputError as exc:
         state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
         raise HTTPException(unroutable(record.cache_dir, state.roots)[0], str(exc)) from None

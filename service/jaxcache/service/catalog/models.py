@@ -1,49 +1,29 @@
 """The catalog's tables: an index of every cache root's entries (rebuilt from storage by a rescan), and what only
-the catalog holds: pins, the prune audit log, ingested run and warm-up records, writers' digests, verdicts.
-
-Run records fill ``runs`` (a process of a run), ``usage`` (what it did with each key) and ``key_stats`` (per-key
-aggregates), which are copied onto each entry's row so that listings never join; runs older than the retention are
-folded into ``key_history`` and deleted. The schema is owned by the Alembic revisions in ``migrations/``: a model
-changed here needs a revision there (a test compares the two).
+the catalog holds: pins, the prune audit log, ingested run records (their tables in :mod:`.run_tables`, importable
+from here too) and warm-up records, writers' digests, verdicts. The schema is owned by the Alembic revisions in
+``migrations/``: a model changed here needs a revision there (a test compares the two).
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Index, Integer, text
+from sqlalchemy.orm import Mapped, mapped_column
 
-from sqlalchemy import JSON, BigInteger, Boolean, ColumnElement, Float, Index, Integer, String, Table, Text, text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from jaxcache.service.catalog.run_tables import (
+    AGGREGATES,
+    KeyHistoryRow,
+    KeyStatsRow,
+    ProcessKeysRow,
+    RunRow,
+    UsageRow,
+)
+from jaxcache.service.catalog.schema import Base, NullableJSON, Str, max_length, table_of
 
-#: A nullable JSON column whose Python None is SQL NULL (not the JSON text ``null``): "no parts recorded" must be
-#: a condition an index and ``IS NULL`` can see.
-NullableJSON = JSON(none_as_null=True)
-
-
-def Str(length: int) -> String:
-    """A string column that compares and sorts by code point on every backend: SQLite's default (BINARY), and
-    collation "C" on PostgreSQL, whose default collation follows the server's locale (``jit_b`` before ``JIT_A``
-    there, ``_`` ignored). Listings sort by key and the keyset cursor compares keys, so every replica and the API's
-    documented order must agree, and a range over a function-name prefix must select exactly that prefix."""
-    return String(length).with_variant(String(length, collation="C"), "postgresql")
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-def table_of(model: type[Base]) -> Table:
-    """The table a model is mapped to, for Core statements: SQLAlchemy types ``__table__`` as any FromClause (a
-    model may map a join or a subquery), which ``update()`` does not take; every model here maps a Table."""
-    return cast(Table, model.__table__)
-
-
-def max_length(column: ColumnElement[Any]) -> int:
-    """The length of a ``Str`` column: longer values would not fit."""
-    kind = column.type
-    if not isinstance(kind, String) or kind.length is None:
-        raise TypeError(f"{column} is not a string column of bounded length")
-    return kind.length
-
+__all__ = [
+    "AGGREGATES", "AttestationConflictRow", "AttestationRow", "Base", "CacheRow", "EntryRow", "KeyHistoryRow",
+    "KeyStatsRow", "NullableJSON", "PinRow", "ProcessKeysRow", "PruneItemRow", "PruneRow", "RecordFileRow", "RunRow",
+    "Str", "UsageRow", "VerificationRow", "WarmupKeyRow", "WarmupRow", "max_length", "table_of",
+]
 
 class CacheRow(Base):
     """A configured cache root and its last scan."""
@@ -110,124 +90,6 @@ class EntryRow(Base):
         Index("ix_entries_hits", "cache", "kind", "hits", "key"),
         Index("ix_entries_writer_jaxlib", "cache", "kind", "writer_jaxlib"),
         Index("ix_entries_writer_topology", "cache", "kind", "writer_topology"),
-    )
-
-
-#: The per-key aggregates that key_stats holds and entry rows copy, in this order.
-AGGREGATES = ("hits", "last_hit_s", "saved_s", "writer_job", "writer_run", "writer_process", "writer_host",
-              "writer_topology", "writer_jax", "writer_jaxlib", "writer_at_s", "writer_compile_s")
-
-
-class _Aggregates:
-    """The per-key aggregate columns (AGGREGATES), shared by key_stats and key_history."""
-
-    hits: Mapped[int] = mapped_column(BigInteger, default=0)
-    last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    saved_s: Mapped[float] = mapped_column(Float, default=0.0)
-    # The first writer: the process with the earliest `write` event for the key.
-    writer_job: Mapped[str | None] = mapped_column(Str(256), nullable=True)
-    writer_run: Mapped[str | None] = mapped_column(Str(128), nullable=True)
-    writer_process: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    writer_host: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    writer_topology: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    writer_jax: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    writer_jaxlib: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-
-
-class KeyStatsRow(_Aggregates, Base):
-    """Aggregates of one key over every ingested run record, compacted ones (key_history) included. Exists before
-    (or without) the entry itself: a report may arrive before the rescan that finds the entry, and keeps its
-    history after a prune."""
-
-    __tablename__ = "key_stats"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
-
-
-class KeyHistoryRow(_Aggregates, Base):
-    """Aggregates of one key over the runs compacted after the records' retention (their runs and usage rows are
-    gone): jobs' hits, last hit, seconds saved as their usage rows held them, and the earliest writer among them."""
-
-    __tablename__ = "key_history"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
-
-
-class RunRow(Base):
-    """One process of one run of a job, from its latest run record."""
-
-    __tablename__ = "runs"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
-    process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    job: Mapped[str] = mapped_column(Str(256))
-    process_count: Mapped[int] = mapped_column(Integer)
-    host: Mapped[str] = mapped_column(Str(1024))
-    topology: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    cache_dir: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    jax: Mapped[str] = mapped_column(Str(1024))
-    jaxlib: Mapped[str] = mapped_column(Str(1024))
-    backend: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    fingerprint: Mapped[dict] = mapped_column(JSON)
-    fingerprint_digest: Mapped[str] = mapped_column(Str(32))
-    started_s: Mapped[float] = mapped_column(Float)
-    updated_s: Mapped[float] = mapped_column(Float)
-    final: Mapped[bool] = mapped_column(Boolean, default=False)
-    pid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    keys: Mapped[int] = mapped_column(Integer, default=0)
-    source: Mapped[str] = mapped_column(Str(16))  # "report" (POST) or "storage" (a rescan read the file)
-    # What wrote the record (jaxcache.records.RunKind): only jobs count in jobs' figures and hit aggregates.
-    kind: Mapped[str] = mapped_column(Str(16), default="job", server_default="job")
-    ingested_s: Mapped[float] = mapped_column(Float)
-
-    __table_args__ = (
-        Index("ix_runs_job", "cache", "job", "updated_s"),
-        Index("ix_runs_updated", "cache", "updated_s"),
-    )
-
-
-class UsageRow(Base):
-    """What one process did with one key: a :class:`jaxcache.records.KeyUsage`, plus the seconds its hits saved
-    by this catalog's measure (see :mod:`jaxcache.service.ingestion.reports`)."""
-
-    __tablename__ = "usage"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
-    process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
-    job: Mapped[str] = mapped_column(Str(256))  # the run's, repeated: per-job sums never join
-    kind: Mapped[str] = mapped_column(Str(16), default="job", server_default="job")  # the run's too, for that
-    function: Mapped[str] = mapped_column(Str(1024))
-    event: Mapped[str] = mapped_column(Str(16))
-    hits: Mapped[int] = mapped_column(BigInteger, default=0)
-    compiles: Mapped[int] = mapped_column(BigInteger, default=0)
-    writes: Mapped[int] = mapped_column(BigInteger, default=0)
-    reason: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    retrieval_s: Mapped[float] = mapped_column(Float, default=0.0)
-    jax_saved_s: Mapped[float] = mapped_column(Float, default=0.0)  # the record's saved_s (JAX's own figure)
-    saved_s: Mapped[float] = mapped_column(Float, default=0.0)
-    size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    first_at: Mapped[float] = mapped_column(Float, default=0.0)
-    last_at: Mapped[float] = mapped_column(Float, default=0.0)
-    # What entered the key (jaxcache.keyparts), as the record carried them: what explanations compare.
-    parts: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
-    program: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
-    # A job's miss (event write or compiled), explained at ingestion (jaxcache.explain); NULL: not explained yet
-    # (every other row, and misses ingested before revision 0008 or by a replica still on 0007).
-    cause: Mapped[str | None] = mapped_column(Str(32), nullable=True)
-    differs: Mapped[list | None] = mapped_column(NullableJSON, nullable=True)  # [{part, mine, theirs, changes}]
-    nearest: Mapped[str | None] = mapped_column(Str(512), nullable=True)
-    fix: Mapped[str | None] = mapped_column(Text, nullable=True)
-
-    __table_args__ = (
-        Index("ix_usage_key", "cache", "key", "first_at"),
-        Index("ix_usage_job", "cache", "job", "key"),
-        # "The keys of function F in cache C, newest first" is an index range: explanations look for the nearest
-        # key of a miss's function among them without reading the function's whole history.
-        Index("ix_usage_function", "cache", "function", "first_at"),
     )
 
 

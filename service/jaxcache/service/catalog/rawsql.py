@@ -11,12 +11,14 @@ columns take their text).
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, insert
+from sqlalchemy import BindParameter, Table, bindparam, insert
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -69,6 +71,30 @@ def fetch(conn: Connection, shape: Hashable, build: Callable[[], ClauseElement],
         return cast(list[tuple], cursor.fetchall())  # both drivers give a list; the DBAPI stub says Sequence
 
 
+#: IN lists are bound as this many parameters (the values repeated up to it): a few compiled shapes serve any length.
+IN_SIZES = (8, 32, 128, 512)
+
+
+def fetch_in(conn: Connection, shape: Hashable, build: Callable[[list[BindParameter[Any]]], ClauseElement],
+             params: Mapping[str, object], values: Sequence[object]) -> list[tuple]:
+    """Rows of ``build(binds)``, a statement whose IN list is ``binds``, for every one of ``values`` (in chunks of
+    at most the largest of IN_SIZES, each padded to one of them)."""
+    out: list[tuple] = []
+    most = IN_SIZES[-1]
+    for i in range(0, len(values), most):
+        chunk = list(values[i : i + most])
+        size = next(n for n in IN_SIZES if n >= len(chunk))
+        chunk += [chunk[-1]] * (size - len(chunk))
+        names = [f"in_{j}" for j in range(size)]
+        out += fetch(conn, (shape, size), functools.partial(_with_binds, build, names),
+                     {**params, **dict(zip(names, chunk, strict=True))})
+    return out
+
+
+def _with_binds(build: Callable[[list[BindParameter[Any]]], ClauseElement], names: list[str]) -> ClauseElement:
+    return build([bindparam(n) for n in names])
+
+
 def batches(conn: Connection, shape: Hashable, build: Callable[[], ClauseElement], params: Mapping[str, object], *,
             size: int = 10_000) -> Iterator[list[tuple]]:
     """The rows :func:`fetch` gives, ``size`` at a time: a caller that keeps objects made from a million rows need
@@ -100,6 +126,19 @@ def execute_many(conn: Connection, shape: Hashable, build: Callable[[], ClauseEl
         cursor.executemany(c.sql, rows)
     finally:
         cursor.close()
+
+
+def upsert_many(conn: Connection, table: Table, rows: Sequence[Mapping[str, object]]) -> None:
+    """Insert ``rows`` (every column of ``table`` each, values as the driver takes them), each replacing the row
+    with its primary key if there is one: ``INSERT ... ON CONFLICT DO UPDATE``, on either backend."""
+    def build() -> ClauseElement:
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        pk = [c.name for c in table.primary_key.columns]
+        statement = dialect.insert(table).values({c.name: bindparam(c.name) for c in table.columns})
+        return statement.on_conflict_do_update(
+            index_elements=pk, set_={c.name: statement.excluded[c.name] for c in table.columns if c.name not in pk})
+
+    execute_many(conn, ("upsert", table.name), build, rows)
 
 
 def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, object]]) -> None:

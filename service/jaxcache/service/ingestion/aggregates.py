@@ -1,136 +1,83 @@
-"""Per-key aggregates of run records (first writer, hits, last hit, seconds saved), computed from every process's
-rows of a key plus the key's compacted history, and their copies on entry rows. Seconds saved and retention:
-docs/service.md, "Run records"."""
+"""Per-key aggregates of run records (first writer, hits, last hit, seconds saved) over a key's usage rows (one per
+run) and its compacted history, and their copies on entry rows; the seconds saved weighed again when a key's first
+writer changes. Seconds saved and retention: docs/service.md, "Run records"."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from sqlalchemy import BindParameter, Float, and_, bindparam, case, cast, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from jaxcache import records
+from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import (
     AGGREGATES,
     EntryRow,
     KeyHistoryRow,
     KeyStatsRow,
+    ProcessKeysRow,
     RunRow,
     UsageRow,
     table_of,
 )
+from jaxcache.service.ingestion import figures as f
+from jaxcache.service.ingestion import groups
 
 _CHUNK = 500
-
-
-def wrote(event: str, writes: int) -> bool:
-    """Whether a usage row records a write of its key."""
-    return writes > 0 or event == records.WRITE
-
-
-def used_hits(kind: str, hits: int) -> int:
-    """The hits of a usage row that count as use of its key: a job's. A warm-up's run is not use, and its verify
-    run hits every key the warm-up just wrote; counted, they would make a warm-up "hit since" itself and keep its
-    entries from LRU prunes. Their writes still count (a warm-up is often a key's first writer)."""
-    return hits if kind == records.JOB else 0
-
-
-def hit_at(hits: int, first_at: float, last_at: float) -> float | None:
-    """When a usage row last hit its key (None: it never did)."""
-    return (last_at or first_at or None) if hits else None
-
-
-def saved_of_row(hits: int, retrieval_s: float, jax_saved_s: float, writer_compile_s: float | None) -> float:
-    if not hits:
-        return 0.0
-    if writer_compile_s is not None:
-        ours = hits * writer_compile_s - retrieval_s
-        if ours > 0:
-            return ours
-    return max(jax_saved_s, 0.0)
-
-
-#: A usage row joined with its run: what aggregates are computed from.
-USAGE_JOIN = and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
-             RunRow.process_index == UsageRow.process_index)
-USAGE_COLUMNS = (
-    UsageRow.key, UsageRow.run_id, UsageRow.process_index, UsageRow.job, UsageRow.kind, UsageRow.event, UsageRow.hits,
-    UsageRow.writes, UsageRow.compile_s, UsageRow.retrieval_s, UsageRow.jax_saved_s, UsageRow.saved_s,
-    UsageRow.first_at, UsageRow.last_at, RunRow.host, RunRow.topology, RunRow.jax, RunRow.jaxlib, RunRow.started_s,
-)
-
 
 EMPTY = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
 WRITER = tuple(n for n in AGGREGATES if n.startswith("writer_"))
 
+#: A usage row with its writer's run row: what aggregates are computed from.
+_WRITER_RUN = and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
+                   RunRow.process_index == UsageRow.writer_process)
+_ROW_COLUMNS = (UsageRow.key, UsageRow.run_id, UsageRow.job, UsageRow.kind, UsageRow.hits, UsageRow.saved_s,
+                UsageRow.last_hit_s, UsageRow.writer_process, UsageRow.writer_at_s, UsageRow.writer_compile_s,
+                RunRow.host, RunRow.topology, RunRow.jax, RunRow.jaxlib)
 
-def writer_of(r) -> dict:
-    """The writer fields of a usage row (joined with its run) that wrote its key."""
-    return {"writer_job": r.job, "writer_run": r.run_id, "writer_process": r.process_index, "writer_host": r.host,
+
+def order(writer: Mapping[str, Any]) -> tuple:
+    """Writers compare by time of the write, then run id and process index: every replica and the CLI pick the same
+    first writer whatever order records arrive in."""
+    return writer["writer_at_s"], writer["writer_run"], writer["writer_process"]
+
+
+def writer_of(r: Any) -> dict[str, Any] | None:
+    """The writer fields of a usage row (with its writer's run columns) whose processes wrote its key."""
+    if r.writer_at_s is None:
+        return None
+    return {"writer_job": r.job, "writer_run": r.run_id, "writer_process": r.writer_process, "writer_host": r.host,
             "writer_topology": r.topology, "writer_jax": r.jax, "writer_jaxlib": r.jaxlib,
-            # A record without first_at (0) falls back to its process's start.
-            "writer_at_s": r.first_at or r.started_s, "writer_compile_s": r.compile_s}
+            "writer_at_s": r.writer_at_s, "writer_compile_s": r.writer_compile_s}
 
 
-def _order(w: dict) -> tuple:
-    return w["writer_at_s"], w["writer_run"], w["writer_process"]
+def earliest(*found: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The writer fields (WRITER) of the first writer among ``found`` (mappings with writer fields, or None)."""
+    known = [w for w in found if w is not None and w["writer_run"] is not None]
+    return {n: min(known, key=order)[n] for n in WRITER} if known else None
 
 
-def earliest_writer(rows: Iterable, history: dict | None) -> dict | None:
-    """The first writer among ``rows`` and the compacted runs' (``history``): the earliest write, ties broken by
-    run id and process index, so every replica agrees whatever order records arrive in."""
-    found = [writer_of(r) for r in rows if wrote(r.event, r.writes)]
-    if history is not None and history["writer_run"] is not None:
-        found.append({n: history[n] for n in WRITER})
-    return min(found, key=_order, default=None)
-
-
-def aggregate(rows: Iterable, history: dict | None = None) -> tuple[dict, list[tuple[str, int, float]]]:
-    """Aggregates of one key from its usage rows (joined with their runs) and its compacted runs' (``history``,
-    a key_history row as a dict), and ``(run_id, process_index, saved_s)`` for each row whose saved seconds
-    change. Only jobs' hits count (:func:`used_hits`); history's seconds saved are kept as they were."""
+def aggregate(rows: Iterable[Any], history: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Aggregates of one key from its usage rows (with their writers' run columns) and its compacted runs'
+    (``history``, a key_history row as a dict). Only jobs' hits count (:func:`figures.used_hits`)."""
     rows = list(rows)
-    writer = earliest_writer(rows, history)
-    writer_compile_s = writer["writer_compile_s"] if writer is not None else None
     hits = history["hits"] if history else 0
     last_hit: float | None = history["last_hit_s"] if history else None
     saved = history["saved_s"] if history else 0.0
-    changed = []
     for r in rows:
-        used = used_hits(r.kind, r.hits)
-        row_saved = saved_of_row(used, r.retrieval_s, r.jax_saved_s, writer_compile_s)
-        if row_saved != r.saved_s:
-            changed.append((r.run_id, r.process_index, row_saved))
-        saved += row_saved
-        if used:
-            hits += used
-            at = hit_at(used, r.first_at, r.last_at)
-            if at is not None and (last_hit is None or at > last_hit):
-                last_hit = at
-    stats = {"hits": hits, "last_hit_s": last_hit, "saved_s": saved, **(writer or dict.fromkeys(WRITER))}
-    return stats, changed
-
-
-def fold(history: dict | None, rows: Iterable) -> dict:
-    """``history`` with compacted usage rows (joined with their runs) added: jobs' hits, the last hit, the
-    seconds saved as the rows hold them (their key's writer's measure when they were compacted), the writer."""
-    rows = list(rows)
-    hits: int = history["hits"] if history else 0
-    saved: float = history["saved_s"] if history else 0.0
-    last_hit: float | None = history["last_hit_s"] if history else None
-    for r in rows:
-        used = used_hits(r.kind, r.hits)
-        hits += used
+        hits += f.used_hits(r.kind, r.hits)
         saved += r.saved_s
-        at = hit_at(used, r.first_at, r.last_at)
-        if at is not None and (last_hit is None or at > last_hit):
-            last_hit = at
-    writer = earliest_writer(rows, history) or dict.fromkeys(WRITER)
-    return {"hits": hits, "last_hit_s": last_hit, "saved_s": saved, **writer}
+        if r.last_hit_s is not None and (last_hit is None or r.last_hit_s > last_hit):
+            last_hit = r.last_hit_s
+    writer = earliest(history, *(writer_of(r) for r in rows))
+    return {"hits": hits, "last_hit_s": last_hit, "saved_s": saved, **(writer or dict.fromkeys(WRITER))}
 
 
-def entry_params(key: str, stats: dict) -> dict:
+def entry_params(key: str, stats: Mapping[str, Any]) -> dict[str, Any]:
     """The parameters of :func:`entry_update_statement` that copy ``stats`` (a key's aggregates) onto ``key``'s row."""
     return {"b_key": key, **{f"b_{n}": stats[n] for n in AGGREGATES}}
 
@@ -153,42 +100,182 @@ def entry_update_statement(cache: str | BindParameter[str]):
     )
 
 
-def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
-    """Recompute ``key_stats``, per-row saved seconds and the copies on entry rows for ``keys`` of ``cache``, from
-    the keys' usage rows and their compacted history."""
+def store(s: Session, cache: str, stats: Mapping[str, Mapping[str, Any]], *, copy: bool = True) -> None:
+    """Write ``stats`` (``{key: aggregates}``) to key_stats, and (``copy``) their copies onto entry rows."""
+    keys = sorted(stats)
+    conn = s.connection()
+    rawsql.upsert_many(conn, table_of(KeyStatsRow), [{"cache": cache, "key": k, **stats[k]} for k in keys])
+    if copy:
+        rawsql.execute_many(conn, "key-stats-entry-copy", _entry_copy,
+                            [{"b_cache": cache, **entry_params(k, stats[k])} for k in keys])
+
+
+def _entry_copy() -> Any:
+    return entry_update_statement(bindparam("b_cache"))
+
+
+def gather(s: Session, cache: str, keys: Iterable[str], *, reweigh: bool = False) -> dict[str, dict[str, Any]]:
+    """The aggregates of ``keys`` from their usage rows and history (EMPTY for a key with neither); with
+    ``reweigh``, the seconds saved of every row are weighed again by the key's first writer first."""
     keys = sorted(set(keys))
-    entry_update = entry_update_statement(cache)
-    usage = table_of(UsageRow)
-    saved_update = (
-        update(usage)
-        .where(usage.c.cache == cache, usage.c.key == bindparam("b_key"), usage.c.run_id == bindparam("b_run"),
-               usage.c.process_index == bindparam("b_process"))
-        .values(saved_s=bindparam("b_saved"))
-    )
+    out: dict[str, dict[str, Any]] = {}
     for i in range(0, len(keys), _CHUNK):
         chunk = keys[i : i + _CHUNK]
-        by_key: dict[str, list] = {}
-        for r in s.execute(select(*USAGE_COLUMNS).join(RunRow, USAGE_JOIN).where(UsageRow.cache == cache,
-                                                                         UsageRow.key.in_(chunk))):
-            by_key.setdefault(r.key, []).append(r)
+        by_key = _rows(s, cache, chunk)
         history = histories(s, cache, chunk)
-        stats_rows, copies, saved_params = [], [], []
+        if reweigh:
+            writers = {k: earliest(history.get(k), *(writer_of(r) for r in by_key.get(k, ()))) for k in chunk}
+            if _reweigh(s, cache, {k: w["writer_compile_s"] if w else None for k, w in writers.items()}):
+                by_key = _rows(s, cache, chunk)
         for key in chunk:
             rows, past = by_key.get(key), history.get(key)
-            if rows or past:
-                stats, changed = aggregate(rows or [], past)
-                stats_rows.append({"cache": cache, "key": key, **stats})
-                saved_params += [{"b_key": key, "b_run": run, "b_process": p, "b_saved": v} for run, p, v in changed]
-            else:
-                stats = EMPTY
-            copies.append(entry_params(key, stats))
-        s.execute(delete(KeyStatsRow).where(KeyStatsRow.cache == cache, KeyStatsRow.key.in_(chunk)))
-        if stats_rows:
-            s.execute(insert(KeyStatsRow), stats_rows)
-        conn = s.connection()
-        if saved_params:
-            conn.execute(saved_update, saved_params)
-        conn.execute(entry_update, copies)
+            out[key] = aggregate(rows or [], past) if rows or past else dict(EMPTY)
+    return out
+
+
+def _rows(s: Session, cache: str, keys: list[str]) -> dict[str, list[Any]]:
+    by_key: dict[str, list[Any]] = defaultdict(list)
+    for r in s.execute(select(*_ROW_COLUMNS).outerjoin(RunRow, _WRITER_RUN)
+                       .where(UsageRow.cache == cache, UsageRow.key.in_(keys))):
+        by_key[r.key].append(r)
+    return by_key
+
+
+def _reweigh(s: Session, cache: str, writer_compile_s: Mapping[str, float | None]) -> bool:
+    """Weigh the seconds saved by jobs' hits of these keys again (``{key: its first writer's compile seconds}``),
+    in every process's figures, usage row and run row; whether any changed."""
+    runs: dict[str, set[str]] = defaultdict(set)
+    for run_id, key in s.execute(select(UsageRow.run_id, UsageRow.key).where(
+            UsageRow.cache == cache, UsageRow.key.in_(list(writer_compile_s)), UsageRow.kind == records.JOB,
+            UsageRow.hits > 0)):
+        runs[run_id].add(key)
+    usage_deltas: dict[tuple[str, str, str], float] = defaultdict(float)
+    run_deltas: dict[tuple[str, int], float] = defaultdict(float)
+    rewritten: list[dict[str, Any]] = []
+    for run_id, keys in sorted(runs.items()):
+        for index, job, figures in s.execute(
+                select(RunRow.process_index, RunRow.job, ProcessKeysRow.figures)
+                .join(ProcessKeysRow, and_(ProcessKeysRow.cache == RunRow.cache, ProcessKeysRow.run_id == RunRow.run_id,
+                                           ProcessKeysRow.process_index == RunRow.process_index))
+                .where(RunRow.cache == cache, RunRow.run_id == run_id, RunRow.kind == records.JOB)):
+            fig = f.decode(figures)
+            changed = False
+            for i, key in enumerate(fig.keys):
+                if key not in keys:
+                    continue
+                saved = f.saved_of(fig.hits[i], fig.retrieval_s[i], fig.jax_saved_s[i], writer_compile_s[key])
+                if saved != fig.saved_s[i]:
+                    usage_deltas[(run_id, key, job)] += saved - fig.saved_s[i]
+                    run_deltas[(run_id, index)] += saved - fig.saved_s[i]
+                    fig.saved_s[i] = saved
+                    changed = True
+            if changed:
+                rewritten.append({"b_run": run_id, "b_process": index, "b_figures": f.encode(fig)})
+    if not rewritten:
+        return False
+    conn = s.connection()
+    t = table_of(ProcessKeysRow)
+    conn.execute(update(t).where(t.c.cache == cache, t.c.run_id == bindparam("b_run"),
+                                 t.c.process_index == bindparam("b_process")).values(figures=bindparam("b_figures")),
+                 rewritten)
+    u = table_of(UsageRow)
+    conn.execute(update(u).where(u.c.cache == cache, u.c.run_id == bindparam("b_run"), u.c.key == bindparam("b_key"),
+                                 u.c.job == bindparam("b_job"), u.c.kind == records.JOB)
+                 .values(saved_s=u.c.saved_s + bindparam("b_delta", type_=Float)),
+                 [{"b_run": r, "b_key": k, "b_job": j, "b_delta": d} for (r, k, j), d in usage_deltas.items()])
+    r = table_of(RunRow)
+    conn.execute(update(r).where(r.c.cache == cache, r.c.run_id == bindparam("b_run"),
+                                 r.c.process_index == bindparam("b_process"))
+                 .values(saved_s=r.c.saved_s + bindparam("b_delta", type_=Float)),
+                 [{"b_run": run, "b_process": p, "b_delta": d} for (run, p), d in run_deltas.items()])
+    return True
+
+
+def rebuild(s: Session, cache: str, run_id: str, which: set[tuple[str, str, str]] | None = None) -> dict:
+    """Rebuild the usage rows of run ``run_id`` (``which``: only those (key, job, kind); None: all) from its
+    processes' figures, keeping their parts, programs and explanations; ``{(key, job, kind): row or None}`` as
+    they are now (None: no process has the key any more)."""
+    parts: dict[tuple[str, str, str], list[groups.Part]] = defaultdict(list)
+    for index, job, kind, updated, started, figures in s.execute(
+            select(RunRow.process_index, RunRow.job, RunRow.kind, RunRow.updated_s, RunRow.started_s,
+                   ProcessKeysRow.figures)
+            .join(ProcessKeysRow, and_(ProcessKeysRow.cache == RunRow.cache, ProcessKeysRow.run_id == RunRow.run_id,
+                                       ProcessKeysRow.process_index == RunRow.process_index))
+            .where(RunRow.cache == cache, RunRow.run_id == run_id)):
+        for fig in f.decode(figures).rows():
+            ident = (fig[f.KEY], job, kind)
+            if which is None or ident in which:
+                parts[ident].append((fig, index, updated, started))
+    u = table_of(UsageRow)
+    where = [u.c.cache == cache, u.c.run_id == run_id]
+    existing = {(r.key, r.job, r.kind) for r in s.execute(select(u.c.key, u.c.job, u.c.kind).where(*where))}
+    wanted = set(parts) | (existing if which is None else which & existing)
+    out: dict = {}
+    conn = s.connection()
+    for ident in sorted(wanted):
+        key, job, kind = ident
+        row = groups.build(kind, parts.get(ident, []))
+        pk = [u.c.key == key, u.c.job == job, u.c.kind == kind]
+        if row is None:
+            conn.execute(delete(u).where(*where, *pk))
+        elif ident in existing:
+            conn.execute(update(u).where(*where, *pk).values(**row))
+        else:
+            conn.execute(insert(u).values(cache=cache, run_id=run_id, key=key, job=job, kind=kind, counted=0, **row))
+        out[ident] = row
+    return out
+
+
+def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
+    """Rebuild the usage rows of ``keys`` of ``cache`` from their processes' figures, weigh their seconds saved by
+    the keys' first writers, and recompute key_stats and the copies on entry rows: what ingestion keeps as
+    differences must equal this."""
+    keys = sorted(set(keys))
+    runs: dict[str, set[str]] = defaultdict(set)
+    for run_id, key in s.execute(select(UsageRow.run_id, UsageRow.key).where(UsageRow.cache == cache,
+                                                                          UsageRow.key.in_(keys))):
+        runs[run_id].add(key)
+    for run_id, found in sorted(runs.items()):
+        idents = {ident for ident in _idents(s, cache, run_id) if ident[0] in found}
+        rebuild(s, cache, run_id, idents)
+    store(s, cache, gather(s, cache, keys, reweigh=True))
+
+
+def _idents(s: Session, cache: str, run_id: str) -> set[tuple[str, str, str]]:
+    """Every (key, job, kind) a process of ``run_id`` has figures of, and every one it has a row of."""
+    out = {(r.key, r.job, r.kind) for r in s.execute(select(UsageRow.key, UsageRow.job, UsageRow.kind).where(
+        UsageRow.cache == cache, UsageRow.run_id == run_id))}
+    for job, kind, figures in s.execute(
+            select(RunRow.job, RunRow.kind, ProcessKeysRow.figures)
+            .join(ProcessKeysRow, and_(ProcessKeysRow.cache == RunRow.cache, ProcessKeysRow.run_id == RunRow.run_id,
+                                       ProcessKeysRow.process_index == RunRow.process_index))
+            .where(RunRow.cache == cache, RunRow.run_id == run_id)):
+        out.update((key, job, kind) for key in f.decode(figures).keys)
+    return out
+
+
+def fold(history: Mapping[str, Any] | None, rows: Iterable[tuple[groups.Part, str, str, Mapping[str, Any]]]) -> dict:
+    """``history`` with compacted processes' figures of one key added (each a part, its kind, its job and its run's
+    writer columns): jobs' hits, the last hit, the seconds saved as the figures hold them (their key's writer's
+    measure when they were last weighed), the writer."""
+    hits: int = history["hits"] if history else 0
+    saved: float = history["saved_s"] if history else 0.0
+    last_hit: float | None = history["last_hit_s"] if history else None
+    writers: list[Mapping[str, Any] | None] = [history]
+    for part, kind, job, run in rows:
+        fig = part[groups.FIG]
+        used = f.used_hits(kind, fig[f.HITS])
+        hits += used
+        saved += fig[f.SAVED_S]
+        at = f.hit_at(used, fig[f.FIRST_AT], fig[f.LAST_AT])
+        if at is not None and (last_hit is None or at > last_hit):
+            last_hit = at
+        if f.wrote(fig[f.EVENT], fig[f.WRITES]):
+            writers.append({"writer_job": job, "writer_run": run["run_id"], "writer_process": part[groups.PROCESS],
+                            "writer_host": run["host"], "writer_topology": run["topology"], "writer_jax": run["jax"],
+                            "writer_jaxlib": run["jaxlib"], "writer_at_s": fig[f.FIRST_AT] or part[groups.STARTED],
+                            "writer_compile_s": fig[f.COMPILE_S]})
+    return {"hits": hits, "last_hit_s": last_hit, "saved_s": saved, **(earliest(*writers) or dict.fromkeys(WRITER))}
 
 
 def copy_to_entries(catalog: Catalog, cache: str, keys: Iterable[str]) -> None:
@@ -197,11 +284,11 @@ def copy_to_entries(catalog: Catalog, cache: str, keys: Iterable[str]) -> None:
     row again, and the same rows were updated by every batch)."""
     keys = sorted(set(keys))
     with catalog.writing(cache) as s:
-        update = entry_update_statement(cache)
+        statement = entry_update_statement(cache)
         for i in range(0, len(keys), _CHUNK):
             chunk = keys[i : i + _CHUNK]
             stats = key_stats(s, cache, chunk)
-            s.connection().execute(update, [entry_params(k, stats.get(k, EMPTY)) for k in chunk])
+            s.connection().execute(statement, [entry_params(k, stats.get(k, EMPTY)) for k in chunk])
 
 
 def histories(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:
@@ -213,11 +300,10 @@ def histories(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:
 
 def key_stats(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:
     """``{key: aggregates}`` for those of ``keys`` that reports mention (for entry rows a rescan adds)."""
-    out: dict[str, dict] = {}
-    cols = [getattr(KeyStatsRow, n) for n in AGGREGATES]
-    for i in range(0, len(keys), _CHUNK):
-        chunk = keys[i : i + _CHUNK]
-        for row in s.execute(select(KeyStatsRow.key, *cols).where(KeyStatsRow.cache == cache,
-                                                                   KeyStatsRow.key.in_(chunk))):
-            out[row[0]] = dict(zip(AGGREGATES, row[1:], strict=True))
-    return out
+    return {row[0]: dict(zip(AGGREGATES, row[1:], strict=True)) for row in rawsql.fetch_in(
+        s.connection(), "key-stats", _stats_statement, {"cache": cache}, keys)}
+
+
+def _stats_statement(keys: list[BindParameter[Any]]) -> Any:
+    return select(KeyStatsRow.key, *(getattr(KeyStatsRow, n) for n in AGGREGATES)).where(
+        KeyStatsRow.cache == bindparam("cache"), KeyStatsRow.key.in_(keys))

@@ -1,53 +1,48 @@
-"""Explaining misses as their records are ingested: each job's miss (a usage row of event write or compiled) gets
-its cause, what differs, the nearest key and the fix from :func:`jaxcache.explain.explain` over the catalog's
-history, stored on the row. A row keeps its explanation when its record is ingested again unchanged; it is counted
-(``jaxcache_misses_total``) the first time it is explained only. docs/service.md, "Explained misses"."""
+"""Explaining misses as their records are ingested: each run's miss of a key (its usage row of a job's run, event
+write or compiled) gets its cause, what differs, the nearest key and the fix from :func:`jaxcache.explain.explain`
+over the catalog's history, stored on the row. A row keeps its explanation while what it was made of stays the same
+(its processes' later records add to it); ``jaxcache_misses_total`` counts each process's miss once, when the row
+is first explained or when the process joins a row explained already. docs/service.md, "Explained misses"."""
 
 from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from sqlalchemy import Select, Text, Update, bindparam, cast, or_, select, update
+from sqlalchemy import Select, Update, bindparam, select, update
 from sqlalchemy.orm import Session
 
-from jaxcache import records
 from jaxcache.explain import Explanation, explain
+from jaxcache.records import JOB
 from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, UsageRow, table_of
 from jaxcache.service.catalog.queries.history import CatalogHistory, stored_misses
 
 #: Misses explained together: one history is read for all of them, up to this many keys (a key's history is up to
-#: KEY_ROWS rows) and misses. A job's processes miss the same keys: a storm's 60,000 misses of 60 keys take three
-#: batches, not sixty (explaining them on SQLite took 7.3 s in batches of 1,000 misses, 2.6 s in these).
+#: KEY_ROWS rows) and misses. A job's processes miss the same keys, and their misses share a usage row per run.
 BATCH_KEYS, BATCH = 1000, 20_000
 #: What a stored explanation keeps at most: a program's signature or a run's flags can be long, the API pages are not.
 _CHANGES, _TEXT = 50, 2000
 #: The explanation's columns on a usage row.
 COLUMNS = ("cause", "differs", "nearest", "fix")
-#: What a miss's explanation is made of, besides the history: a row whose record changes keeps its explanation
-#: while these stay as they were.
-INPUTS = ("event", "first_at", "parts", "program", "reason", "kind", "job")
+#: What a miss's explanation is made of, besides the history: the row's, and its representative process's run's
+#: (``process_index``). A row keeps its explanation while these stay as they were.
+INPUTS = ("process_index", "event", "first_at", "parts", "program", "reason")
+RUN_INPUTS = ("fingerprint_digest", "topology", "started_s")
 
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """A stored miss to explain; ``counted``: whether it is a miss not explained (so not counted) before."""
+    """A run's miss of a key to explain: its usage row (of a job's run)."""
 
     run_id: str
-    process_index: int
+    job: str
     key: str
-    counted: bool
-
-
-def is_miss(kind: str, event: str) -> bool:
-    """A job's process compiled the key: the cache did not give it (jaxcache.explain.from_root.is_miss)."""
-    return kind == records.JOB and event in (records.WRITE, records.COMPILED)
 
 
 def stored(why: Explanation) -> dict[str, Any]:
@@ -61,42 +56,9 @@ def _clip(text: str | None) -> Any:
     return text if text is None or len(text) <= _TEXT else text[: _TEXT - 1] + "…"
 
 
-#: The JSON columns among INPUTS and COLUMNS, read back as their text (see :func:`as_stored`).
-_JSON = ("parts", "program", "differs")
-
-
-def stored_statement() -> Select:
-    """A process's stored misses: the key, then INPUTS and COLUMNS (for rawsql: JSON columns as their text)."""
-    u = UsageRow
-    columns = [cast(getattr(u, n), Text) if n in _JSON else getattr(u, n) for n in (*INPUTS, *COLUMNS)]
-    return (select(u.key, *columns)
-            .where(u.cache == bindparam("cache"), u.run_id == bindparam("run_id"),
-                   u.process_index == bindparam("process_index"), u.kind == records.JOB,
-                   or_(u.event == records.WRITE, u.event == records.COMPILED)))
-
-
-def as_stored(row: Sequence[Any]) -> dict[str, Any]:
-    """A row of :func:`stored_statement` as the columns' values, as a new usage row holds them."""
-    out = dict(zip((*INPUTS, *COLUMNS), row[1:], strict=True))
-    for name in _JSON:
-        if out[name] is not None:
-            out[name] = msgspec.json.decode(out[name])
-    return out
-
-
-def carried(old: Mapping[str, Any] | None, new: Mapping[str, Any], same_run: bool) -> dict[str, Any] | None:
-    """The explanation ``new`` (a usage row about to be stored) keeps from ``old`` (its process's previous row of
-    the key), when nothing it was made of changed; None: explain it again."""
-    if old is None or old["cause"] is None or not same_run:
-        return None
-    if any(old[name] != new[name] for name in INPUTS):
-        return None
-    return {name: old[name] for name in COLUMNS}
-
-
 def explain_pending(s: Session, cache: str, pending: Sequence[Pending], *, root: str | None = None) -> Counter[str]:
-    """Explain the stored misses ``pending`` and store their explanations (in ``s``'s transaction); the causes of
-    those ``counted``, for the metric."""
+    """Explain the usage rows ``pending`` (those still unexplained) and store their explanations (in ``s``'s
+    transaction); the causes of the processes' misses not counted before, for the metric."""
     counts: Counter[str] = Counter()
     if not pending:
         return counts
@@ -105,16 +67,15 @@ def explain_pending(s: Session, cache: str, pending: Sequence[Pending], *, root:
         found = rawsql.fetch(conn, "explain-root", _root_statement, {"cache": cache})
         root = found[0][0] if found else "ROOT"
     for batch in batches(pending):
-        counted = {(p.run_id, p.process_index, p.key) for p in batch if p.counted}
-        misses = stored_misses(conn, cache, [(p.run_id, p.process_index, p.key) for p in batch])
-        history = CatalogHistory(conn, cache, misses)
+        misses = stored_misses(conn, cache, [(p.run_id, p.job, p.key) for p in batch])
+        history = CatalogHistory(conn, cache, [m for m, _, _ in misses])
         params = []
-        for miss in misses:
+        for miss, missed, counted in misses:
             why = stored(explain(miss, history, root=root))
-            params.append({"b_run": miss.run_id, "b_process": miss.process_index, "b_key": miss.key,
+            params.append({"b_run": miss.run_id, "b_job": miss.job, "b_key": miss.key, "b_counted": missed,
                            **{f"b_{n}": why[n] for n in COLUMNS}})
-            if (miss.run_id, miss.process_index, miss.key) in counted:
-                counts[why["cause"]] += 1
+            if missed > counted:
+                counts[why["cause"]] += missed - counted
         # The driver's executemany (rawsql): SQLAlchemy's processed every value in Python first.
         rawsql.execute_many(conn, "explain-update", _update_statement,
                             [{"b_cache": cache, **p, "b_differs": _json(p["b_differs"])} for p in params])
@@ -146,8 +107,9 @@ def _update_statement() -> Update:
     # Built once: building the expression costs more than running it on one row.
     table = table_of(UsageRow)
     return (update(table).where(table.c.cache == bindparam("b_cache"), table.c.run_id == bindparam("b_run"),
-                                table.c.process_index == bindparam("b_process"), table.c.key == bindparam("b_key"))
-            .values(**{n: bindparam(f"b_{n}") for n in COLUMNS}))
+                                table.c.key == bindparam("b_key"), table.c.job == bindparam("b_job"),
+                                table.c.kind == JOB)
+            .values(counted=bindparam("b_counted"), **{n: bindparam(f"b_{n}") for n in COLUMNS}))
 
 
 def explain_stored(catalog: Catalog, cache: str, pending: Sequence[Pending], *,

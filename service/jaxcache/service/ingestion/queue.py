@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from jaxcache.errors import JaxcacheError
-from jaxcache.records import RunRecord
 from jaxcache.service.ingestion.explain import Pending
+from jaxcache.service.ingestion.packed import Report
 from jaxcache.service.ingestion.reports import IngestResult, PendingMisses
 
 log = logging.getLogger("jaxcache.service")
@@ -54,8 +54,8 @@ EXPLAIN_CHUNK = 5000
 COPY_DEFER_S = 5.0
 COPY_RETRY_S = 1.0
 
-Batch = Callable[[str, Sequence[RunRecord], PendingMisses, set[str] | None], list[IngestResult]]
-One = Callable[[str, RunRecord], IngestResult]
+Batch = Callable[[str, Sequence[Report], PendingMisses, set[str] | None], list[IngestResult]]
+One = Callable[[str, Report], IngestResult]
 Explain = Callable[[str, list[Pending]], None]
 Copy = Callable[[str, set[str]], None]
 
@@ -78,7 +78,7 @@ class Arrival:
 @dataclass(slots=True)
 class _Item:
     cache: str
-    record: RunRecord
+    record: Report
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[IngestResult]
 
@@ -125,7 +125,7 @@ class ReportQueue:
                     self._arriving -= 1
                     self._cond.notify_all()
 
-    async def ingest(self, cache: str, record: RunRecord, arrival: Arrival | None = None) -> IngestResult:
+    async def ingest(self, cache: str, record: Report, arrival: Arrival | None = None) -> IngestResult:
         """Ingest ``record`` into ``cache`` with whatever else is queued; its own result, or its own error."""
         loop = asyncio.get_running_loop()
         item = _Item(cache, record, loop, loop.create_future())
@@ -283,7 +283,7 @@ class ReportQueue:
         """The misses of ``item``'s record alone (not the others': in a storm, those wait for a quiet moment)."""
         held = self._later.get(item.cache)
         if held is not None:
-            self._explain_held(item.cache, held.take_process(item.record.run_id, item.record.process_index))
+            self._explain_held(item.cache, held.take_record(item.record))
 
     def _explain_held(self, cache: str, todo: list[Pending]) -> None:
         if not len(self._later[cache]):

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
-from jaxcache.records import RunRecord
 from jaxcache.service.ingestion import wire
+from jaxcache.service.ingestion.packed import Report
 from jaxcache.service.ingestion.queue import Arrival, QueueFullError
 from jaxcache.service.ingestion.reports import IngestResult
 
@@ -50,7 +50,7 @@ class RemoteReports:
         # The writer process batches what it has queued; it cannot wait for bodies another process still reads.
         yield Arrival()
 
-    async def ingest(self, cache: str, record: RunRecord, arrival: Arrival | None = None) -> IngestResult:
+    async def ingest(self, cache: str, record: Report, arrival: Arrival | None = None) -> IngestResult:
         """Ingest ``record`` through the writer; its result, or its error as the local queue raises it."""
         reply = await self._ask(lambda i: wire.Ingest(i, cache, record))
         if reply.error is None and reply.result is not None:

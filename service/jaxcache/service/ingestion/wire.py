@@ -9,7 +9,7 @@ import struct
 
 import msgspec
 
-from jaxcache.records import RunRecord
+from jaxcache.service.ingestion.packed import Report
 
 SOCKET_NAME = "reports.sock"
 PID_NAME = "writer.pid"
@@ -25,7 +25,7 @@ INVALID, FULL, STOPPING, FAILED = "invalid", "full", "stopping", "failed"
 class Ingest(msgspec.Struct, tag="ingest"):
     id: int
     cache: str
-    record: RunRecord
+    record: Report
 
 
 class Settle(msgspec.Struct, tag="settle"):

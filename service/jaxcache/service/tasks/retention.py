@@ -1,8 +1,8 @@
 """Retention of run records (``JAXCACHE_RECORDS_RETAIN_D``): runs last updated before the horizon are folded into
-per-key history (``key_history``) and deleted with their usage rows, a bounded batch per transaction; then the
-service deletes their record files (jobs never delete records), old malformed ones, and the item lists of old prune
-audits. Per-key figures do not move (aggregates add the history back); job lists and usage windows keep only the
-retained runs. Run at the end of a rescan, under its ``scan:<cache>`` lock. docs/service.md, "Run records".
+per-key history (``key_history``), deleted, and taken out of their runs' usage rows, a bounded batch per transaction;
+then the service deletes their record files (jobs never delete records), old malformed ones, and the item lists of
+old prune audits. Per-key figures do not move (aggregates add the history back); job lists and usage windows keep
+only the retained runs. Run at the end of a rescan, under its ``scan:<cache>`` lock. docs/service.md, "Run records".
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, delete, insert, or_, select, tuple_, update
+from sqlalchemy import CursorResult, and_, delete, insert, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from jaxcache import records
@@ -24,13 +25,14 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import (
     CacheRow,
     KeyHistoryRow,
+    ProcessKeysRow,
     PruneItemRow,
     PruneRow,
     RecordFileRow,
     RunRow,
-    UsageRow,
 )
-from jaxcache.service.ingestion.aggregates import USAGE_COLUMNS, USAGE_JOIN, fold, histories
+from jaxcache.service.ingestion import figures
+from jaxcache.service.ingestion.aggregates import fold, histories, rebuild
 from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.service")
@@ -39,7 +41,7 @@ DAY_S = 86400.0
 DEFAULT_RETAIN_D = 30.0
 #: Per transaction: other writers of the cache (report ingestion, on every replica) wait for each one.
 BATCH_PROCESSES = 2000
-BATCH_ROWS = 200_000  # usage rows: one process may have touched 100k keys
+BATCH_KEYS = 200_000  # keys of those processes' figures: one process may have touched 100k keys
 _CHUNK = 500
 _RECORD = re.compile(r"([^/]+)-p([0-9]+)\.json")
 
@@ -72,8 +74,9 @@ def compact(catalog: Catalog, cache: str, storage: Storage, *, retain_s: float, 
 
 
 def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[str, int, float]]:
-    """One transaction: raise the watermark, fold a batch of old runs into key_history, delete their rows.
-    Returns the (run_id, process_index, started_s) it compacted (none: nothing is left to)."""
+    """One transaction: raise the watermark, fold a batch of old processes into key_history, delete their rows and
+    take their part out of their runs' usage rows. Returns the (run_id, process_index, started_s) it compacted
+    (none: nothing is left to)."""
     with catalog.writing(cache) as s:
         # First: a record older than the horizon is stale from the moment its run may be in history.
         s.execute(update(CacheRow).where(CacheRow.name == cache, or_(CacheRow.compacted_before_s.is_(None),
@@ -84,30 +87,45 @@ def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[s
                           .order_by(RunRow.updated_s, RunRow.run_id, RunRow.process_index)
                           .limit(BATCH_PROCESSES)).all()
         batch: list[tuple[str, int, float]] = []
-        rows = 0
+        keys = 0
         for r in found:
-            if batch and rows + r.keys > BATCH_ROWS:
+            if batch and keys + r.keys > BATCH_KEYS:
                 break
             batch.append((r.run_id, r.process_index, r.started_s))
-            rows += r.keys
+            keys += r.keys
         pairs = [(run, index) for run, index, _ in batch]
-        by_key: dict[str, list] = {}
+        by_key: dict[str, list] = defaultdict(list)
+        touched: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
         for i in range(0, len(pairs), _CHUNK):
-            which = tuple_(UsageRow.run_id, UsageRow.process_index).in_(pairs[i : i + _CHUNK])
-            for u in s.execute(select(*USAGE_COLUMNS).join(RunRow, USAGE_JOIN).where(UsageRow.cache == cache, which)):
-                by_key.setdefault(u.key, []).append(u)
+            chosen = tuple_(RunRow.run_id, RunRow.process_index).in_(pairs[i : i + _CHUNK])
+            for p in s.execute(select(*_RUN_COLUMNS, ProcessKeysRow.figures).outerjoin(ProcessKeysRow, _FIGURES)
+                               .where(RunRow.cache == cache, chosen)):
+                run = p._asdict()
+                for fig in figures.decode(p.figures).rows() if p.figures is not None else ():
+                    part = (fig, p.process_index, p.updated_s, p.started_s)
+                    by_key[fig[figures.KEY]].append((part, p.kind, p.job, run))
+                    touched[p.run_id].add((fig[figures.KEY], p.job, p.kind))
         _fold(s, cache, by_key)
         for i in range(0, len(pairs), _CHUNK):
             chunk = pairs[i : i + _CHUNK]
-            s.execute(delete(UsageRow).where(UsageRow.cache == cache,
-                                             tuple_(UsageRow.run_id, UsageRow.process_index).in_(chunk)))
+            s.execute(delete(ProcessKeysRow).where(ProcessKeysRow.cache == cache, tuple_(
+                ProcessKeysRow.run_id, ProcessKeysRow.process_index).in_(chunk)))
             s.execute(delete(RunRow).where(RunRow.cache == cache,
                                            tuple_(RunRow.run_id, RunRow.process_index).in_(chunk)))
+        # What is left of each run's usage rows (nothing, when the whole run went): key_stats stay as they are,
+        # since aggregates add the history back.
+        for run_id, which in sorted(touched.items()):
+            rebuild(s, cache, run_id, which)
     return batch
 
 
+_RUN_COLUMNS = (RunRow.run_id, RunRow.process_index, RunRow.job, RunRow.kind, RunRow.updated_s, RunRow.started_s,
+                RunRow.host, RunRow.topology, RunRow.jax, RunRow.jaxlib)
+_FIGURES = and_(ProcessKeysRow.cache == RunRow.cache, ProcessKeysRow.run_id == RunRow.run_id,
+                ProcessKeysRow.process_index == RunRow.process_index)
+
+
 def _fold(s: Session, cache: str, by_key: dict[str, list]) -> None:
-    # key_stats stay as they are: they already count these rows, and aggregates add history where rows were.
     keys = sorted(by_key)
     for i in range(0, len(keys), _CHUNK):
         chunk = keys[i : i + _CHUNK]

@@ -122,10 +122,10 @@ def _first_of_function() -> Select:
 
 
 def _stored() -> Select:
-    # A job's miss only: a row may have been replaced since it was listed to explain (a run id used again).
-    return _usage_base().where(_u.run_id == bindparam("run_id"), _u.process_index == bindparam("process_index"),
-                               _u.cause.is_(None), _u.kind == JOB,
-                               or_(_u.event == WRITE, _u.event == COMPILED))  # (an IN would not compile once)
+    # A job's miss only: a row may have changed since it was listed to explain (a run id used again).
+    return (_usage_base().add_columns(_u.missed, _u.counted)
+            .where(_u.run_id == bindparam("run_id"), _u.cause.is_(None), _u.kind == JOB,
+                   or_(_u.event == WRITE, _u.event == COMPILED)))  # (an IN would not compile once)
 
 
 def _warmups_of(column: str) -> Callable[[], Select]:
@@ -162,18 +162,18 @@ def _deletions() -> Select:
                    ~i.name.like("%-atime")))
 
 
-def stored_misses(conn: Connection, cache: str, rows: Iterable[tuple[str, int, str]]) -> list[Known]:
-    """The usage rows (run id, process index, key) still unexplained, as the engine's misses, oldest first."""
+def stored_misses(conn: Connection, cache: str, rows: Iterable[tuple[str, str, str]]) -> list[tuple[Known, int, int]]:
+    """The usage rows (run id, job, key) of jobs' misses still unexplained, as the engine's misses with their
+    processes' misses and how many of those were counted, oldest first."""
     decode = Decoder()
-    wanted: dict[tuple[str, int], set[str]] = defaultdict(set)
-    for run_id, process, key in rows:
-        wanted[(run_id, process)].add(key)
-    # A process's unexplained misses in one read (a report's are dozens): one read a row was a round trip each.
-    out = [known_of_usage(UsageKnown(*r), decode) for (run_id, process), keys in wanted.items()
-           for r in rawsql.fetch(conn, "explain-stored", _stored,
-                                 {"cache": cache, "run_id": run_id, "process_index": process})
-           if r[0] in keys]
-    return sorted(out, key=lambda k: (k.at, k.run_id or "", k.process_index, k.key))
+    wanted: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for run_id, job, key in rows:
+        wanted[run_id].add((job, key))
+    # A run's unexplained misses in one read (a report's are dozens): one read a row was a round trip each.
+    out = [(known_of_usage(UsageKnown(*r[:-2]), decode), r[-2], r[-1]) for run_id, keys in wanted.items()
+           for r in rawsql.fetch(conn, "explain-stored", _stored, {"cache": cache, "run_id": run_id})
+           if (r[4], r[0]) in keys]
+    return sorted(out, key=lambda m: (m[0].at, m[0].run_id or "", m[0].process_index, m[0].key))
 
 
 class CatalogHistory:

@@ -226,7 +226,7 @@ def entry_jobs(s: Session | Connection, cache: str, key: str) -> list[dict]:
     not jobs: the first writer names a warm-up that wrote the key)."""
     rows = s.execute(
         select(UsageRow.job, func.sum(UsageRow.hits), func.sum(UsageRow.compiles), func.sum(UsageRow.writes),
-               func.count(), func.max(UsageRow.last_at), func.sum(UsageRow.saved_s))
+               func.sum(UsageRow.processes), func.max(UsageRow.last_at), func.sum(UsageRow.saved_s))
         .where(UsageRow.cache == cache, UsageRow.key == key, UsageRow.kind == JOB)
         .group_by(UsageRow.job).order_by(UsageRow.job)
     ).all()

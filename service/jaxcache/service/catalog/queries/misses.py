@@ -1,6 +1,7 @@
 """Jobs' misses as ingestion explained them: by cause over a window, and the latest explanation of a job's keys.
 
-Only jobs' runs count (``kind`` "job"), as in :mod:`.usage`; a miss is one usage row (a process compiling a key).
+Only jobs' runs count (``kind`` "job"), as in :mod:`.usage`; a miss is a process compiling a key, and a run's misses
+of one key share its usage row (``missed`` of its processes) and its explanation.
 """
 
 from __future__ import annotations
@@ -10,26 +11,24 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache.records import COMPILED, JOB, WRITE
-from jaxcache.service.catalog.models import RunRow, UsageRow
+from jaxcache.service.catalog.models import UsageRow
 
 _MISS = (UsageRow.kind == JOB, UsageRow.event.in_((WRITE, COMPILED)))
 _CHUNK = 500
 
 
 def misses_by_cause(s: Session | Connection, cache: str, *, since: float) -> dict:
-    """Misses of the processes whose records were updated since ``since``, by cause (most compile seconds lost
-    first), and how many are not explained yet."""
-    spent = func.sum(func.coalesce(UsageRow.compile_s, 0.0))
+    """Misses of runs whose records were updated since ``since`` (a usage row's newest), by cause (most compile
+    seconds lost first), and how many are not explained yet."""
     rows = s.execute(
-        select(UsageRow.cause, func.count(), spent)
-        .join(RunRow, and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
-                           RunRow.process_index == UsageRow.process_index))
-        .where(RunRow.cache == cache, RunRow.updated_s >= since, RunRow.kind == JOB, *_MISS)
+        select(UsageRow.cause, func.sum(UsageRow.missed), func.sum(UsageRow.compile_s))
+        .where(UsageRow.cache == cache, UsageRow.updated_s >= since, *_MISS)
         .group_by(UsageRow.cause)
     ).all()
-    ranked = sorted(((float(sec or 0), int(n), c) for c, n, sec in rows if c), key=lambda t: (-t[0], -t[1], t[2]))
+    ranked = sorted(((float(sec or 0), int(n or 0), c) for c, n, sec in rows if c),
+                    key=lambda t: (-t[0], -t[1], t[2]))
     causes = [{"cause": c, "misses": n, "compile_s": sec} for sec, n, c in ranked]
-    unexplained = sum(int(n) for c, n, _ in rows if c is None)
+    unexplained = sum(int(n or 0) for c, n, _ in rows if c is None)
     return {"since_s": since, "causes": causes, "unexplained": unexplained}
 
 

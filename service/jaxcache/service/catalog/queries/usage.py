@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -22,15 +22,10 @@ def _rate(hits: int, misses: int) -> float | None:
 
 def usage_window(s: Session | Connection, cache: str, *, since: float) -> dict:
     """Hits, misses, hit rate and seconds saved by the processes whose records were updated since ``since``."""
-    processes, runs, jobs = s.execute(
-        select(func.count(), func.count(func.distinct(RunRow.run_id)), func.count(func.distinct(RunRow.job)))
-        .where(RunRow.cache == cache, RunRow.updated_s >= since, RunRow.kind == JOB)
-    ).one()
-    hits, misses, saved = s.execute(
-        select(func.coalesce(func.sum(UsageRow.hits), 0), func.coalesce(func.sum(UsageRow.compiles), 0),
-               func.coalesce(func.sum(UsageRow.saved_s), 0.0))
-        .join(RunRow, and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
-                           RunRow.process_index == UsageRow.process_index))
+    processes, runs, jobs, hits, misses, saved = s.execute(
+        select(func.count(), func.count(func.distinct(RunRow.run_id)), func.count(func.distinct(RunRow.job)),
+               func.coalesce(func.sum(RunRow.hits), 0), func.coalesce(func.sum(RunRow.compiles), 0),
+               func.coalesce(func.sum(RunRow.saved_s), 0.0))
         .where(RunRow.cache == cache, RunRow.updated_s >= since, RunRow.kind == JOB)
     ).one()
     hits, misses = int(hits), int(misses)
@@ -116,23 +111,14 @@ def job_runs(s: Session | Connection, cache: str, job: str, *, limit: int) -> li
     """The job's processes, newest record first, with their own hits, misses, writes and seconds saved."""
     rows = s.execute(
         select(RunRow.run_id, RunRow.process_index, RunRow.process_count, RunRow.host, RunRow.topology, RunRow.jax,
-               RunRow.jaxlib, RunRow.fingerprint_digest, RunRow.started_s, RunRow.updated_s, RunRow.final)
+               RunRow.jaxlib, RunRow.fingerprint_digest, RunRow.started_s, RunRow.updated_s, RunRow.final,
+               RunRow.hits, RunRow.compiles, RunRow.writes, RunRow.saved_s)
         .where(RunRow.cache == cache, RunRow.job == job, RunRow.kind == JOB)
         .order_by(RunRow.updated_s.desc(), RunRow.run_id, RunRow.process_index).limit(limit)
     ).all()
-    counts = {
-        (r, p): (int(h or 0), int(m or 0), int(w or 0), float(sv or 0))
-        for r, p, h, m, w, sv in s.execute(
-            select(UsageRow.run_id, UsageRow.process_index, func.sum(UsageRow.hits), func.sum(UsageRow.compiles),
-                   func.sum(UsageRow.writes), func.sum(UsageRow.saved_s))
-            .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.kind == JOB,
-                   UsageRow.run_id.in_(list({r.run_id for r in rows})))
-            .group_by(UsageRow.run_id, UsageRow.process_index)
-        )
-    }
     out = []
     for r in rows:
-        h, m, w, sv = counts.get((r.run_id, r.process_index), (0, 0, 0, 0.0))
+        h, m, w, sv = int(r.hits), int(r.compiles), int(r.writes), float(r.saved_s)
         out.append({"run_id": r.run_id, "process_index": r.process_index, "process_count": r.process_count,
                     "host": r.host, "topology": r.topology, "jax": r.jax, "jaxlib": r.jaxlib,
                     "fingerprint_digest": r.fingerprint_digest, "started_s": r.started_s, "updated_s": r.updated_s,

@@ -1,0 +1,160 @@
+"""The tables of ingested run records: ``runs`` (a process of a run, with its own totals), ``process_keys`` (what it
+did with each key, one packed row per process), ``usage`` (what a run's processes did with each key, summed: one
+row per run and key) and ``key_stats`` (per-key aggregates, copied onto each entry's row so that listings never
+join); runs older than the retention are folded into ``key_history`` and deleted."""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Index, Integer, LargeBinary, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from jaxcache.service.catalog.schema import Base, NullableJSON, Str
+
+#: The per-key aggregates that key_stats holds and entry rows copy, in this order.
+AGGREGATES = ("hits", "last_hit_s", "saved_s", "writer_job", "writer_run", "writer_process", "writer_host",
+              "writer_topology", "writer_jax", "writer_jaxlib", "writer_at_s", "writer_compile_s")
+
+
+class _Aggregates:
+    """The per-key aggregate columns (AGGREGATES), shared by key_stats and key_history."""
+
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    saved_s: Mapped[float] = mapped_column(Float, default=0.0)
+    # The first writer: the process with the earliest `write` event for the key.
+    writer_job: Mapped[str | None] = mapped_column(Str(256), nullable=True)
+    writer_run: Mapped[str | None] = mapped_column(Str(128), nullable=True)
+    writer_process: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    writer_host: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_topology: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_jax: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_jaxlib: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class KeyStatsRow(_Aggregates, Base):
+    """Aggregates of one key over every ingested run record, compacted ones (key_history) included. Exists before
+    (or without) the entry itself: a report may arrive before the rescan that finds the entry, and keeps its
+    history after a prune."""
+
+    __tablename__ = "key_stats"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+
+
+class KeyHistoryRow(_Aggregates, Base):
+    """Aggregates of one key over the runs compacted after the records' retention (their runs and usage rows are
+    gone): jobs' hits, last hit, seconds saved as their usage rows held them, and the earliest writer among them."""
+
+    __tablename__ = "key_history"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+
+
+class RunRow(Base):
+    """One process of one run of a job, from its latest run record."""
+
+    __tablename__ = "runs"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
+    process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job: Mapped[str] = mapped_column(Str(256))
+    process_count: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(Str(1024))
+    topology: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    cache_dir: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    jax: Mapped[str] = mapped_column(Str(1024))
+    jaxlib: Mapped[str] = mapped_column(Str(1024))
+    backend: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    fingerprint: Mapped[dict] = mapped_column(JSON)
+    fingerprint_digest: Mapped[str] = mapped_column(Str(32))
+    started_s: Mapped[float] = mapped_column(Float)
+    updated_s: Mapped[float] = mapped_column(Float)
+    final: Mapped[bool] = mapped_column(Boolean, default=False)
+    pid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    keys: Mapped[int] = mapped_column(Integer, default=0)
+    source: Mapped[str] = mapped_column(Str(16))  # "report" (POST) or "storage" (a rescan read the file)
+    # What wrote the record (jaxcache.records.RunKind): only jobs count in jobs' figures and hit aggregates.
+    kind: Mapped[str] = mapped_column(Str(16), default="job", server_default="job")
+    ingested_s: Mapped[float] = mapped_column(Float)
+    # The process's own totals over its keys (seconds saved by the catalog's measure): per-process figures without
+    # reading its process_keys row.
+    hits: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    compiles: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    writes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    saved_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+
+    __table_args__ = (
+        Index("ix_runs_job", "cache", "job", "updated_s"),
+        Index("ix_runs_updated", "cache", "updated_s"),
+    )
+
+
+class ProcessKeysRow(Base):
+    """What one process did with each key, as its latest record says (:mod:`jaxcache.service.ingestion.figures`,
+    packed): what its next record replaces in the run's usage rows, and what they are rebuilt from."""
+
+    __tablename__ = "process_keys"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
+    process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    figures: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class UsageRow(Base):
+    """What the processes of one run (those of one job and kind: all of them, in practice) did with one key: their
+    :class:`jaxcache.records.KeyUsage` figures summed (counts, seconds: the seconds their hits saved by this
+    catalog's measure), or their extreme (first and last use, the most informative event, the earliest write).
+    A job's 1,000 processes touching the same 200 keys make 200 rows, not 200,000 (docs/service.md, "Run
+    records"); each process's own figures are in its ``process_keys`` row."""
+
+    __tablename__ = "usage"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    job: Mapped[str] = mapped_column(Str(256), primary_key=True)  # the processes' run's: per-job sums never join
+    kind: Mapped[str] = mapped_column(Str(16), primary_key=True)  # theirs too, for that
+    # The lowest index among the processes: the run row whose fingerprint, topology and start describe the row.
+    process_index: Mapped[int] = mapped_column(Integer)
+    processes: Mapped[int] = mapped_column(Integer)
+    function: Mapped[str] = mapped_column(Str(1024))
+    event: Mapped[str] = mapped_column(Str(16))  # the most informative of the processes': write > compiled > hit
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    compiles: Mapped[int] = mapped_column(BigInteger, default=0)
+    writes: Mapped[int] = mapped_column(BigInteger, default=0)
+    reason: Mapped[str | None] = mapped_column(Str(1024), nullable=True)  # the greatest of the processes'
+    compile_s: Mapped[float] = mapped_column(Float, default=0.0)
+    retrieval_s: Mapped[float] = mapped_column(Float, default=0.0)
+    jax_saved_s: Mapped[float] = mapped_column(Float, default=0.0)  # the records' saved_s (JAX's own figure)
+    saved_s: Mapped[float] = mapped_column(Float, default=0.0)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    first_at: Mapped[float] = mapped_column(Float, default=0.0)  # the earliest known (0: none known)
+    last_at: Mapped[float] = mapped_column(Float, default=0.0)
+    last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # the last hit that counts as use
+    updated_s: Mapped[float] = mapped_column(Float)  # the newest of the processes' records
+    # The earliest write among the processes (its time: first use, else the process's start): the key's first
+    # writer is the earliest of these over every run.
+    writer_process: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Processes whose row is a miss (a job's write or compile), and how many of them jaxcache_misses_total counted.
+    missed: Mapped[int] = mapped_column(Integer, default=0)
+    counted: Mapped[int] = mapped_column(Integer, default=0)
+    # What entered the key (jaxcache.keyparts), as a record carried them: what explanations compare.
+    parts: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
+    program: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
+    # The run's miss of the key (event write or compiled, kind job), explained at ingestion (jaxcache.explain);
+    # NULL: not explained yet, or not a miss.
+    cause: Mapped[str | None] = mapped_column(Str(32), nullable=True)
+    differs: Mapped[list | None] = mapped_column(NullableJSON, nullable=True)  # [{part, mine, theirs, changes}]
+    nearest: Mapped[str | None] = mapped_column(Str(512), nullable=True)
+    fix: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    __table_args__ = (
+        Index("ix_usage_key", "cache", "key", "first_at"),
+        Index("ix_usage_job", "cache", "job", "key"),
+        # "The keys of function F in cache C, newest first" is an index range: explanations look for the nearest
+        # key of a miss's function among them without reading the function's whole history.
+        Index("ix_usage_function", "cache", "function", "first_at"),
+    )
