@@ -149,6 +149,14 @@ def _parses_or_refuses(parse, data: bytes):
     return found
 
 
+def test_a_run_record_says_its_schema_first_and_reads_back_as_written():
+    """The tag before the keys: a reader finds it without scanning past 200 keys' worth of JSON first."""
+    data = _run_record()
+    assert next(iter(data)) == "schema"
+    body = json.dumps(data).encode()
+    assert records.parse(body).to_json() == body.replace(b", ", b",").replace(b": ", b":")
+
+
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 

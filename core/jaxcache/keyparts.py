@@ -28,7 +28,7 @@ Operand = Annotated[str, msgspec.Meta(max_length=1000)]
 Operands = Annotated[tuple[Operand, ...], msgspec.Meta(max_length=4096)]
 
 
-class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True):
+class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):  # no cycles: see records.KeyUsage
     """The SHA-256 JAX computed of each part of one key (a part JAX did not report is None)."""
 
     computation: Hash | None = None
@@ -49,7 +49,7 @@ class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True):
         return [p for p in ORDER if getattr(self, p) is not None]
 
 
-class ProgramSignature(msgspec.Struct, frozen=True):
+class ProgramSignature(msgspec.Struct, frozen=True, gc=False):
     """The entry signature of a program (its module's ``main``): what "the program changed" can point at."""
 
     args: Operands = ()

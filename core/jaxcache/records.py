@@ -58,7 +58,10 @@ RunId = Annotated[str, msgspec.Meta(pattern=f"^{_RUN_ID}$")]
 Job = Annotated[str, msgspec.Meta(pattern=f"^{_JOB}$")]
 
 
-class Fingerprint(msgspec.Struct, frozen=True):
+# gc=False on the structs a record holds per key (and its fingerprint): they hold only strings, numbers and each
+# other, so they can make no reference cycle, and a record of 200 keys would give the cycle collector 600 more
+# objects to walk (9% of a service worker's time in a report storm).
+class Fingerprint(msgspec.Struct, frozen=True, gc=False):
     """Everything that enters JAX's cache keys besides the program, so two runs that miss each other compare."""
 
     jax: Text
@@ -96,7 +99,7 @@ class Fingerprint(msgspec.Struct, frozen=True):
         }
 
 
-class KeyUsage(msgspec.Struct):
+class KeyUsage(msgspec.Struct, gc=False):
     """What one process did with one key. Counts and seconds are totals for the process so far."""
 
     key: Key
@@ -153,10 +156,12 @@ class RunRecord(msgspec.Struct, tag_field="schema", tag=SCHEMA):
         return record_name(self.run_id, self.process_index, self.started_at)
 
     def to_json(self) -> bytes:
-        """Serialize as the JSON the service accepts (the fingerprint with its digest)."""
+        """Serialize as the JSON the service accepts (the fingerprint with its digest), ``schema`` first: a reader
+        finds the tag before the keys (sorted, it came after them, and parsing a record of 200 keys took twice as
+        long, the decoder scanning the keys for the tag before decoding them)."""
         data = msgspec.to_builtins(self)
         data["fingerprint"] = self.fingerprint.as_dict()
-        return msgspec.json.encode(data, order="sorted")
+        return msgspec.json.encode(data)
 
 
 def day_of(at: float) -> str:
