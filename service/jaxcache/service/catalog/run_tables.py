@@ -42,6 +42,8 @@ class KeyStatsRow(_Aggregates, Base):
     cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
     key: Mapped[str] = mapped_column(Str(512), primary_key=True)
 
+    __table_args__ = ({"postgresql_with": {"fillfactor": 80}},)  # see UsageRow
+
 
 class KeyHistoryRow(_Aggregates, Base):
     """Aggregates of one key over the runs compacted after the records' retention (their runs and usage rows are
@@ -157,4 +159,8 @@ class UsageRow(Base):
         # "The keys of function F in cache C, newest first" is an index range: explanations look for the nearest
         # key of a miss's function among them without reading the function's whole history.
         Index("ix_usage_function", "cache", "function", "first_at"),
+        # Room on each page for a row's next version (PostgreSQL): a storm's batches update the same rows again
+        # and again, leaving their indexed columns alone, and a version on the same page is an update no index
+        # sees (HOT).
+        {"postgresql_with": {"fillfactor": 80}},
     )

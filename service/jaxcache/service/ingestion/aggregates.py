@@ -304,6 +304,6 @@ def key_stats(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:
         s.connection(), "key-stats", _stats_statement, {"cache": cache}, keys)}
 
 
-def _stats_statement(keys: list[BindParameter[Any]]) -> Any:
+def _stats_statement(within: rawsql.Within) -> Any:
     return select(KeyStatsRow.key, *(getattr(KeyStatsRow, n) for n in AGGREGATES)).where(
-        KeyStatsRow.cache == bindparam("cache"), KeyStatsRow.key.in_(keys))
+        KeyStatsRow.cache == bindparam("cache"), within(table_of(KeyStatsRow).c.key))

@@ -5,13 +5,14 @@ docs/service.md, "Run records"."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-from sqlalchemy import BindParameter, Delete, Select, Update, bindparam, delete, select, update
+from sqlalchemy import Delete, Select, Update, bindparam, case, delete, literal, select, update
 from sqlalchemy.orm import Session
 
 from jaxcache.records import RunRecord
@@ -120,7 +121,7 @@ class Batch:
         for run_id, key, _, _ in idents:
             by_run[run_id].add(key)
         out: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-        names = [c.name for c in table_of(UsageRow).columns]
+        names = _READ
         for run_id, found in sorted(by_run.items()):
             for values in rawsql.fetch_in(self.conn, "ingest-usage", _usage_statement,
                                           {"cache": self.cache, "run_id": run_id}, sorted(found)):
@@ -137,7 +138,10 @@ class Batch:
         pending: list[Pending] = []
         counts: Counter[str] = Counter()
         rebuild: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
-        inserts, updates, deletes = [], [], []
+        inserts, deletes, unexplain = [], [], []
+        updates: list[tuple[dict[str, Any], bool]] = []
+        filled_parts: list[dict[str, Any]] = []
+        filled_programs: list[dict[str, Any]] = []
         texts = _Texts(changes)
         moved = {pid for pid, c in changes.items() if c.before is None or any(
             c.before.run[n] != v for n, v in _run_inputs(c.record).items())}
@@ -157,6 +161,7 @@ class Batch:
                        "counted": 0, "parts": None, "program": None, "cause": None, "differs": None, "nearest": None,
                        "fix": None}
                 keyed.gain(key, kind, 0, 0.0, row)
+                texts.fill(row)
                 inserts.append(row)
             else:
                 if old:
@@ -165,6 +170,7 @@ class Batch:
                         rebuild[run_id].add((key, job, kind))
                         continue
                 before, hits, saved = _inputs(row), row["hits"], row["saved_s"]
+                was_indexed = tuple(row[n] for n in _INDEXED)
                 groups.subtract(row, kind, list(old.values()))
                 groups.add(row, kind, new)
                 if row["processes"] <= 0:
@@ -173,9 +179,16 @@ class Batch:
                     keyed.regather.add(key)
                     continue
                 keyed.gain(key, kind, hits, saved, row)
-                updates.append(row)
-            if row["parts"] is None or row["program"] is None:
-                texts.fill(row)
+                updates.append((row, was_indexed != tuple(row[n] for n in _INDEXED)))
+                if row["parts"] is None or row["program"] is None:
+                    missing = row["parts"] is None, row["program"] is None
+                    texts.fill(row)
+                    if missing[0] and row["parts"] is not None:
+                        filled_parts.append({"b_cache": self.cache, "b_run_id": run_id, "b_key": key, "b_job": job,
+                                             "b_kind": kind, "b_text": row["parts"]})
+                    if missing[1] and row["program"] is not None:
+                        filled_programs.append({"b_cache": self.cache, "b_run_id": run_id, "b_key": key,
+                                                "b_job": job, "b_kind": kind, "b_text": row["program"]})
             if f.is_miss(kind, row["event"]):
                 if (row["cause"] is not None and before == _inputs(row)
                         and (run_id, row["process_index"]) not in moved):
@@ -183,14 +196,25 @@ class Batch:
                         counts[row["cause"]] += row["missed"] - row["counted"]
                         row["counted"] = row["missed"]
                 else:
-                    row.update(cause=None, differs=None, nearest=None, fix=None)
+                    if row["cause"] is not None:
+                        unexplain.append(row)
+                    row["cause"] = None
                     pending.append(Pending(run_id, job, key))
             elif row["cause"] is not None:
-                row.update(cause=None, differs=None, nearest=None, fix=None)
-        usage = table_of(UsageRow)
+                unexplain.append(row)
+                row["cause"] = None
         rawsql.execute_many(self.conn, "ingest-usage-delete", _usage_delete, deletes)
-        rawsql.execute_many(self.conn, "ingest-usage-update", _usage_update, [_as_params(r, "b_") for r in updates])
-        rawsql.insert_rows(self.conn, usage, [_as_params(r) for r in inserts])
+        usage = table_of(UsageRow)
+        for reindex in (False, True):
+            rawsql.update_rows(self.conn, usage, _KEY, [n for n in _UPDATED if reindex or n not in _INDEXED],
+                               [{"cache": self.cache, **r} for r, moved in updates if moved == reindex])
+        rawsql.execute_many(self.conn, "ingest-usage-parts", functools.partial(_text_update, "parts"), filled_parts)
+        rawsql.execute_many(self.conn, "ingest-usage-program", functools.partial(_text_update, "program"),
+                            filled_programs)
+        rawsql.execute_many(self.conn, "ingest-unexplain", _unexplain, [
+            {"b_cache": self.cache, "b_run": r["run_id"], "b_key": r["key"], "b_job": r["job"], "b_kind": r["kind"]}
+            for r in unexplain])
+        rawsql.insert_rows(self.conn, usage, inserts)
         return pending, counts, rebuild
 
     # --- processes --------------------------------------------------------------------------------------------
@@ -263,25 +287,39 @@ def _pk(table) -> list:
             table.c.key == bindparam("b_key"), table.c.job == bindparam("b_job"), table.c.kind == bindparam("b_kind")]
 
 
-#: What a usage row's update writes: everything but its key.
-_UPDATED = (*groups.COLUMNS, "counted", "parts", "program", "cause", "differs", "nearest", "fix")
+#: What a usage row's update writes: its processes' figures and how many misses were counted.
+_UPDATED = (*groups.COLUMNS, "counted")
+#: What ingestion reads of a usage row: its key, what it updates, and whether it has an explanation, parts and a
+#: program (their texts stay in the catalog: a storm's batches read and write the same rows again and again).
+_READ = ("run_id", "key", "job", "kind", *_UPDATED, "cause", "parts", "program")
 
 
-def _usage_update() -> Update:
-    t = table_of(UsageRow)
-    return update(t).where(*_pk(t)).values(**{n: bindparam(f"b_{n}") for n in _UPDATED})
+#: A usage row's columns that its indexes hold besides its key: an update that leaves them out leaves the indexes
+#: alone (SQLite rewrites an index entry whenever its column is assigned, even to the value it had; PostgreSQL can
+#: then keep the row's new version on its page, unseen by the indexes).
+_INDEXED = ("first_at", "function")
+_KEY = ("cache", "run_id", "key", "job", "kind")
 
 
-def _processes_statement(indexes: list[BindParameter[Any]]) -> Select:
+def _processes_statement(within: rawsql.Within) -> Select:
     r, p = RunRow, ProcessKeysRow
     return (select(r.process_index, *_RUN_COLUMNS, p.figures)
             .outerjoin(p, (p.cache == r.cache) & (p.run_id == r.run_id) & (p.process_index == r.process_index))
-            .where(r.cache == bindparam("cache"), r.run_id == bindparam("run_id"), r.process_index.in_(indexes)))
+            .where(r.cache == bindparam("cache"), r.run_id == bindparam("run_id"),
+                   within(table_of(RunRow).c.process_index)))
 
 
-def _usage_statement(keys: list[BindParameter[Any]]) -> Select:
+def _usage_statement(within: rawsql.Within) -> Select:
     u = table_of(UsageRow)
-    return select(u).where(u.c.cache == bindparam("cache"), u.c.run_id == bindparam("run_id"), u.c.key.in_(keys))
+    # The explanation's cause and whether parts and a program are there: the texts themselves are not read.
+    flags = [case((u.c[n].is_(None), None), else_=literal(n)).label(n) for n in ("parts", "program")]
+    return (select(*(u.c[n] for n in _READ[:-2]), *flags)
+            .where(u.c.cache == bindparam("cache"), u.c.run_id == bindparam("run_id"), within(u.c.key)))
+
+
+def _text_update(column: str) -> Update:
+    t = table_of(UsageRow)
+    return update(t).where(*_pk(t)).values({column: bindparam("b_text")})
 
 
 def _watermark_statement() -> Select:
@@ -303,29 +341,10 @@ def _usage_delete() -> Delete:
                            t.c.kind == bindparam("b_kind"))
 
 
-#: The usage columns whose values are JSON: written as their text (rawsql binds no type processors).
-_JSON_COLUMNS = ("parts", "program", "differs")
-
-
-def _as_params(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {f"{prefix}{k}": v for k, v in row.items()}
-    for name in _JSON_COLUMNS:
-        value = out[f"{prefix}{name}"]
-        if value is not None and not isinstance(value, str):
-            out[f"{prefix}{name}"] = msgspec.json.encode(value).decode()
-    return out
-
-
 def _inputs(row: dict[str, Any]) -> tuple:
-    """What a row's explanation was made of, on the row (explain.INPUTS), comparable across reads."""
-    return tuple(_canonical(row[n]) for n in explaining.INPUTS)
-
-
-def _canonical(value: Any) -> Any:
-    # JSON columns read back as text on one driver and objects on another, and are written as text here.
-    if isinstance(value, str) and value[:1] in "{[":
-        return msgspec.json.decode(value)
-    return value
+    """What a row's explanation was made of, on the row (explain.INPUTS; of its parts and program, whether it has
+    them: they never change once there)."""
+    return tuple(row[n] is not None if n in ("parts", "program") else row[n] for n in explaining.INPUTS)
 
 
 def _run_inputs(record: RunRecord) -> dict[str, Any]:
@@ -358,8 +377,9 @@ class _Texts:
             self._found = {}
             for report in self._reports:
                 for key, parts, program in zip(report.keys, report.parts, report.programs, strict=True):
-                    if parts is not None or program is not None:
-                        self._found.setdefault(key, (parts, program))
+                    if isinstance(parts, str) or isinstance(program, str):  # (numbers are resolved: wire.Texts)
+                        self._found.setdefault(key, (parts if isinstance(parts, str) else None,
+                                                     program if isinstance(program, str) else None))
         parts, program = self._found.get(row["key"], (None, None))
         if row["parts"] is None:
             row["parts"] = parts
