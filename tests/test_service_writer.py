@@ -11,14 +11,17 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from jaxcache.keyparts import KeyParts, ProgramSignature
+from jaxcache.records import RunRecord
 from jaxcache.service.ingestion import wire, writer
 from jaxcache.service.ingestion.packed import report_of
 from jaxcache.service.ingestion.queue import QueueFullError
 from jaxcache.service.ingestion.remote import RemoteReports
 from jaxcache.service.state import State
-from reports_support import hit, keys_of, run, settings
+from reports_support import compiled, hit, keys_of, run, settings, sha
 
 PATIENCE_S = 60
 
@@ -123,3 +126,49 @@ def test_records_in_flight_when_the_writer_goes_are_refused_for_a_moment(tmp_pat
                 await asyncio.wait_for(remote.ingest("demo", report_of(run("j", "r1", []))), PATIENCE_S)
 
     asyncio.run(main())
+
+
+def test_texts_travel_once_per_connection_and_start_again_at_the_limit(monkeypatch):
+    monkeypatch.setattr(wire.Texts, "LIMIT", 3)
+    sender, receiver = wire.Texts(), wire.Texts()
+    frames = [["a", None, "b"], ["a", "b", None], ["c", "a"], ["d", "a", "d"]]
+    packed = [sender.pack(f) for f in frames]
+    assert packed[:3] == [["a", None, "b"], [0, 1, None], ["c", 0]]
+    assert packed[3] == ["d", "a", 0]  # "d" was the fourth text: both ends started again, and "a" with them
+    assert [receiver.unpack(p) for p in packed] == frames
+
+
+def _usage_parts(tmp_path: Path) -> list[tuple]:
+    with sqlite3.connect(tmp_path / "catalog.sqlite") as db:
+        return db.execute("SELECT run_id, parts IS NOT NULL, program IS NOT NULL FROM usage ORDER BY run_id").fetchall()
+
+
+def test_a_keys_parts_reach_the_catalog_from_every_connection(tmp_path, state, jax_caches):
+    """Parts and programs sent once per connection as text, then as numbers: each run's rows have them, and a new
+    connection (a writer restarted, or another worker) starts its numbering again."""
+    path = tmp_path / "runtime" / wire.SOCKET_NAME
+    path.parent.mkdir()
+    train = keys_of(jax_caches["zstd"])["jit_train_step"]
+    at = time.time()
+    parts = KeyParts(computation=sha("computation"), devices=sha("devices"))
+    program = ProgramSignature(args=("f32[8]",), results=("f32[8]",))
+
+    def record(run_id: str, p: int = 0) -> RunRecord:
+        usage = msgspec.structs.replace(compiled(train, 1.0, at), parts=parts, program=program)
+        return run("j", run_id, [usage], at=at, process_index=p, process_count=2)
+
+    async def send(run_ids: list[str]) -> None:
+        remote = RemoteReports(path)
+        for run_id in run_ids:
+            for p in range(2):
+                await remote.ingest("demo", report_of(record(run_id, p)))
+        assert await remote.settled(PATIENCE_S)
+        remote.close()
+
+    served = Writer(state, path)
+    try:
+        asyncio.run(send(["r1", "r2"]))
+        asyncio.run(send(["r3"]))
+    finally:
+        served.stop()
+    assert _usage_parts(tmp_path) == [("r1", 1, 1), ("r2", 1, 1), ("r3", 1, 1)]

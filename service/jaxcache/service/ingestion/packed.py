@@ -20,8 +20,8 @@ class Report(msgspec.Struct, gc=False):
 
     header: RunRecord
     figures: Figures
-    parts: list[str | None]
-    programs: list[str | None]
+    parts: list[str | int | None]  # a number: a text sent before on the report writer's connection (wire.Texts)
+    programs: list[str | int | None]
     digests: list[KeyUsage]
 
     @property

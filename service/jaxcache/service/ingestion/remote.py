@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.service.ingestion import wire
 from jaxcache.service.ingestion.packed import Report
@@ -36,6 +38,7 @@ class RemoteReports:
         self._connecting: asyncio.Task[asyncio.StreamWriter] | None = None
         self._full_until = 0.0  # monotonic: the writer said its queue was full until about then
         self._retry_after_s = 1
+        self._texts = wire.Texts()  # this connection's (a new one for each)
 
     def check_room(self) -> None:
         """Refuse (QueueFullError) while the writer's last word was that its queue is full: before a body is
@@ -52,7 +55,7 @@ class RemoteReports:
 
     async def ingest(self, cache: str, record: Report, arrival: Arrival | None = None) -> IngestResult:
         """Ingest ``record`` through the writer; its result, or its error as the local queue raises it."""
-        reply = await self._ask(lambda i: wire.Ingest(i, cache, record))
+        reply = await self._ask(lambda i: wire.Ingest(i, cache, record), packing=True)
         if reply.error is None and reply.result is not None:
             r = reply.result
             return IngestResult(r.cache, r.run_id, r.process_index, r.keys, stale=r.stale)
@@ -75,13 +78,18 @@ class RemoteReports:
             self._writer.close()
             self._writer = None
 
-    async def _ask(self, make) -> wire.Reply:
+    async def _ask(self, make, *, packing: bool = False) -> wire.Reply:
         writer = await self._connected()
         request_id = next(self._ids)
         future: asyncio.Future[wire.Reply] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         try:
-            writer.write(wire.frame(make(request_id)))
+            request = make(request_id)
+            if packing:  # numbered in the order written: nothing awaits between this and the write
+                texts = self._texts
+                request.record = msgspec.structs.replace(request.record, parts=texts.pack(request.record.parts),
+                                                         programs=texts.pack(request.record.programs))
+            writer.write(wire.frame(request))
             await writer.drain()
             return await future
         except (ConnectionError, OSError) as exc:
@@ -107,7 +115,7 @@ class RemoteReports:
                 if time.monotonic() >= deadline:
                     raise self._unavailable(f"its socket does not answer ({exc})") from None
                 await asyncio.sleep(0.1)
-        self._writer = writer
+        self._writer, self._texts = writer, wire.Texts()
         asyncio.get_running_loop().create_task(self._replies(reader, writer))
         return writer
 

@@ -1,6 +1,7 @@
 """What a worker of ``jaxcache serve --workers`` and the report writer process say to each other over the unix
 socket in the runtime directory: length-prefixed msgpack frames, a request and its reply sharing an id, so that
-many requests wait on one connection at once."""
+many requests wait on one connection at once. A report's parts and programs travel once per connection, then as
+their number in the connection's :class:`Texts`."""
 
 from __future__ import annotations
 
@@ -56,6 +57,50 @@ class Reply(msgspec.Struct):
 _requests = msgspec.msgpack.Decoder(Request)
 _replies = msgspec.msgpack.Decoder(Reply)
 _encoder = msgspec.msgpack.Encoder()
+
+
+class Texts:
+    """One end's table of the texts (a key's parts or program, as JSON) sent on one connection: the first time as
+    text, then as its number. A job's processes send the same parts for the same keys: they were 140 KB of a final
+    record's 170 KB frame. Both ends number texts in the order frames are written and read, and start again at
+    LIMIT."""
+
+    LIMIT = 100_000
+
+    def __init__(self) -> None:
+        self._numbers: dict[str, int] = {}
+        self._texts: list[str] = []
+
+    def pack(self, texts: list[str | int | None]) -> list[str | int | None]:
+        """The sender's side: each text already sent as its number (the new ones numbered)."""
+        out: list[str | int | None] = []
+        for text in texts:
+            if isinstance(text, str):
+                number = self._numbers.get(text)
+                if number is None:
+                    self._add(text)
+                    self._numbers[text] = len(self._texts) - 1
+                else:
+                    text = number
+            out.append(text)
+        return out
+
+    def unpack(self, texts: list[str | int | None]) -> list[str | int | None]:
+        """The receiver's side: each number as the text it stands for (the new texts numbered)."""
+        out: list[str | int | None] = []
+        for text in texts:
+            if isinstance(text, int):
+                text = self._texts[text]
+            elif text is not None:
+                self._add(text)
+            out.append(text)
+        return out
+
+    def _add(self, text: str) -> None:
+        if len(self._texts) >= self.LIMIT:
+            self._numbers.clear()
+            self._texts.clear()
+        self._texts.append(text)
 
 
 def frame(message: Request | Reply) -> bytes:

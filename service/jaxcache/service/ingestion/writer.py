@@ -64,8 +64,12 @@ async def serve(reports: ReportQueue, path: Path, stop: asyncio.Event | None = N
 
 async def _connection(reports: ReportQueue, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     tasks: set[asyncio.Task] = set()
+    texts = wire.Texts()  # the connection's: numbered in the order read
     try:
         while (request := await wire.read_request(reader)) is not None:
+            if isinstance(request, wire.Ingest):
+                record = request.record
+                record.parts, record.programs = texts.unpack(record.parts), texts.unpack(record.programs)
             task = asyncio.create_task(_answer(reports, request, writer))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
