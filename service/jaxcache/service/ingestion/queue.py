@@ -50,8 +50,9 @@ EXPLAIN_CHUNK = 5000
 #: A storm's batches leave their keys' copies on entry rows (hits, last use, the writer) for the quiet moment, or
 #: for at most this long: every batch of a job's records touches the same keys, and on PostgreSQL each update of an
 #: entry row writes all of its indexes again (bench/reports.py: half of a storm's time, listings slowed by the dead
-#: rows). A lone record's copies are made in its own transaction, before its answer.
-COPY_DEFER_S = 5.0
+#: rows; once ingesting a record cost a tenth of what it did, each round of copies, every 5 s, still cost a fifth
+#: of a storm's time there). A lone record's copies are made in its own transaction, before its answer.
+COPY_DEFER_S = 30.0
 COPY_RETRY_S = 1.0
 
 Batch = Callable[[str, Sequence[Report], PendingMisses, set[str] | None], list[IngestResult]]
@@ -100,6 +101,8 @@ class ReportQueue:
         self._busy = False  # the writer is ingesting or explaining
         self._arriving = 0  # requests reading or parsing a record, not queued yet
         self._last_activity = 0.0  # when a record was last queued or answered (monotonic)
+        self._answered_at = 0.0  # when a batch was last answered
+        self._last_batch = 1  # how many records the last batch had
         self._seconds_per_record = 0.01  # a moving average, for Retry-After
 
     def __len__(self) -> int:
@@ -195,6 +198,8 @@ class ReportQueue:
                     self._cond.wait_for(lambda: self._items or self._closed or self._quiet(), self._until_quiet())
                 if not self._items and not self._later and not self._copies:
                     return  # closed, and everything ingested, explained and copied
+                if self._quiet():
+                    self._last_batch = 1  # a storm is over: the next record alone is a lone one
                 copy = bool(self._copies) and (self._closed or self._quiet() or self._copies_due())
                 if not self._items and not copy and not (self._closed or self._quiet() or self._explain_due()):
                     continue  # a moment between records: in a storm, others are on their way
@@ -218,8 +223,13 @@ class ReportQueue:
                 records_until = 2 * time.monotonic() - began
                 continue
             started = time.monotonic()
-            outcomes = self._outcomes(batch)
-            if len(batch) == 1:  # a lone record: explained before its answer, so a reader right after sees it
+            # A lone record: its copies are made and its misses explained before its answer, so that a reader right
+            # after sees them. One that comes alone in a storm (right after a batch of several) waits for the quiet
+            # moment as the others do: its copies onto 200 entry rows cost PostgreSQL half a second.
+            lone = len(batch) == 1 and (self._last_batch == 1 or started - self._answered_at >= QUIET_S)
+            self._last_batch = len(batch)
+            outcomes = self._outcomes(batch, lone)
+            if lone:
                 self._explain_own(batch[0])
             for item, outcome in zip(batch, outcomes, strict=True):
                 try:
@@ -227,7 +237,7 @@ class ReportQueue:
                 except RuntimeError:  # its loop has closed: nobody waits for it any more
                     pass
             with self._cond:
-                self._last_activity = time.monotonic()
+                self._last_activity = self._answered_at = time.monotonic()
             per_record = (time.monotonic() - started) / len(batch)
             self._seconds_per_record = 0.8 * self._seconds_per_record + 0.2 * per_record
 
@@ -296,12 +306,12 @@ class ReportQueue:
             log.warning("explaining %d misses of %s failed (they stay unexplained until their records are "
                         "ingested again): %s", len(todo), cache, exc)
 
-    def _outcomes(self, batch: list[_Item]) -> list[IngestResult | BaseException]:
+    def _outcomes(self, batch: list[_Item], lone: bool) -> list[IngestResult | BaseException]:
         cache, records = batch[0].cache, [i.record for i in batch]
         later = self._later.setdefault(cache, PendingMisses())
         self._later_since.setdefault(cache, time.monotonic())
         copies = None
-        if len(batch) > 1:  # a lone record's copies go in its own transaction: a reader right after sees them
+        if not lone:  # a lone record's copies go in its own transaction: a reader right after sees them
             with self._cond:
                 copies = self._copies_of(cache)
         try:
