@@ -132,6 +132,43 @@ def test_healthz_answers_while_a_large_report_is_parsed(client, monkeypatch, jax
     assert response.json()["keys"] == len(record.keys)
 
 
+def test_records_arriving_together_are_parsed_one_at_a_time(client, monkeypatch):
+    """Each parsing thread more takes the interpreter from the event loop: a process parses one record at a time
+    (api/reports.PARSERS), and the others wait for it without holding the loop."""
+    import time
+
+    parsing: list[int] = []  # how many parses ran, as each began
+    now = [0]
+    count = threading.Lock()
+    held = Held(records.parse)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        with count:
+            now[0] += 1
+            parsing.append(now[0])
+        try:
+            return held(*args, **kwargs)
+        finally:
+            with count:
+                now[0] -= 1
+
+    monkeypatch.setattr(records, "parse", counted)
+    answers: dict[int, Any] = {}
+    recs = [run("parse", f"r{p}", [], process_index=p, process_count=3) for p in range(3)]
+    threads = [_post_in_thread(client, r, answers) for r in recs]
+    assert held.entered.wait(PATIENCE_S)
+    _wait_for(lambda: client.app.state.jaxcache.reports._arriving == 3)  # all three read, one parsing
+    deadline = time.monotonic() + 0.5  # a moment for a second parse to begin, were it let in (not an assertion)
+    while now[0] < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert client.get("/healthz").status_code == 200  # the others wait off the loop
+    held.release()
+    for t in threads:
+        t.join(PATIENCE_S)
+    assert {p: r.status_code for p, r in answers.items()} == dict.fromkeys(range(3), 200)
+    assert parsing == [1, 1, 1]  # never a second parse while one ran
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Reports: one writer per process, in batches, and 503 when its queue is full
 
@@ -261,6 +298,7 @@ def test_the_writer_waits_a_moment_for_records_still_arriving(client, monkeypatc
     from jaxcache.service.ingestion import reports as ingestion
 
     monkeypatch.setattr(queue, "LINGER_S", PATIENCE_S)  # the wait ends when the record is queued, not at its bound
+    monkeypatch.setattr(route, "PARSERS", 2)  # the second record is parsed while the first one still is
     calls = HeldOnce(ingestion.ingest_batch)
     calls.release()  # nothing held: every call kept
     monkeypatch.setattr(ingestion, "ingest_batch", calls)

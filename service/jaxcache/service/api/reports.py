@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import anyio
+import anyio.to_thread
 import orjson
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
-from fastapi.concurrency import run_in_threadpool
 
 from jaxcache import records
 from jaxcache.errors import InvalidInputError
@@ -20,6 +21,19 @@ from jaxcache.service.middleware import REPORTS_PATH
 from jaxcache.service.state import State
 
 router = APIRouter(tags=["reports"])
+
+#: Records a process parses at once, each in a thread of its own. One: a process runs one thread of Python at a
+#: time anyway, and each parsing thread more took the interpreter lock from the event loop (bench/reports.py, a
+#: storm's final records: /healthz p99 69 ms with FastAPI's pool of 40 threads, 27 ms with one, as many records/s).
+PARSERS = 1
+
+
+def _parsing(request: Request) -> anyio.CapacityLimiter:
+    """The app's limiter of parsing threads, made at its first record (an anyio limiter needs a running loop)."""
+    found: anyio.CapacityLimiter | None = getattr(request.app.state, "report_parsers", None)
+    if found is None:
+        found = request.app.state.report_parsers = anyio.CapacityLimiter(PARSERS)
+    return found
 
 
 @router.post(
@@ -56,7 +70,7 @@ async def ingest_report(
     with state.reports.arriving() as arrival:  # the writer waits a moment for this record to join its batch
         body = await request.body()
         # Up to JAXCACHE_MAX_REPORT_BYTES of JSON: parsed in a worker thread, so that the loop keeps answering.
-        report, name = await run_in_threadpool(_accept, state, body, cache)
+        report, name = await anyio.to_thread.run_sync(_accept, state, body, cache, limiter=_parsing(request))
         try:
             # Waits for the writer thread's batch without holding a thread of the pool.
             r = await state.reports.ingest(name, report, arrival)
