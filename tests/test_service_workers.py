@@ -104,6 +104,11 @@ def _writer(runtime: Path, other_than: int | None = None) -> int:
     return _until(found, "the report writer listening")
 
 
+def _environ(pid: int) -> dict[str, str]:
+    pairs = (v.partition(b"=") for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if v)
+    return {k.decode(): v.decode() for k, _, v in pairs}
+
+
 def _leaders_or_none(runtime: Path, workers: list[int]) -> list[int]:
     try:
         return [pid for pid in _leaders(runtime) if pid in workers]
@@ -167,6 +172,9 @@ def test_one_report_writer_ingests_every_workers_records_and_another_starts_when
     proc, base, workers, runtime = served
     writer = _writer(runtime)
     assert writer in _children(proc.pid) and writer not in workers and writer not in _leaders(runtime)
+    if "PYTHONMALLOC" not in os.environ:  # Python's allocator for the writer's many small objects; malloc for workers
+        assert _environ(writer)["PYTHONMALLOC"] == "pymalloc"
+        assert {_environ(pid)["PYTHONMALLOC"] for pid in workers} == {"malloc"}
     train = keys_of(jax_caches["zstd"])["jit_train_step"]
     at = time.time()
 
@@ -187,7 +195,10 @@ def test_one_report_writer_ingests_every_workers_records_and_another_starts_when
     _until(lambda: hits() == before + 8, "the eight hits listed")
 
     os.kill(writer, signal.SIGKILL)
-    assert _writer(runtime, other_than=writer) in _children(proc.pid)  # the serving process started another
+    again = _writer(runtime, other_than=writer)
+    assert again in _children(proc.pid)  # the serving process started another
+    if "PYTHONMALLOC" not in os.environ:
+        assert _environ(again)["PYTHONMALLOC"] == "pymalloc"
     answer = post(run("j", "r2", [hit(train, 1, at)], at=at))
     assert answer.status_code == 200, answer.text
     _until(lambda: hits() == before + 9, "the hit the new writer ingested listed")

@@ -16,6 +16,7 @@ from jaxcache.service.middleware import LimitsAndMetrics
 from jaxcache.service.pagecache import ServeCachedPages
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.service.state import State
+from jaxcache.service.tasks import memory
 from jaxcache.service.tasks.loops import background
 from jaxcache.service.workers import Runtime
 
@@ -36,6 +37,7 @@ def create_app(settings: ServiceSettings | None = None, *, runtime: Runtime | No
         try:
             # One process runs the background loops: this one, or the workers' leader.
             async with background(state) if runtime is None else runtime.loops_when_leader(state):
+                memory.settle_startup()
                 yield
         finally:
             if isinstance(state.reports, RemoteReports):

@@ -107,10 +107,14 @@ def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
         os.environ[workers.PROMETHEUS_ENV] = os.path.join(runtime, "metrics")
         # The C library's allocator for the workers, unless the operator chose one: after a rescan of a million
         # entries, Python's own kept hundreds of MiB of its arenas pinned by a few live objects each, which
-        # malloc_trim (tasks/memory.py) can hand back from the C library's heap.
+        # malloc_trim (tasks/memory.py) can hand back from the C library's heap. Python's own for the report writer,
+        # which never rescans: a batch makes and drops hundreds of thousands of small objects, and the C library's
+        # allocator took a third more of its time (bench/reports.py, records already ingested).
+        writer_env = {} if "PYTHONMALLOC" in os.environ else {"PYTHONMALLOC": "pymalloc"}
         os.environ.setdefault("PYTHONMALLOC", "malloc")
         host, port = settings.host, sock.getsockname()[1]
-        if not workers.supervise(settings.workers, run_worker, (host, port), writer=run_writer):
+        if not workers.supervise(settings.workers, run_worker, (host, port), writer=run_writer,
+                                 writer_env=writer_env):
             raise JaxcacheError("a worker process or the report writer could not start, or kept exiting at once "
                                 "(its error is above); the service stopped")
 

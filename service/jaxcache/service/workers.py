@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -181,11 +181,12 @@ FAST_EXIT_S, FAST_EXITS = 10.0, 5
 
 
 def supervise(count: int, target: Callable[..., None], args: tuple, *,
-              writer: Callable[[], None] | None = None) -> bool:
+              writer: Callable[[], None] | None = None, writer_env: Mapping[str, str] | None = None) -> bool:
     """Run ``count`` processes of ``target(*args)`` (spawned: a fresh interpreter each), and one of ``writer``
     (the report writer) before them, until SIGINT or SIGTERM, starting another for one that exits; stop the
     workers (SIGTERM, then wait), then the writer, which ingests what they handed it; return False as soon as one
-    exits with uvicorn's startup failure, or one keeps exiting at once (the next would fail the same way)."""
+    exits with uvicorn's startup failure, or one keeps exiting at once (the next would fail the same way).
+    ``writer_env``: variables the writer's environment has besides the workers'."""
     import multiprocessing
     import time
 
@@ -197,7 +198,17 @@ def supervise(count: int, target: Callable[..., None], args: tuple, *,
 
     def start(body: Callable[..., None], body_args: tuple, name: str) -> Any:
         process = spawn.Process(target=body, args=body_args, name=name)
-        process.start()
+        extra = dict(writer_env or {}) if body is writer else {}
+        before = {k: os.environ.get(k) for k in extra}
+        os.environ.update(extra)  # a spawned child takes the environment as it is when it starts
+        try:
+            process.start()
+        finally:
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         return process
 
     kinds = [(writer, (), "jaxcache-writer")] if writer is not None else []

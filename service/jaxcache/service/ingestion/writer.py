@@ -27,6 +27,7 @@ def run_writer() -> None:
     from jaxcache.service import workers
     from jaxcache.service.settings import ServiceSettings
     from jaxcache.service.state import State
+    from jaxcache.service.tasks import memory
 
     workers.die_with_parent(int(os.environ[workers.SUPERVISOR_ENV]))
     runtime = workers.Runtime(os.environ[workers.RUNTIME_ENV])
@@ -39,6 +40,7 @@ def run_writer() -> None:
     reports = state.reports
     assert isinstance(reports, ReportQueue)  # a worker's app swaps in RemoteReports; this process builds no app
     reports.max_queued = settings.report_queue * settings.workers  # as when each worker had its own queue
+    memory.settle_startup()
     try:
         asyncio.run(serve(reports, runtime.dir / wire.SOCKET_NAME))
     finally:
