@@ -1,7 +1,8 @@
 """A report storm: a job of ``--records`` processes posting their run records to one service at once, as it does
 within seconds of its start and of its end. Records/s of ``POST /v1/reports`` at ``--clients`` connections, and
 meanwhile ``GET /healthz`` and listing pages, on an SQLite and a PostgreSQL catalog; afterwards the catalog must
-hold every run. Figures, not assertions (besides the count); what each figure means: bench/README.md.
+hold every run (exit status 1 if it does not). Figures, not assertions (besides the count); what each figure
+means: bench/README.md.
 
     .venv/bin/python bench/reports.py --records 1000 --keys 200
 """
@@ -225,7 +226,8 @@ def service(root: str, db: str, work: str, workers: int | None) -> Iterator[str]
 
 
 def count_runs(db: str) -> dict:
-    """Straight from the catalog: the storm's processes, final ones, and their usage rows."""
+    """Straight from the catalog: the storm's processes, final ones, the keys their figures hold, and the run's usage
+    rows (one per key)."""
     from sqlalchemy import func, select
 
     from jaxcache.service.catalog.database import Catalog
@@ -238,14 +240,36 @@ def count_runs(db: str) -> dict:
             final = conn.execute(select(func.count()).where(RunRow.cache == "bench", RunRow.run_id == RUN,
                                                             RunRow.final.is_(True))).scalar()
             usage = conn.execute(select(func.count()).where(UsageRow.cache == "bench", UsageRow.run_id == RUN)).scalar()
+            keys = conn.execute(select(func.sum(RunRow.keys)).where(RunRow.cache == "bench", RunRow.run_id == RUN)
+                                ).scalar()
+            processes = conn.execute(select(func.sum(UsageRow.processes)).where(
+                UsageRow.cache == "bench", UsageRow.run_id == RUN)).scalar()
     finally:
         catalog.dispose()
-    return {"runs": runs, "final": final, "usage_rows": usage}
+    return {"runs": runs, "final": final, "process_keys": keys, "usage_rows": usage, "usage_processes": processes}
+
+
+def settle(base: str, timeout_s: float) -> float | None:
+    """Wait until the service's background loops have each finished a round (its first integrity pass reads every
+    entry of the root, throttled to a fifth of a core, for about a minute here): a storm hits a service that has
+    run for a while. Seconds waited, or None if ``timeout_s`` passed first."""
+    import httpx
+
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout_s:
+        loops = httpx.get(f"{base}/readyz", timeout=30).json().get("loops", {})
+        if {"rescan", "verify"} <= set(loops) and all(loop.get("last_success_s") for loop in loops.values()):
+            return time.perf_counter() - started
+        time.sleep(1)
+    return None
 
 
 def storm_on(name: str, db: str, root: str, work: str, args, modules: list[str]) -> dict:
     fig: dict = {"catalog": name}
     with service(root, db, work, args.workers) as base:
+        if args.settle_s:
+            waited = settle(base, args.settle_s)
+            fig["settled_s"] = None if waited is None else round(waited, 1)
         paths = distinct_pages(base, 200)
         paths_file = os.path.join(work, "paths.json")
         with open(paths_file, "w") as f:
@@ -296,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, help="jaxcache serve --workers (default: the service's default)")
     parser.add_argument("--catalogs", default="sqlite,postgresql")
     parser.add_argument("--quiet-s", type=float, default=3.0, help="seconds of probes before the storms")
+    parser.add_argument("--settle-s", type=float, default=600.0,
+                        help="wait at most this long for the service's first rescan and integrity pass to end before "
+                             "the storms (0: storm at once, as bench/README.md's figures before 2026-12 did)")
     parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.warmup.demo)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--probe", nargs=2, metavar=("BASE", "PATHS"), help=argparse.SUPPRESS)
@@ -329,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.entries} entries; workers {args.workers or 'default'}")
     for fig in figures:
         print(f"{fig['catalog']}: quiet healthz p99 {fig['quiet']['healthz'].get('p99_ms')} ms, listing p99 "
-              f"{fig['quiet']['listing'].get('p99_ms')} ms")
+              f"{fig['quiet']['listing'].get('p99_ms')} ms; background loops settled after "
+              f"{fig.get('settled_s', 'no wait')} s")
         for phase in ("start", "end"):
             f = fig[phase]
             print(f"  {phase:5} {f['records']} records x {f['keys_per_record']} keys ({f['body_kib_median']} KiB): "
@@ -337,8 +365,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"POST p50 {f['post'].get('p50_ms')} p99 {f['post'].get('p99_ms')} ms; healthz p99 "
                   f"{f['healthz'].get('p99_ms')} ms (<= 50); listing p99 {f['listing'].get('p99_ms')} ms (<= 250)")
         after = fig["catalog_after"]
-        print(f"  catalog after: {after['runs']} runs ({after['final']} final), {after['usage_rows']} usage rows; "
-              f"expected {args.records} runs, {args.records} final, {args.records * args.keys} rows")
+        print(f"  catalog after: {after['runs']} runs ({after['final']} final) holding {after['process_keys']} keys, "
+              f"{after['usage_rows']} usage rows counting {after['usage_processes']} processes' keys; expected "
+              f"{args.records} runs, {args.records} final, {args.records * args.keys} keys, {args.keys} rows")
+    expected = {"runs": args.records, "final": args.records, "process_keys": args.records * args.keys,
+                "usage_rows": args.keys, "usage_processes": args.records * args.keys}
+    lost = [f"{fig['catalog']}: {name} {fig['catalog_after'][name]} (expected {value})" for fig in figures
+            for name, value in expected.items() if fig["catalog_after"][name] != value]
+    if lost:
+        print("records lost or miscounted: " + "; ".join(lost), file=sys.stderr)
+        return 1
     return 0
 
 
