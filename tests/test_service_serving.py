@@ -330,8 +330,9 @@ def test_the_writer_waits_a_moment_for_records_still_arriving(client, monkeypatc
 def test_a_storms_misses_wait_for_a_quiet_moment_and_a_lone_record_explains_only_its_own(client, monkeypatch,
                                                                                           jax_caches):
     """Explaining holds the cache's write lock in every worker: between a storm's requests, a worker explains
-    nothing but a lone record's own misses (read-your-writes), and the rest once no record came for a while; a record
-    alone right after a batch of several is part of the storm (on PostgreSQL its copies alone cost 0.5 s). (Runs
+    nothing but a lone record's own misses (read-your-writes), and the rest once no record came for a while; records
+    alone after a batch of several, with no quiet moment since, are part of the storm (on PostgreSQL the copies of
+    one alone cost 0.5 s). (Runs
     of one process each: a run's processes share their misses' rows, so a job's later processes find them
     explained.)"""
     import time
@@ -344,20 +345,19 @@ def test_a_storms_misses_wait_for_a_quiet_moment_and_a_lone_record_explains_only
     held = HeldOnce(ingestion.ingest_batch)
     monkeypatch.setattr(ingestion, "ingest_batch", held)
     train, at = keys_of(jax_caches["zstd"])["jit_train_step"], time.time() - 120
-    recs = [run("storm", f"r{p}", [compiled(train, 3.0, at)], at=at + 60, process_index=p, process_count=7)
-            for p in range(7)]  # (by process index: the answers are told apart by it)
+    recs = [run("storm", f"r{p}", [compiled(train, 3.0, at)], at=at + 60, process_index=p, process_count=8)
+            for p in range(8)]  # (by process index: the answers are told apart by it)
     answers = _post_held_then_together(client, held, recs[:6])
-    late = _post_in_thread(client, recs[6], answers)  # alone, but right after a batch of several: in the storm
-    late.join(PATIENCE_S)
-    assert {p: r.status_code for p, r in answers.items()} == dict.fromkeys(range(7), 200)
-    # The first went alone (explained before its answer); the batch of five and the one right after it wait for
-    # quiet.
-    assert _explained_runs(state) == ({"r0"}, 7)
+    for late in recs[6:]:  # each alone, but after a batch of several with no quiet moment since: in the storm
+        _post_in_thread(client, late, answers).join(PATIENCE_S)
+    assert {p: r.status_code for p, r in answers.items()} == dict.fromkeys(range(8), 200)
+    # The first went alone (explained before its answer); the batch of five and the two after it wait for quiet.
+    assert _explained_runs(state) == ({"r0"}, 8)
     monkeypatch.setattr(queue, "QUIET_S", 0.0)
     with state.reports._cond:  # the writer waits with the old bound: wake it to read the new one
         state.reports._cond.notify_all()
     assert state.reports.settled(PATIENCE_S)
-    assert _explained_runs(state) == ({f"r{p}" for p in range(7)}, 7)
+    assert _explained_runs(state) == ({f"r{p}" for p in range(8)}, 8)
 
 
 def test_a_runs_processes_share_its_misses_explanation(client):

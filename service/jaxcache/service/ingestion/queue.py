@@ -102,7 +102,7 @@ class ReportQueue:
         self._arriving = 0  # requests reading or parsing a record, not queued yet
         self._last_activity = 0.0  # when a record was last queued or answered (monotonic)
         self._answered_at = 0.0  # when a batch was last answered
-        self._last_batch = 1  # how many records the last batch had
+        self._storm = False  # a batch of several came since the last quiet moment
         self._seconds_per_record = 0.01  # a moving average, for Retry-After
 
     def __len__(self) -> int:
@@ -199,7 +199,7 @@ class ReportQueue:
                 if not self._items and not self._later and not self._copies:
                     return  # closed, and everything ingested, explained and copied
                 if self._quiet():
-                    self._last_batch = 1  # a storm is over: the next record alone is a lone one
+                    self._storm = False  # the next record alone is a lone one
                 copy = bool(self._copies) and (self._closed or self._quiet() or self._copies_due())
                 if not self._items and not copy and not (self._closed or self._quiet() or self._explain_due()):
                     continue  # a moment between records: in a storm, others are on their way
@@ -224,10 +224,14 @@ class ReportQueue:
                 continue
             started = time.monotonic()
             # A lone record: its copies are made and its misses explained before its answer, so that a reader right
-            # after sees them. One that comes alone in a storm (right after a batch of several) waits for the quiet
-            # moment as the others do: its copies onto 200 entry rows cost PostgreSQL half a second.
-            lone = len(batch) == 1 and (self._last_batch == 1 or started - self._answered_at >= QUIET_S)
-            self._last_batch = len(batch)
+            # after sees them. One that comes alone in a storm (after a batch of several, with no quiet moment since)
+            # waits for the quiet moment as the others do: a writer that keeps up with a storm takes its records one
+            # at a time, and their copies onto 200 entry rows each cost PostgreSQL half a second before the answer.
+            if len(batch) > 1:
+                self._storm = True
+            elif started - self._answered_at >= QUIET_S:
+                self._storm = False
+            lone = len(batch) == 1 and not self._storm
             outcomes = self._outcomes(batch, lone)
             if lone:
                 self._explain_own(batch[0])
