@@ -3,9 +3,24 @@ updates in one statement, and a parameter the caller forgot, which must fail rat
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
-from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, Table, bindparam, create_engine, select
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    bindparam,
+    create_engine,
+    select,
+)
 
 from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.schema import Str
@@ -15,6 +30,8 @@ pytest_plugins = ["postgres_support"]
 _meta = MetaData()
 _things = Table("things", _meta, Column("owner", Str(16), primary_key=True), Column("name", Str(16), primary_key=True),
                 Column("size", BigInteger), Column("count", Integer), Column("seconds", Float), Column("note", Str(16)))
+_kept = Table("kept", _meta, Column("owner", Str(16), primary_key=True), Column("n", Integer, primary_key=True),
+              Column("final", Boolean), Column("blob", LargeBinary), Column("doc", JSON), Column("size", BigInteger))
 
 
 @pytest.fixture
@@ -65,3 +82,20 @@ def test_a_parameter_not_given_is_an_error_not_null(conn):
     with pytest.raises(_MISSING, match="'n'|: n"):
         rawsql.execute_many(conn, "test-missing-update", statement, [{"o": "a"}])
     assert conn.execute(select(_things.c.note).where(_things.c.note.is_not(None))).all() == []
+
+
+def test_upsert_many_inserts_and_replaces_the_last_row_of_each_key(conn):
+    def row(owner: str, n: int, version: int) -> dict:
+        return {"owner": owner, "n": n, "final": version % 2 == 1, "blob": bytes([version, 0, 255]),
+                "doc": f'{{"v": {version}}}', "size": 2**40 + version}
+
+    rawsql.upsert_many(conn, _kept, [row("B", n, 0) for n in range(300)])
+    rawsql.upsert_many(conn, _kept, [])
+    # Replacing some, adding some, and the same key twice in one call: the later one stays.
+    rawsql.upsert_many(conn, _kept, [row("B", 5, 1), row("a", 5, 2), row("B", 5, 3), row("B", 299, 4)])
+    got = {(o, n): (f, bytes(b), d if isinstance(d, dict) else json.loads(d), s)
+           for o, n, f, b, d, s in conn.execute(select(_kept))}
+    assert len(got) == 301
+    assert got["B", 5] == (True, bytes([3, 0, 255]), {"v": 3}, 2**40 + 3)
+    assert got["a", 5] == (False, bytes([2, 0, 255]), {"v": 2}, 2**40 + 2)
+    assert got["B", 299][3] == 2**40 + 4 and got["B", 6] == (False, bytes([0, 0, 255]), {"v": 0}, 2**40)

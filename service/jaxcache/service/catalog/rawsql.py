@@ -21,9 +21,11 @@ from sqlalchemy import (
     ARRAY,
     JSON,
     BigInteger,
+    Boolean,
     ColumnElement,
     Float,
     Integer,
+    LargeBinary,
     String,
     Table,
     any_,
@@ -156,7 +158,20 @@ def execute_many(conn: Connection, shape: Hashable, build: Callable[[], ClauseEl
 
 def upsert_many(conn: Connection, table: Table, rows: Sequence[Mapping[str, object]]) -> None:
     """Insert ``rows`` (every column of ``table`` each, values as the driver takes them), each replacing the row
-    with its primary key if there is one: ``INSERT ... ON CONFLICT DO UPDATE``, on either backend."""
+    with its primary key if there is one (of rows with the same key, the last): ``INSERT ... ON CONFLICT DO
+    UPDATE``, on either backend; on PostgreSQL one statement for all of them (``unnest``, as :func:`update_rows`)."""
+    if not rows:
+        return
+    if conn.dialect.name == "postgresql":
+        pk = [c.name for c in table.primary_key.columns]
+        last = {tuple(r[k] for k in pk): r for r in rows}  # one statement may not update a row twice
+        names = [c.name for c in table.columns]
+        sql = (f'INSERT INTO "{table.name}" (' + ", ".join(f'"{n}"' for n in names) + ") SELECT * FROM "
+               + _unnest(table, names) + " ON CONFLICT (" + ", ".join(f'"{k}"' for k in pk) + ") DO UPDATE SET "
+               + ", ".join(f'"{n}" = excluded."{n}"' for n in names if n not in pk))
+        _run_arrays(conn, sql, names, list(last.values()))
+        return
+
     def build() -> ClauseElement:
         dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
         pk = [c.name for c in table.primary_key.columns]
@@ -181,11 +196,19 @@ def update_rows(conn: Connection, table: Table, keys: Sequence[str], columns: Se
             [{**{f"k_{k}": r[k] for k in keys}, **{f"v_{c}": r[c] for c in columns}} for r in rows])
         return
     names = [*keys, *columns]
-    arrays = ", ".join(f"%(a_{n})s::{_pg_array(table.c[n])}" for n in names)
     collated = {n: ' COLLATE "C"' if isinstance(table.c[n].type, String) else "" for n in keys}
     sql = (f'UPDATE "{table.name}" AS t SET ' + ", ".join(f'"{c}" = v."{c}"' for c in columns)
-           + f" FROM unnest({arrays}) AS v(" + ", ".join(f'"{n}"' for n in names) + ") WHERE "
+           + f" FROM {_unnest(table, names)} AS v(" + ", ".join(f'"{n}"' for n in names) + ") WHERE "
            + " AND ".join(f't."{k}" = v."{k}"{collated[k]}' for k in keys))
+    _run_arrays(conn, sql, names, rows)
+
+
+def _unnest(table: Table, names: Sequence[str]) -> str:
+    """``unnest(...)`` of one array parameter (``a_<name>``) per column of ``names``: rows of those columns."""
+    return "unnest(" + ", ".join(f"%(a_{n})s::{_pg_array(table.c[n])}" for n in names) + ")"
+
+
+def _run_arrays(conn: Connection, sql: str, names: Sequence[str], rows: Sequence[Mapping[str, object]]) -> None:
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]  # psycopg's own
     try:
         cursor.execute(sql, {f"a_{n}": [r[n] for r in rows] for n in names})
@@ -206,6 +229,10 @@ def _pg_array(column: ColumnElement[Any]) -> str:
         return "double precision[]"
     if isinstance(kind, JSON):
         return "json[]"
+    if isinstance(kind, Boolean):
+        return "boolean[]"
+    if isinstance(kind, LargeBinary):
+        return "bytea[]"
     raise TypeError(f"{column}: no array type for {kind!r}")
 
 
