@@ -27,7 +27,7 @@ import pytest
 
 TESTS = Path(__file__).parent
 # Fixtures that the tests of one subject share live beside them; this makes them visible to every test module.
-pytest_plugins = ["dashboard_support", "deploy_support", "postgres_support", "reports_support"]
+pytest_plugins = ["dashboard_support", "deploy_support", "postgres_support", "reports_support", "serving_support"]
 WRITER = TESTS / "programs" / "jax_writer.py"
 SHARED_FIXTURES = TESTS.parent.parent / "shared" / "fixtures"
 

@@ -25,8 +25,6 @@ from sqlalchemy import (
 from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.schema import Str
 
-pytest_plugins = ["postgres_support"]
-
 _meta = MetaData()
 _things = Table("things", _meta, Column("owner", Str(16), primary_key=True), Column("name", Str(16), primary_key=True),
                 Column("size", BigInteger), Column("count", Integer), Column("seconds", Float), Column("note", Str(16)))
