@@ -216,24 +216,18 @@ def _run_arrays(conn: Connection, sql: str, names: Sequence[str], rows: Sequence
         cursor.close()
 
 
+#: The PostgreSQL array type of a column's values, by its type (the first that matches: BigInteger is an Integer).
+_PG_ARRAYS: tuple[tuple[type, str], ...] = (
+    (String, "text[]"), (BigInteger, "bigint[]"), (Integer, "integer[]"), (Float, "double precision[]"),
+    (JSON, "json[]"), (Boolean, "boolean[]"), (LargeBinary, "bytea[]"),
+)
+
+
 def _pg_array(column: ColumnElement[Any]) -> str:
-    """The PostgreSQL array type of ``column``'s values."""
-    kind = column.type
-    if isinstance(kind, String):
-        return "text[]"
-    if isinstance(kind, BigInteger):
-        return "bigint[]"
-    if isinstance(kind, Integer):
-        return "integer[]"
-    if isinstance(kind, Float):
-        return "double precision[]"
-    if isinstance(kind, JSON):
-        return "json[]"
-    if isinstance(kind, Boolean):
-        return "boolean[]"
-    if isinstance(kind, LargeBinary):
-        return "bytea[]"
-    raise TypeError(f"{column}: no array type for {kind!r}")
+    found = next((name for kind, name in _PG_ARRAYS if isinstance(column.type, kind)), None)
+    if found is None:
+        raise TypeError(f"{column}: no array type for {column.type!r}")
+    return found
 
 
 def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, object]]) -> None:
