@@ -135,9 +135,10 @@ async def _storm(base: str, bodies: list[bytes], clients: int) -> dict:
     return {"wall_s": time.perf_counter() - started, "latencies": latencies, "statuses": statuses}
 
 
-def probe(base: str, paths_file: str) -> None:
+def probe(base: str, paths_file: str, gap_s: str = "0.005") -> None:
     """In a process of its own until stdin closes: one client asks /healthz, another listing pages (each a page
-    not asked within the page cache's lifetime), each request after the previous answer. Prints latencies."""
+    not asked within the page cache's lifetime), each request ``gap_s`` after the previous answer. Prints
+    latencies."""
     import httpx
 
     with open(paths_file) as f:
@@ -157,7 +158,7 @@ def probe(base: str, paths_file: str) -> None:
                 got[name].append(time.perf_counter() - t)
                 if r.status_code != 200:
                     errors.append(f"{path}: {r.status_code}")
-                time.sleep(0.005)  # a client polling, not a load generator
+                time.sleep(float(gap_s))  # a client polling, not a load generator
 
     threads = [threading.Thread(target=loop, args=("healthz", lambda i: "/healthz")),
                threading.Thread(target=loop, args=("listing", lambda i: paths[i % len(paths)]))]
@@ -173,9 +174,9 @@ def probe(base: str, paths_file: str) -> None:
 
 
 @contextlib.contextmanager
-def probing(base: str, paths_file: str) -> Iterator[dict]:
+def probing(base: str, paths_file: str, gap_s: float) -> Iterator[dict]:
     """The probe process running while the block runs; its latencies in the yielded dict afterwards."""
-    proc = subprocess.Popen([sys.executable, __file__, "--probe", base, paths_file], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, __file__, "--probe", base, paths_file, str(gap_s)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdin is not None
     assert proc.stdout.readline().strip() == "started"
@@ -274,14 +275,14 @@ def storm_on(name: str, db: str, root: str, work: str, args, modules: list[str])
         paths_file = os.path.join(work, "paths.json")
         with open(paths_file, "w") as f:
             json.dump(paths, f)
-        with probing(base, paths_file) as quiet:  # the same probes without a storm: the baseline
+        with probing(base, paths_file, args.probe_gap_s) as quiet:  # the same probes without a storm: the baseline
             time.sleep(args.quiet_s)
         fig["quiet"] = {"healthz": _summary(quiet["healthz"]), "listing": _summary(quiet["listing"])}
         now = time.time()
         for phase, final in (("start", False), ("end", True)):
             bodies = [r.to_json() for r in job_records(modules, args.entries, args.records, args.keys, final=final,
                                                        now=now if final else now - 580)]
-            with probing(base, paths_file) as during:
+            with probing(base, paths_file, args.probe_gap_s) as during:
                 storm = asyncio.run(_storm(base, bodies, args.clients))
             fig[phase] = {
                 "records": len(bodies), "keys_per_record": len(json.loads(bodies[0])["keys"]),
@@ -325,7 +326,11 @@ def main(argv: list[str] | None = None) -> int:
                              "the storms (0: storm at once, as bench/README.md's figures before 2026-12 did)")
     parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.warmup.demo)")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--probe", nargs=2, metavar=("BASE", "PATHS"), help=argparse.SUPPRESS)
+    parser.add_argument("--probe-gap-s", type=float, default=0.005,
+                        help="seconds each probe client waits after an answer before its next request (the default "
+                             "keeps about 20 distinct listing pages a second coming during the storm, which costs "
+                             "the service CPU of its own; 0.5 measures the storm with little besides)")
+    parser.add_argument("--probe", nargs=3, metavar=("BASE", "PATHS", "GAP_S"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
         probe(*args.probe)
