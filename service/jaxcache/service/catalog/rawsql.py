@@ -33,7 +33,7 @@ from sqlalchemy import (
     insert,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -173,9 +173,8 @@ def upsert_many(conn: Connection, table: Table, rows: Sequence[Mapping[str, obje
         return
 
     def build() -> ClauseElement:
-        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
         pk = [c.name for c in table.primary_key.columns]
-        statement = dialect.insert(table).values({c.name: bindparam(c.name) for c in table.columns})
+        statement = sqlite.insert(table).values({c.name: bindparam(c.name) for c in table.columns})
         return statement.on_conflict_do_update(
             index_elements=pk, set_={c.name: statement.excluded[c.name] for c in table.columns if c.name not in pk})
 

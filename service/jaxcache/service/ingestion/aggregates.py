@@ -35,6 +35,9 @@ WRITER = tuple(n for n in AGGREGATES if n.startswith("writer_"))
 #: A usage row with its writer's run row: what aggregates are computed from.
 _WRITER_RUN = and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
                    RunRow.process_index == UsageRow.writer_process)
+#: A process's run row with its packed figures (process_keys).
+FIGURES_JOIN = and_(ProcessKeysRow.cache == RunRow.cache, ProcessKeysRow.run_id == RunRow.run_id,
+                    ProcessKeysRow.process_index == RunRow.process_index)
 _ROW_COLUMNS = (UsageRow.key, UsageRow.run_id, UsageRow.job, UsageRow.kind, UsageRow.hits, UsageRow.saved_s,
                 UsageRow.last_hit_s, UsageRow.writer_process, UsageRow.writer_at_s, UsageRow.writer_compile_s,
                 RunRow.host, RunRow.topology, RunRow.jax, RunRow.jaxlib)
@@ -155,8 +158,7 @@ def _reweigh(s: Session, cache: str, writer_compile_s: Mapping[str, float | None
     for run_id, keys in sorted(runs.items()):
         for index, job, figures in s.execute(
                 select(RunRow.process_index, RunRow.job, ProcessKeysRow.figures)
-                .join(ProcessKeysRow, and_(ProcessKeysRow.cache == RunRow.cache, ProcessKeysRow.run_id == RunRow.run_id,
-                                           ProcessKeysRow.process_index == RunRow.process_index))
+                .join(ProcessKeysRow, FIGURES_JOIN)
                 .where(RunRow.cache == cache, RunRow.run_id == run_id, RunRow.kind == records.JOB)):
             fig = f.decode(figures)
             changed = False
@@ -199,8 +201,7 @@ def rebuild(s: Session, cache: str, run_id: str, which: set[tuple[str, str, str]
     for index, job, kind, updated, started, figures in s.execute(
             select(RunRow.process_index, RunRow.job, RunRow.kind, RunRow.updated_s, RunRow.started_s,
                    ProcessKeysRow.figures)
-            .join(ProcessKeysRow, and_(ProcessKeysRow.cache == RunRow.cache, ProcessKeysRow.run_id == RunRow.run_id,
-                                       ProcessKeysRow.process_index == RunRow.process_index))
+            .join(ProcessKeysRow, FIGURES_JOIN)
             .where(RunRow.cache == cache, RunRow.run_id == run_id)):
         for fig in f.decode(figures).rows():
             ident = (fig[f.KEY], job, kind)
@@ -247,8 +248,7 @@ def _idents(s: Session, cache: str, run_id: str) -> set[tuple[str, str, str]]:
         UsageRow.cache == cache, UsageRow.run_id == run_id))}
     for job, kind, figures in s.execute(
             select(RunRow.job, RunRow.kind, ProcessKeysRow.figures)
-            .join(ProcessKeysRow, and_(ProcessKeysRow.cache == RunRow.cache, ProcessKeysRow.run_id == RunRow.run_id,
-                                       ProcessKeysRow.process_index == RunRow.process_index))
+            .join(ProcessKeysRow, FIGURES_JOIN)
             .where(RunRow.cache == cache, RunRow.run_id == run_id)):
         out.update((key, job, kind) for key in f.decode(figures).keys)
     return out

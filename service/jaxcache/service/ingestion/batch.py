@@ -106,8 +106,7 @@ class Batch:
                       if row is not None and f.is_miss(kind, row["event"])]
             # Explained again: what a rebuilt row's explanation was made of may have changed.
             rawsql.execute_many(self.conn, "ingest-unexplain", _unexplain, [
-                {"b_cache": self.cache, "b_run": run_id, "b_key": key, "b_job": job, "b_kind": kind}
-                for key, job, kind in missed])
+                _ident(self.cache, run_id, key, job, kind) for key, job, kind in missed])
             pending += [Pending(run_id, job, key) for key, job, _ in missed]
             keyed.regather.update(key for key, _, _ in which)
         self._store_stats(keys, stats, writers, full, keyed, copies)
@@ -140,8 +139,7 @@ class Batch:
         rebuild: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
         inserts, deletes, unexplain = [], [], []
         updates: list[tuple[dict[str, Any], bool]] = []
-        filled_parts: list[dict[str, Any]] = []
-        filled_programs: list[dict[str, Any]] = []
+        filled: dict[str, list[dict[str, Any]]] = {"parts": [], "program": []}  # texts a row gains
         texts = _Texts(changes)
         moved = {pid for pid, c in changes.items() if c.before is None or any(
             c.before.run[n] != v for n, v in _run_inputs(c.record).items())}
@@ -174,21 +172,18 @@ class Batch:
                 groups.subtract(row, kind, list(old.values()))
                 groups.add(row, kind, new)
                 if row["processes"] <= 0:
-                    deletes.append({"b_cache": self.cache, "b_run": run_id, "b_key": key, "b_job": job,
-                                    "b_kind": kind})
+                    deletes.append(_ident(self.cache, run_id, key, job, kind))
                     keyed.regather.add(key)
                     continue
                 keyed.gain(key, kind, hits, saved, row)
                 updates.append((row, was_indexed != tuple(row[n] for n in _INDEXED)))
-                if row["parts"] is None or row["program"] is None:
-                    missing = row["parts"] is None, row["program"] is None
+                missing = [column for column in filled if row[column] is None]
+                if missing:
                     texts.fill(row)
-                    if missing[0] and row["parts"] is not None:
-                        filled_parts.append({"b_cache": self.cache, "b_run_id": run_id, "b_key": key, "b_job": job,
-                                             "b_kind": kind, "b_text": row["parts"]})
-                    if missing[1] and row["program"] is not None:
-                        filled_programs.append({"b_cache": self.cache, "b_run_id": run_id, "b_key": key,
-                                                "b_job": job, "b_kind": kind, "b_text": row["program"]})
+                    for column in missing:
+                        if row[column] is not None:
+                            filled[column].append({**_ident(self.cache, run_id, key, job, kind),
+                                                   "b_text": row[column]})
             if f.is_miss(kind, row["event"]):
                 if (row["cause"] is not None and before == _inputs(row)
                         and (run_id, row["process_index"]) not in moved):
@@ -208,12 +203,11 @@ class Batch:
         for reindex in (False, True):
             rawsql.update_rows(self.conn, usage, _KEY, [n for n in _UPDATED if reindex or n not in _INDEXED],
                                [{"cache": self.cache, **r} for r, moved in updates if moved == reindex])
-        rawsql.execute_many(self.conn, "ingest-usage-parts", functools.partial(_text_update, "parts"), filled_parts)
-        rawsql.execute_many(self.conn, "ingest-usage-program", functools.partial(_text_update, "program"),
-                            filled_programs)
+        for column, params in filled.items():
+            rawsql.execute_many(self.conn, ("ingest-usage-text", column), functools.partial(_text_update, column),
+                                params)
         rawsql.execute_many(self.conn, "ingest-unexplain", _unexplain, [
-            {"b_cache": self.cache, "b_run": r["run_id"], "b_key": r["key"], "b_job": r["job"], "b_kind": r["kind"]}
-            for r in unexplain])
+            _ident(self.cache, r["run_id"], r["key"], r["job"], r["kind"]) for r in unexplain])
         rawsql.insert_rows(self.conn, usage, inserts)
         return pending, counts, rebuild
 
@@ -283,8 +277,13 @@ class _Keyed:
 
 
 def _pk(table) -> list:
+    """A usage row's key, bound as :func:`_ident`'s parameters."""
     return [table.c.cache == bindparam("b_cache"), table.c.run_id == bindparam("b_run_id"),
             table.c.key == bindparam("b_key"), table.c.job == bindparam("b_job"), table.c.kind == bindparam("b_kind")]
+
+
+def _ident(cache: str, run_id: str, key: str, job: str, kind: str) -> dict[str, str]:
+    return {"b_cache": cache, "b_run_id": run_id, "b_key": key, "b_job": job, "b_kind": kind}
 
 
 #: What a usage row's update writes: its processes' figures and how many misses were counted.
@@ -302,10 +301,9 @@ _KEY = ("cache", "run_id", "key", "job", "kind")
 
 
 def _processes_statement(within: rawsql.Within) -> Select:
-    r, p = RunRow, ProcessKeysRow
-    return (select(r.process_index, *_RUN_COLUMNS, p.figures)
-            .outerjoin(p, (p.cache == r.cache) & (p.run_id == r.run_id) & (p.process_index == r.process_index))
-            .where(r.cache == bindparam("cache"), r.run_id == bindparam("run_id"),
+    return (select(RunRow.process_index, *_RUN_COLUMNS, ProcessKeysRow.figures)
+            .outerjoin(ProcessKeysRow, aggregates.FIGURES_JOIN)
+            .where(RunRow.cache == bindparam("cache"), RunRow.run_id == bindparam("run_id"),
                    within(table_of(RunRow).c.process_index)))
 
 
@@ -328,17 +326,12 @@ def _watermark_statement() -> Select:
 
 def _unexplain() -> Update:
     t = table_of(UsageRow)
-    return (update(t).where(t.c.cache == bindparam("b_cache"), t.c.run_id == bindparam("b_run"),
-                            t.c.key == bindparam("b_key"), t.c.job == bindparam("b_job"),
-                            t.c.kind == bindparam("b_kind"))
-            .values(cause=None, differs=None, nearest=None, fix=None))
+    return update(t).where(*_pk(t)).values(cause=None, differs=None, nearest=None, fix=None)
 
 
 def _usage_delete() -> Delete:
     t = table_of(UsageRow)
-    return delete(t).where(t.c.cache == bindparam("b_cache"), t.c.run_id == bindparam("b_run"),
-                           t.c.key == bindparam("b_key"), t.c.job == bindparam("b_job"),
-                           t.c.kind == bindparam("b_kind"))
+    return delete(t).where(*_pk(t))
 
 
 def _inputs(row: dict[str, Any]) -> tuple:

@@ -55,7 +55,7 @@ class RemoteReports:
 
     async def ingest(self, cache: str, record: Report, arrival: Arrival | None = None) -> IngestResult:
         """Ingest ``record`` through the writer; its result, or its error as the local queue raises it."""
-        reply = await self._ask(lambda i: wire.Ingest(i, cache, record), packing=True)
+        reply = await self._ask(lambda i: wire.Ingest(i, cache, self._packed(record)))
         if reply.error is None and reply.result is not None:
             r = reply.result
             return IngestResult(r.cache, r.run_id, r.process_index, r.keys, stale=r.stale)
@@ -78,18 +78,19 @@ class RemoteReports:
             self._writer.close()
             self._writer = None
 
-    async def _ask(self, make, *, packing: bool = False) -> wire.Reply:
+    def _packed(self, record: Report) -> Report:
+        """``record`` with the parts and programs this connection sent before as their numbers: called where the
+        frame is made, so texts are numbered in the order frames are written (nothing awaits in between)."""
+        return msgspec.structs.replace(record, parts=self._texts.pack(record.parts),
+                                       programs=self._texts.pack(record.programs))
+
+    async def _ask(self, make) -> wire.Reply:
         writer = await self._connected()
         request_id = next(self._ids)
         future: asyncio.Future[wire.Reply] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         try:
-            request = make(request_id)
-            if packing:  # numbered in the order written: nothing awaits between this and the write
-                texts = self._texts
-                request.record = msgspec.structs.replace(request.record, parts=texts.pack(request.record.parts),
-                                                         programs=texts.pack(request.record.programs))
-            writer.write(wire.frame(request))
+            writer.write(wire.frame(make(request_id)))
             await writer.drain()
             return await future
         except (ConnectionError, OSError) as exc:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, and_, delete, insert, or_, select, tuple_, update
+from sqlalchemy import CursorResult, delete, insert, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from jaxcache import records
@@ -32,7 +32,7 @@ from jaxcache.service.catalog.models import (
     RunRow,
 )
 from jaxcache.service.ingestion import figures
-from jaxcache.service.ingestion.aggregates import fold, histories, rebuild
+from jaxcache.service.ingestion.aggregates import FIGURES_JOIN, fold, histories, rebuild
 from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.service")
@@ -98,7 +98,7 @@ def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[s
         touched: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
         for i in range(0, len(pairs), _CHUNK):
             chosen = tuple_(RunRow.run_id, RunRow.process_index).in_(pairs[i : i + _CHUNK])
-            for p in s.execute(select(*_RUN_COLUMNS, ProcessKeysRow.figures).outerjoin(ProcessKeysRow, _FIGURES)
+            for p in s.execute(select(*_RUN_COLUMNS, ProcessKeysRow.figures).outerjoin(ProcessKeysRow, FIGURES_JOIN)
                                .where(RunRow.cache == cache, chosen)):
                 run = p._asdict()
                 for fig in figures.decode(p.figures).rows() if p.figures is not None else ():
@@ -121,8 +121,6 @@ def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[s
 
 _RUN_COLUMNS = (RunRow.run_id, RunRow.process_index, RunRow.job, RunRow.kind, RunRow.updated_s, RunRow.started_s,
                 RunRow.host, RunRow.topology, RunRow.jax, RunRow.jaxlib)
-_FIGURES = and_(ProcessKeysRow.cache == RunRow.cache, ProcessKeysRow.run_id == RunRow.run_id,
-                ProcessKeysRow.process_index == RunRow.process_index)
 
 
 def _fold(s: Session, cache: str, by_key: dict[str, list]) -> None:
