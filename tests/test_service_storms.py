@@ -123,7 +123,7 @@ def test_the_writer_waits_a_moment_for_records_still_arriving(client, monkeypatc
     assert [len(args[2]) for args in calls.calls] == [2]
 
 
-def test_a_storms_misseswait_for_a_quiet_moment_and_a_lone_record_explains_only_its_own(client, monkeypatch,
+def test_a_storms_misses_wait_for_a_quiet_moment_and_a_lone_record_explains_only_its_own(client, monkeypatch,
                                                                                           jax_caches):
     """Explaining holds the cache's write lock in every worker: between a storm's requests, a worker explains
     nothing but a lone record's own misses (read-your-writes), and the rest once no record came for a while; records
@@ -192,7 +192,7 @@ def _explained_runs(state) -> tuple[set[str], int]:
     return {r for r, cause in rows if cause is not None}, len(rows)
 
 
-def test_a_storms_copies_on_entry_rowswait_for_a_quiet_moment_and_a_lone_records_are_made_before_its_answer(
+def test_a_storms_copies_on_entry_rows_wait_for_a_quiet_moment_and_a_lone_records_are_made_before_its_answer(
         client, monkeypatch, jax_caches):
     """Every batch of a job's records updates the same keys' aggregates; on PostgreSQL each update of an entry row
     writes all its indexes again. So a batch's copies onto entry rows wait for a quiet moment (key_stats is
