@@ -97,3 +97,18 @@ def test_upsert_many_inserts_and_replaces_the_last_row_of_each_key(conn):
     assert got["B", 5] == (True, bytes([3, 0, 255]), {"v": 3}, 2**40 + 3)
     assert got["a", 5] == (False, bytes([2, 0, 255]), {"v": 2}, 2**40 + 2)
     assert got["B", 299][3] == 2**40 + 4 and got["B", 6] == (False, bytes([0, 0, 255]), {"v": 0}, 2**40)
+
+
+def test_bytes_go_and_come_back_in_binary_as_they_were(conn):
+    blobs = [bytes(range(256)) * 40, b'"\\{},NULL', b"", None]
+    rawsql.upsert_many(conn, _kept, [{"owner": "c", "n": i, "final": False, "blob": b, "doc": "{}", "size": 2**40 + i}
+                                     for i, b in enumerate(blobs)])
+
+    def build(within: rawsql.Within):
+        return select(_kept.c.n, _kept.c.blob, _kept.c.owner, _kept.c.size, _kept.c.final).where(
+            _kept.c.owner == bindparam("owner"), within(_kept.c.n))
+
+    for binary in (False, True):
+        got = {n: (None if b is None else bytes(b), o, s, bool(f)) for n, b, o, s, f in rawsql.fetch_in(
+            conn, "test-blobs", build, {"owner": "c"}, [0, 1, 2, 3, 4], binary=binary)}
+        assert got == {i: (b, "c", 2**40 + i, False) for i, b in enumerate(blobs)}

@@ -67,24 +67,29 @@ def _compile(conn: Connection, shape: Hashable, build: Callable[[], ClauseElemen
 
 @contextlib.contextmanager
 def _executed(conn: Connection, shape: Hashable, build: Callable[[], ClauseElement],
-              params: Mapping[str, object]) -> Iterator[Any]:
+              params: Mapping[str, object], binary: bool = False) -> Iterator[Any]:
     """The driver's cursor, the statement ``build()`` returns (built once for each ``shape``) executed on it with
-    ``params`` bound by name; closed after the block."""
+    ``params`` bound by name; closed after the block. ``binary``: PostgreSQL sends the rows in its binary format."""
     c = _compile(conn, shape, build)
     values = {**c.defaults, **params}
     args = values if c.positions is None else tuple(values[n] for n in c.positions)
     cursor = conn.connection.cursor()
     try:
-        cursor.execute(c.sql, args)
+        if binary and c.positions is None:
+            cursor.execute(c.sql, args, binary=True)  # type: ignore[call-arg]  # psycopg's
+        else:
+            cursor.execute(c.sql, args)
         yield cursor
     finally:
         cursor.close()
 
 
 def fetch(conn: Connection, shape: Hashable, build: Callable[[], ClauseElement],
-          params: Mapping[str, object]) -> list[tuple]:
-    """Rows of the statement ``build()`` returns (built once for each ``shape``), with ``params`` bound by name."""
-    with _executed(conn, shape, build, params) as cursor:
+          params: Mapping[str, object], *, binary: bool = False) -> list[tuple]:
+    """Rows of the statement ``build()`` returns (built once for each ``shape``), with ``params`` bound by name.
+    ``binary``: rows come in PostgreSQL's binary format (for columns of bytes: as text, each was hex-encoded by the
+    server and decoded here); only for columns whose values load the same either way."""
+    with _executed(conn, shape, build, params, binary) as cursor:
         return cast(list[tuple], cursor.fetchall())  # both drivers give a list; the DBAPI stub says Sequence
 
 
@@ -97,15 +102,16 @@ Within = Callable[[ColumnElement[Any]], ColumnElement[bool]]
 
 
 def fetch_in(conn: Connection, shape: Hashable, build: Callable[[Within], ClauseElement],
-             params: Mapping[str, object], values: Sequence[object]) -> list[tuple]:
+             params: Mapping[str, object], values: Sequence[object], *, binary: bool = False) -> list[tuple]:
     """Rows of ``build(within)``, a statement that selects with ``within(column)``: that ``column`` is one of
-    ``values`` (in chunks of at most the largest of IN_SIZES)."""
+    ``values`` (in chunks of at most the largest of IN_SIZES). ``binary``: as :func:`fetch`'s."""
     out: list[tuple] = []
     most = IN_SIZES[-1]
     for i in range(0, len(values), most):
         chunk = list(values[i : i + most])
         if conn.dialect.name == "postgresql":
-            out += fetch(conn, (shape, "any"), functools.partial(build, _any), {**params, "in_values": chunk})
+            out += fetch(conn, (shape, "any"), functools.partial(build, _any), {**params, "in_values": chunk},
+                         binary=binary)
             continue
         size = next(n for n in IN_SIZES if n >= len(chunk))
         chunk += [chunk[-1]] * (size - len(chunk))
@@ -203,8 +209,12 @@ def update_rows(conn: Connection, table: Table, keys: Sequence[str], columns: Se
 
 
 def _unnest(table: Table, names: Sequence[str]) -> str:
-    """``unnest(...)`` of one array parameter (``a_<name>``) per column of ``names``: rows of those columns."""
-    return "unnest(" + ", ".join(f"%(a_{n})s::{_pg_array(table.c[n])}" for n in names) + ")"
+    """``unnest(...)`` of one array parameter (``a_<name>``) per column of ``names``: rows of those columns. Binary
+    columns' arrays go in binary: as text, each value was hex-escaped and quoted in Python (a sixth of a storm's
+    writer) and parsed back by the server."""
+    return "unnest(" + ", ".join(
+        f"%(a_{n}){'b' if isinstance(table.c[n].type, LargeBinary) else 's'}::{_pg_array(table.c[n])}"
+        for n in names) + ")"
 
 
 def _run_arrays(conn: Connection, sql: str, names: Sequence[str], rows: Sequence[Mapping[str, object]]) -> None:

@@ -48,16 +48,23 @@ class Batch:
         self._watermark: float | None | bool = False  # False: not read yet
 
     def load(self, batch: Sequence[Report]) -> None:
-        """Read what the catalog holds of the processes of ``batch``: their run rows and figures."""
+        """Read what the catalog holds of the processes of ``batch``: their run rows and figures. Two reads, not a
+        join: on PostgreSQL, until its tables were analyzed (a minute after a job's start filled them), the join
+        scanned every process of the run for each one read."""
         by_run: dict[str, set[int]] = defaultdict(set)
         for r in batch:
             by_run[r.run_id].add(r.process_index)
         for run_id, indexes in sorted(by_run.items()):
-            for row in rawsql.fetch_in(self.conn, "ingest-processes", _processes_statement,
-                                       {"cache": self.cache, "run_id": run_id}, sorted(indexes)):
-                run = dict(zip(RUN, row[1:-1], strict=True))
-                figures = f.EMPTY if row[-1] is None else f.decode(bytes(row[-1]))
-                self._stored[(run_id, row[0])] = Stored(run, figures)
+            params, wanted = {"cache": self.cache, "run_id": run_id}, sorted(indexes)
+            runs = rawsql.fetch_in(self.conn, "ingest-processes", _processes_statement, params, wanted)
+            if not runs:
+                continue
+            figures = dict(rawsql.fetch_in(self.conn, "ingest-figures", _figures_statement, params,
+                                           [row[0] for row in runs], binary=True))
+            for row in runs:
+                packed = figures.get(row[0])
+                self._stored[(run_id, row[0])] = Stored(dict(zip(RUN, row[1:], strict=True)),
+                                                        f.EMPTY if packed is None else f.decode(bytes(packed)))
 
     def take(self, report: Report) -> tuple[bool, int, bool]:
         """Whether ``report`` is stale (an older version than one ingested: it changes nothing), the keys stored
@@ -301,10 +308,15 @@ _KEY = ("cache", "run_id", "key", "job", "kind")
 
 
 def _processes_statement(within: rawsql.Within) -> Select:
-    return (select(RunRow.process_index, *_RUN_COLUMNS, ProcessKeysRow.figures)
-            .outerjoin(ProcessKeysRow, aggregates.FIGURES_JOIN)
-            .where(RunRow.cache == bindparam("cache"), RunRow.run_id == bindparam("run_id"),
-                   within(table_of(RunRow).c.process_index)))
+    return select(RunRow.process_index, *_RUN_COLUMNS).where(
+        RunRow.cache == bindparam("cache"), RunRow.run_id == bindparam("run_id"),
+        within(table_of(RunRow).c.process_index))
+
+
+def _figures_statement(within: rawsql.Within) -> Select:
+    return select(ProcessKeysRow.process_index, ProcessKeysRow.figures).where(
+        ProcessKeysRow.cache == bindparam("cache"), ProcessKeysRow.run_id == bindparam("run_id"),
+        within(table_of(ProcessKeysRow).c.process_index))
 
 
 def _usage_statement(within: rawsql.Within) -> Select:
