@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu  # noqa: E402
 from api import _free_port, distinct_pages, pct, wait_ready  # noqa: E402
 from entries import build_root, key_of, load_sources, make_source  # noqa: E402
 
@@ -199,7 +200,7 @@ def _summary(latencies: list[float]) -> dict:
 
 
 @contextlib.contextmanager
-def service(root: str, db: str, work: str, workers: int | None) -> Iterator[str]:
+def service(root: str, db: str, work: str, workers: int | None) -> Iterator[tuple[str, int]]:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     exe = os.path.join(os.path.dirname(sys.executable), "jaxcache")
@@ -216,7 +217,7 @@ def service(root: str, db: str, work: str, workers: int | None) -> Iterator[str]
             return open(log.name).read()[-3000:]
 
         wait_ready(server, base, output)
-        yield base
+        yield base, server.pid
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -267,7 +268,7 @@ def settle(base: str, timeout_s: float) -> float | None:
 
 def storm_on(name: str, db: str, root: str, work: str, args, modules: list[str]) -> dict:
     fig: dict = {"catalog": name}
-    with service(root, db, work, args.workers) as base:
+    with service(root, db, work, args.workers) as (base, serving_pid):
         if args.settle_s:
             waited = settle(base, args.settle_s)
             fig["settled_s"] = None if waited is None else round(waited, 1)
@@ -283,14 +284,16 @@ def storm_on(name: str, db: str, root: str, work: str, args, modules: list[str])
             bodies = [r.to_json() for r in job_records(modules, args.entries, args.records, args.keys, final=final,
                                                        now=now if final else now - 580)]
             with probing(base, paths_file, args.probe_gap_s) as during:
+                before = cpu.snapshot()
                 storm = asyncio.run(_storm(base, bodies, args.clients))
+                spent = cpu.by_role(before, cpu.snapshot(), serving_pid)
             fig[phase] = {
                 "records": len(bodies), "keys_per_record": len(json.loads(bodies[0])["keys"]),
                 "body_kib_median": round(statistics.median(len(b) for b in bodies) / 1024, 1),
                 "wall_s": round(storm["wall_s"], 2), "records_per_s": round(len(bodies) / storm["wall_s"], 1),
                 "statuses": storm["statuses"], "post": _summary(storm["latencies"]),
                 "healthz": _summary(during["healthz"]), "listing": _summary(during["listing"]),
-                "probe_errors": during["errors"],
+                "probe_errors": during["errors"], "cpu_s": spent,
             }
     fig["catalog_after"] = count_runs(db)
     return fig
@@ -369,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{f['records_per_s']:7.1f} records/s (target >= 200), {f['wall_s']} s, statuses {f['statuses']}; "
                   f"POST p50 {f['post'].get('p50_ms')} p99 {f['post'].get('p99_ms')} ms; healthz p99 "
                   f"{f['healthz'].get('p99_ms')} ms (<= 50); listing p99 {f['listing'].get('p99_ms')} ms (<= 250)")
+            print("        CPU ms a record: " + ", ".join(
+                f"{role} {seconds * 1000 / f['records']:.2f}" for role, seconds in f["cpu_s"].items()))
         after = fig["catalog_after"]
         print(f"  catalog after: {after['runs']} runs ({after['final']} final) holding {after['process_keys']} keys, "
               f"{after['usage_rows']} usage rows counting {after['usage_processes']} processes' keys; expected "

@@ -175,7 +175,7 @@ def upsert_many(conn: Connection, table: Table, rows: Sequence[Mapping[str, obje
         sql = (f'INSERT INTO "{table.name}" (' + ", ".join(f'"{n}"' for n in names) + ") SELECT * FROM "
                + _unnest(table, names) + " ON CONFLICT (" + ", ".join(f'"{k}"' for k in pk) + ") DO UPDATE SET "
                + ", ".join(f'"{n}" = excluded."{n}"' for n in names if n not in pk))
-        _run_arrays(conn, sql, names, list(last.values()))
+        _run_arrays(conn, table, sql, names, list(last.values()))
         return
 
     def build() -> ClauseElement:
@@ -205,24 +205,36 @@ def update_rows(conn: Connection, table: Table, keys: Sequence[str], columns: Se
     sql = (f'UPDATE "{table.name}" AS t SET ' + ", ".join(f'"{c}" = v."{c}"' for c in columns)
            + f" FROM {_unnest(table, names)} AS v(" + ", ".join(f'"{n}"' for n in names) + ") WHERE "
            + " AND ".join(f't."{k}" = v."{k}"{collated[k]}' for k in keys))
-    _run_arrays(conn, sql, names, rows)
+    _run_arrays(conn, table, sql, names, rows)
 
 
 def _unnest(table: Table, names: Sequence[str]) -> str:
-    """``unnest(...)`` of one array parameter (``a_<name>``) per column of ``names``: rows of those columns. Binary
-    columns' arrays go in binary: as text, each value was hex-escaped and quoted in Python (a sixth of a storm's
-    writer) and parsed back by the server."""
-    return "unnest(" + ", ".join(
-        f"%(a_{n}){'b' if isinstance(table.c[n].type, LargeBinary) else 's'}::{_pg_array(table.c[n])}"
-        for n in names) + ")"
+    """``unnest(...)`` of one array parameter (``a_<name>``) per column of ``names``: rows of those columns."""
+    return "unnest(" + ", ".join(f"%(a_{n})b::{_pg_array(table.c[n])}" for n in names) + ")"
 
 
-def _run_arrays(conn: Connection, sql: str, names: Sequence[str], rows: Sequence[Mapping[str, object]]) -> None:
+def _run_arrays(conn: Connection, table: Table, sql: str, names: Sequence[str],
+                rows: Sequence[Mapping[str, object]]) -> None:
+    """Run ``sql`` with one array per column of ``names`` (``a_<name>``), in PostgreSQL's binary format: as text,
+    psycopg quoted and escaped every value in Python (bytes hex-encoded), a third of a storm's writer, and the
+    server parsed them back. A binary array holds one type, so numbers are made the column's."""
+    arrays: dict[str, list] = {}
+    for n in names:
+        values = [r[n] for r in rows]
+        kind = _COERCE.get(type(table.c[n].type)) or next(
+            (f for t, f in _COERCE.items() if isinstance(table.c[n].type, t)), None)
+        if kind is not None:
+            values = [v if v is None or type(v) is kind else kind(v) for v in values]
+        arrays[f"a_{n}"] = values
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]  # psycopg's own
     try:
-        cursor.execute(sql, {f"a_{n}": [r[n] for r in rows] for n in names})
+        cursor.execute(sql, arrays)
     finally:
         cursor.close()
+
+
+#: The Python type of a column's values in a binary array, by its type (Python would mix int and float).
+_COERCE: dict[type, type] = {Float: float, BigInteger: int, Integer: int, Boolean: bool}
 
 
 #: The PostgreSQL array type of a column's values, by its type (the first that matches: BigInteger is an Integer).

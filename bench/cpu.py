@@ -1,0 +1,75 @@
+"""CPU seconds spent by each process on this machine over a stretch of a benchmark, from /proc (Linux): where a
+storm's CPU went when the machine's cores are all busy and throughput alone cannot say which process limits it."""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Proc:
+    command: str
+    parent: int
+    cpu_s: float
+
+
+def snapshot() -> dict[int, Proc]:
+    """Every process's command line, parent and CPU seconds so far ({} without /proc)."""
+    if not os.path.isdir("/proc/self"):
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, Proc] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        out[int(name)] = Proc(command, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def writer_pid(serving_pid: int) -> int | None:
+    """The report writer process of the ``jaxcache serve`` whose pid is ``serving_pid`` (its runtime directory)."""
+    for found in glob.glob(os.path.join(tempfile.gettempdir(), "jaxcache-serve-*", "serving.pid")):
+        try:
+            with open(found) as f:
+                if int(f.read()) != serving_pid:
+                    continue
+            with open(os.path.join(os.path.dirname(found), "writer.pid")) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def by_role(before: dict[int, Proc], after: dict[int, Proc], serving_pid: int) -> dict[str, float]:
+    """CPU seconds between two snapshots: the service's report writer, its other processes (HTTP workers and the
+    supervisor), PostgreSQL's processes, the probes, this process (the storm's clients), and everything else."""
+    writer = writer_pid(serving_pid)
+    roles = {"writer": 0.0, "service": 0.0, "postgres": 0.0, "probe": 0.0, "client": 0.0, "other": 0.0}
+    for pid, now in after.items():
+        was = before.get(pid)
+        spent = now.cpu_s - (was.cpu_s if was is not None and was.command == now.command else 0.0)
+        if pid == writer:
+            role = "writer"
+        elif pid == serving_pid or now.parent == serving_pid:
+            role = "service"
+        elif now.command.startswith("postgres"):
+            role = "postgres"
+        elif "--probe" in now.command:
+            role = "probe"
+        elif pid == os.getpid():
+            role = "client"
+        else:
+            role = "other"
+        roles[role] += spent
+    return {role: round(seconds, 2) for role, seconds in roles.items()}
