@@ -53,9 +53,11 @@ def writer_pid(serving_pid: int) -> int | None:
 
 def by_role(before: dict[int, Proc], after: dict[int, Proc], serving_pid: int) -> dict[str, float]:
     """CPU seconds between two snapshots: the service's report writer, its other processes (HTTP workers and the
-    supervisor), PostgreSQL's processes, the probes, this process (the storm's clients), and everything else."""
+    supervisor), PostgreSQL's backends and its background processes (autovacuum and the like), the probes, this
+    process (the storm's clients), and everything else."""
     writer = writer_pid(serving_pid)
-    roles = {"writer": 0.0, "service": 0.0, "postgres": 0.0, "probe": 0.0, "client": 0.0, "other": 0.0}
+    roles = {"writer": 0.0, "service": 0.0, "postgres": 0.0, "postgres_background": 0.0, "probe": 0.0,
+             "client": 0.0, "other": 0.0}
     for pid, now in after.items():
         was = before.get(pid)
         spent = now.cpu_s - (was.cpu_s if was is not None and was.command == now.command else 0.0)
@@ -64,7 +66,9 @@ def by_role(before: dict[int, Proc], after: dict[int, Proc], serving_pid: int) -
         elif pid == serving_pid or now.parent == serving_pid:
             role = "service"
         elif now.command.startswith("postgres"):
-            role = "postgres"
+            # Backends are titled "postgres: user database host(port) state"; autovacuum, the WAL writer and
+            # the checkpointer by what they are.
+            role = "postgres" if "(" in now.command else "postgres_background"
         elif "--probe" in now.command:
             role = "probe"
         elif pid == os.getpid():

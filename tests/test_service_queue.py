@@ -83,3 +83,30 @@ def test_a_stopping_service_drops_the_copies_it_cannot_make(monkeypatch, caplog)
         q.close(timeout_s=PATIENCE_S)
     assert q._thread is not None and not q._thread.is_alive() and catalog.failures == 1_000_000 - 1  # tried once
     assert any("the service is stopping" in r.getMessage() for r in caplog.records)
+
+
+def test_in_a_storm_the_writer_waits_for_a_batch_of_records_it_cannot_see_coming(monkeypatch):
+    """The report writer process cannot see the bodies its workers still read: after a batch of several, it waits
+    (at most STORM_LINGER_S) for STORM_BATCH records instead of taking each as it comes, at a batch's fixed cost
+    each."""
+    monkeypatch.setattr(queue, "QUIET_S", PATIENCE_S)  # the storm goes on
+    monkeypatch.setattr(queue, "COPY_DEFER_S", PATIENCE_S)
+    monkeypatch.setattr(queue, "STORM_BATCH", 4)
+    monkeypatch.setattr(queue, "STORM_LINGER_S", PATIENCE_S)
+    catalog = Catalog(failures=0)
+    q = queue.ReportQueue(catalog.batch, catalog.one, catalog.explain, catalog.copy, max_queued=10)
+    _storm(q, _records())
+    at = time.time()
+    later = [report_of(run("storm", "r1", [hit("jit_a-" + "0" * 64, 2, at)], at=at, process_index=p,
+                           process_count=8)) for p in range(3, 7)]
+
+    async def one_at_a_time() -> list:
+        tasks = []
+        for r in later:
+            tasks.append(asyncio.ensure_future(q.ingest("demo", r)))
+            await asyncio.sleep(0.05)
+        return await asyncio.gather(*tasks)
+
+    results = asyncio.run(one_at_a_time())
+    assert catalog.batches == [3, 4] and [r.process_index for r in results] == [3, 4, 5, 6]
+    q.close(timeout_s=PATIENCE_S)

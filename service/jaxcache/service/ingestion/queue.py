@@ -35,6 +35,13 @@ MAX_BATCH_KEYS = 100_000
 #: A writer with fewer records than a batch takes waits at most this long for requests whose records are still
 #: arriving (body read, parsed): a batch of 64 final records costs 6.6 ms a record, one of 8 costs 9.6 ms.
 LINGER_S = 0.05
+#: In a storm, a writer that knows of no record on its way (the report writer process cannot see the bodies its
+#: workers still read) waits at most this long for this many records before it takes a batch: a batch's fixed
+#: cost (its keys' usage rows and aggregates, read and written once) is about 34 ms on PostgreSQL, and a writer
+#: that took what was queued took batches of a handful, spending twice the CPU a record that a batch of 32 does,
+#: CPU the workers parsing the next records needed (bench/reports.py).
+STORM_BATCH = 32
+STORM_LINGER_S = 0.2
 #: Misses are explained once no record has arrived for this long (or once they are due): between two requests of a
 #: storm, one worker's queue is empty while the others' records are on their way, and explaining holds the
 #: cache's write lock in every worker.
@@ -213,6 +220,9 @@ class ReportQueue:
                     if self._items and not due and self._arriving and len(self._items) < MAX_BATCH_RECORDS:
                         self._cond.wait_for(lambda: not self._arriving or len(self._items) >= MAX_BATCH_RECORDS,
                                             LINGER_S)
+                    elif self._items and not due and self._storm and len(self._items) < STORM_BATCH:
+                        self._cond.wait_for(lambda: len(self._items) >= STORM_BATCH or self._closed,
+                                            STORM_LINGER_S)
                     batch = self._take() if self._items and not due else None
             if copies:
                 self._copy_all(copies)
