@@ -16,7 +16,7 @@ from jaxcache.service.api.schemas.common import ErrorModel
 from jaxcache.service.api.schemas.reports import ReportResult
 from jaxcache.service.ingestion import reports as ingestion
 from jaxcache.service.ingestion import routing
-from jaxcache.service.ingestion.packed import Report, report_of
+from jaxcache.service.ingestion.packed import Report, report_of, report_of_json
 from jaxcache.service.middleware import REPORTS_PATH
 from jaxcache.service.state import State
 
@@ -85,33 +85,33 @@ def _accept(state: State, body: bytes, cache: str | None) -> tuple[Report, str]:
     """The record in ``body`` as ingestion takes it, and the cache it is for, or 422/404 (counted as
     malformed)."""
     try:
-        record = _parse(body)
-        ingestion.check(record)
+        report = _parse(body)
+        ingestion.check_keys(report.keys)
     except InvalidInputError as exc:
         state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
         raise HTTPException(422, str(exc)) from None
     try:
-        return report_of(record), cache if cache is not None else routing.cache_for(record, state.roots)
+        return report, cache if cache is not None else routing.cache_for(report.header, state.roots)
     except InvalidInputError as exc:
         state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
-        raise HTTPException(unroutable(record.cache_dir, state.roots)[0], str(exc)) from None
+        raise HTTPException(unroutable(report.header.cache_dir, state.roots)[0], str(exc)) from None
 
 
 #: The catalog counts processes in 32-bit columns (PostgreSQL's INTEGER); the record format allows up to 2**53.
 MAX_PROCESSES = 2**31 - 1
 
 
-def _parse(body: bytes) -> records.RunRecord:
-    record = _decoded(body)
-    if record.process_count > MAX_PROCESSES:
-        raise InvalidInputError(f"run record is malformed: process_count {record.process_count} is over "
+def _parse(body: bytes) -> Report:
+    report = _decoded(body)
+    if report.header.process_count > MAX_PROCESSES:
+        raise InvalidInputError(f"run record is malformed: process_count {report.header.process_count} is over "
                                 f"{MAX_PROCESSES}, the most the catalog counts")
-    return record
+    return report
 
 
-def _decoded(body: bytes) -> records.RunRecord:
+def _decoded(body: bytes) -> Report:
     try:
-        return records.parse(body)
+        return report_of_json(body)
     except InvalidInputError as exc:
         # JSON Schema, so the OpenAPI document, counts 3.0 as an integer; the record format does not. Only a
         # refused record pays for a second look.
@@ -124,7 +124,7 @@ def _decoded(body: bytes) -> records.RunRecord:
     fixed = _integral(data, seen)
     if not seen:
         raise refused
-    return records.parse(fixed)
+    return report_of(records.parse(fixed))
 
 
 def _integral(node: Any, seen: list[float]) -> Any:

@@ -65,7 +65,11 @@ _decompressor = zstandard.ZstdDecompressor()
 
 def of_record(record: RunRecord) -> Figures:
     """``record``'s keys as figures, their seconds saved not weighed yet (0)."""
-    keys = record.keys
+    return of_keys(record.keys)
+
+
+def of_keys(keys: Sequence[Any]) -> Figures:
+    """Figures of a record's keys (:class:`jaxcache.records.KeyUsage`, or structs with the same fields)."""
     return Figures(
         [u.key for u in keys], [u.function for u in keys], [u.event for u in keys], [u.hits for u in keys],
         [u.compiles for u in keys], [u.writes for u in keys], [u.reason for u in keys], [u.compile_s for u in keys],

@@ -2,14 +2,27 @@
 programs already as the JSON text the catalog stores, and the keys that carry a digest. Made once from the parsed
 record where it was checked (a worker's parse thread, a rescan); the report writer process decodes it without
 validating the record again (the worker did), and without a Python object per key's parts: validating and
-decoding a final record of 200 keys again was 1.5 ms of the writer's time, the one process a storm waits on."""
+decoding a final record of 200 keys again was 1.5 ms of the writer's time, the one process a storm waits on.
+
+A POSTed body is parsed by :func:`report_of_json`, which keeps each key's parts and program as the JSON they came
+as: a job's processes send the same ones for the same keys, so each distinct text is validated once per process
+(and kept, up to :data:`KNOWN_TEXTS`), instead of being decoded into objects and encoded back into text for every
+record: that was half of a worker's parsing of a final record.
+"""
 
 from __future__ import annotations
 
+import re
+import typing
+from typing import Any
+
 import msgspec
 
+from jaxcache import records
+from jaxcache.errors import InvalidInputError
+from jaxcache.keyparts import KeyParts, ProgramSignature
 from jaxcache.records import WRITE, KeyUsage, RunRecord
-from jaxcache.service.ingestion.figures import Figures, of_record
+from jaxcache.service.ingestion.figures import Figures, of_keys, of_record
 
 _json = msgspec.json.Encoder()
 
@@ -50,3 +63,70 @@ def report_of(record: RunRecord) -> Report:
         [None if u.parts is None else _json.encode(u.parts).decode() for u in keys],
         [None if u.program is None else _json.encode(u.program).decode() for u in keys],
         [u for u in keys if u.sha256 and u.event == WRITE])
+
+
+def _keeping_json(struct: Any, name: str, raw: tuple[str, ...], types: dict[str, Any], **config: Any) -> Any:
+    """A struct with the fields, defaults, checks and ``__post_init__`` of ``struct``, but the ``raw`` fields kept
+    as the JSON they came as (``msgspec.Raw``; empty when absent) and the ``types`` fields of other types."""
+    hints = typing.get_type_hints(struct, include_extras=True)
+    fields: list[Any] = []
+    for f in msgspec.structs.fields(struct):
+        if f.name in raw:
+            fields.append((f.name, msgspec.Raw, msgspec.Raw()))
+        elif f.default is not msgspec.NODEFAULT:
+            fields.append((f.name, types.get(f.name, hints[f.name]), f.default))
+        elif f.default_factory is not msgspec.NODEFAULT:
+            fields.append((f.name, types.get(f.name, hints[f.name]), msgspec.field(default_factory=f.default_factory)))
+        else:
+            fields.append((f.name, types.get(f.name, hints[f.name])))
+    return msgspec.defstruct(name, fields, namespace={"__post_init__": struct.__post_init__}, **config)
+
+
+_TEXTS = ("parts", "program")
+_RawKey = _keeping_json(KeyUsage, "KeyUsage", _TEXTS, {}, gc=False)
+_RawRecord = _keeping_json(RunRecord, "RunRecord", (), {"keys": list[_RawKey]},  # type: ignore[valid-type]
+                           tag_field="schema",
+                           tag=records.SCHEMA)
+_HEADER = tuple(f.name for f in msgspec.structs.fields(RunRecord) if f.name != "keys")
+_KEY = tuple(f.name for f in msgspec.structs.fields(KeyUsage) if f.name not in _TEXTS)
+
+#: Parts and programs texts a process keeps once checked, by the JSON they came as (about 1 KB each with it).
+KNOWN_TEXTS = 4096
+_known: dict[bytes, str] = {}
+
+
+def report_of_json(body: bytes) -> Report:
+    """The run record in ``body`` (JSON) as ingestion takes it; :class:`InvalidInputError` as
+    :func:`jaxcache.records.parse` raises it."""
+    found = records.decode(body, _RawRecord, "run record", records.MAX_RECORD_BYTES)
+    keys = found.keys
+    parts: list[str | int | None] = [_checked(u.parts, KeyParts, i, "parts") for i, u in enumerate(keys)]
+    programs: list[str | int | None] = [_checked(u.program, ProgramSignature, i, "program")
+                                        for i, u in enumerate(keys)]
+    header = RunRecord(**{n: getattr(found, n) for n in _HEADER})
+    digests = [KeyUsage(**{n: getattr(u, n) for n in _KEY}) for u in keys if u.sha256 and u.event == WRITE]
+    return Report(header, of_keys(keys), parts, programs, digests)
+
+
+_AT = re.compile(r" - at `\$")
+
+
+def _checked(raw: msgspec.Raw, kind: type, index: int, field: str) -> str | None:
+    """The catalog's text of a key's parts or program (None: not given), checked as the record format says."""
+    data = bytes(raw)
+    if not data or data == b"null":
+        return None
+    text = _known.get(data)
+    if text is None:
+        try:
+            value = msgspec.json.decode(data, type=kind | None)  # as the record format says it
+        except msgspec.ValidationError as exc:
+            where = f"$.keys[{index}].{field}"
+            message = _AT.sub(lambda _: f" - at `{where}", str(exc)) if _AT.search(str(exc)) else (
+                f"{exc} - at `{where}`")
+            raise InvalidInputError(f"run record is malformed: {message}") from None
+        text = _json.encode(value).decode()
+        if len(_known) >= KNOWN_TEXTS:
+            _known.clear()
+        _known[data] = text
+    return text

@@ -25,7 +25,7 @@ from jaxcache.service.ingestion.batch import REPORT, STORAGE, Batch
 from jaxcache.service.ingestion.explain import Pending
 from jaxcache.service.ingestion.packed import Report, report_of
 
-__all__ = ["REPORT", "STORAGE", "IngestResult", "PendingMisses", "check", "ingest", "ingest_batch"]
+__all__ = ["REPORT", "STORAGE", "IngestResult", "PendingMisses", "check", "check_keys", "ingest", "ingest_batch"]
 
 
 
@@ -134,11 +134,18 @@ def ingest_batch(catalog: Catalog, cache: str, batch: Sequence[Report], *, sourc
 
 def check(record: RunRecord) -> None:
     """Refuse (InvalidInputError) a record the catalog cannot store: one that names a key twice."""
+    check_keys([u.key for u in record.keys])
+
+
+def check_keys(keys: Sequence[str]) -> None:
+    """:func:`check` of a record's keys."""
+    if len(set(keys)) == len(keys):
+        return
     seen: set[str] = set()
-    for u in record.keys:
-        if u.key in seen:
-            raise InvalidInputError(f"run record lists key {u.key!r} twice: one entry per key")
-        seen.add(u.key)
+    for key in keys:
+        if key in seen:
+            raise InvalidInputError(f"run record lists key {key!r} twice: one entry per key")
+        seen.add(key)
 
 
 def _attestations(record: Report, source: str, secret: bytes | None, name: str | None) -> list[Attestation]:
