@@ -277,8 +277,11 @@ def storm_on(name: str, db: str, root: str, work: str, args, modules: list[str])
         with open(paths_file, "w") as f:
             json.dump(paths, f)
         with probing(base, paths_file, args.probe_gap_s) as quiet:  # the same probes without a storm: the baseline
+            before = cpu.snapshot()
             time.sleep(args.quiet_s)
-        fig["quiet"] = {"healthz": _summary(quiet["healthz"]), "listing": _summary(quiet["listing"])}
+            spent = cpu.by_role(before, cpu.snapshot(), serving_pid)
+        fig["quiet"] = {"healthz": _summary(quiet["healthz"]), "listing": _summary(quiet["listing"]),
+                        "cpu_s_per_s": {role: round(s / args.quiet_s, 3) for role, s in spent.items()}}
         now = time.time()
         for phase, final in (("start", False), ("end", True)):
             bodies = [r.to_json() for r in job_records(modules, args.entries, args.records, args.keys, final=final,
@@ -366,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{fig['catalog']}: quiet healthz p99 {fig['quiet']['healthz'].get('p99_ms')} ms, listing p99 "
               f"{fig['quiet']['listing'].get('p99_ms')} ms; background loops settled after "
               f"{fig.get('settled_s', 'no wait')} s")
+        print("        CPU s a second, probes alone: " + ", ".join(
+            f"{role} {seconds:.2f}" for role, seconds in fig["quiet"]["cpu_s_per_s"].items()))
         for phase in ("start", "end"):
             f = fig[phase]
             print(f"  {phase:5} {f['records']} records x {f['keys_per_record']} keys ({f['body_kib_median']} KiB): "
