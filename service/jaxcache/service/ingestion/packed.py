@@ -85,8 +85,7 @@ def _keeping_json(struct: Any, name: str, raw: tuple[str, ...], types: dict[str,
 _TEXTS = ("parts", "program")
 _RawKey = _keeping_json(KeyUsage, "KeyUsage", _TEXTS, {}, gc=False)
 _RawRecord = _keeping_json(RunRecord, "RunRecord", (), {"keys": list[_RawKey]},  # type: ignore[valid-type]
-                           tag_field="schema",
-                           tag=records.SCHEMA)
+                           tag_field="schema", tag=records.SCHEMA)
 _HEADER = tuple(f.name for f in msgspec.structs.fields(RunRecord) if f.name != "keys")
 _KEY = tuple(f.name for f in msgspec.structs.fields(KeyUsage) if f.name not in _TEXTS)
 
