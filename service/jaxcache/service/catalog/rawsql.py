@@ -217,24 +217,19 @@ def _run_arrays(conn: Connection, table: Table, sql: str, names: Sequence[str],
                 rows: Sequence[Mapping[str, object]]) -> None:
     """Run ``sql`` with one array per column of ``names`` (``a_<name>``), in PostgreSQL's binary format: as text,
     psycopg quoted and escaped every value in Python (bytes hex-encoded), a third of a storm's writer, and the
-    server parsed them back. A binary array holds one type, so numbers are made the column's."""
+    server parsed them back. A binary array holds one type: a float column's whole numbers are made floats; any
+    other mix of types is an error."""
     arrays: dict[str, list] = {}
     for n in names:
         values = [r[n] for r in rows]
-        kind = _COERCE.get(type(table.c[n].type)) or next(
-            (f for t, f in _COERCE.items() if isinstance(table.c[n].type, t)), None)
-        if kind is not None:
-            values = [v if v is None or type(v) is kind else kind(v) for v in values]
+        if isinstance(table.c[n].type, Float):  # 0 and 1.5 in one column: one type, exactly
+            values = [float(v) if type(v) is int else v for v in values]
         arrays[f"a_{n}"] = values
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]  # psycopg's own
     try:
         cursor.execute(sql, arrays)
     finally:
         cursor.close()
-
-
-#: The Python type of a column's values in a binary array, by its type (Python would mix int and float).
-_COERCE: dict[type, type] = {Float: float, BigInteger: int, Integer: int, Boolean: bool}
 
 
 #: The PostgreSQL array type of a column's values, by its type (the first that matches: BigInteger is an Integer).
