@@ -14,7 +14,7 @@ from typing import Any
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from jaxcache import records
+from jaxcache.service.api import reports as report_route
 from jaxcache.service.app import create_app
 from jaxcache.service.catalog import queries
 from reports_support import H_READ, H_REPORT, hit, keys_of, run, settings
@@ -94,8 +94,8 @@ def test_healthz_answers_while_a_large_report_is_parsed(client, monkeypatch, jax
     record = run("big-job", "big-run", [hit(train, 2, 1_700_000_000.0), *many])
     body = record.to_json()
     assert len(body) > 1_000_000
-    held = Held(records.parse)
-    monkeypatch.setattr(records, "parse", held)
+    held = Held(report_route.report_of_json)
+    monkeypatch.setattr(report_route, "report_of_json", held)
     finished, response = _while_held(client, held, lambda: client.post(
         "/v1/reports?cache=demo", content=body, headers={**H_REPORT, "content-type": "application/json"}))
     assert finished == ["healthz", "caches", "slow"]
@@ -111,7 +111,7 @@ def test_records_arriving_together_are_parsed_one_at_a_time(client, monkeypatch)
     parsing: list[int] = []  # how many parses ran, as each began
     now = [0]
     count = threading.Lock()
-    held = Held(records.parse)
+    held = Held(report_route.report_of_json)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         with count:
@@ -123,7 +123,7 @@ def test_records_arriving_together_are_parsed_one_at_a_time(client, monkeypatch)
             with count:
                 now[0] -= 1
 
-    monkeypatch.setattr(records, "parse", counted)
+    monkeypatch.setattr(report_route, "report_of_json", counted)
     answers: dict[int, Any] = {}
     recs = [run("parse", f"r{p}", [], process_index=p, process_count=3) for p in range(3)]
     threads = [post_in_thread(client, r, answers) for r in recs]
