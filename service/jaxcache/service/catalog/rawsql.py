@@ -75,7 +75,7 @@ def _executed(conn: Connection, shape: Hashable, build: Callable[[], ClauseEleme
     args = values if c.positions is None else tuple(values[n] for n in c.positions)
     cursor = conn.connection.cursor()
     try:
-        if binary and c.positions is None:
+        if binary and conn.dialect.name == "postgresql":
             cursor.execute(c.sql, args, binary=True)  # type: ignore[call-arg]  # psycopg's
         else:
             cursor.execute(c.sql, args)
