@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 
 import msgspec
@@ -17,7 +18,7 @@ import msgspec
 from jaxcache.coverage import WarmupRecord
 from jaxcache.explain.from_root import knowns_of_warmup
 from jaxcache.explain.values import differs_text
-from jaxcache.records import HIT, WARMUP_VERIFY, Fingerprint
+from jaxcache.records import HIT, WARMUP_VERIFY, Fingerprint, KeyUsage
 from jaxcache.storage import open_storage
 from jaxcache.table import render
 from jaxcache.warmup.misses import explained, miss_of
@@ -84,8 +85,10 @@ def verify(config: WarmupConfig, record: WarmupRecord, *, timeout_s: float = VER
     hits = [k for k in seen["keys"] if k["event"] == HIT]
     compiled = [k for k in seen["keys"] if k["event"] != HIT]
     fingerprint = msgspec.convert({k: v for k, v in seen["fingerprint"].items() if k != "digest"}, Fingerprint)
-    misses = [miss_of(k, fingerprint, run_id=f"{record.id}-verify", job=config.job, topology=record.topology)
-              for k in compiled]
+    # A miss is judged at the moment the child looked its key up: the child writes what it compiles, and an entry
+    # it wrote itself must not read as one that was there and could not be loaded.
+    misses = [miss_of(k, fingerprint, run_id=f"{record.id}-verify", job=config.job, topology=record.topology,
+                      at=k.get("at")) for k in compiled]
     storage = open_storage(config.cache_dir, must_exist=False)
     found = explained(storage, misses, knowns_of_warmup(record))
     # A warm-up key that a miss already names as its nearest is that miss's other half, not a second finding.
@@ -126,8 +129,14 @@ def child_main(payload: str) -> int:
     target = tgt.Target(entrypoint=spec["entrypoint"], script=spec["script"], script_args=spec["script_args"])
     config = WarmupConfig(plan=plan, cache_dir=spec["cache_dir"], job=spec["job"], target=target,
                           trust=spec["trust"])
-    record = run_warmup(config, write_coverage=False, kind=WARMUP_VERIFY)
-    keys = [{**program_dict(p), "event": HIT if p.status == "present" else "compiled"} for p in record.programs]
+    looked_up: dict[str, float] = {}
+
+    def seen(usage: KeyUsage) -> None:
+        looked_up.setdefault(usage.key, usage.first_at or time.time())
+
+    record = run_warmup(config, write_coverage=False, kind=WARMUP_VERIFY, on_program=seen)
+    keys = [{**program_dict(p), "event": HIT if p.status == "present" else "compiled", "at": looked_up.get(p.key)}
+            for p in record.programs]
     fp = record.fingerprint.as_dict()
     print(json.dumps({"keys": keys, "fingerprint": fp}), flush=True)
     return 0
