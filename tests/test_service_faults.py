@@ -147,3 +147,25 @@ def test_an_applied_prune_is_audited_before_it_deletes(svc, cache_copy, monkeypa
     with state.catalog.session() as s:
         planned = set(s.scalars(select(PruneItemRow.key)))
     assert len(gone) == 4 and {n.rsplit("-", 1)[0] for n in gone} <= planned
+
+
+def test_a_prune_asked_once_an_interrupted_one_reads_closed_is_accepted(svc, cache_copy, monkeypatch):
+    """A replica that restarts closes the prune its predecessor left running; whoever sees it closed may prune at
+    once (the cache's prune lock is not held past the close)."""
+    from jaxcache.service.tasks import prune_audit
+
+    state = svc.app.state.jaxcache
+    prune_audit.begin(state.catalog, "demo", [], who="the replica that died", policy_json={"unused_for": "7d"})
+    real_changed, answers = state.changed, []
+
+    def changed(name):  # the refresh that follows the close, while the user acts on what the audit says
+        if not answers:
+            audit = svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"]
+            answers.append(audit[0]["state"])
+            answers.append(svc.post("/v1/caches/demo/prune", headers=H_ADMIN,
+                                    json={"unused_for": "7d", "dry_run": False}).status_code)
+        real_changed(name)
+
+    monkeypatch.setattr(state, "changed", changed)
+    state.close_interrupted_prunes("demo")
+    assert answers == ["interrupted", 200]

@@ -302,10 +302,13 @@ class State:
         if not lock.acquire(blocking=False):
             return
         try:
-            if prune_audit.close_interrupted(self.catalog, name, self.storages[name]):
-                self.changed(name)
+            closed = prune_audit.close_interrupted(self.catalog, name, self.storages[name])
         finally:
+            # Free before the refresh: whoever reads the audit closed may prune at once, and must not be told that
+            # a prune is still running.
             lock.release()
+        if closed:
+            self.changed(name)
 
     def delete_entry(self, name: str, key: str, *, who: str) -> bool:
         """Delete one entry, audited; False when there was none. Raises PruneInProgressError."""
