@@ -22,9 +22,10 @@ from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, Us
 from jaxcache.service.ingestion import aggregates, groups
 from jaxcache.service.ingestion import explain as explaining
 from jaxcache.service.ingestion import figures as f
-from jaxcache.service.ingestion.changes import Change, Parts, Stored, Writer, first_writers, weigh
+from jaxcache.service.ingestion.changes import Change, Stored, Writer, first_writers, weigh
 from jaxcache.service.ingestion.explain import Pending
 from jaxcache.service.ingestion.packed import Report
+from jaxcache.service.ingestion.stacked import Work
 
 _CHUNK = 500
 #: Where a record came from (runs.source): POSTed, or read from its file by a rescan.
@@ -102,7 +103,7 @@ class Batch:
         writers, measure, full = first_writers(changes, stats)
         for c in changes.values():
             weigh(c, measure)
-        work = Parts(changes)
+        work = Work(changes)
         idents = work.idents()
         keyed = _Keyed()
         pending, counts, rebuild = self._update(self._rows(idents), idents, work, changes, keyed)
@@ -135,7 +136,7 @@ class Batch:
                 out[(run_id, row["key"], row["job"], row["kind"])] = row
         return out
 
-    def _update(self, rows: dict, idents: list[tuple[str, str, str, str]], work: Parts,
+    def _update(self, rows: dict, idents: list[tuple[str, str, str, str]], work: Work,
                 changes: dict[tuple[str, int], Change], keyed: _Keyed
                 ) -> tuple[list[Pending], Counter[str], dict[str, set[tuple[str, str, str]]]]:
         """Apply the batch's parts to its usage rows and write them, noting what their keys' aggregates gain
@@ -152,32 +153,28 @@ class Batch:
             c.before.run[n] != v for n, v in _run_inputs(c.record).items())}
         for ident in idents:
             run_id, key, job, kind = ident
-            old = work.removed.get((run_id, job, kind), {}).get(key, {})
-            new = work.added.get((run_id, job, kind), {}).get(key, [])
             row = rows.get(ident)
+            found = work.change(ident, row)
+            if found is None:
+                rebuild[run_id].add((key, job, kind))
+                continue
+            less, more = found
             before: tuple | None = None
             if row is None:
-                if old:
-                    rebuild[run_id].add((key, job, kind))
-                    continue
-                built = groups.build(kind, new)
-                assert built is not None
-                row = {"cache": self.cache, "run_id": run_id, "key": key, "job": job, "kind": kind, **built,
+                assert more is not None
+                row = {"cache": self.cache, "run_id": run_id, "key": key, "job": job, "kind": kind, **more,
                        "counted": 0, "parts": None, "program": None, "cause": None, "differs": None, "nearest": None,
                        "fix": None}
                 keyed.gain(key, kind, 0, 0.0, row)
                 texts.fill(row)
                 inserts.append(row)
             else:
-                if old:
-                    by_process = {part[groups.PROCESS]: part for part in new}
-                    if not all(groups.covered(row, kind, part, by_process.get(index)) for index, part in old.items()):
-                        rebuild[run_id].add((key, job, kind))
-                        continue
                 before, hits, saved = _inputs(row), row["hits"], row["saved_s"]
                 was_indexed = tuple(row[n] for n in _INDEXED)
-                groups.subtract(row, kind, list(old.values()))
-                groups.add(row, kind, new)
+                if less is not None:
+                    groups.take(row, less)
+                if more is not None:
+                    groups.merge(row, more)
                 if row["processes"] <= 0:
                     deletes.append(_ident(self.cache, run_id, key, job, kind))
                     keyed.regather.add(key)

@@ -28,7 +28,10 @@ STARTED: Final = 3
 COLUMNS = ("process_index", "processes", "function", "event", "hits", "compiles", "writes", "reason", "compile_s",
            "retrieval_s", "jax_saved_s", "saved_s", "size_bytes", "first_at", "last_at", "last_hit_s", "updated_s",
            "writer_process", "writer_at_s", "writer_compile_s", "missed")
-_BY_RANK = {rank: event for event, rank in f.RANK.items()}
+EVENT_OF_RANK = {rank: event for event, rank in f.RANK.items()}
+#: The columns that are sums over the row's processes; the rest are extremes.
+SUMS = ("processes", "hits", "compiles", "writes", "compile_s", "retrieval_s", "jax_saved_s", "saved_s", "missed")
+_EXTREMES = [n for n in COLUMNS if n not in SUMS]
 
 
 def _hit(kind: str, fig: tuple[Any, ...]) -> float | None:
@@ -47,84 +50,76 @@ def build(kind: str, parts: Sequence[Part]) -> dict[str, Any] | None:
     """The row's COLUMNS from every process's part (None: no process has one)."""
     if not parts:
         return None
-    row: dict[str, Any] = {"processes": 0, "hits": 0, "compiles": 0, "writes": 0, "compile_s": 0.0,
-                           "retrieval_s": 0.0, "jax_saved_s": 0.0, "saved_s": 0.0, "missed": 0}
-    add(row, kind, parts)
+    (keys, functions, events, hits, compiles, writes, reasons, compile_s, retrieval_s, jax_saved_s, saved_s, sizes,
+     first_at, last_at) = zip(*(p[FIG] for p in parts), strict=True)
+    hit = None
+    if kind == JOB:
+        hit = max((t or first_use for h, first_use, t in zip(hits, first_at, last_at, strict=True)
+                   if h and (t or first_use)), default=None)
+    row: dict[str, Any] = {
+        "processes": len(parts), "hits": sum(hits), "compiles": sum(compiles), "writes": sum(writes),
+        "compile_s": sum((c for c in compile_s if c), 0.0), "retrieval_s": sum(retrieval_s, 0.0),
+        "jax_saved_s": sum(jax_saved_s, 0.0), "saved_s": sum(saved_s, 0.0),
+        "missed": len(events) - events.count(HIT) if kind == JOB else 0,
+        "process_index": min(p[PROCESS] for p in parts), "function": min(functions),
+        "event": EVENT_OF_RANK[max(f.RANK[e] for e in set(events))],
+        "reason": max((r for r in reasons if r is not None), default=None),
+        "size_bytes": max((s for s in sizes if s is not None), default=None),
+        "first_at": min((t for t in first_at if t), default=0.0), "last_at": max(last_at), "last_hit_s": hit,
+        "updated_s": max(p[UPDATED] for p in parts), "writer_process": None, "writer_at_s": None,
+        "writer_compile_s": None}
+    written = [(fig[f.FIRST_AT] or p[STARTED], p[PROCESS], fig[f.COMPILE_S]) for p in parts
+               if (fig := p[FIG])[f.WRITES] or fig[f.EVENT] == WRITE]
+    if written:
+        at, process, measured = min(written, key=lambda w: (w[0], w[1]))
+        row.update(writer_at_s=at, writer_process=process, writer_compile_s=measured)
     return row
 
 
 def add(row: dict[str, Any], kind: str, parts: Sequence[Part]) -> None:
     """Count ``parts`` (of distinct processes) in ``row`` (a row, or build()'s start of one)."""
-    if not parts:
-        return
-    (keys, functions, events, hits, compiles, writes, reasons, compile_s, retrieval_s, jax_saved_s, saved_s, sizes,
-     first_at, last_at) = zip(*(p[FIG] for p in parts), strict=True)
+    if parts:
+        merge(row, build(kind, parts))  # type: ignore[arg-type]  # not None: there are parts
+
+
+def merge(row: dict[str, Any], more: dict[str, Any]) -> None:
+    """Count in ``row`` what :func:`build` made of other processes' parts (``more``)."""
     empty = row["processes"] == 0
-    row["processes"] += len(parts)
-    row["hits"] += sum(hits)
-    row["compiles"] += sum(compiles)
-    row["writes"] += sum(writes)
-    row["compile_s"] += sum(c for c in compile_s if c)
-    row["retrieval_s"] += sum(retrieval_s)
-    row["jax_saved_s"] += sum(jax_saved_s)
-    row["saved_s"] += sum(saved_s)
-    if kind == JOB:
-        row["missed"] += len(events) - events.count(HIT)
-    lowest = min(p[PROCESS] for p in parts)
-    function = min(functions)
-    event = _BY_RANK[max(f.RANK[e] for e in set(events))]
-    reason = max((r for r in reasons if r is not None), default=None)
-    size = max((s for s in sizes if s is not None), default=None)
-    first = min((t for t in first_at if t), default=0.0)
-    last = max(last_at)
-    hit = None
-    if kind == JOB:
-        hit = max((t or first_use for h, first_use, t in zip(hits, first_at, last_at, strict=True)
-                   if h and (t or first_use)), default=None)
-    updated = max(p[UPDATED] for p in parts)
-    written = [(fig[f.FIRST_AT] or p[STARTED], p[PROCESS], fig[f.COMPILE_S]) for p in parts
-               if (fig := p[FIG])[f.WRITES] or fig[f.EVENT] == WRITE]
+    for n in SUMS:
+        row[n] += more[n]
     if empty:
-        row.update(process_index=lowest, function=function, event=event, reason=reason, size_bytes=size,
-                   first_at=first, last_at=last, last_hit_s=hit, updated_s=updated, writer_process=None,
-                   writer_at_s=None, writer_compile_s=None)
-    else:
-        row["process_index"] = min(row["process_index"], lowest)
-        row["function"] = min(row["function"], function)
-        if f.RANK[event] > f.RANK[row["event"]]:
-            row["event"] = event
-        if reason is not None and (row["reason"] is None or reason > row["reason"]):
-            row["reason"] = reason
-        if size is not None and (row["size_bytes"] is None or size > row["size_bytes"]):
-            row["size_bytes"] = size
-        if first and (not row["first_at"] or first < row["first_at"]):
-            row["first_at"] = first
-        row["last_at"] = max(row["last_at"], last)
-        if hit is not None and (row["last_hit_s"] is None or hit > row["last_hit_s"]):
-            row["last_hit_s"] = hit
-        row["updated_s"] = max(row["updated_s"], updated)
-    if written:
-        at, process, measured = min(written, key=lambda w: (w[0], w[1]))
-        if row["writer_at_s"] is None or (at, process) < (row["writer_at_s"], row["writer_process"]):
-            row.update(writer_at_s=at, writer_process=process, writer_compile_s=measured)
+        row.update((n, more[n]) for n in _EXTREMES)
+        return
+    row["process_index"] = min(row["process_index"], more["process_index"])
+    row["function"] = min(row["function"], more["function"])
+    if f.RANK[more["event"]] > f.RANK[row["event"]]:
+        row["event"] = more["event"]
+    reason, size, first, hit = more["reason"], more["size_bytes"], more["first_at"], more["last_hit_s"]
+    if reason is not None and (row["reason"] is None or reason > row["reason"]):
+        row["reason"] = reason
+    if size is not None and (row["size_bytes"] is None or size > row["size_bytes"]):
+        row["size_bytes"] = size
+    if first and (not row["first_at"] or first < row["first_at"]):
+        row["first_at"] = first
+    row["last_at"] = max(row["last_at"], more["last_at"])
+    if hit is not None and (row["last_hit_s"] is None or hit > row["last_hit_s"]):
+        row["last_hit_s"] = hit
+    row["updated_s"] = max(row["updated_s"], more["updated_s"])
+    at, process = more["writer_at_s"], more["writer_process"]
+    if at is not None and (row["writer_at_s"] is None or (at, process) < (row["writer_at_s"], row["writer_process"])):
+        row.update(writer_at_s=at, writer_process=process, writer_compile_s=more["writer_compile_s"])
 
 
 def subtract(row: dict[str, Any], kind: str, parts: Sequence[Part]) -> None:
     """Take ``parts``' counts and seconds out of ``row`` (its extremes: see :func:`covered`)."""
-    if not parts:
-        return
-    (_, _, events, hits, compiles, writes, _, compile_s, retrieval_s, jax_saved_s, saved_s, _, _, _) = zip(
-        *(p[FIG] for p in parts), strict=True)
-    row["processes"] -= len(parts)
-    row["hits"] -= sum(hits)
-    row["compiles"] -= sum(compiles)
-    row["writes"] -= sum(writes)
-    row["compile_s"] -= sum(c for c in compile_s if c)
-    row["retrieval_s"] -= sum(retrieval_s)
-    row["jax_saved_s"] -= sum(jax_saved_s)
-    row["saved_s"] -= sum(saved_s)
-    if kind == JOB:
-        row["missed"] -= len(events) - events.count(HIT)
+    if parts:
+        take(row, build(kind, parts))  # type: ignore[arg-type]
+
+
+def take(row: dict[str, Any], less: dict[str, Any]) -> None:
+    """Take out of ``row`` the counts and seconds of what :func:`build` made of some of its processes' parts."""
+    for n in SUMS:
+        row[n] -= less[n]
 
 
 def covered(row: dict[str, Any], kind: str, old: Part, new: Part | None) -> bool:
