@@ -4,8 +4,9 @@ or changed in place when processes' new figures replace their old ones.
 Counts and seconds are sums, so a process's old figures come off exactly. The other columns are extremes (first and
 last use, the last hit, the most informative event, the earliest write, the lowest process index): a process's new
 figures that are at least as extreme as its old ones (a record's totals only grow) keep them right; otherwise
-:func:`covered` says so and the caller rebuilds the row from every process's figures. Parts are taken a row at a
-time, a column at a time (``zip``, ``sum``, ``min``): a storm's batch adds 64 processes' parts to each of 200 rows.
+:func:`covered` says so and the caller rebuilds the row from every process's figures. :func:`build` makes what
+some processes' parts count for, :func:`merge` and :func:`take` count it in a row or take it out; a storm's batches
+make it a column at a time instead (:mod:`.stacked`).
 """
 
 from __future__ import annotations
