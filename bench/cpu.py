@@ -69,10 +69,10 @@ def by_role(before: dict[int, Proc], after: dict[int, Proc], serving_pid: int) -
             # Backends are titled "postgres: user database host(port) state"; autovacuum, the WAL writer and
             # the checkpointer by what they are.
             role = "postgres" if "(" in now.command else "postgres_background"
+        elif pid == os.getpid():  # before the probe's test: this command line may hold --probe-gap-s
+            role = "client"
         elif "--probe" in now.command:
             role = "probe"
-        elif pid == os.getpid():
-            role = "client"
         else:
             role = "other"
         roles[role] += spent
