@@ -85,6 +85,8 @@ def test_only_usual_rewrites_take_the_fast_way(seed):
         n: getattr(x, n)[:4] for n in f.Figures.__struct_fields__ if n != "keys"}), u, s) for i, x, u, s in new]))
     mixed = [(0, new[0][1], 6.0, 900.0), (1, msgspec.structs.replace(fig, keys=list(reversed(fig.keys))), 6.0, 900.0)]
     assert stacked._side(mixed) is None, "processes that report other keys (or another order) are not stacked"
+    nothing = _side([(index, f.EMPTY, 5.0, 900.0) for index in range(4)])
+    assert stacked._rewrites(nothing, after), "records before any compile: nothing to cover"
 
 
 def _spmd_reports(rng: random.Random, pool: list[str], now: float) -> list:
@@ -95,6 +97,9 @@ def _spmd_reports(rng: random.Random, pool: list[str], now: float) -> list:
         keys = rng.sample(pool, 5)
         start = now - rng.uniform(0, 3600)
         procs = {}
+        for index in range(6):  # each process's first record: before any compile
+            out.append((run(f"job-{run_id}", run_id, [], at=start - 30, process_index=index, process_count=6,
+                            kind=kind), False))
         for index in range(6):
             usage = [rng.choice([KeyUsage(key=k, event=HIT, function=k.rsplit("-", 1)[0], hits=1, first_at=start + 1,
                                           last_at=start + 2, retrieval_s=0.1, saved_s=1.0),

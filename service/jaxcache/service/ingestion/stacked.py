@@ -131,8 +131,8 @@ def _rewrites(before: Side, after: Side) -> bool:
     cols = {k: j for j, k in enumerate(after.keys)}
     if any(int(p) not in rows for p in before.processes) or any(k not in cols for k in before.keys):
         return False
-    r = np.array([rows[int(p)] for p in before.processes])
-    c = np.array([cols[k] for k in before.keys])
+    r = np.array([rows[int(p)] for p in before.processes], dtype=np.intp)
+    c = np.array([cols[k] for k in before.keys], dtype=np.intp)  # none: a record before any compile
     o, n = before.columns, {name: a[np.ix_(r, c)] for name, a in after.columns.items()}
     same = [bool(np.all(n[name] == o[name])) for name in (*_TEXTS, "first_at", "writes")]
     same += [_equal(n[name], o[name]) for name in ("size_bytes", "compile_s")]
