@@ -77,12 +77,6 @@ def build(kind: str, parts: Sequence[Part]) -> dict[str, Any] | None:
     return row
 
 
-def add(row: dict[str, Any], kind: str, parts: Sequence[Part]) -> None:
-    """Count ``parts`` (of distinct processes) in ``row`` (a row, or build()'s start of one)."""
-    if parts:
-        merge(row, build(kind, parts))  # type: ignore[arg-type]  # not None: there are parts
-
-
 def merge(row: dict[str, Any], more: dict[str, Any]) -> None:
     """Count in ``row`` what :func:`build` made of other processes' parts (``more``)."""
     empty = row["processes"] == 0
@@ -111,14 +105,9 @@ def merge(row: dict[str, Any], more: dict[str, Any]) -> None:
         row.update(writer_at_s=at, writer_process=process, writer_compile_s=more["writer_compile_s"])
 
 
-def subtract(row: dict[str, Any], kind: str, parts: Sequence[Part]) -> None:
-    """Take ``parts``' counts and seconds out of ``row`` (its extremes: see :func:`covered`)."""
-    if parts:
-        take(row, build(kind, parts))  # type: ignore[arg-type]
-
-
 def take(row: dict[str, Any], less: dict[str, Any]) -> None:
-    """Take out of ``row`` the counts and seconds of what :func:`build` made of some of its processes' parts."""
+    """Take out of ``row`` the counts and seconds of what :func:`build` made of some of its processes' parts (its
+    extremes: see :func:`covered`)."""
     for n in SUMS:
         row[n] -= less[n]
 

@@ -89,21 +89,19 @@ def _stacked(kind: str, new: list[tuple[int, Change]], old: list[tuple[int, Chan
     after = _side([(i, c.figures, c.record.updated_at, c.record.started_at) for i, c in new])
     if after is None:
         return None
-    more = _summaries(kind, after)
-    if not old:
-        return {key: (None, s) for key, s in zip(after.keys, more, strict=True)}
-    assert all(c.before is not None for _, c in old)
-    before = _side([(i, c.before.figures, c.before.run["updated_s"], c.before.run["started_s"])  # type: ignore[union-attr]
-                    for i, c in old])
-    if before is None or not _rewrites(before, after):
-        return None
-    less = dict(zip(before.keys, _summaries(kind, before), strict=True))
-    return {key: (less.get(key), s) for key, s in zip(after.keys, more, strict=True)}
+    less: dict[str, Summary] = {}
+    if old:
+        assert all(c.before is not None for _, c in old)
+        before = _side([(i, c.before.figures, c.before.run["updated_s"], c.before.run["started_s"])  # type: ignore[union-attr]
+                        for i, c in old])
+        if before is None or not _rewrites(before, after):
+            return None  # checked before any summing: the tuple way does it all again
+        less = dict(zip(before.keys, _summaries(kind, before), strict=True))
+    return {key: (less.get(key), s) for key, s in zip(after.keys, _summaries(kind, after), strict=True)}
 
 
 _COUNTS = ("hits", "compiles", "writes")
-_NUMBERS = ("compile_s", "retrieval_s", "jax_saved_s", "saved_s", "size_bytes",
-            "first_at", "last_at")
+_NUMBERS = ("compile_s", "retrieval_s", "jax_saved_s", "saved_s", "size_bytes", "first_at", "last_at")
 _TEXTS = ("functions", "events", "reasons")
 
 
