@@ -22,6 +22,7 @@ from jaxcache import records
 from jaxcache.errors import InvalidInputError
 from jaxcache.keyparts import KeyParts, ProgramSignature
 from jaxcache.records import WRITE, KeyUsage, RunRecord
+from jaxcache.service.ingestion import patterns
 from jaxcache.service.ingestion.figures import Figures, of_keys, of_record
 
 _json = msgspec.json.Encoder()
@@ -86,6 +87,10 @@ _TEXTS = ("parts", "program")
 _RawKey = _keeping_json(KeyUsage, "KeyUsage", _TEXTS, {}, gc=False)
 _RawRecord = _keeping_json(RunRecord, "RunRecord", (), {"keys": list[_RawKey]},  # type: ignore[valid-type]
                            tag_field="schema", tag=records.SCHEMA)
+_unpatterned, _CHECKS = patterns.unpatterned(KeyUsage)
+_QuickKey = _keeping_json(KeyUsage, "KeyUsage", _TEXTS, _unpatterned, gc=False)
+_QuickRecord = _keeping_json(RunRecord, "RunRecord", (), {"keys": list[_QuickKey]},  # type: ignore[valid-type]
+                             tag_field="schema", tag=records.SCHEMA)
 _HEADER = tuple(f.name for f in msgspec.structs.fields(RunRecord) if f.name != "keys")
 _KEY = tuple(f.name for f in msgspec.structs.fields(KeyUsage) if f.name not in _TEXTS)
 
@@ -97,35 +102,54 @@ _known: dict[bytes, str] = {}
 def report_of_json(body: bytes) -> Report:
     """The run record in ``body`` (JSON) as ingestion takes it; :class:`InvalidInputError` as
     :func:`jaxcache.records.parse` raises it."""
-    found = records.decode(body, _RawRecord, "run record", records.MAX_RECORD_BYTES)
+    found = _quick(body)
+    if found is None:  # refused, or not provably valid: the record format's own types say what is wrong
+        found = records.decode(body, _RawRecord, "run record", records.MAX_RECORD_BYTES)
     keys = found.keys
-    parts: list[str | int | None] = [_checked(u.parts, KeyParts, i, "parts") for i, u in enumerate(keys)]
-    programs: list[str | int | None] = [_checked(u.program, ProgramSignature, i, "program")
-                                        for i, u in enumerate(keys)]
+    parts = _texts([u.parts for u in keys], KeyParts, "parts")
+    programs = _texts([u.program for u in keys], ProgramSignature, "program")
     header = RunRecord(**{n: getattr(found, n) for n in _HEADER})
     digests = [KeyUsage(**{n: getattr(u, n) for n in _KEY}) for u in keys if u.sha256 and u.event == WRITE]
     return Report(header, of_keys(keys), parts, programs, digests)
 
 
+def _quick(body: bytes) -> Any:
+    """The record decoded with its keys' patterns checked all at once, or None where that did not prove it valid."""
+    if len(body) > records.MAX_RECORD_BYTES:
+        return None
+    try:
+        found = msgspec.json.decode(body, type=_QuickRecord)
+    except msgspec.MsgspecError:
+        return None
+    return found if patterns.all_match(found.keys, _CHECKS) else None
+
+
+def _texts(raws: list[msgspec.Raw], kind: type, field: str) -> list[str | int | None]:
+    """Each key's parts or program as the catalog's text (None: not given), checked as the record format says."""
+    known = _known
+    out: list[str | int | None] = []
+    for raw in raws:
+        data = bytes(raw)
+        text = known.get(data)
+        out.append(text if text is not None else _checked(data, kind, len(out), field))
+    return out
+
+
 _AT = re.compile(r" - at `\$")
 
 
-def _checked(raw: msgspec.Raw, kind: type, index: int, field: str) -> str | None:
-    """The catalog's text of a key's parts or program (None: not given), checked as the record format says."""
-    data = bytes(raw)
+def _checked(data: bytes, kind: type, index: int, field: str) -> str | None:
     if not data or data == b"null":
         return None
-    text = _known.get(data)
-    if text is None:
-        try:
-            value = msgspec.json.decode(data, type=kind | None)  # as the record format says it
-        except msgspec.ValidationError as exc:
-            where = f"$.keys[{index}].{field}"
-            message = _AT.sub(lambda _: f" - at `{where}", str(exc)) if _AT.search(str(exc)) else (
-                f"{exc} - at `{where}`")
-            raise InvalidInputError(f"run record is malformed: {message}") from None
-        text = _json.encode(value).decode()
-        if len(_known) >= KNOWN_TEXTS:
-            _known.clear()
-        _known[data] = text
+    try:
+        value = msgspec.json.decode(data, type=kind | None)  # as the record format says it
+    except msgspec.ValidationError as exc:
+        where = f"$.keys[{index}].{field}"
+        message = _AT.sub(lambda _: f" - at `{where}", str(exc)) if _AT.search(str(exc)) else f"{exc} - at `{where}`"
+        raise InvalidInputError(f"run record is malformed: {message}") from None
+    text = _json.encode(value).decode()
+    if len(_known) >= KNOWN_TEXTS:
+        _known.clear()
+    _known[data] = text
     return text
+
