@@ -14,10 +14,11 @@ class Proc:
     command: str
     parent: int
     cpu_s: float
+    started: int  # clock ticks after boot: tells a reused pid from the same process
 
 
 def snapshot() -> dict[int, Proc]:
-    """Every process's command line, parent and CPU seconds so far ({} without /proc)."""
+    """Every process's command line, parent, CPU seconds so far and start ({} without /proc)."""
     if not os.path.isdir("/proc/self"):
         return {}
     tick = os.sysconf("SC_CLK_TCK")
@@ -33,7 +34,7 @@ def snapshot() -> dict[int, Proc]:
         except OSError:
             continue  # gone meanwhile
         fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        out[int(name)] = Proc(command, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+        out[int(name)] = Proc(command, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, int(fields[19]))
     return out
 
 
@@ -60,7 +61,9 @@ def by_role(before: dict[int, Proc], after: dict[int, Proc], serving_pid: int) -
              "client": 0.0, "other": 0.0}
     for pid, now in after.items():
         was = before.get(pid)
-        spent = now.cpu_s - (was.cpu_s if was is not None and was.command == now.command else 0.0)
+        # The same process by its start, not its command line: PostgreSQL's backends retitle themselves with each
+        # state ("idle", "UPDATE"), and a backend whose title changed had its whole life's CPU counted.
+        spent = now.cpu_s - (was.cpu_s if was is not None and was.started == now.started else 0.0)
         if pid == writer:
             role = "writer"
         elif pid == serving_pid or now.parent == serving_pid:
