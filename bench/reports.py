@@ -151,22 +151,18 @@ def probe(base: str, paths_file: str, gap_s: str = "0.005") -> None:
     errors: list[str] = []
 
     def loop(name: str, next_path) -> None:
-        c = http.client.HTTPConnection(host, int(port), timeout=120)
-        try:
-            i = 0
-            while not stop.is_set():
-                path = next_path(i)
-                i += 1
-                t = time.perf_counter()
-                c.request("GET", path)
-                r = c.getresponse()
-                r.read()
-                got[name].append(time.perf_counter() - t)
-                if r.status != 200:
-                    errors.append(f"{path}: {r.status}")
-                time.sleep(float(gap_s))  # a client polling, not a load generator
-        finally:
-            c.close()
+        c, i = http.client.HTTPConnection(host, int(port), timeout=120), 0
+        while not stop.is_set():
+            path, t = next_path(i), time.perf_counter()
+            i += 1
+            c.request("GET", path)
+            r = c.getresponse()
+            r.read()
+            got[name].append(time.perf_counter() - t)
+            if r.status != 200:
+                errors.append(f"{path}: {r.status}")
+            time.sleep(float(gap_s))  # a client polling, not a load generator
+        c.close()
 
     threads = [threading.Thread(target=loop, args=("healthz", lambda i: "/healthz")),
                threading.Thread(target=loop, args=("listing", lambda i: paths[i % len(paths)]))]

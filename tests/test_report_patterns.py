@@ -63,6 +63,19 @@ def test_an_ordinary_record_takes_the_quick_way_and_parses_as_the_whole_record_d
     assert _outcome(body) == _strict(body)
 
 
+@pytest.mark.parametrize("schema", [None, "jaxcache.run/0", 5])
+def test_a_record_without_its_schema_tag_is_refused_as_the_record_format_refuses_it(schema):
+    data = json.loads(_body([_key(time.time())]))
+    if schema is None:
+        del data["schema"]
+    else:
+        data["schema"] = schema
+    body = json.dumps(data).encode()
+    assert packed._quick(body) is None
+    got = _outcome(body)
+    assert got == _strict(body) and got[0] == "refused"
+
+
 def test_every_pattern_of_a_keys_fields_has_a_whole_record_check():
     patterned = set()
     for name, hint in typing.get_type_hints(KeyUsage, include_extras=True).items():

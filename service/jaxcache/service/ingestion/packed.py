@@ -115,11 +115,9 @@ def report_of_json(body: bytes) -> Report:
 
 def _quick(body: bytes) -> Any:
     """The record decoded with its keys' patterns checked all at once, or None where that did not prove it valid."""
-    if len(body) > records.MAX_RECORD_BYTES:
-        return None
-    try:
-        found = msgspec.json.decode(body, type=_QuickRecord)
-    except msgspec.MsgspecError:
+    try:  # as the record format decodes it (its size, its schema tag required), less the keys' patterns
+        found = records.decode(body, _QuickRecord, "run record", records.MAX_RECORD_BYTES)
+    except InvalidInputError:
         return None
     return found if patterns.all_match(found.keys, _CHECKS) else None
 
