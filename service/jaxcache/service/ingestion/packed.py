@@ -150,4 +150,3 @@ def _checked(data: bytes, kind: type, index: int, field: str) -> str | None:
         _known.clear()
     _known[data] = text
     return text
-

@@ -10,10 +10,9 @@ caller then decodes the record again with the strict types, which accept it or s
 from __future__ import annotations
 
 import functools
-import operator
 import typing
 from collections.abc import Callable, Sequence
-from operator import attrgetter, itemgetter
+from operator import attrgetter, itemgetter, or_
 from typing import Any
 
 import msgspec
@@ -21,8 +20,8 @@ import msgspec
 _NO_NUL = r"^[^\x00]*$"
 _KEY = r"^[^/\x00]+-[0-9a-f]{64}$"
 _HEX64 = r"^[0-9a-f]{64}$"
-_META = ("gt", "ge", "lt", "le", "multiple_of", "min_length", "max_length", "tz", "title", "description",
-         "examples", "extra_json_schema", "extra")
+# Every other constraint and annotation a Meta holds, kept as it was.
+_META = tuple(n for n in dir(msgspec.Meta) if not n.startswith("_") and n != "pattern")
 
 
 def _hex(text: str) -> bool:
@@ -84,7 +83,7 @@ def _without(hint: Any, found: list[str]) -> Any:
             kept.append(meta)
         return typing.Annotated[(base, *kept)]
     if typing.get_origin(hint) in (typing.Union, type(int | None)):
-        return functools.reduce(operator.or_, [_without(arm, found) for arm in typing.get_args(hint)])
+        return functools.reduce(or_, [_without(arm, found) for arm in typing.get_args(hint)])
     return hint
 
 
