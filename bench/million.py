@@ -69,7 +69,7 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def _status(pid: int) -> dict[str, float]:
+def _status(pid: int, pss: bool = True) -> dict[str, float]:
     out = {}
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -77,6 +77,13 @@ def _status(pid: int) -> dict[str, float]:
                 name, _, value = line.partition(":")
                 if name in ("VmRSS", "VmHWM"):
                     out[name] = round(int(value.split()[0]) / 1024, 1)
+        if not pss:
+            return out
+        with open(f"/proc/{pid}/smaps_rollup") as f:  # shared pages (libraries) counted a share per process
+            for line in f:
+                name, _, value = line.partition(":")
+                if name == "Pss":
+                    out["Pss"] = round(int(value.split()[0]) / 1024, 1)
     except OSError:
         pass
     return out
@@ -88,18 +95,21 @@ def _scanned(c) -> bool:
     return any(x["name"] == "bench" and x["last_scan_s"] is not None for x in caches)
 
 
-def memory(pid: int) -> dict[str, float]:
-    """Resident memory of the service, MiB: the serving process and its workers together (``VmRSS``), the largest
-    of them, and the sum of each one's peak (``VmHWM``; an upper bound of the service's peak)."""
+def memory(pid: int, pss: bool = True) -> dict:
+    """Resident memory of the service, MiB: the serving process and its workers together (``VmRSS``; each one's
+    in ``each_VmRSS``, the serving process first), the largest of them, the sum of each one's peak (``VmHWM``; an
+    upper bound of the service's peak), and ``Pss``: the same pages with each shared one (libraries) counted once
+    across the processes, what the machine spends on the service."""
     pids, todo = [], [pid]
     while todo:
         p = todo.pop()
         pids.append(p)
         todo += _children(p)
-    each = [s for s in map(_status, pids) if s]
+    each = [s for s in (_status(p, pss) for p in pids) if s]
     return {"VmRSS": round(sum(s.get("VmRSS", 0) for s in each), 1),
             "largest_VmRSS": max((s.get("VmRSS", 0) for s in each), default=0),
-            "VmHWM": round(sum(s.get("VmHWM", 0) for s in each), 1), "processes": len(each)}
+            "VmHWM": round(sum(s.get("VmHWM", 0) for s in each), 1), "processes": len(each),
+            "Pss": round(sum(s.get("Pss", 0) for s in each), 1), "each_VmRSS": [s.get("VmRSS", 0) for s in each]}
 
 
 def settled(pid: int, *, after_s: float = 6.0) -> dict[str, float]:
@@ -116,11 +126,11 @@ def peak_rss(pid: int, every_s: float = 0.05) -> Iterator[dict]:
     sum of the processes' lifetime peaks (``VmHWM``) nor a reading afterwards shows."""
     out: dict = {}
     stop = threading.Event()
-    peak = [memory(pid)["VmRSS"]]
+    peak = [memory(pid, pss=False)["VmRSS"]]
 
     def sample() -> None:
         while not stop.wait(every_s):
-            peak[0] = max(peak[0], memory(pid)["VmRSS"])
+            peak[0] = max(peak[0], memory(pid, pss=False)["VmRSS"])
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
