@@ -246,7 +246,7 @@ def test_a_new_service_removes_the_runtime_directories_killed_ones_left(tmp_path
     import sys
     import tempfile
 
-    from jaxcache.service.workers import runtime_directory
+    from jaxcache.service.supervisor import runtime_directory
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -291,11 +291,42 @@ def test_a_worker_that_stops_before_it_leads_ends_without_a_traceback(tmp_path, 
 def test_a_process_that_keeps_exiting_at_once_is_not_started_for_ever(caplog):
     """A worker that dies right after each start (a broken install, a catalog gone) stops the service instead of
     being started again every half second; the signal handlers the supervisor set are put back."""
-    from jaxcache.service import workers
+    from jaxcache.service import supervisor
 
     before = signal.getsignal(signal.SIGTERM)
     began = time.monotonic()
-    assert workers.supervise(1, os._exit, (1,)) is False
+    assert supervisor.supervise(1, os._exit, (1,)) is False
     assert time.monotonic() - began < PATIENCE_S
-    assert f"worker process exited {workers.FAST_EXITS} times in a row" in caplog.text
+    assert f"worker process exited {supervisor.FAST_EXITS} times in a row" in caplog.text
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.slow
+def test_the_serving_process_holds_none_of_the_service_once_its_workers_run(served):
+    """It checks the settings and migrates the catalog with the whole service imported, then becomes the supervisor
+    (the same pid), which imports none of it: about 100 MiB less, whatever the caches hold."""
+    proc, _, workers, _ = served
+    compiled = ("pydantic_core", "msgspec")  # extension modules every worker loads (in /proc/PID/maps)
+    assert all(name in Path(f"/proc/{pid}/maps").read_text() for pid in workers for name in compiled)
+    assert not any(name in Path(f"/proc/{proc.pid}/maps").read_text() for name in compiled)
+    command = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+    assert command[command.index(b"--") + 2] == b"serve"  # as given, for `ps` and `pkill -f "jaxcache serve"`
+
+
+def test_a_worker_does_not_migrate_the_catalog_again(tmp_path, cache_copy):
+    """The serving process migrated it before any worker started; alembic would cost each worker 10 MiB."""
+    import subprocess
+    import sys
+
+    db = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
+    build = ("import sys; from jaxcache.service.app import create_app; from jaxcache.service.settings import "
+             f"ServiceSettings; from jaxcache.service.workers import Runtime; s = ServiceSettings(caches={{'demo': "
+             f"{str(cache_copy)!r}}}, db={db!r}); app = create_app(s RUNTIME); "
+             "print('alembic' in sys.modules, len(app.state.jaxcache.caches()))")
+    env = serve_env()
+    (tmp_path / "runtime").mkdir()
+    for runtime, expected in (("", "True 1"), (f", runtime=Runtime({str(tmp_path / 'runtime')!r})", "False 1")):
+        done = subprocess.run([sys.executable, "-c", build.replace(" RUNTIME", runtime)], env=env,
+                              capture_output=True, text=True, timeout=PATIENCE_S)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split("\n")[-2] == expected

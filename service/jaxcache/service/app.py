@@ -29,7 +29,9 @@ def create_app(settings: ServiceSettings | None = None, *, runtime: Runtime | No
     """Build the service (one of ``jaxcache serve --workers``'s given their ``runtime``). Raises
     :class:`JaxcacheError` for unusable settings (bad URL, missing root)."""
     settings = settings or ServiceSettings()
-    state = State(settings, runtime.generations(settings) if runtime is not None else None)
+    # A worker's serving process migrated the catalog before it started any (and alembic, imported to migrate,
+    # would cost each worker 10 MiB).
+    state = State(settings, runtime.generations(settings) if runtime is not None else None, migrate=runtime is None)
     state.runtime = runtime
     if runtime is not None:  # the serving process runs one report writer for all its workers
         state.reports = RemoteReports(runtime.dir / wire.SOCKET_NAME)

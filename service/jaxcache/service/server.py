@@ -96,27 +96,12 @@ def _config(app: Any, *, factory: bool = False) -> Any:
 
 
 def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
-    from jaxcache.service import workers
-    from jaxcache.service.ingestion.writer import run_writer
+    from jaxcache.service import supervisor, workers
 
-    with workers.runtime_directory() as runtime:
-        # Spawned workers inherit this environment: the settings (flags included), and where to share.
-        os.environ.update(workers.settings_environment(settings))
-        os.environ[workers.RUNTIME_ENV] = runtime
-        os.environ[workers.SUPERVISOR_ENV] = str(os.getpid())
-        os.environ[workers.PROMETHEUS_ENV] = os.path.join(runtime, "metrics")
-        # The C library's allocator for the workers, unless the operator chose one: after a rescan of a million
-        # entries, Python's own kept hundreds of MiB of its arenas pinned by a few live objects each, which
-        # malloc_trim (tasks/memory.py) can hand back from the C library's heap. Python's own for the report writer,
-        # which never rescans: a batch makes and drops hundreds of thousands of small objects, and the C library's
-        # allocator took a third more of its time (bench/reports.py, records already ingested).
-        writer_env = {} if "PYTHONMALLOC" in os.environ else {"PYTHONMALLOC": "pymalloc"}
-        os.environ.setdefault("PYTHONMALLOC", "malloc")
-        host, port = settings.host, sock.getsockname()[1]
-        if not workers.supervise(settings.workers, run_worker, (host, port), writer=run_writer,
-                                 writer_env=writer_env):
-            raise JaxcacheError("a worker process or the report writer could not start, or kept exiting at once "
-                                "(its error is above); the service stopped")
+    # Spawned workers inherit this environment: the settings (flags included). This process, with the whole
+    # service imported to check them, becomes the supervisor, which imports none of it.
+    os.environ.update(workers.settings_environment(settings))
+    supervisor.become(sock, settings.host, settings.workers)
 
 
 def run_worker(host: str, port: int) -> None:
@@ -137,12 +122,12 @@ def worker_app() -> Any:
     environment."""
     from uvicorn.config import STARTUP_FAILURE
 
-    from jaxcache.service import workers
+    from jaxcache.service import supervisor, workers
     from jaxcache.service.app import create_app
 
-    workers.die_with_parent(int(os.environ[workers.SUPERVISOR_ENV]))
+    workers.die_with_parent(int(os.environ[supervisor.SUPERVISOR_ENV]))
     try:
-        return create_app(ServiceSettings(), runtime=workers.Runtime(os.environ[workers.RUNTIME_ENV]))
+        return create_app(ServiceSettings(), runtime=workers.Runtime(os.environ[supervisor.RUNTIME_ENV]))
     except JaxcacheError as exc:  # checked by the serving process first: something changed since
         print(f"jaxcache: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(STARTUP_FAILURE) from None

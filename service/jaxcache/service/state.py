@@ -65,13 +65,15 @@ class CacheInfo:
 class State:
     """Everything the routes share, built once per app."""
 
-    def __init__(self, settings: ServiceSettings, generations: Generations | None = None) -> None:
+    def __init__(self, settings: ServiceSettings, generations: Generations | None = None, *,
+                 migrate: bool = True) -> None:
+        """``migrate``: bring the catalog's schema up to date first (False where another process just did)."""
         self.settings = settings
         # This process's, or shared by the workers of one `jaxcache serve` (see workers.py).
         self.generations: Generations = generations or LocalGenerations()
         self.runtime: Any = None  # workers.Runtime, for a worker of `jaxcache serve --workers` (app.py sets it)
         self.auth = Authenticator(settings)
-        self.catalog = Catalog(settings.catalog_url, snapshot_dir=settings.snapshot_dir)
+        self.catalog = Catalog(settings.catalog_url, migrate=migrate, snapshot_dir=settings.snapshot_dir)
         self.metrics = Metrics()
         self.metrics.registry.register(UsageCollector(self.catalog, list(settings.caches)))
         self.catalog.on_misses = self._count_misses

@@ -24,16 +24,16 @@ def run_writer() -> None:
     """The process's body (spawned by the serving process, with the workers' environment)."""
     from uvicorn.config import STARTUP_FAILURE
 
-    from jaxcache.service import workers
+    from jaxcache.service import supervisor, workers
     from jaxcache.service.settings import ServiceSettings
     from jaxcache.service.state import State
     from jaxcache.service.tasks import memory
 
-    workers.die_with_parent(int(os.environ[workers.SUPERVISOR_ENV]))
-    runtime = workers.Runtime(os.environ[workers.RUNTIME_ENV])
+    workers.die_with_parent(int(os.environ[supervisor.SUPERVISOR_ENV]))
+    runtime = workers.Runtime(os.environ[supervisor.RUNTIME_ENV])
     settings = ServiceSettings()
     try:
-        state = State(settings, runtime.generations(settings))
+        state = State(settings, runtime.generations(settings), migrate=False)  # the serving process migrated
     except JaxcacheError as exc:  # checked by the serving process first: something changed since
         print(f"jaxcache: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(STARTUP_FAILURE) from None
