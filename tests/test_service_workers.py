@@ -330,3 +330,15 @@ def test_a_worker_does_not_migrate_the_catalog_again(tmp_path, cache_copy):
                               capture_output=True, text=True, timeout=PATIENCE_S)
         assert done.returncode == 0, done.stderr
         assert done.stdout.split("\n")[-2] == expected
+
+
+def test_a_supervisor_that_cannot_start_is_a_clear_error(tmp_path, monkeypatch):
+    import socket
+    import sys
+
+    from jaxcache.errors import JaxcacheError
+    from jaxcache.service.supervisor import become
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "gone" / "python"))
+    with socket.socket() as sock, pytest.raises(JaxcacheError, match="--workers 1"):
+        become(sock, "127.0.0.1", 2)

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxcache.errors import JaxcacheError  # itself imports only the standard library
+
 log = logging.getLogger("jaxcache.service")
 
 #: Set by the serving process for its workers (not settings: nobody sets them by hand).
@@ -51,8 +53,13 @@ def become(sock: socket.socket, host: str, workers: int) -> None:
     code = "from jaxcache.service.supervisor import main; main()"
     # -P: not the working directory on the import path (of this process, and of the workers it spawns). The
     # command as it was given stays on the command line (after "--"), for `ps` and `pkill -f`.
-    os.execv(sys.executable, [sys.executable, "-P", "-c", code, str(sock.fileno()), host, str(workers), "--",
-                              *sys.argv])
+    try:
+        os.execv(sys.executable, [sys.executable, "-P", "-c", code, str(sock.fileno()), host, str(workers), "--",
+                                  *sys.argv])
+    except OSError as exc:
+        raise JaxcacheError(f"cannot start the workers' supervisor with {sys.executable or 'this Python'} "
+                            f"({exc.strerror or exc}): run `jaxcache serve --workers 1` to serve in this process"
+                            ) from None
 
 
 def main() -> None:
