@@ -342,3 +342,13 @@ def test_a_supervisor_that_cannot_start_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "executable", str(tmp_path / "gone" / "python"))
     with socket.socket() as sock, pytest.raises(JaxcacheError, match="--workers 1"):
         become(sock, "127.0.0.1", 2)
+
+
+def test_the_supervisors_exit_statuses_are_uvicorns_and_the_clis():
+    """Copied, not imported: importing uvicorn and the CLI would cost the supervisor 17 MiB."""
+    from uvicorn.config import STARTUP_FAILURE
+
+    from jaxcache.cli.output import EXIT_USAGE
+    from jaxcache.service import supervisor
+
+    assert (supervisor.STARTUP_FAILURE, supervisor.EXIT_ERROR) == (STARTUP_FAILURE, EXIT_USAGE)
