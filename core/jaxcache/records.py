@@ -201,21 +201,58 @@ class _OtherSchema(msgspec.Struct, tag_field="schema", tag="\x00"):
 
 def decode(data: bytes | str | Mapping[str, Any], kind: type[Any], what: str, max_bytes: int) -> Any:
     """``data`` (JSON text or an already decoded object) as a ``kind`` struct, whose tag (its ``schema`` field)
-    must be there; :class:`InvalidInputError` says what is wrong and where (``$.keys[3].sha256``)."""
+    must be there; :class:`InvalidInputError` says what is wrong and where (``$.keys[3].sha256``).
+
+    A whole float where an integer is expected (``3.0``) counts as that integer, as JSON Schema (and so the API's
+    OpenAPI document) has it; only a record the strict decoder refuses pays for that second look."""
     try:
-        if isinstance(data, (bytes, str)):
-            if len(data) > max_bytes:
-                raise InvalidInputError(f"{what} is larger than {max_bytes} bytes")
-            found = msgspec.json.decode(data, type=kind | _OtherSchema)
-        else:
-            found = msgspec.convert(data, kind | _OtherSchema)
+        try:
+            if isinstance(data, (bytes, str)):
+                if len(data) > max_bytes:
+                    raise InvalidInputError(f"{what} is larger than {max_bytes} bytes")
+                found = msgspec.json.decode(data, type=kind | _OtherSchema)
+            else:
+                found = msgspec.convert(data, kind | _OtherSchema)
+        except msgspec.ValidationError as exc:
+            if "got `float`" not in str(exc):
+                raise
+            plain = msgspec.json.decode(data) if isinstance(data, (bytes, str)) else data
+            found = msgspec.convert(_whole_floats_as_ints(plain), kind | _OtherSchema)
     except msgspec.ValidationError as exc:
         raise InvalidInputError(f"{what} is malformed: {exc}") from None
     except msgspec.DecodeError as exc:
         raise InvalidInputError(f"{what} is not JSON: {exc}") from None
+    except RecursionError:  # the decoder recurses per level: the interpreter's limit bounds the nesting
+        raise InvalidInputError(f"{what} is malformed: nested too deeply") from None
     if not isinstance(found, kind):
         raise InvalidInputError(f"{what} is malformed: its schema is not {kind.__struct_config__.tag!r}")
     return found
+
+
+def _whole_floats_as_ints(data: Any) -> Any:
+    """``data`` (decoded JSON) with every float that an int holds exactly (below 2**53) as that int; a loop, not
+    recursion, so nesting costs no stack."""
+    def fixed(value: Any) -> Any:
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            return int(value)
+        if isinstance(value, dict):
+            copy: dict[Any, Any] = dict(value)
+            todo.append(copy)
+            return copy
+        if isinstance(value, list):
+            items = list(value)
+            todo.append(items)
+            return items
+        return value
+
+    todo: list[Any] = []
+    top = fixed(data)
+    while todo:
+        node = todo.pop()
+        keys = node.keys() if isinstance(node, dict) else range(len(node))
+        for k in keys:
+            node[k] = fixed(node[k])
+    return top
 
 
 def parse(data: bytes | str | Mapping[str, Any]) -> RunRecord:
