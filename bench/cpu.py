@@ -3,9 +3,7 @@ storm's CPU went when the machine's cores are all busy and throughput alone cann
 
 from __future__ import annotations
 
-import glob
 import os
-import tempfile
 from dataclasses import dataclass
 
 
@@ -38,35 +36,18 @@ def snapshot() -> dict[int, Proc]:
     return out
 
 
-def writer_pid(serving_pid: int) -> int | None:
-    """The report writer process of the ``jaxcache serve`` whose pid is ``serving_pid`` (its runtime directory)."""
-    for found in glob.glob(os.path.join(tempfile.gettempdir(), "jaxcache-serve-*", "serving.pid")):
-        try:
-            with open(found) as f:
-                if int(f.read()) != serving_pid:
-                    continue
-            with open(os.path.join(os.path.dirname(found), "writer.pid")) as f:
-                return int(f.read())
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 def by_role(before: dict[int, Proc], after: dict[int, Proc], serving_pid: int) -> dict[str, float]:
-    """CPU seconds between two snapshots: the service's report writer, its other processes (HTTP workers and the
-    supervisor), PostgreSQL's backends and its background processes (autovacuum and the like), the probes, this
-    process (the storm's clients), and everything else."""
-    writer = writer_pid(serving_pid)
-    roles = {"writer": 0.0, "service": 0.0, "postgres": 0.0, "postgres_background": 0.0, "probe": 0.0,
+    """CPU seconds between two snapshots: the service's processes (HTTP workers and the supervisor), PostgreSQL's
+    backends and its background processes (autovacuum and the like), the probes, this process (the storm's
+    clients), and everything else."""
+    roles = {"service": 0.0, "postgres": 0.0, "postgres_background": 0.0, "probe": 0.0,
              "client": 0.0, "other": 0.0}
     for pid, now in after.items():
         was = before.get(pid)
         # The same process by its start, not its command line: PostgreSQL's backends retitle themselves with each
         # state ("idle", "UPDATE"), and a backend whose title changed had its whole life's CPU counted.
         spent = now.cpu_s - (was.cpu_s if was is not None and was.started == now.started else 0.0)
-        if pid == writer:
-            role = "writer"
-        elif pid == serving_pid or now.parent == serving_pid:
+        if pid == serving_pid or now.parent == serving_pid:
             role = "service"
         elif now.command.startswith("postgres"):
             # Backends are titled "postgres: user database host(port) state"; autovacuum, the WAL writer and

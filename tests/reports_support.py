@@ -114,16 +114,31 @@ def rescan(client, cache: str = "demo") -> dict:
 
 
 def report(client, record: RunRecord, query: str = "?cache=demo") -> dict:
-    """POST a record that must be accepted."""
+    """POST a record that must be accepted, and wait until the catalog has folded it."""
     r = post(client, record, query)
-    assert r.status_code == 200, r.text
+    assert r.status_code == 202, r.text
     return r.json()
 
 
+def folded(client, timeout_s: float = 60.0, headers=H_READ) -> None:
+    """Wait until no accepted run record waits in any cache's inbox (the drain has folded them all)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = client.get("/v1/caches", headers=headers)
+        assert r.status_code == 200, r.text
+        if not any(c["reports_waiting"] for c in r.json()["caches"]):
+            return
+        assert time.monotonic() < deadline, f"records still waiting after {timeout_s} s: {r.json()}"
+        time.sleep(0.02)
+
+
 def post(client, record: RunRecord | bytes, query: str = "", headers=H_REPORT):
+    """POST a record; once it is accepted (202), wait until the catalog has folded it."""
     body = record if isinstance(record, bytes) else record.to_json()
-    return client.post(f"/v1/reports{query}", content=body,
-                       headers={**headers, "content-type": "application/json"})
+    r = client.post(f"/v1/reports{query}", content=body, headers={**headers, "content-type": "application/json"})
+    if r.status_code == 202:
+        folded(client)
+    return r
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ from jaxcache import coverage, records
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.ingestion import warmups
-from jaxcache.service.ingestion.reports import STORAGE, ingest
+from jaxcache.service.ingestion.drain import ingest
+from jaxcache.service.ingestion.inbox import STORAGE
 
 KEY = "jit_train_step-" + "a" * 64
 SHA = "b" * 64
@@ -185,7 +186,7 @@ def test_every_run_record_that_parses_fits_the_catalog(catalog, data):
     record = _parses_or_refuses(records.parse, data)
     if record is not None:
         try:
-            ingest(catalog, "demo", record, source=STORAGE, record_name=record.name)
+            ingest(catalog, "demo", record, source=STORAGE, name=record.name)
         except InvalidInputError as exc:  # the one refusal left to ingestion: a key listed twice
             assert "twice" in str(exc)
 

@@ -54,10 +54,11 @@ def _random_reports(rng, pool: list[str], now: float) -> list[tuple[RunRecord, b
 
 
 def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> dict[tuple[str, int], RunRecord]:
-    """Ingest ``reports`` one at a time (``batch_sizes`` None) or in batches of the sizes it yields; the versions
-    the catalog holds, by process. Older versions must come back stale."""
-    from jaxcache.service.ingestion.packed import report_of
-    from jaxcache.service.ingestion.reports import ingest, ingest_batch
+    """Ingest ``reports`` one at a time (``batch_sizes`` None) or accepted into the inbox in batches of the sizes it
+    yields, each batch drained at once; the versions the catalog holds, by process. Older versions must come back
+    stale."""
+    from jaxcache.service.ingestion import inbox
+    from jaxcache.service.ingestion.drain import drain, ingest
 
     held: dict[tuple[str, int], RunRecord] = {}
     i = 0
@@ -68,7 +69,8 @@ def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> di
         if batch_sizes is None:
             results = [ingest(catalog, "demo", chunk[0][0])]
         else:
-            results = ingest_batch(catalog, "demo", [report_of(r) for r, _ in chunk])
+            results = [inbox.accept(catalog, "demo", r, r.to_json()) for r, _ in chunk]
+            drain(catalog, "demo")
         for (rec, older), result in zip(chunk, results, strict=True):
             if older:
                 assert result.stale

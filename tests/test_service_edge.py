@@ -156,10 +156,10 @@ def test_reports_within_the_catalogs_counts_and_integral_floats(svc, keys):
     too_many = {**rec, "process_count": MAX_PROCESSES + 1}
     r = post(svc, json.dumps(too_many).encode(), "?cache=demo")
     assert r.status_code == 422 and "process_count" in r.json()["detail"]  # was a 500 on PostgreSQL
-    assert post(svc, json.dumps({**rec, "process_count": MAX_PROCESSES}).encode(), "?cache=demo").status_code == 200
+    assert post(svc, json.dumps({**rec, "process_count": MAX_PROCESSES}).encode(), "?cache=demo").status_code == 202
     as_doubles = {**rec, "run_id": "r2", "process_index": 0.0, "process_count": 1.0}
     r = post(svc, json.dumps(as_doubles).encode(), "?cache=demo")
-    assert r.status_code == 200 and r.json()["process_index"] == 0, r.text
+    assert r.status_code == 202 and r.json()["process_index"] == 0, r.text
     assert post(svc, json.dumps({**rec, "process_index": 0.5}).encode(), "?cache=demo").status_code == 422
     body = _openapi(svc)["components"]["schemas"]["RunRecordModel"]["properties"]
     assert body["process_count"]["maximum"] == MAX_PROCESSES

@@ -91,7 +91,7 @@ def test_post_report_ingests_the_same_record(svc, cache_copy, keys, tmp_path):
     link.symlink_to(cache_copy)
     rec = run("pretrain", "r1", [write(train, 8.0, now - 60)], at=now - 30, cache_dir=f"{link}/")
     r = post(svc, rec)
-    assert r.status_code == 200, r.text
+    assert r.status_code == 202, r.text
     assert r.json() == {"cache": "demo", "run_id": "r1", "process_index": 0, "runs": 1, "keys": 1, "stale": False}
     e = svc.get(f"/v1/caches/demo/entries/{train}", headers=H_READ).json()
     assert e["first_writer"]["job"] == "pretrain" and e["measured_compile_s"] == 8.0
@@ -102,13 +102,13 @@ def test_post_report_ingests_the_same_record(svc, cache_copy, keys, tmp_path):
 
 @pytest.mark.parametrize(
     ("headers", "status"),
-    [({}, 401), ({"Authorization": "Bearer nope"}, 401), (H_READ, 403), (H_REPORT, 200), (H_ADMIN, 200)],
+    [({}, 401), ({"Authorization": "Bearer nope"}, 401), (H_READ, 403), (H_REPORT, 202), (H_ADMIN, 202)],
 )
 def test_post_report_auth(svc, keys, headers, status):
     rec = run("j", "r1", [write(keys["jit_tiny"], 1.0, time.time())])
     r = post(svc, rec, "?cache=demo", headers=headers)
     assert r.status_code == status, r.text
-    assert (svc.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"] != []) == (status == 200)
+    assert (svc.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"] != []) == (status == 202)
 
 
 def test_post_report_needs_a_known_cache(svc, keys, tmp_path):
@@ -148,20 +148,24 @@ def test_malformed_reports_are_422_and_store_nothing(svc, keys):
         json.dumps({**good, "keys": [good["keys"][0], good["keys"][0]]}).encode(),  # one key twice
         json.dumps({**good, "updated_at": "yesterday"}).encode(),
         json.dumps({**good, "host": "node\u0000one"}).encode(),  # PostgreSQL stores no NUL in text
+        json.dumps(good).encode()[:-1] + b',"extra":' + b"[" * 1000 + b"]" * 1000 + b"}",  # nested too deep
+        json.dumps(good).encode()[:-1] + b',"extra":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        json.dumps(good).encode().replace(b'"updated_at":', b'"updated_at":NaN,"x":', 1),
+        json.dumps(good).encode().replace(b'"updated_at":', b'"updated_at":Infinity,"x":', 1),
     ]
     for body in bodies:
         r = post(svc, body, "?cache=demo")
         assert r.status_code == 422, (body[:80], r.status_code, r.text)
         assert isinstance(r.json()["detail"], str) and r.json()["detail"]
     assert _catalog_state(svc) == before
-    assert 'jaxcache_reports_malformed_total{source="report"} 10.0' in svc.get("/metrics").text
+    assert 'jaxcache_reports_malformed_total{source="report"} 14.0' in svc.get("/metrics").text
 
 
 def test_report_body_limit_is_its_own(tmp_path, cache_copy, keys):
     app = create_app(settings(tmp_path, {"demo": str(cache_copy)}, max_report_bytes=2000))
     with TestClient(app) as client:
         rec = run("j", "r1", [write(keys["jit_tiny"], 1.0, time.time())])
-        assert post(client, rec, "?cache=demo").status_code == 200
+        assert post(client, rec, "?cache=demo").status_code == 202
         big = run("j", "r2", [hit(f"jit_f{i}-{'0' * 64}", 1, time.time()) for i in range(40)])
         assert len(big.to_json()) > 2000
         assert post(client, big, "?cache=demo").status_code == 413
@@ -171,7 +175,7 @@ def test_report_body_limit_is_its_own(tmp_path, cache_copy, keys):
         many = run("j", "r3", [hit(f"jit_f{i}-{'0' * 64}", 1, time.time()) for i in range(2000)])
         assert len(many.to_json()) > 64 * 1024
         r = post(client, many, "?cache=demo")
-        assert r.status_code == 200 and r.json()["keys"] == 2000
+        assert r.status_code == 202 and r.json()["keys"] == 2000
 
 
 @BOTH
@@ -183,7 +187,7 @@ def test_reingest_is_idempotent(svc, keys):
     assert post(svc, rec, "?cache=demo").json()["stale"] is False
     once = _catalog_state(svc)
     again = post(svc, rec, "?cache=demo")
-    assert again.status_code == 200 and again.json()["runs"] == 1
+    assert again.status_code == 202 and again.json()["runs"] == 1
     assert _catalog_state(svc) == once
     # An older version of the record (a late periodic report) changes nothing.
     older = run("eval", "r", [hit(train, 1, now - 300)], at=now - 200)

@@ -31,7 +31,7 @@ from jaxcache.service.catalog.models import (
     WarmupRow,
 )
 from jaxcache.service.catalog.queries import coverage
-from jaxcache.service.ingestion import reports
+from jaxcache.service.ingestion import drain
 from jaxcache.service.ingestion.aggregates import recompute
 from jaxcache.service.tasks import pruning
 from jaxcache.service.tasks.rescan import rescan
@@ -162,7 +162,7 @@ def test_recomputing_adds_the_history_back(compacted):
     assert _snapshot(catalog, "demo") == before  # key_stats from key_history + the live rows, as they were
     # A new record on a key adds to what history holds, whichever way its aggregates are updated.
     train, tiny = keys["jit_train_step"], keys["jit_tiny"]
-    reports.ingest(catalog, "demo", run("finetune", "f3", [hit(train, 2, time.time() - 10, retrieval_s=0.5),
+    drain.ingest(catalog, "demo", run("finetune", "f3", [hit(train, 2, time.time() - 10, retrieval_s=0.5),
                                                            write(tiny, 0.25, T0 - DAY)]))
     after = _snapshot(catalog, "demo")["stats"]
     hits, saved = AGGREGATES.index("hits"), AGGREGATES.index("saved_s")
@@ -176,7 +176,7 @@ def test_recomputing_adds_the_history_back(compacted):
 def test_a_compacted_record_read_or_posted_again_changes_nothing(compacted):
     c = compacted
     for record in c.old:
-        assert reports.ingest(c.catalog, "demo", record).stale
+        assert drain.ingest(c.catalog, "demo", record).stale
     # Its file put back as it was (a restore from a backup): the next full listing reads it, and it is stale too.
     path = put_record(c.root, c.old[1])
     os.utime(path, (T0 + 10 * DAY, T0 + 10 * DAY))

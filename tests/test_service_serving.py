@@ -14,18 +14,18 @@ from typing import Any
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from jaxcache.service.api import reports as report_route
+from jaxcache import records
 from jaxcache.service.app import create_app
 from jaxcache.service.catalog import queries
 from reports_support import H_READ, H_REPORT, hit, keys_of, run, settings
-from serving_support import PATIENCE_S, Held, post_in_thread, wait_for
+from serving_support import PATIENCE_S, Held
 
 #: The only ``async def`` routes: none touches the catalog or storage, or parses more than a form of at most
 #: JAXCACHE_MAX_BODY_BYTES; the reports route reads its body on the loop and parses it in a thread.
 ASYNC_ROUTES = {
     "healthz",  # answers a constant
     "list_entries",  # its query and JSON in one of the threads kept for listings (State.read)
-    "ingest_report",  # awaits the body, then parses and ingests in worker threads
+    "ingest_report",  # awaits the body, then parses it and stores it in the inbox in a worker thread
     "swagger_ui", "redoc",  # render a page of links to packaged assets
     "login", "logout",  # a small form and a token's hash
     "prune_form", "prune_apply",  # a token's hash; catalog work and rendering through run_in_threadpool
@@ -94,50 +94,13 @@ def test_healthz_answers_while_a_large_report_is_parsed(client, monkeypatch, jax
     record = run("big-job", "big-run", [hit(train, 2, 1_700_000_000.0), *many])
     body = record.to_json()
     assert len(body) > 1_000_000
-    held = Held(report_route.report_of_json)
-    monkeypatch.setattr(report_route, "report_of_json", held)
+    held = Held(records.parse)  # the record format's parser, which the route runs in a worker thread
+    monkeypatch.setattr(records, "parse", held)
     finished, response = _while_held(client, held, lambda: client.post(
         "/v1/reports?cache=demo", content=body, headers={**H_REPORT, "content-type": "application/json"}))
     assert finished == ["healthz", "caches", "slow"]
-    assert response is not None and response.status_code == 200, response.text
+    assert response is not None and response.status_code == 202, response.text
     assert response.json()["keys"] == len(record.keys)
-
-
-def test_records_arriving_together_are_parsed_one_at_a_time(client, monkeypatch):
-    """Each parsing thread more takes the interpreter from the event loop: a process parses one record at a time
-    (api/reports.PARSERS), and the others wait for it without holding the loop."""
-    import time
-
-    parsing: list[int] = []  # how many parses ran, as each began
-    now = [0]
-    count = threading.Lock()
-    held = Held(report_route.report_of_json)
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        with count:
-            now[0] += 1
-            parsing.append(now[0])
-        try:
-            return held(*args, **kwargs)
-        finally:
-            with count:
-                now[0] -= 1
-
-    monkeypatch.setattr(report_route, "report_of_json", counted)
-    answers: dict[int, Any] = {}
-    recs = [run("parse", f"r{p}", [], process_index=p, process_count=3) for p in range(3)]
-    threads = [post_in_thread(client, r, answers) for r in recs]
-    assert held.entered.wait(PATIENCE_S)
-    wait_for(lambda: client.app.state.jaxcache.reports._arriving == 3)  # all three read, one parsing
-    deadline = time.monotonic() + 0.5  # a moment for a second parse to begin, were it let in (not an assertion)
-    while now[0] < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert client.get("/healthz").status_code == 200  # the others wait off the loop
-    held.release()
-    for t in threads:
-        t.join(PATIENCE_S)
-    assert {p: r.status_code for p, r in answers.items()} == dict.fromkeys(range(3), 200)
-    assert parsing == [1, 1, 1]  # never a second parse while one ran
 
 
 def test_the_busiest_routes_are_matched_first(client):

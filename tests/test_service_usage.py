@@ -263,7 +263,7 @@ def test_stale_jaxlib_gcs(gcs_svc, gcs_client, gcs_bucket, jax_caches):
     client.app.state.jaxcache.catalog.record_listings.pop("prod")
     assert rescan(client, "prod")["records_ingested"] == 1
     r = post(client, run("new", "n1", [write(other, 5.0, now - 60)], jaxlib=NEW, cache_dir=url + "/"))
-    assert r.status_code == 200 and r.json()["cache"] == "prod"
+    assert r.status_code == 202 and r.json()["cache"] == "prod"
     policy = {"stale_jaxlib": True, "min_age": 0}
     before = _blobs(gcs_client, gcs_bucket)
     plan = _prune(client, policy, cache="prod")

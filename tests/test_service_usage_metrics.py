@@ -161,7 +161,7 @@ def test_a_slow_catalog_holds_the_first_scrape_only_briefly(svc):
 
 def test_refused_reports_are_counted_by_reason(svc, keys):
     ok = run("j", "r1", [hit(keys["jit_train_step"], 1, time.time())])
-    assert post(svc, ok, "?cache=demo").status_code == 200
+    assert post(svc, ok, "?cache=demo").status_code == 202
     assert post(svc, b"{}", "?cache=demo").status_code == 422
     assert post(svc, ok, "?cache=demo", headers={"Authorization": "Bearer nope"}).status_code == 401
     assert post(svc, ok, "?cache=demo", headers=H_READ).status_code == 403

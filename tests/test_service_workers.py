@@ -27,7 +27,7 @@ PATIENCE_S = 120
 
 
 def _children(pid: int) -> list[int]:
-    """The serving process's workers and report writer (not multiprocessing's resource tracker beside them)."""
+    """The serving process's workers (not multiprocessing's resource tracker beside them)."""
     found = Path(f"/proc/{pid}/task/{pid}/children")
     pids = [int(p) for p in found.read_text().split()] if found.exists() else []
     return [p for p in pids if _alive(p) and b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
@@ -82,26 +82,12 @@ def served(tmp_path, cache_copy):
                              args=("--workers", "2", "--rescan-s", "3600"), stdout=log.open("w"))
     try:
         wait_ready(proc, base, output=log.read_text, patience_s=PATIENCE_S)
-        children = _until(lambda: len(_children(proc.pid)) == 3 and _children(proc.pid),
-                          "two workers and the report writer")
+        children = _until(lambda: len(_children(proc.pid)) == 2 and _children(proc.pid), "two workers")
         runtime = Path(_until(lambda: next((p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob(
             "jaxcache-serve-*") if any(_leaders_or_none(p, children))), None), "the runtime directory"))
-        writer = _writer(runtime)
-        yield proc, base, [pid for pid in children if pid != writer], runtime
+        yield proc, base, children, runtime
     finally:
         stop_serve(proc)
-
-
-def _writer(runtime: Path, other_than: int | None = None) -> int:
-    """The report writer's pid (it writes it once it listens)."""
-    def found() -> int | None:
-        try:
-            pid = int((runtime / "writer.pid").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return pid if pid != other_than and _alive(pid) else None
-
-    return _until(found, "the report writer listening")
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -135,7 +121,7 @@ def test_one_worker_leads_the_background_loops_and_another_takes_over_when_it_di
     assert _until(lambda: _leaders(runtime) == [survivor], "the other worker leads")
     # Its first round as leader rescans (a process's first round always does).
     _until(lambda: _metric(base, 'jaxcache_scan_seconds_count{cache="demo"}') == 2, "a second rescan")
-    _until(lambda: len(_children(proc.pid)) == 3, "the dead worker replaced")
+    _until(lambda: len(_children(proc.pid)) == 2, "the dead worker replaced")
     assert _leaders(runtime) == [survivor]
 
 
@@ -156,9 +142,10 @@ def test_pages_and_metrics_agree_whichever_worker_answers(served, jax_caches):
     assert len(before) == 1
     posted = httpx.post(f"{base}/v1/reports?cache=demo", content=run("j", "r1", [hit(train, 5, time.time())]).to_json(),
                         headers={"Authorization": f"Bearer {REPORT}", "content-type": "application/json"}, timeout=30)
-    assert posted.status_code == 200, posted.text
-    # Whichever worker ingested it, no worker answers its cached page (kept for 300 s) any more.
-    assert hits() == {before.pop() + 5}
+    assert posted.status_code == 202, posted.text
+    # Whichever worker accepted it and the leader's drain folded it, no worker answers its cached page (kept for
+    # 300 s) any more.
+    _until(lambda: hits() == {before.copy().pop() + 5}, "the hits listed by every worker")
 
     start = _metric(base, 'jaxcache_request_seconds_count{method="GET",route="/healthz"}')
     for _ in range(20):
@@ -168,13 +155,8 @@ def test_pages_and_metrics_agree_whichever_worker_answers(served, jax_caches):
 
 
 @pytest.mark.slow
-def test_one_report_writer_ingests_every_workers_records_and_another_starts_when_it_dies(served, jax_caches):
+def test_every_workers_records_are_folded_by_the_leaders_drain_whoever_leads(served, jax_caches):
     proc, base, workers, runtime = served
-    writer = _writer(runtime)
-    assert writer in _children(proc.pid) and writer not in workers and writer not in _leaders(runtime)
-    if "PYTHONMALLOC" not in os.environ:  # Python's allocator for the writer's many small objects; malloc for workers
-        assert _environ(writer)["PYTHONMALLOC"] == "pymalloc"
-        assert {_environ(pid)["PYTHONMALLOC"] for pid in workers} == {"malloc"}
     train = keys_of(jax_caches["zstd"])["jit_train_step"]
     at = time.time()
 
@@ -189,19 +171,17 @@ def test_one_report_writer_ingests_every_workers_records_and_another_starts_when
 
     before = hits()
     records = [run("j", "r1", [hit(train, 1, at)], at=at, process_index=p, process_count=8) for p in range(8)]
-    with ThreadPoolExecutor(8) as pool:  # a new connection each: both workers hand records to the one writer
+    with ThreadPoolExecutor(8) as pool:  # a new connection each: both workers accept records into the inbox
         answers = list(pool.map(post, records))
-    assert [(a.status_code, a.json()["process_index"]) for a in answers] == [(200, p) for p in range(8)]
+    assert [(a.status_code, a.json()["process_index"]) for a in answers] == [(202, p) for p in range(8)]
     _until(lambda: hits() == before + 8, "the eight hits listed")
 
-    os.kill(writer, signal.SIGKILL)
-    again = _writer(runtime, other_than=writer)
-    assert again in _children(proc.pid)  # the serving process started another
-    if "PYTHONMALLOC" not in os.environ:
-        assert _environ(again)["PYTHONMALLOC"] == "pymalloc"
+    (leader,) = _leaders(runtime)
+    os.kill(leader, signal.SIGKILL)  # the drain goes with it; the other worker leads and drains from now on
+    _until(lambda: _leaders(runtime) not in ([], [leader]), "another worker leading")
     answer = post(run("j", "r2", [hit(train, 1, at)], at=at))
-    assert answer.status_code == 200, answer.text
-    _until(lambda: hits() == before + 9, "the hit the new writer ingested listed")
+    assert answer.status_code == 202, answer.text
+    _until(lambda: hits() == before + 9, "the hit the new leader folded listed")
 
 
 @pytest.mark.slow
@@ -230,7 +210,7 @@ def test_workers_get_the_settings_the_flags_and_the_environment_gave(tmp_path, m
     settings = ServiceSettings(
         caches={"a": "/tmp/a", "b": "gs://bucket/x"}, host="0.0.0.0", port=0, db="postgresql+psycopg://u:p@h/db",
         workers=3, rescan_s=12.5, tokens={"a" * 64: "admin"}, tokens_file=tmp_path / "tokens",
-        insecure_no_auth=True, attest_key="k3y", page_cache_s=0, report_queue=7)
+        insecure_no_auth=True, attest_key="k3y", page_cache_s=0, report_inbox=7)
     for name in list(os.environ):
         if name.startswith("JAXCACHE_"):
             monkeypatch.delenv(name)

@@ -6,12 +6,9 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
-from fastapi.concurrency import run_in_threadpool
 
 from jaxcache.service import dashboard
 from jaxcache.service.api import caches, docs, entries, errors, integrity, jobs, ops, prune, reports, warmups
-from jaxcache.service.ingestion import wire
-from jaxcache.service.ingestion.remote import RemoteReports
 from jaxcache.service.middleware import LimitsAndMetrics
 from jaxcache.service.pagecache import ServeCachedPages
 from jaxcache.service.settings import ServiceSettings
@@ -33,8 +30,6 @@ def create_app(settings: ServiceSettings | None = None, *, runtime: Runtime | No
     # would cost each worker 10 MiB).
     state = State(settings, runtime.generations(settings) if runtime is not None else None, migrate=runtime is None)
     state.runtime = runtime
-    if runtime is not None:  # the serving process runs one report writer for all its workers
-        state.reports = RemoteReports(runtime.dir / wire.SOCKET_NAME)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -44,11 +39,7 @@ def create_app(settings: ServiceSettings | None = None, *, runtime: Runtime | No
                 memory.settle_startup()
                 yield
         finally:
-            if isinstance(state.reports, RemoteReports):
-                state.reports.close()  # the writer ingests what it took, then the serving process stops it
-            else:
-                await run_in_threadpool(state.reports.close)  # what was accepted is ingested before the catalog goes
-            state.catalog.dispose()
+            state.catalog.dispose()  # what was accepted waits in the inbox for the next drain
 
     app = FastAPI(
         title="jaxcache",

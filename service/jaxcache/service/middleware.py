@@ -13,6 +13,10 @@ from jaxcache.service.metrics import Metrics
 #: The one route whose bodies may be large: a run record lists every key a process touched.
 REPORTS_PATH = "/v1/reports"
 
+#: Set in a request's scope by the report route when its client went away mid-upload: not a refusal (a job's
+#: timeout or restart, not the service's fault), so not counted, and no alert fires on it.
+ABORTED = "jaxcache.aborted"
+
 #: ``jaxcache_reports_rejected_total{reason}`` by response status; other 5xx are "error", other 4xx "other".
 REJECTIONS = {400: "malformed", 401: "unauthenticated", 403: "forbidden", 404: "unknown_cache", 413: "too_large",
               422: "malformed"}
@@ -49,7 +53,7 @@ class LimitsAndMetrics:
                 nonlocal answered
                 if message["type"] == "http.response.start":
                     answered = True
-                    if message["status"] >= 400:
+                    if message["status"] >= 400 and not scope.get(ABORTED):
                         self.metrics.reports_rejected.labels(rejection(message["status"])).inc()
                 await inner_send(message)
         else:

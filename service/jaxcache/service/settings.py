@@ -98,10 +98,10 @@ class ServiceSettings(BaseSettings):
         "last saw, so a restarted process's first rescan of an unchanged cache reads no catalog row (losing it "
         "costs one slower rescan); empty: keep it in memory only",
     )
-    report_queue: int = Field(
-        512, ge=1, description="run records POSTed to one worker process that may wait for the catalog (ingested in "
-        "batches, one transaction each); more are answered 503 with Retry-After, and their record files reach the "
-        "catalog at the next rescan",
+    report_inbox: int = Field(
+        10_000, ge=1, description="run records that may wait in the catalog's inbox for the drain to fold them (all "
+        "caches, every replica); more are answered 503 with Retry-After, and their record files reach the catalog "
+        "at the next rescan",
     )
     max_body_bytes: int = Field(64 * 1024, gt=0, description="largest request body accepted")
     max_report_bytes: int = Field(

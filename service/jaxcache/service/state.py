@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -13,7 +14,6 @@ import anyio
 import anyio.to_thread
 from sqlalchemy import select, update
 
-from jaxcache import records
 from jaxcache.errors import InvalidRootError, JaxcacheError, RootGoneError
 from jaxcache.prune import PrunePolicy
 from jaxcache.service.auth import Authenticator
@@ -23,13 +23,8 @@ from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.catalog.queries import verdicts
 from jaxcache.service.generations import ENTRIES, USAGE, Generations, LocalGenerations
-from jaxcache.service.ingestion import explain as explaining
-from jaxcache.service.ingestion import reports, routing
-from jaxcache.service.ingestion.aggregates import copy_to_entries
-from jaxcache.service.ingestion.explain import Pending
-from jaxcache.service.ingestion.packed import Report
-from jaxcache.service.ingestion.queue import ReportQueue
-from jaxcache.service.ingestion.remote import RemoteReports
+from jaxcache.service.ingestion import inbox, routing
+from jaxcache.service.ingestion.drain import caches_waiting, drain
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.pagecache import PageCache
 from jaxcache.service.settings import ServiceSettings
@@ -60,6 +55,7 @@ class CacheInfo:
     last_scan_s: float | None
     last_scan_seconds: float | None
     last_scan_error: str | None
+    reports_waiting: int
 
 
 class State:
@@ -84,9 +80,8 @@ class State:
         self.prune_locks = PruneLocks(self.catalog.locks)
         self.pages = PageCache(settings.page_cache_s, self.generations)
         self._read_limiter: anyio.CapacityLimiter | None = None  # made in the event loop, at the first read
-        # Or, in a worker of `jaxcache serve --workers`, the report writer process's (app.py sets it).
-        self.reports: ReportQueue | RemoteReports = ReportQueue(
-            self._ingest_batch, self.ingest, self._explain, self._copy, max_queued=settings.report_queue)
+        # Set by the drain loop (tasks/loops.py) where this process runs it: a POST wakes it at once.
+        self.inbox_arrived: asyncio.Event | None = None
         # (when computed, the generation it was computed at, the value) by cache
         self._stats: dict[str, tuple[float, int, dict]] = {}
         self._usage: dict[str, tuple[float, int, dict]] = {}
@@ -158,10 +153,10 @@ class State:
         self.scanned.add(name)
         self.metrics.scan_seconds.labels(name).observe(result.seconds)
         if result.records_ingested:
-            self.metrics.reports_ingested.labels(name, reports.STORAGE).inc(result.records_ingested)
+            self.metrics.reports_ingested.labels(name, inbox.STORAGE).inc(result.records_ingested)
             self.generations.bump(name, USAGE)  # hits, last use and first writers of listed entries moved
         if result.records_malformed:
-            self.metrics.reports_malformed.labels(reports.STORAGE).inc(result.records_malformed)
+            self.metrics.reports_malformed.labels(inbox.STORAGE).inc(result.records_malformed)
         if result.records_compacted:
             self.metrics.records_compacted.labels(name).inc(result.records_compacted)
             self.generations.bump(name, USAGE)  # the usage windows' runs may be gone
@@ -228,33 +223,28 @@ class State:
                     "misses_by_cause": {"last_24h": queries.misses_by_cause(conn, name, since=now - _DAY_S),
                                         "last_7d": queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
 
-    def ingest(self, name: str, record: records.RunRecord | Report) -> reports.IngestResult:
-        """Ingest one POSTed run record into ``name`` now, in a transaction of its own (POSTs go through
-        ``self.reports``, which batches them)."""
-        result = reports.ingest(self.catalog, name, record, source=reports.REPORT, secret=self.settings.attest_secret)
-        self._ingested(name, [result])
-        return result
+    def wake_drain(self) -> None:
+        """A record entered the inbox: the drain loop of this process (if it runs one) takes it now."""
+        if self.inbox_arrived is not None:
+            self.inbox_arrived.set()
 
-    def _ingest_batch(self, name: str, batch: Sequence[Report], later: reports.PendingMisses,
-                      copies: set[str] | None) -> list[reports.IngestResult]:
-        results = reports.ingest_batch(self.catalog, name, batch, source=reports.REPORT,
-                                       secret=self.settings.attest_secret, later=later, copies=copies)
-        self._ingested(name, results)
-        return results
-
-    def _copy(self, name: str, keys: set[str]) -> None:
-        copy_to_entries(self.catalog, name, keys)
-        self.generations.bump(name, USAGE)  # listed entries' hits and last use moved
-
-    def _explain(self, name: str, pending: list[Pending]) -> None:
-        explaining.explain_stored(self.catalog, name, pending)
-        self.generations.bump(name, USAGE)  # misses by cause moved
-
-    def _ingested(self, name: str, results: list[reports.IngestResult]) -> None:
-        fresh = sum(not r.stale for r in results)
-        if fresh:
-            self.metrics.reports_ingested.labels(name, reports.REPORT).inc(fresh)
-            self.generations.bump(name, USAGE)  # hits and last use of listed entries moved
+    def drain_all(self) -> int:
+        """Fold what waits in the report inbox, of every cache; the records that changed the catalog."""
+        fresh = 0
+        for name in caches_waiting(self.catalog):
+            # Every cache's, configured here or not (another replica's, or one dropped from the settings): rows
+            # nobody drains would fill the inbox and refuse every report.
+            storage = self.storages.get(name)
+            drained = drain(self.catalog, name, secret=self.settings.attest_secret,
+                            root=storage.url if storage is not None else None)
+            for source, n in drained.fresh.items():
+                self.metrics.reports_ingested.labels(name, source).inc(n)
+            if drained.malformed:
+                self.metrics.reports_malformed.labels(inbox.REPORT).inc(drained.malformed)
+            if storage is not None and (drained.fresh or drained.misses):
+                self.generations.bump(name, USAGE)  # hits, last use, first writers and misses moved
+            fresh += sum(drained.fresh.values())
+        return fresh
 
     def loop_snapshot(self) -> dict[str, LoopStatus]:
         """How the background loops are doing: in this process, or in the workers' leader."""
@@ -270,6 +260,7 @@ class State:
     def caches(self) -> list[CacheInfo]:
         """Every configured cache with its size and last scan."""
         out = []
+        waiting = inbox.waiting_by_cache(self.catalog)
         with self.catalog.session() as s:
             for name in self.settings.caches:
                 row = s.get(CacheRow, name)
@@ -279,6 +270,7 @@ class State:
                     last_scan_s=row.last_scan_s if row else None,
                     last_scan_seconds=row.last_scan_seconds if row else None,
                     last_scan_error=row.last_scan_error if row else None,
+                    reports_waiting=waiting.get(name, 0),
                 ))
         return out
 

@@ -1,10 +1,10 @@
-"""The serving process of ``jaxcache serve --workers N`` once its workers run: it holds the port, starts the report
-writer and the workers (spawned), starts another for one that exits, and stops them all on SIGINT or SIGTERM.
+"""The serving process of ``jaxcache serve --workers N`` once its workers run: it holds the port, starts the workers
+(spawned), starts another for one that exits, and stops them all on SIGINT or SIGTERM.
 
 The process that checked the settings, the catalog and the roots had the whole service imported (about 100 MiB,
 a fifth of the service's memory at a million entries) only to wait on its children afterwards, so it replaces
-itself (``exec``, same pid) with this module, which imports the standard library alone. The workers and the writer
-import what they need themselves. docs/service.md, "Serving".
+itself (``exec``, same pid) with this module, which imports the standard library alone. The workers import what
+they need themselves. docs/service.md, "Serving".
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,15 +75,12 @@ def main() -> None:
         os.environ[PROMETHEUS_ENV] = os.path.join(runtime, "metrics")
         # The C library's allocator for the workers, unless the operator chose one: after a rescan of a million
         # entries, Python's own kept hundreds of MiB of its arenas pinned by a few live objects each, which
-        # malloc_trim (tasks/memory.py) can hand back from the C library's heap. Python's own for the report writer,
-        # which never rescans: a batch makes and drops hundreds of thousands of small objects, and the C library's
-        # allocator took a third more of its time (bench/reports.py, records already ingested).
-        writer_env = {} if "PYTHONMALLOC" in os.environ else {"PYTHONMALLOC": "pymalloc"}
+        # malloc_trim (tasks/memory.py) can hand back from the C library's heap.
         os.environ.setdefault("PYTHONMALLOC", "malloc")
-        started = supervise(count, run_worker, (host, port), writer=run_writer, writer_env=writer_env)
+        started = supervise(count, run_worker, (host, port))
     sock.close()
     if not started:
-        print("jaxcache: error: a worker process or the report writer could not start, or kept exiting at once "
+        print("jaxcache: error: a worker process could not start, or kept exiting at once "
               "(its error is above); the service stopped", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_ERROR)
 
@@ -95,7 +92,6 @@ def _call(target: str, *args: Any) -> None:
 
 
 run_worker = functools.partial(_call, "jaxcache.service.server:run_worker")
-run_writer = functools.partial(_call, "jaxcache.service.ingestion.writer:run_writer")
 
 
 @contextlib.contextmanager
@@ -128,13 +124,10 @@ def _sweep(tmp: Path) -> None:
             continue
 
 
-def supervise(count: int, target: Callable[..., None], args: tuple, *,
-              writer: Callable[[], None] | None = None, writer_env: Mapping[str, str] | None = None) -> bool:
-    """Run ``count`` processes of ``target(*args)`` (spawned: a fresh interpreter each), and one of ``writer``
-    (the report writer) before them, until SIGINT or SIGTERM, starting another for one that exits; stop the
-    workers (SIGTERM, then wait), then the writer, which ingests what they handed it; return False as soon as one
-    exits with uvicorn's startup failure, or one keeps exiting at once (the next would fail the same way).
-    ``writer_env``: variables the writer's environment has besides the workers'."""
+def supervise(count: int, target: Callable[..., None], args: tuple) -> bool:
+    """Run ``count`` processes of ``target(*args)`` (spawned: a fresh interpreter each) until SIGINT or SIGTERM,
+    starting another for one that exits; stop them (SIGTERM, then wait); return False as soon as one exits with
+    uvicorn's startup failure, or one keeps exiting at once (the next would fail the same way)."""
     import multiprocessing
 
     spawn = multiprocessing.get_context("spawn")
@@ -143,21 +136,10 @@ def supervise(count: int, target: Callable[..., None], args: tuple, *,
 
     def start(body: Callable[..., None], body_args: tuple, name: str) -> Any:
         process = spawn.Process(target=body, args=body_args, name=name)
-        extra = dict(writer_env or {}) if body is writer else {}
-        before = {k: os.environ.get(k) for k in extra}
-        os.environ.update(extra)  # a spawned child takes the environment as it is when it starts
-        try:
-            process.start()
-        finally:
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        process.start()
         return process
 
-    kinds = [(writer, (), "jaxcache-writer")] if writer is not None else []
-    kinds += [(target, args, "jaxcache-worker")] * count
+    kinds = [(target, args, "jaxcache-worker")] * count
     processes = [start(*kind) for kind in kinds]
     since = [time.monotonic()] * len(kinds)  # when each slot's process started
     fast = [0] * len(kinds)  # exits in a row, each within FAST_EXIT_S of its start
@@ -177,13 +159,11 @@ def supervise(count: int, target: Callable[..., None], args: tuple, *,
                 break
             log.warning("%s process %d exited (%s): starting another", what, process.pid, process.exitcode)
             processes[i], since[i] = start(*kinds[i]), time.monotonic()
-    first = 1 if writer is not None else 0
-    for group in (processes[first:], processes[:first]):  # the workers, then the writer
-        for process in group:
-            if process.exitcode is None:
-                process.terminate()
-        for process in group:
-            process.join()
+    for process in processes:
+        if process.exitcode is None:
+            process.terminate()
+    for process in processes:
+        process.join()
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
     return started

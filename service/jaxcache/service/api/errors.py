@@ -9,7 +9,7 @@ from starlette.routing import Match
 
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
 from jaxcache.service.catalog.locks import LockBusyError
-from jaxcache.service.ingestion.queue import QueueFullError
+from jaxcache.service.ingestion.inbox import InboxFullError
 
 
 def status_of(exc: JaxcacheError) -> int:
@@ -45,8 +45,8 @@ def install(app: FastAPI) -> None:
     async def jaxcache_error(_request: Request, exc: JaxcacheError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=status_of(exc))
 
-    @app.exception_handler(QueueFullError)
-    async def queue_full(_request: Request, exc: QueueFullError) -> JSONResponse:
+    @app.exception_handler(InboxFullError)
+    async def inbox_full(_request: Request, exc: InboxFullError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after_s)})
 
     # Starlette's router answers 405 from the first route whose path matches, naming only that route's methods:

@@ -2,42 +2,34 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 
 import anyio
 import anyio.to_thread
-import orjson
-from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
+from starlette.requests import ClientDisconnect
 
 from jaxcache import records
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.api.deps import ERRORS, UNPROCESSABLE, ReportAuth, state_of, storage_of, unroutable
 from jaxcache.service.api.schemas.common import ErrorModel
 from jaxcache.service.api.schemas.reports import ReportResult
-from jaxcache.service.ingestion import reports as ingestion
-from jaxcache.service.ingestion import routing
-from jaxcache.service.ingestion.packed import Report, report_of, report_of_json
-from jaxcache.service.middleware import REPORTS_PATH
+from jaxcache.service.ingestion import inbox, routing
+from jaxcache.service.ingestion.reports import check_keys
+from jaxcache.service.middleware import ABORTED, REPORTS_PATH
 from jaxcache.service.state import State
 
 router = APIRouter(tags=["reports"])
 
-#: Records a process parses at once, each in a thread of its own. One: a process runs one thread of Python at a
-#: time anyway, and each parsing thread more took the interpreter lock from the event loop (bench/reports.py, a
-#: storm's final records: /healthz p99 69 ms with FastAPI's pool of 40 threads, 27 ms with one, as many records/s).
-PARSERS = 1
+log = logging.getLogger("jaxcache.service")
 
-
-def _parsing(request: Request) -> anyio.CapacityLimiter:
-    """The app's limiter of parsing threads, made at its first record (an anyio limiter needs a running loop)."""
-    found: anyio.CapacityLimiter | None = getattr(request.app.state, "report_parsers", None)
-    if found is None:
-        found = request.app.state.report_parsers = anyio.CapacityLimiter(PARSERS)
-    return found
+#: The catalog counts processes in 32-bit columns (PostgreSQL's INTEGER); the record format allows up to 2**53.
+MAX_PROCESSES = 2**31 - 1
 
 
 @router.post(
-    REPORTS_PATH, response_model=ReportResult, operation_id="ingestReport",
+    REPORTS_PATH, response_model=ReportResult, status_code=202, operation_id="ingestReport",
     responses={
         **ERRORS,
         404: {"model": ErrorModel, "description": "no cache of that name, or (without `cache`) none whose root is "
@@ -45,7 +37,7 @@ def _parsing(request: Request) -> anyio.CapacityLimiter:
         413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_REPORT_BYTES"},
         422: {**UNPROCESSABLE, "description": "malformed run record (nothing stored), or several caches have its "
                                               "cache_dir as root (pass `cache`)"},
-        503: {"model": ErrorModel, "description": "JAXCACHE_REPORT_QUEUE records are already waiting for the "
+        503: {"model": ErrorModel, "description": "JAXCACHE_REPORT_INBOX records are already waiting for the "
                                                   "catalog: send it again after Retry-After seconds (its record "
                                                   "file reaches the catalog at the next rescan anyway)",
               "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}}},
@@ -59,84 +51,47 @@ async def ingest_report(
     cache: Annotated[str | None, Query(max_length=64, description="the cache the record is for; default: the "
                                        "configured cache whose root is the record's cache_dir",
                                        examples=["prod"])] = None,
-) -> ReportResult:
-    """Ingest a run record (what a job's process did with each key). Needs a `report` or `admin` token.
+) -> ReportResult | Response:
+    """Accept a run record (what a job's process did with each key) into the catalog's inbox. Needs a `report` or
+    `admin` token.
 
-    Records are totals so far: sending one again, or an older version of it, changes nothing."""
+    Answered once the record is stored; the catalog's figures show it once the drain has folded it, within
+    seconds. Records are totals so far: sending one again, or an older version of it, changes nothing."""
     state = state_of(request)
     if cache is not None:
         storage_of(request, cache)
-    state.reports.check_room()  # a full queue answers 503 before the body is parsed
-    with state.reports.arriving() as arrival:  # the writer waits a moment for this record to join its batch
-        body = await request.body()
-        # Up to JAXCACHE_MAX_REPORT_BYTES of JSON: parsed in a worker thread, so that the loop keeps answering.
-        report, name = await anyio.to_thread.run_sync(_accept, state, body, cache, limiter=_parsing(request))
-        try:
-            # Waits for the writer thread's batch without holding a thread of the pool.
-            r = await state.reports.ingest(name, report, arrival)
-        except InvalidInputError as exc:
-            state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
-            raise HTTPException(422, str(exc)) from None
-    return ReportResult(cache=r.cache, run_id=r.run_id, process_index=r.process_index,
-                        runs=0 if r.stale else 1, keys=r.keys, stale=r.stale)
-
-
-def _accept(state: State, body: bytes, cache: str | None) -> tuple[Report, str]:
-    """The record in ``body`` as ingestion takes it, and the cache it is for, or 422/404 (counted as
-    malformed)."""
     try:
-        report = _parse(body)
-        ingestion.check_keys(report.keys)
+        body = await request.body()
+    except ClientDisconnect:
+        # The job gave up mid-upload (its timeout, a restart): nothing to answer, nothing wrong with the service.
+        log.info("a run record's upload ended before its body did (the client went away)")
+        request.scope[ABORTED] = True
+        return Response(status_code=400)  # never reaches the client
+    accepted = await anyio.to_thread.run_sync(_accept, state, body, cache)  # a full inbox: 503 (api/errors.py)
+    state.wake_drain()
+    return ReportResult(cache=accepted.cache, run_id=accepted.run_id, process_index=accepted.process_index,
+                        runs=0 if accepted.stale else 1, keys=accepted.keys, stale=accepted.stale)
+
+
+def _accept(state: State, body: bytes, cache: str | None) -> inbox.Accepted:
+    """Validate the record in ``body`` and put it into the inbox of the cache it is for; 422/404 (counted as
+    malformed) for a record that is refused."""
+    try:
+        record = records.parse(body)
+        check_keys([u.key for u in record.keys])
+        if record.process_count > MAX_PROCESSES:
+            raise InvalidInputError(f"run record is malformed: process_count {record.process_count} is over "
+                                    f"{MAX_PROCESSES}, the most the catalog counts")
     except InvalidInputError as exc:
-        state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
+        state.metrics.reports_malformed.labels(inbox.REPORT).inc()
         raise HTTPException(422, str(exc)) from None
     try:
-        return report, cache if cache is not None else routing.cache_for(report.header, state.roots)
+        name = cache if cache is not None else routing.cache_for(record, state.roots)
     except InvalidInputError as exc:
-        state.metrics.reports_malformed.labels(ingestion.REPORT).inc()
-        raise HTTPException(unroutable(report.header.cache_dir, state.roots)[0], str(exc)) from None
-
-
-#: The catalog counts processes in 32-bit columns (PostgreSQL's INTEGER); the record format allows up to 2**53.
-MAX_PROCESSES = 2**31 - 1
-
-
-def _parse(body: bytes) -> Report:
-    report = _decoded(body)
-    if report.header.process_count > MAX_PROCESSES:
-        raise InvalidInputError(f"run record is malformed: process_count {report.header.process_count} is over "
-                                f"{MAX_PROCESSES}, the most the catalog counts")
-    return report
-
-
-def _decoded(body: bytes) -> Report:
-    try:
-        return report_of_json(body)
-    except InvalidInputError as exc:
-        # JSON Schema, so the OpenAPI document, counts 3.0 as an integer; the record format does not. Only a
-        # refused record pays for a second look.
-        refused = exc
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise refused from None
-    seen: list[float] = []
-    fixed = _integral(data, seen)
-    if not seen:
-        raise refused
-    return report_of(records.parse(fixed))
-
-
-def _integral(node: Any, seen: list[float]) -> Any:
-    """``node`` with every integral float that an int holds exactly (below 2**53) as that int, listed in ``seen``."""
-    if isinstance(node, float) and node.is_integer() and abs(node) < 2**53:
-        seen.append(node)
-        return int(node)
-    if isinstance(node, dict):
-        return {k: _integral(v, seen) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_integral(v, seen) for v in node]
-    return node
+        state.metrics.reports_malformed.labels(inbox.REPORT).inc()
+        raise HTTPException(unroutable(record.cache_dir, state.roots)[0], str(exc)) from None
+    inbox.check_room(state.catalog, state.settings.report_inbox)
+    return inbox.accept(state.catalog, name, record, body)
 
 
 #: The run record's components in the OpenAPI document, by the names earlier versions of the document used.

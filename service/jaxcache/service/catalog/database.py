@@ -122,6 +122,14 @@ class Catalog:
             yield s
 
     @contextmanager
+    def short_write(self) -> Iterator[Session]:
+        """A short write transaction that takes no cache's lock (a report put into the inbox): on SQLite it still
+        begins with the database's write lock (``BEGIN IMMEDIATE``), so that its read and its write see one
+        state."""
+        with self._write_sessions.begin() as s:
+            yield s
+
+    @contextmanager
     def reader(self) -> Iterator[Connection]:
         """A plain connection for read-only Core queries: no ORM session machinery on hot read paths."""
         with self.engine.connect() as conn:

@@ -6,7 +6,7 @@ from here too) and warm-up records, writers' digests, verdicts. The schema is ow
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, Index, Integer, text
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Index, Integer, LargeBinary, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from jaxcache.service.catalog.run_tables import (
@@ -20,9 +20,10 @@ from jaxcache.service.catalog.run_tables import (
 from jaxcache.service.catalog.schema import Base, NullableJSON, Str, max_length, table_of
 
 __all__ = [
-    "AGGREGATES", "AttestationConflictRow", "AttestationRow", "Base", "CacheRow", "EntryRow", "KeyHistoryRow",
-    "KeyStatsRow", "NullableJSON", "PinRow", "ProcessKeysRow", "PruneItemRow", "PruneRow", "RecordFileRow", "RunRow",
-    "Str", "UsageRow", "VerificationRow", "WarmupKeyRow", "WarmupRow", "max_length", "table_of",
+    "AGGREGATES", "AttestationConflictRow", "AttestationRow", "Base", "CacheRow", "EntryRow", "InboxRow",
+    "KeyHistoryRow", "KeyStatsRow", "NullableJSON", "PinRow", "ProcessKeysRow", "PruneItemRow", "PruneRow",
+    "RecordFileRow", "RunRow", "Str", "UsageRow", "VerificationRow", "WarmupKeyRow", "WarmupRow", "max_length",
+    "table_of",
 ]
 
 class CacheRow(Base):
@@ -106,6 +107,25 @@ class RecordFileRow(Base):
 
     # Retention finds the files older than its horizon without reading every row.
     __table_args__ = (Index("ix_record_files_mtime", "cache", "mtime_s"),)
+
+
+class InboxRow(Base):
+    """A run record accepted and not folded yet: the newest version of one process's record, stored whole as the
+    JSON it came as. POSTs and rescans put records here; the drain (:mod:`jaxcache.service.ingestion.drain`)
+    folds them into the run tables and deletes them in the same transaction."""
+
+    __tablename__ = "report_inbox"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
+    process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    updated_s: Mapped[float] = mapped_column(Float)  # the record's updated_at: a newer version replaces it
+    source: Mapped[str] = mapped_column(Str(16))  # "report" (POSTed) or "storage" (a rescan read its file)
+    record: Mapped[str | None] = mapped_column(Str(1024), nullable=True)  # the record file it was read from
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    received_s: Mapped[float] = mapped_column(Float)
+
+    # The drain takes a cache's rows oldest first.
+    __table_args__ = (Index("ix_report_inbox_received", "cache", "received_s"),)
 
 
 class PinRow(Base):

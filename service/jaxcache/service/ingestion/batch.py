@@ -28,8 +28,6 @@ from jaxcache.service.ingestion.packed import Report
 from jaxcache.service.ingestion.stacked import Work
 
 _CHUNK = 500
-#: Where a record came from (runs.source): POSTed, or read from its file by a rescan.
-STORAGE, REPORT = "storage", "report"
 
 
 #: What ingestion reads of a process's run row.

@@ -1,10 +1,10 @@
-"""Run records into the catalog, one process's record at a time or a batch of them, from ``POST /v1/reports`` and
-from rescans.
+"""Folding run records into the run tables: one process's record at a time or a batch of them, in the caller's
+write transaction (the drain's, :mod:`.drain`).
 
-A record is rewritten while its process runs (its counts are totals so far), so ingesting one is an upsert per
+A record is rewritten while its process runs (its counts are totals so far), so folding one is an upsert per
 (cache, run id, process index): the process's figures (:mod:`.figures`) are replaced, and with them its part of its
 run's usage rows (one per key: the run's processes summed, :mod:`.groups`) and of its keys' aggregates, as
-differences where that is exact, else rebuilt (:mod:`.aggregates`). Ingesting a record twice, an older version of
+differences where that is exact, else rebuilt (:mod:`.aggregates`). Folding a record twice, an older version of
 one, or one older than the cache's compaction watermark (its run may be in key_history already), changes nothing.
 How the figures are defined: docs/service.md, "Run records".
 """
@@ -12,133 +12,81 @@ How the figures are defined: docs/service.md, "Run records".
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
 from jaxcache.errors import InvalidInputError
-from jaxcache.records import RunRecord
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.ingestion import attestations
 from jaxcache.service.ingestion import explain as explaining
-from jaxcache.service.ingestion.batch import REPORT, STORAGE, Batch
+from jaxcache.service.ingestion.batch import Batch
 from jaxcache.service.ingestion.explain import Pending
-from jaxcache.service.ingestion.packed import Report, report_of
+from jaxcache.service.ingestion.inbox import REPORT, STORAGE
+from jaxcache.service.ingestion.packed import Report
 
-__all__ = ["REPORT", "STORAGE", "IngestResult", "PendingMisses", "check", "check_keys", "ingest", "ingest_batch"]
-
+__all__ = ["REPORT", "STORAGE", "Folded", "Item", "check_keys", "fold"]
 
 
 @dataclass(frozen=True, slots=True)
-class IngestResult:
-    """What ingesting one record did."""
+class Item:
+    """A record to fold, where it came from (REPORT or STORAGE) and, for a file, its name."""
 
-    cache: str
-    run_id: str
-    process_index: int
-    keys: int  # keys stored for the process
-    stale: bool  # a newer version of this record was already ingested: nothing changed
-    misses: dict[str, int] = field(default_factory=dict)  # misses counted for the first time, by cause
-    pending: tuple[Pending, ...] = ()  # usage rows of misses stored unexplained (``explain=False``)
+    record: Report
+    source: str
+    name: str | None = None
 
 
-def ingest(catalog: Catalog, cache: str, record: RunRecord | Report, *, source: str = REPORT,
-           secret: bytes | None = None,
-           record_name: str | None = None, explain: bool = True) -> IngestResult:
-    """Store ``record`` (already parsed) for ``cache``, update its run's usage rows and its keys' aggregates, and
-    explain its new misses (unless ``explain`` is False: a rescan explains all its records' misses at its end, when
-    every record it read is in, whatever order it read them in).
+@dataclass(slots=True)
+class Folded:
+    """What folding a batch did: records that changed the catalog (by source), those that were stale, and the
+    misses explained for the first time (by cause)."""
 
-    Raises :class:`InvalidInputError` (and stores nothing) if the record names a key twice.
-    """
-    if isinstance(record, RunRecord):
-        check(record)
-        record = report_of(record)
-    with catalog.writing(cache) as s:
-        work = Batch(catalog, s, cache, source)
-        work.load([record])
-        stale, keys, attest = work.take(record)
-        pending, counts = work.apply(None)
-        if explain and pending:
-            counts.update(explaining.explain_pending(s, cache, pending))
-            pending = []
-    catalog.count_misses(cache, counts)
-    # A POSTed digest came with a report token; one read from the bucket is worth what the bucket's writers are.
-    # Recorded for compacted records too: digests are evidence, never counts (the first accepted one counts, the
-    # others are kept as conflicts), and a back-dated record must not hide a forged digest.
-    found = _attestations(record, source, secret, record_name) if attest else []
-    if found:
-        attestations.record(catalog, cache, found)
-    return IngestResult(cache, record.run_id, record.process_index, keys, stale, dict(counts), tuple(pending))
+    fresh: Counter[str] = field(default_factory=Counter)
+    stale: int = 0
+    misses: Counter[str] = field(default_factory=Counter)
 
 
-class PendingMisses:
-    """Usage rows of misses not explained yet, in the order they were stored (each once)."""
-
-    def __init__(self) -> None:
-        self._rows: dict[Pending, None] = {}
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def add(self, pending: Iterable[Pending]) -> None:
-        self._rows.update(dict.fromkeys(pending))
-
-    def take_record(self, record: Report) -> list[Pending]:
-        """The rows held of ``record``'s keys, which are no longer held."""
-        run_id, job = record.run_id, record.header.job
-        mine = [p for p in (Pending(run_id, job, key) for key in record.keys) if p in self._rows]
-        for p in mine:
-            del self._rows[p]
-        return mine
-
-    def take(self, limit: int | None = None) -> list[Pending]:
-        """The rows held (at most ``limit``), which are no longer held."""
-        out = list(self._rows) if limit is None else list(self._rows)[:limit]
-        for p in out:
-            del self._rows[p]
-        return out
-
-
-def ingest_batch(catalog: Catalog, cache: str, batch: Sequence[Report], *, source: str = REPORT,
-                 secret: bytes | None = None, later: PendingMisses | None = None,
-                 copies: set[str] | None = None) -> list[IngestResult]:
-    """Ingest several records of ``cache`` in one write transaction, each as :func:`ingest` would, in order, their
-    digests recorded in the same transaction. What a job's processes send at once share their runs' usage rows and
-    their keys, so a batch reads and writes each once instead of once a record. Their misses are explained together
-    at the end (one read of the history for all), or, given ``later``, added to it for the caller to explain
-    (:func:`explaining.explain_stored`) once it has time; given ``copies``, likewise the keys whose copies on entry
-    rows are due (:func:`aggregates.copy_to_entries`). Any error stores nothing of the batch (the caller tries the
-    records one at a time); each record must have passed :func:`check`. The results' ``misses`` stay empty: the
-    count goes to the catalog's listener."""
-    results: list[IngestResult] = []
+def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *, secret: bytes | None = None,
+         root: str | None = None) -> Folded:
+    """Fold ``items`` (in order) into ``cache``'s run tables in ``s``, a write transaction the caller took with
+    ``catalog.writing(cache)``: what a job's processes send at once share their runs' usage rows and their keys, so
+    a batch reads and writes each once instead of once a record. Their misses are explained at the end, when every
+    record is in, whatever order they came in; their digests recorded in the same transaction."""
+    out = Folded()
+    pending: list[Pending] = []
     found: list[Attestation] = []
-    with catalog.writing(cache) as s:
+    for source in (REPORT, STORAGE):
+        mine = [i for i in items if i.source == source]
+        if not mine:
+            continue
         work = Batch(catalog, s, cache, source)
-        work.load(batch)
-        for record in batch:
-            stale, keys, attest = work.take(record)
-            results.append(IngestResult(cache, record.run_id, record.process_index, keys, stale))
+        work.load([i.record for i in mine])
+        for item in mine:
+            stale, _, attest = work.take(item.record)
+            if stale:
+                out.stale += 1
+            else:
+                out.fresh[source] += 1
+            # Recorded for compacted records too: digests are evidence, never counts (the first accepted one
+            # counts, the others are kept as conflicts), and a back-dated record must not hide a forged digest.
             if attest:
-                found += _attestations(record, source, secret, None)
-        pending, counts = work.apply(copies)
-        if later is not None:
-            later.add(pending)
-        elif pending:
-            counts.update(explaining.explain_pending(s, cache, pending))
-        if found:
-            attestations.record_in(catalog, s, cache, found)
-    catalog.count_misses(cache, counts)
-    return results
-
-
-def check(record: RunRecord) -> None:
-    """Refuse (InvalidInputError) a record the catalog cannot store: one that names a key twice."""
-    check_keys([u.key for u in record.keys])
+                found += _attestations(item, secret)
+        more, counts = work.apply(None)
+        pending += more
+        out.misses.update(counts)
+    if pending:
+        out.misses.update(explaining.explain_pending(s, cache, pending, root=root))
+    if found:
+        attestations.record_in(catalog, s, cache, found)
+    return out
 
 
 def check_keys(keys: Sequence[str]) -> None:
-    """:func:`check` of a record's keys."""
+    """Refuse (InvalidInputError) a record the catalog cannot store: one that names a key twice."""
     if len(set(keys)) == len(keys):
         return
     seen: set[str] = set()
@@ -148,10 +96,10 @@ def check_keys(keys: Sequence[str]) -> None:
         seen.add(key)
 
 
-def _attestations(record: Report, source: str, secret: bytes | None, name: str | None) -> list[Attestation]:
+def _attestations(item: Item, secret: bytes | None) -> list[Attestation]:
+    record = item.record
     if not record.digests:
         return []
-    kind = REPORTED if source == REPORT else FILE
-    return list(from_run(record.attested(), source=kind, at=time.time(), secret=secret, record=name))
-
-
+    # A POSTed digest came with a report token; one read from the bucket is worth what the bucket's writers are.
+    kind = REPORTED if item.source == REPORT else FILE
+    return list(from_run(record.attested(), source=kind, at=time.time(), secret=secret, record=item.name))

@@ -1,4 +1,5 @@
-"""Run records on storage (``<root>/.jaxcache/runs/<day>/``): a rescan ingests those that are new or changed.
+"""Run records on storage (``<root>/.jaxcache/runs/<day>/``): a rescan puts those that are new or changed into the
+report inbox (:mod:`.inbox`), where POSTed records enter too, and drains it.
 
 Listing every record each rescan costs as much as the records kept, so a process lists them all only on its first
 rescan of a cache and then once every :data:`FULL_LISTING_S`; in between it lists only the day directories that may
@@ -21,9 +22,8 @@ from jaxcache import records
 from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow, RunRow, max_length
-from jaxcache.service.ingestion import malformed
-from jaxcache.service.ingestion.explain import Pending
-from jaxcache.service.ingestion.reports import STORAGE, ingest
+from jaxcache.service.ingestion import inbox, malformed
+from jaxcache.service.ingestion.reports import check_keys
 from jaxcache.storage import ObjectInfo, Storage
 
 log = logging.getLogger("jaxcache.service")
@@ -47,7 +47,6 @@ class RecordScan:
     malformed: int
     unchanged: int
     listed_days: tuple[str, ...] | None = None  # the day directories listed; None: all of runs/
-    pending: tuple[Pending, ...] = ()  # the ingested records' misses, stored unexplained (see explain.explain_stored)
 
 
 @dataclass(slots=True)
@@ -109,9 +108,9 @@ def _known(catalog: Catalog, cache: str, days: list[str] | None) -> dict[str, tu
             .where(RecordFileRow.cache == cache, where))}
 
 
-def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: bytes | None = None,
-                 now: float | None = None) -> RecordScan:
-    """Ingest the run records under ``<root>/.jaxcache/runs/`` that are new or changed since the last rescan.
+def scan_records(catalog: Catalog, cache: str, storage: Storage, *, now: float | None = None) -> RecordScan:
+    """Put the run records under ``<root>/.jaxcache/runs/`` that are new or changed since the last rescan into the
+    inbox (the caller drains it).
 
     A malformed record is skipped and counted, with one warning per rescan for all of them (each is read again only
     once it changes). Records that vanish from storage keep their runs in the catalog (until retention compacts
@@ -127,7 +126,6 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: byte
     vanished = [n for n in known if n not in listing]
     todo = [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
     ingested = 0
-    pending: list[Pending] = []
     skipped = malformed.Skipped("run record")
     for info, data, error in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
         if data is None and error is None:
@@ -135,8 +133,8 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: byte
         if data is not None and error is None:
             try:
                 record = records.parse(data)
-                pending.extend(ingest(catalog, cache, record, source=STORAGE, secret=secret, record_name=info.name,
-                                      explain=False).pending)
+                check_keys([u.key for u in record.keys])
+                inbox.accept(catalog, cache, record, data, source=inbox.STORAGE, name=info.name)
             except malformed.REFUSALS as exc:
                 error = malformed.reason(exc)
         if error is not None:
@@ -159,5 +157,4 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, secret: byte
     changed.update({cast(str, d): d in touched for d in found})
     catalog.record_listings[cache] = _Listings(now if full or state is None else state.full_at, changed)
     skipped.log(cache)
-    return RecordScan(ingested, len(skipped), len(listing) - len(todo), None if days is None else tuple(days),
-                      tuple(pending))
+    return RecordScan(ingested, len(skipped), len(listing) - len(todo), None if days is None else tuple(days))

@@ -1,4 +1,5 @@
-"""The background loops of one service process: rescans of every cache each period, and throttled integrity
+"""The background loops of one service process: the drain of the report inbox (woken by each POST to this process,
+and every DRAIN_POLL_S for records POSTed to others), rescans of every cache each period, and throttled integrity
 passes, which start after the first round of rescans (started beside it, they queued a second rescan of each cache
 behind the first).
 
@@ -17,7 +18,10 @@ from fastapi.concurrency import run_in_threadpool
 
 from jaxcache.service.state import State
 
-RESCAN, VERIFY = "rescan", "verify"
+RESCAN, VERIFY, DRAIN = "rescan", "verify", "drain"
+#: How often the drain looks at the inbox when no POST to this process woke it: records POSTed to the other workers
+#: or replicas wait at most this long (plus the drain itself) before the catalog shows them.
+DRAIN_POLL_S = 1.0
 
 Round = Callable[[], list[tuple[str, Exception]]]
 
@@ -55,13 +59,32 @@ async def background(state: State) -> AsyncIterator[None]:
         await first_round.wait()
         await supervised(VERIFY, lambda: state.verify_all(stop_verify))
 
-    tasks = [asyncio.create_task(supervised(RESCAN, state.rescan_all, rescanned)),
+    arrived = state.inbox_arrived = asyncio.Event()
+
+    async def draining() -> None:
+        while not stop.is_set():
+            arrived.clear()  # before the pass: a record accepted during it wakes the next one at once
+            try:
+                await run_in_threadpool(state.drain_all)
+            except Exception as exc:  # noqa: BLE001 - noted, logged once, retried: the loop must outlive it
+                state.loops.failed(DRAIN, exc)
+            else:
+                state.loops.succeeded(DRAIN)
+            # While its passes fail, POSTs do not hurry the backoff.
+            wake = stop if state.loops.status(DRAIN).failures else arrived
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=state.loops.wait_s(DRAIN, DRAIN_POLL_S))
+
+    tasks = [asyncio.create_task(draining()),
+             asyncio.create_task(supervised(RESCAN, state.rescan_all, rescanned)),
              asyncio.create_task(verification())]
     try:
         yield
     finally:
         stop.set()
+        arrived.set()
         stop_verify.set()
+        state.inbox_arrived = None
         for task in tasks:
             task.cancel()
         for task in tasks:

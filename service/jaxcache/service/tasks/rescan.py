@@ -20,9 +20,9 @@ from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
-from jaxcache.service.ingestion import explain as explaining
 from jaxcache.service.ingestion import warmups
 from jaxcache.service.ingestion.aggregates import EMPTY, key_stats
+from jaxcache.service.ingestion.drain import drain
 from jaxcache.service.ingestion.runfiles import scan_records
 from jaxcache.service.tasks import memory, retention, snapshots
 from jaxcache.storage import ObjectInfo, Storage
@@ -302,10 +302,11 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
 def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None, retain_s: float | None,
             started: float, now: float, *, added: int, removed: int, updated: int, entries: int) -> RescanResult:
     """Ingest run and warm-up records, compact the old runs, and note the scan's end."""
-    found = scan_records(catalog, cache, storage, secret=secret)
+    found = scan_records(catalog, cache, storage)
     covered = warmups.scan(catalog, cache, storage, secret=secret)
-    # Once every record and warm-up this rescan read is in, whatever order they were listed in.
-    explained = explaining.explain_stored(catalog, cache, found.pending, root=storage.url)
+    # Once every record and warm-up this rescan read is in, whatever order they were listed in: their misses are
+    # explained against all of them.
+    drained = drain(catalog, cache, secret=secret, root=storage.url)
     compacted = retention.compact(catalog, cache, storage, retain_s=retain_s).runs if retain_s is not None else 0
     seconds = time.monotonic() - started
     # One UPDATE, no read first: on SQLite a read-then-write transaction fails outright (SQLITE_BUSY_SNAPSHOT) when
@@ -314,4 +315,4 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
         s.execute(update(CacheRow).where(CacheRow.name == cache)
                   .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None))
     return RescanResult(cache, added, removed, updated, entries, seconds, found.ingested, found.malformed,
-                        covered.ingested, compacted, sum(explained.values()))
+                        covered.ingested, compacted, sum(drained.misses.values()))

@@ -15,6 +15,8 @@ class CacheSummary(BaseModel):
     last_scan_s: float | None = Field(None, description="Unix time of the last completed scan")
     last_scan_seconds: float | None = None
     last_scan_error: str | None = None
+    reports_waiting: int = Field(0, description="run records accepted and not folded into the catalog yet (the drain "
+                                                "folds them within seconds)")
 
 
 class CacheList(BaseModel):

@@ -1,0 +1,126 @@
+"""The drain: folds the records waiting in the report inbox (:mod:`.inbox`) into the run tables.
+
+Each pass takes a cache's oldest rows in one write transaction of that cache, folds them (:func:`.reports.fold`:
+run rows, usage rows, aggregates, explanations of new misses, digests) and deletes them, then commits: a row is
+folded exactly once, whichever process drains. On PostgreSQL the rows are claimed ``FOR UPDATE SKIP LOCKED``, so
+replicas draining at once never take the same row; on SQLite the transaction holds the database's write lock.
+A record that arrives meanwhile waits for the next pass. docs/service.md, "Run records".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from sqlalchemy import Row, Select, bindparam, delete, select
+
+from jaxcache import records
+from jaxcache.errors import InvalidInputError
+from jaxcache.records import RunRecord
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.models import InboxRow
+from jaxcache.service.ingestion import inbox, malformed
+from jaxcache.service.ingestion.inbox import REPORT, Accepted
+from jaxcache.service.ingestion.packed import report_of
+from jaxcache.service.ingestion.reports import Folded, Item, check_keys, fold
+
+log = logging.getLogger("jaxcache.service")
+
+#: Records one pass folds at most: other writers of the cache (rescans, prunes) wait for its transaction.
+PASS_RECORDS = 256
+
+
+@dataclass(slots=True)
+class Drained(Folded):
+    """What draining a cache did: :class:`Folded`'s figures summed over its passes, and rows dropped because their
+    record no longer parses (a catalog written by another version)."""
+
+    malformed: int = 0
+    passes: int = 0
+
+
+def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REPORT, name: str | None = None,
+           secret: bytes | None = None, root: str | None = None) -> Accepted:
+    """Put ``record`` into the inbox of ``cache`` and drain it: the record folded before this returns (with
+    whatever else waited). ``stale`` also when the fold found it older than what the catalog holds. Raises
+    :class:`InvalidInputError` for a record the catalog cannot hold (a key listed twice, a value a column cannot
+    hold)."""
+    check_keys([u.key for u in record.keys])
+    accepted = inbox.accept(catalog, cache, record, record.to_json(), source=source, name=name)
+    drained = drain(catalog, cache, secret=secret, root=root)
+    if drained.malformed:
+        raise InvalidInputError(f"run record {record.run_id}-p{record.process_index}: the catalog refused it (the "
+                                "service's log says why)")
+    return replace(accepted, stale=accepted.stale or (drained.stale > 0 and not drained.fresh))
+
+
+def caches_waiting(catalog: Catalog) -> list[str]:
+    """The caches with records in the inbox."""
+    with catalog.reader() as conn:
+        return sorted(conn.execute(select(InboxRow.cache).distinct()).scalars())
+
+
+def drain(catalog: Catalog, cache: str, *, secret: bytes | None = None, root: str | None = None) -> Drained:
+    """Fold every record of ``cache`` in the inbox (those that arrive meanwhile too), a pass at a time. A pass the
+    catalog refuses (a value a column cannot hold) is folded again a record at a time, and the record it refuses
+    is dropped and counted malformed: one record never stops the others."""
+    out = Drained()
+    while True:
+        try:
+            taken = _pass(catalog, cache, out, secret=secret, root=root)
+        except malformed.REFUSALS:
+            taken = _pass(catalog, cache, out, secret=secret, root=root, one_at_a_time=True)
+        if taken < PASS_RECORDS:
+            return out
+
+
+def _pass(catalog: Catalog, cache: str, out: Drained, *, secret: bytes | None, root: str | None,
+          one_at_a_time: bool = False) -> int:
+    """Claim, fold and delete up to PASS_RECORDS rows of ``cache`` (a row at a time, each in its own transaction,
+    when ``one_at_a_time``); the rows taken."""
+    taken = 0
+    for _ in range(PASS_RECORDS if one_at_a_time else 1):
+        with catalog.writing(cache) as s:
+            rows = s.execute(_claim(catalog, cache, 1 if one_at_a_time else PASS_RECORDS)).all()
+            if not rows:
+                break
+            items = []
+            for row in rows:
+                try:
+                    record = records.parse(bytes(row.body))
+                    check_keys([u.key for u in record.keys])
+                except InvalidInputError as exc:  # accepted by another version of the service
+                    _dropped(cache, row, exc, out)
+                    continue
+                items.append(Item(report_of(record), row.source, row.record))
+            try:
+                with s.begin_nested():
+                    folded = fold(catalog, s, cache, items, secret=secret, root=root)
+            except malformed.REFUSALS as exc:
+                if not one_at_a_time:
+                    raise
+                _dropped(cache, rows[0], exc, out)
+                folded = Folded()
+            done = delete(InboxRow).where(InboxRow.cache == cache, InboxRow.run_id == bindparam("run_id"),
+                                          InboxRow.process_index == bindparam("process_index"))
+            s.connection().execute(done, [{"run_id": r.run_id, "process_index": r.process_index} for r in rows])
+        catalog.count_misses(cache, folded.misses)  # committed: counted once
+        out.fresh.update(folded.fresh)
+        out.stale += folded.stale
+        out.misses.update(folded.misses)
+        out.passes += 1
+        taken += len(rows)
+    return taken
+
+
+def _dropped(cache: str, row: Row, exc: Exception, out: Drained) -> None:
+    log.warning("run record %s-p%d of %s dropped from the inbox: %s", row.run_id, row.process_index, cache,
+                malformed.reason(exc))
+    out.malformed += 1
+
+
+def _claim(catalog: Catalog, cache: str, limit: int) -> Select:
+    q = (select(InboxRow.run_id, InboxRow.process_index, InboxRow.source, InboxRow.record, InboxRow.body)
+         .where(InboxRow.cache == cache).order_by(InboxRow.received_s).limit(limit))
+    return q.with_for_update(skip_locked=True) if catalog.dialect == "postgresql" else q
+

@@ -1,0 +1,84 @@
+"""The report inbox: where every run record enters the catalog, POSTed or read from its file by a rescan.
+
+A record is stored whole, as the JSON it came as, in one short transaction: an upsert on (cache, run, process)
+that keeps the newest version (a record is rewritten while its process runs, its counts totals so far). The drain
+(:mod:`.drain`) folds what waits here into the run tables. docs/service.md, "Run records".
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+
+from jaxcache.errors import JaxcacheError
+from jaxcache.records import RunRecord
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.models import InboxRow, RunRow
+
+#: Where a record came from (runs.source, inbox rows): POSTed, or read from its file by a rescan.
+STORAGE, REPORT = "storage", "report"
+
+
+class InboxFullError(JaxcacheError):
+    """The inbox holds its configured limit of records; ``retry_after_s``: about when the drain will have made
+    room."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """What putting one record into the inbox did."""
+
+    cache: str
+    run_id: str
+    process_index: int
+    keys: int
+    stale: bool  # a newer version of this record was already accepted: nothing changed
+
+
+def waiting(catalog: Catalog) -> int:
+    """Records in the inbox, of every cache."""
+    with catalog.reader() as conn:
+        return int(conn.execute(select(func.count()).select_from(InboxRow)).scalar_one())
+
+
+def waiting_by_cache(catalog: Catalog) -> dict[str, int]:
+    """Records in the inbox, by cache."""
+    with catalog.reader() as conn:
+        return {c: int(n) for c, n in conn.execute(select(InboxRow.cache, func.count()).group_by(InboxRow.cache))}
+
+
+def check_room(catalog: Catalog, limit: int) -> None:
+    """Raise :class:`InboxFullError` when ``limit`` records already wait."""
+    held = waiting(catalog)
+    if held >= limit:
+        raise InboxFullError(f"{held} run records are waiting for the catalog (the inbox holds at most "
+                             f"JAXCACHE_REPORT_INBOX={limit}): try again in a few seconds; the record file reaches "
+                             "the catalog at the next rescan anyway", retry_after_s=5)
+
+
+def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, source: str = REPORT,
+           name: str | None = None) -> Accepted:
+    """Put ``record`` (parsed from ``body``, so valid) into the inbox of ``cache``, unless a newer version of it is
+    in the inbox or in the run tables already."""
+    row = {"cache": cache, "run_id": record.run_id, "process_index": record.process_index,
+           "updated_s": record.updated_at, "source": source, "record": name, "body": body, "received_s": time.time()}
+    with catalog.short_write() as s:
+        folded = s.execute(select(RunRow.updated_s).where(
+            RunRow.cache == cache, RunRow.run_id == record.run_id,
+            RunRow.process_index == record.process_index)).scalar_one_or_none()
+        stale = folded is not None and folded > record.updated_at
+        if not stale:
+            insert = catalog.insert(InboxRow).values(**row)
+            kept = s.execute(insert.on_conflict_do_update(
+                index_elements=["cache", "run_id", "process_index"],
+                set_={k: v for k, v in row.items() if k not in ("cache", "run_id", "process_index")},
+                where=insert.excluded.updated_s >= InboxRow.updated_s,
+            ).returning(InboxRow.cache)).first()
+            stale = kept is None
+    return Accepted(cache, record.run_id, record.process_index, len(record.keys), stale)
