@@ -29,6 +29,7 @@ def main() -> int:
     parser.add_argument("--programs", default="affine,gram,wave,grad")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after compiling")
     parser.add_argument("--verify", choices=["off", "sample", "attested"])
+    parser.add_argument("--print-record", action="store_true", help="also print the run record as sent to a service")
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -104,6 +105,7 @@ def main() -> int:
         "cache_dir": session.cache_dir,
         "process_index": record.process_index,
         "integrity_findings": findings,
+        **({"record": json.loads(record.to_json())} if args.print_record else {}),
     }), flush=True)
     if args.distributed:
         jax.distributed.shutdown()

@@ -1,16 +1,17 @@
 """Why this process's misses missed, as far as the client can tell on its own; ``jaxcache explain`` tells the rest.
 
-Two causes need nothing but this process: JAX said it would not write the program (a threshold, host callbacks,
-not process 0, the cache disabled), so no run before wrote it either; or the key's entry is in the cache but could
-not be read (corrupt or torn: JAX warns, recompiles, and never rewrites an entry that exists). Everything else (a
-new program, or a part of the key that changed since the entry was written) needs other runs' records.
+Three causes need nothing but this process: JAX said it would not write the program (a threshold, host callbacks,
+not process 0, the cache disabled), so no run before wrote it either; JAX tried and its entry is not there whole
+(a full disk: :mod:`jaxcache.client.written`); or the key's entry is in the cache but could not be read (corrupt or
+torn: JAX warns, recompiles, and never rewrites an entry that exists). Everything else (a new program, or a part of
+the key that changed since the entry was written) needs other runs' records.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from jaxcache.records import COMPILED, KeyUsage
@@ -25,16 +26,19 @@ _THRESHOLD = re.compile(r", (under \S+=\S+)$")
 
 @dataclass(frozen=True, slots=True)
 class MissCauses:
-    """The misses of one process by cause. ``not_written``: (what JAX said, misses), grouped by threshold."""
+    """The misses of one process by cause. ``not_written``: (what JAX said, misses), grouped by threshold.
+    ``failed_writes``: (why, misses) of programs JAX tried to write whose entry is not there whole, by cause."""
 
     misses: int
     not_written: tuple[tuple[str, int], ...] = ()
     unreadable: int = 0
+    failed_writes: tuple[tuple[str, int], ...] = ()
 
     @property
     def unexplained(self) -> int:
         """Misses the client cannot explain on its own."""
-        return max(self.misses - sum(n for _, n in self.not_written) - self.unreadable, 0)
+        explained = sum(n for _, n in self.not_written) + sum(n for _, n in self.failed_writes) + self.unreadable
+        return max(self.misses - explained, 0)
 
     def describe(self, cache_dir: str, run_id: str) -> str:
         """The causes in words, with the command that explains the rest; empty without misses."""
@@ -44,6 +48,9 @@ class MissCauses:
         if self.not_written:
             said.append(f"{sum(n for _, n in self.not_written)} not written, as JAX said ("
                         + "; ".join(f"{n}: {why}" for why, n in self.not_written) + ")")
+        if self.failed_writes:
+            said.append(f"{sum(n for _, n in self.failed_writes)} compiled, not written ("
+                        + "; ".join(f"{n}: {why}" for why, n in self.failed_writes) + ")")
         if self.unreadable:
             said.append(f"{self.unreadable} unreadable (the entry is in the cache but could not be read: corrupt or"
                         f" torn, and JAX never rewrites it; jaxcache doctor {shlex.quote(cache_dir)} lists it)")
@@ -61,8 +68,10 @@ class MissCheck:
         self._limit = limit  # beyond it, misses go unchecked: `jaxcache explain` looks at them
         self._unreadable: dict[str, bool] = {}
 
-    def causes(self, misses: int, usages: Iterable[KeyUsage]) -> MissCauses:
+    def causes(self, misses: int, usages: Iterable[KeyUsage], failed: Mapping[str, str] | None = None) -> MissCauses:
+        """``failed``: the keys whose write left no whole entry, with why (``Recorder.failed_writes()``)."""
         groups: dict[str, list[KeyUsage]] = {}
+        failures: dict[str, tuple[str, int]] = {}  # cause -> (the first such reason, misses)
         unreadable = 0
         for usage in usages:
             if not usage.compiles:
@@ -70,11 +79,16 @@ class MissCheck:
             # First: an entry there before the lookup is why it missed, whatever JAX then said about writing it.
             if not usage.hits and self._is_unreadable(usage):
                 unreadable += usage.compiles
+            elif failed and usage.key in failed:
+                why = failed[usage.key]
+                first, n = failures.get(_cause(why), (why, 0))
+                failures[_cause(why)] = (first, n + usage.compiles)
             elif usage.event == COMPILED and usage.reason:
                 m = _THRESHOLD.search(usage.reason)
                 groups.setdefault(m.group(1) if m else usage.reason, []).append(usage)
         not_written = tuple((_said(why, found), sum(u.compiles for u in found)) for why, found in groups.items())
-        return MissCauses(misses=misses, not_written=not_written, unreadable=unreadable)
+        return MissCauses(misses=misses, not_written=not_written, unreadable=unreadable,
+                          failed_writes=tuple(failures.values()))
 
     def _is_unreadable(self, usage: KeyUsage) -> bool:
         known = self._unreadable.get(usage.key)
@@ -87,6 +101,11 @@ class MissCheck:
         # An entry this process wrote is newer than its lookup; one there before the lookup could not be read.
         self._unreadable[usage.key] = info is not None and info.mtime_s < usage.first_at - SLACK_S
         return self._unreadable[usage.key]
+
+
+def _cause(reason: str) -> str:
+    """A failed write's cause: its reason up to the first ": " (``disk full``, :mod:`jaxcache.client.written`)."""
+    return reason.partition(": ")[0]
 
 
 def _said(why: str, found: list[KeyUsage]) -> str:

@@ -20,6 +20,7 @@ from jaxcache.client.misses import MAX_CHECKED, MAX_CHECKED_GCS, MissCauses, Mis
 from jaxcache.client.options import ClientOptions, normalise_dir, resolve
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
+from jaxcache.client.written import WriteCheck
 from jaxcache.records import HIT, JOB, WRITE, Fingerprint, KeyUsage, RunKind, RunRecord
 from jaxcache.storage import is_gcs_url
 
@@ -46,8 +47,10 @@ class CacheSession:
         self.write_records = True  # False: no run record reaches the cache or the service (warmup --check)
         self._owner: str | None = None  # see claim_process
         self._deferred_notice_given = False
-        self._recorder = Recorder(key_parts=options.key_parts)
         self._writer = RecordWriter(options.cache_dir)
+        # A write counts once its entry is there whole: the run record's writes make the service's first writers.
+        self._recorder = Recorder(key_parts=options.key_parts, check_write=WriteCheck(
+            self._writer.storage, None if options.is_gcs else options.cache_dir))
         self._misses = MissCheck(lambda name: self._writer.storage().stat(name),
                                  limit=MAX_CHECKED_GCS if options.is_gcs else MAX_CHECKED)
         self._attestor = Attestor(self._writer, self._recorder, secret=options.attest_key)
@@ -106,10 +109,11 @@ class CacheSession:
 
     def miss_causes(self) -> MissCauses:
         """This process's misses by the causes it can tell on its own (reads the metadata of missed entries)."""
-        return self._misses.causes(self.stats().misses, self._recorder.usages())
+        return self._misses.causes(self.stats().misses, self._recorder.usages(), self._recorder.failed_writes())
 
     def summary(self) -> str:
-        """One line: what the cache did for this process, and why its misses missed as far as it can tell."""
+        """One line: what the cache did for this process, and why its misses missed as far as it can tell (a write
+        counts only when its entry is there whole; the others are "compiled, not written" with why)."""
         s = self.stats()
         rate = "n/a" if s.hit_rate is None else f"{s.hit_rate:.0%}"
         causes = self.miss_causes().describe(self.cache_dir, self.run_id) if s.misses else ""

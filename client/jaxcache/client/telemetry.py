@@ -22,6 +22,8 @@ from jaxcache.client import jax_internals as ji
 from jaxcache.client.keycapture import KeyCapture
 from jaxcache.records import KeyUsage
 
+_MAX_REASON = 1000  # what a run record's reason may hold (records.Text): longer, the service refuses the record
+
 
 @dataclass(frozen=True, slots=True)
 class CacheStats:
@@ -36,6 +38,9 @@ class CacheStats:
     #: Lookups JAX made whose key jaxcache could not tell (none of JAX's log records that name keys came): this
     #: JAX moved what jaxcache reads, and per-key telemetry is missing for them.
     unrecognised: int = 0
+    #: Programs JAX said it was writing whose entry is not there whole afterwards (a full disk, a refused write):
+    #: compiled, not written, and not in ``writes``.
+    failed_writes: int = 0
 
     @property
     def requests(self) -> int:
@@ -51,10 +56,13 @@ class CacheStats:
 class Recorder:
     """Collects what JAX reports about its cache. :meth:`install` once; :meth:`uninstall` restores everything.
 
-    ``key_parts``: also capture what went into each key (:mod:`jaxcache.client.keycapture`).
+    ``key_parts``: also capture what went into each key (:mod:`jaxcache.client.keycapture`). ``check_write``:
+    ``check_write(key, looked_up_at)`` says why the entry JAX just wrote is not there whole (None: it is); with it a
+    write counts only once the check passes (:mod:`jaxcache.client.written`), without it JAX's word is taken.
     """
 
-    def __init__(self, *, key_parts: bool = True) -> None:
+    def __init__(self, *, key_parts: bool = True,
+                 check_write: Callable[[str, float], str | None] | None = None) -> None:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._keys: dict[str, KeyUsage] = {}
@@ -65,6 +73,8 @@ class Recorder:
         self._retrieval_s = 0.0
         self._saved_s = 0.0
         self._unrecognised = 0
+        self._check_write = check_write
+        self._failed: dict[str, str] = {}  # key -> why the entry JAX wrote is not there whole
         self._taps: list[tuple[logging.Logger, _Tap, int]] = []
         self._installed = False
         self._listeners: list[Callable[[KeyUsage], None]] = []
@@ -136,11 +146,17 @@ class Recorder:
                 retrieval_s=self._retrieval_s,
                 saved_s=self._saved_s,
                 unrecognised=self._unrecognised,
+                failed_writes=len(self._failed),
             )
 
     def xla_flags(self) -> tuple[str, ...] | None:
         """The XLA flags JAX hashed into the last key it computed; None before that, or without key parts."""
         return None if self._capture is None else self._capture.xla_flags
+
+    def failed_writes(self) -> dict[str, str]:
+        """The keys JAX said it wrote whose entry was not there whole afterwards, with why."""
+        with self._lock:
+            return dict(self._failed)
 
     def usages(self) -> list[KeyUsage]:
         """A copy of the per-key records so far."""
@@ -181,11 +197,16 @@ class Recorder:
             elif event == ji.HITS:
                 self._hits += 1
             elif event == ji.WRITES:
-                self._writes += 1
+                if self._check_write is None:
+                    self._writes += 1
+                else:  # JAX fires it before writing: counted once the entry is found whole (_settle_write)
+                    self._local.write_events = getattr(self._local, "write_events", 0) + 1
 
     def _on_duration(self, event: str, duration_secs: float, **_: object) -> None:
         if event not in (ji.SAVED, ji.RETRIEVAL, ji.COMPILE):
             return
+        if event == ji.COMPILE:
+            self._settle_write()  # JAX's compile-or-load is over, and with it any write it made
         if event == ji.COMPILE and getattr(self._local, "awaiting_key", False):
             self._unrecognised_lookup()
         usage: KeyUsage | None = getattr(self._local, "current", None)
@@ -221,7 +242,10 @@ class Recorder:
         elif msg.startswith(ji.MISS_MSG.prefix) and len(args) == 2:
             self._begin(str(args[1]), str(args[0]), hit=False)
         elif msg.startswith(ji.WRITE_MSG.prefix) and len(args) == 2:
-            self._update(str(args[1]), event=records.WRITE, reason=None, writes=1)
+            if self._check_write is None:
+                self._update(str(args[1]), event=records.WRITE, reason=None, writes=1)
+            else:  # logged before JAX writes: a write only once its entry is there whole (_settle_write)
+                self._local.pending_write = str(args[1])
         elif msg.startswith(ji.TOOK_MSG.prefix) and len(args) == 3:
             self._compiled(float(args[2]), reason=None)
         elif msg.startswith(ji.FAST_MSG.prefix) and len(args) == 3:
@@ -254,6 +278,7 @@ class Recorder:
                     " in the way jaxcache reads them, so jaxcache could not tell which program hit or missed")
 
     def _begin(self, key: str, function: str, *, hit: bool) -> None:
+        self._settle_write()  # a write whose compile event never came: long finished by this next lookup
         now = time.time()
         parts, program = self._capture.take(key) if self._capture is not None else (None, None)
         if self._capture is not None and parts is None:
@@ -277,6 +302,36 @@ class Recorder:
         self._local.current = usage
         self._local.compile_s = None
         self._local.awaiting_key = False
+
+    def _settle_write(self) -> None:
+        """Count the write JAX made on this thread if its entry is there whole, else record why not. Runs on the
+        compiling thread once JAX returned, so the write is over; reads storage, so outside the lock."""
+        key: str | None = getattr(self._local, "pending_write", None)
+        events: int = getattr(self._local, "write_events", 0)
+        if key is None and not events:
+            return
+        self._local.pending_write, self._local.write_events = None, 0
+        if key is None or self._check_write is None:
+            with self._lock:  # a write event without a key this JAX named as jaxcache reads it: nothing to check
+                self._writes += events
+            return
+        with self._lock:
+            usage = self._keys.get(key)
+            looked_up_at = usage.last_at if usage is not None else 0.0
+        try:
+            reason = self._check_write(key, looked_up_at)
+        except Exception as exc:  # noqa: BLE001 - never raise into JAX; an unchecked write is no claim
+            reason = f"could not be read back: {exc}"
+        if reason is None:
+            with self._lock:
+                self._writes += 1
+                self._failed.pop(key, None)
+            self._update(key, event=records.WRITE, reason=None, writes=1)
+            return
+        reason = reason[:_MAX_REASON]
+        with self._lock:
+            self._failed[key] = reason
+        self._update(key, event=records.COMPILED, reason=reason)
 
     def _compiled(self, compile_s: float, reason: str | None) -> None:
         usage: KeyUsage | None = getattr(self._local, "current", None)

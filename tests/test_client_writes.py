@@ -1,0 +1,101 @@
+"""What a job's record claims it wrote, and what JAX hands XLA, when the cache root cannot take it (issue #32).
+
+Real JAX compiles on the CPU in fresh processes (tests/programs/client_job.py), as in tests/test_client.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from pathlib import Path
+
+from conftest import tmpfs
+from jaxcache import records
+from jaxcache.storage import open_storage
+from jaxcache.usage import read_usage
+from test_client import result, run_job
+
+
+def fill(volume: Path) -> None:
+    """Write zeros to ``volume`` until it takes no more, down to the byte."""
+    with open(volume / "filler", "wb", buffering=0) as f:
+        for chunk in (1 << 16, 4096, 1):
+            while True:
+                try:
+                    f.write(bytes(chunk))
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC, exc
+                    break
+
+
+def writers(record: records.RunRecord, tmp_path: Path) -> dict[str, str]:
+    """The keys whose first writer this record makes its process, as a root's records are read for them."""
+    root = tmp_path / "records-root"
+    path = root / record.name
+    path.parent.mkdir(parents=True)
+    path.write_bytes(record.to_json())
+    return read_usage(open_storage(str(root))).writer_jaxlib
+
+
+def test_a_full_disk_compiles_and_claims_no_write(tmp_path):
+    """JAX says "writing" and leaves zero-byte files on a full disk: none of them is counted or claimed."""
+    with tmpfs(tmp_path / "vol", size="1m") as volume:
+        cache = volume / "cache"
+        cache.mkdir(mode=0o700)
+        fill(volume)
+        proc = run_job("--cache-dir", str(cache), "--print-record")
+        out = result(proc)
+        left = {p.name.removesuffix("-cache"): p.stat().st_size for p in cache.glob("*-cache")}
+
+    stats, summary = out["stats"], out["summary"]
+    assert stats["misses"] >= 4 and stats["writes"] == 0 and stats["failed_writes"] == stats["misses"], stats
+    # The issue's situation, as JAX leaves it: an empty file per program it said it was writing.
+    assert left and set(left.values()) == {0}, left
+    record = records.parse(json_bytes(out["record"]))
+    assert {u.key for u in record.keys} == set(left)
+    for usage in record.keys:
+        assert usage.event == records.COMPILED and usage.writes == 0 and usage.compiles == 1, usage
+        assert usage.reason.startswith("disk full: ") and "empty file (0 bytes)" in usage.reason, usage.reason
+        assert "free on the cache's volume" in usage.reason
+    assert writers(record, tmp_path) == {}, "the record makes its process the first writer of an empty entry"
+    assert f"{stats['misses']} misses (0 written)" in summary, summary
+    assert f"of {stats['misses']} misses: {stats['misses']} compiled, not written ({stats['misses']}: disk full: " \
+        in summary, summary
+    assert "to explain" not in summary, "a failed write is explained, not left to `jaxcache explain`"
+    assert proc.stderr.count("did not leave a whole entry") == 1, proc.stderr
+
+
+def test_a_jammed_entry_is_not_claimed_by_the_next_run_either(tmp_path):
+    """Zero-byte entries left by an earlier full disk: JAX cannot load them, says "writing" again and writes
+    nothing (the file exists). The next run, with room to spare, claims none of them and says why."""
+    cache = tmp_path / "cache"
+    with tmpfs(tmp_path / "vol", size="1m") as volume:
+        (volume / "cache").mkdir(mode=0o700)
+        fill(volume)
+        run_job("--cache-dir", str(volume / "cache"), "--programs", "affine,gram")
+        cache.mkdir(mode=0o700)
+        for jammed in (volume / "cache").glob("*-cache"):
+            (cache / jammed.name).write_bytes(b"")
+            os.utime(cache / jammed.name, (time.time() - 3600,) * 2)  # left there an hour ago
+    assert len(list(cache.glob("*-cache"))) == 2
+
+    out = result(run_job("--cache-dir", str(cache), "--print-record"))
+    stats = out["stats"]
+    assert stats["misses"] == 4 and stats["writes"] == 2 and stats["failed_writes"] == 2, stats
+    record = records.parse(json_bytes(out["record"]))
+    jammed = {p.name.removesuffix("-cache") for p in cache.glob("*-cache") if p.stat().st_size == 0}
+    assert len(jammed) == 2
+    for usage in record.keys:
+        if usage.key in jammed:
+            assert usage.event == records.COMPILED and usage.writes == 0, usage
+            assert "could not load" in usage.reason, usage.reason
+        else:
+            assert usage.event == records.WRITE and usage.writes == 1, usage
+    assert set(writers(record, tmp_path)) == {u.key for u in record.keys} - jammed
+    assert "2 unreadable" in out["summary"], out["summary"]
+
+
+def json_bytes(data: object) -> bytes:
+    return json.dumps(data).encode()
