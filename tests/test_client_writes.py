@@ -8,14 +8,27 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import tmpfs
 from jaxcache import records
+from jaxcache.client import options as client_options
+from jaxcache.errors import InvalidInputError
 from jaxcache.storage import open_storage
 from jaxcache.usage import read_usage
-from test_client import result, run_job
+from test_client import clean_env, result, run_job
+
+
+@pytest.fixture(params=["jax-main", "jax-next"])
+def interpreter(request) -> tuple[str, dict[str, str]]:
+    """This venv's JAX (the floor, 0.10.2), and the newest JAX importing the same client through PYTHONPATH."""
+    if request.param == "jax-main":
+        return sys.executable, {}
+    return request.getfixturevalue("next_python_with_jaxcache")
 
 
 def fill(volume: Path) -> None:
@@ -95,6 +108,46 @@ def test_a_jammed_entry_is_not_claimed_by_the_next_run_either(tmp_path):
             assert usage.event == records.WRITE and usage.writes == 1, usage
     assert set(writers(record, tmp_path)) == {u.key for u in record.keys} - jammed
     assert "2 unreadable" in out["summary"], out["summary"]
+
+
+def test_a_gcs_root_hands_xla_no_path_on_either_jax(tmp_path, gcs_bucket, interpreter):
+    """JAX >= 0.11 keeps XLA's autotune cache on by default, under the cache root: for gs:// XLA would be handed
+    gs://bucket/.../xla_gpu_per_fusion_autotune_cache_dir, which it cannot write. The client turns it off."""
+    python, extra = interpreter
+    url = f"gs://{gcs_bucket}/jax-cache"
+    # cwd: a JAX without etils (the second venv has no gcs extras) treats gs://... as a relative local path.
+    proc = run_job("--cache-dir", url, "--watch-xla-caches", "--programs", "affine", python=python,
+                   env=clean_env(**extra), cwd=tmp_path)
+    out = result(proc)
+    assert out["xla_caches"] == "none" and out["fingerprint"]["xla_caches"] == "none", out
+    assert out["xla_cache_paths"] == [], "JAX told XLA to keep a sub-cache under the bucket"
+    notices = [line for line in proc.stderr.splitlines() if "XLA's own sub-caches" in line]
+    assert len(notices) == 1 and url in notices[0] and notices[0].startswith("INFO"), proc.stderr
+
+
+def test_a_local_root_keeps_jax_defaults_for_xla_caches(tmp_path, interpreter):
+    """The other side of the gs:// rule: local roots keep what they had (none on the floor, JAX's default after)."""
+    python, extra = interpreter
+    out = result(run_job("--cache-dir", str(tmp_path / "c"), "--watch-xla-caches", "--programs", "affine",
+                         python=python, env=clean_env(**extra)))
+    if tuple(int(p) for p in out["fingerprint"]["jax"].split(".")[:2]) < (0, 11):
+        assert out["xla_caches"] == "none" and out["xla_cache_paths"] == []
+    else:
+        assert any(str(tmp_path / "c") in said for said in out["xla_cache_paths"]), out["xla_cache_paths"]
+
+
+def test_asking_for_xla_sub_caches_on_a_gcs_root_is_refused():
+    args = dict(job=None, min_compile_time_secs=None, min_entry_size_bytes=None, max_size_bytes=None,
+                service_url=None, token=None, trust="strict", env={})
+    for asked in ("all", "xla_gpu_per_fusion_autotune_cache_dir"):
+        with pytest.raises(InvalidInputError, match="XLA cannot write"):
+            client_options.resolve("gs://b/x", xla_caches=asked, default_xla_caches=None, **args)
+    for default in (None, "none"):
+        resolved = client_options.resolve("gs://b/x", xla_caches=None, default_xla_caches=default, **args)
+        assert resolved.jax_settings()["jax_persistent_cache_enable_xla_caches"] == "none"
+    assert client_options.resolve("gs://b/x", xla_caches="none", default_xla_caches=None, **args).xla_caches == "none"
+    proc = run_job("--cache-dir", "gs://bucket/jax", "--xla-caches", "all", expect=3)
+    assert "InvalidInputError" in proc.stderr and "leave it unset" in proc.stderr
 
 
 def json_bytes(data: object) -> bytes:

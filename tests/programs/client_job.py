@@ -30,11 +30,28 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after compiling")
     parser.add_argument("--verify", choices=["off", "sample", "attested"])
     parser.add_argument("--print-record", action="store_true", help="also print the run record as sent to a service")
+    parser.add_argument("--watch-xla-caches", action="store_true",
+                        help="report where JAX told XLA to keep its own sub-caches (its DEBUG log of each)")
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
     import jax
     import numpy as np
+
+    xla_cache_paths: list[str] = []
+    if args.watch_xla_caches:
+        import logging
+
+        class Watch(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if str(record.msg).startswith("Enabling XLA"):  # "Enabling XLA autotuning cache at '%s'", ...
+                    xla_cache_paths.append(record.getMessage())
+
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+        logging.getLogger("jaxcache.client").setLevel(logging.INFO)  # the client's notices about them
+        compiler_log = logging.getLogger("jax._src.compiler")
+        compiler_log.setLevel(logging.DEBUG)
+        compiler_log.addHandler(Watch(logging.DEBUG))
 
     if args.compile_first:
         jax.jit(lambda x: x + 1)(np.float32(1))
@@ -105,6 +122,8 @@ def main() -> int:
         "cache_dir": session.cache_dir,
         "process_index": record.process_index,
         "integrity_findings": findings,
+        "xla_caches": jax.config.jax_persistent_cache_enable_xla_caches,
+        "xla_cache_paths": xla_cache_paths,
         **({"record": json.loads(record.to_json())} if args.print_record else {}),
     }), flush=True)
     if args.distributed:

@@ -46,7 +46,7 @@ class ClientOptions:
     run_id: str
     min_compile_time_secs: float | None = None  # None: keep JAX's default
     min_entry_size_bytes: int | None = None
-    xla_caches: str | None = None  # what to set jax_persistent_cache_enable_xla_caches to; None: leave it
+    xla_caches: str | None = None  # jax_persistent_cache_enable_xla_caches; None: leave it; always "none" for gs://
     max_size_bytes: int | None = None
     service_url: str | None = None
     token: str | None = None
@@ -143,6 +143,15 @@ def resolve(
             )
     if xla_caches is not None and (not isinstance(xla_caches, str) or not xla_caches):
         raise InvalidInputError(f"xla_caches={xla_caches!r}: use 'none', 'all' or a comma-separated list")
+    if is_gcs_url(directory):
+        # JAX hands XLA's C++ layer "<root>/xla_gpu_per_fusion_autotune_cache_dir" (and a kernel cache file), which
+        # it can only write on a local path: a GPU job on a bucket would fail or lose its autotuning results.
+        if xla_caches is not None and xla_caches != "none":
+            raise InvalidInputError(
+                f"xla_caches={xla_caches!r} hands XLA's own sub-caches a path under the bucket, which XLA cannot"
+                " write; leave it unset for gs:// roots (the client turns them off there)"
+            )
+        default_xla_caches = "none"
     every_s = _float("JAXCACHE_RECORD_EVERY_S", env.get("JAXCACHE_RECORD_EVERY_S") or str(DEFAULT_RECORD_EVERY_S))
     if every_s <= 0:
         raise InvalidInputError("JAXCACHE_RECORD_EVERY_S must be a positive number of seconds")

@@ -32,6 +32,7 @@ log = logging.getLogger("jaxcache.client")
 _lock = threading.Lock()
 _session: CacheSession | None = None
 _gcs_notice_given = False
+_xla_caches_notice_given = False
 ATTEST_WAIT_S = 30.0  # at exit: digests of the last entries written; bounded so exit never hangs on storage
 
 
@@ -269,7 +270,8 @@ def enable_cache(
             limit; unset keeps JAX's default).
         xla_caches: ``jax_persistent_cache_enable_xla_caches``. Default ``"none"`` on jax < 0.11, where the
             XLA autotune-cache path enters keys and a cache mounted elsewhere would never hit; JAX's default on
-            later versions.
+            later versions. Always ``"none"`` for gs:// roots (anything else is refused): XLA's C++ layer would be
+            handed a gs:// path it cannot write.
         max_size_bytes: turn on JAX's own LRU eviction at this size. Local roots only: refused for gs://.
         service_url: the jaxcache service (``JAXCACHE_SERVICE_URL``) to send run records to, fail-open.
         token: a bearer token with the ``report`` scope (``JAXCACHE_TOKEN``).
@@ -318,6 +320,7 @@ def enable_cache(
         ji.check_not_compiled(options.cache_dir)
         compression = ji.compression_library()
         _check_trust(options)
+        _say_xla_caches_off(options)
         if options.verify == "attested":
             from jaxcache.client.verify import check_attested
 
@@ -384,6 +387,17 @@ def _check_trust(options: ClientOptions) -> None:
     if options.trust == "strict":
         raise UntrustedCacheDirError(message)
     log.warning("jaxcache: %s", message)
+
+
+def _say_xla_caches_off(options: ClientOptions) -> None:
+    """Once per process, at INFO: a gs:// root gets no XLA sub-caches (options.resolve turned them off)."""
+    global _xla_caches_notice_given
+    if not options.is_gcs or _xla_caches_notice_given:
+        return
+    _xla_caches_notice_given = True
+    log.info("jaxcache: %s is a bucket: XLA's own sub-caches (GPU autotuning results, kernels) are off"
+             " (jax_persistent_cache_enable_xla_caches='none'), since XLA cannot write a gs:// path; GPU jobs"
+             " autotune the programs they compile, and load tuned ones from the cache", options.cache_dir)
 
 
 def check_cache_dir(cache_dir: str | os.PathLike[str], *, trust: str = "strict") -> str:
