@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tmpfs
-from jaxcache import records
+from jaxcache import entry, records
 from jaxcache.client import options as client_options
 from jaxcache.errors import InvalidInputError
 from jaxcache.storage import open_storage
@@ -31,9 +31,13 @@ def interpreter(request) -> tuple[str, dict[str, str]]:
     return request.getfixturevalue("next_python_with_jaxcache")
 
 
-def fill(volume: Path) -> None:
-    """Write zeros to ``volume`` until it takes no more, down to the byte."""
+def fill(volume: Path, leave: int = 0) -> None:
+    """Write zeros to ``volume`` until it takes no more (down to the byte), or until ``leave`` bytes are free."""
     with open(volume / "filler", "wb", buffering=0) as f:
+        if leave:
+            st = os.statvfs(volume)
+            f.write(bytes(st.f_bavail * st.f_frsize - leave))
+            return
         for chunk in (1 << 16, 4096, 1):
             while True:
                 try:
@@ -77,6 +81,31 @@ def test_a_full_disk_compiles_and_claims_no_write(tmp_path):
     assert f"of {stats['misses']} misses: {stats['misses']} compiled, not written ({stats['misses']}: disk full: " \
         in summary, summary
     assert "to explain" not in summary, "a failed write is explained, not left to `jaxcache explain`"
+    assert proc.stderr.count("did not leave a whole entry") == 1, proc.stderr
+
+
+def test_an_entry_torn_after_its_head_is_not_claimed(tmp_path):
+    """A disk that fills up in the middle of a big entry leaves its head whole and its tail missing: read back
+    whole (as the client does to attest what it wrote), it is no write either."""
+    with tmpfs(tmp_path / "vol", size="2m") as volume:
+        cache = volume / "cache"
+        cache.mkdir(mode=0o700)
+        fill(volume, leave=320 * 1024)
+        proc = run_job("--cache-dir", str(cache), "--programs", "big", "--print-record", "--settle")
+        out = result(proc)
+        (torn,) = cache.glob("jit_big-*-cache")
+        data = torn.read_bytes()
+
+    assert entry.read_header_bytes(data).status is entry.Status.OK, "the head is there and decodes"
+    assert entry.validate(data).status is entry.Status.CORRUPT, "the tail is not"
+    stats = out["stats"]
+    assert stats["writes"] == 0 and stats["failed_writes"] == 1, stats
+    record = records.parse(json_bytes(out["record"]))
+    (usage,) = [u for u in record.keys if u.key == torn.name.removesuffix("-cache")]
+    assert usage.event == records.COMPILED and usage.writes == 0 and usage.sha256 is None, usage
+    assert usage.reason.startswith("disk full: ") and "truncated" in usage.reason, usage.reason
+    assert writers(record, tmp_path) == {}
+    assert "1 compiled, not written (1: disk full: " in out["summary"], out["summary"]
     assert proc.stderr.count("did not leave a whole entry") == 1, proc.stderr
 
 

@@ -30,6 +30,8 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after compiling")
     parser.add_argument("--verify", choices=["off", "sample", "attested"])
     parser.add_argument("--print-record", action="store_true", help="also print the run record as sent to a service")
+    parser.add_argument("--settle", action="store_true",
+                        help="report once the client has read back every entry written (as it does at exit)")
     parser.add_argument("--watch-xla-caches", action="store_true",
                         help="report where JAX told XLA to keep its own sub-caches (its DEBUG log of each)")
     args = parser.parse_args()
@@ -96,11 +98,17 @@ def main() -> int:
     def loss(a, b):
         return jnp.sum((b @ a) ** 2)
 
+    noise = np.random.default_rng(0).random(250_000).astype(np.float32)
+
+    def big(v):  # a constant of 1 MB that compresses badly: an entry of about 900 KB, many zstd blocks
+        return v + noise
+
     programs = {
         "affine": (lambda: jax.jit(affine)(x), x * 2 + 1),
         "gram": (lambda: jax.jit(gram)(m), m @ m.T),
         "wave": (lambda: jax.jit(wave)(x), np.ones_like(x)),
         "grad": (lambda: jax.jit(jax.grad(loss))(w, m), 2 * m.T @ (m @ w)),
+        "big": (lambda: jax.jit(big)(np.zeros_like(noise)), noise),
     }
     for name in args.programs.split(","):
         run, want = programs[name]
@@ -111,6 +119,8 @@ def main() -> int:
     if args.sleep:
         time.sleep(args.sleep)
 
+    if args.settle:
+        session.wait_for_attestations()
     findings = [{"key": v.key, "class": v.classification} for v in session.check_sample()]
     stats = session.stats()
     record = session.flush()

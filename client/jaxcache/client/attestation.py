@@ -2,7 +2,8 @@
 
 The digest goes into the run record, so the catalog can later tell the entry's bytes from tampered ones. Hashing
 happens on one background thread fed by a bounded queue: a training step never waits for it, and when the queue
-is full the entry is simply left unattested (counted, never blocking).
+is full the entry is simply left unattested (counted, never blocking). The same read decompresses the entry whole:
+one torn after its head (a disk that filled up mid-write) is no write of this process either.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 
+from jaxcache import entry
 from jaxcache.attestations import sign
 from jaxcache.client.misses import SLACK_S
 from jaxcache.client.reporting import RecordWriter
@@ -29,10 +32,12 @@ class Attestor:
     """Hashes written entries off the compiling thread and stores the digests in the recorder."""
 
     def __init__(self, writer: RecordWriter, recorder: Recorder, *, maxsize: int = QUEUE_SIZE,
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None, broken: Callable[[str, str], str] | None = None) -> None:
         self._writer = writer
         self._recorder = recorder
         self._secret = secret  # JAXCACHE_ATTEST_KEY: digests signed with it outrank anyone else's
+        # (key, what is wrong with its entry) -> the reason the record gives, led by its cause (WriteCheck.torn)
+        self._broken = broken or (lambda key, what: what)
         self._queue: queue.Queue[tuple[str, float]] = queue.Queue(maxsize=maxsize)
         self._seen: set[str] = set()
         self._thread: threading.Thread | None = None
@@ -78,11 +83,11 @@ class Attestor:
                     continue
                 chunks = storage.read_chunks(key + "-cache")
                 if chunks is not None:
-                    digest, size = hashlib.sha256(), 0
-                    for chunk in chunks:  # a stream: entries of hundreds of MB stay out of memory
-                        digest.update(chunk)
-                        size += len(chunk)
-                    sha = digest.hexdigest()
+                    whole, sha, size = _read_whole(chunks)
+                    if whole.status is not entry.Status.OK:
+                        reason = self._broken(key, f"JAX's write left a broken entry ({whole.reason})")
+                        self._recorder.mark_not_written(key, reason)
+                        continue
                     signature = sign(self._secret, key, sha) if self._secret is not None else None
                     self._recorder.set_digest(key, sha, size, signature)
             except Exception as exc:  # noqa: BLE001 - an unreadable entry stays unattested; the job goes on
@@ -90,3 +95,22 @@ class Attestor:
                 log.debug("jaxcache: could not read back %s to attest it: %s", key, exc)
             finally:
                 self._queue.task_done()
+
+
+def _read_whole(chunks: Iterable[bytes]) -> tuple[entry.Validation, str, int]:
+    """Decompress an entry whole while hashing its bytes, as one stream (entries of hundreds of MB stay out of
+    memory): what the decompression found, the sha256 of the bytes, their size."""
+    digest, size = hashlib.sha256(), 0
+
+    def hashed() -> Iterator[bytes]:
+        nonlocal size
+        for chunk in chunks:
+            digest.update(chunk)
+            size += len(chunk)
+            yield chunk
+
+    stream = hashed()
+    whole = entry.validate_chunks(stream)
+    for _ in stream:  # bytes the decompression left unread still enter the digest
+        pass
+    return whole, digest.hexdigest(), size

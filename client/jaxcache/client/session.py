@@ -50,11 +50,11 @@ class CacheSession:
         self._deferred_notice_given = False
         self._writer = RecordWriter(options.cache_dir)
         # A write counts once its entry is there whole: the run record's writes make the service's first writers.
-        self._recorder = Recorder(key_parts=options.key_parts, check_write=WriteCheck(
-            self._writer.storage, None if options.is_gcs else options.cache_dir))
+        check = WriteCheck(self._writer.storage, None if options.is_gcs else options.cache_dir)
+        self._recorder = Recorder(key_parts=options.key_parts, check_write=check)
         self._misses = MissCheck(lambda name: self._writer.storage().stat(name),
                                  limit=MAX_CHECKED_GCS if options.is_gcs else MAX_CHECKED)
-        self._attestor = Attestor(self._writer, self._recorder, secret=options.attest_key)
+        self._attestor = Attestor(self._writer, self._recorder, secret=options.attest_key, broken=check.torn)
         self._sampler = None
         if options.verify == "sample":
             from jaxcache.client.verify import HitSampler  # reads entries: loaded only when asked for

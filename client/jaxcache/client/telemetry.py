@@ -172,12 +172,15 @@ class Recorder:
                 self._keys[key].signature = signature
 
     def mark_not_written(self, key: str, reason: str) -> None:
-        """JAX said it wrote ``key`` but did not (the entry there is older than the lookup)."""
+        """JAX said it wrote ``key`` but did not (the entry there is older than the lookup, or torn when read back
+        whole)."""
+        reason = reason[:_MAX_REASON]
         with self._lock:
             usage = self._keys.get(key)
             if usage is not None and usage.event == records.WRITE:
                 usage.event, usage.reason, usage.writes = records.COMPILED, reason, max(usage.writes - 1, 0)
                 self._writes = max(self._writes - 1, 0)
+                self._failed[key] = reason
 
     def set_size(self, key: str, size_bytes: int) -> None:
         """Remember an entry's size once it has been looked up."""

@@ -57,7 +57,7 @@ class WriteCheck:
             storage = self._storage()
             info = storage.stat(name)
             if info is None:
-                return self._failed("JAX said it was writing the entry, and none is there")
+                return self.broken("JAX said it was writing the entry, and none is there")
             if info.mtime_s < looked_up_at - SLACK_S:
                 # There before the lookup: JAX could not load it, and writes nothing over an entry that exists.
                 return UNREADABLE_REASON
@@ -67,9 +67,15 @@ class WriteCheck:
             return f"{UNCHECKED}: JAX said it was writing the entry, and reading it back failed ({exc})"
         if header.status is entry.Status.OK:
             return None
-        return self._failed(f"JAX's write left a broken entry ({header.reason})")
+        return self.broken(f"JAX's write left a broken entry ({header.reason})")
 
-    def _failed(self, what: str) -> str:
+    def torn(self, key: str, what: str) -> str:
+        """Why an entry whose head passed is no write after all (read back whole, it is broken); warns once."""
+        reason = self.broken(what)
+        self._warn_once(key, reason)
+        return reason
+
+    def broken(self, what: str) -> str:
         """``what`` went wrong, led by the cause: the volume's free space or inodes when they ran out."""
         if self._local_dir is not None:
             try:
