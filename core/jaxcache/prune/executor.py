@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +42,7 @@ class PruneResult:
     bytes_freed: int = 0
     already_gone: int = 0
     changed: int = 0  # precondition failed: the object was replaced since the listing; left alone
+    failed: int = 0  # could not be deleted (``errors`` says why): still there
     errors: list[str] = field(default_factory=list)
 
 
@@ -97,6 +99,57 @@ class _JaxLruLock:
                 self._release()
 
 
+#: Linux's ``FS_IOC_GETFLAGS`` and the inode flags (``lsattr``) that make unlink() fail even for root.
+_FS_IOC_GETFLAGS = 0x80086601
+_FS_IMMUTABLE_FL, _FS_APPEND_FL = 0x10, 0x20
+
+
+def _inode_flags(path: str) -> int:
+    """``path``'s inode flags, or 0 where they cannot be read (not Linux, a file system without them, gone)."""
+    if sys.platform != "linux":
+        return 0
+    import fcntl  # Linux only: see above
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return 0
+    try:
+        # The kernel writes an int; the request's size field says long, so give it room for one.
+        return int.from_bytes(fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8))[:4], sys.byteorder)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _flag(path: str) -> tuple[str, str] | None:
+    """The flag on ``path`` that refuses every unlink in or of it, and the command that clears it."""
+    flags = _inode_flags(path)
+    if flags & _FS_IMMUTABLE_FL:
+        return "immutable (chattr +i)", "chattr -i"
+    if flags & _FS_APPEND_FL:
+        return "append-only (chattr +a)", "chattr -a"
+    return None
+
+
+def _why_not_deleted(storage: Storage, name: str, exc: StorageError) -> str:
+    """Why ``name`` could not be deleted, in words a user can act on: on a directory root the storage error says
+    "permission denied" or "Is a directory" for causes that running as another user does not fix."""
+    if not isinstance(storage, LocalStorage):
+        return str(exc)
+    path = os.path.join(storage.root, name)
+    where = f"{name!r} under {storage.root}"
+    if os.path.isdir(path) and not os.path.islink(path):
+        return f"{where} is a directory, not a file JAX wrote: jaxcache deletes only files; move or remove it by hand"
+    if found := _flag(path):
+        return f"{where} is {found[0]}: not even root may delete it; `{found[1]}` on it lets it be deleted"
+    if found := _flag(os.path.dirname(path)):
+        return (f"{where} cannot be deleted: its directory is {found[0]}, so nothing in it may be deleted; "
+                f"`{found[1]}` on the directory lets it be")
+    return str(exc)
+
+
 @contextlib.contextmanager
 def _lock_for(storage: Storage) -> Iterator[Lock]:
     """JAX's LRU lock on a local root where JAX's LRU is on (a ``.lockfile`` exists); a no-op elsewhere."""
@@ -130,13 +183,14 @@ def _delete_one(
             except PreconditionFailedError:
                 pass  # a job wrote this key again since the listing: the -atime is the new entry's
             except StorageError as exc:
-                return decision, _DELETED if present else _GONE, f"{c.key}: deleted the entry but not its -atime: {exc}"
+                why = _why_not_deleted(storage, fmt.atime_name(c.key), exc)
+                return decision, _DELETED if present else _GONE, f"{c.key}: deleted the entry but not its -atime: {why}"
     except PreconditionFailedError:
         return decision, _CHANGED, None
     except RootGoneError:
         raise  # not this entry's failure: the whole prune stops
     except StorageError as exc:
-        return decision, _FAILED, str(exc)
+        return decision, _FAILED, _why_not_deleted(storage, c.name, exc)
     return decision, _DELETED if present else _GONE, None
 
 
@@ -147,7 +201,8 @@ def apply(
     on_deleted: Callable[[Decision], None] | None = None,
     workers: int | None = None,
 ) -> PruneResult:
-    """Delete what ``plan`` says, in its order; return counts. Keeps going past per-object failures, but raises
+    """Delete what ``plan`` says, in its order; return counts. Keeps going past per-object failures (``failed``,
+    each with why in ``errors``: an immutable file, a directory named like an entry), but raises
     :class:`~jaxcache.errors.RootGoneError` when a local root is not there (its entries would all look gone).
 
     Each entry's ``-cache`` goes before its ``-atime``, with ``if_generation`` from the listing (GCS): an object
@@ -171,6 +226,8 @@ def apply(
                 result.already_gone += 1
             elif outcome == _CHANGED:
                 result.changed += 1
+            else:
+                result.failed += 1
             if error is not None:
                 result.errors.append(error)
             if on_deleted is not None and outcome in (_DELETED, _GONE):

@@ -25,7 +25,7 @@ from jaxcache.service.api.schemas.entries import EntryDetail, EntryJobModel, Ent
 from jaxcache.service.api.schemas.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText
 from jaxcache.service.catalog import queries
 from jaxcache.service.state import State
-from jaxcache.service.tasks.pruning import PruneInProgressError
+from jaxcache.service.tasks.pruning import EntryNotDeletedError, PruneInProgressError
 
 router = APIRouter(tags=["entries"], responses=ERRORS)
 
@@ -94,8 +94,10 @@ def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -
 
 
 @router.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry",
-               responses={409: {"model": ErrorModel, "description": "a prune of this cache is running, or the entry"
-                                                                     " was written again since it was listed"}})
+               responses={409: {"model": ErrorModel, "description": "a prune of this cache is running, the entry was"
+                                                                     " written again since it was listed, or its file"
+                                                                     " could not be removed (the detail says why; the"
+                                                                     " entry stays listed)"}})
 def delete_entry(request: Request, cache: CacheName, key: EntryKey, principal: AdminAuth) -> Response:
     """Delete one entry (its -cache, then its -atime, under JAX's lock), audited as a prune of one in
     `GET /v1/caches/{cache}/prunes`. Jobs that need it recompile and write it again."""
@@ -107,6 +109,9 @@ def delete_entry(request: Request, cache: CacheName, key: EntryKey, principal: A
     except PruneInProgressError:
         raise HTTPException(409, f"a prune of {cache!r} is running (on this or another replica of the service);"
                                  " try again when it ends") from None
+    except EntryNotDeletedError as exc:
+        # Not 502: storage answered, and retrying changes nothing until someone fixes what the detail names.
+        raise HTTPException(409, str(exc)) from None
     if not deleted:
         raise HTTPException(404, f"no entry {key!r} in {cache!r}")
     return Response(status_code=204)

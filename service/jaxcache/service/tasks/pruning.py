@@ -14,7 +14,7 @@ from sqlalchemy import Select, bindparam, delete, select
 
 from jaxcache import entry as fmt
 from jaxcache import prune
-from jaxcache.errors import InvalidInputError, PreconditionFailedError
+from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError
 from jaxcache.service.catalog import queries, rawsql
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLock, ClusterLocks
@@ -27,6 +27,10 @@ from jaxcache.storage import Storage
 
 class PruneInProgressError(Exception):
     """Another prune of the same cache is running (in this replica or another one)."""
+
+
+class EntryNotDeletedError(JaxcacheError):
+    """A single-entry delete could not remove the entry's file (the message says why); its catalog row stays."""
 
 
 class PruneLocks:
@@ -157,7 +161,8 @@ def run_prune(
 
 
 def _apply_audited(catalog: Catalog, audit_id: int, storage: Storage, plan: prune.PrunePlan) -> prune.PruneResult:
-    """Apply ``plan`` under audit row ``audit_id``; on an error part-way the row says how far it got."""
+    """Apply ``plan`` under audit row ``audit_id``; on an error part-way the row says how far it got. An entry that
+    could not be deleted makes the row "failed": what was asked is not what storage holds now."""
     done = prune.PruneResult()
 
     def count(decision: prune.Decision) -> None:  # deleted now or already gone: either way not there any more
@@ -170,13 +175,19 @@ def _apply_audited(catalog: Catalog, audit_id: int, storage: Storage, plan: prun
         prune_audit.finish(catalog, audit_id, done, state=prune_audit.FAILED,
                            error=f"stopped after {done.deleted} of {len(plan.delete)} objects: {exc}")
         raise
-    prune_audit.finish(catalog, audit_id, result)
+    if result.failed:
+        prune_audit.finish(catalog, audit_id, result, state=prune_audit.FAILED,
+                           error=f"{result.failed} of {len(plan.delete)} planned objects could not be deleted and "
+                                 "are still there (each error below says why)")
+    else:
+        prune_audit.finish(catalog, audit_id, result)
     return result
 
 
 def delete_entry(catalog: Catalog, cache: str, storage: Storage, key: str, *, who: str, lock: ClusterLock) -> bool:
     """Delete one entry as a prune of one would (JAX's lock, ``-cache`` before ``-atime``, the listed generation),
-    audited. False when neither storage nor the catalog had it. Raises PruneInProgressError."""
+    audited. False when neither storage nor the catalog had it. Raises PruneInProgressError, and
+    EntryNotDeletedError when its file is still there (the catalog keeps its row: it lists what storage holds)."""
     if not lock.acquire(blocking=False):
         raise PruneInProgressError(cache)
     try:
@@ -196,6 +207,8 @@ def delete_entry(catalog: Catalog, cache: str, storage: Storage, key: str, *, wh
         result = _apply_audited(catalog, audit_id, storage, plan)
         if result.changed:
             raise PreconditionFailedError(f"{key} was written again since it was listed: rescan and try again")
+        if result.failed:
+            raise EntryNotDeletedError(f"{key!r} was not deleted: {'; '.join(result.errors)}")
         with catalog.session() as s:
             s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.key == key))
         return True
