@@ -83,6 +83,31 @@ def test_verify_bodies_are_strictly_typed(svc):
     assert r.status_code == 200 and r.json()["checked"] <= 5
 
 
+@pytest.mark.parametrize(("path", "body", "where"), [
+    ("prune", b'{"unused_for": NaN}', ["body", "unused_for"]),
+    ("prune", b'{"max_total_bytes": Infinity}', ["body", "max_total_bytes"]),
+    ("prune", b'{"corrupt": true, "min_age": -Infinity}', ["body", "min_age"]),
+    ("prune", b'{"corrupt": true, "min_age": 1e999}', ["body", "min_age"]),  # beyond a double: read as Infinity
+    ("prune", b'{"corrupt": true, "list_limit": NaN}', ["body", "list_limit"]),
+    ("prune", b'{"corrupt": true, "dry_run": NaN}', ["body", "dry_run"]),
+    ("prune", b'{"functions": ["jit_*", NaN]}', ["body", "functions", 1]),
+    ("prune", b'{"corrupt": true, "unknown": {"deep": [1, Infinity]}}', ["body", "unknown", "deep", 1]),
+    ("prune", b"NaN", ["body"]),
+    ("prune", b"[NaN]", ["body", 0]),
+    ("verify", b'{"max_entries": NaN}', ["body", "max_entries"]),
+])
+def test_nan_and_infinity_in_a_body_are_a_422_that_says_so(svc_module, path, body, where):
+    # Python's json reads NaN and Infinity; echoed back in FastAPI's 422 they failed its encoder: a 500.
+    r = svc_module.post(f"/v1/caches/demo/{path}", content=body,
+                 headers={**H_ADMIN, "content-type": "application/json"})
+    assert r.status_code == 422, (body, r.status_code, r.text)
+    problems = UnprocessableModel.model_validate(r.json()).detail
+    assert isinstance(problems, list)
+    [problem] = [p for p in problems if p.loc == where]
+    assert problem.type == "finite_number" and "JSON has no NaN or Infinity" in problem.msg, problems
+    assert problem.input in ("NaN", "Infinity", "-Infinity")
+
+
 def test_keys_and_pins_follow_their_patterns(svc, jax_caches):
     key = jax_caches["zstd"].entries[0]["key"]
     assert re.fullmatch(fields.KEY.strip("^$"), key)

@@ -1,8 +1,15 @@
-"""The one place the service's own errors become HTTP statuses, and 405s say what the resource allows."""
+"""The one place the service's own errors become HTTP statuses, 405s say what the resource allows, and 422s never
+fail on what they echo back."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from typing import Any
+
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -23,6 +30,48 @@ def status_of(exc: JaxcacheError) -> int:
     return 500
 
 
+#: What a 422 says of each place a body holds NaN, Infinity or a number too large for a double (Python's json reads
+#: all three; JSON has none of them, and the answer could not echo them back).
+NON_FINITE = ("is not a finite number: JSON has no NaN or Infinity (RFC 8259), and numbers beyond a double's range "
+              "read as Infinity; send a finite number")
+
+
+def _non_finite(node: Any, loc: tuple[str | int, ...] = ("body",)) -> Iterator[tuple[tuple[str | int, ...], float]]:
+    """Where in a parsed body a float is NaN or infinite, and its value."""
+    if isinstance(node, float):
+        if not math.isfinite(node):
+            yield loc, node
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _non_finite(v, (*loc, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _non_finite(v, (*loc, i))
+
+
+def _spelled(node: Any) -> Any:
+    """``node`` with each NaN or infinite float as JSON-like text (``"NaN"``, ``"-Infinity"``): JSON can carry it."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return "NaN" if math.isnan(node) else "Infinity" if node > 0 else "-Infinity"
+    if isinstance(node, dict):
+        return {k: _spelled(v) for k, v in node.items()}
+    if isinstance(node, list | tuple):
+        return [_spelled(v) for v in node]
+    return node
+
+
+def unprocessable(exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 in its shape (``UnprocessableModel``), for any body: a problem of its own for each NaN or
+    infinite number (a validator's message about one would only confuse), then FastAPI's problems elsewhere."""
+    places = dict(_non_finite(exc.body))
+    problems: list[dict[str, Any]] = [
+        {"loc": list(loc), "msg": f"{_spelled(value)} {NON_FINITE}", "type": "finite_number",
+         "input": _spelled(value)} for loc, value in places.items()]
+    # Inputs spelled out: a NaN that is part of another problem's input (or one a validator made) cannot fail it.
+    problems += [p for p in _spelled(jsonable_encoder(exc.errors())) if tuple(p.get("loc", ())) not in places]
+    return JSONResponse({"detail": problems}, status_code=422)
+
+
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
@@ -39,11 +88,17 @@ def allowed_methods(request: Request) -> list[str]:
 
 
 def install(app: FastAPI) -> None:
-    """Answer a JaxcacheError a route raises with its status and message; give every 405 its Allow header."""
+    """Answer a JaxcacheError a route raises with its status and message; give every 405 its Allow header; answer
+    every 422 without failing on NaN or Infinity in the body."""
 
     @app.exception_handler(JaxcacheError)
     async def jaxcache_error(_request: Request, exc: JaxcacheError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=status_of(exc))
+
+    # FastAPI's own handler echoes each input back and fails on NaN (the JSON encoder refuses it): a 500.
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return unprocessable(exc)
 
     @app.exception_handler(InboxFullError)
     async def inbox_full(_request: Request, exc: InboxFullError) -> JSONResponse:
