@@ -3,9 +3,12 @@ and every figure equal to the API's."""
 
 from __future__ import annotations
 
+import html.parser
 import re
+import shutil
 import time
 import tomllib
+import urllib.parse
 
 import pytest
 from fastapi.testclient import TestClient
@@ -284,3 +287,52 @@ def test_overview_and_entry_pages_show_integrity_as_the_api_does(app_client, see
     detail = app_client.get(f"/v1/caches/demo/entries/{key}", headers=H_READ).json()
     entry_page = app_client.get(f"/caches/demo/entries/{key}", headers=H_READ).text
     assert f'class="status-{detail["integrity"]}">{detail["integrity"]}</span>' in entry_page
+
+
+class _Shown(html.parser.HTMLParser):
+    """What a reader sees of a page: its text and its tooltips (not attributes that only carry values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.parts += [v for k, v in attrs if k == "title" and v]
+
+    def handle_data(self, data):
+        self.parts.append(data)
+
+
+def _shown(page: str) -> str:
+    reader = _Shown()
+    reader.feed(page)
+    return "\n".join(reader.parts)
+
+
+def test_names_that_would_display_as_others_are_shown_escaped(tmp_path, seeded, jax_caches):
+    """A real entry under a name with bidi overrides (`jit_‮evil‭` displays as `jit_live`): every page shows its
+    function and key with those characters escaped, as the API's exact value stays in links and data attributes."""
+    tiny = _keys(jax_caches["zstd"].manifest)["jit_tiny"]
+    key = "jit_\u202eevil\u202d-" + tiny.rsplit("-", 1)[1]
+    for suffix in ("-cache", "-atime"):
+        shutil.copy2(seeded / f"{tiny}{suffix}", seeded / f"{key}{suffix}")
+    escaped = "jit_\\u202eevil\\u202d"
+    with TestClient(create_app(settings(tmp_path, seeded)), follow_redirects=False) as client:
+        assert client.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
+        assert client.get(f"/v1/caches/demo/entries/{urllib.parse.quote(key)}", headers=H_READ).json()["key"] == key
+        for url in ("/caches/demo", "/caches/demo/entries?limit=200", f"/caches/demo/entries/{urllib.parse.quote(key)}",
+                    "/caches/demo/prune?functions=jit_*&min_age=0s&preview=1"):
+            r = client.get(url, headers=H_READ)
+            assert r.status_code == 200, (url, r.text[:500])
+            shown = _shown(r.text)
+            assert escaped in shown, url
+            assert "\u202e" not in shown and "\u202d" not in shown, url
+            assert f'="{key}"' in r.text or f'="{key[:-65]}"' in r.text, url  # data-key, data-copy, data-function
+
+
+def test_visible_escapes_controls_format_and_separators_only():
+    # The CLI escapes names the same way: \uXXXX for Cc, Cf, Zl and Zp; a backslash and everything else as is.
+    assert dfmt.visible("jit_ok.v2-é中") == "jit_ok.v2-é中"
+    assert dfmt.visible("a\\u0041\t\x00\x7f\u200b\u2028\u2029\u2066\ufeff") == (
+        "a\\u0041\\u0009\\u0000\\u007f\\u200b\\u2028\\u2029\\u2066\\ufeff")
+    assert dfmt.short_key("jit_\u202ef-" + "a" * 64) == "jit_\\u202ef-aaaaaaaa…"

@@ -92,7 +92,7 @@ class Dashboard:
         versions = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:12] for p in STATIC.iterdir() if p.is_file()}
         self.env.globals.update(static=lambda name: f"/static/{name}?v={versions[name]}", sorts=ENTRY_SORTS,
                                 page_sizes=PAGE_SIZES, max_shown=MAX_SHOWN)
-        for name in ("size", "seconds", "rate", "count", "utc", "ago", "short_key"):
+        for name in ("size", "seconds", "rate", "count", "utc", "ago", "short_key", "visible"):
             self.env.filters[name] = getattr(fmt, name)
 
     # ---- auth ------------------------------------------------------------------------------------------------
