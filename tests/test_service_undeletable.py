@@ -1,5 +1,6 @@
 """Entries the service cannot delete (an immutable file, a directory named like one): DELETE and prunes say so
-with the reason, keep the entry listed and audit a failure; `jaxcache prune --apply` says the same."""
+with the reason, keep the entry listed and audit a failure; the dashboard and `jaxcache prune --apply` say the
+same."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dashboard_support import H_ADMIN as H_DASH_ADMIN
 from jaxcache.cli.output import EXIT_PROBLEMS
 from prune_support import run_cli
 from reports_support import BOTH, H_ADMIN, H_READ, keys_of
@@ -118,3 +120,14 @@ def test_the_cli_prune_says_why_an_entry_was_not_deleted(capsys, cache_copy, jax
     assert code == EXIT_PROBLEMS, err
     assert "immutable (chattr +i)" in err and "not even root may delete it" in err, err
     assert (cache_copy / f"{tiny}-cache").is_file()
+
+
+def test_the_dashboard_says_an_applied_prune_failed_and_why(app_client, seeded, jax_caches, immutable):
+    tiny = keys_of(jax_caches["zstd"])["jit_tiny"]
+    immutable(seeded / f"{tiny}-cache")
+    form = {"functions": "jit_tiny", "min_age": "0s", "confirm": "demo"}
+    r = app_client.post("/caches/demo/prune", data=form, headers=H_DASH_ADMIN)
+    assert r.status_code == 303, r.text
+    page = app_client.get(r.headers["location"], headers=H_DASH_ADMIN).text
+    assert 'data-state="failed"' in page and 'class="notice success"' not in page
+    assert "immutable (chattr +i)" in page and (seeded / f"{tiny}-cache").is_file()
