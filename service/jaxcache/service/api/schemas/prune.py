@@ -94,6 +94,8 @@ class PruneResponse(BaseModel):
     deleted: int | None = Field(None, description="applied prunes: entries really deleted")
     already_gone: int | None = None
     changed: int | None = Field(None, description="replaced since listed (generation changed): left alone")
+    failed: int | None = Field(None, description="applied prunes: entries that could not be deleted and are still "
+                                                 "there (errors say why; the audit row says failed)")
     errors: list[str] = Field(default_factory=list)
     audit_id: int | None = None
     notes: list[str] = Field(default_factory=list, description="rules that could not select, and why")
@@ -167,6 +169,7 @@ def response_of(outcome: Outcome, *, dry_run: bool, limit: int = DEFAULT_LIST_LI
         kept=plan.kept, bytes_freed=plan.bytes_freed,
         bytes_remaining=plan.bytes_remaining,
         deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
-        changed=result.changed if result else None, errors=result.errors if result else [],
+        changed=result.changed if result else None, failed=result.failed if result else None,
+        errors=result.errors if result else [],
         audit_id=outcome.audit_id, notes=plan.notes,
     )
