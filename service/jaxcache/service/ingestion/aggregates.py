@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 
 from jaxcache import records
 from jaxcache.service.catalog import rawsql
-from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import (
     AGGREGATES,
     EntryRow,
@@ -103,14 +102,13 @@ def entry_update_statement(cache: str | BindParameter[str]):
     )
 
 
-def store(s: Session, cache: str, stats: Mapping[str, Mapping[str, Any]], *, copy: bool = True) -> None:
-    """Write ``stats`` (``{key: aggregates}``) to key_stats, and (``copy``) their copies onto entry rows."""
+def store(s: Session, cache: str, stats: Mapping[str, Mapping[str, Any]]) -> None:
+    """Write ``stats`` (``{key: aggregates}``) to key_stats, and their copies onto entry rows."""
     keys = sorted(stats)
     conn = s.connection()
     rawsql.upsert_many(conn, table_of(KeyStatsRow), [{"cache": cache, "key": k, **stats[k]} for k in keys])
-    if copy:
-        rawsql.execute_many(conn, "key-stats-entry-copy", _entry_copy,
-                            [{"b_cache": cache, **entry_params(k, stats[k])} for k in keys])
+    rawsql.execute_many(conn, "key-stats-entry-copy", _entry_copy,
+                        [{"b_cache": cache, **entry_params(k, stats[k])} for k in keys])
 
 
 def _entry_copy() -> Any:
@@ -276,19 +274,6 @@ def fold(history: Mapping[str, Any] | None, rows: Iterable[tuple[groups.Part, st
                             "writer_jaxlib": run["jaxlib"], "writer_at_s": fig[f.FIRST_AT] or part[groups.STARTED],
                             "writer_compile_s": fig[f.COMPILE_S]})
     return {"hits": hits, "last_hit_s": last_hit, "saved_s": saved, **(earliest(*writers) or dict.fromkeys(WRITER))}
-
-
-def copy_to_entries(catalog: Catalog, cache: str, keys: Iterable[str]) -> None:
-    """Copy the aggregates of ``keys`` as key_stats holds them now onto their entry rows, in a write transaction of
-    the cache: what a storm's batches left for later (on PostgreSQL an entry row's update writes every index of the
-    row again, and the same rows were updated by every batch)."""
-    keys = sorted(set(keys))
-    with catalog.writing(cache) as s:
-        statement = entry_update_statement(cache)
-        for i in range(0, len(keys), _CHUNK):
-            chunk = keys[i : i + _CHUNK]
-            stats = key_stats(s, cache, chunk)
-            s.connection().execute(statement, [entry_params(k, stats.get(k, EMPTY)) for k in chunk])
 
 
 def histories(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:

@@ -89,9 +89,9 @@ class Batch:
             self._watermark = found[0][0] if found else None
         return self._watermark is not None and record.updated_at < self._watermark
 
-    def apply(self, copies: set[str] | None) -> tuple[list[Pending], Counter[str]]:
+    def apply(self) -> tuple[list[Pending], Counter[str]]:
         """Store what the records taken change; the usage rows of misses left to explain, and the misses counted
-        (those that joined a row explained already). ``copies``: as :func:`ingest_batch`'s."""
+        (those that joined a row explained already)."""
         changes = {pid: Change(self._stored.get(pid), r.header, r.figures, r) for pid, r in self._latest.items()}
         if not changes:
             return [], Counter()
@@ -115,7 +115,7 @@ class Batch:
                 _ident(self.cache, run_id, key, job, kind) for key, job, kind in missed])
             pending += [Pending(run_id, job, key) for key, job, _ in missed]
             keyed.regather.update(key for key, _, _ in which)
-        self._store_stats(keys, stats, writers, full, keyed, copies)
+        self._store_stats(keys, stats, writers, full, keyed)
         return pending, counts
 
     # --- usage rows -------------------------------------------------------------------------------------------
@@ -232,7 +232,7 @@ class Batch:
     # --- aggregates -------------------------------------------------------------------------------------------
 
     def _store_stats(self, keys: list[str], stats: dict[str, dict], writers: dict[str, Writer], full: set[str],
-                     keyed: _Keyed, copies: set[str] | None) -> None:
+                     keyed: _Keyed) -> None:
         """Update the keys' aggregates: as differences, or gathered again from their usage rows (and weighed again
         where their first writer changed)."""
         changed: dict[str, dict[str, Any]] = {}
@@ -252,9 +252,7 @@ class Batch:
         again = (set(keys) - set(stats)) | keyed.regather
         changed.update(aggregates.gather(self.s, self.cache, again - full))
         changed.update(aggregates.gather(self.s, self.cache, full, reweigh=True))
-        aggregates.store(self.s, self.cache, changed, copy=copies is None)
-        if copies is not None:
-            copies.update(changed)
+        aggregates.store(self.s, self.cache, changed)
 
 
 class _Keyed:
@@ -377,9 +375,8 @@ class _Texts:
             self._found = {}
             for report in self._reports:
                 for key, parts, program in zip(report.keys, report.parts, report.programs, strict=True):
-                    if isinstance(parts, str) or isinstance(program, str):  # (numbers are resolved: wire.Texts)
-                        self._found.setdefault(key, (parts if isinstance(parts, str) else None,
-                                                     program if isinstance(program, str) else None))
+                    if parts is not None or program is not None:
+                        self._found.setdefault(key, (parts, program))
         parts, program = self._found.get(row["key"], (None, None))
         if row["parts"] is None:
             row["parts"] = parts

@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session
 from jaxcache.explain import Explanation, explain
 from jaxcache.records import JOB
 from jaxcache.service.catalog import rawsql
-from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, UsageRow, table_of
 from jaxcache.service.catalog.queries.history import CatalogHistory, stored_misses
 
@@ -110,15 +109,3 @@ def _update_statement() -> Update:
                                 table.c.key == bindparam("b_key"), table.c.job == bindparam("b_job"),
                                 table.c.kind == JOB)
             .values(counted=bindparam("b_counted"), **{n: bindparam(f"b_{n}") for n in COLUMNS}))
-
-
-def explain_stored(catalog: Catalog, cache: str, pending: Sequence[Pending], *,
-                   root: str | None = None) -> Counter[str]:
-    """:func:`explain_pending` in write transactions of its own (a rescan's, once its records are all in), one per
-    batch; passes the counts to the catalog's listener."""
-    counts: Counter[str] = Counter()
-    for batch in batches(pending):
-        with catalog.writing(cache) as s:
-            counts.update(explain_pending(s, cache, batch, root=root))
-    catalog.count_misses(cache, counts)
-    return counts

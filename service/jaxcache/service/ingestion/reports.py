@@ -75,7 +75,7 @@ def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *, sec
             # counts, the others are kept as conflicts), and a back-dated record must not hide a forged digest.
             if attest:
                 found += _attestations(item, secret)
-        more, counts = work.apply(None)
+        more, counts = work.apply()
         pending += more
         out.misses.update(counts)
     if pending:
