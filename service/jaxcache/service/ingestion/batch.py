@@ -15,7 +15,7 @@ import msgspec
 from sqlalchemy import Delete, Select, Update, bindparam, case, delete, literal, select, update
 from sqlalchemy.orm import Session
 
-from jaxcache.records import RunRecord
+from jaxcache.records import KeyUsage, RunRecord
 from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
@@ -28,6 +28,7 @@ from jaxcache.service.ingestion.packed import Report
 from jaxcache.service.ingestion.stacked import Work
 
 _CHUNK = 500
+_json = msgspec.json.Encoder()
 
 
 #: What ingestion reads of a process's run row.
@@ -363,22 +364,24 @@ def _run_fields(record: RunRecord, keys: int, source: str, now: float) -> dict[s
 
 
 class _Texts:
-    """Each key's parts and program as the JSON text the catalog stores, from the batch's reports, looked up when a
-    row lacks them."""
+    """Each key's parts and program as the JSON text the catalog stores, from the batch's reports (the first that
+    carries them), encoded only for a row that lacks them."""
 
     def __init__(self, changes: dict[tuple[str, int], Change]) -> None:
         self._reports = [c.report for c in changes.values()]
-        self._found: dict[str, tuple[str | None, str | None]] | None = None
+        self._found: dict[str, KeyUsage] | None = None
 
     def fill(self, row: dict[str, Any]) -> None:
         if self._found is None:
             self._found = {}
             for report in self._reports:
-                for key, parts, program in zip(report.keys, report.parts, report.programs, strict=True):
-                    if parts is not None or program is not None:
-                        self._found.setdefault(key, (parts, program))
-        parts, program = self._found.get(row["key"], (None, None))
-        if row["parts"] is None:
-            row["parts"] = parts
-        if row["program"] is None:
-            row["program"] = program
+                for usage in report.usages:
+                    if usage.parts is not None or usage.program is not None:
+                        self._found.setdefault(usage.key, usage)
+        found = self._found.get(row["key"])
+        if found is None:
+            return
+        if row["parts"] is None and found.parts is not None:
+            row["parts"] = _json.encode(found.parts).decode()
+        if row["program"] is None and found.program is not None:
+            row["program"] = _json.encode(found.program).decode()

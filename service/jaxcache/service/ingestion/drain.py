@@ -87,7 +87,7 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, secret: bytes | None, r
             items = []
             for row in rows:
                 try:
-                    record = records.parse(bytes(row.body))
+                    record = records.parse(inbox.body_of(bytes(row.body)))
                     check_keys([u.key for u in record.keys])
                 except InvalidInputError as exc:  # accepted by another version of the service
                     _dropped(cache, row, exc, out)

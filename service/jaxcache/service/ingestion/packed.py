@@ -1,5 +1,6 @@
-"""A run record as folding takes it (:class:`Report`): its header, its keys' figures as columns, their parts and
-programs as the JSON text the catalog stores, and the keys that carry a digest."""
+"""A run record as folding takes it (:class:`Report`): its header, its keys' figures as columns, its keys as the
+record has them (their parts and programs are encoded for the catalog only where a usage row lacks them), and the
+keys that carry a digest."""
 
 from __future__ import annotations
 
@@ -8,17 +9,14 @@ import msgspec
 from jaxcache.records import WRITE, KeyUsage, RunRecord
 from jaxcache.service.ingestion.figures import Figures, of_record
 
-_json = msgspec.json.Encoder()
-
 
 class Report(msgspec.Struct, gc=False):
-    """``header``: the record without its keys; ``parts`` and ``programs``: each key's, as JSON text (None: not
-    captured); ``digests``: the keys the process wrote and read back a digest of (its attestations)."""
+    """``header``: the record without its keys; ``usages``: its keys; ``digests``: the keys the process wrote and
+    read back a digest of (its attestations)."""
 
     header: RunRecord
     figures: Figures
-    parts: list[str | None]
-    programs: list[str | None]
+    usages: list[KeyUsage]
     digests: list[KeyUsage]
 
     @property
@@ -42,8 +40,5 @@ class Report(msgspec.Struct, gc=False):
 def report_of(record: RunRecord) -> Report:
     """``record`` (parsed, so valid) as ingestion takes it."""
     keys = record.keys
-    return Report(
-        msgspec.structs.replace(record, keys=[]), of_record(record),
-        [None if u.parts is None else _json.encode(u.parts).decode() for u in keys],
-        [None if u.program is None else _json.encode(u.program).decode() for u in keys],
-        [u for u in keys if u.sha256 and u.event == WRITE])
+    return Report(msgspec.structs.replace(record, keys=[]), of_record(record), keys,
+                  [u for u in keys if u.sha256 and u.event == WRITE])
