@@ -222,7 +222,11 @@ def service(root: str, db: str, work: str, workers: int | None) -> Iterator[tupl
             return open(log.name).read()[-3000:]
 
         wait_ready(server, base, output)
-        yield base, server.pid
+        try:
+            yield base, server.pid
+        except BaseException:
+            print(f"the service's log ended:\n{output()}", file=sys.stderr)
+            raise
     finally:
         server.send_signal(signal.SIGINT)
         try:

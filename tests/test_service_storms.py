@@ -12,6 +12,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import msgspec
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select, text
@@ -58,11 +59,14 @@ def client(tmp_path, cache_copy):
 
 def test_records_posted_together_are_each_accepted_and_folded_once(client, jax_caches):
     recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 6)
+    # Large records stored by many request threads at once (each compresses its body): none is damaged.
+    filler = [hit(f"jit_filler_{i % 7}-{i:064x}", 1, time.time() - 100) for i in range(400)]
+    recs = [msgspec.structs.replace(r, keys=[*r.keys, *filler]) for r in recs]
     with ThreadPoolExecutor(6) as ex:
         answers = list(ex.map(lambda r: _post(client, r), recs))
     for p, r in enumerate(answers):
         assert r.status_code == 202, r.text
-        assert (r.json()["run_id"], r.json()["process_index"], r.json()["keys"]) == ("r1", p, 2)
+        assert (r.json()["run_id"], r.json()["process_index"], r.json()["keys"]) == ("r1", p, 402)
     folded(client)
     job = client.get("/v1/caches/demo/jobs/storm", headers=H_READ).json()
     assert job["processes"] == 6 and job["misses"] == 6
@@ -185,3 +189,25 @@ def test_records_of_a_cache_no_replica_serves_are_drained_and_never_fill_the_inb
         with state.catalog.reader() as conn:
             assert conn.execute(select(RunRow.run_id).where(RunRow.cache == "dropped")).scalars().all() == ["r1"]
         assert _post(c, rec).status_code == 202  # the inbox has room
+
+
+def test_an_inbox_row_that_does_not_decode_is_dropped_and_the_others_are_folded(tmp_path, cache_copy, jax_caches):
+    """A row no version of the service can read (a damaged value, another version's format) never wedges the
+    drain: it is dropped with a warning and counted, and the records beside it are folded."""
+    from jaxcache.service.catalog.database import Catalog
+    from jaxcache.service.catalog.models import InboxRow
+    from jaxcache.service.ingestion import inbox
+
+    db = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
+    recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 2)
+    catalog = Catalog(db)
+    inbox.accept(catalog, "demo", recs[0], recs[0].to_json())
+    with catalog.session() as s:
+        s.add(InboxRow(cache="demo", run_id="r1", process_index=1, updated_s=time.time(), source="report",
+                       record=None, body=b"not zstd at all", received_s=time.time()))
+    catalog.dispose()
+    with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}, db=db))) as c:
+        settled(c)
+        folded(c)
+        assert c.get("/v1/caches/demo/jobs/storm", headers=H_READ).json()["processes"] == 1
+        assert 'jaxcache_reports_malformed_total{source="report"} 1.0' in c.get("/metrics").text

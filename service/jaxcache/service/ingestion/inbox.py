@@ -18,7 +18,7 @@ import zstandard
 from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from jaxcache.errors import JaxcacheError
+from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import InboxRow, RunRow, table_of
@@ -27,13 +27,13 @@ from jaxcache.service.catalog.models import InboxRow, RunRow, table_of
 STORAGE, REPORT = "storage", "report"
 
 
-_compressor = zstandard.ZstdCompressor(level=1)
-_decompressor = zstandard.ZstdDecompressor()
-
-
 def body_of(stored: bytes) -> bytes:
-    """The record's JSON, as an inbox row stores it."""
-    return _decompressor.decompress(stored)
+    """The record's JSON, as an inbox row stores it; InvalidInputError if it does not decompress."""
+    try:
+        # A (de)compressor object per call: they are not thread-safe, and requests store records in parallel.
+        return zstandard.ZstdDecompressor().decompress(stored)
+    except zstandard.ZstdError as exc:
+        raise InvalidInputError(f"the inbox row does not decompress: {exc}") from None
 
 
 class InboxFullError(JaxcacheError):
@@ -89,7 +89,8 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
         if not stale:
             kept = conn.execute(_upsert(catalog.dialect), {
                 **ids, "updated_s": record.updated_at, "source": source, "record": name,
-                "body": _compressor.compress(body), "received_s": time.time()}).first()
+                "body": zstandard.ZstdCompressor(level=1).compress(body),
+                "received_s": time.time()}).first()
             stale = kept is None
     return Accepted(cache, record.run_id, record.process_index, len(record.keys), stale)
 
