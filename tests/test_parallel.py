@@ -10,7 +10,8 @@ import sys
 import threading
 
 from jaxcache.parallel import forked_chunks, forked_half
-from jaxcache.storage.local import LocalStorage, _stat_names
+from jaxcache.storage.files import stat_names as _stat_names
+from jaxcache.storage.local import LocalStorage
 
 _FORKED_STATS = """
 import json, os, sys

@@ -31,6 +31,11 @@ class RootGoneError(StorageError):
     """A local cache root does not exist or is not a directory: listed, it would look like an empty cache."""
 
 
+class NotRegularFileError(StorageError):
+    """An object under a local root is a FIFO, socket, device, symbolic link or directory: it is not read (a FIFO
+    would block the reader, a link could lead it out of the root), and a reader skips it and goes on."""
+
+
 class PreconditionFailedError(StorageError):
     """The object changed since it was listed (another generation), or already exists on a create-only write."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -51,6 +52,52 @@ def check_name(name: str) -> str:
     return name
 
 
+def name_problem(name: str) -> str | None:
+    """Why a listed object's ``name`` cannot be read as one of the root's (:func:`check_name` refuses it, or it is
+    not text: a file name that is not UTF-8), or None. A reader skips such an object and goes on with the rest."""
+    try:
+        check_name(name)
+    except PathEscapeError:
+        return "its name is not a relative path inside the cache root (a backslash, NUL, or an empty, '.' or '..' part)"
+    if not name.isascii():
+        try:
+            name.encode()
+        except UnicodeEncodeError:  # the bytes of a local file name that does not decode (surrogate escapes)
+            return "its name is not valid UTF-8"
+    return None
+
+
+#: How the names of the objects jaxcache reads end. Under a root, anything so named that is not a regular file (a
+#: directory, a FIFO, a link) is counted as skipped; other folders (XLA's sub-caches, ``.jaxcache/``) are folders.
+OBJECT_SUFFIXES = ("-cache", "-atime", ".json")
+
+
+class Skipped:
+    """The objects readers of one storage instance passed over (not regular files, names that cannot be read): how
+    many, and which and why for the first :attr:`MAX_KEPT` (a hostile root may hold millions). Thread-safe."""
+
+    MAX_KEPT = 1000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self.reasons: dict[str, str] = {}  # name -> why, in the order found
+
+    def add(self, name: str, why: str) -> None:
+        """Count ``name`` once, however many readers pass over it."""
+        with self._lock:
+            if name in self.reasons:
+                return
+            self.count += 1
+            if len(self.reasons) < self.MAX_KEPT:
+                self.reasons[name] = why
+
+    def items(self) -> list[tuple[str, str]]:
+        """``(name, why)`` of the kept ones, by name."""
+        with self._lock:
+            return sorted(self.reasons.items())
+
+
 def check_prefix(prefix: str) -> str:
     """Like :func:`check_name` for a listing prefix, which may be empty or end in ``/``."""
     if prefix:
@@ -80,6 +127,14 @@ class Storage(abc.ABC):
     #: Requests for object bytes this instance made (an open or a GET, found or not): for tests and benchmarks
     #: that must show what a listing read. Under threads a count may be lost; 0 stays exact.
     reads: int = 0
+
+    @property
+    def skipped(self) -> Skipped:
+        """What this instance's listings and reads skipped so far (see :class:`Skipped`)."""
+        found: Skipped | None = self.__dict__.get("_skipped")
+        if found is None:  # setdefault: two threads asking first get the same one
+            found = self.__dict__.setdefault("_skipped", Skipped())
+        return found
 
     def head_first_read(self, size_bytes: int) -> int:
         """Bytes to ask for in the first read of the head of a ``size_bytes`` entry."""

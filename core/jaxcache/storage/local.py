@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat as st_mode
 from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import BinaryIO
 
 from jaxcache.errors import (
     InvalidRootError,
+    NotRegularFileError,
     PreconditionFailedError,
     RootGoneError,
     StorageError,
@@ -19,6 +21,7 @@ from jaxcache.errors import (
 from jaxcache.parallel import forked_half
 from jaxcache.storage.base import (
     CHUNK_BYTES,
+    OBJECT_SUFFIXES,
     Listed,
     ObjectInfo,
     Stat,
@@ -27,6 +30,16 @@ from jaxcache.storage.base import (
     check_prefix,
     names_gone,
 )
+from jaxcache.storage.files import (
+    DIR_FLAGS,
+    NOT_REGULAR_ERRNOS,
+    READ_FLAGS,
+    absent,
+    kind_of,
+    not_regular_why,
+    open_dir,
+    stat_names,
+)
 
 _TMP_PREFIX = ".jaxcache-tmp-"
 
@@ -34,25 +47,6 @@ _TMP_PREFIX = ".jaxcache-tmp-"
 #: A listing of at least this many files stats its second half in a forked child meanwhile (jaxcache.parallel):
 #: 100k entries (200k files) listed in 0.44-0.49 s where one process took 0.54-0.64 s on 2 CPUs.
 FORK_MIN_STATS = 16_384
-
-
-def _stat_names(fd: int, names: list[str]) -> list[tuple[int, float] | None]:
-    """Size and mtime of each of ``names`` in the directory ``fd``; None for one deleted since it was listed."""
-    out: list[tuple[int, float] | None] = []
-    add, stat = out.append, os.stat
-    for name in names:
-        try:
-            st = stat(name, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            add(None)
-            continue
-        add((st.st_size, st.st_mtime))
-    return out
-
-
-def _absent(exc: OSError) -> bool:
-    # A name longer than the file system allows names no file: JAX could not have written it.
-    return isinstance(exc, FileNotFoundError) or exc.errno == errno.ENAMETOOLONG
 
 
 class LocalStorage(Storage):
@@ -65,6 +59,7 @@ class LocalStorage(Storage):
         self.root = os.path.abspath(os.fspath(root))
         self.url = self.root
         self._mounted = os.path.ismount(self.root)  # seen as a mount point: from then on it must be one
+        self._root_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the root when last found in place
         if must_exist and not os.path.isdir(self.root):
             if os.path.exists(self.root):
                 raise InvalidRootError(f"cache root {self.root} is not a directory")
@@ -76,7 +71,11 @@ class LocalStorage(Storage):
     def _gone(self) -> RootGoneError | None:
         # An unmounted NFS volume must not list as an empty cache: a rescan would drop every row of it. Its mount
         # point may stay behind as an empty directory: a root seen as a mount point must still be one.
-        if os.path.isdir(self.root):
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            st = None
+        if st is not None and st_mode.S_ISDIR(st.st_mode):
             if os.path.ismount(self.root):
                 self._mounted = True
             elif self._mounted:
@@ -84,8 +83,9 @@ class LocalStorage(Storage):
                     f"cache root {self.root} was a mount point and is not any more (an unmounted volume?): it is"
                     " not listed, so nothing is taken as deleted and nothing is pruned until it is back"
                 )
+            self._root_id = (st.st_dev, st.st_ino)
             return None
-        what = "is not a directory" if os.path.exists(self.root) else "does not exist"
+        what = "is not a directory" if st is not None else "does not exist"
         return RootGoneError(
             f"cache root {self.root} {what} (an unmounted volume?): it cannot be listed, so nothing is taken as"
             " deleted and nothing is pruned until it is back"
@@ -93,8 +93,55 @@ class LocalStorage(Storage):
 
     def _check_root(self) -> None:
         """Called when an object is not there: that says nothing about the object when the whole root is gone."""
+        # The full check (a stat, and ismount's two more) runs once; after it, one stat says whether the root is still
+        # the same directory on the same volume (an unmounted volume's mount point is another device), so a scan of a
+        # root without -atime files costs one system call per missing file here rather than three and path work.
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            st = None
+        if st is not None and self._root_id == (st.st_dev, st.st_ino):
+            return
         if gone := self._gone():
             raise gone
+
+    def _not_regular(self, name: str, kind: str) -> NotRegularFileError:
+        self.skipped.add(name, not_regular_why(kind))
+        return NotRegularFileError(
+            f"{name!r} under {self.root} is {kind}, not a regular file: skipped (never opened: it could block a "
+            "reader or lead it out of the root)"
+        )
+
+    def _open_file(self, op: str, name: str) -> int | None:
+        """A descriptor of the regular file ``name``, or None if there is none. Raises :class:`NotRegularFileError`
+        for anything else (counted in :attr:`skipped`), without following a link or waiting on a FIFO."""
+        check_name(name)
+        slash = name.rfind("/")
+        try:
+            if slash < 0:  # a root's entries: one open, as before
+                fd = os.open(f"{self.root}/{name}", READ_FLAGS)
+            else:
+                dir_fd = open_dir(self.root, name[:slash].split("/"))
+                try:
+                    fd = os.open(name[slash + 1 :], READ_FLAGS, dir_fd=dir_fd)
+                finally:
+                    os.close(dir_fd)
+        except OSError as exc:
+            if absent(exc) or exc.errno == errno.ENOTDIR:  # ENOTDIR: a file where a folder of the name should be
+                self._check_root()
+                return None
+            if exc.errno in NOT_REGULAR_ERRNOS:
+                raise self._not_regular(name, "a socket" if exc.errno == errno.ENXIO else "a symbolic link") from None
+            raise self._error(op, name, exc) from exc
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError as exc:
+            os.close(fd)
+            raise self._error(op, name, exc) from exc
+        if not st_mode.S_ISREG(mode):
+            os.close(fd)
+            raise self._not_regular(name, kind_of(mode))
+        return fd
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{check_name(name)}"
@@ -120,33 +167,61 @@ class LocalStorage(Storage):
         if gone := self._gone():
             raise gone
         base = prefix.rstrip("/")
-        top = os.path.join(self.root, base) if base else self.root
-        yield from self._walk(top, base, recursive)
-
-    def _walk(self, directory: str, rel: str, recursive: bool) -> Iterator[ObjectInfo]:
         try:
-            it = os.scandir(directory)
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            if gone := self._gone():
-                raise gone from None
-            if isinstance(exc, FileNotFoundError):
-                return  # a folder under the root that is not there (yet): nothing in it
-            raise self._error("list", rel or ".", exc) from exc
+            fd = open_dir(self.root, base.split("/") if base else [])
         except OSError as exc:
-            raise self._error("list", rel or ".", exc) from exc
-        with it:
-            for de in it:
-                name = f"{rel}/{de.name}" if rel else de.name
-                try:
-                    if de.is_file(follow_symlinks=False):
-                        if de.name.startswith(_TMP_PREFIX):
+            if exc.errno == errno.ELOOP:  # a link where a folder of the prefix should be: not followed
+                self.skipped.add(base, not_regular_why("a symbolic link or leads through one"))
+                return
+            if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+                if gone := self._gone():
+                    raise gone from None
+                if isinstance(exc, FileNotFoundError):
+                    return  # a folder under the root that is not there (yet): nothing in it
+            raise self._error("list", base or ".", exc) from exc
+        yield from self._walk(fd, base, recursive)
+
+    def _skip_odd(self, fd: int, name: str, de: os.DirEntry[str]) -> None:
+        """Count ``de`` (not a regular file) as skipped if it is named like an object jaxcache reads."""
+        if not de.name.endswith(OBJECT_SUFFIXES):
+            return  # another folder (.jaxcache/, XLA's), or something of no one's we know: not ours to report
+        try:
+            kind = "a symbolic link" if de.is_symlink() else kind_of(
+                os.stat(de.name, dir_fd=fd, follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            return
+        self.skipped.add(name, not_regular_why(kind))
+
+    def _walk(self, fd: int, rel: str, recursive: bool) -> Iterator[ObjectInfo]:
+        """The objects in the folder ``fd`` (closed at the end), which is ``rel`` under the root."""
+        try:
+            try:
+                it = os.scandir(fd)
+            except OSError as exc:
+                raise self._error("list", rel or ".", exc) from exc
+            with it:
+                for de in it:
+                    name = f"{rel}/{de.name}" if rel else de.name
+                    try:
+                        if de.is_file(follow_symlinks=False):
+                            if de.name.startswith(_TMP_PREFIX):
+                                continue
+                            st = de.stat(follow_symlinks=False)
+                            yield ObjectInfo(name, st.st_size, st.st_mtime)
                             continue
-                        st = de.stat(follow_symlinks=False)
-                        yield ObjectInfo(name, st.st_size, st.st_mtime)
-                    elif recursive and de.is_dir(follow_symlinks=False):
-                        yield from self._walk(de.path, name, recursive)
-                except FileNotFoundError:
-                    continue  # deleted while we listed: not there any more
+                        self._skip_odd(fd, name, de)
+                        if recursive and de.is_dir(follow_symlinks=False):
+                            try:
+                                inner = os.open(de.name, DIR_FLAGS, dir_fd=fd)
+                            except OSError as exc:
+                                if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                                    continue  # gone, or replaced by a link or a file since listed
+                                raise self._error("list", name, exc) from exc
+                            yield from self._walk(inner, name, recursive)
+                    except FileNotFoundError:
+                        continue  # deleted while we listed: not there any more
+        finally:
+            os.close(fd)
 
     def list_changes(self, previous: Mapping[str, Stat]) -> tuple[dict[str, Stat], set[str]]:
         # _walk for the root only, comparing as it goes: a rescan lists every file of a large root every few
@@ -184,42 +259,72 @@ class LocalStorage(Storage):
         if gone := self._gone():
             raise gone
         try:
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             raise self._gone() or StorageError(f"listing {self.root} failed: it changed while listed") from None
         except OSError as exc:
             raise self._error("list", ".", exc) from exc
         try:
             with os.scandir(fd) as it:  # names and types only: d_type, no stat yet
-                names = [de.name for de in it if (not suffixes or de.name.endswith(suffixes))
-                         and de.is_file(follow_symlinks=False) and not de.name.startswith(_TMP_PREFIX)]
-            stats = forked_half(partial(_stat_names, fd), names, min_items=FORK_MIN_STATS)
+                found = [de for de in it if not suffixes or de.name.endswith(suffixes)]
+            names = [de.name for de in found if de.is_file(follow_symlinks=False)
+                     and not de.name.startswith(_TMP_PREFIX)]
+            if len(names) < len(found):  # FIFOs, links, folders named like ours (rare: looked at one by one)
+                for de in found:
+                    if not de.is_file(follow_symlinks=False):
+                        self._skip_odd(fd, de.name, de)
+            del found
+            stats = forked_half(partial(stat_names, fd), names, min_items=FORK_MIN_STATS)
         except OSError as exc:
             raise self._error("list", ".", exc) from exc
         finally:
             os.close(fd)
-        return [(name, st[0], st[1], None) for name, st in zip(names, stats, strict=True) if st is not None]
+        out: list[Listed] = [(name, st[0], st[1], None)
+                             for name, st in zip(names, stats, strict=True)
+                             if st is not None and type(st) is not str]  # a child's tuples come back as lists
+        if len(out) < len(names):  # deleted or replaced since the names were read
+            for name, st in zip(names, stats, strict=True):
+                if isinstance(st, str):
+                    self.skipped.add(name, not_regular_why(st))
+        return out
+
+    def _at(self, name: str) -> tuple[int | None, str]:
+        """Where to find ``name`` without following a link under the root: (a descriptor of its folder, to close,
+        and its last part), or (None, its whole path) for a name directly under the root."""
+        check_name(name)
+        slash = name.rfind("/")
+        if slash < 0:
+            return None, f"{self.root}/{name}"
+        return open_dir(self.root, name[:slash].split("/")), name[slash + 1 :]
 
     # stat() and read_range() run once or twice per entry in a scan: plain try/except, no context manager.
     def stat(self, name: str) -> ObjectInfo | None:
+        """The regular file ``name``; None if there is none, or if it is something else (counted as skipped)."""
+        dir_fd = None
         try:
-            st = os.stat(self._path(name), follow_symlinks=False)
+            dir_fd, leaf = self._at(name)
+            st = os.stat(leaf, dir_fd=dir_fd, follow_symlinks=False)
         except OSError as exc:
-            if _absent(exc):
+            if absent(exc) or exc.errno == errno.ENOTDIR:
                 self._check_root()
                 return None
+            if exc.errno == errno.ELOOP:  # a folder of the name is a link: not followed
+                self.skipped.add(name, not_regular_why("reached through a symbolic link"))
+                return None
             raise self._error("stat", name, exc) from exc
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+        if not st_mode.S_ISREG(st.st_mode):
+            self.skipped.add(name, not_regular_why(kind_of(st.st_mode)))
+            return None
         return ObjectInfo(name, st.st_size, st.st_mtime)
 
     def read_range(self, name: str, offset: int, length: int) -> bytes | None:
         self.reads += 1
-        try:
-            fd = os.open(self._path(name), os.O_RDONLY)
-        except OSError as exc:
-            if _absent(exc):
-                self._check_root()
-                return None
-            raise self._error("read", name, exc) from exc
+        fd = self._open_file("read", name)
+        if fd is None:
+            return None
         try:
             return os.pread(fd, length, offset)
         except OSError as exc:
@@ -229,29 +334,18 @@ class LocalStorage(Storage):
 
     def read(self, name: str) -> bytes | None:
         self.reads += 1
-        path = self._path(name)
-        with self._translate("read", name):
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
-            except OSError as exc:
-                if not _absent(exc):
-                    raise
-                self._check_root()
-                return None
+        fd = self._open_file("read", name)
+        if fd is None:
+            return None
+        with self._translate("read", name), open(fd, "rb") as f:
+            return f.read()
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         self.reads += 1
-        path = self._path(name)
-        with self._translate("read", name):
-            try:
-                f = open(path, "rb")  # noqa: SIM115 - closed by the generator, which owns it from here
-            except OSError as exc:
-                if not _absent(exc):
-                    raise
-                self._check_root()
-                return None
-        return self._chunks(f, name, chunk_bytes)
+        fd = self._open_file("read", name)
+        if fd is None:
+            return None
+        return self._chunks(open(fd, "rb"), name, chunk_bytes)  # noqa: SIM115 - the generator owns it from here
 
     def _chunks(self, f: BinaryIO, name: str, chunk_bytes: int) -> Iterator[bytes]:
         with f, self._translate("read", name):
@@ -259,16 +353,22 @@ class LocalStorage(Storage):
                 yield chunk
 
     def delete(self, name: str, *, if_generation: int | None = None) -> bool:
-        # A directory has no generations; JAX never rewrites a key, so there is nothing to compare.
-        path = self._path(name)
+        # A directory has no generations; JAX never rewrites a key, so there is nothing to compare. unlink() removes
+        # a link, never what it points to; the folders of a longer name are not followed either.
         with self._translate("delete", name):
+            dir_fd, leaf = self._at(name)
             try:
-                os.unlink(path)
+                os.unlink(leaf, dir_fd=dir_fd)
             except OSError as exc:
-                if not _absent(exc):
+                if exc.errno == errno.EISDIR:
+                    raise self._not_regular(name, "a directory") from None
+                if not (absent(exc) or exc.errno == errno.ENOTDIR):
                     raise
                 self._check_root()
                 return False
+            finally:
+                if dir_fd is not None:
+                    os.close(dir_fd)
         return True
 
     def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:

@@ -1,0 +1,76 @@
+"""Opening what is under a local root so that nothing there can block a reader or lead it out of the root."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as st_mode
+
+# Every object is opened so that it cannot block the reader or lead it out of the root: O_NOFOLLOW (a link is not
+# followed), O_NONBLOCK (opening a FIFO does not wait for a writer), then fstat must say it is a regular file.
+# Folders on the way are opened the same way (O_NOFOLLOW each); only the root itself may be a link.
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# What opening something that is not a regular file fails with: a link under O_NOFOLLOW, a socket.
+NOT_REGULAR_ERRNOS = frozenset({errno.ELOOP, errno.ENXIO})
+
+
+def absent(exc: OSError) -> bool:
+    """Whether ``exc`` says there is no such file."""
+    # A name longer than the file system allows names no file: JAX could not have written it.
+    return isinstance(exc, FileNotFoundError) or exc.errno == errno.ENAMETOOLONG
+
+
+def kind_of(mode: int) -> str:
+    """What a file of ``mode`` is, for a message (``a FIFO``)."""
+    if st_mode.S_ISLNK(mode):
+        return "a symbolic link"
+    if st_mode.S_ISDIR(mode):
+        return "a directory"
+    if st_mode.S_ISFIFO(mode):
+        return "a FIFO"
+    if st_mode.S_ISSOCK(mode):
+        return "a socket"
+    if st_mode.S_ISCHR(mode) or st_mode.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def not_regular_why(kind: str) -> str:
+    return f"{kind}, not a regular file"
+
+
+def stat_names(fd: int, names: list[str]) -> list[tuple[int, float] | str | None]:
+    """Size and mtime of each of ``names`` in the directory ``fd``; None for one deleted since it was listed, what it
+    is for one that is no longer a regular file (replaced since)."""
+    out: list[tuple[int, float] | str | None] = []
+    add, stat, is_reg = out.append, os.stat, st_mode.S_ISREG
+    for name in names:
+        try:
+            st = stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            add(None)
+            continue
+        add((st.st_size, st.st_mtime) if is_reg(st.st_mode) else kind_of(st.st_mode))
+    return out
+
+
+
+def open_dir(root: str, parts: list[str]) -> int:
+    """A descriptor of the folder ``parts`` under ``root``, each step opened without following a link (``root``
+    itself may be one)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                inner = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except NotADirectoryError:  # what O_NOFOLLOW | O_DIRECTORY says of a link: tell it from a file
+                if st_mode.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, "a symbolic link on the way, not followed", part) from None
+                raise
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
