@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from jaxcache import coverage, records
-from jaxcache.errors import InvalidInputError
+from jaxcache.errors import InvalidInputError, NotRegularFileError
 from jaxcache.storage.base import ObjectInfo, Storage
 
 SIGNED, REPORTED, FILE = "signed", "reported", "file"
@@ -122,7 +122,7 @@ def load(storage: Storage, *, secret: bytes | None = None) -> Attested:
         try:
             for att in _from_object(storage, info, secret):
                 found.add(att)
-        except InvalidInputError as exc:
+        except (InvalidInputError, NotRegularFileError) as exc:  # a bad name (PathEscapeError), a FIFO: not fatal
             found.skipped[info.name] = str(exc)
     return found
 

@@ -9,15 +9,16 @@ from functools import partial
 import msgspec
 
 from jaxcache.entry import Status, validate_chunks
+from jaxcache.errors import NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import Orphan, Record, scan
 from jaxcache.stats import MIXED_COMPRESSION_ADVICE, CacheStats
-from jaxcache.storage.base import Storage
+from jaxcache.storage.base import Skipped, Storage
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One problem: a corrupt entry or an orphaned ``-atime`` file."""
+    """One problem: a corrupt entry, an orphaned ``-atime`` file, or an object skipped (not read)."""
 
     kind: str
     name: str
@@ -32,6 +33,8 @@ class Diagnosis:
     stats: CacheStats = field(default_factory=CacheStats)
     corrupt: list[Finding] = field(default_factory=list)
     orphans: list[Finding] = field(default_factory=list)
+    skipped: list[Finding] = field(default_factory=list)  # the first Skipped.MAX_KEPT, by name
+    skipped_total: int = 0
 
     @property
     def advice(self) -> list[str]:
@@ -50,12 +53,19 @@ class Diagnosis:
                 "orphaned -atime files are harmless bookkeeping left after their entry was removed; "
                 "deleting them frees a few bytes each."
             )
+        if self.skipped_total:
+            notes.append(
+                "skipped objects are named like entries (or run records) but are not regular files (FIFOs, sockets, "
+                "symbolic links, folders) or have names that cannot be read safely (a backslash, a '..' part): "
+                "JAX did not write them, and nothing reads them. Find out who could write to the root, then remove "
+                "them by hand."
+            )
         return notes
 
     @property
     def problems(self) -> bool:
         """True when anything needs attention (the CLI exits 1)."""
-        return bool(self.corrupt or self.orphans or self.stats.mixed_compression)
+        return bool(self.corrupt or self.orphans or self.skipped_total or self.stats.mixed_compression)
 
     def add(self, record: Record) -> None:
         """Fold one validated record in."""
@@ -65,11 +75,19 @@ class Diagnosis:
         elif record.status is Status.CORRUPT:
             self.corrupt.append(Finding("corrupt", record.name, record.key, record.reason or "corrupt"))
 
+    def add_skipped(self, skipped: Skipped) -> None:
+        """Take in what the storage's listings and reads skipped (``storage.skipped``, once the scan is over)."""
+        self.skipped = [Finding("skipped", name, "", why) for name, why in skipped.items()]
+        self.skipped_total = skipped.count
+
 
 def _check(storage: Storage, record: Record) -> Record | None:
     if isinstance(record, Orphan):
         return record
-    chunks = storage.read_chunks(record.name)  # a stream: memory stays bounded whatever the entry's size
+    try:
+        chunks = storage.read_chunks(record.name)  # a stream: memory stays bounded whatever the entry's size
+    except NotRegularFileError:
+        return None  # replaced by a FIFO, a link or a folder since the listing: skipped (and counted)
     if chunks is None:  # deleted since it was listed (a prune, JAX's LRU): nothing left to judge
         return None
     v = validate_chunks(chunks)
@@ -89,10 +107,13 @@ def check(storage: Storage, records: Iterable[Record] | None = None, *, workers:
             yield checked
 
 
-def diagnose(records: Iterable[Record]) -> Diagnosis:
-    """Fold validated records (from :func:`check`) into a :class:`Diagnosis`."""
+def diagnose(records: Iterable[Record], skipped: Skipped | None = None) -> Diagnosis:
+    """Fold validated records (from :func:`check`) into a :class:`Diagnosis`, with what the scan skipped
+    (``storage.skipped``, read once the records are all in)."""
     diagnosis = Diagnosis()
     for record in records:
         diagnosis.add(record)
+    if skipped is not None:
+        diagnosis.add_skipped(skipped)
     return diagnosis
 

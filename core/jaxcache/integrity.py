@@ -16,6 +16,7 @@ from functools import partial
 
 from jaxcache.attestations import FILE, Attestation, load
 from jaxcache.entry import Status, validate_chunks
+from jaxcache.errors import NotRegularFileError
 from jaxcache.executable import embedded_module
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import Entry
@@ -145,7 +146,10 @@ def verify(
 
 def _judge(storage: Storage, attestations: Mapping[str, Attestation], now: float, min_age_s: float,
            entry: Entry) -> Verdict | None:
-    chunks = storage.read_chunks(entry.name)
+    try:
+        chunks = storage.read_chunks(entry.name)
+    except NotRegularFileError:
+        return None  # replaced by a FIFO, a link or a folder since the listing: skipped (counted in storage.skipped)
     if chunks is None:
         return None
     return judge(entry, chunks, attestations.get(entry.key), now=now, min_age_s=min_age_s)

@@ -16,8 +16,9 @@ import msgspec
 
 from jaxcache import entry as fmt
 from jaxcache.entry import Compression, EntryKind, EntryName, Status
+from jaxcache.errors import NotRegularFileError
 from jaxcache.parallel import bounded_map
-from jaxcache.storage.base import ObjectInfo, Storage
+from jaxcache.storage.base import ObjectInfo, Storage, name_problem
 
 
 # Entries and orphans are msgspec Structs, not dataclasses: a listing builds one per file (100k and more), a Struct
@@ -77,25 +78,41 @@ def scan(storage: Storage, *, read_headers: bool = True, workers: int | None = N
     ``read_headers`` each entry's compression and stored compile seconds are read (a few hundred bytes
     for most entries); an entry whose first bytes do not decode is yielded with status ``corrupt``. Memory stays
     flat; jaxcache.scan_indexed gives the same records reading only what a head index does not hold.
+
+    Objects named like entries that are not regular files (a FIFO, a link, a folder), and names the backend cannot
+    read (a backslash), are skipped and counted in ``storage.skipped``: never read, never fatal for the rest.
     """
     if workers is None:
         workers = storage.io_workers
     pairs = _pairs_sorted(storage) if storage.listing_sorted else _pairs_unsorted(storage)
     build = partial(_build, storage, read_headers)
-    yield from bounded_map(build, pairs, workers=workers)
+    for record in bounded_map(build, pairs, workers=workers):
+        if record is not None:
+            yield record
 
 
-def _build(storage: Storage, read_headers: bool, item: _Pending | Orphan) -> Record:
+def read_atime(storage: Storage, key: str) -> int | None:
+    """A key's ``-atime`` value; None when there is none, it is malformed, or it is not a regular file (skipped)."""
+    try:
+        raw = storage.read_range(fmt.atime_name(key), 0, fmt.ATIME_BYTES + 1)
+    except NotRegularFileError:
+        return None  # counted in storage.skipped; the entry itself is still there
+    return fmt.decode_atime(raw) if raw is not None else None
+
+
+def _build(storage: Storage, read_headers: bool, item: _Pending | Orphan) -> Record | None:
     if isinstance(item, Orphan):
         return item
     info, parsed = item.info, item.parsed
     atime_ns = None
     if item.has_atime is not False:
-        raw = storage.read_range(fmt.atime_name(parsed.key), 0, fmt.ATIME_BYTES + 1)
-        atime_ns = fmt.decode_atime(raw) if raw is not None else None
+        atime_ns = read_atime(storage, parsed.key)
     compression = seconds = status = reason = None
     if read_headers:
-        header = read_head(storage, info)
+        try:
+            header = read_head(storage, info)
+        except NotRegularFileError:
+            return None  # replaced by a FIFO, a link or a folder since the listing: skipped (and counted)
         compression, seconds, status, reason = (
             header.compression, header.compile_seconds, header.status, header.reason
         )
@@ -121,9 +138,19 @@ def _orphan(info: ObjectInfo, parsed: EntryName) -> Orphan:
     return Orphan(parsed.key, parsed.module, info.name, info.size_bytes, info.mtime_s, info.generation)
 
 
+def parse_listed(storage: Storage, name: str) -> EntryName | None:
+    """:func:`jaxcache.entry.parse_name` for a listed name; a name like an entry's that the backend cannot read is
+    counted in ``storage.skipped`` and gives None."""
+    parsed = fmt.parse_name(name)
+    if parsed is not None and (why := name_problem(name)) is not None:
+        storage.skipped.add(name, why)
+        return None
+    return parsed
+
+
 def _pairs_unsorted(storage: Storage) -> Iterator[_Pending | Orphan]:
     for info in storage.iter_objects():
-        parsed = fmt.parse_name(info.name)
+        parsed = parse_listed(storage, info.name)
         if parsed is None:
             continue
         if parsed.kind is EntryKind.CACHE:
@@ -142,7 +169,7 @@ def _pairs_sorted(storage: Storage) -> Iterator[_Pending | Orphan]:
             if fmt.cache_name(key) >= info.name:
                 break
             yield _orphan(*waiting.popitem(last=False)[1])
-        parsed = fmt.parse_name(info.name)
+        parsed = parse_listed(storage, info.name)
         if parsed is None:
             continue
         if parsed.kind is EntryKind.ATIME:

@@ -15,10 +15,11 @@ import msgspec
 
 from jaxcache import entry as fmt
 from jaxcache.entry import Status
+from jaxcache.errors import NotRegularFileError
 from jaxcache.head_index import HeadIndex, Snapshot, listing_digest
 from jaxcache.parallel import bounded_map, forked_chunks, usable_cpus
-from jaxcache.scan import Entry, Orphan, Record, read_or_empty
-from jaxcache.storage.base import Listed, Storage
+from jaxcache.scan import Entry, Orphan, Record, read_atime, read_or_empty
+from jaxcache.storage.base import Listed, Storage, name_problem
 
 #: The names a scan pairs (every other name under a root is not JAX's entry).
 _SUFFIXES = ("-cache", "-atime")
@@ -60,31 +61,44 @@ class Listing:
 
 
 def list_root(storage: Storage) -> Listing:
-    """The listing :func:`scan_indexed` compares with its index."""
+    """The listing :func:`scan_indexed` compares with its index. Names the backend cannot read (a backslash) are left
+    out and counted in ``storage.skipped``, as the backend's listing counts what is not a regular file; what was
+    skipped is part of the digest, so an answer kept for this listing says the same about it."""
     objects = storage.list_stats(_SUFFIXES)
-    return Listing(objects, listing_digest(objects))
+    names = "".join(o[0] for o in objects)  # one test of all the names for the common case: none is odd
+    if "\\" in names or "\x00" in names or not names.isascii():
+        bad = {o[0]: why for o in objects if (why := name_problem(o[0])) is not None}
+        for name, why in bad.items():
+            storage.skipped.add(name, why)
+        objects = [o for o in objects if o[0] not in bad]
+    skipped = storage.skipped
+    if not skipped.count:
+        return Listing(objects, listing_digest(objects))
+    extra: list[Listed] = [(name, -1, 0.0, None) for name, _ in skipped.items()]
+    return Listing(objects, listing_digest([*objects, ("", -1, 0.0, skipped.count), *extra]))
 
 
 def scan_indexed(
-    storage: Storage, index: HeadIndex, *, read_headers: bool = True, workers: int | None = None,
+    storage: Storage, index: HeadIndex | None, *, read_headers: bool = True, workers: int | None = None,
     listed: Listing | None = None,
 ) -> Iterator[Record]:
     """The records :func:`jaxcache.scan.scan` yields, reading only the objects ``index`` does not hold as they are
     now (``listed``: as a :func:`list_root` just taken lists them); ``index`` is saved once the last record has
-    been yielded."""
+    been yielded. Without an index, every head asked for is read; an ``-atime`` file is read only where the
+    listing has one (a root without JAX's LRU costs its listing and nothing per entry)."""
     if workers is None:
         workers = storage.io_workers
     if listed is None:
         listed = list_root(storage)
     listing, digest = listed.objects, listed.digest
-    previous = index.load()
+    previous = index.load() if index is not None else None
     if previous is not None and previous.listing_digest == digest and (previous.heads_complete or not read_headers):
         # Exactly the objects the index was built from: its entries are this listing's answer.
         yield from previous.entries if read_headers else map(_without_head, previous.entries)
         yield from previous.orphans
         return
 
-    old = index.previous_entries(previous) if previous is not None else {}
+    old = index.previous_entries(previous) if index is not None and previous is not None else {}
     stamps = {name: (size, mtime, generation) for name, size, mtime, generation in listing}
     kept: list[Entry] = []  # what the new index holds (heads that still hold are kept even where not yielded)
     todo: list[_ToRead] = []
@@ -125,10 +139,14 @@ def scan_indexed(
                       *((head.compression, head.compile_seconds, head.status, head.reason) if head else ()))
         kept.append(e)
         yield e if read_headers else _without_head(e)
-    for e in _read_all(storage, read_headers, todo, workers):
-        kept.append(e)
-        yield e if read_headers else _without_head(e)
+    for read in _read_all(storage, read_headers, todo, workers):
+        if read is None:
+            continue  # no longer a regular file: skipped (and counted)
+        kept.append(read)
+        yield read if read_headers else _without_head(read)
     yield from orphans
+    if index is None:
+        return
     atimes = [stamps.get(e.key + "-atime") for e in kept]
     index.save(Snapshot(
         identity=index.identity, listing_digest=digest, heads_complete=all(e.status is not None for e in kept),
@@ -144,33 +162,39 @@ FORK_MAX_WORKERS = 8
 _FORK_CHUNK = 1024
 
 
-def _read_all(storage: Storage, read_headers: bool, todo: list[_ToRead], workers: int) -> Iterator[Entry]:
+def _read_all(storage: Storage, read_headers: bool, todo: list[_ToRead], workers: int) -> Iterator[Entry | None]:
     if workers > 1 or len(todo) < FORK_MIN_READS:  # an object store: many requests in flight, in threads
         yield from bounded_map(partial(_read_missing, storage, read_headers), todo, workers=workers)
         return
-    for entries, reads in forked_chunks(partial(_read_chunk, storage, read_headers), todo, chunk=_FORK_CHUNK,
-                                        workers=min(usable_cpus(), FORK_MAX_WORKERS)):
+    for entries, reads, skipped in forked_chunks(partial(_read_chunk, storage, read_headers), todo,
+                                                 chunk=_FORK_CHUNK, workers=min(usable_cpus(), FORK_MAX_WORKERS)):
         storage.reads += reads  # made in a worker: counted here, as a scan in this process counts them
+        for name, why in skipped:  # likewise what it skipped
+            storage.skipped.add(name, why)
         yield from entries
 
 
-def _read_chunk(storage: Storage, read_headers: bool, items: list[_ToRead]) -> tuple[list[Entry], int]:
-    before = storage.reads
+def _read_chunk(
+    storage: Storage, read_headers: bool, items: list[_ToRead]
+) -> tuple[list[Entry | None], int, list[tuple[str, str]]]:
+    before, skipped_before = storage.reads, len(storage.skipped.reasons)
     entries = [_read_missing(storage, read_headers, item) for item in items]
-    return entries, storage.reads - before
+    return entries, storage.reads - before, list(storage.skipped.reasons.items())[skipped_before:]
 
 
-def _read_missing(storage: Storage, read_headers: bool, item: _ToRead) -> Entry:
+def _read_missing(storage: Storage, read_headers: bool, item: _ToRead) -> Entry | None:
     atime_ns = item.atime_ns
     if item.read_atime:
-        raw = storage.read_range(fmt.atime_name(item.key), 0, fmt.ATIME_BYTES + 1)
-        atime_ns = fmt.decode_atime(raw) if raw is not None else None
+        atime_ns = read_atime(storage, item.key)
     head: tuple[fmt.Compression | None, int | None, Status | None, str | None] = (None, None, None, None)
     if item.head is not None:
         head = item.head.compression, item.head.compile_seconds, item.head.status, item.head.reason
     elif read_headers:
-        h = fmt.read_header(partial(read_or_empty, storage, item.name), item.size_bytes,
-                            first_read_bytes=storage.head_first_read(item.size_bytes))
+        try:
+            h = fmt.read_header(partial(read_or_empty, storage, item.name), item.size_bytes,
+                                first_read_bytes=storage.head_first_read(item.size_bytes))
+        except NotRegularFileError:
+            return None  # replaced by a FIFO, a link or a folder since the listing: skipped (and counted)
         head = h.compression, h.compile_seconds, h.status, h.reason
     return Entry(item.key, item.module, item.hash, item.name, item.size_bytes, item.mtime_s, item.generation,
                  atime_ns, *head)

@@ -11,10 +11,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from jaxcache import records
-from jaxcache.errors import InvalidInputError
+from jaxcache.errors import InvalidInputError, NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.prune import Candidate
-from jaxcache.storage.base import ObjectInfo, Storage
+from jaxcache.storage.base import ObjectInfo, Storage, name_problem
 
 
 @dataclass(slots=True)
@@ -44,7 +44,10 @@ class RecordedUse:
 def _read(storage: Storage, info: ObjectInfo) -> tuple[str, bytes | None, str | None]:
     if info.size_bytes > records.MAX_RECORD_BYTES:
         return info.name, None, f"larger than {records.MAX_RECORD_BYTES} bytes"
-    return info.name, storage.read(info.name), None
+    try:
+        return info.name, storage.read(info.name), None
+    except NotRegularFileError:
+        return info.name, None, None  # replaced since the listing: skipped (counted in storage.skipped)
 
 
 def read_usage(storage: Storage) -> RecordedUse:
@@ -53,7 +56,14 @@ def read_usage(storage: Storage) -> RecordedUse:
     # key -> (write time, run id, process index, jaxlib) of the earliest writer so far; ties go the same way
     # whatever order the listing came in, as in the service.
     writers: dict[str, tuple[float, str, int, str]] = {}
-    infos = [i for i in storage.iter_objects(records.RUNS_PREFIX, recursive=True) if records.is_record_name(i.name)]
+    infos = []
+    for info in storage.iter_objects(records.RUNS_PREFIX, recursive=True):
+        if not records.is_record_name(info.name):
+            continue
+        if (why := name_problem(info.name)) is not None:  # `..`, `//`, `\` in a GCS object name: not fatal
+            storage.skipped.add(info.name, why)
+            continue
+        infos.append(info)
     for name, data, error in bounded_map(lambda i: _read(storage, i), infos, workers=storage.io_workers):
         if data is None and error is None:
             continue  # deleted since the listing

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from jaxcache.answers import KeptAnswer
 from jaxcache.head_index import INDEX_ENV, HeadIndex
-from jaxcache.scan import Record, scan
+from jaxcache.scan import Record
 from jaxcache.scan_indexed import list_root, scan_indexed
 from jaxcache.storage import Storage
 
@@ -37,6 +37,7 @@ class IndexedRoot:
         return KeptAnswer(self.index, command, (self.storage.url, *options), self.listed.digest)
 
     def records(self, *, read_headers: bool = True) -> Iterator[Record]:
-        if self.index is None:
-            return scan(self.storage, read_headers=read_headers)
+        # Without an index too, from one listing of the whole root (these commands hold every entry anyway): an
+        # -atime file is read only where the listing has one, so a root without JAX's LRU (the default) costs its
+        # listing and nothing per entry, where a streaming scan tries each entry's -atime.
         return scan_indexed(self.storage, self.index, read_headers=read_headers, listed=self.listed)

@@ -9,10 +9,11 @@ from functools import partial
 
 from jaxcache import coverage, records
 from jaxcache import entry as fmt
-from jaxcache.errors import InvalidInputError
+from jaxcache.errors import InvalidInputError, NotRegularFileError
 from jaxcache.explain.model import Deletion, EntryNow, Known
 from jaxcache.parallel import bounded_map
 from jaxcache.storage import ObjectInfo, Storage
+from jaxcache.storage.base import name_problem
 
 #: How JAX names the compression library it hashes, by the compression an entry's magic bytes show.
 LIBRARY = {fmt.Compression.ZSTD: "zstandard", fmt.Compression.ZLIB: "zlib"}
@@ -68,7 +69,10 @@ class RootHistory:
         if info is None:
             return None
         if key not in self._checked:
-            chunks = self._storage.read_chunks(info.name)
+            try:
+                chunks = self._storage.read_chunks(info.name)
+            except NotRegularFileError:
+                return None  # not a regular file any more: skipped (counted in storage.skipped)
             if chunks is None:
                 return None
             v = fmt.validate_chunks(chunks)
@@ -138,8 +142,15 @@ _MALFORMED = object()
 
 
 def _read(storage: Storage, info: ObjectInfo) -> object:
-    """The parsed record; None for an object that is gone or not a record; ``_MALFORMED``."""
-    data = storage.read(info.name)
+    """The parsed record; None for an object that is gone or not a record (or one skipped: not a regular file, a name
+    that cannot be read, counted in ``storage.skipped``); ``_MALFORMED``."""
+    if (why := name_problem(info.name)) is not None:
+        storage.skipped.add(info.name, why)
+        return None
+    try:
+        data = storage.read(info.name)
+    except NotRegularFileError:
+        return None
     if data is None:
         return None
     try:

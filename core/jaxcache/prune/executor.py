@@ -22,7 +22,7 @@ from functools import partial
 import filelock
 
 from jaxcache import entry as fmt
-from jaxcache.errors import PreconditionFailedError, RootGoneError, StorageError
+from jaxcache.errors import NotRegularFileError, PreconditionFailedError, RootGoneError, StorageError
 from jaxcache.parallel import bounded_map
 from jaxcache.prune.planner import Decision, PrunePlan
 from jaxcache.storage.base import Storage
@@ -182,6 +182,8 @@ def _delete_one(
                 storage.delete(fmt.atime_name(c.key), if_generation=c.atime_generation)
             except PreconditionFailedError:
                 pass  # a job wrote this key again since the listing: the -atime is the new entry's
+            except NotRegularFileError:
+                pass  # a folder named like the -atime: not JAX's, left alone (counted in storage.skipped)
             except StorageError as exc:
                 why = _why_not_deleted(storage, fmt.atime_name(c.key), exc)
                 return decision, _DELETED if present else _GONE, f"{c.key}: deleted the entry but not its -atime: {why}"
