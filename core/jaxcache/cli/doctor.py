@@ -6,7 +6,8 @@ import argparse
 import time
 from typing import Any
 
-from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, print_json, progress
+from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, json_name, print_json, progress
+from jaxcache.display import shown
 from jaxcache.doctor import Diagnosis, check, diagnose
 from jaxcache.scan import Entry, scan
 from jaxcache.storage import Storage
@@ -21,6 +22,8 @@ def _doctor_json(storage: Storage, d: Diagnosis) -> dict[str, Any]:
         "ok": d.stats.entries - d.stats.corrupt,
         "corrupt": [{"name": f.name, "key": f.key, "reason": f.reason} for f in d.corrupt],
         "orphans": [{"name": f.name, "key": f.key} for f in d.orphans],
+        "skipped": [{"name": json_name(f.name), "reason": f.reason} for f in d.skipped],
+        "skipped_total": d.skipped_total,
         "compression": dict(sorted(d.stats.by_compression.items())),
         "mixed_compression": d.stats.mixed_compression,
         "advice": d.advice,
@@ -80,7 +83,7 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
 def cmd_doctor(args: argparse.Namespace, storage: Storage) -> int:
     if args.verify:
         return cmd_verify(args, storage)
-    d = diagnose(progress(check(storage), "checking"))
+    d = diagnose(progress(check(storage), "checking"), storage.skipped)
     exit_code = EXIT_PROBLEMS if d.problems else EXIT_OK
     if args.json:
         print_json(_doctor_json(storage, d))
@@ -88,13 +91,18 @@ def cmd_doctor(args: argparse.Namespace, storage: Storage) -> int:
     s = d.stats
     mix = ", ".join(f"{k} {v}" for k, v in sorted(s.by_compression.items())) or "-"
     print(f"checked {s.entries} entries in {storage.url}: {s.entries - s.corrupt} ok, {s.corrupt} corrupt, "
-          f"{s.orphans} orphaned -atime files; compression: {mix}")
+          f"{s.orphans} orphaned -atime files; compression: {mix}"
+          + (f"; {d.skipped_total} skipped" if d.skipped_total else ""))
     if d.corrupt:
         print(f"\ncorrupt entries ({len(d.corrupt)}):")
         print(render(["FILE", "REASON"], [[f.name, f.reason] for f in d.corrupt]))
     if d.orphans:
         print(f"\norphaned -atime files ({len(d.orphans)}):")
-        print("\n".join(f.name for f in d.orphans))
+        print("\n".join(shown(f.name) for f in d.orphans))
+    if d.skipped:
+        more = f", the first {len(d.skipped)} shown" if d.skipped_total > len(d.skipped) else ""
+        print(f"\nskipped, not read ({d.skipped_total}{more}):")
+        print(render(["NAME", "WHY"], [[f.name, f.reason] for f in d.skipped]))
     for note in d.advice:
         print(f"\nnote: {note}")
     if not d.problems:

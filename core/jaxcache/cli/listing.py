@@ -22,6 +22,7 @@ from jaxcache.answers import KeptAnswer
 from jaxcache.cli import ls_table
 from jaxcache.cli.indexed import INDEX_HELP, IndexedRoot
 from jaxcache.cli.output import EXIT_OK, ROOT_HELP, json_text, non_negative, progress, send_out, write_out
+from jaxcache.display import shown
 from jaxcache.entry import Compression, Status
 from jaxcache.errors import InvalidInputError
 from jaxcache.scan import Entry, Record
@@ -134,11 +135,13 @@ def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
             return EXIT_OK
     entries = _select(progress(source.records(read_headers=heads), "scanning"), args.function)
     chosen = _sorted(entries, args.sort, args.limit)
+    skipped = storage.skipped.count  # the listing's and the reads': known once the scan is over
     if args.json:
-        answer = json_text({"root": storage.url, "heads_read": heads, "entries": [entry_row(e) for e in chosen]})
+        answer = json_text({"root": storage.url, "heads_read": heads, "entries": [entry_row(e) for e in chosen],
+                            "skipped": skipped})
         write_out(answer)
     else:
-        table = ls_table.build(chosen, heads=heads, url=storage.url)
+        table = ls_table.build(chosen, heads=heads, url=storage.url, skipped=skipped)
         write_out(table.render(time.time()))
         answer = table.encode()
     if kept is not None:
@@ -147,7 +150,8 @@ def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
 
 
 def stats_json(storage: Storage, s: CacheStats) -> dict[str, Any]:
-    """``stats --json`` (stable field names)."""
+    """``stats --json`` (stable field names). ``skipped``: objects named like entries that were not read (not
+    regular files, names that cannot be read safely; ``doctor`` lists them)."""
     return {
         "root": storage.url,
         "entries": s.entries,
@@ -165,6 +169,7 @@ def stats_json(storage: Storage, s: CacheStats) -> dict[str, Any]:
             {"function": name, "entries": f.entries, "size_bytes": f.size_bytes, "compile_seconds": f.compile_seconds}
             for name, f in sorted(s.by_function.items(), key=lambda kv: (-kv[1].size_bytes, kv[0]))
         ],
+        "skipped": storage.skipped.count,
     }
 
 
@@ -193,12 +198,15 @@ def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
         ["corrupt (header check)", f"{corrupt}" + (" - run `jaxcache doctor` for details" if corrupt else "")],
         ["orphaned -atime files", f"{data['orphans']} ({format_bytes(data['orphan_bytes'])})"],
     ]
+    if data.get("skipped"):  # .get: an answer kept before this field existed
+        summary.append(["skipped", f"{data['skipped']} objects named like entries that are not regular files or "
+                                   "whose names cannot be read safely - run `jaxcache doctor` to list them"])
     oldest, newest = data["oldest_created_s"], data["newest_created_s"]
     if oldest is not None and newest is not None:
         summary.append(["oldest / newest entry",
                         f"{format_duration(now - oldest)} / {format_duration(now - newest)} ago"])
     width = max(len(k) for k, _ in summary)
-    print("\n".join(f"{k.ljust(width)}  {v}" for k, v in summary))
+    print("\n".join(f"{k.ljust(width)}  {shown(v)}" for k, v in summary))
     if data["mixed_compression"]:
         print("\nwarning: both zstd and zlib entries: run `jaxcache doctor` for what that means")
     top = data["by_function"][: args.top]

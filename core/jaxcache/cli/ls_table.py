@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from jaxcache.display import shown
 from jaxcache.scan import Entry
 from jaxcache.units import format_bytes, format_duration
 
@@ -58,13 +59,13 @@ def decode(data: bytes) -> LsTable | None:
         return None
 
 
-def build(entries: Sequence[Entry], *, heads: bool, url: str) -> LsTable:
+def build(entries: Sequence[Entry], *, heads: bool, url: str, skipped: int = 0) -> LsTable:
     """The table of ``entries`` (in the order given) of the root at ``url``; ``heads``: whether their heads were
-    read (an unread figure shows "-", an unreadable one "?")."""
+    read (an unread figure shows "-", an unreadable one "?"); ``skipped``: objects the listing passed over."""
     unread = "?" if heads else "-"
     cells = [
         (
-            e.module,
+            shown(e.module),
             e.hash[:12],
             format_bytes(e.size_bytes),
             unread if e.compile_seconds is None else f"{e.compile_seconds} s",
@@ -86,6 +87,8 @@ def build(entries: Sequence[Entry], *, heads: bool, url: str) -> LsTable:
     if not heads:
         footer += ("\nheads not read (a request per entry on gs://): --heads shows compile seconds, compression "
                    "and status")
+    if skipped:
+        footer += f"\n{skipped_note(skipped)}"
     return LsTable(
         head_before=pad(fixed, first) + _GAP, head_after=pad(fixed, rest).rstrip(),
         before=[pad(row, first) + _GAP for row in cells], after=[pad(row, rest).rstrip() for row in cells],
@@ -93,6 +96,12 @@ def build(entries: Sequence[Entry], *, heads: bool, url: str) -> LsTable:
         used_s=[e.last_used_s if e.atime_ns is not None else None for e in entries],
         footer=footer,
     )
+
+
+def skipped_note(count: int) -> str:
+    """The line that says a listing skipped ``count`` objects, and where to see which."""
+    return (f"skipped {count} objects named like entries that are not regular files or whose names cannot be read "
+            "safely: `jaxcache doctor ROOT` lists them")
 
 
 def _column(header: str, now: float, times: Sequence[float | None]) -> tuple[str, list[str]]:

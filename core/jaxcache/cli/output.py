@@ -69,6 +69,20 @@ def send_out(f: BinaryIO) -> None:
     write_out(f.read())
 
 
+def json_name(name: str) -> str:
+    """A name for JSON: as it is, unless it is not UTF-8 (a local file name's undecodable bytes), which JSON cannot
+    carry: then as :func:`jaxcache.display.shown` writes it."""
+    if name.isascii():
+        return name
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        from jaxcache.display import shown
+
+        return shown(name)
+    return name
+
+
 def print_json(data: Any) -> None:
     """One JSON document on stdout (``--json``), indented by one space."""
     write_out(json_text(data))

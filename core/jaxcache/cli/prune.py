@@ -10,7 +10,9 @@ from typing import Any
 
 from jaxcache.attestations import key_from_env
 from jaxcache.cli.indexed import INDEX_HELP, IndexedRoot
+from jaxcache.cli.ls_table import skipped_note
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, flag_value, print_json, progress
+from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError
 from jaxcache.prune import CORRUPT_REASON, Candidate, Decision, PrunePlan, PrunePolicy, PruneResult, apply, plan
 from jaxcache.scan import Entry
@@ -89,7 +91,7 @@ def _protected_counts(p: PrunePlan) -> dict[str, int]:
 def _apply_withprogress(storage: Storage, p: PrunePlan, verbose: bool) -> PruneResult:
     if verbose:
         def say(d: Decision) -> None:
-            print(f"removed {d.candidate.name}", file=sys.stderr, flush=True)
+            print(f"removed {shown(d.candidate.name)}", file=sys.stderr, flush=True)
 
         return apply(storage, p, on_deleted=say)
     if sys.stderr.isatty() and p.delete:
@@ -135,7 +137,7 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
     if policy.stale_jaxlib or policy.max_total_bytes is not None or policy.unused_for_s is not None:
         use = read_usage(storage)
         for name, why in use.malformed[:10]:
-            print(f"jaxcache: warning: skipping malformed run record {name}: {why}", file=sys.stderr)
+            print(f"jaxcache: warning: skipping malformed run record {shown(name)}: {shown(why)}", file=sys.stderr)
     # Heads (one small read per entry) are needed only to find corrupt entries: the head index has those it read
     # before (an entry changed since is read again, as for `ls`), and a listing alone needs no index.
     root = IndexedRoot(storage, use_index=policy.corrupt and not args.no_index)
@@ -168,6 +170,8 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
             print()
         for note in p.notes:
             print(f"note: {note}")
+        if storage.skipped.count:
+            print(f"note: {skipped_note(storage.skipped.count)}; they are never deleted")
     result = _apply_withprogress(storage, p, args.verbose) if args.apply and p.delete else None
     if args.apply and result is None:
         result = PruneResult()
@@ -187,6 +191,7 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
             "protected_by_reason": _protected_counts(p),
             "notes": p.notes,
             "run_records": _records_json(use),
+            "skipped": storage.skipped.count,
             "result": None if result is None else {
                 "deleted": result.deleted,
                 "bytes_freed": result.bytes_freed,
@@ -213,7 +218,7 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
     print(f"deleted {result.deleted} entries, freed {format_bytes(result.bytes_freed)}"
           + (f" ({', '.join(extra)})" if extra else ""))
     for message in result.errors[:10]:
-        print(f"jaxcache: error: {message}", file=sys.stderr)
+        print(f"jaxcache: error: {shown(message)}", file=sys.stderr)
     if len(result.errors) > 10:
         print(f"jaxcache: ... and {len(result.errors) - 10} more errors", file=sys.stderr)
     return exit_code
