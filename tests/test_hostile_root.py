@@ -161,6 +161,11 @@ def test_doctor_lists_what_it_skipped(hostile):
     assert f"skipped, not read ({len(hostile['skipped'])})" in proc.stdout
     assert shown(key_of("jit_a\\b", "5") + "-cache") in proc.stdout  # the backslash doubled
 
+    proc = cli("doctor", root, "--verify", "--json")
+    assert proc.returncode == 1, proc.stderr  # the empty entry is corrupt
+    v = json.loads(proc.stdout)
+    assert v["checked"] == len(hostile["entries"]) and v["skipped_total"] == len(hostile["skipped"])
+
 
 def test_prune_dry_run_and_apply_delete_only_real_entries(hostile):
     root = hostile["root"]

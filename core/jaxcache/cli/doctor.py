@@ -55,6 +55,8 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
                                       for o in others]}
                           for key, others in sorted(found.conflicts.items())],
             "skipped_records": [{"record": name, "error": why} for name, why in sorted(found.skipped.items())],
+            "skipped": [{"name": json_name(name), "reason": why} for name, why in storage.skipped.items()],
+            "skipped_total": storage.skipped.count,
             "problems": bool(bad),
         })
         return EXIT_PROBLEMS if bad else EXIT_OK
@@ -74,6 +76,9 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
         first, why = min(found.skipped.items())
         print(f"\nnote: skipped {len(found.skipped)} malformed run or warm-up records (their digests are not used);"
               f" the first: {first}: {why}")
+    if storage.skipped.count:
+        print(f"\nnote: skipped {storage.skipped.count} objects named like entries or records that are not regular "
+              "files or whose names cannot be read safely; `jaxcache doctor ROOT` lists them")
     if counts[integrity.UNATTESTED]:
         print(f"\nnote: {counts[integrity.UNATTESTED]} entries have no recorded digest (written by plain JAX, not "
               "through jaxcache.client or warmup); only their embedded name could be checked.")
