@@ -117,6 +117,13 @@ def test_ls_and_stats_list_every_real_entry_and_count_the_rest(hostile):
         assert {e["key"] for e in data["entries"] if not e["has_atime"]} == hostile["without_atime"]
         assert data["skipped"] == len(hostile["skipped"])
 
+    # The root itself may be a link: only what is under it is not followed.
+    link = hostile["root"].parent / "link-to-root"
+    link.symlink_to(hostile["root"])
+    proc = cli("ls", str(link), "--json", "--no-index")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(e["key"] for e in json.loads(proc.stdout)["entries"]) == hostile["entries"]
+
     proc = cli("stats", root, "--json")
     assert proc.returncode == 0, proc.stderr
     s = json.loads(proc.stdout)
