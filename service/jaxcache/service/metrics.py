@@ -47,6 +47,9 @@ class Metrics:
                                        ["loop"], registry=self.registry, multiprocess_mode=LAST)
         self.loop_failing = Gauge("jaxcache_loop_failing", "1 while a background loop's rounds fail, else 0",
                                   ["loop"], registry=self.registry, multiprocess_mode=LAST)
+        self.loop_stuck = Gauge("jaxcache_loop_stuck", "1 while a background loop's pass has run past its bound (3 "
+                                "of its periods, at least 10 min, or JAXCACHE_STUCK_AFTER_S), else 0",
+                                ["loop"], registry=self.registry, multiprocess_mode=LAST)
         self.loop_errors = Counter("jaxcache_loop_errors", "failed rounds (or caches in a round) of background loops",
                                    ["loop", "kind"], registry=self.registry)
         self.request_seconds = Histogram("jaxcache_request_seconds", "HTTP request latency", ["route", "method"],

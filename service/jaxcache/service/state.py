@@ -232,6 +232,7 @@ class State:
         """Fold what waits in the report inbox, of every cache; the records that changed the catalog."""
         fresh = 0
         for name in caches_waiting(self.catalog):
+            self.loops.on_cache(name)
             # Every cache's, configured here or not (another replica's, or one dropped from the settings): rows
             # nobody drains would fill the inbox and refuse every report.
             storage = self.storages.get(name)
@@ -338,6 +339,7 @@ class State:
         for name in self.settings.caches:
             if stop.is_set():
                 break
+            self.loops.on_cache(name)
             try:
                 self.verify(name, stop=stop, throttled=True)
             except Exception as exc:  # noqa: BLE001 - one cache's failure must not stop the others' passes
@@ -366,6 +368,7 @@ class State:
                 log.debug("rescan of %s skipped: scanned %.0f s ago (by another replica)", name, now - at)
                 self.follow(name)
                 continue
+            self.loops.on_cache(name)
             try:
                 self.rescan(name, wait_s=0)
                 self._rounds_done.add(name)

@@ -100,7 +100,7 @@ class Runtime:
             data = json.loads((self.dir / "loops.json").read_text())
         except (OSError, ValueError):  # no round finished yet
             return {}
-        return {name: LoopStatus(**status) for name, status in data.items()}
+        return {name: LoopStatus.from_dict(status) for name, status in data.items()}
 
 
 def die_with_parent(supervisor: int) -> None:

@@ -1,4 +1,5 @@
-"""How each background loop is doing: its last success and last error (``/readyz``, metrics), the wait before
+"""How each background loop is doing: its last success and last error (``/readyz``, metrics), the pass running now
+and the cache it is on (a pass blocked for good, say in an ``open()`` of a FIFO, reads ``stuck``), the wait before
 its next round (backoff while it fails), and logging that says each kind of error once instead of every round."""
 
 from __future__ import annotations
@@ -6,8 +7,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -18,16 +21,64 @@ log = logging.getLogger("jaxcache.service")
 
 #: The first retry after an error; each further failure doubles it, up to the loop's period.
 BACKOFF_FIRST_S = 1.0
+#: A pass is stuck once it has run this many of its loop's periods, and never sooner than STUCK_MIN_S: a rescan of
+#: a large bucket may take minutes, and a loop polling every second must not read stuck after three.
+STUCK_PERIODS, STUCK_MIN_S = 3, 600.0
+
+Health = Literal["ok", "failing", "stuck"]
 
 
 @dataclass(frozen=True, slots=True)
 class LoopStatus:
-    """One loop as ``/readyz`` shows it. ``failures``: rounds failed in a row (0 once a round succeeds)."""
+    """One loop as ``/readyz`` shows it. ``failures``: rounds failed in a row (0 once a round succeeds).
+    ``running_since_s``: when the pass running now started (None between passes), ``running_cache`` the cache
+    it is on since ``cache_since_s``; past ``stuck_after_s`` either reads stuck. ``failed_caches``: those whose
+    part of the last round failed."""
 
     last_success_s: float | None = None
     last_error: str | None = None
     last_error_s: float | None = None
     failures: int = 0
+    running_since_s: float | None = None
+    running_cache: str | None = None
+    cache_since_s: float | None = None
+    stuck_after_s: float | None = None
+    failed_caches: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoopStatus:
+        """From :func:`dataclasses.asdict` gone through JSON (the workers' ``loops.json``): lists back to tuples,
+        fields this version does not know dropped."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["failed_caches"] = tuple(values.get("failed_caches") or ())
+        return cls(**values)
+
+    def health(self, now: float) -> Health:
+        """``stuck`` while a pass has run past its bound, else ``failing`` while rounds fail, else ``ok``."""
+        if _past(self.running_since_s, self.stuck_after_s, now):
+            return "stuck"
+        return "failing" if self.failures else "ok"
+
+    def cache_health(self, caches: Iterable[str], now: float) -> dict[str, Health]:
+        """Each of ``caches`` (and any other this loop is stuck or failing on): ``stuck`` for the one the running
+        pass has been on past its bound, ``failing`` for those whose part of the last round failed."""
+        found: dict[str, Health] = {name: "ok" for name in caches}
+        for name in self.failed_caches:
+            found[name] = "failing"
+        if self.running_cache is not None and _past(self.cache_since_s, self.stuck_after_s, now):
+            found[self.running_cache] = "stuck"
+        return found
+
+
+def _past(since: float | None, bound: float | None, now: float) -> bool:
+    return since is not None and bound is not None and now - since > bound
+
+
+def stuck_after(period_s: float, setting: float | None) -> float:
+    """How long a pass of a loop run every ``period_s`` may take before it is stuck: the setting
+    (``JAXCACHE_STUCK_AFTER_S``) where given, else :data:`STUCK_PERIODS` periods and at least :data:`STUCK_MIN_S`."""
+    return setting if setting is not None else max(STUCK_PERIODS * period_s, STUCK_MIN_S)
 
 
 class LoopHealth:
@@ -38,6 +89,8 @@ class LoopHealth:
         self._lock = threading.Lock()
         self._loops: dict[str, LoopStatus] = {}
         self._logged: dict[str, set[str]] = {}  # loop -> kinds of error logged since it last succeeded
+        self._round_failed: dict[str, set[str]] = {}  # loop -> caches whose part of its last round failed
+        self._thread = threading.local()  # .loop: the loop whose pass the calling thread runs
         # Told every change (the leader of several workers publishes it to the others: see workers.py).
         self.on_change: Callable[[dict[str, LoopStatus]], None] | None = None
 
@@ -45,7 +98,7 @@ class LoopHealth:
         now = time.time()
         with self._lock:
             before = self._loops.get(loop, LoopStatus())
-            self._loops[loop] = replace(before, last_success_s=now, failures=0)
+            self._loops[loop] = replace(before, last_success_s=now, failures=0, failed_caches=())
             self._logged.pop(loop, None)
         if before.failures:
             log.info("background %s recovered after %d failed round(s); last error: %s", loop, before.failures,
@@ -61,8 +114,11 @@ class LoopHealth:
         message = f"{where}: {said}" if where else said
         with self._lock:
             before = self._loops.get(loop, LoopStatus())
+            failed = self._round_failed.setdefault(loop, set())
+            if where:
+                failed.add(where)
             self._loops[loop] = replace(before, last_error=message[:2000], last_error_s=time.time(),
-                                        failures=before.failures + 1)
+                                        failures=before.failures + 1, failed_caches=tuple(sorted(failed)))
             first = kind not in self._logged.setdefault(loop, set())
             self._logged[loop].add(kind)
         self._metrics.loop_errors.labels(loop, type(exc).__name__).inc()
@@ -76,6 +132,44 @@ class LoopHealth:
                       loop, message, exc_info=None if expected else exc)
         else:
             log.debug("background %s failed again: %s", loop, message)
+
+    @contextmanager
+    def passing(self, loop: str, stuck_after_s: float) -> Iterator[None]:
+        """Around one pass of ``loop``, in the thread that runs it: shown as running (and, past ``stuck_after_s``,
+        stuck) until it returns. :meth:`on_cache` calls from this thread name the cache it is on."""
+        with self._lock:
+            self._loops[loop] = replace(self._loops.get(loop, LoopStatus()), running_since_s=time.time(),
+                                        running_cache=None, cache_since_s=None, stuck_after_s=stuck_after_s)
+            self._round_failed[loop] = set()  # its failures, noted after it returns, are this round's
+        self._thread.loop = loop
+        self._changed()
+        try:
+            yield
+        finally:
+            self._thread.loop = None
+            with self._lock:  # published with the round's success or failure, which the loop notes next
+                self._loops[loop] = replace(self._loops[loop], running_since_s=None, running_cache=None,
+                                            cache_since_s=None)
+
+    def on_cache(self, cache: str) -> None:
+        """The pass this thread runs (if it runs one) moves on to ``cache``."""
+        loop = getattr(self._thread, "loop", None)
+        if loop is None:  # a request's rescan or verification, not a loop's
+            return
+        with self._lock:
+            self._loops[loop] = replace(self._loops[loop], running_cache=cache, cache_since_s=time.time())
+        self._changed()
+
+    def running(self) -> list[str]:
+        """The passes running now, each as "LOOP pass (on cache C) running for N s", for a log line."""
+        now = time.time()
+        out = []
+        for loop, status in sorted(self.snapshot().items()):
+            if status.running_since_s is None:
+                continue
+            on = f" on cache {status.running_cache!r}" if status.running_cache is not None else ""
+            out.append(f"the {loop} pass{on}, running for {now - status.running_since_s:.0f} s")
+        return out
 
     def wait_s(self, loop: str, period_s: float) -> float:
         """Seconds until the loop's next round: its period, or a doubling backoff while its rounds fail."""
@@ -98,6 +192,12 @@ class LoopHealth:
                 self.on_change(self.snapshot())
             except OSError as exc:  # the other workers' /readyz shows an older status; the loop goes on
                 log.warning("could not publish the background loops' status: %s", exc)
+
+
+def export_health(metrics: Metrics, snapshot: dict[str, LoopStatus], now: float) -> None:
+    """Set ``jaxcache_loop_stuck`` from ``snapshot``: at each scrape, since a stuck pass itself tells nobody."""
+    for loop, status in snapshot.items():
+        metrics.loop_stuck.labels(loop).set(1 if status.health(now) == "stuck" else 0)
 
 
 def describe(exc: BaseException) -> str:
