@@ -63,6 +63,15 @@ class ServiceSettings(BaseSettings):
         "loops); default: the CPUs this process may use, at most 4",
     )
     rescan_s: float = Field(300.0, gt=0, description="seconds between background rescans of every cache")
+    stuck_after_s: float | None = Field(
+        None, gt=0, description="seconds a background pass (rescan, verify, drain) may run before /readyz, the "
+        "dashboard and jaxcache_loop_stuck call it stuck; default: 3 of its loop's periods, at least 600 (a stuck "
+        "pass never makes the replica unready)",
+    )
+    shutdown_wait_s: float = Field(
+        30.0, ge=0, description="on SIGTERM or Ctrl-C, seconds to wait for background passes still running; past "
+        "that the service logs which one and exits without it",
+    )
     records_retain_d: float = Field(
         30.0, ge=1, description="days run records are kept: older runs are compacted into per-key aggregates (hits, "
         "seconds saved and first writers keep counting them) and their record files deleted by the service; job "

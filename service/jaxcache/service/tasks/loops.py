@@ -4,19 +4,24 @@ passes, which start after the first round of rescans (started beside it, they qu
 behind the first).
 
 A loop never dies of an error: a failed round (the catalog in a fail-over, a root unmounted, a bug) is noted in
-:class:`~jaxcache.service.tasks.health.LoopHealth` and the round is tried again after a backoff.
+:class:`~jaxcache.service.tasks.health.LoopHealth` and the round is tried again after a backoff. Nor does a pass
+that never returns (a thread blocked in an ``open()`` of a FIFO) hold the service: it reads ``stuck`` once past
+its bound, and stopping waits for it at most ``shutdown_wait_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-
-from fastapi.concurrency import run_in_threadpool
+from typing import TypeVar
 
 from jaxcache.service.state import State
+from jaxcache.service.tasks.health import stuck_after
+
+log = logging.getLogger("jaxcache.service")
 
 RESCAN, VERIFY, DRAIN = "rescan", "verify", "drain"
 #: How often the drain looks at the inbox when no POST to this process woke it: records POSTed to the other workers
@@ -24,6 +29,39 @@ RESCAN, VERIFY, DRAIN = "rescan", "verify", "drain"
 DRAIN_POLL_S = 1.0
 
 Round = Callable[[], list[tuple[str, Exception]]]
+T = TypeVar("T")
+
+
+async def in_thread(state: State, loop: str, period_s: float, one_pass: Callable[[], T]) -> T:
+    """``one_pass`` in a daemon thread of its own, noted as running in ``state.loops``. Not the thread pool
+    (anyio's, through run_in_threadpool): a task awaiting its threads cannot be cancelled until they return, and
+    they are not daemon threads, so a pass blocked for good held the app's shutdown and then the interpreter's
+    exit. Cancelled, this returns at once and leaves the thread to finish, or to end with the process."""
+    running = asyncio.get_running_loop()
+    done: asyncio.Future[T] = running.create_future()
+    bound = stuck_after(period_s, state.settings.stuck_after_s)
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def body() -> None:
+        result: T | None = None
+        error: BaseException | None = None
+        try:
+            with state.loops.passing(loop, bound):
+                result = one_pass()
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the event loop closed while the pass ran: nobody waits
+            running.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=body, name=f"jaxcache-{loop}", daemon=True).start()
+    return await done
 
 
 @contextlib.asynccontextmanager
@@ -37,7 +75,7 @@ async def background(state: State) -> AsyncIterator[None]:
     async def supervised(loop: str, one_round: Round, after_round: Callable[[], None] | None = None) -> None:
         while not stop.is_set():
             try:
-                failed = await run_in_threadpool(one_round)
+                failed = await in_thread(state, loop, period_s, one_round)
             except Exception as exc:  # noqa: BLE001 - noted, logged once, retried: the loop must outlive it
                 state.loops.failed(loop, exc)
             else:
@@ -65,7 +103,7 @@ async def background(state: State) -> AsyncIterator[None]:
         while not stop.is_set():
             arrived.clear()  # before the pass: a record accepted during it wakes the next one at once
             try:
-                await run_in_threadpool(state.drain_all)
+                await in_thread(state, DRAIN, DRAIN_POLL_S, state.drain_all)
             except Exception as exc:  # noqa: BLE001 - noted, logged once, retried: the loop must outlive it
                 state.loops.failed(DRAIN, exc)
             else:
@@ -84,7 +122,14 @@ async def background(state: State) -> AsyncIterator[None]:
         stop.set()
         arrived.set()
         stop_verify.set()
+        first_round.set()  # a verification still waiting for it sees stop and ends
         state.inbox_arrived = None
+        # Passes end at their next step (a verification at its next batch); one blocked for good is left behind
+        # after a bounded wait, so that SIGTERM stops the service.
+        _, pending = await asyncio.wait(tasks, timeout=state.settings.shutdown_wait_s)
+        if pending:
+            log.warning("stopping without waiting longer for %s (JAXCACHE_SHUTDOWN_WAIT_S=%g)",
+                        "; ".join(state.loops.running()) or "a background pass", state.settings.shutdown_wait_s)
         for task in tasks:
             task.cancel()
         for task in tasks:
