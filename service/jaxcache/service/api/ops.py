@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
@@ -9,6 +11,8 @@ from sqlalchemy import select
 from jaxcache.errors import JaxcacheError
 from jaxcache.service.api.deps import state_of
 from jaxcache.service.api.schemas.common import Health, LoopModel, Readiness
+from jaxcache.service.state import State
+from jaxcache.service.tasks.health import export_health
 
 router = APIRouter(tags=["ops"])
 
@@ -44,13 +48,22 @@ def _readiness(request: Request) -> dict[str, str]:
             responses={503: {"model": Readiness, "description": "not ready"}})
 def readyz(request: Request) -> Response:
     """The catalog answers, every cache has been scanned once, and every storage is reachable. ``loops``: how
-    the background loops are doing (a failing loop does not make the replica unready: it serves what it has)."""
+    the background loops are doing, ``state`` ok, failing or stuck, per cache in ``caches`` (a failing or stuck
+    loop does not make the replica unready: it serves what it has, and a restart would not unblock a root)."""
     detail = _readiness(request)
     ok = not detail
-    loops = {name: LoopModel.model_validate(status, from_attributes=True)
-             for name, status in state_of(request).loop_snapshot().items()}
-    body = Readiness(status="ok" if ok else "not ready", detail=detail, loops=loops)
+    body = Readiness(status="ok" if ok else "not ready", detail=detail, loops=loop_models(state_of(request)))
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+
+def loop_models(state: State) -> dict[str, LoopModel]:
+    """The background loops as ``/readyz`` shows them (the dashboard too)."""
+    now = time.time()
+    return {name: LoopModel.model_validate({
+        **{f: getattr(status, f) for f in ("last_success_s", "last_error", "last_error_s", "failures",
+                                           "running_since_s", "running_cache", "stuck_after_s")},
+        "state": status.health(now), "caches": status.cache_health(state.settings.caches, now),
+    }) for name, status in state.loop_snapshot().items()}
 
 
 @router.get("/metrics", operation_id="metrics", response_class=Response,
@@ -58,4 +71,6 @@ def readyz(request: Request) -> Response:
 def metrics(request: Request) -> Response:
     """Prometheus metrics: the catalog's entries and bytes, scans, prunes, reports, misses, integrity, background
     loops, request latency, and hit rates read from the catalog (README, "API")."""
-    return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
+    state = state_of(request)
+    export_health(state.metrics, state.loop_snapshot(), time.time())
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")

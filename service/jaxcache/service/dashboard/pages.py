@@ -8,6 +8,7 @@ from fastapi.routing import APIRouter
 
 from jaxcache import entry as entry_fmt
 from jaxcache.errors import InvalidInputError
+from jaxcache.service.api.ops import loop_models
 from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.queries import verdicts
 from jaxcache.service.dashboard import format as fmt
@@ -36,7 +37,7 @@ def routes(dash: Dashboard) -> APIRouter:
     @router.get("/")
     def index(request: Request) -> Response:
         viewer = dash.viewer(request)
-        return dash.render(request, "index.html", viewer=viewer, summaries=state.caches())
+        return dash.render(request, "index.html", viewer=viewer, summaries=state.caches(), loops=loop_models(state))
 
     @router.get("/login")
     def login_form(request: Request, next: str = "/", expired: str | None = None) -> Response:
@@ -89,7 +90,7 @@ def routes(dash: Dashboard) -> APIRouter:
         with state.catalog.reader() as conn:
             integrity = verdicts.summary(conn, cache, limit=20)  # what GET .../integrity answers
         return dash.render(request, "overview.html", viewer=viewer, cache=cache, section="overview", stats=stats,
-                           summary=summary, chart=chart, integrity=integrity,
+                           summary=summary, chart=chart, integrity=integrity, loops=loop_models(state),
                            causes=fmt.top_causes(stats["misses_by_cause"]))
 
     @router.get("/caches/{cache}/entries")
