@@ -161,7 +161,8 @@ def test_dashboard_covers_what_operators_of_a_fleet_look_at():
     queried = {m for expr in dashboard_queries(dashboard()) for m in METRIC.findall(expr)}
     for name in ("jaxcache_hit_rate", "jaxcache_saved_seconds", "jaxcache_job_hit_rate", "jaxcache_job_saved_seconds",
                  "jaxcache_misses_total", "jaxcache_bytes", "jaxcache_entries", "jaxcache_prune_deleted_entries_total",
-                 "jaxcache_integrity_entries", "jaxcache_loop_errors_total", "jaxcache_scan_errors_total",
+                 "jaxcache_integrity_entries", "jaxcache_loop_errors_total", "jaxcache_loop_stuck",
+                 "jaxcache_scan_errors_total",
                  "jaxcache_scan_seconds_bucket",
                  "jaxcache_reports_ingested_total", "jaxcache_reports_malformed_total",
                  "jaxcache_reports_rejected_total"):
