@@ -43,9 +43,11 @@ def test_a_loop_that_fails_is_retried_logged_once_and_shown(tmp_path, cache_copy
         failing = _wait(lambda: (r := client.get("/readyz").json()["loops"].get("verify")) and r["failures"] and r,
                         "the verify loop to report its failure")
         assert "demo: server closed the connection unexpectedly" in failing["last_error"]
+        assert failing["state"] == "failing" and failing["caches"] == {"demo": "failing"}
         recovered = _wait(lambda: (r := client.get("/readyz").json()["loops"]["verify"])["last_success_s"] and r,
                           "the verify loop to recover")
         assert recovered["failures"] == 0 and recovered["last_error_s"] < recovered["last_success_s"]
+        assert recovered["state"] == "ok" and recovered["caches"] == {"demo": "ok"}
         assert client.get("/readyz").status_code == 200  # a failing loop does not take the replica out
         metrics = client.get("/metrics").text
     assert 'jaxcache_loop_errors_total{kind="RuntimeError",loop="verify"} 3.0' in metrics

@@ -69,8 +69,9 @@ class ServiceSettings(BaseSettings):
         "pass never makes the replica unready)",
     )
     shutdown_wait_s: float = Field(
-        30.0, ge=0, description="on SIGTERM or Ctrl-C, seconds to wait for background passes still running; past "
-        "that the service logs which one and exits without it",
+        20.0, ge=0, description="on SIGTERM or Ctrl-C, seconds to wait for background passes still running; past "
+        "that the service logs which one and exits without it (under Kubernetes' default 30 s grace period, so "
+        "the line is written before a SIGKILL would come)",
     )
     records_retain_d: float = Field(
         30.0, ge=1, description="days run records are kept: older runs are compacted into per-key aggregates (hits, "
