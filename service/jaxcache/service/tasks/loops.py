@@ -34,9 +34,10 @@ T = TypeVar("T")
 
 async def in_thread(state: State, loop: str, period_s: float, one_pass: Callable[[], T]) -> T:
     """``one_pass`` in a daemon thread of its own, noted as running in ``state.loops``. Not the thread pool
-    (anyio's, through run_in_threadpool): a task awaiting its threads cannot be cancelled until they return, and
-    they are not daemon threads, so a pass blocked for good held the app's shutdown and then the interpreter's
-    exit. Cancelled, this returns at once and leaves the thread to finish, or to end with the process."""
+    (anyio's, through run_in_threadpool): its threads are not daemon threads, so the interpreter's exit joined one
+    blocked for good in a pass (Ctrl-C, and SIGTERM to a container's PID 1, which ignores uvicorn's re-raised
+    signal, never ended the process). Cancelled, this returns at once and leaves the thread to finish, or to end
+    with the process."""
     running = asyncio.get_running_loop()
     done: asyncio.Future[T] = running.create_future()
     bound = stuck_after(period_s, state.settings.stuck_after_s)
