@@ -12,6 +12,7 @@ anything took, only bounds how long a test waits.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from fastapi.testclient import TestClient
 
 from conftest import serve_env, settled, start_serve, wait_ready
 from jaxcache.service.app import create_app
+from jaxcache.service.tasks.health import LoopStatus, stuck_after
 from test_service import H_READ, make_settings
 
 #: Bound on waiting for background work or another process; never asserted on.
@@ -60,9 +63,11 @@ def write_lock_held(db: Path) -> Iterator[None]:
 
 
 def _stuck_rescan(get: Callable[[str], Any]) -> Any:
-    """/readyz's answer once it shows the rescan loop stuck, else None."""
+    """/readyz's answer once it shows the rescan loop stuck on demo, else None (the pass may read stuck a moment
+    before the cache it reached after its start does)."""
     ready = get("/readyz")
-    return ready if ready.json()["loops"].get("rescan", {}).get("state") == "stuck" else None
+    rescan = ready.json()["loops"].get("rescan", {})
+    return ready if rescan.get("state") == "stuck" and rescan.get("caches", {}).get("demo") == "stuck" else None
 
 
 def test_a_stuck_pass_is_shown_and_never_makes_the_replica_unready(tmp_path):
@@ -150,3 +155,20 @@ def test_sigterm_stops_a_serve_whose_background_pass_is_blocked(tmp_path, how, w
     # uvicorn ends by raising the signal it caught again, once the app has shut down (Ctrl-C: exit status 130):
     # not our kill().
     assert proc.returncode in (0, 130, -signal.SIGTERM), said
+
+
+def test_the_bound_is_three_periods_at_least_ten_minutes_and_steps_count_as_moving():
+    """How a status reads, at given clocks: a pass is stuck past its bound, one that reports steps (a throttled
+    verification, batch by batch) past its bound since the last step; the workers' JSON gives the same."""
+    assert stuck_after(300, None) == 900 and stuck_after(1, None) == 600 and stuck_after(300, 5) == 5
+    running = LoopStatus(running_since_s=1000.0, running_cache="demo", cache_since_s=1000.0, stuck_after_s=900.0)
+    assert running.health(1800) == "ok" and running.health(2000) == "stuck"
+    assert running.cache_health(["demo", "ci"], 2000) == {"demo": "stuck", "ci": "ok"}
+    stepping = replace(running, progress_s=1500.0)
+    assert stepping.health(2000) == "ok" and stepping.cache_health(["demo"], 2000) == {"demo": "ok"}
+    assert stepping.health(2500) == "stuck"
+    failing = LoopStatus(failures=2, last_error="ci: root gone", failed_caches=("ci",))
+    assert failing.health(0) == "failing"
+    assert failing.cache_health(["demo", "ci"], 0) == {"demo": "ok", "ci": "failing"}
+    for status in (running, stepping, failing):
+        assert LoopStatus.from_dict(json.loads(json.dumps(asdict(status)))) == status

@@ -328,7 +328,7 @@ class State:
             self.catalog, name, self.storages[name], min_age_s=self.settings.verify_min_age_s,
             max_entries=max_entries, recheck_all=recheck_all, stop=stop,
             bytes_per_s=self.settings.verify_bytes_per_s if throttled else None,
-            cpu_share=self.settings.verify_cpu_share if throttled else None,
+            cpu_share=self.settings.verify_cpu_share if throttled else None, progress=self.loops.progress,
         )
         self._refresh_integrity(name)
         return result

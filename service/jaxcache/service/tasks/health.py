@@ -24,6 +24,8 @@ BACKOFF_FIRST_S = 1.0
 #: A pass is stuck once it has run this many of its loop's periods, and never sooner than STUCK_MIN_S: a rescan of
 #: a large bucket may take minutes, and a loop polling every second must not read stuck after three.
 STUCK_PERIODS, STUCK_MIN_S = 3, 600.0
+#: How often a pass's steps are told to on_change (the workers' loops.json): far below any stuck bound.
+PROGRESS_PUBLISH_S = 5.0
 
 Health = Literal["ok", "failing", "stuck"]
 
@@ -32,8 +34,9 @@ Health = Literal["ok", "failing", "stuck"]
 class LoopStatus:
     """One loop as ``/readyz`` shows it. ``failures``: rounds failed in a row (0 once a round succeeds).
     ``running_since_s``: when the pass running now started (None between passes), ``running_cache`` the cache
-    it is on since ``cache_since_s``; past ``stuck_after_s`` either reads stuck. ``failed_caches``: those whose
-    part of the last round failed."""
+    it is on since ``cache_since_s``; past ``stuck_after_s`` either reads stuck. ``progress_s``: the last step of
+    a pass that reports them (a verification, batch by batch: throttled, it is long by design), which then counts
+    instead. ``failed_caches``: those whose part of the last round failed."""
 
     last_success_s: float | None = None
     last_error: str | None = None
@@ -43,6 +46,7 @@ class LoopStatus:
     running_cache: str | None = None
     cache_since_s: float | None = None
     stuck_after_s: float | None = None
+    progress_s: float | None = None
     failed_caches: tuple[str, ...] = ()
 
     @classmethod
@@ -56,7 +60,7 @@ class LoopStatus:
 
     def health(self, now: float) -> Health:
         """``stuck`` while a pass has run past its bound, else ``failing`` while rounds fail, else ``ok``."""
-        if _past(self.running_since_s, self.stuck_after_s, now):
+        if _past(_later(self.running_since_s, self.progress_s), self.stuck_after_s, now):
             return "stuck"
         return "failing" if self.failures else "ok"
 
@@ -66,9 +70,14 @@ class LoopStatus:
         found: dict[str, Health] = {name: "ok" for name in caches}
         for name in self.failed_caches:
             found[name] = "failing"
-        if self.running_cache is not None and _past(self.cache_since_s, self.stuck_after_s, now):
+        if self.running_cache is not None and _past(_later(self.cache_since_s, self.progress_s), self.stuck_after_s,
+                                                    now):
             found[self.running_cache] = "stuck"
         return found
+
+
+def _later(since: float | None, progress: float | None) -> float | None:
+    return since if since is None or progress is None else max(since, progress)
 
 
 def _past(since: float | None, bound: float | None, now: float) -> bool:
@@ -91,6 +100,7 @@ class LoopHealth:
         self._logged: dict[str, set[str]] = {}  # loop -> kinds of error logged since it last succeeded
         self._round_failed: dict[str, set[str]] = {}  # loop -> caches whose part of its last round failed
         self._thread = threading.local()  # .loop: the loop whose pass the calling thread runs
+        self._published: dict[str, float] = {}  # loop -> when its progress was last published
         # Told every change (the leader of several workers publishes it to the others: see workers.py).
         self.on_change: Callable[[dict[str, LoopStatus]], None] | None = None
 
@@ -139,7 +149,8 @@ class LoopHealth:
         stuck) until it returns. :meth:`on_cache` calls from this thread name the cache it is on."""
         with self._lock:
             self._loops[loop] = replace(self._loops.get(loop, LoopStatus()), running_since_s=time.time(),
-                                        running_cache=None, cache_since_s=None, stuck_after_s=stuck_after_s)
+                                        running_cache=None, cache_since_s=None, stuck_after_s=stuck_after_s,
+                                        progress_s=None)
             self._round_failed[loop] = set()  # its failures, noted after it returns, are this round's
         self._thread.loop = loop
         self._changed()
@@ -149,7 +160,7 @@ class LoopHealth:
             self._thread.loop = None
             with self._lock:  # published with the round's success or failure, which the loop notes next
                 self._loops[loop] = replace(self._loops[loop], running_since_s=None, running_cache=None,
-                                            cache_since_s=None)
+                                            cache_since_s=None, progress_s=None)
 
     def on_cache(self, cache: str) -> None:
         """The pass this thread runs (if it runs one) moves on to ``cache``."""
@@ -159,6 +170,20 @@ class LoopHealth:
         with self._lock:
             self._loops[loop] = replace(self._loops[loop], running_cache=cache, cache_since_s=time.time())
         self._changed()
+
+    def progress(self) -> None:
+        """The pass this thread runs (if it runs one) took a step: it is not stuck while its steps keep coming.
+        Published at most every PROGRESS_PUBLISH_S (a verification's batches come several a second)."""
+        loop = getattr(self._thread, "loop", None)
+        if loop is None:
+            return
+        now = time.time()
+        with self._lock:
+            before = self._loops[loop]
+            self._loops[loop] = replace(before, progress_s=now)
+        if before.progress_s is None or now - self._published.get(loop, 0.0) >= PROGRESS_PUBLISH_S:
+            self._published[loop] = now
+            self._changed()
 
     def running(self) -> list[str]:
         """The passes running now, each as "LOOP pass (on cache C) running for N s", for a log line."""

@@ -75,10 +75,11 @@ def _todo(cache: str):
 def run_pass(
     catalog: Catalog, cache: str, storage: Storage, *, min_age_s: float, max_entries: int | None = None,
     bytes_per_s: float | None = None, cpu_share: float | None = None, stop: threading.Event | None = None,
-    recheck_all: bool = False, clock: Callable[[], float] = time.time,
+    recheck_all: bool = False, clock: Callable[[], float] = time.time, progress: Callable[[], None] | None = None,
 ) -> VerifyPass:
     """Verify what needs it (everything with ``recheck_all``), at most ``max_entries``, throttled when asked: at
-    most ``bytes_per_s`` read and ``cpu_share`` of one core used (this thread's CPU time), on average."""
+    most ``bytes_per_s`` read and ``cpu_share`` of one core used (this thread's CPU time), on average. ``progress``
+    is called after each batch (a throttled pass is long by design: its batches say it is not stuck)."""
     started = time.monotonic()
     cpu_started = time.thread_time()
     # Throttled, a batch is a short burst between sleeps, so requests never queue behind a long one.
@@ -121,6 +122,8 @@ def run_pass(
             with catalog.writing(cache) as s:
                 s.execute(_upsert(catalog), rows)  # one statement per batch: an ORM merge read each row first
         result.checked += len(rows)
+        if progress is not None:
+            progress()
         if len(batch) < budget:
             break
         # Sleep so that the pass averages at most bytes_per_s and cpu_share since it started.

@@ -17,8 +17,8 @@ class LoopModel(BaseModel):
     last_error: str | None = None
     last_error_s: float | None = None
     failures: int = 0
-    state: LoopHealthName = Field("ok", description="stuck: the pass running now has run past stuck_after_s; "
-                                  "failing: its last round failed; else ok")
+    state: LoopHealthName = Field("ok", description="stuck: the pass running now has run past stuck_after_s (a "
+                                  "verification: since its last batch); failing: its last round failed; else ok")
     running_since_s: float | None = Field(None, description="when the pass running now started; null between "
                                           "passes")
     running_cache: str | None = Field(None, description="the cache the running pass is on")
