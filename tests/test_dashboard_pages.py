@@ -330,9 +330,11 @@ def test_names_that_would_display_as_others_are_shown_escaped(tmp_path, seeded, 
             assert f'="{key}"' in r.text or f'="{key[:-65]}"' in r.text, url  # data-key, data-copy, data-function
 
 
-def test_visible_escapes_controls_format_and_separators_only():
-    # The CLI escapes names the same way: \uXXXX for Cc, Cf, Zl and Zp; a backslash and everything else as is.
+def test_pages_escape_names_as_the_cli_does():
+    # One escaping for the dashboard and the CLI (jaxcache.display.shown): invisible characters and backslashes.
+    from jaxcache.display import shown
+
+    assert dfmt.visible is shown
     assert dfmt.visible("jit_ok.v2-é中") == "jit_ok.v2-é中"
-    assert dfmt.visible("a\\u0041\t\x00\x7f\u200b\u2028\u2029\u2066\ufeff") == (
-        "a\\u0041\\u0009\\u0000\\u007f\\u200b\\u2028\\u2029\\u2066\\ufeff")
+    assert dfmt.visible("jit_\u202eevil\u202d") == "jit_\\u202eevil\\u202d"
     assert dfmt.short_key("jit_\u202ef-" + "a" * 64) == "jit_\\u202ef-aaaaaaaa…"

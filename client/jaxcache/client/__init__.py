@@ -16,7 +16,8 @@ from jaxcache.client.errors import (
     TamperedCacheError,
     UntrustedCacheDirError,
 )
-from jaxcache.client.session import CacheSession, check_cache_dir, current_session, enable_cache
+from jaxcache.client.options import check_cache_dir
+from jaxcache.client.session import CacheSession, current_session, enable_cache
 from jaxcache.client.telemetry import CacheStats
 
 __all__ = [

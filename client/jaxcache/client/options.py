@@ -5,13 +5,15 @@ Resolution happens before JAX is touched, so every mistake here is reported befo
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from jaxcache.client.errors import CacheNotConfiguredError
+from jaxcache.client import trust as trust_mod
+from jaxcache.client.errors import CacheNotConfiguredError, UntrustedCacheDirError
 from jaxcache.client.trust import TRUST_MODES
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import check_job, check_run_id
@@ -212,3 +214,32 @@ def _int(name: str, text: str) -> int:
         return int(text)
     except ValueError:
         raise InvalidInputError(f"{name}={text!r} is not an integer") from None
+
+
+log = logging.getLogger("jaxcache.client")
+_xla_caches_notice_given = False
+
+
+def say_xla_caches_off(options: ClientOptions) -> None:
+    """Once per process, at INFO: a gs:// root gets no XLA sub-caches (resolve turned them off)."""
+    global _xla_caches_notice_given
+    if not options.is_gcs or _xla_caches_notice_given:
+        return
+    _xla_caches_notice_given = True
+    log.info("jaxcache: %s is a bucket: XLA's own sub-caches (GPU autotuning results, kernels) are off"
+             " (jax_persistent_cache_enable_xla_caches='none'), since XLA cannot write a gs:// path; GPU jobs"
+             " autotune the programs they compile, and load tuned ones from the cache", options.cache_dir)
+
+
+def check_cache_dir(cache_dir: str | os.PathLike[str], *, trust: str = "strict") -> str:
+    """Normalise and judge a cache directory as :func:`enable_cache` would, changing nothing (dry runs).
+
+    Returns the normalised directory; raises :class:`UntrustedCacheDirError` in strict mode.
+    """
+    directory = normalise_dir(os.fspath(cache_dir))
+    if trust == "off" or is_gcs_url(directory):
+        return directory
+    found = trust_mod.problems(directory)
+    if found and trust == "strict":
+        raise UntrustedCacheDirError(trust_mod.untrusted_message(directory, found))
+    return directory

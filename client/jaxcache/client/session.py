@@ -17,12 +17,11 @@ from jaxcache.client import trust as trust_mod
 from jaxcache.client.attestation import Attestor
 from jaxcache.client.errors import CacheAlreadyInitializedError, UntrustedCacheDirError
 from jaxcache.client.misses import MAX_CHECKED, MAX_CHECKED_GCS, MissCauses, MissCheck
-from jaxcache.client.options import ClientOptions, normalise_dir, resolve
+from jaxcache.client.options import ClientOptions, resolve, say_xla_caches_off
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
 from jaxcache.client.written import WriteCheck
 from jaxcache.records import HIT, JOB, WRITE, Fingerprint, KeyUsage, RunKind, RunRecord
-from jaxcache.storage import is_gcs_url
 
 if TYPE_CHECKING:  # verify mode loads it only when asked for
     from jaxcache.integrity import Verdict
@@ -32,7 +31,6 @@ log = logging.getLogger("jaxcache.client")
 _lock = threading.Lock()
 _session: CacheSession | None = None
 _gcs_notice_given = False
-_xla_caches_notice_given = False
 ATTEST_WAIT_S = 30.0  # at exit: digests of the last entries written; bounded so exit never hangs on storage
 
 
@@ -320,7 +318,7 @@ def enable_cache(
         ji.check_not_compiled(options.cache_dir)
         compression = ji.compression_library()
         _check_trust(options)
-        _say_xla_caches_off(options)
+        say_xla_caches_off(options)
         if options.verify == "attested":
             from jaxcache.client.verify import check_attested
 
@@ -387,28 +385,3 @@ def _check_trust(options: ClientOptions) -> None:
     if options.trust == "strict":
         raise UntrustedCacheDirError(message)
     log.warning("jaxcache: %s", message)
-
-
-def _say_xla_caches_off(options: ClientOptions) -> None:
-    """Once per process, at INFO: a gs:// root gets no XLA sub-caches (options.resolve turned them off)."""
-    global _xla_caches_notice_given
-    if not options.is_gcs or _xla_caches_notice_given:
-        return
-    _xla_caches_notice_given = True
-    log.info("jaxcache: %s is a bucket: XLA's own sub-caches (GPU autotuning results, kernels) are off"
-             " (jax_persistent_cache_enable_xla_caches='none'), since XLA cannot write a gs:// path; GPU jobs"
-             " autotune the programs they compile, and load tuned ones from the cache", options.cache_dir)
-
-
-def check_cache_dir(cache_dir: str | os.PathLike[str], *, trust: str = "strict") -> str:
-    """Normalise and judge a cache directory as :func:`enable_cache` would, changing nothing (dry runs).
-
-    Returns the normalised directory; raises :class:`UntrustedCacheDirError` in strict mode.
-    """
-    directory = normalise_dir(os.fspath(cache_dir))
-    if trust == "off" or is_gcs_url(directory):
-        return directory
-    found = trust_mod.problems(directory)
-    if found and trust == "strict":
-        raise UntrustedCacheDirError(trust_mod.untrusted_message(directory, found))
-    return directory

@@ -7,12 +7,12 @@ Every figure on a page is the API's value; these only decide how it reads. Pages
 from __future__ import annotations
 
 import time
-import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
 from markupsafe import Markup
 
+from jaxcache.display import shown
 from jaxcache.explain.values import differs_text
 from jaxcache.units import format_bytes
 
@@ -99,23 +99,8 @@ def top_causes(by_cause: dict, limit: int = 10) -> list[dict]:
     return [{**c, "misses_24h": day.get(c["cause"], 0)} for c in by_cause["last_7d"]["causes"][:limit]]
 
 
-#: Characters that are invisible or move others when shown: controls (Cc), format characters (Cf: the bidi
-#: overrides and isolates, zero-width joiners) and the line and paragraph separators (Zl, Zp).
-_HIDDEN = frozenset(("Cc", "Cf", "Zl", "Zp"))
-
-
-def visible(text: str) -> str:
-    """``text`` as it is: each control, format (bidi) or separator character as ``\\uXXXX`` (``\\UXXXXXXXX``
-    beyond the BMP), so that a name shows what it holds (``jit_\\u202eevil\\u202d``, not ``jit_live``). A
-    backslash stays as it is. For whatever a cache root or a report put in a name, function or key."""
-    if text.isprintable():  # every character of these categories is not: most names need no look-up
-        return text
-    return "".join(_escaped(c) if unicodedata.category(c) in _HIDDEN else c for c in text)
-
-
-def _escaped(c: str) -> str:
-    n = ord(c)
-    return f"\\u{n:04x}" if n <= 0xFFFF else f"\\U{n:08x}"
+#: Names as every page shows them: the core's one escaping (the CLI's too), as the template filter ``visible``.
+visible = shown
 
 
 def short_key(key: str) -> str:
