@@ -67,15 +67,27 @@ async def ingest_report(
         log.info("a run record's upload ended before its body did (the client went away)")
         request.scope[ABORTED] = True
         return Response(status_code=400)  # never reaches the client
-    accepted = await anyio.to_thread.run_sync(_accept, state, body, cache)  # a full inbox: 503 (api/errors.py)
+    # One record parsed at a time per process: each thread more parsing at once took the interpreter lock from the
+    # event loop (/healthz) and from the drain. Storing it is apart: on SQLite it waits for the database's write
+    # lock, which a drain's pass holds, and parsing the next record need not wait for that.
+    record, name = await anyio.to_thread.run_sync(_parse, state, body, cache, limiter=_one_at_a_time(request))
+    accepted = await anyio.to_thread.run_sync(_store, state, name, record, body)  # a full inbox: 503 (api/errors.py)
     state.wake_drain()
     return ReportResult(cache=accepted.cache, run_id=accepted.run_id, process_index=accepted.process_index,
                         runs=0 if accepted.stale else 1, keys=accepted.keys, stale=accepted.stale)
 
 
-def _accept(state: State, body: bytes, cache: str | None) -> inbox.Accepted:
-    """Validate the record in ``body`` and put it into the inbox of the cache it is for; 422/404 (counted as
-    malformed) for a record that is refused."""
+def _one_at_a_time(request: Request) -> anyio.CapacityLimiter:
+    """The app's limiter of threads parsing records, made at its first record (an anyio limiter needs a loop)."""
+    found: anyio.CapacityLimiter | None = getattr(request.app.state, "parsing", None)
+    if found is None:
+        found = request.app.state.parsing = anyio.CapacityLimiter(1)
+    return found
+
+
+def _parse(state: State, body: bytes, cache: str | None) -> tuple[records.RunRecord, str]:
+    """The record in ``body``, validated, and the cache it is for; 422/404 (counted as malformed) for a record
+    that is refused."""
     try:
         record = records.parse(body)
         check_keys([u.key for u in record.keys])
@@ -86,12 +98,15 @@ def _accept(state: State, body: bytes, cache: str | None) -> inbox.Accepted:
         state.metrics.reports_malformed.labels(inbox.REPORT).inc()
         raise HTTPException(422, str(exc)) from None
     try:
-        name = cache if cache is not None else routing.cache_for(record, state.roots)
+        return record, cache if cache is not None else routing.cache_for(record, state.roots)
     except InvalidInputError as exc:
         state.metrics.reports_malformed.labels(inbox.REPORT).inc()
         raise HTTPException(unroutable(record.cache_dir, state.roots)[0], str(exc)) from None
+
+
+def _store(state: State, cache: str, record: records.RunRecord, body: bytes) -> inbox.Accepted:
     inbox.check_room(state.catalog, state.settings.report_inbox)
-    return inbox.accept(state.catalog, name, record, body)
+    return inbox.accept(state.catalog, cache, record, body)
 
 
 #: The run record's components in the OpenAPI document, by the names earlier versions of the document used.
