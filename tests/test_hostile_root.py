@@ -305,3 +305,54 @@ def test_gcs_names_that_cannot_be_read_are_skipped_not_fatal(capsys, hostile_buc
     assert json.loads(out)["result"]["deleted"] == len(keys)
     code, out, err = run(capsys, "ls", url, "--json")
     assert code == 0 and json.loads(out)["entries"] == [], err
+
+
+def _service_survives(client, cache: str, keys: list[str]) -> None:
+    """Through the service: a rescan answers, every real entry is listed, the unreadable records are counted as
+    malformed, and a normal job's record is folded."""
+    import time
+
+    from reports_support import H_ADMIN, H_READ, post, rescan, run, write
+
+    rescan(client, cache)
+    (info,) = [c for c in client.get("/v1/caches", headers=H_READ).json()["caches"] if c["name"] == cache]
+    assert info["last_scan_error"] is None and info["last_scan_s"] is not None, info
+    metrics = client.get("/metrics").text
+    assert 'jaxcache_reports_malformed_total{source="storage"}' in metrics  # the unreadable record names
+    listed = client.get(f"/v1/caches/{cache}/entries?limit=1000", headers=H_READ).json()["entries"]
+    assert sorted(e["key"] for e in listed) == sorted(keys)
+    r = post(client, run("after", "a1", [write(keys[0], 1.0, time.time())]), f"?cache={cache}")
+    assert r.status_code == 202, r.text
+    assert client.get(f"/v1/caches/{cache}/jobs/after", headers=H_READ).json()["processes"] == 1
+    again = client.post(f"/v1/caches/{cache}/rescan", headers=H_ADMIN)
+    assert again.status_code == 200, again.text
+
+
+def test_the_service_rescans_a_hostile_root(tmp_path, hostile):
+    from fastapi.testclient import TestClient
+
+    from conftest import settled
+    from jaxcache.service.app import create_app
+    from reports_support import settings
+
+    root, keys = hostile["root"], hostile["entries"]
+    bad = root / ".jaxcache" / "runs" / "2026-01-01"
+    bad.mkdir(parents=True, exist_ok=True)
+    (bad / "a\\b-p0.json").write_bytes(b"{}")
+    os.mkfifo(bad / "fifo-p0.json")
+    with TestClient(create_app(settings(tmp_path, {"demo": str(root)}))) as client:
+        settled(client)
+        _service_survives(client, "demo", keys)
+
+
+def test_the_service_rescans_a_bucket_with_names_it_cannot_read(tmp_path, hostile_bucket):
+    from fastapi.testclient import TestClient
+
+    from conftest import settled
+    from jaxcache.service.app import create_app
+    from reports_support import settings
+
+    url, keys, _ = hostile_bucket
+    with TestClient(create_app(settings(tmp_path, {"prod": url}))) as client:
+        settled(client)
+        _service_survives(client, "prod", keys)

@@ -7,7 +7,10 @@ import logging
 
 from sqlalchemy.exc import DataError, IntegrityError
 
-from jaxcache.errors import InvalidInputError
+from jaxcache.display import shown
+from jaxcache.errors import InvalidInputError, NotRegularFileError
+from jaxcache.storage import ObjectInfo, Storage
+from jaxcache.storage.base import name_problem
 
 log = logging.getLogger("jaxcache.service")
 
@@ -33,7 +36,7 @@ class Skipped:
 
     def add(self, name: str, why: str) -> None:
         self.found.append((name, why))
-        log.debug("skipping malformed %s %s: %s", self.what, name, why)
+        log.debug("skipping malformed %s %s: %s", self.what, shown(name), why)
 
     def log(self, cache: str) -> None:
         if not self.found:
@@ -41,7 +44,23 @@ class Skipped:
         name, why = self.found[0]
         more = f" and {len(self.found) - 1} more" if len(self.found) > 1 else ""
         log.warning("cache %s: skipped %d malformed %s(s), each read again only once it changes: %s: %s%s",
-                    cache, len(self.found), self.what, name, why, more)
+                    cache, len(self.found), self.what, shown(name), why, more)
 
     def __len__(self) -> int:
         return len(self.found)
+
+
+def read_file(storage: Storage, info: ObjectInfo, max_bytes: int) -> tuple[bytes | None, str | None]:
+    """A record file's bytes, or why it is skipped: a name the storage cannot map (a backslash, ``..``), something
+    that is not a regular file (a FIFO, a link: never opened so that it could block or lead out), or a size over
+    ``max_bytes``. (None, None): deleted since the listing."""
+    problem = name_problem(info.name)
+    if problem is not None:
+        return None, problem
+    if info.size_bytes > max_bytes:
+        return None, f"larger than {max_bytes} bytes"
+    try:
+        return storage.read(info.name), None
+    except NotRegularFileError as exc:
+        return None, f"not a regular file: {exc}"
+

@@ -59,9 +59,7 @@ class _Listings:
 
 
 def _read(storage: Storage, info: ObjectInfo) -> tuple[ObjectInfo, bytes | None, str | None]:
-    if info.size_bytes > records.MAX_RECORD_BYTES:
-        return info, None, f"larger than {records.MAX_RECORD_BYTES} bytes"
-    return info, storage.read(info.name), None
+    return info, *malformed.read_file(storage, info, records.MAX_RECORD_BYTES)
 
 
 def day_dir(name: str) -> str | None:

@@ -71,15 +71,16 @@ def scan(catalog: Catalog, cache: str, storage: Storage, *, secret: bytes | None
     todo = [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
     ingested = 0
     skipped = malformed.Skipped("warm-up record")
-    for info, data in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
-        if data is None:
-            continue
-        error = None
-        try:
-            ingest(catalog, cache, coverage.parse(data), secret=secret, record_name=info.name)
-            ingested += 1
-        except malformed.REFUSALS as exc:
-            error = malformed.reason(exc)
+    for info, data, error in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
+        if data is None and error is None:
+            continue  # deleted since the listing
+        if data is not None:
+            try:
+                ingest(catalog, cache, coverage.parse(data), secret=secret, record_name=info.name)
+                ingested += 1
+            except malformed.REFUSALS as exc:
+                error = malformed.reason(exc)
+        if error is not None:
             skipped.add(info.name, error)
         with catalog.writing(cache) as s:
             s.merge(RecordFileRow(cache=cache, name=info.name, size_bytes=info.size_bytes, mtime_s=info.mtime_s,
@@ -88,5 +89,5 @@ def scan(catalog: Catalog, cache: str, storage: Storage, *, secret: bytes | None
     return CoverageScan(ingested, len(skipped))
 
 
-def _read(storage: Storage, info: ObjectInfo) -> tuple[ObjectInfo, bytes | None]:
-    return info, storage.read(info.name)
+def _read(storage: Storage, info: ObjectInfo) -> tuple[ObjectInfo, bytes | None, str | None]:
+    return info, *malformed.read_file(storage, info, coverage.MAX_COVERAGE_BYTES)

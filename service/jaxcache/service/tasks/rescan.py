@@ -14,6 +14,8 @@ from functools import partial
 from sqlalchemy import bindparam, case, delete, func, insert, select, update
 
 from jaxcache import entry as fmt
+from jaxcache.display import shown
+from jaxcache.errors import NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service.catalog import rawsql
@@ -26,7 +28,7 @@ from jaxcache.service.ingestion.drain import drain
 from jaxcache.service.ingestion.runfiles import scan_records
 from jaxcache.service.tasks import memory, retention, snapshots
 from jaxcache.storage import ObjectInfo, Storage
-from jaxcache.storage.base import Stat
+from jaxcache.storage.base import Stat, name_problem
 
 log = logging.getLogger("jaxcache.service")
 
@@ -90,6 +92,11 @@ def _drop_foreign(storage: Storage, listed: dict[str, Listed], new_keys: set[str
         if fmt.parse_name(name) is None:
             del listed[key]
             foreign.add(name)
+        elif (problem := name_problem(name)) is not None:
+            # Named like an entry but not readable as one (a backslash in it): skipped, never fatal for the rest.
+            log.warning("%s: skipping %s: %s", storage.url, shown(name[:200]), problem)
+            del listed[key]
+            foreign.add(name)
         elif len(key) > _KEY_MAX or "\x00" in key:
             # Not a name JAX writes (its module names are short); PostgreSQL would refuse the row and the scan.
             log.warning("%s: skipping %s: keys longer than %d characters are not indexed", storage.url,
@@ -102,10 +109,16 @@ def _info(item: Listed) -> ObjectInfo:
     return ObjectInfo(*item)
 
 
-def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, Listed, Listed | None]) -> dict:
+def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, Listed, Listed | None]) -> dict | None:
+    """The row of a new entry; None for one that is no longer a regular file (swapped after the listing): the
+    next rescan judges it again."""
     key, listed, atime = item
     info = _info(listed)
-    header = read_head(storage, info)
+    try:
+        header = read_head(storage, info)
+    except NotRegularFileError as exc:
+        log.warning("%s: skipping %s for now: %s", storage.url, shown(info.name[:200]), exc)
+        return None
     row = _base_row(cache, key, "entry", info, None if atime is None else _info(atime), now)
     row.update(
         compression=header.compression.value, compile_seconds=header.compile_seconds,
@@ -260,7 +273,8 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
     batches = [new_items[i : i + _NEW_PER_WRITE] for i in range(0, len(new_items), _NEW_PER_WRITE)] or [[]]
     added = len(orphan_rows)
     for number, batch in enumerate(batches):
-        new_rows = list(bounded_map(partial(_new_row, storage, cache, now), batch, workers=storage.io_workers))
+        new_rows = [r for r in bounded_map(partial(_new_row, storage, cache, now), batch, workers=storage.io_workers)
+                    if r is not None]
         # Under the cache's write lock, so that a report ingested meanwhile (by any replica) cannot update rows
         # this commit then overwrites.
         with catalog.writing(cache) as s:
