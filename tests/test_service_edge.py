@@ -108,6 +108,16 @@ def test_nan_and_infinity_in_a_body_are_a_422_that_says_so(svc_module, path, bod
     assert problem.input in ("NaN", "Infinity", "-Infinity")
 
 
+@pytest.mark.parametrize("depth", [500, 900])
+def test_a_body_nested_as_deep_as_json_allows_is_a_422(svc_module, depth):
+    # The 422 echoes the input back: walked by recursion, a list 500 deep exhausted the stack (a 500).
+    body = b'{"corrupt": true, "functions": ' + b"[" * depth + b"]" * depth + b"}"
+    r = svc_module.post("/v1/caches/demo/prune", content=body, headers={**H_ADMIN, "content-type": "application/json"})
+    assert r.status_code == 422, r.text[:300]
+    [problem] = UnprocessableModel.model_validate(r.json()).detail
+    assert problem.loc == ["body", "functions", 0]
+
+
 def test_keys_and_pins_follow_their_patterns(svc, jax_caches):
     key = jax_caches["zstd"].entries[0]["key"]
     assert re.fullmatch(fields.KEY.strip("^$"), key)

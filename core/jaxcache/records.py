@@ -19,6 +19,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from jaxcache.errors import InvalidInputError
+from jaxcache.jsontree import map_leaves
 from jaxcache.keyparts import KeyParts, ProgramSignature
 
 SCHEMA = "jaxcache.run/1"
@@ -217,7 +218,7 @@ def decode(data: bytes | str | Mapping[str, Any], kind: type[Any], what: str, ma
             if "got `float`" not in str(exc):
                 raise
             plain = msgspec.json.decode(data) if isinstance(data, (bytes, str)) else data
-            found = msgspec.convert(_whole_floats_as_ints(plain), kind | _OtherSchema)
+            found = msgspec.convert(map_leaves(plain, _whole_float_as_int), kind | _OtherSchema)
     except msgspec.ValidationError as exc:
         raise InvalidInputError(f"{what} is malformed: {exc}") from None
     except msgspec.DecodeError as exc:
@@ -229,30 +230,11 @@ def decode(data: bytes | str | Mapping[str, Any], kind: type[Any], what: str, ma
     return found
 
 
-def _whole_floats_as_ints(data: Any) -> Any:
-    """``data`` (decoded JSON) with every float that an int holds exactly (below 2**53) as that int; a loop, not
-    recursion, so nesting costs no stack."""
-    def fixed(value: Any) -> Any:
-        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-            return int(value)
-        if isinstance(value, dict):
-            copy: dict[Any, Any] = dict(value)
-            todo.append(copy)
-            return copy
-        if isinstance(value, list):
-            items = list(value)
-            todo.append(items)
-            return items
-        return value
-
-    todo: list[Any] = []
-    top = fixed(data)
-    while todo:
-        node = todo.pop()
-        keys = node.keys() if isinstance(node, dict) else range(len(node))
-        for k in keys:
-            node[k] = fixed(node[k])
-    return top
+def _whole_float_as_int(value: Any) -> Any:
+    """``value`` as an int where it is a float an int holds exactly (below 2**53)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
 
 
 def parse(data: bytes | str | Mapping[str, Any]) -> RunRecord:

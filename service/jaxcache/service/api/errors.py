@@ -4,7 +4,6 @@ fail on what they echo back."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
+from jaxcache.jsontree import leaves, map_leaves
 from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.ingestion.inbox import InboxFullError
 
@@ -36,39 +36,40 @@ NON_FINITE = ("is not a finite number: JSON has no NaN or Infinity (RFC 8259), a
               "read as Infinity; send a finite number")
 
 
-def _non_finite(node: Any, loc: tuple[str | int, ...] = ("body",)) -> Iterator[tuple[tuple[str | int, ...], float]]:
-    """Where in a parsed body a float is NaN or infinite, and its value."""
-    if isinstance(node, float):
-        if not math.isfinite(node):
-            yield loc, node
-    elif isinstance(node, dict):
-        for k, v in node.items():
-            yield from _non_finite(v, (*loc, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _non_finite(v, (*loc, i))
+def _spelled(value: Any) -> Any:
+    """A NaN or infinite float as JSON-like text (``"NaN"``, ``"-Infinity"``), which JSON can carry; else itself."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    return value
 
 
-def _spelled(node: Any) -> Any:
-    """``node`` with each NaN or infinite float as JSON-like text (``"NaN"``, ``"-Infinity"``): JSON can carry it."""
-    if isinstance(node, float) and not math.isfinite(node):
-        return "NaN" if math.isnan(node) else "Infinity" if node > 0 else "-Infinity"
-    if isinstance(node, dict):
-        return {k: _spelled(v) for k, v in node.items()}
-    if isinstance(node, list | tuple):
-        return [_spelled(v) for v in node]
-    return node
+def _answerable(value: Any) -> Any:
+    """A leaf of a problem's input as JSON can carry it: NaN spelled out, bytes (a body of another content type)
+    as text, anything else through FastAPI's encoder."""
+    if value is None or isinstance(value, str | int | float):
+        return _spelled(value)
+    return jsonable_encoder(value)
 
 
 def unprocessable(exc: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 in its shape (``UnprocessableModel``), for any body: a problem of its own for each NaN or
-    infinite number (a validator's message about one would only confuse), then FastAPI's problems elsewhere."""
-    places = dict(_non_finite(exc.body))
+    infinite number (a validator's message about one would only confuse), then FastAPI's problems elsewhere.
+    Bodies are walked with loops (``jaxcache.jsontree``): one nested as deep as the JSON decoder allows is a 422
+    too."""
+    places = {("body", *path): value for path, value in leaves(exc.body)
+              if isinstance(value, float) and not math.isfinite(value)}
     problems: list[dict[str, Any]] = [
         {"loc": list(loc), "msg": f"{_spelled(value)} {NON_FINITE}", "type": "finite_number",
          "input": _spelled(value)} for loc, value in places.items()]
-    # Inputs spelled out: a NaN that is part of another problem's input (or one a validator made) cannot fail it.
-    problems += [p for p in _spelled(jsonable_encoder(exc.errors())) if tuple(p.get("loc", ())) not in places]
+    for p in exc.errors():
+        if tuple(p.get("loc", ())) in places:
+            continue
+        # The input as it came (decoded JSON), spelled out: a NaN in it cannot fail the answer; the rest (a
+        # validator's context) through FastAPI's encoder.
+        problem = jsonable_encoder({k: v for k, v in p.items() if k != "input"})
+        if "input" in p:
+            problem["input"] = map_leaves(p["input"], _answerable)
+        problems.append(map_leaves(problem, _spelled))
     return JSONResponse({"detail": problems}, status_code=422)
 
 
