@@ -16,7 +16,6 @@ from jaxcache.service.api.deps import ERRORS, UNPROCESSABLE, ReportAuth, state_o
 from jaxcache.service.api.schemas.common import ErrorModel
 from jaxcache.service.api.schemas.reports import ReportResult
 from jaxcache.service.ingestion import inbox, routing
-from jaxcache.service.ingestion.reports import check_keys
 from jaxcache.service.middleware import ABORTED, REPORTS_PATH
 from jaxcache.service.state import State
 
@@ -90,7 +89,7 @@ def _parse(state: State, body: bytes, cache: str | None) -> tuple[records.RunRec
     that is refused."""
     try:
         record = records.parse(body)
-        check_keys([u.key for u in record.keys])
+        inbox.check_keys([u.key for u in record.keys])
         if record.process_count > MAX_PROCESSES:
             raise InvalidInputError(f"run record is malformed: process_count {record.process_count} is over "
                                     f"{MAX_PROCESSES}, the most the catalog counts")

@@ -22,7 +22,7 @@ from jaxcache.service.catalog.models import InboxRow
 from jaxcache.service.ingestion import inbox, malformed
 from jaxcache.service.ingestion.inbox import REPORT, Accepted
 from jaxcache.service.ingestion.packed import report_of
-from jaxcache.service.ingestion.reports import Folded, Item, check_keys, fold
+from jaxcache.service.ingestion.reports import Folded, Item, fold
 
 log = logging.getLogger("jaxcache.service")
 
@@ -36,7 +36,6 @@ class Drained(Folded):
     record no longer parses (a catalog written by another version)."""
 
     malformed: int = 0
-    passes: int = 0
 
 
 def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REPORT, name: str | None = None,
@@ -45,7 +44,6 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
     whatever else waited). ``stale`` also when the fold found it older than what the catalog holds. Raises
     :class:`InvalidInputError` for a record the catalog cannot hold (a key listed twice, a value a column cannot
     hold)."""
-    check_keys([u.key for u in record.keys])
     accepted = inbox.accept(catalog, cache, record, record.to_json(), source=source, name=name)
     drained = drain(catalog, cache, secret=secret, root=root)
     if drained.malformed:
@@ -88,7 +86,7 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, secret: bytes | None, r
             for row in rows:
                 try:
                     record = records.parse(inbox.body_of(bytes(row.body)))
-                    check_keys([u.key for u in record.keys])
+                    inbox.check_keys([u.key for u in record.keys])
                 except InvalidInputError as exc:  # accepted by another version of the service
                     _dropped(cache, row, exc, out)
                     continue
@@ -108,7 +106,6 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, secret: bytes | None, r
         out.fresh.update(folded.fresh)
         out.stale += folded.stale
         out.misses.update(folded.misses)
-        out.passes += 1
         taken += len(rows)
     return taken
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +81,9 @@ def check_room(catalog: Catalog, limit: int) -> None:
 def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, source: str = REPORT,
            name: str | None = None) -> Accepted:
     """Put ``record`` (parsed from ``body``, so valid) into the inbox of ``cache``, unless a newer version of it is
-    in the inbox or in the run tables already."""
+    in the inbox or in the run tables already. Raises :class:`InvalidInputError` for a record the drain could not
+    fold (a key listed twice), storing nothing."""
+    check_keys([u.key for u in record.keys])
     ids = {"cache": cache, "run_id": record.run_id, "process_index": record.process_index}
     with catalog.short_write() as s:
         conn = s.connection()
@@ -112,3 +115,14 @@ def _upsert(dialect: str) -> Any:
         set_={c.name: insert.excluded[c.name] for c in table.columns if not c.primary_key},
         where=insert.excluded.updated_s >= table.c.updated_s,  # keeps the newest version
     ).returning(table.c.cache)
+
+
+def check_keys(keys: Sequence[str]) -> None:
+    """Refuse (InvalidInputError) a record the catalog cannot store: one that names a key twice."""
+    if len(set(keys)) == len(keys):
+        return
+    seen: set[str] = set()
+    for key in keys:
+        if key in seen:
+            raise InvalidInputError(f"run record lists key {key!r} twice: one entry per key")
+        seen.add(key)

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
-from jaxcache.errors import InvalidInputError
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.ingestion import attestations
 from jaxcache.service.ingestion import explain as explaining
@@ -28,7 +27,7 @@ from jaxcache.service.ingestion.explain import Pending
 from jaxcache.service.ingestion.inbox import REPORT, STORAGE
 from jaxcache.service.ingestion.packed import Report
 
-__all__ = ["REPORT", "STORAGE", "Folded", "Item", "check_keys", "fold"]
+__all__ = ["REPORT", "STORAGE", "Folded", "Item", "fold"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +51,11 @@ class Folded:
 
 def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *, secret: bytes | None = None,
          root: str | None = None) -> Folded:
-    """Fold ``items`` (in order) into ``cache``'s run tables in ``s``, a write transaction the caller took with
-    ``catalog.writing(cache)``: what a job's processes send at once share their runs' usage rows and their keys, so
-    a batch reads and writes each once instead of once a record. Their misses are explained at the end, when every
-    record is in, whatever order they came in; their digests recorded in the same transaction."""
+    """Fold ``items`` (in order within each source) into ``cache``'s run tables in ``s``, a write transaction the
+    caller took with ``catalog.writing(cache)``: what a job's processes send at once share their runs' usage rows
+    and their keys, so a batch reads and writes each once instead of once a record. Their misses are explained at
+    the end, when every record is in, whatever order they came in; their digests recorded in the same
+    transaction."""
     out = Folded()
     pending: list[Pending] = []
     found: list[Attestation] = []
@@ -83,17 +83,6 @@ def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *, sec
     if found:
         attestations.record_in(catalog, s, cache, found)
     return out
-
-
-def check_keys(keys: Sequence[str]) -> None:
-    """Refuse (InvalidInputError) a record the catalog cannot store: one that names a key twice."""
-    if len(set(keys)) == len(keys):
-        return
-    seen: set[str] = set()
-    for key in keys:
-        if key in seen:
-            raise InvalidInputError(f"run record lists key {key!r} twice: one entry per key")
-        seen.add(key)
 
 
 def _attestations(item: Item, secret: bytes | None) -> list[Attestation]:

@@ -23,7 +23,6 @@ from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow, RunRow, max_length
 from jaxcache.service.ingestion import inbox, malformed
-from jaxcache.service.ingestion.reports import check_keys
 from jaxcache.storage import ObjectInfo, Storage
 
 log = logging.getLogger("jaxcache.service")
@@ -131,7 +130,6 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, now: float |
         if data is not None and error is None:
             try:
                 record = records.parse(data)
-                check_keys([u.key for u in record.keys])
                 inbox.accept(catalog, cache, record, data, source=inbox.STORAGE, name=info.name)
             except malformed.REFUSALS as exc:
                 error = malformed.reason(exc)
