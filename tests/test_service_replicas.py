@@ -28,7 +28,7 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLocks, LockBusyError
 from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
 from jaxcache.service.ingestion import inbox
-from jaxcache.service.ingestion.aggregates import recompute
+from jaxcache.service.ingestion.aggregates import refresh
 from jaxcache.service.ingestion.drain import drain
 from jaxcache.service.tasks.rescan import rescan
 from jaxcache.storage import open_storage
@@ -165,7 +165,7 @@ def test_two_replicas_draining_at_once_fold_each_record_once(catalog_url, cache_
         expected_hits = {k: sum(u.hits for r in recs for u in r.keys if u.key == k) for k in pool}
         assert {k: v[0] for k, v in kept["stats"].items()} == expected_hits
         with replicas[0].session() as s:
-            recompute(s, "demo", pool)
+            refresh(s.connection(), "demo", pool)
         fresh = snapshot()
         for part in ("stats", "copies", "saved"):
             assert kept[part].keys() == fresh[part].keys()

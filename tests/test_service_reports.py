@@ -222,27 +222,22 @@ def test_saved_seconds_without_a_known_writer_use_jax_figure(svc, keys):
     assert entries(svc)[odd]["saved_s"] == pytest.approx(40.0)
 
 
-def test_an_older_entries_table_is_rebuilt(tmp_path):
-    import sqlite3
-
-    from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.catalog.models import EntryRow
-
-    path = tmp_path / "old.sqlite"
-    db = sqlite3.connect(path)
-    db.execute("CREATE TABLE caches (name VARCHAR(64) PRIMARY KEY, url VARCHAR(1024), last_scan_s FLOAT, "
-               "last_scan_seconds FLOAT, last_scan_error VARCHAR(2048))")
-    db.execute("INSERT INTO caches VALUES ('demo', '/x', 123.0, 1.0, NULL)")
-    db.execute("CREATE TABLE entries (cache VARCHAR(64), key VARCHAR(512), kind VARCHAR(8), size_bytes BIGINT, "
-               "PRIMARY KEY (cache, key, kind))")
-    db.execute("INSERT INTO entries VALUES ('demo', 'jit_f-" + "0" * 64 + "', 'entry', 1)")
-    db.commit()
-    db.close()
-    catalog = Catalog(f"sqlite:///{path}")
-    with catalog.reader() as conn:
-        cols = {r[1] for r in conn.exec_driver_sql("PRAGMA table_info(entries)")}
-        assert cols == set(EntryRow.__table__.columns.keys())
-        assert conn.exec_driver_sql("SELECT count(*) FROM entries").scalar() == 0
-        # Not ready until the first rescan fills the index again.
-        assert conn.exec_driver_sql("SELECT last_scan_s FROM caches").scalar() is None
-    catalog.dispose()
+@BOTH
+def test_a_newer_record_without_a_key_takes_its_figures_away(svc, keys):
+    """A process's newer record replaces it whole: a key it no longer names loses its hits, and its first writer
+    when that process was the only one; another process's write becomes the first, and readers' seconds saved are
+    weighed by that writer's measure."""
+    now = time.time()
+    odd, tiny = keys["jit_odd-name.v2"], keys["jit_tiny"]
+    report(svc, run("a", "r1", [write(odd, 10.0, now - 900), hit(tiny, 3, now - 800)], at=now - 800))
+    report(svc, run("b", "r2", [write(odd, 4.0, now - 700)], at=now - 650))
+    report(svc, run("c", "r3", [hit(odd, 2, now - 600)], at=now - 600))
+    before = entries(svc)
+    assert before[odd]["first_writer"]["job"] == "a" and before[odd]["saved_s"] == pytest.approx(2 * 10.0)
+    assert before[tiny]["hits"] == 3
+    report(svc, run("a", "r1", [], at=now - 500))  # the same process, its record now naming no key
+    after = entries(svc)
+    assert after[odd]["first_writer"]["job"] == "b" and after[odd]["saved_s"] == pytest.approx(2 * 4.0)
+    assert after[tiny]["hits"] == 0 and after[tiny]["first_writer"] is None
+    jobs = {j["job"]: j for j in svc.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"]}
+    assert jobs["a"]["hits"] == 0 and jobs["a"]["writes"] == 0 and jobs["c"]["saved_s"] == pytest.approx(8.0)

@@ -32,7 +32,7 @@ from jaxcache.service.catalog.models import (
 )
 from jaxcache.service.catalog.queries import coverage
 from jaxcache.service.ingestion import drain
-from jaxcache.service.ingestion.aggregates import recompute
+from jaxcache.service.ingestion.aggregates import refresh
 from jaxcache.service.tasks import pruning
 from jaxcache.service.tasks.rescan import rescan
 from jaxcache.storage import open_storage
@@ -158,7 +158,7 @@ def test_recomputing_adds_the_history_back(compacted):
     catalog, keys, before = compacted.catalog, compacted.keys, compacted.before
     every = list(before["stats"])
     with catalog.writing("demo") as s:
-        recompute(s, "demo", every)
+        refresh(s.connection(), "demo", every)
     assert _snapshot(catalog, "demo") == before  # key_stats from key_history + the live rows, as they were
     # A new record on a key adds to what history holds, whichever way its aggregates are updated.
     train, tiny = keys["jit_train_step"], keys["jit_tiny"]

@@ -59,11 +59,7 @@ class Catalog:
             # instead of failing the request that draws it.
             # JSON columns through msgspec: every usage row carries its key's parts, and the standard library's
             # encoder was a tenth of a record's ingestion.
-            # PostgreSQL: a plan per execution. psycopg prepares a statement run five times, and the server then
-            # keeps a generic plan made for the table as it was: one made while a new catalog's usage table was
-            # empty scanned it whole for every report long after (10 ms a statement at 200,000 rows).
-            options = {"options": "-c plan_cache_mode=force_custom_plan"} if url.startswith("postgresql") else {}
-            self.engine: Engine = create_engine(url, pool_pre_ping=not url.startswith("sqlite"), connect_args=options,
+            self.engine: Engine = create_engine(url, pool_pre_ping=not url.startswith("sqlite"),
                                                 json_serializer=_json_text, json_deserializer=msgspec.json.decode)
         except Exception as exc:  # SQLAlchemy raises several types for a bad URL or a missing driver
             raise InvalidInputError(f"catalog database URL {shown!r} is not usable: {exc}") from None

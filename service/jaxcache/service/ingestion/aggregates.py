@@ -1,18 +1,38 @@
-"""Per-key aggregates of run records (first writer, hits, last hit, seconds saved) over a key's usage rows (one per
-run) and its compacted history, and their copies on entry rows; the seconds saved weighed again when a key's first
-writer changes. Seconds saved and retention: docs/service.md, "Run records"."""
+"""Set-based statements over the run tables, each computing its figures from rows with :mod:`.rules`: a run's
+usage rows of some keys from its processes' rows, keys' aggregates (``key_stats`` and their copies on entry rows)
+from their usage rows and compacted history, processes' own seconds saved, and the history that compacted
+processes fold into. docs/service.md, "Run records".
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import BindParameter, Float, and_, bindparam, case, cast, delete, insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Delete,
+    Select,
+    Subquery,
+    Update,
+    and_,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    literal,
+    select,
+    true,
+    tuple_,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 
-from jaxcache import records
-from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.models import (
     AGGREGATES,
     EntryRow,
@@ -23,272 +43,257 @@ from jaxcache.service.catalog.models import (
     UsageRow,
     table_of,
 )
-from jaxcache.service.ingestion import figures as f
-from jaxcache.service.ingestion import groups
+from jaxcache.service.ingestion import explain, rules
 
-_CHUNK = 500
-
-EMPTY = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
+#: A key's aggregates when no run record mentions it.
+EMPTY: dict[str, Any] = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
 WRITER = tuple(n for n in AGGREGATES if n.startswith("writer_"))
+#: Keys per statement: bound one parameter each (SQLite allows 32,766 in all).
+CHUNK = 1000
 
-#: A usage row with its writer's run row: what aggregates are computed from.
-_WRITER_RUN = and_(RunRow.cache == UsageRow.cache, RunRow.run_id == UsageRow.run_id,
-                   RunRow.process_index == UsageRow.writer_process)
-#: A process's run row with its packed figures (process_keys).
-FIGURES_JOIN = and_(ProcessKeysRow.cache == RunRow.cache, ProcessKeysRow.run_id == RunRow.run_id,
-                    ProcessKeysRow.process_index == RunRow.process_index)
-_ROW_COLUMNS = (UsageRow.key, UsageRow.run_id, UsageRow.job, UsageRow.kind, UsageRow.hits, UsageRow.saved_s,
-                UsageRow.last_hit_s, UsageRow.writer_process, UsageRow.writer_at_s, UsageRow.writer_compile_s,
-                RunRow.host, RunRow.topology, RunRow.jax, RunRow.jaxlib)
+_pk, _runs, _usage, _stats, _history, _entries = (table_of(m) for m in (
+    ProcessKeysRow, RunRow, UsageRow, KeyStatsRow, KeyHistoryRow, EntryRow))
+_KEYS: BindParameter[Any] = bindparam("b_keys", expanding=True)
+_CACHE: BindParameter[str] = bindparam("b_cache")
 
 
-def order(writer: Mapping[str, Any]) -> tuple:
-    """Writers compare by time of the write, then run id and process index: every replica and the CLI pick the same
-    first writer whatever order records arrive in."""
-    return writer["writer_at_s"], writer["writer_run"], writer["writer_process"]
+def chunks(items: Sequence[Any]) -> Iterator[list[Any]]:
+    for i in range(0, len(items), CHUNK):
+        yield list(items[i : i + CHUNK])
 
 
-def writer_of(r: Any) -> dict[str, Any] | None:
-    """The writer fields of a usage row (with its writer's run columns) whose processes wrote its key."""
-    if r.writer_at_s is None:
-        return None
-    return {"writer_job": r.job, "writer_run": r.run_id, "writer_process": r.writer_process, "writer_host": r.host,
-            "writer_topology": r.topology, "writer_jax": r.jax, "writer_jaxlib": r.jaxlib,
-            "writer_at_s": r.writer_at_s, "writer_compile_s": r.writer_compile_s}
+def _insert(dialect: str, table: Any) -> Any:
+    return (postgresql if dialect == "postgresql" else sqlite).insert(table)
 
 
-def earliest(*found: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The writer fields (WRITER) of the first writer among ``found`` (mappings with writer fields, or None)."""
-    known = [w for w in found if w is not None and w["writer_run"] is not None]
-    return {n: min(known, key=order)[n] for n in WRITER} if known else None
+def _process_run() -> Any:
+    """Each process row with its run row."""
+    return _pk.join(_runs, and_(_runs.c.cache == _pk.c.cache, _runs.c.run_id == _pk.c.run_id,
+                                _runs.c.process_index == _pk.c.process_index))
 
 
-def aggregate(rows: Iterable[Any], history: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Aggregates of one key from its usage rows (with their writers' run columns) and its compacted runs'
-    (``history``, a key_history row as a dict). Only jobs' hits count (:func:`figures.used_hits`)."""
-    rows = list(rows)
-    hits = history["hits"] if history else 0
-    last_hit: float | None = history["last_hit_s"] if history else None
-    saved = history["saved_s"] if history else 0.0
-    for r in rows:
-        hits += f.used_hits(r.kind, r.hits)
-        saved += r.saved_s
-        if r.last_hit_s is not None and (last_hit is None or r.last_hit_s > last_hit):
-            last_hit = r.last_hit_s
-    writer = earliest(history, *(writer_of(r) for r in rows))
-    return {"hits": hits, "last_hit_s": last_hit, "saved_s": saved, **(writer or dict.fromkeys(WRITER))}
+def _measure(table: Any) -> Any:
+    """``table``'s rows with their key's aggregates (its first writer's measure)."""
+    return and_(_stats.c.cache == table.c.cache, _stats.c.key == table.c.key)
 
 
-def entry_params(key: str, stats: Mapping[str, Any]) -> dict[str, Any]:
-    """The parameters of :func:`entry_update_statement` that copy ``stats`` (a key's aggregates) onto ``key``'s row."""
-    return {"b_key": key, **{f"b_{n}": stats[n] for n in AGGREGATES}}
+def _saved(kind: Any) -> Any:
+    return rules.saved(kind, _pk.c.hits, _pk.c.retrieval_s, _pk.c.jax_saved_s, _stats.c.writer_compile_s)
 
 
-def entry_update_statement(cache: str | BindParameter[str]):
-    """UPDATE of an entry row's copy of its key's aggregates (parameters ``b_key`` and ``b_<aggregate>``; ``cache``
-    a name, or a bound parameter of its own); its last use becomes the newer of what storage shows and the last
-    hit."""
-    entries = table_of(EntryRow)
-    # Typed on the server too: PostgreSQL cannot infer the type of a parameter that is only tested for NULL.
-    hit = cast(bindparam("b_last_hit_s", type_=Float), Float)
-    return (
-        update(entries)
-        .where(entries.c.cache == cache, entries.c.key == bindparam("b_key"), entries.c.kind == "entry")
-        .values(
-            **{name: bindparam(f"b_{name}") for name in AGGREGATES},
-            last_used_s=case((and_(hit.is_not(None), hit > entries.c.seen_used_s), hit),
-                             else_=entries.c.seen_used_s),
-        )
-    )
+# --- usage rows ---------------------------------------------------------------------------------------------------
 
 
-def store(s: Session, cache: str, stats: Mapping[str, Mapping[str, Any]]) -> None:
-    """Write ``stats`` (``{key: aggregates}``) to key_stats, and their copies onto entry rows."""
-    keys = sorted(stats)
-    conn = s.connection()
-    rawsql.upsert_many(conn, table_of(KeyStatsRow), [{"cache": cache, "key": k, **stats[k]} for k in keys])
-    rawsql.execute_many(conn, "key-stats-entry-copy", _entry_copy,
-                        [{"b_cache": cache, **entry_params(k, stats[k])} for k in keys])
+def usage_rows(conn: Connection, cache: str, keys: Sequence[str], *, run_id: str | None = None) -> None:
+    """Compute the usage rows of ``keys`` (of run ``run_id``; None: of every run) from their processes' rows, and
+    delete those no process has any more. A row whose miss is no longer what it was explained as loses its
+    explanation."""
+    by_run = run_id is not None
+    for chunk in chunks(sorted(keys)):
+        params = {"b_cache": cache, "b_keys": chunk, "b_run_id": run_id}
+        conn.execute(_usage_upsert(conn.dialect.name, by_run), params)
+        conn.execute(_usage_gone(by_run), params)
 
 
-def _entry_copy() -> Any:
-    return entry_update_statement(bindparam("b_cache"))
+@functools.cache
+def _usage_upsert(dialect: str, by_run: bool) -> Any:
+    p, r = _pk.c, _runs.c
+    src = (
+        select(p.cache, p.run_id, p.key, r.job, r.kind, p.process_index, p.function, p.event, p.hits, p.compiles,
+               p.writes, p.reason, p.compile_s, p.retrieval_s, p.jax_saved_s, p.size_bytes, p.first_at, p.last_at,
+               r.updated_s, _saved(r.kind).label("saved"))
+        .select_from(_process_run().outerjoin(_stats, _measure(_pk)))
+        .where(p.cache == _CACHE, p.key.in_(_KEYS), *([p.run_id == bindparam("b_run_id")] if by_run else []))
+    ).subquery()
+    s = src.c
+    values: dict[str, Any] = {
+        "cache": s.cache, "run_id": s.run_id, "key": s.key, "job": s.job, "kind": s.kind,
+        "process_index": func.min(s.process_index), "processes": func.count(), "function": func.min(s.function),
+        "event": rules.most_informative(s.event), "hits": func.sum(s.hits), "compiles": func.sum(s.compiles),
+        "writes": func.sum(s.writes), "reason": func.max(s.reason),
+        "compile_s": func.coalesce(func.sum(s.compile_s), 0.0), "retrieval_s": func.sum(s.retrieval_s),
+        "jax_saved_s": func.sum(s.jax_saved_s), "saved_s": func.sum(s.saved), "size_bytes": func.max(s.size_bytes),
+        "first_at": func.coalesce(func.min(func.nullif(s.first_at, 0.0)), 0.0), "last_at": func.max(s.last_at),
+        "last_hit_s": func.max(rules.hit_at(s.kind, s.hits, s.first_at, s.last_at)),
+        "updated_s": func.max(s.updated_s),
+        "missed": func.sum(case((rules.is_miss(s.kind, s.event), 1), else_=0)), "counted": literal(0),
+    }
+    # WHERE true: SQLite would read the ON of ON CONFLICT as a join's otherwise.
+    rows = select(*(v.label(n) for n, v in values.items())).where(true()).group_by(
+        s.cache, s.run_id, s.key, s.job, s.kind)
+    ins = _insert(dialect, _usage).from_select(list(values), rows)
+    u, ex = _usage.c, ins.excluded
+    # What a miss's explanation was made of, on the row (explain.INPUTS; parts and programs: see fold's texts).
+    same = and_(u.process_index == ex.process_index, u.event == ex.event, u.first_at == ex.first_at,
+                u.reason.is_not_distinct_from(ex.reason), rules.is_miss(ex.kind, ex.event))
+    kept = {n: case((same, u[n])) for n in explain.COLUMNS}
+    return ins.on_conflict_do_update(
+        index_elements=[c.name for c in _usage.primary_key],
+        set_={**{n: ex[n] for n in values if n not in ("cache", "run_id", "key", "job", "kind", "counted")}, **kept})
 
 
-def gather(s: Session, cache: str, keys: Iterable[str], *, reweigh: bool = False) -> dict[str, dict[str, Any]]:
-    """The aggregates of ``keys`` from their usage rows and history (EMPTY for a key with neither); with
-    ``reweigh``, the seconds saved of every row are weighed again by the key's first writer first."""
-    keys = sorted(set(keys))
+@functools.cache
+def _usage_gone(by_run: bool) -> Delete:
+    u, p = _usage.c, _pk.c
+    held = (select(literal(1)).select_from(_process_run())
+            .where(p.cache == u.cache, p.run_id == u.run_id, p.key == u.key, _runs.c.job == u.job,
+                   _runs.c.kind == u.kind))
+    return delete(_usage).where(u.cache == _CACHE, u.key.in_(_KEYS), ~exists(held),
+                                *([u.run_id == bindparam("b_run_id")] if by_run else []))
+
+
+# --- keys' aggregates -----------------------------------------------------------------------------------------------
+
+
+def _aggregated(rows: Subquery) -> Select:
+    """Per (cache, key) of ``rows`` (each with AGGREGATES columns: hits that count as use, the last such hit, seconds
+    saved, and a write's writer columns or NULLs): the sums, the latest hit, and the first writer."""
+    ranked = select(rows, rules.first_writer([rows.c.cache, rows.c.key], rows.c.writer_at_s, rows.c.writer_run,
+                                             rows.c.writer_process).label("rank")).subquery()
+    c = ranked.c
+    first = and_(c.rank == 1, c.writer_at_s.is_not(None))
+    return (select(c.cache, c.key, func.coalesce(func.sum(c.hits), 0).label("hits"),
+                   func.max(c.last_hit_s).label("last_hit_s"),
+                   func.coalesce(func.sum(c.saved_s), 0.0).label("saved_s"),
+                   *(func.max(case((first, c[n]))).label(n) for n in WRITER))
+            .where(true()).group_by(c.cache, c.key))
+
+
+def _history_of(keys: Any) -> Select:
+    h = _history.c
+    return select(h.cache, h.key, *(h[n] for n in AGGREGATES)).where(h.cache == _CACHE, h.key.in_(keys))
+
+
+def _upsert_aggregates(dialect: str, table: Any, rows: Select) -> Any:
+    ins = _insert(dialect, table).from_select(["cache", "key", *AGGREGATES], rows)
+    return ins.on_conflict_do_update(index_elements=["cache", "key"],
+                                     set_={n: ins.excluded[n] for n in AGGREGATES})
+
+
+def _writes(*where: Any) -> Select:
+    """The processes that wrote keys, as rows of :func:`_aggregated` (with no hits)."""
+    p, r = _pk.c, _runs.c
+    return (select(p.cache, p.key, literal(0).label("hits"), literal(None).label("last_hit_s"),
+                   literal(0.0).label("saved_s"), r.job.label("writer_job"), p.run_id.label("writer_run"),
+                   p.process_index.label("writer_process"), r.host.label("writer_host"),
+                   r.topology.label("writer_topology"), r.jax.label("writer_jax"), r.jaxlib.label("writer_jaxlib"),
+                   rules.write_at(p.event, p.writes, p.first_at, r.started_s).label("writer_at_s"),
+                   p.compile_s.label("writer_compile_s"))
+            .select_from(_process_run()).where(rules.wrote(p.event, p.writes), *where))
+
+
+@functools.cache
+def _stats_upsert(dialect: str) -> Any:
+    u = _usage.c
+    nothing = (literal(None).label(n) for n in WRITER)
+    of_usage = (select(u.cache, u.key, rules.used_hits(u.kind, u.hits).label("hits"), u.last_hit_s, u.saved_s,
+                       *nothing).where(u.cache == _CACHE, u.key.in_(_KEYS)))
+    writes = _writes(_pk.c.cache == _CACHE, _pk.c.key.in_(_KEYS))
+    rows = _aggregated(union_all(of_usage, writes, _history_of(_KEYS)).subquery())
+    return _upsert_aggregates(dialect, _stats, rows).returning(_stats.c.key, _stats.c.hits,
+                                                                _stats.c.writer_compile_s)
+
+
+def key_stats(conn: Connection, cache: str, keys: Sequence[str]) -> set[str]:
+    """Compute the aggregates of ``keys`` from their usage rows and history and copy them onto their entry rows; the
+    keys whose first writer's measure changed while they have hits (their seconds saved are to be weighed again)."""
+    moved: set[str] = set()
+    for chunk in chunks(sorted(keys)):
+        params = {"b_cache": cache, "b_keys": chunk}
+        before = dict(conn.execute(_measures(), params).all())
+        after = conn.execute(_stats_upsert(conn.dialect.name), params).all()
+        moved.update(k for k, hits, measure in after if hits and before.get(k) != measure)
+        gone = set(chunk) - {k for k, _, _ in after}
+        if gone:  # no run record, compacted or not, mentions them any more
+            conn.execute(update(_stats).where(_stats.c.cache == cache, _stats.c.key.in_(sorted(gone)))
+                         .values(EMPTY))
+        conn.execute(_entry_copy(), params)
+    return moved
+
+
+@functools.cache
+def _measures() -> Select:
+    return select(_stats.c.key, _stats.c.writer_compile_s).where(_stats.c.cache == _CACHE, _stats.c.key.in_(_KEYS))
+
+
+@functools.cache
+def _entry_copy() -> Update:
+    """Copy keys' aggregates onto their entry rows; an entry's last use becomes the newer of what storage shows and
+    the last hit."""
+    e, k = _entries.c, _stats.c
+    hit = k.last_hit_s
+    return (update(_entries)
+            .where(e.cache == _CACHE, e.kind == "entry", e.key.in_(_KEYS), k.cache == e.cache, k.key == e.key)
+            .values(**{n: k[n] for n in AGGREGATES},
+                    last_used_s=case((and_(hit.is_not(None), hit > e.seen_used_s), hit), else_=e.seen_used_s)))
+
+
+def stats_of(conn: Connection, cache: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``{key: aggregates}`` for those of ``keys`` that run records mention (for entry rows a rescan adds)."""
     out: dict[str, dict[str, Any]] = {}
-    for i in range(0, len(keys), _CHUNK):
-        chunk = keys[i : i + _CHUNK]
-        by_key = _rows(s, cache, chunk)
-        history = histories(s, cache, chunk)
-        if reweigh:
-            writers = {k: earliest(history.get(k), *(writer_of(r) for r in by_key.get(k, ()))) for k in chunk}
-            if _reweigh(s, cache, {k: w["writer_compile_s"] if w else None for k, w in writers.items()}):
-                by_key = _rows(s, cache, chunk)
-        for key in chunk:
-            rows, past = by_key.get(key), history.get(key)
-            out[key] = aggregate(rows or [], past) if rows or past else dict(EMPTY)
+    for chunk in chunks(sorted(keys)):
+        for row in conn.execute(_stats_of(), {"b_cache": cache, "b_keys": chunk}):
+            out[row[0]] = dict(zip(AGGREGATES, row[1:], strict=True))
     return out
 
 
-def _rows(s: Session, cache: str, keys: list[str]) -> dict[str, list[Any]]:
-    by_key: dict[str, list[Any]] = defaultdict(list)
-    for r in s.execute(select(*_ROW_COLUMNS).outerjoin(RunRow, _WRITER_RUN)
-                       .where(UsageRow.cache == cache, UsageRow.key.in_(keys))):
-        by_key[r.key].append(r)
-    return by_key
+@functools.cache
+def _stats_of() -> Select:
+    return select(_stats.c.key, *(_stats.c[n] for n in AGGREGATES)).where(_stats.c.cache == _CACHE,
+                                                                          _stats.c.key.in_(_KEYS))
 
 
-def _reweigh(s: Session, cache: str, writer_compile_s: Mapping[str, float | None]) -> bool:
-    """Weigh the seconds saved by jobs' hits of these keys again (``{key: its first writer's compile seconds}``),
-    in every process's figures, usage row and run row; whether any changed."""
-    runs: dict[str, set[str]] = defaultdict(set)
-    for run_id, key in s.execute(select(UsageRow.run_id, UsageRow.key).where(
-            UsageRow.cache == cache, UsageRow.key.in_(list(writer_compile_s)), UsageRow.kind == records.JOB,
-            UsageRow.hits > 0)):
-        runs[run_id].add(key)
-    usage_deltas: dict[tuple[str, str, str], float] = defaultdict(float)
-    run_deltas: dict[tuple[str, int], float] = defaultdict(float)
-    rewritten: list[dict[str, Any]] = []
-    for run_id, keys in sorted(runs.items()):
-        for index, job, figures in s.execute(
-                select(RunRow.process_index, RunRow.job, ProcessKeysRow.figures)
-                .join(ProcessKeysRow, FIGURES_JOIN)
-                .where(RunRow.cache == cache, RunRow.run_id == run_id, RunRow.kind == records.JOB)):
-            fig = f.decode(figures)
-            changed = False
-            for i, key in enumerate(fig.keys):
-                if key not in keys:
-                    continue
-                saved = f.saved_of(fig.hits[i], fig.retrieval_s[i], fig.jax_saved_s[i], writer_compile_s[key])
-                if saved != fig.saved_s[i]:
-                    usage_deltas[(run_id, key, job)] += saved - fig.saved_s[i]
-                    run_deltas[(run_id, index)] += saved - fig.saved_s[i]
-                    fig.saved_s[i] = saved
-                    changed = True
-            if changed:
-                rewritten.append({"b_run": run_id, "b_process": index, "b_figures": f.encode(fig)})
-    if not rewritten:
-        return False
-    conn = s.connection()
-    t = table_of(ProcessKeysRow)
-    conn.execute(update(t).where(t.c.cache == cache, t.c.run_id == bindparam("b_run"),
-                                 t.c.process_index == bindparam("b_process")).values(figures=bindparam("b_figures")),
-                 rewritten)
-    u = table_of(UsageRow)
-    conn.execute(update(u).where(u.c.cache == cache, u.c.run_id == bindparam("b_run"), u.c.key == bindparam("b_key"),
-                                 u.c.job == bindparam("b_job"), u.c.kind == records.JOB)
-                 .values(saved_s=u.c.saved_s + bindparam("b_delta", type_=Float)),
-                 [{"b_run": r, "b_key": k, "b_job": j, "b_delta": d} for (r, k, j), d in usage_deltas.items()])
-    r = table_of(RunRow)
-    conn.execute(update(r).where(r.c.cache == cache, r.c.run_id == bindparam("b_run"),
-                                 r.c.process_index == bindparam("b_process"))
-                 .values(saved_s=r.c.saved_s + bindparam("b_delta", type_=Float)),
-                 [{"b_run": run, "b_process": p, "b_delta": d} for (run, p), d in run_deltas.items()])
-    return True
+# --- processes' own totals --------------------------------------------------------------------------------------
 
 
-def rebuild(s: Session, cache: str, run_id: str, which: set[tuple[str, str, str]] | None = None) -> dict:
-    """Rebuild the usage rows of run ``run_id`` (``which``: only those (key, job, kind); None: all) from its
-    processes' figures, keeping their parts, programs and explanations; ``{(key, job, kind): row or None}`` as
-    they are now (None: no process has the key any more)."""
-    parts: dict[tuple[str, str, str], list[groups.Part]] = defaultdict(list)
-    for index, job, kind, updated, started, figures in s.execute(
-            select(RunRow.process_index, RunRow.job, RunRow.kind, RunRow.updated_s, RunRow.started_s,
-                   ProcessKeysRow.figures)
-            .join(ProcessKeysRow, FIGURES_JOIN)
-            .where(RunRow.cache == cache, RunRow.run_id == run_id)):
-        for fig in f.decode(figures).rows():
-            ident = (fig[f.KEY], job, kind)
-            if which is None or ident in which:
-                parts[ident].append((fig, index, updated, started))
-    u = table_of(UsageRow)
-    where = [u.c.cache == cache, u.c.run_id == run_id]
-    existing = {(r.key, r.job, r.kind) for r in s.execute(select(u.c.key, u.c.job, u.c.kind).where(*where))}
-    wanted = set(parts) | (existing if which is None else which & existing)
-    out: dict = {}
-    conn = s.connection()
-    for ident in sorted(wanted):
-        key, job, kind = ident
-        row = groups.build(kind, parts.get(ident, []))
-        pk = [u.c.key == key, u.c.job == job, u.c.kind == kind]
-        if row is None:
-            conn.execute(delete(u).where(*where, *pk))
-        elif ident in existing:
-            conn.execute(update(u).where(*where, *pk).values(**row))
-        else:
-            conn.execute(insert(u).values(cache=cache, run_id=run_id, key=key, job=job, kind=kind, counted=0, **row))
-        out[ident] = row
-    return out
+def process_saved(conn: Connection, cache: str, *, processes: Sequence[tuple[str, int]] = (),
+                  keys: Sequence[str] = ()) -> None:
+    """Compute the seconds saved of ``processes`` (run id, index), and of every process with a row of ``keys``."""
+    for i in range(0, len(processes), CHUNK):
+        conn.execute(_process_saved("processes"), {"b_cache": cache, "b_pairs": list(processes[i : i + CHUNK])})
+    for chunk in chunks(sorted(keys)):
+        conn.execute(_process_saved("keys"), {"b_cache": cache, "b_keys": chunk})
 
 
-def recompute(s: Session, cache: str, keys: Iterable[str]) -> None:
-    """Rebuild the usage rows of ``keys`` of ``cache`` from their processes' figures, weigh their seconds saved by
-    the keys' first writers, and recompute key_stats and the copies on entry rows: what ingestion keeps as
-    differences must equal this."""
-    keys = sorted(set(keys))
-    runs: dict[str, set[str]] = defaultdict(set)
-    for run_id, key in s.execute(select(UsageRow.run_id, UsageRow.key).where(UsageRow.cache == cache,
-                                                                          UsageRow.key.in_(keys))):
-        runs[run_id].add(key)
-    for run_id, found in sorted(runs.items()):
-        idents = {ident for ident in _idents(s, cache, run_id) if ident[0] in found}
-        rebuild(s, cache, run_id, idents)
-    store(s, cache, gather(s, cache, keys, reweigh=True))
+@functools.cache
+def _process_saved(by: str) -> Update:
+    r, p = _runs.c, _pk.c
+    mine = and_(p.cache == r.cache, p.run_id == r.run_id, p.process_index == r.process_index)
+    total = (select(func.coalesce(func.sum(_saved(r.kind)), 0.0))
+             .select_from(_pk.outerjoin(_stats, _measure(_pk))).where(mine).scalar_subquery())
+    which: ColumnElement[bool] = (
+        tuple_(r.run_id, r.process_index).in_(bindparam("b_pairs", expanding=True)) if by == "processes"
+        else exists(select(literal(1)).select_from(_pk).where(mine, p.key.in_(_KEYS))))
+    return update(_runs).where(r.cache == _CACHE, which).values(saved_s=total)
 
 
-def _idents(s: Session, cache: str, run_id: str) -> set[tuple[str, str, str]]:
-    """Every (key, job, kind) a process of ``run_id`` has figures of, and every one it has a row of."""
-    out = {(r.key, r.job, r.kind) for r in s.execute(select(UsageRow.key, UsageRow.job, UsageRow.kind).where(
-        UsageRow.cache == cache, UsageRow.run_id == run_id))}
-    for job, kind, figures in s.execute(
-            select(RunRow.job, RunRow.kind, ProcessKeysRow.figures)
-            .join(ProcessKeysRow, FIGURES_JOIN)
-            .where(RunRow.cache == cache, RunRow.run_id == run_id)):
-        out.update((key, job, kind) for key in f.decode(figures).keys)
-    return out
+def refresh(conn: Connection, cache: str, keys: Sequence[str]) -> None:
+    """Compute every figure of ``keys`` again, in every run: their usage rows, their aggregates, and the seconds
+    saved of the processes that have them (what a new first writer's measure changes)."""
+    usage_rows(conn, cache, keys)
+    key_stats(conn, cache, keys)
+    process_saved(conn, cache, keys=keys)
 
 
-def fold(history: Mapping[str, Any] | None, rows: Iterable[tuple[groups.Part, str, str, Mapping[str, Any]]]) -> dict:
-    """``history`` with compacted processes' figures of one key added (each a part, its kind, its job and its run's
-    writer columns): jobs' hits, the last hit, the seconds saved as the figures hold them (their key's writer's
-    measure when they were last weighed), the writer."""
-    hits: int = history["hits"] if history else 0
-    saved: float = history["saved_s"] if history else 0.0
-    last_hit: float | None = history["last_hit_s"] if history else None
-    writers: list[Mapping[str, Any] | None] = [history]
-    for part, kind, job, run in rows:
-        fig = part[groups.FIG]
-        used = f.used_hits(kind, fig[f.HITS])
-        hits += used
-        saved += fig[f.SAVED_S]
-        at = f.hit_at(used, fig[f.FIRST_AT], fig[f.LAST_AT])
-        if at is not None and (last_hit is None or at > last_hit):
-            last_hit = at
-        if f.wrote(fig[f.EVENT], fig[f.WRITES]):
-            writers.append({"writer_job": job, "writer_run": run["run_id"], "writer_process": part[groups.PROCESS],
-                            "writer_host": run["host"], "writer_topology": run["topology"], "writer_jax": run["jax"],
-                            "writer_jaxlib": run["jaxlib"], "writer_at_s": fig[f.FIRST_AT] or part[groups.STARTED],
-                            "writer_compile_s": fig[f.COMPILE_S]})
-    return {"hits": hits, "last_hit_s": last_hit, "saved_s": saved, **(earliest(*writers) or dict.fromkeys(WRITER))}
+# --- compaction ---------------------------------------------------------------------------------------------------
 
 
-def histories(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:
-    """``{key: aggregates}`` of the compacted runs of those of ``keys`` (at most _CHUNK) that have any."""
-    cols = [getattr(KeyHistoryRow, n) for n in AGGREGATES]
-    return {row[0]: dict(zip(AGGREGATES, row[1:], strict=True)) for row in s.execute(
-        select(KeyHistoryRow.key, *cols).where(KeyHistoryRow.cache == cache, KeyHistoryRow.key.in_(keys)))}
+def fold_history(conn: Connection, cache: str, processes: Sequence[tuple[str, int]]) -> None:
+    """Add what ``processes`` (run id, index) did with their keys to those keys' history (key_history): jobs' hits,
+    the last hit, seconds saved as their usage rows hold them, the earliest writer."""
+    conn.execute(_history_upsert(conn.dialect.name), {"b_cache": cache, "b_pairs": list(processes)})
 
 
-def key_stats(s: Session, cache: str, keys: list[str]) -> dict[str, dict]:
-    """``{key: aggregates}`` for those of ``keys`` that reports mention (for entry rows a rescan adds)."""
-    return {row[0]: dict(zip(AGGREGATES, row[1:], strict=True)) for row in rawsql.fetch_in(
-        s.connection(), "key-stats", _stats_statement, {"cache": cache}, keys)}
-
-
-def _stats_statement(within: rawsql.Within) -> Any:
-    return select(KeyStatsRow.key, *(getattr(KeyStatsRow, n) for n in AGGREGATES)).where(
-        KeyStatsRow.cache == bindparam("cache"), within(table_of(KeyStatsRow).c.key))
+@functools.cache
+def _history_upsert(dialect: str) -> Any:
+    p, r = _pk.c, _runs.c
+    chosen = [p.cache == _CACHE, tuple_(p.run_id, p.process_index).in_(bindparam("b_pairs", expanding=True))]
+    nothing = (literal(None).label(n) for n in WRITER)
+    of_processes = (
+        select(p.cache, p.key, rules.used_hits(r.kind, p.hits).label("hits"),
+               rules.hit_at(r.kind, p.hits, p.first_at, p.last_at).label("last_hit_s"),
+               _saved(r.kind).label("saved_s"), *nothing)
+        .select_from(_process_run().outerjoin(_stats, _measure(_pk))).where(*chosen))
+    keys = select(p.key).where(*chosen)
+    rows = _aggregated(union_all(of_processes, _writes(*chosen), _history_of(keys)).subquery())
+    return _upsert_aggregates(dialect, _history, rows)

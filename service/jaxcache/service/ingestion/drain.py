@@ -21,7 +21,6 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import InboxRow
 from jaxcache.service.ingestion import inbox, malformed
 from jaxcache.service.ingestion.inbox import REPORT, Accepted
-from jaxcache.service.ingestion.packed import report_of
 from jaxcache.service.ingestion.reports import Folded, Item, fold
 
 log = logging.getLogger("jaxcache.service")
@@ -69,7 +68,8 @@ def drain(catalog: Catalog, cache: str, *, secret: bytes | None = None, root: st
         except malformed.REFUSALS:
             taken = _pass(catalog, cache, out, secret=secret, root=root, one_at_a_time=True)
         if taken < PASS_RECORDS:
-            return out
+            break
+    return out
 
 
 def _pass(catalog: Catalog, cache: str, out: Drained, *, secret: bytes | None, root: str | None,
@@ -90,7 +90,7 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, secret: bytes | None, r
                 except InvalidInputError as exc:  # accepted by another version of the service
                     _dropped(cache, row, exc, out)
                     continue
-                items.append(Item(report_of(record), row.source, row.record))
+                items.append(Item(record, row.source, row.record))
             try:
                 with s.begin_nested():
                     folded = fold(catalog, s, cache, items, secret=secret, root=root)

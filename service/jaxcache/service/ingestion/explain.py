@@ -12,13 +12,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-from sqlalchemy import Select, Update, bindparam, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Update, bindparam, select, update
+from sqlalchemy.engine import Connection
 
 from jaxcache.explain import Explanation, explain
 from jaxcache.records import JOB
-from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.models import CacheRow, UsageRow, table_of
 from jaxcache.service.catalog.queries.history import CatalogHistory, stored_misses
 
@@ -55,16 +53,15 @@ def _clip(text: str | None) -> Any:
     return text if text is None or len(text) <= _TEXT else text[: _TEXT - 1] + "…"
 
 
-def explain_pending(s: Session, cache: str, pending: Sequence[Pending], *, root: str | None = None) -> Counter[str]:
-    """Explain the usage rows ``pending`` (those still unexplained) and store their explanations (in ``s``'s
+def explain_pending(conn: Connection, cache: str, pending: Sequence[Pending], *,
+                    root: str | None = None) -> Counter[str]:
+    """Explain the usage rows ``pending`` (those still unexplained) and store their explanations (in ``conn``'s
     transaction); the causes of the processes' misses not counted before, for the metric."""
     counts: Counter[str] = Counter()
     if not pending:
         return counts
-    conn = s.connection()
     if root is None:
-        found = rawsql.fetch(conn, "explain-root", _root_statement, {"cache": cache})
-        root = found[0][0] if found else "ROOT"
+        root = conn.execute(select(CacheRow.url).where(CacheRow.name == cache)).scalar() or "ROOT"
     for batch in batches(pending):
         misses = stored_misses(conn, cache, [(p.run_id, p.job, p.key) for p in batch])
         history = CatalogHistory(conn, cache, [m for m, _, _ in misses])
@@ -75,9 +72,7 @@ def explain_pending(s: Session, cache: str, pending: Sequence[Pending], *, root:
                            **{f"b_{n}": why[n] for n in COLUMNS}})
             if missed > counted:
                 counts[why["cause"]] += missed - counted
-        # The driver's executemany (rawsql): SQLAlchemy's processed every value in Python first.
-        rawsql.execute_many(conn, "explain-update", _update_statement,
-                            [{"b_cache": cache, **p, "b_differs": _json(p["b_differs"])} for p in params])
+        conn.execute(_update_statement(), [{"b_cache": cache, **p} for p in params])
     return counts
 
 
@@ -93,17 +88,8 @@ def batches(pending: Sequence[Pending]) -> Iterator[Sequence[Pending]]:
         yield pending[start:]
 
 
-def _json(value: Any) -> str | None:
-    return None if value is None else msgspec.json.encode(value).decode()
-
-
-def _root_statement() -> Select:
-    return select(CacheRow.url).where(CacheRow.name == bindparam("cache"))
-
-
 @functools.cache
 def _update_statement() -> Update:
-    # Built once: building the expression costs more than running it on one row.
     table = table_of(UsageRow)
     return (update(table).where(table.c.cache == bindparam("b_cache"), table.c.run_id == bindparam("b_run"),
                                 table.c.key == bindparam("b_key"), table.c.job == bindparam("b_job"),

@@ -1,48 +1,56 @@
-"""Folding run records into the run tables: one process's record at a time or a batch of them, in the caller's
-write transaction (the drain's, :mod:`.drain`).
+"""Folding run records into the run tables, in the drain's write transaction (:mod:`.drain`).
 
-A record is rewritten while its process runs (its counts are totals so far), so folding one is an upsert per
-(cache, run id, process index): the process's figures (:mod:`.figures`) are replaced, and with them its part of its
-run's usage rows (one per key: the run's processes summed, :mod:`.groups`) and of its keys' aggregates, as
-differences where that is exact, else rebuilt (:mod:`.aggregates`). Folding a record twice, an older version of
-one, or one older than the cache's compaction watermark (its run may be in key_history already), changes nothing.
-How the figures are defined: docs/service.md, "Run records".
+A record is rewritten while its process runs (its counts are totals so far), so folding one replaces its process:
+its run row, and its rows in ``process_keys`` (one per key). The figures made from those rows are then computed
+again, by set-based statements (:mod:`.aggregates`), for the keys the records touched: their runs' usage rows, the
+keys' aggregates and their copies on entry rows, and the processes' own seconds saved. A record older than what the
+catalog holds of its process, or than the cache's compaction watermark (its run may be in key_history already),
+changes nothing. Misses are explained at the end, once every record of the pass is in. docs/service.md, "Run
+records".
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import msgspec
+from sqlalchemy import bindparam, delete, func, select, text, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
+from jaxcache.records import COMPILED, JOB, WRITE, RunRecord
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.ingestion import attestations
-from jaxcache.service.ingestion import explain as explaining
-from jaxcache.service.ingestion.batch import Batch
-from jaxcache.service.ingestion.explain import Pending
+from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
+from jaxcache.service.ingestion import aggregates, attestations, explain
 from jaxcache.service.ingestion.inbox import REPORT, STORAGE
-from jaxcache.service.ingestion.packed import Report
 
 __all__ = ["REPORT", "STORAGE", "Folded", "Item", "fold"]
+
+_pk, _runs, _usage = table_of(ProcessKeysRow), table_of(RunRow), table_of(UsageRow)
+#: What a process's record gives each of its process_keys rows.
+_FIGURES = ("key", "function", "event", "hits", "compiles", "writes", "reason", "compile_s", "retrieval_s",
+            "first_at", "last_at", "size_bytes")
 
 
 @dataclass(frozen=True, slots=True)
 class Item:
     """A record to fold, where it came from (REPORT or STORAGE) and, for a file, its name."""
 
-    record: Report
+    record: RunRecord
     source: str
     name: str | None = None
 
 
 @dataclass(slots=True)
 class Folded:
-    """What folding a batch did: records that changed the catalog (by source), those that were stale, and the
-    misses explained for the first time (by cause)."""
+    """What folding did: records that changed the catalog (by source), those that were stale, and the misses
+    explained for the first time (by cause)."""
 
     fresh: Counter[str] = field(default_factory=Counter)
     stale: int = 0
@@ -51,44 +59,176 @@ class Folded:
 
 def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *, secret: bytes | None = None,
          root: str | None = None) -> Folded:
-    """Fold ``items`` (in order within each source) into ``cache``'s run tables in ``s``, a write transaction the
-    caller took with ``catalog.writing(cache)``: what a job's processes send at once share their runs' usage rows
-    and their keys, so a batch reads and writes each once instead of once a record. Their misses are explained at
-    the end, when every record is in, whatever order they came in; their digests recorded in the same
-    transaction."""
+    """Fold ``items`` (at most one per process) into ``cache``'s run tables in ``s``, a write transaction the caller
+    took with ``catalog.writing(cache)``; their digests are recorded in the same transaction."""
+    conn = s.connection()
     out = Folded()
-    pending: list[Pending] = []
+    held = _held(conn, cache, items)
+    watermark = conn.execute(select(CacheRow.compacted_before_s).where(CacheRow.name == cache)).scalar()
+    fresh: dict[tuple[str, int], Item] = {}
     found: list[Attestation] = []
-    for source in (REPORT, STORAGE):
-        mine = [i for i in items if i.source == source]
-        if not mine:
+    for item in items:
+        r = item.record
+        pid = (r.run_id, r.process_index)
+        before = held.get(pid)
+        if before is not None and before["updated_s"] > r.updated_at:
+            out.stale += 1
             continue
-        work = Batch(catalog, s, cache, source)
-        work.load([i.record for i in mine])
-        for item in mine:
-            stale, _, attest = work.take(item.record)
-            if stale:
-                out.stale += 1
-            else:
-                out.fresh[source] += 1
-            # Recorded for compacted records too: digests are evidence, never counts (the first accepted one
-            # counts, the others are kept as conflicts), and a back-dated record must not hide a forged digest.
-            if attest:
-                found += _attestations(item, secret)
-        more, counts = work.apply()
-        pending += more
-        out.misses.update(counts)
-    if pending:
-        out.misses.update(explaining.explain_pending(s, cache, pending, root=root))
+        if before is None and watermark is not None and r.updated_at < watermark:
+            out.stale += 1  # its run may be in key_history already
+        else:
+            fresh[pid] = item
+            out.fresh[item.source] += 1
+        # Recorded for compacted records too: digests are evidence, never counts (the first accepted one counts,
+        # the others are kept as conflicts), and a back-dated record must not hide a forged digest.
+        found += _attestations(item, secret)
+    if fresh:
+        out.misses = _fold_fresh(conn, cache, fresh, held, root)
     if found:
         attestations.record_in(catalog, s, cache, found)
     return out
 
 
+def _held(conn: Connection, cache: str, items: Sequence[Item]) -> dict[tuple[str, int], dict[str, Any]]:
+    """What the catalog holds of the items' processes' run rows (what an explanation reads of them too)."""
+    pairs = sorted({(i.record.run_id, i.record.process_index) for i in items})
+    cols = ("run_id", "process_index", "updated_s", *explain.RUN_INPUTS)
+    out = {}
+    for i in range(0, len(pairs), aggregates.CHUNK):
+        for row in conn.execute(select(*(_runs.c[n] for n in cols)).where(
+                _runs.c.cache == cache, tuple_(_runs.c.run_id, _runs.c.process_index).in_(
+                    pairs[i : i + aggregates.CHUNK]))):
+            out[(row.run_id, row.process_index)] = row._asdict()
+    return out
+
+
+def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item],
+                held: dict[tuple[str, int], dict[str, Any]], root: str | None) -> Counter[str]:
+    """Replace the fresh records' processes and compute again what their keys' figures are made of; the misses
+    counted for the metric."""
+    touched: dict[str, set[str]] = defaultdict(set)
+    for (run_id, _), item in fresh.items():
+        touched[run_id].update(u.key for u in item.record.keys)
+    pairs = sorted(fresh)
+    for i in range(0, len(pairs), aggregates.CHUNK):
+        gone = conn.execute(delete(_pk).where(_pk.c.cache == cache, tuple_(_pk.c.run_id, _pk.c.process_index).in_(
+            pairs[i : i + aggregates.CHUNK])).returning(_pk.c.run_id, _pk.c.key))
+        for run_id, key in gone:
+            touched[run_id].add(key)
+    now = time.time()
+    conn.execute(_upsert(conn, _runs), [_run_row(cache, item, now) for item in fresh.values()])
+    rows = [{"cache": cache, "run_id": r.run_id, "process_index": r.process_index,
+             **{n: getattr(u, n) for n in _FIGURES}, "jax_saved_s": u.saved_s}
+            for item in fresh.values() for r in [item.record] for u in r.keys]
+    if rows:
+        conn.execute(_pk.insert(), rows)
+    if {run for run, _ in fresh} - {run for run, _ in held}:
+        # A new run's rows are a bulk load: the planner learns the tables' sizes before the statements below, not
+        # when autovacuum gets to them (PostgreSQL), or never (SQLite, which without statistics reads a process's
+        # rows by scanning the cache's).
+        for table in ("runs", "process_keys"):
+            conn.execute(text(f"ANALYZE {table}"))
+    # A row's explanation also reads its representative process's run: one that moved takes it with it.
+    moved = [{"b_run": run_id, "b_process": index} for (run_id, index), item in fresh.items()
+             if (before := held.get((run_id, index))) is not None and _run_inputs(item.record) != {
+                 n: before[n] for n in explain.RUN_INPUTS}]
+    if moved:
+        u = _usage.c
+        conn.execute(update(_usage).where(u.cache == cache, u.run_id == bindparam("b_run"),
+                                          u.process_index == bindparam("b_process"))
+                     .values({n: None for n in explain.COLUMNS}), moved)
+    keys = sorted({k for found in touched.values() for k in found})
+    for run_id, found in sorted(touched.items()):
+        aggregates.usage_rows(conn, cache, list(found), run_id=run_id)
+    _texts(conn, cache, fresh.values())
+    reweigh = aggregates.key_stats(conn, cache, keys)
+    aggregates.process_saved(conn, cache, processes=pairs)
+    if reweigh:
+        aggregates.refresh(conn, cache, sorted(reweigh))
+    return _misses(conn, cache, touched, root)
+
+
+def _upsert(conn: Connection, table: Any) -> Any:
+    """An upsert of whole rows of ``table`` on its primary key."""
+    ins = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
+    key = [c.name for c in table.primary_key]
+    return ins.on_conflict_do_update(index_elements=key, set_={
+        c.name: ins.excluded[c.name] for c in table.columns if c.name not in key})
+
+
+def _run_row(cache: str, item: Item, now: float) -> dict[str, Any]:
+    record = item.record
+    fp = record.fingerprint
+    return {
+        "cache": cache, "run_id": record.run_id, "process_index": record.process_index, "job": record.job,
+        "process_count": record.process_count, "host": record.host, "topology": record.topology,
+        "cache_dir": record.cache_dir, "jax": fp.jax, "jaxlib": fp.jaxlib, "backend": fp.backend,
+        "fingerprint": msgspec.to_builtins(fp), "fingerprint_digest": fp.digest, "started_s": record.started_at,
+        "updated_s": record.updated_at, "final": record.final, "pid": record.pid, "keys": len(record.keys),
+        "source": item.source, "ingested_s": now, "kind": record.kind,
+        "hits": sum(u.hits for u in record.keys), "compiles": sum(u.compiles for u in record.keys),
+        "writes": sum(u.writes for u in record.keys), "saved_s": 0.0,  # computed by aggregates.process_saved
+    }
+
+
+def _run_inputs(record: RunRecord) -> dict[str, Any]:
+    """What an explanation reads of a row's representative run (explain.RUN_INPUTS)."""
+    return {"fingerprint_digest": record.fingerprint.digest, "topology": record.topology,
+            "started_s": record.started_at}
+
+
+
+
+def _texts(conn: Connection, cache: str, items: Any) -> None:
+    """Give usage rows that lack them their key's parts and program, from the first record that carries them; the
+    row's explanation, made without them, goes."""
+    for column in ("parts", "program"):
+        first: dict[tuple[str, str, str, str], Any] = {}
+        for item in items:
+            r = item.record
+            for u in r.keys:
+                value = getattr(u, column)
+                if value is not None:
+                    first.setdefault((r.run_id, r.job, r.kind, u.key), value)
+        if not first:
+            continue
+        c = _usage.c
+        statement = (update(_usage).where(c.cache == cache, c.run_id == bindparam("b_run"),
+                                          c.job == bindparam("b_job"), c.kind == bindparam("b_kind"),
+                                          c.key == bindparam("b_key"), c[column].is_(None))
+                     .values({column: bindparam("b_value", type_=c[column].type),
+                              **{n: None for n in explain.COLUMNS}}))
+        conn.execute(statement, [{"b_run": run, "b_job": job, "b_kind": kind, "b_key": key, "b_value": value}
+                                 for (run, job, kind, key), value in first.items()])
+
+
+def _misses(conn: Connection, cache: str, touched: dict[str, set[str]], root: str | None) -> Counter[str]:
+    """Explain the touched rows' misses not explained yet; count for the metric the processes' misses that joined
+    a row explained already, and those of the rows explained now."""
+    c = _usage.c
+    counts: Counter[str] = Counter()
+    pending: list[explain.Pending] = []
+    for run_id, found in sorted(touched.items()):
+        for chunk in aggregates.chunks(sorted(found)):
+            mine = [c.cache == cache, c.run_id == run_id, c.key.in_(chunk)]
+            joined = [*mine, c.cause.is_not(None), c.missed > c.counted]
+            counts.update({cause: int(n) for cause, n in conn.execute(
+                select(c.cause, func.sum(c.missed - c.counted)).where(*joined).group_by(c.cause))})
+            conn.execute(update(_usage).where(*joined).values(counted=c.missed))
+            pending += [explain.Pending(*row) for row in conn.execute(
+                select(c.run_id, c.job, c.key).where(*mine, c.kind == JOB, c.event.in_([WRITE, COMPILED]),
+                                                     c.cause.is_(None)))]
+    if pending:
+        counts.update(explain.explain_pending(conn, cache, pending, root=root))
+    return counts
+
+
 def _attestations(item: Item, secret: bytes | None) -> list[Attestation]:
     record = item.record
-    if not record.digests:
+    digests = [u for u in record.keys if u.sha256 and u.event == WRITE]
+    if not digests:
         return []
     # A POSTed digest came with a report token; one read from the bucket is worth what the bucket's writers are.
     kind = REPORTED if item.source == REPORT else FILE
-    return list(from_run(record.attested(), source=kind, at=time.time(), secret=secret, record=item.name))
+    return list(from_run(msgspec.structs.replace(record, keys=digests), source=kind, at=time.time(), secret=secret,
+                         record=item.name))

@@ -18,12 +18,11 @@ from jaxcache.display import shown
 from jaxcache.errors import NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
-from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
 from jaxcache.service.ingestion import warmups
-from jaxcache.service.ingestion.aggregates import EMPTY, key_stats
+from jaxcache.service.ingestion.aggregates import EMPTY, stats_of
 from jaxcache.service.ingestion.drain import drain
 from jaxcache.service.ingestion.runfiles import scan_records
 from jaxcache.service.tasks import memory, retention, snapshots
@@ -188,7 +187,7 @@ def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Listed], dict[str, f
     """The catalog's rows of ``cache``: entries as Listed tuples, their last use as storage showed it, and the keys
     of orphan rows."""
     with catalog.reader() as conn:
-        rows = rawsql.fetch(conn, "rescan-known", _known_statement, {"cache": cache})
+        rows = list(conn.execute(_known_statement(), {"cache": cache}))
     entries = {r[0]: r[2:6] for r in rows if r[1] == "entry"}
     seen = {r[0]: r[6] for r in rows if r[1] == "entry"}
     orphans = {r[0] for r in rows if r[1] != "entry"}
@@ -208,7 +207,7 @@ def _fingerprint(conn, cache: str) -> tuple:
     and refresh their last use, prunes and DELETE drop them. Every rescan, here or in another replica, ends by
     noting its time (or its error), and a drop changes the count: so an equal fingerprint means the rows are the
     ones the last rescan of this process left. Read from an index, not the rows: it costs milliseconds."""
-    return tuple(rawsql.fetch(conn, "rescan-fingerprint", _fingerprint_statement, {"cache": cache})[0])
+    return tuple(conn.execute(_fingerprint_statement(), {"cache": cache}).one())
 
 
 def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None,
@@ -280,7 +279,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
         with catalog.writing(cache) as s:
             if number == 0:
                 _delete(s, cache, vanished)
-            reported = key_stats(s, cache, [r["key"] for r in new_rows])
+            reported = stats_of(s.connection(), cache, [r["key"] for r in new_rows])
             rows = [_with_reports(r, reported.get(r["key"])) for r in new_rows]
             if number == len(batches) - 1:
                 rows += orphan_rows

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, delete, insert, or_, select, tuple_, update
-from sqlalchemy.orm import Session
+from sqlalchemy import CursorResult, delete, or_, select, tuple_, update
 
 from jaxcache import records
 from jaxcache.errors import PreconditionFailedError, StorageError
@@ -24,15 +23,13 @@ from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import (
     CacheRow,
-    KeyHistoryRow,
     ProcessKeysRow,
     PruneItemRow,
     PruneRow,
     RecordFileRow,
     RunRow,
 )
-from jaxcache.service.ingestion import figures
-from jaxcache.service.ingestion.aggregates import FIGURES_JOIN, fold, histories, rebuild
+from jaxcache.service.ingestion import aggregates
 from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.service")
@@ -94,43 +91,25 @@ def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[s
             batch.append((r.run_id, r.process_index, r.started_s))
             keys += r.keys
         pairs = [(run, index) for run, index, _ in batch]
-        by_key: dict[str, list] = defaultdict(list)
-        touched: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
-        for i in range(0, len(pairs), _CHUNK):
-            chosen = tuple_(RunRow.run_id, RunRow.process_index).in_(pairs[i : i + _CHUNK])
-            for p in s.execute(select(*_RUN_COLUMNS, ProcessKeysRow.figures).outerjoin(ProcessKeysRow, FIGURES_JOIN)
-                               .where(RunRow.cache == cache, chosen)):
-                run = p._asdict()
-                for fig in figures.decode(p.figures).rows() if p.figures is not None else ():
-                    part = (fig, p.process_index, p.updated_s, p.started_s)
-                    by_key[fig[figures.KEY]].append((part, p.kind, p.job, run))
-                    touched[p.run_id].add((fig[figures.KEY], p.job, p.kind))
-        _fold(s, cache, by_key)
+        if not pairs:
+            return batch
+        conn = s.connection()
+        touched: dict[str, set[str]] = defaultdict(set)
         for i in range(0, len(pairs), _CHUNK):
             chunk = pairs[i : i + _CHUNK]
-            s.execute(delete(ProcessKeysRow).where(ProcessKeysRow.cache == cache, tuple_(
-                ProcessKeysRow.run_id, ProcessKeysRow.process_index).in_(chunk)))
+            aggregates.fold_history(conn, cache, chunk)
+            gone = s.execute(delete(ProcessKeysRow).where(ProcessKeysRow.cache == cache, tuple_(
+                ProcessKeysRow.run_id, ProcessKeysRow.process_index).in_(chunk)).returning(
+                ProcessKeysRow.run_id, ProcessKeysRow.key))
+            for run_id, key in gone:
+                touched[run_id].add(key)
             s.execute(delete(RunRow).where(RunRow.cache == cache,
                                            tuple_(RunRow.run_id, RunRow.process_index).in_(chunk)))
         # What is left of each run's usage rows (nothing, when the whole run went): key_stats stay as they are,
         # since aggregates add the history back.
-        for run_id, which in sorted(touched.items()):
-            rebuild(s, cache, run_id, which)
+        for run_id, keys_of_run in sorted(touched.items()):
+            aggregates.usage_rows(conn, cache, sorted(keys_of_run), run_id=run_id)
     return batch
-
-
-_RUN_COLUMNS = (RunRow.run_id, RunRow.process_index, RunRow.job, RunRow.kind, RunRow.updated_s, RunRow.started_s,
-                RunRow.host, RunRow.topology, RunRow.jax, RunRow.jaxlib)
-
-
-def _fold(s: Session, cache: str, by_key: dict[str, list]) -> None:
-    keys = sorted(by_key)
-    for i in range(0, len(keys), _CHUNK):
-        chunk = keys[i : i + _CHUNK]
-        past = histories(s, cache, chunk)
-        merged = [{"cache": cache, "key": key, **fold(past.get(key), by_key[key])} for key in chunk]
-        s.execute(delete(KeyHistoryRow).where(KeyHistoryRow.cache == cache, KeyHistoryRow.key.in_(chunk)))
-        s.execute(insert(KeyHistoryRow), merged)
 
 
 def _delete_files(catalog: Catalog, cache: str, storage: Storage, horizon: float,
