@@ -15,7 +15,7 @@ from sqlalchemy import Select, bindparam, delete, select
 from jaxcache import entry as fmt
 from jaxcache import prune
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError
-from jaxcache.service.catalog import queries, rawsql
+from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLock, ClusterLocks
 from jaxcache.service.catalog.models import EntryRow, PinRow
@@ -56,7 +56,8 @@ def _candidates(catalog: Catalog, cache: str, *, with_integrity: bool = False) -
     texts: dict[str, str] = {}
     one = texts.setdefault
     with catalog.reader() as conn:
-        for rows in rawsql.batches(conn, "prune-candidates", _candidates_statement, {"cache": cache}):
+        result = conn.execution_options(yield_per=10_000).execute(_candidates_statement(), {"cache": cache})
+        for rows in result.partitions():
             out += [make(key, one(module, module), name, size, created, seen,
                          status if status is None else one(status, status), kind == "orphan", generation, None,
                          bool(has_atime), last_hit, writer if writer is None else one(writer, writer),

@@ -18,7 +18,6 @@ from jaxcache.explain import Deletion, EntryNow, Known
 from jaxcache.explain.from_root import LIBRARY
 from jaxcache.keyparts import KeyParts, ProgramSignature
 from jaxcache.records import COMPILED, JOB, WRITE, Fingerprint
-from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.models import (
     EntryRow,
     PruneItemRow,
@@ -95,8 +94,16 @@ class Decoder:
         return found
 
 
-# Every statement is built once per shape with bound values (rawsql): a miss costs a few driver calls, not the
-# building of a few SQLAlchemy expressions, which is most of the cost of a small query.
+#: Every statement, built once per shape with bound values: a miss costs a few executions of statements SQLAlchemy
+#: compiled already, not the building of a few expressions, which is most of the cost of a small query.
+_STATEMENTS: dict[str, Select] = {}
+
+
+def _statement(build: Callable[[], Select], shape: str) -> Select:
+    found = _STATEMENTS.get(shape)
+    return found if found is not None else _STATEMENTS.setdefault(shape, build())
+
+
 def _usage_base() -> Select:
     return (select(*_USAGE).join(_r, and_(_r.cache == _u.cache, _r.run_id == _u.run_id,
                                           _r.process_index == _u.process_index))
@@ -171,7 +178,7 @@ def stored_misses(conn: Connection, cache: str, rows: Iterable[tuple[str, str, s
         wanted[run_id].add((job, key))
     # A run's unexplained misses in one read (a report's are dozens): one read a row was a round trip each.
     out = [(known_of_usage(UsageKnown(*r[:-2]), decode), r[-2], r[-1]) for run_id, keys in wanted.items()
-           for r in rawsql.fetch(conn, "explain-stored", _stored, {"cache": cache, "run_id": run_id})
+           for r in conn.execute(_statement(_stored, "explain-stored"), {"cache": cache, "run_id": run_id})
            if (r[4], r[0]) in keys]
     return sorted(out, key=lambda m: (m[0].at, m[0].run_id or "", m[0].process_index, m[0].key))
 
@@ -222,7 +229,7 @@ class CatalogHistory:
     # --- loading ----------------------------------------------------------------------------------------------
 
     def _fetch(self, shape: str, build: Callable[[], Select], **params: Any) -> list[tuple]:
-        return rawsql.fetch(self._conn, shape, build, {"cache": self._cache, **params})
+        return list(self._conn.execute(_statement(build, shape), {"cache": self._cache, **params}))
 
     def _usage(self, keys: list[tuple[str, float]], functions: list[tuple[str, float]]) -> Iterable[Known]:
         rows = [r for k, until in keys for r in self._fetch("explain-key", _of_key, key=k, until=until,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -13,7 +14,6 @@ from sqlalchemy.orm import Session
 
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import JOB
-from jaxcache.service.catalog import rawsql
 from jaxcache.service.catalog.models import EntryRow, UsageRow, VerificationRow
 
 SORTS = {
@@ -158,7 +158,7 @@ def list_entries(
             params["after_value"] = after
         has_cursor = True
     shape = ("entries", sort, order == "desc", has_cursor, tuple(filters))
-    rows = rawsql.fetch(conn, shape, lambda: _page_statement(conn.dialect.name, *shape[1:]), params)
+    rows: list[tuple] = [tuple(r) for r in conn.execute(_page_statement(conn.dialect.name, *shape[1:]), params)]
     if len(rows) <= limit:
         return rows, None
     rows = rows[:limit]
@@ -174,8 +174,10 @@ _SORT_INDEX = {"size": PAGE_FIELDS.index("size_bytes"), "compile": PAGE_FIELDS.i
                "name": 0, "hits": PAGE_FIELDS.index("hits")}
 
 
+@functools.cache
 def _page_statement(dialect: str, sort: str, desc: bool, has_cursor: bool, filters: tuple[str, ...]):
-    """The listing query of one shape, every value a bound parameter (see rawsql)."""
+    """The listing query of one shape, every value a bound parameter: built once, and compiled once by SQLAlchemy's
+    statement cache."""
     col = SORTS[sort]
     q = select(*_PAGE_COLUMNS).where(EntryRow.cache == bindparam("cache"), EntryRow.kind == "entry")
     if "function" in filters:
