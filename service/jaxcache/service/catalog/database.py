@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import msgspec
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import Table, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
@@ -139,6 +139,23 @@ class Catalog:
     def dispose(self) -> None:
         self.engine.dispose()
         self.locks.dispose()
+
+
+def bulk_insert(conn: Connection, table: Table, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Insert ``rows`` (tuples of ``columns``' values, none JSON) into ``table`` in ``conn``'s transaction, the
+    fastest way each database takes many rows: ``COPY`` on PostgreSQL (a fifth of the time of an INSERT a row), the
+    driver's own executemany on SQLite (SQLAlchemy's processed every value in Python first)."""
+    if not rows:
+        return
+    names = ", ".join(conn.dialect.identifier_preparer.quote(c) for c in columns)
+    if conn.dialect.name == "postgresql":
+        with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]  # psycopg's
+            with cursor.copy(f"COPY {table.name} ({names}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        return
+    conn.exec_driver_sql(f"INSERT INTO {table.name} ({names}) VALUES ({', '.join('?' * len(columns))})",
+                         list(rows))
 
 
 def _json_text(value: object) -> str:

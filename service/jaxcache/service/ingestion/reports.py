@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
 from jaxcache.records import COMPILED, JOB, WRITE, RunRecord
-from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.database import Catalog, bulk_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
 from jaxcache.service.ingestion import aggregates, attestations, explain
 from jaxcache.service.ingestion.inbox import REPORT, STORAGE
@@ -33,9 +33,9 @@ from jaxcache.service.ingestion.inbox import REPORT, STORAGE
 __all__ = ["REPORT", "STORAGE", "Folded", "Item", "fold"]
 
 _pk, _runs, _usage = table_of(ProcessKeysRow), table_of(RunRow), table_of(UsageRow)
-#: What a process's record gives each of its process_keys rows.
-_FIGURES = ("key", "function", "event", "hits", "compiles", "writes", "reason", "compile_s", "retrieval_s",
-            "first_at", "last_at", "size_bytes")
+#: A process_keys row, as fold writes it: the record's KeyUsage fields (its saved_s is JAX's figure).
+_COLUMNS = ("cache", "run_id", "process_index", "key", "function", "event", "hits", "compiles", "writes", "reason",
+            "compile_s", "retrieval_s", "jax_saved_s", "size_bytes", "first_at", "last_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +117,10 @@ def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item]
             touched[run_id].add(key)
     now = time.time()
     conn.execute(_upsert(conn, _runs), [_run_row(cache, item, now) for item in fresh.values()])
-    rows = [{"cache": cache, "run_id": r.run_id, "process_index": r.process_index,
-             **{n: getattr(u, n) for n in _FIGURES}, "jax_saved_s": u.saved_s}
-            for item in fresh.values() for r in [item.record] for u in r.keys]
-    if rows:
-        conn.execute(_pk.insert(), rows)
+    bulk_insert(conn, _pk, _COLUMNS, [
+        (cache, r.run_id, r.process_index, u.key, u.function, u.event, u.hits, u.compiles, u.writes, u.reason,
+         u.compile_s, u.retrieval_s, u.saved_s, u.size_bytes, u.first_at, u.last_at)
+        for item in fresh.values() for r in [item.record] for u in r.keys])
     if {run for run, _ in fresh} - {run for run, _ in held}:
         # A new run's rows are a bulk load: the planner learns the tables' sizes before the statements below, not
         # when autovacuum gets to them (PostgreSQL), or never (SQLite, which without statistics reads a process's
