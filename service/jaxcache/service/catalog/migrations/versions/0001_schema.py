@@ -26,6 +26,27 @@ def _str(length: int) -> sa.String:
     return sa.String(length).with_variant(sa.String(length, collation="C"), "postgresql")
 
 
+def _key_aggregates() -> list[sa.SchemaItem]:
+    """The columns of key_stats and key_history: a key's aggregates."""
+    return [
+        sa.Column("cache", _str(64), nullable=False),
+        sa.Column("key", _str(512), nullable=False),
+        sa.Column("hits", sa.BigInteger(), nullable=False),
+        sa.Column("last_hit_s", sa.Float(), nullable=True),
+        sa.Column("saved_s", sa.Float(), nullable=False),
+        sa.Column("writer_job", _str(256), nullable=True),
+        sa.Column("writer_run", _str(128), nullable=True),
+        sa.Column("writer_process", sa.Integer(), nullable=True),
+        sa.Column("writer_host", _str(1024), nullable=True),
+        sa.Column("writer_topology", _str(1024), nullable=True),
+        sa.Column("writer_jax", _str(1024), nullable=True),
+        sa.Column("writer_jaxlib", _str(1024), nullable=True),
+        sa.Column("writer_at_s", sa.Float(), nullable=True),
+        sa.Column("writer_compile_s", sa.Float(), nullable=True),
+        sa.PrimaryKeyConstraint("cache", "key"),
+    ]
+
+
 def upgrade() -> None:
     op.create_table(
         "attestation_conflicts",
@@ -104,43 +125,8 @@ def upgrade() -> None:
     op.create_index("ix_entries_writer_jaxlib", "entries", ["cache", "kind", "writer_jaxlib"])
     op.create_index("ix_entries_writer_topology", "entries", ["cache", "kind", "writer_topology"])
 
-    op.create_table(
-        "key_history",
-        sa.Column("cache", _str(64), nullable=False),
-        sa.Column("key", _str(512), nullable=False),
-        sa.Column("hits", sa.BigInteger(), nullable=False),
-        sa.Column("last_hit_s", sa.Float(), nullable=True),
-        sa.Column("saved_s", sa.Float(), nullable=False),
-        sa.Column("writer_job", _str(256), nullable=True),
-        sa.Column("writer_run", _str(128), nullable=True),
-        sa.Column("writer_process", sa.Integer(), nullable=True),
-        sa.Column("writer_host", _str(1024), nullable=True),
-        sa.Column("writer_topology", _str(1024), nullable=True),
-        sa.Column("writer_jax", _str(1024), nullable=True),
-        sa.Column("writer_jaxlib", _str(1024), nullable=True),
-        sa.Column("writer_at_s", sa.Float(), nullable=True),
-        sa.Column("writer_compile_s", sa.Float(), nullable=True),
-        sa.PrimaryKeyConstraint("cache", "key"),
-    )
-    op.create_table(
-        "key_stats",
-        sa.Column("cache", _str(64), nullable=False),
-        sa.Column("key", _str(512), nullable=False),
-        sa.Column("hits", sa.BigInteger(), nullable=False),
-        sa.Column("last_hit_s", sa.Float(), nullable=True),
-        sa.Column("saved_s", sa.Float(), nullable=False),
-        sa.Column("writer_job", _str(256), nullable=True),
-        sa.Column("writer_run", _str(128), nullable=True),
-        sa.Column("writer_process", sa.Integer(), nullable=True),
-        sa.Column("writer_host", _str(1024), nullable=True),
-        sa.Column("writer_topology", _str(1024), nullable=True),
-        sa.Column("writer_jax", _str(1024), nullable=True),
-        sa.Column("writer_jaxlib", _str(1024), nullable=True),
-        sa.Column("writer_at_s", sa.Float(), nullable=True),
-        sa.Column("writer_compile_s", sa.Float(), nullable=True),
-        sa.PrimaryKeyConstraint("cache", "key"),
-        postgresql_with={"fillfactor": 80},
-    )
+    op.create_table("key_history", *_key_aggregates())
+    op.create_table("key_stats", *_key_aggregates(), postgresql_with={"fillfactor": 80})
     op.create_table(
         "pins",
         sa.Column("cache", _str(64), nullable=False),
