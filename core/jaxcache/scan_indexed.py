@@ -8,7 +8,6 @@ a directory's order, and its stamp decides whether the index's value still holds
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 
 import msgspec
@@ -52,12 +51,23 @@ def _without_head(e: Entry) -> Entry:
     return msgspec.structs.replace(e, compression=None, compile_seconds=None, status=None, reason=None)
 
 
-@dataclass(frozen=True, slots=True)
 class Listing:
     """A root's -cache and -atime objects as listed once, and their digest (what says "the same root")."""
 
-    objects: list[Listed]
-    digest: bytes
+    __slots__ = ("objects", "_skipped", "_digest")
+
+    def __init__(self, objects: list[Listed], skipped: list[Listed]) -> None:
+        self.objects = objects
+        self._skipped = skipped  # what the listing passed over, as rows of the digest (empty: nothing)
+        self._digest: bytes | None = None
+
+    @property
+    def digest(self) -> bytes:
+        # Taken on first use: only a command with a head index compares digests, and encoding and hashing a listing
+        # of 100k objects costs a tenth of a second that a plain `prune` would spend for nothing.
+        if self._digest is None:
+            self._digest = listing_digest([*self.objects, *self._skipped] if self._skipped else self.objects)
+        return self._digest
 
 
 def list_root(storage: Storage) -> Listing:
@@ -73,9 +83,9 @@ def list_root(storage: Storage) -> Listing:
         objects = [o for o in objects if o[0] not in bad]
     skipped = storage.skipped
     if not skipped.count:
-        return Listing(objects, listing_digest(objects))
+        return Listing(objects, [])
     extra: list[Listed] = [(name, -1, 0.0, None) for name, _ in skipped.items()]
-    return Listing(objects, listing_digest([*objects, ("", -1, 0.0, skipped.count), *extra]))
+    return Listing(objects, [("", -1, 0.0, skipped.count), *extra])
 
 
 def scan_indexed(
@@ -90,9 +100,10 @@ def scan_indexed(
         workers = storage.io_workers
     if listed is None:
         listed = list_root(storage)
-    listing, digest = listed.objects, listed.digest
+    listing = listed.objects
     previous = index.load() if index is not None else None
-    if previous is not None and previous.listing_digest == digest and (previous.heads_complete or not read_headers):
+    if previous is not None and previous.listing_digest == listed.digest and (
+            previous.heads_complete or not read_headers):
         # Exactly the objects the index was built from: its entries are this listing's answer.
         yield from previous.entries if read_headers else map(_without_head, previous.entries)
         yield from previous.orphans
@@ -149,7 +160,7 @@ def scan_indexed(
         return
     atimes = [stamps.get(e.key + "-atime") for e in kept]
     index.save(Snapshot(
-        identity=index.identity, listing_digest=digest, heads_complete=all(e.status is not None for e in kept),
+        identity=index.identity, listing_digest=listed.digest, heads_complete=all(e.status is not None for e in kept),
         entries=kept, atime_stamps=msgspec.Raw(msgspec.msgpack.encode(atimes)), orphans=orphans,
     ))
 
