@@ -4,19 +4,13 @@ missing or unreadable entry into a recompile (docs/jax-internals.md)."""
 
 from __future__ import annotations
 
+from jaxcache.prune.candidates import Candidate, CandidateColumns, Decision, Decisions
 from jaxcache.prune.executor import PruneResult, apply
-from jaxcache.prune.planner import (
-    CORRUPT_REASON,
-    ORPHAN_REASON,
-    OVER_MAX_TOTAL,
-    Candidate,
-    Decision,
-    PrunePlan,
-    plan,
-)
+from jaxcache.prune.planner import CORRUPT_REASON, ORPHAN_REASON, OVER_MAX_TOTAL, PrunePlan, plan
 from jaxcache.prune.policy import INTEGRITY_CLASSES, STALE_JAXLIB_WINDOW_S, PrunePolicy, policy_from_mapping
 
 __all__ = [
     "CORRUPT_REASON", "INTEGRITY_CLASSES", "ORPHAN_REASON", "OVER_MAX_TOTAL", "STALE_JAXLIB_WINDOW_S", "Candidate",
-    "Decision", "PrunePlan", "PrunePolicy", "PruneResult", "apply", "plan", "policy_from_mapping",
+    "CandidateColumns", "Decision", "Decisions", "PrunePlan", "PrunePolicy", "PruneResult", "apply", "plan",
+    "policy_from_mapping",
 ]

@@ -24,7 +24,8 @@ import filelock
 from jaxcache import entry as fmt
 from jaxcache.errors import NotRegularFileError, PreconditionFailedError, RootGoneError, StorageError
 from jaxcache.parallel import bounded_map
-from jaxcache.prune.planner import Decision, PrunePlan
+from jaxcache.prune.candidates import Decision
+from jaxcache.prune.planner import PrunePlan
 from jaxcache.storage.base import Storage
 from jaxcache.storage.local import LocalStorage
 

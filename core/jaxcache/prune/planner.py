@@ -5,76 +5,23 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
+from jaxcache.prune.candidates import Candidate, CandidateColumns, CandidateList, Decision, Decisions
 from jaxcache.prune.policy import PrunePolicy
-from jaxcache.scan import Entry, Orphan
 from jaxcache.units import format_duration
 
 OVER_MAX_TOTAL = "over max_total_bytes"
 ORPHAN_REASON = "orphaned -atime file"
 CORRUPT_REASON = "corrupt"
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One thing a prune may delete: an entry (its ``-cache`` file, plus its ``-atime``) or an orphaned ``-atime``."""
-
-    key: str
-    module: str
-    name: str  # object name of the -cache file, or of the -atime file for an orphan
-    size_bytes: int
-    created_s: float  # mtime of the object
-    last_used_s: float  # newest of -atime and creation (may already include last_hit_s)
-    status: str | None  # "ok" | "corrupt" | None (unknown)
-    orphan: bool = False
-    generation: int | None = None  # GCS generation of `name`
-    atime_generation: int | None = None  # not always known; None = delete -atime unconditionally
-    has_atime: bool = False
-    # From run records: the newest reported hit, and the jaxlib of the entry's first writer (None: unknown).
-    # Hits are the only use a GCS root records (JAX keeps no -atime there), so they make its LRU real.
-    last_hit_s: float | None = None
-    writer_jaxlib: str | None = None
-    # The last integrity verdict (jaxcache.integrity class), when one was made.
-    integrity: str | None = None
-
-    @property
-    def last_use_s(self) -> float:
-        """The newest of the ``-atime``, the last reported hit and creation: what LRU rules compare."""
-        hit = self.last_hit_s
-        return self.last_used_s if hit is None or hit <= self.last_used_s else hit
-
-    @classmethod
-    def from_record(cls, record: Entry | Orphan) -> Candidate:
-        """A candidate from a scan record (:class:`jaxcache.scan.Entry` or :class:`jaxcache.scan.Orphan`)."""
-        if isinstance(record, Orphan):
-            return cls(
-                key=record.key, module=record.module, name=record.name, size_bytes=record.size_bytes,
-                created_s=record.mtime_s, last_used_s=record.mtime_s, status=None, orphan=True,
-                generation=record.generation,
-            )
-        return cls(
-            key=record.key, module=record.module, name=record.name, size_bytes=record.size_bytes,
-            created_s=record.mtime_s, last_used_s=record.last_used_s,
-            status=record.status.value if record.status is not None else None,
-            generation=record.generation, has_atime=record.atime_ns is not None,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A candidate and why it is deleted (or, in :attr:`PrunePlan.protected`, why it is kept)."""
-
-    candidate: Candidate
-    reasons: tuple[str, ...]  # e.g. ("unused for 15d",), ("over max_total_bytes",), ("corrupt",)
-
-
 @dataclass(slots=True)
 class PrunePlan:
     """What a policy deletes. ``delete`` is ordered least recently used first (the order :func:`apply` takes)."""
 
-    delete: list[Decision]
-    protected: list[Decision]  # selected by a rule but kept; reasons say why ("pinned by 'jit_train*'", ...)
+    delete: list[Decision] | Decisions
+    protected: list[Decision] | Decisions  # selected by a rule but kept; reasons say why ("pinned by 'jit_train*'")
     kept: int  # candidates no rule selected
     bytes_freed: int
     bytes_remaining: int
@@ -107,7 +54,7 @@ class _Globs:
 
 
 def plan(
-    candidates: Iterable[Candidate], policy: PrunePolicy, *, now: float,
+    candidates: Iterable[Candidate] | CandidateColumns, policy: PrunePolicy, *, now: float,
     recent_jaxlibs: Collection[str] | None = None,
 ) -> PrunePlan:
     """Decide what ``policy`` deletes among ``candidates`` at time ``now`` (seconds since the epoch).
@@ -123,7 +70,9 @@ def plan(
     is None or empty (no runs seen: nothing says which versions are current) the rule selects nothing and
     :attr:`PrunePlan.notes` says so.
     """
-    cands = candidates if isinstance(candidates, list) else list(candidates)
+    # Column by column: each rule reads one field of every entry and picks rows; reasons and decisions are made
+    # only for the rows someone reads (plan.delete is lazy), so a table of columns costs no object per candidate.
+    t = candidates if isinstance(candidates, CandidateColumns) else CandidateList(list(candidates))
     notes: list[str] = []
     current: frozenset[str] | None = None
     if policy.stale_jaxlib:
@@ -134,23 +83,95 @@ def plan(
                 f"stale_jaxlib selected nothing: no run records from the last "
                 f"{format_duration(policy.stale_jaxlib_window_s)}, so which jaxlib versions are in use is unknown"
             )
-    stale_reason: dict[str, str] = {}
-    functions = _Globs(policy.functions)
     pins = _Globs(policy.keep)
-    unused_for, older_than, min_age = policy.unused_for_s, policy.older_than_s, policy.min_age_s
-    grace = f"younger than min_age {format_duration(min_age)}"
-    function_reason = {p: f"function matches {p!r}" for p in policy.functions}
+    min_age = policy.min_age_s
+    grace = (f"younger than min_age {format_duration(min_age)}",)
     pin_reason = {p: f"pinned by {p!r}" for p in policy.keep}
 
-    def protection(c: Candidate) -> tuple[str, ...]:
-        by_key, by_module = pins.matching(c.key), pins.matching_cached(c.module)
-        if by_key or by_module:
-            matched = set(by_key).union(by_module)
-            why = tuple(pin_reason[p] for p in pins.patterns if p in matched)
-        else:
-            why = ()
-        return why + (grace,) if now - c.created_s < min_age else why
+    def protection(i: int) -> tuple[str, ...]:
+        why: tuple[str, ...] = ()
+        if pins.patterns:
+            by_key, by_module = pins.matching(t.keys[i]), pins.matching_cached(t.modules[i])
+            if by_key or by_module:
+                matched = set(by_key).union(by_module)
+                why = tuple(pin_reason[p] for p in pins.patterns if p in matched)
+        return why + grace if now - t.created[i] < min_age else why
 
+    # Each selecting rule: the rows it picks (in row order) and its reason for one of them.
+    rules = _rules(t, policy, now, current)
+    if len(rules) == 1:
+        picked = rules[0][0]
+        only = rules[0][1]
+
+        def reasons(i: int) -> tuple[str, ...]:
+            return (only(i),)
+    else:
+        picks = [(set(rows), why) for rows, why in rules]
+        picked = sorted(set[int]().union(*(rows for rows, _ in picks)))
+
+        def reasons(i: int) -> tuple[str, ...]:
+            return tuple(why(i) for rows, why in picks if i in rows)
+
+    sizes = t.sizes
+    total = sum(sizes)
+    # Protected rows and why, in row order: pins, and the grace period of what was created less than min_age ago.
+    if pins.patterns:
+        guarded = {i: why for i in picked if (why := protection(i))}
+    else:
+        created = t.created
+        guarded = {i: grace for i in picked if now - created[i] < min_age}
+    deleting = [i for i in picked if i not in guarded] if guarded else picked
+    freed = sum([sizes[i] for i in deleting])
+
+    # One order serves the eviction walk and both lists: least recently used first, ties by key. The lists are in
+    # that order; without an eviction only their own rows need sorting.
+    evicted: set[int] = set()
+    limit = policy.max_total_bytes
+    if limit is not None and total - freed > limit:
+        order = _lru_order(t, list(range(len(t))))
+        chosen = set(deleting)
+        orphan = t.orphan
+        for i in order:
+            if total - freed <= limit:
+                break
+            if orphan[i] or i in chosen or i in guarded:
+                continue
+            why = protection(i)
+            if why:
+                guarded[i] = why
+            else:
+                chosen.add(i)
+                evicted.add(i)
+                freed += sizes[i]
+        delete_rows = [i for i in order if i in chosen]
+        protected_rows = [i for i in order if i in guarded]
+    else:
+        delete_rows = _lru_order(t, deleting)
+        protected_rows = _lru_order(t, list(guarded))
+
+    def deleted(i: int) -> Decision:
+        return Decision(t.candidate(i), (OVER_MAX_TOTAL,) if i in evicted else reasons(i))
+
+    def kept_back(i: int) -> Decision:
+        return Decision(t.candidate(i), guarded[i])
+
+    return PrunePlan(
+        delete=Decisions(delete_rows, deleted),
+        protected=Decisions(protected_rows, kept_back),
+        kept=len(t) - len(delete_rows) - len(protected_rows),
+        bytes_freed=freed,
+        bytes_remaining=total - freed,
+        entries_total=len(t),
+        notes=notes,
+    )
+
+
+Rule = tuple[list[int], Callable[[int], str]]
+
+
+def _rules(t: CandidateColumns, policy: PrunePolicy, now: float, current: frozenset[str] | None) -> list[Rule]:
+    """The rows each selecting rule of ``policy`` picks, in rule order (the order of a decision's reasons), each
+    with its reason for a row. Orphans are picked by ``orphans`` only."""
     ages: dict[int, str] = {}
 
     def age(seconds: float) -> str:
@@ -161,76 +182,41 @@ def plan(
             text = ages[s] = format_duration(s)
         return text
 
-    delete: dict[int, tuple[str, ...]] = {}
-    protected: dict[int, tuple[str, ...]] = {}
-    total = 0
-    freed = 0
-    select_orphans, select_corrupt = policy.orphans, policy.corrupt
-    integrity_classes = frozenset(policy.integrity)
-    for i, c in enumerate(cands):
-        total += c.size_bytes
-        if c.orphan:
-            if not select_orphans:
-                continue
-            reasons = [ORPHAN_REASON]
-        else:
-            reasons = []
-            if unused_for is not None:
-                last_use = c.last_use_s
-                if now - last_use >= unused_for:
-                    reasons.append(f"unused for {age(now - last_use)}")
-            if older_than is not None and now - c.created_s >= older_than:
-                reasons.append(f"created {age(now - c.created_s)} ago")
-            if functions.patterns:
-                matched = functions.matching_cached(c.module)
-                if matched:
-                    reasons.append(function_reason[matched[0]])
-            if select_corrupt and c.status == "corrupt":
-                reasons.append(CORRUPT_REASON)
-            if c.integrity is not None and c.integrity in integrity_classes:
-                reasons.append(f"integrity: {c.integrity}")
-            if current is not None and c.writer_jaxlib is not None and c.writer_jaxlib not in current:
-                why_stale = stale_reason.get(c.writer_jaxlib)
-                if why_stale is None:
-                    why_stale = stale_reason[c.writer_jaxlib] = (
-                        f"written by jaxlib {c.writer_jaxlib}, which no run used in the last "
-                        f"{format_duration(policy.stale_jaxlib_window_s)}"
-                    )
-                reasons.append(why_stale)
-            if not reasons:
-                continue
-        why = protection(c) if pins.patterns or now - c.created_s < min_age else ()
-        if why:
-            protected[i] = why
-        else:
-            delete[i] = tuple(reasons)
-            freed += c.size_bytes
+    rules: list[Rule] = []
+    entries = t.entry_rows
+    if (unused_for := policy.unused_for_s) is not None:
+        last = t.last_use
+        rules.append(([i for i in entries if now - last[i] >= unused_for],
+                      lambda i: f"unused for {age(now - last[i])}"))
+    if (older_than := policy.older_than_s) is not None:
+        created = t.created
+        rules.append(([i for i in entries if now - created[i] >= older_than],
+                      lambda i: f"created {age(now - created[i])} ago"))
+    if policy.functions:
+        functions, modules = _Globs(policy.functions), t.modules
+        function_reason = {p: f"function matches {p!r}" for p in policy.functions}
+        rules.append(([i for i in entries if functions.matching_cached(modules[i])],
+                      lambda i: function_reason[functions.matching_cached(modules[i])[0]]))
+    if policy.corrupt:
+        statuses = t.statuses
+        rules.append(([i for i in entries if statuses[i] == "corrupt"], lambda i: CORRUPT_REASON))
+    if policy.integrity:
+        classes, verdicts = frozenset(policy.integrity), t.integrity
+        rules.append(([i for i in entries if verdicts[i] is not None and verdicts[i] in classes],
+                      lambda i: f"integrity: {verdicts[i]}"))
+    if current is not None:
+        writers = t.writer_jaxlib
+        window = format_duration(policy.stale_jaxlib_window_s)
+        rules.append(([i for i in entries if (w := writers[i]) is not None and w not in current],
+                      lambda i: f"written by jaxlib {writers[i]}, which no run used in the last {window}"))
+    if policy.orphans:
+        rules.append((list(t.orphan_rows), lambda i: ORPHAN_REASON))
+    return rules
 
-    # One order serves the eviction walk and both lists: least recently used first, ties by key. Two stable sorts
-    # over plain lists (by key, then by last use) allocate no per-candidate tuples.
-    order = sorted(range(len(cands)), key=[c.key for c in cands].__getitem__)
-    order.sort(key=[c.last_use_s for c in cands].__getitem__)
-    limit = policy.max_total_bytes
-    if limit is not None and total - freed > limit:
-        for i in order:
-            if total - freed <= limit:
-                break
-            c = cands[i]
-            if c.orphan or i in delete or i in protected:
-                continue
-            why = protection(c)
-            if why:
-                protected[i] = why
-            else:
-                delete[i] = (OVER_MAX_TOTAL,)
-                freed += c.size_bytes
 
-    return PrunePlan(
-        delete=[Decision(cands[i], delete[i]) for i in order if i in delete],
-        protected=[Decision(cands[i], protected[i]) for i in order if i in protected],
-        kept=len(cands) - len(delete) - len(protected),
-        bytes_freed=freed,
-        bytes_remaining=total - freed,
-        entries_total=len(cands),
-        notes=notes,
-    )
+def _lru_order(t: CandidateColumns, rows: list[int]) -> list[int]:
+    """``rows`` (in row order) least recently used first, ties by key, then by row. Two stable sorts over plain lists
+    (by key, then by last use) allocate no per-row tuples."""
+    rows.sort(key=t.keys.__getitem__)
+    rows.sort(key=t.last_use.__getitem__)
+    return rows
