@@ -265,15 +265,12 @@ class LocalStorage(Storage):
         except OSError as exc:
             raise self._error("list", ".", exc) from exc
         try:
-            with os.scandir(fd) as it:  # names and types only: d_type, no stat yet
-                found = [de for de in it if not suffixes or de.name.endswith(suffixes)]
-            names = [de.name for de in found if de.is_file(follow_symlinks=False)
-                     and not de.name.startswith(_TMP_PREFIX)]
-            if len(names) < len(found):  # FIFOs, links, folders named like ours (rare: looked at one by one)
-                for de in found:
-                    if not de.is_file(follow_symlinks=False):
-                        self._skip_odd(fd, de.name, de)
-            del found
+            # Names only, not a DirEntry each (a third of the listing's time at 100k files): the stat every name gets
+            # says what it is, without following a link or opening a FIFO, so what is not a regular file is told
+            # apart there.
+            names = os.listdir(fd)
+            if suffixes:
+                names = [name for name in names if name.endswith(suffixes)]
             stats = forked_half(partial(stat_names, fd), names, min_items=FORK_MIN_STATS)
         except OSError as exc:
             raise self._error("list", ".", exc) from exc
@@ -281,10 +278,11 @@ class LocalStorage(Storage):
             os.close(fd)
         out: list[Listed] = [(name, st[0], st[1], None)
                              for name, st in zip(names, stats, strict=True)
-                             if st is not None and type(st) is not str]  # a child's tuples come back as lists
-        if len(out) < len(names):  # deleted or replaced since the names were read
+                             if st is not None and type(st) is not str  # a child's tuples come back as lists
+                             and not name.startswith(_TMP_PREFIX)]
+        if len(out) < len(names):  # FIFOs, links, folders named like ours; files deleted since the names were read
             for name, st in zip(names, stats, strict=True):
-                if isinstance(st, str):
+                if isinstance(st, str) and name.endswith(OBJECT_SUFFIXES):
                     self.skipped.add(name, not_regular_why(st))
         return out
 
