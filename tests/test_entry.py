@@ -54,6 +54,22 @@ def test_parse_name_rejects_what_jax_did_not_write(name):
     assert fmt.parse_name(name) is None
 
 
+_ODD = [f"jit_f-{'A' * 64}-cache", f"jit_f-{'a' * 63}-cache", f"jit_f{H}-cache", f"dir/jit_f-{H}-cache", "-cache",
+        f"jit_f-{'a' * 63}g-cache", f"jit_f-{'a' * 63}\u00e9-cache", f"jit_f-{'a' * 63}\udcff-cache", f"-{H}0-cache",
+        f"jit_f_{H}-cache", f"jit_f-{H}-cache-{'a' * 63}-cache"]
+
+
+@pytest.mark.parametrize("odd", [None, *_ODD])
+def test_all_parse_is_parse_name_over_every_name(odd):
+    """The one test of a whole listing's names says what parsing each says."""
+    good = [f"jit_train_step-{H}-cache", f"jit_odd-name.v2-{H}-cache", f"-{H}-cache", f"jit_\u00e9-{'0' * 64}-cache",
+            f"jit_f-{H}-cache-{'1' * 64}-cache"]
+    names = good if odd is None else [*good[:2], odd, *good[2:]]
+    assert fmt.all_parse(names, "-cache") is all(fmt.parse_name(n) is not None for n in names)
+    assert fmt.all_parse([n[:-6] + "-atime" for n in names], "-atime") is fmt.all_parse(names, "-cache")
+    assert fmt.all_parse([], "-cache")
+
+
 def test_sniff_compression():
     assert fmt.sniff_compression(zstandard.ZstdCompressor().compress(b"x" * 10)) is Compression.ZSTD
     assert fmt.sniff_compression(zlib.compress(b"x" * 10)) is Compression.ZLIB

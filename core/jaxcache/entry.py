@@ -87,6 +87,29 @@ def parse_name(name: str) -> EntryName | None:
     return EntryName(name=name, key=key, module=key[: -HASH_HEX_LEN - 1], hash=digest, kind=kind)
 
 
+#: Every hex digit as "0", every other byte as itself: after it, a name's hash reads "0" * 64 exactly where it was hex.
+_HEX_AS_ZERO = bytes.maketrans(b"0123456789abcdef", b"0" * 16)
+
+
+def all_parse(names: list[str], suffix: str) -> bool:
+    """True when :func:`parse_name` accepts every one of ``names``, each of which ends in ``suffix`` (``-cache`` or
+    ``-atime``): the same test as a parse of each, made in a few passes in C over all of them joined, rather than a
+    regular expression and an object per name (a listing of 100k entries spent 0.15 s parsing them). False: some may
+    not parse (or one holds a NUL, which no file name does): parse each then.
+    """
+    # Joined with NUL (in no file or object name), each name ends at its own NUL; with hex digits read as "0", a name
+    # parses exactly when it ends in "-" + "0" * 64 + suffix (a key has no "/"). At most one such ending fits before
+    # each NUL, so every name has one exactly when there are as many as names.
+    if not names:
+        return True
+    joined = "\0".join(names) + "\0"
+    if "/" in joined or joined.count("\0") != len(names):
+        return False
+    ending = ("-" + "0" * HASH_HEX_LEN + suffix + "\0").encode().translate(_HEX_AS_ZERO)
+    # An unencodable character (a name that is not UTF-8) becomes "?": not hex, so no ending can hold it.
+    return joined.encode(errors="replace").translate(_HEX_AS_ZERO).count(ending) == len(names)
+
+
 def is_valid_key(key: str) -> bool:
     """True when ``key`` has the shape JAX gives keys (``<module>-<64 hex>``)."""
     return parse_name(key + "-cache") is not None

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
+from typing import NamedTuple
 
 import msgspec
 
 from jaxcache import entry as fmt
 from jaxcache.entry import Status
 from jaxcache.errors import NotRegularFileError
-from jaxcache.head_index import HeadIndex, Snapshot, listing_digest
+from jaxcache.head_index import AtimeStamp, HeadIndex, Snapshot, listing_digest
 from jaxcache.parallel import bounded_map, forked_chunks, usable_cpus
 from jaxcache.scan import Entry, Orphan, Record, read_atime, read_or_empty
 from jaxcache.storage.base import Listed, Storage, name_problem
@@ -75,7 +76,7 @@ def list_root(storage: Storage) -> Listing:
     out and counted in ``storage.skipped``, as the backend's listing counts what is not a regular file; what was
     skipped is part of the digest, so an answer kept for this listing says the same about it."""
     objects = storage.list_stats(_SUFFIXES)
-    names = "".join(o[0] for o in objects)  # one test of all the names for the common case: none is odd
+    names = "".join([o[0] for o in objects])  # one test of all the names for the common case: none is odd
     if "\\" in names or "\x00" in names or not names.isascii():
         bad = {o[0]: why for o in objects if (why := name_problem(o[0])) is not None}
         for name, why in bad.items():
@@ -86,6 +87,30 @@ def list_root(storage: Storage) -> Listing:
         return Listing(objects, [])
     extra: list[Listed] = [(name, -1, 0.0, None) for name, _ in skipped.items()]
     return Listing(objects, [("", -1, 0.0, skipped.count), *extra])
+
+
+class Paired(NamedTuple):
+    """A listing as a scan pairs it: each entry with the stamp of its ``-atime`` where one is listed, and the
+    ``-atime`` objects whose entry is not listed (orphans). Names JAX did not write are left out."""
+
+    entries: list[Listed]  # -cache objects, in listing order
+    atimes: dict[str, tuple[int, float, int | None]]  # key -> (size, mtime, generation) of its listed -atime
+    orphans: list[Listed]  # lone -atime objects, in listing order
+
+
+def pair(listing: list[Listed]) -> Paired:
+    """Pair :func:`list_root`'s objects (what :func:`scan_indexed` and the columns of a prune plan read). A key,
+    function and hash are slices of a name that parses (``name[:-6]``, ``name[:-71]``, ``name[-70:-6]``)."""
+    caches = [o for o in listing if o[0].endswith("-cache")]
+    lone = [o for o in listing if o[0].endswith("-atime")] if len(caches) < len(listing) else []
+    if not fmt.all_parse([o[0] for o in caches], "-cache"):  # one test of them all; one by one if some is not JAX's
+        caches = [o for o in caches if fmt.parse_name(o[0]) is not None]
+    if not fmt.all_parse([o[0] for o in lone], "-atime"):
+        lone = [o for o in lone if fmt.parse_name(o[0]) is not None]
+    if not lone:  # a root without JAX's LRU (its default): nothing to pair
+        return Paired(caches, {}, [])
+    listed = {o[0] for o in caches}
+    return Paired(caches, {o[0][:-6]: o[1:] for o in lone}, [o for o in lone if o[0][:-6] + "-cache" not in listed])
 
 
 def scan_indexed(
@@ -110,26 +135,13 @@ def scan_indexed(
         return
 
     old = index.previous_entries(previous) if index is not None and previous is not None else {}
-    stamps = {name: (size, mtime, generation) for name, size, mtime, generation in listing}
+    paired = pair(listing)
     kept: list[Entry] = []  # what the new index holds (heads that still hold are kept even where not yielded)
     todo: list[_ToRead] = []
-    orphans: list[Orphan] = []
-    for name, size, mtime, generation in listing:
-        if name.endswith("-atime"):
-            if name[:-6] + "-cache" not in stamps:
-                parsed = fmt.parse_name(name)
-                if parsed is not None:
-                    orphans.append(Orphan(parsed.key, parsed.module, name, size, mtime, generation))
-            continue
+    for name, size, mtime, generation in paired.entries:
+        key = name[:-6]
         before, before_atime = old.get(name, (None, None))
-        if before is not None:
-            key, module, digest_hex = before.key, before.module, before.hash
-        else:
-            parsed = fmt.parse_name(name)
-            if parsed is None:
-                continue
-            key, module, digest_hex = parsed.key, parsed.module, parsed.hash
-        atime_stamp = stamps.get(key + "-atime")
+        atime_stamp = paired.atimes.get(key)
         atime_ns, read_atime = None, False
         if atime_stamp is not None:
             if before is not None and before_atime is not None and _same(*atime_stamp, before_atime):
@@ -141,12 +153,13 @@ def scan_indexed(
                 before.size_bytes, before.mtime_s, before.generation)):
             head = before
         if read_atime or (read_headers and head is None):
-            todo.append(_ToRead(key, module, digest_hex, name, size, mtime, generation, atime_ns, read_atime, head))
+            todo.append(_ToRead(key, name[:-71], name[-70:-6], name, size, mtime, generation, atime_ns, read_atime,
+                                head))
             continue
         if head is not None and head.mtime_s == mtime and head.atime_ns == atime_ns:
             e = head  # the common case: nothing about it changed
         else:
-            e = Entry(key, module, digest_hex, name, size, mtime, generation, atime_ns,
+            e = Entry(key, name[:-71], name[-70:-6], name, size, mtime, generation, atime_ns,
                       *((head.compression, head.compile_seconds, head.status, head.reason) if head else ()))
         kept.append(e)
         yield e if read_headers else _without_head(e)
@@ -155,14 +168,27 @@ def scan_indexed(
             continue  # no longer a regular file: skipped (and counted)
         kept.append(read)
         yield read if read_headers else _without_head(read)
+    orphans = [Orphan(name[:-6], name[:-71], name, size, mtime, generation)
+               for name, size, mtime, generation in paired.orphans]
     yield from orphans
     if index is None:
         return
-    atimes = [stamps.get(e.key + "-atime") for e in kept]
+    atimes: list[AtimeStamp] = [paired.atimes.get(e.key) for e in kept]
     index.save(Snapshot(
         identity=index.identity, listing_digest=listed.digest, heads_complete=all(e.status is not None for e in kept),
         entries=kept, atime_stamps=msgspec.Raw(msgspec.msgpack.encode(atimes)), orphans=orphans,
     ))
+
+
+def read_atimes(storage: Storage, paired: Paired, workers: int | None = None) -> dict[str, int | None]:
+    """The value of each listed ``-atime`` of ``paired``'s entries by key, read as :func:`scan_indexed` reads them
+    (None: malformed, or no longer a regular file)."""
+    if not paired.atimes:
+        return {}
+    todo = [_ToRead(name[:-6], name[:-71], name[-70:-6], name, size, mtime, generation, None, True, None)
+            for name, size, mtime, generation in paired.entries if name[:-6] in paired.atimes]
+    read = _read_all(storage, False, todo, storage.io_workers if workers is None else workers)
+    return {e.key: e.atime_ns for e in read if e is not None}
 
 
 #: Heads to read before a directory's scan forks workers: decompressing a head costs tens of microseconds of CPU

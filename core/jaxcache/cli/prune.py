@@ -14,7 +14,19 @@ from jaxcache.cli.ls_table import skipped_note
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, flag_value, print_json, progress
 from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError
-from jaxcache.prune import CORRUPT_REASON, Candidate, Decision, PrunePlan, PrunePolicy, PruneResult, apply, plan
+from jaxcache.prune import (
+    CORRUPT_REASON,
+    Candidate,
+    CandidateColumns,
+    Decision,
+    PrunePlan,
+    PrunePolicy,
+    PruneResult,
+    apply,
+    plan,
+)
+from jaxcache.prune.candidates import CandidateList
+from jaxcache.prune.listed import listed_candidates
 from jaxcache.scan import Entry
 from jaxcache.storage import Storage
 from jaxcache.table import render
@@ -131,33 +143,42 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
     if not policy.selects_anything():
         raise InvalidInputError(_NO_RULE)
     details: dict[str, str] = {}
-    candidates: list[Candidate] = []
     # Run records matter only to rules about use: hits make LRU real where there are no -atime files (GCS).
     use = None
     if policy.stale_jaxlib or policy.max_total_bytes is not None or policy.unused_for_s is not None:
         use = read_usage(storage)
         for name, why in use.malformed[:10]:
             print(f"jaxcache: warning: skipping malformed run record {shown(name)}: {shown(why)}", file=sys.stderr)
-    # Heads (one small read per entry) are needed only to find corrupt entries: the head index has those it read
-    # before (an entry changed since is read again, as for `ls`), and a listing alone needs no index.
-    root = IndexedRoot(storage, use_index=policy.corrupt and not args.no_index)
-    for record in progress(root.records(read_headers=policy.corrupt), "scanning"):
-        if isinstance(record, Entry) and record.reason:
-            details[record.key] = record.reason
-        c = Candidate.from_record(record)
-        candidates.append(use.apply_to(c) if use is not None else c)
+    candidates: CandidateColumns
+    if policy.corrupt:
+        # Heads (one small read per entry) are needed only to find corrupt entries: the head index has those it read
+        # before (an entry changed since is read again, as for `ls`).
+        root = IndexedRoot(storage, use_index=not args.no_index)
+        records: list[Candidate] = []
+        for record in progress(root.records(read_headers=True), "scanning"):
+            if isinstance(record, Entry) and record.reason:
+                details[record.key] = record.reason
+            c = Candidate.from_record(record)
+            records.append(use.apply_to(c) if use is not None else c)
+        candidates = CandidateList(records)
+    else:
+        # Every other rule reads only what the listing says: the plan reads its columns, and makes objects only for
+        # the decisions printed (a dry run of 100k entries prints 50).
+        candidates = listed_candidates(storage, hits=use.last_hit_s if use is not None else None,
+                                       writers=use.writer_jaxlib if use is not None else None)
     now = time.time()
     if policy.integrity:
         # Read every entry once and judge it against its writer's digest and embedded name.
         from jaxcache import integrity
 
+        rows = list(candidates)
         attested = integrity.load_attestations(storage, secret=key_from_env())
         scanned = [Entry(key=c.key, module=c.module, hash=c.key[-64:], name=c.name, size_bytes=c.size_bytes,
-                         mtime_s=c.created_s, generation=c.generation) for c in candidates if not c.orphan]
+                         mtime_s=c.created_s, generation=c.generation) for c in rows if not c.orphan]
         verdicts = {v.key: v for v in progress(integrity.verify(storage, scanned, attested, now=now,
                                                                  min_age_s=policy.min_age_s), "verifying")}
-        candidates = [dataclasses.replace(c, integrity=verdicts[c.key].classification) if c.key in verdicts else c
-                      for c in candidates]
+        candidates = CandidateList([dataclasses.replace(c, integrity=verdicts[c.key].classification)
+                                    if c.key in verdicts else c for c in rows])
         for key, v in verdicts.items():
             if v.classification in integrity.BAD_CLASSES:
                 details[key] = "; ".join(v.reasons)
