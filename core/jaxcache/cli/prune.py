@@ -8,7 +8,6 @@ import sys
 import time
 from typing import Any
 
-from jaxcache.attestations import key_from_env
 from jaxcache.cli.indexed import INDEX_HELP, IndexedRoot
 from jaxcache.cli.ls_table import skipped_note
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, flag_value, print_json, progress
@@ -170,6 +169,7 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
     if policy.integrity:
         # Read every entry once and judge it against its writer's digest and embedded name.
         from jaxcache import integrity
+        from jaxcache.attestations import key_from_env
 
         rows = list(candidates)
         attested = integrity.load_attestations(storage, secret=key_from_env())

@@ -10,7 +10,6 @@ already gone); a crash between an entry's two deletes leaves its ``-atime`` as a
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import threading
@@ -18,8 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-
-import filelock
+from typing import TYPE_CHECKING
 
 from jaxcache import entry as fmt
 from jaxcache.errors import NotRegularFileError, PreconditionFailedError, RootGoneError, StorageError
@@ -29,7 +27,10 @@ from jaxcache.prune.planner import PrunePlan
 from jaxcache.storage.base import Storage
 from jaxcache.storage.local import LocalStorage
 
-log = logging.getLogger("jaxcache.prune")
+if TYPE_CHECKING:
+    import filelock
+
+LOGGER = "jaxcache.prune"
 
 #: The lock file JAX's own LRU keeps in a local cache root, and how long JAX itself waits for it.
 JAX_LOCKFILE = ".lockfile"
@@ -68,7 +69,10 @@ class _JaxLruLock:
     HOLD_S = 0.02
 
     def __init__(self, path: str, timeout_s: float = JAX_LOCK_TIMEOUT_S) -> None:
-        self._lock = filelock.FileLock(path, timeout=timeout_s, thread_local=False)
+        # Imported here, where a root has JAX's LRU: filelock was a fifth of what a dry run imports.
+        import filelock
+
+        self._lock: filelock.FileLock = filelock.FileLock(path, timeout=timeout_s, thread_local=False)
         self._mutex = threading.Lock()  # one entry at a time, whichever thread deletes it
         self._usable = True
         self._since: float | None = None  # when this run took the file lock, while it holds it
@@ -80,9 +84,12 @@ class _JaxLruLock:
                 try:
                     self._lock.acquire()
                     self._since = time.monotonic()
-                except (filelock.Timeout, OSError) as exc:
+                except OSError as exc:  # filelock.Timeout (JAX's own wait ran out) is one too
                     self._usable = False
-                    log.warning("prune goes on without JAX's cache lock %s: %s", self._lock.lock_file, exc)
+                    import logging  # here: a prune that never meets a stuck lock need not import it
+
+                    logging.getLogger(LOGGER).warning("prune goes on without JAX's cache lock %s: %s",
+                                                      self._lock.lock_file, exc)
             try:
                 yield
             finally:
