@@ -7,6 +7,7 @@ dry run's table shows 50 of 100k deletions).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -90,6 +91,10 @@ class CandidateColumns:
     def __iter__(self) -> Iterator[Candidate]:
         return map(self.candidate, range(len(self)))
 
+    def key(self, row: int) -> str:
+        """Row ``row``'s key, without making the whole column."""
+        return self.keys[row]
+
     @cached_property
     def keys(self) -> list[str]:
         return [c.key for c in self]
@@ -153,20 +158,59 @@ class CandidateList(CandidateColumns):
     def __iter__(self) -> Iterator[Candidate]:
         return iter(self._candidates)
 
+    def key(self, row: int) -> str:
+        return self._candidates[row].key
 
-class Decisions(Sequence[Decision]):
-    """Decisions about rows of a table, in order, each made when it is read (and made again if read again): a plan
-    holds rows and reasons, not two objects for each of 100k deletions. Equal to any sequence of equal decisions
-    (``plan.delete == []``)."""
 
-    __slots__ = ("_make", "_rows")
+class LruOrder:
+    """Rows of a table least recently used first, ties by key, then by row (given in row order): the order of a
+    plan's eviction and of its lists. Sorted when first read whole; its first few are found without sorting the rest
+    (a dry run's table shows the first 50 of 100k deletions)."""
 
-    def __init__(self, rows: list[int], make: Callable[[int], Decision]) -> None:
-        self._rows = rows
-        self._make = make
+    __slots__ = ("_ordered", "_rows", "_table")
+
+    def __init__(self, table: CandidateColumns, rows: list[int], *, ordered: bool = False) -> None:
+        self._table, self._rows, self._ordered = table, rows, ordered
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    def all(self) -> list[int]:
+        if not self._ordered:
+            # Two stable sorts over plain lists (by key, then by last use) allocate no per-row tuples.
+            self._rows.sort(key=self._table.keys.__getitem__)
+            self._rows.sort(key=self._table.last_use.__getitem__)
+            self._ordered = True
+        return self._rows
+
+    def first(self, k: int) -> list[int]:
+        """The first ``k`` rows, as :meth:`all` orders them."""
+        if self._ordered or k >= len(self._rows):
+            return self.all()[:k]
+        if k <= 0:
+            return []
+        # Each of the first k was last used at or before the k-th earliest last use: ordering those alone gives them.
+        last = self._table.last_use
+        bound = heapq.nsmallest(k, map(last.__getitem__, self._rows))[-1]
+        few = [row for row in self._rows if last[row] <= bound]
+        few.sort(key=self._table.key)
+        few.sort(key=last.__getitem__)
+        return few[:k]
+
+
+class Decisions(Sequence[Decision]):
+    """Decisions about rows of a table, in :class:`LruOrder`, each made when it is read (and made again if read
+    again): a plan holds rows and reasons, not two objects for each of 100k deletions. Equal to any sequence of equal
+    decisions (``plan.delete == []``)."""
+
+    __slots__ = ("_make", "_order")
+
+    def __init__(self, order: LruOrder, make: Callable[[int], Decision]) -> None:
+        self._order = order
+        self._make = make
+
+    def __len__(self) -> int:
+        return len(self._order)
 
     @overload
     def __getitem__(self, index: int) -> Decision: ...
@@ -175,12 +219,16 @@ class Decisions(Sequence[Decision]):
     def __getitem__(self, index: slice) -> list[Decision]: ...
 
     def __getitem__(self, index: int | slice) -> Decision | list[Decision]:
-        if isinstance(index, slice):
-            return [self._make(row) for row in self._rows[index]]
-        return self._make(self._rows[index])
+        if not isinstance(index, slice):
+            return self._make(self._order.all()[index])
+        if index.start in (None, 0) and index.step in (None, 1) and index.stop is not None and index.stop >= 0:
+            rows = self._order.first(index.stop)  # the first few (a table's): the rest need not be ordered
+        else:
+            rows = self._order.all()[index]
+        return [self._make(row) for row in rows]
 
     def __iter__(self) -> Iterator[Decision]:
-        return map(self._make, self._rows)
+        return map(self._make, self._order.all())
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str | bytes):

@@ -34,7 +34,7 @@ class ListedCandidates(CandidateColumns):
         return len(self._names)
 
     def candidate(self, row: int) -> Candidate:
-        key = self.keys[row]
+        key = self._names[row][:-6]
         if row >= self._entries:  # an orphan: as Candidate.from_record(Orphan), no hit or writer
             return Candidate(key, key[:-65], self._names[row], self.sizes[row], self.created[row], self.created[row],
                              None, orphan=True, generation=self._generations[row])
@@ -42,6 +42,9 @@ class ListedCandidates(CandidateColumns):
                          self.last_used[row], None, generation=self._generations[row],
                          has_atime=self._atime_ns.get(key) is not None, last_hit_s=self._hits.get(key),
                          writer_jaxlib=self._writers.get(key))
+
+    def key(self, row: int) -> str:
+        return self._names[row][:-6]
 
     @cached_property
     def keys(self) -> list[str]:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
-from jaxcache.prune.candidates import Candidate, CandidateColumns, CandidateList, Decision, Decisions
+from jaxcache.prune.candidates import Candidate, CandidateColumns, CandidateList, Decision, Decisions, LruOrder
 from jaxcache.prune.policy import PrunePolicy
 from jaxcache.units import format_duration
 
@@ -123,12 +123,12 @@ def plan(
     deleting = [i for i in picked if i not in guarded] if guarded else picked
     freed = sum([sizes[i] for i in deleting])
 
-    # One order serves the eviction walk and both lists: least recently used first, ties by key. The lists are in
-    # that order; without an eviction only their own rows need sorting.
+    # One order serves the eviction walk and both lists: least recently used first, ties by key. Without an
+    # eviction only the lists' own rows are ordered, and only as far as they are read.
     evicted: set[int] = set()
     limit = policy.max_total_bytes
     if limit is not None and total - freed > limit:
-        order = _lru_order(t, list(range(len(t))))
+        order = LruOrder(t, list(range(len(t)))).all()
         chosen = set(deleting)
         orphan = t.orphan
         for i in order:
@@ -143,11 +143,11 @@ def plan(
                 chosen.add(i)
                 evicted.add(i)
                 freed += sizes[i]
-        delete_rows = [i for i in order if i in chosen]
-        protected_rows = [i for i in order if i in guarded]
+        delete_rows = LruOrder(t, [i for i in order if i in chosen], ordered=True)
+        protected_rows = LruOrder(t, [i for i in order if i in guarded], ordered=True)
     else:
-        delete_rows = _lru_order(t, deleting)
-        protected_rows = _lru_order(t, list(guarded))
+        delete_rows = LruOrder(t, deleting)
+        protected_rows = LruOrder(t, list(guarded))
 
     def deleted(i: int) -> Decision:
         return Decision(t.candidate(i), (OVER_MAX_TOTAL,) if i in evicted else reasons(i))
@@ -213,10 +213,3 @@ def _rules(t: CandidateColumns, policy: PrunePolicy, now: float, current: frozen
         rules.append((list(t.orphan_rows), lambda i: ORPHAN_REASON))
     return rules
 
-
-def _lru_order(t: CandidateColumns, rows: list[int]) -> list[int]:
-    """``rows`` (in row order) least recently used first, ties by key, then by row. Two stable sorts over plain lists
-    (by key, then by last use) allocate no per-row tuples."""
-    rows.sort(key=t.keys.__getitem__)
-    rows.sort(key=t.last_use.__getitem__)
-    return rows
