@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from jaxcache import collector
 from jaxcache.cli.indexed import INDEX_HELP, IndexedRoot
 from jaxcache.cli.ls_table import skipped_note
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, flag_value, print_json, progress
@@ -137,6 +138,53 @@ def _print_prune_plan(p: PrunePlan, details: dict[str, str], now: float) -> None
         print("\n".join(f"  {str(n).rjust(width)}  {reason}" for reason, n in counts.items()))
 
 
+def _candidates(storage: Storage, policy: PrunePolicy, use: RecordedUse | None, details: dict[str, str], *,
+                use_index: bool) -> CandidateColumns:
+    """What the plan is made over. ``details`` gets what is wrong with each corrupt entry."""
+    if not policy.corrupt:
+        # Every other rule reads only what the listing says: the plan reads its columns, and makes objects only for
+        # the decisions printed (a dry run of 100k entries prints 50).
+        return listed_candidates(storage, hits=use.last_hit_s if use is not None else None,
+                                 writers=use.writer_jaxlib if use is not None else None)
+    # Heads (one small read per entry) are needed only to find corrupt entries: the head index has those it read
+    # before (an entry changed since is read again, as for `ls`).
+    root = IndexedRoot(storage, use_index=use_index)
+    records: list[Candidate] = []
+    for record in progress(root.records(read_headers=True), "scanning"):
+        if isinstance(record, Entry) and record.reason:
+            details[record.key] = record.reason
+        c = Candidate.from_record(record)
+        records.append(use.apply_to(c) if use is not None else c)
+    return CandidateList(records)
+
+
+def _plan_json(args: argparse.Namespace, storage: Storage, policy: PrunePolicy, p: PrunePlan, now: float,
+               details: dict[str, str], use: RecordedUse | None, result: PruneResult | None) -> dict[str, Any]:
+    return {
+        "root": storage.url,
+        "applied": bool(args.apply),
+        "policy": policy.as_dict(),
+        "now_s": now,
+        "entries_total": p.entries_total,
+        "kept": p.kept,
+        "bytes_freed": p.bytes_freed,
+        "bytes_remaining": p.bytes_remaining,
+        "delete": [_decision_json(d, details) for d in p.delete],
+        "protected": [_decision_json(d, details) for d in p.protected],
+        "protected_by_reason": _protected_counts(p),
+        "notes": p.notes,
+        "run_records": _records_json(use),
+        "skipped": storage.skipped.count,
+        "result": None if result is None else {
+            "deleted": result.deleted,
+            "bytes_freed": result.bytes_freed,
+            "already_gone": result.already_gone,
+            "changed": result.changed,
+            "errors": result.errors,
+        },
+    }
+
+
 def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
     policy = _prune_policy(args)
     if not policy.selects_anything():
@@ -148,23 +196,8 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         use = read_usage(storage)
         for name, why in use.malformed[:10]:
             print(f"jaxcache: warning: skipping malformed run record {shown(name)}: {shown(why)}", file=sys.stderr)
-    candidates: CandidateColumns
-    if policy.corrupt:
-        # Heads (one small read per entry) are needed only to find corrupt entries: the head index has those it read
-        # before (an entry changed since is read again, as for `ls`).
-        root = IndexedRoot(storage, use_index=not args.no_index)
-        records: list[Candidate] = []
-        for record in progress(root.records(read_headers=True), "scanning"):
-            if isinstance(record, Entry) and record.reason:
-                details[record.key] = record.reason
-            c = Candidate.from_record(record)
-            records.append(use.apply_to(c) if use is not None else c)
-        candidates = CandidateList(records)
-    else:
-        # Every other rule reads only what the listing says: the plan reads its columns, and makes objects only for
-        # the decisions printed (a dry run of 100k entries prints 50).
-        candidates = listed_candidates(storage, hits=use.last_hit_s if use is not None else None,
-                                       writers=use.writer_jaxlib if use is not None else None)
+    with collector.paused():  # the listing and its candidates: 100k entries make many objects and no cycles
+        candidates = _candidates(storage, policy, use, details, use_index=not args.no_index)
     now = time.time()
     if policy.integrity:
         # Read every entry once and judge it against its writer's digest and embedded name.
@@ -183,10 +216,11 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
             if v.classification in integrity.BAD_CLASSES:
                 details[key] = "; ".join(v.reasons)
     recent = use.recent_jaxlibs(now - policy.stale_jaxlib_window_s) if use is not None else None
-    p = plan(candidates, policy, now=now, recent_jaxlibs=recent)
-    del candidates
+    with collector.paused():
+        p = plan(candidates, policy, now=now, recent_jaxlibs=recent)
+        if not args.json:
+            _print_prune_plan(p, details, now)
     if not args.json:
-        _print_prune_plan(p, details, now)
         if p.delete or p.protected:
             print()
         for note in p.notes:
@@ -198,30 +232,8 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         result = PruneResult()
     exit_code = EXIT_PROBLEMS if result is not None and result.errors else EXIT_OK
     if args.json:
-        data = {
-            "root": storage.url,
-            "applied": bool(args.apply),
-            "policy": policy.as_dict(),
-            "now_s": now,
-            "entries_total": p.entries_total,
-            "kept": p.kept,
-            "bytes_freed": p.bytes_freed,
-            "bytes_remaining": p.bytes_remaining,
-            "delete": [_decision_json(d, details) for d in p.delete],
-            "protected": [_decision_json(d, details) for d in p.protected],
-            "protected_by_reason": _protected_counts(p),
-            "notes": p.notes,
-            "run_records": _records_json(use),
-            "skipped": storage.skipped.count,
-            "result": None if result is None else {
-                "deleted": result.deleted,
-                "bytes_freed": result.bytes_freed,
-                "already_gone": result.already_gone,
-                "changed": result.changed,
-                "errors": result.errors,
-            },
-        }
-        print_json(data)
+        with collector.paused():  # a decision and a dict for each of 100k deletions
+            print_json(_plan_json(args, storage, policy, p, now, details, use, result))
         return exit_code
     if result is None:
         print(f"would delete {len(p.delete)} entries, freeing {format_bytes(p.bytes_freed)} "
