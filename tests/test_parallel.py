@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
 
 from jaxcache.parallel import forked_chunks, forked_half
+from jaxcache.storage.files import GONE, NOT_REGULAR
 from jaxcache.storage.files import stat_names as _stat_names
 from jaxcache.storage.local import LocalStorage
 
@@ -68,12 +70,18 @@ def test_a_child_that_fails_leaves_its_half_to_the_parent():
 
 def test_a_file_deleted_after_the_names_were_read_is_left_out(tmp_path):
     (tmp_path / "here-cache").write_bytes(b"abc")
+    os.mkfifo(tmp_path / "fifo-cache")
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        here, gone = _stat_names(fd, ["here-cache", "gone-cache"])
+        here_size, here_mtime, gone_size, _, fifo_size, fifo_mode = _stat_names(
+            fd, ["here-cache", "gone-cache", "fifo-cache"])
     finally:
         os.close(fd)
-    assert here is not None and here[0] == 3 and gone is None
+    assert (here_size, here_mtime) == (3, (tmp_path / "here-cache").stat().st_mtime)
+    assert gone_size == GONE and fifo_size == NOT_REGULAR and stat.S_ISFIFO(int(fifo_mode))
+    root = LocalStorage(str(tmp_path))
+    assert [o[:2] for o in root.list_stats(("-cache",))] == [("here-cache", 3)]
+    assert root.skipped.items() == [("fifo-cache", "a FIFO, not a regular file")]
 
 
 def test_forked_helpers_stay_in_this_process_while_other_threads_run():

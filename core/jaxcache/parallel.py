@@ -90,12 +90,15 @@ def forked_chunks(task: Callable[[list[T]], R], items: list[T], *, chunk: int, w
         _forked_task = None
 
 
-def forked_half(task: Callable[[list[T]], list[Any]], items: list[T], *, min_items: int) -> list[Any]:
+def forked_half(
+    task: Callable[[list[T]], list[Any]], items: list[T], *, min_items: int, per_item: int = 1
+) -> list[Any]:
     """``task(items)``, the second half of ``items`` done meanwhile by one forked child, its results (msgpack
     values: tuples come back as lists) through a pipe: for system calls over a whole directory, which a second CPU
-    speeds up and threads do not (each call takes the interpreter lock back). In this process alone under
-    ``min_items``, with one usable CPU, without ``fork``, or with other threads running; a child that fails leaves
-    its half to this process, so errors are this process's own."""
+    speeds up and threads do not (each call takes the interpreter lock back). ``task`` gives ``per_item`` values
+    for each item, in order. In this process alone under ``min_items``, with one usable CPU, without ``fork``, or
+    with other threads running; a child that fails leaves its half to this process, so errors are this process's
+    own."""
     import os
     import threading
 
@@ -127,6 +130,6 @@ def forked_half(task: Callable[[list[T]], list[Any]], items: list[T], *, min_ite
     if os.waitstatus_to_exitcode(status) == 0:
         with contextlib.suppress(msgspec.DecodeError):
             theirs = msgspec.msgpack.decode(data)
-    if not isinstance(theirs, list) or len(theirs) != len(items) - half:
+    if not isinstance(theirs, list) or len(theirs) != (len(items) - half) * per_item:
         theirs = task(items[half:])
     return mine + theirs

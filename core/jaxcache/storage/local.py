@@ -8,7 +8,7 @@ import os
 import stat as st_mode
 from collections.abc import Iterator, Mapping
 from functools import partial
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from jaxcache.errors import (
     InvalidRootError,
@@ -32,6 +32,7 @@ from jaxcache.storage.base import (
 )
 from jaxcache.storage.files import (
     DIR_FLAGS,
+    NOT_REGULAR,
     NOT_REGULAR_ERRNOS,
     READ_FLAGS,
     absent,
@@ -271,20 +272,18 @@ class LocalStorage(Storage):
             names = os.listdir(fd)
             if suffixes:
                 names = [name for name in names if name.endswith(suffixes)]
-            stats = forked_half(partial(stat_names, fd), names, min_items=FORK_MIN_STATS)
+            flat = forked_half(partial(stat_names, fd), names, min_items=FORK_MIN_STATS, per_item=2)
         except OSError as exc:
             raise self._error("list", ".", exc) from exc
         finally:
             os.close(fd)
-        out: list[Listed] = [(name, st[0], st[1], None)
-                             for name, st in zip(names, stats, strict=True)
-                             if st is not None and type(st) is not str  # a child's tuples come back as lists
-                             and not name.startswith(_TMP_PREFIX)]
-        if len(out) < len(names):  # FIFOs, links, folders named like ours; files deleted since the names were read
-            for name, st in zip(names, stats, strict=True):
-                if isinstance(st, str) and name.endswith(OBJECT_SUFFIXES):
-                    self.skipped.add(name, not_regular_why(st))
-        return out
+        sizes, mtimes = cast("list[int]", flat[0::2]), flat[1::2]  # sizes and modes are ints
+        if min(sizes, default=0) < 0:  # FIFOs, links, folders named like ours; files deleted since the names were read
+            for i, size in enumerate(sizes):
+                if size == NOT_REGULAR and names[i].endswith(OBJECT_SUFFIXES):
+                    self.skipped.add(names[i], not_regular_why(kind_of(int(mtimes[i]))))
+        return [(name, size, mtime, None) for name, size, mtime in zip(names, sizes, mtimes, strict=True)
+                if size >= 0 and not name.startswith(_TMP_PREFIX)]
 
     def _at(self, name: str) -> tuple[int | None, str]:
         """Where to find ``name`` without following a link under the root: (a descriptor of its folder, to close,
