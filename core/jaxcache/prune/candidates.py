@@ -176,7 +176,7 @@ class LruOrder:
         return len(self._rows)
 
     def all(self) -> list[int]:
-        if not self._ordered:
+        if not self._ordered and len(self._rows) > 1:  # one row or none is in order: no column to make for it
             # Two stable sorts over plain lists (by key, then by last use) allocate no per-row tuples.
             self._rows.sort(key=self._table.keys.__getitem__)
             self._rows.sort(key=self._table.last_use.__getitem__)
