@@ -60,14 +60,15 @@ _ODD = [f"jit_f-{'A' * 64}-cache", f"jit_f-{'a' * 63}-cache", f"jit_f{H}-cache",
 
 
 @pytest.mark.parametrize("odd", [None, *_ODD])
-def test_all_parse_is_parse_name_over_every_name(odd):
+def test_names_parse_is_parse_name_over_every_name(odd):
     """The one test of a whole listing's names says what parsing each says."""
     good = [f"jit_train_step-{H}-cache", f"jit_odd-name.v2-{H}-cache", f"-{H}-cache", f"jit_\u00e9-{'0' * 64}-cache",
-            f"jit_f-{H}-cache-{'1' * 64}-cache"]
+            f"jit_f-{H}-cache-{'1' * 64}-cache", f"jit_f-{'2' * 64}-atime"]
     names = good if odd is None else [*good[:2], odd, *good[2:]]
-    assert fmt.all_parse(names, "-cache") is all(fmt.parse_name(n) is not None for n in names)
-    assert fmt.all_parse([n[:-6] + "-atime" for n in names], "-atime") is fmt.all_parse(names, "-cache")
-    assert fmt.all_parse([], "-cache")
+    joined = "\0".join(names) + "\0"
+    assert fmt.names_parse(joined, len(names)) is all(fmt.parse_name(n) is not None for n in names)
+    assert not fmt.names_parse(joined, len(names), ("-cache",))  # an -atime that does not count
+    assert fmt.names_parse("", 0) and not fmt.names_parse(f"jit_f-{H}-cache\0x-cache\0", 1)  # a NUL in a name
 
 
 def test_sniff_compression():

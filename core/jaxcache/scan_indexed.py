@@ -55,11 +55,13 @@ def _without_head(e: Entry) -> Entry:
 class Listing:
     """A root's -cache and -atime objects as listed once, and their digest (what says "the same root")."""
 
-    __slots__ = ("objects", "_skipped", "_digest")
+    __slots__ = ("_digest", "_skipped", "atimes", "jax_names", "objects")
 
-    def __init__(self, objects: list[Listed], skipped: list[Listed]) -> None:
+    def __init__(self, objects: list[Listed], skipped: list[Listed], *, jax_names: bool, atimes: bool) -> None:
         self.objects = objects
         self._skipped = skipped  # what the listing passed over, as rows of the digest (empty: nothing)
+        self.jax_names = jax_names  # True: every name is one JAX writes (entry.parse_name takes it)
+        self.atimes = atimes  # False: no -atime object (JAX's default, without its LRU)
         self._digest: bytes | None = None
 
     @property
@@ -76,17 +78,21 @@ def list_root(storage: Storage) -> Listing:
     out and counted in ``storage.skipped``, as the backend's listing counts what is not a regular file; what was
     skipped is part of the digest, so an answer kept for this listing says the same about it."""
     objects = storage.list_stats(_SUFFIXES)
-    names = "".join([o[0] for o in objects])  # one test of all the names for the common case: none is odd
-    if "\\" in names or "\x00" in names or not names.isascii():
+    # One test of all the names for the common case: none is odd, and each is a name JAX writes.
+    joined = "\0".join([o[0] for o in objects]) + "\0"
+    if "\\" in joined or joined.count("\0") != len(objects) or not joined.isascii():
         bad = {o[0]: why for o in objects if (why := name_problem(o[0])) is not None}
         for name, why in bad.items():
             storage.skipped.add(name, why)
         objects = [o for o in objects if o[0] not in bad]
+        jax_names, atimes = False, True  # not known: pair() looks at each
+    else:
+        jax_names, atimes = fmt.names_parse(joined, len(objects)), "-atime\0" in joined
     skipped = storage.skipped
-    if not skipped.count:
-        return Listing(objects, [])
-    extra: list[Listed] = [(name, -1, 0.0, None) for name, _ in skipped.items()]
-    return Listing(objects, [("", -1, 0.0, skipped.count), *extra])
+    extra: list[Listed] = []
+    if skipped.count:
+        extra = [("", -1, 0.0, skipped.count), *((name, -1, 0.0, None) for name, _ in skipped.items())]
+    return Listing(objects, extra, jax_names=jax_names, atimes=atimes)
 
 
 class Paired(NamedTuple):
@@ -98,19 +104,24 @@ class Paired(NamedTuple):
     orphans: list[Listed]  # lone -atime objects, in listing order
 
 
-def pair(listing: list[Listed]) -> Paired:
+def pair(listed: Listing) -> Paired:
     """Pair :func:`list_root`'s objects (what :func:`scan_indexed` and the columns of a prune plan read). A key,
     function and hash are slices of a name that parses (``name[:-6]``, ``name[:-71]``, ``name[-70:-6]``)."""
+    listing = listed.objects
+    if not listed.atimes:  # a root without JAX's LRU (its default): every object is an entry
+        return Paired(listing if listed.jax_names else _parsing(listing), {}, [])
     caches = [o for o in listing if o[0].endswith("-cache")]
-    lone = [o for o in listing if o[0].endswith("-atime")] if len(caches) < len(listing) else []
-    if not fmt.all_parse([o[0] for o in caches], "-cache"):  # one test of them all; one by one if some is not JAX's
-        caches = [o for o in caches if fmt.parse_name(o[0]) is not None]
-    if not fmt.all_parse([o[0] for o in lone], "-atime"):
-        lone = [o for o in lone if fmt.parse_name(o[0]) is not None]
-    if not lone:  # a root without JAX's LRU (its default): nothing to pair
-        return Paired(caches, {}, [])
-    listed = {o[0] for o in caches}
-    return Paired(caches, {o[0][:-6]: o[1:] for o in lone}, [o for o in lone if o[0][:-6] + "-cache" not in listed])
+    lone = [o for o in listing if o[0].endswith("-atime")]
+    if not listed.jax_names:
+        caches, lone = _parsing(caches), _parsing(lone)
+    listed_names = {o[0] for o in caches}
+    return Paired(caches, {o[0][:-6]: o[1:] for o in lone},
+                  [o for o in lone if o[0][:-6] + "-cache" not in listed_names])
+
+
+def _parsing(objects: list[Listed]) -> list[Listed]:
+    """The objects whose names JAX writes (parse_name takes them), looked at one by one."""
+    return [o for o in objects if fmt.parse_name(o[0]) is not None]
 
 
 def scan_indexed(
@@ -125,7 +136,6 @@ def scan_indexed(
         workers = storage.io_workers
     if listed is None:
         listed = list_root(storage)
-    listing = listed.objects
     previous = index.load() if index is not None else None
     if previous is not None and previous.listing_digest == listed.digest and (
             previous.heads_complete or not read_headers):
@@ -135,7 +145,7 @@ def scan_indexed(
         return
 
     old = index.previous_entries(previous) if index is not None and previous is not None else {}
-    paired = pair(listing)
+    paired = pair(listed)
     kept: list[Entry] = []  # what the new index holds (heads that still hold are kept even where not yielded)
     todo: list[_ToRead] = []
     for name, size, mtime, generation in paired.entries:

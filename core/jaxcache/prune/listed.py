@@ -102,7 +102,7 @@ def listed_candidates(
     """The candidates of ``storage`` from one listing (``listed``, else :func:`list_root`'s): entries paired with
     their ``-atime`` as a scan pairs them (a value is read only where the listing has an ``-atime``), plus orphans.
     ``hits`` and ``writers`` (from run records, by key) fill in last hits and first writers' jaxlib versions."""
-    paired = pair((listed or list_root(storage)).objects)
+    paired = pair(listed or list_root(storage))
     rows = paired.entries + paired.orphans if paired.orphans else paired.entries
     # Four columns in four passes over the tuples: each a list comprehension, cheaper than one loop that appends.
     return ListedCandidates(
