@@ -87,8 +87,8 @@ def parse_name(name: str) -> EntryName | None:
     return EntryName(name=name, key=key, module=key[: -HASH_HEX_LEN - 1], hash=digest, kind=kind)
 
 
-#: Every hex digit as "0", every other byte as itself: after it, a name's hash reads "0" * 64 exactly where it was hex.
-_HEX_AS_ZERO = bytes.maketrans(b"0123456789abcdef", b"0" * 16)
+#: Every hex digit as "0", every other character as itself: a name's hash then reads "0" * 64 exactly where it was hex.
+_HEX_AS_ZERO = str.maketrans("0123456789abcdef", "0" * 16)
 
 
 def names_parse(joined: str, count: int, suffixes: tuple[str, ...] = ("-cache", "-atime")) -> bool:
@@ -102,10 +102,12 @@ def names_parse(joined: str, count: int, suffixes: tuple[str, ...] = ("-cache", 
     # letters), so every name has one exactly when there are as many as names.
     if "/" in joined or joined.count("\0") != count:
         return False
-    # An unencodable character (a name that is not UTF-8) becomes "?": not hex, so no ending can hold it.
-    data = joined.encode(errors="replace").translate(_HEX_AS_ZERO)
-    endings = {("-" + "0" * HASH_HEX_LEN + suffix + "\0").encode().translate(_HEX_AS_ZERO) for suffix in suffixes}
-    return sum(data.count(ending) for ending in endings) == count
+    zeroed = joined.translate(_HEX_AS_ZERO)
+    found = 0
+    for suffix in dict.fromkeys(suffixes):
+        if suffix + "\0" in joined or not count:  # (a suffix no name has costs no pass)
+            found += zeroed.count(("-" + "0" * HASH_HEX_LEN + suffix + "\0").translate(_HEX_AS_ZERO))
+    return found == count
 
 
 def is_valid_key(key: str) -> bool:

@@ -23,6 +23,8 @@ from jaxcache.storage.base import Listed, Storage, name_problem
 
 #: The names a scan pairs (every other name under a root is not JAX's entry).
 _SUFFIXES = ("-cache", "-atime")
+#: Names a listing's check joins at a time (about 100 KB of text).
+_CHECK_NAMES = 1024
 
 
 class _ToRead(msgspec.Struct, gc=False):
@@ -55,14 +57,13 @@ def _without_head(e: Entry) -> Entry:
 class Listing:
     """A root's -cache and -atime objects as listed once, and their digest (what says "the same root")."""
 
-    __slots__ = ("_digest", "_skipped", "atimes", "jax_names", "objects")
+    __slots__ = ("_digest", "_names", "_skipped", "objects")
 
-    def __init__(self, objects: list[Listed], skipped: list[Listed], *, jax_names: bool, atimes: bool) -> None:
+    def __init__(self, objects: list[Listed], skipped: list[Listed]) -> None:
         self.objects = objects
         self._skipped = skipped  # what the listing passed over, as rows of the digest (empty: nothing)
-        self.jax_names = jax_names  # True: every name is one JAX writes (entry.parse_name takes it)
-        self.atimes = atimes  # False: no -atime object (JAX's default, without its LRU)
         self._digest: bytes | None = None
+        self._names: tuple[bool, bool] | None = None
 
     @property
     def digest(self) -> bytes:
@@ -72,27 +73,48 @@ class Listing:
             self._digest = listing_digest([*self.objects, *self._skipped] if self._skipped else self.objects)
         return self._digest
 
+    @property
+    def jax_names(self) -> bool:
+        """True: every name is one JAX writes (entry.parse_name takes it), as one test of them all says."""
+        return self._names_checked()[0]
+
+    @property
+    def atimes(self) -> bool:
+        """False: no -atime object is listed (JAX's default, without its LRU)."""
+        return self._names_checked()[1]
+
+    def _names_checked(self) -> tuple[bool, bool]:
+        # On first use, by what pairs the listing: a repeated `ls` answered from what it kept never needs it. A slice
+        # of names at a time: the joined text is then a buffer the allocator reuses, not three of 7 MB at 100k
+        # entries that the kernel maps page by page (that took half of the check's 0.04 s).
+        if self._names is None:
+            names = [o[0] for o in self.objects]
+            jax_names, atimes = True, False
+            for start in range(0, len(names), _CHECK_NAMES):
+                part = names[start : start + _CHECK_NAMES]
+                joined = "\0".join(part) + "\0"
+                jax_names = jax_names and fmt.names_parse(joined, len(part))
+                atimes = atimes or "-atime\0" in joined
+            self._names = jax_names, atimes
+        return self._names
+
 
 def list_root(storage: Storage) -> Listing:
     """The listing :func:`scan_indexed` compares with its index. Names the backend cannot read (a backslash) are left
     out and counted in ``storage.skipped``, as the backend's listing counts what is not a regular file; what was
     skipped is part of the digest, so an answer kept for this listing says the same about it."""
     objects = storage.list_stats(_SUFFIXES)
-    # One test of all the names for the common case: none is odd, and each is a name JAX writes.
-    joined = "\0".join([o[0] for o in objects]) + "\0"
-    if "\\" in joined or joined.count("\0") != len(objects) or not joined.isascii():
+    names = "".join([o[0] for o in objects])  # one test of all the names for the common case: none is odd
+    if "\\" in names or "\x00" in names or not names.isascii():
         bad = {o[0]: why for o in objects if (why := name_problem(o[0])) is not None}
         for name, why in bad.items():
             storage.skipped.add(name, why)
         objects = [o for o in objects if o[0] not in bad]
-        jax_names, atimes = False, True  # not known: pair() looks at each
-    else:
-        jax_names, atimes = fmt.names_parse(joined, len(objects)), "-atime\0" in joined
     skipped = storage.skipped
     extra: list[Listed] = []
     if skipped.count:
         extra = [("", -1, 0.0, skipped.count), *((name, -1, 0.0, None) for name, _ in skipped.items())]
-    return Listing(objects, extra, jax_names=jax_names, atimes=atimes)
+    return Listing(objects, extra)
 
 
 class Paired(NamedTuple):
