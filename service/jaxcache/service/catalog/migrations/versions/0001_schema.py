@@ -26,7 +26,7 @@ def _str(length: int) -> sa.String:
     return sa.String(length).with_variant(sa.String(length, collation="C"), "postgresql")
 
 
-def _key_aggregates() -> list[sa.SchemaItem]:
+def _key_aggregates() -> list[sa.schema.SchemaItem]:
     """The columns of key_stats and key_history: a key's aggregates."""
     return [
         sa.Column("cache", _str(64), nullable=False),
