@@ -12,7 +12,6 @@ from typing import Any
 
 from sqlalchemy import (
     BindParameter,
-    ColumnElement,
     Delete,
     Select,
     Subquery,
@@ -91,8 +90,9 @@ def usage_rows(conn: Connection, cache: str, keys: Sequence[str], *, run_id: str
     by_run = run_id is not None
     for chunk in chunks(sorted(keys)):
         params = {"b_cache": cache, "b_keys": chunk, "b_run_id": run_id}
-        conn.execute(_usage_upsert(conn.dialect.name, by_run), params)
-        conn.execute(_usage_gone(by_run), params)
+        made = len(conn.execute(_usage_upsert(conn.dialect.name, by_run), params).all())
+        if conn.execute(_usage_count(by_run), params).scalar_one() > made:  # (rarely: a key no process has now)
+            conn.execute(_usage_gone(by_run), params)
 
 
 @functools.cache
@@ -129,7 +129,15 @@ def _usage_upsert(dialect: str, by_run: bool) -> Any:
     kept = {n: case((same, u[n])) for n in explain.COLUMNS}
     return ins.on_conflict_do_update(
         index_elements=[c.name for c in _usage.primary_key],
-        set_={**{n: ex[n] for n in values if n not in ("cache", "run_id", "key", "job", "kind", "counted")}, **kept})
+        set_={**{n: ex[n] for n in values if n not in ("cache", "run_id", "key", "job", "kind", "counted")}, **kept},
+    ).returning(_usage.c.key)
+
+
+@functools.cache
+def _usage_count(by_run: bool) -> Select:
+    u = _usage.c
+    return select(func.count()).where(u.cache == _CACHE, u.key.in_(_KEYS),
+                                      *([u.run_id == bindparam("b_run_id")] if by_run else []))
 
 
 @functools.cache
@@ -258,13 +266,15 @@ def process_saved(conn: Connection, cache: str, *, processes: Sequence[tuple[str
 @functools.cache
 def _process_saved(by: str) -> Update:
     r, p = _runs.c, _pk.c
-    mine = and_(p.cache == r.cache, p.run_id == r.run_id, p.process_index == r.process_index)
-    total = (select(func.coalesce(func.sum(_saved(r.kind)), 0.0))
-             .select_from(_pk.outerjoin(_stats, _measure(_pk))).where(mine).scalar_subquery())
-    which: ColumnElement[bool] = (
-        tuple_(r.run_id, r.process_index).in_(bindparam("b_pairs", expanding=True)) if by == "processes"
-        else exists(select(literal(1)).select_from(_pk).where(mine, p.key.in_(_KEYS))))
-    return update(_runs).where(r.cache == _CACHE, which).values(saved_s=total)
+    which = (tuple_(p.run_id, p.process_index).in_(bindparam("b_pairs", expanding=True)) if by == "processes"
+             else tuple_(p.run_id, p.process_index).in_(
+                 select(p.run_id, p.process_index).where(p.cache == _CACHE, p.key.in_(_KEYS))))
+    totals = (select(p.run_id, p.process_index, func.coalesce(func.sum(_saved(r.kind)), 0.0).label("total"))
+              .select_from(_process_run().outerjoin(_stats, _measure(_pk))).where(p.cache == _CACHE, which)
+              .group_by(p.run_id, p.process_index).subquery())
+    return (update(_runs).where(r.cache == _CACHE, r.run_id == totals.c.run_id,
+                                r.process_index == totals.c.process_index)
+            .values(saved_s=totals.c.total))
 
 
 def refresh(conn: Connection, cache: str, keys: Sequence[str]) -> None:
