@@ -19,6 +19,8 @@ PROMTOOL ?= /usr/bin/promtool
 # each process starts its own PostgreSQL and fake-gcs-server. 0 runs the suite in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
 DEMO_CACHE ?= ./demo-cache
+# The demo's own catalog, beside its cache: never the user's default one, which a real deployment may use.
+DEMO_CATALOG ?= ./demo-catalog/catalog.sqlite
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
@@ -109,7 +111,8 @@ demo-cache: $(VENV)/.stamp-run
 # The main job: the catalog service over the demo cache, on an embedded SQLite catalog. Ctrl-C stops it.
 run: demo-cache
 	$(VENV)/bin/jaxcache stats $(DEMO_CACHE) --top 5
-	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --host $(HOST) --port $(PORT)
+	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --db sqlite:///$(abspath $(DEMO_CATALOG)) --host $(HOST) \
+	  --port $(PORT)
 
 # The type checker first (pyproject.toml [tool.mypy]: strict on the core and the client), then the suite.
 test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium prometheus postgres
@@ -122,5 +125,5 @@ lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(NEXT_VENV) $(DEMO_CACHE)
+	rm -rf $(VENV) $(NEXT_VENV) $(DEMO_CACHE) $(dir $(DEMO_CATALOG))
 	rm -rf $(TOOLS_VENV)
