@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -82,15 +83,31 @@ class Skipped:
         self._lock = threading.Lock()
         self.count = 0
         self.reasons: dict[str, str] = {}  # name -> why, in the order found
+        self._collectors: tuple[Skipped, ...] = ()
 
     def add(self, name: str, why: str) -> None:
         """Count ``name`` once, however many readers pass over it."""
         with self._lock:
-            if name in self.reasons:
-                return
-            self.count += 1
-            if len(self.reasons) < self.MAX_KEPT:
-                self.reasons[name] = why
+            collectors = self._collectors
+            if name not in self.reasons:
+                self.count += 1
+                if len(self.reasons) < self.MAX_KEPT:
+                    self.reasons[name] = why
+        for collector in collectors:  # each counts it once too, seen here before or not
+            collector.add(name, why)
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[Skipped]:
+        """A new :class:`Skipped` told of every object passed over while the block runs, whether counted here before
+        or not: what one pass skipped, on a storage that outlives it (the service's, which rescans for days)."""
+        collector = Skipped()
+        with self._lock:
+            self._collectors = (*self._collectors, collector)
+        try:
+            yield collector
+        finally:
+            with self._lock:
+                self._collectors = tuple(c for c in self._collectors if c is not collector)
 
     def items(self) -> list[tuple[str, str]]:
         """``(name, why)`` of the kept ones, by name."""

@@ -251,6 +251,8 @@ class LocalStorage(Storage):
                 if de.is_file(follow_symlinks=False) and not name.startswith(_TMP_PREFIX):
                     seen += old is not None
                     changed[name] = (st.st_size, st.st_mtime, None)
+                elif name.endswith(OBJECT_SUFFIXES) and not st_mode.S_ISREG(st.st_mode):  # a rescan shows these
+                    self.skipped.add(name, not_regular_why(kind_of(st.st_mode)))
         return changed, names_gone(previous, changed, seen, self)
 
     def list_stats(self, suffixes: tuple[str, ...] = ()) -> list[Listed]:
