@@ -45,6 +45,14 @@ _DAY_S = 86400.0
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedName:
+    """One object the last rescan skipped: its name escaped for display, and why."""
+
+    name: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class CacheInfo:
     """A configured cache, its size and its last scan (GET /v1/caches, the dashboard's index)."""
 
@@ -56,6 +64,8 @@ class CacheInfo:
     last_scan_seconds: float | None
     last_scan_error: str | None
     reports_waiting: int
+    last_scan_skipped: int | None = None
+    last_scan_skipped_names: tuple[SkippedName, ...] = ()
 
 
 class State:
@@ -272,6 +282,9 @@ class State:
                     last_scan_seconds=row.last_scan_seconds if row else None,
                     last_scan_error=row.last_scan_error if row else None,
                     reports_waiting=waiting.get(name, 0),
+                    last_scan_skipped=row.last_scan_skipped if row else None,
+                    last_scan_skipped_names=tuple(SkippedName(str(n.get("name", "")), str(n.get("why", "")))
+                                                  for n in (row.last_scan_skipped_names if row else None) or ()),
                 ))
         return out
 

@@ -41,4 +41,4 @@ def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> RescanMode
     return RescanModel(cache=r.cache, added=r.added, removed=r.removed, updated=r.updated, entries=r.entries,
                        seconds=r.seconds, records_ingested=r.records_ingested,
                        records_malformed=r.records_malformed, warmups_ingested=r.warmups_ingested,
-                       records_compacted=r.records_compacted)
+                       records_compacted=r.records_compacted, skipped=r.skipped)

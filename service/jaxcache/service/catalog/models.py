@@ -35,6 +35,12 @@ class CacheRow(Base):
     last_scan_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_scan_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_scan_error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
+    # What the last completed rescan skipped (not regular files, names no backend maps): in the catalog, not in a
+    # replica's memory, so that every replica shows the same. The names are escaped for display (and so storable as
+    # JSON: a local name that is not UTF-8 holds surrogates): the first few by name (tasks.rescan.SKIPPED_SHOWN),
+    # each {"name", "why"}.
+    last_scan_skipped: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_scan_skipped_names: Mapped[list | None] = mapped_column(NullableJSON, nullable=True)
     # Runs last updated before this were compacted into key_history: a record older than it changes nothing.
     compacted_before_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 

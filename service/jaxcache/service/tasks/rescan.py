@@ -27,12 +27,16 @@ from jaxcache.service.ingestion.drain import drain
 from jaxcache.service.ingestion.runfiles import scan_records
 from jaxcache.service.tasks import memory, retention, snapshots
 from jaxcache.storage import ObjectInfo, Storage
-from jaxcache.storage.base import Stat, name_problem
+from jaxcache.storage.base import Skipped, Stat, name_problem
 
 log = logging.getLogger("jaxcache.service")
 
 _CHUNK = 500
 _NEW_PER_WRITE = 20_000
+#: How many of the names a rescan skipped the catalog keeps for its status (the count is whole): enough to tell what
+#: jams a root, few enough for every listing of the caches. ``jaxcache doctor`` lists them all.
+SKIPPED_SHOWN = 20
+_NAME_SHOWN = 512  # characters of an escaped name kept (an escape is up to 10 per character of the name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,7 @@ class RescanResult:
     warmups_ingested: int = 0  # warm-up coverage records under .jaxcache/warmups/ new or changed
     records_compacted: int = 0  # runs (processes) older than the retention folded into per-key history
     misses_explained: int = 0  # the ingested records' misses, explained once they were all in
+    skipped: int = 0  # objects named like entries or records that were not read (see Skipped)
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
@@ -83,25 +88,41 @@ def _last_use(caches: dict[str, Listed], atimes: dict[str, Listed]) -> dict[str,
             for key, item in caches.items()}
 
 
+def _skip_reason(name: str) -> str | None:
+    """Why a JAX-named entry or ``-atime`` ``name`` is skipped rather than indexed, or None."""
+    if (problem := name_problem(name)) is not None:
+        return problem  # a backslash in it: skipped, never fatal for the rest
+    if len(name) - 6 > _KEY_MAX:
+        # Not a name JAX writes (its module names are short); PostgreSQL would refuse the row and the scan.
+        return f"keys longer than {_KEY_MAX} characters are not indexed"
+    return None
+
+
 def _drop_foreign(storage: Storage, listed: dict[str, Listed], new_keys: set[str], foreign: set[str]) -> None:
     """Remove from ``listed`` the new keys that are not JAX's names (the known ones were checked when their rows
-    were made), adding their names to ``foreign``."""
+    were made), or that cannot be indexed (:func:`_skip_reason`), adding their names to ``foreign``."""
     for key in new_keys:
         name = listed[key][0]
-        if fmt.parse_name(name) is None:
-            del listed[key]
-            foreign.add(name)
-        elif (problem := name_problem(name)) is not None:
-            # Named like an entry but not readable as one (a backslash in it): skipped, never fatal for the rest.
-            log.warning("%s: skipping %s: %s", storage.url, shown(name[:200]), problem)
-            del listed[key]
-            foreign.add(name)
-        elif len(key) > _KEY_MAX or "\x00" in key:
-            # Not a name JAX writes (its module names are short); PostgreSQL would refuse the row and the scan.
-            log.warning("%s: skipping %s: keys longer than %d characters are not indexed", storage.url,
-                        name[:200], _KEY_MAX)
-            del listed[key]
-            foreign.add(name)
+        if fmt.parse_name(name) is not None:
+            if (why := _skip_reason(name)) is None:
+                continue
+            log.warning("%s: skipping %s: %s", storage.url, shown(name[:200]), why)
+        del listed[key]
+        foreign.add(name)
+
+
+def _count_foreign(skipped: Skipped, foreign: set[str]) -> None:
+    """Count in ``skipped`` the names of ``foreign`` that are JAX's but cannot be indexed. From the set, not from
+    :func:`_drop_foreign`: a rescan that finds the listing unchanged judges no name again, and still shows them."""
+    for name in foreign:
+        if fmt.parse_name(name) is not None and (why := _skip_reason(name)) is not None:
+            skipped.add(name, why)
+
+
+def skipped_names(skipped: Skipped) -> list[dict[str, str]]:
+    """The first :data:`SKIPPED_SHOWN` names of ``skipped`` (by name) as the catalog keeps them: escaped for display
+    (:func:`shown`), which also makes a local name that is not UTF-8 storable as JSON, with why each was skipped."""
+    return [{"name": shown(name)[:_NAME_SHOWN], "why": why} for name, why in skipped.items()[:SKIPPED_SHOWN]]
 
 
 def _info(item: Listed) -> ObjectInfo:
@@ -161,7 +182,9 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
         raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "
                             "service); try again when it ends")
     try:
-        result = _rescan(catalog, cache, storage, secret, retain_s)
+        # What this rescan skips, apart from what the storage (shared with prunes and requests) skipped before.
+        with storage.skipped.collecting() as skipped:
+            result = _rescan(catalog, cache, storage, secret, retain_s, skipped)
     finally:
         lock.release()
     if result.entries >= memory.RELEASE_FROM_ENTRIES:
@@ -211,7 +234,7 @@ def _fingerprint(conn, cache: str) -> tuple:
 
 
 def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None,
-            retain_s: float | None) -> RescanResult:
+            retain_s: float | None, skipped: Skipped) -> RescanResult:
     started = time.monotonic()
     now = time.time()
     # The service rescans each cache every few minutes, mostly finding nothing new: the previous rescan's snapshot
@@ -223,8 +246,9 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
     if snap is not None:
         changes, gone = storage.list_changes(snap.listing)
         if not changes and not gone:
-            result = _finish(catalog, cache, storage, secret, retain_s, started, now, added=0, removed=0, updated=0,
-                             entries=snap.entries)
+            _count_foreign(skipped, snap.foreign)
+            result = _finish(catalog, cache, storage, secret, retain_s, started, now, skipped, added=0, removed=0,
+                             updated=0, entries=snap.entries)
             snap.fingerprint = (fingerprint[0], now, None)
             snapshots.keep(catalog, cache, storage, snap, listing_changed=False)
             return result
@@ -304,8 +328,9 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
                 )
             # Inside the write lock: nobody else's change can fall between the writes and this count.
             count = _fingerprint(s.connection(), cache)[0]
-    result = _finish(catalog, cache, storage, secret, retain_s, started, now, added=added, removed=len(vanished),
-                     updated=len(updates), entries=len(caches) + orphans)
+    _count_foreign(skipped, foreign)
+    result = _finish(catalog, cache, storage, secret, retain_s, started, now, skipped, added=added,
+                     removed=len(vanished), updated=len(updates), entries=len(caches) + orphans)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
     snapshots.keep(catalog, cache, storage, snapshots.Snapshot((count, now, None), listing, foreign,
                                                             len(caches) + orphans), listing_changed=True)
@@ -313,8 +338,9 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
 
 
 def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None, retain_s: float | None,
-            started: float, now: float, *, added: int, removed: int, updated: int, entries: int) -> RescanResult:
-    """Ingest run and warm-up records, compact the old runs, and note the scan's end."""
+            started: float, now: float, skipped: Skipped, *, added: int, removed: int, updated: int,
+            entries: int) -> RescanResult:
+    """Ingest run and warm-up records, compact the old runs, and note the scan's end and what it skipped."""
     found = scan_records(catalog, cache, storage)
     covered = warmups.scan(catalog, cache, storage, secret=secret)
     # Once every record and warm-up this rescan read is in, whatever order they were listed in: their misses are
@@ -326,6 +352,7 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
     # another process (a replica on the same file) wrote in between.
     with catalog.session() as s:
         s.execute(update(CacheRow).where(CacheRow.name == cache)
-                  .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None))
+                  .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None,
+                          last_scan_skipped=skipped.count, last_scan_skipped_names=skipped_names(skipped)))
     return RescanResult(cache, added, removed, updated, entries, seconds, found.ingested, found.malformed,
-                        covered.ingested, compacted, sum(drained.misses.values()))
+                        covered.ingested, compacted, sum(drained.misses.values()), skipped.count)

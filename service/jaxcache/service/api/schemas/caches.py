@@ -5,6 +5,14 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from jaxcache.service.api.schemas.misses import MissesByCause
+from jaxcache.service.tasks.rescan import SKIPPED_SHOWN
+
+
+class SkippedObject(BaseModel):
+    name: str = Field(description="the object's name under the root, with control, bidirectional and other "
+                                  "invisible characters escaped (\\u202e) and a backslash doubled",
+                      examples=["jit_a\\\\b-0f3a...-cache"])
+    why: str = Field(examples=["a FIFO, not a regular file"])
 
 
 class CacheSummary(BaseModel):
@@ -17,6 +25,13 @@ class CacheSummary(BaseModel):
     last_scan_error: str | None = None
     reports_waiting: int = Field(0, description="run records accepted and not folded into the catalog yet (the drain "
                                                 "folds them within seconds)")
+    last_scan_skipped: int | None = Field(
+        None, description="objects named like entries, -atime files or records that the last completed scan did not "
+                          "read: not regular files (FIFOs, sockets, links, folders) or names the storage cannot map "
+                          "(a backslash); null before the first scan. `jaxcache doctor` lists them all")
+    last_scan_skipped_names: list[SkippedObject] = Field(
+        default_factory=list, description=f"the first {SKIPPED_SHOWN} of them by name, escaped for display, with why "
+                                          "each was skipped")
 
 
 class CacheList(BaseModel):
@@ -91,3 +106,5 @@ class RescanModel(BaseModel):
     warmups_ingested: int = Field(0, description="warm-up coverage records read because they were new or changed")
     records_compacted: int = Field(0, description="run records (processes) older than JAXCACHE_RECORDS_RETAIN_D "
                                                   "folded into per-key history, their runs and files deleted")
+    skipped: int = Field(0, description="objects named like entries or records that were not read (not regular "
+                                        "files, names the storage cannot map): see GET /v1/caches")

@@ -80,6 +80,8 @@ def upgrade() -> None:
         sa.Column("last_scan_s", sa.Float(), nullable=True),
         sa.Column("last_scan_seconds", sa.Float(), nullable=True),
         sa.Column("last_scan_error", _str(2048), nullable=True),
+        sa.Column("last_scan_skipped", sa.Integer(), nullable=True),
+        sa.Column("last_scan_skipped_names", sa.JSON(none_as_null=True), nullable=True),
         sa.Column("compacted_before_s", sa.Float(), nullable=True),
         sa.PrimaryKeyConstraint("name"),
     )
