@@ -19,6 +19,7 @@ from functools import partial
 from sqlalchemy import and_, delete, func, or_, select
 
 from jaxcache import integrity
+from jaxcache.errors import NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import Entry
 from jaxcache.service.catalog.database import Catalog
@@ -106,7 +107,7 @@ def run_pass(
                                   workers=storage.io_workers))
         rows = []
         for entry, verdict in zip(entries, judged, strict=True):
-            if verdict is None:  # deleted since the last rescan, which will drop its row
+            if verdict is None:  # deleted since the last rescan (which will drop its row), or not a file now
                 continue
             att = found.get(entry.key)
             rows.append(dict(
@@ -150,7 +151,12 @@ def unjudged(catalog: Catalog, cache: str) -> int:
 
 def _judge(storage: Storage, found: dict[str, integrity.Attestation], now: float, min_age_s: float,
            entry: Entry) -> integrity.Verdict | None:
-    chunks = storage.read_chunks(entry.name)  # a stream: memory stays bounded per entry, however large
+    try:
+        chunks = storage.read_chunks(entry.name)  # a stream: memory stays bounded per entry, however large
+    except NotRegularFileError:
+        # Replaced by a FIFO, a link or a folder since the rescan (counted in storage.skipped): judged once it is
+        # a file again. Raised, it failed the whole pass, every entry after it unjudged.
+        return None
     if chunks is None:
         return None
     return integrity.judge(entry, chunks, found.get(entry.key), now=now, min_age_s=min_age_s)
