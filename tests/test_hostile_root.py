@@ -307,9 +307,9 @@ def test_gcs_names_that_cannot_be_read_are_skipped_not_fatal(capsys, hostile_buc
     assert code == 0 and json.loads(out)["entries"] == [], err
 
 
-def _service_survives(client, cache: str, keys: list[str]) -> None:
-    """Through the service: a rescan answers, every real entry is listed, the unreadable records are counted as
-    malformed, and a normal job's record is folded."""
+def _service_survives(client, cache: str, keys: list[str], skipped: set[str]) -> None:
+    """Through the service: a rescan answers, every real entry is listed, what it skipped is shown (escaped), the
+    unreadable records are counted as malformed, and a normal job's record is folded."""
     import time
 
     from reports_support import H_ADMIN, H_READ, post, rescan, run, write
@@ -317,6 +317,8 @@ def _service_survives(client, cache: str, keys: list[str]) -> None:
     rescan(client, cache)
     (info,) = [c for c in client.get("/v1/caches", headers=H_READ).json()["caches"] if c["name"] == cache]
     assert info["last_scan_error"] is None and info["last_scan_s"] is not None, info
+    assert info["last_scan_skipped"] == len(skipped), info
+    assert {s["name"] for s in info["last_scan_skipped_names"]} == {shown(name) for name in skipped}
     metrics = client.get("/metrics").text
     assert 'jaxcache_reports_malformed_total{source="storage"}' in metrics  # the unreadable record names
     listed = client.get(f"/v1/caches/{cache}/entries?limit=1000", headers=H_READ).json()["entries"]
@@ -342,7 +344,8 @@ def test_the_service_rescans_a_hostile_root(tmp_path, hostile):
     os.mkfifo(bad / "fifo-p0.json")
     with TestClient(create_app(settings(tmp_path, {"demo": str(root)}))) as client:
         settled(client)
-        _service_survives(client, "demo", keys)
+        skipped = {*hostile["skipped"], ".jaxcache/runs/2026-01-01/fifo-p0.json"}
+        _service_survives(client, "demo", keys, skipped)
 
 
 def test_the_service_rescans_a_bucket_with_names_it_cannot_read(tmp_path, hostile_bucket):
@@ -352,7 +355,7 @@ def test_the_service_rescans_a_bucket_with_names_it_cannot_read(tmp_path, hostil
     from jaxcache.service.app import create_app
     from reports_support import settings
 
-    url, keys, _ = hostile_bucket
+    url, keys, bad = hostile_bucket
     with TestClient(create_app(settings(tmp_path, {"prod": url}))) as client:
         settled(client)
-        _service_survives(client, "prod", keys)
+        _service_survives(client, "prod", keys, {bad[0]})  # the records' names: malformed, counted apart
