@@ -79,6 +79,8 @@ def test_a_rescan_shows_what_it_skipped(tmp_path, jax_caches, catalog_url):
         assert f'data-stat="last_scan_skipped" data-value="{len(jams)}"' in page
         for name in jams:
             assert str(markupsafe.escape(shown(name))) in page, name
+        index = client.get("/", headers=H_READ).text
+        assert f'data-skipped="{len(jams)}"' in index  # the caches' table points at the page that lists them
 
         # Many: the count is whole, the names the first few.
         for name in many:
@@ -96,4 +98,5 @@ def test_a_rescan_shows_what_it_skipped(tmp_path, jax_caches, catalog_url):
         info = _status(client)
         assert (info["last_scan_skipped"], info["last_scan_skipped_names"]) == (0, [])
         assert 'data-stat="last_scan_skipped"' not in _page(client)
+        assert "data-skipped" not in client.get("/", headers=H_READ).text
         assert _listed(client) == keys
