@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from conftest import jaxcache_serve
+from reports_support import folded
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
 ADMIN, REPORT, READ = "cs-admin", "cs-report", "cs-read"
@@ -63,7 +64,9 @@ def test_jobs_report_to_the_service_and_entries_carry_their_writer(service):
     first = run_job(cache, "trainer", "--service-url", base, "--token", REPORT)
     assert first["stats"]["writes"] >= 4
 
-    # Reported over HTTP: the job is known before any rescan.
+    # Reported over HTTP (accepted, 202): the job is known before any rescan, once the drain has folded its record.
+    with httpx.Client(base_url=base, timeout=30) as client:
+        folded(client, headers={"Authorization": f"Bearer {READ}"})
     jobs = api(base, "/v1/caches/shared/jobs")
     (trainer,) = [j for j in jobs["jobs"] if j["job"] == "trainer"]
     assert trainer["writes"] == first["stats"]["writes"] and trainer["hits"] == 0
