@@ -132,13 +132,18 @@ class Catalog:
             yield conn
 
     def insert(self, table):
-        """The dialect's INSERT for ``table`` (a model or a Table), which has ``on_conflict_do_update`` and
-        ``on_conflict_do_nothing``: an upsert that two replicas may run at once."""
-        return (postgresql if self.dialect == "postgresql" else sqlite).insert(table)
+        """The dialect's INSERT for ``table``: :func:`dialect_insert`."""
+        return dialect_insert(self.dialect, table)
 
     def dispose(self) -> None:
         self.engine.dispose()
         self.locks.dispose()
+
+
+def dialect_insert(dialect: str, table):
+    """The dialect's INSERT for ``table`` (a model or a Table), which has ``on_conflict_do_update`` and
+    ``on_conflict_do_nothing``: an upsert that two replicas may run at once."""
+    return (postgresql if dialect == "postgresql" else sqlite).insert(table)
 
 
 def bulk_insert(conn: Connection, table: Table, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

@@ -29,9 +29,9 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from jaxcache.service.catalog.database import dialect_insert
 from jaxcache.service.catalog.models import (
     AGGREGATES,
     EntryRow,
@@ -59,10 +59,6 @@ _CACHE: BindParameter[str] = bindparam("b_cache")
 def chunks(items: Sequence[Any]) -> Iterator[list[Any]]:
     for i in range(0, len(items), CHUNK):
         yield list(items[i : i + CHUNK])
-
-
-def _insert(dialect: str, table: Any) -> Any:
-    return (postgresql if dialect == "postgresql" else sqlite).insert(table)
 
 
 def _process_run() -> Any:
@@ -121,7 +117,7 @@ def _usage_upsert(dialect: str, by_run: bool) -> Any:
     # WHERE true: SQLite would read the ON of ON CONFLICT as a join's otherwise.
     rows = select(*(v.label(n) for n, v in values.items())).where(true()).group_by(
         s.cache, s.run_id, s.key, s.job, s.kind)
-    ins = _insert(dialect, _usage).from_select(list(values), rows)
+    ins = dialect_insert(dialect, _usage).from_select(list(values), rows)
     u, ex = _usage.c, ins.excluded
     # What a miss's explanation was made of, on the row (explain.INPUTS; parts and programs: see fold's texts).
     same = and_(u.process_index == ex.process_index, u.event == ex.event, u.first_at == ex.first_at,
@@ -173,7 +169,7 @@ def _history_of(keys: Any) -> Select:
 
 
 def _upsert_aggregates(dialect: str, table: Any, rows: Select) -> Any:
-    ins = _insert(dialect, table).from_select(["cache", "key", *AGGREGATES], rows)
+    ins = dialect_insert(dialect, table).from_select(["cache", "key", *AGGREGATES], rows)
     return ins.on_conflict_do_update(index_elements=["cache", "key"],
                                      set_={n: ins.excluded[n] for n in AGGREGATES})
 

@@ -17,11 +17,10 @@ from typing import Any
 
 import zstandard
 from sqlalchemy import Select, bindparam, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import RunRecord
-from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.database import Catalog, dialect_insert
 from jaxcache.service.catalog.models import InboxRow, RunRow, table_of
 
 #: Where a record came from (runs.source, inbox rows): POSTed, or read from its file by a rescan.
@@ -108,7 +107,7 @@ def _folded() -> Select:
 @functools.cache
 def _upsert(dialect: str) -> Any:
     table = table_of(InboxRow)
-    insert = (postgresql if dialect == "postgresql" else sqlite).insert(table)
+    insert = dialect_insert(dialect, table)
     insert = insert.values({c.name: bindparam(c.name) for c in table.columns})
     return insert.on_conflict_do_update(
         index_elements=["cache", "run_id", "process_index"],

@@ -19,13 +19,12 @@ from typing import Any
 
 import msgspec
 from sqlalchemy import bindparam, delete, func, select, text, tuple_, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
 from jaxcache.records import COMPILED, JOB, WRITE, RunRecord
-from jaxcache.service.catalog.database import Catalog, bulk_insert
+from jaxcache.service.catalog.database import Catalog, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
 from jaxcache.service.ingestion import aggregates, attestations, explain
 from jaxcache.service.ingestion.inbox import REPORT, STORAGE
@@ -149,7 +148,7 @@ def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item]
 
 def _upsert(conn: Connection, table: Any) -> Any:
     """An upsert of whole rows of ``table`` on its primary key."""
-    ins = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
+    ins = dialect_insert(conn.dialect.name, table)
     key = [c.name for c in table.primary_key]
     return ins.on_conflict_do_update(index_elements=key, set_={
         c.name: ins.excluded[c.name] for c in table.columns if c.name not in key})

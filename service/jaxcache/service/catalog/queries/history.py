@@ -5,8 +5,9 @@ so a miss costs the same however long its function's history is (docs/service.md
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict, namedtuple
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -94,40 +95,34 @@ class Decoder:
         return found
 
 
-#: Every statement, built once per shape with bound values: a miss costs a few executions of statements SQLAlchemy
-#: compiled already, not the building of a few expressions, which is most of the cost of a small query.
-_STATEMENTS: dict[str, Select] = {}
-
-
-def _statement(build: Callable[[], Select], shape: str) -> Select:
-    found = _STATEMENTS.get(shape)
-    return found if found is not None else _STATEMENTS.setdefault(shape, build())
-
-
+# Every statement is built once per shape (functools.cache) with bound values: a miss costs a few executions of
+# statements SQLAlchemy compiled already, not the building of a few expressions, most of a small query's cost.
 def _usage_base() -> Select:
     return (select(*_USAGE).join(_r, and_(_r.cache == _u.cache, _r.run_id == _u.run_id,
                                           _r.process_index == _u.process_index))
             .where(_u.cache == bindparam("cache")))
 
 
+@functools.cache
 def _of_key() -> Select:
     return (_usage_base().where(_u.key == bindparam("key"), _u.first_at < bindparam("until"))
             .order_by(_u.first_at.desc()).limit(bindparam("limit")))
 
 
-def _of_function(seen: int) -> Callable[[], Select]:
+@functools.cache
+def _of_function(seen: int) -> Select:
     """The newest rows with parts of a function, but those of the ``seen`` keys bound as x0, x1, ..."""
-    def build() -> Select:
-        return (_usage_base().where(_u.function == bindparam("function"), _u.first_at < bindparam("until"),
-                                    _u.parts.is_not(None), *(_u.key != bindparam(f"x{i}") for i in range(seen)))
-                .order_by(_u.first_at.desc()).limit(bindparam("limit")))
-    return build
+    return (_usage_base().where(_u.function == bindparam("function"), _u.first_at < bindparam("until"),
+                                _u.parts.is_not(None), *(_u.key != bindparam(f"x{i}") for i in range(seen)))
+            .order_by(_u.first_at.desc()).limit(bindparam("limit")))
 
 
+@functools.cache
 def _first_of_function() -> Select:
     return _usage_base().where(_u.function == bindparam("function")).order_by(_u.first_at).limit(bindparam("limit"))
 
 
+@functools.cache
 def _stored() -> Select:
     # A job's miss only: a row may have changed since it was listed to explain (a run id used again).
     return (_usage_base().add_columns(_u.missed, _u.counted)
@@ -135,18 +130,18 @@ def _stored() -> Select:
                    or_(_u.event == WRITE, _u.event == COMPILED)))  # (an IN would not compile once)
 
 
-def _warmups_of(column: str) -> Callable[[], Select]:
-    def build() -> Select:
-        w, wr = WarmupKeyRow, WarmupRow
-        return (select(w.key, w.function, w.status, w.reason, _text(w.parts), _text(w.program), w.compile_s, wr.id,
-                       wr.job, wr.started_s, _text(wr.fingerprint), wr.topology)
-                .join(wr, and_(wr.cache == w.cache, wr.id == w.warmup_id))
-                .where(w.cache == bindparam("cache"), getattr(w, column) == bindparam("value"),
-                       wr.started_s < bindparam("until"))
-                .order_by(wr.started_s.desc()).limit(bindparam("limit")))
-    return build
+@functools.cache
+def _warmups_of(column: str) -> Select:
+    w, wr = WarmupKeyRow, WarmupRow
+    return (select(w.key, w.function, w.status, w.reason, _text(w.parts), _text(w.program), w.compile_s, wr.id,
+                   wr.job, wr.started_s, _text(wr.fingerprint), wr.topology)
+            .join(wr, and_(wr.cache == w.cache, wr.id == w.warmup_id))
+            .where(w.cache == bindparam("cache"), getattr(w, column) == bindparam("value"),
+                   wr.started_s < bindparam("until"))
+            .order_by(wr.started_s.desc()).limit(bindparam("limit")))
 
 
+@functools.cache
 def _entry() -> Select:
     e, v = EntryRow, VerificationRow
     return (select(e.key, e.created_s, e.size_bytes, e.compression, e.status, e.reason, v.classification,
@@ -155,6 +150,7 @@ def _entry() -> Select:
             .where(e.cache == bindparam("cache"), e.kind == "entry", e.key == bindparam("key")))
 
 
+@functools.cache
 def _entries_of_function() -> Select:
     e = EntryRow
     return (select(e.key, e.created_s, e.compression)
@@ -162,6 +158,7 @@ def _entries_of_function() -> Select:
             .order_by(e.created_s, e.key).limit(bindparam("limit")))
 
 
+@functools.cache
 def _deletions() -> Select:
     i, p = PruneItemRow, PruneRow
     return (select(p.id, p.at_s, p.who, _text(p.policy), p.kind).select_from(i).join(p, p.id == i.prune_id)
@@ -178,7 +175,7 @@ def stored_misses(conn: Connection, cache: str, rows: Iterable[tuple[str, str, s
         wanted[run_id].add((job, key))
     # A run's unexplained misses in one read (a report's are dozens): one read a row was a round trip each.
     out = [(known_of_usage(UsageKnown(*r[:-2]), decode), r[-2], r[-1]) for run_id, keys in wanted.items()
-           for r in conn.execute(_statement(_stored, "explain-stored"), {"cache": cache, "run_id": run_id})
+           for r in conn.execute(_stored(), {"cache": cache, "run_id": run_id})
            if (r[4], r[0]) in keys]
     return sorted(out, key=lambda m: (m[0].at, m[0].run_id or "", m[0].process_index, m[0].key))
 
@@ -228,15 +225,15 @@ class CatalogHistory:
 
     # --- loading ----------------------------------------------------------------------------------------------
 
-    def _fetch(self, shape: str, build: Callable[[], Select], **params: Any) -> list[tuple]:
-        return list(self._conn.execute(_statement(build, shape), {"cache": self._cache, **params}))
+    def _fetch(self, statement: Select, **params: Any) -> list[tuple]:
+        return list(self._conn.execute(statement, {"cache": self._cache, **params}))
 
     def _usage(self, keys: list[tuple[str, float]], functions: list[tuple[str, float]]) -> Iterable[Known]:
-        rows = [r for k, until in keys for r in self._fetch("explain-key", _of_key, key=k, until=until,
+        rows = [r for k, until in keys for r in self._fetch(_of_key(), key=k, until=until,
                                                               limit=KEY_ROWS)]
         rows += [r for f, until in functions for r in self._of_function(f, until)]
         rows += [r for f in sorted({f for f, _ in functions})
-                 for r in self._fetch("explain-first", _first_of_function, function=f, limit=FIRST_ROWS)]
+                 for r in self._fetch(_first_of_function(), function=f, limit=FIRST_ROWS)]
         for r in rows:
             yield known_of_usage(UsageKnown(*r), self._decode)
 
@@ -245,7 +242,7 @@ class CatalogHistory:
         rows: list[tuple] = []
         seen: list[str] = []
         while len(seen) < FUNCTION_KEYS:
-            found = self._fetch(f"explain-function-{len(seen)}", _of_function(len(seen)), function=function,
+            found = self._fetch(_of_function(len(seen)), function=function,
                                 until=until, limit=ROWS_PER_KEY, **{f"x{i}": k for i, k in enumerate(seen)})
             rows += found
             new = list(dict.fromkeys(r[0] for r in found if r[0] not in seen))
@@ -258,7 +255,7 @@ class CatalogHistory:
         for column, values in (("key", keys), ("function", functions)):
             for value, ats in sorted(values.items()):
                 for (key, function, status, reason, parts, program, compile_s, warmup, job, started, fp,
-                     topology) in self._fetch(f"explain-warmups-{column}", _warmups_of(column), value=value,
+                     topology) in self._fetch(_warmups_of(column), value=value,
                                               until=max(ats), limit=WARMUP_ROWS):
                     yield Known(key=key, function=function, event=_EVENTS.get(status, "compiled"), at=started,
                                 job=job, run_id=warmup, kind="warmup", parts=self._decode(parts, KeyParts),
@@ -267,18 +264,18 @@ class CatalogHistory:
                                 topology=topology, reason=reason, compile_s=compile_s)
 
     def _entry_of(self, key: str) -> EntryNow | None:
-        for r in self._fetch("explain-entry", _entry, key=key):
+        for r in self._fetch(_entry(), key=key):
             readable, problem = _readable(*r[1:])
             return EntryNow(key, r[1], readable=readable, compression=_library(r[3]), problem=problem)
         return None
 
     def _entries_of_function(self, function: str) -> list[EntryNow]:
         return [EntryNow(key, created, compression=_library(compression)) for key, created, compression
-                in self._fetch("explain-entries", _entries_of_function, function=function, limit=FUNCTION_ENTRIES)]
+                in self._fetch(_entries_of_function(), function=function, limit=FUNCTION_ENTRIES)]
 
     def _deletions_of(self, key: str) -> list[Deletion]:
         out = []
-        for audit_id, at_s, who, policy, kind in self._fetch("explain-deletions", _deletions, key=key):
+        for audit_id, at_s, who, policy, kind in self._fetch(_deletions(), key=key):
             how = "DELETE" if kind == "delete" else f"prune #{audit_id} ({policy_summary(decoded(policy, dict))})"
             out.append(Deletion(key, at_s, who, how))
         return out
