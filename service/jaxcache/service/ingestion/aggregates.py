@@ -7,7 +7,7 @@ processes fold into. docs/service.md, "Run records".
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -42,6 +42,7 @@ from jaxcache.service.catalog.models import (
     UsageRow,
     table_of,
 )
+from jaxcache.service.catalog.queries.history import chunks
 from jaxcache.service.ingestion import explain, rules
 
 #: A key's aggregates when no run record mentions it.
@@ -54,11 +55,6 @@ _pk, _runs, _usage, _stats, _history, _entries = (table_of(m) for m in (
     ProcessKeysRow, RunRow, UsageRow, KeyStatsRow, KeyHistoryRow, EntryRow))
 _KEYS: BindParameter[Any] = bindparam("b_keys", expanding=True)
 _CACHE: BindParameter[str] = bindparam("b_cache")
-
-
-def chunks(items: Sequence[Any]) -> Iterator[list[Any]]:
-    for i in range(0, len(items), CHUNK):
-        yield list(items[i : i + CHUNK])
 
 
 def _process_run() -> Any:
@@ -84,7 +80,7 @@ def usage_rows(conn: Connection, cache: str, keys: Sequence[str], *, run_id: str
     delete those no process has any more. A row whose miss is no longer what it was explained as loses its
     explanation."""
     by_run = run_id is not None
-    for chunk in chunks(sorted(keys)):
+    for chunk in chunks(sorted(keys), CHUNK):
         params = {"b_cache": cache, "b_keys": chunk, "b_run_id": run_id}
         made = len(conn.execute(_usage_upsert(conn.dialect.name, by_run), params).all())
         if conn.execute(_usage_count(by_run), params).scalar_one() > made:  # (rarely: a key no process has now)
@@ -202,7 +198,7 @@ def key_stats(conn: Connection, cache: str, keys: Sequence[str]) -> set[str]:
     """Compute the aggregates of ``keys`` from their usage rows and history and copy them onto their entry rows; the
     keys whose first writer's measure changed while they have hits (their seconds saved are to be weighed again)."""
     moved: set[str] = set()
-    for chunk in chunks(sorted(keys)):
+    for chunk in chunks(sorted(keys), CHUNK):
         params = {"b_cache": cache, "b_keys": chunk}
         before = dict(conn.execute(_measures(), params).all())
         after = conn.execute(_stats_upsert(conn.dialect.name), params).all()
@@ -235,7 +231,7 @@ def _entry_copy() -> Update:
 def stats_of(conn: Connection, cache: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``{key: aggregates}`` for those of ``keys`` that run records mention (for entry rows a rescan adds)."""
     out: dict[str, dict[str, Any]] = {}
-    for chunk in chunks(sorted(keys)):
+    for chunk in chunks(sorted(keys), CHUNK):
         for row in conn.execute(_stats_of(), {"b_cache": cache, "b_keys": chunk}):
             out[row[0]] = dict(zip(AGGREGATES, row[1:], strict=True))
     return out
@@ -253,9 +249,9 @@ def _stats_of() -> Select:
 def process_saved(conn: Connection, cache: str, *, processes: Sequence[tuple[str, int]] = (),
                   keys: Sequence[str] = ()) -> None:
     """Compute the seconds saved of ``processes`` (run id, index), and of every process with a row of ``keys``."""
-    for i in range(0, len(processes), CHUNK):
-        conn.execute(_process_saved("processes"), {"b_cache": cache, "b_pairs": list(processes[i : i + CHUNK])})
-    for chunk in chunks(sorted(keys)):
+    for pairs in chunks(list(processes), CHUNK):
+        conn.execute(_process_saved("processes"), {"b_cache": cache, "b_pairs": pairs})
+    for chunk in chunks(sorted(keys), CHUNK):
         conn.execute(_process_saved("keys"), {"b_cache": cache, "b_keys": chunk})
 
 

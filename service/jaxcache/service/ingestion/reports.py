@@ -26,10 +26,11 @@ from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
 from jaxcache.records import COMPILED, JOB, WRITE, RunRecord
 from jaxcache.service.catalog.database import Catalog, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
+from jaxcache.service.catalog.queries.history import chunks
 from jaxcache.service.ingestion import aggregates, attestations, explain
-from jaxcache.service.ingestion.inbox import REPORT, STORAGE
+from jaxcache.service.ingestion.inbox import REPORT
 
-__all__ = ["REPORT", "STORAGE", "Folded", "Item", "fold"]
+__all__ = ["Folded", "Item", "fold"]
 
 _pk, _runs, _usage = table_of(ProcessKeysRow), table_of(RunRow), table_of(UsageRow)
 #: A process_keys row, as fold writes it: the record's KeyUsage fields (its saved_s is JAX's figure).
@@ -93,10 +94,9 @@ def _held(conn: Connection, cache: str, items: Sequence[Item]) -> dict[tuple[str
     pairs = sorted({(i.record.run_id, i.record.process_index) for i in items})
     cols = ("run_id", "process_index", "updated_s", *explain.RUN_INPUTS)
     out = {}
-    for i in range(0, len(pairs), aggregates.CHUNK):
+    for chunk in chunks(pairs, aggregates.CHUNK):
         for row in conn.execute(select(*(_runs.c[n] for n in cols)).where(
-                _runs.c.cache == cache, tuple_(_runs.c.run_id, _runs.c.process_index).in_(
-                    pairs[i : i + aggregates.CHUNK]))):
+                _runs.c.cache == cache, tuple_(_runs.c.run_id, _runs.c.process_index).in_(chunk))):
             out[(row.run_id, row.process_index)] = row._asdict()
     return out
 
@@ -109,9 +109,9 @@ def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item]
     for (run_id, _), item in fresh.items():
         touched[run_id].update(u.key for u in item.record.keys)
     pairs = sorted(fresh)
-    for i in range(0, len(pairs), aggregates.CHUNK):
+    for chunk in chunks(pairs, aggregates.CHUNK):
         gone = conn.execute(delete(_pk).where(_pk.c.cache == cache, tuple_(_pk.c.run_id, _pk.c.process_index).in_(
-            pairs[i : i + aggregates.CHUNK])).returning(_pk.c.run_id, _pk.c.key))
+            chunk)).returning(_pk.c.run_id, _pk.c.key))
         for run_id, key in gone:
             touched[run_id].add(key)
     now = time.time()
@@ -207,7 +207,7 @@ def _misses(conn: Connection, cache: str, touched: dict[str, set[str]], root: st
     counts: Counter[str] = Counter()
     pending: list[explain.Pending] = []
     for run_id, found in sorted(touched.items()):
-        for chunk in aggregates.chunks(sorted(found)):
+        for chunk in chunks(sorted(found), aggregates.CHUNK):
             mine = [c.cache == cache, c.run_id == run_id, c.key.in_(chunk)]
             joined = [*mine, c.cause.is_not(None), c.missed > c.counted]
             counts.update({cause: int(n) for cause, n in conn.execute(
