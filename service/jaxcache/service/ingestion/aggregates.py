@@ -7,7 +7,8 @@ processes fold into. docs/service.md, "Run records".
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -89,15 +90,38 @@ def usage_rows(conn: Connection, cache: str, keys: Sequence[str], *, run_id: str
 
 @functools.cache
 def _usage_upsert(dialect: str, by_run: bool) -> Any:
+    p = _pk.c
+    rows = usage_of(process_rows(p.cache == _CACHE, p.key.in_(_KEYS),
+                                 *([p.run_id == bindparam("b_run_id")] if by_run else [])))
+    return usage_upsert(dialect, rows).returning(_usage.c.key)
+
+
+#: A usage row's columns that its processes' rows make (all but its texts and explanation).
+USAGE = ("cache", "run_id", "key", "job", "kind", "process_index", "processes", "function", "event", "hits",
+         "compiles", "writes", "reason", "compile_s", "retrieval_s", "jax_saved_s", "saved_s", "size_bytes",
+         "first_at", "last_at", "last_hit_s", "updated_s", "missed", "counted")
+#: Those that are sums over the processes, and those that are their least or greatest value.
+SUMS = ("processes", "hits", "compiles", "writes", "compile_s", "retrieval_s", "jax_saved_s", "saved_s", "missed")
+LEAST, GREATEST = ("process_index", "function", "first_at"), ("reason", "size_bytes", "last_at", "last_hit_s",
+                                                               "updated_s")
+
+
+def process_rows(*where: Any) -> Subquery:
+    """The process_keys rows matching ``where``, each with its run's job, kind and record time, and the seconds its
+    hits saved (its key's first writer's measure)."""
     p, r = _pk.c, _runs.c
-    src = (
+    return (
         select(p.cache, p.run_id, p.key, r.job, r.kind, p.process_index, p.function, p.event, p.hits, p.compiles,
                p.writes, p.reason, p.compile_s, p.retrieval_s, p.jax_saved_s, p.size_bytes, p.first_at, p.last_at,
                r.updated_s, _saved(r.kind).label("saved"))
-        .select_from(_process_run().outerjoin(_stats, _measure(_pk)))
-        .where(p.cache == _CACHE, p.key.in_(_KEYS), *([p.run_id == bindparam("b_run_id")] if by_run else []))
+        .select_from(_process_run().outerjoin(_stats, _measure(_pk))).where(*where)
     ).subquery()
-    s = src.c
+
+
+def usage_of(rows: Subquery) -> Select:
+    """The usage rows (USAGE columns) that ``rows`` (of :func:`process_rows`) make, one per run, key, job and
+    kind."""
+    s = rows.c
     values: dict[str, Any] = {
         "cache": s.cache, "run_id": s.run_id, "key": s.key, "job": s.job, "kind": s.kind,
         "process_index": func.min(s.process_index), "processes": func.count(), "function": func.min(s.function),
@@ -111,9 +135,14 @@ def _usage_upsert(dialect: str, by_run: bool) -> Any:
         "missed": func.sum(case((rules.is_miss(s.kind, s.event), 1), else_=0)), "counted": literal(0),
     }
     # WHERE true: SQLite would read the ON of ON CONFLICT as a join's otherwise.
-    rows = select(*(v.label(n) for n, v in values.items())).where(true()).group_by(
+    return select(*(values[n].label(n) for n in USAGE)).where(true()).group_by(
         s.cache, s.run_id, s.key, s.job, s.kind)
-    ins = dialect_insert(dialect, _usage).from_select(list(values), rows)
+
+
+def usage_upsert(dialect: str, rows: Select) -> Any:
+    """Upsert ``rows`` (USAGE columns) as usage rows. A row keeps its miss's explanation while what it was made of
+    holds, and its count of misses the metric counted."""
+    ins = dialect_insert(dialect, _usage).from_select(list(USAGE), rows)
     u, ex = _usage.c, ins.excluded
     # What a miss's explanation was made of, on the row (explain.INPUTS; parts and programs: see fold's texts).
     same = and_(u.process_index == ex.process_index, u.event == ex.event, u.first_at == ex.first_at,
@@ -121,8 +150,8 @@ def _usage_upsert(dialect: str, by_run: bool) -> Any:
     kept = {n: case((same, u[n])) for n in explain.COLUMNS}
     return ins.on_conflict_do_update(
         index_elements=[c.name for c in _usage.primary_key],
-        set_={**{n: ex[n] for n in values if n not in ("cache", "run_id", "key", "job", "kind", "counted")}, **kept},
-    ).returning(_usage.c.key)
+        set_={**{n: ex[n] for n in USAGE if n not in ("cache", "run_id", "key", "job", "kind", "counted")}, **kept},
+    )
 
 
 @functools.cache
@@ -246,11 +275,29 @@ def _stats_of() -> Select:
 # --- processes' own totals --------------------------------------------------------------------------------------
 
 
+def of_processes(table: Any) -> list[Any]:
+    """``table``'s rows of some processes of one run, bound as ``b_run`` and ``b_indexes``
+    (:func:`process_params`): a shape both databases look up in the (cache, run, process) index. A list of
+    (run, process) pairs made SQLite read every process of the cache."""
+    return [table.c.run_id == bindparam("b_run"), table.c.process_index.in_(bindparam("b_indexes", expanding=True))]
+
+
+def process_params(processes: Sequence[tuple[str, int]]) -> Iterator[dict[str, Any]]:
+    """The parameters of :func:`of_processes` for ``processes`` (run id, index): a run, and up to CHUNK of its
+    processes, at a time."""
+    runs: dict[str, list[int]] = defaultdict(list)
+    for run_id, index in processes:
+        runs[run_id].append(index)
+    for run_id, indexes in sorted(runs.items()):
+        for chunk in chunks(sorted(indexes), CHUNK):
+            yield {"b_run": run_id, "b_indexes": chunk}
+
+
 def process_saved(conn: Connection, cache: str, *, processes: Sequence[tuple[str, int]] = (),
                   keys: Sequence[str] = ()) -> None:
     """Compute the seconds saved of ``processes`` (run id, index), and of every process with a row of ``keys``."""
-    for pairs in chunks(list(processes), CHUNK):
-        conn.execute(_process_saved("processes"), {"b_cache": cache, "b_pairs": pairs})
+    for params in process_params(processes):
+        conn.execute(_process_saved("processes"), {"b_cache": cache, **params})
     for chunk in chunks(sorted(keys), CHUNK):
         conn.execute(_process_saved("keys"), {"b_cache": cache, "b_keys": chunk})
 
@@ -258,11 +305,10 @@ def process_saved(conn: Connection, cache: str, *, processes: Sequence[tuple[str
 @functools.cache
 def _process_saved(by: str) -> Update:
     r, p = _runs.c, _pk.c
-    which = (tuple_(p.run_id, p.process_index).in_(bindparam("b_pairs", expanding=True)) if by == "processes"
-             else tuple_(p.run_id, p.process_index).in_(
-                 select(p.run_id, p.process_index).where(p.cache == _CACHE, p.key.in_(_KEYS))))
+    which = (of_processes(_pk) if by == "processes" else [tuple_(p.run_id, p.process_index).in_(
+        select(p.run_id, p.process_index).where(p.cache == _CACHE, p.key.in_(_KEYS)))])
     totals = (select(p.run_id, p.process_index, func.coalesce(func.sum(_saved(r.kind)), 0.0).label("total"))
-              .select_from(_process_run().outerjoin(_stats, _measure(_pk))).where(p.cache == _CACHE, which)
+              .select_from(_process_run().outerjoin(_stats, _measure(_pk))).where(p.cache == _CACHE, *which)
               .group_by(p.run_id, p.process_index).subquery())
     return (update(_runs).where(r.cache == _CACHE, r.run_id == totals.c.run_id,
                                 r.process_index == totals.c.process_index)

@@ -1,12 +1,12 @@
 """Folding run records into the run tables, in the drain's write transaction (:mod:`.drain`).
 
 A record is rewritten while its process runs (its counts are totals so far), so folding one replaces its process:
-its run row, and its rows in ``process_keys`` (one per key). The figures made from those rows are then computed
-again, by set-based statements (:mod:`.aggregates`), for the keys the records touched: their runs' usage rows, the
-keys' aggregates and their copies on entry rows, and the processes' own seconds saved. A record older than what the
-catalog holds of its process, or than the cache's compaction watermark (its run may be in key_history already),
-changes nothing. Misses are explained at the end, once every record of the pass is in. docs/service.md, "Run
-records".
+its run row, and its rows in ``process_keys`` (one per key). The figures made from those rows then change, by
+set-based statements, for the keys the records touched: their runs' usage rows by what the processes' rows were and
+are (:mod:`.usage_changes`), the keys' aggregates and their copies on entry rows, and the processes' own seconds
+saved (:mod:`.aggregates`). A record older than what the catalog holds of its process, or than the cache's
+compaction watermark (its run may be in key_history already), changes nothing. Misses are explained at the end,
+once every record of the pass is in. docs/service.md, "Run records".
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from sqlalchemy import bindparam, delete, func, select, text, tuple_, update
+from sqlalchemy import bindparam, delete, func, or_, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -27,7 +27,7 @@ from jaxcache.records import COMPILED, JOB, WRITE, RunRecord
 from jaxcache.service.catalog.database import Catalog, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
 from jaxcache.service.catalog.queries.history import chunks
-from jaxcache.service.ingestion import aggregates, attestations, explain
+from jaxcache.service.ingestion import aggregates, attestations, explain, usage_changes
 from jaxcache.service.ingestion.inbox import REPORT
 
 __all__ = ["Folded", "Item", "fold"]
@@ -93,10 +93,10 @@ def _held(conn: Connection, cache: str, items: Sequence[Item]) -> dict[tuple[str
     """What the catalog holds of the items' processes' run rows (what an explanation reads of them too)."""
     pairs = sorted({(i.record.run_id, i.record.process_index) for i in items})
     cols = ("run_id", "process_index", "updated_s", *explain.RUN_INPUTS)
+    held = select(*(_runs.c[n] for n in cols)).where(_runs.c.cache == cache, *aggregates.of_processes(_runs))
     out = {}
-    for chunk in chunks(pairs, aggregates.CHUNK):
-        for row in conn.execute(select(*(_runs.c[n] for n in cols)).where(
-                _runs.c.cache == cache, tuple_(_runs.c.run_id, _runs.c.process_index).in_(chunk))):
+    for params in aggregates.process_params(pairs):
+        for row in conn.execute(held, params):
             out[(row.run_id, row.process_index)] = row._asdict()
     return out
 
@@ -109,11 +109,10 @@ def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item]
     for (run_id, _), item in fresh.items():
         touched[run_id].update(u.key for u in item.record.keys)
     pairs = sorted(fresh)
-    for chunk in chunks(pairs, aggregates.CHUNK):
-        gone = conn.execute(delete(_pk).where(_pk.c.cache == cache, tuple_(_pk.c.run_id, _pk.c.process_index).in_(
-            chunk)).returning(_pk.c.run_id, _pk.c.key))
-        for run_id, key in gone:
-            touched[run_id].add(key)
+    usage_changes.before(conn, cache, pairs)
+    replaced = delete(_pk).where(_pk.c.cache == cache, *aggregates.of_processes(_pk)).returning(_pk.c.key)
+    for params in aggregates.process_params(pairs):
+        touched[params["b_run"]].update(conn.execute(replaced, params).scalars())
     now = time.time()
     conn.execute(_upsert(conn, _runs), [_run_row(cache, item, now) for item in fresh.values()])
     bulk_insert(conn, _pk, _COLUMNS, [
@@ -136,9 +135,9 @@ def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item]
                                           u.process_index == bindparam("b_process"))
                      .values({n: None for n in explain.COLUMNS}), moved)
     keys = sorted({k for found in touched.values() for k in found})
-    for run_id, found in sorted(touched.items()):
+    for run_id, found in sorted(usage_changes.after(conn, cache, pairs).items()):
         aggregates.usage_rows(conn, cache, list(found), run_id=run_id)
-    _texts(conn, cache, fresh.values())
+    _texts(conn, cache, fresh.values(), touched)
     reweigh = aggregates.key_stats(conn, cache, keys)
     aggregates.process_saved(conn, cache, processes=pairs)
     if reweigh:
@@ -177,20 +176,30 @@ def _run_inputs(record: RunRecord) -> dict[str, Any]:
 
 
 
-def _texts(conn: Connection, cache: str, items: Any) -> None:
+def _texts(conn: Connection, cache: str, items: Any, touched: dict[str, set[str]]) -> None:
     """Give usage rows that lack them their key's parts and program, from the first record that carries them; the
-    row's explanation, made without them, goes."""
-    for column in ("parts", "program"):
+    row's explanation, made without them, goes. Only rows that lack one are written (a run's first records)."""
+    c = _usage.c
+    lacking: dict[str, set[tuple[str, str, str, str]]] = {"parts": set(), "program": set()}
+    for run_id, found in sorted(touched.items()):
+        for chunk in chunks(sorted(found), aggregates.CHUNK):
+            for job, kind, key, no_parts, no_program in conn.execute(
+                    select(c.job, c.kind, c.key, c.parts.is_(None), c.program.is_(None)).where(
+                        c.cache == cache, c.run_id == run_id, c.key.in_(chunk),
+                        or_(c.parts.is_(None), c.program.is_(None)))):
+                for column, lacks in (("parts", no_parts), ("program", no_program)):
+                    if lacks:
+                        lacking[column].add((run_id, job, kind, key))
+    for column, rows in lacking.items():
         first: dict[tuple[str, str, str, str], Any] = {}
-        for item in items:
+        for item in items if rows else ():
             r = item.record
             for u in r.keys:
-                value = getattr(u, column)
-                if value is not None:
-                    first.setdefault((r.run_id, r.job, r.kind, u.key), value)
+                row = (r.run_id, r.job, r.kind, u.key)
+                if row in rows and row not in first and (value := getattr(u, column)) is not None:
+                    first[row] = value
         if not first:
             continue
-        c = _usage.c
         statement = (update(_usage).where(c.cache == cache, c.run_id == bindparam("b_run"),
                                           c.job == bindparam("b_job"), c.kind == bindparam("b_kind"),
                                           c.key == bindparam("b_key"), c[column].is_(None))

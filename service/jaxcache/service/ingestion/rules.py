@@ -55,10 +55,19 @@ def is_miss(kind: Col, event: Col) -> Col:
     return and_(kind == JOB, event.in_([WRITE, COMPILED]))
 
 
+def event_rank(event: Col) -> Col:
+    """How informative a process's event is: write 2, compiled 1, hit 0. A row keeps its processes' greatest."""
+    return case((event == WRITE, 2), (event == COMPILED, 1), else_=0)
+
+
+def event_of(rank: Col) -> Col:
+    """The event of a rank (:func:`event_rank`)."""
+    return case((rank == 2, literal(WRITE)), (rank == 1, literal(COMPILED)), else_=literal(HIT))
+
+
 def most_informative(event: Col) -> Col:
     """The aggregate of processes' events a row keeps: write, else compiled, else hit."""
-    rank = func.max(case((event == WRITE, 2), (event == COMPILED, 1), else_=0))
-    return case((rank == 2, literal(WRITE)), (rank == 1, literal(COMPILED)), else_=literal(HIT))
+    return event_of(func.max(event_rank(event)))
 
 
 def first_writer(partition: list[KeyedColumnElement[Any]], at: Col, *ties: Col) -> Col:
