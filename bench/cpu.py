@@ -36,10 +36,11 @@ def snapshot() -> dict[int, Proc]:
     return out
 
 
-def by_role(before: dict[int, Proc], after: dict[int, Proc], serving_pid: int) -> dict[str, float]:
+def by_role(before: dict[int, Proc], after: dict[int, Proc], serving: int | list[int]) -> dict[str, float]:
     """CPU seconds between two snapshots: the service's processes (HTTP workers and the supervisor), PostgreSQL's
     backends and its background processes (autovacuum and the like), the probes, this process (the storm's
-    clients), and everything else."""
+    clients), and everything else. ``serving``: the pid of each ``jaxcache serve``."""
+    served = {serving} if isinstance(serving, int) else set(serving)
     roles = {"service": 0.0, "postgres": 0.0, "postgres_background": 0.0, "probe": 0.0,
              "client": 0.0, "other": 0.0}
     for pid, now in after.items():
@@ -47,7 +48,7 @@ def by_role(before: dict[int, Proc], after: dict[int, Proc], serving_pid: int) -
         # The same process by its start, not its command line: PostgreSQL's backends retitle themselves with each
         # state ("idle", "UPDATE"), and a backend whose title changed had its whole life's CPU counted.
         spent = now.cpu_s - (was.cpu_s if was is not None and was.started == now.started else 0.0)
-        if pid == serving_pid or now.parent == serving_pid:
+        if pid in served or now.parent in served:
             role = "service"
         elif now.command.startswith("postgres"):
             # Backends are titled "postgres: user database host(port) state"; autovacuum, the WAL writer and

@@ -18,7 +18,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -29,9 +28,10 @@ from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu  # noqa: E402
-from api import _free_port, distinct_pages, pct, wait_ready  # noqa: E402
+from api import distinct_pages, pct  # noqa: E402
 from catalogs import postgres, wait_folded  # noqa: E402
 from entries import build_root, key_of, load_sources, make_source  # noqa: E402
+from serving import service, settle  # noqa: E402
 
 JOB = "storm"
 RUN = "storm-run-1"
@@ -204,38 +204,6 @@ def _summary(latencies: list[float]) -> dict:
 # ---- one service -------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def service(root: str, db: str, work: str, workers: int | None) -> Iterator[tuple[str, int]]:
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    exe = os.path.join(os.path.dirname(sys.executable), "jaxcache")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
-    cmd = [exe, "serve", "--cache", f"bench={root}", "--port", str(port), "--rescan-s", "86400", "--db", db,
-           "--insecure-no-auth"]  # on loopback: a token's check is one hash, nothing to measure
-    if workers is not None:
-        cmd += ["--workers", str(workers)]
-    log = open(os.path.join(work, f"serve-{port}.log"), "w")
-    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        def output() -> str:
-            log.flush()
-            return open(log.name).read()[-3000:]
-
-        wait_ready(server, base, output)
-        try:
-            yield base, server.pid
-        except BaseException:
-            print(f"the service's log ended:\n{output()}", file=sys.stderr)
-            raise
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
-
-
 def count_runs(db: str) -> dict:
     """Straight from the catalog: the storm's processes, final ones, the keys their figures hold, and the run's usage
     rows (one per key)."""
@@ -260,26 +228,11 @@ def count_runs(db: str) -> dict:
     return {"runs": runs, "final": final, "process_keys": keys, "usage_rows": usage, "usage_processes": processes}
 
 
-def settle(base: str, timeout_s: float) -> float | None:
-    """Wait until the service's background loops have each finished a round (its first integrity pass reads every
-    entry of the root, throttled to a fifth of a core, for about a minute here): a storm hits a service that has
-    run for a while. Seconds waited, or None if ``timeout_s`` passed first."""
-    import httpx
-
-    started = time.perf_counter()
-    while time.perf_counter() - started < timeout_s:
-        loops = httpx.get(f"{base}/readyz", timeout=30).json().get("loops", {})
-        if {"rescan", "verify"} <= set(loops) and all(loop.get("last_success_s") for loop in loops.values()):
-            return time.perf_counter() - started
-        time.sleep(1)
-    return None
-
-
 def storm_on(name: str, db: str, root: str, work: str, args, modules: list[str]) -> dict:
     fig: dict = {"catalog": name}
-    with service(root, db, work, args.workers) as (base, serving_pid):
+    with service(root, db, work, args.workers, args.split) as (base, serving_pid, loops):
         if args.settle_s:
-            waited = settle(base, args.settle_s)
+            waited = settle(loops, args.settle_s)
             fig["settled_s"] = None if waited is None else round(waited, 1)
         paths = distinct_pages(base, 200)
         paths_file = os.path.join(work, "paths.json")
@@ -322,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--entries", type=int, default=20_000, help="entries in the root (listings page them)")
     parser.add_argument("--workers", type=int, help="jaxcache serve --workers (default: the service's default)")
+    parser.add_argument("--split", action="store_true",
+                        help="serve as `--role api --workers N` beside one `--role loops` process (the drain and "
+                             "rescans in a process that answers no storm), instead of one `jaxcache serve`")
     parser.add_argument("--catalogs", default="sqlite,postgresql")
     parser.add_argument("--quiet-s", type=float, default=3.0, help="seconds of probes before the storms")
     parser.add_argument("--settle-s", type=float, default=600.0,
@@ -361,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(figures, indent=1))
         return 0
     print(f"a job of {args.records} processes, {args.keys} keys each, {args.clients} clients posting; "
-          f"{args.entries} entries; workers {args.workers or 'default'}")
+          f"{args.entries} entries; workers {args.workers or 'default'}"
+          f"{' (--role api) beside one --role loops process' if args.split else ''}")
     for fig in figures:
         print(f"{fig['catalog']}: quiet healthz p99 {fig['quiet']['healthz'].get('p99_ms')} ms, listing p99 "
               f"{fig['quiet']['listing'].get('p99_ms')} ms; background loops settled after "

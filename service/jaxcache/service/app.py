@@ -33,9 +33,12 @@ def create_app(settings: ServiceSettings | None = None, *, runtime: Runtime | No
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.role == "api":  # another process (--role loops) runs them
+            loops: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
+        else:  # one process runs them: this one, or the workers' leader
+            loops = background(state) if runtime is None else runtime.loops_when_leader(state)
         try:
-            # One process runs the background loops: this one, or the workers' leader.
-            async with background(state) if runtime is None else runtime.loops_when_leader(state):
+            async with loops:
                 memory.settle_startup()
                 yield
         finally:

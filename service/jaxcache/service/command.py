@@ -13,8 +13,8 @@ from jaxcache.errors import InvalidInputError
 _DESCRIPTION = (
     "Serve the catalog of one or more cache roots over HTTP. Every flag can also be set with the environment "
     "variable of the same name: JAXCACHE_CACHES (JSON object name->URL), JAXCACHE_HOST, JAXCACHE_PORT, JAXCACHE_DB, "
-    "JAXCACHE_WORKERS, JAXCACHE_RESCAN_S, JAXCACHE_TOKENS, JAXCACHE_TOKENS_FILE, JAXCACHE_INSECURE_NO_AUTH. Flags "
-    "win over the environment."
+    "JAXCACHE_WORKERS, JAXCACHE_ROLE, JAXCACHE_RESCAN_S, JAXCACHE_TOKENS, JAXCACHE_TOKENS_FILE, "
+    "JAXCACHE_INSECURE_NO_AUTH. Flags win over the environment."
 )
 
 
@@ -30,6 +30,10 @@ def configure(sv: argparse.ArgumentParser) -> None:
     sv.add_argument("--workers", type=positive, metavar="N",
                     help="worker processes serving requests, each using a CPU; one of them runs the background "
                          "rescans, verification and retention (default: the CPUs this process may use, at most 4)")
+    sv.add_argument("--role", choices=("all", "api", "loops"),
+                    help="what this process does: api answers requests only; loops runs the background loops "
+                         "(report drain, rescans, verification, retention) and answers requests too; all (default) "
+                         "both. Split under load: api processes and one loops process on one catalog")
     sv.add_argument("--rescan-s", type=float, metavar="SECONDS", help="seconds between background rescans (300)")
     sv.add_argument("--tokens-file", metavar="PATH", help="lines of '<sha256 hex of token> <read|report|admin>'")
     sv.add_argument("--insecure-no-auth", action="store_true", default=None,
@@ -60,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                 raise InvalidInputError(f"--cache {item!r}: expected NAME=URL, e.g. demo=./demo-cache")
             caches[name] = url
         overrides["caches"] = caches
-    for flag in ("host", "port", "db", "workers", "rescan_s", "tokens_file", "insecure_no_auth"):
+    for flag in ("host", "port", "db", "workers", "role", "rescan_s", "tokens_file", "insecure_no_auth"):
         value = getattr(args, flag)
         if value is not None:
             overrides[flag] = value

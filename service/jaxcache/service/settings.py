@@ -6,6 +6,7 @@ import ipaddress
 import os
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -61,6 +62,12 @@ class ServiceSettings(BaseSettings):
         default_factory=_default_workers, ge=1, le=64,
         description="worker processes serving requests (each the whole API; one of them runs the background "
         "loops); default: the CPUs this process may use, at most 4",
+    )
+    role: Literal["all", "api", "loops"] = Field(
+        "all", description="what this process does: `api` answers requests only; `loops` runs the background "
+        "loops (the report drain, rescans, verification, retention) and answers requests too (its /readyz and "
+        "/metrics show the loops); `all` both. Several processes on one catalog: as many `api` ones as the "
+        "requests need and one `loops`",
     )
     rescan_s: float = Field(300.0, gt=0, description="seconds between background rescans of every cache")
     stuck_after_s: float | None = Field(

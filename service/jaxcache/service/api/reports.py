@@ -104,8 +104,7 @@ def _parse(state: State, body: bytes, cache: str | None) -> tuple[records.RunRec
 
 
 def _store(state: State, cache: str, record: records.RunRecord, body: bytes) -> inbox.Accepted:
-    inbox.check_room(state.catalog, state.settings.report_inbox)
-    return inbox.accept(state.catalog, cache, record, body)
+    return inbox.accept(state.catalog, cache, record, body, limit=state.settings.report_inbox)
 
 
 #: The run record's components in the OpenAPI document, by the names earlier versions of the document used.

@@ -68,36 +68,38 @@ def waiting_by_cache(catalog: Catalog) -> dict[str, int]:
         return {c: int(n) for c, n in conn.execute(select(InboxRow.cache, func.count()).group_by(InboxRow.cache))}
 
 
-def check_room(catalog: Catalog, limit: int) -> None:
-    """Raise :class:`InboxFullError` when ``limit`` records already wait."""
-    held = waiting(catalog)
-    if held >= limit:
-        raise InboxFullError(f"{held} run records are waiting for the catalog (the inbox holds at most "
-                             f"JAXCACHE_REPORT_INBOX={limit}): try again in a few seconds; the record file reaches "
-                             "the catalog at the next rescan anyway", retry_after_s=5)
-
-
 def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, source: str = REPORT,
-           name: str | None = None) -> Accepted:
+           name: str | None = None, limit: int | None = None) -> Accepted:
     """Put ``record`` (parsed from ``body``, so valid) into the inbox of ``cache``, unless a newer version of it is
     in the inbox or in the run tables already. Raises :class:`InvalidInputError` for a record the drain could not
-    fold (a key listed twice), storing nothing."""
+    fold (a key listed twice), and :class:`InboxFullError` when ``limit`` records already wait, storing nothing."""
     check_keys([u.key for u in record.keys])
     ids = {"cache": cache, "run_id": record.run_id, "process_index": record.process_index}
+    compressed = zstandard.ZstdCompressor(level=1).compress(body)
     with catalog.short_write() as s:
         conn = s.connection()
+        if limit is not None:
+            held = conn.execute(_waiting()).scalar_one()
+            if held >= limit:
+                raise InboxFullError(f"{held} run records are waiting for the catalog (the inbox holds at most "
+                                     f"JAXCACHE_REPORT_INBOX={limit}): try again in a few seconds; the record file "
+                                     "reaches the catalog at the next rescan anyway", retry_after_s=5)
         folded = conn.execute(_folded(), ids).scalar_one_or_none()
         stale = folded is not None and folded > record.updated_at
         if not stale:
             kept = conn.execute(_upsert(catalog.dialect), {
-                **ids, "updated_s": record.updated_at, "source": source, "record": name,
-                "body": zstandard.ZstdCompressor(level=1).compress(body),
+                **ids, "updated_s": record.updated_at, "source": source, "record": name, "body": compressed,
                 "received_s": time.time()}).first()
             stale = kept is None
     return Accepted(cache, record.run_id, record.process_index, len(record.keys), stale)
 
 
 # Built once: building a statement cost more than running it.
+@functools.cache
+def _waiting() -> Select:
+    return select(func.count()).select_from(InboxRow)
+
+
 @functools.cache
 def _folded() -> Select:
     return select(RunRow.updated_s).where(RunRow.cache == bindparam("cache"), RunRow.run_id == bindparam("run_id"),

@@ -1,7 +1,7 @@
 """The background loops of one service process: the drain of the report inbox (woken by each POST to this process,
-and every DRAIN_POLL_S for records POSTed to others), rescans of every cache each period, and throttled integrity
-passes, which start after the first round of rescans (started beside it, they queued a second rescan of each cache
-behind the first).
+again at once after a round that folded something, and every DRAIN_POLL_S for records POSTed to others), rescans of
+every cache each period, and throttled integrity passes, which start after the first round of rescans (started
+beside it, they queued a second rescan of each cache behind the first).
 
 A loop never dies of an error: a failed round (the catalog in a fail-over, a root unmounted, a bug) is noted in
 :class:`~jaxcache.service.tasks.health.LoopHealth` and the round is tried again after a backoff. Nor does a pass
@@ -103,12 +103,17 @@ async def background(state: State) -> AsyncIterator[None]:
     async def draining() -> None:
         while not stop.is_set():
             arrived.clear()  # before the pass: a record accepted during it wakes the next one at once
+            folded = 0
             try:
-                await in_thread(state, DRAIN, DRAIN_POLL_S, state.drain_all)
+                folded = await in_thread(state, DRAIN, DRAIN_POLL_S, state.drain_all)
             except Exception as exc:  # noqa: BLE001 - noted, logged once, retried: the loop must outlive it
                 state.loops.failed(DRAIN, exc)
             else:
                 state.loops.succeeded(DRAIN)
+            if folded:
+                # Records arrive while a round folds, POSTed to other processes too (--role api), which cannot
+                # wake this one: look again at once, and wait only once a round found nothing.
+                continue
             # While its passes fail, POSTs do not hurry the backoff.
             wake = stop if state.loops.status(DRAIN).failures else arrived
             with contextlib.suppress(TimeoutError):
