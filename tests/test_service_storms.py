@@ -202,7 +202,7 @@ def test_an_inbox_row_that_does_not_decode_is_dropped_and_the_others_are_folded(
     recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 2)
     catalog = Catalog(db)
     inbox.accept(catalog, "demo", recs[0], recs[0].to_json())
-    with catalog.session() as s:
+    with catalog.inbox_write() as s:
         s.add(InboxRow(cache="demo", run_id="r1", process_index=1, updated_s=time.time(), source="report",
                        record=None, body=b"not zstd at all", received_s=time.time()))
     catalog.dispose()
@@ -211,3 +211,35 @@ def test_an_inbox_row_that_does_not_decode_is_dropped_and_the_others_are_folded(
         folded(c)
         assert c.get("/v1/caches/demo/jobs/storm", headers=H_READ).json()["processes"] == 1
         assert 'jaxcache_reports_malformed_total{source="report"} 1.0' in c.get("/metrics").text
+
+
+def test_a_record_is_accepted_while_a_drain_holds_the_sqlite_catalogs_write_lock(tmp_path, jax_caches):
+    """On SQLite the inbox is a database of its own: a POST's record is stored while the drain (here: a
+    transaction holding the catalog's write lock, as a pass does) folds, not after it."""
+    import threading
+
+    from jaxcache.service.catalog.database import Catalog
+    from jaxcache.service.ingestion import inbox
+
+    catalog = Catalog(f"sqlite:///{tmp_path / 'catalog.sqlite'}")
+    rec = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 1)[0]
+    holding, release = threading.Event(), threading.Event()
+
+    def drain_pass() -> None:
+        with catalog.writing("demo"):
+            holding.set()
+            release.wait(PATIENCE_S)
+
+    holder = threading.Thread(target=drain_pass)
+    holder.start()
+    try:
+        assert holding.wait(PATIENCE_S)
+        accepted: list[inbox.Accepted] = []
+        storing = threading.Thread(target=lambda: accepted.append(inbox.accept(catalog, "demo", rec, rec.to_json())))
+        storing.start()
+        storing.join(PATIENCE_S)  # a bound on waiting for another thread: with one database it waits for release
+        assert accepted and not accepted[0].stale and inbox.waiting(catalog) == 1
+    finally:
+        release.set()
+        holder.join()
+        catalog.dispose()

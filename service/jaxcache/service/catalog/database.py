@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.schema import CreateIndex, CreateTable
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.service.catalog.locks import ClusterLocks, advisory_key
@@ -83,6 +84,12 @@ class Catalog:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(jaxcache_write=True),
                                             expire_on_commit=False)
+        # The report inbox (ingestion/inbox.py). On SQLite a database file of its own beside the catalog's
+        # (``…-inbox``): a POST stores its record under that file's write lock, never under the catalog's, which the
+        # drain holds while it folds (POSTs waited for every pass, and accepting was as slow as folding).
+        self.inbox_engine = self._inbox_engine(url)
+        self._inbox_writes = sessionmaker(self.inbox_engine.execution_options(jaxcache_write=True),
+                                          expire_on_commit=False)
         # Writers that read then write (report ingestion, a rescan's commit) take turns in this process before
         # they take the database's own lock (see writing()), so they never wait on each other inside the database.
         self.write_lock = threading.RLock()
@@ -93,6 +100,38 @@ class Catalog:
         # Told of the misses this process explains for the first time (cache, {cause: count}), wherever that
         # happens (a POST, a rescan, a prune's own rescans): the service counts them in its metrics.
         self.on_misses: Callable[[str, Mapping[str, int]], None] | None = None
+
+    def _inbox_engine(self, url: str) -> Engine:
+        if self.dialect != "sqlite" or not url.startswith("sqlite:///") or url.startswith("sqlite:///:memory:"):
+            return self.engine
+        from jaxcache.service.catalog.models import InboxRow, table_of
+
+        engine = create_engine(f"{url}-inbox")
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
+        table = table_of(InboxRow)
+        with engine.begin() as conn:  # IF NOT EXISTS: processes starting together on one catalog
+            conn.execute(CreateTable(table, if_not_exists=True))
+            for index in table.indexes:
+                conn.execute(CreateIndex(index, if_not_exists=True))
+        return engine
+
+    @property
+    def inbox_apart(self) -> bool:
+        """Whether the inbox is a database of its own (SQLite), which the catalog's transactions do not see."""
+        return self.inbox_engine is not self.engine
+
+    @contextmanager
+    def inbox_write(self) -> Iterator[Session]:
+        """A short write transaction of the inbox: on SQLite it begins with the inbox file's write lock."""
+        with self._inbox_writes.begin() as s:
+            yield s
+
+    @contextmanager
+    def inbox_reader(self) -> Iterator[Connection]:
+        """A plain connection to the inbox's database."""
+        with self.inbox_engine.connect() as conn:
+            yield conn
 
     def count_misses(self, cache: str, counts: Mapping[str, int]) -> None:
         """Pass misses explained for the first time (committed) to whoever listens."""
@@ -137,6 +176,7 @@ class Catalog:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        self.inbox_engine.dispose()
         self.locks.dispose()
 
 

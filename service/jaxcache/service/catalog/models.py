@@ -118,7 +118,8 @@ class RecordFileRow(Base):
 class InboxRow(Base):
     """A run record accepted and not folded yet: the newest version of one process's record, stored whole as the
     JSON it came as, zstd-compressed (``ingestion.inbox.body_of``). POSTs and rescans put records here; the drain
-    (``ingestion/drain.py``) folds them into the run tables and deletes them in the same transaction."""
+    (``ingestion/drain.py``) folds them into the run tables and deletes them. On SQLite the table is in a database
+    file of its own beside the catalog's (``Catalog.inbox_engine``)."""
 
     __tablename__ = "report_inbox"
     cache: Mapped[str] = mapped_column(Str(64), primary_key=True)

@@ -1,18 +1,22 @@
 """The drain: folds the records waiting in the report inbox (:mod:`.inbox`) into the run tables.
 
 Each pass takes a cache's oldest rows in one write transaction of that cache, folds them (:func:`.reports.fold`:
-run rows, usage rows, aggregates, explanations of new misses, digests) and deletes them, then commits: a row is
-folded exactly once, whichever process drains. On PostgreSQL the rows are claimed ``FOR UPDATE SKIP LOCKED``, so
-replicas draining at once never take the same row; on SQLite the transaction holds the database's write lock.
-A record that arrives meanwhile waits for the next pass. docs/service.md, "Run records".
-"""
+run rows, usage rows, aggregates, explanations of new misses, digests) and deletes them. On PostgreSQL the rows are
+claimed ``FOR UPDATE SKIP LOCKED`` and deleted in the fold's transaction, so replicas draining at once never take
+the same row and none folds a row twice. On SQLite the inbox is a database of its own: the rows are read under the
+catalog's write lock (one drainer at a time) and deleted once the fold has committed; a crash in between folds them
+again, which changes nothing. A record that arrives meanwhile waits for the next pass. docs/service.md, "Run
+records"."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from sqlalchemy import Row, Select, bindparam, delete, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
 
 from jaxcache import records
 from jaxcache.errors import InvalidInputError
@@ -53,7 +57,7 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
 
 def caches_waiting(catalog: Catalog) -> list[str]:
     """The caches with records in the inbox."""
-    with catalog.reader() as conn:
+    with catalog.inbox_reader() as conn:
         return sorted(conn.execute(select(InboxRow.cache).distinct()).scalars())
 
 
@@ -77,37 +81,61 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, secret: bytes | None, r
     """Claim, fold and delete up to PASS_RECORDS rows of ``cache`` (a row at a time, each in its own transaction,
     when ``one_at_a_time``); the rows taken."""
     taken = 0
+    limit = 1 if one_at_a_time else PASS_RECORDS
     for _ in range(PASS_RECORDS if one_at_a_time else 1):
         with catalog.writing(cache) as s:
-            rows = s.execute(_claim(catalog, cache, 1 if one_at_a_time else PASS_RECORDS)).all()
+            if catalog.inbox_apart:
+                # Read under the catalog's write lock: another drainer's rows are folded and committed by then.
+                with catalog.inbox_reader() as conn:
+                    rows = conn.execute(_claim(catalog, cache, limit)).all()
+            else:  # claimed in the fold's own transaction: it commits their deletion with the fold
+                rows = s.execute(_claim(catalog, cache, limit)).all()
             if not rows:
                 break
-            items = []
-            for row in rows:
-                try:
-                    record = records.parse(inbox.body_of(bytes(row.body)))
-                    inbox.check_keys([u.key for u in record.keys])
-                except InvalidInputError as exc:  # accepted by another version of the service
-                    _dropped(cache, row, exc, out)
-                    continue
-                items.append(Item(record, row.source, row.record))
-            try:
-                with s.begin_nested():
-                    folded = fold(catalog, s, cache, items, secret=secret, root=root)
-            except malformed.REFUSALS as exc:
-                if not one_at_a_time:
-                    raise
-                _dropped(cache, rows[0], exc, out)
-                folded = Folded()
-            done = delete(InboxRow).where(InboxRow.cache == cache, InboxRow.run_id == bindparam("run_id"),
-                                          InboxRow.process_index == bindparam("process_index"))
-            s.connection().execute(done, [{"run_id": r.run_id, "process_index": r.process_index} for r in rows])
+            folded = _fold_rows(catalog, s, cache, rows, out, secret=secret, root=root, one_at_a_time=one_at_a_time)
+            if not catalog.inbox_apart:
+                _delete(s.connection(), cache, rows)
+        if catalog.inbox_apart:
+            # After the fold's commit: a crash in between folds the rows again, which changes nothing (a record is
+            # its process's totals). A newer version that arrived meanwhile stays for the next pass.
+            with catalog.inbox_write() as s:
+                _delete(s.connection(), cache, rows)
         catalog.count_misses(cache, folded.misses)  # committed: counted once
         out.fresh.update(folded.fresh)
         out.stale += folded.stale
         out.misses.update(folded.misses)
         taken += len(rows)
     return taken
+
+
+def _fold_rows(catalog: Catalog, s: Session, cache: str, rows: Sequence[Row], out: Drained, *,
+               secret: bytes | None, root: str | None, one_at_a_time: bool) -> Folded:
+    items = []
+    for row in rows:
+        try:
+            record = records.parse(inbox.body_of(bytes(row.body)))
+            inbox.check_keys([u.key for u in record.keys])
+        except InvalidInputError as exc:  # accepted by another version of the service
+            _dropped(cache, row, exc, out)
+            continue
+        items.append(Item(record, row.source, row.record))
+    try:
+        with s.begin_nested():
+            return fold(catalog, s, cache, items, secret=secret, root=root)
+    except malformed.REFUSALS as exc:
+        if not one_at_a_time:
+            raise
+        _dropped(cache, rows[0], exc, out)
+        return Folded()
+
+
+def _delete(conn: Connection, cache: str, rows: Sequence[Row]) -> None:
+    """Delete the versions of the records in ``rows`` from the inbox."""
+    done = delete(InboxRow).where(InboxRow.cache == cache, InboxRow.run_id == bindparam("run_id"),
+                                  InboxRow.process_index == bindparam("process_index"),
+                                  InboxRow.updated_s == bindparam("updated_s"))
+    conn.execute(done, [{"run_id": r.run_id, "process_index": r.process_index, "updated_s": r.updated_s}
+                        for r in rows])
 
 
 def _dropped(cache: str, row: Row, exc: Exception, out: Drained) -> None:
@@ -117,7 +145,8 @@ def _dropped(cache: str, row: Row, exc: Exception, out: Drained) -> None:
 
 
 def _claim(catalog: Catalog, cache: str, limit: int) -> Select:
-    q = (select(InboxRow.run_id, InboxRow.process_index, InboxRow.source, InboxRow.record, InboxRow.body)
+    q = (select(InboxRow.run_id, InboxRow.process_index, InboxRow.updated_s, InboxRow.source, InboxRow.record,
+                InboxRow.body)
          .where(InboxRow.cache == cache).order_by(InboxRow.received_s).limit(limit))
     return q.with_for_update(skip_locked=True) if catalog.dialect == "postgresql" else q
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import zstandard
 from sqlalchemy import Select, bindparam, func, select
+from sqlalchemy.engine import Connection
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import RunRecord
@@ -58,13 +59,13 @@ class Accepted:
 
 def waiting(catalog: Catalog) -> int:
     """Records in the inbox, of every cache."""
-    with catalog.reader() as conn:
+    with catalog.inbox_reader() as conn:
         return int(conn.execute(select(func.count()).select_from(InboxRow)).scalar_one())
 
 
 def waiting_by_cache(catalog: Catalog) -> dict[str, int]:
     """Records in the inbox, by cache."""
-    with catalog.reader() as conn:
+    with catalog.inbox_reader() as conn:
         return {c: int(n) for c, n in conn.execute(select(InboxRow.cache, func.count()).group_by(InboxRow.cache))}
 
 
@@ -76,15 +77,15 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
     check_keys([u.key for u in record.keys])
     ids = {"cache": cache, "run_id": record.run_id, "process_index": record.process_index}
     compressed = zstandard.ZstdCompressor(level=1).compress(body)
-    with catalog.short_write() as s:
+    with catalog.inbox_write() as s:
         conn = s.connection()
+        folded = _folded_at(catalog, conn, ids)
         if limit is not None:
             held = conn.execute(_waiting()).scalar_one()
             if held >= limit:
                 raise InboxFullError(f"{held} run records are waiting for the catalog (the inbox holds at most "
                                      f"JAXCACHE_REPORT_INBOX={limit}): try again in a few seconds; the record file "
                                      "reaches the catalog at the next rescan anyway", retry_after_s=5)
-        folded = conn.execute(_folded(), ids).scalar_one_or_none()
         stale = folded is not None and folded > record.updated_at
         if not stale:
             kept = conn.execute(_upsert(catalog.dialect), {
@@ -92,6 +93,15 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
                 "received_s": time.time()}).first()
             stale = kept is None
     return Accepted(cache, record.run_id, record.process_index, len(record.keys), stale)
+
+
+def _folded_at(catalog: Catalog, conn: Connection, ids: dict[str, Any]) -> float | None:
+    """The ``updated_s`` of the process's record the run tables hold (None: none), read in ``conn``'s transaction
+    where the inbox shares the catalog's database."""
+    if not catalog.inbox_apart:
+        return conn.execute(_folded(), ids).scalar_one_or_none()
+    with catalog.reader() as other:
+        return other.execute(_folded(), ids).scalar_one_or_none()
 
 
 # Built once: building a statement cost more than running it.
