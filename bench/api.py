@@ -16,26 +16,18 @@ import os
 import random
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from entries import build_root as build  # noqa: E402
 from entries import load_sources, make_source
+from serving import serve
 
 SORTS = ["size", "compile", "last_used", "created", "name"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pct(values: list[float], p: float) -> float:
@@ -220,46 +212,13 @@ def measure(base: str, args, work: str) -> dict:
     return fig
 
 
-def wait_ready(server: subprocess.Popen, base: str, output: Callable[[], str]) -> None:
-    """Until ``GET /readyz`` answers 200; exits with ``output()`` if the service exits first."""
-    import httpx
-
-    while True:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if server.poll() is not None:
-            sys.exit(f"error: the service exited before it was ready\n{output()}".rstrip())
-        time.sleep(0.5)
-
-
 @contextlib.contextmanager
 def service(root: str, work: str, workers: int | None, page_cache_s: float | None):
     """`jaxcache serve` over ``root`` (``--workers`` unless None); its base URL and seconds until ready."""
-
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    exe = os.path.join(os.path.dirname(sys.executable), "jaxcache")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
-    if page_cache_s is not None:
-        env["JAXCACHE_PAGE_CACHE_S"] = str(page_cache_s)
     started = time.perf_counter()
-    server = subprocess.Popen(
-        [exe, "serve", "--cache", f"bench={root}", "--port", str(port), "--rescan-s", "86400",
-         "--db", f"sqlite:///{work}/catalog.sqlite", *(["--workers", str(workers)] if workers else [])],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_ready(server, base, lambda: "")
+    env = {} if page_cache_s is None else {"JAXCACHE_PAGE_CACHE_S": str(page_cache_s)}
+    with serve(root, f"sqlite:///{work}/catalog.sqlite", work, workers, env=env) as (base, _):
         yield base, time.perf_counter() - started
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 def main(argv: list[str] | None = None) -> int:

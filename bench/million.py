@@ -27,8 +27,9 @@ import time
 from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from api import _free_port, distinct_pages, pct, wrk, wrk_cycle  # noqa: E402
+from api import distinct_pages, pct, wrk, wrk_cycle  # noqa: E402
 from entries import key_of, load_sources, make_source  # noqa: E402
+from serving import free_port  # noqa: E402
 
 
 def build(sources: list[tuple[str, bytes]], root: str, entries: int) -> None:
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(os.path.join(work, stale), ignore_errors=True)
             if os.path.isfile(os.path.join(work, stale)):
                 os.unlink(os.path.join(work, stale))
-        port, db = _free_port(), os.path.join(work, "catalog.sqlite")
+        port, db = free_port(), os.path.join(work, "catalog.sqlite")
         base = f"http://127.0.0.1:{port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
         env["JAXCACHE_SNAPSHOT_DIR"] = os.path.join(work, "kept")

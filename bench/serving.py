@@ -1,17 +1,16 @@
-"""``jaxcache serve`` for the report storm (bench/reports.py): one process, or ``--role api`` beside one
-``--role loops``; and waiting for its background loops to settle before a storm."""
+"""``jaxcache serve`` for the benches: one process tree, or ``--role api`` beside one ``--role loops``
+(bench/reports.py); waiting until it is ready, and until its background loops have settled."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-
-from api import _free_port, wait_ready
+from collections.abc import Callable, Iterator
 
 
 @contextlib.contextmanager
@@ -21,20 +20,43 @@ def service(root: str, db: str, work: str, workers: int | None,
     address, the pids of the ``jaxcache serve`` processes (with their workers, the service's CPU) and the address
     of the one running the loops."""
     if split:
-        with _serve(root, db, work, 1, role="loops") as (loops, loops_pid), \
-                _serve(root, db, work, workers, role="api") as (base, api_pid):
+        with serve(root, db, work, 1, role="loops") as (loops, loops_pid), \
+                serve(root, db, work, workers, role="api") as (base, api_pid):
             yield base, [api_pid, loops_pid], loops
         return
-    with _serve(root, db, work, workers) as (base, pid):
+    with serve(root, db, work, workers) as (base, pid):
         yield base, [pid], base
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(server: subprocess.Popen, base: str, output: Callable[[], str]) -> None:
+    """Until ``GET /readyz`` answers 200; exits with ``output()`` if the service exits first."""
+    import httpx
+
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if server.poll() is not None:
+            sys.exit(f"error: the service exited before it was ready\n{output()}".rstrip())
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
-def _serve(root: str, db: str, work: str, workers: int | None, role: str = "all") -> Iterator[tuple[str, int]]:
-    port = _free_port()
+def serve(root: str, db: str, work: str, workers: int | None, role: str = "all",
+          env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+    """``jaxcache serve --cache bench=ROOT`` on a free port, ready; its address and pid. ``env``: more variables."""
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     exe = os.path.join(os.path.dirname(sys.executable), "jaxcache")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}, **(env or {})}
     cmd = [exe, "serve", "--cache", f"bench={root}", "--port", str(port), "--rescan-s", "86400", "--db", db,
            "--insecure-no-auth", "--role", role]  # on loopback: a token's check is one hash, nothing to measure
     if workers is not None:
