@@ -5,10 +5,14 @@ worker's /metrics adds them up: counters and histograms summed, gauges as the wo
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 #: A gauge across worker processes: what the last worker to set it saw (the catalog's totals, the loops' leader).
 LAST: Final = "mostrecent"
@@ -17,6 +21,8 @@ LAST: Final = "mostrecent"
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._own: list[Collector] = []  # collectors kept in no multiprocess file: each process asks its own
+        self._every_worker: CollectorRegistry | None = None
         self.entries = Gauge("jaxcache_entries", "entries in the catalog", ["cache"], registry=self.registry,
                              multiprocess_mode=LAST)
         self.bytes = Gauge("jaxcache_bytes", "bytes of -cache files in the catalog", ["cache"], registry=self.registry,
@@ -55,9 +61,34 @@ class Metrics:
         self.request_seconds = Histogram("jaxcache_request_seconds", "HTTP request latency", ["route", "method"],
                                          registry=self.registry)
 
+    def register(self, collector: Collector) -> None:
+        """Add a collector that reads what it exports when scraped (kept in no file: every worker exports it)."""
+        self.registry.register(collector)
+        self._own.append(collector)
+
     def render(self) -> bytes:
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            every_worker = CollectorRegistry()
-            MultiProcessCollector(every_worker)
-            return generate_latest(every_worker)
-        return generate_latest(self.registry)
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return generate_latest(self.registry)
+        if self._every_worker is None:
+            self._every_worker = CollectorRegistry()
+            wrappers = [m for m in vars(self).values() if isinstance(m, MetricWrapperBase)]
+            self._every_worker.register(_EveryWorker(wrappers, self._own))
+        return generate_latest(self._every_worker)
+
+
+class _EveryWorker(Collector):
+    """The workers' files added up, each family declared even where no worker wrote a series of it yet (the files
+    only hold series), and this process's own collectors."""
+
+    def __init__(self, declared: list[MetricWrapperBase], own: list[Collector]) -> None:
+        self._files = MultiProcessCollector(None)
+        self._declared, self._own = declared, own
+
+    def collect(self) -> Iterable[Metric]:
+        found = {m.name: m for m in self._files.collect()}
+        for wrapper in self._declared:
+            for empty in wrapper.describe():
+                yield found.pop(empty.name, empty)
+        yield from found.values()  # a family this version no longer declares, left by an older worker
+        for collector in self._own:
+            yield from collector.collect()

@@ -81,7 +81,7 @@ class State:
         self.auth = Authenticator(settings)
         self.catalog = Catalog(settings.catalog_url, migrate=migrate, snapshot_dir=settings.snapshot_dir)
         self.metrics = Metrics()
-        self.metrics.registry.register(UsageCollector(self.catalog, list(settings.caches)))
+        self.metrics.register(UsageCollector(self.catalog, list(settings.caches)))
         self.catalog.on_misses = self._count_misses
         self.loops = LoopHealth(self.metrics)
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
