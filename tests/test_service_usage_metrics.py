@@ -170,4 +170,5 @@ def test_refused_reports_are_counted_by_reason(svc, keys):
                     headers=H_ADMIN).status_code == 413
     counted = samples(svc.get("/metrics").text, "jaxcache_reports_rejected_total")
     assert counted == {(("reason", r),): 1.0
-                       for r in ("malformed", "unauthenticated", "forbidden", "unknown_cache", "too_large")}
+                       for r in ("malformed", "unauthenticated", "forbidden", "unknown_cache", "too_large")} | {
+        (("reason", r),): 0.0 for r in ("error", "other")}  # every reason's series exists from the start

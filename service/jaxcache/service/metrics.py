@@ -1,11 +1,15 @@
 """Prometheus metrics, in a registry per app so that several apps (tests) never share counters. Under
 `jaxcache serve --workers N` (PROMETHEUS_MULTIPROC_DIR set) every worker's values go to files there, and any
-worker's /metrics adds them up: counters and histograms summed, gauges as the worker that set them last did."""
+worker's /metrics adds them up: counters and histograms summed, gauges as the worker that set them last did.
+
+Every family is exported from the start, and every series whose labels are known then (caches, sources, causes,
+reasons, loops) at 0: a counter whose series first appears at its first error is never seen to ``increase()``."""
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -14,8 +18,28 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from jaxcache.explain.causes import CAUSES
+from jaxcache.service.catalog import queries
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.queries import verdicts
+from jaxcache.service.ingestion.inbox import REPORT, STORAGE
+
+log = logging.getLogger("jaxcache.service")
+
 #: A gauge across worker processes: what the last worker to set it saw (the catalog's totals, the loops' leader).
 LAST: Final = "mostrecent"
+#: ``jaxcache_reports_rejected_total{reason}`` by response status; other 5xx are "error", other 4xx "other".
+REJECTIONS: Final = {400: "malformed", 401: "unauthenticated", 403: "forbidden", 404: "unknown_cache",
+                     413: "too_large", 422: "malformed"}
+#: Every ``reason`` :func:`rejection` answers.
+REASONS: Final = (*dict.fromkeys(REJECTIONS.values()), "error", "other")
+#: Where a run record came from (the ``source`` label).
+SOURCES: Final = (STORAGE, REPORT)
+
+
+def rejection(status: int) -> str:
+    """The ``reason`` label of a refused report answered with ``status``."""
+    return REJECTIONS.get(status, "error" if status >= 500 else "other")
 
 
 class Metrics:
@@ -65,6 +89,44 @@ class Metrics:
         """Add a collector that reads what it exports when scraped (kept in no file: every worker exports it)."""
         self.registry.register(collector)
         self._own.append(collector)
+
+    def start(self, caches: Sequence[str]) -> None:
+        """Every series whose label values are known, at 0 (a counter or histogram from 0 is the truth). Error
+        kinds (``kind``: an exception's type), jobs, routes and loops (:meth:`start_loops`) come later."""
+        for cache in caches:
+            self.scan_seconds.labels(cache)
+            self.prune_deleted.labels(cache)
+            self.prune_bytes.labels(cache)
+            self.records_compacted.labels(cache)
+            for source in SOURCES:
+                self.reports_ingested.labels(cache, source)
+            for cause in CAUSES:
+                self.misses.labels(cache, cause)
+        for source in SOURCES:
+            self.reports_malformed.labels(source)
+        for reason in REASONS:
+            self.reports_rejected.labels(reason)
+
+    def start_loops(self, loops: Iterable[str]) -> None:
+        """The background ``loops`` this process runs: neither failing nor stuck until a round says otherwise. Their
+        last success stays absent until there is one (0 would be a success in 1970: ``JaxcacheAbsent`` waits for it)."""
+        for loop in loops:
+            self.loop_failing.labels(loop).set(0)
+            self.loop_stuck.labels(loop).set(0)
+
+    def totals(self, catalog: Catalog, cache: str) -> None:
+        """Set ``cache``'s entries and bytes from the catalog."""
+        with catalog.session() as s:
+            count, size = queries.cache_totals(s, cache)
+        self.entries.labels(cache).set(count)
+        self.bytes.labels(cache).set(size)
+
+    def integrity_of(self, catalog: Catalog, cache: str) -> None:
+        """Set ``cache``'s entries by integrity class (every class, 0 where none) from the catalog."""
+        with catalog.reader() as conn:
+            counts = verdicts.summary(conn, cache, limit=0)["counts"]
+        for cls, n in counts.items():
+            self.integrity.labels(cache, cls).set(n)
 
     def render(self) -> bytes:
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

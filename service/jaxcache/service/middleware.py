@@ -8,7 +8,7 @@ import time
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 
-from jaxcache.service.metrics import Metrics
+from jaxcache.service.metrics import Metrics, rejection
 
 #: The one route whose bodies may be large: a run record lists every key a process touched.
 REPORTS_PATH = "/v1/reports"
@@ -16,16 +16,6 @@ REPORTS_PATH = "/v1/reports"
 #: Set in a request's scope by the report route when its client went away mid-upload: not a refusal (a job's
 #: timeout or restart, not the service's fault), so not counted, and no alert fires on it.
 ABORTED = "jaxcache.aborted"
-
-#: ``jaxcache_reports_rejected_total{reason}`` by response status; other 5xx are "error", other 4xx "other".
-REJECTIONS = {400: "malformed", 401: "unauthenticated", 403: "forbidden", 404: "unknown_cache", 413: "too_large",
-              422: "malformed"}
-
-
-def rejection(status: int) -> str:
-    """The ``reason`` label of a refused report answered with ``status``."""
-    return REJECTIONS.get(status, "error" if status >= 500 else "other")
-
 
 class LimitsAndMetrics:
     """Rejects oversized bodies (413) and records latency by route template.

@@ -21,7 +21,6 @@ from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow
-from jaxcache.service.catalog.queries import verdicts
 from jaxcache.service.generations import ENTRIES, USAGE, Generations, LocalGenerations
 from jaxcache.service.ingestion import inbox, routing
 from jaxcache.service.ingestion.drain import caches_waiting, drain
@@ -82,6 +81,7 @@ class State:
         self.catalog = Catalog(settings.catalog_url, migrate=migrate, snapshot_dir=settings.snapshot_dir)
         self.metrics = Metrics()
         self.metrics.register(UsageCollector(self.catalog, list(settings.caches)))
+        self.metrics.start(list(settings.caches))
         self.catalog.on_misses = self._count_misses
         self.loops = LoopHealth(self.metrics)
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
@@ -108,6 +108,10 @@ class State:
                           .on_conflict_do_update(index_elements=["name"], set_={"url": url}))
         self.follow()
         self._refuse_unknown_missing_roots()
+        if settings.role != "api":  # the catalog's gauges from the start, where the loops keep them fresh
+            for name in settings.caches:
+                self._refresh_gauges(name)
+                self._refresh_integrity(name)
 
     def _refuse_unknown_missing_roots(self) -> None:
         # A root the catalog has scanned before and that is gone now (an unmounted volume) is served from its rows
@@ -327,10 +331,7 @@ class State:
         return deleted
 
     def _refresh_gauges(self, name: str) -> None:
-        with self.catalog.session() as s:
-            count, size = queries.cache_totals(s, name)
-        self.metrics.entries.labels(name).set(count)
-        self.metrics.bytes.labels(name).set(size)
+        self.metrics.totals(self.catalog, name)
 
     def verify(self, name: str, *, max_entries: int | None = None, recheck_all: bool = False,
                stop: threading.Event | None = None, throttled: bool = False) -> verification.VerifyPass:
@@ -360,10 +361,7 @@ class State:
         return failed
 
     def _refresh_integrity(self, name: str) -> None:
-        with self.catalog.reader() as conn:
-            counts = verdicts.summary(conn, name, limit=0)["counts"]
-        for cls, n in counts.items():
-            self.metrics.integrity.labels(name, cls).set(n)
+        self.metrics.integrity_of(self.catalog, name)
 
     def rescan_all(self) -> list[tuple[str, Exception]]:
         """One round of background rescans; the caches whose rescan failed, with why. With several replicas on one

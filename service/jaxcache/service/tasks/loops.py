@@ -69,6 +69,7 @@ async def in_thread(state: State, loop: str, period_s: float, one_pass: Callable
 async def background(state: State) -> AsyncIterator[None]:
     """Run the loops while the app serves; stop them when it stops."""
     period_s = state.settings.rescan_s
+    state.metrics.start_loops((DRAIN, RESCAN, VERIFY))
     stop = asyncio.Event()
     first_round = asyncio.Event()
     stop_verify = threading.Event()  # seen by a pass running in a worker thread
