@@ -114,11 +114,12 @@ run: demo-cache
 	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --db sqlite:///$(abspath $(DEMO_CATALOG)) --host $(HOST) \
 	  --port $(PORT)
 
-# The type checker first (pyproject.toml [tool.mypy]: strict on the core and the client), then the suite.
+# The type checker first (pyproject.toml [tool.mypy]: strict on the core and the client), then the suite. --durations=25
+# lists the 25 slowest tests at the end, so that CI output shows where the suite's time goes.
 test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium prometheus postgres
 	$(VENV)/bin/mypy
 	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \
-	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check core client service warmup tests bench
