@@ -26,6 +26,7 @@ from dashboard_support import (
     TORN,
     _keys,
     _pages,
+    _record,
     listing,
     parse,
     settings,
@@ -214,6 +215,26 @@ def test_errors_are_pages(app_client):
     r = app_client.get("/caches/demo/entries?cursor=garbage", headers=H_READ)
     assert r.status_code == 400 and "cursor" in r.text
     assert app_client.get("/caches/demo/entries?min_size=lots", headers=H_READ).status_code == 400
+
+
+def test_a_job_without_misses_says_so_once(app_client, seeded, jax_caches):
+    """A job whose every program was in the cache says "No misses" in one place; a job with misses lists them by
+    cause, with the fix."""
+    train = _keys(jax_caches["zstd"].manifest)["jit_train_step"]
+    at = time.time() - 60
+    hit = records.KeyUsage(key=train, event=records.HIT, hits=2, retrieval_s=0.1, first_at=at - 10, last_at=at)
+    record = _record("llm-serve", "serve-1", [hit], at=at)
+    (seeded / record.name).parent.mkdir(parents=True, exist_ok=True)
+    (seeded / record.name).write_bytes(record.to_json())
+    assert app_client.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
+    served = app_client.get("/v1/caches/demo/jobs/llm-serve", headers=H_READ).json()
+    assert served["hits"] == 2 and served["missed"] == []
+    page = app_client.get("/caches/demo/jobs/llm-serve", headers=H_READ).text
+    assert page.count("No misses") == 1
+    assert "Misses" in parse(page).headings
+    evaluation = app_client.get("/caches/demo/jobs/llm-eval", headers=H_READ).text
+    assert "No misses" not in evaluation and f'data-key="{EVAL_MISS}"' in evaluation
+    assert {"Why it missed", "Misses"} <= set(parse(evaluation).headings)
 
 
 def test_entries_page_rows_equal_the_api(app_client):
