@@ -196,7 +196,7 @@ def test_reports_within_the_catalogs_counts_and_integral_floats(svc, keys):
     r = post(svc, json.dumps(as_doubles).encode(), "?cache=demo")
     assert r.status_code == 202 and r.json()["process_index"] == 0, r.text
     assert post(svc, json.dumps({**rec, "process_index": 0.5}).encode(), "?cache=demo").status_code == 422
-    body = _openapi(svc)["components"]["schemas"]["RunRecordModel"]["properties"]
+    body = _openapi(svc)["components"]["schemas"]["RunRecord"]["properties"]
     assert body["process_count"]["maximum"] == MAX_PROCESSES
 
 

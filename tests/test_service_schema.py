@@ -52,7 +52,9 @@ def test_the_report_body_in_openapi_is_the_record_formats_own_schema(tmp_path):
     app = create_app(ServiceSettings(caches={}, db=f"sqlite:///{tmp_path / 'c.sqlite'}"))
     components = app.openapi()["components"]["schemas"]
     _, own = records.json_schema()
-    assert set(components["RunRecordModel"]["properties"]) == set(own["RunRecord"]["properties"])
-    assert components["KeyUsageModel"]["properties"]["sha256"] == own["KeyUsage"]["properties"]["sha256"]
+    assert set(components["RunRecord"]["properties"]) == set(own["RunRecord"]["properties"])
+    assert components["KeyUsage"] == own["KeyUsage"] and components["Fingerprint"] == own["Fingerprint"]
+    assert not {"RunRecordModel", "KeyUsageModel", "FingerprintModel"} & set(components)  # the format's own names
     body = app.openapi()["paths"]["/v1/reports"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert body == {"$ref": "#/components/schemas/RunRecordModel"}
+    assert body == {"$ref": "#/components/schemas/RunRecord"}
+    assert components["RunRecord"]["properties"]["keys"]["items"] == {"$ref": "#/components/schemas/KeyUsage"}

@@ -42,8 +42,7 @@ MAX_PROCESSES = 2**31 - 1
               "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}}},
     },
     openapi_extra={"requestBody": {"required": True, "description": "a run record (jaxcache.run/1)",
-                                   "content": {"application/json": {
-                                       "schema": {"$ref": "#/components/schemas/RunRecordModel"}}}}},
+                                   "content": {"application/json": {"schema": records.json_schema()[0]}}}},
 )
 async def ingest_report(
     request: Request, _p: ReportAuth,
@@ -107,22 +106,6 @@ def _store(state: State, cache: str, record: records.RunRecord, body: bytes) -> 
     return inbox.accept(state.catalog, cache, record, body, limit=state.settings.report_inbox)
 
 
-#: The run record's components in the OpenAPI document, by the names earlier versions of the document used.
-_COMPONENT_NAMES = {"RunRecord": "RunRecordModel", "KeyUsage": "KeyUsageModel", "Fingerprint": "FingerprintModel"}
-
-
-def _renamed(node: Any) -> Any:
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
-            name = ref.rsplit("/", 1)[1]
-            return {**node, "$ref": f"#/components/schemas/{_COMPONENT_NAMES.get(name, name)}"}
-        return {k: _renamed(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_renamed(v) for v in node]
-    return node
-
-
 def document_record_schema(app: FastAPI) -> None:
     """Document the run record as the body of POST /v1/reports, from the record format's own schema
     (jaxcache.records, the one validator). The route reads the raw body (auth must come before parsing), so
@@ -133,11 +116,12 @@ def document_record_schema(app: FastAPI) -> None:
         schema = app.openapi_schema
         if schema is None:
             schema = build()  # FastAPI's keeps it as app.openapi_schema
-            _, found = records.json_schema()
+            # The components keep the record format's own names (RunRecord, KeyUsage, Fingerprint): its refs
+            # already point at them, and no earlier document used others.
+            body, found = records.json_schema()
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for name, sub in found.items():
-                components[_COMPONENT_NAMES.get(name, name)] = _renamed(sub)
-            fields = components["RunRecordModel"]["properties"]
+            components.update(found)
+            fields = components[body["$ref"].rsplit("/", 1)[1]]["properties"]
             for field, most in (("process_count", MAX_PROCESSES), ("process_index", MAX_PROCESSES - 1)):
                 fields[field] = {**{k: v for k, v in fields[field].items() if k != "exclusiveMaximum"},
                                  "maximum": most}
