@@ -79,6 +79,8 @@ def serve(settings: ServiceSettings) -> None:
             print(f"  cache {name!r}: {storage.url}", file=sys.stderr)
         except JaxcacheError as exc:  # served anyway: the rows it has stay, and it is rescanned once it is back
             print(f"  cache {name!r}: {storage.url} (not readable now: {exc})", file=sys.stderr)
+    for change in app.state.jaxcache.root_changes:
+        print(f"  {change.line()}", file=sys.stderr, flush=True)
     if not workers:
         uvicorn.Server(_config(app)).run(sockets=[sock])
         return

@@ -85,6 +85,12 @@ class ServiceSettings(BaseSettings):
         "seconds saved and first writers keep counting them) and their record files deleted by the service; job "
         "lists, usage windows and stale_jaxlib see only the runs kept",
     )
+    root_changed: Literal["keep", "drop"] = Field(
+        "keep", description="what a cache's job history becomes when the cache is served from another root than "
+        "the catalog last served it from (a cache 'demo' once at ./a, now at ./b): `keep` shows the old root's runs "
+        "with the new one's; `drop` deletes them (runs, usage, per-key hits and first writers) at start, and the "
+        "next rescan reads the new root's run records. `jaxcache serve` says which at start",
+    )
     tokens: dict[str, str] = Field(
         default_factory=dict,
         description='bearer tokens as {"<sha256 hex of token>": "read|report|admin"}; never the tokens themselves',

@@ -27,7 +27,7 @@ from jaxcache.service.ingestion.drain import caches_waiting, drain
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.pagecache import PageCache
 from jaxcache.service.settings import ServiceSettings
-from jaxcache.service.tasks import prune_audit, pruning, verification
+from jaxcache.service.tasks import prune_audit, pruning, root_change, verification
 from jaxcache.service.tasks.health import LoopHealth, LoopStatus
 from jaxcache.service.tasks.pruning import PruneLocks
 from jaxcache.service.tasks.rescan import RescanResult, rescan
@@ -100,12 +100,9 @@ class State:
         self.scanned: set[str] = set()
         self._rounds_done: set[str] = set()  # caches this process has rescanned in a background round
         self.background_rounds = 0  # rounds of background rescans finished (or failed) since start
-        with self.catalog.session() as s:
-            for name in settings.caches:
-                # An upsert: replicas starting together register the same caches.
-                url = self.storages[name].url
-                s.execute(self.catalog.insert(CacheRow).values(name=name, url=url)
-                          .on_conflict_do_update(index_elements=["name"], set_={"url": url}))
+        # The caches whose root changed since the catalog last served them (`jaxcache serve` says so at start).
+        self.root_changes = root_change.register(
+            self.catalog, {name: storage.url for name, storage in self.storages.items()}, settings.root_changed)
         self.follow()
         self._refuse_unknown_missing_roots()
         if settings.role != "api":  # the catalog's gauges from the start, where the loops keep them fresh

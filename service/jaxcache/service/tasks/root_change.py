@@ -1,0 +1,82 @@
+"""The configured caches into the catalog at start, and what happens to a cache's job history when its root is not
+the one the catalog last served it from (``JAXCACHE_ROOT_CHANGED``): kept, or dropped. docs/service.md, "Run
+records"."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.models import (
+    AGGREGATES,
+    CacheRow,
+    EntryRow,
+    KeyHistoryRow,
+    KeyStatsRow,
+    ProcessKeysRow,
+    RecordFileRow,
+    RunRow,
+    UsageRow,
+)
+
+log = logging.getLogger("jaxcache.service")
+
+RootChanged = Literal["keep", "drop"]
+
+
+@dataclass(frozen=True, slots=True)
+class RootChange:
+    """A cache served from another root than the catalog last saw, and what became of its job history."""
+
+    cache: str
+    old: str
+    new: str
+    runs: int  # runs of the cache's jobs the catalog held
+    dropped: bool
+
+    def line(self) -> str:
+        runs = f"{self.runs} run{'' if self.runs == 1 else 's'}"
+        done = (f"its job history from the old root ({runs}) was dropped" if self.dropped else
+                f"its job history from the old root ({runs}) is kept and shown with the new root's; "
+                "JAXCACHE_ROOT_CHANGED=drop drops it at the next start")
+        return f"cache {self.cache!r}: root changed from {self.old} to {self.new}; {done}"
+
+
+def register(catalog: Catalog, roots: Mapping[str, str], policy: RootChanged) -> list[RootChange]:
+    """Record each cache's root (name -> URL) in the catalog; for a cache whose recorded root differs, keep or drop
+    its job history as ``policy`` says, in the same transaction, and log it. Returns the changes."""
+    changes = []
+    for name, url in roots.items():
+        # The cache's writing lock: no report of the old root is folded between the count and the deletion.
+        with catalog.writing(name) as s:
+            old = s.scalar(select(CacheRow.url).where(CacheRow.name == name))
+            if old is not None and old != url:
+                runs = s.scalar(select(func.count(func.distinct(RunRow.run_id))).where(RunRow.cache == name)) or 0
+                if policy == "drop":
+                    _drop_history(s, name)
+                changes.append(RootChange(name, old, url, runs, dropped=policy == "drop"))
+            # An upsert: replicas starting together register the same caches.
+            s.execute(catalog.insert(CacheRow).values(name=name, url=url)
+                      .on_conflict_do_update(index_elements=["name"], set_={"url": url}))
+    for change in changes:
+        log.warning("%s", change.line())
+    return changes
+
+
+def _drop_history(s: Session, cache: str) -> None:
+    """Delete what the catalog learnt from the cache's run records. Entry rows stay (the next rescan makes them
+    the new root's) but lose the figures they copied from key_stats."""
+    for table in (RunRow, ProcessKeysRow, UsageRow, KeyStatsRow, KeyHistoryRow):
+        s.execute(delete(table).where(table.cache == cache))
+    # Read again from the new root at the next rescan: a record file of the same name there is not the old one.
+    s.execute(delete(RecordFileRow).where(RecordFileRow.cache == cache))
+    # No compacted history is left for a record to be older than.
+    s.execute(update(CacheRow).where(CacheRow.name == cache).values(compacted_before_s=None))
+    cleared = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
+    s.execute(update(EntryRow).where(EntryRow.cache == cache).values(**cleared, last_used_s=EntryRow.seen_used_s))
