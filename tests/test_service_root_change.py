@@ -35,6 +35,13 @@ def _stop(proc) -> str:
     return proc.stdout.read()
 
 
+def _said(output: str) -> str:
+    """The one line about a changed root (not two: the log record is not printed again)."""
+    lines = [ln for ln in output.splitlines() if "root changed" in ln]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
 @pytest.mark.slow
 def test_a_changed_root_is_said_at_start_and_its_history_kept_or_dropped(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
@@ -60,7 +67,7 @@ def test_a_changed_root_is_said_at_start_and_its_history_kept_or_dropped(tmp_pat
         assert _jobs(base) == ["train"]
     finally:
         said = _stop(proc)
-    line = next(ln for ln in said.splitlines() if "root changed" in ln)
+    line = _said(said)
     assert f"cache 'demo': root changed from {a} to {b}" in line and "(1 run) is kept" in line
     assert "JAXCACHE_ROOT_CHANGED=drop" in line
 
@@ -69,7 +76,7 @@ def test_a_changed_root_is_said_at_start_and_its_history_kept_or_dropped(tmp_pat
         assert _jobs(base) == []
     finally:
         said = _stop(proc)
-    line = next(ln for ln in said.splitlines() if "root changed" in ln)
+    line = _said(said)
     assert f"cache 'demo': root changed from {b} to {a}" in line and "(1 run) was dropped" in line
 
     proc, base = _serve(a, db, JAXCACHE_ROOT_CHANGED="drop")  # the same root again: nothing to say or drop

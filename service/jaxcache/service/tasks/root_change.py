@@ -65,7 +65,9 @@ def register(catalog: Catalog, roots: Mapping[str, str], policy: RootChanged) ->
             s.execute(catalog.insert(CacheRow).values(name=name, url=url)
                       .on_conflict_do_update(index_elements=["name"], set_={"url": url}))
     for change in changes:
-        log.warning("%s", change.line())
+        # INFO, not WARNING: `jaxcache serve` prints the line itself, and with no handler configured Python would
+        # print a warning to stderr a second time.
+        log.info("%s", change.line())
     return changes
 
 
