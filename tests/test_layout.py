@@ -104,6 +104,36 @@ def test_no_import_circles():
         visit(name, [])
 
 
+def _private_uses(path: Path) -> list[str]:
+    """Private names (``_x``) of other jaxcache modules that ``path`` imports or reads off a module it imported."""
+    tree = ast.parse(path.read_text())
+    modules: dict[str, str] = {}  # local name -> jaxcache module
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and part_of(node.module):
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                if sub in ALL:
+                    modules[a.asname or a.name] = sub
+                elif a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append(f"{node.module}.{a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if part_of(a.name) and a.asname:
+                    modules[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{modules[node.value.id]}.{node.attr}")
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_no_module_uses_anothers_private_names(name):
+    """A name with a leading underscore is its module's own: another module that needs it asks for a public one."""
+    assert _private_uses(ALL[name][1]) == []
+
+
 def _code_files() -> list[Path]:
     files = [p for part in PARTS for p in sources(part)]
     return files + sorted((ROOT / "bench").glob("*.py")) + sorted(p for p in (ROOT / "tests").rglob("*.py") if _ours(p))

@@ -13,7 +13,7 @@ from decimal import Decimal
 from fastapi import HTTPException
 
 # The catalog's cursor is its own business; these two are its whole format, read and written.
-from jaxcache.service.catalog.queries.listing import _decode_cursor, _encode_cursor
+from jaxcache.service.catalog.queries.listing import decode_cursor, encode_cursor
 
 MAX_LENGTH = 2048
 
@@ -30,15 +30,15 @@ def to_catalog(cursor: str, sort: str) -> str:
         raise HTTPException(404, f"this cursor continues a listing sorted {other}, not by {sort}: start again "
                                  "without it")
     if sort == "name":
-        return _encode_cursor(key, key)
-    return _encode_cursor(float(value) if "." in value else int(value), key)
+        return encode_cursor(key, key)
+    return encode_cursor(float(value) if "." in value else int(value), key)
 
 
 def from_catalog(cursor: str | None) -> str | None:
     """The API's spelling of the catalog's cursor of the next page."""
     if cursor is None:
         return None
-    value, key = _decode_cursor(cursor)
+    value, key = decode_cursor(cursor)
     key64 = base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
     if isinstance(value, str):
         return f"~{key64}"

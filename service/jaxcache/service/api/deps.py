@@ -79,7 +79,7 @@ def unroutable(cache_dir: str | None, roots: dict[str, list[str]]) -> tuple[int,
     """For a ``cache_dir`` that names no one configured cache: 422 and the caches that share its root (the caller
     must name one), or 404 and none when no cache has it (well formed, but there is nothing there)."""
     # The one place a root is normalised is routing's; its error says which case only in words.
-    norm = routing._normal_dir(cache_dir) if cache_dir else None
+    norm = routing.normal_dir(cache_dir) if cache_dir else None
     sharing = roots.get(norm, []) if norm is not None else []
     return (422, sorted(sharing)) if len(sharing) > 1 else (404, [])
 

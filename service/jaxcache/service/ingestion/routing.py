@@ -10,7 +10,7 @@ from jaxcache.errors import InvalidInputError
 from jaxcache.records import RunRecord
 
 
-def _normal_dir(text: str) -> str | None:
+def normal_dir(text: str) -> str | None:
     """A cache_dir or root URL in the form roots are compared in: ``gs://b/p`` without a trailing slash, or the
     real path of an absolute directory. None for anything else (a relative path means nothing here)."""
     if text.startswith("gs://"):
@@ -26,7 +26,7 @@ def roots_by_dir(urls: Mapping[str, str]) -> dict[str, list[str]]:
     """``{normalised root: [cache names]}`` for the configured caches (several names may share a root)."""
     out: dict[str, list[str]] = {}
     for name, url in urls.items():
-        norm = _normal_dir(url)
+        norm = normal_dir(url)
         if norm is not None:
             out.setdefault(norm, []).append(name)
     return out
@@ -40,7 +40,7 @@ def cache_for(record: RunRecord, roots: Mapping[str, list[str]]) -> str:
 
 def cache_for_dir(cache_dir: str | None, roots: Mapping[str, list[str]]) -> str:
     """The configured cache whose root is ``cache_dir`` (as a job spells it); see :func:`cache_for`."""
-    norm = _normal_dir(cache_dir) if cache_dir else None
+    norm = normal_dir(cache_dir) if cache_dir else None
     names = roots.get(norm, []) if norm is not None else []
     if len(names) == 1:
         return names[0]

@@ -105,11 +105,12 @@ def _number(value) -> float:
     return 0 if isinstance(value, str) else value
 
 
-def _encode_cursor(value, key: str) -> str:
+def encode_cursor(value, key: str) -> str:
+    """The opaque cursor of a page that ends at (``value``, ``key``): what :func:`decode_cursor` reads back."""
     return base64.urlsafe_b64encode(json.dumps([value, key]).encode()).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str) -> tuple[int | float | str, str]:
+def decode_cursor(cursor: str) -> tuple[int | float | str, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         value, key = json.loads(raw)
@@ -148,7 +149,7 @@ def list_entries(
         filters.append("created_before")
     has_cursor = False
     if cursor:
-        after, key = _decode_cursor(cursor)
+        after, key = decode_cursor(cursor)
         # PostgreSQL refuses to compare a number column with text (SQLite would answer something): a cursor of the
         # wrong kind for the sort is not one this service issued.
         if (sort == "name") != isinstance(after, str) or abs(_number(after)) > 2**62:
@@ -166,7 +167,7 @@ def list_entries(
     value = last[_SORT_INDEX[sort]]
     if sort == "compile" and value is None:
         value = -1
-    return rows, _encode_cursor(value, last[0])
+    return rows, encode_cursor(value, last[0])
 
 
 _SORT_INDEX = {"size": PAGE_FIELDS.index("size_bytes"), "compile": PAGE_FIELDS.index("compile_seconds"),
