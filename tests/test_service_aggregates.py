@@ -198,3 +198,21 @@ def test_a_batch_stores_what_its_records_one_at_a_time_store(request, tmp_path, 
     # Each miss still stored was counted once in both; one at a time also counts a miss that a later version of
     # its record, in the same batch, no longer has.
     assert len(one["misses"]) <= sum(counted["batched"].values()) <= sum(counted["one"].values())
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_pass_after_one_rolled_back_still_keeps_its_differences(request, tmp_path, backend):
+    """A pass whose transaction rolls back (a record the catalog refuses) takes the pass's temporary table with
+    it: the next pass, on the same connection, makes it again."""
+    from jaxcache.service.catalog.database import Catalog
+    from jaxcache.service.ingestion import usage_changes
+
+    url = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'c.sqlite'}"
+    catalog = Catalog(url)
+    with pytest.raises(RuntimeError), catalog.writing("demo") as s:
+        usage_changes.before(s.connection(), "demo", [("r1", 0)])
+        raise RuntimeError("the catalog refused a record")
+    with catalog.writing("demo") as s:
+        usage_changes.before(s.connection(), "demo", [("r1", 0)])
+        assert usage_changes.after(s.connection(), "demo", [("r1", 0)]) == {}
+    catalog.dispose()

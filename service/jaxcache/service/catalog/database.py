@@ -70,9 +70,7 @@ class Catalog:
             raise InvalidInputError(f"catalog database URL {shown!r}: use SQLite (sqlite:///path) or PostgreSQL "
                                     "(postgresql+psycopg://user:password@host/db)")
         if self.dialect == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_connect)
-            event.listen(self.engine, "begin", _sqlite_begin)
-            event.listen(self.engine, "checkin", _sqlite_checkin)
+            _sqlite_events(self.engine)
         self.locks = ClusterLocks(self.engine.url)
         if migrate:
             from jaxcache.service.catalog.migrate import upgrade
@@ -107,8 +105,7 @@ class Catalog:
         from jaxcache.service.catalog.models import InboxRow, table_of
 
         engine = create_engine(f"{url}-inbox")
-        event.listen(engine, "connect", _sqlite_connect)
-        event.listen(engine, "begin", _sqlite_begin)
+        _sqlite_events(engine)
         table = table_of(InboxRow)
         with engine.begin() as conn:  # IF NOT EXISTS: processes starting together on one catalog
             conn.execute(CreateTable(table, if_not_exists=True))
@@ -205,6 +202,13 @@ def bulk_insert(conn: Connection, table: Table, columns: Sequence[str], rows: Se
 
 def _json_text(value: object) -> str:
     return msgspec.json.encode(value).decode()
+
+
+def _sqlite_events(engine: Engine) -> None:
+    """The catalog's ways with an SQLite engine: WAL, its own BEGINs, a larger page cache while writing."""
+    event.listen(engine, "connect", _sqlite_connect)
+    event.listen(engine, "begin", _sqlite_begin)
+    event.listen(engine, "checkin", _sqlite_checkin)
 
 
 def _sqlite_connect(dbapi_conn, _record) -> None:

@@ -33,6 +33,7 @@ from sqlalchemy import (
     true,
 )
 from sqlalchemy.engine import Connection
+from sqlalchemy.schema import CreateTable
 
 from jaxcache.service.catalog.models import ProcessKeysRow, UsageRow, table_of
 from jaxcache.service.ingestion import aggregates, rules
@@ -42,7 +43,7 @@ __all__ = ["after", "before"]
 _pk, _usage = table_of(ProcessKeysRow), table_of(UsageRow)
 _GROUP = ("cache", "run_id", "key", "job", "kind")
 #: What a pass's processes' rows of each key were (sign -1) and are (sign 1), aggregated as usage rows are. One per
-#: connection; it lives as long as the pass's transaction needs it.
+#: connection, emptied at each pass's start.
 _pass = Table("pass_usage", MetaData(), Column("sign", Integer),
               *(Column(n, _usage.c[n].type) for n in aggregates.USAGE if n != "counted"),
               prefixes=["TEMPORARY"])
@@ -51,9 +52,8 @@ _NAMES = [c.name for c in _pass.columns]
 
 def before(conn: Connection, cache: str, processes: Sequence[tuple[str, int]]) -> None:
     """Keep what ``processes`` (run id, index)' rows are now, before the pass replaces them."""
-    if not conn.connection.info.get("jaxcache_pass_usage"):
-        _pass.create(conn, checkfirst=True)
-        conn.connection.info["jaxcache_pass_usage"] = True
+    # Every pass: a pass rolled back (a refused record) took the table made in it with it.
+    conn.execute(CreateTable(_pass, if_not_exists=True))
     conn.execute(delete(_pass))
     _aggregate(conn, cache, processes, -1)
 
