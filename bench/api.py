@@ -1,6 +1,6 @@
 """Latency of the catalog service's API over N real-format entries under concurrent clients: repeated listing
-pages (the page cache answers), distinct pages (the query path every time) and ``GET /healthz`` (the baseline) at
-``--clients`` connections, and stats sequentially; with ``--workers 1,2``, for each number of worker processes in
+pages, the same pages revalidated (``If-None-Match`` with their ``ETag``: answered 304), distinct pages and
+``GET /healthz`` (the baseline) at ``--clients`` connections, and stats sequentially; with ``--workers 1,2``, for each number of worker processes in
 turn over the same root and catalog. Figures, not assertions; what each figure means: README.md.
 
     .venv/bin/python bench/api.py --entries 100000 --workers 1,2
@@ -62,9 +62,10 @@ _WRK_LINE = re.compile(r"^\s*(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.M)
 _UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
-def wrk(url: str, clients: int, seconds: int, *, script: str | None = None) -> dict[str, float]:
+def wrk(url: str, clients: int, seconds: int, *, script: str | None = None,
+        header: str | None = None) -> dict[str, float]:
     """p50/p99 (seconds) and requests/s from one wrk run (a C load generator: it leaves the CPU to the server)."""
-    extra = ["-s", script] if script else []
+    extra = (["-s", script] if script else []) + (["-H", header] if header else [])
     out = subprocess.run(["wrk", "-t1", f"-c{clients}", f"-d{seconds}s", "--latency", *extra, url],
                          check=True, capture_output=True, text=True).stdout
     got = {f"p{p}": float(v) * _UNIT[u] for p, v, u in _WRK_LINE.findall(out)}
@@ -172,7 +173,12 @@ def measure(base: str, args, work: str) -> dict:
     fig: dict = {}
     if shutil.which("wrk"):
         fig["load_generator"] = "wrk"
-        per_path = {p: wrk(base + p, args.clients, args.seconds) for p in paths_with_cursors(base)}
+        paths = paths_with_cursors(base)
+        per_path = {p: wrk(base + p, args.clients, args.seconds) for p in paths}
+        with httpx.Client(base_url=base, timeout=30) as c:
+            tags = {p: c.get(p).headers["etag"] for p in paths}
+        revalidated = {p: wrk(base + p, args.clients, args.seconds, header=f"If-None-Match: {tags[p]}")
+                       for p in paths}
         health = wrk(base + "/healthz", args.clients, args.seconds)
         distinct = distinct_pages(base, args.distinct)
         cold = wrk_cycle(base, distinct, args.clients, args.seconds * 2, work)
@@ -184,6 +190,8 @@ def measure(base: str, args, work: str) -> dict:
                             "rps": v["rps"]} for p, v in per_path.items()}
         fig["entries_p50_ms"] = round(statistics.median(v["p50"] for v in per_path.values()) * 1000, 2)
         fig["entries_p99_ms"] = round(max(v["p99"] for v in per_path.values()) * 1000, 2)
+        fig["revalidated_p50_ms"] = round(statistics.median(v["p50"] for v in revalidated.values()) * 1000, 2)
+        fig["revalidated_p99_ms"] = round(max(v["p99"] for v in revalidated.values()) * 1000, 2)
         fig["healthz_p50_ms"] = round(health.get("p50", 0) * 1000, 3)
         fig["healthz_p99_ms"] = round(health.get("p99", 0) * 1000, 3)
         stats = []
@@ -213,11 +221,10 @@ def measure(base: str, args, work: str) -> dict:
 
 
 @contextlib.contextmanager
-def service(root: str, work: str, workers: int | None, page_cache_s: float | None):
+def service(root: str, work: str, workers: int | None):
     """`jaxcache serve` over ``root`` (``--workers`` unless None); its base URL and seconds until ready."""
     started = time.perf_counter()
-    env = {} if page_cache_s is None else {"JAXCACHE_PAGE_CACHE_S": str(page_cache_s)}
-    with serve(root, f"sqlite:///{work}/catalog.sqlite", work, workers, env=env) as (base, _):
+    with serve(root, f"sqlite:///{work}/catalog.sqlite", work, workers) as (base, _):
         yield base, time.perf_counter() - started
 
 
@@ -228,7 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=3000, help="requests per phase (httpx fallback only)")
     parser.add_argument("--seconds", type=int, default=4, help="wrk duration per path")
     parser.add_argument("--source", help="a real JAX cache dir to copy entries from (default: jaxcache.warmup.demo)")
-    parser.add_argument("--page-cache-s", type=float, help="JAXCACHE_PAGE_CACHE_S for the service (0: off)")
     parser.add_argument("--distinct", type=int, default=1000, help="distinct pages per sort in the distinct phase")
     parser.add_argument("--workers", default="",
                         help="comma-separated `jaxcache serve --workers` values to measure in turn over the same "
@@ -249,11 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         root = os.path.join(work, "cache")
         build(sources, root, args.entries)
         for workers in configs:
-            with service(root, work, workers, args.page_cache_s) as (base, ready_s):
+            with service(root, work, workers) as (base, ready_s):
                 print(f"service (workers {workers or 'default'}) ready after {ready_s:.1f}s", file=sys.stderr)
                 fig = {"entries": args.entries, "clients": args.clients, "workers": workers or "default",
-                       "ready_s": round(ready_s, 2),
-                       "page_cache_s": args.page_cache_s if args.page_cache_s is not None else 1.0}
+                       "ready_s": round(ready_s, 2)}
                 fig.update(measure(base, args, work))
                 runs.append(fig)
     finally:
@@ -269,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {path:90} p50 {v['p50_ms']:7.2f} ms  p99 {v['p99_ms']:7.2f} ms  {v['rps']:7.0f} req/s")
         print(f"{'request':34} {'p50 ms':>8} {'p99 ms':>8}   target")
         print(f"{'GET entries?limit=100 (median, max)':34} {fig['entries_p50_ms']:8.2f} {fig['entries_p99_ms']:8.2f}   "
-              "p50 <= 20, p99 <= 100   repeated pages (page cache " + ("on" if fig["page_cache_s"] else "off") + ")")
+              "p50 <= 20, p99 <= 100   repeated pages")
+        if "revalidated_p50_ms" in fig:
+            print(f"{'GET entries, If-None-Match (304)':34} {fig['revalidated_p50_ms']:8.2f} "
+                  f"{fig['revalidated_p99_ms']:8.2f}   p99 <= 20")
         if "distinct_p50_ms" in fig:
             print(f"{'GET entries?limit=100 (distinct)':34} {fig['distinct_p50_ms']:8.2f} "
                   f"{fig['distinct_p99_ms']:8.2f}   p50 <= 20, p99 <= 100   {fig['distinct_pages']} pages in turn, "

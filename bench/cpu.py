@@ -37,7 +37,7 @@ def snapshot() -> dict[int, Proc]:
 
 
 def by_role(before: dict[int, Proc], after: dict[int, Proc], serving: int | list[int]) -> dict[str, float]:
-    """CPU seconds between two snapshots: the service's processes (HTTP workers and the supervisor), PostgreSQL's
+    """CPU seconds between two snapshots: the service's processes (the serving process and its workers), PostgreSQL's
     backends and its background processes (autovacuum and the like), the probes, this process (the storm's
     clients), and everything else. ``serving``: the pid of each ``jaxcache serve``."""
     served = {serving} if isinstance(serving, int) else set(serving)

@@ -52,16 +52,19 @@ def test_api_processes_accept_reports_that_the_loops_process_folds(tmp_path, cac
         assert answer.status_code == 202, answer.text
 
     # The loops process first: an api process is ready once every cache was scanned, by whichever process.
-    loops_proc, loops = start_serve(caches, db, env=serve_env(TOKENS, JAXCACHE_PAGE_CACHE_S="0"),
+    loops_proc, loops = start_serve(caches, db, env=serve_env(TOKENS),
                                     args=("--role", "loops"))
     try:
         wait_ready(loops_proc, loops, patience_s=PATIENCE_S)
-        with jaxcache_serve(caches, db, tokens=TOKENS, args=("--role", "api"), JAXCACHE_PAGE_CACHE_S="0") as api:
+        with jaxcache_serve(caches, db, tokens=TOKENS, args=("--role", "api")) as api:
             before = _hits(api, train)
             post(api, "r1")
             _until(lambda: _hits(api, train) == before + 1, "the record the api process accepted, folded")
-            assert httpx.get(f"{loops}/readyz", timeout=30).json()["loops"]["drain"]["last_success_s"]
-            assert "drain" not in httpx.get(f"{api}/readyz", timeout=30).json()["loops"]  # it ran none
+            drained = httpx.get(f"{loops}/readyz", timeout=30).json()["loops"]["drain"]
+            assert drained["last_success_s"]
+            # It ran none, and shows the loops process's (the catalog's loop_health), as its /metrics does.
+            assert httpx.get(f"{api}/readyz", timeout=30).json()["loops"]["drain"]["state"] == "ok"
+            assert 'jaxcache_loop_stuck{loop="drain"} 0.0' in httpx.get(f"{api}/metrics", timeout=30).text
             # With the loops process gone, what the api process accepts waits in the inbox for the next one.
             stop_serve(loops_proc)
             post(api, "r2")

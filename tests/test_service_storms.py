@@ -204,7 +204,7 @@ def test_an_inbox_row_that_does_not_decode_is_dropped_and_the_others_are_folded(
     recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 2)
     catalog = Catalog(db)
     inbox.accept(catalog, "demo", recs[0], recs[0].to_json())
-    with catalog.inbox_write() as s:
+    with catalog.side_write() as s:
         s.add(InboxRow(cache="demo", run_id="r1", process_index=1, updated_s=time.time(), source="report",
                        record=None, body=b"not zstd at all", received_s=time.time()))
     catalog.dispose()

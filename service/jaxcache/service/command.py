@@ -28,8 +28,9 @@ def configure(sv: argparse.ArgumentParser) -> None:
                     help="catalog database as an SQLAlchemy URL (default: an SQLite file under ~/.local/state);"
                          " put a password in JAXCACHE_DB instead, where other users' `ps` cannot see it")
     sv.add_argument("--workers", type=positive, metavar="N",
-                    help="worker processes serving requests, each using a CPU; one of them runs the background "
-                         "rescans, verification and retention (default: the CPUs this process may use, at most 4)")
+                    help="processes serving requests (uvicorn's workers), each using a CPU; with loops, each "
+                         "background pass runs in one of them at a time (default: the CPUs this process may use, "
+                         "its cgroup's CPU quota included, at most 4)")
     sv.add_argument("--role", choices=("all", "api", "loops"),
                     help="what this process does: api answers requests only; loops runs the background loops "
                          "(report drain, rescans, verification, retention) and answers requests too; all (default) "

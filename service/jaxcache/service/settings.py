@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 from pathlib import Path
@@ -29,17 +30,38 @@ def default_snapshot_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jaxcache" / "service"
 
 
-#: The most workers the default takes: each holds its own connections, pages and statistics.
+#: The most workers the default takes: each holds its own connections and cached statistics.
 DEFAULT_MAX_WORKERS = 4
 
 
-def _default_workers() -> int:
-    """The CPUs this process may run on, at most :data:`DEFAULT_MAX_WORKERS`."""
+def cpu_limit() -> int:
+    """The CPUs this process may use: those it may run on, and no more than its cgroup's CPU quota allows (a
+    Kubernetes pod's ``limits.cpu``, rounded up), which the first ignores."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, DEFAULT_MAX_WORKERS))
+    quota = _cgroup_quota()
+    return max(1, min(cpus, math.ceil(quota)) if quota is not None else cpus)
+
+
+def _cgroup_quota() -> float | None:
+    """CPUs of quota (quota / period) from cgroup v2's ``cpu.max`` or v1's CFS files; None where there is none."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+
+
+def _default_workers() -> int:
+    return min(cpu_limit(), DEFAULT_MAX_WORKERS)
 
 
 class ServiceSettings(BaseSettings):
@@ -60,8 +82,9 @@ class ServiceSettings(BaseSettings):
     )
     workers: int = Field(
         default_factory=_default_workers, ge=1, le=64,
-        description="worker processes serving requests (each the whole API; one of them runs the background "
-        "loops); default: the CPUs this process may use, at most 4",
+        description="processes serving requests, started and restarted by uvicorn (each the whole app; with "
+        "loops, each pass runs in one of them at a time); default: the CPUs this process may use (its cgroup's "
+        "CPU quota, a pod's limits.cpu, counts), at most 4",
     )
     role: Literal["all", "api", "loops"] = Field(
         "all", description="what this process does: `api` answers requests only; `loops` runs the background "
@@ -106,11 +129,6 @@ class ServiceSettings(BaseSettings):
     )
     verify_min_age_s: float = Field(
         3600.0, ge=0, description="entries younger than this that look broken are 'pending', not corrupt/tampered"
-    )
-    page_cache_s: float = Field(
-        1.0, ge=0, description="seconds a rendered page of an entry listing may be answered again from memory "
-        "(dropped at once when this replica sees its cache change; another replica's changes show within this "
-        "time); 0 turns it off",
     )
     attest_key: SecretStr | None = Field(
         None, description="the key writers sign their entries' digests with (the same JAXCACHE_ATTEST_KEY in jobs and "

@@ -7,25 +7,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
+from cachetools import TTLCache
 from sqlalchemy import select, update
 
 from jaxcache.errors import InvalidRootError, JaxcacheError, RootGoneError
 from jaxcache.prune import PrunePolicy
 from jaxcache.service.auth import Authenticator
-from jaxcache.service.catalog import queries
+from jaxcache.service.catalog import loop_health, queries
 from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.generations import ENTRIES, USAGE, Generation, Generations
 from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow
-from jaxcache.service.generations import ENTRIES, USAGE, Generations, LocalGenerations
 from jaxcache.service.ingestion import inbox, routing
 from jaxcache.service.ingestion.drain import caches_waiting, drain
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.pagecache import PageCache
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.service.tasks import prune_audit, pruning, root_change, verification
 from jaxcache.service.tasks.health import LoopHealth, LoopStatus
@@ -70,39 +70,40 @@ class CacheInfo:
 class State:
     """Everything the routes share, built once per app."""
 
-    def __init__(self, settings: ServiceSettings, generations: Generations | None = None, *,
-                 migrate: bool = True) -> None:
-        """``migrate``: bring the catalog's schema up to date first (False where another process just did)."""
+    def __init__(self, settings: ServiceSettings, *, prepared: bool = False) -> None:
+        """``prepared``: the serving process already migrated the catalog and registered the caches' roots (a
+        worker of ``jaxcache serve --workers``)."""
         self.settings = settings
-        # This process's, or shared by the workers of one `jaxcache serve` (see workers.py).
-        self.generations: Generations = generations or LocalGenerations()
-        self.runtime: Any = None  # workers.Runtime, for a worker of `jaxcache serve --workers` (app.py sets it)
         self.auth = Authenticator(settings)
-        self.catalog = Catalog(settings.catalog_url, migrate=migrate, snapshot_dir=settings.snapshot_dir)
+        self.catalog = Catalog(settings.catalog_url, migrate=not prepared, snapshot_dir=settings.snapshot_dir)
+        self.generations = Generations(self.catalog)
         self.metrics = Metrics()
         self.metrics.register(UsageCollector(self.catalog, list(settings.caches)))
         self.metrics.start(list(settings.caches))
         self.catalog.on_misses = self._count_misses
         self.loops = LoopHealth(self.metrics)
+        self.loops.on_change = lambda loop, status: loop_health.publish(self.catalog, loop, asdict(status))
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
                                              for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
-        self.pages = PageCache(settings.page_cache_s, self.generations)
         self._read_limiter: anyio.CapacityLimiter | None = None  # made in the event loop, at the first read
         # Set by the drain loop (tasks/loops.py) where this process runs it: a POST wakes it at once.
         self.inbox_arrived: asyncio.Event | None = None
-        # (when computed, the generation it was computed at, the value) by cache
-        self._stats: dict[str, tuple[float, int, dict]] = {}
-        self._usage: dict[str, tuple[float, int, dict]] = {}
-        self._refreshing: set[tuple[str, str]] = set()  # (what, cache) being recomputed in a thread
+        # Statistics by (what, cache, change counts, minute): computed again after a change, or once a minute (the
+        # growth and usage windows move with the clock).
+        self._computed: TTLCache[tuple[str, str, Generation, int], dict] = TTLCache(maxsize=256, ttl=_STATS_TTL_S)
+        self._computed_lock = threading.Lock()
         self.roots = routing.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
         self.scanned: set[str] = set()
         self._rounds_done: set[str] = set()  # caches this process has rescanned in a background round
         self.background_rounds = 0  # rounds of background rescans finished (or failed) since start
         # The caches whose root changed since the catalog last served them (`jaxcache serve` says so at start).
-        self.root_changes = root_change.register(
+        self.root_changes = [] if prepared else root_change.register(
             self.catalog, {name: storage.url for name, storage in self.storages.items()}, settings.root_changed)
+        if not prepared:  # a client's tag from before (another catalog at this URL, a rebuilt one) is stale
+            for name in settings.caches:
+                self.generations.bump(name, ENTRIES, USAGE)
         self.follow()
         self._refuse_unknown_missing_roots()
         if settings.role != "api":  # the catalog's gauges from the start, where the loops keep them fresh
@@ -125,16 +126,13 @@ class State:
             except JaxcacheError:
                 pass  # unreachable now (GCS, permissions): a scan error to show, not a reason not to start
 
-    def follow(self, name: str | None = None) -> None:
-        """Catch up with what other replicas did to the catalog: caches they have scanned count as scanned here
-        (ready), and cached statistics and gauges of ``name`` are refreshed."""
+    def follow(self) -> None:
+        """Caches another process or replica has scanned (or that the catalog kept over a restart) count as
+        scanned here: ready."""
         with self.catalog.session() as s:
             for row in s.scalars(select(CacheRow).where(CacheRow.name.in_(list(self.settings.caches)))):
                 if row.last_scan_s is not None:
-                    self.scanned.add(row.name)  # the catalog survived a restart, or another replica scanned it
-        if name is not None:
-            self.changed(name)
-            self.generations.bump(name, USAGE)
+                    self.scanned.add(row.name)
 
     async def read(self, work: Callable[[], T]) -> T:
         """``work`` (a catalog read a request waits for) in one of :data:`READ_THREADS` threads of this process.
@@ -171,55 +169,35 @@ class State:
         if result.records_compacted:
             self.metrics.records_compacted.labels(name).inc(result.records_compacted)
             self.generations.bump(name, USAGE)  # the usage windows' runs may be gone
-        if result.added or result.removed or result.updated or name not in self._stats:
+        if result.added or result.removed or result.updated:
             self.changed(name)
-            self.stats(name)  # computed here, in the scan thread, so requests find it ready
+            self.stats(name)  # computed here, in the scan thread, so this process's requests find it ready
         return result
 
     def changed(self, name: str) -> None:
-        """Entries of ``name`` changed (rescan, prune, delete): cached statistics and pages are stale, in every
-        worker."""
+        """Entries of ``name`` changed (rescan, prune, delete): cached statistics and listings' ETags are stale, in
+        every process."""
         self.generations.bump(name, ENTRIES)
         self._refresh_gauges(name)
 
     def stats(self, name: str) -> dict:
-        """Statistics of one cache, recomputed after a change or once a minute (growth windows move)."""
-        return {**self._fresh(self._stats, name, self._compute_stats, (ENTRIES,)), **self.usage(name)}
+        """Statistics of one cache (its entries and, :meth:`usage`, its hit rates)."""
+        return {**self._computed_at("stats", name, self._compute_stats), **self.usage(name)}
 
     def usage(self, name: str) -> dict:
-        """Hit rate and seconds saved over the last 24 h and 7 d, and seconds saved by function; cached apart from
-        the entry statistics, since reports arrive far more often than entries change (seconds saved by function
-        count the entries present: entry changes make it stale too)."""
-        return self._fresh(self._usage, name, self._compute_usage, (ENTRIES, USAGE))
+        """Hit rate and seconds saved over the last 24 h and 7 d, seconds saved by function, misses by cause."""
+        return self._computed_at("usage", name, self._compute_usage)
 
-    def _fresh(self, cached: dict[str, tuple[float, int, dict]], name: str, compute, on: tuple[int, ...]) -> dict:
-        # After a change (the generations ``on`` moved, here or in another worker) the value is computed now (a
-        # second at 100k entries). Once it is merely older than the TTL, the old value is answered while one
-        # thread computes the new one: no request waits.
-        def generation() -> int:
-            return sum(self.generations.get(name, what) for what in on)
-
-        now = generation()  # read before computing: a change meanwhile leaves the value stale
-        found = cached.get(name)
-        if found is None or found[1] != now:
-            result = compute(name)
-            cached[name] = (time.monotonic(), now, result)
-            return result
-        job = (compute.__name__, name)
-        if time.monotonic() - found[0] >= _STATS_TTL_S and job not in self._refreshing:
-            self._refreshing.add(job)
-
-            def refresh() -> None:
-                try:
-                    result = compute(name)
-                    cached[name] = (time.monotonic(), now, result)  # stale at once if a change came meanwhile
-                except Exception:  # the catalog went away: the next request tries again
-                    log.exception("refreshing statistics of %s failed", name)
-                finally:
-                    self._refreshing.discard(job)
-
-            threading.Thread(target=refresh, name="jaxcache-stats", daemon=True).start()
-        return found[2]
+    def _computed_at(self, what: str, name: str, compute: Callable[[str], dict]) -> dict:
+        # The counts are read before computing: a change meanwhile leaves the value filed under the old ones.
+        key = (what, name, self.generations.get(name), int(time.time() // _STATS_TTL_S))
+        with self._computed_lock:
+            found = self._computed.get(key)
+        if found is None:
+            found = compute(name)
+            with self._computed_lock:
+                self._computed[key] = found
+        return found
 
     def _compute_stats(self, name: str) -> dict:
         with self.catalog.session() as s:
@@ -259,11 +237,13 @@ class State:
         return fresh
 
     def loop_snapshot(self) -> dict[str, LoopStatus]:
-        """How the background loops are doing: in this process, or in the workers' leader."""
-        if self.runtime is not None and not self.runtime.leader:
-            snapshot: dict[str, LoopStatus] = self.runtime.read_loops()
-            return snapshot
-        return self.loops.snapshot()
+        """How the background loops are doing, whichever process runs them (the catalog's ``loop_health``); this
+        process's own view while the catalog cannot be read."""
+        try:
+            published = loop_health.read(self.catalog)
+        except Exception:  # noqa: BLE001 - the catalog is away: /readyz says so, and shows what this process knows
+            return self.loops.snapshot()
+        return {**self.loops.snapshot(), **{loop: LoopStatus.from_dict(status) for loop, status in published.items()}}
 
     def _count_misses(self, name: str, counts: Mapping[str, int]) -> None:
         for cause, n in counts.items():
@@ -373,8 +353,7 @@ class State:
             # A process's first round always rescans: records and entries written while it was down (or
             # since the last replica's scan) must not wait a whole period.
             if (at is not None and name in self._rounds_done and 0 <= now - at < self.settings.rescan_s / 2):
-                log.debug("rescan of %s skipped: scanned %.0f s ago (by another replica)", name, now - at)
-                self.follow(name)
+                log.debug("rescan of %s skipped: scanned %.0f s ago (by another process)", name, now - at)
                 continue
             self.loops.on_cache(name)
             try:
@@ -382,8 +361,7 @@ class State:
                 self._rounds_done.add(name)
                 self.close_interrupted_prunes(name)
             except LockBusyError:
-                log.info("rescan of %s skipped: another replica is running one", name)
-                self.follow(name)
+                log.info("rescan of %s skipped: another process is running one", name)
             except Exception as exc:  # noqa: BLE001 - a root or the database gone: the others still get rescanned
                 failed.append((name, exc))
         return failed

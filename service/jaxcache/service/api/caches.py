@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
+from jaxcache.service.api import conditional
 from jaxcache.service.api.deps import ERRORS, AdminAuth, CacheName, ReadAuth, state_of, storage_of
 from jaxcache.service.api.schemas.caches import CacheList, CacheSummary, RescanModel, StatsModel
 from jaxcache.service.api.schemas.common import ErrorModel
@@ -22,12 +23,19 @@ def list_caches(request: Request, _p: ReadAuth) -> CacheList:
     return CacheList(caches=[CacheSummary(**asdict(c)) for c in state_of(request).caches()])
 
 
-@router.get("/v1/caches/{cache}/stats", response_model=StatsModel, operation_id="getStats")
-def get_stats(request: Request, cache: CacheName, _p: ReadAuth) -> StatsModel:
+@router.get("/v1/caches/{cache}/stats", response_model=StatsModel, operation_id="getStats",
+            responses={304: {"description": "the statistics have not changed since the `ETag` in `If-None-Match`"}})
+def get_stats(request: Request, cache: CacheName, _p: ReadAuth) -> Response:
     """Totals, by function, by compression, growth per day, corrupt entries and orphans; hit rate and seconds
-    saved over the last 24 h and 7 d (processes whose run records were updated within the window)."""
+    saved over the last 24 h and 7 d (processes whose run records were updated within the window). Carries an
+    `ETag` for `If-None-Match` (`304` while unchanged)."""
     storage_of(request, cache)
-    return StatsModel(**state_of(request).stats(cache))
+    state = state_of(request)
+    tag = conditional.etag(state.generations.get(cache), clock=True)
+    if conditional.matches(request, tag):
+        return conditional.not_modified(tag)
+    body = StatsModel(**state.stats(cache)).model_dump_json().encode()
+    return Response(body, media_type="application/json", headers=conditional.headers(tag))
 
 
 @router.post("/v1/caches/{cache}/rescan", response_model=RescanModel, operation_id="rescan",

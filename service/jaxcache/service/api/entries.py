@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
-from jaxcache.service.api import cursors
+from jaxcache.service.api import conditional, cursors
 from jaxcache.service.api.deps import (
     ERRORS,
     AdminAuth,
@@ -29,7 +29,8 @@ from jaxcache.service.tasks.pruning import EntryNotDeletedError, PruneInProgress
 router = APIRouter(tags=["entries"], responses=ERRORS)
 
 
-@router.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries")
+@router.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries",
+            responses={304: {"description": "the page has not changed since the `ETag` in `If-None-Match`"}})
 async def list_entries(
     request: Request, cache: CacheName, _p: ReadAuth,
     function: Annotated[str | None, Query(max_length=256, pattern=FUNCTION_GLOB,
@@ -50,7 +51,8 @@ async def list_entries(
     cursor: Annotated[str | None, Query(max_length=cursors.MAX_LENGTH, pattern=CURSOR,
                                         description="`next_cursor` of the previous page, with the same sort")] = None,
 ) -> Response:
-    """A page of entries, filtered and sorted; follow `next_cursor` for the rest."""
+    """A page of entries, filtered and sorted; follow `next_cursor` for the rest. Carries an `ETag`: sent back in
+    `If-None-Match`, an unchanged page is answered `304` without being read again."""
     state = state_of(request)
     storage_of(request, cache)
     flt = queries.EntryFilter(
@@ -59,22 +61,26 @@ async def list_entries(
         status=status, job=job, jaxlib=jaxlib, topology=topology,
     )
     at = cursors.to_catalog(cursor, sort) if cursor else None
+    clock = unused_for is not None or older_than is not None
     # The hot route: on the threads kept for listings (State.read), not the shared pool.
-    body = await state.read(partial(_page, state, cache, flt, sort, order, limit, at, request.scope["query_string"]))
-    return Response(body, media_type="application/json")
+    tag, body = await state.read(partial(_page, state, cache, flt, sort, order, limit, at, request, clock))
+    if body is None:
+        return conditional.not_modified(tag)
+    return Response(body, media_type="application/json", headers=conditional.headers(tag))
 
 
 def _page(state: State, cache: str, flt: queries.EntryFilter, sort: str, order: str, limit: int, at: str | None,
-          query: bytes) -> bytes:
-    generation = state.pages.generation(cache)
+          request: Request, clock: bool) -> tuple[str, bytes | None]:
+    """The page's tag, and its body unless the client holds it already (None)."""
+    tag = conditional.etag(state.generations.get(cache), clock=clock)  # before the query: see State._computed_at
+    if conditional.matches(request, tag):
+        return tag, None
     with state.catalog.reader() as conn:
         rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=at)
     # Through the declared model: the answer is what OpenAPI shows, by construction.
     page = EntryPage.model_validate({"entries": [queries.page_entry(r) for r in rows],
                                      "next_cursor": cursors.from_catalog(nxt)})
-    body = page.model_dump_json().encode()
-    state.pages.put(cache, query, body, generation)
-    return body
+    return tag, page.model_dump_json().encode()
 
 
 @router.get("/v1/caches/{cache}/entries/{key}", response_model=EntryDetail, operation_id="getEntry")

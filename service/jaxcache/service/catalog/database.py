@@ -54,7 +54,11 @@ class Catalog:
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
             directory = os.path.dirname(url[len("sqlite:///") :])
             if directory:
-                os.makedirs(directory, exist_ok=True)
+                try:
+                    os.makedirs(directory, exist_ok=True)
+                except OSError as exc:
+                    raise InvalidInputError(f"catalog database URL {shown!r}: cannot make its directory "
+                                            f"{directory}: {exc.strerror or exc}") from None
         try:
             # pre_ping: replicas outlive database restarts and fail-overs; a dead pooled connection is replaced
             # instead of failing the request that draws it.
@@ -82,11 +86,12 @@ class Catalog:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(jaxcache_write=True),
                                             expire_on_commit=False)
-        # The report inbox (ingestion/inbox.py). On SQLite a database file of its own beside the catalog's
-        # (``…-inbox``): a POST stores its record under that file's write lock, never under the catalog's, which the
-        # drain holds while it folds (POSTs waited for every pass, and accepting was as slow as folding).
-        self.inbox_engine = self._inbox_engine(url)
-        self._inbox_writes = sessionmaker(self.inbox_engine.execution_options(jaxcache_write=True),
+        # The report inbox (ingestion/inbox.py), change counts and loop health (models.SIDE_TABLES). On SQLite a
+        # database file of its own beside the catalog's (``…-side``): a POST stores its record under that file's
+        # write lock, never under the catalog's, which the drain holds while it folds (POSTs waited for every pass,
+        # and accepting was as slow as folding); a loop's health is written even while another replica holds it.
+        self.side_engine = self._side_engine(url)
+        self._side_writes = sessionmaker(self.side_engine.execution_options(jaxcache_write=True),
                                           expire_on_commit=False)
         # Writers that read then write (report ingestion, a rescan's commit) take turns in this process before
         # they take the database's own lock (see writing()), so they never wait on each other inside the database.
@@ -99,35 +104,36 @@ class Catalog:
         # happens (a POST, a rescan, a prune's own rescans): the service counts them in its metrics.
         self.on_misses: Callable[[str, Mapping[str, int]], None] | None = None
 
-    def _inbox_engine(self, url: str) -> Engine:
+    def _side_engine(self, url: str) -> Engine:
         if self.dialect != "sqlite" or not url.startswith("sqlite:///") or url.startswith("sqlite:///:memory:"):
             return self.engine
-        from jaxcache.service.catalog.models import InboxRow, table_of
+        from jaxcache.service.catalog.models import SIDE_TABLES, table_of
 
-        engine = create_engine(f"{url}-inbox")
+        engine = create_engine(f"{url}-side", json_serializer=_json_text, json_deserializer=msgspec.json.decode)
         _sqlite_events(engine)
-        table = table_of(InboxRow)
         with engine.begin() as conn:  # IF NOT EXISTS: processes starting together on one catalog
-            conn.execute(CreateTable(table, if_not_exists=True))
-            for index in table.indexes:
-                conn.execute(CreateIndex(index, if_not_exists=True))
+            for row in SIDE_TABLES:
+                table = table_of(row)
+                conn.execute(CreateTable(table, if_not_exists=True))
+                for index in table.indexes:
+                    conn.execute(CreateIndex(index, if_not_exists=True))
         return engine
 
     @property
-    def inbox_apart(self) -> bool:
-        """Whether the inbox is a database of its own (SQLite), which the catalog's transactions do not see."""
-        return self.inbox_engine is not self.engine
+    def side_apart(self) -> bool:
+        """Whether the side tables are a database of their own (SQLite), which the catalog's transactions do not see."""
+        return self.side_engine is not self.engine
 
     @contextmanager
-    def inbox_write(self) -> Iterator[Session]:
-        """A short write transaction of the inbox: on SQLite it begins with the inbox file's write lock."""
-        with self._inbox_writes.begin() as s:
+    def side_write(self) -> Iterator[Session]:
+        """A short write transaction of the side tables: on SQLite it begins with the side file's write lock."""
+        with self._side_writes.begin() as s:
             yield s
 
     @contextmanager
-    def inbox_reader(self) -> Iterator[Connection]:
-        """A plain connection to the inbox's database."""
-        with self.inbox_engine.connect() as conn:
+    def side_reader(self) -> Iterator[Connection]:
+        """A plain connection to the side tables' database."""
+        with self.side_engine.connect() as conn:
             yield conn
 
     def count_misses(self, cache: str, counts: Mapping[str, int]) -> None:
@@ -173,7 +179,7 @@ class Catalog:
 
     def dispose(self) -> None:
         self.engine.dispose()
-        self.inbox_engine.dispose()
+        self.side_engine.dispose()
         self.locks.dispose()
 
 

@@ -20,7 +20,8 @@ from jaxcache.service.catalog.run_tables import (
 from jaxcache.service.catalog.schema import Base, NullableJSON, Str, max_length, table_of
 
 __all__ = [
-    "AGGREGATES", "AttestationConflictRow", "AttestationRow", "Base", "CacheRow", "EntryRow", "InboxRow",
+    "AGGREGATES", "SIDE_TABLES", "AttestationConflictRow", "AttestationRow", "Base", "CacheRow", "ChangeCountRow",
+    "EntryRow", "InboxRow", "LoopHealthRow",
     "KeyHistoryRow", "KeyStatsRow", "NullableJSON", "PinRow", "ProcessKeysRow", "PruneItemRow", "PruneRow",
     "RecordFileRow", "RunRow", "Str", "UsageRow", "VerificationRow", "WarmupKeyRow", "WarmupRow", "max_length",
     "table_of",
@@ -119,7 +120,7 @@ class InboxRow(Base):
     """A run record accepted and not folded yet: the newest version of one process's record, stored whole as the
     JSON it came as, zstd-compressed (``ingestion.inbox.body_of``). POSTs and rescans put records here; the drain
     (``ingestion/drain.py``) folds them into the run tables and deletes them. On SQLite the table is in a database
-    file of its own beside the catalog's (``Catalog.inbox_engine``)."""
+    file of its own beside the catalog's (``Catalog.side_engine``)."""
 
     __tablename__ = "report_inbox"
     cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
@@ -133,6 +134,31 @@ class InboxRow(Base):
 
     # The drain takes a cache's rows oldest first.
     __table_args__ = (Index("ix_report_inbox_received", "cache", "received_s"),)
+
+
+class ChangeCountRow(Base):
+    """How many times a cache's entries and its usage figures have changed (``catalog/generations.py``): what
+    every process of every replica checks its cached statistics and the listings' ``ETag`` against."""
+
+    __tablename__ = "change_counts"
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    entries: Mapped[int] = mapped_column(BigInteger)
+    usage: Mapped[int] = mapped_column(BigInteger)
+
+
+class LoopHealthRow(Base):
+    """How one background loop is doing, as the process running its passes last said (``tasks/health.py``'s
+    ``LoopStatus`` as JSON): any process's ``/readyz`` and ``/metrics`` show every loop."""
+
+    __tablename__ = "loop_health"
+    loop: Mapped[str] = mapped_column(Str(32), primary_key=True)
+    status: Mapped[dict] = mapped_column(JSON)
+    updated_s: Mapped[float] = mapped_column(Float)
+
+
+#: The tables whose writes are short and frequent: on SQLite in a database file of their own beside the catalog's
+#: (``Catalog.side_engine``), so that they never wait behind the catalog's long write transactions.
+SIDE_TABLES = (InboxRow, ChangeCountRow, LoopHealthRow)
 
 
 class PinRow(Base):

@@ -57,7 +57,7 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
 
 def caches_waiting(catalog: Catalog) -> list[str]:
     """The caches with records in the inbox."""
-    with catalog.inbox_reader() as conn:
+    with catalog.side_reader() as conn:
         return sorted(conn.execute(select(InboxRow.cache).distinct()).scalars())
 
 
@@ -84,21 +84,21 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, secret: bytes | None, r
     limit = 1 if one_at_a_time else PASS_RECORDS
     for _ in range(PASS_RECORDS if one_at_a_time else 1):
         with catalog.writing(cache) as s:
-            if catalog.inbox_apart:
+            if catalog.side_apart:
                 # Read under the catalog's write lock: another drainer's rows are folded and committed by then.
-                with catalog.inbox_reader() as conn:
+                with catalog.side_reader() as conn:
                     rows = conn.execute(_claim(catalog, cache, limit)).all()
             else:  # claimed in the fold's own transaction: it commits their deletion with the fold
                 rows = s.execute(_claim(catalog, cache, limit)).all()
             if not rows:
                 break
             folded = _fold_rows(catalog, s, cache, rows, out, secret=secret, root=root, one_at_a_time=one_at_a_time)
-            if not catalog.inbox_apart:
+            if not catalog.side_apart:
                 _delete(s.connection(), cache, rows)
-        if catalog.inbox_apart:
+        if catalog.side_apart:
             # After the fold's commit: a crash in between folds the rows again, which changes nothing (a record is
             # its process's totals). A newer version that arrived meanwhile stays for the next pass.
-            with catalog.inbox_write() as s:
+            with catalog.side_write() as s:
                 _delete(s.connection(), cache, rows)
         catalog.count_misses(cache, folded.misses)  # committed: counted once
         out.fresh.update(folded.fresh)

@@ -59,13 +59,13 @@ class Accepted:
 
 def waiting(catalog: Catalog) -> int:
     """Records in the inbox, of every cache."""
-    with catalog.inbox_reader() as conn:
+    with catalog.side_reader() as conn:
         return int(conn.execute(select(func.count()).select_from(InboxRow)).scalar_one())
 
 
 def waiting_by_cache(catalog: Catalog) -> dict[str, int]:
     """Records in the inbox, by cache."""
-    with catalog.inbox_reader() as conn:
+    with catalog.side_reader() as conn:
         return {c: int(n) for c, n in conn.execute(select(InboxRow.cache, func.count()).group_by(InboxRow.cache))}
 
 
@@ -77,7 +77,7 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
     check_keys([u.key for u in record.keys])
     ids = {"cache": cache, "run_id": record.run_id, "process_index": record.process_index}
     compressed = zstandard.ZstdCompressor(level=1).compress(body)
-    with catalog.inbox_write() as s:
+    with catalog.side_write() as s:
         conn = s.connection()
         folded = _folded_at(catalog, conn, ids)
         if limit is not None:
@@ -98,7 +98,7 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
 def _folded_at(catalog: Catalog, conn: Connection, ids: dict[str, Any]) -> float | None:
     """The ``updated_s`` of the process's record the run tables hold (None: none), read in ``conn``'s transaction
     where the inbox shares the catalog's database."""
-    if not catalog.inbox_apart:
+    if not catalog.side_apart:
         return conn.execute(_folded(), ids).scalar_one_or_none()
     with catalog.reader() as other:
         return other.execute(_folded(), ids).scalar_one_or_none()

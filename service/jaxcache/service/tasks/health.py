@@ -24,7 +24,7 @@ BACKOFF_FIRST_S = 1.0
 #: A pass is stuck once it has run this many of its loop's periods, and never sooner than STUCK_MIN_S: a rescan of
 #: a large bucket may take minutes, and a loop polling every second must not read stuck after three.
 STUCK_PERIODS, STUCK_MIN_S = 3, 600.0
-#: How often a pass's steps are told to on_change (the workers' loops.json): far below any stuck bound.
+#: How often a pass's steps are told to on_change (the catalog's loop_health): far below any stuck bound.
 PROGRESS_PUBLISH_S = 5.0
 
 Health = Literal["ok", "failing", "stuck"]
@@ -51,7 +51,7 @@ class LoopStatus:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoopStatus:
-        """From :func:`dataclasses.asdict` gone through JSON (the workers' ``loops.json``): lists back to tuples,
+        """From :func:`dataclasses.asdict` gone through JSON (the catalog's ``loop_health``): lists back to tuples,
         fields this version does not know dropped."""
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
@@ -101,8 +101,9 @@ class LoopHealth:
         self._round_failed: dict[str, set[str]] = {}  # loop -> caches whose part of its last round failed
         self._thread = threading.local()  # .loop: the loop whose pass the calling thread runs
         self._published: dict[str, float] = {}  # loop -> when its progress was last published
-        # Told every change (the leader of several workers publishes it to the others: see workers.py).
-        self.on_change: Callable[[dict[str, LoopStatus]], None] | None = None
+        # Told each change of a loop's status (the service writes it into the catalog for every process to read).
+        self.on_change: Callable[[str, LoopStatus], None] | None = None
+        self._publish_failed = False
 
     def succeeded(self, loop: str) -> None:
         now = time.time()
@@ -115,7 +116,7 @@ class LoopHealth:
                      before.last_error)
         self._metrics.loop_last_success.labels(loop).set(now)
         self._metrics.loop_failing.labels(loop).set(0)
-        self._changed()
+        self._changed(loop)
 
     def failed(self, loop: str, exc: BaseException, where: str = "") -> None:
         """Note one failed round (or one cache's part of it, ``where``); log the first error of each kind."""
@@ -133,7 +134,7 @@ class LoopHealth:
             self._logged[loop].add(kind)
         self._metrics.loop_errors.labels(loop, type(exc).__name__).inc()
         self._metrics.loop_failing.labels(loop).set(1)
-        self._changed()
+        self._changed(loop)
         if first:
             # Our own errors carry a message to act on, as does a database that is down; anything else is a bug:
             # its traceback helps.
@@ -153,7 +154,7 @@ class LoopHealth:
                                         progress_s=None)
             self._round_failed[loop] = set()  # its failures, noted after it returns, are this round's
         self._thread.loop = loop
-        self._changed()
+        self._changed(loop)
         try:
             yield
         finally:
@@ -169,7 +170,7 @@ class LoopHealth:
             return
         with self._lock:
             self._loops[loop] = replace(self._loops[loop], running_cache=cache, cache_since_s=time.time())
-        self._changed()
+        self._changed(loop)
 
     def progress(self) -> None:
         """The pass this thread runs (if it runs one) took a step: it is not stuck while its steps keep coming.
@@ -183,7 +184,7 @@ class LoopHealth:
             self._loops[loop] = replace(before, progress_s=now)
         if before.progress_s is None or now - self._published.get(loop, 0.0) >= PROGRESS_PUBLISH_S:
             self._published[loop] = now
-            self._changed()
+            self._changed(loop)
 
     def running(self) -> list[str]:
         """The passes running now, each as "LOOP pass (on cache C) running for N s", for a log line."""
@@ -211,12 +212,18 @@ class LoopHealth:
         with self._lock:
             return dict(self._loops)
 
-    def _changed(self) -> None:
-        if self.on_change is not None:
-            try:
-                self.on_change(self.snapshot())
-            except OSError as exc:  # the other workers' /readyz shows an older status; the loop goes on
-                log.warning("could not publish the background loops' status: %s", exc)
+    def _changed(self, loop: str) -> None:
+        if self.on_change is None:
+            return
+        try:
+            self.on_change(loop, self.status(loop))
+        except Exception as exc:  # noqa: BLE001 - the catalog is away: other processes show an older status
+            if not self._publish_failed:
+                log.warning("could not publish the %s loop's status to the catalog: %s (other processes' /readyz "
+                            "shows an older one until it is back)", loop, describe(exc))
+            self._publish_failed = True
+        else:
+            self._publish_failed = False
 
 
 def export_health(metrics: Metrics, snapshot: dict[str, LoopStatus], now: float) -> None:

@@ -7,6 +7,10 @@ A loop never dies of an error: a failed round (the catalog in a fail-over, a roo
 :class:`~jaxcache.service.tasks.health.LoopHealth` and the round is tried again after a backoff. Nor does a pass
 that never returns (a thread blocked in an ``open()`` of a FIFO) hold the service: it reads ``stuck`` once past
 its bound, and stopping waits for it at most ``shutdown_wait_s``.
+
+Every process with loops (``--role all`` or ``loops``, each of ``--workers``, each replica) runs these loops, and
+each pass claims its loop's lock in the catalog first (a PostgreSQL advisory lock, a ``filelock`` beside an SQLite
+file): one process runs a given pass at a time, and the others skip that round.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ Round = Callable[[], list[tuple[str, Exception]]]
 T = TypeVar("T")
 
 
-async def in_thread(state: State, loop: str, period_s: float, one_pass: Callable[[], T]) -> T:
-    """``one_pass`` in a daemon thread of its own, noted as running in ``state.loops``. Not the thread pool
+async def in_thread(state: State, loop: str, period_s: float, one_pass: Callable[[], T]) -> T | None:
+    """``one_pass`` in a daemon thread of its own, noted as running in ``state.loops``, if this process claims the
+    loop's lock (``loop:NAME``, in every process and replica on the catalog); None when another holds it, which
+    runs the pass instead: several processes never run the same pass at once. Not the thread pool
     (anyio's, through run_in_threadpool): its threads are not daemon threads, so the interpreter's exit joined one
     blocked for good in a pass (Ctrl-C, and SIGTERM to a container's PID 1, which ignores uvicorn's re-raised
     signal, never ended the process). Cancelled, this returns at once and leaves the thread to finish, or to end
@@ -53,9 +59,14 @@ async def in_thread(state: State, loop: str, period_s: float, one_pass: Callable
     def body() -> None:
         result: T | None = None
         error: BaseException | None = None
+        lock = state.catalog.locks.get(f"loop:{loop}")
         try:
-            with state.loops.passing(loop, bound):
-                result = one_pass()
+            if lock.acquire(blocking=False):
+                try:
+                    with state.loops.passing(loop, bound):
+                        result = one_pass()
+                finally:
+                    lock.release()
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
             error = exc
         with contextlib.suppress(RuntimeError):  # the event loop closed while the pass ran: nobody waits
@@ -81,9 +92,9 @@ async def background(state: State) -> AsyncIterator[None]:
             except Exception as exc:  # noqa: BLE001 - noted, logged once, retried: the loop must outlive it
                 state.loops.failed(loop, exc)
             else:
-                for where, error in failed:
+                for where, error in failed or ():
                     state.loops.failed(loop, error, where)
-                if not failed:
+                if failed is not None and not failed:  # None: another process ran the pass
                     state.loops.succeeded(loop)
             if after_round is not None:
                 after_round()
@@ -104,13 +115,14 @@ async def background(state: State) -> AsyncIterator[None]:
     async def draining() -> None:
         while not stop.is_set():
             arrived.clear()  # before the pass: a record accepted during it wakes the next one at once
-            folded = 0
+            folded: int | None = 0
             try:
                 folded = await in_thread(state, DRAIN, DRAIN_POLL_S, state.drain_all)
             except Exception as exc:  # noqa: BLE001 - noted, logged once, retried: the loop must outlive it
                 state.loops.failed(DRAIN, exc)
             else:
-                state.loops.succeeded(DRAIN)
+                if folded is not None:  # None: another process drained
+                    state.loops.succeeded(DRAIN)
             if folded:
                 # Records arrive while a round folds, POSTed to other processes too (--role api), which cannot
                 # wake this one: look again at once, and wait only once a round found nothing.

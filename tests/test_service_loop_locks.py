@@ -1,0 +1,77 @@
+"""Each background pass is claimed by its loop's lock in the catalog (``loop:drain``, ``loop:rescan``,
+``loop:verify``): while another process holds one, this process skips that loop's passes, and its status stays as
+that process last published it; requests (a rescan on demand) are not loop passes. On both catalogs, through a
+real app and the catalog's own locks, as another replica would hold them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import make_url
+
+from conftest import settled
+from jaxcache.service.app import create_app
+from jaxcache.service.catalog.locks import ClusterLocks
+from reports_support import hit, keys_of, run
+from test_service import H_ADMIN, H_READ, REPORT, make_settings
+
+PATIENCE_S = 60.0
+H_REPORT = {"Authorization": f"Bearer {REPORT}", "content-type": "application/json"}
+
+
+def _until(condition, what: str):
+    deadline = time.monotonic() + PATIENCE_S
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+    return found
+
+
+def _cache(client: TestClient) -> dict:
+    return client.get("/v1/caches", headers=H_READ).json()["caches"][0]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request, tmp_path) -> str:
+    return request.getfixturevalue("pg_url") if request.param == "postgresql" else \
+        f"sqlite:///{tmp_path / 'catalog.sqlite'}"
+
+
+def test_a_loop_whose_lock_another_process_holds_skips_its_passes(tmp_path, cache_copy, jax_caches, db):
+    train = keys_of(jax_caches["zstd"])["jit_train_step"]
+    app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}, db=db, rescan_s=0.2))
+    other = ClusterLocks(make_url(db))  # another replica's
+    try:
+        with TestClient(app) as client:
+            settled(client)
+            drain, rescan = other.get("loop:drain"), other.get("loop:rescan")
+            assert drain.acquire(timeout=PATIENCE_S) and rescan.acquire(timeout=PATIENCE_S)
+            try:
+                before = client.get("/readyz").json()["loops"]
+                scanned = _cache(client)["last_scan_s"]
+                posted = client.post("/v1/reports?cache=demo", headers=H_REPORT,
+                                     content=run("j", "r1", [hit(train, 3, time.time())]).to_json())
+                assert posted.status_code == 202, posted.text
+                # Rounds come and go (a rescan folds what waits too, so both are held), and the record waits.
+                rounds = app.state.jaxcache.background_rounds
+                _until(lambda: app.state.jaxcache.background_rounds >= rounds + 3, "three more rescan rounds")
+                assert _cache(client)["reports_waiting"] == 1 and _cache(client)["last_scan_s"] == scanned
+                after = client.get("/readyz").json()["loops"]
+                assert [after[loop]["last_success_s"] for loop in ("drain", "rescan")] == \
+                    [before[loop]["last_success_s"] for loop in ("drain", "rescan")]
+                # A rescan asked for is not the loop's pass: it runs (and folds what waits).
+                assert client.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
+                assert _cache(client)["last_scan_s"] > scanned and _cache(client)["reports_waiting"] == 0
+                posted = client.post("/v1/reports?cache=demo", headers=H_REPORT,
+                                     content=run("j", "r2", [hit(train, 3, time.time())]).to_json())
+                assert posted.status_code == 202, posted.text
+            finally:
+                drain.release()
+            _until(lambda: _cache(client)["reports_waiting"] == 0, "the record folded once the drain's lock was free")
+            assert client.get("/readyz").json()["loops"]["drain"]["last_success_s"] > \
+                before["drain"]["last_success_s"]
+            rescan.release()
+    finally:
+        other.dispose()
