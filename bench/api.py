@@ -1,7 +1,8 @@
 """Latency of the catalog service's API over N real-format entries under concurrent clients: repeated listing
 pages, the same pages revalidated (``If-None-Match`` with their ``ETag``: answered 304), distinct pages and
-``GET /healthz`` (the baseline) at ``--clients`` connections, and stats sequentially; with ``--workers 1,2``, for each number of worker processes in
-turn over the same root and catalog. Figures, not assertions; what each figure means: README.md.
+``GET /healthz`` (the baseline) at ``--clients`` connections, and stats sequentially; with ``--workers 1,2``, for
+each number of worker processes in turn over the same root and catalog. Figures, not assertions; what each figure
+means: README.md.
 
     .venv/bin/python bench/api.py --entries 100000 --workers 1,2
 """

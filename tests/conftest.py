@@ -211,8 +211,17 @@ def start_serve(caches: dict[str, str | Path], db: str | None, *, env: dict[str,
     cmd = [str(exe), "serve", "--port", str(port), *(["--db", db] if db else []), *args]
     for name, root in caches.items():
         cmd += ["--cache", f"{name}={root}"]
-    proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.STDOUT, text=True)
+    # A session of its own: kill_service() takes the serving process and its workers at once, as a node's death.
+    proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"
+
+
+def kill_service(proc: subprocess.Popen) -> None:
+    """SIGKILL a `jaxcache serve` and its workers at once, as its node's death (or its container's) would."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def wait_ready(proc: subprocess.Popen, base: str, *, output=None, patience_s: float = 60.0) -> None:

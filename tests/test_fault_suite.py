@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import serve_env, start_serve, stop_serve, tmpfs, wait_ready
+from conftest import kill_service, serve_env, start_serve, stop_serve, tmpfs, wait_ready
 from jaxcache import records
 from jaxcache.errors import StorageError
 from jaxcache.storage import LocalStorage
@@ -72,8 +71,7 @@ def test_kill_9_mid_prune_then_restart_accounts_for_every_deletion(tmp_path):
         # Once the intent is written and deletions are under way, the service dies as a node would.
         _until(lambda: sum(1 for p in root.iterdir() if p.name.endswith("-cache")) < len(old) + len(young) - 100,
                "the prune to start deleting", patience_s=300)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        kill_service(proc)
     left = {p.name for p in root.iterdir()}
     with sqlite3.connect(tmp_path / "catalog.sqlite") as con:
         (state, planned), = con.execute("SELECT state, planned FROM prunes").fetchall()

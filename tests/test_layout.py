@@ -84,6 +84,33 @@ def test_dependency_direction(name):
         )
 
 
+#: The service's layers, top to bottom: a module imports its own layer's and lower ones', never a higher one's
+#: (modules named nowhere here, such as settings, auth and errors, are below them all).
+SERVICE_LAYERS = (
+    ("app", "server", "command", "loops", "middleware", "api", "dashboard"),
+    ("state",),
+    ("tasks", "ingestion", "metrics", "usage_metrics"),
+    ("catalog",),
+)
+
+
+def service_layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[:2] != ["jaxcache", "service"] or len(parts) < 3:
+        return None
+    return next((i for i, names in enumerate(SERVICE_LAYERS) if parts[2] in names), len(SERVICE_LAYERS))
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (part, _) in ALL.items() if part == "service"), ids=str)
+def test_the_service_imports_only_downwards(name):
+    """api and dashboard -> state -> tasks and ingestion -> catalog: nothing reaches back up."""
+    mine = service_layer(name)
+    for imported in imports(ALL[name][1]):
+        theirs = service_layer(imported)
+        assert mine is None or theirs is None or theirs >= mine, (
+            f"{name} imports {imported}, a layer above it: {SERVICE_LAYERS}")
+
+
 def test_no_import_circles():
     graph = {name: {i for i in imports(path) if i in ALL and i != name} for name, (_, path) in ALL.items()}
     done: set[str] = set()

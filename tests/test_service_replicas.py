@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
-from conftest import serve_env, start_serve, stop_serve, wait_ready
+from conftest import kill_service, serve_env, start_serve, stop_serve, wait_ready
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLocks, LockBusyError
@@ -322,8 +322,7 @@ def test_killing_the_replica_that_holds_the_lock_hands_over(replicas, catalog_ur
     winner, survivor, _future, scan, locks = _prune_both_while_scans_wait(replicas, catalog_url, policy)
     before = _files(cache_copy)
     try:
-        winner.proc.send_signal(signal.SIGKILL)  # dies holding the prune lock
-        winner.proc.wait()
+        kill_service(winner.proc)  # dies holding the prune lock
     finally:
         scan.release()
         locks.dispose()

@@ -64,7 +64,10 @@ def test_api_processes_accept_reports_that_the_loops_process_folds(tmp_path, cac
             assert drained["last_success_s"]
             # It ran none, and shows the loops process's (the catalog's loop_health), as its /metrics does.
             assert httpx.get(f"{api}/readyz", timeout=30).json()["loops"]["drain"]["state"] == "ok"
-            assert 'jaxcache_loop_stuck{loop="drain"} 0.0' in httpx.get(f"{api}/metrics", timeout=30).text
+            scraped = httpx.get(f"{api}/metrics", timeout=30).text
+            assert 'jaxcache_loop_stuck{loop="drain"} 0.0' in scraped
+            assert 'jaxcache_loop_failing{loop="drain"} 0.0' in scraped
+            assert 'jaxcache_loop_last_success_timestamp_seconds{loop="drain"}' in scraped
             # With the loops process gone, what the api process accepts waits in the inbox for the next one.
             stop_serve(loops_proc)
             post(api, "r2")

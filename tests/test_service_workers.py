@@ -79,6 +79,8 @@ def test_uvicorns_workers_serve_and_a_killed_one_is_replaced(served):
     if "PYTHONMALLOC" not in os.environ:  # the C library's allocator, whose free heap a large rescan hands back
         assert all(b"PYTHONMALLOC=malloc" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                    for pid in workers)
+    _until(lambda: httpx.get(f"{base}/readyz", timeout=30).json()["loops"].get("rescan", {}).get("last_success_s"),
+           "the first round of rescans to end")
     for _ in range(6):  # any worker's /readyz shows every loop, whichever worker ran its last pass
         ready = httpx.get(f"{base}/readyz", timeout=30).json()
         assert ready["status"] == "ok" and ready["loops"]["rescan"]["last_success_s"] is not None

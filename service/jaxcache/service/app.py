@@ -9,11 +9,11 @@ from fastapi import FastAPI
 
 from jaxcache.service import dashboard
 from jaxcache.service.api import caches, docs, entries, errors, integrity, jobs, ops, prune, reports, warmups
+from jaxcache.service.loops import background
 from jaxcache.service.middleware import LimitsAndMetrics
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.service.state import State
 from jaxcache.service.tasks import memory
-from jaxcache.service.tasks.loops import background
 
 #: In the order requests are matched against them (each route tried in turn): the busiest first. At the end, after
 #: every other router and the dashboard, a report's POST took 0.24 ms to find its route.
@@ -31,7 +31,7 @@ def create_app(settings: ServiceSettings | None = None, *, prepared: bool = Fals
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.role == "api":  # another process (--role loops) runs them
             loops: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
-        else:  # each of its passes claimed by a lock: see tasks/loops.py
+        else:  # each of its passes claimed by a lock: see loops.py
             loops = background(state)
         try:
             async with loops:

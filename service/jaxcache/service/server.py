@@ -117,8 +117,23 @@ def worker_app(settings: ServiceSettings) -> Any:
 
     from jaxcache.service.app import create_app
 
+    _die_with(os.getppid())
     try:
         return create_app(settings, prepared=True)
     except JaxcacheError as exc:
         print(f"jaxcache: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(STARTUP_FAILURE) from None
+
+
+def _die_with(parent: int) -> None:
+    """Stop at once (SIGKILL) once ``parent``, the serving process, is gone, as gunicorn's workers check theirs:
+    uvicorn's would serve on alone, holding the port and their locks, after a ``kill -9`` of the service."""
+    import signal
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="jaxcache-parent-watch", daemon=True).start()

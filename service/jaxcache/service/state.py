@@ -88,7 +88,7 @@ class State:
                                              for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
         self._read_limiter: anyio.CapacityLimiter | None = None  # made in the event loop, at the first read
-        # Set by the drain loop (tasks/loops.py) where this process runs it: a POST wakes it at once.
+        # Set by the drain loop (loops.py) where this process runs it: a POST wakes it at once.
         self.inbox_arrived: asyncio.Event | None = None
         # Statistics by (what, cache, change counts, minute): computed again after a change, or once a minute (the
         # growth and usage windows move with the clock).

@@ -227,9 +227,13 @@ class LoopHealth:
 
 
 def export_health(metrics: Metrics, snapshot: dict[str, LoopStatus], now: float) -> None:
-    """Set ``jaxcache_loop_stuck`` from ``snapshot``: at each scrape, since a stuck pass itself tells nobody."""
+    """Set the loops' gauges from ``snapshot`` (every loop, whichever process runs it) at each scrape: a stuck pass
+    itself tells nobody, and a process that runs no loop (``--role api``) shows them too."""
     for loop, status in snapshot.items():
         metrics.loop_stuck.labels(loop).set(1 if status.health(now) == "stuck" else 0)
+        metrics.loop_failing.labels(loop).set(1 if status.failures else 0)
+        if status.last_success_s is not None:
+            metrics.loop_last_success.labels(loop).set(status.last_success_s)
 
 
 def describe(exc: BaseException) -> str:

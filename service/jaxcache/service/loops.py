@@ -1,16 +1,11 @@
-"""The background loops of one service process: the drain of the report inbox (woken by each POST to this process,
-again at once after a round that folded something, and every DRAIN_POLL_S for records POSTed to others), rescans of
-every cache each period, and throttled integrity passes, which start after the first round of rescans (started
-beside it, they queued a second rescan of each cache behind the first).
+"""The background loops of a service process: the drain of the report inbox (woken by each POST to this process,
+again at once after a round that folded something, and every DRAIN_POLL_S for records POSTed to others), rescans
+of every cache each period, and throttled integrity passes, which start after the first round of rescans.
 
-A loop never dies of an error: a failed round (the catalog in a fail-over, a root unmounted, a bug) is noted in
-:class:`~jaxcache.service.tasks.health.LoopHealth` and the round is tried again after a backoff. Nor does a pass
-that never returns (a thread blocked in an ``open()`` of a FIFO) hold the service: it reads ``stuck`` once past
-its bound, and stopping waits for it at most ``shutdown_wait_s``.
-
-Every process with loops (``--role all`` or ``loops``, each of ``--workers``, each replica) runs these loops, and
-each pass claims its loop's lock in the catalog first (a PostgreSQL advisory lock, a ``filelock`` beside an SQLite
-file): one process runs a given pass at a time, and the others skip that round.
+Every process with loops runs them, and each pass first claims its loop's lock in the catalog: one process runs a
+given pass at a time, and the others skip that round. A failed round is noted in
+:class:`~jaxcache.service.tasks.health.LoopHealth` and tried again after a backoff; a pass that never returns reads
+``stuck`` past its bound, and stopping waits for it at most ``shutdown_wait_s``.
 """
 
 from __future__ import annotations
