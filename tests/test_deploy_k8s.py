@@ -69,18 +69,26 @@ def test_plain_manifests_validate_against_kubernetes_schemas(path):
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
-def test_service_pods_are_hardened_and_probed(rendered, name):
+def test_service_pods_are_hardened_probed_and_scraped(rendered, name):
     docs = rendered[name]
-    deployment = one(docs, "Deployment", "jaxcache")
-    assert deployment["spec"]["replicas"] == 2
-    spec = pod_spec(deployment)
-    (container,) = spec["containers"]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    mounted = {m["mountPath"] for m in container.get("volumeMounts", [])}
-    assert {"/tmp", image_env("service")["XDG_STATE_HOME"]} <= mounted, (
-        "the root filesystem is read-only: mount writable volumes at /tmp and the image's XDG_STATE_HOME"
-    )
+    for deployment in by_kind(docs, "Deployment"):
+        where = f"deploy/k8s/{name}: Deployment {deployment['metadata']['name']}"
+        (container,) = pod_spec(deployment)["containers"]
+        (port,) = container["ports"]
+        probes = {kind: container.get(kind, {}).get("httpGet", {}) for kind in ("readinessProbe", "livenessProbe")}
+        assert probes == {"readinessProbe": {"path": "/readyz", "port": port["name"]},
+                          "livenessProbe": {"path": "/healthz", "port": port["name"]}}, (
+            f"{where}: probe /readyz (readiness) and /healthz (liveness) on the container's port, as every role "
+            f"serves them: {probes}")
+        annotations = deployment["spec"]["template"]["metadata"].get("annotations", {})
+        scrape = {k: annotations.get(f"prometheus.io/{k}") for k in ("scrape", "port", "path")}
+        assert scrape == {"scrape": "true", "port": str(port["containerPort"]), "path": "/metrics"}, (
+            f"{where}: a plain Prometheus finds every pod's /metrics by its prometheus.io/* annotations: {scrape}")
+        mounted = {m["mountPath"] for m in container.get("volumeMounts", [])}
+        assert {"/tmp", image_env("service")["XDG_STATE_HOME"]} <= mounted, (
+            f"{where}: the root filesystem is read-only: mount writable volumes at /tmp and the image's "
+            "XDG_STATE_HOME"
+        )
     for obj in by_kind(docs, "Deployment") + by_kind(docs, "CronJob"):
         spec = pod_spec(obj)
         assert spec["securityContext"]["runAsNonRoot"] is True
@@ -100,7 +108,7 @@ def test_service_pods_are_hardened_and_probed(rendered, name):
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
 def test_service_port_and_user_match_the_image(rendered, name):
     env = image_env("service")
-    deployment = one(rendered[name], "Deployment", "jaxcache")
+    deployment = one(rendered[name], "Deployment", "jaxcache-api")
     (container,) = pod_spec(deployment)["containers"]
     (port,) = container["ports"]
     exposed = [i.args for i in parse_dockerfile(DOCKERFILES["service"]) if i.keyword == "EXPOSE"]
@@ -128,14 +136,16 @@ def test_config_is_accepted_by_the_service_settings(rendered, name, monkeypatch)
     if name == "overlays/gcs":
         assert all(url.startswith("gs://") for url in settings.caches.values()), settings.caches
     if name == "overlays/nfs":
-        (container,) = pod_spec(one(rendered[name], "Deployment", "jaxcache"))["containers"]
-        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-        volumes = {v["name"]: v for v in pod_spec(one(rendered[name], "Deployment", "jaxcache"))["volumes"]}
-        for url in settings.caches.values():
-            assert url in mounts, f"cache root {url} is not a mounted volume: mount the ReadWriteMany PVC there"
-            claim = volumes[mounts[url]]["persistentVolumeClaim"]["claimName"]
-            pvc = one(rendered[name], "PersistentVolumeClaim", claim)
-            assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+        for deployment in by_kind(rendered[name], "Deployment"):  # api and loops pods both read the cache
+            (container,) = pod_spec(deployment)["containers"]
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+            for url in settings.caches.values():
+                assert url in mounts, (f"{deployment['metadata']['name']}: cache root {url} is not a mounted "
+                                       "volume: mount the ReadWriteMany PVC there")
+                claim = volumes[mounts[url]]["persistentVolumeClaim"]["claimName"]
+                pvc = one(rendered[name], "PersistentVolumeClaim", claim)
+                assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     policies = json.loads(one(rendered[name], "ConfigMap", "jaxcache-prune")["data"]["policies.json"])
     assert set(policies) <= set(settings.caches), (
         f"prune policies name caches {sorted(set(policies) - set(settings.caches))} that {name} does not serve"
@@ -161,25 +171,6 @@ def test_secret_template_provides_what_the_pods_read(rendered, name):
     service_secret = secrets["jaxcache"]["stringData"]
     assert {"JAXCACHE_TOKENS", "JAXCACHE_DB"} <= set(service_secret)
     assert json.loads(service_secret["JAXCACHE_TOKENS"]), "JAXCACHE_TOKENS must be a JSON object of hash -> scope"
-
-
-@pytest.mark.parametrize("name", KUSTOMIZATIONS)
-def test_network_policy_admits_training_namespaces_prometheus_and_prune(rendered, name):
-    policy = one(rendered[name], "NetworkPolicy", "jaxcache")
-    sources = [peer for rule in policy["spec"]["ingress"] for peer in rule["from"]]
-    training_ns = one(plain(K8S / "examples" / "training-job.yaml"), "Namespace")
-    ns_labels = training_ns["metadata"]["labels"]
-    assert any(p.get("namespaceSelector", {}).get("matchLabels", {}).items() <= ns_labels.items()
-               and "podSelector" not in p for p in sources), (
-        "the example training namespace's labels do not match the NetworkPolicy's training-namespace selector"
-    )
-    assert any("prometheus" in json.dumps(p) for p in sources), "let Prometheus scrape /metrics"
-    cron = one(rendered[name], "CronJob")
-    labels = cron["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
-    assert any(p.get("podSelector", {}).get("matchLabels", {}).items() <= labels.items()
-               and "namespaceSelector" not in p for p in sources), "the NetworkPolicy must admit the prune pods"
-    default_deny = one(rendered[name], "NetworkPolicy", "default-deny")
-    assert default_deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
