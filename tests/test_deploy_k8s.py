@@ -31,6 +31,12 @@ from deploy_support import (
 )
 
 
+def the_service(docs: list[dict]) -> dict:
+    """The Service jaxcache, which requests go through (the loops pod's headless jaxcache-loops is for Prometheus)."""
+    (service,) = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "jaxcache"]
+    return service
+
+
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
 def test_kustomize_renders(rendered, name):
     kinds = {d["kind"] for d in rendered[name]}
@@ -116,7 +122,7 @@ def test_service_port_and_user_match_the_image(rendered, name):
         f"containerPort {port['containerPort']}, the image's JAXCACHE_PORT {env['JAXCACHE_PORT']} and EXPOSE "
         f"{exposed} must agree"
     )
-    service = one(rendered[name], "Service", "jaxcache")
+    service = the_service(rendered[name])
     assert service["spec"]["ports"][0]["targetPort"] in (port["name"], port["containerPort"])
 
 
@@ -180,7 +186,7 @@ def test_prune_cronjob_wiring(rendered, name):
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
     (container,) = pod_spec(cron)["containers"]
     env = container_env(container)
-    service = one(docs, "Service", "jaxcache")
+    service = the_service(docs)
     assert env["JAXCACHE_SERVICE_URL"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
     assert "secretKeyRef" in env["JAXCACHE_TOKEN"], "the admin token must come from a Secret"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}

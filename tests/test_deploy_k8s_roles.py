@@ -18,6 +18,14 @@ from deploy_support import K8S, KUSTOMIZATIONS, by_kind, container_env, image_en
 ROLES = {"jaxcache-api": "api", "jaxcache-loops": "loops"}
 #: The kustomize Component that makes it one Deployment running both (deploy/README.md, "One Deployment").
 ROLE_ALL = K8S / "role-all"
+#: The Prometheus Operator's objects, a Component too (deploy/README.md, "Monitoring").
+MONITORING = K8S / "monitoring"
+
+
+def the_service(docs: list[dict]) -> dict:
+    """The Service jaxcache, which requests go through (the loops pod's headless jaxcache-loops is for Prometheus)."""
+    (service,) = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "jaxcache"]
+    return service
 
 
 def pod_labels(obj: dict) -> dict[str, str]:
@@ -107,10 +115,11 @@ def test_the_service_runs_as_an_api_and_a_loops_deployment(rendered, name, monke
 def test_requests_go_to_the_api_pods_only(rendered, name):
     docs = rendered[name]
     api, loops = one(docs, "Deployment", "jaxcache-api"), one(docs, "Deployment", "jaxcache-loops")
-    service = one(docs, "Service", "jaxcache")
+    service = the_service(docs)
     assert service_selects(service, api), "the Service must send requests to the api pods"
-    receiving = [s["metadata"]["name"] for s in by_kind(docs, "Service") if service_selects(s, loops)]
-    assert not receiving, f"requests must never wait behind the loops pod, but Services {receiving} select it"
+    receiving = [s["metadata"]["name"] for s in by_kind(docs, "Service")
+                 if service_selects(s, loops) and s["spec"].get("clusterIP") != "None"]
+    assert not receiving, f"requests must never wait behind the loops pod, but Services {receiving} balance to it"
     pdb = one(docs, "PodDisruptionBudget")
     assert selects(pdb["spec"]["selector"], pod_labels(api)), "the PodDisruptionBudget must keep an api pod up"
     assert not selects(pdb["spec"]["selector"], pod_labels(loops)), (
@@ -167,30 +176,50 @@ def test_network_policy_admits_training_namespaces_prometheus_and_prune(rendered
                 f"{dname}: the loops pod answers no one but Prometheus")
 
 
-def build_with_role_all(tmp_path: Path, name: str) -> list[dict]:
-    """deploy/k8s/NAME with the role-all Component added, as an operator's overlay does (deploy/README.md)."""
+def build_with(tmp_path: Path, name: str, component: Path) -> list[dict]:
+    """deploy/k8s/NAME with a Component added, as an operator's overlay does (deploy/README.md)."""
     kubectl = shutil.which("kubectl")
     if not kubectl:
         pytest.skip("kubectl is not installed: install kubectl (it bundles kustomize) to render deploy/k8s")
-    folder = tmp_path / name.replace("/", "-")
+    folder = tmp_path / f"{name.replace('/', '-')}-{component.name}"
     folder.mkdir()
     (folder / "kustomization.yaml").write_text(json.dumps({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(K8S / name, folder)], "components": [os.path.relpath(ROLE_ALL, folder)],
+        "resources": [os.path.relpath(K8S / name, folder)], "components": [os.path.relpath(component, folder)],
     }))
     proc = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"deploy/k8s/{name} with the role-all component does not build:\n{proc.stderr}"
+    assert proc.returncode == 0, f"deploy/k8s/{name} with {component.name} does not build:\n{proc.stderr}"
     return load_docs(proc.stdout)
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_service_monitor_scrapes_the_api_and_the_loops_pods(name, tmp_path):
+    docs = build_with(tmp_path, name, MONITORING)
+    (monitor,) = by_kind(docs, "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    namespace = monitor["metadata"]["namespace"]
+    services = [s for s in by_kind(docs, "Service") if s["metadata"]["namespace"] == namespace
+                and selects(monitor["spec"]["selector"], s["metadata"].get("labels", {}))]
+    for dname in ROLES:
+        deployment = one(docs, "Deployment", dname)
+        (port,) = pod_spec(deployment)["containers"][0]["ports"]
+        behind = [s for s in services if service_selects(s, deployment)]
+        assert behind, f"deploy/k8s/{name}: the ServiceMonitor finds no Service in front of {dname}'s pods"
+        for service in behind:
+            (sport,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+            assert sport["targetPort"] in (port["name"], port["containerPort"]), (
+                f"Service {service['metadata']['name']}'s {endpoint['port']} port is not {dname}'s metrics port")
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
 def test_role_all_component_makes_one_deployment_that_does_both(rendered, name, tmp_path, monkeypatch):
-    docs = build_with_role_all(tmp_path, name)
+    docs = build_with(tmp_path, name, ROLE_ALL)
     (deployment,) = by_kind(docs, "Deployment")
     where = f"deploy/k8s/{name} with role-all: Deployment {deployment['metadata']['name']}"
     assert served_settings(docs, deployment, monkeypatch).role == "all", f"{where}: run --role all"
-    assert service_selects(one(docs, "Service", "jaxcache"), deployment), f"{where}: the Service must select it"
+    assert service_selects(the_service(docs), deployment), f"{where}: the Service must select it"
     check_workers_match_cpu(docs, deployment, monkeypatch, where)
-    others = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] != "Deployment"}
-    assert others == {(d["kind"], d["metadata"]["name"]) for d in rendered[name] if d["kind"] != "Deployment"}, (
-        "the component must only turn the two Deployments into one")
+    kept = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert kept == {(d["kind"], d["metadata"]["name"]) for d in rendered[name]
+                    if d["metadata"]["name"] != "jaxcache-loops"}, (
+        "the component must only turn the two Deployments into one, and drop the loops pod's headless Service")
