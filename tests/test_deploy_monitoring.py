@@ -258,21 +258,35 @@ def test_the_base_and_overlays_need_no_operator(rendered, name):
     assert "monitoring.coreos.com" not in kinds, f"deploy/k8s/{name} must build for clusters without the Operator"
 
 
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    """A LabelSelector's matchLabels and matchExpressions (In only, all the ServiceMonitor uses) against labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions", []):
+        assert e["operator"] == "In", f"teach _selects the operator {e['operator']}"
+        if labels.get(e["key"]) not in e["values"]:
+            return False
+    return True
+
+
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
 def test_service_monitor_selects_the_service_and_its_port(monitored, rendered, name):
     docs = monitored[name]
     monitor = one(docs, "ServiceMonitor")
-    service = one(docs, "Service", "jaxcache")
+    services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
     namespace = monitor["metadata"].get("namespace")
-    assert namespace == service["metadata"]["namespace"], (
+    assert namespace == services["jaxcache"]["metadata"]["namespace"], (
         "the ServiceMonitor must sit in the Service's namespace (it looks only there without a namespaceSelector)")
-    wanted = monitor["spec"]["selector"]["matchLabels"]
-    matched = [s for s in by_kind(docs, "Service")
-               if s["metadata"].get("namespace") == namespace and wanted.items() <= s["metadata"]["labels"].items()]
-    assert matched == [service], f"the ServiceMonitor's selector {wanted} must match the Service jaxcache alone"
+    wanted = monitor["spec"]["selector"]
+    matched = sorted(n for n, s in services.items()
+                     if s["metadata"].get("namespace") == namespace and _selects(wanted, s["metadata"]["labels"]))
+    # The api pods' Service and the loops pod's headless one (deploy/README.md, "Two Deployments").
+    assert matched == ["jaxcache", "jaxcache-loops"], (
+        f"the ServiceMonitor's selector {wanted} must match the Services jaxcache and jaxcache-loops alone: {matched}")
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}, (
-        f"endpoint port {endpoint['port']!r} is no port name of the Service")
+    for selected in matched:
+        assert endpoint["port"] in {p["name"] for p in services[selected]["spec"]["ports"]}, (
+            f"endpoint port {endpoint['port']!r} is no port name of the Service {selected}")
     assert endpoint["path"] == "/metrics" and "bearerTokenSecret" not in endpoint and "authorization" not in endpoint
     rule = one(docs, "PrometheusRule")
     assert rule["metadata"]["namespace"] == namespace
