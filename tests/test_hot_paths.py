@@ -15,11 +15,11 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from conftest import settled, upload_dir
+from gc_support import full_collections
 from jaxcache.service.app import create_app
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
 from jaxcache.service.catalog.queries import listing
-from jaxcache.service.tasks import memory, snapshots
 from jaxcache.service.tasks import rescan as rescan_mod
 from jaxcache.storage import open_storage
 from test_service import ADMIN, H_ADMIN, H_READ, READ, REPORT, make_settings
@@ -52,34 +52,31 @@ def _fresh_rows(tmp_path: Path, root: Path) -> set[tuple]:
     return rows
 
 
-@pytest.fixture
-def catalog_reads(monkeypatch) -> list[Catalog]:
-    """The catalogs of rescans that compared with the catalog's rows instead of the previous rescan's snapshot."""
-    calls: list[Catalog] = []
-    real = rescan_mod._known
+class Rescans:
+    """Rescans of cache "c", counting those that read every catalog row of it instead of comparing with the previous
+    rescan's listing (RescanResult.read_catalog)."""
 
-    def counted(catalog, cache):
-        calls.append(catalog)
-        return real(catalog, cache)
+    def __init__(self) -> None:
+        self.catalog_reads = 0
 
-    monkeypatch.setattr(rescan_mod, "_known", counted)
-    return calls
+    def __call__(self, catalog: Catalog, storage, **options) -> rescan_mod.RescanResult:
+        result = rescan_mod.rescan(catalog, "c", storage, **options)
+        self.catalog_reads += result.read_catalog
+        return result
 
 
-def test_periodic_rescans_follow_every_change(catalog_url, cache_copy, tmp_path, catalog_reads):
+def test_periodic_rescans_follow_every_change(catalog_url, cache_copy, tmp_path):
     storage = open_storage(str(cache_copy))
     catalog = _catalog(catalog_url, cache_copy)
+    rescans = Rescans()
 
-    def reads() -> int:
-        return sum(c is catalog for c in catalog_reads)
-
-    first = rescan_mod.rescan(catalog, "c", storage)
-    assert first.added > 0 and reads() == 1
+    first = rescans(catalog, storage)
+    assert first.added > 0 and rescans.catalog_reads == 1
 
     # Unchanged: the snapshot stands for the catalog, nothing is read or written.
-    again = rescan_mod.rescan(catalog, "c", storage)
+    again = rescans(catalog, storage)
     assert (again.added, again.removed, again.updated, again.entries) == (0, 0, 0, first.entries)
-    assert reads() == 1
+    assert rescans.catalog_reads == 1
 
     # A job used an entry (its -atime rewritten), another wrote a new one, JAX's LRU evicted half of a third.
     atimes = sorted(cache_copy.glob("*-atime"))
@@ -89,11 +86,11 @@ def test_periodic_rescans_follow_every_change(catalog_url, cache_copy, tmp_path,
     evicted = atimes[1].name[: -len("-atime")]
     (cache_copy / f"{evicted}-cache").unlink()
     (cache_copy / "notes.txt").write_text("not an entry")  # foreign files are never rows
-    changed = rescan_mod.rescan(catalog, "c", storage)
+    changed = rescans(catalog, storage)
     assert changed.updated == 1 and changed.removed == 1 and changed.added == 2  # the new entry, the orphan
-    assert reads() == 1
+    assert rescans.catalog_reads == 1
     assert _rows(catalog, "c") == _fresh_rows(tmp_path, cache_copy)
-    assert rescan_mod.rescan(catalog, "c", storage).added == 0 and reads() == 1
+    assert rescans(catalog, storage).added == 0 and rescans.catalog_reads == 1
 
     # Another replica (its own Catalog on the same database) prunes an entry: the fingerprint moves, and this
     # process compares with the catalog again.
@@ -103,50 +100,47 @@ def test_periodic_rescans_follow_every_change(catalog_url, cache_copy, tmp_path,
     with other.session() as s:
         s.execute(delete(EntryRow).where(EntryRow.cache == "c", EntryRow.key == victim.name[: -len("-cache")],
                                          EntryRow.kind == "entry"))
-    assert rescan_mod.rescan(catalog, "c", storage).removed == 0  # the prune dropped the row already
-    assert reads() == 2  # (its -atime, if any, is now an orphan row)
+    assert rescans(catalog, storage).removed == 0  # the prune dropped the row already
+    assert rescans.catalog_reads == 2  # (its -atime, if any, is now an orphan row)
     assert _rows(catalog, "c") == _fresh_rows(tmp_path, cache_copy)
 
     # Another replica rescans after a new entry appears: this process's snapshot no longer stands.
     shutil.copy(next(cache_copy.glob("*-cache")), cache_copy / ("jit_other-" + "cd" * 32 + "-cache"))
     assert rescan_mod.rescan(other, "c", open_storage(str(cache_copy))).added == 1
-    mine = rescan_mod.rescan(catalog, "c", storage)
-    assert reads() == 3 and mine.added == 0
+    mine = rescans(catalog, storage)
+    assert rescans.catalog_reads == 3 and mine.added == 0
     assert _rows(catalog, "c") == _fresh_rows(tmp_path, cache_copy)
     other.dispose()
     catalog.dispose()
 
 
-def test_a_restarted_process_compares_with_the_listing_it_kept_on_disk(catalog_url, cache_copy, tmp_path,
-                                                                       catalog_reads, caplog):
+def test_a_restarted_process_compares_with_the_listing_it_kept_on_disk(catalog_url, cache_copy, tmp_path, caplog):
     storage, kept = open_storage(str(cache_copy)), tmp_path / "snapshots"
+    rescans = Rescans()  # these processes' (not _fresh_rows' catalogs, nor the other replica's)
 
     def restarted() -> Catalog:
         return _catalog(catalog_url, cache_copy, kept)
 
-    def reads() -> int:  # full reads of the catalog's rows by these processes (not by _fresh_rows' catalogs)
-        return sum(c is not None and getattr(c, "snapshot_dir", None) == kept for c in catalog_reads)
-
     first = restarted()
-    filled = rescan_mod.rescan(first, "c", storage)
-    assert filled.added > 0 and reads() == 1
-    assert rescan_mod.rescan(first, "c", storage).added == 0  # the sidecar follows every rescan
+    filled = rescans(first, storage)
+    assert filled.added > 0 and rescans.catalog_reads == 1
+    assert rescans(first, storage).added == 0  # the sidecar follows every rescan
     first.dispose()
     assert not list(cache_copy.glob("rescan-*")), "nothing is kept in the cache root"
 
     # A restart, nothing changed: no catalog row read, nothing written.
     second = restarted()
-    again = rescan_mod.rescan(second, "c", storage)
+    again = rescans(second, storage)
     assert (again.added, again.removed, again.updated, again.entries) == (0, 0, 0, filled.entries)
-    assert reads() == 1
+    assert rescans.catalog_reads == 1
     # Changes while it was down are found from the kept listing, as a full rescan finds them.
     shutil.copy(next(cache_copy.glob("*-cache")), cache_copy / f"{NEW_KEY}-cache")
     later = time.time() + 120
     os.utime(sorted(cache_copy.glob("*-atime"))[0], (later, later))
     second.dispose()
     third = restarted()
-    changed = rescan_mod.rescan(third, "c", storage)
-    assert (changed.added, changed.updated) == (1, 1) and reads() == 1
+    changed = rescans(third, storage)
+    assert (changed.added, changed.updated) == (1, 1) and rescans.catalog_reads == 1
     assert _rows(third, "c") == _fresh_rows(tmp_path, cache_copy)
     third.dispose()
 
@@ -159,69 +153,59 @@ def test_a_restarted_process_compares_with_the_listing_it_kept_on_disk(catalog_u
                                          EntryRow.kind == "entry"))
     other.dispose()
     fourth = restarted()
-    rescan_mod.rescan(fourth, "c", storage)
-    assert reads() == 2 and _rows(fourth, "c") == _fresh_rows(tmp_path, cache_copy)
+    rescans(fourth, storage)
+    assert rescans.catalog_reads == 2 and _rows(fourth, "c") == _fresh_rows(tmp_path, cache_copy)
     fourth.dispose()
 
     # A damaged kept listing is not evidence: the catalog is read, the rows stay right, the listing is rewritten.
     for path in kept.glob("*.listing"):
         path.write_bytes(path.read_bytes()[:100])
     fifth = restarted()
-    assert rescan_mod.rescan(fifth, "c", storage).added == 0 and reads() == 3
+    assert rescans(fifth, storage).added == 0 and rescans.catalog_reads == 3
     assert _rows(fifth, "c") == _fresh_rows(tmp_path, cache_copy)
     fifth.dispose()
     sixth = restarted()
-    rescan_mod.rescan(sixth, "c", storage)
-    assert reads() == 3
+    rescans(sixth, storage)
+    assert rescans.catalog_reads == 3
     sixth.dispose()
 
 
-def test_a_large_listing_is_kept_on_disk_only_and_read_back_by_the_next_rescan(catalog_url, cache_copy, tmp_path,
-                                                                               catalog_reads, monkeypatch):
-    """Above IN_MEMORY_MAX objects the listing is not held between rescans (at a million entries it was half a GiB
-    of the service's memory); the next rescan in the same process compares with the disk copy instead."""
-    monkeypatch.setattr(snapshots, "IN_MEMORY_MAX", 3)
-    storage = open_storage(str(cache_copy))
+def test_a_large_listing_is_kept_on_disk_only_and_read_back_by_the_next_rescan(catalog_url, cache_copy, tmp_path):
+    """Above ``in_memory_max`` objects the listing is not held between rescans (at a million entries it was half a
+    GiB of the service's memory); the next rescan in the same process compares with the disk copy instead."""
+    storage, rescans = open_storage(str(cache_copy)), Rescans()
     catalog = _catalog(catalog_url, cache_copy, tmp_path / "snapshots")
-    first = rescan_mod.rescan(catalog, "c", storage)
-    assert first.entries > 3 and reads_of(catalog_reads, catalog) == 1
+    first = rescans(catalog, storage, in_memory_max=3)
+    assert first.entries > 3 and rescans.catalog_reads == 1
     assert "c" not in catalog.rescan_snapshots and list((tmp_path / "snapshots").glob("*.listing"))
-    again = rescan_mod.rescan(catalog, "c", storage)
-    assert (again.added, again.removed, again.updated) == (0, 0, 0) and reads_of(catalog_reads, catalog) == 1
+    again = rescans(catalog, storage, in_memory_max=3)
+    assert (again.added, again.removed, again.updated) == (0, 0, 0) and rescans.catalog_reads == 1
     shutil.copy(next(cache_copy.glob("*-cache")), cache_copy / f"{NEW_KEY}-cache")
     later = time.time() + 120
     os.utime(sorted(cache_copy.glob("*-atime"))[0], (later, later))
-    changed = rescan_mod.rescan(catalog, "c", storage)
-    assert (changed.added, changed.updated) == (1, 1) and reads_of(catalog_reads, catalog) == 1
+    changed = rescans(catalog, storage, in_memory_max=3)
+    assert (changed.added, changed.updated) == (1, 1) and rescans.catalog_reads == 1
     assert "c" not in catalog.rescan_snapshots
     assert _rows(catalog, "c") == _fresh_rows(tmp_path, cache_copy)
     # A small listing is still held in memory.
-    monkeypatch.setattr(snapshots, "IN_MEMORY_MAX", 10_000)
-    rescan_mod.rescan(catalog, "c", storage)
-    assert "c" in catalog.rescan_snapshots and reads_of(catalog_reads, catalog) == 1
+    rescans(catalog, storage, in_memory_max=10_000)
+    assert "c" in catalog.rescan_snapshots and rescans.catalog_reads == 1
     catalog.dispose()
 
 
-def test_a_large_rescan_gives_its_memory_back(catalog_url, cache_copy, tmp_path, monkeypatch):
-    released = []
-    real = memory.release
-    monkeypatch.setattr(memory, "release", lambda: (released.append(1), real()))
+def test_a_large_rescan_gives_its_memory_back(catalog_url, cache_copy, tmp_path):
     catalog = _catalog(catalog_url, cache_copy)
     storage = open_storage(str(cache_copy))
-    monkeypatch.setattr(memory, "RELEASE_FROM_ENTRIES", 10_000)
-    rescan_mod.rescan(catalog, "c", storage)
-    assert released == []  # a small cache is not worth a full collection
-    monkeypatch.setattr(memory, "RELEASE_FROM_ENTRIES", 1)
-    rescan_mod.rescan(catalog, "c", storage)
-    assert released == [1]
+    with full_collections() as small:
+        assert rescan_mod.rescan(catalog, "c", storage, release_from_entries=10_000).entries < 10_000
+    assert small.full == 0  # a small cache is not worth a full collection
+    with full_collections() as large:
+        rescan_mod.rescan(catalog, "c", storage, release_from_entries=1)
+    assert large.full == 1
     catalog.dispose()
 
 
-def reads_of(calls: list[Catalog], catalog: Catalog) -> int:
-    return sum(c is catalog for c in calls)
-
-
-def test_a_large_rescan_writes_in_batches_the_rows_one_write_makes(catalog_url, cache_copy, tmp_path, monkeypatch):
+def test_a_large_rescan_writes_in_batches_the_rows_one_write_makes(catalog_url, cache_copy, tmp_path):
     """New entries parsed and written a few at a time (a first rescan of a million entries held every row in memory
     at once): the same rows, orphans and replaced entries included, as one write makes."""
     catalog = _catalog(catalog_url, cache_copy)
@@ -231,17 +215,13 @@ def test_a_large_rescan_writes_in_batches_the_rows_one_write_makes(catalog_url, 
     replaced.write_bytes(replaced.read_bytes())  # another mtime: a replaced object
     (cache_copy / sorted(cache_copy.glob("*-atime"))[1].name.replace("-atime", "-cache")).unlink()  # an orphan
     shutil.copy(next(cache_copy.glob("*-cache")), cache_copy / f"{NEW_KEY}-cache")
-    monkeypatch.setattr(rescan_mod, "_NEW_PER_WRITE", 2)
     catalog.rescan_snapshots.clear()
-    result = rescan_mod.rescan(catalog, "c", storage)
+    result = rescan_mod.rescan(catalog, "c", storage, new_per_write=2)
     assert result.added >= 3 and result.removed >= 2
     batched = _rows(catalog, "c")
-    monkeypatch.setattr(rescan_mod, "_NEW_PER_WRITE", 20_000)
-    assert batched == _fresh_rows(tmp_path, cache_copy)
-    fresh_batched = tmp_path / "batched.sqlite"
-    monkeypatch.setattr(rescan_mod, "_NEW_PER_WRITE", 3)
-    other = _catalog(f"sqlite:///{fresh_batched}", cache_copy)
-    rescan_mod.rescan(other, "c", storage)
+    assert batched == _fresh_rows(tmp_path, cache_copy)  # one write
+    other = _catalog(f"sqlite:///{tmp_path / 'batched.sqlite'}", cache_copy)
+    rescan_mod.rescan(other, "c", storage, new_per_write=3)
     assert _rows(other, "c") == batched
     other.dispose()
     catalog.dispose()

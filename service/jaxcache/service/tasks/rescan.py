@@ -32,7 +32,8 @@ from jaxcache.storage.base import Skipped, Stat, name_problem
 log = logging.getLogger("jaxcache.service")
 
 _CHUNK = 500
-_NEW_PER_WRITE = 20_000
+#: New entries parsed and written per transaction (see :func:`rescan`'s ``new_per_write``).
+NEW_PER_WRITE = 20_000
 #: How many of the names a rescan skipped the catalog keeps for its status (the count is whole): enough to tell what
 #: jams a root, few enough for every listing of the caches. ``jaxcache doctor`` lists them all.
 SKIPPED_SHOWN = 20
@@ -55,6 +56,9 @@ class RescanResult:
     records_compacted: int = 0  # runs (processes) older than the retention folded into per-key history
     misses_explained: int = 0  # the ingested records' misses, explained once they were all in
     skipped: int = 0  # objects named like entries or records that were not read (see Skipped)
+    #: True when the listing was compared with every catalog row of the cache; False when the previous rescan's
+    #: listing (kept in memory or on disk) stood for them: the catalog's rows were not read.
+    read_catalog: bool = False
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
@@ -170,12 +174,17 @@ def _with_reports(row: dict, stats: dict | None) -> dict:
 
 
 def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | None = None,
-           secret: bytes | None = None, retain_s: float | None = None) -> RescanResult:
+           secret: bytes | None = None, retain_s: float | None = None, new_per_write: int = NEW_PER_WRITE,
+           in_memory_max: int = snapshots.IN_MEMORY_MAX,
+           release_from_entries: int = memory.RELEASE_FROM_ENTRIES) -> RescanResult:
     """Bring ``cache``'s rows in line with ``storage``: add new entries, drop vanished ones, refresh last use;
     then, with ``retain_s``, compact the runs older than that (:mod:`.retention`).
 
     Waits for a rescan of ``cache`` that another replica (or thread) is running: without limit, or at most
-    ``wait_s`` seconds (0: not at all) and then raises :class:`LockBusyError`.
+    ``wait_s`` seconds (0: not at all) and then raises :class:`LockBusyError`. New entries are parsed and written
+    ``new_per_write`` at a time; a listing of more than ``in_memory_max`` objects is kept for the next rescan on
+    disk only (:mod:`.snapshots`); a rescan of at least ``release_from_entries`` entries ends by handing its memory
+    back (:func:`.memory.release`).
     """
     lock = catalog.locks.get(f"scan:{cache}")
     if not lock.acquire(timeout=-1 if wait_s is None else wait_s):
@@ -184,10 +193,10 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
     try:
         # What this rescan skips, apart from what the storage (shared with prunes and requests) skipped before.
         with storage.skipped.collecting() as skipped:
-            result = _rescan(catalog, cache, storage, secret, retain_s, skipped)
+            result = _rescan(catalog, cache, storage, secret, retain_s, skipped, new_per_write, in_memory_max)
     finally:
         lock.release()
-    if result.entries >= memory.RELEASE_FROM_ENTRIES:
+    if result.entries >= release_from_entries:
         memory.release()
     return result
 
@@ -233,8 +242,8 @@ def _fingerprint(conn, cache: str) -> tuple:
     return tuple(conn.execute(_fingerprint_statement(), {"cache": cache}).one())
 
 
-def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None,
-            retain_s: float | None, skipped: Skipped) -> RescanResult:
+def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None, retain_s: float | None,
+            skipped: Skipped, new_per_write: int, in_memory_max: int) -> RescanResult:
     started = time.monotonic()
     now = time.time()
     # The service rescans each cache every few minutes, mostly finding nothing new: the previous rescan's snapshot
@@ -250,7 +259,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
             result = _finish(catalog, cache, storage, secret, retain_s, started, now, skipped, added=0, removed=0,
                              updated=0, entries=snap.entries)
             snap.fingerprint = (fingerprint[0], now, None)
-            snapshots.keep(catalog, cache, storage, snap, listing_changed=False)
+            snapshots.keep(catalog, cache, storage, snap, listing_changed=False, in_memory_max=in_memory_max)
             return result
         foreign = snap.foreign
         known, atimes_before = _by_key(snap.listing, foreign)
@@ -290,10 +299,10 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
     orphan_rows = [_base_row(cache, key, "orphan", _info(atimes[key]), None, now) for key in lone - known_orphans]
     vanished += [(k, "orphan") for k in known_orphans - lone]
     orphans = len(lone)
-    # New entries are parsed and written _NEW_PER_WRITE at a time: a first rescan of a million-entry root held every
+    # New entries are parsed and written new_per_write at a time: a first rescan of a million-entry root held every
     # row in memory at once (gigabytes) and the write lock for minutes. One batch (the usual rescan) is one
     # transaction as before; the deletes go with the first, the rest with the last.
-    batches = [new_items[i : i + _NEW_PER_WRITE] for i in range(0, len(new_items), _NEW_PER_WRITE)] or [[]]
+    batches = [new_items[i : i + new_per_write] for i in range(0, len(new_items), new_per_write)] or [[]]
     added = len(orphan_rows)
     for number, batch in enumerate(batches):
         new_rows = [r for r in bounded_map(partial(_new_row, storage, cache, now), batch, workers=storage.io_workers)
@@ -330,16 +339,18 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
             count = _fingerprint(s.connection(), cache)[0]
     _count_foreign(skipped, foreign)
     result = _finish(catalog, cache, storage, secret, retain_s, started, now, skipped, added=added,
-                     removed=len(vanished), updated=len(updates), entries=len(caches) + orphans)
+                     removed=len(vanished), updated=len(updates), entries=len(caches) + orphans,
+                     read_catalog=snap is None)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
     snapshots.keep(catalog, cache, storage, snapshots.Snapshot((count, now, None), listing, foreign,
-                                                            len(caches) + orphans), listing_changed=True)
+                                                            len(caches) + orphans), listing_changed=True,
+                   in_memory_max=in_memory_max)
     return result
 
 
 def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None, retain_s: float | None,
             started: float, now: float, skipped: Skipped, *, added: int, removed: int, updated: int,
-            entries: int) -> RescanResult:
+            entries: int, read_catalog: bool = False) -> RescanResult:
     """Ingest run and warm-up records, compact the old runs, and note the scan's end and what it skipped."""
     found = scan_records(catalog, cache, storage)
     covered = warmups.scan(catalog, cache, storage, secret=secret)
@@ -355,4 +366,4 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
                   .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None,
                           last_scan_skipped=skipped.count, last_scan_skipped_names=skipped_names(skipped)))
     return RescanResult(cache, added, removed, updated, entries, seconds, found.ingested, found.malformed,
-                        covered.ingested, compacted, sum(drained.misses.values()), skipped.count)
+                        covered.ingested, compacted, sum(drained.misses.values()), skipped.count, read_catalog)

@@ -86,9 +86,10 @@ def take(catalog: Catalog, cache: str, storage: Storage, fingerprint: tuple) -> 
     return Snapshot(fingerprint, stored.listing, set(stored.foreign), stored.entries, stored.listing_id)
 
 
-def keep(catalog: Catalog, cache: str, storage: Storage, snap: Snapshot, *, listing_changed: bool) -> None:
-    """Keep ``snap`` for the next rescan: on disk, and in memory unless it is large and the disk copy was
-    written."""
+def keep(catalog: Catalog, cache: str, storage: Storage, snap: Snapshot, *, listing_changed: bool,
+         in_memory_max: int = IN_MEMORY_MAX) -> None:
+    """Keep ``snap`` for the next rescan: on disk, and in memory unless it lists more than ``in_memory_max``
+    objects and the disk copy was written."""
     paths = _paths(catalog, cache, storage)
     if paths is None:
         catalog.rescan_snapshots[cache] = snap
@@ -102,7 +103,7 @@ def keep(catalog: Catalog, cache: str, storage: Storage, snap: Snapshot, *, list
                 _Listing(_VERSION, snap.listing_id, snap.entries, sorted(snap.foreign), snap.listing)))
         _write(sidecar_path, json.dumps({"version": _VERSION, "fingerprint": list(snap.fingerprint),
                                          "listing_id": snap.listing_id}).encode())
-        if len(snap.listing) <= IN_MEMORY_MAX:
+        if len(snap.listing) <= in_memory_max:
             catalog.rescan_snapshots[cache] = snap
     except OSError as exc:
         catalog.rescan_snapshots[cache] = snap
