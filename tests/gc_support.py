@@ -16,7 +16,6 @@ class Collections:
 
     def __init__(self) -> None:
         self.full = 0  # full (generation 2) collections: with automatic collection off, only gc.collect() makes them
-        self.all = 0
         self.inside: set[str] = set()  # the names of the watched functions some collection ran inside
 
 
@@ -48,7 +47,6 @@ def collections_in(*functions: object) -> Iterator[Collections]:
     def note(phase: str, info: dict) -> None:
         if phase != "start":
             return
-        seen.all += 1
         frame = sys._getframe(1)
         while frame is not None:
             if frame.f_code in codes:

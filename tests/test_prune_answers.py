@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import pytest
+from fastapi.testclient import TestClient
 
 import test_service
+from conftest import settled
+from gc_support import collections_in, full_collections
+from jaxcache.scan import scan
+from jaxcache.service.app import create_app
 from jaxcache.service.tasks import memory
-from test_service import BOTH, H_ADMIN, H_READ, _listing
+from jaxcache.storage import open_storage
+from test_service import BOTH, H_ADMIN, H_READ, _listing, age, make_settings
 
 svc = test_service.svc  # the fixture, parametrized by BOTH
 
@@ -47,15 +54,16 @@ def _kept(items: list[dict]) -> list[dict]:
     return [{k: v for k, v in item.items() if k != "reasons"} for item in items]
 
 
-def test_a_large_prune_plan_gives_its_memory_back_once_answered(svc, monkeypatch):
-    released: list[int] = []
-    monkeypatch.setattr(memory, "release", lambda: released.append(1))
-    monkeypatch.setattr(memory, "RELEASE_FROM_ENTRIES", 10_000)
-    assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
-    assert released == []
-    monkeypatch.setattr(memory, "RELEASE_FROM_ENTRIES", 1)
-    assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
-    assert released == [1]
+def test_a_large_prune_plan_gives_its_memory_back_once_answered(tmp_path, cache_copy):
+    age(cache_copy, 10)
+    for release_from, expected in ((10_000, 0), (1, 1)):  # the demo cache's plan: under 10,000 entries, over 1
+        settings = make_settings(tmp_path, {"demo": str(cache_copy)}, release_memory_from_entries=release_from)
+        with TestClient(create_app(settings)) as client:
+            settled(client)
+            with full_collections() as collections:
+                r = client.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ)
+            assert r.status_code == 200 and r.json()["delete_count"] > 0
+            assert collections.full == expected, release_from
 
 
 @BOTH
@@ -82,20 +90,22 @@ def test_plan_candidates_share_one_string_per_function(svc):
     assert len({id(s) for s in statuses}) == len(set(statuses))
 
 
-def test_a_plan_is_made_and_answered_with_the_collector_paused(svc, monkeypatch):
+def test_a_plan_is_made_and_answered_with_the_collector_paused(svc, cache_copy):
     from jaxcache import prune
     from jaxcache.service.api import prune as route
-    from jaxcache.service.tasks import pruning
+    from jaxcache.service.api.schemas.prune import response_of
 
-    seen: list[tuple[str, bool]] = []
-
-    def noting(name: str, real):
-        return lambda *a, **k: seen.append((name, gc.isenabled())) or real(*a, **k)
-
-    monkeypatch.setattr(pruning.prune, "plan", noting("plan", prune.plan))
-    monkeypatch.setattr(route, "response_of", noting("answer", route.response_of))
-    assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
-    assert seen == [("plan", False), ("answer", False)] and gc.isenabled()
+    # The collector made to run at almost every allocation: none of its passes runs while the plan is made or
+    # answered, though many run in the same request around them.
+    with collections_in(route.post_prune, prune.plan, response_of) as seen:
+        assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
+    assert "post_prune" in seen.inside and not seen.inside & {"plan", "response_of"}, seen.inside
+    assert gc.isenabled()
+    # What is seen of a plan made with the collector on, as the service made them before.
+    candidates = [prune.Candidate.from_record(r) for r in scan(open_storage(str(cache_copy)))]
+    with collections_in(prune.plan) as control:
+        prune.plan(candidates, prune.PrunePolicy(older_than_s=0), now=time.time())
+    assert control.inside == {"plan"}
 
 
 def test_gc_paused_nests_overlaps_and_leaves_a_disabled_collector_alone():

@@ -148,6 +148,11 @@ class ServiceSettings(BaseSettings):
     max_report_bytes: int = Field(
         8 * 1024 * 1024, gt=0, description="largest run record accepted by POST /v1/reports (records list every key)"
     )
+    release_memory_from_entries: int = Field(
+        100_000, ge=1, description="a prune plan over at least this many entries, once answered, hands its memory "
+        "back to the system (a full garbage collection, then malloc_trim where the C library has it): a plan over a "
+        "million entries holds a candidate for each; smaller plans leave too little to be worth the pause",
+    )
 
     @field_validator("snapshot_dir", mode="before")
     @classmethod

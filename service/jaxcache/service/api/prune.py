@@ -56,7 +56,7 @@ def post_prune(request: Request, cache: CacheName, body: PruneRequest, backgroun
     except PruneInProgressError:
         raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
                                  "service); try again when it ends") from None
-    if outcome.plan.entries_total >= memory.RELEASE_FROM_ENTRIES:
+    if outcome.plan.entries_total >= state.settings.release_memory_from_entries:
         # Once the answer is sent: a plan over a million entries held a candidate for each, and a long list of
         # deletions is serialized after this returns.
         background.add_task(memory.release)
