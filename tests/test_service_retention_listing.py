@@ -133,7 +133,7 @@ def test_a_later_rescan_lists_only_days_that_may_change(tmp_path, root):
     later.dispose()
 
 
-def test_a_late_record_in_a_settled_day_waits_for_the_daily_full_listing(tmp_path, root, monkeypatch):
+def test_a_late_record_in_a_settled_day_waits_for_the_daily_full_listing(tmp_path, root):
     root.put(_record("old", 5))
     storage = Counting(open_storage(root.url))
     catalog = _catalog(tmp_path, root.url)
@@ -144,8 +144,9 @@ def test_a_late_record_in_a_settled_day_waits_for_the_daily_full_listing(tmp_pat
     root.put(_record("late", 5))
     assert rescan(catalog, "demo", storage).records_ingested == 0
     assert storage.runs_listed() == _recent()
-    monkeypatch.setattr(runfiles, "FULL_LISTING_S", 0.0)  # as a day later
-    assert rescan(catalog, "demo", storage).records_ingested == 1
+    # The rescan's scan of the run records a day later: the daily full listing reads it.
+    a_day_later = time.time() + runfiles.FULL_LISTING_S
+    assert runfiles.scan_records(catalog, "demo", storage, now=a_day_later).ingested == 1
     assert storage.runs_listed() == {RUNS}
     catalog.dispose()
 
