@@ -31,15 +31,13 @@ def test_every_internal_jaxcache_reads_is_there(interpreter):
     assert json.loads(proc.stdout) == [], f"JAX moved what jaxcache reads:\n{proc.stdout}"
 
 
-def test_the_probe_fails_loudly_when_something_is_gone(monkeypatch):
-    monkeypatch.setattr(jax_internals, "ATTRIBUTES", (*jax_internals.ATTRIBUTES,
-                                                      ("jax._src.compilation_cache", "_gone_since_a_release", ())))
-    gone = jax_internals.LogText("Persistent compilation cache visited", "jax._src.compiler")
-    monkeypatch.setattr(jax_internals, "LOG_TEXTS", (*jax_internals.LOG_TEXTS, gone))
-    monkeypatch.setattr(jax_internals, "EVENTS", (*jax_internals.EVENTS, "/jax/compilation_cache/renamed"))
-    monkeypatch.setattr(jax_internals, "PART_LABELS", {**jax_internals.PART_LABELS, "mesh config": "devices"})
-    monkeypatch.setattr(jax_internals, "_MLIR_NAMES", (*jax_internals._MLIR_NAMES, "GoneAttr"))
-    problems = jax_internals.probe()
+def test_the_probe_fails_loudly_when_something_is_gone():
+    ji = jax_internals
+    gone = ji.LogText("Persistent compilation cache visited", "jax._src.compiler")
+    problems = ji.probe(
+        attributes=(*ji.ATTRIBUTES, ("jax._src.compilation_cache", "_gone_since_a_release", ())),
+        log_texts=(*ji.LOG_TEXTS, gone), events=(*ji.EVENTS, "/jax/compilation_cache/renamed"),
+        part_labels=(*ji.PART_LABELS, "mesh config"), mlir_names=(*ji.MLIR_NAMES, "GoneAttr"))
     assert any("'mesh config'" in p for p in problems) and any("GoneAttr" in p for p in problems)
     assert any("_gone_since_a_release" in p for p in problems)
     assert any("Persistent compilation cache visited" in p for p in problems)
@@ -122,25 +120,49 @@ def test_the_lowest_jax_the_client_claims_is_the_one_the_suite_runs_on():
     assert jax_internals.jax_version() == tuple(int(p) for p in floor.split("."))
 
 
-def test_python_3_14_zstd_is_named_as_jax_hashes_it(monkeypatch, caplog):
-    """On Python >= 3.14 JAX compresses with compression.zstd, leaves its zstandard attribute None and hashes
-    "zlib": simulated here by setting those attributes, which is all JAX's key code looks at."""
-    import platform
+# JAX's compilation_cache as it imports on Python >= 3.14 (compression.zstd there: JAX compresses with it and leaves
+# its zstandard attribute None, so it hashes "zlib"), or where it can import no zstd at all: the environment made in a
+# fresh process before JAX is imported, which is all JAX's key code looks at. jaxcache imports zstandard afterwards.
+_ZSTD = textwrap.dedent("""
+    import json, logging, platform, sys, types
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    if sys.argv[1] == "stdlib-zstd":
+        package, module = types.ModuleType("compression"), types.ModuleType("compression.zstd")
+        package.zstd = module
+        sys.modules.update({"compression": package, "compression.zstd": module})
+    else:
+        sys.modules.update({"compression": None, "zstandard": None})  # neither imports
+    import jax._src.compilation_cache
+    for name in ("compression", "zstandard"):
+        if sys.modules.get(name, 0) is None:
+            del sys.modules[name]
+    from jaxcache.client import jax_internals
+    try:
+        names = [jax_internals.compression_library() for _ in range(2)]
+    except Exception as exc:
+        print(json.dumps({"error": str(exc)}))
+    else:
+        fingerprint = jax_internals.fingerprint(names[0])
+        print(json.dumps({"names": names, "compression": fingerprint.compression, "python": fingerprint.python,
+                          "this_python": platform.python_version()}))
+""")
 
-    from jax._src import compilation_cache as cc
 
+def _zstd_process(mode: str) -> tuple[dict, list[str]]:
+    proc = subprocess.run([sys.executable, "-c", _ZSTD, mode], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING jaxcache.client")]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), warnings
+
+
+def test_python_3_14_zstd_is_named_as_jax_hashes_it():
     assert jax_internals.compression_library() == "zstandard"
-    monkeypatch.setattr(cc, "zstandard", None)
-    monkeypatch.setattr(cc, "zstd", object(), raising=False)
-    monkeypatch.setattr(jax_internals, "_warned", set())
-    with caplog.at_level("WARNING", logger="jaxcache.client"):
-        assert jax_internals.compression_library() == "zlib"
-        assert jax_internals.compression_library() == "zlib"
-    (warning,) = [r.getMessage() for r in caplog.records]
-    assert "compression.zstd" in warning and platform.python_version() in warning
-    fingerprint = jax_internals.fingerprint("zlib")
-    assert fingerprint.compression == "zlib" and fingerprint.python == platform.python_version()
+    out, warnings = _zstd_process("stdlib-zstd")
+    assert out["names"] == ["zlib", "zlib"]
+    (warning,) = warnings  # once
+    assert "compression.zstd" in warning and out["this_python"] in warning
+    assert out["compression"] == "zlib" and out["python"] == out["this_python"]
 
-    monkeypatch.setattr(cc, "zstd", None)
-    with pytest.raises(Exception, match="pip install zstandard"):
-        jax_internals.compression_library()
+    out, _ = _zstd_process("no-zstd")
+    assert "pip install zstandard" in out["error"]

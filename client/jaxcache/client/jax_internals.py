@@ -284,7 +284,7 @@ def hook_cache_keys(on_key: Callable[[str, ProgramSignature | None], None]) -> C
 _TENSOR = re.compile(r"^tensor<((?:[0-9?]+x)*)([^x][^,]*)>$")
 _ELEMENTS = {"i1": "bool", "complex<f32>": "c64", "complex<f64>": "c128"}
 _MAX_OPERANDS, _MAX_OPERAND = 4096, 1000  # what ProgramSignature holds
-_MLIR_NAMES = ("FunctionType", "TypeAttr", "ArrayAttr", "DictAttr", "StringAttr")  # what entry_signature uses
+MLIR_NAMES = ("FunctionType", "TypeAttr", "ArrayAttr", "DictAttr", "StringAttr")  # what entry_signature uses
 
 
 def entry_signature(module: Any) -> ProgramSignature | None:
@@ -360,31 +360,32 @@ def _calls_through_module(module_name: str, module_alias: str, function: str) ->
                and isinstance(n.func.value, ast.Name) and n.func.value.id == module_alias for n in ast.walk(tree))
 
 
-def probe() -> list[str]:
-    """What this JAX lacks of everything listed here, as messages; empty when all is where jaxcache expects it.
-
-    Reads JAX's own source for the log texts and event names, so it needs no compile."""
+def probe(*, attributes: tuple[tuple[str, str, tuple[str, ...]], ...] = ATTRIBUTES,
+          log_texts: tuple[LogText, ...] = LOG_TEXTS, events: tuple[str, ...] = EVENTS,
+          part_labels: tuple[str, ...] = tuple(PART_LABELS), mlir_names: tuple[str, ...] = MLIR_NAMES) -> list[str]:
+    """What this JAX lacks of everything listed here (or of what the arguments list instead), as messages; empty
+    when all is where jaxcache expects it. Reads JAX's own source for the log texts and event names: no compile."""
     import importlib
 
     problems = []
-    for module_name, attribute, alternatives in ATTRIBUTES:
+    for module_name, attribute, alternatives in attributes:
         module = importlib.import_module(module_name)
         if not any(hasattr(module, a) for a in (attribute, *alternatives)):
             names = " or ".join((attribute, *alternatives))
             problems.append(f"{module_name} has no {names}")
-    literals = {name: _literals(name) for name in {t.logger for t in LOG_TEXTS} | set(_EVENT_MODULES)}
-    for text in LOG_TEXTS:
+    literals = {name: _literals(name) for name in {t.logger for t in log_texts} | {KEY_LOGGER, *_EVENT_MODULES}}
+    for text in log_texts:
         if text.everywhere and not any(s.startswith(text.prefix) for s in literals[text.logger]):
             problems.append(f"{text.logger} no longer logs {text.prefix!r}")
-    problems += [f"{KEY_LOGGER} no longer names a part {label!r}" for label in PART_LABELS
+    problems += [f"{KEY_LOGGER} no longer names a part {label!r}" for label in part_labels
                  if label not in literals[KEY_LOGGER]]
     if not _calls_through_module("jax._src.compiler", "compilation_cache", "get_cache_key"):
         problems.append("jax._src.compiler no longer calls compilation_cache.get_cache_key (the key hook sees nothing)")
     from jaxlib.mlir import ir
 
-    problems += [f"jaxlib.mlir.ir has no {n}" for n in _MLIR_NAMES if not hasattr(ir, n)]
-    events = set().union(*(literals[m] for m in _EVENT_MODULES))
-    problems += [f"no module of {', '.join(_EVENT_MODULES)} records the event {e!r}" for e in EVENTS if e not in events]
+    problems += [f"jaxlib.mlir.ir has no {n}" for n in mlir_names if not hasattr(ir, n)]
+    found = set().union(*(literals[m] for m in _EVENT_MODULES))
+    problems += [f"no module of {', '.join(_EVENT_MODULES)} records the event {e!r}" for e in events if e not in found]
     for name in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
                  "jax_persistent_cache_min_entry_size_bytes", "jax_persistent_cache_enable_xla_caches",
                  "jax_compilation_cache_max_size", "jax_enable_compilation_cache",
