@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from google.cloud.storage.retry import DEFAULT_RETRY
 
 from conftest import upload_dir
 from gcs_faults import GcsFaults
@@ -45,7 +44,7 @@ def faults(fake_gcs, monkeypatch) -> Iterator[GcsFaults]:
     proxy = GcsFaults(fake_gcs)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     # The library's own retry policy, backing off from 20 ms instead of 1 s, keeps each test short.
-    monkeypatch.setattr(gcs_backend, "DEFAULT_RETRY", DEFAULT_RETRY.with_delay(initial=0.02, maximum=0.2))
+    monkeypatch.setenv(gcs_backend.RETRY_DELAY_ENV, "0.02")
     try:
         yield proxy
     finally:
@@ -157,3 +156,9 @@ def test_client_job_exits_0_and_writes_its_record_while_gcs_answers_503(faults, 
         data = stored[f"{usage.key}-cache"]
         assert usage.event == records.WRITE and usage.size_bytes == len(data), usage
         assert usage.sha256 == hashlib.sha256(data).hexdigest(), usage
+
+
+def test_a_retry_delay_that_is_not_seconds_is_refused(monkeypatch, capsys):
+    monkeypatch.setenv(gcs_backend.RETRY_DELAY_ENV, "soon")
+    assert main(["ls", "gs://some-bucket/jc"]) == 2
+    assert f"{gcs_backend.RETRY_DELAY_ENV}='soon'" in capsys.readouterr().err

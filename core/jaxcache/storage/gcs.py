@@ -7,9 +7,12 @@ Honours ``STORAGE_EMULATOR_HOST`` (the library does) for fake-gcs-server in test
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 from collections.abc import Iterator
 
 from jaxcache.errors import (
+    InvalidInputError,
     InvalidRootError,
     MissingDependencyError,
     PreconditionFailedError,
@@ -20,6 +23,7 @@ from jaxcache.storage.base import CHUNK_BYTES, Listed, ObjectInfo, Storage, chec
 
 try:
     from google.api_core import exceptions as gexc
+    from google.api_core.retry import Retry
     from google.auth import exceptions as auth_exc
     from google.cloud import storage as gcs
     from google.cloud.storage.retry import DEFAULT_RETRY
@@ -30,8 +34,26 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 
 _PUBLIC_ENDPOINT = "https://storage.googleapis.com"
+#: Seconds to wait before retrying a request GCS answered 429 or 5xx (or whose answer was lost), doubling at each
+#: retry up to a minute; unset: google-cloud-storage's own policy (from 1 s).
+RETRY_DELAY_ENV = "JAXCACHE_GCS_RETRY_DELAY_S"
 # What a listing needs of each object: smaller pages to send and to parse (a root lists 1,000 objects a page).
 _LIST_FIELDS = "items(name,size,updated,generation),nextPageToken"
+
+
+def retry_policy() -> Retry:
+    """google-cloud-storage's retry policy, its first wait from :data:`RETRY_DELAY_ENV` where that is set."""
+    default: Retry = DEFAULT_RETRY  # the library's (typed Any there)
+    text = os.environ.get(RETRY_DELAY_ENV, "").strip()
+    if not text:
+        return default
+    try:
+        delay = float(text)
+    except ValueError:
+        delay = math.nan
+    if not 0 < delay <= 60:
+        raise InvalidInputError(f"{RETRY_DELAY_ENV}={text!r}: give the seconds of the first wait (0 < s <= 60)")
+    return default.with_delay(initial=delay, maximum=60.0)
 
 
 class GcsStorage(Storage):
@@ -44,6 +66,7 @@ class GcsStorage(Storage):
     head_whole_bytes = 32 * 1024
 
     def __init__(self, bucket: str, prefix: str, *, client: gcs.Client | None = None) -> None:
+        self._retry = retry_policy()
         self.bucket_name = bucket
         self.prefix = prefix.strip("/")
         self.url = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
@@ -98,7 +121,7 @@ class GcsStorage(Storage):
         full = self._base + prefix
         with self._translate("list", prefix or "."):
             pages = self._client.list_blobs(
-                self._bucket, prefix=full, delimiter=None if recursive else "/", retry=DEFAULT_RETRY
+                self._bucket, prefix=full, delimiter=None if recursive else "/", retry=self._retry
             )
             try:
                 for blob in pages:
@@ -111,7 +134,7 @@ class GcsStorage(Storage):
         out: list[Listed] = []
         with self._translate("list", "."):
             pages = self._client.list_blobs(
-                self._bucket, prefix=self._base, delimiter="/", fields=_LIST_FIELDS, retry=DEFAULT_RETRY
+                self._bucket, prefix=self._base, delimiter="/", fields=_LIST_FIELDS, retry=self._retry
             )
             try:
                 for blob in pages:
@@ -126,7 +149,7 @@ class GcsStorage(Storage):
 
     def stat(self, name: str) -> ObjectInfo | None:
         with self._translate("stat", name):
-            blob = self._bucket.get_blob(self._blob_name(name), retry=DEFAULT_RETRY)
+            blob = self._bucket.get_blob(self._blob_name(name), retry=self._retry)
         return None if blob is None else self._info(blob)
 
     def read_range(self, name: str, offset: int, length: int) -> bytes | None:
@@ -137,7 +160,7 @@ class GcsStorage(Storage):
         with self._translate("read", name):
             try:
                 data: bytes = blob.download_as_bytes(
-                    start=offset, end=offset + length - 1, checksum=None, retry=DEFAULT_RETRY
+                    start=offset, end=offset + length - 1, checksum=None, retry=self._retry
                 )
                 return data
             except gexc.NotFound:
@@ -150,14 +173,14 @@ class GcsStorage(Storage):
         self.reads += 1
         with self._translate("read", name):
             try:
-                data: bytes = blob.download_as_bytes(retry=DEFAULT_RETRY)
+                data: bytes = blob.download_as_bytes(retry=self._retry)
                 return data
             except gexc.NotFound:
                 return None
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         with self._translate("read", name):
-            blob = self._bucket.get_blob(self._blob_name(name), retry=DEFAULT_RETRY)
+            blob = self._bucket.get_blob(self._blob_name(name), retry=self._retry)
         if blob is None:
             return None
         # Ranges pinned to the generation listed first: a replaced object cannot splice into the bytes read.
@@ -170,7 +193,7 @@ class GcsStorage(Storage):
             self.reads += 1
             with self._translate("read", name):
                 try:
-                    chunk: bytes = blob.download_as_bytes(start=start, end=end, checksum=None, retry=DEFAULT_RETRY)
+                    chunk: bytes = blob.download_as_bytes(start=start, end=end, checksum=None, retry=self._retry)
                 except gexc.NotFound:
                     raise StorageError(
                         f"{self.url}/{name} was deleted or replaced while it was read; read it again"
@@ -181,7 +204,7 @@ class GcsStorage(Storage):
         blob = self._bucket.blob(self._blob_name(name))
         with self._translate("delete", name):
             try:
-                blob.delete(if_generation_match=if_generation, retry=DEFAULT_RETRY)
+                blob.delete(if_generation_match=if_generation, retry=self._retry)
             except gexc.NotFound:
                 return False
         return True
@@ -195,7 +218,7 @@ class GcsStorage(Storage):
                     data,
                     content_type="application/octet-stream",
                     if_generation_match=0 if create_only else None,
-                    retry=DEFAULT_RETRY,
+                    retry=self._retry,
                 )
             except gexc.PreconditionFailed:
                 # The library retries an upload whose response was lost; when that attempt had created the
