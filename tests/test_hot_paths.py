@@ -10,19 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from conftest import settled, upload_dir
+from conftest import upload_dir
 from gc_support import full_collections
-from jaxcache.service.app import create_app
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
 from jaxcache.service.catalog.queries import listing
 from jaxcache.service.tasks import rescan as rescan_mod
 from jaxcache.storage import open_storage
-from test_service import ADMIN, H_ADMIN, H_READ, READ, REPORT, make_settings
 
 NEW_KEY = "jit_copied-" + "ab" * 32
 
@@ -271,74 +268,6 @@ def test_a_function_filter_listed_by_name_walks_the_key(tmp_path):
     assert "TEMP B-TREE" not in " ".join(str(row[-1]) for row in plan)
     db.close()
     catalog.dispose()
-
-
-@pytest.fixture
-def served(tmp_path, cache_copy):
-    """The service with a long page cache (60 s), so that what it serves from memory is unmistakable."""
-    app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}, page_cache_s=60))
-    with TestClient(app) as client:
-        settled(client)
-        assert client.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
-        yield client, tmp_path / "catalog.sqlite"
-
-
-def _remove_row_behind_the_service(db: Path, key: str) -> None:
-    # As another replica's prune would: the rows change without this process knowing.
-    with sqlite3.connect(db) as conn:
-        conn.execute("DELETE FROM entries WHERE key = ?", (key,))
-
-
-def test_pages_are_answered_again_until_this_replica_changes_the_cache(served):
-    client, db = served
-    url = "/v1/caches/demo/entries?limit=3&sort=name"
-    page = client.get(url, headers=H_READ).json()
-    first, second = page["entries"][0]["key"], page["entries"][1]["key"]
-    _remove_row_behind_the_service(db, first)
-    assert client.get(url, headers=H_READ).json() == page  # from memory: another replica's change not seen yet
-    assert client.get(url + "&order=asc", headers=H_READ).json()["entries"][0]["key"] == second  # another query
-    # A change through this replica drops the cache's pages at once.
-    assert client.delete(f"/v1/caches/demo/entries/{second}", headers=H_ADMIN).status_code == 204
-    keys = [e["key"] for e in client.get(url, headers=H_READ).json()["entries"]]
-    assert first not in keys and second not in keys
-
-
-def test_cached_pages_still_need_a_read_token(served):
-    client, _ = served
-    url = "/v1/caches/demo/entries?limit=2"
-    assert client.get(url, headers=H_READ).status_code == 200
-    assert client.get(url).status_code == 401
-    assert client.get(url, headers={"Authorization": "Bearer nope"}).status_code == 401
-    assert client.get(url, headers={"Authorization": f"Bearer {REPORT}"}).status_code == 403
-    assert client.get(url, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
-    assert client.get(url, headers={"Authorization": f"bearer {READ}"}).status_code == 200
-
-
-def test_the_page_cache_can_be_turned_off(tmp_path, cache_copy):
-    app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}, page_cache_s=0))
-    with TestClient(app) as client:
-        assert client.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
-        url = "/v1/caches/demo/entries?limit=1&sort=name"
-        key = client.get(url, headers=H_READ).json()["entries"][0]["key"]
-        _remove_row_behind_the_service(tmp_path / "catalog.sqlite", key)
-        assert client.get(url, headers=H_READ).json()["entries"][0]["key"] != key
-
-
-def test_statistics_older_than_a_minute_are_answered_while_they_are_recomputed(served, monkeypatch):
-    import jaxcache.service.state as state_module
-
-    client, db = served
-    state = client.app.state.jaxcache
-    before = client.get("/v1/caches/demo/stats", headers=H_READ).json()
-    key = client.get("/v1/caches/demo/entries?limit=1", headers=H_READ).json()["entries"][0]["key"]
-    _remove_row_behind_the_service(db, key)
-    monkeypatch.setattr(state_module, "_STATS_TTL_S", 0.0)  # every value is now due for a refresh
-    assert client.get("/v1/caches/demo/stats", headers=H_READ).json()["entries"] == before["entries"]  # no wait
-    for _ in range(200):  # the refresh thread
-        if not state._refreshing:
-            break
-        time.sleep(0.05)
-    assert client.get("/v1/caches/demo/stats", headers=H_READ).json()["entries"] == before["entries"] - 1
 
 
 def test_rescans_of_an_unchanged_bucket_read_no_object(gcs_client, gcs_bucket, cache_copy, tmp_path):

@@ -149,9 +149,10 @@ class ServiceSettings(BaseSettings):
         8 * 1024 * 1024, gt=0, description="largest run record accepted by POST /v1/reports (records list every key)"
     )
     release_memory_from_entries: int = Field(
-        100_000, ge=1, description="a prune plan over at least this many entries, once answered, hands its memory "
-        "back to the system (a full garbage collection, then malloc_trim where the C library has it): a plan over a "
-        "million entries holds a candidate for each; smaller plans leave too little to be worth the pause",
+        100_000, ge=1, description="a prune plan or a rescan over at least this many entries, once done, hands its "
+        "memory back to the system (a full garbage collection, then malloc_trim where the C library has it): a plan "
+        "or rescan of a million entries makes an object or more for each; smaller ones leave too little to be worth "
+        "the pause",
     )
 
     @field_validator("snapshot_dir", mode="before")

@@ -148,7 +148,8 @@ class State:
         for one running elsewhere, then raises LockBusyError), recording metrics and errors."""
         try:
             result = rescan(self.catalog, name, self.storages[name], wait_s=wait_s,
-                            secret=self.settings.attest_secret, retain_s=self.settings.records_retain_s)
+                            secret=self.settings.attest_secret, retain_s=self.settings.records_retain_s,
+                            release_from_entries=self.settings.release_memory_from_entries)
         except LockBusyError:
             raise
         except Exception as exc:

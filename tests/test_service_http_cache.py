@@ -1,0 +1,75 @@
+"""Caching by HTTP: listings and statistics carry an ``ETag`` made from the catalog's change counts and
+``Cache-Control``; an ``If-None-Match`` that still matches gets ``304`` with no body, after the same checks as the
+route itself (auth, the cache's name); any change, through this process or another replica on the catalog, gives
+a new tag."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from conftest import settled
+from jaxcache.service.app import create_app
+from test_service import ADMIN, H_ADMIN, H_READ, READ, REPORT, make_settings
+
+PAGE = "/v1/caches/demo/entries?limit=3&sort=name"
+STATS = "/v1/caches/demo/stats"
+
+
+@pytest.fixture
+def two_replicas(tmp_path, cache_copy):
+    """Two apps on one SQLite catalog, as two replicas (or workers) are."""
+    settings = make_settings(tmp_path, {"demo": str(cache_copy)})
+    with TestClient(create_app(settings)) as one, TestClient(create_app(settings)) as other:
+        settled(one)
+        settled(other)
+        yield one, other
+
+
+def _revalidate(client: TestClient, url: str, tag: str):
+    return client.get(url, headers={**H_READ, "If-None-Match": tag})
+
+
+@pytest.mark.parametrize("url", [PAGE, STATS])
+def test_an_unchanged_answer_is_304_and_a_change_anywhere_gives_a_new_tag(two_replicas, url):
+    one, other = two_replicas
+    first = one.get(url, headers=H_READ)
+    tag = first.headers["etag"]
+    assert first.status_code == 200 and tag.startswith('"') and first.headers["cache-control"] == "private, no-cache"
+    for client in (one, other):  # the counts are the catalog's: either replica answers 304
+        again = _revalidate(client, url, tag)
+        assert again.status_code == 304 and again.content == b"", again.text
+        assert again.headers["etag"] == tag and again.headers["cache-control"] == "private, no-cache"
+    assert _revalidate(one, url, f'W/{tag}, "other"').status_code == 304  # a list, a weak form
+    assert _revalidate(one, url, '"other"').status_code == 200
+
+    key = one.get(PAGE, headers=H_READ).json()["entries"][0]["key"]
+    assert other.delete(f"/v1/caches/demo/entries/{key}", headers=H_ADMIN).status_code == 204
+    changed = _revalidate(one, url, tag)  # the other replica's change, seen by this one at once
+    assert changed.status_code == 200 and changed.headers["etag"] != tag
+    if url == PAGE:
+        assert key not in {e["key"] for e in changed.json()["entries"]}
+    else:
+        assert changed.json()["entries"] == first.json()["entries"] - 1
+
+
+def test_a_304_is_answered_only_to_who_may_read(two_replicas):
+    one, _ = two_replicas
+    tag = one.get(PAGE, headers=H_READ).headers["etag"]
+    assert one.get(PAGE, headers={"If-None-Match": tag}).status_code == 401
+    assert one.get(PAGE, headers={"If-None-Match": tag, "Authorization": "Bearer nope"}).status_code == 401
+    assert one.get(PAGE, headers={"If-None-Match": tag, "Authorization": f"Bearer {REPORT}"}).status_code == 403
+    for token in (READ, ADMIN):
+        assert one.get(PAGE, headers={"If-None-Match": tag, "Authorization": f"Bearer {token}"}).status_code == 304
+    assert one.get("/v1/caches/nope/entries", headers={**H_READ, "If-None-Match": tag}).status_code == 404
+
+
+def test_a_restart_gives_new_tags(tmp_path, cache_copy):
+    """A client's tag from before a restart (the catalog rebuilt, or moved) is not taken for current."""
+    settings = make_settings(tmp_path, {"demo": str(cache_copy)})
+    with TestClient(create_app(settings)) as client:
+        settled(client)
+        tag = client.get(PAGE, headers=H_READ).headers["etag"]
+    with TestClient(create_app(settings)) as client:
+        settled(client)
+        assert _revalidate(client, PAGE, tag).status_code == 200
