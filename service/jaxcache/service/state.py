@@ -137,8 +137,7 @@ class State:
     async def read(self, work: Callable[[], T]) -> T:
         """``work`` (a catalog read a request waits for) in one of :data:`READ_THREADS` threads of this process.
         More threads than that only queued on the interpreter lock: each SQLite step hands it over, and a thread
-        back from the database waits for it behind the others (bench/api.py, distinct listing pages at 32
-        clients, one process: 535 req/s with 2 threads, 312 with 4, 325 with FastAPI's 40)."""
+        back from the database waits for it behind the others (bench/README.md, "Threads for listings")."""
         if self._read_limiter is None:
             self._read_limiter = anyio.CapacityLimiter(READ_THREADS)
         return await anyio.to_thread.run_sync(work, limiter=self._read_limiter)

@@ -2,8 +2,8 @@
 million objects.
 
 A rescan of a million entries builds and drops millions of small objects, some in reference cycles that only the
-collector's rare full pass frees, and glibc keeps the freed heap for the process. Measured at 1M entries, one
-process after its first rescan: 914 MiB resident, 595 after a full collection, 376 after ``malloc_trim``.
+collector's rare full pass frees, and glibc keeps the freed heap for the process: a full collection, then
+``malloc_trim``, hand most of it back (bench/README.md, "Memory after a rescan of a million entries").
 """
 
 from __future__ import annotations
