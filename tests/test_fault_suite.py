@@ -105,7 +105,7 @@ def _post_quietly(client: httpx.Client, path: str, body: dict) -> None:
 
 def test_postgres_stopped_and_restarted_mid_rescan_the_loops_recover(tmp_path, private_postgres, cache_copy):
     log = tmp_path / "serve.log"
-    proc, base = _serve(cache_copy, private_postgres.create_database(), log, "--rescan-s", "0.5")
+    proc, base = _serve(cache_copy, private_postgres.create_database(), log, "--rescan-s", "0.5", "--workers", "2")
     try:
         with httpx.Client(base_url=base, headers=H, timeout=PATIENCE_S) as client:
             before = client.get("/v1/caches/demo/entries?limit=1000").json()["entries"]
@@ -128,7 +128,8 @@ def test_postgres_stopped_and_restarted_mid_rescan_the_loops_recover(tmp_path, p
     finally:
         stop_serve(proc)
     said = log.read_text()
-    assert said.count("background rescan failed") == 1, "the outage is logged once, not every round"
+    # Once by each worker whose rounds failed, not every round.
+    assert 1 <= said.count("background rescan failed") <= 2, said
     assert "Traceback" not in said and max(map(len, said.splitlines())) < 1000, "one line on an outage"
 
 

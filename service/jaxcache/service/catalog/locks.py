@@ -120,7 +120,8 @@ class _AdvisoryLocks:
         try:
             conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": advisory_key(name)})
         except Exception as exc:  # the connection is gone: so is the lock
-            log.warning("releasing lock %s: %s (the server released it with the connection)", name, exc)
+            said = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]  # the server's words, not the SQL
+            log.warning("releasing lock %s: %s (the server released it with the connection)", name, said)
         finally:
             conn.close()
 
