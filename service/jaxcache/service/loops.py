@@ -122,8 +122,9 @@ async def background(state: State) -> AsyncIterator[None]:
                 # Records arrive while a round folds, POSTed to other processes too (--role api), which cannot
                 # wake this one: look again at once, and wait only once a round found nothing.
                 continue
-            # While its passes fail, POSTs do not hurry the backoff.
-            wake = stop if state.loops.status(DRAIN).failures else arrived
+            # While its passes fail, POSTs do not hurry the backoff; while another process drains (it looks again
+            # at once after each round that folded something), they do not make this one claim the lock each time.
+            wake = stop if folded is None or state.loops.status(DRAIN).failures else arrived
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=state.loops.wait_s(DRAIN, DRAIN_POLL_S))
 
