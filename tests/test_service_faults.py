@@ -12,7 +12,6 @@ from fastapi.testclient import TestClient
 
 from conftest import settled
 from jaxcache.service.app import create_app
-from jaxcache.service.tasks import health
 from test_service import BOTH, H_ADMIN, H_READ, make_settings
 
 
@@ -25,32 +24,32 @@ def _wait(predicate, what: str, patience_s: float = 60.0):
     return found
 
 
-def test_a_loop_that_fails_is_retried_logged_once_and_shown(tmp_path, cache_copy, monkeypatch, caplog):
-    monkeypatch.setattr(health, "BACKOFF_FIRST_S", 0.01)
-    app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}, rescan_s=0.05))
-    state = app.state.jaxcache
-    real_verify, calls = state.verify, []
-
-    def flaky(name, **kw):  # three rounds fail as a database fail-over would, then it works again
-        calls.append(name)
-        if len(calls) <= 3:
-            raise RuntimeError("server closed the connection unexpectedly")
-        return real_verify(name, **kw)
-
-    monkeypatch.setattr(state, "verify", flaky)
+def test_a_loop_that_fails_is_retried_logged_once_and_shown(tmp_path, cache_copy, postgres, caplog):
+    """The verify pass's table is renamed away for three rounds (a real ProgrammingError, as a schema changed under
+    the service would raise: neither our error type nor the database being away, so its traceback is logged), then
+    put back: the loop backs off (1, 2 and 4 s), shows its failure, logs it once and recovers."""
+    db = postgres.create_database()
+    app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}, db=db, rescan_s=60))
+    catalog = db.rsplit("/", 1)[1]
+    postgres.psql("ALTER TABLE verifications RENAME TO verifications_away", catalog)
     with caplog.at_level(logging.INFO, logger="jaxcache.service"), TestClient(app) as client:
         settled(client)
         failing = _wait(lambda: (r := client.get("/readyz").json()["loops"].get("verify")) and r["failures"] and r,
                         "the verify loop to report its failure")
-        assert "demo: server closed the connection unexpectedly" in failing["last_error"]
+        assert 'demo: catalog database: relation "verifications" does not exist' in failing["last_error"], failing
         assert failing["state"] == "failing" and failing["caches"] == {"demo": "failing"}
+        third = _wait(lambda: (r := client.get("/readyz").json()["loops"]["verify"])["failures"] >= 3 and r,
+                      "three failed verify rounds")
+        postgres.psql("ALTER TABLE verifications_away RENAME TO verifications", catalog)
+        assert third["failures"] == 3, "the fourth round came before the 4 s backoff"
         recovered = _wait(lambda: (r := client.get("/readyz").json()["loops"]["verify"])["last_success_s"] and r,
                           "the verify loop to recover")
         assert recovered["failures"] == 0 and recovered["last_error_s"] < recovered["last_success_s"]
+        assert recovered["last_success_s"] - third["last_error_s"] >= 4, "retried without backing off (1, 2, 4 s)"
         assert recovered["state"] == "ok" and recovered["caches"] == {"demo": "ok"}
         assert client.get("/readyz").status_code == 200  # a failing loop does not take the replica out
         metrics = client.get("/metrics").text
-    assert 'jaxcache_loop_errors_total{kind="RuntimeError",loop="verify"} 3.0' in metrics
+    assert 'jaxcache_loop_errors_total{kind="ProgrammingError",loop="verify"} 3.0' in metrics
     assert 'jaxcache_loop_failing{loop="verify"} 0.0' in metrics
     assert 'jaxcache_loop_last_success_timestamp_seconds{loop="rescan"}' in metrics
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
