@@ -3,12 +3,16 @@ single-entry deletes that are audited and take JAX's lock."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 
 import filelock
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
 
 from conftest import settled
 from jaxcache.service.app import create_app
@@ -150,23 +154,53 @@ def test_an_applied_prune_is_audited_before_it_deletes(svc, cache_copy, monkeypa
     assert len(gone) == 4 and {n.rsplit("-", 1)[0] for n in gone} <= planned
 
 
-def test_a_prune_asked_once_an_interrupted_one_reads_closed_is_accepted(svc, cache_copy, monkeypatch):
+@contextlib.contextmanager
+def _change_counts_held(catalog) -> Iterator[None]:
+    """Another connection holds the write lock of the catalog's change counts (what :meth:`State.changed` bumps)
+    until the block ends: on SQLite the side file's (``BEGIN IMMEDIATE``), on PostgreSQL the table's. Reads go on."""
+    url = catalog.side_engine.url
+    if url.get_backend_name() == "sqlite":
+        conn = sqlite3.connect(url.database, isolation_level=None, timeout=60)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            conn.rollback()
+            conn.close()
+        return
+    engine = create_engine(url)
+    try:
+        with engine.begin() as pg:
+            pg.execute(text("LOCK TABLE change_counts IN EXCLUSIVE MODE"))
+            yield
+    finally:
+        engine.dispose()
+
+
+@BOTH
+def test_a_prune_asked_once_an_interrupted_one_reads_closed_is_accepted(svc, cache_copy):
     """A replica that restarts closes the prune its predecessor left running; whoever sees it closed may prune at
-    once (the cache's prune lock is not held past the close)."""
+    once (the cache's prune lock is not held past the close). Here the refresh that follows the close waits for
+    the change counts, which another connection holds, while the user acts on what the audit says."""
     from jaxcache.service.tasks import prune_audit
 
     state = svc.app.state.jaxcache
     prune_audit.begin(state.catalog, "demo", [], who="the replica that died", policy_json={"unused_for": "7d"})
-    real_changed, answers = state.changed, []
-
-    def changed(name):  # the refresh that follows the close, while the user acts on what the audit says
-        if not answers:
-            audit = svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"]
-            answers.append(audit[0]["state"])
-            answers.append(svc.post("/v1/caches/demo/prune", headers=H_ADMIN,
-                                    json={"unused_for": "7d", "dry_run": False}).status_code)
-        real_changed(name)
-
-    monkeypatch.setattr(state, "changed", changed)
-    state.close_interrupted_prunes("demo")
-    assert answers == ["interrupted", 200]
+    answers: dict[str, object] = {}
+    with _change_counts_held(state.catalog):
+        closing = threading.Thread(target=state.close_interrupted_prunes, args=("demo",))
+        closing.start()
+        _wait(lambda: svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"][0]["state"] == "interrupted",
+              "the interrupted prune to read closed")
+        asking = threading.Thread(target=lambda: answers.update(prune=svc.post(
+            "/v1/caches/demo/prune", headers=H_ADMIN, json={"unused_for": "7d", "dry_run": False})))
+        asking.start()
+        # Accepted, the prune deletes every entry (all unused for 10 days), then it too waits for the change counts;
+        # refused (409), it answers at once.
+        _wait(lambda: not asking.is_alive() or not any(cache_copy.glob("*-cache")), "the prune to run or be refused")
+        assert closing.is_alive(), "the close's refresh did not wait for the change counts: nothing was shown"
+    closing.join(60)
+    asking.join(60)
+    assert not closing.is_alive() and not asking.is_alive()
+    assert answers["prune"].status_code == 200, answers["prune"].text
+    assert not any(cache_copy.glob("*-cache"))
