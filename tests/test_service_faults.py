@@ -4,7 +4,9 @@ single-entry deletes that are audited and take JAX's lock."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -121,37 +123,67 @@ def test_deleting_one_entry_waits_for_jax_lock_and_is_audited(svc, cache_copy):
 
 
 @BOTH
-def test_an_applied_prune_is_audited_before_it_deletes(svc, cache_copy, monkeypatch):
+def test_an_applied_prune_is_audited_before_it_deletes(svc, cache_copy):
     """The audit row and its planned objects are committed before the first delete, and a prune stopped part-way
-    (here: the root unmounted after two entries) says how far it got."""
+    (here: the root moved away, as an unmount would, while it deletes) says how far it got.
+
+    JAX's lock, which the prune takes before its first delete, is held until the audit reads running; then the root
+    goes away once the tenth entry in the plan is gone, with about a thousand still to go."""
     from sqlalchemy import select
 
-    from jaxcache.errors import RootGoneError
-    from jaxcache.service.catalog.models import PruneItemRow, PruneRow
+    from jaxcache.service.catalog.models import PruneItemRow
 
     state = svc.app.state.jaxcache
-    storage = state.storages["demo"]
-    real_delete, seen = storage.delete, []
-
-    def delete(name, **kw):
-        with state.catalog.session() as s:
-            seen.append((s.scalar(select(PruneRow.state)), len(s.scalars(select(PruneItemRow.name)).all())))
-        if len(seen) == 5:  # the third entry's -cache
-            raise RootGoneError(f"cache root {cache_copy} does not exist (an unmounted volume?)")
-        return real_delete(name, **kw)
-
-    monkeypatch.setattr(storage, "delete", delete)
+    fake = _fake_entries(cache_copy, 1000, age_days=20)  # least recently used: deleted first
+    assert svc.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
+    policy = {"unused_for": "1d", "list_limit": 10}
+    order = [d["key"] for d in svc.post("/v1/caches/demo/prune", headers=H_ADMIN, json=policy).json()["delete"]]
+    assert set(order) <= fake and len(order) == 10
+    tenth, away = cache_copy / f"{order[-1]}-cache", cache_copy.with_name("unmounted")
     before = {p.name for p in cache_copy.iterdir()}
-    r = svc.post("/v1/caches/demo/prune", headers=H_ADMIN, json={"unused_for": "1d", "dry_run": False})
-    assert r.status_code == 502, r.text
+    answer: dict[str, object] = {}
+    asking = threading.Thread(target=lambda: answer.update(r=svc.post(
+        "/v1/caches/demo/prune", headers=H_ADMIN, json={**policy, "dry_run": False})))
+    with filelock.FileLock(str(cache_copy / ".lockfile")):  # a JAX process in its LRU bookkeeping
+        asking.start()
+        row = _wait(lambda: (p := svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"]) and p[0],
+                    "the prune's audit row")
+        assert row["state"] == "running" and row["planned"] > len(fake), row
+        with state.catalog.session() as s:
+            planned = set(s.scalars(select(PruneItemRow.key)))
+        assert len(planned) == row["planned"] and fake <= planned
+        assert {p.name for p in cache_copy.iterdir()} == before, "deleted before the intent was committed"
+    while asking.is_alive() and tenth.exists():
+        pass  # no sleep: the prune has a thousand entries to go, and this reacts within microseconds
+    cache_copy.rename(away)
+    asking.join(60)
+    r = answer["r"]
+    assert r.status_code == 502 and "does not exist" in r.json()["detail"], r.text
     (row,) = svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"]
-    assert seen[0] == ("running", row["planned"]) and row["planned"] >= 3, "nothing deleted before the intent"
-    assert row["state"] == "failed" and row["deleted"] == 2 and row["ended_s"] is not None
-    assert row["errors"][0].startswith(f"stopped after 2 of {row['planned']} objects")
-    gone = before - {p.name for p in cache_copy.iterdir()}
-    with state.catalog.session() as s:
-        planned = set(s.scalars(select(PruneItemRow.key)))
-    assert len(gone) == 4 and {n.rsplit("-", 1)[0] for n in gone} <= planned
+    left = {p.name for p in away.iterdir()}
+    deleted = {key for key in planned if f"{key}-cache" not in left}
+    assert 10 <= len(deleted) < row["planned"], "the prune was not stopped part-way"
+    assert row["state"] == "failed" and row["deleted"] == len(deleted) and row["ended_s"] is not None, row
+    assert row["errors"][0].startswith(f"stopped after {len(deleted)} of {row['planned']} objects"), row["errors"]
+    assert "does not exist" in row["errors"][0]
+    gone = before - left
+    assert {n.rsplit("-", 1)[0] for n in gone} == deleted and len(gone) >= 2 * len(deleted) - 1  # -cache first
+    away.rename(cache_copy)
+
+
+def _fake_entries(root, n: int, *, age_days: float) -> set[str]:
+    """``n`` entries (-cache and -atime) named as JAX names them, in key order; their bytes are not a program (a
+    prune does not care, and writing a thousand real ones would take minutes)."""
+    at = time.time() - age_days * 86400
+    keys = set()
+    for i in range(n):
+        key = f"jit_fake{i:05d}-{hashlib.sha256(str(i).encode()).hexdigest()}"
+        for suffix in ("-cache", "-atime"):
+            path = root / f"{key}{suffix}"
+            path.write_bytes(b"x" * 64)
+            os.utime(path, (at, at))
+        keys.add(key)
+    return keys
 
 
 @contextlib.contextmanager
