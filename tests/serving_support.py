@@ -1,38 +1,52 @@
-"""What tests/test_service_serving.py and tests/test_service_storms.py share: calls held until the test releases
-them, and requests posted from threads of their own. Nothing here measures a time: PATIENCE_S only bounds a wait."""
+"""What tests/test_service_serving.py and tests/test_service_storms.py share: a table of the catalog held locked by
+another connection until the test releases it, and the service's client. Nothing here measures a time: PATIENCE_S
+only bounds a wait."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
 
 from conftest import settled
 from jaxcache.service.app import create_app
-from reports_support import H_REPORT, settings
+from reports_support import settings
 
 #: Bound on waiting for a held request; the assertions never depend on it.
 PATIENCE_S = 60
 
 
-class Held:
-    """Wraps a function so that calls wait until :meth:`release` (each call says it has begun)."""
+class HeldTable:
+    """A lock on a table of a PostgreSQL catalog, taken by a connection of the test's own and held until
+    :meth:`release`: the service's statements that need a conflicting lock wait for it in the database."""
 
-    def __init__(self, real: Callable[..., Any]) -> None:
-        self.real = real
-        self.entered = threading.Event()
+    def __init__(self, url: str, table: str, mode: str = "ACCESS EXCLUSIVE") -> None:
+        self.table = table
         self.released = threading.Event()
+        self._engine = create_engine(url)
+        self._conn = self._engine.connect()
+        self._tx = self._conn.begin()
+        self._conn.execute(text(f"LOCK TABLE {table} IN {mode} MODE"))
+        self._mutex = threading.Lock()
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.entered.set()
-        assert self.released.wait(PATIENCE_S), "the test never released the held call"
-        return self.real(*args, **kwargs)
+    def waiting(self) -> int:
+        """How many sessions wait for a lock on the table now."""
+        with self._engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM pg_locks WHERE relation = CAST(:t AS regclass) "
+                                         "AND NOT granted"), {"t": self.table}).scalar_one())
 
     def release(self) -> None:
-        self.released.set()
+        """Let go of the lock (again: nothing); from any thread."""
+        with self._mutex:
+            if self.released.is_set():
+                return
+            self._tx.rollback()
+            self._conn.close()
+            self._engine.dispose()
+            self.released.set()
 
 
 @pytest.fixture
@@ -40,30 +54,6 @@ def client(tmp_path, cache_copy) -> Iterator[TestClient]:
     with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}))) as c:
         settled(c)
         yield c
-
-
-class HeldOnce(Held):
-    """The first call waits for :meth:`release`; the others go through at once. Every call's arguments kept."""
-
-    def __init__(self, real: Callable[..., Any]) -> None:
-        super().__init__(real)
-        self.calls: list[tuple] = []
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls.append(args)
-        if len(self.calls) == 1:
-            return super().__call__(*args, **kwargs)
-        return self.real(*args, **kwargs)
-
-
-def post_in_thread(client: TestClient, record, out: dict) -> threading.Thread:
-    def send() -> None:
-        out[record.process_index] = client.post("/v1/reports?cache=demo", content=record.to_json(),
-                                                headers={**H_REPORT, "content-type": "application/json"})
-
-    thread = threading.Thread(target=send)
-    thread.start()
-    return thread
 
 
 def wait_for(condition: Callable[[], bool]) -> None:
@@ -74,19 +64,3 @@ def wait_for(condition: Callable[[], bool]) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the service never got there"
         time.sleep(0.01)
-
-
-def post_held_then_together(client: TestClient, held: HeldOnce, recs: list,
-                             meanwhile: Callable[[], bool] = lambda: True) -> dict[int, Any]:
-    """POST the first record, whose batch ``held`` keeps, then the others, which queue behind it; release it once
-    they all wait (and ``meanwhile`` holds); the answers by process index."""
-    answers: dict[int, Any] = {}
-    first = post_in_thread(client, recs[0], answers)
-    assert held.entered.wait(PATIENCE_S)
-    rest = [post_in_thread(client, r, answers) for r in recs[1:]]
-    wait_for(lambda: len(client.app.state.jaxcache.reports) == len(rest))  # behind the writer, which holds the first
-    assert meanwhile()
-    held.release()
-    for t in [first, *rest]:
-        t.join(PATIENCE_S)
-    return answers

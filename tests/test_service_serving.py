@@ -1,8 +1,8 @@
 """How the service serves requests: catalog work and body parsing happen in worker threads, so one slow request
 never stalls the event loop (``/healthz`` and everything else keep answering while it runs).
 
-Nothing here measures a time: a slow request is one the test holds (its catalog query or its parsing waits on an
-event), and the assertions are about what finishes before what."""
+Nothing here measures a time: a slow request is one whose catalog statement waits in PostgreSQL for a table that
+another connection holds locked, and the assertions are about what finishes before what."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from jaxcache import records
+from conftest import settled
 from jaxcache.service.app import create_app
-from jaxcache.service.catalog import queries
 from reports_support import H_READ, H_REPORT, hit, keys_of, run, settings
-from serving_support import PATIENCE_S, Held
+from serving_support import PATIENCE_S, HeldTable, wait_for
 
 #: The only ``async def`` routes: none touches the catalog or storage, or parses more than a form of at most
 #: JAXCACHE_MAX_BODY_BYTES; the reports route reads its body on the loop and parses it in a thread.
@@ -51,54 +51,68 @@ def _api_routes(routes: list) -> Iterator[APIRoute]:
             yield from _api_routes(included.routes)
 
 
-def _while_held(client: TestClient, held: Held, slow: Callable[[], Any]) -> tuple[list[str], Any]:
-    """Start ``slow`` (a request that reaches ``held``), ask /healthz and a cached-nothing read meanwhile, then
-    release it; the order in which they finished, and the slow request's response."""
+@pytest.fixture
+def pg_client(tmp_path, cache_copy, pg_url) -> Iterator[TestClient]:
+    """A service on a PostgreSQL catalog, whose tables another connection can hold locked."""
+    with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}, db=pg_url))) as c:
+        settled(c)
+        yield c
+
+
+def _while_held(client: TestClient, held: HeldTable, slow: Callable[[], Any]) -> tuple[list[str], Any]:
+    """Start ``slow`` (a request whose catalog statement waits for ``held``), ask /healthz and another catalog
+    read meanwhile, then release it; the order in which they finished, and the slow request's response."""
     finished: list[str] = []
     answer: dict[str, Any] = {}
 
     def slow_request() -> None:
         try:
             answer["response"] = slow()
-        finally:  # a loop stalled by it makes the held call give up: the order below says so
+        finally:
             finished.append("slow")
 
     thread = threading.Thread(target=slow_request)
     thread.start()
+    # A stalled event loop answers nothing until the lock goes: this lets it go after a while, and the order of
+    # what finished says so.
+    bound = threading.Timer(PATIENCE_S, held.release)
     try:
-        assert held.entered.wait(PATIENCE_S), "the slow request never reached the held call"
+        wait_for(lambda: held.waiting() > 0)  # the slow request's statement waits in the database
+        bound.start()
         health = client.get("/healthz")
         assert health.status_code == 200
+        assert not held.released.is_set(), "/healthz waited for the held request: it blocked the event loop"
         finished.append("healthz")
-        assert client.get("/v1/caches", headers=H_READ).status_code == 200  # the catalog itself is free
-        finished.append("caches")
+        assert client.get("/v1/caches/demo/prunes", headers=H_READ).status_code == 200  # the catalog is free
+        finished.append("catalog")
     finally:
         held.release()
+        bound.cancel()
         thread.join(PATIENCE_S)
     return finished, answer.get("response")
 
 
-def test_healthz_answers_while_a_listing_waits_for_its_catalog_query(client, monkeypatch):
-    held = Held(queries.list_entries)
-    monkeypatch.setattr(queries, "list_entries", held)
+def test_healthz_answers_while_a_listing_waits_for_its_catalog_query(pg_client, pg_url):
+    held = HeldTable(pg_url, "entries")
     finished, response = _while_held(
-        client, held, lambda: client.get("/v1/caches/demo/entries?limit=5", headers=H_READ))
-    assert finished == ["healthz", "caches", "slow"]
+        pg_client, held, lambda: pg_client.get("/v1/caches/demo/entries?limit=5", headers=H_READ))
+    assert finished == ["healthz", "catalog", "slow"]
     assert response is not None and response.status_code == 200 and response.json()["entries"]
 
 
-def test_healthz_answers_while_a_large_report_is_parsed(client, monkeypatch, jax_caches):
+def test_healthz_answers_while_a_large_report_waits_for_the_inbox(pg_client, pg_url, jax_caches):
+    """The report's body is read on the event loop, then parsed and stored in worker threads: here its store
+    waits for the inbox, which another connection holds locked (reads of it go on)."""
     train = keys_of(jax_caches["zstd"])["jit_train_step"]
     # A process that touched thousands of keys: a body of megabytes.
     many = [hit(f"jit_f{i}-{i:064x}", 1, 1_700_000_000.0 + i) for i in range(10_000)]
     record = run("big-job", "big-run", [hit(train, 2, 1_700_000_000.0), *many])
     body = record.to_json()
     assert len(body) > 1_000_000
-    held = Held(records.parse)  # the record format's parser, which the route runs in a worker thread
-    monkeypatch.setattr(records, "parse", held)
-    finished, response = _while_held(client, held, lambda: client.post(
+    held = HeldTable(pg_url, "report_inbox", "EXCLUSIVE")
+    finished, response = _while_held(pg_client, held, lambda: pg_client.post(
         "/v1/reports?cache=demo", content=body, headers={**H_REPORT, "content-type": "application/json"}))
-    assert finished == ["healthz", "caches", "slow"]
+    assert finished == ["healthz", "catalog", "slow"]
     assert response is not None and response.status_code == 202, response.text
     assert response.json()["keys"] == len(record.keys)
 
