@@ -174,6 +174,22 @@ def tmpfs(path: Path, size: str = "1m") -> Iterator[Path]:
 # --- fake-gcs-server -------------------------------------------------------------------------------------
 
 
+def fake_entries(root: Path, n: int, *, age_days: float, tag: str = "fake") -> set[str]:
+    """``n`` entries (-cache and -atime) named as JAX names them, in key order, created and last used ``age_days``
+    ago; their bytes are not a program (a prune or a rescan does not care, and writing thousands of real ones would
+    take minutes)."""
+    at = time.time() - age_days * 86400
+    keys = set()
+    for i in range(n):
+        key = f"jit_{tag}{i:05d}-{hashlib.sha256(f'{tag}{i}'.encode()).hexdigest()}"
+        for suffix in ("-cache", "-atime"):
+            path = root / f"{key}{suffix}"
+            path.write_bytes(b"x" * 64)
+            os.utime(path, (at, at))
+        keys.add(key)
+    return keys
+
+
 def settled(client) -> None:
     """Wait until an in-process service (a TestClient's app) has finished its first round of background rescans:
     a round still to come would race the test's own changes to the cache (ingesting half of what it writes)."""

@@ -3,7 +3,6 @@ what was lost (nothing). GCS answering 429/503 is in test_gcs_faults.py; in-proc
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sqlite3
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import kill_service, serve_env, start_serve, stop_serve, tmpfs, wait_ready
+from conftest import fake_entries, kill_service, serve_env, start_serve, stop_serve, tmpfs, wait_ready
 from jaxcache import records
 from jaxcache.errors import StorageError
 from jaxcache.storage import LocalStorage
@@ -35,21 +34,6 @@ def _until(predicate, what: str, patience_s: float = PATIENCE_S):
     return found
 
 
-def _fake_entries(root: Path, n: int, *, age_days: float, tag: str) -> set[str]:
-    """``n`` entries (-cache and -atime) named as JAX names them; their bytes are not a program (a prune does not
-    care, and writing 10,000 real ones would take minutes)."""
-    at = time.time() - age_days * DAY
-    keys = set()
-    for i in range(n):
-        key = f"jit_{tag}_{i}-{hashlib.sha256(f'{tag}{i}'.encode()).hexdigest()}"
-        for suffix in ("-cache", "-atime"):
-            path = root / f"{key}{suffix}"
-            path.write_bytes(b"x" * 64)
-            os.utime(path, (at, at))
-        keys.add(key)
-    return keys
-
-
 def _serve(root: Path, db: str, log: Path, *args: str):
     proc, base = start_serve({"demo": root}, db, env=serve_env({ADMIN: "admin"}), args=args, stdout=log.open("a"))
     wait_ready(proc, base, output=log.read_text, patience_s=PATIENCE_S)
@@ -59,8 +43,8 @@ def _serve(root: Path, db: str, log: Path, *args: str):
 def test_kill_9_mid_prune_then_restart_accounts_for_every_deletion(tmp_path):
     root = tmp_path / "cache"
     root.mkdir()
-    old = _fake_entries(root, 12_000, age_days=30, tag="old")
-    young = _fake_entries(root, 200, age_days=0, tag="young")
+    old = fake_entries(root, 12_000, age_days=30, tag="old")
+    young = fake_entries(root, 200, age_days=0, tag="young")
     db, log = f"sqlite:///{tmp_path / 'catalog.sqlite'}", tmp_path / "serve.log"
     proc, base = _serve(root, db, log, "--rescan-s", "3600")
     with httpx.Client(base_url=base, headers=H, timeout=PATIENCE_S) as client:
@@ -109,7 +93,7 @@ def test_postgres_stopped_and_restarted_mid_rescan_the_loops_recover(tmp_path, p
     try:
         with httpx.Client(base_url=base, headers=H, timeout=PATIENCE_S) as client:
             before = client.get("/v1/caches/demo/entries?limit=1000").json()["entries"]
-            added = _fake_entries(cache_copy, 3000, age_days=1, tag="new")  # a long rescan to stop it in
+            added = fake_entries(cache_copy, 3000, age_days=1, tag="new")  # a long rescan to stop it in
             time.sleep(0.3)
             private_postgres.stop()
             down = _until(lambda: (r := client.get("/readyz")).status_code == 503 and r.json(), "readyz to say so")

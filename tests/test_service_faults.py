@@ -4,9 +4,7 @@ single-entry deletes that are audited and take JAX's lock."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import os
 import sqlite3
 import threading
 import time
@@ -16,7 +14,7 @@ import filelock
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from conftest import settled
+from conftest import fake_entries, settled
 from jaxcache.service.app import create_app
 from test_service import BOTH, H_ADMIN, H_READ, make_settings
 
@@ -134,7 +132,7 @@ def test_an_applied_prune_is_audited_before_it_deletes(svc, cache_copy):
     from jaxcache.service.catalog.models import PruneItemRow
 
     state = svc.app.state.jaxcache
-    fake = _fake_entries(cache_copy, 1000, age_days=20)  # least recently used: deleted first
+    fake = fake_entries(cache_copy, 1000, age_days=20)  # least recently used: deleted first
     assert svc.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
     policy = {"unused_for": "1d", "list_limit": 10}
     order = [d["key"] for d in svc.post("/v1/caches/demo/prune", headers=H_ADMIN, json=policy).json()["delete"]]
@@ -169,21 +167,6 @@ def test_an_applied_prune_is_audited_before_it_deletes(svc, cache_copy):
     gone = before - left
     assert {n.rsplit("-", 1)[0] for n in gone} == deleted and len(gone) >= 2 * len(deleted) - 1  # -cache first
     away.rename(cache_copy)
-
-
-def _fake_entries(root, n: int, *, age_days: float) -> set[str]:
-    """``n`` entries (-cache and -atime) named as JAX names them, in key order; their bytes are not a program (a
-    prune does not care, and writing a thousand real ones would take minutes)."""
-    at = time.time() - age_days * 86400
-    keys = set()
-    for i in range(n):
-        key = f"jit_fake{i:05d}-{hashlib.sha256(str(i).encode()).hexdigest()}"
-        for suffix in ("-cache", "-atime"):
-            path = root / f"{key}{suffix}"
-            path.write_bytes(b"x" * 64)
-            os.utime(path, (at, at))
-        keys.add(key)
-    return keys
 
 
 @contextlib.contextmanager
