@@ -26,7 +26,7 @@ from jaxcache.service.ingestion.inbox import REPORT, STORAGE
 
 log = logging.getLogger("jaxcache.service")
 
-#: A gauge across worker processes: what the last worker to set it saw (the catalog's totals, the loops' leader).
+#: A gauge across worker processes: what the last worker to set it saw (the catalog's totals, a loop's status).
 LAST: Final = "mostrecent"
 #: ``jaxcache_reports_rejected_total{reason}`` by response status; other 5xx are "error", other 4xx "other".
 REJECTIONS: Final = {400: "malformed", 401: "unauthenticated", 403: "forbidden", 404: "unknown_cache",
