@@ -112,8 +112,9 @@ def test_postgres_stopped_and_restarted_mid_rescan_the_loops_recover(tmp_path, p
     finally:
         stop_serve(proc)
     said = log.read_text()
-    # Once by each worker whose rounds failed, not every round.
-    assert 1 <= said.count("background rescan failed") <= 2, said
+    # Once per kind of error (the cache's part of a round, the round itself) in each worker, not every round (a
+    # round every 0.5 s through the outage).
+    assert 1 <= said.count("background rescan failed") <= 4, said
     assert "Traceback" not in said and max(map(len, said.splitlines())) < 1000, "one line on an outage"
 
 
