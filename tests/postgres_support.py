@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -16,13 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from ports import free_port
+
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -114,7 +110,7 @@ def launch() -> Iterator[PostgresServer]:
         proc = subprocess.run(init, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise AssertionError(f"initdb failed:\n{proc.stdout}\n{proc.stderr}")
-    server = PostgresServer(bin_dir, data, _free_port(), as_user)
+    server = PostgresServer(bin_dir, data, free_port(), as_user)
     server.start()
     try:
         yield server

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from jaxcache.client import options as client_options
 from jaxcache.client import trust
 from jaxcache.client.errors import CacheNotConfiguredError
 from jaxcache.errors import InvalidInputError
+from ports import free_port
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
 
@@ -263,14 +263,9 @@ def test_a_claimed_sessions_notice_says_what_did_not_apply(tmp_path):
 # --- telemetry out of the process ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_service_down_the_job_completes_with_one_warning(tmp_path):
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     proc = run_job("--cache-dir", str(tmp_path / "c"), "--service-url", url)
     assert proc.stderr.count("unreachable") == 1, proc.stderr
     assert "the job goes on" in proc.stderr
@@ -300,7 +295,7 @@ def test_records_are_rewritten_periodically_while_the_job_runs(tmp_path):
 
 def test_two_process_distributed_cpu_job_writes_a_record_per_process(tmp_path):
     cache = tmp_path / "c"
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{free_port()}"
     env = clean_env(JAXCACHE_RUN_ID="dist-run", JAXCACHE_JOB="dist")
     procs = [
         subprocess.Popen([sys.executable, str(JOB), "--cache-dir", str(cache), "--distributed", coordinator, "2",

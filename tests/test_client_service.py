@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from conftest import jaxcache_serve
+from ports import free_port
 from reports_support import folded
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
@@ -22,11 +23,6 @@ ADMIN, REPORT, READ = "cs-admin", "cs-report", "cs-read"
 #: Writers and the service share it: digests are signed, so a mismatch against one is proof of tampering.
 KEY = "cs-attest-key"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -175,7 +171,7 @@ def test_verify_attested_starts_with_one_warning_when_the_service_is_down(caplog
     try:
         with caplog.at_level("WARNING", logger="jaxcache.client"):
             check_attested(f"http://127.0.0.1:{server.server_address[1]}", REPORT, "/cache")
-            check_attested(f"http://127.0.0.1:{_free_port()}", REPORT, "/cache")  # nothing listens there
+            check_attested(f"http://127.0.0.1:{free_port()}", REPORT, "/cache")  # nothing listens there
     finally:
         server.shutdown()
     messages = [r.getMessage() for r in caplog.records]

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -33,11 +32,6 @@ from jaxcache.service.dashboard import format as dfmt
 
 # --- in a real browser ------------------------------------------------------------------------------------------
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:

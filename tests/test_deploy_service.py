@@ -4,7 +4,6 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -18,14 +17,10 @@ from deploy_support import (
     PRUNE,
     parse_dockerfile,
 )
+from ports import free_port
 
 ADMIN_TOKEN = "deploy-test-admin-token"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +78,7 @@ def test_image_healthcheck_command_probes_healthz(served):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
     alive = subprocess.run([sys.executable, *cmd[1:]], env=env | {"JAXCACHE_PORT": str(port)}, timeout=30)
     assert alive.returncode == 0, "the HEALTHCHECK command failed against a running service"
-    dead = subprocess.run([sys.executable, *cmd[1:]], env=env | {"JAXCACHE_PORT": str(_free_port())},
+    dead = subprocess.run([sys.executable, *cmd[1:]], env=env | {"JAXCACHE_PORT": str(free_port())},
                           capture_output=True, timeout=30)
     assert dead.returncode != 0, "the HEALTHCHECK command passed with no service listening"
 

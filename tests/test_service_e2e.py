@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +15,6 @@ from conftest import jaxcache_serve
 ADMIN = "e2e-admin-token"
 H = {"Authorization": f"Bearer {ADMIN}"}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ clear line, and a read token cannot make the service read every entry."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +12,11 @@ from fastapi.testclient import TestClient
 
 from conftest import serve_env, start_serve, stop_serve, wait_ready
 from jaxcache.service.app import create_app
+from ports import free_port
 from test_service import H_ADMIN, H_READ, make_settings
 
 PASSWORD = "pw-4f9c2d1e-do-not-print"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serve_never_prints_the_catalog_password(tmp_path, pg_url, cache_copy):
@@ -41,7 +36,7 @@ def test_serve_never_prints_the_catalog_password(tmp_path, pg_url, cache_copy):
 
 
 def test_an_unreachable_catalog_is_one_line_and_exit_2(tmp_path, cache_copy):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     exe = Path(sys.executable).with_name("jaxcache")
     for db in (f"postgresql+psycopg://jc:{PASSWORD}@127.0.0.1:{port}/catalog", "not a url"):
         proc = subprocess.run([str(exe), "serve", "--cache", f"demo={cache_copy}"], capture_output=True, text=True,
@@ -52,7 +47,7 @@ def test_an_unreachable_catalog_is_one_line_and_exit_2(tmp_path, cache_copy):
 
 
 def test_an_unreachable_catalog_names_host_port_and_what_to_check(cache_copy):
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).with_name("jaxcache")
     db = f"postgresql+psycopg://jc:{PASSWORD}@127.0.0.1:{port}/catalog"
     proc = subprocess.run([str(exe), "serve", "--cache", f"demo={cache_copy}"], capture_output=True, text=True,
