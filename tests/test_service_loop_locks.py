@@ -13,6 +13,8 @@ from sqlalchemy.engine import make_url
 
 from conftest import settled
 from jaxcache.service.app import create_app
+from jaxcache.service.catalog import loop_health
+from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLocks
 from reports_support import hit, keys_of, run
 from test_service import H_ADMIN, H_READ, REPORT, make_settings
@@ -75,3 +77,23 @@ def test_a_loop_whose_lock_another_process_holds_skips_its_passes(tmp_path, cach
             rescan.release()
     finally:
         other.dispose()
+
+
+def test_a_pass_starting_in_another_process_keeps_the_last_success_and_error_shown(tmp_path, db):
+    """Each process publishes its own view of a loop: one whose first pass starts after another's success (or
+    whose pass succeeds after another's error) must not hide it from any /readyz."""
+    catalog = Catalog(db)
+    try:
+        loop_health.publish(catalog, "rescan", {"last_success_s": 100.0, "last_error": "root gone",
+                                                "last_error_s": 90.0, "failures": 0})
+        loop_health.publish(catalog, "rescan", {"last_success_s": None, "running_since_s": 110.0, "failures": 0})
+        shown = loop_health.read(catalog)["rescan"]
+        assert shown["running_since_s"] == 110.0 and shown["last_success_s"] == 100.0
+        assert (shown["last_error"], shown["last_error_s"]) == ("root gone", 90.0)
+        loop_health.publish(catalog, "rescan", {"last_success_s": 120.0, "last_error": "other",
+                                                "last_error_s": 80.0, "running_since_s": None})
+        shown = loop_health.read(catalog)["rescan"]
+        assert shown["last_success_s"] == 120.0 and shown["running_since_s"] is None
+        assert (shown["last_error"], shown["last_error_s"]) == ("root gone", 90.0)
+    finally:
+        catalog.dispose()
