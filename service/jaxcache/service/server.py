@@ -7,7 +7,7 @@ import functools
 import os
 import socket
 import sys
-from typing import Any
+from typing import Any, cast
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.service.catalog.database import masked
@@ -25,22 +25,51 @@ def check_exposure(settings: ServiceSettings) -> None:
     )
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A TCP socket listening on ``host:port``, which the workers share. Made with its protocol named: connections
-    accepted from a socket whose protocol reads 0 (uvicorn's own ``bind_socket``) get no TCP_NODELAY from asyncio,
-    and each response's second write then waited for the client's delayed ACK (40 ms a keep-alive request)."""
+def listen(host: str, port: int, *, shared: bool = False) -> socket.socket:
+    """A TCP socket on ``host:port``: listening, or with ``shared`` only bound, holding the port for the workers'
+    own sockets (:class:`WorkerSocket`). Made with its protocol named: connections accepted from a socket whose
+    protocol reads 0 (uvicorn's own ``bind_socket``) get no TCP_NODELAY from asyncio, and each response's second
+    write then waited for the client's delayed ACK (40 ms a keep-alive request)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                              proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE)[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # "::" takes IPv4 too, as uvicorn's does
-        sock.bind(address)
-        sock.listen(2048)
+        address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP,
+                                     flags=socket.AI_PASSIVE)[0]
+        sock = _bound(address[0], address[2], address[4], shared=shared)
+        if not shared:
+            sock.listen(2048)
     except OSError as exc:
         raise InvalidInputError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another process on that "
                                 "port? pass --port, or --port 0 for any free one)") from None
+    return sock
+
+
+def _bound(family: int, proto: int, address: Any, *, shared: bool) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # "::" takes IPv4 too, as uvicorn's does
+    sock.bind(address)
+    return sock
+
+
+class WorkerSocket:
+    """What uvicorn hands each worker in place of one shared socket: pickled to a spawned worker, it becomes that
+    worker's own listening socket on the port the serving process holds (SO_REUSEPORT). The kernel then spreads
+    new connections over the workers evenly. From one shared socket, the first worker to wake accepted every
+    connection then waiting, so one worker served a client pool's keep-alive connections while the other idled
+    (bench/README.md, "Workers' sockets"). A worker's queued connections are reset if it dies."""
+
+    def __init__(self, held: socket.socket) -> None:
+        self.family, self.proto, self.address = held.family, held.proto, held.getsockname()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _worker_listens, (self.family, self.proto, self.address)
+
+
+def _worker_listens(family: int, proto: int, address: Any) -> socket.socket:
+    sock = _bound(family, proto, address, shared=True)
+    sock.listen(2048)
     return sock
 
 
@@ -61,7 +90,7 @@ def serve(settings: ServiceSettings) -> None:
     # and the caches' roots are this process's to report and do, once, before any worker starts.
     app = create_app(settings)
     workers = settings.workers > 1
-    sock = listen(settings.host, settings.port)
+    sock = listen(settings.host, settings.port, shared=workers)
     port = sock.getsockname()[1]
     shown = "localhost" if settings.host in ("127.0.0.1", "::1", "localhost") else settings.host
     processes = f"; {settings.workers} worker processes" if workers else ""
@@ -107,7 +136,7 @@ def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
         # malloc_trim (tasks/memory.py) hands back from the C library's heap.
         os.environ.setdefault("PYTHONMALLOC", "malloc")
         config = _config(functools.partial(worker_app, settings), factory=True, workers=settings.workers)
-        Multiprocess(config, sockets=[sock]).run()
+        Multiprocess(config, sockets=[cast(socket.socket, WorkerSocket(sock))]).run()
 
 
 def worker_app(settings: ServiceSettings) -> Any:
