@@ -87,7 +87,7 @@ def test_dependency_direction(name):
 #: The service's layers, top to bottom: a module imports its own layer's and lower ones', never a higher one's
 #: (modules named nowhere here, such as settings, auth and errors, are below them all).
 SERVICE_LAYERS = (
-    ("app", "server", "command", "loops", "middleware", "api", "dashboard"),
+    ("app", "server", "command", "loops", "middleware", "api", "dashboard", "operations"),
     ("state",),
     ("tasks", "ingestion", "metrics", "usage_metrics"),
     ("catalog",),
@@ -103,7 +103,7 @@ def service_layer(module: str) -> int | None:
 
 @pytest.mark.parametrize("name", sorted(n for n, (part, _) in ALL.items() if part == "service"), ids=str)
 def test_the_service_imports_only_downwards(name):
-    """api and dashboard -> state -> tasks and ingestion -> catalog: nothing reaches back up."""
+    """api, dashboard and operations -> state -> tasks and ingestion -> catalog: nothing reaches back up."""
     mine = service_layer(name)
     for imported in imports(ALL[name][1]):
         theirs = service_layer(imported)

@@ -15,8 +15,11 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import TypeVar
 
+from jaxcache.service.operations import rescans, verifying
+from jaxcache.service.operations.draining import drain_all
 from jaxcache.service.state import State
 from jaxcache.service.tasks.health import stuck_after
 
@@ -103,7 +106,7 @@ async def background(state: State) -> AsyncIterator[None]:
     async def verification() -> None:
         # Separate from rescans: a slow, throttled pass must not delay them.
         await first_round.wait()
-        await supervised(VERIFY, lambda: state.verify_all(stop_verify))
+        await supervised(VERIFY, lambda: verifying.verify_all(state, stop_verify))
 
     arrived = state.inbox_arrived = asyncio.Event()
 
@@ -112,7 +115,7 @@ async def background(state: State) -> AsyncIterator[None]:
             arrived.clear()  # before the pass: a record accepted during it wakes the next one at once
             folded: int | None = 0
             try:
-                folded = await in_thread(state, DRAIN, DRAIN_POLL_S, state.drain_all)
+                folded = await in_thread(state, DRAIN, DRAIN_POLL_S, partial(drain_all, state))
             except Exception as exc:  # noqa: BLE001 - noted, logged once, retried: the loop must outlive it
                 state.loops.failed(DRAIN, exc)
             else:
@@ -129,7 +132,7 @@ async def background(state: State) -> AsyncIterator[None]:
                 await asyncio.wait_for(wake.wait(), timeout=state.loops.wait_s(DRAIN, DRAIN_POLL_S))
 
     tasks = [asyncio.create_task(draining()),
-             asyncio.create_task(supervised(RESCAN, state.rescan_all, rescanned)),
+             asyncio.create_task(supervised(RESCAN, partial(rescans.rescan_all, state), rescanned)),
              asyncio.create_task(verification())]
     try:
         yield

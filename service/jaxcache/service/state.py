@@ -8,29 +8,25 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.to_thread
 from cachetools import TTLCache
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from jaxcache.errors import InvalidRootError, JaxcacheError, RootGoneError
-from jaxcache.prune import PrunePolicy
 from jaxcache.service.auth import Authenticator
 from jaxcache.service.catalog import loop_health, queries
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.generations import ENTRIES, USAGE, Generation, Generations
-from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.ingestion import inbox, routing
-from jaxcache.service.ingestion.drain import caches_waiting, drain
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.settings import ServiceSettings
-from jaxcache.service.tasks import prune_audit, pruning, root_change, verification
+from jaxcache.service.tasks import root_change
 from jaxcache.service.tasks.health import LoopHealth, LoopStatus
 from jaxcache.service.tasks.pruning import PruneLocks
-from jaxcache.service.tasks.rescan import RescanResult, rescan
 from jaxcache.service.usage_metrics import UsageCollector
 from jaxcache.storage import Storage, open_storage
 
@@ -96,7 +92,7 @@ class State:
         self._computed_lock = threading.Lock()
         self.roots = routing.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
         self.scanned: set[str] = set()
-        self._rounds_done: set[str] = set()  # caches this process has rescanned in a background round
+        self.rounds_done: set[str] = set()  # caches this process has rescanned in a background round
         self.background_rounds = 0  # rounds of background rescans finished (or failed) since start
         # The caches whose root changed since the catalog last served them (`jaxcache serve` says so at start).
         self.root_changes = [] if prepared else root_change.register(
@@ -109,7 +105,7 @@ class State:
         if settings.role != "api":  # the catalog's gauges from the start, where the loops keep them fresh
             for name in settings.caches:
                 self._refresh_gauges(name)
-                self._refresh_integrity(name)
+                self.refresh_integrity(name)
 
     def _refuse_unknown_missing_roots(self) -> None:
         # A root the catalog has scanned before and that is gone now (an unmounted volume) is served from its rows
@@ -141,38 +137,6 @@ class State:
         if self._read_limiter is None:
             self._read_limiter = anyio.CapacityLimiter(READ_THREADS)
         return await anyio.to_thread.run_sync(work, limiter=self._read_limiter)
-
-    def rescan(self, name: str, *, wait_s: float | None = None) -> RescanResult:
-        """Rescan one cache (one rescan of a cache at a time in every replica: waits at most ``wait_s`` seconds
-        for one running elsewhere, then raises LockBusyError), recording metrics and errors."""
-        try:
-            result = rescan(self.catalog, name, self.storages[name], wait_s=wait_s,
-                            secret=self.settings.attest_secret, retain_s=self.settings.records_retain_s,
-                            release_from_entries=self.settings.release_memory_from_entries)
-        except LockBusyError:
-            raise
-        except Exception as exc:
-            # Per cache, which the loops' own error count is not: which bucket's scans fail, whatever the cause.
-            self.metrics.scan_errors.labels(name, type(exc).__name__).inc()
-            if isinstance(exc, JaxcacheError):
-                with self.catalog.session() as s:  # a write without a read first: see tasks/rescan.py
-                    s.execute(update(CacheRow).where(CacheRow.name == name)
-                              .values(last_scan_error=str(exc)[:2000]))
-            raise
-        self.scanned.add(name)
-        self.metrics.scan_seconds.labels(name).observe(result.seconds)
-        if result.records_ingested:
-            self.metrics.reports_ingested.labels(name, inbox.STORAGE).inc(result.records_ingested)
-            self.generations.bump(name, USAGE)  # hits, last use and first writers of listed entries moved
-        if result.records_malformed:
-            self.metrics.reports_malformed.labels(inbox.STORAGE).inc(result.records_malformed)
-        if result.records_compacted:
-            self.metrics.records_compacted.labels(name).inc(result.records_compacted)
-            self.generations.bump(name, USAGE)  # the usage windows' runs may be gone
-        if result.added or result.removed or result.updated:
-            self.changed(name)
-            self.stats(name)  # computed here, in the scan thread, so this process's requests find it ready
-        return result
 
     def changed(self, name: str) -> None:
         """Entries of ``name`` changed (rescan, prune, delete): cached statistics and listings' ETags are stale, in
@@ -217,25 +181,6 @@ class State:
         if self.inbox_arrived is not None:
             self.inbox_arrived.set()
 
-    def drain_all(self) -> int:
-        """Fold what waits in the report inbox, of every cache; the records that changed the catalog."""
-        fresh = 0
-        for name in caches_waiting(self.catalog):
-            self.loops.on_cache(name)
-            # Every cache's, configured here or not (another replica's, or one dropped from the settings): rows
-            # nobody drains would fill the inbox and refuse every report.
-            storage = self.storages.get(name)
-            drained = drain(self.catalog, name, secret=self.settings.attest_secret,
-                            root=storage.url if storage is not None else None)
-            for source, n in drained.fresh.items():
-                self.metrics.reports_ingested.labels(name, source).inc(n)
-            if drained.malformed:
-                self.metrics.reports_malformed.labels(inbox.REPORT).inc(drained.malformed)
-            if storage is not None and (drained.fresh or drained.misses):
-                self.generations.bump(name, USAGE)  # hits, last use, first writers and misses moved
-            fresh += sum(drained.fresh.values())
-        return fresh
-
     def loop_snapshot(self) -> dict[str, LoopStatus]:
         """How the background loops are doing, whichever process runs them (the catalog's ``loop_health``); this
         process's own view while the catalog cannot be read."""
@@ -269,99 +214,9 @@ class State:
                 ))
         return out
 
-    def prune(self, name: str, policy: PrunePolicy, *, policy_json: dict[str, Any], dry_run: bool,
-              who: str) -> pruning.Outcome:
-        """Plan (or apply, unless ``dry_run``: the caller checked the admin scope) a prune of ``name``. Raises
-        PruneInProgressError while another prune of ``name`` runs."""
-        throttle = pruning.Throttle(self.settings.verify_bytes_per_s, self.settings.verify_cpu_share)
-        outcome = pruning.run_prune(self.catalog, name, self.storages[name], policy, dry_run=dry_run, who=who,
-                                    policy_json=policy_json, lock=self.prune_locks.get(name),
-                                    secret=self.settings.attest_secret, throttle=throttle,
-                                    retain_s=self.settings.records_retain_s)
-        if outcome.result is not None:
-            self.metrics.prune_deleted.labels(name).inc(outcome.result.deleted)
-            self.metrics.prune_bytes.labels(name).inc(outcome.result.bytes_freed)
-            self.changed(name)
-        return outcome
-
-    def close_interrupted_prunes(self, name: str) -> None:
-        """Close the audit rows of prunes of ``name`` whose replica died mid-way (none runs while we hold the
-        cache's prune lock; skipped while one does)."""
-        lock = self.prune_locks.get(name)
-        if not lock.acquire(blocking=False):
-            return
-        try:
-            closed = prune_audit.close_interrupted(self.catalog, name, self.storages[name])
-        finally:
-            # Free before the refresh: whoever reads the audit closed may prune at once, and must not be told that
-            # a prune is still running.
-            lock.release()
-        if closed:
-            self.changed(name)
-
-    def delete_entry(self, name: str, key: str, *, who: str) -> bool:
-        """Delete one entry, audited; False when there was none. Raises PruneInProgressError."""
-        deleted = pruning.delete_entry(self.catalog, name, self.storages[name], key, who=who,
-                                       lock=self.prune_locks.get(name))
-        if deleted:
-            self.changed(name)
-        return deleted
-
     def _refresh_gauges(self, name: str) -> None:
         self.metrics.totals(self.catalog, name)
 
-    def verify(self, name: str, *, max_entries: int | None = None, recheck_all: bool = False,
-               stop: threading.Event | None = None, throttled: bool = False) -> verification.VerifyPass:
-        """One integrity pass over ``name`` (only what needs it unless ``recheck_all``)."""
-        if name not in self.scanned:
-            self.rescan(name)
-        result = verification.run_pass(
-            self.catalog, name, self.storages[name], min_age_s=self.settings.verify_min_age_s,
-            max_entries=max_entries, recheck_all=recheck_all, stop=stop,
-            bytes_per_s=self.settings.verify_bytes_per_s if throttled else None,
-            cpu_share=self.settings.verify_cpu_share if throttled else None, progress=self.loops.progress,
-        )
-        self._refresh_integrity(name)
-        return result
-
-    def verify_all(self, stop: threading.Event) -> list[tuple[str, Exception]]:
-        """One throttled integrity pass over every cache; the caches whose pass failed, with why."""
-        failed: list[tuple[str, Exception]] = []
-        for name in self.settings.caches:
-            if stop.is_set():
-                break
-            self.loops.on_cache(name)
-            try:
-                self.verify(name, stop=stop, throttled=True)
-            except Exception as exc:  # noqa: BLE001 - one cache's failure must not stop the others' passes
-                failed.append((name, exc))
-        return failed
-
-    def _refresh_integrity(self, name: str) -> None:
+    def refresh_integrity(self, name: str) -> None:
+        """The integrity gauges of ``name`` from the catalog's verdicts."""
         self.metrics.integrity_of(self.catalog, name)
-
-    def rescan_all(self) -> list[tuple[str, Exception]]:
-        """One round of background rescans; the caches whose rescan failed, with why. With several replicas on one
-        catalog, a cache is skipped when another replica is rescanning it or finished a rescan less than half a
-        period ago: each replica does not list the whole bucket every period."""
-        now = time.time()
-        failed: list[tuple[str, Exception]] = []
-        with self.catalog.session() as s:
-            last = {r.name: r.last_scan_s for r in s.scalars(select(CacheRow))}
-        for name in self.settings.caches:
-            at = last.get(name)
-            # A process's first round always rescans: records and entries written while it was down (or
-            # since the last replica's scan) must not wait a whole period.
-            if (at is not None and name in self._rounds_done and 0 <= now - at < self.settings.rescan_s / 2):
-                log.debug("rescan of %s skipped: scanned %.0f s ago (by another process)", name, now - at)
-                continue
-            self.loops.on_cache(name)
-            try:
-                self.rescan(name, wait_s=0)
-                self._rounds_done.add(name)
-                self.close_interrupted_prunes(name)
-            except LockBusyError:
-                log.info("rescan of %s skipped: another process is running one", name)
-            except Exception as exc:  # noqa: BLE001 - a root or the database gone: the others still get rescanned
-                failed.append((name, exc))
-        return failed

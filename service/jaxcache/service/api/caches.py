@@ -10,6 +10,7 @@ from jaxcache.service.api import conditional
 from jaxcache.service.api.deps import ERRORS, AdminAuth, CacheName, ReadAuth, state_of, storage_of
 from jaxcache.service.api.schemas.caches import CacheList, CacheSummary, RescanModel, StatsModel
 from jaxcache.service.api.schemas.common import ErrorModel
+from jaxcache.service.operations import rescans
 
 router = APIRouter(tags=["caches"], responses=ERRORS)
 
@@ -45,7 +46,7 @@ def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> RescanMode
     """Rescan one cache now (background rescans run every JAXCACHE_RESCAN_S seconds): entries, and the run
     records under .jaxcache/runs/ that are new or changed."""
     storage_of(request, cache)
-    r = state_of(request).rescan(cache, wait_s=RESCAN_WAIT_S)
+    r = rescans.rescan(state_of(request), cache, wait_s=RESCAN_WAIT_S)
     return RescanModel(cache=r.cache, added=r.added, removed=r.removed, updated=r.updated, entries=r.entries,
                        seconds=r.seconds, records_ingested=r.records_ingested,
                        records_malformed=r.records_malformed, warmups_ingested=r.warmups_ingested,

@@ -23,6 +23,7 @@ from jaxcache.service.api.schemas.common import ErrorModel
 from jaxcache.service.api.schemas.entries import EntryDetail, EntryJobModel, EntryPage
 from jaxcache.service.api.schemas.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText
 from jaxcache.service.catalog import queries
+from jaxcache.service.operations import pruning
 from jaxcache.service.state import State
 from jaxcache.service.tasks.pruning import EntryNotDeletedError, PruneInProgressError
 
@@ -111,7 +112,7 @@ def delete_entry(request: Request, cache: CacheName, key: EntryKey, principal: A
     storage_of(request, cache)
     check_key(key)
     try:
-        deleted = state.delete_entry(cache, key, who=principal.who)
+        deleted = pruning.delete_entry(state, cache, key, who=principal.who)
     except PruneInProgressError:
         raise HTTPException(409, f"a prune of {cache!r} is running (on this or another replica of the service);"
                                  " try again when it ends") from None

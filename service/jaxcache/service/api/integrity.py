@@ -23,6 +23,7 @@ from jaxcache.service.api.schemas.fields import CACHE_DIR
 from jaxcache.service.api.schemas.integrity import IntegritySummary, VerifyRequest, VerifyResult
 from jaxcache.service.catalog.queries import verdicts
 from jaxcache.service.ingestion import routing
+from jaxcache.service.operations import verifying
 
 router = APIRouter(tags=["integrity"], responses=ERRORS)
 
@@ -37,7 +38,7 @@ def post_verify(request: Request, cache: CacheName, _p: AdminAuth,
     does the same, throttled to JAXCACHE_VERIFY_BYTES_PER_S."""
     storage_of(request, cache)
     body = body or VerifyRequest()
-    r = state_of(request).verify(cache, max_entries=body.max_entries, recheck_all=body.recheck_all)
+    r = verifying.verify(state_of(request), cache, max_entries=body.max_entries, recheck_all=body.recheck_all)
     return VerifyResult(cache=r.cache, checked=r.checked, bytes_read=r.bytes_read, counts=r.counts,
                         remaining=r.remaining, seconds=r.seconds)
 

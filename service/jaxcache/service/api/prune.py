@@ -31,6 +31,7 @@ from jaxcache.service.api.schemas.prune import (
 )
 from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.models import PinRow
+from jaxcache.service.operations import pruning
 from jaxcache.service.tasks import memory
 from jaxcache.service.tasks.pruning import PruneInProgressError
 
@@ -52,7 +53,7 @@ def post_prune(request: Request, cache: CacheName, body: PruneRequest, backgroun
     storage_of(request, cache)
     policy, policy_json = policy_of(body)
     try:
-        outcome = state.prune(cache, policy, policy_json=policy_json, dry_run=body.dry_run, who=principal.who)
+        outcome = pruning.prune(state, cache, policy, policy_json=policy_json, dry_run=body.dry_run, who=principal.who)
     except PruneInProgressError:
         raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
                                  "service); try again when it ends") from None

@@ -16,6 +16,7 @@ from jaxcache.service.api.schemas.prune import policy_of, response_of
 from jaxcache.service.catalog import queries
 from jaxcache.service.dashboard.forms import policy_form, policy_request, read_form
 from jaxcache.service.dashboard.site import MAX_SHOWN, Dashboard, ToLogin, Viewer, html_route
+from jaxcache.service.operations import pruning
 from jaxcache.service.tasks.pruning import PruneInProgressError
 
 
@@ -50,8 +51,8 @@ def routes(dash: Dashboard) -> APIRouter:
         if q.get("preview"):
             try:
                 policy, policy_json = policy_of(policy_request(form, dry_run=True))
-                outcome = await run_in_threadpool(state.prune, cache, policy, policy_json=policy_json, dry_run=True,
-                                                  who=viewer.who)
+                outcome = await run_in_threadpool(pruning.prune, state, cache, policy, policy_json=policy_json,
+                                                  dry_run=True, who=viewer.who)
                 preview = response_of(outcome, dry_run=True, limit=MAX_SHOWN)
             except InvalidInputError as exc:
                 error, status = str(exc), 400
@@ -82,8 +83,8 @@ def routes(dash: Dashboard) -> APIRouter:
                 error=f"To apply, type the cache name ({cache}) in the confirmation box. Nothing was deleted.")
         try:
             policy, policy_json = policy_of(policy_request(form, dry_run=False))
-            outcome = await run_in_threadpool(state.prune, cache, policy, policy_json=policy_json, dry_run=False,
-                                              who=viewer.who)
+            outcome = await run_in_threadpool(pruning.prune, state, cache, policy, policy_json=policy_json,
+                                              dry_run=False, who=viewer.who)
         except InvalidInputError as exc:
             return await run_in_threadpool(prune_page, request, viewer, cache, form, status=400,
                                            error=f"{exc}. Nothing was deleted.")
