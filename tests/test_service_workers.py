@@ -205,3 +205,21 @@ def test_a_worker_that_cannot_build_the_app_stops_the_service_with_one_line(tmp_
 
     assert done.returncode == STARTUP_FAILURE, done.stderr
     assert done.stderr.startswith("jaxcache: error: ") and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_a_second_service_on_the_workers_port_is_refused_and_the_first_keeps_it(served, tmp_path, cache_copy):
+    """The workers' sockets share the port (SO_REUSEPORT): another `jaxcache serve --workers 2` on it must fail
+    with one line, not join them and take part of the first service's connections."""
+    proc, base, _, _ = served
+    port = base.rsplit(":", 1)[1]
+    second = subprocess.run(
+        [str(Path(sys.executable).with_name("jaxcache")), "serve", "--workers", "2", "--port", port,
+         "--db", f"sqlite:///{tmp_path / 'other.sqlite'}", "--cache", f"demo={cache_copy}"],
+        env=serve_env(), capture_output=True, text=True, timeout=PATIENCE_S)
+    said = second.stdout + second.stderr
+    assert second.returncode != 0 and f"cannot listen on 127.0.0.1:{port}" in said, said
+    assert "Traceback" not in said, said
+    for _ in range(6):  # new connections each: every one still reaches the first service
+        assert httpx.get(f"{base}/readyz", timeout=30).status_code == 200
+    assert proc.poll() is None

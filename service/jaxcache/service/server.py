@@ -42,14 +42,19 @@ def listen(host: str, port: int, *, shared: bool = False) -> socket.socket:
     return sock
 
 
-def _bound(family: int, proto: int, address: Any, *, shared: bool) -> socket.socket:
+def _bound(family: int, proto: int, address: Any, *, shared: bool, joining: bool = False) -> socket.socket:
+    """Bound to ``address``. ``shared``: the port's holder, bound alone first and only then opened to the workers'
+    sockets (``joining``: one of those), so that a second service started on the same port fails here rather than
+    joining the group and taking half of the first one's connections."""
     sock = socket.socket(family, socket.SOCK_STREAM, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if shared:
+    if joining:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     if family == socket.AF_INET6:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # "::" takes IPv4 too, as uvicorn's does
     sock.bind(address)
+    if shared and not joining:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     return sock
 
 
@@ -68,7 +73,7 @@ class WorkerSocket:
 
 
 def _worker_listens(family: int, proto: int, address: Any) -> socket.socket:
-    sock = _bound(family, proto, address, shared=True)
+    sock = _bound(family, proto, address, shared=True, joining=True)
     sock.listen(2048)
     return sock
 
