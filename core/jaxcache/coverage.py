@@ -38,8 +38,7 @@ class ProgramCoverage(msgspec.Struct, frozen=True):
     compile_s: Seconds | None = None
     size_bytes: Annotated[int, msgspec.Meta(ge=0, lt=2**53)] | None = None
     reason: Text | None = None
-    sha256: Sha256 | None = None  # of the stored bytes, read back after JAX wrote them (written programs only)
-    signature: Sha256 | None = None  # HMAC of the digest with the writers' key (jaxcache.attestations.sign)
+    sha256: Sha256 | None = None  # of the bytes JAX put (written programs only); old "signature" ignored
     parts: KeyParts | None = None  # the hash of each part of the key, as JAX computed it
     program: ProgramSignature | None = None  # the program's entry signature, as its module declares it
 

@@ -10,11 +10,12 @@ bounded whatever their size.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from jaxcache.attestations import FILE, Attestation, load
+from jaxcache import signing
+from jaxcache.attestations import Attestation, from_signature, load
 from jaxcache.entry import Status, validate_chunks
 from jaxcache.errors import NotRegularFileError
 from jaxcache.executable import embedded_module
@@ -58,16 +59,17 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def load_attestations(storage: Storage, *, secret: bytes | None = None) -> dict[str, Attestation]:
-    """The digest that counts for each key of a root, from its run and coverage records."""
-    return load(storage, secret=secret).by_key
+def load_attestations(storage: Storage) -> dict[str, Attestation]:
+    """The unsigned digest that counts for each key of a root, from its run and coverage records."""
+    return load(storage).by_key
 
 
 def judge(entry: Entry, chunks: Iterable[bytes], attestation: Attestation | None, *, now: float,
-          min_age_s: float) -> Verdict:
-    """Judge one entry from its bytes, read once as a stream. Entries younger than ``min_age_s`` that look broken
-    are ``pending``, never corrupt or tampered: JAX writes non-atomically, so a file being written looks
-    truncated."""
+          min_age_s: float, signed: Sequence[Attestation] = (), notes: Sequence[str] = ()) -> Verdict:
+    """Judge one entry from its bytes, read once as a stream. ``signed``: digests trusted keys signed (the only
+    proof: ``tampered`` means the bytes differ from every one); ``attestation``: the unsigned digest that counts
+    (a mismatch is ``differs``). Entries younger than ``min_age_s`` that look broken are ``pending``: JAX writes
+    non-atomically, so a file being written looks truncated."""
     digest = hashlib.sha256()
     size = 0
 
@@ -85,16 +87,24 @@ def judge(entry: Entry, chunks: Iterable[bytes], attestation: Attestation | None
     sha = digest.hexdigest()
     module = embedded_module(validation.head) if validation.status is Status.OK else None
     classes: list[str] = []
-    reasons: list[str] = []
-    if attestation is not None and attestation.sha256 != sha:
-        if attestation.source == FILE:
-            classes.append(DIFFERS)
-            reasons.append(f"digest {sha[:12]}… differs from the {attestation.sha256[:12]}… {attestation.described()};"
-                           " whoever can write the bucket could have written either, so this is not proof of"
-                           " tampering, but the entry is not what its writer stored: delete it")
-        else:
-            classes.append(TAMPERED)
-            reasons.append(f"digest {sha[:12]}… differs from the {attestation.sha256[:12]}… {attestation.described()}")
+    reasons: list[str] = list(notes)
+    matching = next((a for a in signed if a.sha256 == sha), None)
+    if signed and matching is None:
+        classes.append(TAMPERED)
+        reasons.append(f"digest {sha[:12]}… differs from the {signed[0].sha256[:12]}… {signed[0].described()}:"
+                       " the bytes changed after a trusted key signed them")
+    if matching is not None:
+        if attestation is not None and attestation.sha256 != sha:
+            reasons.append(f"an unsigned digest {attestation.sha256[:12]}… {attestation.described()} disagrees;"
+                           " the signed one counts")
+        attestation = matching
+    elif not signed and attestation is not None and attestation.sha256 != sha:
+        classes.append(DIFFERS)
+        reasons.append(f"digest {sha[:12]}… differs from the unsigned {attestation.sha256[:12]}…"
+                       f" {attestation.described()}; whoever can write the bucket (or holds a report token) could"
+                       " have made either, so this is not proof of tampering")
+    elif signed and attestation is None:
+        attestation = signed[0]
     pinned = attestation is not None and attestation.platform in PINNED_PLATFORMS
     if module is not None and module != entry.module:
         classes.append(MISMATCHED)
@@ -135,21 +145,28 @@ def classify(entry: Entry, data: bytes, attestation: Attestation | None, *, now:
 
 def verify(
     storage: Storage, entries: Iterable[Entry], attestations: Mapping[str, Attestation], *, now: float,
-    min_age_s: float, workers: int | None = None,
+    min_age_s: float, workers: int | None = None, trusted: signing.TrustedKeys | None = None,
 ) -> Iterator[Verdict]:
-    """Read and judge every entry (in parallel, order kept); entries deleted meanwhile are skipped."""
-    work = partial(_judge, storage, attestations, now, min_age_s)
+    """Read and judge every entry with its ``-sig`` object (in parallel, order kept); entries deleted meanwhile are
+    skipped. ``trusted``: the keys whose signatures prove (default: JAXCACHE_TRUSTED_KEYS)."""
+    keys = signing.TrustedKeys.from_env() if trusted is None else trusted
+    work = partial(judge_stored, storage, attestations, keys, now, min_age_s)
     for verdict in bounded_map(work, entries, workers=workers or storage.io_workers):
         if verdict is not None:
             yield verdict
 
 
-def _judge(storage: Storage, attestations: Mapping[str, Attestation], now: float, min_age_s: float,
-           entry: Entry) -> Verdict | None:
+def judge_stored(storage: Storage, attestations: Mapping[str, Attestation], trusted: signing.TrustedKeys,
+                 now: float, min_age_s: float, entry: Entry) -> Verdict | None:
+    """Read one entry and its signatures and judge it; None when it is gone or no longer a file."""
     try:
         chunks = storage.read_chunks(entry.name)
     except NotRegularFileError:
         return None  # replaced by a FIFO, a link or a folder since the listing: skipped (counted in storage.skipped)
     if chunks is None:
         return None
-    return judge(entry, chunks, attestations.get(entry.key), now=now, min_age_s=min_age_s)
+    unsigned = attestations.get(entry.key)
+    found = signing.read(storage, entry.key, trusted) if trusted else signing.Found()
+    platform = unsigned.platform if unsigned is not None else None
+    signed = [from_signature(s, platform) for s in found.trusted]
+    return judge(entry, chunks, unsigned, now=now, min_age_s=min_age_s, signed=signed, notes=found.notes)

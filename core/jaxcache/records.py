@@ -116,8 +116,7 @@ class KeyUsage(msgspec.Struct, gc=False):
     size_bytes: Count | None = None
     first_at: Seconds = 0.0
     last_at: Seconds = 0.0
-    sha256: Sha256 | None = None  # of the stored bytes, read back by the writer once JAX finished writing them
-    signature: Sha256 | None = None  # HMAC of the digest with the writers' key (jaxcache.attestations.sign)
+    sha256: Sha256 | None = None  # of the bytes JAX put; an old "signature" field is ignored
     parts: KeyParts | None = None  # the hash of each part of the key, as JAX computed it (None: not captured)
     program: ProgramSignature | None = None  # the program's entry signature, as its module declares it
 

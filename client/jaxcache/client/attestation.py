@@ -1,9 +1,10 @@
-"""Attestation: a digest of every entry this process wrote, read back once JAX has finished writing it.
+"""Attestation: the digest of the bytes JAX handed its cache's ``put``, checked against the entry once written.
 
-The digest goes into the run record, so the catalog can later tell the entry's bytes from tampered ones. Hashing
-happens on one background thread fed by a bounded queue: a training step never waits for it, and when the queue
-is full the entry is simply left unattested (counted, never blocking). The same read decompresses the entry whole:
-one torn after its head (a disk that filled up mid-write) is no write of this process either.
+The digest is taken from the bytes themselves (the JAX wall's put hook), never from a read-back, which would vouch
+for whatever was planted before the read. Once JAX has written, one background thread fed by a bounded queue reads
+the entry back whole: only when its bytes are the ones put (not torn by a full disk, not planted) does the digest
+enter the run record and, with JAXCACHE_SIGNING_KEY, a signature go beside the entry (``<key>-sig``, create-only).
+A training step never waits; when the queue is full the entry is left unattested (counted, never blocking).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from jaxcache import entry
-from jaxcache.attestations import sign
+from jaxcache import entry, signing
 from jaxcache.client.misses import SLACK_S
 from jaxcache.client.reporting import RecordWriter
 from jaxcache.client.telemetry import Recorder
@@ -26,16 +26,21 @@ log = logging.getLogger("jaxcache.client")
 QUEUE_SIZE = 1024
 UNREADABLE_REASON = ("the cache holds an entry for this key that JAX could not load; JAX does not rewrite an entry"
                      " that exists")
+NOT_PUT_REASON = "the entry in the cache is not the bytes JAX wrote (replaced or planted meanwhile)"
+MAX_PUTS = 4096  # digests of puts not yet checked: bounded like the queue
 
 
 class Attestor:
     """Hashes written entries off the compiling thread and stores the digests in the recorder."""
 
     def __init__(self, writer: RecordWriter, recorder: Recorder, *, maxsize: int = QUEUE_SIZE,
-                 secret: bytes | None = None, broken: Callable[[str, str], str] | None = None) -> None:
+                 signing_key: signing.SigningKey | None = None, writer_name: Callable[[], str] = lambda: "",
+                 broken: Callable[[str, str], str] | None = None) -> None:
         self._writer = writer
         self._recorder = recorder
-        self._secret = secret  # JAXCACHE_ATTEST_KEY: digests signed with it outrank anyone else's
+        self._key = signing_key  # JAXCACHE_SIGNING_KEY: what it signs, trusted readers take as proof
+        self._writer_name = writer_name  # information beside a signature ("job x run y"), never what it proves
+        self._puts: dict[str, tuple[str, int]] = {}  # key -> (sha256, size) of the bytes JAX handed put
         # (key, what is wrong with its entry) -> the reason the record gives, led by its cause (WriteCheck.torn)
         self._broken = broken or (lambda key, what: what)
         self._queue: queue.Queue[tuple[str, float]] = queue.Queue(maxsize=maxsize)
@@ -44,6 +49,16 @@ class Attestor:
         self._lock = threading.Lock()
         self.dropped = 0
         self.failed = 0
+
+    def on_put(self, key: str, value: bytes) -> None:
+        """The JAX wall's put hook: the digest of the exact bytes JAX is about to store (on the compiling thread;
+        hashing bytes in memory costs far less than the compile that made them)."""
+        with self._lock:
+            if len(self._puts) >= MAX_PUTS:
+                return
+        digest = hashlib.sha256(value).hexdigest()
+        with self._lock:
+            self._puts[key] = (digest, len(value))
 
     def submit(self, key: str, looked_up_at: float = 0.0) -> None:
         """Queue a key JAX says it just wrote (having looked it up at ``looked_up_at``); never blocks."""
@@ -81,6 +96,10 @@ class Attestor:
                     # bytes are not this process's, and attesting them would vouch for a broken entry.
                     self._recorder.mark_not_written(key, UNREADABLE_REASON)
                     continue
+                with self._lock:
+                    put = self._puts.pop(key, None)
+                if put is None:
+                    continue  # the put hook heard nothing (a JAX it cannot hook, or too many at once): unattested
                 chunks = storage.read_chunks(key + "-cache")
                 if chunks is not None:
                     whole, sha, size = _read_whole(chunks)
@@ -88,8 +107,14 @@ class Attestor:
                         reason = self._broken(key, f"JAX's write left a broken entry ({whole.reason})")
                         self._recorder.mark_not_written(key, reason)
                         continue
-                    signature = sign(self._secret, key, sha) if self._secret is not None else None
-                    self._recorder.set_digest(key, sha, size, signature)
+                    if (sha, size) != put:
+                        self._recorder.mark_not_written(key, NOT_PUT_REASON)
+                        continue
+                    self._recorder.set_digest(key, sha, size)
+                    if self._key is not None and not signing.write(
+                            storage, self._key.sign(key, sha, size, writer=self._writer_name())):
+                        log.warning("jaxcache: %s already has a signature object; this write is left unsigned",
+                                    key)
             except Exception as exc:  # noqa: BLE001 - an unreadable entry stays unattested; the job goes on
                 self.failed += 1
                 log.debug("jaxcache: could not read back %s to attest it: %s", key, exc)

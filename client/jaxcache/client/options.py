@@ -17,6 +17,7 @@ from jaxcache.client.errors import CacheNotConfiguredError, UntrustedCacheDirErr
 from jaxcache.client.trust import TRUST_MODES
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import check_job, check_run_id
+from jaxcache.signing import SigningKey, key_from_env
 from jaxcache.storage import is_gcs_url
 
 DEFAULT_RECORD_EVERY_S = 300.0
@@ -34,7 +35,7 @@ ENV_VARS = (
     "JAXCACHE_MIN_ENTRY_SIZE_BYTES",
     "JAXCACHE_RECORD_EVERY_S",
     "JAXCACHE_VERIFY",
-    "JAXCACHE_ATTEST_KEY",
+    "JAXCACHE_SIGNING_KEY",
     "JAXCACHE_KEY_PARTS",
 )
 
@@ -55,7 +56,7 @@ class ClientOptions:
     trust: str = "strict"
     record_every_s: float = DEFAULT_RECORD_EVERY_S
     verify: str = "off"
-    attest_key: bytes | None = field(default=None, repr=False)  # signs this process's digests (JAXCACHE_ATTEST_KEY)
+    signing_key: SigningKey | None = field(default=None, repr=False)  # JAXCACHE_SIGNING_KEY: signs what JAX puts
     key_parts: bool = True  # capture what went into each key (JAXCACHE_KEY_PARTS=off turns it off)
 
     @property
@@ -181,7 +182,7 @@ def resolve(
         trust=trust,
         record_every_s=every_s,
         verify=check,
-        attest_key=env.get("JAXCACHE_ATTEST_KEY", "").encode() or None,
+        signing_key=key_from_env(env),
         key_parts=parts == "on",
     )
 

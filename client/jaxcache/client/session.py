@@ -52,7 +52,9 @@ class CacheSession:
         self._recorder = Recorder(key_parts=options.key_parts, check_write=check)
         self._misses = MissCheck(lambda name: self._writer.storage().stat(name),
                                  limit=MAX_CHECKED_GCS if options.is_gcs else MAX_CHECKED)
-        self._attestor = Attestor(self._writer, self._recorder, secret=options.attest_key, broken=check.torn)
+        self._attestor = Attestor(self._writer, self._recorder, signing_key=options.signing_key, broken=check.torn,
+                                  writer_name=lambda: f"{self.kind} {self.job} run {self.run_id}")
+        self._undo_put_hook: Callable[[], None] | None = None
         self._sampler = None
         if options.verify == "sample":
             from jaxcache.client.verify import HitSampler  # reads entries: loaded only when asked for
@@ -191,6 +193,9 @@ class CacheSession:
 
     def _start(self) -> None:
         self._recorder.install()
+        self._undo_put_hook = ji.hook_cache_puts(self._attestor.on_put)
+        if self._undo_put_hook is None:
+            ji.degraded("has no compilation_cache._get_cache: entries this process writes stay unattested and unsigned")
         self._recorder.add_listener(self._attest_writes)
         self._ticker = threading.Thread(target=self._tick, name="jaxcache-records", daemon=True)
         self._ticker.start()
@@ -238,6 +243,8 @@ class CacheSession:
     def _shutdown_for_tests(self) -> None:
         self._stop.set()
         self._recorder.uninstall()
+        if self._undo_put_hook is not None:
+            self._undo_put_hook()
         atexit.unregister(self.close)
 
 

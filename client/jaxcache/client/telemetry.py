@@ -163,13 +163,12 @@ class Recorder:
         with self._lock:
             return [_copy(u) for u in self._keys.values()]
 
-    def set_digest(self, key: str, sha256: str, size_bytes: int, signature: str | None = None) -> None:
+    def set_digest(self, key: str, sha256: str, size_bytes: int) -> None:
         """Record the digest of an entry this process wrote (see :mod:`jaxcache.client.attestation`)."""
         with self._lock:
             if key in self._keys:
                 self._keys[key].sha256 = sha256
                 self._keys[key].size_bytes = size_bytes
-                self._keys[key].signature = signature
 
     def mark_not_written(self, key: str, reason: str) -> None:
         """JAX said it wrote ``key`` but did not (the entry there is older than the lookup, or torn when read back

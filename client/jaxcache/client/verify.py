@@ -19,9 +19,9 @@ import urllib.request
 
 from jaxcache import entry as fmt
 from jaxcache import integrity
-from jaxcache.attestations import key_from_env
 from jaxcache.client.errors import IntegrityCheckError, TamperedCacheError
 from jaxcache.scan import Entry
+from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.client")
@@ -119,17 +119,15 @@ class HitSampler:
 
     def _run(self) -> None:
         try:
-            attested = integrity.load_attestations(self._storage, secret=key_from_env())
+            attested = integrity.load_attestations(self._storage)
+            trusted = TrustedKeys.from_env()
             for key in self._keys:
-                chunks = self._storage.read_chunks(fmt.cache_name(key))
-                if chunks is None:
-                    continue
                 name = fmt.parse_name(fmt.cache_name(key))
                 if name is None:
                     raise ValueError(f"{key!r} is not the shape of a key JAX gives")
                 entry = Entry(key=key, module=name.module, hash=name.hash, name=name.name, size_bytes=0, mtime_s=0.0)
-                verdict = integrity.judge(entry, chunks, attested.get(key), now=0.0, min_age_s=0.0)
-                if verdict.classification in _HARM:
+                verdict = integrity.judge_stored(self._storage, attested, trusted, 0.0, 0.0, entry)
+                if verdict is not None and verdict.classification in _HARM:
                     self.findings.append(verdict)
                     log.warning("jaxcache: this job loaded %s from the cache and it is %s: %s. Results may be"
                                 " wrong; remove it (jaxcache prune ROOT --integrity tampered,mismatched,differs"

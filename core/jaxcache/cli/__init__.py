@@ -20,7 +20,8 @@ from jaxcache.storage import open_storage
 #: The core's commands, and the module under jaxcache.cli that defines each. A command's module is imported only
 #: to run it or for --help: `jaxcache ls` of a large root takes well under a second, of which importing every
 #: command (prune, explain, doctor) would be a good share.
-CORE_COMMANDS = {"ls": "listing", "stats": "listing", "doctor": "doctor", "prune": "prune", "explain": "explain"}
+CORE_COMMANDS = {"ls": "listing", "stats": "listing", "doctor": "doctor", "prune": "prune", "explain": "explain",
+                 "keys": "keys"}
 
 
 def _version() -> str:
@@ -86,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command is not None:
             assert command.run is not None
             return command.run(args)
-        storage = open_storage(args.root)
+        storage = open_storage(args.root) if args.root is not None else None  # `keys new` has no root
         exit_code: int = args.run(args, storage)
         return exit_code
     except JaxcacheError as exc:

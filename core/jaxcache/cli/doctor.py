@@ -37,7 +37,7 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
     from jaxcache import integrity
 
     min_age_s = parse_duration(args.min_age)
-    found = att.load(storage, secret=att.key_from_env())
+    found = att.load(storage)
     attestations = found.by_key
     entries = (r for r in scan(storage, read_headers=False) if isinstance(r, Entry))
     verdicts = list(progress(integrity.verify(storage, entries, attestations, now=time.time(),
@@ -66,8 +66,9 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
     if flagged:
         print(render(["CLASS", "FILE", "WHY"], [[v.classification, v.name, "; ".join(v.reasons)] for v in flagged]))
     if bad:
-        print("\nnote: JAX executes what it loads: delete these before jobs load them "
-              "(`jaxcache prune ROOT --integrity tampered,mismatched,differs,corrupt --apply`), and find out who "
+        print("\nnote: JAX executes what it loads: delete these before jobs load them (`jaxcache prune ROOT "
+              "--integrity --apply` removes the proven ones; `--integrity tampered,mismatched,differs,corrupt` "
+              "also those that only differ from an unsigned digest), and find out who "
               "could write them.")
     if found.conflicts:
         print(f"\nnote: {len(found.conflicts)} entries have more than one recorded digest; the first counted, the"
@@ -123,10 +124,10 @@ def add_parser(sub: Any) -> None:
                                     "attention.")
     dr.add_argument("root", metavar="ROOT", help=ROOT_HELP)
     dr.add_argument("--verify", action="store_true",
-                    help="integrity: compare each entry with its writer's recorded digest and its embedded program "
-                         "name; classes ok, tampered (differs from a signed digest: JAXCACHE_ATTEST_KEY), differs "
-                         "(from a record in the bucket), mismatched, corrupt, pending (younger than --min-age), "
-                         "unattested")
+                    help="integrity: compare each entry with its signatures (<key>-sig), its writer's recorded "
+                         "digest and its embedded program name; classes ok, tampered (differs from what a key of "
+                         "JAXCACHE_TRUSTED_KEYS signed: proof), differs (from an unsigned digest: a record or a "
+                         "report, not proof), mismatched, corrupt, pending (younger than --min-age), unattested")
     dr.add_argument("--min-age", default="1h", metavar="DURATION",
                     help="with --verify: entries younger than this that look broken are pending (default 1h)")
     dr.add_argument("--json", action="store_true", help="print JSON (stable field names)")

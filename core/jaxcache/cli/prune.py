@@ -27,6 +27,7 @@ from jaxcache.prune import (
 )
 from jaxcache.prune.candidates import CandidateList
 from jaxcache.prune.listed import listed_candidates
+from jaxcache.prune.policy import PROOF_CLASSES
 from jaxcache.scan import Entry
 from jaxcache.storage import Storage
 from jaxcache.table import render
@@ -185,6 +186,17 @@ def _plan_json(args: argparse.Namespace, storage: Storage, policy: PrunePolicy, 
     }
 
 
+def _signature_orphans(storage: Storage, *, apply: bool) -> list[str]:
+    """``<key>-sig`` objects whose entry is gone (JAX's LRU deletes only -cache and -atime), deleted if ``apply``."""
+    from jaxcache import signing
+
+    found = list(signing.orphans(storage))
+    if apply:
+        for name in found:
+            storage.delete(name)
+    return found
+
+
 def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
     policy = _prune_policy(args)
     if not policy.selects_anything():
@@ -202,10 +214,9 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
     if policy.integrity:
         # Read every entry once and judge it against its writer's digest and embedded name.
         from jaxcache import integrity
-        from jaxcache.attestations import key_from_env
 
         rows = list(candidates)
-        attested = integrity.load_attestations(storage, secret=key_from_env())
+        attested = integrity.load_attestations(storage)
         scanned = [Entry(key=c.key, module=c.module, hash=c.key[-64:], name=c.name, size_bytes=c.size_bytes,
                          mtime_s=c.created_s, generation=c.generation) for c in rows if not c.orphan]
         verdicts = {v.key: v for v in progress(integrity.verify(storage, scanned, attested, now=now,
@@ -230,10 +241,15 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
     result = _apply_withprogress(storage, p, args.verbose) if args.apply and p.delete else None
     if args.apply and result is None:
         result = PruneResult()
+    sig_orphans = _signature_orphans(storage, apply=bool(args.apply)) if policy.orphans else []
+    if sig_orphans and not args.json:
+        print(f"{'deleted' if args.apply else 'would delete'} {len(sig_orphans)} signature objects whose entry is"
+              " gone (<key>-sig)")
     exit_code = EXIT_PROBLEMS if result is not None and result.errors else EXIT_OK
     if args.json:
         with collector.paused():  # a decision and a dict for each of 100k deletions
-            print_json(_plan_json(args, storage, policy, p, now, details, use, result))
+            print_json(_plan_json(args, storage, policy, p, now, details, use, result)
+                       | {"signature_orphans": sig_orphans})
         return exit_code
     if result is None:
         print(f"would delete {len(p.delete)} entries, freeing {format_bytes(p.bytes_freed)} "
@@ -280,14 +296,15 @@ def add_parser(sub: Any) -> None:
     pr.add_argument("--corrupt", action="store_true",
                     help="entries whose head does not decode (the scan's header check; `jaxcache doctor` does the "
                          "full check)")
-    pr.add_argument("--orphans", action="store_true", help="orphaned -atime files whose entry is gone")
+    pr.add_argument("--orphans", action="store_true", help="orphaned -atime and -sig files whose entry is gone")
     pr.add_argument("--stale-jaxlib", action="store_true",
                     help="entries whose first writer's jaxlib no run used within --stale-jaxlib-window (from run "
                          "records; an entry no record names is kept)")
     pr.add_argument("--stale-jaxlib-window", metavar="DURATION", help="for --stale-jaxlib (default 14d)")
-    pr.add_argument("--integrity", metavar="CLASSES",
+    pr.add_argument("--integrity", metavar="CLASSES", nargs="?", const=",".join(PROOF_CLASSES),
                     help="entries whose integrity check (as doctor --verify) finds them tampered, mismatched, "
-                         "differs and/or corrupt, comma-separated, e.g. tampered,mismatched,differs,corrupt")
+                         "differs and/or corrupt, comma-separated; alone: the proven ones, "
+                         f"{','.join(PROOF_CLASSES)} (differs proves nothing: name it to act on it)")
     pr.add_argument("--keep", metavar="PATTERN", action="append",
                     help="never delete entries whose key, or function name, matches PATTERN (a key or a glob); "
                          "repeat for more")

@@ -24,6 +24,7 @@ from jaxcache.errors import NotRegularFileError, PreconditionFailedError, RootGo
 from jaxcache.parallel import bounded_map
 from jaxcache.prune.candidates import Decision
 from jaxcache.prune.planner import PrunePlan
+from jaxcache.signing import sig_name
 from jaxcache.storage.base import Storage
 from jaxcache.storage.local import LocalStorage
 
@@ -172,6 +173,14 @@ def _lock_for(storage: Storage) -> Iterator[Lock]:
         lock.close()
 
 
+def _delete_signature(storage: Storage, key: str) -> None:
+    """A deleted entry's ``-sig`` goes with it; one left behind is an orphan ``prune --orphans`` removes."""
+    try:
+        storage.delete(sig_name(key))
+    except StorageError:
+        pass  # a folder named like it, or a failure: left for --orphans
+
+
 def _delete_one(
     storage: Storage, lock: Lock, jax_lru: bool, decision: Decision
 ) -> tuple[Decision, str, str | None]:
@@ -183,6 +192,8 @@ def _delete_one(
                 # Deleting it would leave a -cache without -atime, which breaks every write of JAX's LRU.
                 return decision, _CHANGED, None
             present = storage.delete(c.name, if_generation=c.generation)
+            if not c.orphan:
+                _delete_signature(storage, c.key)
             # Where JAX's LRU is on every entry gets an -atime, possibly just after the listing looked: try anyway.
             if c.orphan or not (c.has_atime or jax_lru):
                 return decision, _DELETED if present else _GONE, None

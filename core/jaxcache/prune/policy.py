@@ -14,6 +14,9 @@ from jaxcache.units import parse_bytes, parse_duration
 STALE_JAXLIB_WINDOW_S = 14 * 86400.0
 #: Integrity classes a policy may select: the ones that are evidence of harm.
 INTEGRITY_CLASSES = ("tampered", "mismatched", "differs", "corrupt")
+#: The proven ones: what ``--integrity`` alone selects. ``differs`` (against an unsigned digest) proves nothing,
+#: so it acts only where the operator names it.
+PROOF_CLASSES = ("tampered", "mismatched", "corrupt")
 
 @dataclass(frozen=True, slots=True)
 class PrunePolicy:

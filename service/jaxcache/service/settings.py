@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jaxcache.errors import InvalidInputError
+from jaxcache.signing import TrustedKeys
 
 SCOPES = ("read", "report", "admin")
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
@@ -130,9 +131,9 @@ class ServiceSettings(BaseSettings):
     verify_min_age_s: float = Field(
         3600.0, ge=0, description="entries younger than this that look broken are 'pending', not corrupt/tampered"
     )
-    attest_key: SecretStr | None = Field(
-        None, description="the key writers sign their entries' digests with (the same JAXCACHE_ATTEST_KEY in jobs and "
-        "warm-ups): signed digests outrank reported and file ones",
+    trusted_keys: str = Field(
+        "", description="public keys whose signatures prove an entry's bytes (NAME:base64, space-separated, as "
+        "`jaxcache keys new` prints them); without any, no verdict is `tampered`",
     )
     snapshot_dir: Path | None = Field(
         default_factory=default_snapshot_dir, description="local directory where rescans keep the listing they "
@@ -167,6 +168,15 @@ class ServiceSettings(BaseSettings):
             if not _NAME_RE.fullmatch(name):
                 raise ValueError(f"cache name {name!r}: use 1-63 lower-case letters, digits, '.', '_' or '-'")
         return caches
+
+    @field_validator("trusted_keys")
+    @classmethod
+    def _trusted(cls, text: str) -> str:
+        try:
+            TrustedKeys.parse(text)
+        except InvalidInputError as exc:
+            raise ValueError(str(exc)) from None
+        return text
 
     @field_validator("tokens")
     @classmethod
@@ -208,9 +218,9 @@ class ServiceSettings(BaseSettings):
         return self.records_retain_d * 86400.0
 
     @property
-    def attest_secret(self) -> bytes | None:
-        """The signing key as bytes, or None."""
-        return self.attest_key.get_secret_value().encode() if self.attest_key else None
+    def trusted(self) -> TrustedKeys:
+        """The trusted public keys, parsed."""
+        return TrustedKeys.parse(self.trusted_keys)
 
     def listens_on_loopback(self) -> bool:
         """True when only this machine can reach the service."""

@@ -101,7 +101,7 @@ def run_warmup(
         ProgramCoverage(
             key=u.key, function=u.function, status=status_of(u), compile_s=u.compile_s, size_bytes=u.size_bytes,
             reason=u.reason, sha256=u.sha256 if u.event == WRITE else None,
-            signature=u.signature if u.event == WRITE else None, parts=u.parts, program=u.program,
+            parts=u.parts, program=u.program,
         )
         for u in record.keys
     )

@@ -42,13 +42,13 @@ class Drained(Folded):
 
 
 def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REPORT, name: str | None = None,
-           secret: bytes | None = None, root: str | None = None) -> Accepted:
+           root: str | None = None) -> Accepted:
     """Put ``record`` into the inbox of ``cache`` and drain it: the record folded before this returns (with
     whatever else waited). ``stale`` also when the fold found it older than what the catalog holds. Raises
     :class:`InvalidInputError` for a record the catalog cannot hold (a key listed twice, a value a column cannot
     hold)."""
     accepted = inbox.accept(catalog, cache, record, record.to_json(), source=source, name=name)
-    drained = drain(catalog, cache, secret=secret, root=root)
+    drained = drain(catalog, cache, root=root)
     if drained.malformed:
         raise InvalidInputError(f"run record {record.run_id}-p{record.process_index}: the catalog refused it (the "
                                 "service's log says why)")
@@ -61,22 +61,22 @@ def caches_waiting(catalog: Catalog) -> list[str]:
         return sorted(conn.execute(select(InboxRow.cache).distinct()).scalars())
 
 
-def drain(catalog: Catalog, cache: str, *, secret: bytes | None = None, root: str | None = None) -> Drained:
+def drain(catalog: Catalog, cache: str, *, root: str | None = None) -> Drained:
     """Fold every record of ``cache`` in the inbox (those that arrive meanwhile too), a pass at a time. A pass the
     catalog refuses (a value a column cannot hold) is folded again a record at a time, and the record it refuses
     is dropped and counted malformed: one record never stops the others."""
     out = Drained()
     while True:
         try:
-            taken = _pass(catalog, cache, out, secret=secret, root=root)
+            taken = _pass(catalog, cache, out, root=root)
         except malformed.REFUSALS:
-            taken = _pass(catalog, cache, out, secret=secret, root=root, one_at_a_time=True)
+            taken = _pass(catalog, cache, out, root=root, one_at_a_time=True)
         if taken < PASS_RECORDS:
             break
     return out
 
 
-def _pass(catalog: Catalog, cache: str, out: Drained, *, secret: bytes | None, root: str | None,
+def _pass(catalog: Catalog, cache: str, out: Drained, *, root: str | None,
           one_at_a_time: bool = False) -> int:
     """Claim, fold and delete up to PASS_RECORDS rows of ``cache`` (a row at a time, each in its own transaction,
     when ``one_at_a_time``); the rows taken."""
@@ -92,7 +92,7 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, secret: bytes | None, r
                 rows = s.execute(_claim(catalog, cache, limit)).all()
             if not rows:
                 break
-            folded = _fold_rows(catalog, s, cache, rows, out, secret=secret, root=root, one_at_a_time=one_at_a_time)
+            folded = _fold_rows(catalog, s, cache, rows, out, root=root, one_at_a_time=one_at_a_time)
             if not catalog.side_apart:
                 _delete(s.connection(), cache, rows)
         if catalog.side_apart:
@@ -109,7 +109,7 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, secret: bytes | None, r
 
 
 def _fold_rows(catalog: Catalog, s: Session, cache: str, rows: Sequence[Row], out: Drained, *,
-               secret: bytes | None, root: str | None, one_at_a_time: bool) -> Folded:
+               root: str | None, one_at_a_time: bool) -> Folded:
     items = []
     for row in rows:
         try:
@@ -121,7 +121,7 @@ def _fold_rows(catalog: Catalog, s: Session, cache: str, rows: Sequence[Row], ou
         items.append(Item(record, row.source, row.record))
     try:
         with s.begin_nested():
-            return fold(catalog, s, cache, items, secret=secret, root=root)
+            return fold(catalog, s, cache, items, root=root)
     except malformed.REFUSALS as exc:
         if not one_at_a_time:
             raise

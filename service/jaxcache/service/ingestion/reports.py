@@ -57,7 +57,7 @@ class Folded:
     misses: Counter[str] = field(default_factory=Counter)
 
 
-def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *, secret: bytes | None = None,
+def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *,
          root: str | None = None) -> Folded:
     """Fold ``items`` (at most one per process) into ``cache``'s run tables in ``s``, a write transaction the caller
     took with ``catalog.writing(cache)``; their digests are recorded in the same transaction."""
@@ -81,7 +81,7 @@ def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *, sec
             out.fresh[item.source] += 1
         # Recorded for compacted records too: digests are evidence, never counts (the first accepted one counts,
         # the others are kept as conflicts), and a back-dated record must not hide a forged digest.
-        found += _attestations(item, secret)
+        found += _attestations(item)
     if fresh:
         out.misses = _fold_fresh(conn, cache, fresh, held, root)
     if found:
@@ -230,12 +230,12 @@ def _misses(conn: Connection, cache: str, touched: dict[str, set[str]], root: st
     return counts
 
 
-def _attestations(item: Item, secret: bytes | None) -> list[Attestation]:
+def _attestations(item: Item) -> list[Attestation]:
     record = item.record
     digests = [u for u in record.keys if u.sha256 and u.event == WRITE]
     if not digests:
         return []
     # A POSTed digest came with a report token; one read from the bucket is worth what the bucket's writers are.
     kind = REPORTED if item.source == REPORT else FILE
-    return list(from_run(msgspec.structs.replace(record, keys=digests), source=kind, at=time.time(), secret=secret,
+    return list(from_run(msgspec.structs.replace(record, keys=digests), source=kind, at=time.time(),
                          record=item.name))

@@ -35,7 +35,7 @@ class CoverageScan:
     malformed: int
 
 
-def ingest(catalog: Catalog, cache: str, record: WarmupRecord, *, secret: bytes | None = None,
+def ingest(catalog: Catalog, cache: str, record: WarmupRecord, *,
            record_name: str | None = None) -> None:
     """Store one warm-up (replacing an earlier ingestion of the same id) and its digests."""
     programs = {p.key: p for p in record.programs}  # a key listed twice counts once
@@ -56,11 +56,11 @@ def ingest(catalog: Catalog, cache: str, record: WarmupRecord, *, secret: bytes 
                 for p in programs.values()]
         for i in range(0, len(rows), 5000):
             s.execute(insert(WarmupKeyRow), rows[i : i + 5000])
-    attestations.record(catalog, cache, from_coverage(record, source=FILE, at=time.time(), secret=secret,
+    attestations.record(catalog, cache, from_coverage(record, source=FILE, at=time.time(),
                                                      record=record_name))
 
 
-def scan(catalog: Catalog, cache: str, storage: Storage, *, secret: bytes | None = None) -> CoverageScan:
+def scan(catalog: Catalog, cache: str, storage: Storage) -> CoverageScan:
     """Ingest coverage records that are new or changed since the last rescan (malformed ones: counted, one warning)."""
     listing = {i.name: i for i in storage.iter_objects(coverage.WARMUPS_PREFIX, recursive=True)
                if i.name.endswith(".json")}
@@ -76,7 +76,7 @@ def scan(catalog: Catalog, cache: str, storage: Storage, *, secret: bytes | None
             continue  # deleted since the listing
         if data is not None:
             try:
-                ingest(catalog, cache, coverage.parse(data), secret=secret, record_name=info.name)
+                ingest(catalog, cache, coverage.parse(data), record_name=info.name)
                 ingested += 1
             except malformed.REFUSALS as exc:
                 error = malformed.reason(exc)

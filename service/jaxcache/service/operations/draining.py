@@ -16,8 +16,7 @@ def drain_all(state: State) -> int:
         # Every cache's, configured here or not (another replica's, or one dropped from the settings): rows nobody
         # drains would fill the inbox and refuse every report.
         storage = state.storages.get(name)
-        drained = drain(state.catalog, name, secret=state.settings.attest_secret,
-                        root=storage.url if storage is not None else None)
+        drained = drain(state.catalog, name, root=storage.url if storage is not None else None)
         for source, n in drained.fresh.items():
             state.metrics.reports_ingested.labels(name, source).inc(n)
         if drained.malformed:

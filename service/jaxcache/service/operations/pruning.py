@@ -17,7 +17,7 @@ def prune(state: State, name: str, policy: PrunePolicy, *, policy_json: dict[str
     throttle = prune_pass.Throttle(state.settings.verify_bytes_per_s, state.settings.verify_cpu_share)
     outcome = prune_pass.run_prune(state.catalog, name, state.storages[name], policy, dry_run=dry_run, who=who,
                                    policy_json=policy_json, lock=state.prune_locks.get(name),
-                                   secret=state.settings.attest_secret, throttle=throttle,
+                                   throttle=throttle, trusted=state.settings.trusted,
                                    retain_s=state.settings.records_retain_s)
     if outcome.result is not None:
         state.metrics.prune_deleted.labels(name).inc(outcome.result.deleted)

@@ -25,7 +25,7 @@ def rescan(state: State, name: str, *, wait_s: float | None = None) -> RescanRes
     running elsewhere, then raises LockBusyError), recording metrics and errors."""
     try:
         result = rescan_pass.rescan(state.catalog, name, state.storages[name], wait_s=wait_s,
-                                    secret=state.settings.attest_secret, retain_s=state.settings.records_retain_s,
+                                    retain_s=state.settings.records_retain_s,
                                     release_from_entries=state.settings.release_memory_from_entries)
     except LockBusyError:
         raise

@@ -18,6 +18,7 @@ def verify(state: State, name: str, *, max_entries: int | None = None, recheck_a
         state.catalog, name, state.storages[name], min_age_s=settings.verify_min_age_s, max_entries=max_entries,
         recheck_all=recheck_all, stop=stop, bytes_per_s=settings.verify_bytes_per_s if throttled else None,
         cpu_share=settings.verify_cpu_share if throttled else None, progress=state.loops.progress,
+        trusted=settings.trusted,
     )
     state.refresh_integrity(name)
     return result

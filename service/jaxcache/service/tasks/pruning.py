@@ -22,6 +22,7 @@ from jaxcache.service.catalog.models import EntryRow, PinRow
 from jaxcache.service.catalog.queries import verdicts as verdicts_q
 from jaxcache.service.tasks import memory, prune_audit, verification
 from jaxcache.service.tasks.rescan import rescan
+from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
 
 
@@ -122,8 +123,8 @@ class Throttle:
 
 def run_prune(
     catalog: Catalog, cache: str, storage: Storage, policy: prune.PrunePolicy, *, dry_run: bool, who: str,
-    policy_json: dict, lock: ClusterLock, secret: bytes | None = None, throttle: Throttle | None = None,
-    retain_s: float | None = None,
+    policy_json: dict, lock: ClusterLock, throttle: Throttle | None = None,
+    retain_s: float | None = None, trusted: TrustedKeys | None = None,
 ) -> Outcome:
     """Plan (and unless ``dry_run``, apply and audit) a prune of one cache. Raises PruneInProgressError.
 
@@ -146,16 +147,16 @@ def run_prune(
         raise PruneInProgressError(cache)
     try:
         # Storage is the truth: refresh the index first so the plan sees entries written since the last scan.
-        rescan(catalog, cache, storage, secret=secret)
+        rescan(catalog, cache, storage)
         prune_audit.close_interrupted(catalog, cache, storage)
         if policy.integrity:
             throttle = throttle or Throttle()
             verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s,
-                                  bytes_per_s=throttle.bytes_per_s, cpu_share=throttle.cpu_share)
+                                  bytes_per_s=throttle.bytes_per_s, cpu_share=throttle.cpu_share, trusted=trusted)
         plan = _plan(catalog, cache, policy, retain_s)
         audit_id = prune_audit.begin(catalog, cache, plan.delete, who=who, policy_json=policy_json)
         result = _apply_audited(catalog, audit_id, storage, plan)
-        rescan(catalog, cache, storage, secret=secret)
+        rescan(catalog, cache, storage)
         return Outcome(plan, result, audit_id)
     finally:
         lock.release()

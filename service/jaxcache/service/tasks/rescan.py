@@ -174,7 +174,7 @@ def _with_reports(row: dict, stats: dict | None) -> dict:
 
 
 def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | None = None,
-           secret: bytes | None = None, retain_s: float | None = None, new_per_write: int = NEW_PER_WRITE,
+           retain_s: float | None = None, new_per_write: int = NEW_PER_WRITE,
            in_memory_max: int = snapshots.IN_MEMORY_MAX,
            release_from_entries: int = memory.RELEASE_FROM_ENTRIES) -> RescanResult:
     """Bring ``cache``'s rows in line with ``storage``: add new entries, drop vanished ones, refresh last use;
@@ -193,7 +193,7 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
     try:
         # What this rescan skips, apart from what the storage (shared with prunes and requests) skipped before.
         with storage.skipped.collecting() as skipped:
-            result = _rescan(catalog, cache, storage, secret, retain_s, skipped, new_per_write, in_memory_max)
+            result = _rescan(catalog, cache, storage, retain_s, skipped, new_per_write, in_memory_max)
     finally:
         lock.release()
     if result.entries >= release_from_entries:
@@ -242,7 +242,7 @@ def _fingerprint(conn, cache: str) -> tuple:
     return tuple(conn.execute(_fingerprint_statement(), {"cache": cache}).one())
 
 
-def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None, retain_s: float | None,
+def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
             skipped: Skipped, new_per_write: int, in_memory_max: int) -> RescanResult:
     started = time.monotonic()
     now = time.time()
@@ -256,7 +256,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
         changes, gone = storage.list_changes(snap.listing)
         if not changes and not gone:
             _count_foreign(skipped, snap.foreign)
-            result = _finish(catalog, cache, storage, secret, retain_s, started, now, skipped, added=0, removed=0,
+            result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=0, removed=0,
                              updated=0, entries=snap.entries)
             snap.fingerprint = (fingerprint[0], now, None)
             snapshots.keep(catalog, cache, storage, snap, listing_changed=False, in_memory_max=in_memory_max)
@@ -338,7 +338,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
             # Inside the write lock: nobody else's change can fall between the writes and this count.
             count = _fingerprint(s.connection(), cache)[0]
     _count_foreign(skipped, foreign)
-    result = _finish(catalog, cache, storage, secret, retain_s, started, now, skipped, added=added,
+    result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=added,
                      removed=len(vanished), updated=len(updates), entries=len(caches) + orphans,
                      read_catalog=snap is None)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
@@ -348,15 +348,15 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None
     return result
 
 
-def _finish(catalog: Catalog, cache: str, storage: Storage, secret: bytes | None, retain_s: float | None,
+def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
             started: float, now: float, skipped: Skipped, *, added: int, removed: int, updated: int,
             entries: int, read_catalog: bool = False) -> RescanResult:
     """Ingest run and warm-up records, compact the old runs, and note the scan's end and what it skipped."""
     found = scan_records(catalog, cache, storage)
-    covered = warmups.scan(catalog, cache, storage, secret=secret)
+    covered = warmups.scan(catalog, cache, storage)
     # Once every record and warm-up this rescan read is in, whatever order they were listed in: their misses are
     # explained against all of them.
-    drained = drain(catalog, cache, secret=secret, root=storage.url)
+    drained = drain(catalog, cache, root=storage.url)
     compacted = retention.compact(catalog, cache, storage, retain_s=retain_s).runs if retain_s is not None else 0
     seconds = time.monotonic() - started
     # One UPDATE, no read first: on SQLite a read-then-write transaction fails outright (SQLITE_BUSY_SNAPSHOT) when

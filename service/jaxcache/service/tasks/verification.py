@@ -19,12 +19,12 @@ from functools import partial
 from sqlalchemy import and_, delete, func, or_, select
 
 from jaxcache import integrity
-from jaxcache.errors import NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import Entry
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import AttestationRow, EntryRow, VerificationRow
 from jaxcache.service.ingestion import attestations
+from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
 
 _BATCH = 256
@@ -77,10 +77,13 @@ def run_pass(
     catalog: Catalog, cache: str, storage: Storage, *, min_age_s: float, max_entries: int | None = None,
     bytes_per_s: float | None = None, cpu_share: float | None = None, stop: threading.Event | None = None,
     recheck_all: bool = False, clock: Callable[[], float] = time.time, progress: Callable[[], None] | None = None,
+    trusted: TrustedKeys | None = None,
 ) -> VerifyPass:
     """Verify what needs it (everything with ``recheck_all``), at most ``max_entries``, throttled when asked: at
     most ``bytes_per_s`` read and ``cpu_share`` of one core used (this thread's CPU time), on average. ``progress``
-    is called after each batch (a throttled pass is long by design: its batches say it is not stuck)."""
+    is called after each batch (a throttled pass is long by design: its batches say it is not stuck). Each entry's
+    ``-sig`` object is read beside it and checked against ``trusted`` (default JAXCACHE_TRUSTED_KEYS)."""
+    keys = TrustedKeys.from_env() if trusted is None else trusted
     started = time.monotonic()
     cpu_started = time.thread_time()
     # Throttled, a batch is a short burst between sleeps, so requests never queue behind a long one.
@@ -103,7 +106,7 @@ def run_pass(
         now = clock()
         entries = [Entry(key=r.key, module=r.module, hash=r.key[-64:], name=r.name, size_bytes=r.size_bytes,
                          mtime_s=r.created_s, generation=r.generation) for r in batch]
-        judged = list(bounded_map(partial(_judge, storage, found, now, min_age_s), entries,
+        judged = list(bounded_map(partial(integrity.judge_stored, storage, found, keys, now, min_age_s), entries,
                                   workers=storage.io_workers))
         rows = []
         for entry, verdict in zip(entries, judged, strict=True):
@@ -148,15 +151,3 @@ def unjudged(catalog: Catalog, cache: str) -> int:
         count: int = conn.execute(select(func.count()).select_from(_todo(cache).subquery())).scalar_one()
     return count
 
-
-def _judge(storage: Storage, found: dict[str, integrity.Attestation], now: float, min_age_s: float,
-           entry: Entry) -> integrity.Verdict | None:
-    try:
-        chunks = storage.read_chunks(entry.name)  # a stream: memory stays bounded per entry, however large
-    except NotRegularFileError:
-        # Replaced by a FIFO, a link or a folder since the rescan (counted in storage.skipped): judged once it is
-        # a file again. Raised, it failed the whole pass, every entry after it unjudged.
-        return None
-    if chunks is None:
-        return None
-    return integrity.judge(entry, chunks, found.get(entry.key), now=now, min_age_s=min_age_s)

@@ -12,7 +12,6 @@ import inspect
 import logging
 import os
 import platform
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ import jax
 
 from jaxcache import keyparts
 from jaxcache.client.errors import CacheAlreadyInitializedError
+from jaxcache.client.jax_internals.mlir import MLIR_NAMES, entry_signature
 from jaxcache.errors import MissingDependencyError
 from jaxcache.keyparts import ProgramSignature
 from jaxcache.records import Fingerprint
@@ -90,6 +90,7 @@ ATTRIBUTES = (
     ("jax._src.xla_bridge", "backends_are_initialized", ("_backends",)),
     ("jax._src.distributed", "global_state", ()),
     ("jax._src.compilation_cache", "get_cache_key", ()),
+    ("jax._src.compilation_cache", "_get_cache", ()),
 )
 _EVENT_MODULES = ("jax._src.compiler", "jax._src.compilation_cache", "jax._src.dispatch")
 _warned: set[str] = set()
@@ -281,66 +282,48 @@ def hook_cache_keys(on_key: Callable[[str, ProgramSignature | None], None]) -> C
     return undo
 
 
-_TENSOR = re.compile(r"^tensor<((?:[0-9?]+x)*)([^x][^,]*)>$")
-_ELEMENTS = {"i1": "bool", "complex<f32>": "c64", "complex<f64>": "c128"}
-_MAX_OPERANDS, _MAX_OPERAND = 4096, 1000  # what ProgramSignature holds
-MLIR_NAMES = ("FunctionType", "TypeAttr", "ArrayAttr", "DictAttr", "StringAttr")  # what entry_signature uses
+def hook_cache_puts(on_put: Callable[[str, bytes], None]) -> Callable[[], None] | None:
+    """Wrap ``compilation_cache._get_cache`` so that ``on_put(key, value)`` hears of the exact bytes JAX hands its
+    cache's ``put``, before they are stored (docs/jax-internals.md, "Put hook"): what a signature vouches for is
+    what JAX wrote, never a read-back an attacker could have planted. Returns the undo; None where there is
+    nothing to wrap. ``put_executable_and_time`` looks ``_get_cache`` up in its module at each call."""
+    from jax._src import compilation_cache as cc
 
-
-def entry_signature(module: Any) -> ProgramSignature | None:
-    """The argument and result types of the module's ``main`` as it declares them (``f32[32,128]``), each with
-    its sharding, memory kind and donation when it has them. Reads top-level operations only: cheap."""
-    from jaxlib.mlir import ir  # the MLIR bindings JAX builds its modules with
-
-    meshes: dict[str, str] = {}
-    main = None
-    for op in module.body.operations:
-        kind, attrs = op.operation.name, op.operation.attributes
-        if kind == "sdy.mesh" and "mesh" in attrs:
-            meshes["@" + ir.StringAttr(attrs["sym_name"]).value] = str(attrs["mesh"]).removeprefix("#sdy.")
-        elif kind == "func.func" and "sym_name" in attrs and ir.StringAttr(attrs["sym_name"]).value == "main":
-            main = op.operation.attributes
-    if main is None:
+    original = getattr(cc, "_get_cache", None)
+    if original is None:
         return None
-    function = ir.FunctionType(ir.TypeAttr(main["function_type"]).value)
+    active = [True]
 
-    def operands(types: Any, name: str) -> tuple[str, ...]:
-        dicts = [ir.DictAttr(d) for d in ir.ArrayAttr(main[name])] if name in main else []
-        out = [(_type(str(t)) + (_annotations(dicts[i], meshes, ir) if i < len(dicts) else ""))[:_MAX_OPERAND]
-               for i, t in enumerate(types)]
-        if len(out) > _MAX_OPERANDS:
-            out[_MAX_OPERANDS - 1:] = [f"... {len(out) - _MAX_OPERANDS + 1} more"]
-        return tuple(out)
+    def _get_cache(backend: Any) -> Any:
+        cache = original(backend)
+        return _PutTap(cache, on_put) if cache is not None and active[0] else cache
 
-    return ProgramSignature(args=operands(function.inputs, "arg_attrs"),
-                            results=operands(function.results, "res_attrs"))
+    cc._get_cache = _get_cache
 
+    def undo() -> None:
+        active[0] = False
+        if cc._get_cache is _get_cache:
+            cc._get_cache = original
 
-def _type(text: str) -> str:
-    """``tensor<8x4xf32>`` → ``f32[8,4]``, in JAX's short dtype names; anything else as MLIR prints it."""
-    m = _TENSOR.match(text)
-    if m is None:
-        return text
-    element = m.group(2)
-    element = _ELEMENTS.get(element) or ("u" + element[2:] if element.startswith("ui") else element)
-    return f"{element}[{','.join(d for d in m.group(1).split('x') if d)}]"
+    return undo
 
 
-def _annotations(attributes: Any, meshes: dict[str, str], ir: Any) -> str:
-    text = ""
-    if "sdy.sharding" in attributes:  # "#sdy.sharding<@mesh, [...]>": inline the mesh, so a resize shows here
-        sharding = str(attributes["sdy.sharding"]).removeprefix("#sdy.sharding")
-        ref = re.match(r"<(@[\w.$-]+)", sharding)
-        if ref is not None and ref.group(1) in meshes:
-            sharding = "<" + meshes[ref.group(1)] + sharding[ref.end():]
-        text += f" sharding={sharding}"
-    elif "mhlo.sharding" in attributes:
-        text += f" sharding={ir.StringAttr(attributes['mhlo.sharding']).value}"
-    if "mhlo.memory_kind" in attributes:
-        text += f" memory={ir.StringAttr(attributes['mhlo.memory_kind']).value}"
-    if "tf.aliasing_output" in attributes or "jax.buffer_donor" in attributes:
-        text += " donated"
-    return text
+class _PutTap:
+    """JAX's cache object with ``put`` heard first; everything else passes through."""
+
+    def __init__(self, cache: Any, on_put: Callable[[str, bytes], None]) -> None:
+        self._tapped = cache
+        self._on_put = on_put
+
+    def put(self, key: str, value: bytes) -> None:
+        try:
+            self._on_put(str(key), bytes(value))
+        except Exception:  # noqa: BLE001, S110 - hearing of a write must never break it
+            pass
+        self._tapped.put(key, value)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tapped, name)
 
 
 def _literals(module_name: str) -> set[str]:
@@ -358,6 +341,19 @@ def _calls_through_module(module_name: str, module_alias: str, function: str) ->
     tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == function
                and isinstance(n.func.value, ast.Name) and n.func.value.id == module_alias for n in ast.walk(tree))
+
+
+def _put_through_get_cache() -> bool:
+    """Whether ``put_executable_and_time`` gets its cache from ``_get_cache(...)`` and calls ``.put`` on it."""
+    from jax._src import compilation_cache as cc
+
+    put = getattr(cc, "put_executable_and_time", None)
+    if put is None:
+        return False
+    tree = ast.parse(inspect.getsource(put).lstrip())
+    names = {f.id if isinstance(f, ast.Name) else f.attr for n in ast.walk(tree) if isinstance(n, ast.Call)
+             for f in (n.func,) if isinstance(f, (ast.Name, ast.Attribute))}
+    return "_get_cache" in names and "put" in names
 
 
 def probe(*, attributes: tuple[tuple[str, str, tuple[str, ...]], ...] = ATTRIBUTES,
@@ -379,6 +375,9 @@ def probe(*, attributes: tuple[tuple[str, str, tuple[str, ...]], ...] = ATTRIBUT
             problems.append(f"{text.logger} no longer logs {text.prefix!r}")
     problems += [f"{KEY_LOGGER} no longer names a part {label!r}" for label in part_labels
                  if label not in literals[KEY_LOGGER]]
+    if not _put_through_get_cache():
+        problems.append("jax._src.compilation_cache.put_executable_and_time no longer stores through _get_cache(...)"
+                        ".put (the put hook sees nothing: entries go unsigned)")
     if not _calls_through_module("jax._src.compiler", "compilation_cache", "get_cache_key"):
         problems.append("jax._src.compiler no longer calls compilation_cache.get_cache_key (the key hook sees nothing)")
     from jaxlib.mlir import ir

@@ -1,0 +1,274 @@
+"""Ed25519 signing keys, trusted public keys, and the ``<key>-sig`` objects that sit beside entries.
+
+The Nix binary-cache model (README, "Integrity"): writers sign with a private key file (JAXCACHE_SIGNING_KEY),
+readers trust public keys (JAXCACHE_TRUSTED_KEYS, ``NAME:base64`` each). A signature covers the cache key, the
+entry's sha256 and size, and the signing key's name; which job wrote the entry is information beside it, never part
+of what is proven. ``cryptography`` is imported only when a key is used: ``import jaxcache.client`` stays light.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxcache.entry import is_valid_key
+from jaxcache.errors import InvalidInputError, NotRegularFileError, PreconditionFailedError
+from jaxcache.storage.base import Storage
+
+SIGNING_KEY_ENV = "JAXCACHE_SIGNING_KEY"
+TRUSTED_KEYS_ENV = "JAXCACHE_TRUSTED_KEYS"
+SIG_SUFFIX = "-sig"
+FORMAT = "jaxcache-sig/1"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_MAX_SIG_BYTES = 64 * 1024  # a -sig object holds a few signatures; anything bigger is not one of ours
+
+
+def sig_name(key: str) -> str:
+    """The object name of a key's signatures."""
+    return key + SIG_SUFFIX
+
+
+def key_of_sig(name: str) -> str | None:
+    """The cache key a ``<key>-sig`` object name belongs to, or None when the name is not one."""
+    if not name.endswith(SIG_SUFFIX) or "/" in name:
+        return None
+    key = name[: -len(SIG_SUFFIX)]
+    return key if is_valid_key(key) else None
+
+
+def check_key_name(name: str) -> str:
+    """A signing key's name, or InvalidInputError saying what a name may hold."""
+    if not _NAME.fullmatch(name):
+        raise InvalidInputError(f"invalid key name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting"
+                                " with a letter or digit (e.g. ci-2026)")
+    return name
+
+
+def message(key: str, sha256: str, size_bytes: int, signer: str) -> bytes:
+    """The bytes a signature covers: the cache key, the entry's digest and size, and the signing key's name."""
+    return f"{FORMAT}\0{key}\0{sha256}\0{size_bytes}\0{signer}".encode()
+
+
+def _b64(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text.encode(), validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInputError(f"{what} is not valid base64") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """One key's signature of one entry; ``writer`` and ``at`` are information, not part of what is signed."""
+
+    key: str
+    sha256: str
+    size_bytes: int
+    signer: str
+    signature: str  # base64 of the Ed25519 signature of :func:`message`
+    writer: str | None = None
+    at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The signature as it is stored in a ``-sig`` object."""
+        out: dict[str, Any] = {"key": self.key, "sha256": self.sha256, "size_bytes": self.size_bytes,
+                               "signer": self.signer, "signature": self.signature}
+        if self.writer is not None:
+            out["writer"] = self.writer
+        if self.at is not None:
+            out["at"] = self.at
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class SigningKey:
+    """A private key and its name (the file ``jaxcache keys new`` writes: ``NAME:base64-of-the-32-byte-seed``)."""
+
+    name: str
+    seed: bytes = field(repr=False)
+
+    def public_text(self) -> str:
+        """``NAME:base64``: what readers put in JAXCACHE_TRUSTED_KEYS."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+        public = Ed25519PrivateKey.from_private_bytes(self.seed).public_key().public_bytes(Encoding.Raw,
+                                                                                           PublicFormat.Raw)
+        return f"{self.name}:{base64.b64encode(public).decode()}"
+
+    def sign(self, key: str, sha256: str, size_bytes: int, *, writer: str | None = None) -> Signature:
+        """This key's signature of ``key``'s entry with that digest and size."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        raw = Ed25519PrivateKey.from_private_bytes(self.seed).sign(message(key, sha256, size_bytes, self.name))
+        return Signature(key, sha256, size_bytes, self.name, base64.b64encode(raw).decode(), writer, time.time())
+
+
+def new_key(name: str, path: str) -> SigningKey:
+    """Make a key called ``name`` and write it to ``path`` (mode 0600; an existing file is never overwritten)."""
+    check_key_name(name)
+    seed = os.urandom(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise InvalidInputError(f"{path} exists: jaxcache never overwrites a key file; choose another path") from None
+    except OSError as exc:
+        raise InvalidInputError(f"cannot create {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{name}:{base64.b64encode(seed).decode()}\n")
+    return SigningKey(name, seed)
+
+
+def load_key(path: str) -> SigningKey:
+    """Read a private key file written by ``jaxcache keys new``."""
+    try:
+        with open(path) as f:
+            text = f.read(4096).strip()
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read the signing key {path}: {exc.strerror}") from None
+    name, sep, body = text.partition(":")
+    if not sep:
+        raise InvalidInputError(f"{path} is not a jaxcache signing key (expected NAME:base64, as `jaxcache keys new`"
+                                " writes)")
+    seed = _b64(body, f"the signing key in {path}")
+    if len(seed) != 32:
+        raise InvalidInputError(f"{path} is not a jaxcache signing key: its key is {len(seed)} bytes, not 32")
+    return SigningKey(check_key_name(name), seed)
+
+
+def key_from_env(env: Mapping[str, str] | None = None) -> SigningKey | None:
+    """The key JAXCACHE_SIGNING_KEY names (a path), or None when it is unset."""
+    path = (os.environ if env is None else env).get(SIGNING_KEY_ENV, "")
+    return load_key(path) if path else None
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedKeys:
+    """Public keys by name: the signers whose signatures prove an entry's bytes."""
+
+    keys: dict[str, bytes] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> TrustedKeys:
+        """``NAME:base64 NAME:base64 ...`` (spaces or newlines between); a malformed one is an error."""
+        found: dict[str, bytes] = {}
+        for item in text.split():
+            name, sep, body = item.partition(":")
+            if not sep:
+                raise InvalidInputError(f"trusted key {item[:40]!r} is not NAME:base64 (as `jaxcache keys new`"
+                                        " prints it)")
+            raw = _b64(body, f"trusted key {name!r}")
+            if len(raw) != 32:
+                raise InvalidInputError(f"trusted key {name!r} is {len(raw)} bytes, not a 32-byte Ed25519 key")
+            if found.get(check_key_name(name), raw) != raw:
+                raise InvalidInputError(f"trusted key name {name!r} is listed twice with different keys")
+            found[name] = raw
+        return cls(found)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TrustedKeys:
+        """The keys JAXCACHE_TRUSTED_KEYS lists (none when unset)."""
+        return cls.parse((os.environ if env is None else env).get(TRUSTED_KEYS_ENV, ""))
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def check(self, sig: Signature, key: str) -> str | None:
+        """None when ``sig`` is a valid signature of ``key``'s entry by a trusted key; else why it proves nothing."""
+        if sig.key != key:
+            return f"a signature for another key ({sig.key}) was found beside this one: ignored"
+        public = self.keys.get(sig.signer)
+        if public is None:
+            return f"signed by {sig.signer!r}, which is not a trusted key: ignored"
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        try:
+            raw = base64.b64decode(sig.signature.encode(), validate=True)
+            Ed25519PublicKey.from_public_bytes(public).verify(raw, message(key, sig.sha256, sig.size_bytes,
+                                                                           sig.signer))
+        except (InvalidSignature, binascii.Error, ValueError):
+            return f"a signature claiming key {sig.signer!r} does not verify: ignored"
+        return None
+
+
+def encode(sigs: Iterable[Signature]) -> bytes:
+    """A ``-sig`` object's bytes."""
+    return json.dumps({"format": FORMAT, "signatures": [s.to_json() for s in sigs]}, sort_keys=True).encode()
+
+
+def decode(data: bytes) -> list[Signature]:
+    """The signatures in a ``-sig`` object; InvalidInputError when it is not one."""
+    try:
+        doc = json.loads(data[:_MAX_SIG_BYTES])
+        if doc.get("format") != FORMAT:
+            raise ValueError("format")
+        return [Signature(str(s["key"]), str(s["sha256"]), int(s["size_bytes"]), str(s["signer"]),
+                          str(s["signature"]), s.get("writer"), s.get("at")) for s in doc["signatures"]]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise InvalidInputError("not a jaxcache signature object") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What a key's ``-sig`` object holds: signatures that verify against a trusted key, and why others do not."""
+
+    trusted: tuple[Signature, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def read(storage: Storage, key: str, trusted: TrustedKeys) -> Found:
+    """The trusted signatures of ``key``'s entry (one small read; nothing when there is no ``-sig`` object)."""
+    try:
+        data = storage.read(sig_name(key))
+    except NotRegularFileError:
+        return Found(notes=(f"{sig_name(key)} is not a file: ignored",))
+    if data is None:
+        return Found()
+    try:
+        sigs = decode(data)
+    except InvalidInputError:
+        return Found(notes=(f"{sig_name(key)} is not a jaxcache signature object: ignored",))
+    good, notes = [], []
+    for sig in sigs:
+        why = trusted.check(sig, key)
+        if why is None:
+            good.append(sig)
+        else:
+            notes.append(why)
+    return Found(tuple(good), tuple(notes))
+
+
+def write(storage: Storage, sig: Signature) -> bool:
+    """Store a writer's signature create-only (jobs may create objects, never replace them); False when a
+    ``-sig`` object is already there."""
+    try:
+        storage.write_atomic(sig_name(sig.key), encode([sig]), create_only=True)
+    except PreconditionFailedError:
+        return False
+    return True
+
+
+def add(storage: Storage, sig: Signature) -> None:
+    """Add a signature to a key's ``-sig`` object, keeping the others (an operator's re-signing, which may
+    replace the object; a signature by the same key name is replaced)."""
+    try:
+        data = storage.read(sig_name(sig.key))
+        kept = [s for s in decode(data) if s.signer != sig.signer] if data is not None else []
+    except InvalidInputError:
+        kept = []  # not ours: replaced by a real one
+    storage.write_atomic(sig_name(sig.key), encode([*kept, sig]))
+
+
+def orphans(storage: Storage) -> Iterator[str]:
+    """``-sig`` objects whose entry is gone (JAX's own LRU deletes only ``-cache`` and ``-atime``)."""
+    for info in storage.iter_objects():
+        key = key_of_sig(info.name)
+        if key is not None and not storage.exists(key + "-cache"):
+            yield info.name
