@@ -29,7 +29,10 @@ log = logging.getLogger("jaxcache.client")
 VERIFY_MODES = ("off", "sample", "attested")
 SAMPLE_HITS = 8
 ASK_TIMEOUT_S = 2.0
-_HARM = (integrity.TAMPERED, integrity.MISMATCHED, integrity.DIFFERS)
+#: What refuses a job: proof that the entry is not what its key's program compiled to (``mismatched`` is the acting
+#: class only where its check is pinned). ``differs`` (against an unsigned digest) proves nothing and a corrupt
+#: entry is one JAX fails to load and recompiles: the service lists both, jobs start.
+_HARM = (integrity.TAMPERED, integrity.MISMATCHED)
 #: What a refusal by the service means, and what to change: configuration errors fail closed.
 _REFUSED = {
     401: "the service does not know the token: set JAXCACHE_TOKEN (or token=) to one with the report or read scope",
@@ -70,11 +73,10 @@ def check_attested(service_url: str, token: str | None, cache_dir: str) -> None:
     if bad:
         shown = ", ".join(f"{p['key']} ({p['class']})" for p in bad[:10]) + (" ..." if len(bad) > 10 else "")
         raise TamperedCacheError(
-            f"the catalog reports {len(bad)} tampered, mismatched or differing entries in {cache_dir}: {shown}. JAX"
-            f" would run them. Remove them: jaxcache prune {cache_dir} --integrity"
-            " tampered,mismatched,differs,corrupt --apply (or POST"
+            f"the catalog reports {len(bad)} tampered or mismatched entries in {cache_dir}: {shown}. JAX"
+            f" would run them. Remove them: jaxcache prune {cache_dir} --integrity --apply (or POST"
             f" /v1/caches/{summary.get('cache', 'NAME')}/prune with"
-            ' {"integrity": ["tampered", "mismatched", "differs", "corrupt"], "dry_run": false}), then find out'
+            ' {"integrity": ["tampered", "mismatched", "corrupt"], "dry_run": false}), then find out'
             " who could write the cache"
         )
 
@@ -130,8 +132,7 @@ class HitSampler:
                 if verdict is not None and verdict.classification in _HARM:
                     self.findings.append(verdict)
                     log.warning("jaxcache: this job loaded %s from the cache and it is %s: %s. Results may be"
-                                " wrong; remove it (jaxcache prune ROOT --integrity tampered,mismatched,differs"
-                                " --apply)",
+                                " wrong; remove it (jaxcache prune ROOT --integrity --apply)",
                                 key, verdict.classification, "; ".join(verdict.reasons))
         except Exception as exc:  # noqa: BLE001 - a check that cannot run must not break the job
             log.warning("jaxcache: verify='sample' could not check the entries this job hit: %s", exc)

@@ -13,7 +13,7 @@ import time
 from sqlalchemy import Select, bindparam, delete, select
 
 from jaxcache import entry as fmt
-from jaxcache import prune
+from jaxcache import prune, signing
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError
 from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.database import Catalog
@@ -156,6 +156,10 @@ def run_prune(
         plan = _plan(catalog, cache, policy, retain_s)
         audit_id = prune_audit.begin(catalog, cache, plan.delete, who=who, policy_json=policy_json)
         result = _apply_audited(catalog, audit_id, storage, plan)
+        if policy.orphans:
+            # Signatures whose entry is gone (JAX's own LRU deletes only -cache and -atime): not catalog rows.
+            for name in signing.orphans(storage):
+                storage.delete(name)
         rescan(catalog, cache, storage)
         return Outcome(plan, result, audit_id)
     finally:
