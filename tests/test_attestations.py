@@ -1,14 +1,21 @@
-"""Digests nobody can forge: the first digest the service accepts counts (by its clock), signed digests outrank
-reported ones and reported ones outrank records read from the bucket, every other digest is kept as a conflict,
-and a mismatch against a record file is `differs`, not proof of tampering. On SQLite and PostgreSQL."""
+"""Verdicts that mean proof, tried as an attacker would, on SQLite and PostgreSQL: a real job writes entries through
+enable_cache() with a signing key (its run record in the bucket, no service URL), then a report-token holder, a
+bucket writer or a rogue key tries to make good entries look bad or bad ones look good. With the writers' key
+trusted no good entry is ever `tampered` and every altered one is; without it forgeries are `differs` or
+conflicts, never `tampered`."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
@@ -19,128 +26,255 @@ from jaxcache.scan import Entry
 from jaxcache.service.app import create_app
 from jaxcache.service.settings import ServiceSettings
 
+JOB = Path(__file__).parent / "programs" / "client_job.py"
 ADMIN, REPORT, READ = "a-admin", "a-report", "a-read"
-KEY = "a-attest-key"
 BOTH = pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+SIGNING = pytest.mark.parametrize("signing", [True, False], ids=["signing-on", "signing-off"])
+DAY = 86400.0
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAXCACHE_", "JAX_COMPILATION_CACHE"))}
+    return {**env, "JAX_PLATFORMS": "cpu", **extra}
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jaxcache", *args], capture_output=True, text=True, timeout=300,
+                          env=env or _env())
+
+
+def _new_key(where: Path, name: str) -> tuple[str, str]:
+    proc = _cli("keys", "new", name, "--out", str(where / f"{name}.key"))
+    assert proc.returncode == 0, proc.stderr
+    return str(where / f"{name}.key"), proc.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> tuple[Path, tuple[str, str], tuple[str, str]]:
+    """A cache a real job wrote through enable_cache() with the writers' key; a rogue key beside it."""
+    base = tmp_path_factory.mktemp("signed")
+    writers, rogue = _new_key(base, "writers"), _new_key(base, "rogue")
+    root = base / "cache"
+    proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(root), "--job", "trainer"],
+                          capture_output=True, text=True, timeout=300, env=_env(JAXCACHE_SIGNING_KEY=writers[0]))
+    assert proc.returncode == 0, proc.stderr
+    assert len(list(root.glob("*-sig"))) == len(list(root.glob("*-cache"))) >= 3
+    return root, writers, rogue
+
+
+@pytest.fixture
+def cache(tmp_path, written) -> Path:
+    """A copy of the written cache whose entries are old enough to be judged (no grace)."""
+    dst = tmp_path / "cache"
+    shutil.copytree(written[0], dst)
+    old = time.time() - 7200
+    for p in dst.glob("*-cache"):
+        os.utime(p, (old, old))
+    return dst
+
+
+def _service(request, tmp_path: Path, cache: Path, backend: str, trusted: str) -> TestClient:
+    db = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'c.sqlite'}"
+    tokens = {hashlib.sha256(t.encode()).hexdigest(): s for t, s in ((ADMIN, "admin"), (REPORT, "report"),
+                                                                       (READ, "read"))}
+    # No `with`: the background loops stay off, so only what the test does happens.
+    return TestClient(create_app(ServiceSettings(caches={"c": str(cache)}, db=db, tokens=tokens, rescan_s=3600,
+                                                 trusted_keys=trusted)))
 
 
 def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def _record(run_id: str, usages: list[KeyUsage], *, at: float, backend: str = "cpu") -> RunRecord:
-    return RunRecord(job=f"job-{run_id}", run_id=run_id, process_index=0, process_count=1, host="h",
-                     started_at=at, updated_at=at, fingerprint=Fingerprint(jax="0.10.2", jaxlib="0.10.2",
-                                                                           backend=backend), keys=usages)
-
-
-def _usage(key: str, sha: str, *, at: float, signed: bool = False) -> KeyUsage:
-    signature = attestations.sign(KEY.encode(), key, sha) if signed else None
-    return KeyUsage(key=key, event=records.WRITE, writes=1, compiles=1, sha256=sha, first_at=at, signature=signature)
-
-
-@pytest.fixture
-def cache(tmp_path, cache_copy) -> tuple[Path, str, str]:
-    """A copy of real entries, old enough to be judged (no grace), and one key with its true digest."""
-    old = time.time() - 7200
-    for p in cache_copy.glob("*-cache"):
-        import os
-
-        os.utime(p, (old, old))
-    path = sorted(cache_copy.glob("*-cache"))[0]
-    return cache_copy, path.name.removesuffix("-cache"), hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def client(request, tmp_path, cache, backend):
-    db = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'c.sqlite'}"
-    tokens = {hashlib.sha256(t.encode()).hexdigest(): s for t, s in ((ADMIN, "admin"), (REPORT, "report"),
-                                                                       (READ, "read"))}
-    app = create_app(ServiceSettings(caches={"c": str(cache[0])}, db=db, tokens=tokens, rescan_s=3600,
-                                     attest_key=KEY))
-    # No `with`: the background loops stay off, so only what the test does happens.
-    c = TestClient(app)
-    assert c.post("/v1/caches/c/rescan", headers=_h(ADMIN)).status_code == 200
-    return c
-
-
-def _relist(client: TestClient) -> None:
-    """The next rescan lists every record, as a process's first does: a record planted in a day folder as old as
-    its back-dated start (1970) is otherwise read by the daily full listing, not by every rescan."""
+def _rescan(client: TestClient) -> None:
+    # Every record listed, as a process's first rescan does (a back-dated one is otherwise left to the daily one).
     client.app.state.jaxcache.catalog.record_listings.clear()
-
-
-def _post(client: TestClient, record: RunRecord) -> None:
-    r = client.post("/v1/reports?cache=c", content=record.to_json(), headers=_h(REPORT))
-    assert r.status_code == 202, r.text
-    # The background loops are off here: a rescan drains the inbox.
     assert client.post("/v1/caches/c/rescan", headers=_h(ADMIN)).status_code == 200
 
 
-def _integrity(client: TestClient) -> dict:
+def _classes(client: TestClient) -> tuple[dict[str, dict], dict]:
+    """Every entry's verdict after a full verify pass, and the integrity summary."""
     assert client.post("/v1/caches/c/verify", json={"recheck_all": True}, headers=_h(ADMIN)).status_code == 200
-    return client.get("/v1/caches/c/integrity", headers=_h(READ)).json()
+    summary = client.get("/v1/caches/c/integrity", headers=_h(READ)).json()
+    problems = {p["key"]: p for p in summary["problems"]}
+    return problems, summary
+
+
+def _real_record(cache: Path) -> RunRecord:
+    (path,) = (cache / records.RUNS_PREFIX).rglob("*.json")
+    return records.parse(path.read_bytes())
+
+
+def _forged(record: RunRecord, digest: str = "f" * 64, *, run_id: str = "forger") -> RunRecord:
+    """The real record with every digest replaced and its times moved a day back."""
+    keys = [msgspec.structs.replace(u, sha256=digest, first_at=u.first_at - DAY, last_at=u.last_at - DAY)
+            for u in record.keys]
+    return msgspec.structs.replace(record, run_id=run_id, keys=keys, started_at=record.started_at - DAY,
+                                   updated_at=record.updated_at - DAY)
+
+
+def _keys(cache: Path) -> list[str]:
+    return sorted(p.name.removesuffix("-cache") for p in cache.glob("*-cache"))
+
+
+def _never_tampered(problems: dict[str, dict]) -> None:
+    assert not [k for k, p in problems.items() if "tampered" in p["classes"]], problems
 
 
 @BOTH
-def test_a_later_or_backdated_report_cannot_replace_the_accepted_digest(client, cache):
-    _, key, true_sha = cache
-    now = time.time()
-    _post(client, _record("honest", [_usage(key, true_sha, at=now)], at=now))
-    # A report-token holder claims another digest for the key, back-dating its record to before the writer's.
-    _post(client, _record("forger", [_usage(key, "f" * 64, at=1.0)], at=1.0))
-    summary = _integrity(client)
-    assert key not in {p["key"] for p in summary["problems"]}, "the accepted digest still counts: the entry is ok"
-    (conflict,) = summary["conflicts"]
-    assert conflict["key"] == key and conflict["sha256"] == true_sha and conflict["source"] == "reported"
-    assert [(o["sha256"], o["writer"]) for o in conflict["others"]] == [("f" * 64, "job job-forger run forger p0")]
+@SIGNING
+@pytest.mark.parametrize("order", ["after", "before"])
+def test_a_report_token_forgery_after_a_real_write_proves_nothing(request, tmp_path, cache, written, backend,
+                                                                  signing, order):
+    real = _real_record(cache)
+    if order == "before":  # the forger front-runs the rescan that reads the real record from the bucket
+        hidden = tmp_path / "hidden"
+        shutil.move(cache / ".jaxcache", hidden)
+    client = _service(request, tmp_path, cache, backend, written[1][1] if signing else "")
+    _rescan(client)
+    r = client.post("/v1/reports?cache=c", content=_forged(real).to_json(), headers=_h(REPORT))
+    assert r.status_code == 202, r.text
+    if order == "before":
+        _rescan(client)
+        shutil.move(hidden, cache / ".jaxcache")
+    _rescan(client)
+    problems, summary = _classes(client)
+    _never_tampered(problems)
+    if signing:  # the signed digests count: every entry is ok, the forged ones are only conflicts
+        assert problems == {} and summary["counts"]["ok"] == len(_keys(cache))
+    else:  # unsigned digests disagree: a conflict on every entry, and `differs` where the forged one came first
+        assert {c["key"] for c in summary["conflicts"]} == set(_keys(cache))
+        assert {p["class"] for p in problems.values()} <= {"differs"}
+        assert bool(problems) is (order == "before")
+        for p in problems.values():
+            assert "reported to the service" in p["reasons"][0] and "not proof" in p["reasons"][0]
 
 
 @BOTH
-def test_a_record_file_never_overrides_an_accepted_digest_and_only_differs(client, cache):
-    root, key, true_sha = cache
-    now = time.time()
-    _post(client, _record("honest", [_usage(key, true_sha, at=now)], at=now))
-    forged = _record("in-bucket", [_usage(key, "e" * 64, at=1.0)], at=1.0)
-    (root / forged.name).parent.mkdir(parents=True, exist_ok=True)
-    (root / forged.name).write_bytes(forged.to_json())
-    _relist(client)
-    client.post("/v1/caches/c/rescan", headers=_h(ADMIN))
-    summary = _integrity(client)
-    assert key not in {p["key"] for p in summary["problems"]}
-    assert [o["source"] for o in summary["conflicts"][0]["others"]] == ["file"]
+@SIGNING
+def test_a_forged_record_file_proves_nothing(request, tmp_path, cache, written, backend, signing):
+    forged = _forged(_real_record(cache), "e" * 64, run_id="in-bucket")
+    (cache / forged.name).parent.mkdir(parents=True, exist_ok=True)
+    (cache / forged.name).write_bytes(forged.to_json())
+    os.utime(cache / forged.name, (1.0, 1.0))  # read first: the storage clock says it is the oldest record
+    client = _service(request, tmp_path, cache, backend, written[1][1] if signing else "")
+    _rescan(client)
+    problems, _ = _classes(client)
+    _never_tampered(problems)
+    if signing:
+        assert problems == {}
+    else:
+        assert problems and all(p["class"] == "differs" and forged.name in p["reasons"][0]
+                                for p in problems.values())
+
+
+def _plant(cache: Path) -> tuple[str, str]:
+    """Copy the entry of g over the entry of f (bucket write access), with a record vouching for it."""
+    f, g = _keys(cache)[:2]
+    shutil.copyfile(cache / f"{g}-cache", cache / f"{f}-cache")
+    os.utime(cache / f"{f}-cache", (time.time() - 7200,) * 2)
+    sha = hashlib.sha256((cache / f"{f}-cache").read_bytes()).hexdigest()
+    usage = KeyUsage(key=f, event=records.WRITE, writes=1, compiles=1, sha256=sha, first_at=1.0)
+    record = RunRecord(job="planter", run_id="planted", process_index=0, process_count=1, host="h", started_at=1.0,
+                       updated_at=1.0, fingerprint=Fingerprint(jax="0", jaxlib="0", backend="cpu"), keys=[usage])
+    (cache / record.name).parent.mkdir(parents=True, exist_ok=True)
+    (cache / record.name).write_bytes(record.to_json())
+    os.utime(cache / record.name, (1.0, 1.0))
+    return f, g
 
 
 @BOTH
-def test_a_mismatch_against_a_record_file_is_differs_naming_the_file(client, cache):
-    root, key, _ = cache
-    forged = _record("in-bucket", [_usage(key, "d" * 64, at=1.0)], at=1.0)
-    (root / forged.name).parent.mkdir(parents=True, exist_ok=True)
-    (root / forged.name).write_bytes(forged.to_json())
-    _relist(client)
-    client.post("/v1/caches/c/rescan", headers=_h(ADMIN))
-    (problem,) = _integrity(client)["problems"]
-    assert problem["key"] == key and problem["class"] == "differs"
-    assert f"in the record {forged.name}" in problem["reasons"][0] and "not proof of tampering" in problem["reasons"][0]
+@SIGNING
+def test_a_planted_entry_with_a_matching_forged_record(request, tmp_path, cache, written, backend, signing):
+    f, _ = _plant(cache)
+    client = _service(request, tmp_path, cache, backend, written[1][1] if signing else "")
+    _rescan(client)
+    problems, _ = _classes(client)
+    if signing:  # the writer's signature of f's bytes: proof
+        assert set(problems) == {f} and problems[f]["class"] == "tampered"
+        assert "trusted key 'writers'" in problems[f]["reasons"][0]
+    else:  # the forged record counts (read first); only the embedded name, pinned on CPU, gives it away
+        _never_tampered(problems)
+        assert problems[f]["class"] == "mismatched"
 
 
 @BOTH
-def test_a_signed_digest_outranks_a_report_that_front_ran_it(client, cache):
-    _, key, true_sha = cache
-    now = time.time()
-    _post(client, _record("front-runner", [_usage(key, "c" * 64, at=now)], at=now))
-    _post(client, _record("writer", [_usage(key, true_sha, at=now + 1, signed=True)], at=now + 1))
-    summary = _integrity(client)
-    assert key not in {p["key"] for p in summary["problems"]}
-    (conflict,) = summary["conflicts"]
-    assert conflict["sha256"] == true_sha and conflict["source"] == "signed"
-    assert [o["sha256"] for o in conflict["others"]] == ["c" * 64]
-    # And against a signed digest, different bytes are proof: tampered.
-    _post(client, _record("late", [_usage(key, "b" * 64, at=now + 2, signed=True)], at=now + 2))
-    assert key not in {p["key"] for p in _integrity(client)["problems"]}, "a second signed digest is a conflict"
+def test_a_digest_signed_by_an_untrusted_key_rescues_nothing(request, tmp_path, cache, written, backend):
+    victim = cache / f"{_keys(cache)[0]}-cache"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    os.utime(victim, (time.time() - 7200,) * 2)
+    proc = _cli("keys", "sign", str(cache), "--key", written[2][0])  # the rogue key signs the altered bytes
+    assert proc.returncode == 0, proc.stderr
+    client = _service(request, tmp_path, cache, backend, written[1][1])
+    _rescan(client)
+    problems, _ = _classes(client)
+    key = victim.name.removesuffix("-cache")
+    assert set(problems) == {key} and problems[key]["class"] == "tampered"
+    assert any("'rogue', which is not a trusted key" in r for r in problems[key]["reasons"])
 
 
-def _swapped(tmp_path: Path, cache_copy: Path) -> tuple[Entry, bytes]:
+@BOTH
+def test_a_signature_moved_to_another_key_verifies_nothing(request, tmp_path, cache, written, backend):
+    f, g = _keys(cache)[:2]
+    shutil.copyfile(cache / f"{f}-sig", cache / f"{g}-sig")  # g's entry is untouched; its signature is f's now
+    h = _keys(cache)[2]
+    shutil.copyfile(cache / f"{f}-cache", cache / f"{h}-cache")  # h gets f's bytes and f's signature
+    shutil.copyfile(cache / f"{f}-sig", cache / f"{h}-sig")
+    os.utime(cache / f"{h}-cache", (time.time() - 7200,) * 2)
+    client = _service(request, tmp_path, cache, backend, written[1][1])
+    _rescan(client)
+    problems, summary = _classes(client)
+    assert g not in problems, "a good entry is never tampered"
+    assert h in problems and "tampered" not in problems[h]["classes"]
+    assert problems[h]["class"] == "mismatched" and any("another key" in r for r in problems[h]["reasons"])
+
+
+@BOTH
+@SIGNING
+def test_a_truncated_entry_is_proven_bad(request, tmp_path, cache, written, backend, signing):
+    victim = cache / f"{_keys(cache)[-1]}-cache"
+    victim.write_bytes(victim.read_bytes()[:-7])
+    os.utime(victim, (time.time() - 7200,) * 2)
+    client = _service(request, tmp_path, cache, backend, written[1][1] if signing else "")
+    _rescan(client)
+    problems, _ = _classes(client)
+    key = victim.name.removesuffix("-cache")
+    assert set(problems) == {key}
+    assert problems[key]["class"] == ("tampered" if signing else "corrupt")
+    # The shipped policy removes it, and its signature with it: the key can be written again.
+    r = client.post("/v1/caches/c/prune", json={"integrity": ["tampered", "corrupt"], "dry_run": False,
+                                                "min_age": "0s"}, headers=_h(ADMIN))
+    assert r.status_code == 200, r.text
+    assert not victim.exists() and not (cache / f"{key}-sig").exists()
+    assert len(list(cache.glob("*-sig"))) == len(list(cache.glob("*-cache")))
+
+
+def test_rotation_re_signs_what_the_old_key_signed_and_retiring_it_unsigns_the_rest(tmp_path, cache, written):
+    new = _new_key(tmp_path, "writers-2")
+    old_pub = written[1][1]
+    victim = cache / f"{_keys(cache)[0]}-cache"
+    victim.write_bytes(victim.read_bytes()[:-3] + b"\0\0\0")
+    os.utime(victim, (time.time() - 7200,) * 2)
+    both = _env(JAXCACHE_TRUSTED_KEYS=f"{old_pub} {new[1]}")
+    proc = _cli("keys", "sign", str(cache), "--key", new[0], "--if-signed-by", "writers", "--json", env=both)
+    assert proc.returncode == 1, proc.stderr  # a tampered entry was found and not re-signed
+    out = json.loads(proc.stdout)
+    key = victim.name.removesuffix("-cache")
+    assert set(out["signed"]) == set(_keys(cache)) - {key}
+    assert [s["key"] for s in out["skipped"]] == [key] and "tampered" in out["skipped"][0]["why"]
+    # The old key retired: its entries are unsigned, nothing else; the re-signed ones are ok under the new key.
+    proc = _cli("doctor", str(cache), "--verify", "--json", env=_env(JAXCACHE_TRUSTED_KEYS=new[1]))
+    report = {e["key"]: e for e in json.loads(proc.stdout)["entries"]}
+    assert all(report[k]["class"] == "ok" for k in out["signed"])
+    assert report[key]["class"] != "tampered"
+    # An untrusted --if-signed-by is refused, one line, nothing written.
+    bad = _cli("keys", "sign", str(cache), "--key", new[0], "--if-signed-by", "nobody", env=both)
+    assert bad.returncode == 2 and "not in JAXCACHE_TRUSTED_KEYS" in bad.stderr
+
+
+def _swapped(cache_copy: Path) -> tuple[Entry, bytes]:
     by_module: dict[str, Path] = {}
     for path in sorted(cache_copy.glob("*-cache")):
         by_module.setdefault(parse_name(path.name).module, path)
@@ -151,10 +285,10 @@ def _swapped(tmp_path: Path, cache_copy: Path) -> tuple[Entry, bytes]:
 
 
 @pytest.mark.parametrize(("platform", "acts"), [("cpu", True), ("gpu", False), (None, False)])
-def test_mismatched_acts_only_where_the_check_is_pinned(tmp_path, cache_copy, platform, acts):
-    entry, data = _swapped(tmp_path, cache_copy)
-    att = attestations.Attestation(entry.key, hashlib.sha256(data).hexdigest(), len(data), "w", source="signed",
-                                   platform=platform)
+def test_mismatched_acts_only_where_the_check_is_pinned(cache_copy, platform, acts):
+    entry, data = _swapped(cache_copy)
+    att = attestations.Attestation(entry.key, hashlib.sha256(data).hexdigest(), len(data), "w",
+                                   source="reported", platform=platform)
     verdict = integrity.classify(entry, data, att, now=time.time(), min_age_s=0)
     assert integrity.MISMATCHED in verdict.classes
     assert (verdict.classification == integrity.MISMATCHED) is acts
@@ -162,29 +296,32 @@ def test_mismatched_acts_only_where_the_check_is_pinned(tmp_path, cache_copy, pl
         assert verdict.classification == integrity.OK and "pinned on CPU entries only" in verdict.reasons[0]
 
 
-def test_an_unpinned_mismatch_feeds_no_prune(tmp_path, cache_copy):
+def test_an_unpinned_mismatch_feeds_no_prune(cache_copy):
     from jaxcache.prune import Candidate, PrunePolicy, plan
 
-    entry, data = _swapped(tmp_path, cache_copy)
-    att = attestations.Attestation(entry.key, hashlib.sha256(data).hexdigest(), len(data), "w", source="signed",
-                                   platform="gpu")
+    entry, data = _swapped(cache_copy)
+    att = attestations.Attestation(entry.key, hashlib.sha256(data).hexdigest(), len(data), "w",
+                                   source="reported", platform="gpu")
     verdict = integrity.classify(entry, data, att, now=time.time(), min_age_s=0)
     cand = Candidate(key=entry.key, module=entry.module, name=entry.name, size_bytes=1, created_s=0,
                      last_used_s=0, status="ok", integrity=verdict.classification)
     assert plan([cand], PrunePolicy(integrity=("mismatched",), min_age_s=0), now=time.time()).delete == []
 
 
-def test_file_digests_are_ordered_by_the_storage_clock_not_the_record(tmp_path, cache_copy):
+def test_file_digests_are_ordered_by_the_storage_clock_not_the_record(cache_copy):
     """Without a service, `doctor --verify` counts the record object written first (its mtime, which storage sets),
     whatever times the records claim; the other is a conflict."""
-    import os
-
     from jaxcache.storage import LocalStorage
 
     key = sorted(cache_copy.glob("*-cache"))[0].name.removesuffix("-cache")
     shutil.rmtree(cache_copy / ".jaxcache", ignore_errors=True)
-    first = _record("first", [_usage(key, "1" * 64, at=time.time())], at=time.time())
-    backdated = _record("backdated", [_usage(key, "2" * 64, at=1.0)], at=1.0)
+    usage = lambda sha, at: KeyUsage(key=key, event=records.WRITE, writes=1, compiles=1, sha256=sha,  # noqa: E731
+                                     first_at=at)
+    fp = Fingerprint(jax="0.10.2", jaxlib="0.10.2", backend="cpu")
+    first = RunRecord(job="j", run_id="first", process_index=0, process_count=1, host="h", started_at=time.time(),
+                      updated_at=time.time(), fingerprint=fp, keys=[usage("1" * 64, time.time())])
+    backdated = RunRecord(job="j", run_id="backdated", process_index=0, process_count=1, host="h", started_at=1.0,
+                          updated_at=1.0, fingerprint=fp, keys=[usage("2" * 64, 1.0)])
     for rec, mtime in ((first, time.time() - 100), (backdated, time.time())):
         path = cache_copy / rec.name
         path.parent.mkdir(parents=True, exist_ok=True)

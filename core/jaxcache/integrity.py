@@ -30,8 +30,9 @@ DIFFERS = "differs"
 CORRUPT = "corrupt"
 PENDING = "pending"
 UNATTESTED = "unattested"
-# Most severe first: an entry's class is the first that applies and acts; every applying one is listed.
-CLASSES = (TAMPERED, MISMATCHED, DIFFERS, CORRUPT, PENDING, UNATTESTED, OK)
+# Most severe first: an entry's class is the first that applies and acts; every applying one is listed. Proof comes
+# before `differs`: a torn entry whose unsigned digest also differs is `corrupt`, which the default prune removes.
+CLASSES = (TAMPERED, MISMATCHED, CORRUPT, DIFFERS, PENDING, UNATTESTED, OK)
 BAD_CLASSES = (TAMPERED, MISMATCHED, DIFFERS, CORRUPT)
 #: Where the embedded-name check is pinned by tests; elsewhere a mismatch is shown but acts on nothing by itself.
 PINNED_PLATFORMS = frozenset({"cpu"})
