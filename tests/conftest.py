@@ -273,7 +273,7 @@ def stop_serve(proc: subprocess.Popen) -> None:
 def jaxcache_serve(caches: dict[str, str | Path], db: str, *, tokens: dict[str, str] | None = None,
                    args: tuple[str, ...] = (), **env: str) -> Iterator[str]:
     """A ready `jaxcache serve` over ``caches``; yields its base URL and stops it afterwards. ``env``: more
-    variables for the service (JAXCACHE_ATTEST_KEY, ...)."""
+    variables for the service (JAXCACHE_TRUSTED_KEYS, ...)."""
     proc, base = start_serve(caches, db, env=serve_env(tokens, **env), args=args)
     try:
         wait_ready(proc, base)

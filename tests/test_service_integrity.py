@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,13 +16,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 from conftest import settled, upload_dir
+from jaxcache import signing
 from jaxcache.entry import parse_name
 from jaxcache.service.app import create_app
 from jaxcache.service.settings import ServiceSettings
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
 ADMIN, REPORT, READ = "i-admin", "i-report", "i-read"
-KEY = "i-attest-key"  # the writer signs its digests and the service checks them: a mismatch is tampering
+# The writer signs what JAX puts and the service trusts the key: a mismatch against its signature is tampering.
+KEY_PATH = str(Path(tempfile.mkdtemp(prefix="jaxcache-i-")) / "writers.key")
+PUBLIC = signing.new_key("writers", KEY_PATH).public_text()
 BAD = ["tampered", "mismatched", "corrupt"]
 
 
@@ -31,13 +35,13 @@ def _headers(token: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory, jax_caches) -> dict:
-    """An attested cache (written through jaxcache.client) with one entry of each kind of damage, plus one
+    """A signed cache (written through jaxcache.client) with one entry of each kind of damage, plus one
     entry written by plain JAX. Returns the root and which keys are which."""
     root = tmp_path_factory.mktemp("integrity") / "cache"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
     proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(root), "--job", "writer"],
                           capture_output=True, text=True, timeout=300,
-                          env={**env, "JAX_PLATFORMS": "cpu", "JAXCACHE_ATTEST_KEY": KEY})
+                          env={**env, "JAX_PLATFORMS": "cpu", "JAXCACHE_SIGNING_KEY": KEY_PATH})
     assert proc.returncode == 0, proc.stderr
     by_module: dict[str, Path] = {}
     for path in sorted(root.glob("*-cache")):
@@ -64,7 +68,7 @@ def _app(url: str, tmp_path: Path, **settings) -> TestClient:
                                                                        (READ, "read"))}
     return TestClient(create_app(ServiceSettings(
         caches={"c": url}, db=f"sqlite:///{tmp_path / 'catalog.sqlite'}", tokens=tokens,
-        **{"attest_key": KEY, **settings})))
+        **{"trusted_keys": PUBLIC, **settings})))
 
 
 def _rescanned(client: TestClient) -> None:
