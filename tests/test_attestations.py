@@ -145,6 +145,7 @@ def test_a_report_token_forgery_after_a_real_write_proves_nothing(request, tmp_p
     else:  # unsigned digests disagree: a conflict on every entry, and `differs` where the forged one came first
         assert {c["key"] for c in summary["conflicts"]} == set(_keys(cache))
         assert {p["class"] for p in problems.values()} <= {"differs"}
+        assert not any(p["held_up"] for p in problems.values()) and summary["held_up"] == 0
         assert bool(problems) is (order == "before")
         for p in problems.values():
             assert "reported to the service" in p["reasons"][0] and "not proof" in p["reasons"][0]
@@ -242,7 +243,7 @@ def test_a_truncated_entry_is_proven_bad(request, tmp_path, cache, written, back
     problems, _ = _classes(client)
     key = victim.name.removesuffix("-cache")
     assert set(problems) == {key}
-    assert problems[key]["class"] == ("tampered" if signing else "corrupt")
+    assert problems[key]["class"] == ("tampered" if signing else "corrupt") and problems[key]["held_up"]
     # The shipped policy removes it, and its signature with it: the key can be written again.
     r = client.post("/v1/caches/c/prune", json={"integrity": ["tampered", "corrupt"], "dry_run": False,
                                                 "min_age": "0s"}, headers=_h(ADMIN))

@@ -304,6 +304,10 @@ def test_overview_and_entry_pages_show_integrity_as_the_api_does(app_client, see
     page = app_client.get("/caches/demo", headers=H_READ).text
     for cls, n in api["counts"].items():
         assert f'data-stat="integrity-{cls}" data-value="{n}"' in page, cls
+    # The torn entry holds its key up: JAX never overwrites it, so no job gets a good entry until it is removed.
+    held = [p["key"] for p in api["problems"] if p["held_up"]]
+    assert held and api["held_up"] == len(held) and f'data-held-up="{len(held)}"' in page
+    assert all(f'<tr data-key="{k}" data-held-up="1">' in page for k in held)
     key = next(p.name.removesuffix("-cache") for p in sorted(seeded.glob("*-cache")))
     detail = app_client.get(f"/v1/caches/demo/entries/{key}", headers=H_READ).json()
     entry_page = app_client.get(f"/caches/demo/entries/{key}", headers=H_READ).text

@@ -37,12 +37,15 @@ class IntegrityProblem(BaseModel):
     attested_by: str | None = None
     embedded_module: str | None = None
     checked_s: float
+    held_up: bool = Field(False, description="proven bad (tampered, corrupt, or a mismatch where its check is "
+                          "pinned): JAX never overwrites an entry, so no job gets a good one for this key until "
+                          "this one is removed")
 
 
 class OtherDigest(BaseModel):
     sha256: str
     writer: str
-    source: str = Field(description="signed, reported or file: how the digest reached the service")
+    source: str = Field(description="reported or file: how the unsigned digest reached the service")
     record: str | None = Field(None, description="the record file it was read from")
     seen_s: float
 
@@ -71,5 +74,6 @@ class IntegritySummary(BaseModel):
     last_checked_s: float | None = None
     problems: list[IntegrityProblem] = Field(
         description="tampered, mismatched, differing, corrupt and pending entries")
+    held_up: int = Field(0, description="keys held up by a proven-bad entry (problems with held_up), all of them")
     conflicts: list[DigestConflict] = Field(
         default_factory=list, description="entries with more than one recorded digest (the first accepted counts)")

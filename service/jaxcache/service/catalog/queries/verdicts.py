@@ -28,6 +28,7 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
         .join(AttestationRow, and_(AttestationRow.cache == EntryRow.cache, AttestationRow.key == EntryRow.key))
         .where(EntryRow.cache == cache, EntryRow.kind == "entry")).scalar_one()
     last = conn.execute(select(func.max(v.checked_s)).where(v.cache == cache)).scalar_one()
+    held = integrity.TAMPERED, integrity.MISMATCHED, integrity.CORRUPT  # mismatched acts only where pinned
     bad = conn.execute(
         select(v.key, v.classification, v.classes, v.reasons, v.sha256, v.attested_sha256, v.attested_by,
                v.embedded_module, v.checked_s)
@@ -44,7 +45,9 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
         "attested": attested,
         "counts": counts,
         "last_checked_s": last,
-        "problems": [dict(r._mapping) | {"class": r.classification} for r in bad],
+        "problems": [dict(r._mapping) | {"class": r.classification, "held_up": r.classification in held}
+                     for r in bad],
+        "held_up": sum(counts[c] for c in held),
     }
 
 
