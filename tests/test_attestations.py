@@ -275,6 +275,14 @@ def test_rotation_re_signs_what_the_old_key_signed_and_retiring_it_unsigns_the_r
     assert bad.returncode == 2 and "not in JAXCACHE_TRUSTED_KEYS" in bad.stderr
 
 
+def test_a_record_from_an_older_client_keeps_its_digest_and_its_hmac_field_is_ignored(cache):
+    record = json.loads(_real_record(cache).to_json())
+    record["keys"][0]["signature"] = "0" * 64  # the retired HMAC an older client wrote
+    parsed = records.parse(json.dumps(record).encode())
+    (att, *_) = attestations.from_run(parsed, source=attestations.FILE, at=1.0)
+    assert att.sha256 == record["keys"][0]["sha256"] and not att.proof
+
+
 def _swapped(cache_copy: Path) -> tuple[Entry, bytes]:
     by_module: dict[str, Path] = {}
     for path in sorted(cache_copy.glob("*-cache")):

@@ -317,22 +317,34 @@ def test_two_process_distributed_cpu_job_writes_a_record_per_process(tmp_path):
     assert all(u.event == records.WRITE for u in recs[0].keys)
 
 
-def test_gcs_root_gets_entries_and_run_records(gcs_client, gcs_bucket):
+def test_gcs_root_gets_entries_run_records_and_signatures(gcs_client, gcs_bucket, tmp_path):
+    from jaxcache import signing
+
     url = f"gs://{gcs_bucket}/jax-cache"
-    first = result(run_job("--cache-dir", url, "--job", "gcs-job"))
+    key = signing.new_key("gcs-writers", str(tmp_path / "w.key"))
+    env = clean_env(JAXCACHE_SIGNING_KEY=str(tmp_path / "w.key"))
+    first = result(run_job("--cache-dir", url, "--job", "gcs-job", env=env))
     assert first["stats"]["writes"] >= 4
     blob = gcs_client.bucket(gcs_bucket).blob(f"jax-cache/{first['record_name']}")
     record = records.parse(blob.download_as_bytes())
     assert record.cache_dir == url and all(u.event == records.WRITE and u.size_bytes for u in record.keys)
-    second = result(run_job("--cache-dir", url + "/", "--job", "gcs-job"))
+    # Each write signed beside its entry, created as a new object (jobs' identities may not overwrite).
+    names = {b.name.removeprefix("jax-cache/") for b in gcs_client.list_blobs(gcs_bucket, prefix="jax-cache/")}
+    assert {u.key + "-sig" for u in record.keys} <= names
+    second = result(run_job("--cache-dir", url + "/", "--job", "gcs-job", env=env))
     assert second["stats"]["hit_rate"] == 1.0
+    proc = subprocess.run([sys.executable, "-m", "jaxcache", "doctor", url, "--verify", "--min-age", "0s", "--json"],
+                          capture_output=True, text=True, timeout=120,
+                          env=clean_env(JAXCACHE_TRUSTED_KEYS=key.public_text()))
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["counts"]["ok"] == report["checked"] >= 4, proc.stdout + proc.stderr
 
 
 def test_client_imports_nothing_heavy():
     code = (
         "import sys, jaxcache.client\n"
         "heavy = [m for m in ('fastapi', 'sqlalchemy', 'pydantic', 'google.cloud.storage', 'httpx', 'uvicorn',"
-        " 'tqdm', 'prometheus_client', 'starlette') if m in sys.modules]\n"
+        " 'tqdm', 'prometheus_client', 'starlette', 'cryptography') if m in sys.modules]\n"
         "print(heavy)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)

@@ -252,10 +252,12 @@ def test_doctor_verify_exit_codes_and_json(attested_cache, key, tmp_path):
     age(victim)
     proc = subprocess.run([*cli, str(root), "--verify"], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 1 and "tampered" in proc.stdout and victim.name in proc.stdout, proc.stdout
-    # Without a trusted key the records are files anyone who can write the bucket could have written: `differs`.
+    # Without a trusted key the records are files anyone who can write the bucket could have written: the digest
+    # only differs, and what proves the entry bad is that it is torn (`corrupt`, listed first).
     proc = subprocess.run([*cli, str(root), "--verify"], capture_output=True, text=True, timeout=120, env=clean_env())
     first = proc.stdout.splitlines()[0]
-    assert proc.returncode == 1 and "1 differs" in first and "tampered" not in first, proc.stdout
+    assert proc.returncode == 1 and "1 corrupt" in first and "tampered" not in first, proc.stdout
+    assert "not proof of tampering" in proc.stdout
 
 
 def test_cli_prune_integrity_deletes_exactly_the_bad_ones_with_their_signatures(attested_cache, key, tmp_path):
@@ -283,3 +285,17 @@ def test_cli_prune_integrity_deletes_exactly_the_bad_ones_with_their_signatures(
                                                                          before - {v.name for v in victims}}
     bad = subprocess.run([*cli[:-1], "unattested"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "cannot be selected" in bad.stderr
+
+
+def test_a_signature_whose_entry_is_gone_is_an_orphan_prune_removes(attested_cache, tmp_path):
+    root = copy_of(attested_cache, tmp_path / "c")
+    gone = sorted(root.glob("*-cache"))[0]
+    gone.unlink()  # as JAX's own LRU evicts: -cache (and -atime) only
+    orphan = gone.name.removesuffix("-cache") + "-sig"
+    cli = [sys.executable, "-m", "jaxcache", "prune", str(root), "--orphans"]
+    proc = subprocess.run(cli, capture_output=True, text=True, timeout=120, env=clean_env())
+    assert proc.returncode == 0 and "would delete 1 signature objects" in proc.stdout, proc.stdout + proc.stderr
+    assert (root / orphan).exists()
+    proc = subprocess.run([*cli, "--apply", "--json"], capture_output=True, text=True, timeout=120, env=clean_env())
+    assert proc.returncode == 0 and json.loads(proc.stdout)["signature_orphans"] == [orphan], proc.stderr
+    assert not (root / orphan).exists() and len(list(root.glob("*-sig"))) == len(list(root.glob("*-cache")))

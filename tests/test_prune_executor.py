@@ -205,8 +205,10 @@ def test_gcs_deletes_carry_the_generation_precondition(gcs_client, gcs_bucket, c
         session.hooks["response"].remove(hook)
     assert result.deleted == len(cands) and not result.errors
     deletes = [s for s in seen if s.startswith("DELETE ")]
-    assert len(deletes) == 2 * len(cands)
+    # Each entry's -cache, its -atime and its -sig (a signature goes with its entry; none here: already gone).
+    assert len(deletes) == 3 * len(cands)
     for c in cands:
+        assert len([s for s in deletes if f"{c.key}-sig" in s]) == 1
         cache_req = [s for s in deletes if f"{c.key}-cache" in s]
         assert len(cache_req) == 1 and f"ifGenerationMatch={c.generation}" in cache_req[0]
         atime_req = [s for s in deletes if f"{c.key}-atime" in s]
