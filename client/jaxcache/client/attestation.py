@@ -27,7 +27,7 @@ QUEUE_SIZE = 1024
 UNREADABLE_REASON = ("the cache holds an entry for this key that JAX could not load; JAX does not rewrite an entry"
                      " that exists")
 NOT_PUT_REASON = "the entry in the cache is not the bytes JAX wrote (replaced or planted meanwhile)"
-MAX_PUTS = 4096  # digests of puts not yet checked: bounded like the queue
+MAX_PUTS = 4096  # digests of puts not yet checked (hashed on the compiling thread): bounded like the queue
 
 
 class Attestor:
@@ -53,11 +53,10 @@ class Attestor:
     def on_put(self, key: str, value: bytes) -> None:
         """The JAX wall's put hook: the digest of the exact bytes JAX is about to store (on the compiling thread;
         hashing bytes in memory costs far less than the compile that made them)."""
-        with self._lock:
-            if len(self._puts) >= MAX_PUTS:
-                return
         digest = hashlib.sha256(value).hexdigest()
         with self._lock:
+            if len(self._puts) >= MAX_PUTS:  # puts whose write never settled (JAX failed it): the oldest go first
+                self._puts.pop(next(iter(self._puts)))
             self._puts[key] = (digest, len(value))
 
     def submit(self, key: str, looked_up_at: float = 0.0) -> None:
