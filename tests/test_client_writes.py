@@ -181,3 +181,18 @@ def test_asking_for_xla_sub_caches_on_a_gcs_root_is_refused():
 
 def json_bytes(data: object) -> bytes:
     return json.dumps(data).encode()
+
+
+def test_the_recorded_digest_is_of_the_bytes_jax_put_on_either_jax(tmp_path, interpreter):
+    """The JAX wall's put hook hears the bytes JAX stores: each write's recorded digest and size are the file's."""
+    import hashlib
+
+    python, extra = interpreter
+    root = tmp_path / "c"
+    out = result(run_job("--cache-dir", str(root), "--job", "hashed", python=python, env=clean_env(**extra)))
+    record = records.parse((root / out["record_name"]).read_bytes())
+    writes = [u for u in record.keys if u.event == records.WRITE]
+    assert len(writes) == out["stats"]["writes"] >= 4
+    for u in writes:
+        data = (root / entry.cache_name(u.key)).read_bytes()
+        assert (u.sha256, u.size_bytes) == (hashlib.sha256(data).hexdigest(), len(data)), u.key
