@@ -252,8 +252,9 @@ class WarmupKeyRow(Base):
 
 
 class AttestationRow(Base):
-    """The digest that counts for an entry: the first the service accepted of the highest source (signed >
-    reported > read from a file; jaxcache.attestations). Others go to ``attestation_conflicts``."""
+    """The unsigned digest that counts for an entry: the first the service accepted, reported or read from a file
+    alike (jaxcache.attestations; signatures are read beside the entry, never stored here). Others go to
+    ``attestation_conflicts``; a ``signed`` source is a row from the retired HMAC scheme, which proves nothing."""
 
     __tablename__ = "attestations"
     cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
