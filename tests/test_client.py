@@ -238,10 +238,13 @@ def test_options_resolution_order_and_checks(tmp_path):
         dict(cache_dir="/c", env={"JAXCACHE_RUN_ID": "../x"}),
         dict(cache_dir="s3://b/x"),
         dict(cache_dir="gs://b/x", max_size_bytes=10),
+        dict(cache_dir="/c", env={"JAXCACHE_SIGNING_KEY": "/no/such/key"}),
     ]
     for case in bad:
         with pytest.raises(InvalidInputError):
             _resolve(**case)
+    with pytest.raises(InvalidInputError, match="JAXCACHE_SIGNING_KEY: cannot read the signing key /no/such/key"):
+        _resolve("/c", env={"JAXCACHE_SIGNING_KEY": "/no/such/key"})
 
 
 def test_a_claimed_sessions_notice_says_what_did_not_apply(tmp_path):

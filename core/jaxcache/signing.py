@@ -145,7 +145,10 @@ def load_key(path: str) -> SigningKey:
 def key_from_env(env: Mapping[str, str] | None = None) -> SigningKey | None:
     """The key JAXCACHE_SIGNING_KEY names (a path), or None when it is unset."""
     path = (os.environ if env is None else env).get(SIGNING_KEY_ENV, "")
-    return load_key(path) if path else None
+    try:
+        return load_key(path) if path else None
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{SIGNING_KEY_ENV}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +177,10 @@ class TrustedKeys:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TrustedKeys:
         """The keys JAXCACHE_TRUSTED_KEYS lists (none when unset)."""
-        return cls.parse((os.environ if env is None else env).get(TRUSTED_KEYS_ENV, ""))
+        try:
+            return cls.parse((os.environ if env is None else env).get(TRUSTED_KEYS_ENV, ""))
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{TRUSTED_KEYS_ENV}: {exc}") from None
 
     def __bool__(self) -> bool:
         return bool(self.keys)
