@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from jaxcache.client import jax_internals
+from jaxcache.client import jax_internals, jax_reads
 
 PROBE = "import json; from jaxcache.client import jax_internals; print(json.dumps(jax_internals.probe()))"
 
@@ -42,6 +42,15 @@ def test_the_probe_fails_loudly_when_something_is_gone():
     assert any("_gone_since_a_release" in p for p in problems)
     assert any("Persistent compilation cache visited" in p for p in problems)
     assert any("/jax/compilation_cache/renamed" in p for p in problems)
+
+
+def test_the_probe_fails_loudly_when_the_read_path_moves():
+    moved = (("jax._src.compiler", "_cache_read", ("get_executable_and_time", "read_entry_bytes")),
+             ("jax._src.compilation_cache", "get_executable_and_time_v2", ("get",)))
+    problems = jax_reads.problems(moved)
+    assert any("_cache_read no longer calls read_entry_bytes" in p for p in problems), problems
+    assert any("has no get_executable_and_time_v2" in p for p in problems), problems
+    assert all("verify=" in p for p in problems)
 
 
 # A job on a JAX whose hit and miss records jaxcache no longer recognises: simulated by changing the texts it
@@ -136,7 +145,7 @@ _ZSTD = textwrap.dedent("""
     for name in ("compression", "zstandard"):
         if sys.modules.get(name, 0) is None:
             del sys.modules[name]
-    from jaxcache.client import jax_internals
+    from jaxcache.client import jax_internals, jax_reads
     try:
         names = [jax_internals.compression_library() for _ in range(2)]
     except Exception as exc:

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 
 from jaxcache import keyparts
+from jaxcache.client import jax_reads
 from jaxcache.client.errors import CacheAlreadyInitializedError
 from jaxcache.client.jax_internals.mlir import MLIR_NAMES, entry_signature
 from jaxcache.errors import MissingDependencyError
@@ -392,4 +393,4 @@ def probe(*, attributes: tuple[tuple[str, str, tuple[str, ...]], ...] = ATTRIBUT
                  "jax_platforms", "jax_num_cpu_devices", "jax_mock_gpu_topology"):
         if name not in jax.config.values:
             problems.append(f"jax.config has no {name}")
-    return problems
+    return problems + jax_reads.problems()  # the read hook (verify=), kept in a module of its own
