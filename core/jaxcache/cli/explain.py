@@ -67,7 +67,7 @@ def add_parser(sub: Any) -> None:
     ex = sub.add_parser(
         "explain", help="why jobs compiled programs instead of loading them",
         description="For every program a job compiled because the cache did not give it (a miss), name the cause "
-                    "and the fix, from the root's run and warm-up records: evicted, unreadable, not_written, "
+                    "and the fix, from the root's run and warm-up records: skipped, evicted, unreadable, not_written, "
                     "new_program, unstable_program, program_changed, or the part of the key that differs from "
                     "the nearest entry of the same function (jaxlib, backend, xla_flags, compile_options, "
                     "devices, compression, custom_hook); unknown when nothing recorded tells.")

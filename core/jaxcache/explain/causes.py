@@ -6,6 +6,7 @@ from typing import Final
 
 from jaxcache import keyparts as kp
 
+SKIPPED: Final = "skipped"
 EVICTED: Final = "evicted"
 UNREADABLE: Final = "unreadable"
 NOT_WRITTEN: Final = "not_written"
@@ -15,10 +16,12 @@ PROGRAM_CHANGED: Final = "program_changed"
 UNKNOWN: Final = "unknown"
 #: The causes named after a key part (the nearest entry has the same program and differs there).
 PART_CAUSES: tuple[str, ...] = kp.ORDER[1:]
-CAUSES: tuple[str, ...] = (EVICTED, UNREADABLE, NOT_WRITTEN, NEW_PROGRAM, UNSTABLE_PROGRAM, PROGRAM_CHANGED,
+CAUSES: tuple[str, ...] = (SKIPPED, EVICTED, UNREADABLE, NOT_WRITTEN, NEW_PROGRAM, UNSTABLE_PROGRAM, PROGRAM_CHANGED,
                            *PART_CAUSES, UNKNOWN)
 
 _FIX = {
+    SKIPPED: "the job's verify mode refused the entry ({why}) and compiled it; JAX never overwrites an entry, so "
+             "every verifying job skips it until it is removed: {removal}",
     EVICTED: "it was deleted {how}; this run wrote it again. If it is still used, pin it (PUT "
              "/v1/caches/CACHE/pins/{function}*) or loosen the prune policy",
     UNREADABLE: "the entry is there but could not be loaded ({problem}); JAX recompiles it every time and never "

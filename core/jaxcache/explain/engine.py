@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from jaxcache import keyparts as kp
+from jaxcache import skips
 from jaxcache.explain import causes as c
 from jaxcache.explain.model import EntryNow, Explanation, History, Known, Miss, PartDiff
 from jaxcache.explain.values import diff
@@ -63,7 +64,11 @@ def explain(miss: Miss, history: History, *, root: str = "ROOT") -> Explanation:
 
 
 def _about_the_key(miss: Miss, history: History, others: list[Known], root: str) -> Explanation | None:
-    """evicted, unreadable or not_written: what happened to this very key before the miss."""
+    """skipped, evicted, unreadable or not_written: what happened to this very key before the miss."""
+    why = skips.why_skipped(miss.reason)
+    if why is not None:  # the miss's own word: the entry was there and this job refused it (verify=)
+        removal = skips.removal(root, {miss.key: why})
+        return Explanation(c.SKIPPED, c.fix(c.SKIPPED, why=why, removal=removal), detail={"reason": why})
     deletion = history.deletion(miss.key, before=miss.at)
     if deletion is not None:
         how = f"by {deletion.how} ({deletion.by}) at {_when(deletion.at_s)}"

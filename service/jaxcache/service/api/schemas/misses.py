@@ -8,15 +8,16 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 #: jaxcache.explain.CAUSES, in the order they are decided (a test checks the two agree).
-Cause = Literal["evicted", "unreadable", "not_written", "new_program", "unstable_program", "program_changed",
-                "jaxlib", "backend", "xla_flags", "compile_options", "devices", "compression", "custom_hook",
-                "unknown"]
+Cause = Literal["skipped", "evicted", "unreadable", "not_written", "new_program", "unstable_program",
+                "program_changed", "jaxlib", "backend", "xla_flags", "compile_options", "devices", "compression",
+                "custom_hook", "unknown"]
 #: jaxcache.keyparts.ORDER: the parts of a key, in the order JAX hashes them.
 Part = Literal["computation", "jaxlib", "backend", "xla_flags", "compile_options", "devices", "compression",
                "custom_hook"]
 
 CAUSE_HELP = (
-    "why the cache did not give the program: evicted (deleted: the prune or DELETE is named in fix), unreadable "
+    "why the cache did not give the program: skipped (the job's verify mode refused the entry; fix says why and what"
+    " removes it), evicted (deleted: the prune or DELETE is named in fix), unreadable "
     "(the entry is there but cannot be loaded), not_written (an earlier run compiled it and JAX did not store it), "
     "new_program (the first time this cache sees the function), unstable_program (the same job's program differs "
     "every run), program_changed (the function changed: its signature or body), or the part of the key that "
