@@ -99,7 +99,7 @@ def test_a_read_token_cannot_report_and_the_job_still_finishes(service):
 
 
 @pytest.mark.slow
-def test_verify_attested_refuses_a_tampered_cache_and_sample_warns(service):
+def test_verify_attested_starts_on_a_tampered_cache_and_compiles_the_tampered_entry(service):
     base, cache = service
     run_job(cache, "writer")  # signed entries: the writer signed the bytes JAX put
     clean = run_job(cache, "checked", "--verify", "attested", "--service-url", base, "--token", REPORT)
@@ -117,9 +117,12 @@ def test_verify_attested_refuses_a_tampered_cache_and_sample_warns(service):
     proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", str(cache), "--job", "careful", "--verify",
                            "attested", "--service-url", base, "--token", REPORT],
                           capture_output=True, text=True, timeout=300, env=_env())
-    assert proc.returncode == 3, proc.stderr
-    assert "TamperedCacheError" in proc.stderr and victim.name.removesuffix("-cache") in proc.stderr
-    assert "--integrity --apply" in proc.stderr
+    assert proc.returncode == 0, proc.stderr  # the right results: the swapped entry was compiled, not loaded
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert list(out["skipped"]) == [victim.name.removesuffix("-cache")]
+    assert out["stats"]["hits"] == clean["stats"]["hits"] - 1 and out["stats"]["writes"] == 0
+    assert victim.name.removesuffix("-cache") in proc.stderr  # one warning at start names it and the fix
+    assert "--integrity tampered,mismatched,differs,corrupt --apply" in proc.stderr
 
 
 @pytest.mark.slow
@@ -148,16 +151,17 @@ def test_verify_sample_flags_hits_whose_bytes_differ_from_a_trusted_signature(tm
 def test_verify_attested_fails_closed_on_settings_the_service_refuses(service):
     """A token, route or cache_dir the service refuses is a setting to fix: starting would skip the check."""
     from jaxcache.client import IntegrityCheckError
-    from jaxcache.client.verify import check_attested
+    from jaxcache.client.verify import attested_policy
 
     base, cache = service
-    check_attested(base, REPORT, str(cache))  # the right settings on a clean cache: no complaint
+    policy = attested_policy(base, REPORT, str(cache))  # the right settings on a clean cache: loads everything
+    assert policy is not None and policy.judge("jit_f-" + "0" * 64, b"entry") is None
     cases = [(base, "not-a-token", str(cache), "HTTP 401", "JAXCACHE_TOKEN"),
              (base, REPORT, str(cache.parent / "elsewhere"), "HTTP 404", "pass the cache_dir the service is"),
              (f"{base}/wrong-prefix", REPORT, str(cache), "HTTP 404", "JAXCACHE_SERVICE_URL")]
     for url, token, cache_dir, status, fix in cases:
         with pytest.raises(IntegrityCheckError) as info:
-            check_attested(url, token, cache_dir)
+            attested_policy(url, token, cache_dir)
         assert status in str(info.value) and fix in str(info.value) and "verify='off'" in str(info.value)
 
 
@@ -165,7 +169,7 @@ def test_verify_attested_starts_with_one_warning_when_the_service_is_down(caplog
     import http.server
     import threading
 
-    from jaxcache.client.verify import check_attested
+    from jaxcache.client.verify import attested_policy
 
     class Failing(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the stdlib's name
@@ -180,8 +184,8 @@ def test_verify_attested_starts_with_one_warning_when_the_service_is_down(caplog
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with caplog.at_level("WARNING", logger="jaxcache.client"):
-            check_attested(f"http://127.0.0.1:{server.server_address[1]}", REPORT, "/cache")
-            check_attested(f"http://127.0.0.1:{free_port()}", REPORT, "/cache")  # nothing listens there
+            assert attested_policy(f"http://127.0.0.1:{server.server_address[1]}", REPORT, "/cache") is None
+            assert attested_policy(f"http://127.0.0.1:{free_port()}", REPORT, "/cache") is None  # nothing listens
     finally:
         server.shutdown()
     messages = [r.getMessage() for r in caplog.records]

@@ -132,6 +132,7 @@ def main() -> int:
         "cache_dir": session.cache_dir,
         "process_index": record.process_index,
         "integrity_findings": findings,
+        "skipped": session.skipped(),
         "xla_caches": jax.config.jax_persistent_cache_enable_xla_caches,
         "xla_cache_paths": xla_cache_paths,
         **({"record": json.loads(record.to_json())} if args.print_record else {}),

@@ -1,6 +1,7 @@
 """Why this process's misses missed, as far as the client can tell on its own; ``jaxcache explain`` tells the rest.
 
-Three causes need nothing but this process: JAX said it would not write the program (a threshold, host callbacks,
+First, skips: the entry was there and this process's ``verify=`` mode refused it (:mod:`jaxcache.skips`). Three
+more causes need nothing but this process: JAX said it would not write the program (a threshold, host callbacks,
 not process 0, the cache disabled), so no run before wrote it either; JAX tried and its entry is not there whole
 (a full disk: :mod:`jaxcache.client.written`); or the key's entry is in the cache but could not be read (corrupt or
 torn: JAX warns, recompiles, and never rewrites an entry that exists). Everything else (a new program, or a part of
@@ -14,6 +15,7 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from jaxcache import skips
 from jaxcache.records import COMPILED, KeyUsage
 from jaxcache.storage import ObjectInfo
 
@@ -33,18 +35,23 @@ class MissCauses:
     not_written: tuple[tuple[str, int], ...] = ()
     unreadable: int = 0
     failed_writes: tuple[tuple[str, int], ...] = ()
+    #: key → why, of the entries this process refused to load (``verify=``); their misses are ``skipped_misses``.
+    skipped: tuple[tuple[str, str], ...] = ()
+    skipped_misses: int = 0
 
     @property
     def unexplained(self) -> int:
         """Misses the client cannot explain on its own."""
         explained = sum(n for _, n in self.not_written) + sum(n for _, n in self.failed_writes) + self.unreadable
-        return max(self.misses - explained, 0)
+        return max(self.misses - explained - self.skipped_misses, 0)
 
     def describe(self, cache_dir: str, run_id: str) -> str:
         """The causes in words, with the command that explains the rest; empty without misses."""
         if not self.misses:
             return ""
         said = []
+        if self.skipped:
+            said.append(_skipped_text(self.skipped, self.skipped_misses, cache_dir))
         if self.not_written:
             said.append(f"{sum(n for _, n in self.not_written)} not written, as JAX said ("
                         + "; ".join(f"{n}: {why}" for why, n in self.not_written) + ")")
@@ -72,9 +79,15 @@ class MissCheck:
         """``failed``: the keys whose write left no whole entry, with why (``Recorder.failed_writes()``)."""
         groups: dict[str, list[KeyUsage]] = {}
         failures: dict[str, tuple[str, int]] = {}  # cause -> (the first such reason, misses)
-        unreadable = 0
+        unreadable = skipped_misses = 0
+        skipped: dict[str, str] = {}
         for usage in usages:
             if not usage.compiles:
+                continue
+            why = skips.why_skipped(usage.reason)
+            if why is not None:  # first: this process refused the entry that was there (verify=)
+                skipped[usage.key] = why
+                skipped_misses += usage.compiles
                 continue
             # First: an entry there before the lookup is why it missed, whatever JAX then said about writing it.
             if not usage.hits and self._is_unreadable(usage):
@@ -88,7 +101,8 @@ class MissCheck:
                 groups.setdefault(m.group(1) if m else usage.reason, []).append(usage)
         not_written = tuple((_said(why, found), sum(u.compiles for u in found)) for why, found in groups.items())
         return MissCauses(misses=misses, not_written=not_written, unreadable=unreadable,
-                          failed_writes=tuple(failures.values()))
+                          failed_writes=tuple(failures.values()), skipped=tuple(sorted(skipped.items())),
+                          skipped_misses=skipped_misses)
 
     def _is_unreadable(self, usage: KeyUsage) -> bool:
         known = self._unreadable.get(usage.key)
@@ -101,6 +115,17 @@ class MissCheck:
         # An entry this process wrote is newer than its lookup; one there before the lookup could not be read.
         self._unreadable[usage.key] = info is not None and info.mtime_s < usage.first_at - SLACK_S
         return self._unreadable[usage.key]
+
+
+def _skipped_text(skipped: tuple[tuple[str, str], ...], misses: int, cache_dir: str) -> str:
+    """The skipped entries: how many for each reason, which keys, and the command that removes them."""
+    by_why: dict[str, list[str]] = {}
+    for key, why in skipped:
+        by_why.setdefault(why, []).append(key)
+    keys = "; ".join(f"{why}: {', '.join(found[:5])}" + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+                     for why, found in sorted(by_why.items()))
+    return (f"{misses} skipped: entries this job's verify mode refused to load ({keys}); JAX compiled them and"
+            f" never overwrites an entry, so they stay misses until removed: {skips.removal(cache_dir, dict(skipped))}")
 
 
 def _cause(reason: str) -> str:

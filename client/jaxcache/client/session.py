@@ -15,7 +15,8 @@ from jaxcache.client import claim
 from jaxcache.client import jax_internals as ji
 from jaxcache.client import trust as trust_mod
 from jaxcache.client.attestation import Attestor
-from jaxcache.client.errors import CacheAlreadyInitializedError, UntrustedCacheDirError
+from jaxcache.client.errors import CacheAlreadyInitializedError
+from jaxcache.client.loads import LoadGuard, LoadPolicy
 from jaxcache.client.misses import MAX_CHECKED, MAX_CHECKED_GCS, MissCauses, MissCheck
 from jaxcache.client.options import ClientOptions, resolve, say_xla_caches_off
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
@@ -30,14 +31,13 @@ log = logging.getLogger("jaxcache.client")
 
 _lock = threading.Lock()
 _session: CacheSession | None = None
-_gcs_notice_given = False
 ATTEST_WAIT_S = 30.0  # at exit: digests of the last entries written; bounded so exit never hangs on storage
 
 
 class CacheSession:
     """One process's use of the cache: settings, telemetry, run records. Made by :func:`enable_cache`."""
 
-    def __init__(self, options: ClientOptions, compression: str) -> None:
+    def __init__(self, options: ClientOptions, compression: str, loads: LoadPolicy | None = None) -> None:
         self.options = options
         self.compression = compression
         self.started_at = time.time()
@@ -49,7 +49,10 @@ class CacheSession:
         self._writer = RecordWriter(options.cache_dir)
         # A write counts once its entry is there whole: the run record's writes make the service's first writers.
         check = WriteCheck(self._writer.storage, None if options.is_gcs else options.cache_dir)
-        self._recorder = Recorder(key_parts=options.key_parts, check_write=check)
+        # verify=: JAX loads only what the mode's judge lets through; a refused key is compiled, never written.
+        self._loads = LoadGuard(loads) if loads is not None else None
+        self._recorder = Recorder(key_parts=options.key_parts, check_write=check,
+                                  skipped=self._loads.why if self._loads is not None else None)
         self._misses = MissCheck(lambda name: self._writer.storage().stat(name),
                                  limit=MAX_CHECKED_GCS if options.is_gcs else MAX_CHECKED)
         self._attestor = Attestor(self._writer, self._recorder, signing_key=options.signing_key, broken=check.torn,
@@ -107,6 +110,10 @@ class CacheSession:
     def stats(self) -> CacheStats:
         """Hits, misses, writes, hit rate, compile, retrieval and saved seconds so far in this process."""
         return self._recorder.stats()
+
+    def skipped(self) -> dict[str, str]:
+        """The keys whose entries this process refused to load (``verify=``), with why: each was compiled."""
+        return self._loads.skipped() if self._loads is not None else {}
 
     def miss_causes(self) -> MissCauses:
         """This process's misses by the causes it can tell on its own (reads the metadata of missed entries)."""
@@ -200,6 +207,8 @@ class CacheSession:
         self._ticker = threading.Thread(target=self._tick, name="jaxcache-records", daemon=True)
         self._ticker.start()
         atexit.register(self.close)
+        if self._loads is not None:
+            self._loads.install()
 
     def _claimed_call(self, asked: dict[str, object]) -> CacheSession:
         """A later enable_cache() call in a process this session claimed: this session, and one notice."""
@@ -241,6 +250,8 @@ class CacheSession:
                 log.warning("jaxcache: periodic run record failed: %s", exc)
 
     def _shutdown_for_tests(self) -> None:
+        if self._loads is not None:
+            self._loads.uninstall()
         self._stop.set()
         self._recorder.uninstall()
         if self._undo_put_hook is not None:
@@ -281,8 +292,8 @@ def enable_cache(
         service_url: the jaxcache service (``JAXCACHE_SERVICE_URL``) to send run records to, fail-open.
         token: a bearer token with the ``report`` scope (``JAXCACHE_TOKEN``).
         trust: ``"strict"`` refuses a directory others can write; ``"warn"`` logs; ``"off"`` skips the check.
-        verify: ``"off"`` (default; ``JAXCACHE_VERIFY``), ``"attested"`` (refuse to start when the service reports
-            tampered or mismatched entries), or ``"sample"`` (check the first entries this job hits, and warn).
+        verify: ``"off"`` (default; ``JAXCACHE_VERIFY``), ``"attested"`` (JAX loads no entry the service judged
+            bad: it compiles those), or ``"sample"`` (check the first entries this job hits, and warn).
 
     Returns:
         The process's :class:`CacheSession`; a second call with the same settings returns the same one, and
@@ -292,7 +303,7 @@ def enable_cache(
         CacheNotConfiguredError: no directory anywhere.
         CacheAlreadyInitializedError: JAX compiled before this call, or it was called with other settings.
         UntrustedCacheDirError: in strict mode, the directory (or a parent) can be written by others.
-        TamperedCacheError: with ``verify="attested"``, the service reports tampered or mismatched entries.
+        IntegrityCheckError: with ``verify="attested"``, the service refuses the token, URL or cache_dir.
         InvalidInputError: a malformed argument or variable.
     """
     global _session
@@ -324,15 +335,16 @@ def enable_cache(
             return _same_session(_session, options)
         ji.check_not_compiled(options.cache_dir)
         compression = ji.compression_library()
-        _check_trust(options)
+        trust_mod.check(options.cache_dir, mode=options.trust, is_gcs=options.is_gcs)
         say_xla_caches_off(options)
+        loads = None
         if options.verify == "attested":
-            from jaxcache.client.verify import check_attested
+            from jaxcache.client.verify import attested_policy
 
             assert options.service_url is not None
-            check_attested(options.service_url, options.token, options.cache_dir)
+            loads = attested_policy(options.service_url, options.token, options.cache_dir)
         ji.apply(options.jax_settings())
-        session = CacheSession(options, compression)
+        session = CacheSession(options, compression, loads)
         session._start()
         _session = session
         log.debug("jaxcache: cache at %s for job %s (run %s)", options.cache_dir, options.job, options.run_id)
@@ -362,33 +374,3 @@ def _same_session(session: CacheSession, options: ClientOptions) -> CacheSession
             " be set up once per process: call it once, early, with the settings you want"
         )
     return session
-
-
-def _check_trust(options: ClientOptions) -> None:
-    global _gcs_notice_given
-    if options.trust == "off":
-        return
-    if options.is_gcs:
-        if not _gcs_notice_given:
-            _gcs_notice_given = True
-            log.info(
-                "jaxcache: %s is a bucket: JAX runs what it loads from it, so its IAM must let only trusted"
-                " writers (the warm-up and process 0 of your jobs) create objects there",
-                options.cache_dir,
-            )
-        return
-    found = trust_mod.problems(options.cache_dir)
-    if not found and not os.path.isdir(options.cache_dir):
-        try:
-            trust_mod.make_private_dirs(options.cache_dir)
-        except OSError as exc:
-            raise UntrustedCacheDirError(
-                f"cannot create the cache directory {options.cache_dir}: {exc.strerror}"
-            ) from None
-        found = trust_mod.problems(options.cache_dir)
-    if not found:
-        return
-    message = trust_mod.untrusted_message(options.cache_dir, found)
-    if options.trust == "strict":
-        raise UntrustedCacheDirError(message)
-    log.warning("jaxcache: %s", message)

@@ -17,9 +17,10 @@ from typing import Any
 import msgspec
 from jax import monitoring
 
-from jaxcache import records
+from jaxcache import records, skips
 from jaxcache.client import jax_internals as ji
 from jaxcache.client.keycapture import KeyCapture
+from jaxcache.client.logtap import LogTap
 from jaxcache.records import KeyUsage
 
 _MAX_REASON = 1000  # what a run record's reason may hold (records.Text): longer, the service refuses the record
@@ -59,10 +60,12 @@ class Recorder:
     ``key_parts``: also capture what went into each key (:mod:`jaxcache.client.keycapture`). ``check_write``:
     ``check_write(key, looked_up_at)`` says why the entry JAX just wrote is not there whole (None: it is); with it a
     write counts only once the check passes (:mod:`jaxcache.client.written`), without it JAX's word is taken.
+    ``skipped(key)``: why this process refused to load the key's entry (:mod:`jaxcache.client.loads`), else None;
+    such a key is compiled, never written (JAX writes nothing over the entry it was refused), whatever JAX says.
     """
 
-    def __init__(self, *, key_parts: bool = True,
-                 check_write: Callable[[str, float], str | None] | None = None) -> None:
+    def __init__(self, *, key_parts: bool = True, check_write: Callable[[str, float], str | None] | None = None,
+                 skipped: Callable[[str], str | None] | None = None) -> None:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._keys: dict[str, KeyUsage] = {}
@@ -74,8 +77,9 @@ class Recorder:
         self._saved_s = 0.0
         self._unrecognised = 0
         self._check_write = check_write
+        self._skipped = skipped
         self._failed: dict[str, str] = {}  # key -> why the entry JAX wrote is not there whole
-        self._taps: list[tuple[logging.Logger, _Tap, int]] = []
+        self._taps: list[tuple[logging.Logger, LogTap, int]] = []
         self._installed = False
         self._listeners: list[Callable[[KeyUsage], None]] = []
         self._capture = KeyCapture() if key_parts else None
@@ -104,7 +108,7 @@ class Recorder:
         for name, reader in readers:
             logger = logging.getLogger(name)
             # The records we need are DEBUG; what the user would have seen before still passes, nothing more.
-            tap = _Tap(reader, passthrough_level=logger.getEffectiveLevel())
+            tap = LogTap(reader, passthrough_level=logger.getEffectiveLevel())
             logger.addFilter(tap)
             self._taps.append((logger, tap, logger.level))
             if logger.getEffectiveLevel() > logging.DEBUG:
@@ -161,7 +165,12 @@ class Recorder:
     def usages(self) -> list[KeyUsage]:
         """A copy of the per-key records so far."""
         with self._lock:
-            return [_copy(u) for u in self._keys.values()]
+            found = [_copy(u) for u in self._keys.values()]
+        for usage in found:
+            why = self._skipped(usage.key) if self._skipped is not None and usage.compiles else None
+            if why is not None:  # the skip is why it missed, whatever JAX said about writing it afterwards
+                usage.event, usage.reason, usage.writes = records.COMPILED, skips.reason(why), 0
+        return found
 
     def set_digest(self, key: str, sha256: str, size_bytes: int) -> None:
         """Record the digest of an entry this process wrote (see :mod:`jaxcache.client.attestation`)."""
@@ -313,6 +322,8 @@ class Recorder:
         if key is None and not events:
             return
         self._local.pending_write, self._local.write_events = None, 0
+        if key is not None and self._skipped is not None and self._skipped(key) is not None:
+            return  # JAX refused this key's entry: its put found the file there and wrote nothing
         if key is None or self._check_write is None:
             with self._lock:  # a write event without a key this JAX named as jaxcache reads it: nothing to check
                 self._writes += events
@@ -371,22 +382,6 @@ class Recorder:
             usage.writes += writes
             if size_bytes is not None:
                 usage.size_bytes = size_bytes
-
-
-class _Tap(logging.Filter):
-    """A filter on JAX's cache loggers: reads every record, lets through only what was visible before."""
-
-    def __init__(self, reader: Callable[[logging.LogRecord], None], passthrough_level: int) -> None:
-        super().__init__()
-        self._reader = reader
-        self._passthrough_level = passthrough_level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            self._reader(record)
-        except Exception:  # noqa: BLE001 - telemetry must never break a compile
-            pass
-        return record.levelno >= self._passthrough_level
 
 
 def _copy(usage: KeyUsage) -> KeyUsage:

@@ -10,10 +10,16 @@ again once created (so a directory someone else slipped in first is caught).
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 
+from jaxcache.client.errors import UntrustedCacheDirError
+
+log = logging.getLogger("jaxcache.client")
+
 TRUST_MODES = ("strict", "warn", "off")
+_gcs_notice_given = False
 
 
 def problems(path: str) -> list[str]:
@@ -84,3 +90,30 @@ def make_private_dirs(path: str) -> None:
     for directory in reversed(missing):
         os.makedirs(directory, exist_ok=True)
         os.chmod(directory, 0o755)
+
+
+def check(cache_dir: str, *, mode: str, is_gcs: bool) -> None:
+    """Apply the trust mode to the cache: ``strict`` raises :class:`UntrustedCacheDirError` with the fix, ``warn``
+    logs it, ``off`` skips; a bucket gets one notice that its IAM must restrict writers."""
+    global _gcs_notice_given
+    if mode == "off":
+        return
+    if is_gcs:
+        if not _gcs_notice_given:
+            _gcs_notice_given = True
+            log.info("jaxcache: %s is a bucket: JAX runs what it loads from it, so its IAM must let only trusted"
+                     " writers (the warm-up and process 0 of your jobs) create objects there", cache_dir)
+        return
+    found = problems(cache_dir)
+    if not found and not os.path.isdir(cache_dir):
+        try:
+            make_private_dirs(cache_dir)
+        except OSError as exc:
+            raise UntrustedCacheDirError(f"cannot create the cache directory {cache_dir}: {exc.strerror}") from None
+        found = problems(cache_dir)
+    if not found:
+        return
+    message = untrusted_message(cache_dir, found)
+    if mode == "strict":
+        raise UntrustedCacheDirError(message)
+    log.warning("jaxcache: %s", message)

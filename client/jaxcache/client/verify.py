@@ -1,9 +1,10 @@
-"""``enable_cache(verify=...)``: check the cache's integrity before or after a job loads from it.
+"""``enable_cache(verify=...)``: which entries a job may load, and a check of what it loaded.
 
-- ``"attested"``: before anything compiles, ask the service (``GET /v1/integrity?cache_dir=...``) and refuse to
-  start when it reports tampered, mismatched or differing entries, naming them and the command that removes them.
-  A setting the service refuses (token, scope, URL, cache_dir) raises too: starting would skip the check silently.
-  Only an unreachable or failing service lets the job start, with one warning.
+- ``"attested"``: before anything compiles, one request to the service (``GET /v1/integrity?cache_dir=...``) for
+  the entries it judged bad (:data:`jaxcache.skips.JUDGED_BAD`); JAX then loads none of exactly those, compiling
+  them instead (:mod:`jaxcache.client.loads`). The job never refuses to start because of what is in the cache. A
+  setting the service refuses (token, scope, URL, cache_dir) raises: starting would skip the check silently. An
+  unreachable or failing service lets the job start without the check, with one warning.
 - ``"sample"``: after the fact, read the first entries this job hit and check each against its writer's digest
   (from the root's run and warm-up records) and its embedded program name; warn about any that differ.
 """
@@ -18,8 +19,9 @@ import urllib.parse
 import urllib.request
 
 from jaxcache import entry as fmt
-from jaxcache import integrity
-from jaxcache.client.errors import IntegrityCheckError, TamperedCacheError
+from jaxcache import integrity, skips
+from jaxcache.client.errors import IntegrityCheckError
+from jaxcache.client.loads import LoadPolicy, refuse_keys
 from jaxcache.scan import Entry
 from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
@@ -43,8 +45,10 @@ _REFUSED = {
 }
 
 
-def check_attested(service_url: str, token: str | None, cache_dir: str) -> None:
-    """Raise :class:`TamperedCacheError` when the service reports tampered or mismatched entries in the cache."""
+def attested_policy(service_url: str, token: str | None, cache_dir: str) -> LoadPolicy | None:
+    """What ``verify="attested"`` lets JAX load: everything but the keys the service judged bad. None when the
+    service could not be asked (unreachable, failing): the job starts unchecked, after one warning. Raises
+    :class:`IntegrityCheckError` on a setting the service refuses."""
     url = f"{service_url}/v1/integrity?{urllib.parse.urlencode({'cache_dir': cache_dir})}"
     request = urllib.request.Request(url)
     if token:
@@ -64,21 +68,16 @@ def check_attested(service_url: str, token: str | None, cache_dir: str) -> None:
             ) from None
         log.warning("jaxcache: verify='attested' could not ask %s about %s (HTTP %s %s); starting without the"
                     " check", service_url, cache_dir, exc.code, detail)
-        return
+        return None
     except (urllib.error.URLError, OSError, ValueError) as exc:  # unreachable, timed out, or not JSON
         log.warning("jaxcache: verify='attested' could not reach %s to ask about %s (%s); starting without the"
                     " check", service_url, cache_dir, exc)
-        return
-    bad = [p for p in summary.get("problems", []) if p.get("class") in _HARM]
+        return None
+    bad = {str(p["key"]): str(p["class"]) for p in summary.get("problems", []) if p.get("class") in skips.JUDGED_BAD}
     if bad:
-        shown = ", ".join(f"{p['key']} ({p['class']})" for p in bad[:10]) + (" ..." if len(bad) > 10 else "")
-        raise TamperedCacheError(
-            f"the catalog reports {len(bad)} tampered or mismatched entries in {cache_dir}: {shown}. JAX"
-            f" would run them. Remove them: jaxcache prune {cache_dir} --integrity --apply (or POST"
-            f" /v1/caches/{summary.get('cache', 'NAME')}/prune with"
-            ' {"integrity": ["tampered", "mismatched", "corrupt"], "dry_run": false}), then find out'
-            " who could write the cache"
-        )
+        log.warning("jaxcache: verify='attested': the service judged %d entries of %s bad; JAX will compile them"
+                    " instead of loading them. Remove them: %s", len(bad), cache_dir, skips.removal(cache_dir, bad))
+    return refuse_keys("attested", bad)
 
 
 class HitSampler:

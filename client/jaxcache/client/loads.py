@@ -1,0 +1,84 @@
+"""Verified loads: JAX loads an entry only when the job's ``verify=`` mode's judge lets its bytes through.
+
+The judge sees the bytes JAX read, before it decompresses and deserializes them (:mod:`jaxcache.client.jax_reads`);
+a reason makes the lookup a miss, so JAX compiles and the job runs. The guard remembers each refused key with its
+reason: the run record, the summary and the service count the miss as ``skipped`` (:mod:`jaxcache.skips`). A mode
+plugs in as a :class:`LoadPolicy`: ``verify="attested"`` refuses what the service judged bad
+(:func:`jaxcache.client.verify.attested_policy`); a signature check plugs in the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from jaxcache.client import jax_internals as ji
+from jaxcache.client import jax_reads
+
+log = logging.getLogger("jaxcache.client")
+
+Judge = jax_reads.Judge
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPolicy:
+    """What a verify mode lets JAX load. ``judge(key, stored_bytes)``: None to load, else why not (a short,
+    stable reason: :mod:`jaxcache.skips` names them)."""
+
+    mode: str
+    judge: Judge
+
+
+def refuse_keys(mode: str, bad: Mapping[str, str]) -> LoadPolicy:
+    """A policy that refuses exactly the keys of ``bad`` (key → why), whatever their bytes."""
+    refused = dict(bad)
+
+    def judge(key: str, _stored: bytes) -> str | None:
+        return refused.get(key)
+
+    return LoadPolicy(mode, judge)
+
+
+class LoadGuard:
+    """Installs a policy's judge on JAX's cache reads and remembers what it refused. Thread-safe: JAX may compile
+    on several threads."""
+
+    def __init__(self, policy: LoadPolicy) -> None:
+        self.policy = policy
+        self._lock = threading.Lock()
+        self._skipped: dict[str, str] = {}
+        self._undo: Callable[[], None] | None = None
+
+    def install(self) -> None:
+        """Judge every load from now on; says once at WARNING when this JAX leaves nothing to hook."""
+        if self._undo is None:
+            self._undo = jax_reads.hook_cache_reads(self.policy.judge, self._refused)
+            if self._undo is None:
+                ji.degraded(f"has no compilation_cache._get_cache: verify={self.policy.mode!r} cannot judge what JAX"
+                            " loads, and skips nothing")
+
+    def uninstall(self) -> None:
+        """Stop judging (tests and re-configuration)."""
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+
+    def why(self, key: str) -> str | None:
+        """Why the key's entry was refused, or None when it was not."""
+        with self._lock:
+            return self._skipped.get(key)
+
+    def skipped(self) -> dict[str, str]:
+        """Every refused key, with why."""
+        with self._lock:
+            return dict(self._skipped)
+
+    def _refused(self, key: str, why: str) -> None:
+        with self._lock:
+            first = key not in self._skipped
+            self._skipped[key] = why
+        if first:
+            log.warning("jaxcache: verify=%r: not loading %s from the cache (%s); JAX compiles it instead",
+                        self.policy.mode, key, why)

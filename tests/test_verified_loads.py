@@ -1,0 +1,133 @@
+"""Verified loads (#34): with ``verify="attested"`` a job loads no entry the real service judged bad. A planted
+entry (another program's bytes copied over one) and a truncated one are compiled instead, with the right results;
+intact entries still hit; the run record, the summary and the service say why, which keys, and what removes them;
+the job never refuses to start because of them. And the read hook itself, on both supported JAX versions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from jaxcache import skips
+from reports_support import folded
+from test_client_service import ADMIN, READ, REPORT, api, run_job, service  # noqa: F401 - a fixture
+
+
+def _age(path: Path, seconds: float = 7200) -> None:
+    """Older than the service's grace period, so a broken entry is judged, not pending."""
+    old = time.time() - seconds
+    os.utime(path, (old, old))
+
+
+def _entry(cache: Path, function: str) -> Path:
+    (found,) = cache.glob(f"jit_{function}-*-cache")
+    return found
+
+
+@pytest.mark.slow
+def test_attested_jobs_compile_what_the_service_judged_bad_and_load_the_rest(service):  # noqa: F811
+    base, cache = service
+    run_job(cache, "writer")  # every entry attested by its writer
+    affine, gram, wave = _entry(cache, "affine"), _entry(cache, "gram"), _entry(cache, "wave")
+    gram.write_bytes(affine.read_bytes())  # planted: another program's bytes copied over gram's entry
+    wave.write_bytes(wave.read_bytes()[: wave.stat().st_size // 2])  # truncated
+    for path in (gram, wave):
+        _age(path)
+    api(base, "/v1/caches/shared/rescan", ADMIN, "POST")
+    api(base, "/v1/caches/shared/verify", ADMIN, "POST")
+    judged = {p["key"]: p["class"] for p in api(base, "/v1/caches/shared/integrity")["problems"]}
+    bad = {k: v for k, v in judged.items() if v in skips.JUDGED_BAD}
+    assert set(bad) == {p.name.removesuffix("-cache") for p in (gram, wave)}, judged
+
+    # The job starts, computes the right numbers (client_job checks each result), and compiles exactly those.
+    out = run_job(cache, "careful", "--verify", "attested", "--service-url", base,
+                  "--token", REPORT)
+    assert out["skipped"] == bad
+    stats = out["stats"]
+    assert stats["hits"] >= 2 and stats["misses"] == 2, stats  # affine and grad (at least) still load
+    assert stats["writes"] == 0 and stats["failed_writes"] == 0, "a skipped key is never the job's write"
+    summary = out["summary"]
+    assert "2 skipped" in summary and all(k in summary for k in bad), summary
+    assert "--integrity tampered,mismatched,differs,corrupt --apply" in summary and "rm " in summary
+
+    record = json.loads((cache / out["record_name"]).read_text())
+    usage = {u["key"]: u for u in record["keys"]}
+    for key, why in bad.items():
+        assert usage[key]["event"] == "compiled" and usage[key]["writes"] == 0
+        assert usage[key]["reason"] == skips.reason(why)
+    # JAX never overwrites: the bad entries are still there, as they were.
+    assert gram.read_bytes() == affine.read_bytes()
+
+    # The service counts the misses as skipped, with the reason and the command, and no first write by the job.
+    with httpx.Client(base_url=base, timeout=30) as client:
+        folded(client, headers={"Authorization": f"Bearer {READ}"})
+    detail = api(base, "/v1/caches/shared/jobs/careful")
+    assert detail["writes"] == 0
+    missed = {m["key"]: m for m in detail["missed"]}
+    assert set(missed) == set(bad), missed
+    for key, why in bad.items():
+        assert missed[key]["cause"] == "skipped" and f"({why})" in missed[key]["fix"], missed[key]
+        assert "--integrity" in missed[key]["fix"] and not missed[key]["written"]
+    metrics = httpx.get(f"{base}/metrics", timeout=30).text
+    assert 'jaxcache_misses_total{cache="shared",cause="skipped"} 2.0' in metrics
+    entries = {e["key"]: e for e in api(base, "/v1/caches/shared/entries?limit=1000")["entries"]}
+    assert all((entries[k].get("first_writer") or {}).get("job") != "careful" for k in bad if k in entries)
+
+
+# The hook alone, on each JAX: a judge refuses one program's entry by its bytes; that program is compiled (and
+# JAX's put, finding the file there, writes nothing over it) while the other loads.
+_HOOK = textwrap.dedent("""
+    import json, os, sys, warnings
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax, jax.numpy as jnp, numpy as np
+    from jaxcache.client import enable_cache
+    from jaxcache.client.loads import LoadGuard, LoadPolicy
+    cache = sys.argv[1]
+    session = enable_cache(cache, min_compile_time_secs=0, min_entry_size_bytes=-1, trust="off", job="hook")
+    refused_bytes = {open(os.path.join(cache, n), "rb").read() for n in json.loads(sys.argv[2])}
+    guard = LoadGuard(LoadPolicy("test", lambda key, data: "refused" if data in refused_bytes else None))
+    guard.install()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = jax.jit(lambda v: v * 2.0 + 1.0)(np.arange(4.0, dtype=np.float32))
+        b = jax.jit(lambda v: v - 3.0)(np.arange(4.0, dtype=np.float32))
+    assert np.allclose(a, np.arange(4.0) * 2 + 1) and np.allclose(b, np.arange(4.0) - 3)
+    s = session.stats()
+    print(json.dumps({"skipped": guard.skipped(), "hits": s.hits, "misses": s.misses, "writes": s.writes,
+                      "warnings": [str(w.message) for w in caught], "jax": jax.__version__}))
+""")
+
+
+@pytest.fixture(params=["jax-main", "jax-next"])
+def interpreter(request) -> tuple[str, dict[str, str]]:
+    if request.param == "jax-main":
+        return sys.executable, {}
+    return request.getfixturevalue("next_python_with_jaxcache")
+
+
+def test_the_read_hook_refuses_by_bytes_on_every_supported_jax(interpreter, tmp_path):
+    python, extra = interpreter
+    cache = tmp_path / "cache"
+
+    def run(refused: list[str]) -> dict:
+        proc = subprocess.run([python, "-c", _HOOK, str(cache), json.dumps(refused)], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, **extra})
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first = run([])
+    assert first["misses"] >= 2 and not first["skipped"]
+    victim = sorted(cache.glob("jit__lambda-*-cache"))[0]
+    before = victim.read_bytes()
+    again = run([victim.name])
+    assert again["skipped"] == {victim.name.removesuffix("-cache"): "refused"}, again
+    assert again["hits"] >= 1 and again["writes"] == 0 and again["warnings"] == [], again
+    assert victim.read_bytes() == before, "JAX wrote nothing over the refused entry"
