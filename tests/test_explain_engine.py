@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from jaxcache import keyparts as kp
+from jaxcache import skips
 from jaxcache.cli import main as cli_main
 from jaxcache.explain import Deletion, EntryNow, Known, explain
 from jaxcache.keyparts import KeyParts, ProgramSignature
@@ -80,6 +81,17 @@ def test_evicted_names_the_prune_that_deleted_it():
 def test_evicted_without_an_audit_log_when_an_earlier_run_had_it():
     hist = FakeHistory([known(K, "write", NOW - 100, run="r0")])
     assert explain(known(K, "write", NOW, run="r2"), hist).cause == "evicted"
+
+
+def test_skipped_comes_first_with_why_and_the_command_that_removes_it():
+    """The job's own record says it refused the entry (verify=): that is why it missed, though the entry reads."""
+    hist = FakeHistory([known(K, "write", NOW - 100, run="r0")], entries={K: EntryNow(K, NOW - 100, readable=True)},
+                       deletions={})
+    why = explain(known(K, "compiled", NOW, run="r2", reason=skips.reason("tampered")), hist, root="/cache")
+    assert why.cause == "skipped" and "(tampered)" in why.fix and why.detail == {"reason": "tampered"}
+    assert "jaxcache prune /cache --integrity" in why.fix and f"rm /cache/{K}-cache" in why.fix
+    unsigned = explain(known(K, "compiled", NOW, run="r2", reason=skips.reason("unsigned")), hist, root="/cache")
+    assert unsigned.cause == "skipped" and "--integrity" not in unsigned.fix and f"/cache/{K}-cache" in unsigned.fix
 
 
 def test_unreadable_names_the_command_that_removes_it():

@@ -18,7 +18,8 @@ class UntrustedCacheDirError(JaxcacheError):
 
 
 class TamperedCacheError(JaxcacheError):
-    """The catalog reports entries whose bytes differ from what their writers recorded (verify="attested")."""
+    """Kept for scripts that catch it: ``verify="attested"`` no longer refuses a job, it skips the entries the
+    catalog judged bad (JAX compiles them)."""
 
 
 class IntegrityCheckError(JaxcacheError):

@@ -3,8 +3,8 @@
 The judge sees the bytes JAX read, before it decompresses and deserializes them (:mod:`jaxcache.client.jax_reads`);
 a reason makes the lookup a miss, so JAX compiles and the job runs. The guard remembers each refused key with its
 reason: the run record, the summary and the service count the miss as ``skipped`` (:mod:`jaxcache.skips`). A mode
-plugs in as a :class:`LoadPolicy`: ``verify="attested"`` refuses what the service judged bad
-(:func:`jaxcache.client.verify.attested_policy`); a signature check plugs in the same way.
+plugs in as a :class:`LoadPolicy` that :func:`jaxcache.client.verify.load_policy` returns for it:
+``verify="attested"`` refuses the keys the service judged bad; a signature check is one more judge of the bytes.
 """
 
 from __future__ import annotations

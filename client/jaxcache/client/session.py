@@ -338,11 +338,10 @@ def enable_cache(
         trust_mod.check(options.cache_dir, mode=options.trust, is_gcs=options.is_gcs)
         say_xla_caches_off(options)
         loads = None
-        if options.verify == "attested":
-            from jaxcache.client.verify import attested_policy
+        if options.verify != "off":
+            from jaxcache.client.verify import load_policy  # asks the service: loaded only when asked for
 
-            assert options.service_url is not None
-            loads = attested_policy(options.service_url, options.token, options.cache_dir)
+            loads = load_policy(options)
         ji.apply(options.jax_settings())
         session = CacheSession(options, compression, loads)
         session._start()

@@ -22,6 +22,7 @@ from jaxcache import entry as fmt
 from jaxcache import integrity, skips
 from jaxcache.client.errors import IntegrityCheckError
 from jaxcache.client.loads import LoadPolicy, refuse_keys
+from jaxcache.client.options import ClientOptions
 from jaxcache.scan import Entry
 from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
@@ -35,6 +36,7 @@ ASK_TIMEOUT_S = 2.0
 #: class only where its check is pinned). ``differs`` (against an unsigned digest) proves nothing and a corrupt
 #: entry is one JAX fails to load and recompiles: the service lists both, jobs start.
 _HARM = (integrity.TAMPERED, integrity.MISMATCHED)
+ASK_LIMIT = 100_000  # problems the service lists at most (pending ones too): more bad entries than that load unjudged
 #: What a refusal by the service means, and what to change: configuration errors fail closed.
 _REFUSED = {
     401: "the service does not know the token: set JAXCACHE_TOKEN (or token=) to one with the report or read scope",
@@ -45,11 +47,20 @@ _REFUSED = {
 }
 
 
+def load_policy(options: ClientOptions) -> LoadPolicy | None:
+    """What the job's verify mode lets JAX load; None where it judges no load ("sample" checks after the fact, and
+    an unreachable service leaves "attested" unchecked). A signature check plugs in here as one more mode."""
+    if options.verify == "attested":
+        assert options.service_url is not None  # resolve() refuses "attested" without one
+        return attested_policy(options.service_url, options.token, options.cache_dir)
+    return None
+
+
 def attested_policy(service_url: str, token: str | None, cache_dir: str) -> LoadPolicy | None:
     """What ``verify="attested"`` lets JAX load: everything but the keys the service judged bad. None when the
     service could not be asked (unreachable, failing): the job starts unchecked, after one warning. Raises
     :class:`IntegrityCheckError` on a setting the service refuses."""
-    url = f"{service_url}/v1/integrity?{urllib.parse.urlencode({'cache_dir': cache_dir})}"
+    url = f"{service_url}/v1/integrity?{urllib.parse.urlencode({'cache_dir': cache_dir, 'limit': ASK_LIMIT})}"
     request = urllib.request.Request(url)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
@@ -74,6 +85,11 @@ def attested_policy(service_url: str, token: str | None, cache_dir: str) -> Load
                     " check", service_url, cache_dir, exc)
         return None
     bad = {str(p["key"]): str(p["class"]) for p in summary.get("problems", []) if p.get("class") in skips.JUDGED_BAD}
+    judged_bad = sum(int(n) for c, n in (summary.get("counts") or {}).items() if c in skips.JUDGED_BAD)
+    if judged_bad > len(bad):
+        log.warning("jaxcache: verify='attested': the service judged %d entries of %s bad but listed %d; the others"
+                    " load unjudged: remove them (jaxcache prune %s --integrity %s --apply)", judged_bad, cache_dir,
+                    len(bad), cache_dir, ",".join(skips.JUDGED_BAD))
     if bad:
         log.warning("jaxcache: verify='attested': the service judged %d entries of %s bad; JAX will compile them"
                     " instead of loading them. Remove them: %s", len(bad), cache_dir, skips.removal(cache_dir, bad))

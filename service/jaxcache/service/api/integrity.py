@@ -60,9 +60,10 @@ def get_integrity_by_dir(
     cache_dir: Annotated[str, Query(max_length=1024, pattern=CACHE_DIR,
                                     description="a cache root as a job spells it: an absolute directory, a file:// "
                                                 "URL of one, or gs://bucket/prefix", examples=["/mnt/jax-cache"])],
+    limit: Annotated[int, Query(ge=1, le=100_000, description="at most this many problems and conflicts")] = 1000,
 ) -> IntegritySummary:
     """The same summary, for the cache whose root is `cache_dir`: what `enable_cache(verify="attested")` asks
-    before a job starts. A `report` token (the job's) is enough."""
+    before a job starts, to skip the entries judged bad. A `report` token (the job's) is enough."""
     state = state_of(request)
     try:
         name = routing.cache_for_dir(cache_dir, state.roots)
@@ -72,4 +73,4 @@ def get_integrity_by_dir(
                 if sharing else f"no configured cache has the root {cache_dir!r}: GET /v1/caches lists them")
         raise HTTPException(status, said) from None
     with state.catalog.reader() as conn:
-        return IntegritySummary(**verdicts.summary(conn, name))
+        return IntegritySummary(**verdicts.summary(conn, name, limit=limit))
