@@ -5,6 +5,7 @@ the job never refuses to start because of them. And the read hook itself, on bot
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -97,18 +98,21 @@ def test_attested_jobs_compile_what_the_service_judged_bad_and_load_the_rest(ser
     assert all((entries[k].get("first_writer") or {}).get("job") != "careful" for k in bad if k in entries)
 
 
-# The hook alone, on each JAX: a judge refuses one program's entry by its bytes; that program is compiled (and
-# JAX's put, finding the file there, writes nothing over it) while the other loads.
+# The hook alone, on each JAX and on both kinds of root: a judge refuses one program's entry, given the bytes JAX
+# read; that program is compiled (and JAX's put, finding the entry there, writes nothing over it) while the other
+# loads. The judge records what it was handed, so the test can compare it with what the cache holds.
 _HOOK = textwrap.dedent("""
-    import json, os, sys, warnings
+    import hashlib, json, os, sys, warnings
     os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax, jax.numpy as jnp, numpy as np
+    import jax, numpy as np
     from jaxcache.client import enable_cache
     from jaxcache.client.loads import LoadGuard, LoadPolicy
-    cache = sys.argv[1]
-    session = enable_cache(cache, min_compile_time_secs=0, min_entry_size_bytes=-1, trust="off", job="hook")
-    refused_bytes = {open(os.path.join(cache, n), "rb").read() for n in json.loads(sys.argv[2])}
-    guard = LoadGuard(LoadPolicy("test", lambda key, data: "refused" if data in refused_bytes else None))
+    session = enable_cache(sys.argv[1], min_compile_time_secs=0, min_entry_size_bytes=-1, trust="off", job="hook")
+    refused, seen = set(json.loads(sys.argv[2])), {}
+    def judge(key, data):
+        seen[key] = hashlib.sha256(data).hexdigest()
+        return "refused" if key in refused else None
+    guard = LoadGuard(LoadPolicy("test", judge))
     guard.install()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -116,26 +120,40 @@ _HOOK = textwrap.dedent("""
         b = jax.jit(lambda v: v - 3.0)(np.arange(4.0, dtype=np.float32))
     assert np.allclose(a, np.arange(4.0) * 2 + 1) and np.allclose(b, np.arange(4.0) - 3)
     s = session.stats()
-    print(json.dumps({"skipped": guard.skipped(), "hits": s.hits, "misses": s.misses, "writes": s.writes,
+    print(json.dumps({"skipped": guard.skipped(), "seen": seen, "hits": s.hits, "misses": s.misses,
                       "warnings": [str(w.message) for w in caught], "jax": jax.__version__}))
 """)
 
 
-def test_the_read_hook_refuses_by_bytes_on_every_supported_jax(interpreter, tmp_path):
+@pytest.fixture(params=["local", "gcs"])
+def root(request, tmp_path) -> tuple[str, object]:
+    """A cache root, and how to read an entry's bytes there by file name."""
+    if request.param == "local":
+        return str(tmp_path / "cache"), lambda name: (tmp_path / "cache" / name).read_bytes()
+    bucket_name = request.getfixturevalue("gcs_bucket")
+    bucket = request.getfixturevalue("gcs_client").bucket(bucket_name)
+    return f"gs://{bucket_name}/jax-cache", lambda name: bucket.blob(f"jax-cache/{name}").download_as_bytes()
+
+
+def test_the_read_hook_judges_the_bytes_jax_read_on_every_supported_jax(interpreter, root, tmp_path):
     python, extra = interpreter
-    cache = tmp_path / "cache"
+    url, read = root
+    if extra and url.startswith("gs://"):
+        pytest.skip("the second JAX's venv has no gcs extras (etils, gcsfs): JAX there cannot reach gs://")
 
     def run(refused: list[str]) -> dict:
-        proc = subprocess.run([python, "-c", _HOOK, str(cache), json.dumps(refused)], capture_output=True,
+        proc = subprocess.run([python, "-c", _HOOK, url, json.dumps(refused)], capture_output=True, cwd=tmp_path,
                               text=True, timeout=300, env={**os.environ, **extra})
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     first = run([])
-    assert first["misses"] >= 2 and not first["skipped"]
-    victim = sorted(cache.glob("jit__lambda-*-cache"))[0]
-    before = victim.read_bytes()
-    again = run([victim.name])
-    assert again["skipped"] == {victim.name.removesuffix("-cache"): "refused"}, again
+    assert first["misses"] >= 2 and not first["skipped"] and not first["seen"]
+    written = run([])["seen"]  # a second run loads them all, each judged once, on exactly the stored bytes
+    victim = sorted(k for k in written if k.startswith("jit__lambda-"))[0]
+    assert all(digest == hashlib.sha256(read(f"{k}-cache")).hexdigest() for k, digest in written.items())
+    before = read(f"{victim}-cache")
+    again = run([victim])
+    assert again["skipped"] == {victim: "refused"}, again
     assert again["hits"] >= 1 and again["misses"] >= 1 and again["warnings"] == [], again
-    assert victim.read_bytes() == before, "JAX wrote nothing over the refused entry"
+    assert read(f"{victim}-cache") == before, "JAX wrote nothing over the refused entry"
