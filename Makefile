@@ -53,7 +53,7 @@ $(NEXT_VENV)/.stamp: $(PART_FILES)
 	@if [ -n "$(NEXT_PYTHON)" ]; then \
 	  echo "building $(NEXT_VENV) with $(NEXT_PYTHON) and the newest jax"; \
 	  ($(NEXT_PYTHON) -m venv $(NEXT_VENV) && $(NEXT_VENV)/bin/pip install --quiet --upgrade pip \
-	    && $(NEXT_VENV)/bin/pip install --quiet --upgrade -e ./core -e ./client -e ./warmup jax && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
+	    && $(NEXT_VENV)/bin/pip install --quiet --upgrade -e './core[gcs]' -e './client[gcs]' -e ./warmup jax && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
 	else echo "no working python3.12 found: second-JAX contract tests will skip"; fi
 
 # Best effort: a failure here only makes the checkov test skip with the reason.

@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from typing import Final
 
 PREFIX: Final = "skipped: "
-#: Why a job skips an entry with ``verify="attested"``: the service's integrity classes that judge it bad.
-TAMPERED, MISMATCHED, DIFFERS, CORRUPT = "tampered", "mismatched", "differs", "corrupt"
-JUDGED_BAD: tuple[str, ...] = (TAMPERED, MISMATCHED, DIFFERS, CORRUPT)
+#: Why a job skips an entry with ``verify="attested"``: the service's integrity classes that prove it bad, as for
+#: prunes. ``differs`` (against an unsigned digest, which anyone with a report token or the bucket could have
+#: written) proves nothing: acting on it would let such a writer make every job compile a program.
+TAMPERED, MISMATCHED, CORRUPT = "tampered", "mismatched", "corrupt"
+JUDGED_BAD: tuple[str, ...] = (TAMPERED, MISMATCHED, CORRUPT)
 #: Why a job skips an entry with ``verify="signed"`` (the signature check's words).
 UNSIGNED, UNTRUSTED_KEY, BAD_SIGNATURE, DIGEST_DIFFERS = "unsigned", "untrusted key", "bad signature", "digest differs"
 _MAX_WHY = 200
