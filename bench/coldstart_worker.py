@@ -160,7 +160,6 @@ def worker(mode: str, cache_dir: str, launched: float, steps: int, shape: dict[s
         t = time.perf_counter()
         session = enable_cache(cache_dir, job=f"bench-coldstart-{mode}", min_compile_time_secs=0,
                                min_entry_size_bytes=-1)
-        judged = _judge_loads(os.environ.get("JAXCACHE_BENCH_JUDGE", ""))
         enable_s = time.perf_counter() - t
     elif mode == "without":
         for name, value in _jax_settings_like_the_client(os.path.abspath(cache_dir)).items():
@@ -225,7 +224,6 @@ def worker(mode: str, cache_dir: str, launched: float, steps: int, shape: dict[s
         "last_loss": last_loss,
     }
     if session is not None:
-        result["judged"] = judged[0] if judged else None
         s = session.stats()
         result["stats"] = {k: getattr(s, k) for k in s.__slots__} | {"hit_rate": s.hit_rate}
         result["summary"] = session.summary()
@@ -235,25 +233,6 @@ def worker(mode: str, cache_dir: str, launched: float, steps: int, shape: dict[s
                   file=sys.stderr)
             raise SystemExit(4)
     return result
-
-
-def _judge_loads(judge: str) -> list[int] | None:
-    """With ``JAXCACHE_BENCH_JUDGE=sha256`` (bench/verified_loads.py): every load goes through the read hook to a
-    judge that hashes the entry's bytes, the least a signature check of them does; returns the count it judged."""
-    if judge != "sha256":
-        return None
-    import hashlib
-
-    from jaxcache.client.loads import LoadGuard, LoadPolicy
-
-    count = [0]
-
-    def sha256_judge(_key: str, data: bytes) -> str | None:
-        count[0] += 1
-        return None if hashlib.sha256(data).digest() else "empty"
-
-    LoadGuard(LoadPolicy("bench", sha256_judge)).install()
-    return count
 
 
 def import_worker() -> dict:

@@ -1,7 +1,8 @@
-"""What judging every load costs a warm start: the time to a small transformer's first train step from a warm
-local cache, with the read hook handing each entry's bytes to a judge that hashes them (``JAXCACHE_BENCH_JUDGE``;
-the least a signature check does) against the same start without it, and an A/A arm of the latter to show the
-noise. Fresh processes in a rotating order, medians, ratios within one run (bench/coldstart_worker.py trains)."""
+"""What ``verify="signed"`` costs a warm start: the time to a small transformer's first train step from a warm
+local cache whose entries a key signed as they were written, with every load checked against that key's signature
+(the ``-sig`` object read beside the entry, the bytes hashed, the Ed25519 signature verified) against the same
+start without verification, and an A/A arm of the latter to show the noise. Fresh processes in a rotating order,
+medians, ratios within one run (bench/coldstart_worker.py trains; a warm run that misses anything exits 4)."""
 
 from __future__ import annotations
 
@@ -17,34 +18,37 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 from coldstart import _shape_args, entries, launch  # noqa: E402
 
-_ARMS = ("warm", "warm-judged", "warm-again")
+_ARMS = ("warm", "warm-signed", "warm-again")
 _TARGET = 1.05  # #34: a warm first step with verification at most 1.05x one without
 
 
 def measure(args: argparse.Namespace, work: str) -> dict[str, list[dict]]:
     shape = _shape_args(args)
     cache = os.path.join(work, "cache")
-    launch(["--mode", "cold", "--cache-dir", cache, "--steps", "1", *shape])
+    from jaxcache import signing
+
+    key_file = os.path.join(work, "bench.key")
+    public = signing.new_key("bench", key_file).public_text()
+    launch(["--mode", "cold", "--cache-dir", cache, "--steps", "1", *shape], env={"JAXCACHE_SIGNING_KEY": key_file})
     written = entries(cache)
     runs: dict[str, list[dict]] = {arm: [] for arm in _ARMS}
     for r in range(args.repeat):
         for arm in _ARMS[r % 3:] + _ARMS[: r % 3]:
-            env = {"JAXCACHE_BENCH_JUDGE": "sha256"} if arm == "warm-judged" else {}
+            env = {"JAXCACHE_VERIFY": "signed", "JAXCACHE_TRUSTED_KEYS": public} if arm == "warm-signed" else {}
             got = launch(["--mode", "warm", "--cache-dir", cache, "--steps", "1", *shape], env=env)
             if entries(cache) != written:
                 raise SystemExit(f"the {arm!r} run wrote to the warm cache: it missed")
             runs[arm].append(got)
             print(f"  run {r + 1}/{args.repeat} {arm:12s} first step {got['first_step_s']:6.2f} s "
-                  f"(judged {got.get('judged')})", file=sys.stderr)
+                  f"({got['stats']['hits']} loads)", file=sys.stderr)
     return runs
 
 
 def report(runs: dict[str, list[dict]]) -> dict:
     first = {arm: statistics.median(r["first_step_s"] for r in rs) for arm, rs in runs.items()}
-    judged = sorted({r["judged"] for r in runs["warm-judged"]})
-    return {"first_step_s_median": first, "judged_per_start": judged,
-            "entry_loads_per_start": sorted({r["stats"]["hits"] for r in runs["warm"]}),
-            "ratio_judged": first["warm-judged"] / first["warm"], "ratio_a_a": first["warm-again"] / first["warm"],
+    return {"first_step_s_median": first,
+            "entry_loads_per_start": sorted({r["stats"]["hits"] for r in runs["warm-signed"]}),
+            "ratio_signed": first["warm-signed"] / first["warm"], "ratio_a_a": first["warm-again"] / first["warm"],
             "target": _TARGET, "runs": runs}
 
 
@@ -64,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w") as f:
         json.dump(fig, f, indent=1)
     med = fig["first_step_s_median"]
-    print(f"warm first step, median of {args.repeat}: {med['warm']:.3f} s without a judge, "
-          f"{med['warm-judged']:.3f} s judging {fig['judged_per_start']} loads (sha256 of each entry), "
+    print(f"warm first step, median of {args.repeat}: {med['warm']:.3f} s without verification, "
+          f"{med['warm-signed']:.3f} s with verify='signed' ({fig['entry_loads_per_start']} loads checked), "
           f"{med['warm-again']:.3f} s without again")
-    print(f"ratio judged/without {fig['ratio_judged']:.3f} (target <= {_TARGET}); A/A {fig['ratio_a_a']:.3f}")
+    print(f"ratio signed/without {fig['ratio_signed']:.3f} (target <= {_TARGET}); A/A {fig['ratio_a_a']:.3f}")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxcache import skips
 from jaxcache.entry import is_valid_key
 from jaxcache.errors import InvalidInputError, NotRegularFileError, PreconditionFailedError
 from jaxcache.storage.base import Storage
@@ -227,6 +229,20 @@ class Found:
 
     trusted: tuple[Signature, ...] = ()
     notes: tuple[str, ...] = ()
+    #: Why each other signature proves nothing, in a word a job's skip reason uses (:mod:`jaxcache.skips`).
+    refused: tuple[str, ...] = ()
+
+    def judge(self, data: bytes) -> str | None:
+        """None when a trusted signature covers exactly ``data`` (an entry's stored bytes); else why not:
+        ``digest differs``, ``bad signature``, ``untrusted key`` or ``unsigned``."""
+        if self.trusted:
+            digest = hashlib.sha256(data).hexdigest()
+            if any(s.sha256 == digest and s.size_bytes == len(data) for s in self.trusted):
+                return None
+            return skips.DIGEST_DIFFERS
+        if skips.BAD_SIGNATURE in self.refused:
+            return skips.BAD_SIGNATURE
+        return skips.UNTRUSTED_KEY if self.refused else skips.UNSIGNED
 
 
 def read(storage: Storage, key: str, trusted: TrustedKeys) -> Found:
@@ -241,14 +257,16 @@ def read(storage: Storage, key: str, trusted: TrustedKeys) -> Found:
         sigs = decode(data)
     except InvalidInputError:
         return Found(notes=(f"{sig_name(key)} is not a jaxcache signature object: ignored",))
-    good, notes = [], []
+    good, notes, refused = [], [], []
     for sig in sigs:
         why = trusted.check(sig, key)
         if why is None:
             good.append(sig)
         else:
             notes.append(why)
-    return Found(tuple(good), tuple(notes))
+            untrusted = sig.key == key and sig.signer not in trusted.keys
+            refused.append(skips.UNTRUSTED_KEY if untrusted else skips.BAD_SIGNATURE)
+    return Found(tuple(good), tuple(notes), tuple(refused))
 
 
 def write(storage: Storage, sig: Signature) -> bool:

@@ -28,7 +28,7 @@ def main() -> int:
     parser.add_argument("--distributed", nargs=3, metavar=("COORDINATOR", "NUM", "ID"))
     parser.add_argument("--programs", default="affine,gram,wave,grad")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after compiling")
-    parser.add_argument("--verify", choices=["off", "sample", "attested"])
+    parser.add_argument("--verify", choices=["off", "sample", "attested", "signed"])
     parser.add_argument("--print-record", action="store_true", help="also print the run record as sent to a service")
     parser.add_argument("--settle", action="store_true",
                         help="report once the client has read back every entry written (as it does at exit)")

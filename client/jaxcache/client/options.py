@@ -17,7 +17,7 @@ from jaxcache.client.errors import CacheNotConfiguredError, UntrustedCacheDirErr
 from jaxcache.client.trust import TRUST_MODES
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import check_job, check_run_id
-from jaxcache.signing import SigningKey, key_from_env
+from jaxcache.signing import SigningKey, TrustedKeys, key_from_env
 from jaxcache.storage import is_gcs_url
 
 DEFAULT_RECORD_EVERY_S = 300.0
@@ -57,6 +57,8 @@ class ClientOptions:
     record_every_s: float = DEFAULT_RECORD_EVERY_S
     verify: str = "off"
     signing_key: SigningKey | None = field(default=None, repr=False)  # JAXCACHE_SIGNING_KEY: signs what JAX puts
+    # JAXCACHE_TRUSTED_KEYS: the writers whose signatures verify='signed' (and 'sample') take as proof
+    trusted_keys: TrustedKeys = field(default_factory=TrustedKeys)
     key_parts: bool = True  # capture what went into each key (JAXCACHE_KEY_PARTS=off turns it off)
 
     @property
@@ -162,10 +164,14 @@ def resolve(
     if url is not None and not url.startswith(("http://", "https://")):
         raise InvalidInputError(f"service_url={url!r}: use http://host:port or https://host")
     check = verify if verify is not None else env.get("JAXCACHE_VERIFY") or "off"
-    if check not in ("off", "sample", "attested"):
-        raise InvalidInputError(f"verify={check!r}: use off, sample or attested")
+    if check not in ("off", "sample", "attested", "signed"):
+        raise InvalidInputError(f"verify={check!r}: use off, sample, attested or signed")
     if check == "attested" and url is None:
         raise InvalidInputError("verify='attested' asks the jaxcache service: set service_url (JAXCACHE_SERVICE_URL)")
+    trusted_keys = TrustedKeys.from_env(env)
+    if check == "signed" and not trusted_keys:
+        raise InvalidInputError("verify='signed' loads only entries a trusted key signed: set JAXCACHE_TRUSTED_KEYS to"
+                                " the public keys (NAME:base64, as `jaxcache keys new` prints them) of your writers")
     parts = (env.get("JAXCACHE_KEY_PARTS") or "on").strip().lower()
     if parts not in ("on", "off"):
         raise InvalidInputError(f"JAXCACHE_KEY_PARTS={parts!r}: use on or off")
@@ -183,6 +189,7 @@ def resolve(
         record_every_s=every_s,
         verify=check,
         signing_key=key_from_env(env),
+        trusted_keys=trusted_keys,
         key_parts=parts == "on",
     )
 

@@ -292,8 +292,10 @@ def enable_cache(
         service_url: the jaxcache service (``JAXCACHE_SERVICE_URL``) to send run records to, fail-open.
         token: a bearer token with the ``report`` scope (``JAXCACHE_TOKEN``).
         trust: ``"strict"`` refuses a directory others can write; ``"warn"`` logs; ``"off"`` skips the check.
-        verify: ``"off"`` (default; ``JAXCACHE_VERIFY``), ``"attested"`` (JAX loads no entry the service judged
-            bad: it compiles those), or ``"sample"`` (check the first entries this job hits, and warn).
+        verify: ``"off"`` (default; ``JAXCACHE_VERIFY``), ``"signed"`` (JAX loads only entries a key of
+            ``JAXCACHE_TRUSTED_KEYS`` signed: it compiles the others), ``"attested"`` (JAX loads no entry the
+            service judged bad: it compiles those), or ``"sample"`` (check the first entries this job hits, and
+            warn).
 
     Returns:
         The process's :class:`CacheSession`; a second call with the same settings returns the same one, and

@@ -5,6 +5,8 @@
   them instead (:mod:`jaxcache.client.loads`). The job never refuses to start because of what is in the cache. A
   setting the service refuses (token, scope, URL, cache_dir) raises: starting would skip the check silently. An
   unreachable or failing service lets the job start without the check, with one warning.
+- ``"signed"``: JAX loads only an entry whose bytes, as it read them, match a signature by a key of
+  ``JAXCACHE_TRUSTED_KEYS`` (its ``<key>-sig`` object beside it); any other is compiled, with why.
 - ``"sample"``: after the fact, read the first entries this job hit and check each against its writer's digest
   (from the root's run and warm-up records) and its embedded program name; warn about any that differ.
 """
@@ -19,17 +21,17 @@ import urllib.parse
 import urllib.request
 
 from jaxcache import entry as fmt
-from jaxcache import integrity, skips
+from jaxcache import integrity, signing, skips
 from jaxcache.client.errors import IntegrityCheckError
 from jaxcache.client.loads import LoadPolicy, refuse_keys
 from jaxcache.client.options import ClientOptions
 from jaxcache.scan import Entry
 from jaxcache.signing import TrustedKeys
-from jaxcache.storage import Storage
+from jaxcache.storage import Storage, open_storage
 
 log = logging.getLogger("jaxcache.client")
 
-VERIFY_MODES = ("off", "sample", "attested")
+VERIFY_MODES = ("off", "sample", "attested", "signed")
 SAMPLE_HITS = 8
 ASK_TIMEOUT_S = 2.0
 #: What refuses a job: proof that the entry is not what its key's program compiled to (``mismatched`` is the acting
@@ -49,11 +51,23 @@ _REFUSED = {
 
 def load_policy(options: ClientOptions) -> LoadPolicy | None:
     """What the job's verify mode lets JAX load; None where it judges no load ("sample" checks after the fact, and
-    an unreachable service leaves "attested" unchecked). A signature check plugs in here as one more mode."""
+    an unreachable service leaves "attested" unchecked)."""
+    if options.verify == "signed":
+        return signed_policy(open_storage(options.cache_dir), options.trusted_keys)
     if options.verify == "attested":
         assert options.service_url is not None  # resolve() refuses "attested" without one
         return attested_policy(options.service_url, options.token, options.cache_dir)
     return None
+
+
+def signed_policy(storage: Storage, trusted: TrustedKeys) -> LoadPolicy:
+    """What ``verify="signed"`` lets JAX load: an entry whose stored bytes a trusted key signed (its ``-sig``
+    object, one small read beside the entry's). Anything else is compiled, with why (:mod:`jaxcache.skips`)."""
+
+    def judge(key: str, stored: bytes) -> str | None:
+        return signing.read(storage, key, trusted).judge(stored)
+
+    return LoadPolicy("signed", judge)
 
 
 def attested_policy(service_url: str, token: str | None, cache_dir: str) -> LoadPolicy | None:
