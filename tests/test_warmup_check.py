@@ -45,3 +45,23 @@ def test_verify_explains_each_miss_part_by_part(tmp_path):
     # The warm-up and its verify run: the same signature and environment, another program each time.
     assert miss["cause"] == "unstable_program" and [d["part"] for d in miss["differs"]] == ["computation"]
     assert "the signature is equal" in miss["differs"][0]["changes"][0]
+
+
+def test_check_for_a_job_that_verifies_signatures_names_what_it_would_compile(tmp_path):
+    """With JAXCACHE_TRUSTED_KEYS, as a `verify="signed"` job has it: an entry written without a key is a miss."""
+    from jaxcache import signing
+
+    cache = tmp_path / "c"
+    args = ("--topology", "1x1x2", "--platform", "cpu", "--cache-dir", str(cache), "--entrypoint", EXAMPLE)
+    trusted = signing.new_key("ci", str(tmp_path / "ci.key")).public_text()
+    warmup(*args)  # no signing key: the entry is stored unsigned
+    node = clean_env(JAXCACHE_TRUSTED_KEYS=trusted)
+    out = json.loads(warmup(*args, "--check", "--json", expect=1, env=node).stdout)
+    (miss,) = out["misses"]
+    assert out["hits"] == 0 and (miss["cause"], miss["why"]) == ("skipped", "unsigned"), miss
+    assert "jaxcache keys sign" in warmup(*args, "--check", expect=1, env=node).stdout
+
+    signed = tmp_path / "signed"
+    warmup(*args[:-3], str(signed), *args[-2:], env=clean_env(JAXCACHE_SIGNING_KEY=str(tmp_path / "ci.key")))
+    out = json.loads(warmup(*args[:-3], str(signed), *args[-2:], "--check", "--json", env=node).stdout)
+    assert (out["hits"], out["misses"]) == (1, [])

@@ -1,15 +1,19 @@
 """``warmup --check``: on a node of the target cluster, how much of the job the shared cache covers, and why each
 miss missed (against the root's run and warm-up records). It writes nothing: the node learns, before the real job
-starts, that the warm-up machine's driver, flags or devices differ from its own."""
+starts, that the warm-up machine's driver, flags or devices differ from its own. With ``JAXCACHE_TRUSTED_KEYS`` set,
+as for a job that verifies (``verify="signed"``), a program whose entry no trusted key signed is a miss too: that
+job would skip its entry and compile it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from jaxcache.coverage import PRESENT, WarmupRecord
+from jaxcache import signing
+from jaxcache.coverage import PRESENT, ProgramCoverage, WarmupRecord
+from jaxcache.entry import cache_name
 from jaxcache.explain.from_root import read_records
 from jaxcache.explain.values import differs_text
-from jaxcache.storage import open_storage
+from jaxcache.storage import Storage, open_storage
 from jaxcache.table import render
 from jaxcache.warmup.misses import explained, miss_of, program_dict
 from jaxcache.warmup.runner import WarmupConfig
@@ -23,8 +27,11 @@ def check_summary(config: WarmupConfig, record: WarmupRecord) -> dict[str, Any]:
     misses = [miss_of(program_dict(p), record.fingerprint, run_id=record.id, job=config.job,
                       topology=record.topology) for p in missed]
     found = explained(storage, misses, knowns)
+    trusted = signing.TrustedKeys.from_env()
+    unsigned = _unsigned(storage, [p for p in record.programs if p.status == PRESENT], trusted) if trusted else []
     programs = len(record.programs)
-    hits = programs - len(missed)
+    hits = programs - len(missed) - len(unsigned)
+    found += unsigned
     return {"cache_dir": config.cache_dir, "topology": record.topology, "platform": record.platform,
             "programs": programs, "hits": hits, "coverage": hits / programs if programs else None,
             "misses": found, "fingerprint": record.fingerprint.as_dict()}
@@ -39,3 +46,16 @@ def check_text(s: dict[str, Any]) -> str:
         return head
     rows = [[m["function"], m["cause"], differs_text(m["differs"]), m["fix"]] for m in s["misses"]]
     return f"{head}\n\n" + render(["function", "cause", "what differs", "fix"], rows)
+
+
+def _unsigned(storage: Storage, present: list[ProgramCoverage], trusted: signing.TrustedKeys) -> list[dict[str, Any]]:
+    """The programs a ``verify="signed"`` job would skip: their entry's bytes match no trusted signature."""
+    out = []
+    for p in present:
+        data = storage.read(cache_name(p.key))
+        why = signing.read(storage, p.key, trusted).judge(data) if data is not None else "gone"
+        if why is not None:
+            out.append({"function": p.function, "key": p.key, "cause": "skipped", "why": why, "differs": [],
+                        "fix": f"a job with verify='signed' would compile it ({why}): have a trusted writer sign it "
+                               f"(jaxcache keys sign ROOT --key K), or remove it so a signing warm-up writes it"})
+    return out
