@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from jaxcache.client import jax_internals, jax_reads
+from jaxcache.client import jax_internals
+from jaxcache.client.jax_internals import reads as jax_reads
 
 PROBE = "import json; from jaxcache.client import jax_internals; print(json.dumps(jax_internals.probe()))"
 
@@ -145,7 +146,7 @@ _ZSTD = textwrap.dedent("""
     for name in ("compression", "zstandard"):
         if sys.modules.get(name, 0) is None:
             del sys.modules[name]
-    from jaxcache.client import jax_internals, jax_reads
+    from jaxcache.client import jax_internals
     try:
         names = [jax_internals.compression_library() for _ in range(2)]
     except Exception as exc:

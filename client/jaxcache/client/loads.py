@@ -1,7 +1,7 @@
 """Verified loads: JAX loads an entry only when the job's ``verify=`` mode's judge lets its bytes through.
 
-The judge sees the bytes JAX read, before it decompresses and deserializes them (:mod:`jaxcache.client.jax_reads`);
-a reason makes the lookup a miss, so JAX compiles and the job runs. The guard remembers each refused key with its
+The judge sees the bytes JAX read, before it decompresses and deserializes them
+(:mod:`jaxcache.client.jax_internals.reads`); a reason makes the lookup a miss, so JAX compiles and the job runs. The guard remembers each refused key with its
 reason: the run record, the summary and the service count the miss as ``skipped`` (:mod:`jaxcache.skips`). A mode
 plugs in as a :class:`LoadPolicy` that :func:`jaxcache.client.verify.load_policy` returns for it:
 ``verify="attested"`` refuses the keys the service judged bad; a signature check is one more judge of the bytes.
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from jaxcache.client import jax_internals as ji
-from jaxcache.client import jax_reads
+from jaxcache.client.jax_internals import reads as jax_reads
 
 log = logging.getLogger("jaxcache.client")
 

@@ -19,8 +19,8 @@ from typing import Any
 import jax
 
 from jaxcache import keyparts
-from jaxcache.client import jax_reads
 from jaxcache.client.errors import CacheAlreadyInitializedError
+from jaxcache.client.jax_internals import cache_proxy, reads
 from jaxcache.client.jax_internals.mlir import MLIR_NAMES, entry_signature
 from jaxcache.errors import MissingDependencyError
 from jaxcache.keyparts import ProgramSignature
@@ -288,25 +288,7 @@ def hook_cache_puts(on_put: Callable[[str, bytes], None]) -> Callable[[], None] 
     cache's ``put``, before they are stored (docs/jax-internals.md, "Put hook"): what a signature vouches for is
     what JAX wrote, never a read-back an attacker could have planted. Returns the undo; None where there is
     nothing to wrap. ``put_executable_and_time`` looks ``_get_cache`` up in its module at each call."""
-    from jax._src import compilation_cache as cc
-
-    original = getattr(cc, "_get_cache", None)
-    if original is None:
-        return None
-    active = [True]
-
-    def _get_cache(backend: Any) -> Any:
-        cache = original(backend)
-        return _PutTap(cache, on_put) if cache is not None and active[0] else cache
-
-    cc._get_cache = _get_cache
-
-    def undo() -> None:
-        active[0] = False
-        if cc._get_cache is _get_cache:
-            cc._get_cache = original
-
-    return undo
+    return cache_proxy.wrap(lambda cache: _PutTap(cache, on_put))
 
 
 class _PutTap:
@@ -393,4 +375,4 @@ def probe(*, attributes: tuple[tuple[str, str, tuple[str, ...]], ...] = ATTRIBUT
                  "jax_platforms", "jax_num_cpu_devices", "jax_mock_gpu_topology"):
         if name not in jax.config.values:
             problems.append(f"jax.config has no {name}")
-    return problems + jax_reads.problems()  # the read hook (verify=), kept in a module of its own
+    return problems + reads.problems()  # the read hook (verify=), kept in a module of its own

@@ -1,6 +1,6 @@
 """The JAX wall, read side: a judge on the bytes JAX reads from its persistent cache, before it decompresses and
 deserializes them (docs/jax-internals.md, "Read hook"). Part of :mod:`jaxcache.client.jax_internals`, whose
-:func:`~jaxcache.client.jax_internals.probe` runs :func:`problems`; a module of its own only to keep files small.
+:func:`~jaxcache.client.jax_internals.probe` runs :func:`problems`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import ast
 import inspect
 from collections.abc import Callable
 from typing import Any
+
+from jaxcache.client.jax_internals.cache_proxy import wrap
 
 #: ``judge(cache_key, stored_bytes)``: None lets JAX load the bytes; a reason makes the lookup a miss.
 Judge = Callable[[str, bytes], "str | None"]
@@ -21,25 +23,7 @@ def hook_cache_reads(judge: Judge, on_refused: Callable[[str, str], None]) -> Ca
     ``judge``; a reason turns them into None (a miss: JAX compiles) and ``on_refused(key, reason)`` hears of it.
     Runs on the compiling thread, on the bytes JAX is about to load: no second read. Returns the undo; None where
     there is nothing to wrap. ``get_executable_and_time`` looks ``_get_cache`` up in its module at each call."""
-    from jax._src import compilation_cache as cc
-
-    original = getattr(cc, "_get_cache", None)
-    if original is None:
-        return None
-    active = [True]
-
-    def _get_cache(backend: Any) -> Any:
-        cache = original(backend)
-        return _JudgedReads(cache, judge, on_refused) if cache is not None and active[0] else cache
-
-    cc._get_cache = _get_cache
-
-    def undo() -> None:
-        active[0] = False  # another wrapper (the put hook) may sit on top of ours: then ours stays, passing through
-        if cc._get_cache is _get_cache:
-            cc._get_cache = original
-
-    return undo
+    return wrap(lambda cache: _JudgedReads(cache, judge, on_refused))
 
 
 class _JudgedReads:
