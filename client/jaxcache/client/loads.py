@@ -1,10 +1,11 @@
 """Verified loads: JAX loads an entry only when the job's ``verify=`` mode's judge lets its bytes through.
 
 The judge sees the bytes JAX read, before it decompresses and deserializes them
-(:mod:`jaxcache.client.jax_internals.reads`); a reason makes the lookup a miss, so JAX compiles and the job runs. The guard remembers each refused key with its
-reason: the run record, the summary and the service count the miss as ``skipped`` (:mod:`jaxcache.skips`). A mode
-plugs in as a :class:`LoadPolicy` that :func:`jaxcache.client.verify.load_policy` returns for it:
-``verify="attested"`` refuses the keys the service judged bad; a signature check is one more judge of the bytes.
+(:mod:`jaxcache.client.jax_internals.reads`); a reason makes the lookup a miss, so JAX compiles and the job runs.
+The guard remembers each refused key with its reason: the run record, the summary and the service count the miss
+as ``skipped`` (:mod:`jaxcache.skips`). A mode plugs in as a :class:`LoadPolicy` that
+:func:`jaxcache.client.verify.load_policy` returns for it: ``verify="attested"`` refuses the keys the service
+judged bad, ``verify="signed"`` those whose bytes no trusted signature covers.
 """
 
 from __future__ import annotations
