@@ -339,3 +339,22 @@ def test_file_digests_are_ordered_by_the_storage_clock_not_the_record(cache_copy
     found = attestations.load(LocalStorage(str(cache_copy)))
     assert found.by_key[key].sha256 == "1" * 64
     assert [a.sha256 for a in found.conflicts[key]] == ["2" * 64]
+
+
+@BOTH
+def test_a_key_removed_from_the_trusted_list_has_its_verdicts_made_again(request, tmp_path, cache, written, backend):
+    """Verdicts remember the trusted keys they were made under: a service started without the key judges again
+    at its next pass (no recheck asked), and what the key proved is proof no more."""
+    keys = _keys(cache)
+    victim = cache / f"{keys[0]}-cache"
+    victim.write_bytes((cache / f"{keys[1]}-cache").read_bytes())  # another program's bytes
+    os.utime(victim, (time.time() - 7200,) * 2)
+    client = _service(request, tmp_path, cache, backend, written[1][1])
+    _rescan(client)
+    problems, _ = _classes(client)
+    assert problems[keys[0]]["class"] == "tampered"
+    retired = _service(request, tmp_path, cache, backend, "")  # the same catalog, the key no longer trusted
+    assert retired.post("/v1/caches/c/verify", json={}, headers=_h(ADMIN)).status_code == 200
+    problems = {p["key"]: p for p in retired.get("/v1/caches/c/integrity", headers=_h(READ)).json()["problems"]}
+    _never_tampered(problems)
+    assert "differs" in problems[keys[0]]["classes"], problems[keys[0]]  # against the writer's unsigned digest

@@ -187,6 +187,11 @@ class TrustedKeys:
     def __bool__(self) -> bool:
         return bool(self.keys)
 
+    def digest(self) -> str:
+        """The set's fingerprint: verdicts made under another set of keys are made again."""
+        listed = " ".join(f"{name}:{base64.b64encode(raw).decode()}" for name, raw in sorted(self.keys.items()))
+        return hashlib.sha256(listed.encode()).hexdigest()
+
     def check(self, sig: Signature, key: str) -> str | None:
         """None when ``sig`` is a valid signature of ``key``'s entry by a trusted key; else why it proves nothing."""
         if sig.key != key:

@@ -299,5 +299,7 @@ class VerificationRow(Base):
     created_s: Mapped[float] = mapped_column(Float)
     generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     checked_s: Mapped[float] = mapped_column(Float)
+    # The trusted keys it was judged under (TrustedKeys.digest): another set makes it a verdict to make again.
+    trusted: Mapped[str | None] = mapped_column(Str(64), nullable=True)
 
     __table_args__ = (Index("ix_verifications_class", "cache", "classification"),)

@@ -138,7 +138,7 @@ def run_prune(
         storage.ping()  # a root that is gone (unmounted) refuses: its rows are not what is there
         plan = _plan(catalog, cache, policy, retain_s)
         if policy.integrity:
-            unjudged = verification.unjudged(catalog, cache)
+            unjudged = verification.unjudged(catalog, cache, TrustedKeys.from_env() if trusted is None else trusted)
             if unjudged:
                 plan.notes.append(f"integrity used the verdicts made so far: {unjudged} entries are not judged yet"
                                   " (the background pass will judge them; applying this prune judges them first)")

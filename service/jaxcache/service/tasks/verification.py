@@ -51,9 +51,9 @@ class VerifyPass:
     seconds: float = 0.0
 
 
-def _todo(cache: str):
-    """Entries whose stored verdict is missing, for another version of the file, against another digest, or
-    pending (it may be complete now)."""
+def _todo(cache: str, trusted: TrustedKeys):
+    """Entries whose stored verdict is missing, for another version of the file, against another digest, under
+    another set of trusted keys, or pending (it may be complete now)."""
     v, a = VerificationRow, AttestationRow
     return (
         select(EntryRow.key, EntryRow.module, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
@@ -67,6 +67,7 @@ def _todo(cache: str):
             v.created_s != EntryRow.created_s,
             and_(EntryRow.generation.is_not(None), or_(v.generation.is_(None), v.generation != EntryRow.generation)),
             v.classification == integrity.PENDING,
+            v.trusted.is_(None), v.trusted != trusted.digest(),
             and_(a.sha256.is_not(None), or_(v.attested_sha256.is_(None), v.attested_sha256 != a.sha256)),
         ))
         .order_by(EntryRow.key)
@@ -98,7 +99,7 @@ def run_pass(
         if budget <= 0:
             break
         with catalog.reader() as conn:
-            batch = conn.execute(_todo(cache).where(EntryRow.key > after).limit(budget)).all()
+            batch = conn.execute(_todo(cache, keys).where(EntryRow.key > after).limit(budget)).all()
             found = attestations.load(conn, cache, [r.key for r in batch])
         if not batch:
             break
@@ -118,7 +119,7 @@ def run_pass(
                 reasons=list(verdict.reasons), sha256=verdict.sha256,
                 attested_sha256=att.sha256 if att else None, attested_by=verdict.attested_by,
                 embedded_module=verdict.embedded_module, size_bytes=entry.size_bytes, created_s=entry.mtime_s,
-                generation=entry.generation, checked_s=now,
+                generation=entry.generation, checked_s=now, trusted=keys.digest(),
             ))
             result.counts[verdict.classification] = result.counts.get(verdict.classification, 0) + 1
             result.bytes_read += verdict.size_bytes
@@ -140,14 +141,15 @@ def run_pass(
             elif stop.wait(ahead):
                 break
     with catalog.reader() as conn:
-        result.remaining = conn.execute(select(func.count()).select_from(_todo(cache).subquery())).scalar_one()
+        result.remaining = conn.execute(select(func.count()).select_from(_todo(cache, keys).subquery())).scalar_one()
     result.seconds = time.monotonic() - started
     return result
 
 
-def unjudged(catalog: Catalog, cache: str) -> int:
-    """Entries with no verdict for their current version yet (new, changed, re-attested or pending)."""
+def unjudged(catalog: Catalog, cache: str, trusted: TrustedKeys) -> int:
+    """Entries with no verdict for their current version yet (new, changed, re-attested, pending, or judged under
+    other trusted keys)."""
     with catalog.reader() as conn:
-        count: int = conn.execute(select(func.count()).select_from(_todo(cache).subquery())).scalar_one()
+        count: int = conn.execute(select(func.count()).select_from(_todo(cache, trusted).subquery())).scalar_one()
     return count
 
