@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest import upload_dir
+from conftest import settled, upload_dir
 from jaxcache.records import Fingerprint
 from jaxcache.service.app import create_app
 from reports_support import (
@@ -240,6 +240,7 @@ def gcs_svc(tmp_path, gcs_client, gcs_bucket, jax_caches):
     upload_dir(gcs_client, gcs_bucket, "jc", src)
     url = f"gs://{gcs_bucket}/jc"
     with TestClient(create_app(settings(tmp_path, {"prod": url}))) as client:
+        settled(client)  # the background's first round done: none of its rescans races the test's
         rescan(client, "prod")
         yield client, url
 
