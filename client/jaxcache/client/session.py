@@ -37,7 +37,8 @@ ATTEST_WAIT_S = 30.0  # at exit: digests of the last entries written; bounded so
 class CacheSession:
     """One process's use of the cache: settings, telemetry, run records. Made by :func:`enable_cache`."""
 
-    def __init__(self, options: ClientOptions, compression: str, loads: LoadPolicy | None = None) -> None:
+    def __init__(self, options: ClientOptions, compression: str, loads: LoadPolicy | None = None,
+                 writer: RecordWriter | None = None) -> None:
         self.options = options
         self.compression = compression
         self.started_at = time.time()
@@ -46,7 +47,7 @@ class CacheSession:
         self.write_records = True  # False: no run record reaches the cache or the service (warmup --check)
         self._owner: str | None = None  # see claim_process
         self._deferred_notice_given = False
-        self._writer = RecordWriter(options.cache_dir)
+        self._writer = writer or RecordWriter(options.cache_dir)
         # A write counts once its entry is there whole: the run record's writes make the service's first writers.
         check = WriteCheck(self._writer.storage, None if options.is_gcs else options.cache_dir)
         # verify=: JAX loads only what the mode's judge lets through; a refused key is compiled, never written.
@@ -340,12 +341,13 @@ def enable_cache(
         trust_mod.check(options.cache_dir, mode=options.trust, is_gcs=options.is_gcs)
         say_xla_caches_off(options)
         loads = None
+        writer = RecordWriter(options.cache_dir)  # its root (opened when first used) is the signed judge's too
         if options.verify != "off":
             from jaxcache.client.verify import load_policy  # asks the service: loaded only when asked for
 
-            loads = load_policy(options)
+            loads = load_policy(options, writer.storage)
         ji.apply(options.jax_settings())
-        session = CacheSession(options, compression, loads)
+        session = CacheSession(options, compression, loads, writer)
         session._start()
         _session = session
         log.debug("jaxcache: cache at %s for job %s (run %s)", options.cache_dir, options.job, options.run_id)

@@ -19,6 +19,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 
 from jaxcache import entry as fmt
 from jaxcache import integrity, signing, skips
@@ -27,7 +28,7 @@ from jaxcache.client.loads import LoadPolicy, refuse_keys
 from jaxcache.client.options import ClientOptions
 from jaxcache.scan import Entry
 from jaxcache.signing import TrustedKeys
-from jaxcache.storage import Storage, open_storage
+from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.client")
 
@@ -49,23 +50,23 @@ _REFUSED = {
 }
 
 
-def load_policy(options: ClientOptions) -> LoadPolicy | None:
+def load_policy(options: ClientOptions, storage: Callable[[], Storage]) -> LoadPolicy | None:
     """What the job's verify mode lets JAX load; None where it judges no load ("sample" checks after the fact, and
-    an unreachable service leaves "attested" unchecked)."""
+    an unreachable service leaves "attested" unchecked). ``storage``: the session's root, opened when first used."""
     if options.verify == "signed":
-        return signed_policy(open_storage(options.cache_dir), options.trusted_keys)
+        return signed_policy(storage, options.trusted_keys)
     if options.verify == "attested":
         assert options.service_url is not None  # resolve() refuses "attested" without one
         return attested_policy(options.service_url, options.token, options.cache_dir)
     return None
 
 
-def signed_policy(storage: Storage, trusted: TrustedKeys) -> LoadPolicy:
+def signed_policy(storage: Callable[[], Storage], trusted: TrustedKeys) -> LoadPolicy:
     """What ``verify="signed"`` lets JAX load: an entry whose stored bytes a trusted key signed (its ``-sig``
     object, one small read beside the entry's). Anything else is compiled, with why (:mod:`jaxcache.skips`)."""
 
     def judge(key: str, stored: bytes) -> str | None:
-        return signing.read(storage, key, trusted).judge(stored)
+        return signing.read(storage(), key, trusted).judge(stored)
 
     return LoadPolicy("signed", judge)
 

@@ -85,6 +85,7 @@ def run_pass(
     is called after each batch (a throttled pass is long by design: its batches say it is not stuck). Each entry's
     ``-sig`` object is read beside it and checked against ``trusted`` (default JAXCACHE_TRUSTED_KEYS)."""
     keys = TrustedKeys.from_env() if trusted is None else trusted
+    trust = keys.digest()
     started = time.monotonic()
     cpu_started = time.thread_time()
     # Throttled, a batch is a short burst between sleeps, so requests never queue behind a long one.
@@ -119,7 +120,7 @@ def run_pass(
                 reasons=list(verdict.reasons), sha256=verdict.sha256,
                 attested_sha256=att.sha256 if att else None, attested_by=verdict.attested_by,
                 embedded_module=verdict.embedded_module, size_bytes=entry.size_bytes, created_s=entry.mtime_s,
-                generation=entry.generation, checked_s=now, trusted=keys.digest(),
+                generation=entry.generation, checked_s=now, trusted=trust,
             ))
             result.counts[verdict.classification] = result.counts.get(verdict.classification, 0) + 1
             result.bytes_read += verdict.size_bytes
