@@ -5,10 +5,12 @@ real app and the catalog's own locks, as another replica would hold them."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from conftest import settled
@@ -97,3 +99,44 @@ def test_a_pass_starting_in_another_process_keeps_the_last_success_and_error_sho
         assert (shown["last_error"], shown["last_error_s"]) == ("root gone", 90.0)
     finally:
         catalog.dispose()
+
+
+
+#: Writes of how a round ended (its status no longer running) wait while ``stalled`` has a row, as they would on
+#: a lock another replica holds or a database that stalls: PostgreSQL's own trigger holds them here.
+STALL_ROUND_ENDS = """
+CREATE TABLE stalled (since timestamptz);
+INSERT INTO stalled VALUES (now());
+CREATE FUNCTION stall_round_end() RETURNS trigger AS $$
+BEGIN
+  WHILE NEW.status->>'running_since_s' IS NULL AND EXISTS (SELECT 1 FROM stalled) LOOP
+    PERFORM pg_sleep(0.05);
+  END LOOP;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER stall_round_end BEFORE INSERT OR UPDATE ON loop_health
+  FOR EACH ROW EXECUTE FUNCTION stall_round_end();
+"""
+
+
+def test_a_loop_waiting_on_the_catalog_never_stalls_requests(tmp_path, cache_copy, pg_url):
+    """Loops note each round's outcome in the catalog (``loop_health``), which may wait on a lock or a slow
+    database. That wait belongs to the pass's thread: the event loop keeps answering."""
+    app = create_app(make_settings(tmp_path, {"demo": str(cache_copy)}, db=pg_url, rescan_s=0.2))
+    engine = create_engine(pg_url)
+    try:
+        with TestClient(app) as client:
+            settled(client)
+            with engine.begin() as conn:
+                conn.execute(text(STALL_ROUND_ENDS))
+            time.sleep(1.0)  # rescan and drain rounds end (every 0.2 s and 1 s) and write how they ended
+            answered: list[int] = []
+            asking = threading.Thread(target=lambda: answered.append(client.get("/healthz").status_code),
+                                      daemon=True)
+            asking.start()
+            asking.join(10.0)
+            with engine.begin() as conn:
+                conn.execute(text("DELETE FROM stalled"))
+            assert answered == [200], "GET /healthz waited for a loop's write to the catalog"
+    finally:
+        engine.dispose()

@@ -34,14 +34,15 @@ Round = Callable[[], list[tuple[str, Exception]]]
 T = TypeVar("T")
 
 
-async def in_thread(state: State, loop: str, period_s: float, one_pass: Callable[[], T]) -> T | None:
+async def in_thread(state: State, loop: str, period_s: float, one_pass: Callable[[], T],
+                    failures: Callable[[T], list[tuple[str, Exception]]] = lambda _: []) -> T | None:
     """``one_pass`` in a daemon thread of its own, noted as running in ``state.loops``, if this process claims the
     loop's lock (``loop:NAME``, in every process and replica on the catalog); None when another holds it, which
-    runs the pass instead: several processes never run the same pass at once. Not the thread pool
-    (anyio's, through run_in_threadpool): its threads are not daemon threads, so the interpreter's exit joined one
-    blocked for good in a pass (Ctrl-C, and SIGTERM to a container's PID 1, which ignores uvicorn's re-raised
-    signal, never ended the process). Cancelled, this returns at once and leaves the thread to finish, or to end
-    with the process."""
+    runs the pass instead: several processes never run the same pass at once. Its outcome (an error, the
+    ``failures`` it returned, or success) is noted in that thread too: noting publishes to the catalog, which may
+    wait on a lock, and the event loop must not. A daemon thread, not anyio's pool: the interpreter's exit joins
+    those, so one blocked for good in a pass never ended the process (Ctrl-C, SIGTERM to a container's PID 1).
+    Cancelled, this returns at once and leaves the thread to finish, or to end with the process."""
     running = asyncio.get_running_loop()
     done: asyncio.Future[T] = running.create_future()
     bound = stuck_after(period_s, state.settings.stuck_after_s)
@@ -65,6 +66,14 @@ async def in_thread(state: State, loop: str, period_s: float, one_pass: Callable
                         result = one_pass()
                 finally:
                     lock.release()
+                noted = failures(result)
+                for where, failure in noted:
+                    state.loops.failed(loop, failure, where)
+                if not noted:
+                    state.loops.succeeded(loop)
+        except Exception as exc:  # noqa: BLE001 - noted, logged once, retried: the loop must outlive it
+            state.loops.failed(loop, exc)
+            error = exc
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
             error = exc
         with contextlib.suppress(RuntimeError):  # the event loop closed while the pass ran: nobody waits
@@ -85,15 +94,8 @@ async def background(state: State) -> AsyncIterator[None]:
 
     async def supervised(loop: str, one_round: Round, after_round: Callable[[], None] | None = None) -> None:
         while not stop.is_set():
-            try:
-                failed = await in_thread(state, loop, period_s, one_round)
-            except Exception as exc:  # noqa: BLE001 - noted, logged once, retried: the loop must outlive it
-                state.loops.failed(loop, exc)
-            else:
-                for where, error in failed or ():
-                    state.loops.failed(loop, error, where)
-                if failed is not None and not failed:  # None: another process ran the pass
-                    state.loops.succeeded(loop)
+            with contextlib.suppress(Exception):  # noted in the pass's thread; tried again after the backoff
+                await in_thread(state, loop, period_s, one_round, failures=lambda failed: failed)
             if after_round is not None:
                 after_round()
             with contextlib.suppress(TimeoutError):
@@ -114,13 +116,8 @@ async def background(state: State) -> AsyncIterator[None]:
         while not stop.is_set():
             arrived.clear()  # before the pass: a record accepted during it wakes the next one at once
             folded: int | None = 0
-            try:
+            with contextlib.suppress(Exception):  # noted in the pass's thread; tried again after the backoff
                 folded = await in_thread(state, DRAIN, DRAIN_POLL_S, partial(drain_all, state))
-            except Exception as exc:  # noqa: BLE001 - noted, logged once, retried: the loop must outlive it
-                state.loops.failed(DRAIN, exc)
-            else:
-                if folded is not None:  # None: another process drained
-                    state.loops.succeeded(DRAIN)
             if folded:
                 # Records arrive while a round folds, POSTed to other processes too (--role api), which cannot
                 # wake this one: look again at once, and wait only once a round found nothing.
