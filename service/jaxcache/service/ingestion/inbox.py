@@ -17,7 +17,6 @@ from typing import Any
 
 import zstandard
 from sqlalchemy import Select, bindparam, func, select
-from sqlalchemy.engine import Connection
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import RunRecord
@@ -77,9 +76,13 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
     check_keys([u.key for u in record.keys])
     ids = {"cache": cache, "run_id": record.run_id, "process_index": record.process_index}
     compressed = zstandard.ZstdCompressor(level=1).compress(body)
+    # Where the inbox is a database of its own, what the run tables hold is read before its write lock is taken:
+    # the two are never one transaction there, and the lock is held for the inbox's statements alone.
+    folded = _folded_apart(catalog, ids) if catalog.side_apart else None
     with catalog.side_write() as s:
         conn = s.connection()
-        folded = _folded_at(catalog, conn, ids)
+        if not catalog.side_apart:
+            folded = conn.execute(_folded(), ids).scalar_one_or_none()
         if limit is not None:
             held = conn.execute(_waiting()).scalar_one()
             if held >= limit:
@@ -95,13 +98,10 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
     return Accepted(cache, record.run_id, record.process_index, len(record.keys), stale)
 
 
-def _folded_at(catalog: Catalog, conn: Connection, ids: dict[str, Any]) -> float | None:
-    """The ``updated_s`` of the process's record the run tables hold (None: none), read in ``conn``'s transaction
-    where the inbox shares the catalog's database."""
-    if not catalog.side_apart:
+def _folded_apart(catalog: Catalog, ids: dict[str, Any]) -> float | None:
+    """The ``updated_s`` of the process's record the run tables hold (None: none), where the inbox is apart."""
+    with catalog.reader() as conn:
         return conn.execute(_folded(), ids).scalar_one_or_none()
-    with catalog.reader() as other:
-        return other.execute(_folded(), ids).scalar_one_or_none()
 
 
 # Built once: building a statement cost more than running it.
