@@ -1,7 +1,8 @@
-"""A fault-injecting HTTP proxy in front of fake-gcs-server: GCS answering 429/503, or losing responses.
+"""A fault-injecting HTTP proxy in front of fake-gcs-server: GCS answering 429/503, losing or cutting responses.
 
 Everything is forwarded to the emulator unchanged unless a test asked otherwise (:meth:`GcsFaults.fail`,
-:meth:`GcsFaults.drop`), so the real google-cloud-storage client, its retries and the real emulator do the rest.
+:meth:`GcsFaults.drop`, :meth:`GcsFaults.tear`), so the real google-cloud-storage client, its retries and the real
+emulator do the rest.
 Clients created after STORAGE_EMULATOR_HOST names :attr:`GcsFaults.url` (subprocesses too) go through it.
 """
 
@@ -23,14 +24,17 @@ _REASONS = {429: "rateLimitExceeded", 503: "backendError"}
 
 @dataclass
 class _Fault:
-    status: int | None  # None: forward the request, then drop the response
+    status: int | None  # None: forward the request, then drop the response (or, with tear, half of it)
     remaining: int
     method: str | None
     path: re.Pattern[str] | None
+    body: re.Pattern[bytes] | None = None
+    tear: bool = False
 
-    def matches(self, method: str, path: str) -> bool:
+    def matches(self, method: str, path: str, body: bytes = b"") -> bool:
         return (self.remaining > 0 and (self.method is None or self.method == method)
-                and (self.path is None or self.path.search(path) is not None))
+                and (self.path is None or self.path.search(path) is not None)
+                and (self.body is None or self.body.search(body) is not None))
 
 
 class GcsFaults:
@@ -47,10 +51,18 @@ class GcsFaults:
         self._thread = threading.Thread(target=self._server.serve_forever, name="gcs-faults", daemon=True)
         self._thread.start()
 
-    def fail(self, count: int, status: int = 503, *, method: str | None = None, path: str | None = None) -> None:
-        """Answer the next ``count`` requests (those with ``method`` whose path and query match the regex ``path``)
-        with ``status`` and a JSON error body as GCS sends, without forwarding them."""
-        self._add(_Fault(status, count, method, re.compile(path) if path else None))
+    def fail(self, count: int, status: int = 503, *, method: str | None = None, path: str | None = None,
+             body: bytes | None = None) -> None:
+        """Answer the next ``count`` requests (those with ``method`` whose path and query match the regex ``path``,
+        and whose body the regex ``body``) with ``status`` and a JSON error body as GCS sends, without forwarding
+        them."""
+        self._add(_Fault(status, count, method, re.compile(path) if path else None,
+                         re.compile(body) if body else None))
+
+    def tear(self, count: int = 1, *, method: str | None = None, path: str | None = None) -> None:
+        """Forward the next ``count`` matching requests, then send the whole answer's headers (its full length)
+        but only the first half of its body, and close the connection: a download cut off midway."""
+        self._add(_Fault(None, count, method, re.compile(path) if path else None, tear=True))
 
     def drop(self, count: int = 1, *, method: str | None = None, path: str | None = None) -> None:
         """Forward the next ``count`` matching requests, then close the connection without answering: the server
@@ -60,12 +72,17 @@ class GcsFaults:
     def injected(self) -> list[tuple[str, str, int | str]]:
         """The requests that got a fault instead of the emulator's answer."""
         with self._lock:
-            return [e for e in self.log if e[2] == "dropped" or e[2] in _REASONS]
+            return [e for e in self.log if e[2] in ("dropped", "torn") or e[2] in _REASONS]
 
     def pending(self) -> int:
         """Faults asked for but not yet served."""
         with self._lock:
             return sum(f.remaining for f in self._faults)
+
+    def clear(self) -> None:
+        """Forget the faults not yet served: from now on everything is forwarded."""
+        with self._lock:
+            self._faults.clear()
 
     def close(self) -> None:
         self._server.shutdown()
@@ -76,10 +93,10 @@ class GcsFaults:
         with self._lock:
             self._faults.append(fault)
 
-    def _take(self, method: str, path: str) -> _Fault | None:
+    def _take(self, method: str, path: str, body: bytes) -> _Fault | None:
         # Faults are served in the order they were asked for: fail(2, 503) then fail(2, 429) gives 503 503 429 429.
         with self._lock:
-            fault = next((f for f in self._faults if f.matches(method, path)), None)
+            fault = next((f for f in self._faults if f.matches(method, path, body)), None)
             if fault is not None:
                 fault.remaining -= 1
             return fault
@@ -111,7 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_error(501, "the fault proxy does not read chunked request bodies")
             return
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        fault = faults._take(self.command, self.path)
+        fault = faults._take(self.command, self.path, body)
         if fault is not None and fault.status is not None:
             faults._record(self.command, self.path, fault.status)
             message = f"injected {fault.status} from {faults.url}"
@@ -121,6 +138,11 @@ class _Handler(BaseHTTPRequestHandler):
                          json.dumps({"error": error}).encode())
             return
         status, headers, payload = self._forward(faults, body)
+        if fault is not None and fault.tear:
+            faults._record(self.command, self.path, "torn")
+            self.close_connection = True
+            self._answer(status, headers, payload, send_bytes=len(payload) // 2)
+            return
         if fault is not None:
             faults._record(self.command, self.path, "dropped")
             self.close_connection = True  # the handler closes the socket having written nothing
@@ -147,7 +169,8 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             conn.close()
 
-    def _answer(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
+    def _answer(self, status: int, headers: list[tuple[str, str]], payload: bytes,
+                send_bytes: int | None = None) -> None:
         self.send_response_only(status)  # the emulator's own Date and Server headers pass through
         for k, v in headers:
             self.send_header(k, v)
@@ -156,4 +179,4 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         if has_body:
-            self.wfile.write(payload)
+            self.wfile.write(payload if send_bytes is None else payload[:send_bytes])

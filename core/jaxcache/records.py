@@ -125,6 +125,26 @@ class KeyUsage(msgspec.Struct, gc=False):
             self.function = self.key.rsplit("-", 1)[0]
 
 
+class LocalTierCounts(msgspec.Struct, gc=False):
+    """What one process's node-local tier did (``enable_cache(local_dir=...)``): JAX read ``directory``, and the
+    client filled it from the root on demand and uploaded what JAX wrote there. Bytes and seconds are totals."""
+
+    directory: Text
+    loaded: Count = 0  # JAX's lookups answered from the local directory
+    loaded_bytes: Count = 0
+    fetched: Count = 0  # missing locally, fetched from the root on demand, checked and admitted
+    fetched_bytes: Count = 0
+    fetched_s: Seconds = 0.0
+    skipped: Count = 0  # fetched, and refused by the job's verify mode (compiled instead)
+    uploaded: Count = 0  # written by JAX locally, and created in the root
+    uploaded_bytes: Count = 0
+    uploaded_s: Seconds = 0.0
+    upload_failed: Count = 0  # uploads that failed: the entry stays local, and is tried again at the next start
+    upload_pending: Count = 0  # uploads not finished when the process exited (tried again at the next start)
+    dropped: Count = 0  # local copies removed at start: gone from the root, or judged bad
+    evicted: Count = 0  # local copies the client evicted to stay under the size cap
+
+
 class RunRecord(msgspec.Struct, tag_field="schema", tag=SCHEMA):
     """One process of one run of a job. Its ``schema`` field (``jaxcache.run/1``) is the struct's tag."""
 
@@ -145,6 +165,7 @@ class RunRecord(msgspec.Struct, tag_field="schema", tag=SCHEMA):
         "what wrote the record: a job, or a warm-up and its --verify run, which are kept out of jobs' figures"
     ))] = JOB
     keys: list[KeyUsage] = msgspec.field(default_factory=list)
+    local: LocalTierCounts | None = None  # None: JAX read the root directly
 
     def __post_init__(self) -> None:
         if self.process_index >= self.process_count:

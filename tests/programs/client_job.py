@@ -29,6 +29,7 @@ def main() -> int:
     parser.add_argument("--programs", default="affine,gram,wave,grad")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after compiling")
     parser.add_argument("--verify", choices=["off", "sample", "attested", "signed"])
+    parser.add_argument("--local-dir", help="the node-local tier's directory (off: none)")
     parser.add_argument("--print-record", action="store_true", help="also print the run record as sent to a service")
     parser.add_argument("--settle", action="store_true",
                         help="report once the client has read back every entry written (as it does at exit)")
@@ -62,7 +63,8 @@ def main() -> int:
     from jaxcache.errors import JaxcacheError
 
     kwargs = dict(job=args.job, trust=args.trust, service_url=args.service_url, token=args.token,
-                  xla_caches=args.xla_caches, max_size_bytes=args.max_size_bytes, verify=args.verify)
+                  xla_caches=args.xla_caches, max_size_bytes=args.max_size_bytes, verify=args.verify,
+                  local_dir=args.local_dir)
     if not args.default_thresholds:
         kwargs.update(min_compile_time_secs=0, min_entry_size_bytes=-1)
     try:
@@ -133,6 +135,8 @@ def main() -> int:
         "process_index": record.process_index,
         "integrity_findings": findings,
         "skipped": session.skipped(),
+        "local_dir": session.local_dir,
+        "local": None if record.local is None else json.loads(record.to_json())["local"],
         "xla_caches": jax.config.jax_persistent_cache_enable_xla_caches,
         "xla_cache_paths": xla_cache_paths,
         **({"record": json.loads(record.to_json())} if args.print_record else {}),

@@ -20,6 +20,7 @@ from jaxcache import entry, signing
 from jaxcache.client.misses import SLACK_S
 from jaxcache.client.reporting import RecordWriter
 from jaxcache.client.telemetry import Recorder
+from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.client")
 
@@ -35,8 +36,13 @@ class Attestor:
 
     def __init__(self, writer: RecordWriter, recorder: Recorder, *, maxsize: int = QUEUE_SIZE,
                  signing_key: signing.SigningKey | None = None, writer_name: Callable[[], str] = lambda: "",
-                 broken: Callable[[str, str], str] | None = None) -> None:
+                 broken: Callable[[str, str], str] | None = None, entries: Callable[[], Storage] | None = None,
+                 after: Callable[[str, str, int], None] | None = None) -> None:
         self._writer = writer
+        # Where JAX writes its entries: the root, or the node-local tier, whose uploader (``after``) then gets
+        # each attested write (key, sha256, size) and signs it once it is in the root.
+        self._entries = entries or writer.storage
+        self._after = after
         self._recorder = recorder
         self._key = signing_key  # JAXCACHE_SIGNING_KEY: what it signs, trusted readers take as proof
         self._writer_name = writer_name  # information beside a signature ("job x run y"), never what it proves
@@ -88,7 +94,7 @@ class Attestor:
         while True:
             key, looked_up_at = self._queue.get()
             try:
-                storage = self._writer.storage()
+                storage = self._entries()
                 info = storage.stat(key + "-cache")  # JAX's entry name for a key
                 if info is not None and info.mtime_s < looked_up_at - SLACK_S:
                     # JAX says "writing" and writes nothing when an entry is there that it could not load: those
@@ -110,7 +116,9 @@ class Attestor:
                         self._recorder.mark_not_written(key, NOT_PUT_REASON)
                         continue
                     self._recorder.set_digest(key, sha, size)
-                    if self._key is not None and not signing.write(
+                    if self._after is not None:
+                        self._after(key, sha, size)
+                    elif self._key is not None and not signing.write(
                             storage, self._key.sign(key, sha, size, writer=self._writer_name())):
                         log.warning("jaxcache: %s already has a signature object; this write is left unsigned",
                                     key)

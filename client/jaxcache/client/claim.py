@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Mapping
 
+from jaxcache.client.errors import CacheAlreadyInitializedError
 from jaxcache.client.options import ClientOptions, normalise_dir
 from jaxcache.errors import InvalidInputError
 
@@ -61,3 +62,18 @@ def notice(mine: ClientOptions, owner: str, asked: Mapping[str, object]) -> tupl
         text += f". Run as a job, the script would use another cache than the one {owner} fills"
         return logging.WARNING, text
     return logging.INFO, text
+
+
+def check_same(mine: ClientOptions, theirs: ClientOptions) -> None:
+    """Raise :class:`CacheAlreadyInitializedError` when a second ``enable_cache()`` call (not in a claimed process)
+    asks for other settings than the first."""
+    differs = [name for name in (*SETTINGS, "local_dirs") if getattr(mine, name) != getattr(theirs, name)]
+    if differs:
+        shown = ", ".join(
+            f"{n}: {getattr(mine, n)!r} then {getattr(theirs, n)!r}" if n != "token" else "token differs"
+            for n in differs
+        )
+        raise CacheAlreadyInitializedError(
+            f"enable_cache() was already called in this process with other settings ({shown}); JAX's cache can"
+            " be set up once per process: call it once, early, with the settings you want"
+        )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jaxcache.client import jax_internals as ji
 from jaxcache.client.jax_internals import reads as jax_reads
@@ -30,6 +30,7 @@ class LoadPolicy:
 
     mode: str
     judge: Judge
+    bad: Mapping[str, str] = field(default_factory=dict)  # keys refused whatever their bytes (→ why)
 
 
 def refuse_keys(mode: str, bad: Mapping[str, str]) -> LoadPolicy:
@@ -39,7 +40,7 @@ def refuse_keys(mode: str, bad: Mapping[str, str]) -> LoadPolicy:
     def judge(key: str, _stored: bytes) -> str | None:
         return refused.get(key)
 
-    return LoadPolicy(mode, judge)
+    return LoadPolicy(mode, judge, refused)
 
 
 class LoadGuard:
@@ -55,7 +56,7 @@ class LoadGuard:
     def install(self) -> None:
         """Judge every load from now on; says once at WARNING when this JAX leaves nothing to hook."""
         if self._undo is None:
-            self._undo = jax_reads.hook_cache_reads(self.policy.judge, self._refused)
+            self._undo = jax_reads.hook_cache_reads(self.policy.judge, self.refused)
             if self._undo is None:
                 ji.degraded(f"has no compilation_cache._get_cache: verify={self.policy.mode!r} cannot judge what JAX"
                             " loads, and skips nothing")
@@ -76,7 +77,8 @@ class LoadGuard:
         with self._lock:
             return dict(self._skipped)
 
-    def _refused(self, key: str, why: str) -> None:
+    def refused(self, key: str, why: str) -> None:
+        """Remember that ``key`` was refused (the read hook, or the node-local tier, judged it)."""
         with self._lock:
             first = key not in self._skipped
             self._skipped[key] = why

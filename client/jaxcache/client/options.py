@@ -37,7 +37,13 @@ ENV_VARS = (
     "JAXCACHE_VERIFY",
     "JAXCACHE_SIGNING_KEY",
     "JAXCACHE_KEY_PARTS",
+    "JAXCACHE_LOCAL_DIR",
+    "JAXCACHE_UPLOAD_WAIT_S",
 )
+#: The node-local tier's size cap when ``max_size_bytes`` is unset (JAX's own LRU on the local directory).
+DEFAULT_LOCAL_MAX_BYTES = 16 * 1024**3
+DEFAULT_UPLOAD_WAIT_S = 30.0  # at exit: uploads still running; bounded so exit never hangs on storage
+_OFF = ("off", "none", "0", "false")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,22 +66,28 @@ class ClientOptions:
     # JAXCACHE_TRUSTED_KEYS: the writers whose signatures verify='signed' (and 'sample') take as proof
     trusted_keys: TrustedKeys = field(default_factory=TrustedKeys)
     key_parts: bool = True  # capture what went into each key (JAXCACHE_KEY_PARTS=off turns it off)
+    # The node-local tier's directory, by preference (the first writable one is used); empty: JAX reads cache_dir.
+    local_dirs: tuple[str, ...] = ()
+    upload_wait_s: float = DEFAULT_UPLOAD_WAIT_S
 
     @property
     def is_gcs(self) -> bool:
         """True for a ``gs://`` root."""
         return is_gcs_url(self.cache_dir)
 
-    def jax_settings(self) -> dict[str, object]:
-        """The JAX config values this session sets: the part that must match when it is called twice."""
-        values: dict[str, object] = {"jax_compilation_cache_dir": self.cache_dir}
+    def jax_settings(self, jax_dir: str | None = None) -> dict[str, object]:
+        """The JAX config values this session sets: the part that must match when it is called twice.
+        ``jax_dir``: the node-local directory JAX reads instead of ``cache_dir``."""
+        values: dict[str, object] = {"jax_compilation_cache_dir": jax_dir or self.cache_dir}
         if self.min_compile_time_secs is not None:
             values["jax_persistent_cache_min_compile_time_secs"] = self.min_compile_time_secs
         if self.min_entry_size_bytes is not None:
             values["jax_persistent_cache_min_entry_size_bytes"] = self.min_entry_size_bytes
         if self.xla_caches is not None:
             values["jax_persistent_cache_enable_xla_caches"] = self.xla_caches
-        if self.max_size_bytes is not None:
+        if jax_dir is not None:  # JAX's own LRU keeps the node-local tier's -atime files; the client evicts too
+            values["jax_compilation_cache_max_size"] = self.max_size_bytes or DEFAULT_LOCAL_MAX_BYTES
+        elif self.max_size_bytes is not None and not self.is_gcs:  # gs:// with no local tier after all: no LRU
             values["jax_compilation_cache_max_size"] = self.max_size_bytes
         return values
 
@@ -116,6 +128,7 @@ def resolve(
     default_xla_caches: str | None,
     verify: str | None = None,
     env: Mapping[str, str] | None = None,
+    local_dir: str | os.PathLike[str] | None = None,
 ) -> ClientOptions:
     """Resolve arguments against the environment and check each value."""
     env = os.environ if env is None else env
@@ -138,14 +151,17 @@ def resolve(
         min_size = _int("JAXCACHE_MIN_ENTRY_SIZE_BYTES", env["JAXCACHE_MIN_ENTRY_SIZE_BYTES"])
     if min_size is not None and (not isinstance(min_size, int) or isinstance(min_size, bool) or min_size < -1):
         raise InvalidInputError(f"min_entry_size_bytes={min_size!r}: use bytes >= 0, or -1 for no limit")
+    local_dirs = local_candidates(directory, local_dir, env)
     if max_size_bytes is not None:
         if not isinstance(max_size_bytes, int) or isinstance(max_size_bytes, bool) or max_size_bytes < 1:
             raise InvalidInputError(f"max_size_bytes={max_size_bytes!r}: use a positive number of bytes")
-        if is_gcs_url(directory):
+        if is_gcs_url(directory) and not local_dirs:
             raise InvalidInputError(
                 "max_size_bytes turns on JAX's own LRU, which does not work on gs:// caches (it cannot evict"
-                " there); leave it unset and let the jaxcache service prune the bucket (POST /v1/caches/NAME/prune)"
+                " there); leave it unset and let the jaxcache service prune the bucket (POST /v1/caches/NAME/prune),"
+                " or give the job a node-local tier (local_dir=, JAXCACHE_LOCAL_DIR), which it then caps"
             )
+
     if xla_caches is not None and (not isinstance(xla_caches, str) or not xla_caches):
         raise InvalidInputError(f"xla_caches={xla_caches!r}: use 'none', 'all' or a comma-separated list")
     if is_gcs_url(directory):
@@ -172,6 +188,9 @@ def resolve(
     if check == "signed" and not trusted_keys:
         raise InvalidInputError("verify='signed' loads only entries a trusted key signed: set JAXCACHE_TRUSTED_KEYS to"
                                 " the public keys (NAME:base64, as `jaxcache keys new` prints them) of your writers")
+    wait_s = _float("JAXCACHE_UPLOAD_WAIT_S", env.get("JAXCACHE_UPLOAD_WAIT_S") or str(DEFAULT_UPLOAD_WAIT_S))
+    if wait_s < 0:
+        raise InvalidInputError("JAXCACHE_UPLOAD_WAIT_S must be a number of seconds >= 0")
     parts = (env.get("JAXCACHE_KEY_PARTS") or "on").strip().lower()
     if parts not in ("on", "off"):
         raise InvalidInputError(f"JAXCACHE_KEY_PARTS={parts!r}: use on or off")
@@ -191,7 +210,38 @@ def resolve(
         signing_key=key_from_env(env),
         trusted_keys=trusted_keys,
         key_parts=parts == "on",
+        local_dirs=local_dirs,
+        upload_wait_s=wait_s,
     )
+
+
+def local_candidates(root: str, local_dir: str | os.PathLike[str] | None, env: Mapping[str, str]) -> tuple[str, ...]:
+    """Where the node-local tier may live, by preference: ``local_dir`` (else ``JAXCACHE_LOCAL_DIR``) when given;
+    for a gs:// root by default ``$XDG_CACHE_HOME/jaxcache/local/<root hash>``, else under ``~/.cache``, else the
+    temp dir; nothing for a local root by default, or when set to ``off``."""
+    raw = os.fspath(local_dir) if local_dir is not None else env.get("JAXCACHE_LOCAL_DIR")
+    if raw is not None and raw.strip():
+        if raw.strip().lower() in _OFF:
+            return ()
+        if "://" in raw and not raw.startswith("file://"):
+            raise InvalidInputError(f"local_dir={raw!r}: the node-local tier is a directory on this node")
+        chosen = normalise_dir(raw)
+        if chosen == root:
+            raise InvalidInputError(f"local_dir={raw!r} is the cache root itself: give a directory of its own")
+        return (chosen,)
+    if not is_gcs_url(root):
+        return ()
+    import hashlib
+    import tempfile
+
+    tail = os.path.join("jaxcache", "local", hashlib.sha256(root.encode()).hexdigest()[:16])
+    bases = [env.get("XDG_CACHE_HOME") or "", os.path.join(os.path.expanduser("~"), ".cache"),
+             os.path.join(tempfile.gettempdir(), f"jaxcache-{os.getuid()}")]
+    found: list[str] = []
+    for base in bases:
+        if base and os.path.isabs(base) and (path := os.path.join(base, tail)) not in found:
+            found.append(path)
+    return tuple(found)
 
 
 def _default_job() -> str:

@@ -15,9 +15,10 @@ from jaxcache.client import claim
 from jaxcache.client import jax_internals as ji
 from jaxcache.client import trust as trust_mod
 from jaxcache.client.attestation import Attestor
-from jaxcache.client.errors import CacheAlreadyInitializedError
 from jaxcache.client.loads import LoadGuard, LoadPolicy
+from jaxcache.client.local_tier import open_local_dir
 from jaxcache.client.misses import MAX_CHECKED, MAX_CHECKED_GCS, MissCauses, MissCheck
+from jaxcache.client.node_tier import NodeTier
 from jaxcache.client.options import ClientOptions, resolve, say_xla_caches_off
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
@@ -38,7 +39,7 @@ class CacheSession:
     """One process's use of the cache: settings, telemetry, run records. Made by :func:`enable_cache`."""
 
     def __init__(self, options: ClientOptions, compression: str, loads: LoadPolicy | None = None,
-                 writer: RecordWriter | None = None) -> None:
+                 writer: RecordWriter | None = None, tier_dir: str | None = None) -> None:
         self.options = options
         self.compression = compression
         self.started_at = time.time()
@@ -48,16 +49,21 @@ class CacheSession:
         self._owner: str | None = None  # see claim_process
         self._deferred_notice_given = False
         self._writer = writer or RecordWriter(options.cache_dir)
-        # A write counts once its entry is there whole: the run record's writes make the service's first writers.
-        check = WriteCheck(self._writer.storage, None if options.is_gcs else options.cache_dir)
         # verify=: JAX loads only what the mode's judge lets through; a refused key is compiled, never written.
         self._loads = LoadGuard(loads) if loads is not None else None
+        self._tier = tier = None if tier_dir is None else NodeTier(
+            tier_dir, self._writer.storage, options, policy=loads, writer_name=self._writer_name,
+            refused=self._loads.refused if self._loads is not None else None)
+        # A write counts once its entry is there whole: the run record's writes make the service's first writers.
+        check = WriteCheck(tier.storage, tier.directory) if tier is not None else WriteCheck(
+            self._writer.storage, None if options.is_gcs else options.cache_dir)
         self._recorder = Recorder(key_parts=options.key_parts, check_write=check,
                                   skipped=self._loads.why if self._loads is not None else None)
         self._misses = MissCheck(lambda name: self._writer.storage().stat(name),
                                  limit=MAX_CHECKED_GCS if options.is_gcs else MAX_CHECKED)
         self._attestor = Attestor(self._writer, self._recorder, signing_key=options.signing_key, broken=check.torn,
-                                  writer_name=lambda: f"{self.kind} {self.job} run {self.run_id}")
+                                  writer_name=self._writer_name, entries=None if tier is None else tier.storage,
+                                  after=None if tier is None else tier.uploader.submit)
         self._undo_put_hook: Callable[[], None] | None = None
         self._sampler = None
         if options.verify == "sample":
@@ -120,6 +126,11 @@ class CacheSession:
         """This process's misses by the causes it can tell on its own (reads the metadata of missed entries)."""
         return self._misses.causes(self.stats().misses, self._recorder.usages(), self._recorder.failed_writes())
 
+    @property
+    def local_dir(self) -> str | None:
+        """The node-local directory JAX reads (None: it reads :attr:`cache_dir` directly)."""
+        return self._tier.directory if self._tier else None
+
     def summary(self) -> str:
         """One line: what the cache did for this process, and why its misses missed as far as it can tell (a write
         counts only when its entry is there whole; the others are "compiled, not written" with why)."""
@@ -130,6 +141,7 @@ class CacheSession:
             f"jaxcache: job {self.job}: {s.hits} hits, {s.misses} misses ({s.writes} written), hit rate {rate};"
             f" {s.compile_s:.1f} s compiling, {s.retrieval_s:.2f} s loading, >= {s.saved_s:.1f} s saved;"
             f" cache {self.cache_dir}" + (f"; {causes}" if causes else "")
+            + ("" if self._tier is None else self._tier.summary())
         )
 
     def record(self, *, final: bool = False) -> RunRecord:
@@ -160,6 +172,7 @@ class CacheSession:
             final=final,
             kind=self.kind,
             keys=sorted(usages, key=lambda u: u.first_at),
+            local=None if self._tier is None else self._tier.counts(),
         )
 
     def flush(self, *, final: bool = False) -> RunRecord:
@@ -189,6 +202,8 @@ class CacheSession:
         self._stop.set()
         try:
             self.wait_for_attestations()
+            if self._tier is not None:
+                self._tier.uploader.drain(self.options.upload_wait_s, final=True)
             self.check_sample()
             self.flush(final=True)
             if self._reporter is not None:
@@ -201,15 +216,25 @@ class CacheSession:
 
     def _start(self) -> None:
         self._recorder.install()
-        self._undo_put_hook = ji.hook_cache_puts(self._attestor.on_put)
+        self._undo_put_hook = ji.hook_cache_puts(self._on_put)
         if self._undo_put_hook is None:
             ji.degraded("has no compilation_cache._get_cache: entries this process writes stay unattested and unsigned")
         self._recorder.add_listener(self._attest_writes)
         self._ticker = threading.Thread(target=self._tick, name="jaxcache-records", daemon=True)
         self._ticker.start()
         atexit.register(self.close)
-        if self._loads is not None:
+        if self._tier is not None:
+            self._tier.start()  # the tier judges what it fetches (instead of the read hook)
+        elif self._loads is not None:
             self._loads.install()
+
+    def _writer_name(self) -> str:
+        return f"{self.kind} {self.job} run {self.run_id}"
+
+    def _on_put(self, key: str, value: bytes) -> None:
+        if self._tier is not None:
+            self._tier.uploader.on_put(key, value)  # marked pending before JAX stores it
+        self._attestor.on_put(key, value)
 
     def _claimed_call(self, asked: dict[str, object]) -> CacheSession:
         """A later enable_cache() call in a process this session claimed: this session, and one notice."""
@@ -240,8 +265,10 @@ class CacheSession:
         return self.integrity_findings
 
     def wait_for_attestations(self, timeout_s: float = ATTEST_WAIT_S) -> bool:
-        """Wait (bounded) until every entry written so far has its digest; False on timeout."""
-        return self._attestor.drain(timeout_s)
+        """Wait (bounded) until every entry written so far has its digest (and is uploaded); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        done = self._attestor.drain(timeout_s)
+        return (self._tier is None or self._tier.uploader.drain(max(0.0, deadline - time.monotonic()))) and done
 
     def _tick(self) -> None:
         while not self._stop.wait(self.options.record_every_s):
@@ -253,6 +280,8 @@ class CacheSession:
     def _shutdown_for_tests(self) -> None:
         if self._loads is not None:
             self._loads.uninstall()
+        if self._tier is not None:
+            self._tier.tier.uninstall()
         self._stop.set()
         self._recorder.uninstall()
         if self._undo_put_hook is not None:
@@ -272,6 +301,7 @@ def enable_cache(
     token: str | None = None,
     trust: str = "strict",
     verify: str | None = None,
+    local_dir: str | os.PathLike[str] | None = None,
 ) -> CacheSession:
     """Point JAX's persistent compilation cache at ``cache_dir`` and start counting what it does.
 
@@ -289,7 +319,8 @@ def enable_cache(
             XLA autotune-cache path enters keys and a cache mounted elsewhere would never hit; JAX's default on
             later versions. Always ``"none"`` for gs:// roots (anything else is refused): XLA's C++ layer would be
             handed a gs:// path it cannot write.
-        max_size_bytes: turn on JAX's own LRU eviction at this size. Local roots only: refused for gs://.
+        max_size_bytes: turn on JAX's own LRU eviction at this size: on the node-local tier when there is one
+            (default 16 GiB there), else on a local root (refused for gs:// without a local tier).
         service_url: the jaxcache service (``JAXCACHE_SERVICE_URL``) to send run records to, fail-open.
         token: a bearer token with the ``report`` scope (``JAXCACHE_TOKEN``).
         trust: ``"strict"`` refuses a directory others can write; ``"warn"`` logs; ``"off"`` skips the check.
@@ -297,6 +328,8 @@ def enable_cache(
             ``JAXCACHE_TRUSTED_KEYS`` signed: it compiles the others), ``"attested"`` (JAX loads no entry the
             service judged bad: it compiles those), or ``"sample"`` (check the first entries this job hits, and
             warn).
+        local_dir: the node-local tier JAX reads, kept in step with ``cache_dir`` (``JAXCACHE_LOCAL_DIR``; "off":
+            none). Default for gs:// roots: under ``$XDG_CACHE_HOME/jaxcache/local`` (README); none for local ones.
 
     Returns:
         The process's :class:`CacheSession`; a second call with the same settings returns the same one, and
@@ -318,7 +351,7 @@ def enable_cache(
         return claimed._claimed_call({
             "cache_dir": cache_dir, "job": job, "min_compile_time_secs": min_compile_time_secs,
             "min_entry_size_bytes": min_entry_size_bytes, "xla_caches": xla_caches, "max_size_bytes": max_size_bytes,
-            "service_url": service_url, "token": token, "trust": trust, "verify": verify,
+            "service_url": service_url, "token": token, "trust": trust, "verify": verify, "local_dir": local_dir,
         })
     options = resolve(
         cache_dir,
@@ -332,11 +365,11 @@ def enable_cache(
         trust=trust,
         default_xla_caches=ji.default_xla_caches(),
         verify=verify,
+        local_dir=local_dir,
     )
     with _lock:
         if _session is not None:
             return _same_session(_session, options)
-        ji.check_not_compiled(options.cache_dir)
         compression = ji.compression_library()
         trust_mod.check(options.cache_dir, mode=options.trust, is_gcs=options.is_gcs)
         say_xla_caches_off(options)
@@ -346,8 +379,10 @@ def enable_cache(
             from jaxcache.client.verify import load_policy  # asks the service: loaded only when asked for
 
             loads = load_policy(options, writer.storage)
-        ji.apply(options.jax_settings())
-        session = CacheSession(options, compression, loads, writer)
+        tier_dir = open_local_dir(options, loads)
+        ji.check_not_compiled(tier_dir or options.cache_dir)
+        ji.apply(options.jax_settings(tier_dir))
+        session = CacheSession(options, compression, loads, writer, tier_dir)
         session._start()
         _session = session
         log.debug("jaxcache: cache at %s for job %s (run %s)", options.cache_dir, options.job, options.run_id)
@@ -360,20 +395,5 @@ def current_session() -> CacheSession | None:
 
 
 def _same_session(session: CacheSession, options: ClientOptions) -> CacheSession:
-    mine, theirs = session.options, options
-    differs = [
-        name
-        for name in ("cache_dir", "job", "min_compile_time_secs", "min_entry_size_bytes", "xla_caches",
-                     "max_size_bytes", "service_url", "token", "trust", "verify")
-        if getattr(mine, name) != getattr(theirs, name)
-    ]
-    if differs:
-        shown = ", ".join(
-            f"{n}: {getattr(mine, n)!r} then {getattr(theirs, n)!r}" if n != "token" else "token differs"
-            for n in differs
-        )
-        raise CacheAlreadyInitializedError(
-            f"enable_cache() was already called in this process with other settings ({shown}); JAX's cache can"
-            " be set up once per process: call it once, early, with the settings you want"
-        )
+    claim.check_same(session.options, options)
     return session

@@ -54,6 +54,27 @@ class _JudgedReads:
         return getattr(self._judged, name)
 
 
+def hook_cache_gets(get: Callable[[Callable[[str], bytes | None], str], bytes | None]) -> Callable[[], None] | None:
+    """Wrap ``compilation_cache._get_cache`` so that every ``get`` of JAX's cache object becomes ``get(cache_get,
+    key)``: the node-local tier answers from JAX's directory, else from the shared root. Returns the undo; None
+    where there is nothing to wrap."""
+    return wrap(lambda cache: _TieredReads(cache, get))
+
+
+class _TieredReads:
+    """JAX's cache object whose ``get`` goes through the node-local tier; everything else passes."""
+
+    def __init__(self, cache: Any, get: Callable[[Callable[[str], bytes | None], str], bytes | None]) -> None:
+        self._local = cache
+        self._get = get
+
+    def get(self, key: str) -> bytes | None:
+        return self._get(self._local.get, str(key))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._local, name)
+
+
 def _calls(function: Any) -> set[str]:
     """The names of what a function's source calls (``f(...)`` and ``x.f(...)``)."""
     tree = ast.parse(inspect.getsource(function).lstrip())

@@ -1,0 +1,262 @@
+"""The node-local tier (``enable_cache(local_dir=...)``): JAX reads a private directory on the node, filled from the
+shared root on demand, one policy's worth of checked files at a time.
+
+On a local miss, JAX's lookup fetches the entry from the root, the job's ``verify`` mode judges those bytes, and a
+whole entry is admitted (temporary name, then rename) before JAX gets the bytes. Each trust policy has its own
+subdirectory, so files admitted unchecked never reach a job that checks. Admission and eviction run under JAX's
+own LRU lock (``.lockfile``) and keep its ``-atime`` files; no remote read happens while it is held. At each start
+local copies the root no longer has, or that are now judged bad, are dropped (:meth:`LocalTier.revalidate`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+import filelock
+
+from jaxcache import entry, signing
+from jaxcache.client import trust as trust_mod
+from jaxcache.client.jax_internals import reads as jax_reads
+from jaxcache.client.loads import LoadPolicy
+from jaxcache.client.options import ClientOptions
+from jaxcache.errors import PreconditionFailedError
+from jaxcache.records import LocalTierCounts
+from jaxcache.signing import TrustedKeys
+from jaxcache.storage import LocalStorage, Storage
+
+log = logging.getLogger("jaxcache.client")
+
+LOCK_NAME = ".lockfile"  # JAX's LRU lock (jax._src.lru_cache): its eviction and ours never interleave
+ATIME_SUFFIX = "-atime"
+PENDING_DIR = os.path.join(".jaxcache", "pending")  # keys JAX wrote here whose upload has not finished
+LOCK_TIMEOUT_S = 10.0  # JAX's own lock timeout
+
+
+def policy_name(policy: LoadPolicy | None, trusted: TrustedKeys) -> str:
+    """The subdirectory of one trust policy: what a job admits decides which files it may share."""
+    if policy is None:
+        return "unchecked"
+    if policy.mode == "signed":
+        return f"signed-{trusted.digest()[:12]}"  # other trusted keys, other proof
+    return policy.mode
+
+
+def open_dir(candidates: tuple[str, ...], policy: str, trust: str) -> str | None:
+    """The first candidate whose policy subdirectory can be made private (0700) and written, or None."""
+    for base in candidates:
+        path = os.path.join(base, policy)
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            for made in (base, path):
+                if os.stat(made).st_uid == os.geteuid():
+                    os.chmod(made, 0o700)
+            probe = os.path.join(path, f".jaxcache-probe-{os.getpid()}")
+            with open(probe, "wb"):
+                pass
+            os.unlink(probe)
+        except OSError as exc:
+            log.debug("jaxcache: %s cannot hold the node-local tier: %s", path, exc)
+            continue
+        trust_mod.check(path, mode=trust, is_gcs=False)  # JAX executes what it loads from here
+        return path
+    return None
+
+
+def open_local_dir(options: ClientOptions, loads: LoadPolicy | None) -> str | None:
+    """The node-local directory JAX is to read for this job's trust policy, or None: no tier asked for, or no
+    candidate writable here (a read-only pod file system: then one warning, and JAX reads the root directly)."""
+    if not options.local_dirs:
+        return None
+    found = open_dir(options.local_dirs, policy_name(loads, options.trusted_keys), options.trust)
+    if found is None:
+        log.warning("jaxcache: no node-local directory is writable here (tried %s): JAX reads %s directly, without"
+                    " the node-local tier; set JAXCACHE_LOCAL_DIR to a writable directory, or to off",
+                    ", ".join(options.local_dirs), options.cache_dir)
+    return found
+
+
+class LocalTier:
+    """JAX's cache directory on this node, kept in step with the shared root."""
+
+    def __init__(self, directory: str, root: Callable[[], Storage], *, policy: LoadPolicy | None,
+                 refused: Callable[[str, str], None], max_size_bytes: int | None) -> None:
+        self.directory = directory
+        self.storage = LocalStorage(directory)
+        self._root = root
+        self._policy = policy
+        self._refused = refused
+        self._max = max_size_bytes
+        self._lock = filelock.FileLock(os.path.join(directory, LOCK_NAME), timeout=LOCK_TIMEOUT_S)
+        self._mutex = threading.Lock()
+        self.counts = LocalTierCounts(directory=directory)
+        self._warned: set[str] = set()
+        self._undo: Callable[[], None] | None = None
+
+    # -- counts ---------------------------------------------------------------------------------------------
+
+    def add(self, **deltas: float) -> None:
+        """Add to the counts (thread-safe)."""
+        with self._mutex:
+            for name, delta in deltas.items():
+                setattr(self.counts, name, getattr(self.counts, name) + delta)
+
+    def snapshot(self) -> LocalTierCounts:
+        """The counts as of now."""
+        with self._mutex:
+            return LocalTierCounts(**{f: getattr(self.counts, f) for f in self.counts.__struct_fields__})
+
+    def warn_once(self, what: str, text: str, *args: Any) -> None:
+        """Say ``text`` at WARNING the first time ``what`` happens in this process."""
+        with self._mutex:
+            first = what not in self._warned
+            self._warned.add(what)
+        if first:
+            log.warning(text, *args)
+
+    # -- JAX's reads ----------------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Answer JAX's lookups: the local file, else the root's entry, checked and admitted."""
+        self._undo = jax_reads.hook_cache_gets(self._get)
+        if self._undo is None:
+            self.warn_once("hook", "jaxcache: this JAX has no compilation_cache._get_cache: the node-local tier at %s"
+                           " fetches nothing on demand; JAX finds there only what it wrote", self.directory)
+
+    def uninstall(self) -> None:
+        """Stop answering lookups (tests)."""
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+
+    def _get(self, local_get: Callable[[str], bytes | None], key: str) -> bytes | None:
+        value = local_get(key)
+        if value is not None:
+            self.add(loaded=1, loaded_bytes=len(value))
+            return value
+        return self.fetch(key)
+
+    def fetch(self, key: str) -> bytes | None:
+        """The root's entry for ``key`` when it passes the job's checks, admitted locally first; else None (JAX
+        compiles). Never raises: a root that cannot be read is a miss, as it is for JAX reading it directly."""
+        started = time.monotonic()
+        try:
+            data = self._root().read(entry.cache_name(key))
+        except Exception as exc:  # noqa: BLE001 - a lookup must never fail a compile
+            self.warn_once("fetch", "jaxcache: could not fetch %s from the shared root (%s); JAX compiles what it"
+                           " cannot fetch", key, exc)
+            return None
+        if data is None:
+            return None
+        reason = self._judge(key, data)
+        if reason is not None:
+            self.add(skipped=1)
+            with contextlib.suppress(Exception):
+                self._refused(key, reason)
+            return None
+        try:
+            self.admit(key, data)
+        except Exception as exc:  # noqa: BLE001 - the bytes passed: JAX loads them even when the disk cannot keep them
+            self.warn_once("admit", "jaxcache: could not keep %s in the node-local tier %s (%s); JAX loads it"
+                           " anyway", key, self.directory, exc)
+        self.add(fetched=1, fetched_bytes=len(data), fetched_s=time.monotonic() - started)
+        return data
+
+    def _judge(self, key: str, data: bytes) -> str | None:
+        if self._policy is not None:
+            try:
+                reason = self._policy.judge(key, data)
+            except Exception as exc:  # noqa: BLE001 - fail closed: a judge that cannot decide lets nothing in
+                reason = f"{jax_reads.JUDGE_FAILED}: {type(exc).__name__}: {exc}"
+            if reason is not None:
+                return reason
+        whole = entry.validate(data)  # a broken entry never enters: JAX would fail on it at every lookup
+        if whole.status is not entry.Status.OK:
+            self.warn_once("broken", "jaxcache: the shared root's entry for %s is broken (%s); not admitting it,"
+                           " JAX compiles it", key, whole.reason)
+            return f"{whole.status}"
+        return None
+
+    # -- the directory, under JAX's lock --------------------------------------------------------------------
+
+    def admit(self, key: str, data: bytes) -> bool:
+        """Put a checked entry in place whole, as JAX's LRU would (its atime first, then the entry, by rename).
+        False when the key was there already (JAX's files are never replaced by ours)."""
+        name = entry.cache_name(key)
+        with self._lock:
+            if os.path.exists(os.path.join(self.directory, name)):
+                return False
+            self._evict(len(data))
+            self._touch(key)
+            try:
+                self.storage.write_atomic(name, data, create_only=True)
+            except PreconditionFailedError:
+                return False
+        return True
+
+    def _touch(self, key: str) -> None:
+        # JAX 0.10's eviction fails on an entry without its atime file: it is written before the entry appears.
+        with open(os.path.join(self.directory, key + ATIME_SUFFIX), "wb") as f:
+            f.write(time.time_ns().to_bytes(8, "little"))
+
+    def _evict(self, additional: int) -> None:
+        """JAX's LRU eviction (``_evict_if_needed``), where it would not run: least recently used first."""
+        if self._max is None:
+            return
+        found: list[tuple[int, str, int]] = []
+        total = 0
+        with os.scandir(self.directory) as it:
+            for de in it:
+                if not de.name.endswith("-cache") or not de.is_file(follow_symlinks=False):
+                    continue
+                key = de.name.removesuffix("-cache")
+                try:
+                    size = de.stat(follow_symlinks=False).st_size
+                    with open(os.path.join(self.directory, key + ATIME_SUFFIX), "rb") as f:
+                        atime = int.from_bytes(f.read(8), "little")
+                except FileNotFoundError:
+                    atime = 0  # an entry whose atime was never written counts as the least recently used
+                total += size
+                found.append((atime, key, size))
+        found.sort()
+        for _atime, key, size in found:
+            if total <= self._max - additional:
+                break
+            self.remove(key)
+            total -= size
+            self.add(evicted=1)
+
+    def lock(self) -> filelock.FileLock:
+        """JAX's LRU lock over this directory."""
+        return self._lock
+
+    def remove(self, key: str) -> None:
+        """Remove a key's entry and atime files; hold :meth:`lock`."""
+        for name in (entry.cache_name(key), key + ATIME_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.directory, name))
+
+    def revalidate(self, bad: Collection[str], *, need_signature: bool, pending: Collection[str]) -> int:
+        """Drop local copies of keys the root no longer has, that are in ``bad``, or (``need_signature``) whose
+        signature left the root, keeping those JAX wrote here whose upload is still ``pending``. One listing of
+        the root, made before taking the lock. Returns how many were dropped."""
+        local = [n.removesuffix("-cache") for n in os.listdir(self.directory) if n.endswith("-cache")]
+        local = [k for k in local if k not in pending]
+        if not local:
+            return 0
+        listed = {name for name, *_ in self._root().list_stats(("-cache", signing.SIG_SUFFIX))}
+        drop = [k for k in local if entry.cache_name(k) not in listed or k in bad
+                or (need_signature and signing.sig_name(k) not in listed)]
+        if drop:
+            with self._lock:
+                for key in drop:
+                    self.remove(key)
+            self.add(dropped=len(drop))
+            log.info("jaxcache: dropped %d local copies from %s that the shared root no longer has or that are"
+                     " judged bad", len(drop), self.directory)
+        return len(drop)

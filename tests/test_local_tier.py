@@ -1,0 +1,222 @@
+"""The node-local tier (#35), for real: JAX jobs on CPU read a directory on their "node", filled on demand from one
+gs:// root on fake-gcs-server, and upload what they write. Two local directories stand for two nodes. Faults come
+from the fault-injecting proxy in front of the emulator (tests/gcs_faults.py): GCS answering 503 to uploads, and
+downloads cut off midway."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gcs_faults import GcsFaults
+from jaxcache import entry, signing
+from jaxcache.client import options as client_options
+from jaxcache.errors import InvalidInputError
+from jaxcache.storage import gcs as gcs_backend
+from test_client_service import JOB, PUBLIC, _env
+
+pytestmark = [pytest.mark.gcs, pytest.mark.slow]
+
+PROGRAMS = ("affine", "gram", "wave", "grad")
+
+
+def run_job(root: str, local: Path | str, job: str, *args: str, settle: bool = True, **env: str) -> tuple[dict, str]:
+    """One job on one "node" (its local directory); its JSON line (``settle``: once its writes are attested and
+    uploaded) and its stderr."""
+    settled = ("--settle",) if settle else ()
+    proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", root, "--job", job, *settled, *args],
+                          capture_output=True, text=True, timeout=300,
+                          env=_env(JAXCACHE_LOCAL_DIR=str(local), **env))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def root_objects(client, bucket: str, prefix: str = "jc") -> dict[str, bytes]:
+    base = prefix + "/"
+    return {b.name[len(base):]: b.download_as_bytes() for b in client.list_blobs(bucket, prefix=base)
+            if not b.name[len(base):].startswith(".jaxcache/")}
+
+
+def entries(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in directory.glob("*-cache")}
+
+
+def final_record(client, bucket: str, out: dict) -> dict:
+    """The run record the job wrote at exit (a gs:// root gets only that one)."""
+    return json.loads(client.bucket(bucket).blob(f"jc/{out['record_name']}").download_as_bytes())
+
+
+@pytest.fixture
+def faults(fake_gcs, monkeypatch) -> Iterator[GcsFaults]:
+    """The proxy in front of the emulator; jobs started from now on go through it."""
+    proxy = GcsFaults(fake_gcs)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    monkeypatch.setenv(gcs_backend.RETRY_DELAY_ENV, "0.02")  # the library's retries, backing off from 20 ms
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def test_node_b_gets_node_a_programs_as_hits(tmp_path, gcs_client, gcs_bucket):
+    root = f"gs://{gcs_bucket}/jc"
+    node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
+    a, _ = run_job(root, node_a, "train")
+    assert a["stats"]["misses"] == len(PROGRAMS) and a["stats"]["writes"] == len(PROGRAMS), a["stats"]
+    assert a["local_dir"] == str(node_a / "unchecked") and a["cache_dir"] == root
+    assert a["local"]["uploaded"] == len(PROGRAMS) and a["local"]["upload_failed"] == 0, a["local"]
+    stored = root_objects(gcs_client, gcs_bucket)
+    written = entries(node_a / "unchecked")
+    # What JAX wrote locally is in the root, byte for byte, with the writer's signature beside each entry.
+    assert {k: v for k, v in stored.items() if k.endswith("-cache")} == written and len(written) == len(PROGRAMS)
+    assert {signing.sig_name(k.removesuffix("-cache")) for k in written} <= set(stored)
+
+    # Node B, empty, after node A's job exited: every program is a hit, fetched once, then read locally.
+    b, _ = run_job(root, node_b, "train")
+    assert b["stats"]["hits"] == len(PROGRAMS) and b["stats"]["misses"] == 0, b["stats"]
+    assert b["local"]["fetched"] == len(PROGRAMS) and b["local"]["loaded"] == 0, b["local"]
+    assert b["local"]["fetched_bytes"] == sum(len(v) for v in written.values())
+    assert entries(node_b / "unchecked") == written
+    assert "local tier" in b["summary"] and "4 fetched on demand" in b["summary"], b["summary"]
+    again, _ = run_job(root, node_b, "train")
+    assert again["stats"]["hits"] == len(PROGRAMS) and again["local"]["loaded"] == len(PROGRAMS), again["local"]
+    assert again["local"]["fetched"] == 0 and again["local"]["dropped"] == 0, again["local"]
+    # JAX's own LRU runs on the local directory: each entry has its -atime file, under JAX's .lockfile.
+    assert {p.name.removesuffix("-atime") for p in (node_b / "unchecked").glob("*-atime")} == {
+        k.removesuffix("-cache") for k in written}
+    assert oct((node_b / "unchecked").stat().st_mode & 0o777) == "0o700"
+
+    # A job that checks signatures admits into a directory of its own, never one filled unchecked.
+    signed, _ = run_job(root, node_b, "careful", "--verify", "signed", JAXCACHE_TRUSTED_KEYS=PUBLIC)
+    assert signed["local_dir"].startswith(str(node_b / "signed-")), signed["local_dir"]
+    assert signed["stats"]["hits"] == len(PROGRAMS) and signed["local"]["fetched"] == len(PROGRAMS)
+    assert signed["skipped"] == {}
+    assert entries(Path(signed["local_dir"])) == written
+
+
+def test_a_prune_on_the_root_reaches_the_node_at_its_next_start(tmp_path, gcs_client, gcs_bucket):
+    root = f"gs://{gcs_bucket}/jc"
+    node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
+    run_job(root, node_a, "train")
+    run_job(root, node_b, "train")
+    local = node_b / "unchecked"
+    (gram,) = [n for n in entries(local) if n.startswith("jit_gram-")]
+    gcs_client.bucket(gcs_bucket).blob(f"jc/{gram}").delete()  # what a prune (or DELETE) does to the root
+
+    b, _ = run_job(root, node_b, "train", "--programs", "affine,wave")
+    assert b["local"]["dropped"] == 1 and b["local"]["loaded"] == 2, b["local"]
+    assert gram not in entries(local) and not (local / gram.replace("-cache", "-atime")).exists()
+    assert b["stats"]["hits"] == 2 and b["stats"]["misses"] == 0, b["stats"]
+
+
+def test_a_torn_download_never_becomes_a_file_jax_reads(tmp_path, faults, gcs_client, gcs_bucket):
+    root = f"gs://{gcs_bucket}/jc"
+    run_job(root, tmp_path / "node-a", "train")
+    stored = {k: v for k, v in root_objects(gcs_client, gcs_bucket).items() if k.endswith("-cache")}
+    (gram,) = [n for n in stored if n.startswith("jit_gram-")]
+    (wave,) = [n for n in stored if n.startswith("jit_wave-")]
+    # The root's wave entry is torn (half its bytes, as a writer that died mid-upload through another tool would
+    # leave it); downloads of gram are cut off midway three times before one gets through.
+    gcs_client.bucket(gcs_bucket).blob(f"jc/{wave}").upload_from_string(stored[wave][: len(stored[wave]) // 2])
+    faults.tear(3, method="GET", path=rf"{gram}\?.*alt=media")
+
+    node_b = tmp_path / "node-b"
+    b, err = run_job(root, node_b, "train")
+    local = entries(node_b / "unchecked")
+    assert [e for e in faults.injected() if e[2] == "torn"] and faults.pending() == 0, faults.log
+    assert local[gram] == stored[gram]  # the whole entry, after the library's retries
+    assert "broken" in err and b["local"]["skipped"] == 1, (b["local"], err)
+    # The torn wave entry never entered: JAX compiled it and keeps its own whole write.
+    assert local[wave] != stored[wave][: len(stored[wave]) // 2]
+    assert entry.validate(local[wave]).status is entry.Status.OK
+    assert all(entry.validate(v).status is entry.Status.OK for v in local.values())
+    assert not [p for p in (node_b / "unchecked").iterdir() if p.name.startswith(".jaxcache-tmp-")]
+    assert b["stats"]["hits"] == len(PROGRAMS) - 1 and b["stats"]["misses"] == 1, b["stats"]
+
+
+def test_upload_failures_never_fail_the_job(tmp_path, faults, gcs_client, gcs_bucket):
+    root = f"gs://{gcs_bucket}/jc"
+    node_a = tmp_path / "node-a"
+    # Every upload of an entry is answered 503 (its name is in the upload's metadata); run records still go through.
+    faults.fail(10_000, 503, method="POST", body=rb'-cache"')
+    a, err = run_job(root, node_a, "train", settle=False, JAXCACHE_UPLOAD_WAIT_S="1")
+    assert a["stats"]["writes"] == len(PROGRAMS), a["stats"]
+    assert "did not finish" in err or "could not upload" in err, err
+    assert not [k for k in root_objects(gcs_client, gcs_bucket) if k.endswith("-cache")]
+    record = final_record(gcs_client, gcs_bucket, a)
+    left = record["local"]["upload_pending"] + record["local"]["upload_failed"]
+    assert record["local"]["uploaded"] == 0 and left >= 1, record["local"]
+    assert len(os.listdir(node_a / "unchecked" / ".jaxcache" / "pending")) == len(PROGRAMS)
+
+    # Once the root answers again, the node's next job uploads what the first one left, and node B hits it.
+    faults.clear()
+    again, _ = run_job(root, node_a, "train")
+    assert again["stats"]["hits"] == len(PROGRAMS) and again["local"]["uploaded"] == len(PROGRAMS), again["local"]
+    assert entries(node_a / "unchecked") == {
+        k: v for k, v in root_objects(gcs_client, gcs_bucket).items() if k.endswith("-cache")}
+    assert os.listdir(node_a / "unchecked" / ".jaxcache" / "pending") == []
+    b, _ = run_job(root, tmp_path / "node-b", "train")
+    assert b["stats"]["hits"] == len(PROGRAMS) and b["local"]["fetched"] == len(PROGRAMS), b["local"]
+
+
+def test_the_local_directory_stays_under_its_cap(tmp_path, gcs_client, gcs_bucket):
+    root = f"gs://{gcs_bucket}/jc"
+    a, _ = run_job(root, tmp_path / "node-a", "train")
+    sizes = sorted(len(v) for v in entries(tmp_path / "node-a" / "unchecked").values())
+    cap = sizes[-1] + sizes[-2]  # room for two entries, never for all four
+    node_b = tmp_path / "node-b"
+    b, _ = run_job(root, node_b, "train", "--max-size-bytes", str(cap))
+    assert b["stats"]["hits"] == len(PROGRAMS) and b["local"]["evicted"] >= 1, b["local"]
+    kept = entries(node_b / "unchecked")
+    assert sum(len(v) for v in kept.values()) <= cap and 1 <= len(kept) < len(PROGRAMS)
+    assert {p.name.removesuffix("-atime") for p in (node_b / "unchecked").glob("*-atime")} == {
+        k.removesuffix("-cache") for k in kept}
+
+
+def test_no_writable_local_directory_means_reading_the_root_directly(tmp_path, gcs_client, gcs_bucket):
+    root = f"gs://{gcs_bucket}/jc"
+    run_job(root, tmp_path / "node-a", "train")
+    # Tests run as root, whom permissions do not stop: files where the directories would go block them instead.
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "xdg").write_text("")
+    (blocked / ".cache").write_text("")
+    (blocked / "jaxcache-0").write_text("")
+    (blocked / f"jaxcache-{os.getuid()}").write_text("")
+    proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", root, "--job", "ro"], capture_output=True,
+                          text=True, timeout=300, env=_env(XDG_CACHE_HOME=str(blocked / "xdg"), HOME=str(blocked),
+                                                           TMPDIR=str(blocked)))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["local_dir"] is None and out["local"] is None
+    assert out["stats"]["hits"] == len(PROGRAMS), out["stats"]
+    assert proc.stderr.count("no node-local directory is writable") == 1, proc.stderr
+
+
+def test_where_the_local_tier_goes(tmp_path):
+    args = dict(job=None, min_compile_time_secs=None, min_entry_size_bytes=None, xla_caches=None, max_size_bytes=None,
+                service_url=None, token=None, trust="strict", default_xla_caches="none")
+    xdg = str(tmp_path / "xdg")
+    remote = client_options.resolve("gs://bucket/jc", env={"XDG_CACHE_HOME": xdg}, **args)
+    assert remote.local_dirs[0].startswith(os.path.join(xdg, "jaxcache", "local", ""))
+    assert len(remote.local_dirs) >= 2  # then ~/.cache, then the temp dir
+    other = client_options.resolve("gs://bucket/other", env={"XDG_CACHE_HOME": xdg}, **args)
+    assert other.local_dirs[0] != remote.local_dirs[0]  # one directory per root
+    assert client_options.resolve("gs://bucket/jc", env={"JAXCACHE_LOCAL_DIR": "off"}, **args).local_dirs == ()
+    assert client_options.resolve(str(tmp_path), env={"XDG_CACHE_HOME": xdg}, **args).local_dirs == ()
+    chosen = client_options.resolve(str(tmp_path / "root"), env={}, local_dir=tmp_path / "here", **args)
+    assert chosen.local_dirs == (str(tmp_path / "here"),)
+    # A gs:// root with a local tier has a size cap (JAX's LRU runs on the local directory); without one, none.
+    assert remote.jax_settings(remote.local_dirs[0])["jax_compilation_cache_max_size"] == (
+        client_options.DEFAULT_LOCAL_MAX_BYTES)
+    assert "jax_compilation_cache_max_size" not in remote.jax_settings()
+    with pytest.raises(InvalidInputError, match="directory on this node"):
+        client_options.resolve("gs://bucket/jc", env={"JAXCACHE_LOCAL_DIR": "gs://other/x"}, **args)
+    with pytest.raises(InvalidInputError, match="node-local tier"):
+        client_options.resolve("gs://bucket/jc", env={"JAXCACHE_LOCAL_DIR": "off"}, **{**args, "max_size_bytes": 1})
