@@ -172,9 +172,10 @@ def test_group_writable_directory_is_refused_in_strict_mode_and_allowed_when_tol
     run_job("--cache-dir", str(cache), "--trust", "off")
 
 
-def test_max_size_bytes_is_refused_for_gcs_roots():
-    proc = run_job("--cache-dir", "gs://bucket/jax", "--max-size-bytes", "1000", expect=3)
-    assert "does not work on gs://" in proc.stderr and "prune" in proc.stderr
+def test_max_size_bytes_is_refused_for_gcs_roots_without_a_local_tier():
+    """JAX's LRU cannot evict on a bucket; with a node-local tier (the default for gs://) it caps that instead."""
+    proc = run_job("--cache-dir", "gs://bucket/jax", "--max-size-bytes", "1000", "--local-dir", "off", expect=3)
+    assert "does not work on gs://" in proc.stderr and "prune" in proc.stderr and "local_dir" in proc.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory owned by another user needs root")
@@ -237,7 +238,7 @@ def test_options_resolution_order_and_checks(tmp_path):
         dict(cache_dir="/c", job="a/b"),
         dict(cache_dir="/c", env={"JAXCACHE_RUN_ID": "../x"}),
         dict(cache_dir="s3://b/x"),
-        dict(cache_dir="gs://b/x", max_size_bytes=10),
+        dict(cache_dir="gs://b/x", max_size_bytes=10, env={"JAXCACHE_LOCAL_DIR": "off"}),
         dict(cache_dir="/c", env={"JAXCACHE_SIGNING_KEY": "/no/such/key"}),
     ]
     for case in bad:

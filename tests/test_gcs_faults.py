@@ -139,6 +139,7 @@ def test_client_job_exits_0_and_writes_its_record_while_gcs_answers_503(faults, 
     url = f"gs://{gcs_bucket}/jax-cache"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAXCACHE_", "JAX_COMPILATION_CACHE"))}
     env["JAX_PLATFORMS"] = "cpu"
+    env["JAXCACHE_LOCAL_DIR"] = "off"  # JAX reads the bucket itself (test_local_tier: through the node-local tier)
     faults.fail(2, 503, method="GET", path=r"/storage/v1/b/[^/]+/o")  # JAX's first lookups
     faults.fail(2, 503, method="POST", path=r"uploadType=resumable")  # JAX writing entries
     faults.fail(2, 429, path=MEDIA)  # the client reading entries back for their digests

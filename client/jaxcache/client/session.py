@@ -370,6 +370,7 @@ def enable_cache(
     with _lock:
         if _session is not None:
             return _same_session(_session, options)
+        ji.check_not_compiled(options.cache_dir)  # the first thing: a refused call changes nothing
         compression = ji.compression_library()
         trust_mod.check(options.cache_dir, mode=options.trust, is_gcs=options.is_gcs)
         say_xla_caches_off(options)
@@ -380,7 +381,6 @@ def enable_cache(
 
             loads = load_policy(options, writer.storage)
         tier_dir = open_local_dir(options, loads)
-        ji.check_not_compiled(tier_dir or options.cache_dir)
         ji.apply(options.jax_settings(tier_dir))
         session = CacheSession(options, compression, loads, writer, tier_dir)
         session._start()
