@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from gcs_faults import GcsFaults
-from jaxcache import entry, signing
+from jaxcache import entry, signing, skips
+from jaxcache.cli import main
 from jaxcache.client import options as client_options
 from jaxcache.errors import InvalidInputError
 from jaxcache.storage import gcs as gcs_backend
@@ -64,7 +65,7 @@ def faults(fake_gcs, monkeypatch) -> Iterator[GcsFaults]:
         proxy.close()
 
 
-def test_node_b_gets_node_a_programs_as_hits(tmp_path, gcs_client, gcs_bucket):
+def test_node_b_gets_node_a_programs_as_hits(tmp_path, capsys, gcs_client, gcs_bucket):
     root = f"gs://{gcs_bucket}/jc"
     node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
     a, _ = run_job(root, node_a, "train")
@@ -91,6 +92,12 @@ def test_node_b_gets_node_a_programs_as_hits(tmp_path, gcs_client, gcs_bucket):
     assert {p.name.removesuffix("-atime") for p in (node_b / "unchecked").glob("*-atime")} == {
         k.removesuffix("-cache") for k in written}
     assert oct((node_b / "unchecked").stat().st_mode & 0o777) == "0o700"
+    # The CLI reads it like any root.
+    capsys.readouterr()
+    assert main(["ls", str(node_b / "unchecked"), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {e["key"] for e in listed["entries"]} == {k.removesuffix("-cache") for k in written}, listed
+    assert main(["doctor", str(node_b / "unchecked")]) == 0, capsys.readouterr()
 
     # A job that checks signatures admits into a directory of its own, never one filled unchecked.
     signed, _ = run_job(root, node_b, "careful", "--verify", "signed", JAXCACHE_TRUSTED_KEYS=PUBLIC)
@@ -113,6 +120,24 @@ def test_a_prune_on_the_root_reaches_the_node_at_its_next_start(tmp_path, gcs_cl
     assert b["local"]["dropped"] == 1 and b["local"]["loaded"] == 2, b["local"]
     assert gram not in entries(local) and not (local / gram.replace("-cache", "-atime")).exists()
     assert b["stats"]["hits"] == 2 and b["stats"]["misses"] == 0, b["stats"]
+
+
+def test_a_signature_gone_from_the_root_reaches_a_checking_node_at_its_next_start(tmp_path, gcs_client, gcs_bucket):
+    root = f"gs://{gcs_bucket}/jc"
+    signed = ("--verify", "signed")
+    run_job(root, tmp_path / "node-a", "train")  # signs what it writes (JAXCACHE_SIGNING_KEY)
+    node_b = tmp_path / "node-b"
+    first, _ = run_job(root, node_b, "careful", *signed, JAXCACHE_TRUSTED_KEYS=PUBLIC)
+    local = Path(first["local_dir"])
+    (wave,) = [n for n in entries(local) if n.startswith("jit_wave-")]
+    key = wave.removesuffix("-cache")
+    gcs_client.bucket(gcs_bucket).blob(f"jc/{signing.sig_name(key)}").delete()
+
+    b, _ = run_job(root, node_b, "careful", *signed, JAXCACHE_TRUSTED_KEYS=PUBLIC)
+    # Dropped at start, fetched again on JAX's lookup, refused as unsigned: compiled, as reading the root would.
+    assert b["local"]["dropped"] == 1 and b["local"]["skipped"] == 1, b["local"]
+    assert b["skipped"] == {key: skips.UNSIGNED}, b["skipped"]
+    assert b["stats"]["hits"] == len(PROGRAMS) - 1 and b["stats"]["misses"] == 1, b["stats"]
 
 
 def test_a_torn_download_never_becomes_a_file_jax_reads(tmp_path, faults, gcs_client, gcs_bucket):
