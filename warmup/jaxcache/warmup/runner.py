@@ -73,7 +73,9 @@ def run_warmup(
     # Import the entrypoint before anything touches the cache, so a typo or a broken import writes nothing.
     function = tgt.load(config.target)
     try:
-        session = enable_cache(config.cache_dir, job=config.job, trust=config.trust,
+        # No node-local tier: a warm-up fills the shared root itself, and its coverage says "written" only of
+        # entries that are there when it returns, not of uploads still on their way.
+        session = enable_cache(config.cache_dir, job=config.job, trust=config.trust, local_dir="off",
                                **(STORE_NOTHING if check else STORE_EVERYTHING))
     except CacheAlreadyInitializedError:
         raise CacheAlreadyInitializedError(
