@@ -196,7 +196,10 @@ def test_the_local_directory_stays_under_its_cap(tmp_path, gcs_client, gcs_bucke
     sizes = sorted(len(v) for v in entries(tmp_path / "node-a" / "unchecked").values())
     cap = sizes[-1] + sizes[-2]  # room for two entries, never for all four
     node_b = tmp_path / "node-b"
+    node_b.mkdir(mode=0o755)  # a folder of the user's keeps its mode; the tier's own subdirectory is private
+    node_b.chmod(0o755)
     b, _ = run_job(root, node_b, "train", "--max-size-bytes", str(cap))
+    assert (node_b.stat().st_mode & 0o777, (node_b / "unchecked").stat().st_mode & 0o777) == (0o755, 0o700)
     assert b["stats"]["hits"] == len(PROGRAMS) and b["local"]["evicted"] >= 1, b["local"]
     kept = entries(node_b / "unchecked")
     assert sum(len(v) for v in kept.values()) <= cap and 1 <= len(kept) < len(PROGRAMS)

@@ -22,6 +22,7 @@ import filelock
 
 from jaxcache import entry, signing
 from jaxcache.client import trust as trust_mod
+from jaxcache.client.errors import UntrustedCacheDirError
 from jaxcache.client.jax_internals import reads as jax_reads
 from jaxcache.client.loads import LoadPolicy
 from jaxcache.client.options import ClientOptions
@@ -48,14 +49,16 @@ def policy_name(policy: LoadPolicy | None, trusted: TrustedKeys) -> str:
 
 
 def open_dir(candidates: tuple[str, ...], policy: str, trust: str) -> str | None:
-    """The first candidate whose policy subdirectory can be made private (0700) and written, or None."""
-    for base in candidates:
+    """The first candidate whose policy subdirectory can be made private (0700), written, and trusted, or None.
+    A candidate others could write is passed over for the next one; the last one's trust check raises."""
+    for i, base in enumerate(candidates):
         path = os.path.join(base, policy)
         try:
+            # 0700 on what this process creates (a base that was there keeps its mode: it may be a user's folder).
+            os.makedirs(base, mode=0o700, exist_ok=True)
             os.makedirs(path, mode=0o700, exist_ok=True)
-            for made in (base, path):
-                if os.stat(made).st_uid == os.geteuid():
-                    os.chmod(made, 0o700)
+            if os.stat(path).st_uid == os.geteuid():
+                os.chmod(path, 0o700)
             probe = os.path.join(path, f".jaxcache-probe-{os.getpid()}")
             with open(probe, "wb"):
                 pass
@@ -63,7 +66,13 @@ def open_dir(candidates: tuple[str, ...], policy: str, trust: str) -> str | None
         except OSError as exc:
             log.debug("jaxcache: %s cannot hold the node-local tier: %s", path, exc)
             continue
-        trust_mod.check(path, mode=trust, is_gcs=False)  # JAX executes what it loads from here
+        try:
+            trust_mod.check(path, mode=trust, is_gcs=False)  # JAX executes what it loads from here
+        except UntrustedCacheDirError as exc:
+            if i == len(candidates) - 1:
+                raise
+            log.warning("jaxcache: not using %s for the node-local tier: %s", path, exc)
+            continue
         return path
     return None
 
