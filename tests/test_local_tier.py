@@ -248,3 +248,27 @@ def test_where_the_local_tier_goes(tmp_path):
         client_options.resolve("gs://bucket/jc", env={"JAXCACHE_LOCAL_DIR": "gs://other/x"}, **args)
     with pytest.raises(InvalidInputError, match="node-local tier"):
         client_options.resolve("gs://bucket/jc", env={"JAXCACHE_LOCAL_DIR": "off"}, **{**args, "max_size_bytes": 1})
+
+
+def test_a_signed_nodes_own_unsigned_write_gives_way_to_a_signed_copy(tmp_path, gcs_client, gcs_bucket):
+    """A verify='signed' job without a signing key keeps what it compiled locally, but as unverified: once the root
+    holds a signed copy of the key, the node's next job drops its own and loads the signed one."""
+    root = f"gs://{gcs_bucket}/jc"
+    signed = ("--verify", "signed", "--programs", "affine")
+    node_b = tmp_path / "node-b"
+    first, _ = run_job(root, node_b, "careful", *signed, JAXCACHE_TRUSTED_KEYS=PUBLIC, JAXCACHE_SIGNING_KEY="")
+    assert first["stats"]["writes"] == 1 and first["local"]["uploaded"] == 1, first
+    local = Path(first["local_dir"])
+    (name,) = entries(local)
+    key = name.removesuffix("-cache")
+    assert os.listdir(local / ".jaxcache" / "unverified") == [key]
+    # The unsigned upload is removed from the root, and a writer with the key compiles and signs the program.
+    gcs_client.bucket(gcs_bucket).blob(f"jc/{name}").delete()
+    run_job(root, tmp_path / "node-a", "train", "--programs", "affine")
+    assert signing.sig_name(key) in root_objects(gcs_client, gcs_bucket)
+
+    b, _ = run_job(root, node_b, "careful", *signed, JAXCACHE_TRUSTED_KEYS=PUBLIC, JAXCACHE_SIGNING_KEY="")
+    assert b["local"]["dropped"] == 1 and b["local"]["fetched"] == 1 and b["local"]["loaded"] == 0, b["local"]
+    assert b["stats"]["hits"] == 1 and b["skipped"] == {}, b
+    assert entries(local) == {name: root_objects(gcs_client, gcs_bucket)[name]}
+    assert os.listdir(local / ".jaxcache" / "unverified") == []

@@ -36,6 +36,7 @@ log = logging.getLogger("jaxcache.client")
 LOCK_NAME = ".lockfile"  # JAX's LRU lock (jax._src.lru_cache): its eviction and ours never interleave
 ATIME_SUFFIX = "-atime"
 PENDING_DIR = os.path.join(".jaxcache", "pending")  # keys JAX wrote here whose upload has not finished
+UNVERIFIED_DIR = os.path.join(".jaxcache", "unverified")  # signed directories: local writes no signature covers
 LOCK_TIMEOUT_S = 10.0  # JAX's own lock timeout
 
 
@@ -250,17 +251,19 @@ class LocalTier:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.directory, name))
 
-    def revalidate(self, bad: Collection[str], *, need_signature: bool, pending: Collection[str]) -> int:
+    def revalidate(self, bad: Collection[str], *, need_signature: bool, pending: Collection[str],
+                   unverified: Collection[str] = ()) -> list[str]:
         """Drop local copies of keys the root no longer has, that are in ``bad``, or (``need_signature``) whose
-        signature left the root, keeping those JAX wrote here whose upload is still ``pending``. One listing of
-        the root, made before taking the lock. Returns how many were dropped."""
+        signature left the root or that were written here ``unverified``, keeping those JAX wrote here whose
+        upload is still ``pending``. One listing of the root, made before taking the lock. Returns the keys
+        dropped."""
         local = [n.removesuffix("-cache") for n in os.listdir(self.directory) if n.endswith("-cache")]
         local = [k for k in local if k not in pending]
         if not local:
-            return 0
+            return []
         listed = {name for name, *_ in self._root().list_stats(("-cache", signing.SIG_SUFFIX))}
         drop = [k for k in local if entry.cache_name(k) not in listed or k in bad
-                or (need_signature and signing.sig_name(k) not in listed)]
+                or (need_signature and (signing.sig_name(k) not in listed or k in unverified))]
         if drop:
             with self._lock:
                 for key in drop:
@@ -268,4 +271,4 @@ class LocalTier:
             self.add(dropped=len(drop))
             log.info("jaxcache: dropped %d local copies from %s that the shared root no longer has or that are"
                      " judged bad", len(drop), self.directory)
-        return len(drop)
+        return drop

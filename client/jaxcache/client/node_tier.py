@@ -3,8 +3,10 @@ write-behind uploads of what JAX writes there (:mod:`jaxcache.client.uploads`)."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
+from jaxcache import entry
 from jaxcache.client.loads import LoadPolicy
 from jaxcache.client.local_tier import LocalTier
 from jaxcache.client.options import DEFAULT_LOCAL_MAX_BYTES, ClientOptions
@@ -22,7 +24,8 @@ class NodeTier:
         self.policy = policy
         self.tier = LocalTier(directory, root, policy=policy, refused=refused or (lambda _key, _why: None),
                               max_size_bytes=options.max_size_bytes or DEFAULT_LOCAL_MAX_BYTES)
-        self.uploader = Uploader(self.tier, root, signing_key=options.signing_key, writer_name=writer_name)
+        self.uploader = Uploader(self.tier, root, signing_key=options.signing_key, writer_name=writer_name,
+                                 signed_dir=policy is not None and policy.mode == "signed")
 
     @property
     def directory(self) -> str:
@@ -37,8 +40,13 @@ class NodeTier:
         """Revalidate the local copies, resume earlier processes' uploads, then answer JAX's lookups."""
         pending = self.uploader.pending()
         policy = self.policy
-        self.tier.revalidate(() if policy is None else set(policy.bad), pending=pending,
-                             need_signature=policy is not None and policy.mode == "signed")
+        unverified = set(self.uploader.unverified())
+        dropped = self.tier.revalidate(() if policy is None else set(policy.bad), pending=pending,
+                                       need_signature=policy is not None and policy.mode == "signed",
+                                       unverified=unverified)
+        # Dropped here, or evicted since: their marks go too.
+        self.uploader.forget_unverified([k for k in unverified if k in dropped or not os.path.exists(
+            os.path.join(self.tier.directory, entry.cache_name(k)))])
         self.uploader.resume(pending)
         self.tier.install()  # it judges what it fetches; its local files are trusted as admitted
 

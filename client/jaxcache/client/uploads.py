@@ -4,7 +4,9 @@ JAX's put is heard before it stores (the put hook): the key is marked pending in
 (``.jaxcache/pending/<key>``), so no other process drops it as "gone from the root" meanwhile. Once the attestor has
 read the write back whole and its bytes are the ones put, one background thread creates the entry in the root
 (create-only: an entry there already is never replaced) and then, with ``JAXCACHE_SIGNING_KEY``, its signature.
-A failed upload is a warning and a count; the mark stays, and the next process on the node tries again.
+A failed upload is a warning and a count; the mark stays, and the next process on the node tries again. In a
+directory of signed entries a write is also marked unverified (``.jaxcache/unverified/<key>``) until this process
+signs exactly those bytes in the root: the next start drops it, so a verified copy from the root replaces it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from jaxcache import entry, signing
-from jaxcache.client.local_tier import PENDING_DIR, LocalTier
+from jaxcache.client.local_tier import PENDING_DIR, UNVERIFIED_DIR, LocalTier
 from jaxcache.errors import PreconditionFailedError
 from jaxcache.storage import Storage
 
@@ -31,13 +33,17 @@ class Uploader:
     """Uploads local writes to the root on one daemon thread, fed by a bounded queue (never blocking JAX)."""
 
     def __init__(self, tier: LocalTier, root: Callable[[], Storage], *, signing_key: signing.SigningKey | None,
-                 writer_name: Callable[[], str] = lambda: "") -> None:
+                 writer_name: Callable[[], str] = lambda: "", signed_dir: bool = False) -> None:
         self._tier = tier
         self._root = root
         self._key = signing_key
         self._writer_name = writer_name
         self._pending = os.path.join(tier.directory, PENDING_DIR)
         os.makedirs(self._pending, mode=0o700, exist_ok=True)
+        self._unverified: str | None = None  # where writes no trusted signature covers yet are marked
+        if signed_dir:
+            self._unverified = os.path.join(tier.directory, UNVERIFIED_DIR)
+            os.makedirs(self._unverified, mode=0o700, exist_ok=True)
         # (key, sha256 and size of the bytes JAX put, or None for a write an earlier process left pending)
         self._queue: queue.Queue[tuple[str, tuple[str, int] | None]] = queue.Queue(maxsize=QUEUE_SIZE)
         self._thread: threading.Thread | None = None
@@ -47,10 +53,21 @@ class Uploader:
         """The keys written here whose upload has not finished (by this process or an earlier one)."""
         return [n for n in os.listdir(self._pending) if not n.startswith(".")]
 
+    def unverified(self) -> list[str]:
+        """In a directory of signed entries: the keys JAX wrote here that no signature of this client covers."""
+        return [] if self._unverified is None else [n for n in os.listdir(self._unverified) if not n.startswith(".")]
+
+    def forget_unverified(self, keys: list[str]) -> None:
+        """Unmark keys whose local copies were dropped."""
+        for key in keys:
+            self._unmark(self._unverified, key)
+
     def on_put(self, key: str, _value: bytes) -> None:
         """The put hook, before JAX stores: mark the key pending (a tiny local write on the compiling thread)."""
-        with open(os.path.join(self._pending, key), "wb"):
-            pass
+        for folder in (self._pending, self._unverified):
+            if folder is not None:
+                with open(os.path.join(folder, key), "wb"):
+                    pass
 
     def submit(self, key: str, sha256: str, size_bytes: int) -> None:
         """Upload a write the attestor found whole and equal to what JAX put; never blocks."""
@@ -127,13 +144,20 @@ class Uploader:
             self._done(key)  # another writer's entry is there: the root keeps the first
             return
         self._tier.add(uploaded=1, uploaded_bytes=size, uploaded_s=time.monotonic() - started)
-        if self._key is not None and not signing.write(root, self._key.sign(key, sha, size,
-                                                                            writer=self._writer_name())):
-            log.warning("jaxcache: %s already has a signature object; this write is left unsigned", key)
+        if self._key is not None:
+            if signing.write(root, self._key.sign(key, sha, size, writer=self._writer_name())):
+                self._unmark(self._unverified, key)  # signed: exactly these bytes, in the root and here
+            else:
+                log.warning("jaxcache: %s already has a signature object; this write is left unsigned", key)
         self._done(key)
 
     def _done(self, key: str) -> None:
-        try:
-            os.unlink(os.path.join(self._pending, key))
-        except FileNotFoundError:
-            pass
+        self._unmark(self._pending, key)
+
+    @staticmethod
+    def _unmark(folder: str | None, key: str) -> None:
+        if folder is not None:
+            try:
+                os.unlink(os.path.join(folder, key))
+            except FileNotFoundError:
+                pass
