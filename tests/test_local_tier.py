@@ -20,7 +20,8 @@ from jaxcache.cli import main
 from jaxcache.client import options as client_options
 from jaxcache.errors import InvalidInputError
 from jaxcache.storage import gcs as gcs_backend
-from test_client_service import JOB, PUBLIC, _env
+from test_client_service import ADMIN, JOB, PUBLIC, REPORT, _env, api, service  # noqa: F401 - a fixture
+from test_verified_loads import _age, _entry
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 
@@ -272,3 +273,25 @@ def test_a_signed_nodes_own_unsigned_write_gives_way_to_a_signed_copy(tmp_path, 
     assert b["stats"]["hits"] == 1 and b["skipped"] == {}, b
     assert entries(local) == {name: root_objects(gcs_client, gcs_bucket)[name]}
     assert os.listdir(local / ".jaxcache" / "unverified") == []
+
+
+def test_what_the_service_judges_bad_leaves_an_attested_node_at_its_next_start(service, tmp_path):  # noqa: F811
+    base, cache = service  # the real service over a local root (the tier works the same over any root)
+    attested = ("--verify", "attested", "--service-url", base, "--token", REPORT)
+    run_job(str(cache), "off", "writer")
+    node = tmp_path / "node"
+    first, _ = run_job(str(cache), node, "careful", *attested)
+    assert first["local_dir"] == str(node / "attested") and first["local"]["fetched"] == len(PROGRAMS), first
+    affine, gram = _entry(cache, "affine"), _entry(cache, "gram")
+    gram.write_bytes(affine.read_bytes())  # planted in the root: another program's bytes under gram's key
+    _age(gram)
+    api(base, "/v1/caches/shared/rescan", ADMIN, "POST")
+    api(base, "/v1/caches/shared/verify", ADMIN, "POST")
+    key = gram.name.removesuffix("-cache")
+    assert {p["key"] for p in api(base, "/v1/caches/shared/integrity")["problems"]} == {key}
+
+    again, _ = run_job(str(cache), node, "careful", *attested)
+    # The node's good copy goes too: the service's verdict is about the key, and the job compiles it.
+    assert again["local"]["dropped"] == 1 and again["local"]["loaded"] == len(PROGRAMS) - 1, again["local"]
+    assert set(again["skipped"]) == {key} and again["stats"]["misses"] == 1, again
+    assert (node / "attested" / gram.name).read_bytes() != affine.read_bytes()
