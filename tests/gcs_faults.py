@@ -1,4 +1,4 @@
-"""A fault-injecting HTTP proxy in front of fake-gcs-server: GCS answering 429/503, losing or cutting responses.
+"""A fault-injecting HTTP proxy in front of fake-gcs-server: GCS answering 403/429/503, losing or cutting responses.
 
 Everything is forwarded to the emulator unchanged unless a test asked otherwise (:meth:`GcsFaults.fail`,
 :meth:`GcsFaults.drop`, :meth:`GcsFaults.tear`), so the real google-cloud-storage client, its retries and the real
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 # Per connection, not end to end: never forwarded (http.client and the handler frame each side themselves).
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
                "content-length", "host"}
-_REASONS = {429: "rateLimitExceeded", 503: "backendError"}
+_REASONS = {403: "forbidden", 429: "rateLimitExceeded", 503: "backendError"}
 
 
 @dataclass

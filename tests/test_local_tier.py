@@ -295,3 +295,14 @@ def test_what_the_service_judges_bad_leaves_an_attested_node_at_its_next_start(s
     assert again["local"]["dropped"] == 1 and again["local"]["loaded"] == len(PROGRAMS) - 1, again["local"]
     assert set(again["skipped"]) == {key} and again["stats"]["misses"] == 1, again
     assert (node / "attested" / gram.name).read_bytes() != affine.read_bytes()
+
+
+def test_a_root_that_refuses_the_listing_does_not_stop_the_node(tmp_path, faults, gcs_client, gcs_bucket):
+    root = f"gs://{gcs_bucket}/jc"
+    node = tmp_path / "node"
+    run_job(root, node, "train")
+    faults.fail(1000, 403, method="GET", path=r"/o\?")  # the job's identity may not list the bucket (any more)
+    again, err = run_job(root, node, "train")
+    assert "could not list the shared root" in err, err
+    assert again["stats"]["hits"] == len(PROGRAMS) and again["local"]["loaded"] == len(PROGRAMS), again
+    assert again["local"]["dropped"] == 0

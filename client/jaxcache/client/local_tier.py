@@ -261,9 +261,14 @@ class LocalTier:
         local = [k for k in local if k not in pending]
         if not local:
             return []
-        listed = {name for name, *_ in self._root().list_stats(("-cache", signing.SIG_SUFFIX))}
-        drop = [k for k in local if entry.cache_name(k) not in listed or k in bad
-                or (need_signature and (signing.sig_name(k) not in listed or k in unverified))]
+        try:
+            listed: set[str] | None = {name for name, *_ in self._root().list_stats(("-cache", signing.SIG_SUFFIX))}
+        except Exception as exc:  # noqa: BLE001 - an unreachable root must not stop the job: JAX compiles what it lacks
+            listed = None
+            log.warning("jaxcache: could not list the shared root to revalidate %s (%s); only copies known bad are"
+                        " dropped this time", self.directory, exc)
+        drop = [k for k in local if k in bad or (need_signature and k in unverified) or (listed is not None and (
+            entry.cache_name(k) not in listed or (need_signature and signing.sig_name(k) not in listed)))]
         if drop:
             with self._lock:
                 for key in drop:
