@@ -193,7 +193,7 @@ def test_upload_failures_never_fail_the_job(tmp_path, faults, gcs_client, gcs_bu
 
 def test_the_local_directory_stays_under_its_cap(tmp_path, gcs_client, gcs_bucket):
     root = f"gs://{gcs_bucket}/jc"
-    a, _ = run_job(root, tmp_path / "node-a", "train")
+    run_job(root, tmp_path / "node-a", "train")
     sizes = sorted(len(v) for v in entries(tmp_path / "node-a" / "unchecked").values())
     cap = sizes[-1] + sizes[-2]  # room for two entries, never for all four
     node_b = tmp_path / "node-b"
@@ -306,3 +306,25 @@ def test_a_root_that_refuses_the_listing_does_not_stop_the_node(tmp_path, faults
     assert "could not list the shared root" in err, err
     assert again["stats"]["hits"] == len(PROGRAMS) and again["local"]["loaded"] == len(PROGRAMS), again
     assert again["local"]["dropped"] == 0
+
+
+def test_processes_on_one_node_share_its_directory(tmp_path, gcs_client, gcs_bucket):
+    """Several processes start at once on an empty node: each program is fetched and admitted whole whoever wins,
+    every process hits, and the directory ends with one whole entry (and its -atime file) per program."""
+    root = f"gs://{gcs_bucket}/jc"
+    run_job(root, tmp_path / "node-a", "train")
+    node = tmp_path / "node"
+    procs = [subprocess.Popen([sys.executable, str(JOB), "--cache-dir", root, "--job", f"rank{i}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env(JAXCACHE_LOCAL_DIR=str(node))) for i in range(3)]
+    outs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stdout + stderr
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert all(o["stats"]["hits"] == len(PROGRAMS) and o["stats"]["misses"] == 0 for o in outs), outs
+    assert sum(o["local"]["fetched"] + o["local"]["loaded"] for o in outs) == len(PROGRAMS) * len(procs)
+    stored = {k: v for k, v in root_objects(gcs_client, gcs_bucket).items() if k.endswith("-cache")}
+    assert entries(node / "unchecked") == stored
+    assert len(list((node / "unchecked").glob("*-atime"))) == len(PROGRAMS)
+    assert not [p for p in (node / "unchecked").iterdir() if p.name.startswith(".jaxcache-tmp-")]
