@@ -141,17 +141,34 @@ def test_a_jammed_entry_is_not_claimed_by_the_next_run_either(tmp_path):
 
 def test_a_gcs_root_hands_xla_no_path_on_either_jax(tmp_path, gcs_bucket, interpreter):
     """JAX >= 0.11 keeps XLA's autotune cache on by default, under the cache root: for gs:// XLA would be handed
-    gs://bucket/.../xla_gpu_per_fusion_autotune_cache_dir, which it cannot write. The client turns it off."""
+    gs://bucket/.../xla_gpu_per_fusion_autotune_cache_dir, which it cannot write. Without a node-local tier the
+    client turns it off."""
     python, extra = interpreter
     url = f"gs://{gcs_bucket}/jax-cache"
     # cwd: a JAX without etils (the second venv has no gcs extras) treats gs://... as a relative local path.
-    proc = run_job("--cache-dir", url, "--watch-xla-caches", "--programs", "affine", python=python,
-                   env=clean_env(**extra), cwd=tmp_path)
+    proc = run_job("--cache-dir", url, "--watch-xla-caches", "--programs", "affine", "--local-dir", "off",
+                   python=python, env=clean_env(**extra), cwd=tmp_path)
     out = result(proc)
     assert out["xla_caches"] == "none" and out["fingerprint"]["xla_caches"] == "none", out
     assert out["xla_cache_paths"] == [], "JAX told XLA to keep a sub-cache under the bucket"
     notices = [line for line in proc.stderr.splitlines() if "XLA's own sub-caches" in line]
     assert len(notices) == 1 and url in notices[0] and notices[0].startswith("INFO"), proc.stderr
+
+
+def test_with_a_local_tier_xla_keeps_its_autotune_cache_on_the_node_from_jax_0_11(tmp_path, gcs_bucket, interpreter):
+    """A node-local tier gives XLA's sub-caches a local path (its own, per node): jax >= 0.11 keeps its default
+    there, as for a local root; before, where the path enters keys, they stay off."""
+    python, extra = interpreter
+    local = tmp_path / "node"
+    proc = run_job("--cache-dir", f"gs://{gcs_bucket}/jax-cache", "--watch-xla-caches", "--programs", "affine",
+                   "--local-dir", str(local), python=python, env=clean_env(**extra), cwd=tmp_path)
+    out = result(proc)
+    assert out["local_dir"] == str(local / "unchecked"), out
+    assert "XLA's own sub-caches" not in proc.stderr
+    if tuple(int(p) for p in out["fingerprint"]["jax"].split(".")[:2]) < (0, 11):
+        assert out["xla_caches"] == "none" and out["xla_cache_paths"] == []
+    else:
+        assert out["xla_cache_paths"] and all(out["local_dir"] in said for said in out["xla_cache_paths"]), out
 
 
 def test_a_local_root_keeps_jax_defaults_for_xla_caches(tmp_path, interpreter):
@@ -168,14 +185,19 @@ def test_a_local_root_keeps_jax_defaults_for_xla_caches(tmp_path, interpreter):
 def test_asking_for_xla_sub_caches_on_a_gcs_root_is_refused():
     args = dict(job=None, min_compile_time_secs=None, min_entry_size_bytes=None, max_size_bytes=None,
                 service_url=None, token=None, trust="strict", env={})
+    off = {**args, "env": {"JAXCACHE_LOCAL_DIR": "off"}}
     for asked in ("all", "xla_gpu_per_fusion_autotune_cache_dir"):
         with pytest.raises(InvalidInputError, match="XLA cannot write"):
-            client_options.resolve("gs://b/x", xla_caches=asked, default_xla_caches=None, **args)
+            client_options.resolve("gs://b/x", xla_caches=asked, default_xla_caches=None, **off)
+        # With a node-local tier they go there; should none be writable after all, they are off again.
+        tiered = client_options.resolve("gs://b/x", xla_caches=asked, default_xla_caches=None, **args)
+        assert tiered.jax_settings("/node/dir")["jax_persistent_cache_enable_xla_caches"] == asked
+        assert tiered.jax_settings()["jax_persistent_cache_enable_xla_caches"] == "none"
     for default in (None, "none"):
         resolved = client_options.resolve("gs://b/x", xla_caches=None, default_xla_caches=default, **args)
         assert resolved.jax_settings()["jax_persistent_cache_enable_xla_caches"] == "none"
     assert client_options.resolve("gs://b/x", xla_caches="none", default_xla_caches=None, **args).xla_caches == "none"
-    proc = run_job("--cache-dir", "gs://bucket/jax", "--xla-caches", "all", expect=3)
+    proc = run_job("--cache-dir", "gs://bucket/jax", "--xla-caches", "all", "--local-dir", "off", expect=3)
     assert "InvalidInputError" in proc.stderr and "leave it unset" in proc.stderr
 
 

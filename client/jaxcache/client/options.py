@@ -85,6 +85,8 @@ class ClientOptions:
             values["jax_persistent_cache_min_entry_size_bytes"] = self.min_entry_size_bytes
         if self.xla_caches is not None:
             values["jax_persistent_cache_enable_xla_caches"] = self.xla_caches
+        if jax_dir is None and self.is_gcs:  # no local tier after all: XLA must not be handed a gs:// path
+            values["jax_persistent_cache_enable_xla_caches"] = "none"
         if jax_dir is not None:  # JAX's own LRU keeps the node-local tier's -atime files; the client evicts too
             values["jax_compilation_cache_max_size"] = self.max_size_bytes or DEFAULT_LOCAL_MAX_BYTES
         elif self.max_size_bytes is not None and not self.is_gcs:  # gs:// with no local tier after all: no LRU
@@ -164,13 +166,15 @@ def resolve(
 
     if xla_caches is not None and (not isinstance(xla_caches, str) or not xla_caches):
         raise InvalidInputError(f"xla_caches={xla_caches!r}: use 'none', 'all' or a comma-separated list")
-    if is_gcs_url(directory):
+    if is_gcs_url(directory) and not local_dirs:
         # JAX hands XLA's C++ layer "<root>/xla_gpu_per_fusion_autotune_cache_dir" (and a kernel cache file), which
-        # it can only write on a local path: a GPU job on a bucket would fail or lose its autotuning results.
+        # it can only write on a local path: a GPU job on a bucket would fail or lose its autotuning results. With
+        # a node-local tier they live there, per node (on jax < 0.11 default_xla_caches keeps them off anyway).
         if xla_caches is not None and xla_caches != "none":
             raise InvalidInputError(
                 f"xla_caches={xla_caches!r} hands XLA's own sub-caches a path under the bucket, which XLA cannot"
-                " write; leave it unset for gs:// roots (the client turns them off there)"
+                " write; leave it unset for gs:// roots (the client turns them off there), or give the job a"
+                " node-local tier (local_dir=, JAXCACHE_LOCAL_DIR)"
             )
         default_xla_caches = "none"
     every_s = _float("JAXCACHE_RECORD_EVERY_S", env.get("JAXCACHE_RECORD_EVERY_S") or str(DEFAULT_RECORD_EVERY_S))
@@ -278,10 +282,11 @@ log = logging.getLogger("jaxcache.client")
 _xla_caches_notice_given = False
 
 
-def say_xla_caches_off(options: ClientOptions) -> None:
-    """Once per process, at INFO: a gs:// root gets no XLA sub-caches (resolve turned them off)."""
+def say_xla_caches_off(options: ClientOptions, jax_dir: str | None = None) -> None:
+    """Once per process, at INFO: a gs:// root read without a node-local tier (``jax_dir``) gets no XLA
+    sub-caches (resolve or jax_settings turned them off)."""
     global _xla_caches_notice_given
-    if not options.is_gcs or _xla_caches_notice_given:
+    if not options.is_gcs or jax_dir is not None or _xla_caches_notice_given:
         return
     _xla_caches_notice_given = True
     log.info("jaxcache: %s is a bucket: XLA's own sub-caches (GPU autotuning results, kernels) are off"

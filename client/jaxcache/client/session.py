@@ -373,7 +373,6 @@ def enable_cache(
         ji.check_not_compiled(options.cache_dir)  # the first thing: a refused call changes nothing
         compression = ji.compression_library()
         trust_mod.check(options.cache_dir, mode=options.trust, is_gcs=options.is_gcs)
-        say_xla_caches_off(options)
         loads = None
         writer = RecordWriter(options.cache_dir)  # its root (opened when first used) is the signed judge's too
         if options.verify != "off":
@@ -381,6 +380,7 @@ def enable_cache(
 
             loads = load_policy(options, writer.storage)
         tier_dir = open_local_dir(options, loads)
+        say_xla_caches_off(options, tier_dir)
         ji.apply(options.jax_settings(tier_dir))
         session = CacheSession(options, compression, loads, writer, tier_dir)
         session._start()
