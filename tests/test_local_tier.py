@@ -21,20 +21,22 @@ from jaxcache.client import options as client_options
 from jaxcache.errors import InvalidInputError
 from jaxcache.storage import gcs as gcs_backend
 from test_client_service import ADMIN, JOB, PUBLIC, REPORT, _env, api, service  # noqa: F401 - a fixture
-from test_verified_loads import _age, _entry
+from test_verified_loads import _age, _entry, interpreter  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 
 PROGRAMS = ("affine", "gram", "wave", "grad")
 
 
-def run_job(root: str, local: Path | str, job: str, *args: str, settle: bool = True, **env: str) -> tuple[dict, str]:
-    """One job on one "node" (its local directory); its JSON line (``settle``: once its writes are attested and
-    uploaded) and its stderr."""
+def run_job(root: str, local: Path | str, job: str, *args: str, settle: bool = True,
+            using: tuple[str, dict[str, str]] = (sys.executable, {}), **env: str) -> tuple[dict, str]:
+    """One job on one "node" (its local directory), on the interpreter and environment of ``using``; its JSON line
+    (``settle``: once its writes are attested and uploaded) and its stderr."""
     settled = ("--settle",) if settle else ()
-    proc = subprocess.run([sys.executable, str(JOB), "--cache-dir", root, "--job", job, *settled, *args],
+    python, extra = using
+    proc = subprocess.run([python, str(JOB), "--cache-dir", root, "--job", job, *settled, *args],
                           capture_output=True, text=True, timeout=300,
-                          env=_env(JAXCACHE_LOCAL_DIR=str(local), **env))
+                          env={**_env(JAXCACHE_LOCAL_DIR=str(local), **env), **extra})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
@@ -66,10 +68,11 @@ def faults(fake_gcs, monkeypatch) -> Iterator[GcsFaults]:
         proxy.close()
 
 
-def test_node_b_gets_node_a_programs_as_hits(tmp_path, capsys, gcs_client, gcs_bucket):
+def test_node_b_gets_node_a_programs_as_hits(tmp_path, capsys, gcs_client, gcs_bucket, interpreter):  # noqa: F811
+    """On every supported JAX (each has its own LRU code: jax 0.10's eviction needs every entry's -atime file)."""
     root = f"gs://{gcs_bucket}/jc"
     node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
-    a, _ = run_job(root, node_a, "train")
+    a, _ = run_job(root, node_a, "train", using=interpreter)
     assert a["stats"]["misses"] == len(PROGRAMS) and a["stats"]["writes"] == len(PROGRAMS), a["stats"]
     assert a["local_dir"] == str(node_a / "unchecked") and a["cache_dir"] == root
     assert a["local"]["uploaded"] == len(PROGRAMS) and a["local"]["upload_failed"] == 0, a["local"]
@@ -80,13 +83,13 @@ def test_node_b_gets_node_a_programs_as_hits(tmp_path, capsys, gcs_client, gcs_b
     assert {signing.sig_name(k.removesuffix("-cache")) for k in written} <= set(stored)
 
     # Node B, empty, after node A's job exited: every program is a hit, fetched once, then read locally.
-    b, _ = run_job(root, node_b, "train")
+    b, _ = run_job(root, node_b, "train", using=interpreter)
     assert b["stats"]["hits"] == len(PROGRAMS) and b["stats"]["misses"] == 0, b["stats"]
     assert b["local"]["fetched"] == len(PROGRAMS) and b["local"]["loaded"] == 0, b["local"]
     assert b["local"]["fetched_bytes"] == sum(len(v) for v in written.values())
     assert entries(node_b / "unchecked") == written
     assert "local tier" in b["summary"] and "4 fetched on demand" in b["summary"], b["summary"]
-    again, _ = run_job(root, node_b, "train")
+    again, _ = run_job(root, node_b, "train", using=interpreter)
     assert again["stats"]["hits"] == len(PROGRAMS) and again["local"]["loaded"] == len(PROGRAMS), again["local"]
     assert again["local"]["fetched"] == 0 and again["local"]["dropped"] == 0, again["local"]
     # JAX's own LRU runs on the local directory: each entry has its -atime file, under JAX's .lockfile.
@@ -101,7 +104,8 @@ def test_node_b_gets_node_a_programs_as_hits(tmp_path, capsys, gcs_client, gcs_b
     assert main(["doctor", str(node_b / "unchecked")]) == 0, capsys.readouterr()
 
     # A job that checks signatures admits into a directory of its own, never one filled unchecked.
-    signed, _ = run_job(root, node_b, "careful", "--verify", "signed", JAXCACHE_TRUSTED_KEYS=PUBLIC)
+    signed, _ = run_job(root, node_b, "careful", "--verify", "signed", using=interpreter,
+                        JAXCACHE_TRUSTED_KEYS=PUBLIC)
     assert signed["local_dir"].startswith(str(node_b / "signed-")), signed["local_dir"]
     assert signed["stats"]["hits"] == len(PROGRAMS) and signed["local"]["fetched"] == len(PROGRAMS)
     assert signed["skipped"] == {}
@@ -191,15 +195,15 @@ def test_upload_failures_never_fail_the_job(tmp_path, faults, gcs_client, gcs_bu
     assert b["stats"]["hits"] == len(PROGRAMS) and b["local"]["fetched"] == len(PROGRAMS), b["local"]
 
 
-def test_the_local_directory_stays_under_its_cap(tmp_path, gcs_client, gcs_bucket):
+def test_the_local_directory_stays_under_its_cap(tmp_path, gcs_client, gcs_bucket, interpreter):  # noqa: F811
     root = f"gs://{gcs_bucket}/jc"
-    run_job(root, tmp_path / "node-a", "train")
+    run_job(root, tmp_path / "node-a", "train", using=interpreter)  # keys are per JAX version
     sizes = sorted(len(v) for v in entries(tmp_path / "node-a" / "unchecked").values())
     cap = sizes[-1] + sizes[-2]  # room for two entries, never for all four
     node_b = tmp_path / "node-b"
     node_b.mkdir(mode=0o755)  # a folder of the user's keeps its mode; the tier's own subdirectory is private
     node_b.chmod(0o755)
-    b, _ = run_job(root, node_b, "train", "--max-size-bytes", str(cap))
+    b, _ = run_job(root, node_b, "train", "--max-size-bytes", str(cap), using=interpreter)
     assert (node_b.stat().st_mode & 0o777, (node_b / "unchecked").stat().st_mode & 0o777) == (0o755, 0o700)
     assert b["stats"]["hits"] == len(PROGRAMS) and b["local"]["evicted"] >= 1, b["local"]
     kept = entries(node_b / "unchecked")
