@@ -120,8 +120,14 @@ def test_a_prune_on_the_root_reaches_the_node_at_its_next_start(tmp_path, gcs_cl
     local = node_b / "unchecked"
     (gram,) = [n for n in entries(local) if n.startswith("jit_gram-")]
     gcs_client.bucket(gcs_bucket).blob(f"jc/{gram}").delete()  # what a prune (or DELETE) does to the root
+    # What a process killed mid-admission leaves: swept once old, left alone while another could be writing it.
+    stale, fresh = local / ".jaxcache-tmp-stale", local / ".jaxcache-tmp-fresh"
+    for path in (stale, fresh):
+        path.write_bytes(b"half an entry")
+    _age(stale)
 
     b, _ = run_job(root, node_b, "train", "--programs", "affine,wave")
+    assert not stale.exists() and fresh.exists()
     assert b["local"]["dropped"] == 1 and b["local"]["loaded"] == 2, b["local"]
     assert gram not in entries(local) and not (local / gram.replace("-cache", "-atime")).exists()
     assert b["stats"]["hits"] == 2 and b["stats"]["misses"] == 0, b["stats"]

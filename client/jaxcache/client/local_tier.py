@@ -38,6 +38,8 @@ ATIME_SUFFIX = "-atime"
 PENDING_DIR = os.path.join(".jaxcache", "pending")  # keys JAX wrote here whose upload has not finished
 UNVERIFIED_DIR = os.path.join(".jaxcache", "unverified")  # signed directories: local writes no signature covers
 LOCK_TIMEOUT_S = 10.0  # JAX's own lock timeout
+TEMP_PREFIXES = (".jaxcache-tmp-", ".jaxcache-probe-")  # LocalStorage.write_atomic's, and open_dir's
+TEMP_AGE_S = 3600.0
 
 
 def policy_name(policy: LoadPolicy | None, trusted: TrustedKeys) -> str:
@@ -251,13 +253,24 @@ class LocalTier:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.directory, name))
 
+    def _sweep(self, names: list[str]) -> None:
+        """Remove temporary files a process killed mid-admission left behind (never read by JAX, but never evicted
+        either); one younger than :data:`TEMP_AGE_S` may be another process's admission under way."""
+        for name in names:
+            path = os.path.join(self.directory, name)
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - os.stat(path).st_mtime > TEMP_AGE_S:
+                    os.unlink(path)
+
     def revalidate(self, bad: Collection[str], *, need_signature: bool, pending: Collection[str],
                    unverified: Collection[str] = ()) -> list[str]:
         """Drop local copies of keys the root no longer has, that are in ``bad``, or (``need_signature``) whose
         signature left the root or that were written here ``unverified``, keeping those JAX wrote here whose
         upload is still ``pending``. One listing of the root, made before taking the lock. Returns the keys
         dropped."""
-        local = [n.removesuffix("-cache") for n in os.listdir(self.directory) if n.endswith("-cache")]
+        names = os.listdir(self.directory)
+        self._sweep([n for n in names if n.startswith(TEMP_PREFIXES)])
+        local = [n.removesuffix("-cache") for n in names if n.endswith("-cache")]
         local = [k for k in local if k not in pending]
         if not local:
             return []
