@@ -262,7 +262,7 @@ class LocalTier:
                 if time.time() - os.stat(path).st_mtime > TEMP_AGE_S:
                     os.unlink(path)
 
-    def revalidate(self, bad: Collection[str], *, need_signature: bool, pending: Collection[str],
+    def revalidate(self, bad: Collection[str], *, need_signature: bool, pending: Callable[[], Collection[str]],
                    unverified: Collection[str] = ()) -> list[str]:
         """Drop local copies of keys the root no longer has, that are in ``bad``, or (``need_signature``) whose
         signature left the root or that were written here ``unverified``, keeping those JAX wrote here whose
@@ -270,8 +270,10 @@ class LocalTier:
         dropped."""
         names = os.listdir(self.directory)
         self._sweep([n for n in names if n.startswith(TEMP_PREFIXES)])
-        local = [n.removesuffix("-cache") for n in names if n.endswith("-cache")]
-        local = [k for k in local if k not in pending]
+        # In this order: a key another process is writing is marked pending before its entry appears, and
+        # unmarked only once the root has it, so a key listed here is either pending now or in the root below.
+        waiting = set(pending())
+        local = [k for n in names if n.endswith("-cache") and (k := n.removesuffix("-cache")) not in waiting]
         if not local:
             return []
         try:

@@ -38,16 +38,15 @@ class NodeTier:
 
     def start(self) -> None:
         """Revalidate the local copies, resume earlier processes' uploads, then answer JAX's lookups."""
-        pending = self.uploader.pending()
         policy = self.policy
         unverified = set(self.uploader.unverified())
-        dropped = self.tier.revalidate(() if policy is None else set(policy.bad), pending=pending,
+        dropped = self.tier.revalidate(() if policy is None else set(policy.bad), pending=self.uploader.pending,
                                        need_signature=policy is not None and policy.mode == "signed",
                                        unverified=unverified)
         # Dropped here, or evicted since: their marks go too.
         self.uploader.forget_unverified([k for k in unverified if k in dropped or not os.path.exists(
             os.path.join(self.tier.directory, entry.cache_name(k)))])
-        self.uploader.resume(pending)
+        self.uploader.resume(self.uploader.pending())
         self.tier.install()  # it judges what it fetches; its local files are trusted as admitted
 
     def counts(self) -> LocalTierCounts:
