@@ -72,10 +72,12 @@ def test_node_b_gets_node_a_programs_as_hits(tmp_path, capsys, gcs_client, gcs_b
     """On every supported JAX (each has its own LRU code: jax 0.10's eviction needs every entry's -atime file)."""
     root = f"gs://{gcs_bucket}/jc"
     node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
-    a, _ = run_job(root, node_a, "train", using=interpreter)
+    # Node A's job ends right after compiling: its uploads finish in the exit's bounded wait.
+    a, _ = run_job(root, node_a, "train", settle=False, using=interpreter)
     assert a["stats"]["misses"] == len(PROGRAMS) and a["stats"]["writes"] == len(PROGRAMS), a["stats"]
     assert a["local_dir"] == str(node_a / "unchecked") and a["cache_dir"] == root
-    assert a["local"]["uploaded"] == len(PROGRAMS) and a["local"]["upload_failed"] == 0, a["local"]
+    at_exit = final_record(gcs_client, gcs_bucket, a)["local"]
+    assert at_exit["uploaded"] == len(PROGRAMS) and at_exit["upload_failed"] == at_exit["upload_pending"] == 0, at_exit
     stored = root_objects(gcs_client, gcs_bucket)
     written = entries(node_a / "unchecked")
     # What JAX wrote locally is in the root, byte for byte, with the writer's signature beside each entry.

@@ -81,11 +81,18 @@ class Uploader:
     def _enqueue(self, key: str, put: tuple[str, int] | None) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="jaxcache-upload", daemon=True)
+                thread = threading.Thread(target=self._run, name="jaxcache-upload", daemon=True)
                 try:
-                    self._thread.start()
-                except RuntimeError:  # at interpreter exit Python >= 3.12 starts no threads: next process
-                    return
+                    thread.start()
+                except RuntimeError:  # at interpreter exit Python >= 3.12 starts no threads: upload here
+                    started = False
+                else:
+                    self._thread, started = thread, True
+            else:
+                started = True
+        if not started:
+            self._handle(key, put)  # on the attestor's thread, which the exit's bounded wait covers
+            return
         try:
             self._queue.put_nowait((key, put))
         except queue.Full:
@@ -111,14 +118,18 @@ class Uploader:
         while True:
             key, put = self._queue.get()
             try:
-                self._upload(key, put)
-            except Exception as exc:  # noqa: BLE001 - a failed upload never fails the job
-                self._tier.add(upload_failed=1)
-                self._tier.warn_once("upload", "jaxcache: could not upload %s to the shared root (%s); it stays in"
-                                     " %s and the next job on this node tries again (uploads that fail are counted"
-                                     " in the run record)", key, exc, self._tier.directory)
+                self._handle(key, put)
             finally:
                 self._queue.task_done()
+
+    def _handle(self, key: str, put: tuple[str, int] | None) -> None:
+        try:
+            self._upload(key, put)
+        except Exception as exc:  # noqa: BLE001 - a failed upload never fails the job
+            self._tier.add(upload_failed=1)
+            self._tier.warn_once("upload", "jaxcache: could not upload %s to the shared root (%s); it stays in %s"
+                                 " and the next job on this node tries again (uploads that fail are counted in the"
+                                 " run record)", key, exc, self._tier.directory)
 
     def _upload(self, key: str, put: tuple[str, int] | None) -> None:
         name = entry.cache_name(key)
