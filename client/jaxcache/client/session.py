@@ -201,7 +201,7 @@ class CacheSession:
         self._closed = True
         self._stop.set()
         try:
-            self.wait_for_attestations()
+            self._attestor.drain(ATTEST_WAIT_S)  # then the uploads, within their own bound
             if self._tier is not None:
                 self._tier.uploader.drain(self.options.upload_wait_s, final=True)
             self.check_sample()
@@ -317,8 +317,8 @@ def enable_cache(
             limit; unset keeps JAX's default).
         xla_caches: ``jax_persistent_cache_enable_xla_caches``. Default ``"none"`` on jax < 0.11, where the
             XLA autotune-cache path enters keys and a cache mounted elsewhere would never hit; JAX's default on
-            later versions. Always ``"none"`` for gs:// roots (anything else is refused): XLA's C++ layer would be
-            handed a gs:// path it cannot write.
+            later versions. ``"none"`` for gs:// roots read without a node-local tier (anything else is refused
+            there): XLA's C++ layer would be handed a gs:// path it cannot write.
         max_size_bytes: turn on JAX's own LRU eviction at this size: on the node-local tier when there is one
             (default 16 GiB there), else on a local root (refused for gs:// without a local tier).
         service_url: the jaxcache service (``JAXCACHE_SERVICE_URL``) to send run records to, fail-open.
