@@ -127,9 +127,16 @@ def test_a_prune_on_the_root_reaches_the_node_at_its_next_start(tmp_path, gcs_cl
     for path in (stale, fresh):
         path.write_bytes(b"half an entry")
     _age(stale)
+    # A write JAX left torn in a process that died before its upload: old, it is removed, never uploaded.
+    torn = "jit_torn-" + "0" * 64
+    (local / f"{torn}-cache").write_bytes(b"\x28\xb5\x2f\xfd torn")
+    (local / ".jaxcache" / "pending" / torn).write_bytes(b"")
+    _age(local / f"{torn}-cache")
 
     b, _ = run_job(root, node_b, "train", "--programs", "affine,wave")
     assert not stale.exists() and fresh.exists()
+    assert not (local / f"{torn}-cache").exists() and not (local / ".jaxcache" / "pending" / torn).exists()
+    assert f"{torn}-cache" not in root_objects(gcs_client, gcs_bucket)
     assert b["local"]["dropped"] == 1 and b["local"]["loaded"] == 2, b["local"]
     assert gram not in entries(local) and not (local / gram.replace("-cache", "-atime")).exists()
     assert b["stats"]["hits"] == 2 and b["stats"]["misses"] == 0, b["stats"]

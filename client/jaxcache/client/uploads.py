@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from jaxcache import entry, signing
-from jaxcache.client.local_tier import PENDING_DIR, UNVERIFIED_DIR, LocalTier
+from jaxcache.client.local_tier import PENDING_DIR, TEMP_AGE_S, UNVERIFIED_DIR, LocalTier
 from jaxcache.errors import PreconditionFailedError
 from jaxcache.storage import Storage
 
@@ -140,10 +140,13 @@ class Uploader:
             return
         sha, size = hashlib.sha256(data).hexdigest(), len(data)
         if put is None and entry.validate(data).status is not entry.Status.OK:
-            # A process that died inside JAX's write (not atomic) left it torn: never upload or keep it.
-            with self._tier.lock():
-                self._tier.remove(key)
-            self._done(key)
+            # Torn: JAX's write (not atomic) is under way in another process, or its process died inside it. Never
+            # uploaded; removed once old enough that no write can still be going on.
+            info = self._tier.storage.stat(name)
+            if info is not None and time.time() - info.mtime_s > TEMP_AGE_S:
+                with self._tier.lock():
+                    self._tier.remove(key)
+                self._done(key)
             return
         if put is not None and (sha, size) != put:
             self._done(key)  # replaced since the attestor read it: not the bytes this process put
