@@ -210,6 +210,26 @@ def test_upload_failures_never_fail_the_job(tmp_path, faults, gcs_client, gcs_bu
     assert b["stats"]["hits"] == len(PROGRAMS) and b["local"]["fetched"] == len(PROGRAMS), b["local"]
 
 
+def test_the_cap_never_evicts_what_waits_for_its_upload(tmp_path, faults, gcs_client, gcs_bucket):
+    root = f"gs://{gcs_bucket}/jc"
+    run_job(root, tmp_path / "node-x", "other", "--programs", "wave,grad")
+    node_a = tmp_path / "node-a"
+    faults.fail(10_000, 503, method="POST", body=rb'-cache"')  # uploads of entries fail: node A's own stay pending
+    run_job(root, node_a, "train", "--programs", "affine,gram", settle=False, JAXCACHE_UPLOAD_WAIT_S="1")
+    own = set(entries(node_a / "unchecked"))
+    assert len(own) == 2
+    # A cap too small for anything: fetching the root's programs evicts all it may, and never an entry only this
+    # node holds, which is still to reach the root.
+    b, _ = run_job(root, node_a, "train", "--programs", "wave,grad", "--max-size-bytes", "1", settle=False,
+                   JAXCACHE_UPLOAD_WAIT_S="1")
+    assert b["stats"]["hits"] == 2 and b["local"]["fetched"] == 2 and b["local"]["evicted"] >= 1, b["local"]
+    assert own <= set(entries(node_a / "unchecked"))
+    faults.clear()
+    again, _ = run_job(root, node_a, "train", "--programs", "affine,gram")
+    assert again["local"]["uploaded"] == 2, again["local"]
+    assert own <= set(root_objects(gcs_client, gcs_bucket))
+
+
 def test_the_local_directory_stays_under_its_cap(tmp_path, gcs_client, gcs_bucket, interpreter):  # noqa: F811
     root = f"gs://{gcs_bucket}/jc"
     run_job(root, tmp_path / "node-a", "train", using=interpreter)  # keys are per JAX version

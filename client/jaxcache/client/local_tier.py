@@ -217,9 +217,14 @@ class LocalTier:
             f.write(time.time_ns().to_bytes(8, "little"))
 
     def _evict(self, additional: int) -> None:
-        """JAX's LRU eviction (``_evict_if_needed``), where it would not run: least recently used first."""
+        """JAX's LRU eviction (``_evict_if_needed``), where it would not run: least recently used first. Never an
+        entry whose upload is pending: this node may be the only place it is (it counts towards the cap, though)."""
         if self._max is None:
             return
+        try:
+            pinned = set(os.listdir(os.path.join(self.directory, PENDING_DIR)))
+        except FileNotFoundError:
+            pinned = set()
         found: list[tuple[int, str, int]] = []
         total = 0
         with os.scandir(self.directory) as it:
@@ -234,7 +239,8 @@ class LocalTier:
                 except FileNotFoundError:
                     atime = 0  # an entry whose atime was never written counts as the least recently used
                 total += size
-                found.append((atime, key, size))
+                if key not in pinned:
+                    found.append((atime, key, size))
         found.sort()
         for _atime, key, size in found:
             if total <= self._max - additional:
