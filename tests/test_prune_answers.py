@@ -72,12 +72,12 @@ def test_plan_candidates_share_one_string_per_function(svc):
     from sqlalchemy import select
 
     from jaxcache.service.catalog.models import EntryRow
-    from jaxcache.service.tasks import pruning
+    from jaxcache.service.tasks.prune_candidates import catalog_candidates
 
     catalog = svc.app.state.jaxcache.catalog
     with catalog.reader() as conn:
         keys = sorted(conn.execute(select(EntryRow.key).where(EntryRow.cache == "demo")).scalars())
-    candidates = pruning._candidates(catalog, "demo")
+    candidates = list(catalog_candidates(catalog, "demo"))
     assert sorted(c.key for c in candidates) == keys
     by_module: dict[str, list] = {}
     for c in candidates:

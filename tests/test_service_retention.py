@@ -33,7 +33,7 @@ from jaxcache.service.catalog.models import (
 from jaxcache.service.catalog.queries import coverage
 from jaxcache.service.ingestion import drain
 from jaxcache.service.ingestion.aggregates import refresh
-from jaxcache.service.tasks import pruning
+from jaxcache.service.tasks.prune_candidates import catalog_candidates
 from jaxcache.service.tasks.rescan import rescan
 from jaxcache.storage import open_storage
 from reports_support import DAY, H_ADMIN, H_READ, age, hit, put_record, run, settings, write
@@ -74,7 +74,7 @@ def _snapshot(catalog: Catalog, cache: str) -> dict:
         warmups = [(w["id"], w["hit_since"]) for w in coverage.list_warmups(conn, cache, limit=100)]
         detail = coverage.get_warmup(conn, cache, "wu1")
     candidates = sorted((c.key, c.last_hit_s, c.writer_jaxlib, c.last_use_s)
-                        for c in pruning._candidates(catalog, cache))
+                        for c in catalog_candidates(catalog, cache))
     assert detail is not None
     return {"stats": stats, "entries": entries, "warmups": warmups, "warmup_keys": detail["keys"],
             "candidates": candidates}

@@ -104,15 +104,15 @@ class CandidateColumns:
         return [c.module for c in self]
 
     @cached_property
-    def sizes(self) -> list[int]:
+    def sizes(self) -> Sequence[int]:
         return [c.size_bytes for c in self]
 
     @cached_property
-    def created(self) -> list[float]:
+    def created(self) -> Sequence[float]:
         return [c.created_s for c in self]
 
     @cached_property
-    def last_use(self) -> list[float]:
+    def last_use(self) -> Sequence[float]:
         """:attr:`Candidate.last_use_s` of each."""
         return [c.last_use_s for c in self]
 

@@ -55,7 +55,7 @@ class ListedCandidates(CandidateColumns):
         return [name[:-71] for name in self._names]
 
     @cached_property
-    def last_used(self) -> list[float]:
+    def last_used(self) -> Sequence[float]:
         """Each row's :attr:`Candidate.last_used_s`: the newest of creation and its ``-atime``'s value."""
         if not self._atime_ns:
             return self.created  # no -atime read: last use is creation (JAX's default, without its LRU)
@@ -63,7 +63,7 @@ class ListedCandidates(CandidateColumns):
         return [last_used_s(m, values.get(keys[i])) if i < self._entries else m for i, m in enumerate(self.created)]
 
     @cached_property
-    def last_use(self) -> list[float]:
+    def last_use(self) -> Sequence[float]:
         if not self._hits:
             return self.last_used
         hits, keys = self._hits, self.keys

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from sqlalchemy import Select, bindparam, delete, select
+from sqlalchemy import delete, select
 
 from jaxcache import entry as fmt
 from jaxcache import prune, signing
@@ -19,8 +19,8 @@ from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLock, ClusterLocks
 from jaxcache.service.catalog.models import EntryRow, PinRow
-from jaxcache.service.catalog.queries import verdicts as verdicts_q
 from jaxcache.service.tasks import memory, prune_audit, verification
+from jaxcache.service.tasks.prune_candidates import catalog_candidates
 from jaxcache.service.tasks.rescan import rescan
 from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
@@ -42,36 +42,6 @@ class PruneLocks:
 
     def get(self, cache: str) -> ClusterLock:
         return self._locks.get(f"prune:{cache}")
-
-
-def _candidates(catalog: Catalog, cache: str, *, with_integrity: bool = False) -> list[prune.Candidate]:
-    verdicts: dict[str, str] = {}
-    if with_integrity:
-        with catalog.reader() as conn:
-            verdicts = verdicts_q.classes_of(conn, cache)
-    # Positional, from the driver's tuples: at a million entries SQLAlchemy's rows and keyword arguments were most
-    # of a plan's time. A batch of rows at a time, and one string per distinct function, status and jaxlib (the
-    # driver makes one a row): the rows and those copies were over a third of a million candidates' memory.
-    make = prune.Candidate
-    out: list[prune.Candidate] = []
-    texts: dict[str, str] = {}
-    one = texts.setdefault
-    with catalog.reader() as conn:
-        result = conn.execution_options(yield_per=10_000).execute(_candidates_statement(), {"cache": cache})
-        for rows in result.partitions():
-            out += [make(key, one(module, module), name, size, created, seen,
-                         status if status is None else one(status, status), kind == "orphan", generation, None,
-                         bool(has_atime), last_hit, writer if writer is None else one(writer, writer),
-                         verdicts.get(key))
-                    for key, module, name, size, created, seen, status, kind, generation, has_atime, last_hit,
-                    writer in rows]
-    return out
-
-
-def _candidates_statement() -> Select:
-    return select(EntryRow.key, EntryRow.module, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
-                  EntryRow.seen_used_s, EntryRow.status, EntryRow.kind, EntryRow.generation, EntryRow.has_atime,
-                  EntryRow.last_hit_s, EntryRow.writer_jaxlib).where(EntryRow.cache == bindparam("cache"))
 
 
 def _check_window(policy: prune.PrunePolicy, retain_s: float | None) -> None:
@@ -97,7 +67,7 @@ def _plan(catalog: Catalog, cache: str, policy: prune.PrunePolicy, retain_s: flo
         with catalog.reader() as conn:
             recent = queries.recent_jaxlibs(conn, cache, since=now - policy.stale_jaxlib_window_s)
     with memory.gc_paused():
-        candidates = _candidates(catalog, cache, with_integrity=bool(policy.integrity))
+        candidates = catalog_candidates(catalog, cache, with_integrity=bool(policy.integrity))
         return prune.plan(candidates, policy, now=now, recent_jaxlibs=recent)
 
 
