@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import test_service
-from conftest import settled
+from conftest import fake_entries, jaxcache_serve, settled
 from gc_support import collections_in, full_collections
 from jaxcache.scan import scan
 from jaxcache.service.app import create_app
@@ -46,6 +46,32 @@ def test_prune_answer_lists_at_most_list_limit_and_counts_the_whole_plan(svc, ca
     assert len(before) - len(_listing(cache_copy)) >= n
     audit = svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"][0]
     assert "list_limit" not in audit["policy"]  # how much was shown is not part of what was pruned
+
+
+def test_a_plan_is_streamed_counts_first_and_parses_whole(tmp_path):
+    """Over a real server: the answer goes out chunked (no Content-Length: it is never whole before it is sent),
+    its counts come before its lists, and what arrives is the whole plan, valid as PruneResponse."""
+    import httpx
+
+    from jaxcache.service.api.schemas.prune import ENCODED_AT_ONCE, PruneResponse
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    n = 2 * ENCODED_AT_ONCE + 7  # parts: two whole ones and a few
+    keys = fake_entries(root, n, age_days=10)
+    with jaxcache_serve({"demo": root}, f"sqlite:///{tmp_path / 'catalog.sqlite'}", tokens={"r": "read"}) as base:
+        with httpx.stream("POST", f"{base}/v1/caches/demo/prune", headers={"Authorization": "Bearer r"}, timeout=60,
+                          json={"older_than": "1d", "list_limit": 1_000_000}) as r:
+            body = r.read()
+        assert r.status_code == 200, body
+        assert r.headers["transfer-encoding"] == "chunked" and "content-length" not in r.headers
+        assert body.index(b'"delete_count"') < body.index(b'"delete":[')
+        answer = PruneResponse.model_validate_json(body)
+        assert answer.delete_count == n and {d.key for d in answer.delete} == keys and not answer.truncated
+        assert all(d.reasons[0].startswith("created 10d") for d in answer.delete)
+        short = httpx.post(f"{base}/v1/caches/demo/prune", headers={"Authorization": "Bearer r"}, timeout=60,
+                           json={"older_than": "1d", "list_limit": 3}).json()
+        assert _kept(short["delete"]) == _kept([d.model_dump() for d in answer.delete[:3]]) and short["truncated"]
 
 
 def _kept(items: list[dict]) -> list[dict]:
@@ -93,13 +119,13 @@ def test_plan_candidates_share_one_string_per_function(svc):
 def test_a_plan_is_made_and_answered_with_the_collector_paused(svc, cache_copy):
     from jaxcache import prune
     from jaxcache.service.api import prune as route
-    from jaxcache.service.api.schemas.prune import response_of
+    from jaxcache.service.api.schemas.prune import listed_json
 
     # The collector made to run at almost every allocation: none of its passes runs while the plan is made or
-    # answered, though many run in the same request around them.
-    with collections_in(route.post_prune, prune.plan, response_of) as seen:
+    # its listed deletions are, though many run in the same request around them.
+    with collections_in(route.post_prune, prune.plan, listed_json) as seen:
         assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
-    assert "post_prune" in seen.inside and not seen.inside & {"plan", "response_of"}, seen.inside
+    assert "post_prune" in seen.inside and not seen.inside & {"plan", "listed_json"}, seen.inside
     assert gc.isenabled()
     # What is seen of a plan made with the collector on, as the service made them before.
     candidates = [prune.Candidate.from_record(r) for r in scan(open_storage(str(cache_copy)))]

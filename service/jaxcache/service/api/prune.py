@@ -6,6 +6,7 @@ import time
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, BackgroundTasks, HTTPException, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
 from sqlalchemy import CursorResult, delete, select
 
 from jaxcache.service.api.deps import (
@@ -26,8 +27,8 @@ from jaxcache.service.api.schemas.prune import (
     PruneAuditList,
     PruneRequest,
     PruneResponse,
+    encoded_response,
     policy_of,
-    response_of,
 )
 from jaxcache.service.catalog import queries
 from jaxcache.service.catalog.models import PinRow
@@ -58,15 +59,12 @@ def post_prune(request: Request, cache: CacheName, body: PruneRequest, backgroun
         raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
                                  "service); try again when it ends") from None
     if outcome.plan.entries_total >= state.settings.release_memory_from_entries:
-        # Once the answer is sent: a plan over a million entries held a candidate for each, and a long list of
-        # deletions is serialized after this returns.
+        # Once the answer is sent: a plan over a million entries held columns of them all.
         background.add_task(memory.release)
-    # A model per listed deletion, while the plan's million objects are alive: the collector's passes would walk
-    # them all again, as they would the plan's (tasks/memory.py). Already validated: returned as a model, FastAPI
-    # would validate it again and encode it through the json module.
-    with memory.gc_paused():
-        answer = response_of(outcome, dry_run=body.dry_run, limit=body.list_limit)
-        return Response(answer.model_dump_json(), media_type="application/json")
+    # Streamed: the listed deletions are made and encoded a part at a time, as they are sent (each part in a
+    # thread of the pool, not on the event loop); the answer is never whole in memory. Already valid.
+    return StreamingResponse(encoded_response(outcome, dry_run=body.dry_run, limit=body.list_limit),
+                             media_type="application/json")
 
 
 @router.get("/v1/caches/{cache}/prunes", response_model=PruneAuditList, operation_id="listPrunes")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from jaxcache import prune
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.api.schemas.fields import Duration, Glob, Size
+from jaxcache.service.tasks import memory
 from jaxcache.service.tasks.pruning import Outcome
 
 #: What the core refuses beyond each field's own rules, stated for clients (the core still decides): a policy must
@@ -148,7 +150,7 @@ def policy_of(body: PruneRequest) -> tuple[prune.PrunePolicy, dict[str, Any]]:
     return policy, data
 
 
-def _planned(decisions: list[prune.Decision]) -> list[PlannedDeletion]:
+def _planned(decisions: Sequence[prune.Decision]) -> list[PlannedDeletion]:
     return [
         PlannedDeletion(
             key=d.candidate.key, function=d.candidate.module, size_bytes=d.candidate.size_bytes,
@@ -158,18 +160,50 @@ def _planned(decisions: list[prune.Decision]) -> list[PlannedDeletion]:
     ]
 
 
+def _counts(outcome: Outcome, *, dry_run: bool, limit: int) -> PruneResponse:
+    """The answer without its two lists: counts, bytes, the result of an applied prune, notes."""
+    plan, result = outcome.plan, outcome.result
+    return PruneResponse(
+        dry_run=dry_run, entries_total=plan.entries_total, delete=[], delete_count=len(plan.delete), protected=[],
+        protected_count=len(plan.protected), truncated=max(len(plan.delete), len(plan.protected)) > limit,
+        kept=plan.kept, bytes_freed=plan.bytes_freed, bytes_remaining=plan.bytes_remaining,
+        deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
+        changed=result.changed if result else None, failed=result.failed if result else None,
+        errors=result.errors if result else [], audit_id=outcome.audit_id, notes=plan.notes,
+    )
+
+
 def response_of(outcome: Outcome, *, dry_run: bool, limit: int = DEFAULT_LIST_LIMIT) -> PruneResponse:
     """What the API answers (and the dashboard shows) for a planned or applied prune, listing at most ``limit``
     deletions and as many protected entries."""
-    plan, result = outcome.plan, outcome.result
-    return PruneResponse(
-        dry_run=dry_run, entries_total=plan.entries_total, delete=_planned(plan.delete[:limit]),
-        delete_count=len(plan.delete), protected=_planned(plan.protected[:limit]),
-        protected_count=len(plan.protected), truncated=max(len(plan.delete), len(plan.protected)) > limit,
-        kept=plan.kept, bytes_freed=plan.bytes_freed,
-        bytes_remaining=plan.bytes_remaining,
-        deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
-        changed=result.changed if result else None, failed=result.failed if result else None,
-        errors=result.errors if result else [],
-        audit_id=outcome.audit_id, notes=plan.notes,
-    )
+    answer = _counts(outcome, dry_run=dry_run, limit=limit)
+    answer.delete, answer.protected = _planned(outcome.plan.delete[:limit]), _planned(outcome.plan.protected[:limit])
+    return answer
+
+
+#: Listed deletions are made and encoded this many at a time.
+ENCODED_AT_ONCE = 1000
+_LISTED = TypeAdapter(list[PlannedDeletion])
+
+
+def encoded_response(outcome: Outcome, *, dry_run: bool, limit: int = DEFAULT_LIST_LIMIT) -> Iterator[bytes]:
+    """:func:`response_of`'s answer as JSON, in parts: the counts first (``delete`` and ``protected`` come last in the
+    object), then the listed deletions :data:`ENCODED_AT_ONCE` at a time (:func:`listed_json`), each part made with
+    the collector paused. No part, and nothing the answer keeps, holds more than those few."""
+    counts = _counts(outcome, dry_run=dry_run, limit=limit).model_dump_json(exclude={"delete", "protected"})
+    yield counts[:-1].encode()
+    for field, decisions in (("delete", outcome.plan.delete), ("protected", outcome.plan.protected)):
+        yield f',"{field}":['.encode()
+        shown = min(limit, len(decisions))
+        for start in range(0, shown, ENCODED_AT_ONCE):
+            with memory.gc_paused():  # the models of a part, while the plan's columns are alive: tasks/memory.py
+                part = listed_json(decisions, start, min(start + ENCODED_AT_ONCE, shown))
+            yield part if start == 0 else b"," + part
+        yield b"]"
+    yield b"}"
+
+
+def listed_json(decisions: Sequence[prune.Decision], start: int, stop: int) -> bytes:
+    """Decisions ``start`` to ``stop`` (from the start, a slice orders only its own rows: the first few of a long
+    plan) as the items of a JSON array, without its brackets."""
+    return _LISTED.dump_json(_planned(decisions[start:stop]))[1:-1]
