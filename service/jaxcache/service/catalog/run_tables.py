@@ -88,6 +88,9 @@ class RunRow(Base):
     compiles: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     writes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     saved_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # What the process's node-local tier did (jaxcache.records.LocalTierCounts, as its latest record says); NULL:
+    # it had no tier. Shown per process on the job's page, never summed, so a JSON value and not columns.
+    local: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
 
     __table_args__ = (
         Index("ix_runs_job", "cache", "job", "updated_s"),

@@ -165,6 +165,7 @@ def _run_row(cache: str, item: Item, now: float) -> dict[str, Any]:
         "source": item.source, "ingested_s": now, "kind": record.kind,
         "hits": sum(u.hits for u in record.keys), "compiles": sum(u.compiles for u in record.keys),
         "writes": sum(u.writes for u in record.keys), "saved_s": 0.0,  # computed by aggregates.process_saved
+        "local": None if record.local is None else msgspec.to_builtins(record.local),
     }
 
 
@@ -172,8 +173,6 @@ def _run_inputs(record: RunRecord) -> dict[str, Any]:
     """What an explanation reads of a row's representative run (explain.RUN_INPUTS)."""
     return {"fingerprint_digest": record.fingerprint.digest, "topology": record.topology,
             "started_s": record.started_at}
-
-
 
 
 def _texts(conn: Connection, cache: str, items: Any, touched: dict[str, set[str]]) -> None:

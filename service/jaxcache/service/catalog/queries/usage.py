@@ -112,7 +112,7 @@ def job_runs(s: Session | Connection, cache: str, job: str, *, limit: int) -> li
     rows = s.execute(
         select(RunRow.run_id, RunRow.process_index, RunRow.process_count, RunRow.host, RunRow.topology, RunRow.jax,
                RunRow.jaxlib, RunRow.fingerprint_digest, RunRow.started_s, RunRow.updated_s, RunRow.final,
-               RunRow.hits, RunRow.compiles, RunRow.writes, RunRow.saved_s)
+               RunRow.hits, RunRow.compiles, RunRow.writes, RunRow.saved_s, RunRow.local)
         .where(RunRow.cache == cache, RunRow.job == job, RunRow.kind == JOB)
         .order_by(RunRow.updated_s.desc(), RunRow.run_id, RunRow.process_index).limit(limit)
     ).all()
@@ -123,5 +123,5 @@ def job_runs(s: Session | Connection, cache: str, job: str, *, limit: int) -> li
                     "host": r.host, "topology": r.topology, "jax": r.jax, "jaxlib": r.jaxlib,
                     "fingerprint_digest": r.fingerprint_digest, "started_s": r.started_s, "updated_s": r.updated_s,
                     "final": r.final, "hits": h, "misses": m, "writes": w, "hit_rate": _rate(h, m),
-                    "saved_s": sv})
+                    "saved_s": sv, "local": r.local})
     return out
