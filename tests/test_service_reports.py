@@ -8,6 +8,7 @@ import logging
 import shutil
 import time
 
+import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
@@ -241,3 +242,38 @@ def test_a_newer_record_without_a_key_takes_its_figures_away(svc, keys):
     assert after[tiny]["hits"] == 0 and after[tiny]["first_writer"] is None
     jobs = {j["job"]: j for j in svc.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"]}
     assert jobs["a"]["hits"] == 0 and jobs["a"]["writes"] == 0 and jobs["c"]["saved_s"] == pytest.approx(8.0)
+
+
+@BOTH
+def test_node_local_tier_counts_show_per_process_in_the_job(svc, keys):
+    """A process's node-local tier counts (#35), as its newest record says, in the job's API answer and on its page;
+    a process without a tier shows nothing of one."""
+    now = time.time()
+    train = keys["jit_train_step"]
+    tier = records.LocalTierCounts(directory="/var/cache/jaxcache/local/ab12", loaded=3, loaded_bytes=3000,
+                                   fetched=2, fetched_bytes=2048, fetched_s=1.25, skipped=1, uploaded=4,
+                                   uploaded_bytes=4096, uploaded_s=0.5, upload_failed=1, upload_pending=2,
+                                   dropped=5, evicted=6)
+    first = msgspec.structs.replace(run("pretrain", "r1", [hit(train, 1, now - 300)], at=now - 300),
+                                    local=msgspec.structs.replace(tier, loaded=1))
+    report(svc, first)
+    report(svc, msgspec.structs.replace(run("pretrain", "r1", [hit(train, 3, now - 100)], at=now - 100), local=tier))
+    report(svc, run("pretrain", "r1", [hit(train, 1, now - 100)], at=now - 100, process_index=1, process_count=2))
+    # A late copy of the first record is stale: the newest record's counts stay.
+    assert post(svc, first, "?cache=demo").json()["stale"] is True
+    r = svc.get("/v1/caches/demo/jobs/pretrain", headers=H_READ)
+    assert r.status_code == 200, r.text
+    by_process = {p["process_index"]: p for p in r.json()["recent_runs"]}
+    assert by_process[0]["local"] == msgspec.to_builtins(tier)
+    assert by_process[1]["local"] is None
+    page = svc.get("/caches/demo/jobs/pretrain", headers=H_READ)
+    assert page.status_code == 200
+    html = page.text
+    assert 'data-table="local_tier"' in html and tier.directory in html
+    assert 'data-process="0"' in html and 'data-process="1"' not in html
+    for name in ("loaded", "fetched", "skipped", "uploaded", "upload_failed", "dropped", "evicted"):
+        assert f'data-local="{name}" data-value="{getattr(tier, name)}"' in html
+    assert "2.0 KiB in 1.2 s" in html and "4.0 KiB in 0.5 s" in html
+    # A job none of whose processes had a tier has no such table.
+    report(svc, run("eval", "r2", [hit(train, 1, now - 50)], at=now - 50))
+    assert 'data-table="local_tier"' not in svc.get("/caches/demo/jobs/eval", headers=H_READ).text

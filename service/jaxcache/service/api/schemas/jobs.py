@@ -40,6 +40,26 @@ class JobMiss(MissExplanation):
     in_cache: bool = Field(description="the cache holds the entry now")
 
 
+class LocalTier(BaseModel):
+    """What a process's node-local tier did (``enable_cache(local_dir=...)``), as its latest run record says; counts,
+    bytes and seconds are the process's totals."""
+
+    directory: str = Field(description="the node-local directory JAX read")
+    loaded: int = Field(description="JAX's lookups answered from the local directory")
+    loaded_bytes: int
+    fetched: int = Field(description="missing locally, fetched from the shared root on demand, checked and admitted")
+    fetched_bytes: int
+    fetched_s: float
+    skipped: int = Field(description="fetched, and refused as unverified by the job's verify mode (compiled instead)")
+    uploaded: int = Field(description="written by JAX locally, and created in the shared root")
+    uploaded_bytes: int
+    uploaded_s: float
+    upload_failed: int = Field(description="uploads that failed (tried again at the next start)")
+    upload_pending: int = Field(description="uploads not finished when the process exited")
+    dropped: int = Field(description="local copies removed at start: gone from the root, or judged bad")
+    evicted: int = Field(description="local copies evicted to stay under the size cap")
+
+
 class JobRun(BaseModel):
     run_id: str
     process_index: int
@@ -57,6 +77,7 @@ class JobRun(BaseModel):
     writes: int
     hit_rate: float | None = None
     saved_s: float
+    local: LocalTier | None = Field(None, description="what the process's node-local tier did; null: it had none")
 
 
 class JobDetail(JobSummary):
