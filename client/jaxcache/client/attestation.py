@@ -13,8 +13,8 @@ import hashlib
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from jaxcache import entry, signing
 from jaxcache.client.misses import SLACK_S
@@ -81,14 +81,7 @@ class Attestor:
 
     def drain(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for queued keys to be hashed (at exit, and before warm-up's coverage)."""
-        # Polls instead of joining on a helper thread: at interpreter exit (where this runs) Python >= 3.12
-        # refuses to start threads.
-        deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        return drained(self._queue, timeout_s)
 
     def _run(self) -> None:
         while True:
@@ -146,3 +139,10 @@ def _read_whole(chunks: Iterable[bytes]) -> tuple[entry.Validation, str, int]:
     for _ in stream:  # bytes the decompression left unread still enter the digest
         pass
     return whole, digest.hexdigest(), size
+
+
+def drained(work: queue.Queue[Any], timeout_s: float) -> bool:
+    """Whether every item put on ``work`` was done (``task_done``) within ``timeout_s``: ``Queue.join`` with a
+    bound, on the queue's own condition (no helper thread: at interpreter exit Python >= 3.12 starts none)."""
+    with work.all_tasks_done:
+        return work.all_tasks_done.wait_for(lambda: not work.unfinished_tasks, timeout_s)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from jaxcache import entry, signing
+from jaxcache.client.attestation import drained
 from jaxcache.client.local_tier import PENDING_DIR, TEMP_AGE_S, UNVERIFIED_DIR, LocalTier
 from jaxcache.errors import PreconditionFailedError
 from jaxcache.storage import Storage
@@ -101,18 +102,14 @@ class Uploader:
     def drain(self, timeout_s: float, *, final: bool = False) -> bool:
         """Wait up to ``timeout_s`` for queued uploads; at exit (``final``) the unfinished ones are counted as
         pending, with a warning."""
-        deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks:
-            if time.monotonic() >= deadline:
-                if not final:
-                    return False
-                self._tier.add(upload_pending=self._queue.unfinished_tasks)
-                log.warning("jaxcache: %d uploads to the shared root did not finish within %.0f s; their entries"
-                            " stay in %s and the next job on this node uploads them", self._queue.unfinished_tasks,
-                            timeout_s, self._tier.directory)
-                return False
-            time.sleep(0.01)
-        return True
+        if drained(self._queue, timeout_s):
+            return True
+        if final:
+            left = self._queue.unfinished_tasks
+            self._tier.add(upload_pending=left)
+            log.warning("jaxcache: %d uploads to the shared root did not finish within %.0f s; their entries stay"
+                        " in %s and the next job on this node uploads them", left, timeout_s, self._tier.directory)
+        return False
 
     def _run(self) -> None:
         while True:
