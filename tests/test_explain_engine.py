@@ -89,7 +89,7 @@ def test_skipped_comes_first_with_why_and_the_command_that_removes_it():
                        deletions={})
     why = explain(known(K, "compiled", NOW, run="r2", reason=skips.reason("tampered")), hist, root="/cache")
     assert why.cause == "skipped" and "(tampered)" in why.fix and why.detail == {"reason": "tampered"}
-    assert "jaxcache prune /cache --integrity" in why.fix and f"rm /cache/{K}-cache" in why.fix
+    assert "jaxcache prune /cache --integrity" in why.fix and f"rm -f /cache/{K}-cache /cache/{K}-sig" in why.fix
     unsigned = explain(known(K, "compiled", NOW, run="r2", reason=skips.reason("unsigned")), hist, root="/cache")
     assert unsigned.cause == "skipped" and "--integrity" not in unsigned.fix and f"/cache/{K}-cache" in unsigned.fix
 

@@ -37,14 +37,21 @@ def why_skipped(reason_text: str | None) -> str | None:
 
 def removal(root: str, skipped: Mapping[str, str], *, shown: int = 10) -> str:
     """The command that removes the entries of ``skipped`` (key → why) from ``root``: ``prune --integrity`` when
-    the service's classes are why, and always the entries' own files (``rm`` or ``gcloud storage rm``)."""
+    the service's classes are why, and always the entries' own files (``rm`` or ``gcloud storage rm``). Their
+    signatures go too: one left behind would refuse the next writer's (signatures are created only once), and
+    every signed job would skip the key again."""
     if not skipped:
         return ""
     keys = sorted(skipped)
     sep = "" if root.endswith("/") else "/"
-    files = " ".join(shlex.quote(f"{root}{sep}{key}-cache") for key in keys[:shown])
     more = f" (and {len(keys) - shown} more)" if len(keys) > shown else ""
-    delete = f"gcloud storage rm {files}{more}" if root.startswith("gs://") else f"rm {files}{more}"
+    if root.startswith("gs://"):  # gcloud expands the wildcard: the entry, its -sig and -atime where there
+        objects = " ".join(shlex.quote(f"{root}{sep}{key}-*") for key in keys[:shown])
+        delete = f"gcloud storage rm {objects}{more}"
+    else:
+        files = " ".join(shlex.quote(f"{root}{sep}{key}{suffix}") for key in keys[:shown]
+                         for suffix in ("-cache", "-sig"))
+        delete = f"rm -f {files}{more}"
     if all(why in JUDGED_BAD for why in skipped.values()):
         return f"jaxcache prune {shlex.quote(root)} --integrity {','.join(JUDGED_BAD)} --apply (or {delete})"
     return delete
