@@ -15,6 +15,7 @@ from jaxcache.client.errors import (
     IntegrityCheckError,
     TamperedCacheError,
     UntrustedCacheDirError,
+    VerifyUnavailableError,
 )
 from jaxcache.client.options import check_cache_dir
 from jaxcache.client.session import CacheSession, current_session, enable_cache
@@ -28,6 +29,7 @@ __all__ = [
     "CacheStats",
     "TamperedCacheError",
     "UntrustedCacheDirError",
+    "VerifyUnavailableError",
     "check_cache_dir",
     "current_session",
     "enable_cache",

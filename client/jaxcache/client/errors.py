@@ -25,3 +25,8 @@ class TamperedCacheError(JaxcacheError):
 class IntegrityCheckError(JaxcacheError):
     """``verify="attested"`` could not ask the service because of a setting (token, scope, URL, cache_dir):
     failing closed, since starting would silently skip the check. The message names the fix."""
+
+
+class VerifyUnavailableError(JaxcacheError):
+    """``verify="signed"`` or ``"attested"`` asked of a JAX whose cache reads jaxcache cannot judge (its read path
+    moved): starting would load every entry unchecked. The message names what moved and the way out."""

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from jaxcache.client import jax_internals as ji
+from jaxcache.client.errors import VerifyUnavailableError
 from jaxcache.client.jax_internals import reads as jax_reads
 
 log = logging.getLogger("jaxcache.client")
@@ -54,12 +54,9 @@ class LoadGuard:
         self._undo: Callable[[], None] | None = None
 
     def install(self) -> None:
-        """Judge every load from now on; says once at WARNING when this JAX leaves nothing to hook."""
+        """Judge every load from now on (:func:`check_judgeable` said this JAX can be judged)."""
         if self._undo is None:
             self._undo = jax_reads.hook_cache_reads(self.policy.judge, self.refused)
-            if self._undo is None:
-                ji.degraded(f"has no compilation_cache._get_cache: verify={self.policy.mode!r} cannot judge what JAX"
-                            " loads, and skips nothing")
 
     def uninstall(self) -> None:
         """Stop judging (tests and re-configuration)."""
@@ -85,3 +82,18 @@ class LoadGuard:
         if first:
             log.warning("jaxcache: verify=%r: not loading %s from the cache (%s); JAX compiles it instead",
                         self.policy.mode, key, why)
+
+
+def check_judgeable(mode: str) -> None:
+    """Raise :class:`VerifyUnavailableError` when this JAX's cache reads cannot be judged: a verifying job must
+    never load entries unchecked because JAX moved the code the read hook wraps."""
+    moved = jax_reads.problems()
+    if not moved:
+        return
+    import jax
+
+    raise VerifyUnavailableError(
+        f"verify={mode!r}: jaxcache cannot judge what JAX {jax.__version__} loads from its cache"
+        f" ({'; '.join(moved)}), so this job would load every entry"
+        " unchecked. Use a JAX version jaxcache supports (see `jaxcache doctor`), or set verify='off' to load"
+        " without checks.")

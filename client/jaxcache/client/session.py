@@ -340,6 +340,7 @@ def enable_cache(
         CacheAlreadyInitializedError: JAX compiled before this call, or it was called with other settings.
         UntrustedCacheDirError: in strict mode, the directory (or a parent) can be written by others.
         IntegrityCheckError: with ``verify="attested"``, the service refuses the token, URL or cache_dir.
+        VerifyUnavailableError: ``verify="signed"`` or ``"attested"`` with a JAX whose loads cannot be judged.
         InvalidInputError: a malformed argument or variable.
     """
     global _session

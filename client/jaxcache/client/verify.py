@@ -24,7 +24,7 @@ from collections.abc import Callable
 from jaxcache import entry as fmt
 from jaxcache import integrity, signing, skips
 from jaxcache.client.errors import IntegrityCheckError
-from jaxcache.client.loads import LoadPolicy, refuse_keys
+from jaxcache.client.loads import LoadPolicy, check_judgeable, refuse_keys
 from jaxcache.client.options import ClientOptions
 from jaxcache.scan import Entry
 from jaxcache.signing import TrustedKeys
@@ -52,7 +52,10 @@ _REFUSED = {
 
 def load_policy(options: ClientOptions, storage: Callable[[], Storage]) -> LoadPolicy | None:
     """What the job's verify mode lets JAX load; None where it judges no load ("sample" checks after the fact, and
-    an unreachable service leaves "attested" unchecked). ``storage``: the session's root, opened when first used."""
+    an unreachable service leaves "attested" unchecked). ``storage``: the session's root, opened when first used.
+    Raises :class:`VerifyUnavailableError` first when this JAX's loads cannot be judged."""
+    if options.verify in ("signed", "attested"):
+        check_judgeable(options.verify)  # before JAX is pointed at the cache: a refusal changes nothing
     if options.verify == "signed":
         return signed_policy(storage, options.trusted_keys)
     if options.verify == "attested":
