@@ -84,8 +84,9 @@ def test_node_b_gets_node_a_programs_as_hits(tmp_path, capsys, gcs_client, gcs_b
     assert {k: v for k, v in stored.items() if k.endswith("-cache")} == written and len(written) == len(PROGRAMS)
     assert {signing.sig_name(k.removesuffix("-cache")) for k in written} <= set(stored)
 
-    # Node B, empty, after node A's job exited: every program is a hit, fetched once, then read locally.
-    b, _ = run_job(root, node_b, "train", using=interpreter)
+    # Node B, empty, after node A's job exited: every program is a hit, fetched once when JAX asks (prefetch off
+    # here; tests/test_prefetch.py fetches ahead), then read locally.
+    b, _ = run_job(root, node_b, "train", using=interpreter, JAXCACHE_PREFETCH="0")
     assert b["stats"]["hits"] == len(PROGRAMS) and b["stats"]["misses"] == 0, b["stats"]
     assert b["local"]["fetched"] == len(PROGRAMS) and b["local"]["loaded"] == 0, b["local"]
     assert b["local"]["fetched_bytes"] == sum(len(v) for v in written.values())

@@ -143,6 +143,15 @@ class LocalTierCounts(msgspec.Struct, gc=False):
     upload_pending: Count = 0  # uploads not finished when the process exited (tried again at the next start)
     dropped: Count = 0  # local copies removed at start: gone from the root, or judged bad
     evicted: Count = 0  # local copies the client evicted to stay under the size cap
+    # The job's working set, fetched before JAX asked (JAXCACHE_PREFETCH): how many keys it named, how many were
+    # fetched and admitted (with bytes, and seconds from enable_cache until the last one), how many lookups waited
+    # for a fetch under way, and how many fetched keys JAX never asked for (a set too wide).
+    prefetch_wanted: Count = 0
+    prefetched: Count = 0
+    prefetched_bytes: Count = 0
+    prefetched_s: Seconds = 0.0
+    prefetch_waited: Count = 0
+    prefetch_unused: Count = 0
 
 
 class RunRecord(msgspec.Struct, tag_field="schema", tag=SCHEMA):

@@ -28,6 +28,8 @@ def main() -> int:
     parser.add_argument("--distributed", nargs=3, metavar=("COORDINATOR", "NUM", "ID"))
     parser.add_argument("--programs", default="affine,gram,wave,grad")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after compiling")
+    parser.add_argument("--startup-s", type=float, default=0.0,
+                        help="seconds between enable_cache and the first compile (a job's model init)")
     parser.add_argument("--verify", choices=["off", "sample", "attested", "signed"])
     parser.add_argument("--local-dir", help="the node-local tier's directory (off: none)")
     parser.add_argument("--print-record", action="store_true", help="also print the run record as sent to a service")
@@ -78,6 +80,8 @@ def main() -> int:
         print(f"ERROR {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
 
+    if args.startup_s:
+        time.sleep(args.startup_s)
     if args.distributed:
         coordinator, num, pid = args.distributed
         jax.distributed.initialize(coordinator, num_processes=int(num), process_id=int(pid))

@@ -16,7 +16,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import filelock
 
@@ -93,6 +94,26 @@ def open_local_dir(options: ClientOptions, loads: LoadPolicy | None) -> str | No
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class Pulled:
+    """One entry read from the root: its bytes when they passed (``admitted`` once kept locally), else why not
+    (``reason``: the job's checks refused them; both None: not there, or unreadable)."""
+
+    data: bytes | None
+    reason: str | None
+    admitted: bool
+
+
+class Ahead(Protocol):
+    """Fetches made before JAX asked (:class:`jaxcache.client.prefetch.Prefetcher`)."""
+
+    def take(self, key: str) -> Pulled | None:
+        """The fetch of ``key`` (waited for when under way), or None: none made or started."""
+
+    def asked(self, key: str) -> None:
+        """JAX asked for ``key`` and loaded it locally."""
+
+
 class LocalTier:
     """JAX's cache directory on this node, kept in step with the shared root."""
 
@@ -109,6 +130,7 @@ class LocalTier:
         self.counts = LocalTierCounts(directory=directory)
         self._warned: set[str] = set()
         self._undo: Callable[[], None] | None = None
+        self.prefetch: Ahead | None = None  # the working set's fetches, when the session starts them
 
     # -- counts ---------------------------------------------------------------------------------------------
 
@@ -148,8 +170,17 @@ class LocalTier:
 
     def _get(self, local_get: Callable[[str], bytes | None], key: str) -> bytes | None:
         value = local_get(key)
+        if value is None and self.prefetch is not None:
+            ahead = self.prefetch.take(key)  # fetched (or under way) before JAX asked: wait for it, not twice
+            if ahead is not None and ahead.reason is not None:
+                self._refuse(key, ahead.reason)
+                return None
+            if ahead is not None and ahead.admitted:
+                value = local_get(key)
         if value is not None:
             self.add(loaded=1, loaded_bytes=len(value))
+            if self.prefetch is not None:
+                self.prefetch.asked(key)
             return value
         return self.fetch(key)
 
@@ -157,27 +188,39 @@ class LocalTier:
         """The root's entry for ``key`` when it passes the job's checks, admitted locally first; else None (JAX
         compiles). Never raises: a root that cannot be read is a miss, as it is for JAX reading it directly."""
         started = time.monotonic()
+        pulled = self.pull(key)
+        if pulled.reason is not None:
+            self._refuse(key, pulled.reason)
+            return None
+        if pulled.data is not None:
+            self.add(fetched=1, fetched_bytes=len(pulled.data), fetched_s=time.monotonic() - started)
+        return pulled.data
+
+    def pull(self, key: str) -> Pulled:
+        """Read ``key``'s entry from the root, judge it and admit it; counts nothing (on demand, or ahead of JAX)."""
         try:
             data = self._root().read(entry.cache_name(key))
         except Exception as exc:  # noqa: BLE001 - a lookup must never fail a compile
             self.warn_once("fetch", "jaxcache: could not fetch %s from the shared root (%s); JAX compiles what it"
                            " cannot fetch", key, exc)
-            return None
+            return Pulled(None, None, False)
         if data is None:
-            return None
+            return Pulled(None, None, False)
         reason = self._judge(key, data)
         if reason is not None:
-            self.add(skipped=1)
-            with contextlib.suppress(Exception):
-                self._refused(key, reason)
-            return None
+            return Pulled(None, reason, False)
         try:
             self.admit(key, data)
         except Exception as exc:  # noqa: BLE001 - the bytes passed: JAX loads them even when the disk cannot keep them
             self.warn_once("admit", "jaxcache: could not keep %s in the node-local tier %s (%s); JAX loads it"
                            " anyway", key, self.directory, exc)
-        self.add(fetched=1, fetched_bytes=len(data), fetched_s=time.monotonic() - started)
-        return data
+            return Pulled(data, None, False)
+        return Pulled(data, None, True)
+
+    def _refuse(self, key: str, reason: str) -> None:
+        self.add(skipped=1)
+        with contextlib.suppress(Exception):
+            self._refused(key, reason)
 
     def _judge(self, key: str, data: bytes) -> str | None:
         if self._policy is not None:

@@ -7,12 +7,15 @@ import os
 from collections.abc import Callable
 
 from jaxcache import entry
+from jaxcache.client import prefetch
 from jaxcache.client.loads import LoadPolicy
 from jaxcache.client.local_tier import LocalTier
 from jaxcache.client.options import DEFAULT_LOCAL_MAX_BYTES, ClientOptions
+from jaxcache.client.prefetch import Prefetcher
 from jaxcache.client.uploads import Uploader
-from jaxcache.records import LocalTierCounts
+from jaxcache.records import Fingerprint, LocalTierCounts
 from jaxcache.storage import Storage
+from jaxcache.working_set import Wanted
 
 
 class NodeTier:
@@ -20,12 +23,19 @@ class NodeTier:
 
     def __init__(self, directory: str, root: Callable[[], Storage], options: ClientOptions, *,
                  policy: LoadPolicy | None, refused: Callable[[str, str], None] | None,
-                 writer_name: Callable[[], str]) -> None:
+                 writer_name: Callable[[], str], fingerprint: Callable[[], Fingerprint]) -> None:
         self.policy = policy
         self.tier = LocalTier(directory, root, policy=policy, refused=refused or (lambda _key, _why: None),
                               max_size_bytes=options.max_size_bytes or DEFAULT_LOCAL_MAX_BYTES)
         self.uploader = Uploader(self.tier, root, signing_key=options.signing_key, writer_name=writer_name,
                                  signed_dir=policy is not None and policy.mode == "signed")
+        self.prefetcher: Prefetcher | None = None
+        if options.prefetch:
+            url = options.service_url
+            ask = None if url is None else (lambda wanted: prefetch.from_service(
+                url, options.token, options.cache_dir, options.job, wanted))
+            find = prefetch.finder(options.job, lambda: Wanted.of(fingerprint()), root, ask)
+            self.prefetcher = self.tier.prefetch = Prefetcher(self.tier, find, options.prefetch)
 
     @property
     def directory(self) -> str:
@@ -48,14 +58,19 @@ class NodeTier:
             os.path.join(self.tier.directory, entry.cache_name(k)))])
         self.uploader.resume(self.uploader.pending())
         self.tier.install()  # it judges what it fetches; its local files are trusted as admitted
+        if self.prefetcher is not None:
+            self.prefetcher.start()  # off this thread: the job's own start-up runs meanwhile
 
     def counts(self) -> LocalTierCounts:
         """What the tier did so far in this process."""
-        return self.tier.snapshot()
+        counts = self.tier.snapshot()
+        return counts if self.prefetcher is None else self.prefetcher.fill(counts)
 
     def summary(self) -> str:
         """The summary line's part about the tier."""
-        c = self.tier.snapshot()
+        c = self.counts()
         failed = c.upload_failed + c.upload_pending
-        return (f"; local tier {c.directory}: {c.loaded} loaded locally, {c.fetched} fetched on demand"
+        ahead = "" if self.prefetcher is None else (
+            f", {c.prefetched} prefetched of a working set of {c.prefetch_wanted} ({c.prefetch_unused} unused)")
+        return (f"; local tier {c.directory}: {c.loaded} loaded locally{ahead}, {c.fetched} fetched on demand"
                 f" ({c.fetched_s:.2f} s), {c.uploaded} uploaded" + (f", {failed} not uploaded" if failed else ""))

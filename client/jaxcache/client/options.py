@@ -39,10 +39,12 @@ ENV_VARS = (
     "JAXCACHE_KEY_PARTS",
     "JAXCACHE_LOCAL_DIR",
     "JAXCACHE_UPLOAD_WAIT_S",
+    "JAXCACHE_PREFETCH",
 )
 #: The node-local tier's size cap when ``max_size_bytes`` is unset (JAX's own LRU on the local directory).
 DEFAULT_LOCAL_MAX_BYTES = 16 * 1024**3
 DEFAULT_UPLOAD_WAIT_S = 30.0  # at exit: uploads still running; bounded so exit never hangs on storage
+DEFAULT_PREFETCH = 8  # parallel fetches of the working set: enough to hide a remote root's per-request latency
 _OFF = ("off", "none", "0", "false")
 
 
@@ -69,6 +71,7 @@ class ClientOptions:
     # The node-local tier's directory, by preference (the first writable one is used); empty: JAX reads cache_dir.
     local_dirs: tuple[str, ...] = ()
     upload_wait_s: float = DEFAULT_UPLOAD_WAIT_S
+    prefetch: int = DEFAULT_PREFETCH  # parallel fetches of the job's working set into the tier at start; 0: none
 
     @property
     def is_gcs(self) -> bool:
@@ -195,6 +198,10 @@ def resolve(
     wait_s = _float("JAXCACHE_UPLOAD_WAIT_S", env.get("JAXCACHE_UPLOAD_WAIT_S") or str(DEFAULT_UPLOAD_WAIT_S))
     if wait_s < 0:
         raise InvalidInputError("JAXCACHE_UPLOAD_WAIT_S must be a number of seconds >= 0")
+    text = (env.get("JAXCACHE_PREFETCH") or str(DEFAULT_PREFETCH)).strip().lower()
+    prefetch = 0 if text in _OFF else _int("JAXCACHE_PREFETCH", text)
+    if not 0 <= prefetch <= 64:
+        raise InvalidInputError(f"JAXCACHE_PREFETCH={text!r}: use a number of parallel fetches from 0 (off) to 64")
     parts = (env.get("JAXCACHE_KEY_PARTS") or "on").strip().lower()
     if parts not in ("on", "off"):
         raise InvalidInputError(f"JAXCACHE_KEY_PARTS={parts!r}: use on or off")
@@ -216,6 +223,7 @@ def resolve(
         key_parts=parts == "on",
         local_dirs=local_dirs,
         upload_wait_s=wait_s,
+        prefetch=prefetch,
     )
 
 

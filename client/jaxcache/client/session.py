@@ -53,7 +53,7 @@ class CacheSession:
         self._loads = LoadGuard(loads) if loads is not None else None
         self._tier = tier = None if tier_dir is None else NodeTier(
             tier_dir, self._writer.storage, options, policy=loads, writer_name=self._writer_name,
-            refused=self._loads.refused if self._loads is not None else None)
+            refused=self._loads.refused if self._loads is not None else None, fingerprint=lambda: self.fingerprint)
         # A write counts once its entry is there whole: the run record's writes make the service's first writers.
         check = WriteCheck(tier.storage, tier.directory) if tier is not None else WriteCheck(
             self._writer.storage, None if options.is_gcs else options.cache_dir)

@@ -1,0 +1,78 @@
+"""Prefetch of a job's working set into the node-local tier (#36), for real: JAX jobs on CPU, a gs:// root on
+fake-gcs-server behind the fault proxy (tests/gcs_faults.py), which also logs every request. Node A's job leaves
+run records; node B, empty, fetches that job's programs while it starts up, before JAX asks for them."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_local_tier import PROGRAMS, entries, faults, final_record, run_job  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.gcs, pytest.mark.slow]
+
+
+def entry_downloads(log: list[tuple[str, str, int | str]]) -> list[str]:
+    """The object names of the entry downloads (media GETs of ``-cache`` objects) in the proxy's log."""
+    return [path.split("/o/")[1].split("?")[0] for method, path, _ in log
+            if method == "GET" and "alt=media" in path and "-cache" in path]
+
+
+def test_an_empty_node_has_the_jobs_programs_before_jax_asks(tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811
+    root = f"gs://{gcs_bucket}/jc"
+    a, _ = run_job(root, tmp_path / "node-a", "train", settle=False)
+    assert a["stats"]["writes"] == len(PROGRAMS), a["stats"]
+    written = entries(tmp_path / "node-a" / "unchecked")
+
+    faults.log.clear()
+    b, _ = run_job(root, tmp_path / "node-b", "train", "--startup-s", "3")
+    local = b["local"]
+    assert b["stats"]["hits"] == len(PROGRAMS) and b["stats"]["misses"] == 0, b["stats"]
+    # All fetched during the job's start-up; JAX then read each from the node's disk, none on demand.
+    assert local["prefetch_wanted"] == local["prefetched"] == len(PROGRAMS), local
+    assert local["fetched"] == 0 and local["loaded"] == len(PROGRAMS) and local["prefetch_unused"] == 0, local
+    assert local["prefetched_bytes"] == sum(len(v) for v in written.values())
+    assert 0 < local["prefetched_s"] < 3, local
+    assert entries(tmp_path / "node-b" / "unchecked") == written
+    assert sorted(entry_downloads(faults.log)) == sorted(f"jc%2F{k}" for k in written), faults.log
+    assert "4 prefetched of a working set of 4 (0 unused)" in b["summary"], b["summary"]
+    assert final_record(gcs_client, gcs_bucket, b)["local"]["prefetched"] == len(PROGRAMS)
+
+
+def test_lookups_racing_the_prefetch_never_download_an_entry_twice(tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811
+    """No start-up time: JAX asks while the set is still being found or fetched. A key under way is waited for,
+    one not started is fetched by the lookup and never again by the prefetch."""
+    root = f"gs://{gcs_bucket}/jc"
+    run_job(root, tmp_path / "node-a", "train", settle=False)
+    written = entries(tmp_path / "node-a" / "unchecked")
+    faults.log.clear()
+    b, _ = run_job(root, tmp_path / "node-b", "train")
+    local = b["local"]
+    assert b["stats"]["hits"] == len(PROGRAMS) and b["stats"]["misses"] == 0, b["stats"]
+    assert local["prefetched"] + local["fetched"] == len(PROGRAMS), local
+    assert sorted(entry_downloads(faults.log)) == sorted(f"jc%2F{k}" for k in written), faults.log
+
+
+def test_a_set_too_wide_is_counted_and_another_job_gets_none(tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811
+    root = f"gs://{gcs_bucket}/jc"
+    run_job(root, tmp_path / "node-a", "train", settle=False)
+    # The job now runs two of its four programs: the other two were fetched for nothing, and say so.
+    b, _ = run_job(root, tmp_path / "node-b", "train", "--programs", "affine,gram", "--startup-s", "3")
+    assert b["local"]["prefetched"] == len(PROGRAMS) and b["local"]["prefetch_unused"] == 2, b["local"]
+    other, _ = run_job(root, tmp_path / "node-c", "eval", "--startup-s", "1")
+    assert other["local"]["prefetch_wanted"] == other["local"]["prefetched"] == 0, other["local"]
+    assert other["local"]["fetched"] == len(PROGRAMS), other["local"]
+
+
+def test_a_root_answering_503_for_a_while_still_starts_the_job(tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811
+    """Every prefetch fails: the lookups fetch on demand (or JAX compiles), the job runs, the root keeps its
+    entries as they were."""
+    root = f"gs://{gcs_bucket}/jc"
+    run_job(root, tmp_path / "node-a", "train", settle=False)
+    written = entries(tmp_path / "node-a" / "unchecked")
+    faults.fail(40, 503, method="GET", path=r"-cache.*alt=media")
+    b, _ = run_job(root, tmp_path / "node-b", "train", "--startup-s", "2")
+    assert b["stats"]["hits"] + b["stats"]["misses"] == len(PROGRAMS), b["stats"]
+    faults.clear()
+    stored = {blob.name.removeprefix("jc/"): blob.download_as_bytes()
+              for blob in gcs_client.list_blobs(gcs_bucket, prefix="jc/") if blob.name.endswith("-cache")}
+    assert stored == written
