@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 
 from conftest import tmpfs
-from jaxcache import entry, records
+from jaxcache import entry, records, signing
 from jaxcache.client import options as client_options
+from jaxcache.client.attestation import Attestor
+from jaxcache.client.reporting import RecordWriter
+from jaxcache.client.telemetry import Recorder
 from jaxcache.errors import InvalidInputError
 from jaxcache.storage import open_storage
 from jaxcache.usage import read_usage
@@ -218,3 +221,21 @@ def test_the_recorded_digest_is_of_the_bytes_jax_put_on_either_jax(tmp_path, int
     for u in writes:
         data = (root / entry.cache_name(u.key)).read_bytes()
         assert (u.sha256, u.size_bytes) == (hashlib.sha256(data).hexdigest(), len(data)), u.key
+
+
+def test_an_entry_replaced_between_put_and_read_back_is_never_signed(tmp_path, jax_caches):
+    """What is signed is the digest of the bytes JAX handed put; the read-back only confirms the file holds those
+    bytes. Bytes planted before the read-back (another program's, whole and valid) get no signature, and the
+    write is not claimed."""
+    first, other = (Path(jax_caches["zstd"].root) / f"{e['key']}-cache" for e in jax_caches["zstd"].entries[:2])
+    key = first.name.removesuffix("-cache")
+    writer_key = signing.new_key("writer", str(tmp_path / "writer.key"))
+    for planted, signed in ((other.read_bytes(), False), (first.read_bytes(), True)):
+        root = tmp_path / f"root-{signed}"
+        root.mkdir()
+        attestor = Attestor(RecordWriter(str(root)), Recorder(), signing_key=writer_key)
+        attestor.on_put(key, first.read_bytes())  # the bytes JAX put
+        (root / first.name).write_bytes(planted)  # what the file holds when it is read back
+        attestor.submit(key)
+        assert attestor.drain(30)
+        assert (root / signing.sig_name(key)).exists() is signed
