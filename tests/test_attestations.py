@@ -144,6 +144,11 @@ def test_a_report_token_forgery_after_a_real_write_proves_nothing(request, tmp_p
         assert problems == {} and summary["counts"]["ok"] == len(_keys(cache))
     else:  # unsigned digests disagree: a conflict on every entry, and `differs` where the forged one came first
         assert {c["key"] for c in summary["conflicts"]} == set(_keys(cache))
+        key = _keys(cache)[0]  # and on the entry itself, in the API and on its page
+        shown = client.get(f"/v1/caches/c/entries/{key}", headers=_h(READ)).json()["conflict"]
+        digests = [shown["sha256"], *(o["sha256"] for o in shown["others"])]
+        assert shown["key"] == key and len(digests) == 2 and "f" * 64 in digests, shown  # which counts: the first
+        assert "f" * 16 in client.get(f"/caches/c/entries/{key}", headers=_h(READ)).text
         assert {p["class"] for p in problems.values()} <= {"differs"}
         assert not any(p["held_up"] for p in problems.values()) and summary["held_up"] == 0
         assert bool(problems) is (order == "before")

@@ -22,6 +22,7 @@ from jaxcache.service.api.deps import (
 from jaxcache.service.api.schemas.common import ErrorModel
 from jaxcache.service.api.schemas.entries import EntryDetail, EntryJobModel, EntryPage
 from jaxcache.service.api.schemas.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText
+from jaxcache.service.api.schemas.integrity import DigestConflict
 from jaxcache.service.catalog import queries
 from jaxcache.service.operations import pruning
 from jaxcache.service.state import State
@@ -93,11 +94,12 @@ def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -
         found = queries.entry_detail(conn, cache, key)
     if found is None:
         raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
-    entry, jobs, verdict = found
+    entry, jobs, verdict, conflict = found
     checked = {} if verdict is None else dict(
         integrity=verdict.classification, integrity_reasons=verdict.reasons, sha256=verdict.sha256,
         attested_by=verdict.attested_by)
-    return EntryDetail(**entry, jobs=[EntryJobModel(**j) for j in jobs], **checked)
+    return EntryDetail(**entry, jobs=[EntryJobModel(**j) for j in jobs], **checked,
+                       conflict=None if conflict is None else DigestConflict(**conflict))
 
 
 @router.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry",

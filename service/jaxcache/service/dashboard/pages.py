@@ -138,9 +138,9 @@ def routes(dash: Dashboard) -> APIRouter:
             found = queries.entry_detail(conn, cache, key)  # what GET /v1/caches/{cache}/entries/{key} shows
         if found is None:
             raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
-        entry, jobs, verdict = found
+        entry, jobs, verdict, conflict = found
         return dash.render(request, "entry.html", viewer=viewer, cache=cache, section="entries",
-                           e=entry, jobs=jobs, verdict=verdict)
+                           e=entry, jobs=jobs, verdict=verdict, conflict=conflict)
 
     @router.get("/caches/{cache}/jobs")
     def jobs(request: Request, cache: str) -> Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from jaxcache.service.api.schemas.fields import CURSOR
+from jaxcache.service.api.schemas.integrity import DigestConflict
 
 
 class WriterModel(BaseModel):
@@ -60,6 +61,9 @@ class EntryDetail(EntryModel):
     integrity_reasons: list[str] = Field(default_factory=list)
     sha256: str | None = Field(None, description="digest of the stored bytes at the last verification")
     attested_by: str | None = Field(None, description="the writer that recorded the expected digest")
+    conflict: DigestConflict | None = Field(None, description=(
+        "other digests recorded for the key, which disagree with the one that counts; unsigned, they prove nothing"
+        " (null: no disagreement)"))
 
 
 class EntryPage(BaseModel):

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import JOB
 from jaxcache.service.catalog.models import EntryRow, UsageRow, VerificationRow
+from jaxcache.service.catalog.queries import verdicts
 
 SORTS = {
     "size": EntryRow.size_bytes,
@@ -237,13 +238,15 @@ def entry_jobs(s: Session | Connection, cache: str, key: str) -> list[dict]:
              "last_s": last or None, "saved_s": float(sv or 0)} for j, h, c, w, n, last, sv in rows]
 
 
-def entry_detail(conn: Connection, cache: str, key: str) -> tuple[dict, list[dict], Row | None] | None:
-    """One entry as the API and the dashboard show it: its fields, every job that reported it, and its last
-    integrity verdict (None before the first); None when the catalog has no such entry."""
+def entry_detail(conn: Connection, cache: str, key: str) -> tuple[dict, list[dict], Row | None, dict | None] | None:
+    """One entry as the API and the dashboard show it: its fields, every job that reported it, its last
+    integrity verdict (None before the first) and its digests' conflict (None: one digest, or none); None when the
+    catalog has no such entry."""
     row = conn.execute(select(*entry_columns()).where(
         EntryRow.cache == cache, EntryRow.key == key, EntryRow.kind == "entry")).first()
     if row is None:
         return None
     verdict = conn.execute(select(VerificationRow).where(VerificationRow.cache == cache,
                                                           VerificationRow.key == key)).first()
-    return page_entry(row), entry_jobs(conn, cache, key), verdict
+    conflict = next(iter(verdicts.conflicts(conn, cache, key=key)), None)
+    return page_entry(row), entry_jobs(conn, cache, key), verdict, conflict

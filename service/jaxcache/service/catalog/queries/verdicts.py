@@ -51,14 +51,16 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
     }
 
 
-def conflicts(conn: Connection, cache: str, *, limit: int = 1000) -> list[dict[str, Any]]:
-    """Entries with more than one recorded digest: the one that counts, and the others, newest first."""
+def conflicts(conn: Connection, cache: str, *, limit: int = 1000, key: str | None = None) -> list[dict[str, Any]]:
+    """Entries (or the one ``key``) with more than one recorded digest: the one that counts, and the others,
+    newest first."""
     a, c = AttestationRow, AttestationConflictRow
+    which = c.cache == cache if key is None else and_(c.cache == cache, c.key == key)
     rows = conn.execute(
         select(c.key, c.sha256, c.writer, c.source, c.record, c.seen_s, a.sha256.label("counted"),
                a.writer.label("counted_by"), a.source.label("counted_source"))
         .join(a, and_(a.cache == c.cache, a.key == c.key))
-        .where(c.cache == cache).order_by(c.key, c.seen_s.desc()).limit(limit)).all()
+        .where(which).order_by(c.key, c.seen_s.desc()).limit(limit)).all()
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         found = out.setdefault(r.key, {"key": r.key, "sha256": r.counted, "writer": r.counted_by,
