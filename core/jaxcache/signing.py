@@ -29,7 +29,7 @@ TRUSTED_KEYS_ENV = "JAXCACHE_TRUSTED_KEYS"
 SIG_SUFFIX = "-sig"
 FORMAT = "jaxcache-sig/1"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_MAX_SIG_BYTES = 64 * 1024  # a -sig object holds a few signatures; anything bigger is not one of ours
+MAX_SIG_BYTES = 64 * 1024  # a -sig object holds a few signatures; anything bigger is not one of ours
 
 
 def sig_name(key: str) -> str:
@@ -219,7 +219,7 @@ def encode(sigs: Iterable[Signature]) -> bytes:
 def decode(data: bytes) -> list[Signature]:
     """The signatures in a ``-sig`` object; InvalidInputError when it is not one."""
     try:
-        doc = json.loads(data[:_MAX_SIG_BYTES])
+        doc = json.loads(data[:MAX_SIG_BYTES])
         if doc.get("format") != FORMAT:
             raise ValueError("format")
         return [Signature(str(s["key"]), str(s["sha256"]), int(s["size_bytes"]), str(s["signer"]),
@@ -256,6 +256,12 @@ def read(storage: Storage, key: str, trusted: TrustedKeys) -> Found:
         data = storage.read(sig_name(key))
     except NotRegularFileError:
         return Found(notes=(f"{sig_name(key)} is not a file: ignored",))
+    return found_in(data, key, trusted)
+
+
+def found_in(data: bytes | None, key: str, trusted: TrustedKeys) -> Found:
+    """What a ``-sig`` object's bytes (None: there is none) hold for ``key``'s entry, judged as :func:`read` does:
+    for signatures that travel without a root (a bundle's ``<key>-sig`` member)."""
     if data is None:
         return Found()
     try:

@@ -1,6 +1,6 @@
 """The ``jaxcache`` command: wires storage, scanning and output together for each subcommand.
 
-Exit codes: 0 ok, 1 problems found (``doctor``), 2 usage or input error.
+Exit codes: 0 ok, 1 problems found (``doctor``; some of a bundle left out), 2 usage or input error.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from jaxcache.storage import open_storage
 #: to run it or for --help: `jaxcache ls` of a large root takes well under a second, of which importing every
 #: command (prune, explain, doctor) would be a good share.
 CORE_COMMANDS = {"ls": "listing", "stats": "listing", "doctor": "doctor", "prune": "prune", "explain": "explain",
-                 "keys": "keys"}
+                 "keys": "keys", "bundle": "bundle"}
 
 
 def _version() -> str:
@@ -58,7 +58,7 @@ def build_parser(command: plugins.Command | None = None, *, only: str | None = N
     parser = argparse.ArgumentParser(
         prog="jaxcache",
         description="Inspect and manage JAX persistent compilation caches on local/NFS directories and GCS.",
-        epilog="Exit codes: 0 ok, 1 problems found (doctor), 2 usage or input error.",
+        epilog="Exit codes: 0 ok, 1 problems found (doctor; bundle: see its --help), 2 usage or input error.",
     )
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

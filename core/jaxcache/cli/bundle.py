@@ -1,0 +1,122 @@
+"""``jaxcache bundle export ROOT --job NAME -o FILE`` and ``jaxcache bundle import FILE ROOT``: a job's working set as
+one archive, checked when it comes back (README, "Bundles")."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from jaxcache import signing
+from jaxcache.bundle import export
+from jaxcache.bundle_import import import_bundle
+from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, non_negative, print_json, progress
+from jaxcache.errors import InvalidInputError
+from jaxcache.storage import LocalStorage, Storage, open_storage
+from jaxcache.units import format_bytes
+from jaxcache.working_set import DEFAULT_DAYS, DEFAULT_RUNS, Wanted, from_root
+
+_SHOWN = 20
+
+
+def _listed(what: str, found: dict[str, str]) -> list[str]:
+    lines = [f"  {what} {key}: {why}" for key, why in list(found.items())[:_SHOWN]]
+    return lines + ([f"  ... and {len(found) - _SHOWN} more"] if len(found) > _SHOWN else [])
+
+
+def cmd_export(args: argparse.Namespace, storage: Storage | None) -> int:
+    """Write the job's working set as a bundle."""
+    assert storage is not None
+    if args.runs < 1 or args.days < 1:
+        raise InvalidInputError("--runs and --days must be 1 or more")
+    wanted = Wanted(jaxlib=args.jaxlib, backend=args.backend, device_kind=args.device_kind,
+                    device_count=args.device_count)
+    working = from_root(storage, args.job, wanted, runs=args.runs, days=args.days)
+    if not working.keys:
+        raise InvalidInputError(f"no working set for job {args.job!r} in {storage.url}: no run (process 0) or warm-up"
+                                f" of it within {args.days} days matches the fingerprint asked for; nothing written")
+    done = export(storage, working, args.out, progress=progress)
+    left = {x.key: x.why for x in done.left_out}
+    if args.json:
+        print_json({"path": done.path, "size_bytes": done.size_bytes, "job": working.job,
+                    "keys": [i.key for i in done.manifest.entries], "signed": sum(i.signature for i in
+                                                                                  done.manifest.entries),
+                    "left_out": [{"key": k, "why": w} for k, w in left.items()]})
+    elif done.path is None:
+        print("\n".join([f"nothing written: none of the {len(working.keys)} keys of job {working.job!r} could be"
+                         " exported", *_listed("left out", left)]))
+    else:
+        signed = sum(i.signature for i in done.manifest.entries)
+        print("\n".join([f"wrote {done.path} ({format_bytes(done.size_bytes)}): {done.manifest.described()};"
+                         f" {signed} signed" + (f"; {len(left)} left out" if left else ""),
+                         *_listed("left out", left)]))
+    return EXIT_OK if done.path is not None else EXIT_PROBLEMS
+
+
+def cmd_import(args: argparse.Namespace, storage: Storage | None) -> int:
+    """Check a bundle and add what passes to a root, create-only."""
+    root = open_storage(args.dest, must_exist=False)
+    if isinstance(root, LocalStorage) and not os.path.isdir(root.root):
+        try:
+            os.makedirs(root.root)
+        except OSError as exc:
+            raise InvalidInputError(f"cannot create the cache root {root.root}: {exc.strerror}") from None
+    done = import_bundle(args.bundle, root, signing.TrustedKeys.from_env(), progress=progress)
+    if args.json:
+        print_json({"root": root.url, **done.to_json()})
+    else:
+        lines = [done.check_text(), f"bundle: {done.manifest.described()}",
+                 f"into {root.url}: {len(done.imported)} imported, {len(done.present)} already there,"
+                 f" {len(done.kept)} left alone (other bytes there), {len(done.refused)} refused"]
+        lines += _listed("refused", done.refused) + _listed("left alone", done.kept)
+        lines += [f"  note: {n}" for n in done.notes[:_SHOWN]]
+        print("\n".join(lines))
+    return EXIT_OK if done.whole else EXIT_PROBLEMS
+
+
+_EXPORT_DESCRIPTION = (
+    "Write a job's working set (the keys its newest matching runs hit or wrote, and its warm-ups' coverage) as one"
+    " uncompressed tar: manifest.json first (job, fingerprint: jaxlib, backend, devices; each key's sha256 and size),"
+    " then each <key>-cache and its <key>-sig. An entry that is gone, differs from the digest its writer recorded or"
+    " does not decompress is left out and named. Exit codes: 0 written; 1 no key could be exported (nothing"
+    " written); 2 bad input, or no run or warm-up of the job matches (nothing to export: a wrong --job or filter).")
+_IMPORT_DESCRIPTION = (
+    "Check a bundle and add its entries to ROOT, create-only. With JAXCACHE_TRUSTED_KEYS set, an entry is imported"
+    " only with a signature by one of those keys over its bytes (others are refused: unsigned, untrusted key, bad"
+    " signature, digest differs); without, only the manifest's digests are checked, which proves the archive is"
+    " whole, not who made it; the output says which. Every entry must decompress whole. The archive is checked"
+    " whole before anything is written: a member that is not <key>-cache or <key>-sig listed by the manifest (a"
+    " path, a link), or an archive cut short, refuses it all. An object already in ROOT is never replaced. Exit"
+    " codes: 0 every entry is in ROOT now (imported or already there); 1 some were refused or other bytes were"
+    " there; 2 bad input or a refused archive (nothing written).")
+
+
+def add_parsers(sub: Any) -> None:
+    """``bundle export`` and ``bundle import``."""
+    bundle = sub.add_parser("bundle", help="a job's working set as one archive: export it, import it checked"
+                                           " (README, \"Bundles\")",
+                            description="Carry a job's working set as one archive: to bake a cache into an image or"
+                                        " take it to an air-gapped cluster. `warmup --check --cache-dir FILE` checks"
+                                        " a bundle as it would a root.")
+    bs = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
+    ex = bs.add_parser("export", help="write a job's working set as a bundle", description=_EXPORT_DESCRIPTION)
+    ex.add_argument("root", metavar="ROOT", help=ROOT_HELP)
+    ex.add_argument("--job", required=True, metavar="NAME", help="the job whose working set to export")
+    ex.add_argument("-o", "--out", required=True, metavar="FILE",
+                    help="the archive to write (written beside it first, then renamed: replaced only when whole)")
+    ex.add_argument("--runs", type=non_negative, default=DEFAULT_RUNS, metavar="N",
+                    help=f"the job's newest N matching runs (default {DEFAULT_RUNS})")
+    ex.add_argument("--days", type=non_negative, default=DEFAULT_DAYS, metavar="N",
+                    help=f"only runs and warm-ups of the last N days (default {DEFAULT_DAYS})")
+    ex.add_argument("--jaxlib", metavar="VERSION", help="only runs on this jaxlib (default: the newest run's)")
+    ex.add_argument("--backend", metavar="NAME", help="only runs on this backend, e.g. gpu, tpu, cpu")
+    ex.add_argument("--device-kind", metavar="KIND", help="only runs on this device kind, e.g. 'NVIDIA H100 80GB HBM3'")
+    ex.add_argument("--device-count", type=non_negative, metavar="N", help="only runs with this many devices")
+    ex.add_argument("--json", action="store_true", help="what was written and what was left out, as JSON")
+    ex.set_defaults(run=cmd_export)
+    im = bs.add_parser("import", help="check a bundle and add it to a root, create-only",
+                       description=_IMPORT_DESCRIPTION)
+    im.add_argument("bundle", metavar="FILE", help="a bundle written by `jaxcache bundle export`")
+    im.add_argument("dest", metavar="ROOT", help=ROOT_HELP + " (a directory is created if missing)")
+    im.add_argument("--json", action="store_true", help="imported, already there, left alone and refused, as JSON")
+    im.set_defaults(run=cmd_import, root=None)
