@@ -2,18 +2,26 @@
 miss missed (against the root's run and warm-up records). It writes nothing: the node learns, before the real job
 starts, that the warm-up machine's driver, flags or devices differ from its own. With ``JAXCACHE_TRUSTED_KEYS`` set,
 as for a job that verifies (``verify="signed"``), a program whose entry no trusted key signed is a miss too: that
-job would skip its entry and compile it."""
+job would skip its entry and compile it. A bundle file in place of the root is first imported, checked as `jaxcache
+bundle import` checks it, into a temporary directory the check then reads."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from jaxcache import signing
+from jaxcache.bundle_import import Imported, import_bundle
 from jaxcache.coverage import PRESENT, ProgramCoverage, WarmupRecord
 from jaxcache.entry import cache_name
+from jaxcache.errors import InvalidInputError
 from jaxcache.explain.from_root import read_records
 from jaxcache.explain.values import differs_text
-from jaxcache.storage import Storage, open_storage
+from jaxcache.storage import LocalStorage, Storage, open_storage
 from jaxcache.table import render
 from jaxcache.warmup.misses import explained, miss_of, program_dict
 from jaxcache.warmup.runner import WarmupConfig
@@ -59,3 +67,31 @@ def _unsigned(storage: Storage, present: list[ProgramCoverage], trusted: signing
                         "fix": f"a job with verify='signed' would compile it ({why}): have a trusted writer sign it "
                                f"(jaxcache keys sign ROOT --key K), or remove it so a signing warm-up writes it"})
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class BundleRoot:
+    """A bundle checked and imported into a temporary directory, for ``--check`` to read as its root."""
+
+    path: str
+    imported: Imported
+
+    def text(self) -> str:
+        done = self.imported
+        refused = "".join(f"\n  refused {k}: {why}" for k, why in done.refused.items())
+        return (f"check: bundle {self.path} imported into a temporary directory: {len(done.imported)} entries,"
+                f" {len(done.refused)} refused; {done.check_text()}{refused}")
+
+
+@contextlib.contextmanager
+def bundle_root(args: argparse.Namespace) -> Iterator[BundleRoot]:
+    """``--cache-dir`` names a bundle file: import it, checked as `jaxcache bundle import` checks, into a temporary
+    directory that ``args.cache_dir`` then names while the block runs."""
+    if not args.check:
+        raise InvalidInputError(f"--cache-dir {args.cache_dir} is a file: only --check takes a bundle in place of a"
+                                " cache root")
+    path = args.cache_dir
+    with tempfile.TemporaryDirectory(prefix="jaxcache-bundle-check-") as tmp:
+        imported = import_bundle(path, LocalStorage(tmp), signing.TrustedKeys.from_env())
+        args.cache_dir = tmp
+        yield BundleRoot(path, imported)

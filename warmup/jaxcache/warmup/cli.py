@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from jaxcache.topology import parse_topology
 from jaxcache.units import format_bytes
 from jaxcache.warmup import devices as dev
 from jaxcache.warmup import target as tgt
-from jaxcache.warmup.check import check_summary, check_text
+from jaxcache.warmup.check import BundleRoot, bundle_root, check_summary, check_text
 from jaxcache.warmup.runner import WarmupConfig, explain_nothing_compiled, run_warmup
 from jaxcache.warmup.verify import VERIFY_TIMEOUT_S, verify
 
@@ -47,6 +48,7 @@ examples:
   warmup --topology 1x1x8 --cache-dir /mnt/cache --script train.py -- --steps 1
 
   warmup --topology 4x8x1 --cache-dir gs://bucket/jax-cache --entrypoint myjob.warm:programs --check
+  warmup --topology 4x8x1 --cache-dir train.bundle --entrypoint myjob.warm:programs --check
 
 exit codes: 0 the cache holds the programs (and --verify passed; with --check: every program hit); 1 the target
 failed, nothing was stored, --verify or --check found misses, or --verify ran past --verify-timeout; 2 bad input
@@ -58,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="warmup", description=_DESCRIPTION, epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", required=True, metavar="SxHxD", help="target cluster, e.g. 4x8x1")
-    p.add_argument("--cache-dir", required=True, metavar="URL", help="cache root: a directory or gs://bucket/prefix")
+    p.add_argument("--cache-dir", required=True, metavar="URL",
+                   help="cache root: a directory or gs://bucket/prefix; with --check also a bundle file (`jaxcache"
+                        " bundle export`), checked and imported into a temporary directory the check then reads")
     p.add_argument("--entrypoint", metavar="pkg.module:function",
                    help="called with a WarmupContext; compiles the job's programs without data")
     p.add_argument("--script", metavar="path.py",
@@ -107,18 +111,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return child_main(argv[1])
     args = build_parser().parse_args(argv)
-    try:
-        config = _validate(args, script_args)
-    except tgt.UserCodeError as exc:
-        return _user_failure(exc)
-    except JaxcacheError as exc:
-        print(f"warmup: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.dry_run:
-        return _dry_run(config, args)
-    if args.check:
-        return _check(config, args)
-    return _run(config, args)
+    with contextlib.ExitStack() as stack:
+        try:
+            bundle = stack.enter_context(bundle_root(args)) if os.path.isfile(args.cache_dir) else None
+            config = _validate(args, script_args)
+        except tgt.UserCodeError as exc:
+            return _user_failure(exc)
+        except JaxcacheError as exc:
+            print(f"warmup: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        if args.dry_run:
+            return _dry_run(config, args)
+        if args.check:
+            return _check(config, args, bundle)
+        return _run(config, args)
 
 
 def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
@@ -134,7 +140,7 @@ def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust)
 
 
-def _check(config: WarmupConfig, args: argparse.Namespace) -> int:
+def _check(config: WarmupConfig, args: argparse.Namespace, bundle: BundleRoot | None) -> int:
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     try:
         with quiet, _client_notices():
@@ -145,10 +151,12 @@ def _check(config: WarmupConfig, args: argparse.Namespace) -> int:
         print(f"warmup: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     summary = check_summary(config, record)
+    if bundle is not None:
+        summary.update(cache_dir=bundle.path, bundle=bundle.imported.to_json())
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
-        print(check_text(summary))
+        print(check_text(summary) if bundle is None else f"{bundle.text()}\n{check_text(summary)}")
     return EXIT_OK if summary["programs"] and summary["hits"] == summary["programs"] else EXIT_FAILED
 
 
