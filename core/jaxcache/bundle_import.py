@@ -45,7 +45,7 @@ class _Member:
 
 
 @dataclass(slots=True)
-class _Checked:
+class _Accepted:
     key: str
     entry: _Member
     sha256: str
@@ -163,9 +163,18 @@ def _signs(sig: bytes | None, key: str, sha: str, size: int) -> bool:
         return False
 
 
-def check_archive(path: str, trusted: signing.TrustedKeys, *,
-                  progress: Progress = quiet) -> tuple[Imported, list[_Checked]]:
-    """Check the whole archive, writing nothing: what would be imported, and each refused entry with why."""
+@dataclass(slots=True)
+class Checked:
+    """A whole archive checked (:func:`check_archive`): the refused entries named, the rest ready to add."""
+
+    path: str
+    result: Imported
+    accepted: list[_Accepted]
+
+
+def check_archive(path: str, trusted: signing.TrustedKeys, *, progress: Progress = quiet) -> Checked:
+    """Check the whole archive, writing nothing: what would be imported, and each refused entry with why.
+    :class:`BundleRefusedError` when the archive as a whole is refused."""
     try:
         size = os.stat(path).st_size
         fd = os.open(path, os.O_RDONLY)
@@ -174,7 +183,7 @@ def check_archive(path: str, trusted: signing.TrustedKeys, *,
     try:
         manifest, entries, sigs = _structure(path, size)
         done = Imported(manifest, SIGNATURES if trusted else DIGESTS, sorted(trusted.keys))
-        accepted: list[_Checked] = []
+        accepted: list[_Accepted] = []
         for item in progress(manifest.entries, "checking entries"):
             member = entries[item.key]
             if member.size != item.size_bytes:
@@ -189,10 +198,10 @@ def check_archive(path: str, trusted: signing.TrustedKeys, *,
             if sig is not None and not _signs(sig, item.key, item.sha256, item.size_bytes):
                 done.notes.append(f"{signing.sig_name(item.key)} signs other bytes: not imported")
                 sig = None
-            accepted.append(_Checked(item.key, member, item.sha256, sig))
+            accepted.append(_Accepted(item.key, member, item.sha256, sig))
     finally:
         os.close(fd)
-    return done, accepted
+    return Checked(path, done, accepted)
 
 
 def _create(storage: Storage, name: str, data: bytes) -> str:
@@ -213,7 +222,7 @@ def _create(storage: Storage, name: str, data: bytes) -> str:
     return _SAME if there == data else _DIFFERS
 
 
-def _put(storage: Storage, fd: int, checked: _Checked) -> tuple[str, str | None]:
+def _put(storage: Storage, fd: int, checked: _Accepted) -> tuple[str, str | None]:
     data = _pread(fd, checked.entry)
     if sha256_of(data) != checked.sha256:
         raise BundleRefusedError("the archive changed while it was imported: nothing more was imported")
@@ -226,22 +235,28 @@ def _put(storage: Storage, fd: int, checked: _Checked) -> tuple[str, str | None]
     return entry, note
 
 
-def import_bundle(path: str, storage: Storage, trusted: signing.TrustedKeys, *,
-                  progress: Progress = quiet) -> Imported:
-    """Check ``path`` whole (:func:`check_archive`), then add what passed to ``storage``, create-only (an entry,
-    then its ``-sig``), in parallel. A refused archive raises :class:`BundleRefusedError` before any write."""
-    done, accepted = check_archive(path, trusted, progress=progress)
-    fd = os.open(path, os.O_RDONLY)
+def add_checked(checked: Checked, storage: Storage, *, progress: Progress = quiet) -> Imported:
+    """Add what passed :func:`check_archive` to ``storage``, create-only (an entry, then its ``-sig``), in parallel;
+    each member's bytes are checked again as they are read."""
+    done = checked.result
+    fd = os.open(checked.path, os.O_RDONLY)
     try:
         work = lambda c: _put(storage, fd, c)  # noqa: E731
-        outcomes = bounded_map(work, accepted, workers=storage.io_workers)
-        for checked, (outcome, why) in zip(accepted, progress(outcomes, "importing"), strict=True):
+        outcomes = bounded_map(work, checked.accepted, workers=storage.io_workers)
+        for accepted, (outcome, why) in zip(checked.accepted, progress(outcomes, "importing"), strict=True):
             if outcome == _DIFFERS:
-                done.kept[checked.key] = why or ""
+                done.kept[accepted.key] = why or ""
                 continue
-            (done.imported if outcome == _CREATED else done.present).append(checked.key)
+            (done.imported if outcome == _CREATED else done.present).append(accepted.key)
             if why is not None:
                 done.notes.append(why)
     finally:
         os.close(fd)
     return done
+
+
+def import_bundle(path: str, storage: Storage, trusted: signing.TrustedKeys, *,
+                  progress: Progress = quiet) -> Imported:
+    """Check ``path`` whole, then add what passed to ``storage``. A refused archive raises
+    :class:`BundleRefusedError` before any write."""
+    return add_checked(check_archive(path, trusted, progress=progress), storage, progress=progress)

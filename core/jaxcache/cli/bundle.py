@@ -9,7 +9,7 @@ from typing import Any
 
 from jaxcache import signing
 from jaxcache.bundle import export
-from jaxcache.bundle_import import import_bundle
+from jaxcache.bundle_import import add_checked, check_archive
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, non_negative, print_json, progress
 from jaxcache.errors import InvalidInputError
 from jaxcache.storage import LocalStorage, Storage, open_storage
@@ -56,12 +56,13 @@ def cmd_export(args: argparse.Namespace, storage: Storage | None) -> int:
 def cmd_import(args: argparse.Namespace, storage: Storage | None) -> int:
     """Check a bundle and add what passes to a root, create-only."""
     root = open_storage(args.dest, must_exist=False)
+    checked = check_archive(args.bundle, signing.TrustedKeys.from_env(), progress=progress)  # before any write
     if isinstance(root, LocalStorage) and not os.path.isdir(root.root):
         try:
             os.makedirs(root.root)
         except OSError as exc:
             raise InvalidInputError(f"cannot create the cache root {root.root}: {exc.strerror}") from None
-    done = import_bundle(args.bundle, root, signing.TrustedKeys.from_env(), progress=progress)
+    done = add_checked(checked, root, progress=progress)
     if args.json:
         print_json({"root": root.url, **done.to_json()})
     else:
