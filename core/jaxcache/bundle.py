@@ -169,8 +169,17 @@ def export(storage: Storage, working: WorkingSet, out: str, *, progress: Progres
            now: float | None = None) -> Exported:
     """Write ``working``'s entries and signatures from ``storage`` to the archive ``out`` (a temporary file beside it,
     renamed when whole). Entries are read in parallel and spooled beside ``out``, since the manifest goes first."""
-    created = time.time() if now is None else now
     directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory):
+        raise InvalidInputError(f"cannot write {out}: {directory} is not a directory")
+    try:
+        return _export(storage, working, out, directory, progress, time.time() if now is None else now)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write {out}: {exc.strerror or exc}") from None
+
+
+def _export(storage: Storage, working: WorkingSet, out: str, directory: str, progress: Progress,
+            created: float) -> Exported:
     items: list[Item] = []
     left: list[LeftOut] = []
     sig_sizes: dict[str, int] = {}

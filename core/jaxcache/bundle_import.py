@@ -9,6 +9,7 @@ is left out with why; a refused archive writes nothing. Each member is checked a
 from __future__ import annotations
 
 import os
+import stat
 import tarfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,8 @@ def _structure(path: str, size: int) -> tuple[Manifest, dict[str, _Member], dict
                 place[found[0]] = _Member(info.offset_data, info.size)
     except tarfile.TarError as exc:
         raise _refuse(path, f"not a whole uncompressed tar archive ({exc})") from None
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read the bundle {path}: {exc.strerror}") from None
     except InvalidInputError as exc:
         if isinstance(exc, BundleRefusedError):
             raise
@@ -176,7 +179,10 @@ def check_archive(path: str, trusted: signing.TrustedKeys, *, progress: Progress
     """Check the whole archive, writing nothing: what would be imported, and each refused entry with why.
     :class:`BundleRefusedError` when the archive as a whole is refused."""
     try:
-        size = os.stat(path).st_size
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInputError(f"the bundle {path} is not a file")
+        size = st.st_size
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
         raise InvalidInputError(f"cannot read the bundle {path}: {exc.strerror}") from None

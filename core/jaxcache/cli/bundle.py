@@ -37,16 +37,15 @@ def cmd_export(args: argparse.Namespace, storage: Storage | None) -> int:
                                 f" of it within {args.days} days matches the fingerprint asked for; nothing written")
     done = export(storage, working, args.out, progress=progress)
     left = {x.key: x.why for x in done.left_out}
+    signed = sum(i.signature for i in done.manifest.entries)
     if args.json:
         print_json({"path": done.path, "size_bytes": done.size_bytes, "job": working.job,
-                    "keys": [i.key for i in done.manifest.entries], "signed": sum(i.signature for i in
-                                                                                  done.manifest.entries),
+                    "keys": [i.key for i in done.manifest.entries], "signed": signed,
                     "left_out": [{"key": k, "why": w} for k, w in left.items()]})
     elif done.path is None:
         print("\n".join([f"nothing written: none of the {len(working.keys)} keys of job {working.job!r} could be"
                          " exported", *_listed("left out", left)]))
     else:
-        signed = sum(i.signature for i in done.manifest.entries)
         print("\n".join([f"wrote {done.path} ({format_bytes(done.size_bytes)}): {done.manifest.described()};"
                          f" {signed} signed" + (f"; {len(left)} left out" if left else ""),
                          *_listed("left out", left)]))
