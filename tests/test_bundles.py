@@ -184,6 +184,20 @@ def test_with_trusted_keys_an_entry_needs_a_trusted_signature_over_its_bytes(bun
     assert f"refused {k['rogue']}: untrusted key" in out and "checked against JAXCACHE_TRUSTED_KEYS" in out, out
 
 
+def test_a_signature_that_does_not_verify_is_refused_as_bad(bundle, tmp_path, capsys, monkeypatch):
+    """A -sig that names a trusted key but was made with another: the bytes are right, the proof is forged."""
+    items = dict(members(bundle))
+    key, *rest = [e["key"] for e in json.loads(items["manifest.json"])["entries"]]
+    forger = signing.new_key("writers", str(tmp_path / "forged.key"))  # the trusted key's name, another key
+    data = items[f"{key}-cache"]
+    items[f"{key}-sig"] = signing.encode([forger.sign(key, hashlib.sha256(data).hexdigest(), len(data))])
+    monkeypatch.setenv(signing.TRUSTED_KEYS_ENV, PUBLIC)
+    code, out, _ = import_(capsys, write_tar(tmp_path / "forged.tar", list(items.items())), tmp_path / "root", "--json")
+    answer = json.loads(out)
+    assert code == 1 and answer["refused"] == [{"key": key, "why": "bad signature"}], answer
+    assert answer["imported"] == rest
+
+
 def test_without_trusted_keys_the_digests_are_checked_and_the_output_says_so(bundle, tmp_path, capsys):
     path, k = _tampered(bundle, tmp_path)
     code, out, _ = import_(capsys, path, tmp_path / "root")
