@@ -1,6 +1,8 @@
-"""Jobs as their run records describe them: totals, misses, processes."""
+"""Jobs as their run records describe them: totals, misses, processes, working sets."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -84,3 +86,17 @@ class JobDetail(JobSummary):
     missed: list[JobMiss] = Field(description="the job's misses, most compile seconds first (at most 1000), each "
                                               "with its cause, what differs, the nearest key and the fix")
     recent_runs: list[JobRun] = Field(description="the job's processes, newest record first (at most 100)")
+
+
+class WorkingSet(BaseModel):
+    """The keys a job is expected to need (``jaxcache.working_set.WorkingSet``'s JSON): what its newest matching
+    runs hit or wrote, in the order the newest first used them, then its warm-ups' keys."""
+
+    job: str = Field(examples=["llama-pretrain"])
+    keys: list[str] = Field(description="in order of expected use; empty when no run or warm-up matches")
+    sha256: dict[str, str] = Field(description="a key's digest as its writer recorded it (the one that counts), "
+                                               "for the keys that have one")
+    fingerprint: dict[str, Any] | None = Field(description="of the newest run (or warm-up) the set came from: "
+                                                           "the fields the request did not give come from it")
+    runs: list[str] = Field(description="the run ids the set came from, newest first")
+    warmups: list[str] = Field(description="the warm-up ids it came from, newest first")
