@@ -5,7 +5,6 @@ POSTed (a rescan lists only the recent days' folders once the first round is don
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -13,50 +12,11 @@ from fastapi.testclient import TestClient
 
 from conftest import settled
 from jaxcache import coverage, records
-from jaxcache.records import Fingerprint, KeyUsage, RunRecord
 from jaxcache.service.app import create_app
 from jaxcache.storage import LocalStorage
 from jaxcache.working_set import Wanted, WorkingSet, from_root
 from reports_support import DAY, H_READ, report, rescan, settings
-
-NOW = time.time()
-CPU8 = Fingerprint(jax="0.10.2", jaxlib="0.10.2", backend="cpu", device_kind="cpu", device_count=8)
-CPU4 = Fingerprint(jax="0.10.2", jaxlib="0.10.2", backend="cpu", device_kind="cpu", device_count=4)
-OLD = Fingerprint(jax="0.9.0", jaxlib="0.9.0", backend="cpu", device_kind="cpu", device_count=8)
-
-
-def key(n: int) -> str:
-    return f"jit_f{n}-{n:064x}"
-
-
-def use(n: int, event: str = records.HIT, at: float = 0.0, digest: int | None = None) -> KeyUsage:
-    written = event == records.WRITE
-    return KeyUsage(key=key(n), event=event, hits=int(event == records.HIT), compiles=int(event != records.HIT),
-                    writes=int(written), first_at=NOW - 1000 + at,
-                    sha256=f"{n if digest is None else digest:064x}" if written else None)  # type: ignore[arg-type]
-
-
-def put_run(storage: LocalStorage, run: str, fp: Fingerprint, keys: list[KeyUsage], *, job: str = "train",
-            ago_s: float = 0.0, process: int = 0, kind: str = records.JOB) -> RunRecord:
-    at = NOW - ago_s
-    record = RunRecord(job=job, run_id=run, process_index=process, process_count=2, host="h", started_at=at,
-                       updated_at=at, fingerprint=fp, keys=keys, kind=kind, final=True)  # type: ignore[arg-type]
-    storage.write_atomic(record.name, record.to_json())
-    os.utime(os.path.join(storage.root, record.name), (at, at))
-    return record
-
-
-def put_warmup(storage: LocalStorage, wid: str, fp: Fingerprint, statuses: dict[int, str], *, job: str = "train",
-               ago_s: float = 0.0) -> None:
-    """A warm-up's coverage record, its programs in key order (the order the catalog gives within a warm-up)."""
-    at = NOW - ago_s
-    programs = tuple(coverage.ProgramCoverage(key=key(n), function=f"f{n}", status=s,  # type: ignore[arg-type]
-                                              sha256=f"{n:064x}" if s == coverage.WRITTEN else None)
-                     for n, s in sorted(statuses.items(), key=lambda i: key(i[0])))
-    record = coverage.WarmupRecord(id=wid, job=job, topology="1x8x1", platform="cpu", started_at=at - 60,
-                                   finished_at=at, fingerprint=fp, cache_dir=storage.root, programs=programs)
-    storage.write_atomic(record.name, record.to_json())
-    os.utime(os.path.join(storage.root, record.name), (at, at))
+from working_set_support import CPU4, CPU8, OLD, key, put_run, put_warmup, use
 
 
 @pytest.fixture
@@ -91,9 +51,10 @@ def test_the_service_answers_the_set_the_roots_records_give(svc, root):
     put_run(root, "w", CPU8, [use(12)], kind=records.WARMUP)
     put_run(root, "other", CPU8, [use(13)], job="eval")
     put_run(root, "ancient", CPU8, [use(14)], ago_s=30 * DAY)
-    put_warmup(root, "wu", CPU8, {20: coverage.WRITTEN, 21: coverage.PRESENT, 22: coverage.NOT_WRITTEN,
-                                  1: coverage.PRESENT}, ago_s=100)
-    put_warmup(root, "wu-older", CPU8, {23: coverage.WRITTEN, 19: coverage.WRITTEN}, ago_s=200)
+    # Programs in key order: the catalog keeps no other order within a warm-up (docs/service.md, "Working sets").
+    put_warmup(root, "wu", CPU8, {1: coverage.PRESENT, 20: coverage.WRITTEN, 21: coverage.PRESENT,
+                                  22: coverage.NOT_WRITTEN}, ago_s=100)
+    put_warmup(root, "wu-older", CPU8, {19: coverage.WRITTEN, 23: coverage.WRITTEN}, ago_s=200)
     put_warmup(root, "wu4", CPU4, {24: coverage.WRITTEN}, ago_s=50)
     put_warmup(root, "wu-other", CPU8, {25: coverage.WRITTEN}, job="eval")
     put_warmup(root, "wu-ancient", CPU8, {26: coverage.WRITTEN}, ago_s=20 * DAY)

@@ -4,47 +4,13 @@ them; no JAX is needed to say which keys they name."""
 
 from __future__ import annotations
 
-import os
-import time
-
 import pytest
 
 from jaxcache import coverage, records
 from jaxcache.errors import InvalidInputError
-from jaxcache.records import Fingerprint, KeyUsage, RunRecord
 from jaxcache.storage import LocalStorage
 from jaxcache.working_set import Wanted, WorkingSet, from_root
-
-NOW = time.time()
-CPU8 = Fingerprint(jax="0.10.2", jaxlib="0.10.2", backend="cpu", device_kind="cpu", device_count=8)
-CPU4 = Fingerprint(jax="0.10.2", jaxlib="0.10.2", backend="cpu", device_kind="cpu", device_count=4)
-OLD = Fingerprint(jax="0.9.0", jaxlib="0.9.0", backend="cpu", device_kind="cpu", device_count=8)
-
-
-def key(n: int) -> str:
-    return f"jit_f{n}-{n:064x}"
-
-
-def use(n: int, event: str = records.HIT, at: float = 0.0) -> KeyUsage:
-    return KeyUsage(key=key(n), event=event, hits=int(event == records.HIT), first_at=NOW - 1000 + at,
-                    sha256=f"{n:064x}" if event == records.WRITE else None)
-
-
-def put_run(storage: LocalStorage, run: str, fp: Fingerprint, keys: list[KeyUsage], *, job: str = "train",
-            ago_s: float = 0.0, process: int = 0, kind: str = records.JOB) -> None:
-    at = NOW - ago_s
-    record = RunRecord(job=job, run_id=run, process_index=process, process_count=2, host="h", started_at=at,
-                       updated_at=at, fingerprint=fp, keys=keys, kind=kind, final=True)  # type: ignore[arg-type]
-    storage.write_atomic(record.name, record.to_json())
-    os.utime(os.path.join(storage.root, record.name), (at, at))
-
-
-def put_warmup(storage: LocalStorage, wid: str, fp: Fingerprint, statuses: dict[int, str], job: str = "train") -> None:
-    programs = tuple(coverage.ProgramCoverage(key=key(n), function=f"f{n}", status=s)  # type: ignore[arg-type]
-                     for n, s in statuses.items())
-    record = coverage.WarmupRecord(id=wid, job=job, topology="1x8x1", platform="cpu", started_at=NOW,
-                                   finished_at=NOW, fingerprint=fp, cache_dir=storage.root, programs=programs)
-    storage.write_atomic(record.name, record.to_json())
+from working_set_support import CPU4, CPU8, NOW, OLD, key, put_run, put_warmup, use
 
 
 @pytest.fixture
