@@ -1,7 +1,7 @@
 """What schemathesis cannot read from the OpenAPI document: rules between fields of a run record, which JSON Schema
 cannot state (the record format's validator, jaxcache.records, and ingestion check them and answer 422), and the
-served cache's root (``GET /v1/integrity``'s drawn roots all answer 404). Positive cases are made to keep them;
-negative ones are left as drawn. Loaded by tests/test_service_contract.py, or by hand:
+served cache's root (the drawn roots of ``GET /v1/integrity`` and ``GET /v1/working-set`` all answer 404). Positive
+cases are made to keep them; negative ones are left as drawn. Loaded by tests/test_service_contract.py, or by hand:
 ``SCHEMATHESIS_HOOKS=tests/schemathesis_hooks.py JAXCACHE_CONTRACT_ROOT=/path st run ...``."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def a_record_keeps_the_rules_between_its_fields(context: Any, case: Any) -> Any:
     return case
 
 
-@schemathesis.hook("map_case").apply_to(operation_id="getIntegrityByDir")
+@schemathesis.hook("map_case").apply_to(operation_id=["getIntegrityByDir", "getWorkingSetByDir"])
 def ask_about_the_served_root(context: Any, case: Any) -> Any:
     root = os.environ.get("JAXCACHE_CONTRACT_ROOT")
     if root and case.meta is not None and case.meta.generation.mode is GenerationMode.POSITIVE and case.query:

@@ -15,7 +15,7 @@ from jaxcache import coverage, records
 from jaxcache.service.app import create_app
 from jaxcache.storage import LocalStorage
 from jaxcache.working_set import Wanted, WorkingSet, from_root
-from reports_support import DAY, H_READ, report, rescan, settings
+from reports_support import DAY, H_READ, H_REPORT, report, rescan, settings
 from working_set_support import CPU4, CPU8, OLD, key, put_run, put_warmup, use
 
 
@@ -94,6 +94,11 @@ def test_the_service_answers_the_set_the_roots_records_give(svc, root):
     assert newest8.sha256[key(2)] == f"{2:064x}"  # r1 wrote it: the writer's digest
     assert ask(svc, **Wanted(jaxlib="0.10.2").as_params()).runs == ["new4"]  # the newest layout; never mixed
     assert ask(svc, "warm-only").fingerprint == CPU8
+    # By the root the job names, with the job's own (report) token: what the client's prefetch asks.
+    by_dir = svc.get("/v1/working-set", headers=H_REPORT,
+                     params={"cache_dir": root.root, "job": "train", **Wanted.of(CPU8).as_params()})
+    assert by_dir.status_code == 200, by_dir.text
+    assert WorkingSet.from_builtins(by_dir.json()) == newest8
 
 
 def test_a_job_with_nothing_recorded_has_an_empty_set(svc):
@@ -105,6 +110,11 @@ def test_a_job_with_nothing_recorded_has_an_empty_set(svc):
 def test_unknown_caches_bad_parameters_and_missing_tokens_are_refused(svc):
     url = "/v1/caches/demo/jobs/train/working-set"
     assert svc.get("/v1/caches/nope/jobs/train/working-set", headers=H_READ).status_code == 404
+    assert svc.get("/v1/working-set", params={"cache_dir": "/no/such/root", "job": "train"},
+                   headers=H_READ).status_code == 404
+    assert svc.get("/v1/working-set", params={"cache_dir": "relative", "job": "train"},
+                   headers=H_READ).status_code == 422
+    assert svc.get(url, headers=H_REPORT).status_code == 403  # by name: a read token; by root, a job's will do
     for bad in ({"device_count": "eight"}, {"device_count": 0}, {"runs": 0}, {"days": 1000}):
         assert svc.get(url, params=bad, headers=H_READ).status_code == 422, bad
     assert svc.get(url).status_code == 401

@@ -8,7 +8,19 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from jaxcache.service import dashboard
-from jaxcache.service.api import caches, docs, entries, errors, integrity, jobs, ops, prune, reports, warmups
+from jaxcache.service.api import (
+    caches,
+    docs,
+    entries,
+    errors,
+    integrity,
+    jobs,
+    ops,
+    prune,
+    reports,
+    warmups,
+    working_sets,
+)
 from jaxcache.service.loops import background
 from jaxcache.service.middleware import LimitsAndMetrics
 from jaxcache.service.settings import ServiceSettings
@@ -17,7 +29,7 @@ from jaxcache.service.tasks import memory
 
 #: In the order requests are matched against them (each route tried in turn): the busiest first, which behind every
 #: other router and the dashboard spent a noticeable part of a report's POST finding its route.
-ROUTERS = (reports, ops, entries, caches, prune, jobs, warmups, integrity)
+ROUTERS = (reports, ops, entries, caches, prune, jobs, working_sets, warmups, integrity)
 
 
 def create_app(settings: ServiceSettings | None = None, *, prepared: bool = False) -> FastAPI:

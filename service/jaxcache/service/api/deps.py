@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Path, Request
+from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
 from fastapi.security.base import SecurityBase
 
@@ -63,6 +63,15 @@ ReportAuth = Annotated[Principal, scope("report")]
 AdminAuth = Annotated[Principal, scope("admin")]
 ReadOrReportAuth = Annotated[Principal, scope("read or report")]
 CacheName = Annotated[str, Path(description="a configured cache name", max_length=64, examples=["prod"])]
+CacheDir = Annotated[str, Query(max_length=1024, pattern=fields.CACHE_DIR,
+                                description="a cache root as a job spells it: an absolute directory, a file:// URL "
+                                            "of one, or gs://bucket/prefix", examples=["/mnt/jax-cache"])]
+#: The error answers of a route that names its cache by root (``cache_dir``).
+BY_DIR_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorModel, "description": "no configured cache has this root"},
+    422: {**UNPROCESSABLE, "description": "several configured caches have this root, or the request does not match "
+                                          "the schema"},
+}
 EntryKey = Annotated[str, Path(description="the entry key: <function>-<64 lower-case hex>", max_length=600,
                                pattern=fields.KEY)]
 
@@ -82,6 +91,19 @@ def unroutable(cache_dir: str | None, roots: dict[str, list[str]]) -> tuple[int,
     norm = routing.normal_dir(cache_dir) if cache_dir else None
     sharing = roots.get(norm, []) if norm is not None else []
     return (422, sorted(sharing)) if len(sharing) > 1 else (404, [])
+
+
+def cache_of_dir(request: Request, cache_dir: str, by_name: str) -> str:
+    """The configured cache whose root is ``cache_dir`` (as a job spells it), else 404 (none) or 422 (several:
+    ask ``GET /v1/caches/NAME/{by_name}``)."""
+    state = state_of(request)
+    try:
+        return routing.cache_for_dir(cache_dir, state.roots)
+    except InvalidInputError:
+        status, sharing = unroutable(cache_dir, state.roots)
+        said = (f"caches {', '.join(sharing)} share the root {cache_dir!r}: ask GET /v1/caches/NAME/{by_name}"
+                if sharing else f"no configured cache has the root {cache_dir!r}: GET /v1/caches lists them")
+        raise HTTPException(status, said) from None
 
 
 def check_key(key: str) -> str:

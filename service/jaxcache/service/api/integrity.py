@@ -4,25 +4,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Query, Request
 
-from jaxcache.errors import InvalidInputError
 from jaxcache.service.api.deps import (
+    BY_DIR_ERRORS,
     ERRORS,
-    UNPROCESSABLE,
     AdminAuth,
+    CacheDir,
     CacheName,
     ReadAuth,
     ReadOrReportAuth,
+    cache_of_dir,
     state_of,
     storage_of,
-    unroutable,
 )
 from jaxcache.service.api.schemas.common import ErrorModel
-from jaxcache.service.api.schemas.fields import CACHE_DIR
 from jaxcache.service.api.schemas.integrity import IntegritySummary, VerifyRequest, VerifyResult
 from jaxcache.service.catalog.queries import verdicts
-from jaxcache.service.ingestion import routing
 from jaxcache.service.operations import verifying
 
 router = APIRouter(tags=["integrity"], responses=ERRORS)
@@ -52,25 +50,13 @@ def get_integrity(request: Request, cache: CacheName, _p: ReadAuth) -> Integrity
 
 
 @router.get("/v1/integrity", response_model=IntegritySummary, operation_id="getIntegrityByDir",
-            responses={404: {"model": ErrorModel, "description": "no configured cache has this root"},
-                       422: {**UNPROCESSABLE, "description": "several configured caches have this root, or the "
-                                                             "request does not match the schema"}})
+            responses=BY_DIR_ERRORS)
 def get_integrity_by_dir(
-    request: Request, _p: ReadOrReportAuth,
-    cache_dir: Annotated[str, Query(max_length=1024, pattern=CACHE_DIR,
-                                    description="a cache root as a job spells it: an absolute directory, a file:// "
-                                                "URL of one, or gs://bucket/prefix", examples=["/mnt/jax-cache"])],
+    request: Request, _p: ReadOrReportAuth, cache_dir: CacheDir,
     limit: Annotated[int, Query(ge=1, le=100_000, description="at most this many problems and conflicts")] = 1000,
 ) -> IntegritySummary:
     """The same summary, for the cache whose root is `cache_dir`: what `enable_cache(verify="attested")` asks
     before a job starts, to skip the entries judged bad. A `report` token (the job's) is enough."""
-    state = state_of(request)
-    try:
-        name = routing.cache_for_dir(cache_dir, state.roots)
-    except InvalidInputError:
-        status, sharing = unroutable(cache_dir, state.roots)
-        said = (f"caches {', '.join(sharing)} share the root {cache_dir!r}: ask GET /v1/caches/NAME/integrity"
-                if sharing else f"no configured cache has the root {cache_dir!r}: GET /v1/caches lists them")
-        raise HTTPException(status, said) from None
-    with state.catalog.reader() as conn:
+    name = cache_of_dir(request, cache_dir, "integrity")
+    with state_of(request).catalog.reader() as conn:
         return IntegritySummary(**verdicts.summary(conn, name, limit=limit))
