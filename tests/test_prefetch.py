@@ -4,8 +4,13 @@ run records; node B, empty, fetches that job's programs while it starts up, befo
 
 from __future__ import annotations
 
+import shutil
+import time
+from urllib.parse import urlencode
+
 import pytest
 
+from test_client_service import REPORT, api, service  # noqa: F401 - a fixture
 from test_local_tier import PROGRAMS, entries, faults, final_record, run_job  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
@@ -76,3 +81,20 @@ def test_a_root_answering_503_for_a_while_still_starts_the_job(tmp_path, faults,
     stored = {blob.name.removeprefix("jc/"): blob.download_as_bytes()
               for blob in gcs_client.list_blobs(gcs_bucket, prefix="jc/") if blob.name.endswith("-cache")}
     assert stored == written
+
+
+def test_a_job_that_reports_to_the_service_gets_its_set_from_it(service, tmp_path):  # noqa: F811
+    """One request to the service, with the job's report token; the root's records are not needed (removed here
+    once the service has folded them)."""
+    base, cache = service  # a local root: the tier and its prefetch work the same over any root
+    reporting = ("--service-url", base, "--token", REPORT)
+    run_job(str(cache), "off", "train", *reporting)
+    deadline = time.monotonic() + 60
+    while not api(base, "/v1/working-set?" + urlencode({"cache_dir": str(cache), "job": "train"}), REPORT)["keys"]:
+        assert time.monotonic() < deadline, "the service never folded the writer's record"
+        time.sleep(0.5)
+    shutil.rmtree(cache / ".jaxcache" / "runs")
+    node, _ = run_job(str(cache), tmp_path / "node", "train", *reporting, "--startup-s", "3")
+    local = node["local"]
+    assert local["prefetch_wanted"] == local["prefetched"] == len(PROGRAMS) and local["fetched"] == 0, local
+    assert node["stats"]["hits"] == len(PROGRAMS), node["stats"]
