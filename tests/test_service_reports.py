@@ -253,7 +253,8 @@ def test_node_local_tier_counts_show_per_process_in_the_job(svc, keys):
     tier = records.LocalTierCounts(directory="/var/cache/jaxcache/local/ab12", loaded=3, loaded_bytes=3000,
                                    fetched=2, fetched_bytes=2048, fetched_s=1.25, skipped=1, uploaded=4,
                                    uploaded_bytes=4096, uploaded_s=0.5, upload_failed=1, upload_pending=2,
-                                   dropped=5, evicted=6)
+                                   dropped=5, evicted=6, prefetch_wanted=9, prefetched=7, prefetched_bytes=7168,
+                                   prefetched_s=2.5, prefetch_waited=1, prefetch_unused=2)
     first = msgspec.structs.replace(run("pretrain", "r1", [hit(train, 1, now - 300)], at=now - 300),
                                     local=msgspec.structs.replace(tier, loaded=1))
     report(svc, first)
@@ -271,9 +272,9 @@ def test_node_local_tier_counts_show_per_process_in_the_job(svc, keys):
     html = page.text
     assert 'data-table="local_tier"' in html and tier.directory in html
     assert 'data-process="0"' in html and 'data-process="1"' not in html
-    for name in ("loaded", "fetched", "skipped", "uploaded", "upload_failed", "dropped", "evicted"):
+    for name in ("loaded", "prefetched", "fetched", "skipped", "uploaded", "upload_failed", "dropped", "evicted"):
         assert f'data-local="{name}" data-value="{getattr(tier, name)}"' in html
-    assert "2.0 KiB in 1.2 s" in html and "4.0 KiB in 0.5 s" in html
+    assert "2.0 KiB in 1.2 s" in html and "4.0 KiB in 0.5 s" in html and "7 of 9, 7.0 KiB in 2.5 s (2)" in html
     # A job none of whose processes had a tier has no such table.
     report(svc, run("eval", "r2", [hit(train, 1, now - 50)], at=now - 50))
     assert 'data-table="local_tier"' not in svc.get("/caches/demo/jobs/eval", headers=H_READ).text

@@ -60,6 +60,12 @@ class LocalTier(BaseModel):
     upload_pending: int = Field(description="uploads not finished when the process exited")
     dropped: int = Field(description="local copies removed at start: gone from the root, or judged bad")
     evicted: int = Field(description="local copies evicted to stay under the size cap")
+    prefetch_wanted: int = Field(0, description="keys of the job's working set the process was to prefetch")
+    prefetched: int = Field(0, description="of those, fetched before JAX asked, checked and admitted")
+    prefetched_bytes: int = 0
+    prefetched_s: float = Field(0.0, description="seconds from enable_cache until the last prefetched key was in")
+    prefetch_waited: int = Field(0, description="JAX's lookups that waited for a prefetch under way")
+    prefetch_unused: int = Field(0, description="prefetched keys JAX never asked for (a working set too wide)")
 
 
 class JobRun(BaseModel):
