@@ -154,6 +154,13 @@ def test_a_report_token_forgery_after_a_real_write_proves_nothing(request, tmp_p
         assert bool(problems) is (order == "before")
         for p in problems.values():
             assert "reported to the service" in p["reasons"][0] and "not proof" in p["reasons"][0]
+        # The shipped policy acts only on proof; `differs` is pruned only where the operator names it.
+        planned = {}
+        for classes in (["tampered", "corrupt"], ["differs"]):
+            r = client.post("/v1/caches/c/prune", json={"integrity": classes, "min_age": "0s"}, headers=_h(ADMIN))
+            assert r.status_code == 200, r.text
+            planned[classes[0]] = {d["key"] for d in r.json()["delete"]}
+        assert planned == {"tampered": set(), "differs": set(problems)}, planned
 
 
 @BOTH

@@ -158,7 +158,8 @@ def test_verify_attested_fails_closed_on_settings_the_service_refuses(service):
     assert policy is not None and policy.judge("jit_f-" + "0" * 64, b"entry") is None
     cases = [(base, "not-a-token", str(cache), "HTTP 401", "JAXCACHE_TOKEN"),
              (base, REPORT, str(cache.parent / "elsewhere"), "HTTP 404", "pass the cache_dir the service is"),
-             (f"{base}/wrong-prefix", REPORT, str(cache), "HTTP 404", "JAXCACHE_SERVICE_URL")]
+             (f"{base}/wrong-prefix", REPORT, str(cache), "HTTP 404", "JAXCACHE_SERVICE_URL"),
+             (base, REPORT, "relative/cache", "HTTP 422", "pass the cache_dir the service is")]
     for url, token, cache_dir, status, fix in cases:
         with pytest.raises(IntegrityCheckError) as info:
             attested_policy(url, token, cache_dir)
