@@ -4,6 +4,8 @@ Everything is forwarded to the emulator unchanged unless a test asked otherwise 
 :meth:`GcsFaults.drop`, :meth:`GcsFaults.tear`), so the real google-cloud-storage client, its retries and the real
 emulator do the rest.
 Clients created after STORAGE_EMULATOR_HOST names :attr:`GcsFaults.url` (subprocesses too) go through it.
+``delay_s`` adds that much latency to every request (each on its own thread, so concurrent requests overlap);
+bench/start.py uses it as a network round trip.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -30,9 +34,11 @@ class _Fault:
     path: re.Pattern[str] | None
     body: re.Pattern[bytes] | None = None
     tear: bool = False
+    until: float | None = None  # time.monotonic() after which it stops matching
 
     def matches(self, method: str, path: str, body: bytes = b"") -> bool:
-        return (self.remaining > 0 and (self.method is None or self.method == method)
+        return (self.remaining > 0 and (self.until is None or time.monotonic() < self.until)
+                and (self.method is None or self.method == method)
                 and (self.path is None or self.path.search(path) is not None)
                 and (self.body is None or self.body.search(body) is not None))
 
@@ -40,12 +46,15 @@ class _Fault:
 class GcsFaults:
     """The proxy (started on a free loopback port) and what it should do to the next requests. Thread-safe."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, delay_s: float = 0.0) -> None:
         self.upstream = upstream.rstrip("/")
+        self.delay_s = delay_s
         self._lock = threading.Lock()
         self._faults: list[_Fault] = []
         #: ``(method, path, what)`` of every request, in arrival order; ``what`` is a status code or "dropped".
         self.log: list[tuple[str, str, int | str]] = []
+        #: ``time.time()`` at which each request of :attr:`log` arrived, in the same order.
+        self.arrived: list[float] = []
         self._server = _Server(self)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="gcs-faults", daemon=True)
@@ -58,6 +67,13 @@ class GcsFaults:
         them."""
         self._add(_Fault(status, count, method, re.compile(path) if path else None,
                          re.compile(body) if body else None))
+
+    def fail_for(self, seconds: float, status: int = 503, *, method: str | None = None,
+                 path: str | None = None) -> None:
+        """Answer every matching request with ``status`` (as :meth:`fail`) for the next ``seconds``."""
+        fault = _Fault(status, 1 << 62, method, re.compile(path) if path else None,
+                       until=time.monotonic() + seconds)
+        self._add(fault)
 
     def tear(self, count: int = 1, *, method: str | None = None, path: str | None = None) -> None:
         """Forward the next ``count`` matching requests, then send the whole answer's headers (its full length)
@@ -75,9 +91,14 @@ class GcsFaults:
             return [e for e in self.log if e[2] in ("dropped", "torn") or e[2] in _REASONS]
 
     def pending(self) -> int:
-        """Faults asked for but not yet served."""
+        """Faults asked for but not yet served (:meth:`fail_for` windows not counted)."""
         with self._lock:
-            return sum(f.remaining for f in self._faults)
+            return sum(f.remaining for f in self._faults if f.until is None)
+
+    def requests(self, since: float = 0.0, until: float = float("inf")) -> list[tuple[str, str, int | str]]:
+        """The requests of :attr:`log` that arrived between ``since`` and ``until`` (``time.time()``)."""
+        with self._lock:
+            return [e for e, t in zip(self.log, self.arrived, strict=True) if since <= t <= until]
 
     def clear(self) -> None:
         """Forget the faults not yet served: from now on everything is forwarded."""
@@ -101,9 +122,10 @@ class GcsFaults:
                 fault.remaining -= 1
             return fault
 
-    def _record(self, method: str, path: str, what: int | str) -> None:
+    def _record(self, method: str, path: str, what: int | str, arrived: float) -> None:
         with self._lock:
             self.log.append((method, path, what))
+            self.arrived.append(arrived)
 
 
 class _Server(ThreadingHTTPServer):
@@ -112,6 +134,10 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, faults: GcsFaults) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.faults = faults
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client gone mid-answer (it exited) is no error
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -122,15 +148,18 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        arrived = time.time()
         faults = self.server.faults
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             # Neither google-cloud-storage nor gcsfs sends one; fail loudly should that change.
             self.send_error(501, "the fault proxy does not read chunked request bodies")
             return
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if faults.delay_s:
+            time.sleep(faults.delay_s)
         fault = faults._take(self.command, self.path, body)
         if fault is not None and fault.status is not None:
-            faults._record(self.command, self.path, fault.status)
+            faults._record(self.command, self.path, fault.status, arrived)
             message = f"injected {fault.status} from {faults.url}"
             error = {"code": fault.status, "message": message,
                      "errors": [{"message": message, "domain": "global", "reason": _REASONS[fault.status]}]}
@@ -139,15 +168,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         status, headers, payload = self._forward(faults, body)
         if fault is not None and fault.tear:
-            faults._record(self.command, self.path, "torn")
+            faults._record(self.command, self.path, "torn", arrived)
             self.close_connection = True
             self._answer(status, headers, payload, send_bytes=len(payload) // 2)
             return
         if fault is not None:
-            faults._record(self.command, self.path, "dropped")
+            faults._record(self.command, self.path, "dropped", arrived)
             self.close_connection = True  # the handler closes the socket having written nothing
             return
-        faults._record(self.command, self.path, status)
+        faults._record(self.command, self.path, status, arrived)
         self._answer(status, headers, payload)
 
     do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_GET

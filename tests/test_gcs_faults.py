@@ -163,3 +163,33 @@ def test_a_retry_delay_that_is_not_seconds_is_refused(monkeypatch, capsys):
     monkeypatch.setenv(gcs_backend.RETRY_DELAY_ENV, "soon")
     assert main(["ls", "gs://some-bucket/jc"]) == 2
     assert f"{gcs_backend.RETRY_DELAY_ENV}='soon'" in capsys.readouterr().err
+
+
+def test_the_proxy_delays_requests_without_serialising_them_and_fails_for_a_window(fake_gcs):
+    """What bench/start.py relies on: ``delay_s`` on every request, concurrent ones overlapping, and ``fail_for``
+    answering 503 until its window closes; :meth:`GcsFaults.requests` counts them by arrival."""
+    import urllib.error
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    proxy = GcsFaults(fake_gcs, delay_s=0.3)
+    try:
+        def get(_: int) -> int:
+            try:
+                with urllib.request.urlopen(f"{proxy.url}/storage/v1/b", timeout=10) as resp:
+                    return resp.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        began = time.time()
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(get, range(8))) == [200] * 8
+        assert 0.3 <= time.time() - began < 1.2  # eight at once take about one delay, not eight
+        assert len(proxy.requests(since=began)) == 8 and proxy.requests(until=began) == []
+        proxy.fail_for(0.5)
+        assert get(0) == 503 and proxy.pending() == 0
+        time.sleep(0.5)
+        assert get(0) == 200
+        assert [e[2] for e in proxy.log[-2:]] == [503, 200] and len(proxy.injected()) == 1
+    finally:
+        proxy.close()
