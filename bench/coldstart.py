@@ -22,7 +22,7 @@ import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
-from tables import print_rows  # noqa: E402
+from tables import emit, print_rows  # noqa: E402
 
 _WORKER = os.path.join(_HERE, "coldstart_worker.py")
 _MODES = ("nocache", "cold", "warm")
@@ -365,13 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     fig["source"] = source_before if source_before == source_after else f"{source_before} -> {source_after}"
     if source_before != source_after and _client_changed(source_before, source_after):
         fig["odd"].append(f"the client or core changed during the run ({fig['source']}): measure again")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(fig, f, indent=1)
-    if args.json:
-        print(json.dumps({k: v for k, v in fig.items() if k != "runs"}, indent=1))
-    else:
-        print_table(fig)
+    emit(fig, args.out, args.json, print_table)
+    if not args.json:
         print(f"\nmeasured at {fig['source'] or 'an unknown commit'}; figures and every run: "
               f"{os.path.relpath(args.out)}")
     return 0

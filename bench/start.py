@@ -31,7 +31,7 @@ sys.path.insert(0, _HERE)
 sys.path.insert(1, os.path.join(os.path.dirname(_HERE), "tests"))
 from coldstart import _env  # noqa: E402
 from gcs import start_emulator  # noqa: E402
-from tables import print_rows  # noqa: E402
+from tables import emit, print_rows  # noqa: E402
 
 from gcs_faults import GcsFaults  # noqa: E402
 
@@ -258,13 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kept {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(fig, f, indent=1)
-    if args.json:
-        print(json.dumps({k: v for k, v in fig.items() if k != "runs"}, indent=1))
-    else:
-        print_table(fig)
+    emit(fig, args.out, args.json, print_table)
     return 0 if fault["passed"] else 1
 
 

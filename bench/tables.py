@@ -3,7 +3,9 @@ under the header row."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import os
+from collections.abc import Callable, Sequence
 
 
 def print_rows(rows: Sequence[Sequence[str]]) -> None:
@@ -13,3 +15,15 @@ def print_rows(rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
         if n == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def emit(fig: dict, out: str, as_json: bool, table: Callable[[dict], None]) -> None:
+    """Write ``fig`` (its every run included) to ``out`` as JSON, then print it: as JSON without its ``runs``
+    (``as_json``), else as ``table`` prints it."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(fig, f, indent=1)
+    if as_json:
+        print(json.dumps({k: v for k, v in fig.items() if k != "runs"}, indent=1))
+    else:
+        table(fig)
