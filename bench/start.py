@@ -1,12 +1,10 @@
-"""A job's start on a cold node (#36): time from ``enable_cache()`` to every program loaded, for a job of
-``--programs`` programs of a few MB each on a gs:// root (fake-gcs-server behind tests/gcs_faults.py's proxy, which
-adds ``--delay-ms`` to every request, no bandwidth cap), after ``--startup-s`` of start-up work. Arms, interleaved
-over ``--repeats`` rounds, each run a fresh process (bench/start_worker.py): JAX reading the root directly; the
-node-local tier cold (an empty directory) with prefetch, and cold fetching on demand (``JAXCACHE_PREFETCH=0``); the
-tier warm; and the floor, the same job on a plain local directory that already holds the programs. Then the fault
-arm: a cold run with prefetch while the proxy answers 503 to everything for ``--fault-s`` seconds from its
-``enable_cache()``; it must exit 0 with every program loaded or compiled and the root's objects as they were. What
-each figure means: bench/README.md.
+"""A job's start on a cold node (#36): time from ``enable_cache()`` to every program loaded, ``--programs`` programs
+of a few MB each on a gs:// root (fake-gcs-server behind tests/gcs_faults.py's proxy adding ``--delay-ms`` to every
+request, no bandwidth cap), ``--startup-s`` of start-up work between. Arms interleaved over ``--repeats`` rounds,
+each run a fresh process (bench/start_worker.py): JAX reading the root directly; the node-local tier cold with
+prefetch, cold on demand (``JAXCACHE_PREFETCH=0``), and warm; the floor, a plain local directory holding the
+programs. Then a cold run while the proxy answers 503 for ``--fault-s``: it must exit 0, every program loaded or
+compiled, the root's objects as they were. What each figure means: bench/README.md.
 
     .venv/bin/python bench/start.py         # table; figures and every run also in bench/out/start.json
 
