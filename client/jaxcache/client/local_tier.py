@@ -312,23 +312,25 @@ class LocalTier:
                     os.unlink(path)
 
     def revalidate(self, bad: Collection[str], *, need_signature: bool, pending: Callable[[], Collection[str]],
-                   unverified: Collection[str] = ()) -> list[str]:
-        """Drop local copies of keys the root no longer has, that are in ``bad``, or (``need_signature``) whose
-        signature left the root or that were written here ``unverified``, keeping those JAX wrote here whose
-        upload is still ``pending``. One listing of the root, made before taking the lock. Returns the keys
-        dropped."""
+                   unverified: Collection[str] = (), list_root: bool = True) -> list[str]:
+        """Drop local copies that are in ``bad``, or (``need_signature``) were written here ``unverified``, and
+        (``list_root``) of keys the root no longer has or (``need_signature``) whose signature left it, keeping
+        those JAX wrote here whose upload is still ``pending``. One listing of the root, made before taking the
+        lock. Returns the keys dropped."""
         names = os.listdir(self.directory)
-        self._sweep([n for n in names if n.startswith(TEMP_PREFIXES)])
+        if list_root:
+            self._sweep([n for n in names if n.startswith(TEMP_PREFIXES)])
         # In this order: a key another process is writing is marked pending before its entry appears, and
         # unmarked only once the root has it, so a key listed here is either pending now or in the root below.
         waiting = set(pending())
         local = [k for n in names if n.endswith("-cache") and (k := n.removesuffix("-cache")) not in waiting]
         if not local:
             return []
+        listed: set[str] | None = None
         try:
-            listed: set[str] | None = {name for name, *_ in self._root().list_stats(("-cache", signing.SIG_SUFFIX))}
+            if list_root:
+                listed = {name for name, *_ in self._root().list_stats(("-cache", signing.SIG_SUFFIX))}
         except Exception as exc:  # noqa: BLE001 - an unreachable root must not stop the job: JAX compiles what it lacks
-            listed = None
             log.warning("jaxcache: could not list the shared root to revalidate %s (%s); only copies known bad are"
                         " dropped this time", self.directory, exc)
         drop = [k for k in local if k in bad or (need_signature and k in unverified) or (listed is not None and (

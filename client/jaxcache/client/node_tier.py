@@ -4,6 +4,8 @@ write-behind uploads of what JAX writes there (:mod:`jaxcache.client.uploads`)."
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable
 
 from jaxcache import entry
@@ -30,6 +32,7 @@ class NodeTier:
         self.uploader = Uploader(self.tier, root, signing_key=options.signing_key, writer_name=writer_name,
                                  signed_dir=policy is not None and policy.mode == "signed")
         self.prefetcher: Prefetcher | None = None
+        self._tidy: threading.Thread | None = None
         if options.prefetch:
             url = options.service_url
             ask = None if url is None else (lambda wanted: prefetch.from_service(
@@ -49,17 +52,36 @@ class NodeTier:
     def start(self) -> None:
         """Revalidate the local copies, resume earlier processes' uploads, then answer JAX's lookups."""
         policy = self.policy
-        unverified = set(self.uploader.unverified())
-        dropped = self.tier.revalidate(() if policy is None else set(policy.bad), pending=self.uploader.pending,
-                                       need_signature=policy is not None and policy.mode == "signed",
-                                       unverified=unverified)
-        # Dropped here, or evicted since: their marks go too.
-        self.uploader.forget_unverified([k for k in unverified if k in dropped or not os.path.exists(
-            os.path.join(self.tier.directory, entry.cache_name(k)))])
+        bad = () if policy is None else set(policy.bad)
+        if policy is not None and policy.mode == "signed":
+            # What the root signs decides what loads: its listing is read before JAX reads anything here.
+            unverified = set(self.uploader.unverified())
+            dropped = self.tier.revalidate(bad, pending=self.uploader.pending, need_signature=True,
+                                           unverified=unverified)
+            # Dropped here, or evicted since: their marks go too.
+            self.uploader.forget_unverified([k for k in unverified if k in dropped or not os.path.exists(
+                os.path.join(self.tier.directory, entry.cache_name(k)))])
+        else:
+            # What this process knows is bad goes now. Copies the root no longer has (pruned, deleted) are only
+            # stale, so the root's listing (and google-cloud-storage's import) runs beside the job's start-up.
+            self.tier.revalidate(bad, pending=self.uploader.pending, need_signature=False, list_root=False)
+            self._tidy = threading.Thread(target=self.tier.revalidate, args=((),), daemon=True,
+                                          kwargs=dict(pending=self.uploader.pending, need_signature=False),
+                                          name="jaxcache-revalidate")
+            self._tidy.start()
         self.uploader.resume(self.uploader.pending())
         self.tier.install()  # it judges what it fetches; its local files are trusted as admitted
         if self.prefetcher is not None:
             self.prefetcher.start()  # off this thread: the job's own start-up runs meanwhile
+
+    def settle(self, wait_s: float, *, final: bool = False) -> bool:
+        """Wait up to ``wait_s`` for the start's revalidation and the uploads still running; whether both ended.
+        At exit (``final``) unfinished uploads are counted as pending."""
+        deadline = time.monotonic() + wait_s
+        if self._tidy is not None:
+            self._tidy.join(wait_s)
+        return self.uploader.drain(max(0.0, deadline - time.monotonic()), final=final) and not (
+            self._tidy is not None and self._tidy.is_alive())
 
     def counts(self) -> LocalTierCounts:
         """What the tier did so far in this process."""

@@ -203,7 +203,7 @@ class CacheSession:
         try:
             self._attestor.drain(ATTEST_WAIT_S)  # then the uploads, within their own bound
             if self._tier is not None:
-                self._tier.uploader.drain(self.options.upload_wait_s, final=True)
+                self._tier.settle(self.options.upload_wait_s, final=True)
             self.check_sample()
             self.flush(final=True)
             if self._reporter is not None:
@@ -265,10 +265,10 @@ class CacheSession:
         return self.integrity_findings
 
     def wait_for_attestations(self, timeout_s: float = ATTEST_WAIT_S) -> bool:
-        """Wait (bounded) until every entry written so far has its digest (and is uploaded); False on timeout."""
+        """Wait (bounded) for every write's digest and upload, and for the node-local tier's start; False on timeout."""
         deadline = time.monotonic() + timeout_s
         done = self._attestor.drain(timeout_s)
-        return (self._tier is None or self._tier.uploader.drain(max(0.0, deadline - time.monotonic()))) and done
+        return (self._tier is None or self._tier.settle(max(0.0, deadline - time.monotonic()))) and done
 
     def _tick(self) -> None:
         while not self._stop.wait(self.options.record_every_s):
