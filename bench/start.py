@@ -66,10 +66,12 @@ def launch(args: argparse.Namespace, cache_dir: str, env: dict[str, str], startu
 
 
 def kinds(requests: list[tuple[str, str, int | str]]) -> dict[str, int]:
-    """Requests by kind: entry downloads, listings, uploads, other (metadata)."""
-    out = {"download": 0, "listing": 0, "upload": 0, "other": 0}
+    """Requests by kind: entry downloads, record reads (the working set's), listings, uploads, other (metadata)."""
+    out = {"download": 0, "record": 0, "listing": 0, "upload": 0, "other": 0}
     for method, path, _ in requests:
-        kind = ("download" if "alt=media" in path else "listing" if "/o?" in path or path.endswith("/o")
+        media = "alt=media" in path
+        kind = ("download" if media and "-cache" in path.split("?")[0] else "record" if media
+                else "listing" if "/o?" in path or path.endswith("/o")
                 else "upload" if method in ("POST", "PUT") else "other")
         out[kind] += 1
     return out
