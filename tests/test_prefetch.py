@@ -40,6 +40,8 @@ def test_an_empty_node_has_the_jobs_programs_before_jax_asks(tmp_path, faults, g
     assert entries(tmp_path / "node-b" / "unchecked") == written
     assert sorted(entry_downloads(faults.log)) == sorted(f"jc%2F{k}" for k in written), faults.log
     assert "4 prefetched of a working set of 4 (0 unused)" in b["summary"], b["summary"]
+    # The run record's entry sizes come from the node's copies: no request per program to the root for them.
+    assert not [p for m, p, _ in faults.log if m == "GET" and "-cache" in p and "alt=media" not in p], faults.log
     assert final_record(gcs_client, gcs_bucket, b)["local"]["prefetched"] == len(PROGRAMS)
 
 

@@ -35,15 +35,18 @@ class RecordWriter:
             self._storage = open_storage(self._cache_dir, must_exist=False)
         return self._storage
 
-    def sizes(self, keys: list[str]) -> dict[str, int]:
-        """Sizes of entries in the root, for records that do not know them yet; missing ones are left out."""
+    def sizes(self, keys: list[str], local: Storage | None = None) -> dict[str, int]:
+        """Sizes of entries, for records that do not know them yet: from the node-local tier's copies (``local``:
+        no request, and there before an upload lands), else from the root; missing ones are left out."""
         found: dict[str, int] = {}
         try:
-            storage = self.storage()
-            for key in keys:
-                info = storage.stat(key + "-cache")  # JAX's entry name for a key
-                if info is not None:
-                    found[key] = info.size_bytes
+            for storage in (local, self.storage()) if local is not None else (self.storage(),):
+                for key in keys:
+                    info = None if key in found else storage.stat(key + "-cache")  # JAX's entry name for a key
+                    if info is not None:
+                        found[key] = info.size_bytes
+                if len(found) == len(keys):
+                    break
         except Exception as exc:  # noqa: BLE001 - telemetry must not break the job
             self._warn_once(f"could not read entry sizes from {self._cache_dir}: {exc}")
         return found

@@ -149,7 +149,7 @@ class CacheSession:
         usages = self._recorder.usages()
         unknown = [u.key for u in usages if u.size_bytes is None and u.event in (HIT, WRITE)]
         if unknown:
-            for key, size in self._writer.sizes(unknown).items():
+            for key, size in self._writer.sizes(unknown, None if self._tier is None else self._tier.storage()).items():
                 self._recorder.set_size(key, size)
             usages = self._recorder.usages()
         index, count = ji.processes()
