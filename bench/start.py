@@ -1,7 +1,8 @@
 """A job's start on a cold node (#36): time from ``enable_cache()`` to every program loaded, ``--programs`` programs
 of a few MB each on a gs:// root (fake-gcs-server behind tests/gcs_faults.py's proxy adding ``--delay-ms`` to every
 request, no bandwidth cap), ``--startup-s`` of start-up work between. Arms interleaved over ``--repeats`` rounds,
-each run a fresh process (bench/start_worker.py): JAX reading the root directly; the node-local tier cold with
+each run a fresh process (bench/start_worker.py): JAX reading the root directly, also with verify='signed' (#34:
+its requests per program); the node-local tier cold with
 prefetch, cold on demand (``JAXCACHE_PREFETCH=0``), and warm; the floor, a plain local directory holding the
 programs. Then a cold run while the proxy answers 503 for ``--fault-s``: it must exit 0, every program loaded or
 compiled, the root's objects as they were. What each figure means: bench/README.md.
@@ -35,7 +36,7 @@ from gcs_faults import GcsFaults  # noqa: E402
 
 _WORKER = os.path.join(_HERE, "start_worker.py")
 _BUCKET, _PREFIX = "bench", "start"
-_ARMS = ("direct", "cold+prefetch", "cold on demand", "warm", "floor")
+_ARMS = ("direct", "direct, signed", "cold+prefetch", "cold on demand", "warm", "floor")
 _TARGETS = {"cold+prefetch": 1.2, "warm": 1.1}
 _PREFETCH = "8"  # the client's default with a local tier
 
@@ -83,12 +84,13 @@ def root_objects(client) -> dict[str, tuple[int, str]]:
     return {b.name[len(base):]: (b.size, b.crc32c) for b in client.list_blobs(_BUCKET, prefix=base)}
 
 
-def fill(args: argparse.Namespace, emulator: str, root: str, floor: str, client) -> dict:
-    """Compile the programs into the root (no local tier: JAX writes there, and the run record names the keys)
-    and into the floor's plain directory."""
+def fill(args: argparse.Namespace, emulator: str, root: str, floor: str, client, key_file: str) -> dict:
+    """Compile the programs into the root (no local tier: JAX writes there, and the run record names the keys;
+    signed with ``key_file``, for the signed arm) and into the floor's plain directory."""
     env = {"STORAGE_EMULATOR_HOST": emulator, "JAXCACHE_LOCAL_DIR": "off"}
     for cache_dir in (root, floor):
-        got = launch(args, cache_dir, env, startup_s=0)
+        got = launch(args, cache_dir, {**env, "JAXCACHE_SIGNING_KEY": key_file} if cache_dir == root else env,
+                     startup_s=0)
         s = got["stats"]
         if s["misses"] != args.programs or s["writes"] != args.programs:
             raise SystemExit(f"filling {cache_dir}: expected {args.programs} compiles written, got {got['summary']}")
@@ -110,6 +112,9 @@ def arm_env(arm: str, work: str, proxy: GcsFaults, r: int) -> tuple[str, dict[st
     root = f"gs://{_BUCKET}/{_PREFIX}"
     if arm == "direct":
         return root, {**env, "JAXCACHE_LOCAL_DIR": "off"}
+    if arm == "direct, signed":  # #34: what verify='signed' adds per program on a gs:// root
+        return root, {**env, "JAXCACHE_LOCAL_DIR": "off", "JAXCACHE_VERIFY": "signed",
+                      "JAXCACHE_TRUSTED_KEYS": _trusted(work)}
     if arm == "floor":
         return os.path.join(work, "floor"), env
     if arm == "warm":
@@ -119,6 +124,13 @@ def arm_env(arm: str, work: str, proxy: GcsFaults, r: int) -> tuple[str, dict[st
         raise SystemExit(f"{local} exists: a cold run needs an empty directory")
     prefetch = "0" if arm == "cold on demand" else _PREFETCH
     return root, {**env, "JAXCACHE_LOCAL_DIR": local, "JAXCACHE_PREFETCH": prefetch}
+
+
+def _trusted(work: str) -> str:
+    """The public half of the key the root's entries were signed with, as JAXCACHE_TRUSTED_KEYS takes it."""
+    from jaxcache import signing
+
+    return signing.load_key(os.path.join(work, "bench.key")).public_text()
 
 
 def measured(got: dict, proxy: GcsFaults, programs: int) -> dict:
@@ -242,7 +254,11 @@ def main(argv: list[str] | None = None) -> int:
 
         client = storage.Client()
         client.create_bucket(_BUCKET)
-        root = fill(args, url, f"gs://{_BUCKET}/{_PREFIX}", os.path.join(work, "floor"), client)
+        from jaxcache import signing
+
+        signing.new_key("bench", os.path.join(work, "bench.key"))
+        root = fill(args, url, f"gs://{_BUCKET}/{_PREFIX}", os.path.join(work, "floor"), client,
+                    os.path.join(work, "bench.key"))
         proxy = GcsFaults(url, delay_s=args.delay_ms / 1000)
         runs = measure(args, work, proxy)
         fault = fault_arm(args, work, proxy, client)
