@@ -38,6 +38,9 @@ LOCK_NAME = ".lockfile"  # JAX's LRU lock (jax._src.lru_cache): its eviction and
 ATIME_SUFFIX = "-atime"
 PENDING_DIR = os.path.join(".jaxcache", "pending")  # keys JAX wrote here whose upload has not finished
 UNVERIFIED_DIR = os.path.join(".jaxcache", "unverified")  # signed directories: local writes no signature covers
+FETCHING_DIR = os.path.join(".jaxcache", "fetching")  # the per-key turns of processes fetching from the root
+FETCH_STRIPES = 64  # lock files, keys spread over them: bounded, however many keys the node sees
+FETCH_TURN_S = 60.0  # the longest a process waits for another's download of the same stripe
 LOCK_TIMEOUT_S = 10.0  # JAX's own lock timeout
 TEMP_PREFIXES = (".jaxcache-tmp-", ".jaxcache-probe-")  # LocalStorage.write_atomic's, and open_dir's
 TEMP_AGE_S = 3600.0
@@ -102,6 +105,7 @@ class Pulled:
     data: bytes | None
     reason: str | None
     admitted: bool
+    here: bool = False  # found in the local directory (another process fetched it meanwhile): nothing downloaded
 
 
 class Ahead(Protocol):
@@ -126,6 +130,8 @@ class LocalTier:
         self._refused = refused
         self._max = max_size_bytes
         self._lock = filelock.FileLock(os.path.join(directory, LOCK_NAME), timeout=LOCK_TIMEOUT_S)
+        self._turns = os.path.join(directory, FETCHING_DIR)
+        os.makedirs(self._turns, mode=0o700, exist_ok=True)
         self._mutex = threading.Lock()
         self.counts = LocalTierCounts(directory=directory)
         self._warned: set[str] = set()
@@ -192,12 +198,28 @@ class LocalTier:
         if pulled.reason is not None:
             self._refuse(key, pulled.reason)
             return None
-        if pulled.data is not None:
+        if pulled.here and pulled.data is not None:
+            self.add(loaded=1, loaded_bytes=len(pulled.data))
+        elif pulled.data is not None:
             self.add(fetched=1, fetched_bytes=len(pulled.data), fetched_s=time.monotonic() - started)
         return pulled.data
 
     def pull(self, key: str) -> Pulled:
-        """Read ``key``'s entry from the root, judge it and admit it; counts nothing (on demand, or ahead of JAX)."""
+        """Read ``key``'s entry from the root, judge it and admit it; counts nothing (on demand, or ahead of JAX).
+        Processes on the node take turns per key (a lock of :data:`FETCH_STRIPES`): one that finds the entry here
+        once its turn comes answers it as ``here`` instead of downloading it again."""
+        stripe = filelock.FileLock(os.path.join(self._turns, str(int(key[-4:], 16) % FETCH_STRIPES)),
+                                   timeout=FETCH_TURN_S)
+        try:
+            with stripe:
+                return self._pull(key)
+        except filelock.Timeout:  # another process's download is slow: fetch for this one rather than wait on
+            return self._pull(key)
+
+    def _pull(self, key: str) -> Pulled:
+        with contextlib.suppress(FileNotFoundError):
+            with open(os.path.join(self.directory, entry.cache_name(key)), "rb") as f:
+                return Pulled(f.read(), None, True, here=True)  # whole: admitted files appear by rename
         try:
             data = self._root().read(entry.cache_name(key))
         except Exception as exc:  # noqa: BLE001 - a lookup must never fail a compile

@@ -79,7 +79,7 @@ class Prefetcher:
 
     def _fetch(self, key: str) -> Pulled:
         pulled = self._tier.pull(key)
-        if pulled.admitted and pulled.data is not None:
+        if pulled.admitted and pulled.data is not None and not pulled.here:
             with self._lock:
                 self._fetched.add(key)
                 self._done_s = time.monotonic() - self._started
