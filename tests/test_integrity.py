@@ -190,9 +190,15 @@ def test_swapped_bytes_without_a_record_are_flagged_but_not_acted_on(jax_caches,
 def test_zlib_signed_flip_is_tampered_and_corrupt(jax_caches, key, tmp_path):
     root = copy_of(Path(jax_caches["zlib"].root), tmp_path / "zlib")
     attest_by_hand(root)
+    # Changed after its writer recorded it, before the rollout signs: --if-recorded leaves it unsigned.
+    planted = min(root.glob("*-cache"), key=lambda p: p.stat().st_size)
+    planted.write_bytes(planted.read_bytes() + b"\0")
     proc = subprocess.run([sys.executable, "-m", "jaxcache", "keys", "sign", str(root), "--key", key[0],
                            "--if-recorded"], capture_output=True, text=True, timeout=120, env=clean_env())
     assert proc.returncode == 0 and "signed" in proc.stdout, proc.stderr
+    planted_key = planted.name.removesuffix("-cache")
+    assert f"skipped {planted_key}: differs from its recorded digest" in proc.stdout, proc.stdout
+    assert not (root / signing.sig_name(planted_key)).exists()
     victim = max(root.glob("*-cache"), key=lambda p: p.stat().st_size)
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
