@@ -41,6 +41,19 @@ def run_job(root: str, local: Path | str, job: str, *args: str, settle: bool = T
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
+def run_together(root: str, local: Path, jobs: list[tuple[str, ...]]) -> list[dict]:
+    """Jobs started at once on one "node", each with its own arguments; their JSON lines."""
+    procs = [subprocess.Popen([sys.executable, str(JOB), "--cache-dir", root, *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_env(JAXCACHE_LOCAL_DIR=str(local)))
+             for args in jobs]
+    outs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stdout + stderr
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    return outs
+
+
 def root_objects(client, bucket: str, prefix: str = "jc") -> dict[str, bytes]:
     base = prefix + "/"
     return {b.name[len(base):]: b.download_as_bytes() for b in client.list_blobs(bucket, prefix=base)
@@ -354,16 +367,9 @@ def test_processes_on_one_node_share_its_directory(tmp_path, gcs_client, gcs_buc
     root = f"gs://{gcs_bucket}/jc"
     run_job(root, tmp_path / "node-a", "train")
     node = tmp_path / "node"
-    procs = [subprocess.Popen([sys.executable, str(JOB), "--cache-dir", root, "--job", f"rank{i}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env(JAXCACHE_LOCAL_DIR=str(node))) for i in range(3)]
-    outs = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 0, stdout + stderr
-        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    outs = run_together(root, node, [("--job", f"rank{i}") for i in range(3)])
     assert all(o["stats"]["hits"] == len(PROGRAMS) and o["stats"]["misses"] == 0 for o in outs), outs
-    assert sum(o["local"]["fetched"] + o["local"]["loaded"] for o in outs) == len(PROGRAMS) * len(procs)
+    assert sum(o["local"]["fetched"] + o["local"]["loaded"] for o in outs) == len(PROGRAMS) * len(outs)
     stored = {k: v for k, v in root_objects(gcs_client, gcs_bucket).items() if k.endswith("-cache")}
     assert entries(node / "unchecked") == stored
     assert len(list((node / "unchecked").glob("*-atime"))) == len(PROGRAMS)

@@ -4,17 +4,14 @@ run records; node B, empty, fetches that job's programs while it starts up, befo
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 import time
 from urllib.parse import urlencode
 
 import pytest
 
-from test_client_service import JOB, REPORT, _env, api, service  # noqa: F401 - a fixture
-from test_local_tier import PROGRAMS, entries, faults, final_record, run_job  # noqa: F401 - a fixture
+from test_client_service import REPORT, api, service  # noqa: F401 - a fixture
+from test_local_tier import PROGRAMS, entries, faults, final_record, run_job, run_together  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 
@@ -115,14 +112,7 @@ def test_processes_starting_together_on_a_node_download_each_entry_once(tmp_path
     faults.log.clear()
     faults.delay_s = 0.1  # a remote root: downloads overlap, and without turns each process would make its own
     node = tmp_path / "node"
-    procs = [subprocess.Popen([sys.executable, str(JOB), "--cache-dir", root, "--job", "train", "--startup-s", "2"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env(JAXCACHE_LOCAL_DIR=str(node))) for _ in range(3)]
-    outs = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 0, stdout + stderr
-        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    outs = run_together(root, node, [("--job", "train", "--startup-s", "2")] * 3)
     assert all(o["stats"]["hits"] == len(PROGRAMS) for o in outs), [o["stats"] for o in outs]
     assert sorted(entry_downloads(faults.log)) == sorted(f"jc%2F{k}" for k in written), faults.log
     assert sum(o["local"]["prefetched"] + o["local"]["fetched"] for o in outs) == len(PROGRAMS), [

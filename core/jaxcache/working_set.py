@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -30,6 +30,7 @@ from jaxcache.storage.base import ObjectInfo, Storage
 MATCHED = ("jaxlib", "backend", "device_kind", "device_count")  # the fingerprint fields a working set must share
 DEFAULT_RUNS = 3
 DEFAULT_DAYS = 14
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,19 +129,24 @@ def _newest_first(storage: Storage, prefix: str, keep: Any) -> list[ObjectInfo]:
                   key=lambda i: i.mtime_s, reverse=True)
 
 
+def _parsed(storage: Storage, infos: list[ObjectInfo], limit: int, parse: Callable[[bytes], T]) -> Iterator[T]:
+    """The objects ``infos`` names, read in parallel and parsed, in order; unreadable or malformed ones left out."""
+    for data in bounded_map(lambda i: _read(storage, i, limit), infos, workers=storage.io_workers):
+        try:
+            if data is not None:
+                yield parse(data)
+        except InvalidInputError:
+            continue
+
+
 def _runs(storage: Storage, job: str, days: int, now: float) -> Iterable[RunRecord]:
     """The job's process-0 job records, newest day first; unreadable ones are passed over."""
     today = dt.datetime.fromtimestamp(now, dt.UTC).date()
     for back in range(days):
         day = (today - dt.timedelta(days=back)).isoformat()
         infos = _newest_first(storage, f"{records.RUNS_PREFIX}{day}/", lambda n: n.endswith("-p0.json"))
-        for data in bounded_map(lambda i: _read(storage, i, records.MAX_RECORD_BYTES), infos,
-                                workers=storage.io_workers):
-            try:
-                record = records.parse(data) if data is not None else None
-            except InvalidInputError:
-                continue
-            if record is not None and record.job == job and record.kind == records.JOB:
+        for record in _parsed(storage, infos, records.MAX_RECORD_BYTES, records.parse):
+            if record.job == job and record.kind == records.JOB:
                 yield record
 
 
@@ -168,13 +174,8 @@ def from_root(storage: Storage, job: str, wanted: Wanted, *, runs: int = DEFAULT
     since = now - days * 86400.0
     infos = [i for i in _newest_first(storage, coverage.WARMUPS_PREFIX, lambda n: n.endswith(".json"))
              if i.mtime_s >= since]
-    for data in bounded_map(lambda i: _read(storage, i, coverage.MAX_COVERAGE_BYTES), infos,
-                            workers=storage.io_workers):
-        try:
-            warm = coverage.parse(data) if data is not None else None
-        except InvalidInputError:
-            continue
-        if warm is None or warm.job != job or not wanted.matches(warm.fingerprint):
+    for warm in _parsed(storage, infos, coverage.MAX_COVERAGE_BYTES, coverage.parse):
+        if warm.job != job or not wanted.matches(warm.fingerprint):
             continue
         if built.found.fingerprint is None:
             wanted = wanted.filled_from(warm.fingerprint)
