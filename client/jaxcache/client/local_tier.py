@@ -318,11 +318,14 @@ class LocalTier:
         """JAX's LRU lock over this directory."""
         return self._lock
 
-    def remove(self, key: str) -> None:
-        """Remove a key's entry and atime files; hold :meth:`lock`."""
+    def remove(self, key: str) -> bool:
+        """Remove a key's entry and atime files; hold :meth:`lock`. False when the entry was gone already."""
+        removed = False
         for name in (entry.cache_name(key), key + ATIME_SUFFIX):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.directory, name))
+                removed = removed or name.endswith("-cache")
+        return removed
 
     def _sweep(self, names: list[str]) -> None:
         """Remove temporary files a process killed mid-admission left behind (never read by JAX, but never evicted
@@ -358,9 +361,9 @@ class LocalTier:
         drop = [k for k in local if k in bad or (need_signature and k in unverified) or (listed is not None and (
             entry.cache_name(k) not in listed or (need_signature and signing.sig_name(k) not in listed)))]
         if drop:
-            with self._lock:
-                for key in drop:
-                    self.remove(key)
+            with self._lock:  # counting only what is still here: the uploader may have removed a torn write meanwhile
+                drop = [key for key in drop if self.remove(key)]
+        if drop:
             self.add(dropped=len(drop))
             log.info("jaxcache: dropped %d local copies from %s that the shared root no longer has or that are"
                      " judged bad", len(drop), self.directory)
