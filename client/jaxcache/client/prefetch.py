@@ -9,18 +9,16 @@ fetch has not started takes it over. Keys fetched and never asked for are counte
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from jaxcache import entry, working_set
 from jaxcache.client.local_tier import LocalTier, Pulled
+from jaxcache.client.reporting import ask_service
 from jaxcache.records import LocalTierCounts
 from jaxcache.storage import Storage
 from jaxcache.working_set import Wanted, WorkingSet
@@ -32,12 +30,8 @@ ASK_TIMEOUT_S = 5.0  # the service's answer; past it the root's records are read
 
 def from_service(service_url: str, token: str | None, cache_dir: str, job: str, wanted: Wanted) -> WorkingSet:
     """The set as the service's catalog has it (one request); raises when the service cannot answer."""
-    query = urllib.parse.urlencode({"cache_dir": cache_dir, "job": job, **wanted.as_params()})
-    request = urllib.request.Request(f"{service_url}/v1/working-set?{query}")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=ASK_TIMEOUT_S) as response:
-        return WorkingSet.from_builtins(json.loads(response.read()))
+    query = {"cache_dir": cache_dir, "job": job, **wanted.as_params()}
+    return WorkingSet.from_builtins(ask_service(service_url, "/v1/working-set", query, token, ASK_TIMEOUT_S))
 
 
 class Prefetcher:
@@ -110,7 +104,7 @@ class Prefetcher:
         return counts
 
 
-def finder(options_job: str, wanted: Callable[[], Wanted], root: Callable[[], Storage],
+def finder(job: str, wanted: Callable[[], Wanted], root: Callable[[], Storage],
            ask: Callable[[Wanted], WorkingSet] | None) -> Callable[[], WorkingSet]:
     """How the set is found: the service's answer when it reports to one, else (or when it cannot answer) the
     root's records."""
@@ -123,6 +117,6 @@ def finder(options_job: str, wanted: Callable[[], Wanted], root: Callable[[], St
             except Exception as exc:  # noqa: BLE001 - the root's records say the same, only slower
                 log.info("jaxcache: the service could not give this job's working set (%s); reading the root's"
                          " records", exc)
-        return working_set.from_root(root(), options_job, known)
+        return working_set.from_root(root(), job, known)
 
     return find

@@ -6,9 +6,10 @@ failure is logged once as a warning and the job goes on.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -144,3 +145,16 @@ class ServiceReporter:
             self._warned = True
             log.warning("jaxcache: %s; the job goes on, and run records are still written to the cache root",
                         message)
+
+
+def ask_service(service_url: str, path: str, query: Mapping[str, Any], token: str | None, timeout_s: float) -> Any:
+    """The service's JSON answer to ``GET path?query`` with the job's bearer token (what a job asks at start);
+    raises urllib's errors (``HTTPError`` carries the status)."""
+    import urllib.parse  # loaded when asked: a job that asks nothing never needs it
+    import urllib.request
+
+    request = urllib.request.Request(f"{service_url}{path}?{urllib.parse.urlencode(query)}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())

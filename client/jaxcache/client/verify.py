@@ -13,12 +13,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 
 from jaxcache import entry as fmt
@@ -26,6 +23,7 @@ from jaxcache import integrity, signing, skips
 from jaxcache.client.errors import IntegrityCheckError
 from jaxcache.client.loads import LoadPolicy, check_judgeable, refuse_keys
 from jaxcache.client.options import ClientOptions
+from jaxcache.client.reporting import ask_service
 from jaxcache.scan import Entry
 from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
@@ -78,13 +76,9 @@ def attested_policy(service_url: str, token: str | None, cache_dir: str) -> Load
     """What ``verify="attested"`` lets JAX load: everything but the keys the service judged bad. None when the
     service could not be asked (unreachable, failing): the job starts unchecked, after one warning. Raises
     :class:`IntegrityCheckError` on a setting the service refuses."""
-    url = f"{service_url}/v1/integrity?{urllib.parse.urlencode({'cache_dir': cache_dir, 'limit': ASK_LIMIT})}"
-    request = urllib.request.Request(url)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=ASK_TIMEOUT_S) as response:
-            summary = json.loads(response.read())
+        summary = ask_service(service_url, "/v1/integrity", {"cache_dir": cache_dir, "limit": ASK_LIMIT}, token,
+                              ASK_TIMEOUT_S)
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:300].decode(errors="replace")
         if exc.code in _REFUSED or 400 <= exc.code < 500:

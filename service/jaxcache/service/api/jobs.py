@@ -35,4 +35,3 @@ def get_job(request: Request, cache: CacheName, job: JobName, _p: ReadAuth) -> J
         missed = queries.job_misses(conn, cache, job, limit=1000)
         recent = queries.job_runs(conn, cache, job, limit=100)
     return JobDetail(**found[0], missed=missed, recent_runs=recent)
-
