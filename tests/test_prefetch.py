@@ -10,6 +10,8 @@ from urllib.parse import urlencode
 
 import pytest
 
+from jaxcache.client import options as client_options
+from jaxcache.errors import InvalidInputError
 from test_client_service import REPORT, api, service  # noqa: F401 - a fixture
 from test_local_tier import PROGRAMS, entries, faults, final_record, run_job, run_together  # noqa: F401 - a fixture
 
@@ -118,3 +120,13 @@ def test_processes_starting_together_on_a_node_download_each_entry_once(tmp_path
     assert sum(o["local"]["prefetched"] + o["local"]["fetched"] for o in outs) == len(PROGRAMS), [
         o["local"] for o in outs]
     assert entries(node / "unchecked") == written
+
+
+def test_a_bad_prefetch_setting_is_one_line_naming_it(tmp_path):
+    args = dict(job=None, min_compile_time_secs=None, min_entry_size_bytes=None, xla_caches=None, max_size_bytes=None,
+                service_url=None, token=None, trust="strict", default_xla_caches="none", verify=None)
+    for bad in ("many", "-1", "65"):
+        with pytest.raises(InvalidInputError, match="JAXCACHE_PREFETCH"):
+            client_options.resolve(str(tmp_path), env={"JAXCACHE_PREFETCH": bad}, **args)
+    assert client_options.resolve(str(tmp_path), env={"JAXCACHE_PREFETCH": "off"}, **args).prefetch == 0
+    assert client_options.resolve(str(tmp_path), env={}, **args).prefetch == client_options.DEFAULT_PREFETCH
