@@ -321,7 +321,9 @@ def test_a_signed_nodes_own_unsigned_write_gives_way_to_a_signed_copy(tmp_path, 
     run_job(root, tmp_path / "node-a", "train", "--programs", "affine")
     assert signing.sig_name(key) in root_objects(gcs_client, gcs_bucket)
 
-    b, _ = run_job(root, node_b, "careful", *signed, JAXCACHE_TRUSTED_KEYS=PUBLIC, JAXCACHE_SIGNING_KEY="")
+    # On demand (prefetch off): the signed copy is fetched when JAX asks, not raced in ahead of it.
+    b, _ = run_job(root, node_b, "careful", *signed, JAXCACHE_TRUSTED_KEYS=PUBLIC, JAXCACHE_SIGNING_KEY="",
+                   JAXCACHE_PREFETCH="0")
     assert b["local"]["dropped"] == 1 and b["local"]["fetched"] == 1 and b["local"]["loaded"] == 0, b["local"]
     assert b["stats"]["hits"] == 1 and b["skipped"] == {}, b
     assert entries(local) == {name: root_objects(gcs_client, gcs_bucket)[name]}
