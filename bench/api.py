@@ -222,10 +222,11 @@ def measure(base: str, args, work: str) -> dict:
 
 
 @contextlib.contextmanager
-def service(root: str, work: str, workers: int | None):
-    """`jaxcache serve` over ``root`` (``--workers`` unless None); its base URL and seconds until ready."""
+def service(root: str, work: str, workers: int | None, cpus: str | None = None):
+    """`jaxcache serve` over ``root`` (``--workers`` unless None; on ``cpus`` only, if given); its base URL and
+    seconds until ready."""
     started = time.perf_counter()
-    with serve(root, f"sqlite:///{work}/catalog.sqlite", work, workers) as (base, _):
+    with serve(root, f"sqlite:///{work}/catalog.sqlite", work, workers, cpus=cpus) as (base, _):
         ready_s = time.perf_counter() - started
         # Measured once the first integrity pass is done (a throttled read of every entry, minutes at 100k): its
         # thread would take the interpreter lock from the requests of whichever process runs it.
@@ -245,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="",
                         help="comma-separated `jaxcache serve --workers` values to measure in turn over the same "
                              "root and catalog, e.g. 1,2 (default: the service's default)")
+    parser.add_argument("--service-cpus", metavar="LIST",
+                        help="run the service on these CPUs only (taskset -c, e.g. 0,1): on a machine with more "
+                             "cores, start this script under taskset on the others, so wrk does not take the "
+                             "service's CPU")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--loadgen", nargs=3, metavar=("BASE", "CLIENTS", "REQUESTS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -261,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         root = os.path.join(work, "cache")
         build(sources, root, args.entries)
         for workers in configs:
-            with service(root, work, workers) as (base, ready_s):
+            with service(root, work, workers, args.service_cpus) as (base, ready_s):
                 print(f"service (workers {workers or 'default'}) ready after {ready_s:.1f}s", file=sys.stderr)
                 fig = {"entries": args.entries, "clients": args.clients, "workers": workers or "default",
                        "ready_s": round(ready_s, 2)}
@@ -274,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(runs[0] if len(runs) == 1 else runs, indent=1))
         return 0
     for fig in runs:
-        print(f"{args.entries} entries, {args.clients} concurrent clients, workers {fig['workers']}, load generator "
+        print(f"{args.entries} entries, {args.clients} concurrent clients, workers {fig['workers']}"
+              f"{f' on CPUs {args.service_cpus}' if args.service_cpus else ''} ({os.cpu_count()} CPUs), load generator "
               f"{fig['load_generator']}; ready after {fig['ready_s']} s (the first includes the first scan)")
         for path, v in fig.get("paths", {}).items():
             print(f"  {path:90} p50 {v['p50_ms']:7.2f} ms  p99 {v['p99_ms']:7.2f} ms  {v['rps']:7.0f} req/s")

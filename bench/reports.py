@@ -230,7 +230,7 @@ def count_runs(db: str) -> dict:
 
 def storm_on(name: str, db: str, root: str, work: str, args, modules: list[str]) -> dict:
     fig: dict = {"catalog": name}
-    with service(root, db, work, args.workers, args.split) as (base, serving_pid, loops):
+    with service(root, db, work, args.workers, args.split, args.service_cpus) as (base, serving_pid, loops):
         if args.settle_s:
             waited = settle(loops, args.settle_s)
             fig["settled_s"] = None if waited is None else round(waited, 1)
@@ -278,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", action="store_true",
                         help="serve as `--role api --workers N` beside one `--role loops` process (the drain and "
                              "rescans in a process that answers no storm), instead of one `jaxcache serve`")
+    parser.add_argument("--service-cpus", metavar="LIST",
+                        help="run the service on these CPUs only (taskset -c, e.g. 0,1) and the rest elsewhere: on a "
+                             "machine with more cores, the service's figures on that many without the clients' and "
+                             "probes' share (start this script itself under taskset on the other CPUs)")
     parser.add_argument("--catalogs", default="sqlite,postgresql")
     parser.add_argument("--quiet-s", type=float, default=3.0, help="seconds of probes before the storms")
     parser.add_argument("--settle-s", type=float, default=600.0,
@@ -318,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"a job of {args.records} processes, {args.keys} keys each, {args.clients} clients posting; "
           f"{args.entries} entries; workers {args.workers or 'default'}"
-          f"{' (--role api) beside one --role loops process' if args.split else ''}")
+          f"{' (--role api) beside one --role loops process' if args.split else ''}"
+          f"{f'; the service on CPUs {args.service_cpus}' if args.service_cpus else ''}; {os.cpu_count()} CPUs")
     for fig in figures:
         print(f"{fig['catalog']}: quiet healthz p99 {fig['quiet']['healthz'].get('p99_ms')} ms, listing p99 "
               f"{fig['quiet']['listing'].get('p99_ms')} ms; background loops settled after "

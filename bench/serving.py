@@ -14,17 +14,17 @@ from collections.abc import Callable, Iterator
 
 
 @contextlib.contextmanager
-def service(root: str, db: str, work: str, workers: int | None,
-            split: bool = False) -> Iterator[tuple[str, list[int], str]]:
-    """``jaxcache serve`` (``split``: ``--role api`` with ``workers``, beside a ``--role loops`` process); its
-    address, the pids of the ``jaxcache serve`` processes (with their workers, the service's CPU) and the address
-    of the one running the loops."""
+def service(root: str, db: str, work: str, workers: int | None, split: bool = False,
+            cpus: str | None = None) -> Iterator[tuple[str, list[int], str]]:
+    """``jaxcache serve`` (``split``: ``--role api`` with ``workers``, beside a ``--role loops`` process; ``cpus``:
+    pinned to those CPUs); its address, the pids of the ``jaxcache serve`` processes (with their workers, the
+    service's CPU) and the address of the one running the loops."""
     if split:
-        with serve(root, db, work, 1, role="loops") as (loops, loops_pid), \
-                serve(root, db, work, workers, role="api") as (base, api_pid):
+        with serve(root, db, work, 1, role="loops", cpus=cpus) as (loops, loops_pid), \
+                serve(root, db, work, workers, role="api", cpus=cpus) as (base, api_pid):
             yield base, [api_pid, loops_pid], loops
         return
-    with serve(root, db, work, workers) as (base, pid):
+    with serve(root, db, work, workers, cpus=cpus) as (base, pid):
         yield base, [pid], base
 
 
@@ -51,16 +51,20 @@ def wait_ready(server: subprocess.Popen, base: str, output: Callable[[], str]) -
 
 @contextlib.contextmanager
 def serve(root: str, db: str, work: str, workers: int | None, role: str = "all",
-          env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
-    """``jaxcache serve --cache bench=ROOT`` on a free port, ready; its address and pid. ``env``: more variables."""
+          env: dict[str, str] | None = None, cpus: str | None = None) -> Iterator[tuple[str, int]]:
+    """``jaxcache serve --cache bench=ROOT`` on a free port, ready; its address and pid. ``env``: more variables;
+    ``cpus``: a CPU list (``taskset -c``) the service and its workers run on, apart from the load."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    exe = os.path.join(os.path.dirname(sys.executable), "jaxcache")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}, **(env or {})}
-    cmd = [exe, "serve", "--cache", f"bench={root}", "--port", str(port), "--rescan-s", "86400", "--db", db,
-           "--insecure-no-auth", "--role", role]  # on loopback: a token's check is one hash, nothing to measure
+    # `python -m jaxcache`: this interpreter's jaxcache, also where no `jaxcache` script was installed beside it.
+    # No auth: on loopback a token's check is one hash, nothing to measure.
+    cmd = [sys.executable, "-m", "jaxcache", "serve", "--cache", f"bench={root}", "--port", str(port), "--rescan-s",
+           "86400", "--db", db, "--insecure-no-auth", "--role", role]
     if workers is not None:
         cmd += ["--workers", str(workers)]
+    if cpus:
+        cmd = ["taskset", "-c", cpus, *cmd]  # exec'd in place: the pid is still the service's
     log = open(os.path.join(work, f"serve-{port}.log"), "w")
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
