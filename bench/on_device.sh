@@ -15,7 +15,7 @@ mkdir -p "$OUTDIR"
 step() { echo "== $* ($(date -u +%T))"; }
 
 step "(1) gpu_check"
-timeout 300 bash bench/gpu_check.sh
+STEP_S=${STEP_S:-120} timeout 480 bash bench/gpu_check.sh
 
 cpus=$(nproc)
 if [ "$cpus" -le 2 ]; then
