@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from jaxcache import coverage, records
 from jaxcache.errors import InvalidInputError
+from jaxcache.keyparts import ORDER, KeyParts, ProgramSignature
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.ingestion import warmups
 from jaxcache.service.ingestion.drain import ingest
@@ -41,7 +42,9 @@ def _run_record() -> dict:
     fp = records.Fingerprint(jax="0.10.2", jaxlib="0.10.2", backend="cpu", device_kind="cpu", device_count=1,
                              compression="zstandard", python="3.11.9")
     usage = [records.KeyUsage(key=KEY, event="write", compiles=1, writes=1, compile_s=2.0, size_bytes=100,
-                              first_at=1.7e9, last_at=1.7e9, sha256=SHA),
+                              first_at=1.7e9, last_at=1.7e9, sha256=SHA,
+                              parts=KeyParts(**{part: "d" * 64 for part in ORDER}),
+                              program=ProgramSignature(args=("f32[8,128]",), results=("f32[8,128]",))),
              records.KeyUsage(key="jit_eval-" + "c" * 64, event="hit", hits=3, retrieval_s=0.1, saved_s=5.0,
                               first_at=1.7e9, last_at=1.7e9 + 1)]
     record = records.RunRecord(job="train", run_id="r1", process_index=0, process_count=2, host="node-1",
@@ -165,6 +168,23 @@ FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCh
 @given(data=mutated("run") | st.binary(max_size=64))
 def test_run_records_parse_or_are_refused_with_our_error(data):
     _parses_or_refuses(records.parse, data)
+
+
+@FUZZ
+@given(data=mutated("run") | at_limits())
+def test_a_record_that_parses_reads_for_folding_with_the_same_figures(data):
+    """The service reads what its inbox holds (validated on the way in) without the checks and without decoding
+    the keys' texts until asked: every field still reads as the validator read it."""
+    record = _parses_or_refuses(records.parse, data)
+    if record is None:
+        return
+    folded = records.parse_figures(record.to_json())
+    mine = {f: getattr(record, f) for f in record.__struct_fields__ if f != "keys"}
+    assert {f: getattr(folded, f) for f in mine} == mine
+    assert len(folded.keys) == len(record.keys)
+    for whole, read in zip(record.keys, folded.keys, strict=True):
+        for f in whole.__struct_fields__:
+            assert records.text_of(read, f) == getattr(whole, f), f
 
 
 @FUZZ

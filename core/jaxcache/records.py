@@ -10,9 +10,13 @@ the catalog's columns, so a record that parses also fits the catalog.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
+import operator
 import re
+import types
+import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal
 
@@ -121,8 +125,12 @@ class KeyUsage(msgspec.Struct, gc=False):
     program: ProgramSignature | None = None  # the program's entry signature, as its module declares it
 
     def __post_init__(self) -> None:
-        if not self.function:
-            self.function = self.key.rsplit("-", 1)[0]
+        self.function = function_of(self.key, self.function)
+
+
+def function_of(key: str, function: str) -> str:
+    """A key's function: the one its record names, else the key's module name."""
+    return function or key.rsplit("-", 1)[0]
 
 
 class LocalTierCounts(msgspec.Struct, gc=False):
@@ -276,3 +284,61 @@ def json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     """The run record's JSON Schema for an OpenAPI document: the body's schema and the components it refers to."""
     (body,), components = msgspec.json.schema_components([RunRecord], ref_template="#/components/schemas/{name}")
     return body, components
+
+
+# --- records the service has validated already ----------------------------------------------------------------------
+
+
+def _unchecked(kind: Any) -> Any:
+    """``kind`` without its limits (``Annotated`` metadata), in unions too."""
+    if typing.get_origin(kind) is Annotated:
+        return _unchecked(typing.get_args(kind)[0])
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return functools.reduce(operator.or_, [_unchecked(arg) for arg in typing.get_args(kind)])
+    return kind
+
+
+def _figures_of(struct: type[msgspec.Struct], name: str, kinds: Mapping[str, Any], **config: Any) -> Any:
+    """A struct with ``struct``'s fields, defaults and order but not their limits, and ``kinds`` for some fields'
+    types."""
+    fields: list[Any] = []
+    for f in msgspec.structs.fields(struct):
+        kind = kinds.get(f.name, _unchecked(f.type))
+        if f.default is not msgspec.NODEFAULT:
+            fields.append((f.name, kind, f.default))
+        elif f.default_factory is not msgspec.NODEFAULT:
+            fields.append((f.name, kind, msgspec.field(default_factory=f.default_factory)))
+        else:
+            fields.append((f.name, kind))
+    return msgspec.defstruct(name, fields, module=__name__, **config)
+
+
+class _FoldedKey(msgspec.Struct, gc=False):
+    def __post_init__(self) -> None:
+        self.function = function_of(self.key, self.function)  # type: ignore[attr-defined,has-type]
+
+
+#: A key of a record as the service folds it: :class:`KeyUsage`'s fields without the limits its validation on the
+#: way in checked, its texts (``parts``, ``program``: only a run's first records are read for them) left as JSON.
+KeyFigures = _figures_of(KeyUsage, "KeyFigures", {"parts": msgspec.Raw, "program": msgspec.Raw}, bases=(_FoldedKey,),
+                         gc=False)
+#: A run record as the service folds it: :class:`RunRecord`'s fields, its keys as :data:`KeyFigures`.
+RunFigures = _figures_of(RunRecord, "RunFigures", {"keys": types.GenericAlias(list, (KeyFigures,))}, tag_field="schema",
+                         tag=SCHEMA)
+_TEXTS: dict[str, Any] = {"parts": KeyParts, "program": ProgramSignature}
+
+
+def text_of(usage: Any, name: str) -> Any:
+    """A key's ``parts`` or ``program`` (None: not captured), from a :class:`KeyUsage` or a :data:`KeyFigures`."""
+    value = getattr(usage, name)
+    return msgspec.json.decode(value, type=_TEXTS[name] | None) if isinstance(value, msgspec.Raw) else value
+
+
+def parse_figures(data: bytes) -> Any:
+    """A run record the service validated when it accepted it, read for folding (:data:`RunFigures`): its limits
+    are not checked again, nor its texts read (bench/README.md, "The drain reads what it folds").
+    :class:`InvalidInputError` if it does not parse."""
+    try:
+        return msgspec.json.decode(data, type=RunFigures)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise InvalidInputError(f"run record is malformed: {exc}") from None

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
-from jaxcache.records import COMPILED, JOB, WRITE, RunRecord
+from jaxcache.records import COMPILED, JOB, WRITE, RunRecord, text_of
 from jaxcache.service.catalog.database import Catalog, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
 from jaxcache.service.catalog.queries.history import chunks
@@ -40,9 +40,10 @@ _COLUMNS = ("cache", "run_id", "process_index", "key", "function", "event", "hit
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """A record to fold, where it came from (REPORT or STORAGE) and, for a file, its name."""
+    """A record to fold (a :class:`RunRecord`, or the :data:`jaxcache.records.RunFigures` the inbox's rows are read
+    as), where it came from (REPORT or STORAGE) and, for a file, its name."""
 
-    record: RunRecord
+    record: RunRecord | Any
     source: str
     name: str | None = None
 
@@ -195,7 +196,7 @@ def _texts(conn: Connection, cache: str, items: Any, touched: dict[str, set[str]
             r = item.record
             for u in r.keys:
                 row = (r.run_id, r.job, r.kind, u.key)
-                if row in rows and row not in first and (value := getattr(u, column)) is not None:
+                if row in rows and row not in first and (value := text_of(u, column)) is not None:
                     first[row] = value
         if not first:
             continue
