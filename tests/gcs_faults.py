@@ -55,6 +55,9 @@ class GcsFaults:
         self.log: list[tuple[str, str, int | str]] = []
         #: ``time.time()`` at which each request of :attr:`log` arrived, in the same order.
         self.arrived: list[float] = []
+        #: The most requests that were in ``delay_s`` at once (concurrent requests overlap, they do not queue).
+        self.most_delayed_at_once = 0
+        self._delayed = 0
         self._server = _Server(self)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="gcs-faults", daemon=True)
@@ -110,6 +113,16 @@ class GcsFaults:
         self._server.server_close()
         self._thread.join(timeout=10)
 
+    def _delay(self) -> None:
+        with self._lock:
+            self._delayed += 1
+            self.most_delayed_at_once = max(self.most_delayed_at_once, self._delayed)
+        try:
+            time.sleep(self.delay_s)
+        finally:
+            with self._lock:
+                self._delayed -= 1
+
     def _add(self, fault: _Fault) -> None:
         with self._lock:
             self._faults.append(fault)
@@ -156,7 +169,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if faults.delay_s:
-            time.sleep(faults.delay_s)
+            faults._delay()
         fault = faults._take(self.command, self.path, body)
         if fault is not None and fault.status is not None:
             faults._record(self.command, self.path, fault.status, arrived)

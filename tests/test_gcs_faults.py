@@ -184,11 +184,14 @@ def test_the_proxy_delays_requests_without_serialising_them_and_fails_for_a_wind
         began = time.time()
         with ThreadPoolExecutor(8) as pool:
             assert list(pool.map(get, range(8))) == [200] * 8
-        assert 0.3 <= time.time() - began < 1.2  # eight at once take about one delay, not eight
+        assert time.time() - began >= 0.3
+        # Overlapping, not queued one after another (counted by the proxy, not timed: CI machines stall).
+        assert proxy.most_delayed_at_once >= 2
         assert len(proxy.requests(since=began)) == 8 and proxy.requests(until=began) == []
-        proxy.fail_for(0.5)
+        proxy.delay_s = 0.0  # the window below is the only clock that matters
+        proxy.fail_for(2.0)
         assert get(0) == 503 and proxy.pending() == 0
-        time.sleep(0.5)
+        time.sleep(2.0)
         assert get(0) == 200
         assert [e[2] for e in proxy.log[-2:]] == [503, 200] and len(proxy.injected()) == 1
     finally:
