@@ -83,6 +83,23 @@ def test_rescan_ingests_records_under_the_root(svc, cache_copy, keys, caplog):
     assert "jaxcache_reports_ingested_total{cache=\"demo\",source=\"storage\"} 3.0" in svc.get("/metrics").text
 
 
+def test_a_record_is_counted_once_by_the_drain_that_folds_it(tmp_path, cache_copy, keys):
+    """``jaxcache_reports_ingested_total`` counts what a drain folded, by the record's source, whichever drain it was:
+    here a POST to an `api` process (no drain loop there) and a record file, both folded by a rescan's drain."""
+    now = time.time()
+    with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}, role="api"))) as api:
+        posted = run("finetune", "r2", [hit(keys["jit_train_step"], 2, now - 60)], at=now - 30)
+        r = api.post("/v1/reports?cache=demo", content=posted.to_json(),
+                     headers={**H_REPORT, "content-type": "application/json"})
+        assert r.status_code == 202, r.text
+        put_record(cache_copy, run("pretrain", "r1", [write(keys["jit_tiny"], 0.4, now - 3600)], at=now - 3500))
+        assert rescan(api)["records_ingested"] == 1  # the record file it read
+        text = api.get("/metrics").text
+        for source in ("report", "storage"):
+            assert f'jaxcache_reports_ingested_total{{cache="demo",source="{source}"}} 1.0' in text, source
+        assert entries(api)[keys["jit_train_step"]]["hits"] == 2
+
+
 @BOTH
 def test_post_report_ingests_the_same_record(svc, cache_copy, keys, tmp_path):
     now = time.time()

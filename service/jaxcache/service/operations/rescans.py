@@ -38,9 +38,10 @@ def rescan(state: State, name: str, *, wait_s: float | None = None) -> RescanRes
         raise
     state.scanned.add(name)
     state.metrics.scan_seconds.labels(name).observe(result.seconds)
-    if result.records_ingested:
-        state.metrics.reports_ingested.labels(name, inbox.STORAGE).inc(result.records_ingested)
-        state.generations.bump(name, USAGE)  # hits, last use and first writers of listed entries moved
+    for source, n in result.folded.items():  # as the drain loop counts what it folds (operations/draining.py)
+        state.metrics.reports_ingested.labels(name, source).inc(n)
+    if result.folded or result.misses_explained:
+        state.generations.bump(name, USAGE)  # hits, last use, first writers and misses moved
     if result.records_malformed:
         state.metrics.reports_malformed.labels(inbox.STORAGE).inc(result.records_malformed)
     if result.records_compacted:

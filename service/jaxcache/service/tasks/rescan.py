@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from sqlalchemy import bindparam, case, delete, func, insert, select, update
@@ -59,6 +59,9 @@ class RescanResult:
     #: True when the listing was compared with every catalog row of the cache; False when the previous rescan's
     #: listing (kept in memory or on disk) stood for them: the catalog's rows were not read.
     read_catalog: bool = False
+    #: Records this rescan's drain folded that changed the catalog, by source (the inbox's, so POSTed ones too):
+    #: a record the background drain took first is counted there, never twice.
+    folded: dict[str, int] = field(default_factory=dict)
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
@@ -366,4 +369,5 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                   .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None,
                           last_scan_skipped=skipped.count, last_scan_skipped_names=skipped_names(skipped)))
     return RescanResult(cache, added, removed, updated, entries, seconds, found.ingested, found.malformed,
-                        covered.ingested, compacted, sum(drained.misses.values()), skipped.count, read_catalog)
+                        covered.ingested, compacted, sum(drained.misses.values()), skipped.count, read_catalog,
+                        dict(drained.fresh))
