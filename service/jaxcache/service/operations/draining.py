@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from jaxcache.service.catalog.generations import USAGE
 from jaxcache.service.ingestion import inbox
 from jaxcache.service.ingestion.drain import caches_waiting, drain
@@ -17,11 +19,18 @@ def drain_all(state: State) -> int:
         # drains would fill the inbox and refuse every report.
         storage = state.storages.get(name)
         drained = drain(state.catalog, name, root=storage.url if storage is not None else None)
-        for source, n in drained.fresh.items():
-            state.metrics.reports_ingested.labels(name, source).inc(n)
+        note_folded(state, name, drained.fresh, sum(drained.misses.values()), configured=storage is not None)
         if drained.malformed:
             state.metrics.reports_malformed.labels(inbox.REPORT).inc(drained.malformed)
-        if storage is not None and (drained.fresh or drained.misses):
-            state.generations.bump(name, USAGE)  # hits, last use, first writers and misses moved
         fresh += sum(drained.fresh.values())
     return fresh
+
+
+def note_folded(state: State, name: str, fresh: Mapping[str, int], misses: int, *, configured: bool = True) -> None:
+    """What a drain (the loop's, or a rescan's own) folded into ``name``: its records that changed the catalog, by
+    source, counted once, in whichever drain folded them; and, for a cache this process serves, its usage figures'
+    change count moved."""
+    for source, n in fresh.items():
+        state.metrics.reports_ingested.labels(name, source).inc(n)
+    if configured and (fresh or misses):
+        state.generations.bump(name, USAGE)  # hits, last use, first writers and misses moved

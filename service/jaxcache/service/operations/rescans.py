@@ -12,6 +12,7 @@ from jaxcache.service.catalog.generations import USAGE
 from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.ingestion import inbox
+from jaxcache.service.operations.draining import note_folded
 from jaxcache.service.operations.pruning import close_interrupted_prunes
 from jaxcache.service.state import State
 from jaxcache.service.tasks import rescan as rescan_pass
@@ -38,10 +39,7 @@ def rescan(state: State, name: str, *, wait_s: float | None = None) -> RescanRes
         raise
     state.scanned.add(name)
     state.metrics.scan_seconds.labels(name).observe(result.seconds)
-    for source, n in result.folded.items():  # as the drain loop counts what it folds (operations/draining.py)
-        state.metrics.reports_ingested.labels(name, source).inc(n)
-    if result.folded or result.misses_explained:
-        state.generations.bump(name, USAGE)  # hits, last use, first writers and misses moved
+    note_folded(state, name, result.folded, result.misses_explained)
     if result.records_malformed:
         state.metrics.reports_malformed.labels(inbox.STORAGE).inc(result.records_malformed)
     if result.records_compacted:
