@@ -1,6 +1,7 @@
 """`jaxcache serve --role`, for real: `api` processes accept reports and answer requests and run no background loop;
-one `loops` process on the same catalog scans the caches and folds what every process accepted. Nothing waits for
-a time to pass but for another process to get somewhere (bounded, never asserted on)."""
+one `loops` process on the same catalog scans the caches and folds what every process accepted, and no process
+lists a root again that another has scanned. Nothing waits for a time to pass but for another process to get
+somewhere (bounded, never asserted on)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import time
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
-from conftest import jaxcache_serve, serve_env, start_serve, stop_serve, wait_ready
+from conftest import jaxcache_serve, serve_env, settled, start_serve, stop_serve, wait_ready
+from jaxcache.service.app import create_app
 from reports_support import hit, keys_of, run
+from test_service import H_ADMIN, make_settings
 
 PATIENCE_S = 120
 TOKENS = {"r-report": "report", "r-read": "read"}
@@ -88,3 +92,17 @@ def test_role_is_checked_and_explained_by_serve():
     assert done.returncode == 2 and "--role" in done.stderr and "'api'" in done.stderr
     helped = subprocess.run([str(exe), "serve", "--help"], capture_output=True, text=True, timeout=60)
     assert "--role {all,api,loops}" in helped.stdout
+
+
+def test_a_process_does_not_rescan_a_cache_another_process_scanned(tmp_path, cache_copy):
+    """A verification (asked for, or the verify loop's) in a process that has not scanned the cache itself follows
+    the scan another process recorded in the catalog rather than listing the root again: with workers, one
+    rescanning as its first verify pass took the cache's rescan lock from the rescan loop."""
+    caches = {"demo": str(cache_copy)}
+    # Both start before the first scan, as the workers of one `serve --workers` do.
+    with TestClient(create_app(make_settings(tmp_path, caches, role="api"))) as api:
+        with TestClient(create_app(make_settings(tmp_path, caches))) as loops:
+            settled(loops)
+            assert api.post("/v1/caches/demo/verify", headers=H_ADMIN).status_code == 200
+            assert 'jaxcache_scan_seconds_count{cache="demo"} 0.0' in api.get("/metrics").text
+            assert 'jaxcache_scan_seconds_count{cache="demo"} 1.0' in loops.get("/metrics").text

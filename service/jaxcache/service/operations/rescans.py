@@ -54,6 +54,10 @@ def rescan(state: State, name: str, *, wait_s: float | None = None) -> RescanRes
 def ensure_scanned(state: State, name: str) -> None:
     """Rescan ``name`` unless this process has seen a scan of it (its own, or another's in the catalog)."""
     if name not in state.scanned:
+        # Another worker or replica may have scanned it since this process started. Listing the root again would
+        # cost a whole listing and hold the cache's rescan lock, which makes the rescan loop skip the cache.
+        state.follow()
+    if name not in state.scanned:
         rescan(state, name)
 
 
