@@ -93,6 +93,10 @@ class Catalog:
         self.side_engine = self._side_engine(url)
         self._side_writes = sessionmaker(self.side_engine.execution_options(jaxcache_write=True),
                                           expire_on_commit=False)
+        # Each read of the side tables is one statement, which is its own snapshot: no BEGIN and ROLLBACK around it
+        # (on PostgreSQL two round trips; a listing's ETag check is such a read, made for every request).
+        self._side_reads = self.side_engine.execution_options(
+            **({"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {_NO_BEGIN: True}))
         # Writers of the side file take turns in this process before they take its write lock (see side_write()).
         self.side_lock = threading.Lock()
         # Writers that read then write (report ingestion, a rescan's commit) take turns in this process before
@@ -138,8 +142,8 @@ class Catalog:
 
     @contextmanager
     def side_reader(self) -> Iterator[Connection]:
-        """A plain connection to the side tables' database."""
-        with self.side_engine.connect() as conn:
+        """A connection to the side tables' database for reads of one statement each, outside any transaction."""
+        with self._side_reads.connect() as conn:
             yield conn
 
     def count_misses(self, cache: str, counts: Mapping[str, int]) -> None:
@@ -243,8 +247,15 @@ def _sqlite_connect(dbapi_conn, _record) -> None:
 _WRITE_CACHE, _READ_CACHE = "PRAGMA cache_size=-65536", "PRAGMA cache_size=-2000"
 
 
+#: Execution option of an SQLite engine whose connections run each statement on its own (side_reader()).
+_NO_BEGIN = "jaxcache_no_begin"
+
+
 def _sqlite_begin(conn: Connection) -> None:
-    if conn.get_execution_options().get("jaxcache_write"):
+    options = conn.get_execution_options()
+    if options.get(_NO_BEGIN):  # the driver's isolation_level None: each statement commits by itself
+        return
+    if options.get("jaxcache_write"):
         conn.exec_driver_sql(_WRITE_CACHE)
         conn.info["jaxcache_big_cache"] = True
         conn.exec_driver_sql("BEGIN IMMEDIATE")
