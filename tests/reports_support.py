@@ -132,6 +132,19 @@ def folded(client, timeout_s: float = 60.0, headers=H_READ) -> None:
         time.sleep(0.02)
 
 
+def counted(client, series: str, expected: float, timeout_s: float = 30.0) -> float:
+    """The sum of the ``/metrics`` samples whose line starts with ``series`` (a counter's name and labels), once it
+    reaches ``expected`` (or after ``timeout_s``, never asserted on). A drain moves its counts just after its
+    commit: a moment after the catalog (and the inbox) show what it folded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = sum(float(line.rsplit(" ", 1)[1]) for line in client.get("/metrics").text.splitlines()
+                    if line.startswith(series))
+        if value >= expected or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
 def post(client, record: RunRecord | bytes, query: str = "", headers=H_REPORT):
     """POST a record; once it is accepted (202), wait until the catalog has folded it."""
     body = record if isinstance(record, bytes) else record.to_json()

@@ -5,7 +5,6 @@ on the job's page. Real JAX jobs write the cache and its records (tests/programs
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from fastapi.testclient import TestClient
 from conftest import settled
 from jaxcache.cli import main as cli_main
 from jaxcache.service.app import create_app
-from reports_support import BOTH, H_ADMIN, H_READ, report, rescan, settings, write
+from reports_support import BOTH, H_ADMIN, H_READ, counted, report, rescan, settings, write
 from reports_support import run as record
 from test_explain_jax import run
 
@@ -41,9 +40,8 @@ def cli_causes(root: Path, capsys) -> dict[tuple[str, str], dict]:
 
 
 def metric(client, cause: str) -> float:
-    text = client.get("/metrics").text
-    found = re.search(rf'^jaxcache_misses_total{{cache="demo",cause="{cause}"}} (\S+)$', text, re.M)
-    return float(found.group(1)) if found else 0.0
+    """Misses of ``cause`` counted, once they reach the one each test expects (counted after the drain commits)."""
+    return counted(client, f'jaxcache_misses_total{{cache="demo",cause="{cause}"}}', 1)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import time
 
@@ -22,6 +21,7 @@ from reports_support import (
     H_REPORT,
     NEW,
     compiled,
+    counted,
     entries,
     hit,
     post,
@@ -83,20 +83,7 @@ def test_rescan_ingests_records_under_the_root(svc, cache_copy, keys, caplog):
     assert entries(svc)[train]["hits"] == 5
     # Counted by whichever drain folded each (test_a_record_is_counted_once_by_the_drain_that_folds_it): where the
     # drain loop folded one first, its count follows its commit, so a moment after the rescan's answer.
-    assert _ingested_settled(svc, "storage", 3) == 3
-
-
-def _ingested_settled(client, source: str, expected: float) -> float:
-    """``jaxcache_reports_ingested_total`` of demo and ``source`` once it reaches ``expected`` (or after a bound
-    on waiting, never asserted on): the count a drain moves after its commit."""
-    deadline = time.monotonic() + 30
-    while True:
-        found = re.search(rf'^jaxcache_reports_ingested_total{{cache="demo",source="{source}"}} (\S+)$',
-                          client.get("/metrics").text, re.M)
-        value = float(found.group(1)) if found else 0.0
-        if value >= expected or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
+    assert counted(svc, 'jaxcache_reports_ingested_total{cache="demo",source="storage"}', 3) == 3
 
 
 def test_a_record_is_counted_once_by_the_drain_that_folds_it(tmp_path, cache_copy, keys):
@@ -131,7 +118,7 @@ def test_post_report_ingests_the_same_record(svc, cache_copy, keys, tmp_path):
     assert e["first_writer"]["job"] == "pretrain" and e["measured_compile_s"] == 8.0
     assert e["jobs"] == [{"job": "pretrain", "hits": 0, "compiles": 1, "writes": 1, "processes": 1,
                           "last_s": pytest.approx(now - 60), "saved_s": 0.0}]
-    assert "jaxcache_reports_ingested_total{cache=\"demo\",source=\"report\"} 1.0" in svc.get("/metrics").text
+    assert counted(svc, 'jaxcache_reports_ingested_total{cache="demo",source="report"}', 1) == 1
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ replica's drain would, and lets go when it is done."""
 
 from __future__ import annotations
 
-import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ from reports_support import (
     READ,
     REPORT,
     compiled,
+    counted,
     folded,
     hit,
     keys_of,
@@ -71,12 +71,8 @@ def test_records_posted_together_are_each_accepted_and_folded_once(client, jax_c
     job = client.get("/v1/caches/demo/jobs/storm", headers=H_READ).json()
     assert job["processes"] == 6 and job["misses"] == 6
     assert all(m["cause"] is not None for m in job["missed"])  # explained in the drain, not later
-    metrics = client.get("/metrics").text
-    counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                  if line.startswith('jaxcache_misses_total{cache="demo"'))
-    assert counted == 6  # each process's miss once
-    ingested = re.search(r'^jaxcache_reports_ingested_total{cache="demo",source="report"} (\S+)$', metrics, re.M)
-    assert ingested is not None and float(ingested.group(1)) == 6.0
+    assert counted(client, 'jaxcache_misses_total{cache="demo"', 6) == 6  # each process's miss once
+    assert counted(client, 'jaxcache_reports_ingested_total{cache="demo",source="report"}', 6) == 6
     # Sent again (a client retrying): accepted, folded, and nothing counted twice.
     assert _post(client, recs[3]).status_code == 202
     folded(client)
@@ -99,9 +95,7 @@ def test_a_runs_processes_share_its_misses_explanation(client):
                                      UsageRow.compiles).where(UsageRow.cache == "demo", UsageRow.run_id == "r1",
                                                               UsageRow.key == ghost)).all()
     assert tuple(row) == (5, 5, 5, "new_program", 5)
-    counted = re.search(r'^jaxcache_misses_total{cache="demo",cause="new_program"} (\S+)$',
-                        client.get("/metrics").text, re.M)
-    assert counted is not None and float(counted.group(1)) == 5.0
+    assert counted(client, 'jaxcache_misses_total{cache="demo",cause="new_program"}', 5) == 5
 
 
 def test_a_full_inbox_answers_503_with_retry_after_and_the_record_file_is_folded_by_rescan(
