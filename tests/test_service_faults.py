@@ -220,3 +220,40 @@ def test_a_prune_asked_once_an_interrupted_one_reads_closed_is_accepted(svc, cac
     assert not closing.is_alive() and not asking.is_alive()
     assert answers["prune"].status_code == 200, answers["prune"].text
     assert not any(cache_copy.glob("*-cache"))
+
+
+class _HoldingHandler(logging.Handler):
+    """Holds the thread that logs a prune's close until ``go`` is set, as a slow log sink would."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.held, self.go = threading.Event(), threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "was interrupted" in record.getMessage():
+            self.held.set()
+            self.go.wait(60)
+
+
+@BOTH
+def test_the_prune_lock_is_free_whenever_the_audit_reads_an_interrupted_prune_closed(svc, cache_copy):
+    """However long the close's own log line takes, the audit does not read the prune closed while this replica
+    still holds the cache's prune lock: a prune asked as soon as it reads closed is accepted."""
+    from jaxcache.service.tasks import prune_audit
+
+    state = svc.app.state.jaxcache
+    prune_audit.begin(state.catalog, "demo", [], who="the replica that died", policy_json={"unused_for": "7d"})
+    handler = _HoldingHandler()
+    logging.getLogger("jaxcache.service").addHandler(handler)
+    try:
+        closing = threading.Thread(target=pruning.close_interrupted_prunes, args=(state, "demo"))
+        closing.start()
+        _wait(handler.held.is_set, "the close to log")
+        assert svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"][0]["state"] == "interrupted"
+        r = svc.post("/v1/caches/demo/prune", headers=H_ADMIN, json={"unused_for": "7d", "dry_run": False})
+    finally:
+        handler.go.set()
+        logging.getLogger("jaxcache.service").removeHandler(handler)
+    closing.join(60)
+    assert r.status_code == 200, r.text
+    assert not any(cache_copy.glob("*-cache"))

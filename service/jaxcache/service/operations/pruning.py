@@ -42,10 +42,11 @@ def close_interrupted_prunes(state: State, name: str) -> None:
     if not lock.acquire(blocking=False):
         return
     try:
-        closed = prune_audit.close_interrupted(state.catalog, name, state.storages[name])
+        interrupted = prune_audit.tally_interrupted(state.catalog, name, state.storages[name])
     finally:
-        # Free before the refresh: whoever reads the audit closed may prune at once, and must not be told that a
-        # prune is still running.
         lock.release()
+    # Closed once the lock is free, and refreshed after: whoever reads the audit closed may prune at once, and must
+    # not be told that a prune is still running. A prune that starts in between closes these rows itself first.
+    closed = prune_audit.close(state.catalog, name, interrupted)
     if closed:
         state.changed(name)

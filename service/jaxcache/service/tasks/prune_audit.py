@@ -1,15 +1,18 @@
 """The prune audit log, written before anything is deleted: a prune's row and every object it plans to delete go
 in first (state "running"), its outcome after. A replica that dies mid-prune leaves a "running" row; whoever next
-holds that cache's prune lock closes it ("interrupted"), counting the planned objects storage no longer has as
-deleted by it. So every deletion the service makes is accounted for, crash or not."""
+holds that cache's prune lock counts the planned objects storage no longer has as deleted by it, and closes it
+("interrupted"). So every deletion the service makes is accounted for, crash or not."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from typing import cast
 
 from sqlalchemy import insert, select, update
+from sqlalchemy.engine import CursorResult
 
 from jaxcache import prune
 from jaxcache.service.catalog.database import Catalog
@@ -40,31 +43,54 @@ def begin(catalog: Catalog, cache: str, decisions: Sequence[prune.Decision], *, 
 
 
 def finish(catalog: Catalog, audit_id: int, result: prune.PruneResult, *, state: str = DONE,
-           error: str | None = None) -> None:
-    """Write the outcome."""
+           error: str | None = None) -> bool:
+    """Write the outcome (an interrupted one only over a row still "running"); whether it was written."""
     errors = ([error] if error else []) + result.errors[:100]
+    where = [PruneRow.id == audit_id] + ([PruneRow.state == RUNNING] if state == INTERRUPTED else [])
     with catalog.session() as s:
-        s.execute(update(PruneRow).where(PruneRow.id == audit_id).values(
+        written = cast(CursorResult, s.execute(update(PruneRow).where(*where).values(
             state=state, ended_s=time.time(), deleted=result.deleted, bytes_freed=result.bytes_freed,
-            already_gone=result.already_gone, changed=result.changed, errors=errors))
+            already_gone=result.already_gone, changed=result.changed, errors=errors)))
+    return bool(written.rowcount)
 
 
-def close_interrupted(catalog: Catalog, cache: str, storage: Storage) -> int:
-    """Close the prunes of ``cache`` left "running" by a replica that died; the caller holds the cache's prune lock
-    (so none of them is really running). Returns how many were closed."""
+@dataclasses.dataclass(frozen=True)
+class Interrupted:
+    """A prune left "running" by a replica that died, with what storage no longer has of its plan."""
+
+    audit_id: int
+    result: prune.PruneResult
+    planned: int
+
+
+def tally_interrupted(catalog: Catalog, cache: str, storage: Storage) -> list[Interrupted]:
+    """The prunes of ``cache`` left "running" by a replica that died; the caller holds the cache's prune lock (so
+    none of them is really running, and nothing deletes their planned objects while storage is listed)."""
     with catalog.session() as s:
         open_ids = list(s.scalars(select(PruneRow.id).where(PruneRow.cache == cache, PruneRow.state == RUNNING)))
     if not open_ids:
-        return 0
+        return []
     present = {info.name for info in storage.iter_objects()}  # one listing, however many objects were planned
+    found = []
     for audit_id in open_ids:
         with catalog.session() as s:
             items = s.execute(select(PruneItemRow.name, PruneItemRow.size_bytes)
                               .where(PruneItemRow.prune_id == audit_id)).all()
         gone = [(name, size) for name, size in items if name not in present]
         result = prune.PruneResult(deleted=len(gone), bytes_freed=sum(size for _, size in gone))
-        note = (f"interrupted: the replica running it stopped; at close {len(gone)} of the {len(items)} planned"
-                " objects were gone (counted as deleted by this prune) and the rest are still there")
-        finish(catalog, audit_id, result, state=INTERRUPTED, error=note)
-        log.warning("prune #%d of %s was %s", audit_id, cache, note)
-    return len(open_ids)
+        found.append(Interrupted(audit_id, result, len(items)))
+    return found
+
+
+def close(catalog: Catalog, cache: str, interrupted: Sequence[Interrupted]) -> int:
+    """Close what :func:`tally_interrupted` found, counting the planned objects that were gone as deleted by their
+    prune; one a prune since closed itself (from a listing made before it deleted anything) stays as it was.
+    Returns how many this closed."""
+    closed = 0
+    for one in interrupted:
+        note = (f"interrupted: the replica running it stopped; at close {one.result.deleted} of the {one.planned}"
+                " planned objects were gone (counted as deleted by this prune) and the rest are still there")
+        if finish(catalog, one.audit_id, one.result, state=INTERRUPTED, error=note):
+            closed += 1
+            log.warning("prune #%d of %s was %s", one.audit_id, cache, note)
+    return closed

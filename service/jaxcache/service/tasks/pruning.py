@@ -118,7 +118,7 @@ def run_prune(
     try:
         # Storage is the truth: refresh the index first so the plan sees entries written since the last scan.
         rescan(catalog, cache, storage)
-        prune_audit.close_interrupted(catalog, cache, storage)
+        prune_audit.close(catalog, cache, prune_audit.tally_interrupted(catalog, cache, storage))
         if policy.integrity:
             throttle = throttle or Throttle()
             verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s,
