@@ -38,7 +38,7 @@ def test_an_empty_node_has_the_jobs_programs_before_jax_asks(tmp_path, faults, g
     assert local["prefetch_wanted"] == local["prefetched"] == len(PROGRAMS), local
     assert local["fetched"] == 0 and local["loaded"] == len(PROGRAMS) and local["prefetch_unused"] == 0, local
     assert local["prefetched_bytes"] == sum(len(v) for v in written.values())
-    assert 0 < local["prefetched_s"] < 3, local
+    assert local["prefetched_s"] > 0 and local["prefetch_waited"] == 0, local  # JAX never waited for it
     assert entries(tmp_path / "node-b" / "unchecked") == written
     assert sorted(entry_downloads(faults.log)) == sorted(f"jc%2F{k}" for k in written), faults.log
     assert "4 prefetched of a working set of 4 (0 unused)" in b["summary"], b["summary"]
