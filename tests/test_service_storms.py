@@ -187,9 +187,12 @@ def test_records_of_a_cache_no_replica_serves_are_drained_and_never_fill_the_inb
         assert _post(c, rec).status_code == 202  # the inbox has room
 
 
-def test_an_inbox_row_that_does_not_decode_is_dropped_and_the_others_are_folded(tmp_path, cache_copy, jax_caches):
+@pytest.mark.parametrize("source", ["report", "storage"])
+def test_an_inbox_row_that_does_not_decode_is_dropped_and_the_others_are_folded(tmp_path, cache_copy, jax_caches,
+                                                                                 source):
     """A row no version of the service can read (a damaged value, another version's format) never wedges the
-    drain: it is dropped with a warning and counted, and the records beside it are folded."""
+    drain: it is dropped with a warning and counted once under where it came from, whichever drain takes it (the
+    loop's, or the first rescan's own), and the records beside it are folded."""
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import InboxRow
     from jaxcache.service.ingestion import inbox
@@ -198,15 +201,18 @@ def test_an_inbox_row_that_does_not_decode_is_dropped_and_the_others_are_folded(
     recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 2)
     catalog = Catalog(db)
     inbox.accept(catalog, "demo", recs[0], recs[0].to_json())
+    name = ".jaxcache/runs/2026-12-04/r1-p1.json" if source == "storage" else None
     with catalog.side_write() as s:
-        s.add(InboxRow(cache="demo", run_id="r1", process_index=1, updated_s=time.time(), source="report",
-                       record=None, body=b"not zstd at all", received_s=time.time()))
+        s.add(InboxRow(cache="demo", run_id="r1", process_index=1, updated_s=time.time(), source=source,
+                       record=name, body=b"not zstd at all", received_s=time.time()))
     catalog.dispose()
     with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}, db=db))) as c:
         settled(c)
         folded(c)
         assert c.get("/v1/caches/demo/jobs/storm", headers=H_READ).json()["processes"] == 1
-        assert 'jaxcache_reports_malformed_total{source="report"} 1.0' in c.get("/metrics").text
+        series = f'jaxcache_reports_malformed_total{{source="{source}"}}'
+        assert counted(c, series, 1) == 1.0
+        assert counted(c, "jaxcache_reports_malformed_total", 1) == 1.0, "counted under one source, once"
 
 
 def test_a_record_is_accepted_while_a_drain_holds_the_sqlite_catalogs_write_lock(tmp_path, jax_caches):

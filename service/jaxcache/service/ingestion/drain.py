@@ -11,8 +11,9 @@ records"."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import Row, Select, bindparam, delete, select
 from sqlalchemy.engine import Connection
@@ -35,10 +36,10 @@ PASS_RECORDS = 256
 
 @dataclass(slots=True)
 class Drained(Folded):
-    """What draining a cache did: :class:`Folded`'s figures summed over its passes, and rows dropped because their
-    record no longer parses (a catalog written by another version)."""
+    """What draining a cache did: :class:`Folded`'s figures summed over its passes, and the rows dropped because
+    their record no longer parses (a catalog written by another version) or the catalog refused it, by source."""
 
-    malformed: int = 0
+    malformed: Counter[str] = field(default_factory=Counter)
 
 
 def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REPORT, name: str | None = None,
@@ -141,7 +142,7 @@ def _delete(conn: Connection, cache: str, rows: Sequence[Row]) -> None:
 def _dropped(cache: str, row: Row, exc: Exception, out: Drained) -> None:
     log.warning("run record %s-p%d of %s dropped from the inbox: %s", row.run_id, row.process_index, cache,
                 malformed.reason(exc))
-    out.malformed += 1
+    out.malformed[row.source] += 1
 
 
 def _claim(catalog: Catalog, cache: str, limit: int) -> Select:

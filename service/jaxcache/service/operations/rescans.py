@@ -39,7 +39,7 @@ def rescan(state: State, name: str, *, wait_s: float | None = None) -> RescanRes
         raise
     state.scanned.add(name)
     state.metrics.scan_seconds.labels(name).observe(result.seconds)
-    note_folded(state, name, result.folded, result.misses_explained)
+    note_folded(state, name, result.folded, result.misses_explained, result.dropped)
     if result.records_malformed:
         state.metrics.reports_malformed.labels(inbox.STORAGE).inc(result.records_malformed)
     if result.records_compacted:

@@ -62,6 +62,8 @@ class RescanResult:
     #: Records this rescan's drain folded that changed the catalog, by source (the inbox's, so POSTed ones too):
     #: a record the background drain took first is counted there, never twice.
     folded: dict[str, int] = field(default_factory=dict)
+    #: Records this rescan's drain dropped (the catalog refused them, or could not read them), by source.
+    dropped: dict[str, int] = field(default_factory=dict)
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
@@ -370,4 +372,4 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                           last_scan_skipped=skipped.count, last_scan_skipped_names=skipped_names(skipped)))
     return RescanResult(cache, added, removed, updated, entries, seconds, found.ingested, found.malformed,
                         covered.ingested, compacted, sum(drained.misses.values()), skipped.count, read_catalog,
-                        dict(drained.fresh))
+                        dict(drained.fresh), dict(drained.malformed))
