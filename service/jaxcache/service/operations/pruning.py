@@ -38,6 +38,10 @@ def delete_entry(state: State, name: str, key: str, *, who: str) -> bool:
 def close_interrupted_prunes(state: State, name: str) -> None:
     """Close the audit rows of prunes of ``name`` whose replica died mid-way (none runs while we hold the cache's
     prune lock; skipped while one does)."""
+    if not prune_audit.any_running(state.catalog, name):
+        # The usual case, after every rescan: the lock is not taken, so a prune asked meanwhile (as soon as the
+        # first scan makes the replica ready) is not refused.
+        return
     lock = state.prune_locks.get(name)
     if not lock.acquire(blocking=False):
         return

@@ -54,6 +54,13 @@ def finish(catalog: Catalog, audit_id: int, result: prune.PruneResult, *, state:
     return bool(written.rowcount)
 
 
+def any_running(catalog: Catalog, cache: str) -> bool:
+    """Whether a prune of ``cache`` reads "running" (running, or left so by a replica that died)."""
+    with catalog.reader() as conn:
+        return conn.execute(select(PruneRow.id).where(PruneRow.cache == cache, PruneRow.state == RUNNING)
+                            .limit(1)).first() is not None
+
+
 @dataclasses.dataclass(frozen=True)
 class Interrupted:
     """A prune left "running" by a replica that died, with what storage no longer has of its plan."""
