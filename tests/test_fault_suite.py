@@ -50,11 +50,18 @@ def test_kill_9_mid_prune_then_restart_accounts_for_every_deletion(tmp_path):
     with httpx.Client(base_url=base, headers=H, timeout=PATIENCE_S) as client:
         import threading
 
+        answer: dict[str, httpx.Response] = {}
         threading.Thread(target=lambda: _post_quietly(client, "/v1/caches/demo/prune",
-                                                      {"unused_for": "7d", "dry_run": False}), daemon=True).start()
+                                                      {"unused_for": "7d", "dry_run": False}, answer),
+                         daemon=True).start()
+
+        def deleting() -> bool:
+            refused = answer.get("r")
+            assert refused is None, f"the prune was answered before it was killed: {refused.text}"
+            return sum(1 for p in root.iterdir() if p.name.endswith("-cache")) < len(old) + len(young) - 100
+
         # Once the intent is written and deletions are under way, the service dies as a node would.
-        _until(lambda: sum(1 for p in root.iterdir() if p.name.endswith("-cache")) < len(old) + len(young) - 100,
-               "the prune to start deleting", patience_s=300)
+        _until(deleting, "the prune to start deleting", patience_s=300)
         kill_service(proc)
     left = {p.name for p in root.iterdir()}
     with sqlite3.connect(tmp_path / "catalog.sqlite") as con:
@@ -80,9 +87,9 @@ def test_kill_9_mid_prune_then_restart_accounts_for_every_deletion(tmp_path):
     assert {p.name for p in root.iterdir() if p.name.endswith("-cache")} == {f"{k}-cache" for k in young}
 
 
-def _post_quietly(client: httpx.Client, path: str, body: dict) -> None:
+def _post_quietly(client: httpx.Client, path: str, body: dict, answer: dict[str, httpx.Response]) -> None:
     try:
-        client.post(path, json=body)
+        answer["r"] = client.post(path, json=body)
     except httpx.HTTPError:
         pass  # the service was killed under it: that is the test
 
