@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import cast
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Select, insert, select, update
 from sqlalchemy.engine import CursorResult
 
 from jaxcache import prune
@@ -44,11 +44,11 @@ def begin(catalog: Catalog, cache: str, decisions: Sequence[prune.Decision], *, 
 
 def finish(catalog: Catalog, audit_id: int, result: prune.PruneResult, *, state: str = DONE,
            error: str | None = None) -> bool:
-    """Write the outcome (an interrupted one only over a row still "running"); whether it was written."""
+    """Write the outcome over a row still "running"; whether it was written (a row closed meanwhile stays)."""
     errors = ([error] if error else []) + result.errors[:100]
-    where = [PruneRow.id == audit_id] + ([PruneRow.state == RUNNING] if state == INTERRUPTED else [])
     with catalog.session() as s:
-        written = cast(CursorResult, s.execute(update(PruneRow).where(*where).values(
+        written = cast(CursorResult, s.execute(update(PruneRow).where(PruneRow.id == audit_id,
+                                                                      PruneRow.state == RUNNING).values(
             state=state, ended_s=time.time(), deleted=result.deleted, bytes_freed=result.bytes_freed,
             already_gone=result.already_gone, changed=result.changed, errors=errors)))
     return bool(written.rowcount)
@@ -57,8 +57,11 @@ def finish(catalog: Catalog, audit_id: int, result: prune.PruneResult, *, state:
 def any_running(catalog: Catalog, cache: str) -> bool:
     """Whether a prune of ``cache`` reads "running" (running, or left so by a replica that died)."""
     with catalog.reader() as conn:
-        return conn.execute(select(PruneRow.id).where(PruneRow.cache == cache, PruneRow.state == RUNNING)
-                            .limit(1)).first() is not None
+        return conn.execute(_running(cache).limit(1)).first() is not None
+
+
+def _running(cache: str) -> Select:
+    return select(PruneRow.id).where(PruneRow.cache == cache, PruneRow.state == RUNNING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +77,7 @@ def tally_interrupted(catalog: Catalog, cache: str, storage: Storage) -> list[In
     """The prunes of ``cache`` left "running" by a replica that died; the caller holds the cache's prune lock (so
     none of them is really running, and nothing deletes their planned objects while storage is listed)."""
     with catalog.session() as s:
-        open_ids = list(s.scalars(select(PruneRow.id).where(PruneRow.cache == cache, PruneRow.state == RUNNING)))
+        open_ids = list(s.scalars(_running(cache)))
     if not open_ids:
         return []
     present = {info.name for info in storage.iter_objects()}  # one listing, however many objects were planned
