@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1000, help="processes of the job: one record each")
     parser.add_argument("--keys", type=int, default=200, help="keys per final record (start records: a fifth)")
     parser.add_argument("--pass-records", type=int, default=256, help="records put into the inbox between drains")
+    parser.add_argument("--first-pass", type=int, default=0,
+                        help="fold this many start records alone first (a storm's drain wakes at its first POST: the "
+                             "new run's first pass is small)")
+    parser.add_argument("--opened", type=int, default=0,
+                        help="open this many of the pool's connections first, each reading the schema (as a "
+                             "replica's first rescan and requests do), so that passes also run on them")
     parser.add_argument("--busy-neighbor", action="store_true", help="spin another process meanwhile")
     parser.add_argument("--statements", action="store_true", help="the final records' time by SQL statement")
     args = parser.parse_args(argv)
@@ -78,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="jaxcache-bench-drain-")
     catalog = Catalog(f"sqlite:///{work}/catalog.sqlite")
     try:
+        opened = [catalog.engine.connect() for _ in range(args.opened)]
+        for conn in opened:
+            conn.exec_driver_sql("SELECT count(*) FROM process_keys").all()
+            conn.close()
         print(f"{args.records} processes, {args.keys} keys a final record, passes of {args.pass_records}"
               f"{', another process spinning' if args.busy_neighbor else ''}; {os.cpu_count()} CPUs")
         spent: collections.Counter = collections.Counter()
@@ -86,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                 if phase == "final" and args.statements:
                     spent = timed_statements(catalog.engine)
                 wall = cpu = 0.0
-                for i in range(0, len(records), args.pass_records):
-                    for record in records[i:i + args.pass_records]:
+                first = args.first_pass if phase == "start" and args.first_pass else args.pass_records
+                for i, j in zip([0, *range(first, len(records), args.pass_records)],
+                                [*range(first, len(records), args.pass_records), len(records)], strict=True):
+                    for record in records[i:j]:
                         inbox.accept(catalog, "bench", record, record.to_json())
                     t, c = time.perf_counter(), time.thread_time()
                     drain.drain(catalog, "bench")

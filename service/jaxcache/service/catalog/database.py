@@ -216,6 +216,19 @@ def bulk_insert(conn: Connection, table: Table, columns: Sequence[str], rows: Se
                          list(rows))
 
 
+def analyze(conn: Connection, tables: Sequence[str]) -> None:
+    """Gather the planner's statistics of ``tables`` (after a bulk load), for every connection of the catalog.
+
+    SQLite loads statistics into a connection only when it reads the schema, and ANALYZE loads them into its own:
+    every other connection, in every process, kept planning with what it had read before (none, or a small table's),
+    and kept its cached statements' plans. The statistics table made anew is a change of schema, which each one sees
+    at its next statement. It holds only what this writes: nothing else analyzes the catalog."""
+    if conn.dialect.name == "sqlite":
+        conn.execute(text("DROP TABLE IF EXISTS sqlite_stat1"))
+    for table in tables:
+        conn.execute(text(f"ANALYZE {table}"))
+
+
 def _json_text(value: object) -> str:
     return msgspec.json.encode(value).decode()
 

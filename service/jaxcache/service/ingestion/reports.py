@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from sqlalchemy import bindparam, delete, func, or_, select, text, update
+from sqlalchemy import bindparam, delete, func, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
 from jaxcache.records import COMPILED, JOB, WRITE, RunRecord, text_of
-from jaxcache.service.catalog.database import Catalog, bulk_insert, dialect_insert
+from jaxcache.service.catalog.database import Catalog, analyze, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
 from jaxcache.service.catalog.queries.history import chunks
 from jaxcache.service.ingestion import aggregates, attestations, explain, usage_changes
@@ -124,8 +124,7 @@ def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item]
         # A new run's rows are a bulk load: the planner learns the tables' sizes before the statements below, not
         # when autovacuum gets to them (PostgreSQL), or never (SQLite, which without statistics reads a process's
         # rows by scanning the cache's).
-        for table in ("runs", "process_keys"):
-            conn.execute(text(f"ANALYZE {table}"))
+        analyze(conn, ("runs", "process_keys"))
     # A row's explanation also reads its representative process's run: one that moved takes it with it.
     moved = [{"b_run": run_id, "b_process": index} for (run_id, index), item in fresh.items()
              if (before := held.get((run_id, index))) is not None and _run_inputs(item.record) != {

@@ -1,0 +1,66 @@
+"""The planner's statistics of the run tables reach every connection of an SQLite catalog. ANALYZE loads what it
+writes into the connection that ran it only; another one kept planning with what it had read before, and kept its
+cached statements' plans: in a report storm, a drain pass on such a connection read each process's rows by scanning
+the cache's, and took thirty times as long as the others (bench/README.md, "Statistics every connection plans
+with"). Work is counted in steps of SQLite's virtual machine (a progress handler), not timed."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from sqlalchemy import event
+
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.ingestion import drain, inbox
+from reports_support import hit, run
+
+PROCESSES, KEYS, PASS = 256, 50, 64
+#: Virtual machine instructions between two calls of the progress handler.
+STEP = 1000
+
+
+def _job(final: bool) -> list:
+    """A job's records: each process's first record (a fifth of its keys), or its last (every key), which replaces
+    the first."""
+    at = time.time() - (60 if final else 600)
+    keys = KEYS if final else KEYS // 5
+    return [run("storm", "r1", [hit(f"jit_step{k}-{k:064x}", 1, at) for k in range(keys)], at=at,
+                process_index=p, process_count=PROCESSES) for p in range(PROCESSES)]
+
+
+def _fold(catalog: Catalog, records: list, sizes: list[int], steps: Counter) -> list[int]:
+    """Put ``records`` into the inbox and drain them, a pass of each of ``sizes`` records; each pass's steps."""
+    spent, done = [], 0
+    for size in sizes:
+        for record in records[done:done + size]:
+            inbox.accept(catalog, "demo", record, record.to_json())
+        done += size
+        before = steps["n"]
+        drain.drain(catalog, "demo")
+        spent.append(steps["n"] - before)
+    return spent
+
+
+def test_every_connection_plans_a_drain_pass_with_the_statistics_the_last_analyze_wrote(tmp_path):
+    catalog = Catalog(f"sqlite:///{tmp_path}/catalog.sqlite")
+    steps: Counter = Counter()
+
+    @event.listens_for(catalog.engine, "checkout")
+    def counting(dbapi_conn, _record, _proxy) -> None:
+        dbapi_conn.set_progress_handler(lambda: steps.update(n=1), STEP)
+
+    try:
+        # Connections in the pool before any statistics are written, each having read the schema (a replica's
+        # first rescan and requests do the same).
+        opened = [catalog.engine.connect() for _ in range(4)]
+        for conn in opened:
+            conn.exec_driver_sql("SELECT count(*) FROM process_keys").all()
+            conn.close()
+        # The drain wakes at the storm's first record: the new run's first pass is small, and analyzed.
+        _fold(catalog, _job(final=False), [2, *[PASS] * 4], steps)
+        final = _fold(catalog, _job(final=True), [PASS] * 4, steps)
+    finally:
+        catalog.dispose()
+    # Equal passes over the same keys: about equal work, whichever of the pool's connections each ran on.
+    assert max(final) < 2 * min(final), final
