@@ -222,7 +222,8 @@ def analyze(conn: Connection, tables: Sequence[str]) -> None:
     SQLite loads statistics into a connection only when it reads the schema, and ANALYZE loads them into its own:
     every other connection, in every process, kept planning with what it had read before (none, or a small table's),
     and kept its cached statements' plans. The statistics table made anew is a change of schema, which each one sees
-    at its next statement. It holds only what this writes: nothing else analyzes the catalog."""
+    at its next statement. It holds only the run tables' statistics: SQLite plans the listings by their indexes
+    without any, so only PostgreSQL's catalog analyzes ``entries``."""
     if conn.dialect.name == "sqlite":
         conn.execute(text("DROP TABLE IF EXISTS sqlite_stat1"))
     for table in tables:

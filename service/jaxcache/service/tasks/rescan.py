@@ -18,7 +18,7 @@ from jaxcache.display import shown
 from jaxcache.errors import NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
-from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.database import Catalog, analyze
 from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
 from jaxcache.service.ingestion import warmups
@@ -340,6 +340,11 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                             atime_ns=bindparam("atime_ns")),
                     updates,
                 )
+            bulk = _bulk(added + len(vanished), len(known) + len(known_orphans))
+            if bulk and s.connection().dialect.name == "postgresql":
+                # The planner learns the new rows now, not at autovacuum's next round (up to a minute on): with the
+                # statistics of an empty table, every listing page sorted all of the cache's rows.
+                analyze(s.connection(), ["entries"])
             # Inside the write lock: nobody else's change can fall between the writes and this count.
             count = _fingerprint(s.connection(), cache)[0]
     _count_foreign(skipped, foreign)
@@ -351,6 +356,12 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                                                             len(caches) + orphans), listing_changed=True,
                    in_memory_max=in_memory_max)
     return result
+
+
+def _bulk(changed: int, rows: int) -> bool:
+    """Whether changing ``changed`` of a cache's ``rows`` is a bulk load: a tenth of them, what makes autovacuum
+    analyze a table (its default ``autovacuum_analyze_scale_factor``)."""
+    return changed > 0 and changed >= rows / 10
 
 
 def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
