@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -97,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                     spent = timed_statements(catalog.engine)
                 wall = cpu = 0.0
                 first = args.first_pass if phase == "start" and args.first_pass else args.pass_records
-                for i, j in zip([0, *range(first, len(records), args.pass_records)],
-                                [*range(first, len(records), args.pass_records), len(records)], strict=True):
+                for i, j in itertools.pairwise([0, *range(first, len(records), args.pass_records), len(records)]):
                     for record in records[i:j]:
                         inbox.accept(catalog, "bench", record, record.to_json())
                     t, c = time.perf_counter(), time.thread_time()

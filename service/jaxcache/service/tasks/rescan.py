@@ -340,8 +340,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                             atime_ns=bindparam("atime_ns")),
                     updates,
                 )
-            bulk = _bulk(added + len(vanished), len(known) + len(known_orphans))
-            if bulk and s.connection().dialect.name == "postgresql":
+            if catalog.dialect == "postgresql" and _bulk(added + len(vanished), len(known) + len(known_orphans)):
                 # The planner learns the new rows now, not at autovacuum's next round (up to a minute on): with the
                 # statistics of an empty table, every listing page sorted all of the cache's rows.
                 analyze(s.connection(), ["entries"])
