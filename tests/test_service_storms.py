@@ -215,6 +215,31 @@ def test_an_inbox_row_that_does_not_decode_is_dropped_and_the_others_are_folded(
         assert counted(c, "jaxcache_reports_malformed_total", 1) == 1.0, "counted under one source, once"
 
 
+def test_a_row_dropped_in_a_pass_the_catalog_refused_is_counted_once(pg_url, jax_caches):
+    """A pass the catalog refuses is folded again a record at a time: a row the first try had already dropped (it
+    does not decode) is dropped and counted once, beside the record refused, and the good record is folded."""
+    from jaxcache.service.catalog.database import Catalog
+    from jaxcache.service.catalog.models import InboxRow, RunRow
+    from jaxcache.service.ingestion import drain, inbox
+
+    good, _, refused = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 3)
+    refused = msgspec.structs.replace(refused, host="h" * 2000)  # over the column (accepted by another version)
+    catalog = Catalog(pg_url)
+    try:
+        for record in (good, refused):
+            inbox.accept(catalog, "demo", record, record.to_json())
+        with catalog.side_write() as s:
+            s.add(InboxRow(cache="demo", run_id="r1", process_index=1, updated_s=time.time(), source="report",
+                           record=None, body=b"not zstd at all", received_s=time.time()))
+        drained = drain.drain(catalog, "demo")
+        with catalog.reader() as conn:
+            folded = conn.execute(select(RunRow.process_index)).scalars().all()
+    finally:
+        catalog.dispose()
+    assert drained.malformed == {"report": 2}, drained.malformed
+    assert folded == [0]
+
+
 def test_a_record_is_accepted_while_a_drain_holds_the_sqlite_catalogs_write_lock(tmp_path, jax_caches):
     """On SQLite the inbox is a database of its own: a POST's record is stored while the drain (here: a
     transaction holding the catalog's write lock, as a pass does) folds, not after it."""

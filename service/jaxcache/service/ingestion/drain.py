@@ -93,14 +93,20 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, root: str | None,
                 rows = s.execute(_claim(catalog, cache, limit)).all()
             if not rows:
                 break
-            folded = _fold_rows(catalog, s, cache, rows, out, root=root, one_at_a_time=one_at_a_time)
+            folded, dropped = _fold_rows(catalog, s, cache, rows, root=root, one_at_a_time=one_at_a_time)
             if not catalog.side_apart:
                 _delete(s.connection(), cache, rows)
+            elif dropped:
+                # Gone before the catalog's write lock is: another drainer would read them next, and drop them again.
+                with catalog.side_write() as side:
+                    _delete(side.connection(), cache, [row for row, _ in dropped])
         if catalog.side_apart:
             # After the fold's commit: a crash in between folds the rows again, which changes nothing (a record is
             # its process's totals). A newer version that arrived meanwhile stays for the next pass.
             with catalog.side_write() as s:
                 _delete(s.connection(), cache, rows)
+        for row, exc in dropped:  # deleted for good: counted once (a pass refused and taken again drops them anew)
+            _dropped(cache, row, exc, out)
         catalog.count_misses(cache, folded.misses)  # committed: counted once
         out.fresh.update(folded.fresh)
         out.stale += folded.stale
@@ -109,25 +115,27 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, root: str | None,
     return taken
 
 
-def _fold_rows(catalog: Catalog, s: Session, cache: str, rows: Sequence[Row], out: Drained, *,
-               root: str | None, one_at_a_time: bool) -> Folded:
-    items = []
+def _fold_rows(catalog: Catalog, s: Session, cache: str, rows: Sequence[Row], *, root: str | None,
+               one_at_a_time: bool) -> tuple[Folded, list[tuple[Row, Exception]]]:
+    """Fold ``rows``; what that did, and the rows to drop (they do not decode, or the catalog refused the record)
+    with why."""
+    items: list[Item] = []
+    dropped: list[tuple[Row, Exception]] = []
     for row in rows:
         try:
             record = records.parse_figures(inbox.body_of(bytes(row.body)))  # validated when it was accepted
             inbox.check_keys([u.key for u in record.keys])
         except InvalidInputError as exc:  # accepted by another version of the service
-            _dropped(cache, row, exc, out)
+            dropped.append((row, exc))
             continue
         items.append(Item(record, row.source, row.record))
     try:
         with s.begin_nested():
-            return fold(catalog, s, cache, items, root=root)
+            return fold(catalog, s, cache, items, root=root), dropped
     except malformed.REFUSALS as exc:
         if not one_at_a_time:
             raise
-        _dropped(cache, rows[0], exc, out)
-        return Folded()
+        return Folded(), [*dropped, (rows[0], exc)]
 
 
 def _delete(conn: Connection, cache: str, rows: Sequence[Row]) -> None:
