@@ -24,8 +24,8 @@ from serving_support import PATIENCE_S, HeldTable, wait_for
 #: JAXCACHE_MAX_BODY_BYTES; the reports route reads its body on the loop and parses it in a thread.
 ASYNC_ROUTES = {
     "healthz",  # answers a constant
-    "list_entries",  # its query and JSON in one of the threads kept for listings (State.read)
-    "ingest_report",  # awaits the body, then parses it and stores it in the inbox in a worker thread
+    "list_entries",  # its query and JSON in one of the threads kept for catalog reads (threads.py)
+    "ingest_report",  # awaits the body, then parses it and stores it in the inbox in threads of their own
     "swagger_ui", "redoc",  # render a page of links to packaged assets
     "login", "logout",  # a small form and a token's hash
     "prune_form", "prune_apply",  # a token's hash; catalog work and rendering through run_in_threadpool

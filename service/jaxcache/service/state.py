@@ -8,10 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import TypeVar
 
-import anyio
-import anyio.to_thread
 from cachetools import TTLCache
 from sqlalchemy import select
 
@@ -27,15 +24,13 @@ from jaxcache.service.settings import ServiceSettings
 from jaxcache.service.tasks import root_change
 from jaxcache.service.tasks.health import LoopHealth, LoopStatus
 from jaxcache.service.tasks.pruning import PruneLocks
+from jaxcache.service.threads import Threads
 from jaxcache.service.usage_metrics import UsageCollector
 from jaxcache.storage import Storage, open_storage
 
 log = logging.getLogger("jaxcache.service")
 
 _STATS_TTL_S = 60.0
-#: Threads per process for the reads requests wait on (see State.read).
-READ_THREADS = 2
-T = TypeVar("T")
 _DAY_S = 86400.0
 
 
@@ -83,7 +78,7 @@ class State:
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
                                              for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
-        self._read_limiter: anyio.CapacityLimiter | None = None  # made in the event loop, at the first read
+        self.threads = Threads()
         # Set by the drain loop (loops.py) where this process runs it: a POST wakes it at once.
         self.inbox_arrived: asyncio.Event | None = None
         # Statistics by (what, cache, change counts, minute): computed again after a change, or once a minute (the
@@ -129,14 +124,6 @@ class State:
             for row in s.scalars(select(CacheRow).where(CacheRow.name.in_(list(self.settings.caches)))):
                 if row.last_scan_s is not None:
                     self.scanned.add(row.name)
-
-    async def read(self, work: Callable[[], T]) -> T:
-        """``work`` (a catalog read a request waits for) in one of :data:`READ_THREADS` threads of this process.
-        More threads than that only queued on the interpreter lock: each SQLite step hands it over, and a thread
-        back from the database waits for it behind the others (bench/README.md, "Threads for listings")."""
-        if self._read_limiter is None:
-            self._read_limiter = anyio.CapacityLimiter(READ_THREADS)
-        return await anyio.to_thread.run_sync(work, limiter=self._read_limiter)
 
     def changed(self, name: str) -> None:
         """Entries of ``name`` changed (rescan, prune, delete): cached statistics and listings' ETags are stale, in

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
@@ -64,8 +63,8 @@ async def list_entries(
     )
     at = cursors.to_catalog(cursor, sort) if cursor else None
     clock = unused_for is not None or older_than is not None
-    # The hot route: on the threads kept for listings (State.read), not the shared pool.
-    tag, body = await state.read(partial(_page, state, cache, flt, sort, order, limit, at, request, clock))
+    # The hot route: on the threads kept for catalog reads (threads.py), not the shared pool.
+    tag, body = await state.threads.read(_page, state, cache, flt, sort, order, limit, at, request, clock)
     if body is None:
         return conditional.not_modified(tag)
     return Response(body, media_type="application/json", headers=conditional.headers(tag))

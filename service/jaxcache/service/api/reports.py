@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-import anyio
-import anyio.to_thread
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
 from starlette.requests import ClientDisconnect
 
@@ -65,22 +63,11 @@ async def ingest_report(
         log.info("a run record's upload ended before its body did (the client went away)")
         request.scope[ABORTED] = True
         return Response(status_code=400)  # never reaches the client
-    # One record parsed at a time per process: each thread more parsing at once took the interpreter lock from the
-    # event loop (/healthz) and from the drain. Storing it is apart: on SQLite it waits for the database's write
-    # lock, which a drain's pass holds, and parsing the next record need not wait for that.
-    record, name = await anyio.to_thread.run_sync(_parse, state, body, cache, limiter=_one_at_a_time(request))
-    accepted = await anyio.to_thread.run_sync(_store, state, name, record, body)  # a full inbox: 503 (api/errors.py)
+    record, name = await state.threads.parse(_parse, state, body, cache)
+    accepted = await state.threads.store(_store, state, name, record, body)  # a full inbox: 503 (api/errors.py)
     state.wake_drain()
     return ReportResult(cache=accepted.cache, run_id=accepted.run_id, process_index=accepted.process_index,
                         runs=0 if accepted.stale else 1, keys=accepted.keys, stale=accepted.stale)
-
-
-def _one_at_a_time(request: Request) -> anyio.CapacityLimiter:
-    """The app's limiter of threads parsing records, made at its first record (an anyio limiter needs a loop)."""
-    found: anyio.CapacityLimiter | None = getattr(request.app.state, "parsing", None)
-    if found is None:
-        found = request.app.state.parsing = anyio.CapacityLimiter(1)
-    return found
 
 
 def _parse(state: State, body: bytes, cache: str | None) -> tuple[records.RunRecord, str]:

@@ -1,0 +1,58 @@
+"""The threads a request hands its blocking work to: asyncio's own executors, one for each kind of work, so that
+each kind is bounded on its own and none waits behind another.
+
+Not anyio's ``to_thread``: its limiter and checkpoints take several turns of the event loop for each hop, which
+was a large part of a 304's cost (bench/README.md, "A request's thread hop")."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: Threads for the catalog reads requests wait on. More only queued on the interpreter lock: each SQLite step hands
+#: it over, and a thread back from the database waits for it behind the others (bench/README.md, "Threads for
+#: listings").
+READ_THREADS = 2
+
+
+class Threads:
+    """One process's threads for requests' blocking work, started at their first use."""
+
+    def __init__(self) -> None:
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._lock = threading.Lock()
+
+    async def read(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)``, a catalog read a request waits for, in one of :data:`READ_THREADS` threads."""
+        return await self._run("read", READ_THREADS, work, args)
+
+    async def parse(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)``, parsing a request's body: one at a time, as each thread more parsing at once took the
+        interpreter lock from the event loop (/healthz) and from the drain."""
+        return await self._run("parse", 1, work, args)
+
+    async def store(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)``, a write a request waits for, apart from parsing: on SQLite it waits for the database's
+        write lock, which a drain's pass holds, and the next record's parsing need not wait for that. Python's
+        default count of threads."""
+        return await self._run("store", None, work, args)
+
+    def close(self) -> None:
+        """Let the threads end once their work is done (the app's lifespan is over; a later use starts new ones)."""
+        with self._lock:
+            pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            pool.shutdown(wait=False)
+
+    async def _run(self, kind: str, threads: int | None, work: Callable[..., T], args: tuple[Any, ...]) -> T:
+        with self._lock:
+            pool = self._pools.get(kind)
+            if pool is None:
+                pool = self._pools[kind] = ThreadPoolExecutor(threads, thread_name_prefix=f"jaxcache-{kind}")
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(work, *args))
