@@ -27,6 +27,7 @@ class Threads:
     def __init__(self) -> None:
         self._pools: dict[str, ThreadPoolExecutor] = {}
         self._lock = threading.Lock()
+        self._parsing = asyncio.Semaphore(1)
 
     async def read(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)``, a catalog read a request waits for, in one of :data:`READ_THREADS` threads."""
@@ -34,8 +35,11 @@ class Threads:
 
     async def parse(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)``, parsing a request's body: one at a time, as each thread more parsing at once took the
-        interpreter lock from the event loop (/healthz) and from the drain."""
-        return await self._run("parse", 1, work, args)
+        interpreter lock from the event loop (/healthz) and from the drain. The next is handed over only once the
+        loop has taken the last one back: a thread parsing bodies back to back holds the interpreter lock, and the
+        loop waits for it at each of its system calls (bench/README.md, "A request's thread hop")."""
+        async with self._parsing:
+            return await self._run("parse", 1, work, args)
 
     async def store(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)``, a write a request waits for, apart from parsing: on SQLite it waits for the database's
@@ -47,6 +51,7 @@ class Threads:
         """Let the threads end once their work is done (the app's lifespan is over; a later use starts new ones)."""
         with self._lock:
             pools, self._pools = self._pools, {}
+            self._parsing = asyncio.Semaphore(1)  # bound to the loop that waited on it, if any
         for pool in pools.values():
             pool.shutdown(wait=False)
 
