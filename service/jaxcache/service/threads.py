@@ -7,6 +7,7 @@ was a large part of a 304's cost (bench/README.md, "A request's thread hop")."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import threading
 from collections.abc import Callable
@@ -60,4 +61,6 @@ class Threads:
             pool = self._pools.get(kind)
             if pool is None:
                 pool = self._pools[kind] = ThreadPoolExecutor(threads, thread_name_prefix=f"jaxcache-{kind}")
-        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(work, *args))
+        # In a copy of the caller's context, as asyncio.to_thread runs its work.
+        call = functools.partial(contextvars.copy_context().run, work, *args)
+        return await asyncio.get_running_loop().run_in_executor(pool, call)
