@@ -25,7 +25,11 @@ READ_THREADS = 2
 class Threads:
     """One process's threads for requests' blocking work, started at their first use."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, one_writer: bool = False) -> None:
+        """``one_writer``: the database takes one writer at a time (SQLite), so this process stores one record at
+        a time too; the others wait in the event loop's queue, not as threads contending for the database's write
+        lock and the interpreter lock (bench/README.md, "A request's thread hop")."""
+        self._stores = 1 if one_writer else None
         self._pools: dict[str, ThreadPoolExecutor] = {}
         self._lock = threading.Lock()
         self._parsing = asyncio.Semaphore(1)
@@ -44,9 +48,9 @@ class Threads:
 
     async def store(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)``, a write a request waits for, apart from parsing: on SQLite it waits for the database's
-        write lock, which a drain's pass holds, and the next record's parsing need not wait for that. Python's
-        default count of threads."""
-        return await self._run("store", None, work, args)
+        write lock, which a drain's pass holds, and the next record's parsing need not wait for that. One thread
+        for one writer, else Python's default count of threads."""
+        return await self._run("store", self._stores, work, args)
 
     def close(self) -> None:
         """Let the threads end once their work is done (the app's lifespan is over; a later use starts new ones)."""
