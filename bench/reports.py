@@ -253,7 +253,10 @@ def storm_on(name: str, db: str, root: str, work: str, args, modules: list[str])
                 started = time.perf_counter()
                 storm = asyncio.run(_storm(base, bodies, args.clients))
                 folded_s = wait_folded(base) - started
-                spent = cpu.by_role(before, cpu.snapshot(), serving_pid)
+                after = cpu.snapshot()
+                spent = cpu.by_role(before, after, serving_pid)
+                if args.split:  # the service's share that was the loops process's (the drain's)
+                    spent["of_which_loops"] = cpu.by_role(before, after, serving_pid[1])["service"]
             fig[phase] = {
                 "records": len(bodies), "keys_per_record": len(json.loads(bodies[0])["keys"]),
                 "body_kib_median": round(statistics.median(len(b) for b in bodies) / 1024, 1),
