@@ -27,7 +27,7 @@ class Threads:
 
     def __init__(self, *, one_writer: bool = False) -> None:
         """``one_writer``: the database takes one writer at a time (SQLite), so this process stores one record at
-        a time too; the others wait in the event loop's queue, not as threads contending for the database's write
+        a time too; the others wait in its executor's queue, not as threads contending for the database's write
         lock and the interpreter lock (bench/README.md, "A request's thread hop")."""
         self._stores = 1 if one_writer else None
         self._pools: dict[str, ThreadPoolExecutor] = {}
