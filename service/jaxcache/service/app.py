@@ -50,7 +50,6 @@ def create_app(settings: ServiceSettings | None = None, *, prepared: bool = Fals
                 memory.settle_startup()
                 yield
         finally:
-            state.threads.close()
             state.catalog.dispose()  # what was accepted waits in the inbox for the next drain
 
     app = FastAPI(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -23,20 +22,21 @@ READ_THREADS = 2
 
 
 class Threads:
-    """One process's threads for requests' blocking work, started at their first use."""
+    """One process's threads for requests' blocking work. Each executor starts its threads at its first use, and
+    they end with it."""
 
     def __init__(self, *, one_writer: bool = False) -> None:
         """``one_writer``: the database takes one writer at a time (SQLite), so this process stores one record at
         a time too; the others wait in its executor's queue, not as threads contending for the database's write
         lock and the interpreter lock (bench/README.md, "A request's thread hop")."""
-        self._stores = 1 if one_writer else None
-        self._pools: dict[str, ThreadPoolExecutor] = {}
-        self._lock = threading.Lock()
+        self._read = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="jaxcache-read")
+        self._parse = ThreadPoolExecutor(1, thread_name_prefix="jaxcache-parse")
+        self._store = ThreadPoolExecutor(1 if one_writer else None, thread_name_prefix="jaxcache-store")
         self._parsing = asyncio.Semaphore(1)
 
     async def read(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)``, a catalog read a request waits for, in one of :data:`READ_THREADS` threads."""
-        return await self._run("read", READ_THREADS, work, args)
+        return await _run(self._read, work, args)
 
     async def parse(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)``, parsing a request's body: one at a time, as each thread more parsing at once took the
@@ -44,27 +44,16 @@ class Threads:
         loop has taken the last one back: a thread parsing bodies back to back holds the interpreter lock, and the
         loop waits for it at each of its system calls (bench/README.md, "A request's thread hop")."""
         async with self._parsing:
-            return await self._run("parse", 1, work, args)
+            return await _run(self._parse, work, args)
 
     async def store(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)``, a write a request waits for, apart from parsing: on SQLite it waits for the database's
         write lock, which a drain's pass holds, and the next record's parsing need not wait for that. One thread
         for one writer, else Python's default count of threads."""
-        return await self._run("store", self._stores, work, args)
+        return await _run(self._store, work, args)
 
-    def close(self) -> None:
-        """Let the threads end once their work is done (the app's lifespan is over; a later use starts new ones)."""
-        with self._lock:
-            pools, self._pools = self._pools, {}
-            self._parsing = asyncio.Semaphore(1)  # bound to the loop that waited on it, if any
-        for pool in pools.values():
-            pool.shutdown(wait=False)
 
-    async def _run(self, kind: str, threads: int | None, work: Callable[..., T], args: tuple[Any, ...]) -> T:
-        with self._lock:
-            pool = self._pools.get(kind)
-            if pool is None:
-                pool = self._pools[kind] = ThreadPoolExecutor(threads, thread_name_prefix=f"jaxcache-{kind}")
-        # In a copy of the caller's context, as asyncio.to_thread runs its work.
-        call = functools.partial(contextvars.copy_context().run, work, *args)
-        return await asyncio.get_running_loop().run_in_executor(pool, call)
+async def _run(pool: ThreadPoolExecutor, work: Callable[..., T], args: tuple[Any, ...]) -> T:
+    # In a copy of the caller's context, as asyncio.to_thread runs its work.
+    call = functools.partial(contextvars.copy_context().run, work, *args)
+    return await asyncio.get_running_loop().run_in_executor(pool, call)
