@@ -1,8 +1,9 @@
 """The report drain alone, in this process: a storm's records (bench/reports.py's job) put into the inbox of an SQLite
-catalog a pass at a time and folded, start records first, then the final ones that replace them; milliseconds of
-wall and CPU per record, and with ``--statements`` the SQL that took the time. No HTTP, no probes: the ceiling the
-drain sets on the storm. ``--busy-neighbor`` keeps another process spinning meanwhile (what any other work on a
-2-core machine does to this one). Figures, not assertions; what they mean: README.md.
+catalog (``--catalog postgresql``: a throwaway PostgreSQL server's) a pass at a time and folded, start records first,
+then the final ones that replace them; milliseconds of wall and CPU (this process's) per record, and with
+``--statements`` the SQL that took the time. No HTTP, no probes: the ceiling the drain sets on the storm.
+``--busy-neighbor`` keeps another process spinning meanwhile (what any other work on a 2-core machine does to this
+one). Figures, not assertions; what they mean: README.md.
 
     .venv/bin/python bench/drain.py --records 1000 --keys 200
 """
@@ -23,6 +24,7 @@ import traceback
 from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from catalogs import postgres  # noqa: E402
 from reports import job_records  # noqa: E402
 
 
@@ -71,8 +73,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="open this many of the pool's connections first, each reading the schema (as a "
                              "replica's first rescan and requests do), so that passes also run on them")
     parser.add_argument("--busy-neighbor", action="store_true", help="spin another process meanwhile")
-    parser.add_argument("--statements", action="store_true", help="the final records' time by SQL statement")
+    parser.add_argument("--statements", action="store_true",
+                        help="the final records' time by SQL statement (on PostgreSQL, wall time: the server's CPU "
+                             "too)")
+    parser.add_argument("--catalog", choices=("sqlite", "postgresql"), default="sqlite")
     args = parser.parse_args(argv)
+    if args.catalog == "postgresql":
+        with postgres() as url:
+            if url is None:
+                return 1
+            return run(args, url)
+    return run(args, None)
+
+
+def run(args: argparse.Namespace, url: str | None) -> int:
 
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.ingestion import drain, inbox
@@ -83,14 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     phases = {"start": job_records(modules, 20_000, args.records, args.keys, final=False, now=now - 580),
               "final": job_records(modules, 20_000, args.records, args.keys, final=True, now=now)}
     work = tempfile.mkdtemp(prefix="jaxcache-bench-drain-")
-    catalog = Catalog(f"sqlite:///{work}/catalog.sqlite")
+    catalog = Catalog(url or f"sqlite:///{work}/catalog.sqlite")
     try:
         opened = [catalog.engine.connect() for _ in range(args.opened)]
         for conn in opened:
             conn.exec_driver_sql("SELECT count(*) FROM process_keys").all()
             conn.close()
-        print(f"{args.records} processes, {args.keys} keys a final record, passes of {args.pass_records}"
-              f"{', another process spinning' if args.busy_neighbor else ''}; {os.cpu_count()} CPUs")
+        print(f"{args.catalog}: {args.records} processes, {args.keys} keys a final record, passes of "
+              f"{args.pass_records}{', another process spinning' if args.busy_neighbor else ''}; {os.cpu_count()} CPUs")
         spent: collections.Counter = collections.Counter()
         with busy_neighbor(args.busy_neighbor):
             for phase, records in phases.items():
@@ -108,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 n = len(records)
                 print(f"  {phase:5} drain: {wall / n * 1e3:6.2f} ms wall, {cpu / n * 1e3:6.2f} ms CPU a record "
                       f"({n / wall:.0f} records/s)")
-        for what, seconds in spent.most_common(8):
+        for what, seconds in spent.most_common(12):
             print(f"    {seconds / len(phases['final']) * 1e3:6.2f} ms a record  {what}")
     finally:
         catalog.dispose()

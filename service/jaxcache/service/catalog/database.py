@@ -10,12 +10,24 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 
 import msgspec
-from sqlalchemy import Table, create_engine, event, text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    Integer,
+    SmallInteger,
+    String,
+    Table,
+    create_engine,
+    event,
+    text,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.types import TypeEngine
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.service.catalog.locks import ClusterLocks, advisory_key
@@ -201,19 +213,29 @@ def dialect_insert(dialect: str, table):
 
 def bulk_insert(conn: Connection, table: Table, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     """Insert ``rows`` (tuples of ``columns``' values, none JSON) into ``table`` in ``conn``'s transaction, the
-    fastest way each database takes many rows: ``COPY`` on PostgreSQL (a fifth of the time of an INSERT a row), the
-    driver's own executemany on SQLite (SQLAlchemy's processed every value in Python first)."""
+    fastest way each database takes many rows: a binary ``COPY`` on PostgreSQL (the server parses no text, the client
+    formats none), the driver's own executemany on SQLite (SQLAlchemy's processed every value in Python first)."""
     if not rows:
         return
     names = ", ".join(conn.dialect.identifier_preparer.quote(c) for c in columns)
     if conn.dialect.name == "postgresql":
         with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]  # psycopg's
-            with cursor.copy(f"COPY {table.name} ({names}) FROM STDIN") as copy:
+            with cursor.copy(f"COPY {table.name} ({names}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types([_binary_type(table.c[c].type) for c in columns])
                 for row in rows:
                     copy.write_row(row)
         return
     conn.exec_driver_sql(f"INSERT INTO {table.name} ({names}) VALUES ({', '.join('?' * len(columns))})",
                          list(rows))
+
+
+def _binary_type(column: TypeEngine[object]) -> str:
+    """The PostgreSQL type a binary COPY sends a column's values as."""
+    for kind, name in ((String, "text"), (BigInteger, "int8"), (SmallInteger, "int2"), (Integer, "int4"),
+                       (Float, "float8"), (Boolean, "bool")):
+        if isinstance(column, kind):
+            return name
+    raise TypeError(f"bulk_insert: no binary COPY type for {column!r}")
 
 
 def analyze(conn: Connection, tables: Sequence[str]) -> None:
