@@ -78,7 +78,7 @@ class State:
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
                                              for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
-        self.threads = Threads(one_writer=self.catalog.dialect == "sqlite")
+        self.threads = Threads()
         # Set by the drain loop (loops.py) where this process runs it: a POST wakes it at once.
         self.inbox_arrived: asyncio.Event | None = None
         # Statistics by (what, cache, change counts, minute): computed again after a change, or once a minute (the

@@ -37,13 +37,14 @@ class Threads:
     """One process's threads for requests' blocking work. Each executor starts its threads at its first use, and
     they end with it."""
 
-    def __init__(self, *, one_writer: bool = False) -> None:
-        """``one_writer``: the database takes one writer at a time (SQLite), so this process stores one record at
-        a time too; the others wait in its executor's queue, not as threads contending for the database's write
-        lock and the interpreter lock (bench/README.md, "A request's thread hop")."""
+    def __init__(self) -> None:
+        """A process stores one record at a time, on either catalog: SQLite takes one writer at a time, and on
+        PostgreSQL a store is a few short round trips, so that more threads storing at once only contended for the
+        interpreter lock. The others wait in the executor's queue; workers and replicas store in parallel
+        (bench/README.md, "One store at a time on PostgreSQL too")."""
         self._read = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="jaxcache-read")
         self._parse = ThreadPoolExecutor(1, thread_name_prefix="jaxcache-parse", initializer=_in_background)
-        self._store = ThreadPoolExecutor(1 if one_writer else None, thread_name_prefix="jaxcache-store")
+        self._store = ThreadPoolExecutor(1, thread_name_prefix="jaxcache-store")
         self._parsing = asyncio.Semaphore(1)
 
     async def read(self, work: Callable[..., T], *args: Any) -> T:
@@ -60,8 +61,7 @@ class Threads:
 
     async def store(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)``, a write a request waits for, apart from parsing: on SQLite it waits for the database's
-        write lock, which a drain's pass holds, and the next record's parsing need not wait for that. One thread
-        for one writer, else Python's default count of threads."""
+        write lock, which a drain's pass holds, and the next record's parsing need not wait for that. One thread."""
         return await _run(self._store, work, args)
 
 
