@@ -171,6 +171,28 @@ def test_a_catalog_at_a_retired_revision_is_refused_in_one_line_by_serve(tmp_pat
     assert _tables(path) == before
 
 
+def test_the_schema_is_one_revision():
+    (only,) = migrate.scripts().walk_revisions()
+    assert only.revision == migrate.head() and only.down_revision is None
+
+
+@pytest.mark.parametrize("revision", ["1", "4"])
+def test_a_catalog_at_a_revision_folded_into_the_one_is_refused_and_left_as_it_is(tmp_path, revision):
+    """Revisions 1 to 4 became the schema's one revision: a catalog made at one of them lacks what the later ones
+    added, so it is refused like the older history, not read as current or as newer."""
+    path = tmp_path / "catalog.sqlite"
+    url = f"sqlite:///{path}"
+    Catalog(url).dispose()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+    db.commit()
+    db.close()
+    before = _tables(path)
+    with pytest.raises(migrate.MigrationError, match=f"schema {revision}\\).*start again"):
+        Catalog(url)
+    assert _tables(path) == before
+
+
 def test_a_newer_schema_is_left_alone(catalog_url, caplog):
     Catalog(catalog_url).dispose()
     engine = create_engine(catalog_url)
@@ -218,7 +240,7 @@ def test_revisions_are_shipped_as_package_data(tmp_path):
     (wheel,) = tmp_path.glob("jaxcache_service-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = "jaxcache/service/catalog/migrations/"
-    for name in ("env.py", "script.py.mako", "README.md", "versions/0001_schema.py"):
+    for name in ("env.py", "script.py.mako", "README.md", "versions/0005_schema.py"):
         assert shipped + name in names, name
     assert {n.rsplit("/", 1)[1] for n in names if n.startswith(shipped + "versions/") and n.endswith(".py")} == {
         p.name for p in (REPO / "service" / "jaxcache" / "service" / "catalog" / "migrations" / "versions").glob("*.py")

@@ -4,9 +4,9 @@ The revisions live in ``migrations/versions/`` beside this module (shipped as pa
 ``migrations/README.md``). Replicas that start together take turns (the ``migrate`` lock), and the whole upgrade
 is one transaction on both backends: a replica killed halfway leaves the previous schema.
 
-A catalog written by a version before this schema's first revision (its revisions were numbered ``0001`` to
-``0011``, or it has no ``alembic_version`` at all) is refused with one line saying to rebuild it: the catalog is an
-index that rescans rebuild from the cache roots' entries and run record files.
+A catalog written by a version before this schema's one revision (its revisions were numbered ``0001`` to ``0011``,
+then ``1`` to ``4``, or it has no ``alembic_version`` at all) is refused with one line saying to rebuild it: the
+catalog is an index that rescans rebuild from the cache roots' entries and run record files.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ log = logging.getLogger("jaxcache.service")
 
 SCRIPTS = Path(__file__).parent / "migrations"
 #: The revisions of the schema's earlier history, which this version does not upgrade from.
-RETIRED = frozenset(f"{n:04d}" for n in range(1, 12))
+RETIRED = frozenset({*(f"{n:04d}" for n in range(1, 12)), *(str(n) for n in range(1, 5))})
 
 
 class MigrationError(JaxcacheError):

@@ -1,8 +1,9 @@
-"""The catalog's schema.
+"""The catalog's schema. Revisions 1 to 4 were its history before it became this one revision (catalogs at them are
+refused with what to do, as those of revisions 0001 to 0011 are: catalog.migrate).
 
-Revision ID: 1
+Revision ID: 5
 Revises:
-Create Date: 2026-12-03
+Create Date: 2026-12-05
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "1"
+revision = "5"
 down_revision = None
 branch_labels = None
 depends_on = None
@@ -246,6 +247,7 @@ def upgrade() -> None:
         sa.Column("compiles", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("writes", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("saved_s", sa.Float(), server_default="0", nullable=False),
+        sa.Column("local", sa.JSON(none_as_null=True), nullable=True),
         sa.PrimaryKeyConstraint("cache", "run_id", "process_index"),
     )
     op.create_index("ix_runs_job", "runs", ["cache", "job", "updated_s"])
@@ -305,6 +307,7 @@ def upgrade() -> None:
         sa.Column("created_s", sa.Float(), nullable=False),
         sa.Column("generation", sa.BigInteger(), nullable=True),
         sa.Column("checked_s", sa.Float(), nullable=False),
+        sa.Column("trusted", _str(64), nullable=True),
         sa.PrimaryKeyConstraint("cache", "key"),
     )
     op.create_index("ix_verifications_class", "verifications", ["cache", "classification"])
@@ -346,10 +349,26 @@ def upgrade() -> None:
     )
     op.create_index("ix_warmups_finished", "warmups", ["cache", "finished_s"])
 
+    # What every process of every replica shares besides the index: change counts and loop health.
+    op.create_table(
+        "change_counts",
+        sa.Column("cache", _str(64), nullable=False),
+        sa.Column("entries", sa.BigInteger(), nullable=False),
+        sa.Column("usage", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("cache"),
+    )
+    op.create_table(
+        "loop_health",
+        sa.Column("loop", _str(32), nullable=False),
+        sa.Column("status", sa.JSON(), nullable=False),
+        sa.Column("updated_s", sa.Float(), nullable=False),
+        sa.PrimaryKeyConstraint("loop"),
+    )
+
 
 def downgrade() -> None:
     # Their indexes go with them.
     for table in ("warmups", "warmup_keys", "verifications", "usage", "runs", "report_inbox", "record_files",
                   "prunes", "prune_items", "process_keys", "pins", "key_stats", "key_history", "entries", "caches",
-                  "attestations", "attestation_conflicts"):
+                  "attestations", "attestation_conflicts", "change_counts", "loop_health"):
         op.drop_table(table)
