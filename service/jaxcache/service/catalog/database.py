@@ -158,6 +158,13 @@ class Catalog:
         with self._side_reads.connect() as conn:
             yield conn
 
+    @contextmanager
+    def side_statement(self) -> Iterator[Connection]:
+        """A connection to the side tables' database whose statements are each a transaction of their own: no BEGIN
+        and COMMIT around them (on PostgreSQL two round trips). For a write that one statement says whole."""
+        with self._side_reads.connect() as conn:
+            yield conn
+
     def count_misses(self, cache: str, counts: Mapping[str, int]) -> None:
         """Pass misses explained for the first time (committed) to whoever listens."""
         if counts and self.on_misses is not None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zstandard
-from sqlalchemy import Select, bindparam, func, select
+from sqlalchemy import Float, Integer, Select, Table, bindparam, func, null, or_, select
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import RunRecord
@@ -74,8 +74,28 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
     in the inbox or in the run tables already. Raises :class:`InvalidInputError` for a record the drain could not
     fold (a key listed twice), and :class:`InboxFullError` when ``limit`` records already wait, storing nothing."""
     check_keys([u.key for u in record.keys])
-    ids = {"cache": cache, "run_id": record.run_id, "process_index": record.process_index}
-    compressed = zstandard.ZstdCompressor(level=1).compress(body)
+    row = {"cache": cache, "run_id": record.run_id, "process_index": record.process_index,
+           "updated_s": record.updated_at, "source": source, "record": name,
+           "body": zstandard.ZstdCompressor(level=1).compress(body), "received_s": time.time()}
+    if catalog.dialect == "postgresql":
+        # One statement, its own transaction: two round trips with the pool's ping, where a transaction of the
+        # three statements below took six, and a process stores one record at a time (service/threads.py).
+        with catalog.side_statement() as conn:
+            held, folded, kept = conn.execute(_accept(limit is not None), {**row, "limit": limit}).one()
+    else:
+        held, folded, kept = _accept_in_transaction(catalog, row, limit)
+    if held is not None and limit is not None and held >= limit:
+        raise InboxFullError(f"{held} run records are waiting for the catalog (the inbox holds at most "
+                             f"JAXCACHE_REPORT_INBOX={limit}): try again in a few seconds; the record file "
+                             "reaches the catalog at the next rescan anyway", retry_after_s=5)
+    return Accepted(cache, record.run_id, record.process_index, len(record.keys), not kept)
+
+
+def _accept_in_transaction(catalog: Catalog, row: dict[str, Any],
+                           limit: int | None) -> tuple[int | None, float | None, bool]:
+    """What :func:`_accept`'s statement does, in a transaction of its reads and its upsert: the records waiting
+    (None without a limit), the version the run tables hold (None: none), whether ``row`` was stored."""
+    ids = {n: row[n] for n in ("cache", "run_id", "process_index")}
     # Where the inbox is a database of its own, what the run tables hold is read before its write lock is taken:
     # the two are never one transaction there, and the lock is held for the inbox's statements alone.
     folded = _folded_apart(catalog, ids) if catalog.side_apart else None
@@ -83,19 +103,11 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
         conn = s.connection()
         if not catalog.side_apart:
             folded = conn.execute(_folded(), ids).scalar_one_or_none()
-        if limit is not None:
-            held = conn.execute(_waiting()).scalar_one()
-            if held >= limit:
-                raise InboxFullError(f"{held} run records are waiting for the catalog (the inbox holds at most "
-                                     f"JAXCACHE_REPORT_INBOX={limit}): try again in a few seconds; the record file "
-                                     "reaches the catalog at the next rescan anyway", retry_after_s=5)
-        stale = folded is not None and folded > record.updated_at
-        if not stale:
-            kept = conn.execute(_upsert(catalog.dialect), {
-                **ids, "updated_s": record.updated_at, "source": source, "record": name, "body": compressed,
-                "received_s": time.time()}).first()
-            stale = kept is None
-    return Accepted(cache, record.run_id, record.process_index, len(record.keys), stale)
+        held = conn.execute(_waiting()).scalar_one() if limit is not None else None
+        if (held is not None and limit is not None and held >= limit) or (
+                folded is not None and folded > row["updated_s"]):
+            return held, folded, False
+        return held, folded, conn.execute(_upsert(catalog.dialect), row).first() is not None
 
 
 def _folded_apart(catalog: Catalog, ids: dict[str, Any]) -> float | None:
@@ -121,11 +133,32 @@ def _upsert(dialect: str) -> Any:
     table = table_of(InboxRow)
     insert = dialect_insert(dialect, table)
     insert = insert.values({c.name: bindparam(c.name) for c in table.columns})
+    return _newest(insert, table)
+
+
+def _newest(insert: Any, table: Table) -> Any:
+    """``insert`` as an upsert that keeps the newest version of a process's record; RETURNING what it stored."""
     return insert.on_conflict_do_update(
         index_elements=["cache", "run_id", "process_index"],
         set_={c.name: insert.excluded[c.name] for c in table.columns if not c.primary_key},
-        where=insert.excluded.updated_s >= table.c.updated_s,  # keeps the newest version
+        where=insert.excluded.updated_s >= table.c.updated_s,
     ).returning(table.c.cache)
+
+
+@functools.cache
+def _accept(limited: bool) -> Select:
+    """PostgreSQL: the upsert, made only if the run tables hold no newer version of the process's record and (when
+    ``limited``) fewer than ``limit`` records wait; what it found (records waiting or None, the run tables'
+    version or None) and whether it stored the row."""
+    table = table_of(InboxRow)
+    found = select(_folded().scalar_subquery().label("folded"),
+                   (_waiting().scalar_subquery() if limited else null()).label("held")).cte("found")
+    room = [found.c.held < bindparam("limit", type_=Integer)] if limited else []
+    values = select(*(bindparam(c.name, type_=c.type) for c in table.columns)).select_from(found).where(
+        or_(found.c.folded.is_(None), found.c.folded <= bindparam("updated_s", type_=Float)), *room)
+    kept = _newest(dialect_insert("postgresql", table).from_select([c.name for c in table.columns], values),
+                   table).cte("kept")
+    return select(found.c.held, found.c.folded, select(func.count()).select_from(kept).scalar_subquery() > 0)
 
 
 def check_keys(keys: Sequence[str]) -> None:
