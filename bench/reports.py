@@ -2,8 +2,9 @@
 within seconds of its start and of its end. Records/s from the first ``POST /v1/reports`` (at ``--clients``
 connections) until the drain has folded the last one (the inbox empty: its figures show in the catalog), and
 records/s accepted (the POSTs alone); meanwhile ``GET /healthz`` and listing pages, on an SQLite and a PostgreSQL
-catalog; afterwards the catalog must hold every run (exit status 1 if it does not). Figures, not assertions
-(besides the count); what each figure means: bench/README.md.
+catalog; afterwards the catalog must hold every run (exit status 1 if it does not). Before each catalog's storm, a
+baseline in the same run: how long a fixed loop takes on every CPU at once. Figures, not assertions (besides the
+count); what each figure means: bench/README.md.
 
     .venv/bin/python bench/reports.py --records 1000 --keys 200
 """
@@ -228,8 +229,23 @@ def count_runs(db: str) -> dict:
     return {"runs": runs, "final": final, "process_keys": keys, "usage_rows": usage, "usage_processes": processes}
 
 
+#: The baseline's work: a fixed loop of the interpreter, about a second on this project's 2-core machines.
+BASELINE_LOOP = "x = 0\nfor i in range(10_000_000):\n    x += i * i"
+
+
+def machine_baseline() -> float:
+    """Wall seconds one process a CPU take to run BASELINE_LOOP all at once: how fast this machine runs with every
+    core busy, measured in the same run as the storm. Its speed under load varies from day to day (the same code's
+    CPU a record did by half), where one core timed alone barely moves; this says which a storm's figure met."""
+    started = time.perf_counter()
+    loops = [subprocess.Popen([sys.executable, "-c", BASELINE_LOOP]) for _ in range(os.cpu_count() or 1)]
+    for loop in loops:
+        loop.wait()
+    return time.perf_counter() - started
+
+
 def storm_on(name: str, db: str, root: str, work: str, args, modules: list[str]) -> dict:
-    fig: dict = {"catalog": name}
+    fig: dict = {"catalog": name, "baseline_s": round(machine_baseline(), 2)}
     with service(root, db, work, args.workers, args.split, args.service_cpus) as (base, serving_pid, loops):
         if args.settle_s:
             waited = settle(loops, args.settle_s)
@@ -330,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     for fig in figures:
         print(f"{fig['catalog']}: quiet healthz p99 {fig['quiet']['healthz'].get('p99_ms')} ms, listing p99 "
               f"{fig['quiet']['listing'].get('p99_ms')} ms; background loops settled after "
-              f"{fig.get('settled_s', 'no wait')} s")
+              f"{fig.get('settled_s', 'no wait')} s; machine baseline {fig['baseline_s']} s (a fixed loop on "
+              "every CPU at once, before the service started: lower is faster)")
         print("        CPU s a second, probes alone: " + ", ".join(
             f"{role} {seconds:.2f}" for role, seconds in fig["quiet"]["cpu_s_per_s"].items()))
         for phase in ("start", "end"):
