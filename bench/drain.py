@@ -87,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, url: str | None) -> int:
-
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.ingestion import drain, inbox
 

@@ -84,7 +84,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, url: str | None) -> int:
-
     from jaxcache.service.app import create_app
     from jaxcache.service.settings import ServiceSettings
 

@@ -153,15 +153,10 @@ class Catalog:
             yield s
 
     @contextmanager
-    def side_reader(self) -> Iterator[Connection]:
-        """A connection to the side tables' database for reads of one statement each, outside any transaction."""
-        with self._side_reads.connect() as conn:
-            yield conn
-
-    @contextmanager
-    def side_statement(self) -> Iterator[Connection]:
-        """A connection to the side tables' database whose statements are each a transaction of their own: no BEGIN
-        and COMMIT around them (on PostgreSQL two round trips). For a write that one statement says whole."""
+    def side_statements(self) -> Iterator[Connection]:
+        """A connection to the side tables' database whose statements are each a transaction of their own, with no
+        BEGIN and COMMIT around them (on PostgreSQL two round trips): for reads, and for a write that one statement
+        says whole (PostgreSQL's inbox store)."""
         with self._side_reads.connect() as conn:
             yield conn
 
@@ -290,7 +285,7 @@ def _sqlite_connect(dbapi_conn, _record) -> None:
 _WRITE_CACHE, _READ_CACHE = "PRAGMA cache_size=-65536", "PRAGMA cache_size=-2000"
 
 
-#: Execution option of an SQLite engine whose connections run each statement on its own (side_reader()).
+#: Execution option of an SQLite engine whose connections run each statement on its own (side_statements()).
 _NO_BEGIN = "jaxcache_no_begin"
 
 

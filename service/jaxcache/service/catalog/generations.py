@@ -45,7 +45,7 @@ class Generations:
         self.catalog = catalog
 
     def get(self, cache: str) -> Generation:
-        with self.catalog.side_reader() as conn:
+        with self.catalog.side_statements() as conn:
             row = conn.execute(_counts(), {"cache": cache}).first()
         return Generation() if row is None else Generation(row.entries, row.usage)
 

@@ -36,5 +36,5 @@ def _with_history(status: dict[str, Any], before: Mapping[str, Any]) -> dict[str
 
 def read(catalog: Catalog) -> dict[str, dict[str, Any]]:
     """Every loop's last published status, by loop."""
-    with catalog.side_reader() as conn:
+    with catalog.side_statements() as conn:
         return {row.loop: row.status for row in conn.execute(select(LoopHealthRow.loop, LoopHealthRow.status))}

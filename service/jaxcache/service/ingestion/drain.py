@@ -58,7 +58,7 @@ def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REP
 
 def caches_waiting(catalog: Catalog) -> list[str]:
     """The caches with records in the inbox."""
-    with catalog.side_reader() as conn:
+    with catalog.side_statements() as conn:
         return sorted(conn.execute(select(InboxRow.cache).distinct()).scalars())
 
 
@@ -87,7 +87,7 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, root: str | None,
         with catalog.writing(cache) as s:
             if catalog.side_apart:
                 # Read under the catalog's write lock: another drainer's rows are folded and committed by then.
-                with catalog.side_reader() as conn:
+                with catalog.side_statements() as conn:
                     rows = conn.execute(_claim(catalog, cache, limit)).all()
             else:  # claimed in the fold's own transaction: it commits their deletion with the fold
                 rows = s.execute(_claim(catalog, cache, limit)).all()

@@ -58,13 +58,13 @@ class Accepted:
 
 def waiting(catalog: Catalog) -> int:
     """Records in the inbox, of every cache."""
-    with catalog.side_reader() as conn:
+    with catalog.side_statements() as conn:
         return int(conn.execute(select(func.count()).select_from(InboxRow)).scalar_one())
 
 
 def waiting_by_cache(catalog: Catalog) -> dict[str, int]:
     """Records in the inbox, by cache."""
-    with catalog.side_reader() as conn:
+    with catalog.side_statements() as conn:
         return {c: int(n) for c, n in conn.execute(select(InboxRow.cache, func.count()).group_by(InboxRow.cache))}
 
 
@@ -80,10 +80,10 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
     if catalog.dialect == "postgresql":
         # One statement, its own transaction: two round trips with the pool's ping, where a transaction of the
         # three statements below took six, and a process stores one record at a time (service/threads.py).
-        with catalog.side_statement() as conn:
-            held, folded, kept = conn.execute(_accept(limit is not None), {**row, "limit": limit}).one()
+        with catalog.side_statements() as conn:
+            held, kept = conn.execute(_accept(limit is not None), {**row, "limit": limit}).one()
     else:
-        held, folded, kept = _accept_in_transaction(catalog, row, limit)
+        held, kept = _accept_in_transaction(catalog, row, limit)
     if held is not None and limit is not None and held >= limit:
         raise InboxFullError(f"{held} run records are waiting for the catalog (the inbox holds at most "
                              f"JAXCACHE_REPORT_INBOX={limit}): try again in a few seconds; the record file "
@@ -91,10 +91,9 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
     return Accepted(cache, record.run_id, record.process_index, len(record.keys), not kept)
 
 
-def _accept_in_transaction(catalog: Catalog, row: dict[str, Any],
-                           limit: int | None) -> tuple[int | None, float | None, bool]:
+def _accept_in_transaction(catalog: Catalog, row: dict[str, Any], limit: int | None) -> tuple[int | None, bool]:
     """What :func:`_accept`'s statement does, in a transaction of its reads and its upsert: the records waiting
-    (None without a limit), the version the run tables hold (None: none), whether ``row`` was stored."""
+    (None without a limit), and whether ``row`` was stored."""
     ids = {n: row[n] for n in ("cache", "run_id", "process_index")}
     # Where the inbox is a database of its own, what the run tables hold is read before its write lock is taken:
     # the two are never one transaction there, and the lock is held for the inbox's statements alone.
@@ -106,8 +105,8 @@ def _accept_in_transaction(catalog: Catalog, row: dict[str, Any],
         held = conn.execute(_waiting()).scalar_one() if limit is not None else None
         if (held is not None and limit is not None and held >= limit) or (
                 folded is not None and folded > row["updated_s"]):
-            return held, folded, False
-        return held, folded, conn.execute(_upsert(catalog.dialect), row).first() is not None
+            return held, False
+        return held, conn.execute(_upsert(catalog.dialect), row).first() is not None
 
 
 def _folded_apart(catalog: Catalog, ids: dict[str, Any]) -> float | None:
@@ -148,8 +147,8 @@ def _newest(insert: Any, table: Table) -> Any:
 @functools.cache
 def _accept(limited: bool) -> Select:
     """PostgreSQL: the upsert, made only if the run tables hold no newer version of the process's record and (when
-    ``limited``) fewer than ``limit`` records wait; what it found (records waiting or None, the run tables'
-    version or None) and whether it stored the row."""
+    ``limited``) fewer than ``limit`` records wait; the records waiting (None unless ``limited``), and whether it
+    stored the row."""
     table = table_of(InboxRow)
     found = select(_folded().scalar_subquery().label("folded"),
                    (_waiting().scalar_subquery() if limited else null()).label("held")).cte("found")
@@ -158,7 +157,7 @@ def _accept(limited: bool) -> Select:
         or_(found.c.folded.is_(None), found.c.folded <= bindparam("updated_s", type_=Float)), *room)
     kept = _newest(dialect_insert("postgresql", table).from_select([c.name for c in table.columns], values),
                    table).cte("kept")
-    return select(found.c.held, found.c.folded, select(func.count()).select_from(kept).scalar_subquery() > 0)
+    return select(found.c.held, select(func.count()).select_from(kept).scalar_subquery() > 0)
 
 
 def check_keys(keys: Sequence[str]) -> None:
