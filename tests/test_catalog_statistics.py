@@ -51,14 +51,14 @@ def test_every_connection_plans_a_drain_pass_with_the_statistics_the_last_analyz
     catalog = Catalog(f"sqlite:///{tmp_path}/catalog.sqlite")
     steps: Counter = Counter()
 
-    @event.listens_for(catalog.engine, "checkout")
+    @event.listens_for(catalog.write_engine, "checkout")  # where write transactions run: the drain's passes
     def counting(dbapi_conn, _record, _proxy) -> None:
         dbapi_conn.set_progress_handler(lambda: steps.update(n=1), STEP)
 
     try:
         # Connections in the pool before any statistics are written, each having read the schema (a replica's
         # first rescan and requests do the same).
-        opened = [catalog.engine.connect() for _ in range(4)]
+        opened = [catalog.write_engine.connect() for _ in range(4)]
         for conn in opened:
             conn.exec_driver_sql("SELECT count(*) FROM process_keys").all()
             conn.close()

@@ -3,6 +3,7 @@ the service share (their locks: :mod:`jaxcache.service.catalog.locks`). Sessions
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -96,7 +97,8 @@ class Catalog:
             except OperationalError as exc:  # the server is not there, or refuses this user
                 raise CatalogUnreachableError(unreachable(self.engine.url, exc)) from None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._write_sessions = sessionmaker(self.engine.execution_options(jaxcache_write=True),
+        self.write_engine = self._write_engine(self.engine)
+        self._write_sessions = sessionmaker(self.write_engine.execution_options(jaxcache_write=True),
                                             expire_on_commit=False)
         # The report inbox (ingestion/inbox.py), change counts and loop health (models.SIDE_TABLES). On SQLite a
         # database file of its own beside the catalog's (``…-side``): a POST stores its record under that file's
@@ -136,6 +138,19 @@ class Catalog:
                 for index in table.indexes:
                     conn.execute(CreateIndex(index, if_not_exists=True))
         return engine
+
+    @staticmethod
+    def _write_engine(engine: Engine) -> Engine:
+        """The engine of writing()'s transactions. On an SQLite file, an engine of its own whose one pooled
+        connection keeps a large page cache from one write to the next (this process's writers take turns); the
+        readers' pool keeps SQLite's small default. Elsewhere ``engine``."""
+        if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+            return engine
+        # No limit on overflow: a second connection (never kept, its cache closed with it) rather than a wait.
+        writes = create_engine(engine.url, pool_size=1, max_overflow=-1, json_serializer=_json_text,
+                               json_deserializer=msgspec.json.decode)
+        _sqlite_events(writes, cache=_WRITE_CACHE)
+        return writes
 
     @property
     def side_apart(self) -> bool:
@@ -184,14 +199,6 @@ class Catalog:
             yield s
 
     @contextmanager
-    def short_write(self) -> Iterator[Session]:
-        """A short write transaction that takes no cache's lock (a report put into the inbox): on SQLite it still
-        begins with the database's write lock (``BEGIN IMMEDIATE``), so that its read and its write see one
-        state."""
-        with self._write_sessions.begin() as s:
-            yield s
-
-    @contextmanager
     def reader(self) -> Iterator[Connection]:
         """A plain connection for read-only Core queries: no ORM session machinery on hot read paths."""
         with self.engine.connect() as conn:
@@ -202,8 +209,8 @@ class Catalog:
         return dialect_insert(self.dialect, table)
 
     def dispose(self) -> None:
-        self.engine.dispose()
-        self.side_engine.dispose()
+        for engine in {id(e): e for e in (self.engine, self.write_engine, self.side_engine)}.values():
+            engine.dispose()
         self.locks.dispose()
 
 
@@ -258,14 +265,14 @@ def _json_text(value: object) -> str:
     return msgspec.json.encode(value).decode()
 
 
-def _sqlite_events(engine: Engine) -> None:
-    """The catalog's ways with an SQLite engine: WAL, its own BEGINs, a larger page cache while writing."""
-    event.listen(engine, "connect", _sqlite_connect)
+def _sqlite_events(engine: Engine, *, cache: str | None = None) -> None:
+    """The catalog's ways with an SQLite engine: WAL, its own BEGINs; ``cache``: a page cache pragma its
+    connections start with."""
+    event.listen(engine, "connect", functools.partial(_sqlite_connect, cache=cache))
     event.listen(engine, "begin", _sqlite_begin)
-    event.listen(engine, "checkin", _sqlite_checkin)
 
 
-def _sqlite_connect(dbapi_conn, _record) -> None:
+def _sqlite_connect(dbapi_conn, _record, *, cache: str | None) -> None:
     # SQLAlchemy emits BEGIN itself (_sqlite_begin), so that reads are inside the transaction too and a writer can
     # ask for BEGIN IMMEDIATE; the driver's own transaction handling would begin only at the first write.
     dbapi_conn.isolation_level = None
@@ -275,14 +282,16 @@ def _sqlite_connect(dbapi_conn, _record) -> None:
     cur.execute("PRAGMA synchronous=NORMAL")
     # Writers of other processes (replicas on one file) queue on the write lock; a rescan's commit can be long.
     cur.execute("PRAGMA busy_timeout=60000")
+    if cache is not None:
+        cur.execute(cache)
     cur.close()
 
 
-#: Pages of SQLite's cache for a write transaction (its default is 2 MiB): a batch of reports writes many megabytes
-#: of usage rows and index pages, and with the default it spilled and read pages again mid-way (bench/reports.py:
-#: a fifth more records/s). Given back when the connection returns to the pool: a reader needs few pages, and the
-#: pool keeps up to 15 connections per process.
-_WRITE_CACHE, _READ_CACHE = "PRAGMA cache_size=-65536", "PRAGMA cache_size=-2000"
+#: The page cache of a connection that writes (SQLite's default is 2 MiB): a pass of the drain writes many megabytes
+#: of rows and index pages, and with the default it spilled and read pages again mid-way. Kept from one write to the
+#: next by the write engine's one pooled connection (the pool's readers keep the default): given back at each
+#: checkin, every pass read the pages it touched again (bench/README.md, "The drain's warm page cache").
+_WRITE_CACHE = "PRAGMA cache_size=-65536"
 
 
 #: Execution option of an SQLite engine whose connections run each statement on its own (side_statements()).
@@ -293,14 +302,4 @@ def _sqlite_begin(conn: Connection) -> None:
     options = conn.get_execution_options()
     if options.get(_NO_BEGIN):  # the driver's isolation_level None: each statement commits by itself
         return
-    if options.get("jaxcache_write"):
-        conn.exec_driver_sql(_WRITE_CACHE)
-        conn.info["jaxcache_big_cache"] = True
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-    else:
-        conn.exec_driver_sql("BEGIN")
-
-
-def _sqlite_checkin(dbapi_conn, record) -> None:
-    if record.info.pop("jaxcache_big_cache", False):
-        dbapi_conn.execute(_READ_CACHE)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("jaxcache_write") else "BEGIN")
