@@ -34,10 +34,11 @@ def _job(final: bool) -> list:
                 process_index=p, process_count=PROCESSES) for p in range(PROCESSES)]
 
 
-def _fold(catalog: Catalog, records: list, sizes: list[int], steps: Counter) -> list[int]:
-    """Put ``records`` into the inbox and drain them, a pass of each of ``sizes`` records; each pass's steps."""
+def _fold(passes: list[tuple[Catalog, int]], records: list, steps: Counter) -> list[int]:
+    """Put ``records`` into the inbox and drain them, a pass of each (catalog, size) of ``passes`` in turn, the
+    catalog taking it; each pass's steps."""
     spent, done = [], 0
-    for size in sizes:
+    for catalog, size in passes:
         for record in records[done:done + size]:
             inbox.accept(catalog, "demo", record, record.to_json())
         done += size
@@ -48,26 +49,24 @@ def _fold(catalog: Catalog, records: list, sizes: list[int], steps: Counter) -> 
 
 
 def test_every_connection_plans_a_drain_pass_with_the_statistics_the_last_analyze_wrote(tmp_path):
-    catalog = Catalog(f"sqlite:///{tmp_path}/catalog.sqlite")
+    # Two processes' catalogs on one file (replicas, or uvicorn's workers), each writing on a connection of its own.
+    early, late = (Catalog(f"sqlite:///{tmp_path}/catalog.sqlite") for _ in range(2))
     steps: Counter = Counter()
 
-    @event.listens_for(catalog.write_engine, "checkout")  # where write transactions run: the drain's passes
     def counting(dbapi_conn, _record, _proxy) -> None:
         dbapi_conn.set_progress_handler(lambda: steps.update(n=1), STEP)
 
     try:
-        # Connections in the pool before any statistics are written, each having read the schema (a replica's
-        # first rescan and requests do the same).
-        opened = [catalog.write_engine.connect() for _ in range(4)]
-        for conn in opened:
-            conn.exec_driver_sql("SELECT count(*) FROM process_keys").all()
-            conn.close()
-        # The drain wakes at the storm's first record: the new run's first pass is small, and analyzed.
-        _fold(catalog, _job(final=False), [2, *[PASS] * 4], steps)
-        final = _fold(catalog, _job(final=True), [PASS] * 4, steps)
+        for catalog in (early, late):
+            event.listen(catalog.write_engine, "checkout", counting)  # where the drain's passes run
+        # The drain wakes at the storm's first record: the new run's first pass is small, and analyzed; here one
+        # process takes it, and the other the rest of the run's first records, analyzed as they come.
+        _fold([(early, 2), *[(late, PASS)] * 4], _job(final=False), steps)
+        final = _fold([(early, PASS), (late, PASS)] * 2, _job(final=True), steps)
     finally:
-        catalog.dispose()
-    # Equal passes over the same keys: about equal work, whichever of the pool's connections each ran on.
+        early.dispose()
+        late.dispose()
+    # Equal passes over the same keys: about equal work, whichever process's connection each ran on.
     assert max(final) < 2 * min(final), final
 
 
