@@ -141,7 +141,7 @@ def _read_one(storage: Storage, recorded: dict[str, str], key: str) -> _Read:
     if checked.status is not Status.OK:
         return _Read(key, why=f"corrupt: {checked.reason}")
     try:
-        sig = storage.read(signing.sig_name(key))
+        sig = signing.read_object(storage, key)
         if sig is not None:
             signing.decode(sig)
     except (NotRegularFileError, InvalidInputError):
