@@ -18,7 +18,9 @@ import pytest
 from jaxcache import signing, skips
 from jaxcache.cli import main
 from test_bundles import bundle, members, write_tar, written  # noqa: F401 - fixtures
-from test_client_service import KEY_PATH, PUBLIC, _env
+from test_client_service import ADMIN, KEY_PATH, PUBLIC, REPORT, _env, api, service  # noqa: F401 - a fixture
+from test_service_integrity import _app, _expect_verdicts, _rescanned, damaged  # noqa: F401 - a fixture
+from test_verified_loads import _entry, run_job
 from test_warmup import EXAMPLE, warmup
 
 # Each raised out of the old decoder (OverflowError, RecursionError) and stopped every reader.
@@ -143,3 +145,33 @@ def test_a_huge_signature_object_is_never_read_whole(written, tmp_path):  # noqa
     judged = {e["key"]: e for e in json.loads(proc.stdout)["entries"]}
     assert proc.returncode == 1 and judged[swapped]["class"] == "tampered", proc.stdout
     assert any(f"larger than {signing.MAX_SIG_BYTES} bytes" in r for r in judged[bad]["reasons"]), judged[bad]
+
+
+def test_the_service_judges_every_entry_beside_a_malformed_signature(damaged, tmp_path):  # noqa: F811
+    root = tmp_path / "cache"
+    shutil.copytree(damaged["root"], root)
+    broken = {damaged[k] for k in ("flipped", "swapped", "truncated", "plain")}
+    for key, sig in zip(sorted(damaged["all"] - broken), MALFORMED.values(), strict=False):
+        (root / signing.sig_name(key)).write_bytes(sig)
+    with _app(str(root), tmp_path) as client:
+        _rescanned(client)  # after the background pass's first round over this root
+        _expect_verdicts(client, damaged)  # POST verify answers 200; the swapped entry is judged tampered
+
+
+@pytest.mark.slow
+def test_a_verifying_job_never_loads_a_swapped_entry_beside_a_malformed_signature(service):  # noqa: F811
+    base, cache = service
+    job = (sys.executable, {})
+    run_job(job, cache, "writer")  # attested to the service, and signed
+    affine, gram = _entry(cache, "affine"), _entry(cache, "gram")
+    key = {p: p.name.removesuffix("-cache") for p in (affine, gram)}
+    gram.write_bytes(affine.read_bytes())  # another program's bytes under gram's key
+    _age(cache)
+    (cache / signing.sig_name(key[affine])).write_bytes(MALFORMED["size Infinity"])
+    api(base, "/v1/caches/shared/rescan", ADMIN, "POST")
+    api(base, "/v1/caches/shared/verify", ADMIN, "POST")  # 200, not 500
+    # client_job checks every result: loading gram's swapped bytes would fail the job.
+    out = run_job(job, cache, "careful", "--verify", "attested", "--service-url", base, "--token", REPORT)
+    assert out["skipped"] == {key[gram]: skips.TAMPERED}, out["skipped"]
+    signed = run_job((sys.executable, {"JAXCACHE_TRUSTED_KEYS": PUBLIC}), cache, "signed", "--verify", "signed")
+    assert signed["skipped"] == {key[affine]: skips.BAD_SIGNATURE, key[gram]: skips.DIGEST_DIFFERS}, signed
