@@ -291,3 +291,24 @@ def test_warmup_check_reads_a_bundle_in_place_of_a_root(tmp_path):
     assert out["hits"] == 0 and [r["why"] for r in out["bundle"]["refused"]] == ["unsigned"], out
     refused = warmup(*args, "--cache-dir", str(path), expect=2)  # only --check takes a bundle
     assert "only --check takes a bundle" in refused.stderr
+
+
+def test_a_signature_that_could_not_be_placed_exits_1_and_names_the_entry(bundle, tmp_path, capsys):
+    """Another ``-sig`` already in the root (from another signer) is left alone: the entry is there, but a job that
+    trusts only this bundle's signer would skip it, so the import is not whole (#49 item 9)."""
+    items = dict(members(bundle))
+    keys = [e["key"] for e in json.loads(items["manifest.json"])["entries"]]
+    root = tmp_path / "root"
+    root.mkdir()
+    other = signing.new_key("other", str(tmp_path / "other.key"))
+    data = items[f"{keys[0]}-cache"]
+    theirs = signing.encode([other.sign(keys[0], hashlib.sha256(data).hexdigest(), len(data))])
+    (root / f"{keys[0]}-sig").write_bytes(theirs)
+    code, out, _ = import_(capsys, bundle, root, "--json")
+    answer = json.loads(out)
+    assert code == 1 and set(answer["imported"]) == set(keys), answer
+    assert [x["key"] for x in answer["signatures_left_alone"]] == [keys[0]], answer
+    assert (root / f"{keys[0]}-sig").read_bytes() == theirs and (root / f"{keys[0]}-cache").read_bytes() == data
+    code, out, _ = import_(capsys, bundle, root)  # again, in words: the entries are there, the signature is not
+    assert code == 1 and f"signature not placed for {keys[0]}: the root holds another {keys[0]}-sig" in out, out
+    assert "1 without this bundle's signature" in out, out

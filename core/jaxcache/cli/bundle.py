@@ -67,8 +67,11 @@ def cmd_import(args: argparse.Namespace, storage: Storage | None) -> int:
     else:
         lines = [done.check_text(), f"bundle: {done.manifest.described()}",
                  f"into {root.url}: {len(done.imported)} imported, {len(done.present)} already there,"
-                 f" {len(done.kept)} left alone (other bytes there), {len(done.refused)} refused"]
-        lines += _listed("refused", done.refused) + _listed("left alone", done.kept)
+                 f" {len(done.kept)} left alone (other bytes there), {len(done.refused)} refused"
+                 + (f", {len(done.signatures_kept)} without this bundle's signature (another there)"
+                    if done.signatures_kept else "")]
+        lines += (_listed("refused", done.refused) + _listed("left alone", done.kept)
+                  + _listed("signature not placed for", done.signatures_kept))
         lines += [f"  note: {n}" for n in done.notes[:_SHOWN]]
         print("\n".join(lines))
     return EXIT_OK if done.whole else EXIT_PROBLEMS
@@ -87,8 +90,9 @@ _IMPORT_DESCRIPTION = (
     " whole, not who made it; the output says which. Every entry must decompress whole. The archive is checked"
     " whole before anything is written: a member that is not <key>-cache or <key>-sig listed by the manifest (a"
     " path, a link), or an archive cut short, refuses it all. An object already in ROOT is never replaced. Exit"
-    " codes: 0 every entry is in ROOT now (imported or already there); 1 some were refused or other bytes were"
-    " there; 2 bad input or a refused archive (nothing written).")
+    " codes: 0 every entry is in ROOT now (imported or already there) with its signature; 1 some were refused,"
+    " other bytes were there, or another <key>-sig was there so the bundle's signature was not placed (each named);"
+    " 2 bad input or a refused archive (nothing written).")
 
 
 def add_parsers(sub: Any) -> None:
