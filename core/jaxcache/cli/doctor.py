@@ -127,7 +127,8 @@ def add_parser(sub: Any) -> None:
                     help="integrity: compare each entry with its signatures (<key>-sig), its writer's recorded "
                          "digest and its embedded program name; classes ok, tampered (differs from what a key of "
                          "JAXCACHE_TRUSTED_KEYS signed: proof), differs (from an unsigned digest: a record or a "
-                         "report, not proof), mismatched, corrupt, pending (younger than --min-age), unattested")
+                         "report, not proof), mismatched, corrupt (including one that expands to more than "
+                         "JAXCACHE_MAX_DECOMPRESSED_BYTES, default 4GiB), pending (younger than --min-age), unattested")
     dr.add_argument("--min-age", default="1h", metavar="DURATION",
                     help="with --verify: entries younger than this that look broken are pending (default 1h)")
     dr.add_argument("--json", action="store_true", help="print JSON (stable field names)")
