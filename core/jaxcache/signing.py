@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -130,9 +131,16 @@ def new_key(name: str, path: str) -> SigningKey:
 
 
 def load_key(path: str) -> SigningKey:
-    """Read a private key file written by ``jaxcache keys new``."""
+    """Read a private key file written by ``jaxcache keys new``; refused when other users may read it or anyone
+    but its owner may write it (group read stays allowed: a Kubernetes Secret mounted with defaultMode 0440 and an
+    fsGroup is how a non-root pod reads one)."""
     try:
         with open(path) as f:
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)  # of the file opened, not of a name swapped after
+            if mode & (stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP):
+                who = "other users can read it" if mode & stat.S_IROTH else "users other than its owner can write it"
+                raise InvalidInputError(f"the signing key {path} has mode {mode:04o}: {who}; run chmod 600 {path}"
+                                        " (or 0440 with a group, as a Kubernetes Secret's defaultMode)")
             text = f.read(4096).strip()
     except OSError as exc:
         raise InvalidInputError(f"cannot read the signing key {path}: {exc.strerror}") from None
