@@ -312,3 +312,52 @@ def test_a_signature_that_could_not_be_placed_exits_1_and_names_the_entry(bundle
     code, out, _ = import_(capsys, bundle, root)  # again, in words: the entries are there, the signature is not
     assert code == 1 and f"signature not placed for {keys[0]}: the root holds another {keys[0]}-sig" in out, out
     assert "1 without this bundle's signature" in out, out
+
+
+def _special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, linkname
+    return info
+
+
+@pytest.mark.parametrize("attack", ["absolute path", "hard link", "folder", "fifo", "character device",
+                                    "pax long name", "gnu long name", "entry twice", "signature twice",
+                                    "manifest twice"])
+def test_more_hostile_archives_are_refused_whole_writing_nothing(bundle, tmp_path, capsys, attack):
+    """The red team's structure attacks that held (#49), kept: each refuses the whole archive in one line."""
+    items = members(bundle)
+    key = json.loads(items[0][1])["entries"][0]["key"]
+    entry = dict(items)[f"{key}-cache"]
+    escaping = f"../{'deep/' * 30}{key}-cache"  # past 100 characters: a PAX or GNU long-name header carries it
+    extra: list[tarfile.TarInfo] = []
+    fmt = tarfile.GNU_FORMAT if attack == "gnu long name" else tarfile.PAX_FORMAT
+    if attack == "absolute path":
+        items.append((f"/tmp/{key}-cache", entry))
+    elif attack in ("pax long name", "gnu long name"):
+        items.append((escaping, entry))
+    elif attack == "entry twice":
+        items.append((f"{key}-cache", entry))
+    elif attack == "signature twice":
+        items.append((f"{key}-sig", dict(items)[f"{key}-sig"]))
+    elif attack == "manifest twice":
+        items.append(items[0])
+    else:
+        items = [i for i in items if i[0] != f"{key}-cache"]
+        kind = {"hard link": tarfile.LNKTYPE, "folder": tarfile.DIRTYPE, "fifo": tarfile.FIFOTYPE,
+                "character device": tarfile.CHRTYPE}[attack]
+        extra.append(_special(f"{key}-cache", kind, "manifest.json" if kind == tarfile.LNKTYPE else ""))
+    path = tmp_path / "hostile.tar"
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for name, data in items:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for info in extra:
+            tar.addfile(info)
+    if "long name" in attack:
+        with tarfile.open(path) as tar:
+            assert escaping in tar.getnames()  # the long name really is in the archive, as its header says
+    code, out, err = import_(capsys, path, tmp_path / "root")
+    assert code == 2 and out == "", out
+    assert err.startswith("jaxcache: error: ") and err.count("\n") == 1 and "nothing was imported" in err, err
+    assert not (tmp_path / "root").exists()

@@ -4,6 +4,7 @@ by jobs (#49 item 8). Group read stays allowed: a Kubernetes Secret mounted with
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from jaxcache import signing
+from jaxcache.client import options as client_options
+from jaxcache.errors import InvalidInputError
 from test_client_service import _env
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
@@ -56,3 +59,34 @@ def test_a_job_refuses_a_signing_key_others_can_read(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr  # enable_cache refused: nothing compiled or written
     assert f"JAXCACHE_SIGNING_KEY: the signing key {path} has mode 0644: other users can read it" in proc.stderr
     assert not any(cache.iterdir())
+
+
+_PUB = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="  # 32 bytes, base64
+MALFORMED_TRUSTED = {
+    "no colon": "writers",
+    "not base64": "writers:not*base64",
+    "url-safe base64": "writers:" + "-_" * 21 + "A=",  # 32 bytes to a URL-safe decoder, not base64
+    "31 bytes": "writers:" + base64.b64encode(bytes(31)).decode(),
+    "33 bytes": "writers:" + base64.b64encode(bytes(33)).decode(),
+    "empty name": ":" + _PUB,
+    "name with a slash": "../writers:" + _PUB,
+    "a name twice": f"writers:{_PUB} writers:{base64.b64encode(bytes(32)).decode()}",
+}
+
+
+@pytest.mark.parametrize("value", list(MALFORMED_TRUSTED.values()), ids=list(MALFORMED_TRUSTED))
+def test_a_malformed_trusted_key_is_refused_in_one_line(tmp_path, value):
+    """The red team's 8 malformed JAXCACHE_TRUSTED_KEYS values, which held (#49): never read as a smaller set."""
+    env = _env(JAXCACHE_TRUSTED_KEYS=value)
+    proc = subprocess.run([sys.executable, "-m", "jaxcache", "doctor", str(tmp_path), "--verify"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "JAXCACHE_TRUSTED_KEYS" in proc.stderr, proc.stderr
+    serve = subprocess.run([str(Path(sys.executable).with_name("jaxcache")), "serve", "--cache", f"c={tmp_path}",
+                            "--db", f"sqlite:///{tmp_path / 'c.sqlite'}"], capture_output=True, text=True, timeout=60,
+                           env=env)
+    assert serve.returncode == 2 and "Traceback" not in serve.stderr and "trusted" in serve.stderr.lower(), serve.stderr
+    with pytest.raises(InvalidInputError, match="JAXCACHE_TRUSTED_KEYS"):
+        client_options.resolve(str(tmp_path), env={"JAXCACHE_TRUSTED_KEYS": value}, job=None,
+                               min_compile_time_secs=None, min_entry_size_bytes=None, xla_caches=None,
+                               max_size_bytes=None, service_url=None, token=None, trust="off",
+                               default_xla_caches="none", verify="signed")
