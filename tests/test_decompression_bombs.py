@@ -20,6 +20,8 @@ from jaxcache import entry
 from jaxcache.cli import main
 from test_bundles import bundle, members, write_tar, written  # noqa: F401 - fixtures
 from test_client_service import _env
+from test_local_tier import PROGRAMS
+from test_local_tier import run_job as run_node_job
 
 BLOCK = 128 * 1024  # zstd's largest block: one RLE block of 4 bytes stands for it
 
@@ -107,3 +109,14 @@ def test_a_bomb_is_refused_before_it_is_decompressed_when_its_frame_declares_its
     found = entry.validate_chunks([bomb[:64]])
     assert found.status is entry.Status.CORRUPT and "expands to more than 4.0 GiB" in (found.reason or "")
     assert entry.validate(zstd_bomb(4 * BLOCK), max_bytes=BLOCK).status is entry.Status.CORRUPT
+
+
+@pytest.mark.gcs
+def test_the_node_local_tier_never_admits_a_bomb(tmp_path, gcs_client, gcs_bucket):
+    root = f"gs://{gcs_bucket}/jc"
+    run_node_job(root, tmp_path / "node-a", "train")
+    (wave,) = [b.name for b in gcs_client.list_blobs(gcs_bucket, prefix="jc/jit_wave-") if b.name.endswith("-cache")]
+    gcs_client.bucket(gcs_bucket).blob(wave).upload_from_string(zstd_bomb(256 << 20))  # over the limit set below
+    b, err = run_node_job(root, tmp_path / "node-b", "train", **{entry.MAX_DECOMPRESSED_ENV: "64MiB"})
+    assert "expands to more than 64.0 MiB" in err and b["local"]["skipped"] == 1, (b["local"], err)
+    assert b["stats"]["misses"] == 1 and b["stats"]["hits"] == len(PROGRAMS) - 1, b["stats"]  # wave compiled
