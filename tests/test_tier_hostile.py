@@ -1,0 +1,113 @@
+"""The node-local tier under attack (#49): another local user planting links and directories where the tier goes by
+default, bytes swapped under a write-behind's pending mark, a tier left without an entry's ``-atime``, and a root
+changed under a node's copies. Real jobs (tests/programs/client_job.py) on a gs:// root on fake-gcs-server, or a
+local root; the other user is ``nobody``, whose files root plants (CI runs as root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxcache import signing
+from jaxcache.client import options as client_options
+from test_client_service import JOB, PUBLIC, _env
+from test_local_tier import PROGRAMS, entries, run_job
+
+pytestmark = [pytest.mark.gcs, pytest.mark.slow]
+
+
+def other_user() -> tuple[int, int]:
+    """The uid and gid of a second local user whose files this process can plant (it must be root)."""
+    if os.geteuid() != 0:
+        pytest.skip("planting files as another local user needs root (CI runs as root)")
+    try:
+        who = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no second local user (nobody) on this machine")
+    return who.pw_uid, who.pw_gid
+
+
+def node_without_home(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A temp dir (sticky, world-writable, as /tmp) that is the only default candidate: $XDG_CACHE_HOME and ~/.cache
+    are blocked by files where they would go (root is not stopped by permissions)."""
+    blocked = tmp_path / "home"
+    blocked.mkdir()
+    (blocked / "xdg").write_text("")
+    (blocked / ".cache").write_text("")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    return tmp, {"XDG_CACHE_HOME": str(blocked / "xdg"), "HOME": str(blocked), "TMPDIR": str(tmp)}
+
+
+def job(root: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(JOB), "--cache-dir", root, "--job", "careful", *args],
+                          capture_output=True, text=True, timeout=300, env=_env(**env))
+
+
+def out_of(proc: subprocess.CompletedProcess[str]) -> dict:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def tier_tail(root: str, policy: str) -> str:
+    """Where under a default candidate's base the tier of ``root`` and ``policy`` goes."""
+    (first, *_) = client_options.local_candidates(root, None, {"XDG_CACHE_HOME": "/x"})
+    return os.path.join(os.path.relpath(first, "/x"), policy)
+
+
+def test_a_link_another_user_plants_at_the_default_tier_never_gets_bytes_loaded(tmp_path, gcs_bucket):
+    uid, gid = other_user()
+    root = f"gs://{gcs_bucket}/jc"
+    # Real entries, never signed, that the other user wants a verify="signed" job to load.
+    run_job(root, tmp_path / "writer", "writer", JAXCACHE_SIGNING_KEY="")
+    planted = entries(tmp_path / "writer" / "unchecked")
+    tmp, env = node_without_home(tmp_path)
+    policy = f"signed-{signing.TrustedKeys.parse(PUBLIC).digest()[:12]}"
+    harmless, evil = tmp_path / "harmless", tmp_path / "evil"
+    for base in (harmless, evil):
+        (base / tier_tail(root, policy)).mkdir(parents=True)
+    for name, data in planted.items():
+        (evil / tier_tail(root, policy) / name).write_bytes(data)
+    for path in [evil, *evil.rglob("*")]:
+        os.lchown(path, uid, gid)
+    # The link at <temp dir>/jaxcache-<uid> is the other user's; it points at a directory that looks like ours
+    # when the client checks, and at the planted entries once enable_cache has returned.
+    link = tmp / f"jaxcache-{os.getuid()}"
+    link.symlink_to(harmless)
+    os.lchown(link, uid, gid)
+    signed = ("--verify", "signed", "--relink", str(link), str(evil))
+    proc = job(root, *signed, JAXCACHE_TRUSTED_KEYS=PUBLIC, **env)
+    out = out_of(proc)
+    # Passed over with one warning, like a directory that cannot be written: JAX reads the root, which holds
+    # nothing signed, so every program is compiled; nothing planted loads.
+    assert out["local_dir"] is None and out["stats"]["hits"] == 0, out
+    assert out["stats"]["misses"] == len(PROGRAMS), out["stats"]
+    assert proc.stderr.count("not only yours") == 1 and proc.stderr.count("jaxcache: ") >= 1, proc.stderr
+    assert f"{link} is a symbolic link owned by uid {uid}" in proc.stderr, proc.stderr
+
+
+def test_a_directory_another_user_made_at_the_default_tier_is_passed_over(tmp_path, gcs_bucket):
+    uid, gid = other_user()
+    root = f"gs://{gcs_bucket}/jc"
+    run_job(root, tmp_path / "writer", "writer")  # signed entries in the root
+    tmp, env = node_without_home(tmp_path)
+    theirs = tmp / f"jaxcache-{os.getuid()}"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, uid, gid)
+    proc = job(root, "--verify", "signed", JAXCACHE_TRUSTED_KEYS=PUBLIC, **env)
+    out = out_of(proc)  # strict: not refused, the tier is only not there
+    assert out["local_dir"] is None and out["stats"]["hits"] == len(PROGRAMS), out
+    assert proc.stderr.count("no node-local directory is writable") == 1, proc.stderr
+    assert f"{theirs} is owned by uid {uid}" in proc.stderr, proc.stderr
+    assert os.listdir(theirs) == []  # nothing created in the other user's directory
+
+    # A directory the user names is judged strictly, as any cache directory.
+    refused = job(root, JAXCACHE_LOCAL_DIR=str(theirs))
+    assert refused.returncode == 3 and f"owned by uid {uid}" in refused.stderr, refused.stderr
