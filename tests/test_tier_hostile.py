@@ -5,6 +5,7 @@ local root; the other user is ``nobody``, whose files root plants (CI runs as ro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
@@ -17,7 +18,7 @@ import pytest
 from jaxcache import signing
 from jaxcache.client import options as client_options
 from test_client_service import JOB, PUBLIC, _env
-from test_local_tier import PROGRAMS, entries, run_job
+from test_local_tier import PROGRAMS, entries, faults, root_objects, run_job  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 
@@ -111,3 +112,35 @@ def test_a_directory_another_user_made_at_the_default_tier_is_passed_over(tmp_pa
     # A directory the user names is judged strictly, as any cache directory.
     refused = job(root, JAXCACHE_LOCAL_DIR=str(theirs))
     assert refused.returncode == 3 and f"owned by uid {uid}" in refused.stderr, refused.stderr
+
+
+def test_a_resumed_upload_sends_only_the_bytes_jax_put_with_the_signature_made_then(
+        tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811 - a fixture
+    root = f"gs://{gcs_bucket}/jc"
+    node = tmp_path / "node"
+    faults.fail(10_000, 503, method="POST", body=rb'-cache"')  # uploads of entries fail: all four stay pending
+    run_job(root, node, "train", settle=False, JAXCACHE_UPLOAD_WAIT_S="1")
+    local = node / "unchecked"
+    assert len(os.listdir(local / ".jaxcache" / "pending")) == len(PROGRAMS)
+    (affine,) = [p for p in local.glob("jit_affine-*-cache")]
+    (gram,) = [p for p in local.glob("jit_gram-*-cache")]
+    swapped = affine.read_bytes()
+    gram.write_bytes(swapped)  # other bytes, whole, at a key whose upload is pending
+
+    faults.clear()
+    again, err = run_job(root, node, "train", "--programs", "wave")  # resumes every pending upload
+    stored = root_objects(gcs_client, gcs_bucket)
+    assert gram.name not in stored, "bytes JAX never put under that key reached the root"
+    signed_over = {s.sha256 for n, data in stored.items() if n.endswith(signing.SIG_SUFFIX)
+                   for s in signing.decode(data)}
+    assert not [n for n in stored if n.endswith("-cache") and n != affine.name and hashlib.sha256(
+        stored[n]).hexdigest() == hashlib.sha256(swapped).hexdigest()]
+    assert again["local"]["upload_refused"] == 1 and again["local"]["uploaded"] == len(PROGRAMS) - 1, again["local"]
+    assert "not the bytes JAX put" in err, err
+    assert not gram.exists() and os.listdir(local / ".jaxcache" / "pending") == []
+    # The others went up with the signatures made when JAX put them: each covers exactly the root's bytes.
+    for name, data in stored.items():
+        if name.endswith("-cache"):
+            (sig,) = signing.decode(stored[signing.sig_name(name.removesuffix("-cache"))])
+            assert (sig.sha256, sig.size_bytes) == (hashlib.sha256(data).hexdigest(), len(data)), name
+            assert sig.sha256 in signed_over
