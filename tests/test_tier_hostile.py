@@ -144,3 +144,65 @@ def test_a_resumed_upload_sends_only_the_bytes_jax_put_with_the_signature_made_t
             (sig,) = signing.decode(stored[signing.sig_name(name.removesuffix("-cache"))])
             assert (sig.sha256, sig.size_bytes) == (hashlib.sha256(data).hexdigest(), len(data)), name
             assert sig.sha256 in signed_over
+
+
+def test_the_first_job_after_a_change_in_a_gcs_root_loads_nothing_the_root_lacks(
+        tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811 - a fixture
+    root = f"gs://{gcs_bucket}/jc"
+    node = tmp_path / "node"
+    run_job(root, node, "train")
+    bucket = gcs_client.bucket(gcs_bucket)
+    # A prune of one entry, and a root that will not list for the job (its identity may not): the listing never
+    # vouches, so each lookup asks the root for its one object.
+    (gram,) = [n for n in root_objects(gcs_client, gcs_bucket) if n.startswith("jit_gram-") and n.endswith("-cache")]
+    bucket.blob(f"jc/{gram}").delete()
+    faults.fail(1000, 403, method="GET", path=r"/o\?")
+    pruned, err = run_job(root, node, "train", JAXCACHE_PREFETCH="0")
+    assert pruned["stats"]["hits"] == len(PROGRAMS) - 1 and pruned["stats"]["misses"] == 1, pruned["stats"]
+    assert pruned["local"]["dropped"] == 1 and pruned["local"]["loaded"] == len(PROGRAMS) - 1, pruned["local"]
+    assert "no longer has" in err, err
+
+    faults.clear()
+    for name in root_objects(gcs_client, gcs_bucket):
+        bucket.blob(f"jc/{name}").delete()  # the bucket emptied: the first job after it compiles everything
+    emptied, _ = run_job(root, node, "train")
+    assert emptied["stats"]["hits"] == 0 and emptied["stats"]["misses"] == len(PROGRAMS), emptied["stats"]
+
+
+def test_the_first_job_after_a_change_in_a_local_root_loads_nothing_the_root_lacks(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir(mode=0o755)
+    node = tmp_path / "node"
+    run_job(str(root), node, "train")
+    assert len(entries(node / "unchecked")) == len(PROGRAMS)
+    (gram,) = root.glob("jit_gram-*-cache")
+    gram.unlink()  # pruned
+    pruned, _ = run_job(str(root), node, "train")
+    assert pruned["stats"]["hits"] == len(PROGRAMS) - 1 and pruned["stats"]["misses"] == 1, pruned["stats"]
+    for path in root.glob("*-cache"):
+        path.unlink()  # the root emptied
+    emptied, _ = run_job(str(root), node, "train")
+    assert emptied["stats"]["hits"] == 0 and emptied["stats"]["misses"] == len(PROGRAMS), emptied["stats"]
+
+
+def test_an_entry_left_without_its_atime_is_healed_at_start(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir(mode=0o755)
+    node = tmp_path / "node"
+    run_job(str(root), node, "train", "--programs", "affine,gram")
+    local = node / "unchecked"
+    (gram,) = local.glob("jit_gram-*-cache")
+    gram_key = gram.name.removesuffix("-cache")
+    (local / f"{gram_key}-atime").unlink()  # a kill between JAX's two writes
+    torn = "jit_torn-" + "0" * 64
+    (local / f"{torn}-cache").write_bytes(gram.read_bytes()[: gram.stat().st_size // 2])  # a disk full mid-write
+    (local / ".jaxcache" / "pending" / torn).write_bytes(b"")  # ... of a write still to upload
+
+    # Neither is looked up (a hit rewrites the -atime), and JAX 0.10's eviction reads every -atime: unhealed,
+    # JAX's write of wave would fail.
+    b, _ = run_job(str(root), node, "train", "--programs", "affine,wave")
+    assert b["stats"]["hits"] == 1 and b["stats"]["writes"] == 1, (b["stats"], b["summary"])
+    assert (local / f"{gram_key}-atime").exists() and not (local / f"{torn}-cache").exists()
+    assert b["local"]["healed"] == 2, b["local"]
+    assert f"{gram_key} (its -atime written)" in b["summary"], b["summary"]
+    assert f"{torn} (broken without its -atime: removed)" in b["summary"], b["summary"]
