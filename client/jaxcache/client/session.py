@@ -232,9 +232,9 @@ class CacheSession:
         return f"{self.kind} {self.job} run {self.run_id}"
 
     def _on_put(self, key: str, value: bytes) -> None:
-        self._attestor.on_put(key, value)
+        sha256, size = self._attestor.on_put(key, value)
         if self._tier is not None:
-            self._tier.uploader.on_put(key, value)  # marked pending before JAX stores it
+            self._tier.uploader.on_put(key, sha256, size)  # signed and marked pending before JAX stores it
 
     def _claimed_call(self, asked: dict[str, object]) -> CacheSession:
         """A later enable_cache() call in a process this session claimed: this session, and one notice."""
