@@ -44,6 +44,15 @@ def test_a_changed_input_shape_is_a_changed_program(tmp_path, capsys):
     assert any("argument 0: f32[32,16] → f32[16,16]" in c for c in miss["differs"][0]["changes"]), miss
 
 
+def test_a_second_shape_in_one_first_run_is_a_changed_program(tmp_path, capsys):
+    """A cache only this run wrote: the entry of the first shape is the run's own, not plain JAX's."""
+    misses = causes(tmp_path, capsys, run(tmp_path, "--rows", "32", "--then-rows", "16")["run_id"])
+    first, second = sorted(misses, key=lambda m: m["cause"] != "new_program")
+    assert first["cause"] == "new_program" and second["cause"] == "program_changed", misses
+    assert any("argument 0: f32[32,16] → f32[16,16]" in c for c in second["differs"][0]["changes"]), second
+    assert "plain JAX" not in second["fix"] and "bucket or pad" in second["fix"], second
+
+
 def test_changed_xla_flags_say_which_flag(tmp_path, capsys):
     run(tmp_path, env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=true"})
     reader = run(tmp_path, env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"})

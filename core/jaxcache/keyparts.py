@@ -55,6 +55,14 @@ class ProgramSignature(msgspec.Struct, frozen=True, gc=False):
     args: Operands = ()
     results: Operands = ()
 
+    def only_types_changed(self, before: ProgramSignature) -> bool:
+        """Whether only shapes or dtypes changed from ``before``: as many arguments and results, and every one that
+        differs keeps its sharding, memory kind and donation (what follows the type in its text)."""
+        pairs = list(zip(before.args, self.args, strict=False)) + list(zip(before.results, self.results, strict=False))
+        changed = [(a, b) for a, b in pairs if a != b]
+        return (len(before.args) == len(self.args) and len(before.results) == len(self.results) and bool(changed)
+                and all(a.partition(" ")[2] == b.partition(" ")[2] for a, b in changed))
+
     def changes(self, before: ProgramSignature) -> list[str]:
         """What changed from ``before``, in words: "argument 0: f32[32,128] → f32[16,128]"."""
         out = []

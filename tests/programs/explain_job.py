@@ -18,6 +18,8 @@ def main() -> int:
     ap.add_argument("--cache-dir", required=True)
     ap.add_argument("--job", default="train")
     ap.add_argument("--rows", type=int, default=32, help="the program's input has this many rows")
+    ap.add_argument("--then-rows", type=int, action="append", default=[],
+                    help="then call the program again, in the same run, with this many rows")
     ap.add_argument("--devices", type=int, help="CPU devices (jax_num_cpu_devices)")
     ap.add_argument("--compiler-option", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--unstable", action="store_true", help="bake a value that changes every run into the program")
@@ -55,8 +57,9 @@ def main() -> int:
         return jnp.tanh(a @ b + salt).sum(axis=0)
 
     compiled = jax.jit(step, compiler_options=options or None)
-    out = compiled(np.ones((args.rows, 16), np.float32), np.ones((16, 8), np.float32))
-    jax.block_until_ready(out)
+    for rows in (args.rows, *args.then_rows):
+        out = compiled(np.ones((rows, 16), np.float32), np.ones((16, 8), np.float32))
+        jax.block_until_ready(out)
     if session is None:
         print(json.dumps({"plain": True}))
         return 0

@@ -72,7 +72,11 @@ def fix(cause: str, **facts: object) -> str:
             if marker in reason:
                 return text.format(reason=reason)
         return f"an earlier run compiled it and JAX did not store it ({reason or 'no reason recorded'})"
-    return _FIX[cause].format_map(_Blank(facts))
+    text = _FIX[cause].format_map(_Blank(facts))
+    if cause == PROGRAM_CHANGED and facts.get("types_only"):
+        text += (". Only shapes or dtypes changed: bucket or pad inputs to a few shapes, or warm up each shape the "
+                 "job uses (`warmup --entrypoint ...`)")
+    return text
 
 
 class _Blank(dict[str, object]):
