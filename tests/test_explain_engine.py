@@ -234,3 +234,32 @@ def test_compile_options_that_move_with_flags_or_devices_are_not_the_cause():
     assert sharded.cause == "devices" and [d.part for d in sharded.differs] == [
         "computation", "compile_options", "devices"]
     assert explain(known(K, "write", NOW, p=parts(compile_options="y")), hist).cause == "compile_options"
+
+
+def test_compile_options_that_differ_are_named_with_both_values():
+    """An uncommitted argument changes the program and one option: the cause names the option, old and new."""
+    old = key("jit_step", "old")
+    written = ((("allow_spmd_sharding_propagation_to_parameters", "[False ×2]"), ("use_spmd_partitioning", "True")))
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0", p=replace_parts(options=written))],
+                       {old: EntryNow(old, NOW - 100)})
+    mine = (("allow_spmd_sharding_propagation_to_parameters", "[False, True]"),
+            ("compiler_options.xla_cpu_enable_fast_math", "True"), ("use_spmd_partitioning", "True"))
+    why = explain(known(K, "write", NOW, p=replace_parts(computation="x", compile_options="y", options=mine)), hist)
+    assert why.cause == "compile_options", why
+    options = next(d for d in why.differs if d.part == "compile_options")
+    assert options.changes == ("allow_spmd_sharding_propagation_to_parameters: [False ×2] → [False, True]",
+                               "compiler_options.xla_cpu_enable_fast_math: (default) → True")
+    assert "allow_spmd_sharding_propagation_to_parameters: [False ×2] → [False, True]" in why.fix
+    assert "NamedSharding" in why.fix
+
+
+def test_records_without_option_fields_explain_as_before():
+    old = key("jit_step", "old")
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0")], {old: EntryNow(old, NOW - 100)})
+    new = (("use_spmd_partitioning", "False"),)
+    why = explain(known(K, "write", NOW, p=replace_parts(compile_options="y", options=new)), hist)
+    assert why.cause == "compile_options" and why.differs[0].changes == () and "values not recorded" in why.fix
+
+
+def replace_parts(*, options: tuple | None = None, **changed: str) -> KeyParts:
+    return msgspec.structs.replace(parts(**changed), options=options)

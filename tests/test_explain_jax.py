@@ -96,11 +96,24 @@ def test_a_lowering_that_differs_every_run_is_unstable(tmp_path, capsys):
     assert miss["cause"] == "unstable_program" and "shard_map" in miss["fix"], miss
 
 
-def test_other_compiler_options(tmp_path, capsys):
-    run(tmp_path)
+def test_other_compiler_options_are_named_with_both_values(tmp_path, capsys):
+    run(tmp_path, "--compiler-option", "xla_cpu_enable_fast_math=false")
     miss = only(causes(tmp_path, capsys, run(tmp_path, "--compiler-option",
                                               "xla_cpu_enable_fast_math=true")["run_id"]))
+    options = next(d for d in miss["differs"] if d["part"] == "compile_options")
     assert miss["cause"] == "compile_options", miss
+    assert options["changes"] == ["compiler_options.xla_cpu_enable_fast_math: False → True"], miss
+    assert "compiler_options.xla_cpu_enable_fast_math: False → True" in miss["fix"], miss
+
+
+def test_an_uncommitted_argument_names_the_sharding_option_it_changes(tmp_path, capsys):
+    """The miss measured on a TPU: the writer placed every argument on its mesh, the reader left one uncommitted."""
+    run(tmp_path, "--devices", "2", "--place", "all")
+    miss = only(causes(tmp_path, capsys, run(tmp_path, "--devices", "2", "--place", "second")["run_id"]))
+    options = next(d for d in miss["differs"] if d["part"] == "compile_options")
+    change = "allow_spmd_sharding_propagation_to_parameters: [False ×2] → [True, False]"
+    assert miss["cause"] == "compile_options" and change in options["changes"], miss
+    assert change in miss["fix"] and "NamedSharding" in miss["fix"], miss
 
 
 def test_an_entry_pruned_between_two_runs_was_evicted(tmp_path, capsys):

@@ -79,6 +79,7 @@ def test_every_lookup_carries_all_parts_a_signature_and_the_flags(runs):
         assert len(record.keys) == 3, (name, record.keys)
         for usage in record.keys:
             assert usage.parts is not None and usage.parts.known() == list(keyparts.ORDER), (name, usage)
+            assert usage.parts.options and len(usage.parts.options) <= keyparts.MAX_OPTIONS, (name, usage)
             assert usage.program is not None and usage.program.results, (name, usage)
         assert record.fingerprint.platform_version == "cpu"
         flags = {"flags": (FAST_FLAG,), "argv": (SLOW_FLAG, ARGV_FLAG)}.get(name, (SLOW_FLAG,))
@@ -115,6 +116,8 @@ def test_one_change_moves_only_its_own_parts(runs, variant, parts):
         theirs = other[program]
         assert usage.key != theirs.key and usage.parts is not None and theirs.parts is not None
         assert theirs.parts.differing(usage.parts) == parts, program
+        if keyparts.COMPILE_OPTIONS in parts:  # named, with both values, where JAX hashed them
+            assert theirs.parts.option_changes(usage.parts) == ["xla_cpu_enable_fast_math: false → true"], program
     differences = runs[variant]["record"].fingerprint.differences(runs["base"]["record"].fingerprint)
     if variant == "flags":
         assert differences["xla_flags"] == ((FAST_FLAG,), (SLOW_FLAG,))

@@ -26,6 +26,13 @@ Hash = Annotated[str, msgspec.Meta(min_length=64, max_length=64)]
 # (bounded by length only, like Hash: records carry a few per key, and the catalog keeps them as JSON).
 Operand = Annotated[str, msgspec.Meta(max_length=1000)]
 Operands = Annotated[tuple[Operand, ...], msgspec.Meta(max_length=4096)]
+#: The compile options behind the ``compile_options`` hash, bounded: at most MAX_OPTIONS fields, each a name and
+#: its value as short text (a longer value keeps its start and a digest of the whole, so two still compare).
+MAX_OPTIONS, MAX_OPTION_TEXT = 64, 120
+OptionText = Annotated[str, msgspec.Meta(max_length=MAX_OPTION_TEXT, pattern=r"^[^\x00]*$")]
+OptionFields = Annotated[tuple[tuple[OptionText, OptionText], ...], msgspec.Meta(max_length=MAX_OPTIONS)]
+#: What an option not listed has: the value XLA gives it when nothing sets it (options are listed where they differ).
+DEFAULT = "(default)"
 
 
 class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):  # no cycles: see records.KeyUsage
@@ -39,6 +46,18 @@ class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):  # no
     devices: Hash | None = None
     compression: Hash | None = None
     custom_hook: Hash | None = None
+    #: The compile options JAX hashed that differ from XLA's defaults or are set by a flag, as (name, value) pairs
+    #: sorted by name (None: not captured; records from before it have none).
+    options: OptionFields | None = None
+
+    def option_changes(self, before: KeyParts) -> list[str]:
+        """The compile options that changed from ``before``, in words: "use_spmd_partitioning: True → False" (an
+        option one side does not list has its default there); empty where either side recorded none."""
+        if self.options is None or before.options is None:
+            return []
+        mine, theirs = dict(self.options), dict(before.options)
+        return [f"{name}: {theirs.get(name, DEFAULT)} → {mine.get(name, DEFAULT)}"
+                for name in sorted(mine.keys() | theirs.keys()) if mine.get(name) != theirs.get(name)]
 
     def differing(self, other: KeyParts) -> list[str]:
         """The parts, in JAX's order, that both know and that differ."""
