@@ -36,10 +36,13 @@ class _Bytes:
 def hashed_fields(options: Any, platform: str, flags: Iterable[str] = ()) -> OptionFields | None:
     """The fields of ``options`` as JAX hashes them for ``platform`` that differ from XLA's defaults, or that one of
     ``flags`` (the XLA flags JAX hashed, ``--name=value``) names; None where this JAX does not let them be read."""
-    mine = _fields(_as_hashed(options, platform))
+    try:
+        mine = _fields(_as_hashed(options, platform))
+        base = _defaults(platform) or {}
+    except Exception:  # noqa: BLE001 - bindings that moved: the options go unnamed, the compile goes on
+        return None
     if mine is None:
         return None
-    base = _defaults(platform) or {}
     named = {f.lstrip("-").split("=", 1)[0] for f in flags}
     kept = sorted((n, v) for n, v in mine.items() if base.get(n) != v or n in named)
     kept += [(n, "(unset)") for n in sorted(base.keys() - mine.keys())]
