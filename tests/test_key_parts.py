@@ -242,7 +242,11 @@ def test_the_compile_options_a_key_records_are_bounded_and_keep_long_values_apar
     options.env_option_overrides = [(f"xla_opt_{i:03}", str(i)) for i in range(100)] + [
         ("xla_aa_long", long_a), ("xla_ab_long", long_b)]
     fields = dict(hashed_fields(options, "cpu") or ())
-    assert len(fields) == keyparts.MAX_OPTIONS
+    assert len(fields) == keyparts.MAX_OPTIONS and fields[keyparts.MORE] == "39 more not recorded"
+    left_out = keyparts.KeyParts(options=tuple(sorted(fields.items())))
+    listed = {**{n: v for n, v in fields.items() if n != keyparts.MORE}, "compiler_options.xla_opt_099": "99"}
+    assert left_out.option_changes(keyparts.KeyParts(options=tuple(sorted(listed.items())))) == [
+        "compiler_options.xla_opt_099: 99 → (not recorded)"], "an option left out is not claimed as its default"
     assert all(len(n) <= keyparts.MAX_OPTION_TEXT and len(v) <= keyparts.MAX_OPTION_TEXT for n, v in fields.items())
     a, b = fields["compiler_options.xla_aa_long"], fields["compiler_options.xla_ab_long"]
     assert a != b and a.startswith("x" * 50) and "#" in a

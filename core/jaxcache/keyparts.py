@@ -33,6 +33,8 @@ OptionText = Annotated[str, msgspec.Meta(max_length=MAX_OPTION_TEXT, pattern=r"^
 OptionFields = Annotated[tuple[tuple[OptionText, OptionText], ...], msgspec.Meta(max_length=MAX_OPTIONS)]
 #: What an option not listed has: the value XLA gives it when nothing sets it (options are listed where they differ).
 DEFAULT = "(default)"
+#: The name of the last field where more options differed than a key keeps: an option not listed is then unknown.
+MORE = "(more)"
 
 
 class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):  # no cycles: see records.KeyUsage
@@ -56,8 +58,9 @@ class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):  # no
         if self.options is None or before.options is None:
             return []
         mine, theirs = dict(self.options), dict(before.options)
-        return [f"{name}: {theirs.get(name, DEFAULT)} → {mine.get(name, DEFAULT)}"
-                for name in sorted(mine.keys() | theirs.keys()) if mine.get(name) != theirs.get(name)]
+        names = sorted((mine.keys() | theirs.keys()) - {MORE})
+        return [f"{name}: {theirs.get(name, _absent(theirs))} → {mine.get(name, _absent(mine))}"
+                for name in names if mine.get(name) != theirs.get(name)]
 
     def differing(self, other: KeyParts) -> list[str]:
         """The parts, in JAX's order, that both know and that differ."""
@@ -66,6 +69,10 @@ class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):  # no
 
     def known(self) -> list[str]:
         return [p for p in ORDER if getattr(self, p) is not None]
+
+
+def _absent(options: dict[str, str]) -> str:
+    return "(not recorded)" if MORE in options else DEFAULT
 
 
 class ProgramSignature(msgspec.Struct, frozen=True, gc=False):

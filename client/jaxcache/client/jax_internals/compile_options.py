@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from jaxcache.keyparts import MAX_OPTION_TEXT, MAX_OPTIONS, OptionFields
+from jaxcache.keyparts import MAX_OPTION_TEXT, MAX_OPTIONS, MORE, OptionFields
 
 #: The private function whose bytes JAX hashes (it hands them to ``hash_obj.update``).
 HASHED = ("jax._src.cache_key", "_hash_serialized_compile_options")
@@ -45,8 +45,10 @@ def hashed_fields(options: Any, platform: str, flags: Iterable[str] = ()) -> Opt
         return None
     named = {f.lstrip("-").split("=", 1)[0] for f in flags}
     kept = sorted((n, v) for n, v in mine.items() if base.get(n) != v or n in named)
-    kept += [(n, "(unset)") for n in sorted(base.keys() - mine.keys())]
-    return tuple((_bounded(n), _bounded(v)) for n, v in sorted(kept)[:MAX_OPTIONS])
+    kept = sorted(kept + [(n, "(unset)") for n in base.keys() - mine.keys()])
+    if len(kept) > MAX_OPTIONS:  # say so: an option left out must not read as its default
+        kept = [*kept[: MAX_OPTIONS - 1], (MORE, f"{len(kept) - MAX_OPTIONS + 1} more not recorded")]
+    return tuple((_bounded(n), _bounded(v)) for n, v in kept)
 
 
 def problems() -> list[str]:
