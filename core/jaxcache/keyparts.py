@@ -28,8 +28,9 @@ Operand = Annotated[str, msgspec.Meta(max_length=1000)]
 Operands = Annotated[tuple[Operand, ...], msgspec.Meta(max_length=4096)]
 #: The compile options behind the ``compile_options`` hash, bounded: at most MAX_OPTIONS fields, each a name and
 #: its value as short text (a longer value keeps its start and a digest of the whole, so two still compare).
+#: Bounded by length only, like Hash and Operand: a pattern costs a match per value, and a key carries a dozen.
 MAX_OPTIONS, MAX_OPTION_TEXT = 64, 120
-OptionText = Annotated[str, msgspec.Meta(max_length=MAX_OPTION_TEXT, pattern=r"^[^\x00]*$")]
+OptionText = Annotated[str, msgspec.Meta(max_length=MAX_OPTION_TEXT)]
 OptionFields = Annotated[tuple[tuple[OptionText, OptionText], ...], msgspec.Meta(max_length=MAX_OPTIONS)]
 #: What an option not listed has: the value XLA gives it when nothing sets it (options are listed where they differ).
 DEFAULT = "(default)"
