@@ -122,6 +122,29 @@ def test_program_changed_says_which_argument():
     assert "argument 0: f32[32,128] → f32[16,128]" in why.differs[0].changes
 
 
+def test_a_second_shape_in_the_same_run_is_a_changed_program_not_plain_jax():
+    """One run compiles one function at two shapes: the entry it wrote first is its own, not plain JAX's."""
+    first = key("jit_step", "32")
+    hist = FakeHistory([known(first, "write", NOW - 5, run="r1", p=parts(computation="v32"))],
+                       {first: EntryNow(first, NOW - 5)})
+    miss = known(K, "write", NOW, run="r1", p=parts(computation="v16"),
+                 program=ProgramSignature(args=("f32[16,128]",), results=("f32[16,128]",)))
+    why = explain(miss, hist)
+    assert why.cause == "program_changed" and why.nearest == first, why
+    assert "argument 0: f32[32,128] → f32[16,128]" in why.differs[0].changes
+    assert "plain JAX" not in why.fix and "bucket or pad" in why.fix and "warm up each shape" in why.fix
+
+
+def test_a_changed_sharding_gets_no_advice_about_shapes():
+    old = key("jit_step", "old")
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0", p=parts(computation="v1"))],
+                       {old: EntryNow(old, NOW - 100)})
+    sharded = ProgramSignature(args=("f32[32,128] sharding=<mesh<[\"x\"=4]>, [{\"x\"}, {}]>",),
+                               results=("f32[32,128]",))
+    why = explain(known(K, "write", NOW, p=parts(computation="v2"), program=sharded), hist)
+    assert why.cause == "program_changed" and "bucket" not in why.fix, why
+
+
 def test_same_signature_different_body_is_a_changed_program_once_and_unstable_across_runs():
     first = known(key("jit_step", "1"), "write", NOW - 200, run="r0", p=parts(computation="c1"))
     hist = FakeHistory([first])
@@ -211,3 +234,32 @@ def test_compile_options_that_move_with_flags_or_devices_are_not_the_cause():
     assert sharded.cause == "devices" and [d.part for d in sharded.differs] == [
         "computation", "compile_options", "devices"]
     assert explain(known(K, "write", NOW, p=parts(compile_options="y")), hist).cause == "compile_options"
+
+
+def test_compile_options_that_differ_are_named_with_both_values():
+    """An uncommitted argument changes the program and one option: the cause names the option, old and new."""
+    old = key("jit_step", "old")
+    written = ((("allow_spmd_sharding_propagation_to_parameters", "[False ×2]"), ("use_spmd_partitioning", "True")))
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0", p=replace_parts(options=written))],
+                       {old: EntryNow(old, NOW - 100)})
+    mine = (("allow_spmd_sharding_propagation_to_parameters", "[False, True]"),
+            ("compiler_options.xla_cpu_enable_fast_math", "True"), ("use_spmd_partitioning", "True"))
+    why = explain(known(K, "write", NOW, p=replace_parts(computation="x", compile_options="y", options=mine)), hist)
+    assert why.cause == "compile_options", why
+    options = next(d for d in why.differs if d.part == "compile_options")
+    assert options.changes == ("allow_spmd_sharding_propagation_to_parameters: [False ×2] → [False, True]",
+                               "compiler_options.xla_cpu_enable_fast_math: (default) → True")
+    assert "allow_spmd_sharding_propagation_to_parameters: [False ×2] → [False, True]" in why.fix
+    assert "NamedSharding" in why.fix
+
+
+def test_records_without_option_fields_explain_as_before():
+    old = key("jit_step", "old")
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0")], {old: EntryNow(old, NOW - 100)})
+    new = (("use_spmd_partitioning", "False"),)
+    why = explain(known(K, "write", NOW, p=replace_parts(compile_options="y", options=new)), hist)
+    assert why.cause == "compile_options" and why.differs[0].changes == () and "values not recorded" in why.fix
+
+
+def replace_parts(*, options: tuple | None = None, **changed: str) -> KeyParts:
+    return msgspec.structs.replace(parts(**changed), options=options)
