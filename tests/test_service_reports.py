@@ -12,6 +12,7 @@ import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
+from conftest import settled
 from jaxcache import records
 from jaxcache.service.app import create_app
 from reports_support import (
@@ -144,6 +145,35 @@ def test_post_report_needs_a_known_cache(svc, keys, tmp_path):
     rec.cache_dir = "gs://some-bucket/jax"
     assert post(svc, rec).status_code == 404
     assert svc.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"] == []
+
+
+def test_a_record_of_another_caches_root_is_refused_under_the_cache_named(tmp_path, cache_copy, keys):
+    """?cache= files a record whose cache_dir is no configured root, or the root the named cache shares with
+    another; a record whose cache_dir is another cache's root (and not the named one's) is refused: 422, naming it."""
+    other = tmp_path / "other"
+    other.mkdir()
+    caches = {"c1": str(cache_copy), "c1b": str(cache_copy), "c2": str(other)}
+    with TestClient(create_app(settings(tmp_path, caches))) as client:
+        settled(client)
+        now = time.time()
+
+        def rec(job: str, cache_dir: str):
+            return run(job, job, [write(keys["jit_tiny"], 1.0, now)], cache_dir=cache_dir)
+
+        r = post(client, rec("misfiled", str(other) + "/"), "?cache=c1")
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"] == (f"the record's cache_dir {str(other) + '/'!r} is the root of cache c2, not of "
+                                      "c1: post it with ?cache=c2 or without ?cache=; nothing stored")
+        assert post(client, rec("shared", str(cache_copy)), "?cache=c1b").status_code == 202
+        assert post(client, rec("own", str(cache_copy) + "/"), "?cache=c1").status_code == 202
+        assert post(client, rec("elsewhere", str(tmp_path / "elsewhere")), "?cache=c1").status_code == 202
+        assert post(client, rec("unsaid", None), "?cache=c1").status_code == 202
+
+        def jobs(cache: str) -> set[str]:
+            return {j["job"] for j in client.get(f"/v1/caches/{cache}/jobs", headers=H_READ).json()["jobs"]}
+
+        assert jobs("c1") == {"own", "elsewhere", "unsaid"} and jobs("c1b") == {"shared"} and jobs("c2") == set()
+        assert 'jaxcache_reports_malformed_total{source="report"} 1.0' in client.get("/metrics").text
 
 
 def _catalog_state(client) -> tuple:
