@@ -203,13 +203,33 @@ def test_malformed_reports_are_422_and_store_nothing(svc, keys):
         json.dumps(good).encode()[:-1] + b',"extra":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
         json.dumps(good).encode().replace(b'"updated_at":', b'"updated_at":NaN,"x":', 1),
         json.dumps(good).encode().replace(b'"updated_at":', b'"updated_at":Infinity,"x":', 1),
+        # The red team's other kinds (issue 49): each refused with our one line, whatever part it breaks.
+        b"",
+        b"null",
+        b"\xef\xbb\xbf" + json.dumps(good).encode(),  # a byte-order mark
+        json.dumps(good).encode().replace(b'"node-1"', b'"\xff\xfe"'),  # not UTF-8
+        json.dumps(good).encode().replace(b'"node-1"', b'"\\ud800"'),  # a lone surrogate
+        json.dumps(good).encode().replace(b'"updated_at":', b'"updated_at":1e400,"x":', 1),
+        json.dumps({k: v for k, v in good.items() if k != "schema"}).encode(),
+        json.dumps({**good, "host": "h" * 5000}).encode(),
+        json.dumps({**good, "job": "a/b"}).encode(),
+        json.dumps({**good, "kind": "root"}).encode(),
+        json.dumps({**good, "cache_dir": "/x\u0000y"}).encode(),
+        json.dumps({**good, "process_index": 2**40, "process_count": 2**41}).encode(),
+        json.dumps({**good, "started_at": 1e300}).encode(),
+        json.dumps({**good, "started_at": -5}).encode(),
+        json.dumps({**good, "keys": "train"}).encode(),
+        json.dumps({**good, "keys": [{"key": train, "event": "hit", "hits": -1}]}).encode(),
+        json.dumps({**good, "keys": [{"key": train, "event": "hit", "hits": 1.5}]}).encode(),
+        json.dumps({**good, "keys": [{"key": train, "event": "write", "sha256": 12345}]}).encode(),
+        json.dumps({**good, "keys": [{"key": "jit_" + "f" * 5000 + "-" + "a" * 64, "event": "hit"}]}).encode(),
     ]
     for body in bodies:
         r = post(svc, body, "?cache=demo")
         assert r.status_code == 422, (body[:80], r.status_code, r.text)
         assert isinstance(r.json()["detail"], str) and r.json()["detail"]
     assert _catalog_state(svc) == before
-    assert 'jaxcache_reports_malformed_total{source="report"} 14.0' in svc.get("/metrics").text
+    assert f'jaxcache_reports_malformed_total{{source="report"}} {len(bodies)}.0' in svc.get("/metrics").text
 
 
 def test_report_body_limit_is_its_own(tmp_path, cache_copy, keys):
