@@ -35,10 +35,11 @@ from jaxcache.units import format_bytes, format_duration, parse_bytes, parse_dur
 from jaxcache.usage import RecordedUse, read_usage
 
 _PRUNE_TABLE_ROWS = 50
-_NO_RULE = (
-    "nothing selects entries: give --max-size, --unused-for, --older-than, --function, --corrupt, --orphans or "
-    "--stale-jaxlib (--keep and --min-age only protect entries)"
-)
+#: The flags that select entries, named alike by the "no rule" error and --help.
+SELECTING = ("--max-size", "--unused-for", "--older-than", "--function", "--corrupt", "--orphans", "--stale-jaxlib",
+             "--integrity")
+_NO_RULE = (f"nothing selects entries: give {', '.join(SELECTING[:-1])} or {SELECTING[-1]} (--keep and --min-age "
+            "only protect entries)")
 
 
 def _prune_policy(args: argparse.Namespace) -> PrunePolicy:
@@ -277,11 +278,10 @@ def add_parser(sub: Any) -> None:
     """``prune``."""
     pr = sub.add_parser(
         "prune", help="delete entries by size, age, function, corruption (dry run unless --apply)",
-        description="Delete entries that ANY selecting rule picks (--max-size, --unused-for, --older-than, "
-                    "--function, --corrupt, --orphans, --stale-jaxlib) unless a keep rule protects them (--keep, "
-                    "--min-age). Prints what would go and why; nothing is deleted without --apply. Deleting "
-                    "entries while jobs run is safe: JAX recompiles what is missing. Rules about use read the "
-                    "root's run records (.jaxcache/runs/) for reported hits and writers.",
+        description=f"Delete entries that ANY selecting rule picks ({', '.join(SELECTING)}) unless a keep rule "
+                    "protects them (--keep, --min-age). Prints what would go and why; nothing is deleted without "
+                    "--apply. Deleting entries while jobs run is safe: JAX recompiles what is missing. Rules about "
+                    "use read the root's run records (.jaxcache/runs/) for reported hits and writers.",
         epilog="Sizes: 500MiB, 50GiB, 50GB. Durations: 45s, 30m, 12h, 14d, 2w. Exit codes: 0 ok, 1 some "
                "deletions failed, 2 usage or input error.",
     )
