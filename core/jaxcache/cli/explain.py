@@ -17,7 +17,7 @@ from jaxcache.explain.values import differs_text
 from jaxcache.records import check_job, check_run_id
 from jaxcache.storage import Storage
 from jaxcache.table import render
-from jaxcache.units import parse_duration
+from jaxcache.units import parse_duration, plural
 
 _LISTED = 5  # recorded names offered when none is close
 
@@ -83,7 +83,7 @@ def cmd_explain(args: argparse.Namespace, storage: Storage) -> int:
               g[0]["fix"]] for (cause, function), g in lines]
     print(render(["CAUSE", "FUNCTION", "MISSES", "COMPILE S", "WHAT DIFFERS", "FIX"], table))
     total = sum(r["compile_s"] or 0 for r in rows)
-    print(f"\n{len(rows)} misses, {total:.1f} compile seconds" + (
+    print(f"\n{plural(len(rows), 'miss')}, {total:.1f} compile seconds" + (
         f"; {skipped} malformed records skipped" if skipped else ""))
     return EXIT_OK
 

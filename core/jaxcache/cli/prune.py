@@ -31,7 +31,7 @@ from jaxcache.prune.policy import PROOF_CLASSES
 from jaxcache.scan import Entry
 from jaxcache.storage import Storage
 from jaxcache.table import render
-from jaxcache.units import format_bytes, format_duration, parse_bytes, parse_duration
+from jaxcache.units import format_bytes, format_duration, parse_bytes, parse_duration, plural
 from jaxcache.usage import RecordedUse, read_usage
 
 _PRUNE_TABLE_ROWS = 50
@@ -244,8 +244,8 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         result = PruneResult()
     sig_orphans = _signature_orphans(storage, apply=bool(args.apply)) if policy.orphans else []
     if sig_orphans and not args.json:
-        print(f"{'deleted' if args.apply else 'would delete'} {len(sig_orphans)} signature objects whose entry is"
-              " gone (<key>-sig)")
+        print(f"{'deleted' if args.apply else 'would delete'} {plural(len(sig_orphans), 'signature object')} whose"
+              " entry is gone (<key>-sig)")
     exit_code = EXIT_PROBLEMS if result is not None and result.errors else EXIT_OK
     if args.json:
         with collector.paused():  # a decision and a dict for each of 100k deletions
@@ -253,7 +253,7 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
                        | {"signature_orphans": sig_orphans})
         return exit_code
     if result is None:
-        print(f"would delete {len(p.delete)} entries, freeing {format_bytes(p.bytes_freed)} "
+        print(f"would delete {plural(len(p.delete), 'entry')}, freeing {format_bytes(p.bytes_freed)} "
               f"({format_bytes(p.bytes_remaining)} remain)")
         if p.delete:
             print("dry run: nothing was deleted; add --apply to delete")
@@ -265,7 +265,7 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         extra.append(f"{result.changed} changed since the listing (left alone)")
     if result.errors:
         extra.append(f"{len(result.errors)} failed")
-    print(f"deleted {result.deleted} entries, freed {format_bytes(result.bytes_freed)}"
+    print(f"deleted {plural(result.deleted, 'entry')}, freed {format_bytes(result.bytes_freed)}"
           + (f" ({', '.join(extra)})" if extra else ""))
     for message in result.errors[:10]:
         print(f"jaxcache: error: {shown(message)}", file=sys.stderr)

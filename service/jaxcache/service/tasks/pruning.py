@@ -24,6 +24,7 @@ from jaxcache.service.tasks.prune_candidates import catalog_candidates
 from jaxcache.service.tasks.rescan import rescan
 from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
+from jaxcache.units import plural
 
 
 class PruneInProgressError(Exception):
@@ -110,7 +111,7 @@ def run_prune(
         if policy.integrity:
             unjudged = verification.unjudged(catalog, cache, TrustedKeys.from_env() if trusted is None else trusted)
             if unjudged:
-                plan.notes.append(f"integrity used the verdicts made so far: {unjudged} entries are not judged yet"
+                plan.notes.append(f"integrity used the verdicts made so far: {plural(unjudged, 'entry')} not judged yet"
                                   " (the background pass will judge them; applying this prune judges them first)")
         return Outcome(plan)
     if not lock.acquire(blocking=False):
