@@ -4,6 +4,7 @@ URL survives the shell, and the README's synopsis names every option the CLI has
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -132,3 +133,37 @@ def test_the_readme_synopsis_names_every_option():
                 missing.append(f"{command} {'/'.join(action.option_strings)}")
     assert not missing, f"the README's synopsis lacks: {missing}"
     assert {"ls", "prune", "explain", "serve", "bundle export"} <= set(synopsis)
+
+
+_SHOT = '''
+import os
+from pathlib import Path
+
+
+def test_a_dashboard_test():
+    if os.environ.get("TAKE_SHOT"):
+        (Path(os.environ["JAXCACHE_SCREENSHOTS"]) / "page.png").write_bytes(b"a screenshot")
+'''
+
+
+@pytest.mark.slow
+def test_the_run_prints_the_screenshots_folder_under_xdist_too(tmp_path):
+    """The README says the test run prints where the dashboard's screenshots went: true when xdist's workers took
+    them (their prints never show), and only for screenshots this run took."""
+    pytest.importorskip("xdist")
+    (tmp_path / "test_shot.py").write_text(_SHOT)
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    path = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "JAXCACHE_SCREENSHOTS": str(shots), "PYTHONPATH": path}
+
+    def tests(*args: str, take: bool) -> str:
+        argv = [sys.executable, "-m", "pytest", "-p", "screenshots_support", "-p", "no:cacheprovider", "-q", *args,
+                "test_shot.py"]
+        proc = subprocess.run(argv, cwd=tmp_path, env={**env, "TAKE_SHOT": "1" if take else ""},
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    assert f"dashboard screenshots: {shots} (1 taken by this run)" in tests("-n", "1", take=True)
+    assert "dashboard screenshots" not in tests("-n", "0", take=False)  # one from an earlier run is not this run's
