@@ -150,7 +150,7 @@ def _apply_audited(catalog: Catalog, audit_id: int, storage: Storage, plan: prun
         result = prune.apply(storage, plan, on_deleted=count)
     except Exception as exc:
         prune_audit.finish(catalog, audit_id, done, state=prune_audit.FAILED,
-                           error=f"stopped after {done.deleted} of {len(plan.delete)} objects: {exc}")
+                           error=f"stopped after {done.deleted} of {plural(len(plan.delete), 'object')}: {exc}")
         raise
     if result.failed:
         prune_audit.finish(catalog, audit_id, result, state=prune_audit.FAILED,
