@@ -111,6 +111,7 @@ demo-cache: $(VENV)/.stamp-run
 # The main job: the catalog service over the demo cache, on an embedded SQLite catalog. Ctrl-C stops it.
 run: demo-cache
 	$(VENV)/bin/jaxcache stats $(DEMO_CACHE) --top 5
+	@echo "the CLI: $(VENV)/bin/jaxcache (or: . $(VENV)/bin/activate, then jaxcache), e.g. $(VENV)/bin/jaxcache ls $(DEMO_CACHE)"
 	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --db sqlite:///$(abspath $(DEMO_CATALOG)) --host $(HOST) \
 	  --port $(PORT)
 

@@ -14,14 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import SCREENSHOTS_KEY, serve_env, start_serve, stop_serve, wait_ready
+from conftest import serve_env, start_serve, stop_serve, wait_ready
 from dashboard_support import (
     ADMIN,
     CHROMIUM,
     EVAL_MISS,
     H_READ,
     READ,
-    SCREENSHOTS,
     TOKENS,
     TORN,
     _keys,
@@ -29,6 +28,7 @@ from dashboard_support import (
     seed_cache,
 )
 from jaxcache.service.dashboard import format as dfmt
+from screenshots_support import SCREENSHOTS
 
 # --- in a real browser ------------------------------------------------------------------------------------------
 
@@ -74,13 +74,12 @@ def served_fresh(tmp_path, seeded):
 
 
 @pytest.fixture(scope="module")
-def browser(request):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing: pip install -e '.[dev]'")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing: pip install --group dev")
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(f"no Chromium at {CHROMIUM}: `make test` installs Debian's chromium package where it can "
                     "(apt-get, as root or with sudo); set JAXCACHE_CHROMIUM to use another")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    request.config.stash[SCREENSHOTS_KEY] = SCREENSHOTS
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         yield b

@@ -263,3 +263,34 @@ def test_records_without_option_fields_explain_as_before():
 
 def replace_parts(*, options: tuple | None = None, **changed: str) -> KeyParts:
     return msgspec.structs.replace(parts(**changed), options=options)
+
+
+def test_a_job_or_run_no_record_names_is_an_error_that_suggests_the_recorded_ones(tmp_path, capsys):
+    from jaxcache.records import KeyUsage, RunRecord
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    assert cli_main(["explain", str(root), "--job", "train"]) == 2
+    assert "no run or warm-up records" in capsys.readouterr().err
+    t = time.time()
+    for job, run, event in (("demo-train", "r1", "hit"), ("demo-eval", "r2", "write")):
+        record = RunRecord(job=job, run_id=run, process_index=0, process_count=1, host="h", started_at=t,
+                           updated_at=t, fingerprint=FP, final=True,
+                           keys=[KeyUsage(key=key("jit_step", job), event=event, compiles=int(event != "hit"),
+                                          writes=int(event == "write"), first_at=t, parts=parts(), program=SIG)])
+        (root / record.name).parent.mkdir(parents=True, exist_ok=True)
+        (root / record.name).write_bytes(record.to_json())
+    capsys.readouterr()
+    for args in (["--job", "demo-trian"], ["--job", "demo-trian", "--json"], ["--run", "r3"]):
+        assert cli_main(["explain", str(root), *args]) == 2, args
+        out = capsys.readouterr()
+        assert out.out == "" and len(out.err.strip().splitlines()) == 1, out
+    assert cli_main(["explain", str(root), "--job", "demo-trian"]) == 2
+    assert "names that job; did you mean 'demo-train'" in capsys.readouterr().err
+    assert cli_main(["explain", str(root), "--job", "nosuch"]) == 2
+    assert "jobs recorded: demo-eval, demo-train" in capsys.readouterr().err
+    # A recorded job with no misses (only hits) is no error: it ran and missed nothing.
+    assert cli_main(["explain", str(root), "--job", "demo-train"]) == 0
+    assert "no misses recorded" in capsys.readouterr().out
+    assert cli_main(["explain", str(root), "--run", "r2", "--json"]) == 0
+    assert [m["job"] for m in json.loads(capsys.readouterr().out)["misses"]] == ["demo-eval"]

@@ -26,6 +26,7 @@ from jaxcache.errors import InvalidInputError, NotRegularFileError, PathEscapeEr
 from jaxcache.parallel import bounded_map
 from jaxcache.records import Fingerprint
 from jaxcache.storage.base import Storage, check_name
+from jaxcache.units import plural
 from jaxcache.working_set import WorkingSet
 
 T = TypeVar("T")
@@ -87,7 +88,7 @@ class Manifest(msgspec.Struct, frozen=True, tag_field="schema", tag=SCHEMA):
         where = "unknown fingerprint" if fp is None else (
             f"jaxlib {fp.jaxlib}, {fp.backend or '?'} backend, {fp.device_count or '?'} x {fp.device_kind or '?'}")
         made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.created_at))
-        return f"job {self.job!r} ({where}), {len(self.entries)} entries from {self.source}, made {made}"
+        return f"job {self.job!r} ({where}), {plural(len(self.entries), 'entry')} from {self.source}, made {made}"
 
 
 def parse_manifest(data: bytes) -> Manifest:

@@ -24,6 +24,7 @@ from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
 from jaxcache.client.written import WriteCheck
 from jaxcache.records import HIT, JOB, WRITE, Fingerprint, KeyUsage, RunKind, RunRecord
+from jaxcache.units import plural
 
 if TYPE_CHECKING:  # verify mode loads it only when asked for
     from jaxcache.integrity import Verdict
@@ -138,7 +139,8 @@ class CacheSession:
         rate = "n/a" if s.hit_rate is None else f"{s.hit_rate:.0%}"
         causes = self.miss_causes().describe(self.cache_dir, self.run_id) if s.misses else ""
         return (
-            f"jaxcache: job {self.job}: {s.hits} hits, {s.misses} misses ({s.writes} written), hit rate {rate};"
+            f"jaxcache: job {self.job}: {plural(s.hits, 'hit')}, {plural(s.misses, 'miss')} ({s.writes} written),"
+            f" hit rate {rate};"
             f" {s.compile_s:.1f} s compiling, {s.retrieval_s:.2f} s loading, >= {s.saved_s:.1f} s saved;"
             f" cache {self.cache_dir}" + (f"; {causes}" if causes else "")
             + ("" if self._tier is None else self._tier.summary())

@@ -29,6 +29,7 @@ from jaxcache.client.attestation import drained
 from jaxcache.client.local_tier import PENDING_DIR, TEMP_AGE_S, UNVERIFIED_DIR, LocalTier
 from jaxcache.errors import InvalidInputError, PreconditionFailedError
 from jaxcache.storage import Storage
+from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.client")
 
@@ -150,8 +151,9 @@ class Uploader:
         if final:
             left = self._queue.unfinished_tasks
             self._tier.add(upload_pending=left)
-            log.warning("jaxcache: %d uploads to the shared root did not finish within %.0f s; their entries stay"
-                        " in %s and the next job on this node uploads them", left, timeout_s, self._tier.directory)
+            log.warning("jaxcache: %s to the shared root did not finish within %.0f s; their entries stay"
+                        " in %s and the next job on this node uploads them", plural(left, "upload"), timeout_s,
+                        self._tier.directory)
         return False
 
     def _run(self) -> None:
