@@ -10,6 +10,7 @@ import time
 import tomllib
 import urllib.parse
 
+import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
@@ -363,3 +364,35 @@ def test_pages_escape_names_as_the_cli_does():
     assert dfmt.visible("jit_ok.v2-é中") == "jit_ok.v2-é中"
     assert dfmt.visible("jit_\u202eevil\u202d") == "jit_\\u202eevil\\u202d"
     assert dfmt.short_key("jit_\u202ef-" + "a" * 64) == "jit_\\u202ef-aaaaaaaa…"
+
+def test_an_entry_a_warm_up_wrote_links_to_that_warm_up(app_client, seeded, jax_caches):
+    """A warm-up is not a job (no job page): the entry's first writer links to the warm-up's page, which answers."""
+    tiny = _keys(jax_caches["zstd"].manifest)["jit_tiny"]
+    key = "jit_warmed-" + tiny.rsplit("-", 1)[1]  # a real entry that only the warm-up wrote
+    for suffix in ("-cache", "-atime"):
+        shutil.copy2(seeded / f"{tiny}{suffix}", seeded / f"{key}{suffix}")
+    now = time.time()
+    run = msgspec.structs.replace(
+        _record("demo-warmup", "warm-run", [records.KeyUsage(key=key, event=records.WRITE, compiles=1, writes=1,
+                                                             compile_s=0.5, first_at=now - 60, last_at=now - 60)],
+                at=now - 60),
+        kind=records.WARMUP)
+    warm = coverage.WarmupRecord(
+        id="w-demo", job="demo-warmup", topology="1x1x1", platform="cpu", started_at=now - 120, finished_at=now - 50,
+        cache_dir=str(seeded), fingerprint=records.Fingerprint(jax="0.10.2", jaxlib="0.10.2"),
+        programs=(coverage.ProgramCoverage(key, "jit_warmed", coverage.WRITTEN, 0.5, 1000),))
+    for name, data in ((run.name, run.to_json()), (warm.name, warm.to_json())):
+        (seeded / name).parent.mkdir(parents=True, exist_ok=True)
+        (seeded / name).write_bytes(data)
+    assert app_client.post("/v1/caches/demo/rescan", headers=H_ADMIN).json()["records_ingested"] == 1
+    writer = app_client.get(f"/v1/caches/demo/entries/{key}", headers=H_READ).json()["first_writer"]
+    assert writer["job"] == "demo-warmup", writer
+    page = app_client.get(f"/caches/demo/entries/{key}", headers=H_READ).text
+    links = re.findall(r'data-field="writer.job"><a href="([^"]+)">', page)
+    assert links == ["/caches/demo/warmups/w-demo"], links
+    assert app_client.get(links[0], headers=H_READ).status_code == 200
+    assert app_client.get("/caches/demo/jobs/demo-warmup", headers=H_READ).status_code == 404  # not a job
+    # A job's write still links to its job page.
+    train = _keys(jax_caches["zstd"].manifest)["jit_train_step"]
+    page = app_client.get(f"/caches/demo/entries/{train}", headers=H_READ).text
+    assert re.findall(r'data-field="writer.job"><a href="([^"]+)">', page) == ["/caches/demo/jobs/llm-pretrain"]

@@ -14,6 +14,7 @@ from markupsafe import Markup
 
 from jaxcache.display import shown
 from jaxcache.explain.values import differs_text
+from jaxcache.service.dashboard import names
 from jaxcache.units import format_bytes
 
 DASH = "–"
@@ -99,14 +100,15 @@ def top_causes(by_cause: dict, limit: int = 10) -> list[dict]:
     return [{**c, "misses_24h": day.get(c["cause"], 0)} for c in by_cause["last_7d"]["causes"][:limit]]
 
 
-#: Names as every page shows them: the core's one escaping (the CLI's too), as the template filter ``visible``.
+#: Names as every page shows them: the core's one escaping (the CLI's too); the templates' filter is
+#: :func:`names.visible`, the same escaping made safe for HTML.
 visible = shown
 
 
-def short_key(key: str) -> str:
-    """``jit_f-74b295da…`` : the function and the start of the hash, for tables (shown :func:`visible`)."""
+def short_key(key: str) -> Markup:
+    """``jit_f-74b295da…`` : the function and the start of the hash, for tables (shown :func:`names.visible`)."""
     head, _, digest = key.rpartition("-")
-    return visible(f"{head}-{digest[:8]}…" if head and len(digest) == 64 else key)
+    return names.visible(f"{head}-{digest[:8]}…" if head and len(digest) == 64 else key)
 
 
 @dataclass(frozen=True, slots=True)

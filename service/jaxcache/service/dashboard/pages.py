@@ -136,11 +136,13 @@ def routes(dash: Dashboard) -> APIRouter:
             raise HTTPException(400, "malformed key: expected <function>-<64 lower-case hex>, as JAX names entries")
         with state.catalog.reader() as conn:
             found = queries.entry_detail(conn, cache, key)  # what GET /v1/caches/{cache}/entries/{key} shows
-        if found is None:
-            raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
-        entry, jobs, verdict, conflict = found
+            if found is None:
+                raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
+            entry, jobs, verdict, conflict = found
+            writer = entry["first_writer"]
+            by_warmup = None if writer is None else warmups.writer_warmup(conn, cache, key, writer)
         return dash.render(request, "entry.html", viewer=viewer, cache=cache, section="entries",
-                           e=entry, jobs=jobs, verdict=verdict, conflict=conflict)
+                           e=entry, jobs=jobs, verdict=verdict, conflict=conflict, by_warmup=by_warmup)
 
     @router.get("/caches/{cache}/jobs")
     def jobs(request: Request, cache: str) -> Response:
