@@ -111,9 +111,11 @@ demo-cache: $(VENV)/.stamp-run
 	JAX_PLATFORMS=cpu JAXCACHE_DIR=$(DEMO_CACHE) JAXCACHE_JOB=demo-job $(PY) -m jaxcache.warmup.examples --devices 2 \
 	  --per-device-batch 16
 
-# The main job: the catalog service over the demo cache, on an embedded SQLite catalog. Ctrl-C stops it.
+# The main job: the catalog service over the demo cache, on an embedded SQLite catalog. Ctrl-C stops it. It prints
+# how to serve with the admin token it keeps in demo-catalog/ (JAXCACHE_TOKENS_FILE), which applying prunes needs.
 run: demo-cache
 	$(VENV)/bin/jaxcache stats $(DEMO_CACHE) --top 5
+	@$(PY) -m jaxcache.service.demo_token $(dir $(DEMO_CATALOG))
 	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --db sqlite:///$(abspath $(DEMO_CATALOG)) --host $(HOST) \
 	  --port $(PORT)
 

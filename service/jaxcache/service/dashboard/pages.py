@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from fastapi import HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.routing import APIRouter
@@ -86,12 +88,14 @@ def routes(dash: Dashboard) -> APIRouter:
         dash.cache_or_404(cache)
         stats = state.stats(cache)  # exactly what GET /v1/caches/{cache}/stats answers
         summary = next(c for c in state.caches() if c.name == cache)
-        chart = fmt.growth_chart(stats["growth"], stats["size_bytes"])
+        first = stats["first_created_s"]
+        chart = fmt.growth_chart(stats["growth"], stats["size_bytes"],
+                                 first_day=None if first is None else datetime.fromtimestamp(first, UTC).date())
         with state.catalog.reader() as conn:
             integrity = verdicts.summary(conn, cache, limit=20)  # what GET .../integrity answers
         return dash.render(request, "overview.html", viewer=viewer, cache=cache, section="overview", stats=stats,
                            summary=summary, chart=chart, integrity=integrity, loops=loop_models(state),
-                           causes=fmt.top_causes(stats["misses_by_cause"]))
+                           causes=fmt.top_causes(stats["misses_by_cause"]), growth_label=fmt.growth_label(first))
 
     @router.get("/caches/{cache}/entries")
     def entries(request: Request, cache: str) -> Response:
