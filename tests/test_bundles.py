@@ -361,3 +361,24 @@ def test_more_hostile_archives_are_refused_whole_writing_nothing(bundle, tmp_pat
     assert code == 2 and out == "", out
     assert err.startswith("jaxcache: error: ") and err.count("\n") == 1 and "nothing was imported" in err, err
     assert not (tmp_path / "root").exists()
+
+
+def test_names_from_a_bundle_are_shown_escaped(bundle, tmp_path, capsys):
+    """#49: a bundle's job, source and keys come from whoever made it; import lists them with bidirectional and
+    zero-width characters escaped, as every other listing does."""
+    items = dict(members(bundle))
+    manifest = json.loads(items["manifest.json"])
+    key = manifest["entries"][0]["key"]
+    hostile = "jit_\u202eevil\u202d-" + key.rsplit("-", 1)[1]
+    data = bytearray(items.pop(f"{key}-cache"))
+    data[len(data) // 2] ^= 0xFF  # refused: its bytes differ from the manifest's digest
+    items[f"{hostile}-cache"] = bytes(data)
+    items[f"{hostile}-sig"] = items.pop(f"{key}-sig")
+    manifest["entries"][0]["key"] = hostile
+    manifest["job"], manifest["source"] = "tr\u200bain", "/data/\u202ecache"
+    items["manifest.json"] = json.dumps(manifest).encode()
+    path = write_tar(tmp_path / "hostile.tar", list(items.items()))
+    code, out, _ = import_(capsys, path, tmp_path / "root")
+    assert code == 1, out
+    assert "refused jit_\\u202eevil\\u202d-" in out and "job 'tr\\u200bain'" in out and "/data/\\u202ecache" in out
+    assert not {"\u202e", "\u202d", "\u200b"} & set(out), out

@@ -332,3 +332,21 @@ def test_browser_read_token_cannot_apply(served_fresh, page):
     shot(page, "12-prune-refused")
     assert listing(root) == before
     assert served_fresh.get("/v1/caches/demo/prunes")["prunes"] == []
+
+
+@pytest.mark.slow
+def test_browser_prune_form_placeholders_are_not_cut_off(served, page):
+    """#52: every placeholder of the prune form fits its field (the integrity classes' did not)."""
+    login(page, served.base, READ, "/caches/demo/prune")
+    cut = page.evaluate("""() => {
+        const ctx = document.createElement("canvas").getContext("2d");
+        return [...document.querySelectorAll("form.policy input[placeholder]")].flatMap(i => {
+            const s = getComputedStyle(i);
+            ctx.font = `${s.fontStyle} ${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
+            const room = i.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+            const need = ctx.measureText(i.placeholder).width;
+            return need > room ? [[i.id, Math.round(need), Math.round(room)]] : [];
+        });
+    }""")
+    assert page.locator("#p-integrity").is_visible()
+    assert cut == [], cut  # (field, pixels the placeholder needs, pixels the field has)

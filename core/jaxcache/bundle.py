@@ -21,6 +21,7 @@ from typing import IO, Annotated, Protocol, TypeVar
 import msgspec
 
 from jaxcache import records, signing
+from jaxcache.display import shown
 from jaxcache.entry import Status, cache_name, validate
 from jaxcache.errors import InvalidInputError, NotRegularFileError, PathEscapeError
 from jaxcache.parallel import bounded_map
@@ -88,7 +89,9 @@ class Manifest(msgspec.Struct, frozen=True, tag_field="schema", tag=SCHEMA):
         where = "unknown fingerprint" if fp is None else (
             f"jaxlib {fp.jaxlib}, {fp.backend or '?'} backend, {fp.device_count or '?'} x {fp.device_kind or '?'}")
         made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.created_at))
-        return f"job {self.job!r} ({where}), {plural(len(self.entries), 'entry')} from {self.source}, made {made}"
+        # Every field comes from the archive, which whoever made it wrote: nothing in it may hide or reorder text.
+        return (f"job '{shown(self.job)}' ({shown(where)}), {plural(len(self.entries), 'entry')}"
+                f" from {shown(str(self.source))}, made {made}")
 
 
 def parse_manifest(data: bytes) -> Manifest:

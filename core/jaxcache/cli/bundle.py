@@ -11,6 +11,7 @@ from jaxcache import signing
 from jaxcache.bundle import export
 from jaxcache.bundle_import import add_checked, check_archive
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, non_negative, print_json, progress
+from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError
 from jaxcache.storage import LocalStorage, Storage, open_storage
 from jaxcache.units import format_bytes
@@ -20,7 +21,7 @@ _SHOWN = 20
 
 
 def _listed(what: str, found: dict[str, str]) -> list[str]:
-    lines = [f"  {what} {key}: {why}" for key, why in list(found.items())[:_SHOWN]]
+    lines = [f"  {what} {shown(key)}: {shown(why)}" for key, why in list(found.items())[:_SHOWN]]
     return lines + ([f"  ... and {len(found) - _SHOWN} more"] if len(found) > _SHOWN else [])
 
 
