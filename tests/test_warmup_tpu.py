@@ -163,8 +163,7 @@ def test_tpu_warmup_prints_what_enters_the_key_and_records_the_slice(warmed):
 
 
 def test_tpu_key_is_plain_jaxs_with_the_jobs_flags(warmed, tpu_python, tmp_path):
-    """A job that sets LIBTPU_INIT_ARGS itself computes the same key: the warm-up's own --libtpu-init-args
-    argument (it starts with --, not --xla) and nothing else of its command line enters it."""
+    """A job that sets LIBTPU_INIT_ARGS itself computes the same key as the warm-up given --libtpu-init-args."""
     code = """
 import os, sys
 os.environ.update(TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost", JAX_PLATFORMS="cpu")
@@ -197,6 +196,14 @@ def test_tpu_rerun_is_already_warm_without_load_warnings(warmed, tpu_python):
     summary = json.loads(proc.stdout)
     assert (summary["written"], summary["already_warm"]) == (0, summary["programs"])
     assert "already warm" in proc.stderr and "Error reading persistent compilation cache entry" not in proc.stderr
+
+
+def test_tpu_verify_loads_in_a_fresh_process_while_the_warmup_runs(tpu_python, tmp_path):
+    """--verify's process starts libtpu while the warm-up's still holds it: libtpu's one-process lock (for a chip
+    this machine does not have) must not stop it."""
+    proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(tmp_path / "c"), "--entrypoint", EXAMPLE, "--verify",
+                  "--json", python=tpu_python)
+    assert json.loads(proc.stdout)["verify"]["ok"] is True, proc.stderr[-2000:]
 
 
 def test_tpu_check_hits_and_explains_other_flags(warmed, tpu_python):

@@ -60,9 +60,11 @@ def chips_here() -> bool:
 
 def keep_off_metadata_server() -> None:
     """Keep libtpu from asking a metadata server about a TPU this host does not have, and JAX's own backend on
-    CPU; an explicit setting of the two TPU variables is left alone."""
+    CPU; an explicit setting of the TPU variables is left alone. With no chip to share, libtpu's one-process lock
+    would only stop --verify's process (and parallel warm-ups) while this one runs."""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 
