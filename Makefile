@@ -8,6 +8,9 @@ NEXT_PYTHON ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/pyth
   if "$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
     "$$p" -c 'import sys; print(sys.executable)'; break; fi; done)
 NEXT_VENV ?= .venv-jax-next
+# libtpu (the build the floor JAX pins, a 213 MB download) for the compile-only TPU warm-up tests, in a venv of its own:
+# with libtpu installed, a process with JAX_PLATFORMS unset starts libtpu, which queries a metadata server.
+TPU_VENV ?= .venv-tpu
 # checkov for tests/test_deploy.py, in a venv of its own: it pins many dependencies that must not meet ours.
 TOOLS_VENV ?= .venv-tools
 export CHECKOV_BIN ?= $(abspath $(TOOLS_VENV))/bin/checkov
@@ -55,6 +58,13 @@ $(NEXT_VENV)/.stamp: $(PART_FILES)
 	  ($(NEXT_PYTHON) -m venv $(NEXT_VENV) && $(NEXT_VENV)/bin/pip install --quiet --upgrade pip \
 	    && $(NEXT_VENV)/bin/pip install --quiet --upgrade -e './core[gcs]' -e './client[gcs]' -e ./warmup jax && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
 	else echo "no working python3.12 found: second-JAX contract tests will skip"; fi
+
+# Best effort: a failure here only makes the compile-only TPU tests skip with the reason.
+$(TPU_VENV)/.stamp: $(PART_FILES)
+	@echo "building $(TPU_VENV) with jax $(FLOOR_JAX) and the libtpu it pins (jaxcache-warmup[tpu])"
+	@($(PYTHON) -m venv $(TPU_VENV) && $(TPU_VENV)/bin/pip install --quiet --upgrade pip \
+	  && $(TPU_VENV)/bin/pip install --quiet -e ./core -e ./client -e './warmup[tpu]' 'jax==$(FLOOR_JAX)' \
+	    'jaxlib==$(FLOOR_JAX)' && touch $@) || echo "could not build $(TPU_VENV): the compile-only TPU tests will skip"
 
 # Best effort: a failure here only makes the checkov test skip with the reason.
 $(TOOLS_VENV)/.stamp:
@@ -122,9 +132,10 @@ run: demo-cache
 
 # The type checker first (pyproject.toml [tool.mypy]: strict on the core and the client), then the suite. --durations=25
 # lists the 25 slowest tests at the end, so that CI output shows where the suite's time goes.
-test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium prometheus postgres
+test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium prometheus postgres
 	$(VENV)/bin/mypy
 	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \
+	  JAXCACHE_TPU_PYTHON=$(if $(wildcard $(TPU_VENV)/.stamp),$(abspath $(TPU_VENV))/bin/python,) \
 	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev
@@ -132,5 +143,5 @@ lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(NEXT_VENV) $(DEMO_CACHE) $(dir $(DEMO_CATALOG))
+	rm -rf $(VENV) $(NEXT_VENV) $(TPU_VENV) $(DEMO_CACHE) $(dir $(DEMO_CATALOG))
 	rm -rf $(TOOLS_VENV)

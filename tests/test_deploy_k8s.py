@@ -231,6 +231,30 @@ def test_warmup_job_follows_the_model_and_count_rule():
     assert pod_spec(job)["serviceAccountName"] == account["metadata"]["name"]
 
 
+def test_tpu_warmup_job_runs_on_a_cpu_node_pool():
+    from jaxcache.topology import TpuSlice, parse_any_topology
+
+    job = one(plain(K8S / "tpu-warmup-job.yaml"), "Job")
+    spec = pod_spec(job)
+    (container,) = spec["containers"]
+    args = _scalar_args(container)
+    assert args["--platform"] == "tpu" and isinstance(parse_any_topology(args["--topology"]), TpuSlice)
+    limits = {**container["resources"].get("requests", {}), **container["resources"].get("limits", {})}
+    assert not [r for r in limits if "tpu" in r or "gpu" in r], "a TPU warm-up needs no accelerator"
+    assert not [k for k in spec.get("nodeSelector", {}) if "tpu" in k or "accelerator" in k]
+    assert spec["nodeSelector"]["kubernetes.io/arch"] == "amd64", "libtpu is x86-64 only"
+    env = container_env(container)
+    assert env["TPU_SKIP_MDS_QUERY"] == "1" and env["TPU_WORKER_HOSTNAMES"] == "localhost"
+    gpu_job = one(plain(K8S / "warmup-job.yaml"), "Job")
+    (gpu_container,) = pod_spec(gpu_job)["containers"]
+    assert container["image"] == gpu_container["image"], "warm-up must run the training image"
+    assert args["--cache-dir"] == _scalar_args(gpu_container)["--cache-dir"], "the same shared cache"
+    assert spec["serviceAccountName"] == one(plain(K8S / "warmup-job.yaml"), "ServiceAccount")["metadata"]["name"]
+    assert any(a.startswith("--libtpu-init-args=") or a == "--flags-from-job" for a in container["args"]), (
+        "the slice job's flags enter every key: give them"
+    )
+
+
 def test_training_example_configures_the_client_before_training():
     docs = plain(K8S / "examples" / "training-job.yaml")
     job = one(docs, "Job")

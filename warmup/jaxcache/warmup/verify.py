@@ -118,14 +118,14 @@ def _timed_out(config: WarmupConfig, timeout_s: float, stderr: bytes | str | Non
 
 def child_main(payload: str) -> int:
     """The fresh process: same backend plan and client settings, run the target, print what hit."""
-    from jaxcache.topology import parse_topology
+    from jaxcache.topology import parse_any_topology
     from jaxcache.warmup import devices as dev
     from jaxcache.warmup import target as tgt
     from jaxcache.warmup.misses import program_dict
     from jaxcache.warmup.runner import run_warmup
 
     spec = json.loads(payload)
-    topology = parse_topology(spec["topology"])
+    topology = parse_any_topology(spec["topology"])
     gpus = dev.probe_gpus() if spec["platform"] == "gpu" else None
     plan = dev.plan_backend(topology, spec["platform"], gpus)
     target = tgt.Target(entrypoint=spec["entrypoint"], script=spec["script"], script_args=spec["script_args"])
