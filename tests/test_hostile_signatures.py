@@ -175,3 +175,18 @@ def test_a_verifying_job_never_loads_a_swapped_entry_beside_a_malformed_signatur
     assert out["skipped"] == {key[gram]: skips.TAMPERED}, out["skipped"]
     signed = run_job((sys.executable, {"JAXCACHE_TRUSTED_KEYS": PUBLIC}), cache, "signed", "--verify", "signed")
     assert signed["skipped"] == {key[affine]: skips.BAD_SIGNATURE, key[gram]: skips.DIGEST_DIFFERS}, signed
+
+
+@pytest.mark.gcs
+def test_a_huge_signature_object_in_a_gcs_root_is_judged_from_a_ranged_read(written, gcs_client, gcs_bucket):  # noqa: F811
+    bucket = gcs_client.bucket(gcs_bucket)
+    for path in written.rglob("*"):
+        if path.is_file():
+            bucket.blob(f"jc/{path.relative_to(written)}").upload_from_filename(str(path))
+    bad = sorted(p.name.removesuffix("-cache") for p in written.glob("*-cache"))[0]
+    bucket.blob(f"jc/{signing.sig_name(bad)}").upload_from_string(b" " * (8 << 20))  # 8 MiB of whitespace
+    proc = cli("doctor", f"gs://{gcs_bucket}/jc", "--verify", "--min-age", "0s", "--json")
+    one_line_or_none(proc)
+    judged = {e["key"]: e for e in json.loads(proc.stdout)["entries"]}
+    assert proc.returncode == 0 and {e["class"] for e in judged.values()} == {"ok"}, proc.stdout
+    assert any(f"larger than {signing.MAX_SIG_BYTES} bytes" in r for r in judged[bad]["reasons"]), judged[bad]
