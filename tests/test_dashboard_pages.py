@@ -483,3 +483,9 @@ def test_the_demo_says_how_to_apply_a_prune(tmp_path, seeded):
         assert client.post("/login", data={"token": token, "next": "/caches/demo/prune"}).status_code == 303
         page = client.get("/caches/demo/prune?corrupt=on&preview=1").text
         assert 'class="apply"' in page and "data-apply-denied" not in page
+
+
+def test_counts_on_pages_say_their_nouns_in_the_number_they_count():
+    assert dfmt.counted(1, "entry") == "1 entry"
+    assert dfmt.counted(12345, "entry") == "12,345 entries"
+    assert dfmt.counted(0, "object") == "0 objects"

@@ -15,7 +15,7 @@ from markupsafe import Markup
 from jaxcache.display import shown
 from jaxcache.explain.values import differs_text
 from jaxcache.service.dashboard import names
-from jaxcache.units import format_bytes
+from jaxcache.units import format_bytes, plural
 
 DASH = "–"
 
@@ -47,6 +47,11 @@ def rate(r: float | None) -> str:
 def count(n: int | None) -> str:
     """``12345`` → ``12,345``."""
     return DASH if n is None else f"{n:,}"
+
+
+def counted(n: int, noun: str, nouns: str | None = None) -> str:
+    """``12345, "entry"`` → ``12,345 entries``; ``1, "entry"`` → ``1 entry``."""
+    return f"{n:,}" + plural(n, noun, nouns)[len(str(n)):]
 
 
 def utc(ts: float | None) -> str:

@@ -94,7 +94,7 @@ class Dashboard:
         versions = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:12] for p in STATIC.iterdir() if p.is_file()}
         self.env.globals.update(static=lambda name: f"/static/{name}?v={versions[name]}", sorts=ENTRY_SORTS,
                                 page_sizes=PAGE_SIZES, max_shown=MAX_SHOWN)
-        for name in ("size", "seconds", "rate", "count", "utc", "ago", "short_key"):
+        for name in ("size", "seconds", "rate", "count", "counted", "utc", "ago", "short_key"):
             self.env.filters[name] = getattr(fmt, name)
         for name in ("visible", "name", "name_text", "mixed_badge", "raw"):
             self.env.filters[name] = getattr(names, name)
