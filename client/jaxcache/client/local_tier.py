@@ -44,6 +44,9 @@ FETCH_TURN_S = 60.0  # the longest a process waits for another's download of the
 LOCK_TIMEOUT_S = 10.0  # JAX's own lock timeout
 TEMP_PREFIXES = (".jaxcache-tmp-", ".jaxcache-probe-")  # LocalStorage.write_atomic's, and open_dir's
 TEMP_AGE_S = 3600.0
+# The longest a lookup waits for the start's listing of the root (one request for most roots, under way since
+# enable_cache) before asking the root for its one object instead: a listing of a huge bucket takes pages.
+LISTING_WAIT_S = 5.0
 
 
 def policy_name(policy: LoadPolicy | None, trusted: TrustedKeys) -> str:
@@ -170,6 +173,7 @@ class LocalTier:
         # Set once the start's listing of the root has dropped every local copy the root lacks; until then a local
         # copy is loaded only once its object is found in the root (the first job after a prune, too).
         self.vouched = threading.Event()
+        self.listed = threading.Event()  # the start's listing ended, vouching or not
 
     # -- counts ---------------------------------------------------------------------------------------------
 
@@ -230,6 +234,9 @@ class LocalTier:
         is pending, or the root holds its object (one stat); a copy the root lacks is dropped."""
         if self.vouched.is_set() or os.path.exists(os.path.join(self.directory, PENDING_DIR, key)):
             return True
+        if self.listed.wait(LISTING_WAIT_S) and self.vouched.is_set():
+            # The listing dropped what the root lacks: a copy still here is vouched for.
+            return os.path.exists(os.path.join(self.directory, entry.cache_name(key)))
         try:
             there = self._root().stat(entry.cache_name(key)) is not None
         except Exception as exc:  # noqa: BLE001 - as when the listing fails: the copies stay, the job goes on
@@ -421,6 +428,16 @@ class LocalTier:
 
     def revalidate(self, bad: Collection[str], *, need_signature: bool, pending: Callable[[], Collection[str]],
                    unverified: Collection[str] = (), list_root: bool = True) -> list[str]:
+        """See :meth:`_revalidate`; with ``list_root``, :attr:`listed` is set once it ends, however it ends."""
+        try:
+            return self._revalidate(bad, need_signature=need_signature, pending=pending, unverified=unverified,
+                                    list_root=list_root)
+        finally:
+            if list_root:
+                self.listed.set()
+
+    def _revalidate(self, bad: Collection[str], *, need_signature: bool, pending: Callable[[], Collection[str]],
+                    unverified: Collection[str], list_root: bool) -> list[str]:
         """Drop local copies that are in ``bad``, or (``need_signature``) were written here ``unverified``, and
         (``list_root``) of keys the root no longer has or (``need_signature``) whose signature left it, keeping
         those JAX wrote here whose upload is still ``pending``. One listing of the root, made before taking the
