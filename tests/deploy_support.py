@@ -26,6 +26,7 @@ KUSTOMIZATIONS = ["base", "overlays/gcs", "overlays/nfs"]
 # Manifests applied as they are, outside kustomize.
 PLAIN_MANIFESTS = [
     K8S / "warmup-job.yaml",
+    K8S / "tpu-warmup-job.yaml",
     K8S / "base" / "secret.template.yaml",
     *sorted((K8S / "examples").glob("*.yaml")),
 ]

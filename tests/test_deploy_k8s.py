@@ -231,6 +231,30 @@ def test_warmup_job_follows_the_model_and_count_rule():
     assert pod_spec(job)["serviceAccountName"] == account["metadata"]["name"]
 
 
+def test_tpu_warmup_job_runs_on_a_cpu_node_pool():
+    from jaxcache.topology import TpuSlice, parse_any_topology
+
+    job = one(plain(K8S / "tpu-warmup-job.yaml"), "Job")
+    spec = pod_spec(job)
+    (container,) = spec["containers"]
+    args = _scalar_args(container)
+    assert args["--platform"] == "tpu" and isinstance(parse_any_topology(args["--topology"]), TpuSlice)
+    limits = {**container["resources"].get("requests", {}), **container["resources"].get("limits", {})}
+    assert not [r for r in limits if "tpu" in r or "gpu" in r], "a TPU warm-up needs no accelerator"
+    assert not [k for k in spec.get("nodeSelector", {}) if "tpu" in k or "accelerator" in k]
+    assert spec["nodeSelector"]["kubernetes.io/arch"] == "amd64", "libtpu is x86-64 only"
+    env = container_env(container)
+    assert env["TPU_SKIP_MDS_QUERY"] == "1" and env["TPU_WORKER_HOSTNAMES"] == "localhost"
+    gpu_job = one(plain(K8S / "warmup-job.yaml"), "Job")
+    (gpu_container,) = pod_spec(gpu_job)["containers"]
+    assert container["image"] == gpu_container["image"], "warm-up must run the training image"
+    assert args["--cache-dir"] == _scalar_args(gpu_container)["--cache-dir"], "the same shared cache"
+    assert spec["serviceAccountName"] == one(plain(K8S / "warmup-job.yaml"), "ServiceAccount")["metadata"]["name"]
+    assert any(a.startswith("--libtpu-init-args=") or a == "--flags-from-job" for a in container["args"]), (
+        "the slice job's flags enter every key: give them"
+    )
+
+
 def test_training_example_configures_the_client_before_training():
     docs = plain(K8S / "examples" / "training-job.yaml")
     job = one(docs, "Job")
@@ -326,3 +350,27 @@ def test_every_jaxcache_variable_in_deploy_is_a_real_setting():
         "variables (CLIENT_ENV here, which must match jaxcache.client): fix the name or add the setting\n"
         + "\n".join(unknown)
     )
+
+
+def test_a_signing_key_secret_is_mounted_so_only_the_pods_group_can_read_it():
+    """jaxcache refuses a signing key other users can read: every pod given JAXCACHE_SIGNING_KEY mounts its Secret
+    with defaultMode 0440 and reads it as a non-root user through the pod's fsGroup (#49 item 8)."""
+    found = 0
+    for path in sorted(K8S.rglob("*.yaml")):
+        for doc in plain(path):
+            if doc.get("kind") not in ("Job", "CronJob", "Deployment", "StatefulSet", "DaemonSet"):
+                continue
+            spec = pod_spec(doc)
+            volumes = {v["name"]: v for v in spec.get("volumes", [])}
+            for container in spec["containers"]:
+                key = container_env(container).get("JAXCACHE_SIGNING_KEY")
+                if key is None:
+                    continue
+                found += 1
+                mounts = [m for m in container.get("volumeMounts", []) if key.startswith(m["mountPath"] + "/")]
+                assert len(mounts) == 1 and mounts[0].get("readOnly"), f"{path.name}: {key} is not on a read-only mount"
+                secret = volumes[mounts[0]["name"]]["secret"]
+                assert secret["defaultMode"] == 0o440, f"{path.name}: mount the signing key 0440, not 0644"
+                context = spec["securityContext"]
+                assert context["runAsNonRoot"] and context["fsGroup"], f"{path.name}: read the key through fsGroup"
+    assert found, "no manifest mounts a signing key (deploy/README.md, 'Signing keys', says the warm-up Job does)"

@@ -13,7 +13,7 @@ import msgspec
 from jaxcache.errors import InvalidInputError
 from jaxcache.keyparts import KeyParts, ProgramSignature
 from jaxcache.records import RECORDS_DIR, Fingerprint, Key, Seconds, Sha256, ShortText, Text, decode
-from jaxcache.topology import parse_topology
+from jaxcache.topology import parse_any_topology
 
 SCHEMA = "jaxcache.warmup/1"
 WARMUPS_PREFIX = f"{RECORDS_DIR}/warmups/"
@@ -59,7 +59,7 @@ class WarmupRecord(msgspec.Struct, frozen=True, tag_field="schema", tag=SCHEMA):
 
     def __post_init__(self) -> None:
         # One spelling per topology; InvalidInputError (a ValueError) becomes msgspec's validation error.
-        msgspec.structs.force_setattr(self, "topology", str(parse_topology(self.topology)))
+        msgspec.structs.force_setattr(self, "topology", str(parse_any_topology(self.topology)))
 
     @property
     def name(self) -> str:

@@ -1,11 +1,18 @@
-"""Cluster topologies as JAX's ``jax_mock_gpu_topology`` spells them: ``S x H x D``.
+"""Cluster topologies: ``S x H x D`` as JAX's ``jax_mock_gpu_topology`` spells them, and TPU slices as JAX's
+``get_topology_desc`` names them (``v5e:4x8``).
 
 S slices x H hosts per slice = processes; D devices per process (docs/jax-internals.md). Warm-up fills a cache for a
 topology it is not running on, and run records carry the topology a job ran with, so both share this parser.
+
+A TPU slice's name says its chips, not its hosts, yet the chips per host enter the cache key (so does the torus
+wraparound): :func:`parse_tpu_slice` fills both in from Cloud TPU's standard slice shapes unless told otherwise. Its
+spelling is the name alone when the host bounds are the standard ones (``v5e:4x8``), else the name and the bounds
+(``v5e:2x4@2x4x1``): one spelling per slice, in records and in the service.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -67,3 +74,142 @@ def parse_topology(text: str) -> Topology:
             " D is the GPU count of one node"
         )
     return topology
+
+
+# Chips along each axis that each generation makes, and the torus wraparound of the standard shapes (Cloud TPU's
+# slice shapes, as MaxText's accelerator_to_spec_map lists them). v4 is left out: its megacore chips show to a
+# compile-only topology as two devices each, and what a real v4 job's devices look like was not checked.
+_LITE_SHAPES: dict[tuple[int, ...], tuple[bool, bool, bool]] = {
+    (1, 1): (False, False, False), (2, 2): (False, False, False), (2, 4): (False, False, False),
+    (4, 4): (False, False, False), (4, 8): (False, False, False), (8, 8): (False, False, False),
+    (8, 16): (False, True, False), (16, 16): (True, True, False),
+}
+GENERATIONS = ("v5e", "v5p", "v6e")
+MAX_V5P_CHIPS = 8960
+_TPU_RE = re.compile(r"(v5e|v5p|v6e):(\d+(?:x\d+)+)(?:@(\d+x\d+(?:x\d+)?))?")
+TPU_FORMS = ("v5e:AxB or v6e:AxB with AxB one of " + ", ".join(f"{a}x{b}" for a, b in _LITE_SHAPES)
+             + "; v5p:AxBxC (2x2x1, 2x2x2, 2x2x4, 2x4x4, or multiples of 4 such as 4x4x8);"
+             " optionally @XxYxZ chips per host")
+
+
+@dataclass(frozen=True, slots=True)
+class TpuSlice:
+    """One TPU slice: ``shape`` chips along each axis, ``chips_per_host`` (3 axes) on each host; each chip is one
+    JAX device (v5e, v6e: one TensorCore; v5p: megacore)."""
+
+    generation: str
+    shape: tuple[int, ...]
+    chips_per_host: tuple[int, int, int]
+    wrap: tuple[bool, bool, bool]
+
+    @property
+    def name(self) -> str:
+        """The name JAX's ``get_topology_desc(topology_name=...)`` takes."""
+        return f"{self.generation}:{'x'.join(map(str, self.shape))}"
+
+    @property
+    def chips(self) -> int:
+        """Chips (JAX devices) in the slice."""
+        return math.prod(self.shape)
+
+    @property
+    def hosts(self) -> int:
+        """Hosts of the slice: one JAX process each."""
+        return self.chips // math.prod(self.chips_per_host)
+
+    @property
+    def slices(self) -> int:
+        return 1
+
+    @property
+    def processes(self) -> int:
+        """How many processes the job runs (JAX's ``process_count()``)."""
+        return self.hosts
+
+    @property
+    def devices(self) -> int:
+        """Devices per process (chips per host)."""
+        return math.prod(self.chips_per_host)
+
+    @property
+    def global_devices(self) -> int:
+        """Devices across the whole job: every chip of the slice."""
+        return self.chips
+
+    @property
+    def standard_hosts(self) -> tuple[int, int, int]:
+        """The chips per host of Cloud TPU's standard slice of this shape."""
+        return standard_chips_per_host(self.generation, self.shape)
+
+    def __str__(self) -> str:
+        if self.chips_per_host == self.standard_hosts:
+            return self.name
+        return f"{self.name}@{'x'.join(map(str, self.chips_per_host))}"
+
+
+AnyTopology = Topology | TpuSlice
+
+
+def standard_chips_per_host(generation: str, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """Cloud TPU's standard host bounds: a single chip is its own host; every other slice has 2x2 chips a host."""
+    return (1, 1, 1) if math.prod(shape) == 1 else (2, 2, 1)
+
+
+def is_tpu_name(text: str) -> bool:
+    """Whether ``text`` is spelled like a TPU slice (``gen:AxB``) rather than ``SxHxD``."""
+    return isinstance(text, str) and ":" in text
+
+
+def parse_tpu_slice(text: str, chips_per_host: str | None = None) -> TpuSlice:
+    """Parse ``v5e:4x8`` (or ``v5e:2x4@2x4x1``); ``chips_per_host`` (``2x4`` or ``2x4x1``) overrides the standard
+    bounds. Raises :class:`InvalidInputError` naming the valid forms."""
+    form = f"TPU topologies are {TPU_FORMS}"
+    if isinstance(text, str) and text.strip().lower().startswith("v4:"):
+        raise InvalidInputError(f"topology {text!r}: v4 is not supported yet (its megacore chips show to a"
+                                f" compile-only topology as two devices each, unchecked against a real v4 job); {form}")
+    match = _TPU_RE.fullmatch(text.strip().lower()) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidInputError(f"topology {text!r} is not a TPU slice name: {form}")
+    generation, dims_text, at = match.groups()
+    shape = tuple(int(d) for d in dims_text.split("x"))
+    lite = generation in ("v5e", "v6e")
+    if lite and shape not in _LITE_SHAPES:
+        raise InvalidInputError(f"topology {text!r}: {generation} makes no {dims_text} slice; {form}")
+    if not lite and not _v5p_shape_ok(shape):
+        raise InvalidInputError(f"topology {text!r}: v5p makes no {dims_text} slice; {form}")
+    if chips_per_host is not None and at is not None and chips_per_host != at:
+        raise InvalidInputError(f"topology {text!r} names chips per host @{at}, --chips-per-host says {chips_per_host}")
+    bounds_text = chips_per_host or at
+    bounds = _host_bounds(text, bounds_text, shape) if bounds_text else standard_chips_per_host(generation, shape)
+    wrap = _LITE_SHAPES[shape] if lite else _v5p_wrap(shape)
+    return TpuSlice(generation, shape, bounds, wrap)
+
+
+def parse_any_topology(text: str) -> AnyTopology:
+    """``SxHxD`` or a TPU slice name, each in its one spelling."""
+    return parse_tpu_slice(text) if is_tpu_name(text) else parse_topology(text)
+
+
+def _v5p_shape_ok(shape: tuple[int, ...]) -> bool:
+    if len(shape) != 3 or any(d < 1 for d in shape) or math.prod(shape) > MAX_V5P_CHIPS:
+        return False
+    return shape in ((2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4)) or (
+        all(d % 4 == 0 for d in shape) and list(shape) == sorted(shape))
+
+
+def _v5p_wrap(shape: tuple[int, ...]) -> tuple[bool, bool, bool]:
+    full = all(d % 4 == 0 for d in shape)
+    return (full, full, full)
+
+
+def _host_bounds(text: str, bounds_text: str, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    parts = bounds_text.strip().lower().split("x")
+    if not 2 <= len(parts) <= 3 or not all(p.isascii() and p.isdigit() and int(p) >= 1 for p in parts):
+        raise InvalidInputError(f"chips per host {bounds_text!r}: write it as XxY or XxYxZ, positive integers,"
+                                " e.g. 2x2 (4 chips a host)")
+    bounds = tuple(int(p) for p in parts) + (1,) * (3 - len(parts))
+    full = shape + (1,) * (3 - len(shape))
+    if any(s % b for s, b in zip(full, bounds, strict=True)):
+        raise InvalidInputError(f"topology {text!r}: {'x'.join(map(str, shape))} chips do not divide into hosts of"
+                                f" {'x'.join(map(str, bounds))} chips")
+    return bounds  # type: ignore[return-value]

@@ -13,14 +13,15 @@ from typing import Any
 
 from jaxcache.client import check_cache_dir, current_session
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, WarmupRecord
-from jaxcache.errors import JaxcacheError
+from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import WARMUP_VERIFY, KeyUsage
 from jaxcache.storage import is_gcs_url, open_storage
 from jaxcache.table import render
-from jaxcache.topology import parse_topology
+from jaxcache.topology import TpuSlice, parse_topology, parse_tpu_slice
 from jaxcache.units import format_bytes
 from jaxcache.warmup import devices as dev
 from jaxcache.warmup import target as tgt
+from jaxcache.warmup import tpu
 from jaxcache.warmup.check import BundleRoot, bundle_root, check_summary, check_text
 from jaxcache.warmup.runner import WarmupConfig, explain_nothing_compiled, run_warmup
 from jaxcache.warmup.verify import VERIFY_TIMEOUT_S, verify
@@ -37,6 +38,13 @@ entries only serve nodes with the same GPU model and count; JAX mocks the S x H 
 (jax_mock_gpu_topology). CPU: only 1x1xD (JAX hashes per-process CPU device ids into keys, so multi-process
 CPU jobs never hit pre-filled entries); D becomes jax_num_cpu_devices.
 
+TPU: TOPOLOGY is a slice as JAX names it (v5e:2x2, v5e:4x8, v5p:2x2x2, v6e:4x4), compiled on any x86-64
+Linux machine with libtpu and no chip (pip install 'jaxcache-warmup[tpu]'). The chips per host enter the key:
+the default is Cloud TPU's standard shape (1x1 for a single chip, else 2x2 a host), --chips-per-host
+overrides. The target job's flags enter the key too: give them (--libtpu-init-args, --target-xla-flags) or
+take them from the job's run records (--flags-from-job). The entrypoint's ctx.devices() are the slice's
+chips; a --script is refused (its jax.devices() would be this host's CPUs).
+
 The cache is configured through jaxcache.client exactly as jobs configure it (same key hygiene), with
 thresholds that store every program. A coverage record goes to <cache>/.jaxcache/warmups/<id>.json; the run
 records say they are a warm-up's, so the service and `jaxcache prune` keep them out of jobs' hit rates."""
@@ -46,6 +54,8 @@ examples:
   warmup --topology 4x8x1 --cache-dir gs://bucket/jax-cache --entrypoint myjob.warm:programs --verify
   warmup --topology 1x1x4 --platform cpu --cache-dir /mnt/cache --entrypoint jaxcache.warmup.examples:warm
   warmup --topology 1x1x8 --cache-dir /mnt/cache --script train.py -- --steps 1
+  warmup --platform tpu --topology v5e:4x8 --cache-dir gs://bucket/jax-cache --entrypoint myjob.warm:programs \
+      --flags-from-job pretrain
 
   warmup --topology 4x8x1 --cache-dir gs://bucket/jax-cache --entrypoint myjob.warm:programs --check
   warmup --topology 4x8x1 --cache-dir train.bundle --entrypoint myjob.warm:programs --check
@@ -59,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (the README shows its --help)."""
     p = argparse.ArgumentParser(prog="warmup", description=_DESCRIPTION, epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--topology", required=True, metavar="SxHxD", help="target cluster, e.g. 4x8x1")
+    p.add_argument("--topology", required=True, metavar="SxHxD|TPU",
+                   help="target cluster, e.g. 4x8x1, or a TPU slice, e.g. v5e:4x8 (implies --platform tpu)")
     p.add_argument("--cache-dir", required=True, metavar="URL",
                    help="cache root: a directory or gs://bucket/prefix; with --check also a bundle file (`jaxcache"
                         " bundle export`), checked and imported into a temporary directory the check then reads")
@@ -68,7 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--script", metavar="path.py",
                    help="a training script run as __main__ (only its compiles count; its own enable_cache() call"
                         " gets the warm-up's cache settings)")
-    p.add_argument("--platform", choices=dev.PLATFORMS, help="default: gpu when JAX sees GPUs here, else cpu")
+    p.add_argument("--platform", choices=dev.PLATFORMS,
+                   help="default: tpu for a slice name, gpu when JAX sees GPUs here, else cpu")
+    p.add_argument("--chips-per-host", metavar="XxY[xZ]",
+                   help="TPU: chips on each host of the slice (enters the key); default: Cloud TPU's standard shape")
+    p.add_argument("--libtpu-init-args", metavar="FLAGS",
+                   help="TPU: the job's LIBTPU_INIT_ARGS, written with '=', e.g."
+                        " --libtpu-init-args='--xla_tpu_use_enhanced_launch_barrier=true'"
+                        " (replaces this machine's; enters the key)")
+    p.add_argument("--target-xla-flags", metavar="FLAGS",
+                   help="TPU: the job's XLA_FLAGS, written with '=' (replaces this machine's; enters the key)")
+    p.add_argument("--flags-from-job", metavar="JOB",
+                   help="TPU: take the flags JAX hashed from JOB's newest run record in the cache (recorded with"
+                        " key parts on), libtpu's to LIBTPU_INIT_ARGS, the rest to XLA_FLAGS")
     p.add_argument("--job", default="warmup", help="job name in the coverage and run records (default: warmup)")
     p.add_argument("--trust", choices=("strict", "warn", "off"), default="strict",
                    help="refuse a cache directory others can write (strict, default), warn, or skip the check")
@@ -128,16 +151,42 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
+    requested = dev.platform_for(args.topology, args.platform)
+    if requested == "tpu":
+        return _validate_tpu(args, script_args)
+    if args.chips_per_host or args.libtpu_init_args or args.target_xla_flags or args.flags_from_job:
+        raise InvalidInputError("--chips-per-host, --libtpu-init-args, --target-xla-flags and --flags-from-job are"
+                                " for --platform tpu")
     topology = parse_topology(args.topology)
     target = tgt.make_target(args.entrypoint, args.script, script_args)
     cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
-    gpus = dev.probe_gpus() if args.platform in (None, "gpu") else None
-    platform = args.platform or dev.default_platform(gpus)  # type: ignore[arg-type]
+    gpus = dev.probe_gpus() if requested in (None, "gpu") else None
+    platform = requested or dev.default_platform(gpus)  # type: ignore[arg-type]
     plan = dev.plan_backend(topology, platform, gpus)
     storage = open_storage(cache_dir, must_exist=False)
     if is_gcs_url(cache_dir):
         storage.ping()  # an unreachable bucket should fail here, not after an hour of compiling
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust)
+
+
+def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
+    slice_ = parse_tpu_slice(args.topology, args.chips_per_host)
+    if args.script:
+        raise InvalidInputError("--script cannot warm up a TPU slice: a script's jax.devices() are this host's CPUs,"
+                                " not the slice's chips; give an --entrypoint, which gets them from ctx.devices()")
+    target = tgt.make_target(args.entrypoint, args.script, script_args)
+    cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
+    storage = open_storage(cache_dir, must_exist=False)
+    if is_gcs_url(cache_dir):
+        storage.ping()
+    explicit = tpu.explicit_flags(args.target_xla_flags, args.libtpu_init_args)
+    if explicit is not None and args.flags_from_job:
+        raise InvalidInputError("give the target's flags either explicitly or with --flags-from-job, not both")
+    flags = tpu.flags_from_job(storage, args.flags_from_job) if args.flags_from_job else explicit
+    # --check on a node of the slice looks up with its own chips; elsewhere libtpu describes them.
+    plan = dev.plan_backend(slice_, "tpu", None, attached=bool(args.check) and tpu.chips_here())
+    return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust, flags=flags,
+                        chips_per_host_default=slice_.chips_per_host == slice_.standard_hosts)
 
 
 def _check(config: WarmupConfig, args: argparse.Namespace, bundle: BundleRoot | None) -> int:
@@ -175,6 +224,14 @@ def _dry_run(config: WarmupConfig, args: argparse.Namespace) -> int:
         "gpu_model": config.plan.gpu_model, "cache_dir": config.cache_dir, "job": config.job,
         "target": config.target.label, "jax_settings": config.plan.jax_settings(), "dry_run": True,
     }
+    if isinstance(config.plan.topology, TpuSlice):
+        slice_ = config.plan.topology
+        flags = config.flags or tpu.from_environment()
+        plan.update(chips=slice_.chips, chips_per_host="x".join(map(str, slice_.chips_per_host)),
+                    chips_per_host_default=config.chips_per_host_default, libtpu=tpu.libtpu_version(),
+                    flags=list(flags.all), xla_flags=list(flags.xla_flags),
+                    libtpu_init_args=list(flags.libtpu_init_args), flags_from=flags.source,
+                    attached=config.plan.attached)
     if args.json:
         print(json.dumps(plan, sort_keys=True))
     else:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxcache.errors import InvalidInputError
-from jaxcache.topology import Topology
+from jaxcache.topology import AnyTopology
 
 
 @dataclass
@@ -21,19 +21,27 @@ class WarmupContext:
             mesh = ctx.mesh(("data",))
             x = ctx.abstract((ctx.global_devices * 32, 1024), "float32", ("data", None), mesh)
             jax.jit(step).lower(params, x).compile()
+
+
+    On TPU, ``topology`` is the slice (a :class:`jaxcache.topology.TpuSlice`: ``.name``, ``.chips``, ``.hosts``,
+    ``.chips_per_host``), ``global_devices`` its chip count, and :meth:`devices` the slice's chips in the order a
+    job on it sees ``jax.devices()``: compile-only devices that libtpu describes, on a machine without chips.
     """
 
-    topology: Topology
+    topology: AnyTopology
     platform: str
     gpu_model: str | None = None
+    slice_devices: list[Any] | None = None  # TPU: the slice's devices (this process's own are its CPU)
 
     @property
     def global_devices(self) -> int:
-        """Devices across the whole target job (S x H x D)."""
+        """Devices across the whole target job (S x H x D; a TPU slice's chips)."""
         return self.topology.global_devices
 
     def devices(self) -> list[Any]:
-        """The job's global devices, as JAX sees them under the mocked topology."""
+        """The job's global devices, as JAX sees them under the mocked topology (a TPU slice's chips)."""
+        if self.slice_devices is not None:
+            return list(self.slice_devices)
         import jax
 
         return jax.devices()

@@ -7,6 +7,9 @@ environment variable, so the local GPUs are counted in a short probe subprocess,
 
 On CPU, a multi-process job's keys differ per process (device ids are hashed), so only S x H = 1 can be
 pre-filled; D becomes ``jax_num_cpu_devices``.
+
+On TPU (a slice name such as ``v5e:4x8``), libtpu describes the slice's chips without any being here
+(``jax.experimental.topologies``); this process's own backend stays on CPU (jaxcache.warmup.tpu).
 """
 
 from __future__ import annotations
@@ -18,20 +21,24 @@ import sys
 from dataclasses import dataclass
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
-from jaxcache.topology import Topology
+from jaxcache.topology import AnyTopology, TpuSlice, is_tpu_name
 
-PLATFORMS = ("gpu", "cpu")
+PLATFORMS = ("gpu", "cpu", "tpu")
 PROBE_TIMEOUT_S = 120
 
 _PROBE = """
 import json, sys
+def tried():
+    from jax._src import xla_bridge as xb  # which backends JAX started or tried to: libtpu must not be one
+    return sorted(set(getattr(xb, "_backends", {})) | set(getattr(xb, "_backend_errors", {})))
 try:
     import jax
     devices = jax.devices("gpu")
 except Exception as exc:  # no GPU backend: jaxlib without CUDA, no driver, no device
-    print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+    print(json.dumps({"error": f"{type(exc).__name__}: {exc}", "tried": tried()}))
     sys.exit(0)
-print(json.dumps({"devices": [d.device_kind for d in devices if d.process_index == jax.process_index()]}))
+print(json.dumps({"devices": [d.device_kind for d in devices if d.process_index == jax.process_index()],
+                  "tried": tried()}))
 """
 
 
@@ -45,6 +52,7 @@ class LocalGpus:
 
     kinds: tuple[str, ...] = ()
     error: str | None = None
+    tried: tuple[str, ...] = ()  # the backends the probe's JAX started or tried to start
 
     @property
     def count(self) -> int:
@@ -57,11 +65,14 @@ class BackendPlan:
     """How to configure JAX for the warm-up, before its backend starts."""
 
     platform: str
-    topology: Topology
+    topology: AnyTopology
     gpu_model: str | None = None
+    attached: bool = False  # TPU: this host's own chips (a node of the slice), not a compile-only description
 
     def jax_settings(self) -> dict[str, object]:
         """Config values to set with ``jax.config.update`` before anything initializes the backend."""
+        if self.platform == "tpu":
+            return {} if self.attached else {"jax_platforms": "cpu"}
         if self.platform == "gpu":
             return {"jax_platforms": "cuda", "jax_mock_gpu_topology": str(self.topology)}
         return {"jax_platforms": "cpu", "jax_num_cpu_devices": self.topology.devices}
@@ -69,7 +80,9 @@ class BackendPlan:
 
 def probe_gpus(python: str = sys.executable) -> LocalGpus:
     """Count this machine's GPUs with JAX in a subprocess, so this process's backend is still unstarted."""
-    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    # Only CUDA's backend: with every platform allowed, an installed libtpu would start too, query the metadata
+    # server and claim this host's TPU chips for the probe's life.
+    env = {**os.environ, "JAX_PLATFORMS": "cuda,cpu"}
     try:
         proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
                               env=env)
@@ -79,9 +92,10 @@ def probe_gpus(python: str = sys.executable) -> LocalGpus:
         data = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         return LocalGpus(error=f"the GPU probe failed: {proc.stderr.strip()[-300:] or 'no output'}")
+    tried = tuple(data.get("tried", ()))
     if "error" in data:
-        return LocalGpus(error=data["error"])
-    return LocalGpus(kinds=tuple(data["devices"]))
+        return LocalGpus(error=data["error"], tried=tried)
+    return LocalGpus(kinds=tuple(data["devices"]), tried=tried)
 
 
 def default_platform(gpus: LocalGpus) -> str:
@@ -89,10 +103,14 @@ def default_platform(gpus: LocalGpus) -> str:
     return "gpu" if gpus.count else "cpu"
 
 
-def plan_backend(topology: Topology, platform: str, gpus: LocalGpus | None) -> BackendPlan:
-    """Check this machine against the topology; raise :class:`WarmupSetupError` stating the rule when it fails."""
+def plan_backend(topology: AnyTopology, platform: str, gpus: LocalGpus | None, *,
+                 attached: bool = False) -> BackendPlan:
+    """Check this machine against the topology; raise :class:`WarmupSetupError` stating the rule when it fails.
+    ``attached`` (TPU only): use this host's chips, as ``--check`` on a node of the slice does."""
     if platform not in PLATFORMS:
-        raise InvalidInputError(f"--platform {platform!r}: use gpu or cpu")
+        raise InvalidInputError(f"--platform {platform!r}: use gpu, cpu or tpu")
+    if platform == "tpu" or isinstance(topology, TpuSlice):
+        return _plan_tpu(topology, platform, attached)
     if platform == "cpu":
         if topology.processes > 1:
             raise WarmupSetupError(
@@ -124,6 +142,23 @@ def plan_backend(topology: Topology, platform: str, gpus: LocalGpus | None) -> B
     return BackendPlan("gpu", topology, gpu_model=models[0])
 
 
+def _plan_tpu(topology: AnyTopology, platform: str, attached: bool) -> BackendPlan:
+    from jaxcache.topology import TPU_FORMS
+    from jaxcache.warmup import tpu
+
+    if not isinstance(topology, TpuSlice):
+        raise InvalidInputError(f"--platform tpu takes a TPU slice name, not {topology}: {TPU_FORMS}")
+    if platform != "tpu":
+        raise InvalidInputError(f"topology {topology} is a TPU slice: use --platform tpu")
+    tpu.require_libtpu()
+    return BackendPlan("tpu", topology, gpu_model=topology.generation, attached=attached)
+
+
+def platform_for(topology_text: str, platform: str | None) -> str | None:
+    """``tpu`` for a slice name given without --platform; else what was given."""
+    return "tpu" if platform is None and is_tpu_name(topology_text) else platform
+
+
 def configure_backend(plan: BackendPlan) -> None:
     """Apply the plan to JAX. Raises if the backend already started (the mock would silently do nothing)."""
     import jax
@@ -132,6 +167,10 @@ def configure_backend(plan: BackendPlan) -> None:
 
     if backend_ready():
         raise WarmupSetupError("JAX's backend started before the warm-up configured it; nothing was compiled")
+    if plan.platform == "tpu" and not plan.attached:
+        from jaxcache.warmup import tpu
+
+        tpu.keep_off_metadata_server()
     for name, value in plan.jax_settings().items():
         jax.config.update(name, value)
 
@@ -140,6 +179,8 @@ def check_started_backend(plan: BackendPlan) -> None:
     """After the backend starts: does JAX see the topology it was asked to mock?"""
     import jax
 
+    if plan.platform == "tpu":
+        return  # the slice's devices are libtpu's description (checked when made); this process's are its CPU
     expected_local, expected_global = plan.topology.devices, plan.topology.global_devices
     local, total = jax.local_device_count(), jax.device_count()
     if (local, total) != (expected_local, expected_global) or jax.process_count() != plan.topology.processes:

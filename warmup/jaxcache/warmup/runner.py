@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import secrets
+import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
 
+import msgspec
+
 from jaxcache.client import CacheAlreadyInitializedError, enable_cache
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, ProgramCoverage, Status, WarmupRecord
+from jaxcache.entry import cache_name
 from jaxcache.errors import JaxcacheError
 from jaxcache.records import HIT, WARMUP, WRITE, KeyUsage, RunKind
-from jaxcache.storage import open_storage
+from jaxcache.storage import Storage, open_storage
+from jaxcache.topology import TpuSlice
+from jaxcache.units import plural
 from jaxcache.warmup import devices as dev
 from jaxcache.warmup import target as tgt
+from jaxcache.warmup import tpu
 from jaxcache.warmup.context import WarmupContext
 
 
@@ -42,6 +50,8 @@ class WarmupConfig:
     job: str
     target: tgt.Target
     trust: str = "strict"
+    flags: tpu.TargetFlags | None = None  # TPU: the target job's flags (None: this machine's own)
+    chips_per_host_default: bool = True  # TPU: the host bounds are the standard ones, not --chips-per-host
 
 
 def status_of(usage: KeyUsage) -> Status:
@@ -69,6 +79,8 @@ def run_warmup(
     still written (it is in the cache either way).
     """
     started = time.time()
+    if config.flags is not None:
+        config.flags.apply()  # before libtpu starts: it reads LIBTPU_INIT_ARGS once
     dev.configure_backend(config.plan)
     # Import the entrypoint before anything touches the cache, so a typo or a broken import writes nothing.
     function = tgt.load(config.target)
@@ -89,21 +101,49 @@ def run_warmup(
     session.claim_process("the warm-up")
     if on_program is not None:
         session.on_program(on_program)
-    context = WarmupContext(config.plan.topology, config.plan.platform, config.plan.gpu_model)
+    slice_ = config.plan.topology if isinstance(config.plan.topology, TpuSlice) else None
+    devices = None
+    if slice_ is not None:
+        devices = tpu.slice_devices(slice_, config.plan.attached)
+        print("what enters every key besides the program:")
+        print("\n".join(tpu.key_inputs(slice_, config.flags or tpu.from_environment(), session.compression,
+                                       config.chips_per_host_default)), flush=True)
+    context = WarmupContext(config.plan.topology, config.plan.platform, config.plan.gpu_model, devices)
     failure: tgt.UserCodeError | None = None
+    # JAX hashes every argument of this process that starts with --xla into the key; the warm-up's own arguments
+    # are not the job's. A script runs with its own.
+    saved_argv = sys.argv
+    sys.argv = sys.argv[:1]
     try:
-        tgt.run(config.target, function, context)
+        with warnings.catch_warnings():
+            if slice_ is not None and not config.plan.attached:
+                # An entry that is there cannot be loaded without a chip: JAX warns and compiles (counted as present).
+                warnings.filterwarnings("ignore", message="Error reading persistent compilation cache entry")
+            tgt.run(config.target, function, context)
     except tgt.UserCodeError as exc:
         failure = exc
+    finally:
+        sys.argv = saved_argv
     session.wait_for_attestations()
     record = session.flush()
     if record.keys and failure is None:
         dev.check_started_backend(config.plan)
+    fingerprint = record.fingerprint
+    if slice_ is not None and devices:
+        # This process's backend is its CPU; the keys are the slice's.
+        fingerprint = msgspec.structs.replace(
+            fingerprint, backend="tpu", device_kind=devices[0].device_kind, device_count=slice_.chips,
+            local_device_count=slice_.devices, process_count=slice_.hosts,
+            platform_version=str(getattr(getattr(devices[0], "client", None), "platform_version", "")) or None)
+    storage = open_storage(config.cache_dir, must_exist=False)
+    compile_only = slice_ is not None and not config.plan.attached
     programs = tuple(
         ProgramCoverage(
-            key=u.key, function=u.function, status=status_of(u), compile_s=u.compile_s, size_bytes=u.size_bytes,
-            reason=u.reason, sha256=u.sha256 if u.event == WRITE else None,
-            parts=u.parts, program=u.program,
+            key=u.key, function=u.function, status=_compile_only_status(u, storage) if compile_only else status_of(u),
+            compile_s=u.compile_s, size_bytes=u.size_bytes,
+            reason=None if compile_only and u.event not in (WRITE, HIT) and storage.exists(cache_name(u.key))
+            else u.reason,
+            sha256=u.sha256 if u.event == WRITE else None, parts=u.parts, program=u.program,
         )
         for u in record.keys
     )
@@ -115,15 +155,22 @@ def run_warmup(
         gpu_model=config.plan.gpu_model,
         started_at=started,
         finished_at=time.time(),
-        fingerprint=record.fingerprint,
+        fingerprint=fingerprint,
         cache_dir=config.cache_dir,
         programs=programs,
     )
     if programs and write_coverage and not check:
-        open_storage(config.cache_dir, must_exist=False).write_atomic(result.name, result.to_json())
+        storage.write_atomic(result.name, result.to_json())
     if failure is not None:
         raise failure
     return result
+
+
+def _compile_only_status(usage: KeyUsage, storage: Storage) -> Status:
+    """On compile-only TPU devices JAX cannot load an entry (no chip to load it on): it compiles again and leaves
+    the entry be. A key whose entry is there is as good as a hit."""
+    status = status_of(usage)
+    return PRESENT if status == NOT_WRITTEN and storage.exists(cache_name(usage.key)) else status
 
 
 def explain_nothing_compiled(record: WarmupRecord, *, unrecognised: int = 0) -> str | None:
@@ -146,10 +193,11 @@ def explain_nothing_compiled(record: WarmupRecord, *, unrecognised: int = 0) -> 
     if written:
         return None
     if present == len(programs):
-        return f"already warm: all {present} programs were in the cache before this run; nothing to write"
+        every = "the 1 program was" if present == 1 else f"all {present} programs were"
+        return f"already warm: {every} in the cache before this run; nothing to write"
     reasons = sorted({p.reason for p in programs if p.status == NOT_WRITTEN and p.reason})
     return (
-        f"thresholds: JAX compiled {len(programs) - present} program(s) but stored none"
+        f"thresholds: JAX compiled {plural(len(programs) - present, 'program')} but stored none"
         + (f" ({'; '.join(reasons)})" if reasons else "")
     )
 

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
+from jaxcache.errors import InvalidInputError
 from jaxcache.service.api import conditional, cursors
 from jaxcache.service.api.deps import (
     ERRORS,
@@ -26,6 +27,7 @@ from jaxcache.service.catalog import queries
 from jaxcache.service.operations import pruning
 from jaxcache.service.state import State
 from jaxcache.service.tasks.pruning import EntryNotDeletedError, PruneInProgressError
+from jaxcache.topology import parse_any_topology
 
 router = APIRouter(tags=["entries"], responses=ERRORS)
 
@@ -44,8 +46,10 @@ async def list_entries(
     job: Annotated[str | None, Query(max_length=200, pattern=TEXT, description="entries this job wrote or hit")] = None,
     jaxlib: Annotated[str | None, Query(max_length=200, pattern=TEXT, description="the first writer's jaxlib version",
                                         examples=["0.12.0"])] = None,
-    topology: Annotated[str | None, Query(max_length=200, pattern=TEXT, description="the first writer's topology",
-                                          examples=["4x8x1"])] = None,
+    topology: Annotated[str | None, Query(max_length=200, pattern=TEXT,
+                                          description="the first writer's topology: SxHxD or a TPU slice (v5e:4x8),"
+                                                      " in any case and spacing",
+                                          examples=["4x8x1", "v5e:4x8"])] = None,
     sort: Literal["size", "compile", "last_used", "created", "name", "hits"] = "name",
     order: Literal["asc", "desc"] = "asc",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -59,7 +63,7 @@ async def list_entries(
     flt = queries.EntryFilter(
         function=function, min_size=min_size, max_size=max_size,
         unused_for_s=duration(unused_for, "unused_for"), older_than_s=duration(older_than, "older_than"),
-        status=status, job=job, jaxlib=jaxlib, topology=topology,
+        status=status, job=job, jaxlib=jaxlib, topology=_spelled(topology),
     )
     at = cursors.to_catalog(cursor, sort) if cursor else None
     clock = unused_for is not None or older_than is not None
@@ -68,6 +72,17 @@ async def list_entries(
     if body is None:
         return conditional.not_modified(tag)
     return Response(body, media_type="application/json", headers=conditional.headers(tag))
+
+
+def _spelled(topology: str | None) -> str | None:
+    """Records keep one spelling per topology (``4x8x1``, ``v5e:4x8``): a filter written otherwise still matches;
+    text that is no topology matches nothing, as before."""
+    if topology is None:
+        return None
+    try:
+        return str(parse_any_topology(topology))
+    except InvalidInputError:
+        return topology
 
 
 def _page(state: State, cache: str, flt: queries.EntryFilter, sort: str, order: str, limit: int, at: str | None,

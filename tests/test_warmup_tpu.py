@@ -1,0 +1,279 @@
+"""`warmup --platform tpu`: slice names, their one spelling in records and the service, bad input, and (with libtpu,
+in the interpreter `make test` builds, JAXCACHE_TPU_PYTHON) real compile-only warm-ups for a TPU slice from this CPU
+machine: what enters the key, the key itself against plain JAX's, re-runs, --check, flags from a job's records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxcache import coverage, records
+from jaxcache.errors import InvalidInputError
+from jaxcache.topology import parse_any_topology, parse_tpu_slice
+from jaxcache.warmup import devices as dev
+
+PROGRAMS = Path(__file__).parent / "programs"
+EXAMPLE = "jaxcache.warmup.examples:warm"
+BARRIER = "--xla_tpu_use_enhanced_launch_barrier=true"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JAXCACHE_", "JAX_COMPILATION_CACHE", "LIBTPU_INIT_ARGS", "XLA_FLAGS", "TPU_"))}
+    env.update(extra)
+    return env
+
+
+def warmup(*args: str, python: str = sys.executable, expect: int | None = 0) -> subprocess.CompletedProcess:
+    proc = subprocess.run([python, "-m", "jaxcache.warmup", *args], capture_output=True, text=True, timeout=300,
+                          cwd=PROGRAMS, env=clean_env())
+    if expect is not None:
+        assert proc.returncode == expect, f"exit {proc.returncode}, expected {expect}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("warmup:")]
+
+
+# --- slice names, without libtpu ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "chips", "hosts", "per_host", "spelling"), [
+    ("v5e:1x1", 1, 1, (1, 1, 1), "v5e:1x1"),
+    ("v5e:2x2", 4, 1, (2, 2, 1), "v5e:2x2"),
+    ("v5e:4x8", 32, 8, (2, 2, 1), "v5e:4x8"),
+    ("V5E:4x8@2x2x1", 32, 8, (2, 2, 1), "v5e:4x8"),
+    ("v5e:2x4@2x4", 8, 1, (2, 4, 1), "v5e:2x4@2x4x1"),
+    ("v5p:2x2x2", 8, 2, (2, 2, 1), "v5p:2x2x2"),
+    ("v6e:4x4", 16, 4, (2, 2, 1), "v6e:4x4"),
+])
+def test_slice_names_and_their_one_spelling(name, chips, hosts, per_host, spelling):
+    s = parse_tpu_slice(name)
+    assert (s.chips, s.hosts, s.chips_per_host, str(s)) == (chips, hosts, per_host, spelling)
+    assert s.global_devices == chips and s.processes == hosts
+    assert str(parse_any_topology(str(s))) == spelling
+
+
+def test_chips_per_host_override_and_wraparound():
+    assert parse_tpu_slice("v5e:2x4", "2x4").chips_per_host == (2, 4, 1)
+    assert parse_tpu_slice("v5e:16x16").wrap == (True, True, False)  # the standard v5e-256 is a torus in two axes
+    with pytest.raises(InvalidInputError, match="do not divide into hosts"):
+        parse_tpu_slice("v5e:2x4", "3x3")
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("v5e:3x3", "v5e makes no 3x3 slice"), ("v5e:4x8x1", "v5e makes no 4x8x1"), ("v5p:3x4x4", "v5p makes no"),
+    ("v4:2x2x1", "v4 is not supported yet"), ("tpu:2x2", "not a TPU slice name"), ("v5e:", "not a TPU slice name"),
+])
+def test_wrong_slice_names_name_the_valid_forms(name, why):
+    with pytest.raises(InvalidInputError, match=why) as info:
+        parse_tpu_slice(name)
+    assert "v5e:AxB or v6e:AxB" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_warmup_records_keep_the_tpu_spelling():
+    fp = records.Fingerprint(jax="0.10.2", jaxlib="0.10.2")
+    record = coverage.WarmupRecord(id="20261205T000000Z-abcd1234", job="w", topology="V5E:4x8@2x2x1",
+                                   platform="tpu", started_at=1.0, finished_at=2.0, fingerprint=fp, cache_dir="/c")
+    assert record.topology == "v5e:4x8"
+    assert coverage.WarmupRecord(id="20261205T000000Z-abcd1234", job="w", topology="1X1X4", platform="cpu",
+                                 started_at=1.0, finished_at=2.0, fingerprint=fp, cache_dir="/c").topology == "1x1x4"
+
+
+def test_tpu_plan_needs_a_slice_name():
+    with pytest.raises(InvalidInputError, match="takes a TPU slice name"):
+        dev.plan_backend(parse_any_topology("1x1x4"), "tpu", None)
+    with pytest.raises(InvalidInputError, match="use --platform tpu"):
+        dev.plan_backend(parse_tpu_slice("v5e:2x2"), "cpu", None)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--topology", "v5e:3x3"], "v5e makes no 3x3 slice"),
+    (["--platform", "tpu", "--topology", "4x8x1"], "is not a TPU slice name"),
+    (["--platform", "cpu", "--topology", "1x1x1", "--chips-per-host", "2x2"], "are for --platform tpu"),
+    (["--topology", "v5e:2x2", f"--libtpu-init-args={BARRIER}", "--flags-from-job", "j"], "not both"),
+])
+def test_bad_tpu_input_exit_2_one_line_nothing_written(tmp_path, args, message):
+    cache = tmp_path / "c"
+    proc = warmup(*args, "--cache-dir", str(cache), "--entrypoint", EXAMPLE, expect=2)
+    lines = error_lines(proc)
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not cache.exists() or not any(cache.rglob("*-cache"))
+
+
+def test_script_refused_for_a_slice(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n")
+    proc = warmup("--platform", "tpu", "--topology", "v5e:2x2", "--cache-dir", str(tmp_path / "c"), "--script",
+                  str(script), expect=2)
+    lines = error_lines(proc)
+    assert len(lines) == 1 and "this host's CPUs" in lines[0] and "never runs" not in proc.stdout
+
+
+def test_without_libtpu_one_line_says_how_to_install(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is not None:
+        pytest.skip("libtpu is installed in this interpreter")
+    proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(tmp_path / "c"), "--entrypoint", EXAMPLE, expect=2)
+    lines = error_lines(proc)
+    assert len(lines) == 1 and "pip install 'jaxcache-warmup[tpu]'" in lines[0], proc.stderr
+
+
+# --- real compile-only warm-ups, with libtpu ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tpu_python() -> str:
+    python = os.environ.get("JAXCACHE_TPU_PYTHON", "")
+    if not python or not os.path.exists(python):
+        pytest.skip("no interpreter with libtpu: JAXCACHE_TPU_PYTHON is unset or missing (`make test` builds"
+                    " .venv-tpu, pip install 'jaxcache-warmup[tpu]'; it needs the 213 MB libtpu wheel)")
+    return python
+
+
+@pytest.fixture(scope="session")
+def warmed(tpu_python, tmp_path_factory) -> dict:
+    """One warm-up of the example for v5e:2x2 with the lent chip's flag, shared by the tests below."""
+    cache = tmp_path_factory.mktemp("tpu") / "cache"
+    proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE, "--job", "tpu-warm",
+                  f"--libtpu-init-args={BARRIER}", python=tpu_python)
+    return {"cache": cache, "proc": proc}
+
+
+def test_tpu_warmup_prints_what_enters_the_key_and_records_the_slice(warmed):
+    out = warmed["proc"].stdout
+    assert "v5e:2x2: 4 chips, 1 host(s) of 2x2x1 (Cloud TPU's standard shape" in out
+    assert f"LIBTPU_INIT_ARGS {BARRIER}" in out and "XLA_FLAGS        (unset)" in out
+    assert "libtpu          0.0.42" in out and "compression     zstandard" in out
+    [name] = (warmed["cache"] / ".jaxcache" / "warmups").iterdir()
+    data = json.loads(name.read_text())
+    assert data["topology"] == "v5e:2x2" and data["platform"] == "tpu"
+    fp = data["fingerprint"]
+    assert (fp["backend"], fp["device_kind"], fp["device_count"], fp["process_count"]) == ("tpu", "TPU v5 lite", 4, 1)
+    assert fp["xla_flags"] == [BARRIER]
+    assert [p["status"] for p in data["programs"]] == ["written"]
+
+
+def test_tpu_key_is_plain_jaxs_with_the_jobs_flags(warmed, tpu_python, tmp_path):
+    """A job that sets LIBTPU_INIT_ARGS itself computes the same key as the warm-up given --libtpu-init-args."""
+    code = """
+import os, sys
+os.environ.update(TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost", JAX_PLATFORMS="cpu")
+import jax
+from jax.experimental import topologies
+for name, value in (("jax_compilation_cache_dir", sys.argv[1]), ("jax_persistent_cache_min_compile_time_secs", 0),
+                    ("jax_persistent_cache_min_entry_size_bytes", -1),
+                    ("jax_persistent_cache_enable_xla_caches", "none")):
+    jax.config.update(name, value)
+from jaxcache.topology import parse_tpu_slice
+from jaxcache.warmup import examples
+from jaxcache.warmup.context import WarmupContext
+s = parse_tpu_slice("v5e:2x2")
+devices = topologies.get_topology_desc(topology_name=s.name, platform="tpu", chips_per_host_bounds=(2, 2, 1)).devices
+examples.warm(WarmupContext(s, "tpu", None, list(devices)))
+"""
+    plain = tmp_path / "plain"
+    env = clean_env(LIBTPU_INIT_ARGS=BARRIER)
+    proc = subprocess.run([tpu_python, "-c", code, str(plain)], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    theirs = {p.name for p in plain.iterdir() if p.name.endswith("-cache")}
+    ours = {p.name for p in warmed["cache"].iterdir() if p.name.endswith("-cache")}
+    assert theirs and theirs == ours
+
+
+def test_tpu_rerun_is_already_warm_without_load_warnings(warmed, tpu_python):
+    cache = str(warmed["cache"])
+    proc = warmup("--topology", "v5e:2x2", "--cache-dir", cache, "--entrypoint", EXAMPLE, "--json",
+                  f"--libtpu-init-args={BARRIER}", python=tpu_python, expect=1)
+    summary = json.loads(proc.stdout)
+    assert (summary["written"], summary["already_warm"]) == (0, summary["programs"])
+    assert "already warm" in proc.stderr and "Error reading persistent compilation cache entry" not in proc.stderr
+
+
+def test_tpu_verify_loads_in_a_fresh_process_while_the_warmup_runs(tpu_python, tmp_path):
+    """--verify's process starts libtpu while the warm-up's still holds it: libtpu's one-process lock (for a chip
+    this machine does not have) must not stop it."""
+    proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(tmp_path / "c"), "--entrypoint", EXAMPLE, "--verify",
+                  "--json", python=tpu_python)
+    assert json.loads(proc.stdout)["verify"]["ok"] is True, proc.stderr[-2000:]
+
+
+def test_tpu_check_hits_and_explains_other_flags(warmed, tpu_python):
+    cache = str(warmed["cache"])
+    ok = warmup("--topology", "v5e:2x2", "--cache-dir", cache, "--entrypoint", EXAMPLE, "--check", "--json",
+                f"--libtpu-init-args={BARRIER}", python=tpu_python)
+    s = json.loads(ok.stdout)
+    assert s["programs"] and s["hits"] == s["programs"] and s["topology"] == "v5e:2x2"
+    miss = warmup("--topology", "v5e:2x2", "--cache-dir", cache, "--entrypoint", EXAMPLE, "--check", "--json",
+                  python=tpu_python, expect=1)
+    s = json.loads(miss.stdout)
+    assert s["hits"] == 0 and s["misses"] and all(m["function"] for m in s["misses"])
+
+
+def test_flags_from_a_jobs_run_record(warmed, tpu_python, tmp_path):
+    cache = tmp_path / "c"
+    now = time.time()
+
+    def record(job: str, run_id: str, flags: tuple[str, ...] | None) -> None:
+        fp = records.Fingerprint(jax="0.10.2", jaxlib="0.10.2", backend="tpu", xla_flags=flags)
+        rec = records.RunRecord(job=job, run_id=run_id, process_index=0, process_count=1, host="h", started_at=now,
+                                updated_at=now, fingerprint=fp)
+        path = cache / rec.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rec.to_json())
+
+    record("pretrain", "r1", (BARRIER, "--xla_dump_hlo_as_text"))
+    record("nokeyparts", "r2", None)
+    proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE, "--dry-run", "--json",
+                  "--flags-from-job", "pretrain", python=tpu_python)
+    plan = json.loads(proc.stdout)
+    assert plan["libtpu_init_args"] == [BARRIER] and plan["xla_flags"] == ["--xla_dump_hlo_as_text"]
+    assert plan["flags_from"] == "run r1 of job 'pretrain'" and plan["chips_per_host"] == "2x2x1"
+    for job, why in (("nokeyparts", "lists the flags JAX hashed"), ("nobody", "has no run record")):
+        bad = warmup("--topology", "v5e:2x2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE, "--dry-run",
+                     "--flags-from-job", job, python=tpu_python, expect=2)
+        lines = error_lines(bad)
+        assert len(lines) == 1 and why in lines[0] and "--libtpu-init-args" in lines[0], bad.stderr
+
+
+def test_single_chip_has_its_own_host_bounds(tpu_python, tmp_path):
+    proc = warmup("--topology", "v5e:1x1", "--cache-dir", str(tmp_path / "c"), "--entrypoint", EXAMPLE, "--json",
+                  python=tpu_python)
+    assert json.loads(proc.stdout)["written"] == 1
+    assert "1 chips, 1 host(s) of 1x1x1" in proc.stderr  # with --json, what is printed goes to stderr
+
+
+def test_gpu_probe_leaves_libtpu_alone(tpu_python):
+    """With libtpu installed, a probe that allowed every platform would start it (a metadata server query, this
+    host's chips claimed): the probe asks for CUDA's backend only."""
+    gpus = dev.probe_gpus(python=tpu_python)
+    assert gpus.count == 0 and gpus.error, gpus
+    assert "tpu" not in gpus.tried and "cpu" in gpus.tried, gpus
+
+
+def test_service_lists_and_filters_tpu_spellings(warmed, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from jaxcache.service.app import create_app
+    from jaxcache.service.settings import ServiceSettings
+
+    app = create_app(ServiceSettings(caches={"c": str(warmed["cache"])}, db=f"sqlite:///{tmp_path / 'cat.sqlite'}",
+                                     insecure_no_auth=True))
+    with TestClient(app) as client:
+        assert client.post("/v1/caches/c/rescan").status_code == 200
+        listed = client.get("/v1/caches/c/warmups").json()["warmups"]
+        assert [(w["topology"], w["platform"]) for w in listed] == [("v5e:2x2", "tpu")]
+        keys = {p.name.rsplit("-", 1)[0].rsplit("-", 1)[1] for p in warmed["cache"].iterdir()
+                if p.name.endswith("-cache")}
+        for spelling in ("v5e:2x2", "V5E:2x2@2x2x1"):
+            got = client.get(f"/v1/caches/c/entries?topology={spelling}").json()["entries"]
+            assert {e["key"].rsplit("-", 1)[-1] for e in got} == keys, spelling
+        assert client.get("/v1/caches/c/entries?topology=1x1x4").json()["entries"] == []

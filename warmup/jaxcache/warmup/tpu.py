@@ -1,0 +1,189 @@
+"""Warming a TPU slice's cache from a machine without chips: libtpu describes the slice, JAX compiles for it.
+
+``jax.experimental.topologies.get_topology_desc`` gives compile-only devices for a named slice; programs compiled
+against them go through JAX's persistent cache like any other. What else enters the key must be the job's: the libtpu
+build, the flags (XLA_FLAGS, LIBTPU_INIT_ARGS and ``--xla`` arguments, which JAX sorts and hashes as one list), the
+compression library, and the host bounds and wraparound of the slice (docs/jax-internals.md).
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import importlib.util
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jaxcache.errors import InvalidInputError, JaxcacheError
+from jaxcache.records import RUNS_PREFIX, RunRecord, parse
+from jaxcache.storage import Storage
+from jaxcache.topology import TpuSlice
+
+# JAX's device_kind for each generation: an attached chip of another kind is not the slice asked for.
+DEVICE_KINDS = {"v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite"}
+# Flags only libtpu knows: in XLA_FLAGS they would abort this process's own XLA ("Unknown flag in XLA_FLAGS").
+_LIBTPU_PREFIXES = ("--xla_tpu", "--xla_jf", "--xla_sc", "--xla_mosaic", "--xla_enable_async", "--megascale",
+                    "--tpu")
+
+
+class TpuSetupError(JaxcacheError):
+    """This machine cannot warm up the slice: libtpu missing, or the attached chips are not the slice."""
+
+
+def require_libtpu() -> None:
+    """Raise, in one line saying how to install it, when libtpu is not importable here."""
+    if importlib.util.find_spec("libtpu") is None:
+        try:
+            jax = importlib.metadata.version("jax")
+        except importlib.metadata.PackageNotFoundError:
+            jax = "X"
+        raise TpuSetupError(
+            "--platform tpu needs libtpu, the TPU compiler, which is not installed here: pip install"
+            f" 'jaxcache-warmup[tpu]' (the libtpu that jax[tpu]=={jax} pins; no chip needed)"
+        )
+
+
+def libtpu_version() -> str | None:
+    """The installed libtpu's version: its build enters every key (through the platform version)."""
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def chips_here() -> bool:
+    """Whether this host has TPU chips (their device files): ``--check`` then looks up with the real ones."""
+    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def keep_off_metadata_server() -> None:
+    """Keep libtpu from asking a metadata server about a TPU this host does not have, and JAX's own backend on
+    CPU; an explicit setting of the TPU variables is left alone. With no chip to share, libtpu's one-process lock
+    would only stop --verify's process (and parallel warm-ups) while this one runs."""
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def slice_devices(slice_: TpuSlice, attached: bool) -> list[Any]:
+    """The slice's devices, as its job sees them (``jax.devices()`` there): compile-only ones from libtpu, or
+    with ``attached`` this host's chips, checked to be that slice."""
+    import jax
+
+    if attached:
+        devices = list(jax.devices())
+        kinds = {d.device_kind for d in devices}
+        want = DEVICE_KINDS[slice_.generation]
+        if kinds != {want} or len(devices) != slice_.chips:
+            raise TpuSetupError(
+                f"this host's JAX sees {len(devices)} device(s) of kind {', '.join(sorted(kinds)) or 'none'}, not"
+                f" the {slice_.chips} {want} chips of {slice_}: run --check on a node of that slice"
+            )
+        return devices
+    from jax.experimental import topologies
+
+    try:
+        desc = topologies.get_topology_desc(topology_name=slice_.name, platform="tpu",
+                                            chips_per_host_bounds=slice_.chips_per_host, wrap=slice_.wrap)
+    except Exception as exc:  # noqa: BLE001 - libtpu's refusal, in its own words, as one line
+        raise TpuSetupError(f"libtpu cannot describe {slice_}: {str(exc).splitlines()[0]}") from None
+    return list(desc.devices)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetFlags:
+    """The target job's flags, each where libtpu or XLA reads it, and where they came from."""
+
+    xla_flags: tuple[str, ...] = ()
+    libtpu_init_args: tuple[str, ...] = ()
+    source: str = "this machine's environment"
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """Every flag as JAX hashes them: one sorted list."""
+        return tuple(sorted(self.xla_flags + self.libtpu_init_args))
+
+    def apply(self) -> None:
+        """Replace this machine's XLA_FLAGS and LIBTPU_INIT_ARGS with the target's."""
+        for name, values in (("XLA_FLAGS", self.xla_flags), ("LIBTPU_INIT_ARGS", self.libtpu_init_args)):
+            if values:
+                os.environ[name] = " ".join(values)
+            else:
+                os.environ.pop(name, None)
+
+
+def split_flags(flags: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(XLA_FLAGS, LIBTPU_INIT_ARGS)``: libtpu's own flags (``--xla_tpu*`` and the like, anything not
+    ``--xla_``) to LIBTPU_INIT_ARGS, the rest to XLA_FLAGS. JAX hashes both as one sorted list, so where a flag
+    goes changes what reads it, never the key."""
+    xla: list[str] = []
+    libtpu: list[str] = []
+    for flag in flags:
+        (libtpu if flag.startswith(_LIBTPU_PREFIXES) or not flag.startswith("--xla_") else xla).append(flag)
+    return tuple(xla), tuple(libtpu)
+
+
+def explicit_flags(xla_flags: str | None, libtpu_init_args: str | None) -> TargetFlags | None:
+    """``--target-xla-flags`` and ``--libtpu-init-args`` as given (None when neither was)."""
+    if xla_flags is None and libtpu_init_args is None:
+        return None
+    xla = tuple((xla_flags or "").split())
+    bad = [f for f in xla if f.startswith(_LIBTPU_PREFIXES)]
+    if bad:
+        raise InvalidInputError(f"--target-xla-flags {bad[0]}: a libtpu flag, which this process's XLA would refuse;"
+                                " give it in --libtpu-init-args")
+    return TargetFlags(xla, tuple((libtpu_init_args or "").split()), source="--target-xla-flags/--libtpu-init-args")
+
+
+def flags_from_job(storage: Storage, job: str) -> TargetFlags:
+    """The flags JAX hashed in the newest run record of ``job`` that says (key parts on), split as
+    :func:`split_flags` does. Raises :class:`InvalidInputError` saying why a record cannot supply them."""
+    newest: RunRecord | None = None
+    seen = 0
+    for item in storage.iter_objects(RUNS_PREFIX, recursive=True):
+        if not item.name.endswith(".json"):
+            continue
+        data = storage.read(item.name)
+        if data is None:
+            continue
+        try:
+            record = parse(data)
+        except Exception:  # noqa: BLE001, S112 - a malformed record is not this job's answer
+            continue
+        if record.job != job:
+            continue
+        seen += 1
+        if record.fingerprint.xla_flags is not None and (newest is None or record.updated_at > newest.updated_at):
+            newest = record
+    if newest is None:
+        why = (f"none of its {seen} run record(s) lists the flags JAX hashed (they are recorded only with key parts"
+               " on, JAXCACHE_KEY_PARTS)" if seen else "it has no run record in this cache")
+        raise InvalidInputError(f"--flags-from-job {job!r}: {why}; give the job's flags with --libtpu-init-args and"
+                                " --target-xla-flags instead")
+    xla, libtpu = split_flags(newest.fingerprint.xla_flags or ())
+    return TargetFlags(xla, libtpu, source=f"run {newest.run_id} of job {job!r}")
+
+
+def from_environment() -> TargetFlags:
+    """This machine's own XLA_FLAGS and LIBTPU_INIT_ARGS (used when no target flags were given)."""
+    return TargetFlags(tuple(os.environ.get("XLA_FLAGS", "").split()),
+                       tuple(os.environ.get("LIBTPU_INIT_ARGS", "").split()))
+
+
+def key_inputs(slice_: TpuSlice, flags: TargetFlags, compression: str, chips_per_host_default: bool) -> list[str]:
+    """What enters every key besides the program, as lines to print before compiling."""
+    bounds = "x".join(map(str, slice_.chips_per_host))
+    how = "Cloud TPU's standard shape; --chips-per-host overrides" if chips_per_host_default else "as given"
+    wrap = ",".join(a for a, w in zip("xyz", slice_.wrap, strict=True) if w) or "none"
+    return [
+        f"  topology        {slice_.name}: {slice_.chips} chips, {slice_.hosts} host(s) of {bounds} ({how});"
+        f" wraparound {wrap}",
+        f"  flags           {' '.join(flags.all) or '(none)'}  [from {flags.source}]",
+        f"    XLA_FLAGS        {' '.join(flags.xla_flags) or '(unset)'}",
+        f"    LIBTPU_INIT_ARGS {' '.join(flags.libtpu_init_args) or '(unset)'}",
+        f"  libtpu          {libtpu_version() or 'not installed'}",
+        f"  compression     {compression}",
+    ]
