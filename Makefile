@@ -27,7 +27,7 @@ DEMO_CATALOG ?= ./demo-catalog/catalog.sqlite
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run test lint clean demo-cache chromium prometheus postgres
+.PHONY: run test lint clean demo-cache chromium prometheus postgres test-setup typecheck
 
 # The four parts, each its own distribution (core/, client/, warmup/, service/), installed in editable mode.
 PARTS := ./core[gcs] ./client[gcs] ./warmup ./service
@@ -52,15 +52,17 @@ $(VENV)/.stamp-dev: $(PART_FILES) pyproject.toml
 	@touch $@ $(VENV)/.stamp-run
 
 # Best effort: a failure here only makes the second-JAX contract tests skip with the reason.
-$(NEXT_VENV)/.stamp: $(PART_FILES)
+# After the main venv: both install the parts in editable mode, which writes each part's egg-info in the checkout.
+$(NEXT_VENV)/.stamp: $(PART_FILES) | $(VENV)/.stamp-dev
 	@if [ -n "$(NEXT_PYTHON)" ]; then \
 	  echo "building $(NEXT_VENV) with $(NEXT_PYTHON) and the newest jax"; \
 	  ($(NEXT_PYTHON) -m venv $(NEXT_VENV) && $(NEXT_VENV)/bin/pip install --quiet --upgrade pip \
 	    && $(NEXT_VENV)/bin/pip install --quiet --upgrade -e './core[gcs]' -e './client[gcs]' -e ./warmup jax && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
 	else echo "no working python3.12 found: second-JAX contract tests will skip"; fi
 
-# Best effort: a failure here only makes the compile-only TPU tests skip with the reason.
-$(TPU_VENV)/.stamp: $(PART_FILES)
+# Best effort: a failure here only makes the compile-only TPU tests skip with the reason. After the second JAX's
+# venv, for the same reason as that one.
+$(TPU_VENV)/.stamp: $(PART_FILES) | $(NEXT_VENV)/.stamp
 	@echo "building $(TPU_VENV) with jax $(FLOOR_JAX) and the libtpu it pins (jaxcache-warmup[tpu])"
 	@($(PYTHON) -m venv $(TPU_VENV) && $(TPU_VENV)/bin/pip install --quiet --upgrade pip \
 	  && $(TPU_VENV)/bin/pip install --quiet -e ./core -e ./client -e './warmup[tpu]' 'jax==$(FLOOR_JAX)' \
@@ -132,11 +134,20 @@ run: demo-cache
 
 # The type checker first (pyproject.toml [tool.mypy]: strict on the core and the client), then the suite. --durations=25
 # lists the 25 slowest tests at the end, so that CI output shows where the suite's time goes.
-test: $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp $(TOOLS_VENV)/.stamp chromium prometheus postgres
-	$(VENV)/bin/mypy
-	JAXCACHE_NEXT_PYTHON=$(if $(wildcard $(NEXT_VENV)/.stamp),$(abspath $(NEXT_VENV))/bin/python,) \
-	  JAXCACHE_TPU_PYTHON=$(if $(wildcard $(TPU_VENV)/.stamp),$(abspath $(TPU_VENV))/bin/python,) \
+# The venvs' stamps are looked for when the suite starts: test-setup's make builds them, this one does not know of them.
+test: chromium prometheus postgres test-setup
+	JAXCACHE_NEXT_PYTHON=$$(test -f $(NEXT_VENV)/.stamp && echo $(abspath $(NEXT_VENV))/bin/python) \
+	  JAXCACHE_TPU_PYTHON=$$(test -f $(TPU_VENV)/.stamp && echo $(abspath $(TPU_VENV))/bin/python) \
 	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
+
+# The venvs and mypy side by side, without asking for `make -j`: each keeps about one core busy (pip unpacking and
+# byte-compiling, mypy checking). checkov's venv starts at once; mypy and the second JAX's venv once the main one is
+# built, the TPU venv after that one.
+test-setup:
+	@$(MAKE) --no-print-directory -j3 typecheck $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp $(TOOLS_VENV)/.stamp
+
+typecheck: $(VENV)/.stamp-dev
+	$(VENV)/bin/mypy
 
 lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check core client service warmup tests bench
