@@ -253,6 +253,15 @@ def test_single_chip_has_its_own_host_bounds(tpu_python, tmp_path):
     assert "1 chips, 1 host(s) of 1x1x1" in proc.stderr  # with --json, what is printed goes to stderr
 
 
+def test_entrypoint_gets_the_slices_chips(tpu_python, tmp_path):
+    """ctx.devices(), ctx.mesh(), ctx.abstract() and ctx.compile() work unchanged on a slice: its chips, not this
+    machine's CPU."""
+    proc = warmup("--topology", "v5e:4x4", "--cache-dir", str(tmp_path / "c"), "--entrypoint",
+                  "warm_targets:tpu_mesh", python=tpu_python)
+    assert "slice v5e:4x4 chips 16 devices 16 kinds ['TPU v5 lite']" in proc.stdout
+    assert "compiled for 16 devices" in proc.stdout and "16 chips, 4 host(s) of 2x2x1" in proc.stdout
+
+
 def test_gpu_probe_leaves_libtpu_alone(tpu_python):
     """With libtpu installed, a probe that allowed every platform would start it (a metadata server query, this
     host's chips claimed): the probe asks for CUDA's backend only."""
