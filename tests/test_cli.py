@@ -180,3 +180,47 @@ def test_ls_into_a_closed_pipe(tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert "rc=0" in proc.stdout and "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr
+
+
+@pytest.mark.parametrize(("n", "noun", "said"), [(0, "entry", "0 entries"), (1, "entry", "1 entry"),
+                                                 (2, "miss", "2 misses"), (1, "miss", "1 miss"), (3, "key", "3 keys"),
+                                                 (2, "day", "2 days"), (2, "child", "2 children")])
+def test_plural(n, noun, said):
+    from jaxcache.units import plural
+
+    assert plural(n, noun, "children" if noun == "child" else None) == said
+
+
+def test_one_entry_is_said_as_one(capsys, tmp_path):
+    from conftest import fake_entries
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    fake_entries(root, 1, age_days=3)
+    (root / ("jit_gone-" + "0" * 64 + "-atime")).write_bytes(b"\0" * 8)  # one orphaned -atime file
+    said = {
+        ("ls", str(root), "--no-index"): "\n1 entry, ",
+        ("doctor", str(root)): "checked 1 entry in ",
+        ("prune", str(root), "--older-than", "1d"): "would delete 1 entry, ",
+    }
+    for argv, text in said.items():
+        out = run(capsys, *argv)[1]
+        assert text in out and " 1 entries" not in out, (argv, out)
+    assert "1 orphaned -atime file;" in run(capsys, "doctor", str(root))[1]
+
+
+def test_ls_says_what_last_used_reads(capsys, tmp_path):
+    """LAST USED is the -atime file's, which JAX writes only with its LRU on: a job's reported hit (what the
+    service shows) is not there, so the table says what the column reads instead of silently disagreeing."""
+    from conftest import fake_entries
+    from jaxcache.cli.ls_table import USED_NOTE
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    hit, *_ = sorted(fake_entries(root, 2, age_days=3))
+    (root / f"{hit}-atime").unlink()  # JAX's LRU off, as in the demo: no -atime, whatever jobs hit
+    out = run(capsys, "ls", str(root), "--no-index")[1]
+    (row,) = [line for line in out.splitlines() if line.startswith("jit_fake00000")]
+    assert row.split()[-3] == "-", row  # ... LAST USED, COMPRESSION, STATUS
+    assert f"\n{USED_NOTE}\n2 entries, " in out
+    assert "-atime" in USED_NOTE and "jobs report" in USED_NOTE

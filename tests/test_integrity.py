@@ -300,7 +300,7 @@ def test_a_signature_whose_entry_is_gone_is_an_orphan_prune_removes(attested_cac
     orphan = gone.name.removesuffix("-cache") + "-sig"
     cli = [sys.executable, "-m", "jaxcache", "prune", str(root), "--orphans"]
     proc = subprocess.run(cli, capture_output=True, text=True, timeout=120, env=clean_env())
-    assert proc.returncode == 0 and "would delete 1 signature objects" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "would delete 1 signature object whose" in proc.stdout, proc.stdout + proc.stderr
     assert (root / orphan).exists()
     proc = subprocess.run([*cli, "--apply", "--json"], capture_output=True, text=True, timeout=120, env=clean_env())
     assert proc.returncode == 0 and json.loads(proc.stdout)["signature_orphans"] == [orphan], proc.stderr

@@ -79,6 +79,7 @@ def test_every_lookup_carries_all_parts_a_signature_and_the_flags(runs):
         assert len(record.keys) == 3, (name, record.keys)
         for usage in record.keys:
             assert usage.parts is not None and usage.parts.known() == list(keyparts.ORDER), (name, usage)
+            assert usage.parts.options and len(usage.parts.options) <= keyparts.MAX_OPTIONS, (name, usage)
             assert usage.program is not None and usage.program.results, (name, usage)
         assert record.fingerprint.platform_version == "cpu"
         flags = {"flags": (FAST_FLAG,), "argv": (SLOW_FLAG, ARGV_FLAG)}.get(name, (SLOW_FLAG,))
@@ -115,6 +116,8 @@ def test_one_change_moves_only_its_own_parts(runs, variant, parts):
         theirs = other[program]
         assert usage.key != theirs.key and usage.parts is not None and theirs.parts is not None
         assert theirs.parts.differing(usage.parts) == parts, program
+        if keyparts.COMPILE_OPTIONS in parts:  # named, with both values, where JAX hashed them
+            assert theirs.parts.option_changes(usage.parts) == ["xla_cpu_enable_fast_math: false → true"], program
     differences = runs[variant]["record"].fingerprint.differences(runs["base"]["record"].fingerprint)
     if variant == "flags":
         assert differences["xla_flags"] == ((FAST_FLAG,), (SLOW_FLAG,))
@@ -226,3 +229,31 @@ def test_a_summary_without_misses_says_nothing_of_causes():
     causes = MissCauses(misses=2, not_written=(("only process 0 writes the cache", 2),))
     assert causes.unexplained == 0 and "explain" not in causes.describe("/c", "r")
     assert "jaxcache explain '/a b' --run r" in MissCauses(misses=1).describe("/a b", "r")
+
+
+def test_the_compile_options_a_key_records_are_bounded_and_keep_long_values_apart():
+    """Real CompileOptions with more overrides than a record keeps, two of them long values that share a start."""
+    from jaxlib import xla_client
+
+    from jaxcache.client.jax_internals.compile_options import hashed_fields
+
+    options = xla_client.CompileOptions()
+    long_a, long_b = "x" * 300 + "a", "x" * 300 + "b"
+    options.env_option_overrides = [(f"xla_opt_{i:03}", str(i)) for i in range(100)] + [
+        ("xla_aa_long", long_a), ("xla_ab_long", long_b)]
+    fields = dict(hashed_fields(options, "cpu") or ())
+    assert len(fields) == keyparts.MAX_OPTIONS and fields[keyparts.MORE] == "39 more not recorded"
+    left_out = keyparts.KeyParts(options=tuple(sorted(fields.items())))
+    listed = {**{n: v for n, v in fields.items() if n != keyparts.MORE}, "compiler_options.xla_opt_099": "99"}
+    assert left_out.option_changes(keyparts.KeyParts(options=tuple(sorted(listed.items())))) == [
+        "compiler_options.xla_opt_099: 99 → (not recorded)"], "an option left out is not claimed as its default"
+    assert all(len(n) <= keyparts.MAX_OPTION_TEXT and len(v) <= keyparts.MAX_OPTION_TEXT for n, v in fields.items())
+    a, b = fields["compiler_options.xla_aa_long"], fields["compiler_options.xla_ab_long"]
+    assert a != b and a.startswith("x" * 50) and "#" in a
+    named = dict(hashed_fields(xla_client.CompileOptions(), "cpu", ("--xla_cpu_enable_fast_math=false",)) or ())
+    assert named == {"xla_cpu_enable_fast_math": "false"}, "an option a flag names is kept even at its default"
+    record = records.KeyUsage(key="jit_f-" + "a" * 64, event="hit",
+                              parts=keyparts.KeyParts(options=tuple(sorted(fields.items()))))
+    assert records.parse(records.RunRecord(job="j", run_id="r", process_index=0, process_count=1, host="h",
+                                           started_at=1.0, updated_at=1.0, fingerprint=records.Fingerprint(
+                                               jax="0.10.2", jaxlib="0.10.2"), keys=[record]).to_json())

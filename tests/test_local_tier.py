@@ -28,6 +28,14 @@ pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 PROGRAMS = ("affine", "gram", "wave", "grad")
 
 
+def _node_env(local: Path | str, **env: str) -> dict[str, str]:
+    """A job's environment on the "node" ``local``: the retry settings the test set (the ``faults`` fixture's) carried
+    over, as the job's own settings are."""
+    carried = (gcs_backend.RETRY_DELAY_ENV, gcs_backend.RETRY_DEADLINE_ENV)
+    retries = {k: os.environ[k] for k in carried if k in os.environ}
+    return _env(JAXCACHE_LOCAL_DIR=str(local), **{**retries, **env})
+
+
 def run_job(root: str, local: Path | str, job: str, *args: str, settle: bool = True,
             using: tuple[str, dict[str, str]] = (sys.executable, {}), **env: str) -> tuple[dict, str]:
     """One job on one "node" (its local directory), on the interpreter and environment of ``using``; its JSON line
@@ -36,7 +44,7 @@ def run_job(root: str, local: Path | str, job: str, *args: str, settle: bool = T
     python, extra = using
     proc = subprocess.run([python, str(JOB), "--cache-dir", root, "--job", job, *settled, *args],
                           capture_output=True, text=True, timeout=300,
-                          env={**_env(JAXCACHE_LOCAL_DIR=str(local), **env), **extra})
+                          env={**_node_env(local, **env), **extra})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
@@ -44,7 +52,7 @@ def run_job(root: str, local: Path | str, job: str, *args: str, settle: bool = T
 def run_together(root: str, local: Path, jobs: list[tuple[str, ...]]) -> list[dict]:
     """Jobs started at once on one "node", each with its own arguments; their JSON lines."""
     procs = [subprocess.Popen([sys.executable, str(JOB), "--cache-dir", root, *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=_env(JAXCACHE_LOCAL_DIR=str(local)))
+                              stderr=subprocess.PIPE, text=True, env=_node_env(local))
              for args in jobs]
     outs = []
     for proc in procs:

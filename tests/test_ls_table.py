@@ -12,7 +12,7 @@ from jaxcache.cli import ls_table, main
 from jaxcache.scan import Entry, scan
 from jaxcache.storage import open_storage
 from jaxcache.table import render
-from jaxcache.units import format_bytes, format_duration
+from jaxcache.units import format_bytes, format_duration, plural
 
 
 def out_of(capsys, *argv: str) -> str:
@@ -34,8 +34,8 @@ def rendered(entries: list[Entry], now: float, heads: bool, url: str) -> str:
              format_duration(now - e.last_used_s) if e.atime_ns is not None else "-",
              e.compression.value if e.compression else unread, e.status.value if e.status else unread]
             for e in entries]
-    lines = [render(ls_table.HEADERS, rows, right=frozenset({2, 3, 4, 5})),
-             f"{len(rows)} entries, {format_bytes(sum(e.size_bytes for e in entries))} in {url}"]
+    lines = [render(ls_table.HEADERS, rows, right=frozenset({2, 3, 4, 5})), *([ls_table.USED_NOTE] if rows else []),
+             f"{plural(len(rows), 'entry')}, {format_bytes(sum(e.size_bytes for e in entries))} in {url}"]
     if not heads:
         lines.append("heads not read (a request per entry on gs://): --heads shows compile seconds, compression and "
                      "status")

@@ -12,6 +12,7 @@ import pytest
 
 from jaxcache.client import options as client_options
 from jaxcache.errors import InvalidInputError
+from jaxcache.storage import gcs as gcs_backend
 from test_client_service import REPORT, api, service  # noqa: F401 - a fixture
 from test_local_tier import PROGRAMS, entries, faults, final_record, run_job, run_together  # noqa: F401 - a fixture
 
@@ -72,15 +73,19 @@ def test_a_set_too_wide_is_counted_and_another_job_gets_none(tmp_path, faults, g
     assert other["local"]["fetched"] == len(PROGRAMS), other["local"]
 
 
-def test_a_root_answering_503_for_a_while_still_starts_the_job(tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811
-    """Every prefetch fails: the lookups fetch on demand (or JAX compiles), the job runs, the root keeps its
+def test_a_root_answering_503_for_a_while_still_starts_the_job(tmp_path, faults, gcs_client, gcs_bucket,  # noqa: F811
+                                                               monkeypatch):
+    """The prefetches fail: the lookups fetch on demand (or JAX compiles), the job runs, the root keeps its
     entries as they were."""
     root = f"gs://{gcs_bucket}/jc"
     run_job(root, tmp_path / "node-a", "train", settle=False)
     written = entries(tmp_path / "node-a" / "unchecked")
+    # Each download gives up after 1 s of retries (the library's default is 120 s): the 503s outlast the prefetch.
+    monkeypatch.setenv(gcs_backend.RETRY_DEADLINE_ENV, "1")
     faults.fail(40, 503, method="GET", path=r"-cache.*alt=media")
     b, _ = run_job(root, tmp_path / "node-b", "train", "--startup-s", "2")
     assert b["stats"]["hits"] + b["stats"]["misses"] == len(PROGRAMS), b["stats"]
+    assert b["local"]["prefetched"] < len(PROGRAMS) and faults.injected(), (b["local"], faults.log)
     faults.clear()
     stored = {blob.name.removeprefix("jc/"): blob.download_as_bytes()
               for blob in gcs_client.list_blobs(gcs_bucket, prefix="jc/") if blob.name.endswith("-cache")}

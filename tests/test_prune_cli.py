@@ -180,6 +180,24 @@ def test_cli_without_a_selecting_rule_exits_2(capsys, cache_copy):
     assert snapshot(cache_copy) == before
 
 
+def test_the_no_rule_error_and_help_name_every_selecting_flag(capsys, tmp_path):
+    """Every prune flag that is not a keep rule, an output or a modifier of another selects entries: the error for
+    a prune without one, and --help, name each (--integrity was missing from both)."""
+    from jaxcache.cli import build_parser
+
+    (prune,) = [a for a in build_parser(only="prune")._actions if a.__class__.__name__ == "_SubParsersAction"]
+    parser = prune.choices["prune"]
+    others = {"--help", "--keep", "--min-age", "--no-index", "--apply", "--json", "--verbose", "--stale-jaxlib-window"}
+    selecting = {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o not in others}
+    assert {"--integrity", "--corrupt", "--max-size"} <= selecting
+    code, _, error = run_cli(capsys, "prune", str(tmp_path))
+    assert code == 2 and error.count("\n") == 1
+    described = " ".join(parser.format_help().split())
+    for flag in selecting:
+        assert f"{flag} " in error or f"{flag}," in error, (flag, error)
+        assert f"{flag}," in described or f"{flag})" in described, (flag, described)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

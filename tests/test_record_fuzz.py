@@ -43,7 +43,9 @@ def _run_record() -> dict:
                              compression="zstandard", python="3.11.9")
     usage = [records.KeyUsage(key=KEY, event="write", compiles=1, writes=1, compile_s=2.0, size_bytes=100,
                               first_at=1.7e9, last_at=1.7e9, sha256=SHA,
-                              parts=KeyParts(**{part: "d" * 64 for part in ORDER}),
+                              parts=KeyParts(**{part: "d" * 64 for part in ORDER},
+                                             options=(("use_spmd_partitioning", "True"),
+                                                      ("compiler_options.xla_cpu_enable_fast_math", "False"))),
                               program=ProgramSignature(args=("f32[8,128]",), results=("f32[8,128]",))),
              records.KeyUsage(key="jit_eval-" + "c" * 64, event="hit", hits=3, retrieval_s=0.1, saved_s=5.0,
                               first_at=1.7e9, last_at=1.7e9 + 1)]

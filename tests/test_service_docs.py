@@ -85,7 +85,7 @@ def test_docs_pages_follow_a_root_path(tmp_path, cache_copy):
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing: pip install -e '.[dev]'")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing: pip install --group dev")
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(f"no Chromium at {CHROMIUM}: `make test` installs Debian's chromium package where it can; set "
                     "JAXCACHE_CHROMIUM to use another")

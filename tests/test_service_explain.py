@@ -24,12 +24,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def jobs_root(tmp_path_factory) -> Path:
-    """train wrote the program for 32 rows; then ran with 16 rows (program_changed) and with other XLA flags
-    (xla_flags)."""
+    """train wrote the program for 32 rows; then ran with 16 rows (program_changed), with other XLA flags
+    (xla_flags), and with a compiler option (compile_options)."""
     root = tmp_path_factory.mktemp("explained") / "cache"
     run(root, "--rows", "32")
     run(root, "--rows", "16")
     run(root, env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=true"})
+    run(root, "--compiler-option", "xla_cpu_enable_fast_math=true")
     return root
 
 
@@ -58,7 +59,7 @@ def service(request, tmp_path, jobs_root):
 def test_the_service_gives_each_miss_the_cause_the_cli_gives(service, capsys):
     client, root = service
     cli = cli_causes(root, capsys)
-    causes = {"new_program", "program_changed", "xla_flags"}  # the first run's, then one per change
+    causes = {"new_program", "program_changed", "xla_flags", "compile_options"}  # the first run's, then one per change
     assert sorted(m["cause"] for m in cli.values()) == sorted(causes), cli
     job = client.get("/v1/caches/demo/jobs/train", headers=H_READ).json()
     api = {m["key"]: m for m in job["missed"]}
@@ -68,6 +69,11 @@ def test_the_service_gives_each_miss_the_cause_the_cli_gives(service, capsys):
         assert [d["part"] for d in got["differs"]] == [d["part"] for d in want["differs"]]
     flags = next(m for m in api.values() if m["cause"] == "xla_flags")
     assert any("--xla_cpu_enable_fast_math=true" in c for d in flags["differs"] for c in d["changes"]), flags
+    option = "compiler_options.xla_cpu_enable_fast_math: (default) → True"
+    options = next(m for m in api.values() if m["cause"] == "compile_options")
+    assert [d["changes"] for d in options["differs"]] == [[option]] and option in options["fix"], options
+    page = client.get("/caches/demo/jobs/train", headers=H_READ)
+    assert page.status_code == 200 and option in page.text and "bucket or pad" in page.text
 
     stats = client.get("/v1/caches/demo/stats", headers=H_READ).json()["misses_by_cause"]
     day = {c["cause"]: c for c in stats["last_24h"]["causes"]}
@@ -75,11 +81,24 @@ def test_the_service_gives_each_miss_the_cause_the_cli_gives(service, capsys):
     assert all(c["misses"] == 1 and c["compile_s"] > 0 for c in day.values()), day
 
     # Counted once: a rescan that finds the same records, or a changed record file, explains nothing new.
-    assert [metric(client, c) for c in sorted(causes)] == [1.0, 1.0, 1.0]
+    assert [metric(client, c) for c in sorted(causes)] == [1.0] * len(causes)
     for path in (root / ".jaxcache").rglob("*.json"):
         path.touch()
     rescan(client)
-    assert [metric(client, c) for c in sorted(causes)] == [1.0, 1.0, 1.0]
+    assert [metric(client, c) for c in sorted(causes)] == [1.0] * len(causes)
+
+
+def test_a_second_shape_in_a_first_run_is_a_changed_program(tmp_path):
+    """A cache only one run wrote: the entry of its first shape is the run's own, not plain JAX's."""
+    root = tmp_path / "cache"
+    run(root, "--job", "shapes", "--rows", "32", "--then-rows", "16")
+    with TestClient(create_app(settings(tmp_path, {"demo": str(root)}))) as client:
+        settled(client)
+        rescan(client)
+        missed = client.get("/v1/caches/demo/jobs/shapes", headers=H_READ).json()["missed"]
+    assert sorted(m["cause"] for m in missed) == ["new_program", "program_changed"], missed
+    changed = next(m for m in missed if m["cause"] == "program_changed")
+    assert any("argument 0: f32[32,16] → f32[16,16]" in c for d in changed["differs"] for c in d["changes"])
 
 
 def test_a_pruned_entry_is_an_eviction_that_names_the_prune(service):

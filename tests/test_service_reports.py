@@ -12,6 +12,7 @@ import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
+from conftest import settled
 from jaxcache import records
 from jaxcache.service.app import create_app
 from reports_support import (
@@ -146,6 +147,35 @@ def test_post_report_needs_a_known_cache(svc, keys, tmp_path):
     assert svc.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"] == []
 
 
+def test_a_record_of_another_caches_root_is_refused_under_the_cache_named(tmp_path, cache_copy, keys):
+    """?cache= files a record whose cache_dir is no configured root, or the root the named cache shares with
+    another; a record whose cache_dir is another cache's root (and not the named one's) is refused: 422, naming it."""
+    other = tmp_path / "other"
+    other.mkdir()
+    caches = {"c1": str(cache_copy), "c1b": str(cache_copy), "c2": str(other)}
+    with TestClient(create_app(settings(tmp_path, caches))) as client:
+        settled(client)
+        now = time.time()
+
+        def rec(job: str, cache_dir: str):
+            return run(job, job, [write(keys["jit_tiny"], 1.0, now)], cache_dir=cache_dir)
+
+        r = post(client, rec("misfiled", str(other) + "/"), "?cache=c1")
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"] == (f"the record's cache_dir {str(other) + '/'!r} is the root of cache c2, not of "
+                                      "c1: post it with ?cache=c2 or without ?cache=; nothing stored")
+        assert post(client, rec("shared", str(cache_copy)), "?cache=c1b").status_code == 202
+        assert post(client, rec("own", str(cache_copy) + "/"), "?cache=c1").status_code == 202
+        assert post(client, rec("elsewhere", str(tmp_path / "elsewhere")), "?cache=c1").status_code == 202
+        assert post(client, rec("unsaid", None), "?cache=c1").status_code == 202
+
+        def jobs(cache: str) -> set[str]:
+            return {j["job"] for j in client.get(f"/v1/caches/{cache}/jobs", headers=H_READ).json()["jobs"]}
+
+        assert jobs("c1") == {"own", "elsewhere", "unsaid"} and jobs("c1b") == {"shared"} and jobs("c2") == set()
+        assert 'jaxcache_reports_malformed_total{source="report"} 1.0' in client.get("/metrics").text
+
+
 def _catalog_state(client) -> tuple:
     jobs = client.get("/v1/caches/demo/jobs", headers=H_READ).json()
     stats = client.get("/v1/caches/demo/stats", headers=H_READ).json()
@@ -173,13 +203,33 @@ def test_malformed_reports_are_422_and_store_nothing(svc, keys):
         json.dumps(good).encode()[:-1] + b',"extra":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
         json.dumps(good).encode().replace(b'"updated_at":', b'"updated_at":NaN,"x":', 1),
         json.dumps(good).encode().replace(b'"updated_at":', b'"updated_at":Infinity,"x":', 1),
+        # The red team's other kinds (issue 49): each refused with our one line, whatever part it breaks.
+        b"",
+        b"null",
+        b"\xef\xbb\xbf" + json.dumps(good).encode(),  # a byte-order mark
+        json.dumps(good).encode().replace(b'"node-1"', b'"\xff\xfe"'),  # not UTF-8
+        json.dumps(good).encode().replace(b'"node-1"', b'"\\ud800"'),  # a lone surrogate
+        json.dumps(good).encode().replace(b'"updated_at":', b'"updated_at":1e400,"x":', 1),
+        json.dumps({k: v for k, v in good.items() if k != "schema"}).encode(),
+        json.dumps({**good, "host": "h" * 5000}).encode(),
+        json.dumps({**good, "job": "a/b"}).encode(),
+        json.dumps({**good, "kind": "root"}).encode(),
+        json.dumps({**good, "cache_dir": "/x\u0000y"}).encode(),
+        json.dumps({**good, "process_index": 2**40, "process_count": 2**41}).encode(),
+        json.dumps({**good, "started_at": 1e300}).encode(),
+        json.dumps({**good, "started_at": -5}).encode(),
+        json.dumps({**good, "keys": "train"}).encode(),
+        json.dumps({**good, "keys": [{"key": train, "event": "hit", "hits": -1}]}).encode(),
+        json.dumps({**good, "keys": [{"key": train, "event": "hit", "hits": 1.5}]}).encode(),
+        json.dumps({**good, "keys": [{"key": train, "event": "write", "sha256": 12345}]}).encode(),
+        json.dumps({**good, "keys": [{"key": "jit_" + "f" * 5000 + "-" + "a" * 64, "event": "hit"}]}).encode(),
     ]
     for body in bodies:
         r = post(svc, body, "?cache=demo")
         assert r.status_code == 422, (body[:80], r.status_code, r.text)
         assert isinstance(r.json()["detail"], str) and r.json()["detail"]
     assert _catalog_state(svc) == before
-    assert 'jaxcache_reports_malformed_total{source="report"} 14.0' in svc.get("/metrics").text
+    assert f'jaxcache_reports_malformed_total{{source="report"}} {len(bodies)}.0' in svc.get("/metrics").text
 
 
 def test_report_body_limit_is_its_own(tmp_path, cache_copy, keys):

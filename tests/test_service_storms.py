@@ -79,6 +79,32 @@ def test_records_posted_together_are_each_accepted_and_folded_once(client, jax_c
     assert client.get("/v1/caches/demo/jobs/storm", headers=H_READ).json()["processes"] == 6
 
 
+def test_many_clients_sending_running_totals_at_once_are_folded_to_their_last_totals(client, jax_caches):
+    """20 clients (a run's processes) each send their running record 5 times, all at once, then an older version
+    again: every client's last totals are what the catalog holds (the red team's 1,000 reports from 20 clients,
+    smaller)."""
+    train = keys_of(jax_caches["zstd"])["jit_train_step"]
+    at = time.time() - 600
+
+    def version(p: int, v: int):
+        return run("crowd", "r1", [hit(train, v, at + v)], at=at + v, process_index=p, process_count=20)
+
+    def client_sends(p: int) -> list[int]:
+        return [_post(client, version(p, v)).status_code for v in range(1, 6)]
+
+    with ThreadPoolExecutor(20) as ex:
+        assert [set(s) for s in ex.map(client_sends, range(20))] == [{202}] * 20
+    with ThreadPoolExecutor(20) as ex:
+        stale = list(ex.map(lambda p: _post(client, version(p, 2)), range(20)))
+    assert {(r.status_code, r.json()["stale"]) for r in stale} == {(202, True)}
+    folded(client)
+    job = client.get("/v1/caches/demo/jobs/crowd", headers=H_READ).json()
+    assert job["processes"] == 20 and job["hits"] == 100, job
+    hits = {e["key"]: e["hits"] for e in client.get("/v1/caches/demo/entries?limit=100", headers=H_READ).json()[
+        "entries"]}
+    assert hits[train] == 100
+
+
 def test_a_runs_processes_share_its_misses_explanation(client):
     """A job's processes that compile the same key share one usage row of their run and its explanation: the row
     counts each of them (``missed``), and jaxcache_misses_total counts each process once."""

@@ -34,7 +34,7 @@ def test_check_on_a_node_with_other_flags_exits_1_naming_the_flag(tmp_path):
     flags = next(d for d in miss["differs"] if d["part"] == "xla_flags")
     assert flags["changes"] == ["added --xla_cpu_enable_fast_math=true"]
     text = warmup(*args, "--check", expect=1, env=node).stdout
-    assert "0 of 1 programs hit" in text and "give the warm-up the job's XLA_FLAGS" in text
+    assert "0 of 1 program hit" in text and "give the warm-up the job's XLA_FLAGS" in text
     assert snapshot(cache) == before
 
 

@@ -21,11 +21,13 @@ from typing import IO, Annotated, Protocol, TypeVar
 import msgspec
 
 from jaxcache import records, signing
+from jaxcache.display import shown
 from jaxcache.entry import Status, cache_name, validate
 from jaxcache.errors import InvalidInputError, NotRegularFileError, PathEscapeError
 from jaxcache.parallel import bounded_map
 from jaxcache.records import Fingerprint
 from jaxcache.storage.base import Storage, check_name
+from jaxcache.units import plural
 from jaxcache.working_set import WorkingSet
 
 T = TypeVar("T")
@@ -87,7 +89,9 @@ class Manifest(msgspec.Struct, frozen=True, tag_field="schema", tag=SCHEMA):
         where = "unknown fingerprint" if fp is None else (
             f"jaxlib {fp.jaxlib}, {fp.backend or '?'} backend, {fp.device_count or '?'} x {fp.device_kind or '?'}")
         made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.created_at))
-        return f"job {self.job!r} ({where}), {len(self.entries)} entries from {self.source}, made {made}"
+        # Every field comes from the archive, which whoever made it wrote: nothing in it may hide or reorder text.
+        return (f"job '{shown(self.job)}' ({shown(where)}), {plural(len(self.entries), 'entry')}"
+                f" from {shown(str(self.source))}, made {made}")
 
 
 def parse_manifest(data: bytes) -> Manifest:
@@ -141,7 +145,7 @@ def _read_one(storage: Storage, recorded: dict[str, str], key: str) -> _Read:
     if checked.status is not Status.OK:
         return _Read(key, why=f"corrupt: {checked.reason}")
     try:
-        sig = storage.read(signing.sig_name(key))
+        sig = signing.read_object(storage, key)
         if sig is not None:
             signing.decode(sig)
     except (NotRegularFileError, InvalidInputError):

@@ -64,12 +64,14 @@ class Imported:
     present: list[str] = field(default_factory=list)  # identical bytes were already there
     kept: dict[str, str] = field(default_factory=dict)  # other bytes are there: left alone (key -> why)
     refused: dict[str, str] = field(default_factory=dict)  # failed a check (key -> why)
+    #: Entries in the root now whose ``-sig`` could not be placed: another signature object is there (key -> why).
+    signatures_kept: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
     def whole(self) -> bool:
-        """True when every entry of the bundle is in the root now, as the bundle has it."""
-        return not self.kept and not self.refused
+        """True when every entry of the bundle is in the root now, as the bundle has it, with its signature."""
+        return not self.kept and not self.refused and not self.signatures_kept
 
     def check_text(self) -> str:
         """Which check was made, in words."""
@@ -83,7 +85,9 @@ class Imported:
         return {"job": self.manifest.job, "source": self.manifest.source, "check": self.check,
                 "trusted_keys": self.trusted, "imported": self.imported, "present": self.present,
                 "kept": [{"key": k, "why": w} for k, w in self.kept.items()],
-                "refused": [{"key": k, "why": w} for k, w in self.refused.items()], "notes": self.notes}
+                "refused": [{"key": k, "why": w} for k, w in self.refused.items()],
+                "signatures_left_alone": [{"key": k, "why": w} for k, w in self.signatures_kept.items()],
+                "notes": self.notes}
 
 
 def _refuse(path: str, why: str) -> BundleRefusedError:
@@ -235,10 +239,9 @@ def _put(storage: Storage, fd: int, checked: _Accepted) -> tuple[str, str | None
     entry = _create(storage, cache_name(checked.key), data)
     if entry == _DIFFERS:
         return _DIFFERS, "the root holds other bytes under this key: left as they are"
-    note = None
     if checked.sig is not None and _create(storage, signing.sig_name(checked.key), checked.sig) == _DIFFERS:
-        note = f"{signing.sig_name(checked.key)}: the root holds another signature object: left as it is"
-    return entry, note
+        return entry, f"the root holds another {signing.sig_name(checked.key)}: left as it is, this bundle's not placed"
+    return entry, None
 
 
 def add_checked(checked: Checked, storage: Storage, *, progress: Progress = quiet) -> Imported:
@@ -254,8 +257,8 @@ def add_checked(checked: Checked, storage: Storage, *, progress: Progress = quie
                 done.kept[accepted.key] = why or ""
                 continue
             (done.imported if outcome == _CREATED else done.present).append(accepted.key)
-            if why is not None:
-                done.notes.append(why)
+            if why is not None:  # the entry is there, its signature is not: a signed job would skip it
+                done.signatures_kept[accepted.key] = why
     finally:
         os.close(fd)
     return done

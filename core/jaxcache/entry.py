@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import enum
 import itertools
+import os
 import re
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import msgspec
 import zstandard
 
 from jaxcache import decompress
+from jaxcache.errors import InvalidInputError
+from jaxcache.units import format_bytes, parse_bytes
 
 HASH_HEX_LEN = 64
 TIME_HEADER_BYTES = 4
@@ -31,6 +34,24 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_MAX_FIRST_BLOCK_END = 18 + 3 + 128 * 1024
 _HASH_RE = re.compile(r"[0-9a-f]{64}")
 _FIRST_READ_BYTES = 256
+#: The most an entry may decompress to; beyond it, it is refused as a decompression bomb wherever an entry is checked
+#: whole (README, "Settings": real executables are at most hundreds of MB).
+MAX_DECOMPRESSED_ENV = "JAXCACHE_MAX_DECOMPRESSED_BYTES"
+DEFAULT_MAX_DECOMPRESSED_BYTES = 4 << 30
+
+
+def max_decompressed_bytes(env: Mapping[str, str] | None = None) -> int:
+    """The limit :data:`MAX_DECOMPRESSED_ENV` sets (``8GiB``, a number of bytes), or the default."""
+    text = (os.environ if env is None else env).get(MAX_DECOMPRESSED_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_DECOMPRESSED_BYTES
+    try:
+        limit = parse_bytes(text)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{MAX_DECOMPRESSED_ENV}: {exc}") from None
+    if limit < 1:
+        raise InvalidInputError(f"{MAX_DECOMPRESSED_ENV}={text!r}: give a size of at least 1 byte (default 4GiB)")
+    return limit
 
 
 class EntryKind(enum.StrEnum):
@@ -271,14 +292,18 @@ class Validation:
 HEAD_BYTES = 64 * 1024
 
 
-def validate_chunks(chunks: Iterable[bytes]) -> Validation:
+def validate_chunks(chunks: Iterable[bytes], *, max_bytes: int | None = None) -> Validation:
     """Decompress a whole entry from a stream of chunks, keeping only counts (memory stays bounded).
 
     ``ok`` means the stream decompresses completely, ends where the frame ends, and holds a compile-time
-    header plus a non-empty executable. zlib's adler32 catches any damaged byte; a zstd frame from JAX has no
-    checksum, so a flipped byte inside its data may decompress cleanly (only a digest recorded at write time
-    can catch that).
+    header plus a non-empty executable of at most ``max_bytes`` in all (default :func:`max_decompressed_bytes`;
+    a zstd frame that declares more is refused before any of it is decompressed). zlib's adler32 catches any
+    damaged byte; a zstd frame from JAX has no checksum, so a flipped byte inside its data may decompress cleanly
+    (only a digest recorded at write time can catch that).
     """
+    limit = max_decompressed_bytes() if max_bytes is None else max_bytes
+    too_large = (f"expands to more than {format_bytes(limit)} (a decompression bomb, or an executable larger than"
+                 f" {MAX_DECOMPRESSED_ENV} allows)")
     it = iter(chunks)
     first = b""
     for chunk in it:
@@ -298,9 +323,13 @@ def validate_chunks(chunks: Iterable[bytes]) -> Validation:
         if len(head) < HEAD_BYTES:
             head.extend(out[: HEAD_BYTES - len(head)])
         total += len(out)
+        if total > limit:
+            raise decompress.StreamDamage(too_large)
 
     try:
         if compression is Compression.ZSTD:
+            if zstandard.frame_content_size(first) > limit:
+                raise decompress.StreamDamage(too_large)
             decompress.zstd_stream(first, it, sink, _zstd())
         else:
             decompress.zlib_stream(itertools.chain((first,), it), sink)
@@ -314,6 +343,6 @@ def validate_chunks(chunks: Iterable[bytes]) -> Validation:
     return Validation(Status.OK, compression, None, seconds, total - TIME_HEADER_BYTES, bytes(head))
 
 
-def validate(data: bytes) -> Validation:
+def validate(data: bytes, *, max_bytes: int | None = None) -> Validation:
     """Decompress a whole entry held in memory; see :func:`validate_chunks`."""
-    return validate_chunks([data])
+    return validate_chunks([data], max_bytes=max_bytes)

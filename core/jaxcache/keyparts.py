@@ -26,6 +26,16 @@ Hash = Annotated[str, msgspec.Meta(min_length=64, max_length=64)]
 # (bounded by length only, like Hash: records carry a few per key, and the catalog keeps them as JSON).
 Operand = Annotated[str, msgspec.Meta(max_length=1000)]
 Operands = Annotated[tuple[Operand, ...], msgspec.Meta(max_length=4096)]
+#: The compile options behind the ``compile_options`` hash, bounded: at most MAX_OPTIONS fields, each a name and
+#: its value as short text (a longer value keeps its start and a digest of the whole, so two still compare).
+#: Bounded by length only, like Hash and Operand: a pattern costs a match per value, and a key carries a dozen.
+MAX_OPTIONS, MAX_OPTION_TEXT = 64, 120
+OptionText = Annotated[str, msgspec.Meta(max_length=MAX_OPTION_TEXT)]
+OptionFields = Annotated[tuple[tuple[OptionText, OptionText], ...], msgspec.Meta(max_length=MAX_OPTIONS)]
+#: What an option not listed has: the value XLA gives it when nothing sets it (options are listed where they differ).
+DEFAULT = "(default)"
+#: The name of the last field where more options differed than a key keeps: an option not listed is then unknown.
+MORE = "(more)"
 
 
 class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):  # no cycles: see records.KeyUsage
@@ -39,6 +49,19 @@ class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):  # no
     devices: Hash | None = None
     compression: Hash | None = None
     custom_hook: Hash | None = None
+    #: The compile options JAX hashed that differ from XLA's defaults or are set by a flag, as (name, value) pairs
+    #: sorted by name (None: not captured; records from before it have none).
+    options: OptionFields | None = None
+
+    def option_changes(self, before: KeyParts) -> list[str]:
+        """The compile options that changed from ``before``, in words: "use_spmd_partitioning: True → False" (an
+        option one side does not list has its default there); empty where either side recorded none."""
+        if self.options is None or before.options is None:
+            return []
+        mine, theirs = dict(self.options), dict(before.options)
+        names = sorted((mine.keys() | theirs.keys()) - {MORE})
+        return [f"{name}: {theirs.get(name, _absent(theirs))} → {mine.get(name, _absent(mine))}"
+                for name in names if mine.get(name) != theirs.get(name)]
 
     def differing(self, other: KeyParts) -> list[str]:
         """The parts, in JAX's order, that both know and that differ."""
@@ -49,11 +72,23 @@ class KeyParts(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):  # no
         return [p for p in ORDER if getattr(self, p) is not None]
 
 
+def _absent(options: dict[str, str]) -> str:
+    return "(not recorded)" if MORE in options else DEFAULT
+
+
 class ProgramSignature(msgspec.Struct, frozen=True, gc=False):
     """The entry signature of a program (its module's ``main``): what "the program changed" can point at."""
 
     args: Operands = ()
     results: Operands = ()
+
+    def only_types_changed(self, before: ProgramSignature) -> bool:
+        """Whether only shapes or dtypes changed from ``before``: as many arguments and results, and every one that
+        differs keeps its sharding, memory kind and donation (what follows the type in its text)."""
+        pairs = list(zip(before.args, self.args, strict=False)) + list(zip(before.results, self.results, strict=False))
+        changed = [(a, b) for a, b in pairs if a != b]
+        return (len(before.args) == len(self.args) and len(before.results) == len(self.results) and bool(changed)
+                and all(a.partition(" ")[2] == b.partition(" ")[2] for a, b in changed))
 
     def changes(self, before: ProgramSignature) -> list[str]:
         """What changed from ``before``, in words: "argument 0: f32[32,128] → f32[16,128]"."""

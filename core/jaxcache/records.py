@@ -151,6 +151,9 @@ class LocalTierCounts(msgspec.Struct, gc=False):
     upload_pending: Count = 0  # uploads not finished when the process exited (tried again at the next start)
     dropped: Count = 0  # local copies removed at start: gone from the root, or judged bad
     evicted: Count = 0  # local copies the client evicted to stay under the size cap
+    # Resumed uploads refused: the local file is not the bytes JAX put (the digest kept with the pending mark).
+    upload_refused: Count = 0
+    healed: Count = 0  # entries found at start without their -atime: the -atime written, or a broken entry removed
     # The job's working set, fetched before JAX asked (JAXCACHE_PREFETCH): how many keys it named, how many were
     # fetched and admitted (with bytes, and seconds from enable_cache until the last one), how many lookups waited
     # for a fetch under way, and how many fetched keys JAX never asked for (a set too wide).

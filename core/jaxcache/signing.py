@@ -14,10 +14,13 @@ import hashlib
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from jaxcache import skips
 from jaxcache.entry import is_valid_key
@@ -128,9 +131,16 @@ def new_key(name: str, path: str) -> SigningKey:
 
 
 def load_key(path: str) -> SigningKey:
-    """Read a private key file written by ``jaxcache keys new``."""
+    """Read a private key file written by ``jaxcache keys new``; refused when other users may read it or anyone
+    but its owner may write it (group read stays allowed: a Kubernetes Secret mounted with defaultMode 0440 and an
+    fsGroup is how a non-root pod reads one)."""
     try:
         with open(path) as f:
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)  # of the file opened, not of a name swapped after
+            if mode & (stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP):
+                who = "other users can read it" if mode & stat.S_IROTH else "users other than its owner can write it"
+                raise InvalidInputError(f"the signing key {path} has mode {mode:04o}: {who}; run chmod 600 {path}"
+                                        " (or 0440 with a group, as a Kubernetes Secret's defaultMode)")
             text = f.read(4096).strip()
     except OSError as exc:
         raise InvalidInputError(f"cannot read the signing key {path}: {exc.strerror}") from None
@@ -216,16 +226,40 @@ def encode(sigs: Iterable[Signature]) -> bytes:
     return json.dumps({"format": FORMAT, "signatures": [s.to_json() for s in sigs]}, sort_keys=True).encode()
 
 
+class _Stored(msgspec.Struct, frozen=True):
+    key: str
+    sha256: str
+    size_bytes: int
+    signer: str
+    signature: str
+    writer: str | None = None
+    at: float | None = None
+
+
+class _Object(msgspec.Struct, frozen=True):
+    format: str
+    signatures: list[_Stored]
+
+
 def decode(data: bytes) -> list[Signature]:
-    """The signatures in a ``-sig`` object; InvalidInputError when it is not one."""
+    """The signatures in a ``-sig`` object; InvalidInputError when it is not one. Whatever the bytes hold (a
+    number out of range, nesting deeper than the interpreter allows, more than :data:`MAX_SIG_BYTES`), the answer
+    is that error, so a bad object is a verdict on its own entry and never stops a reader judging the others."""
+    if len(data) > MAX_SIG_BYTES:
+        raise InvalidInputError(f"not a jaxcache signature object (larger than {MAX_SIG_BYTES} bytes)")
     try:
-        doc = json.loads(data[:MAX_SIG_BYTES])
-        if doc.get("format") != FORMAT:
-            raise ValueError("format")
-        return [Signature(str(s["key"]), str(s["sha256"]), int(s["size_bytes"]), str(s["signer"]),
-                          str(s["signature"]), s.get("writer"), s.get("at")) for s in doc["signatures"]]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise InvalidInputError("not a jaxcache signature object") from None
+        doc = msgspec.json.decode(data, type=_Object)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        raise InvalidInputError(f"not a jaxcache signature object ({str(exc)[:80]})") from None
+    if doc.format != FORMAT:
+        raise InvalidInputError(f"not a jaxcache signature object (format {doc.format[:40]!r})")
+    return [Signature(s.key, s.sha256, s.size_bytes, s.signer, s.signature, s.writer, s.at) for s in doc.signatures]
+
+
+def read_object(storage: Storage, key: str) -> bytes | None:
+    """The bytes of ``key``'s ``-sig`` object (None: there is none), reading at most one byte more than
+    :data:`MAX_SIG_BYTES`: a larger object is not one of ours, and is never read whole."""
+    return storage.read_range(sig_name(key), 0, MAX_SIG_BYTES + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +287,7 @@ class Found:
 def read(storage: Storage, key: str, trusted: TrustedKeys) -> Found:
     """The trusted signatures of ``key``'s entry (one small read; nothing when there is no ``-sig`` object)."""
     try:
-        data = storage.read(sig_name(key))
+        data = read_object(storage, key)
     except NotRegularFileError:
         return Found(notes=(f"{sig_name(key)} is not a file: ignored",))
     return found_in(data, key, trusted)
@@ -266,8 +300,8 @@ def found_in(data: bytes | None, key: str, trusted: TrustedKeys) -> Found:
         return Found()
     try:
         sigs = decode(data)
-    except InvalidInputError:
-        return Found(notes=(f"{sig_name(key)} is not a jaxcache signature object: ignored",))
+    except InvalidInputError as exc:  # a verdict on this entry alone: a malformed signature proves nothing
+        return Found(notes=(f"{sig_name(key)} is {exc}: ignored",), refused=(skips.BAD_SIGNATURE,))
     good, notes, refused = [], [], []
     for sig in sigs:
         why = trusted.check(sig, key)
@@ -294,7 +328,7 @@ def add(storage: Storage, sig: Signature) -> None:
     """Add a signature to a key's ``-sig`` object, keeping the others (an operator's re-signing, which may
     replace the object; a signature by the same key name is replaced)."""
     try:
-        data = storage.read(sig_name(sig.key))
+        data = read_object(storage, sig.key)
         kept = [s for s in decode(data) if s.signer != sig.signer] if data is not None else []
     except InvalidInputError:
         kept = []  # not ours: replaced by a real one

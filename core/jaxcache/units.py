@@ -1,4 +1,4 @@
-"""Human-readable sizes and durations, both ways."""
+"""Human-readable sizes and durations, both ways, and counts with their nouns."""
 
 from __future__ import annotations
 
@@ -63,3 +63,16 @@ def parse_duration(text: str) -> float:
     if m is None or unit not in _DURATION_UNITS:
         raise InvalidInputError(f"{text!r} is not a duration: use a number with s, m, h, d or w, like 14d")
     return float(m.group(1)) * _DURATION_UNITS[unit]
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 entry``, ``2 entries``, ``0 misses``: a count and its noun, plural unless the count is 1. ``nouns``: the
+    plural where adding ``s`` (``es`` after s, x, ch, sh; ``ies`` for a consonant's ``y``) would be wrong."""
+    if n == 1:
+        return f"{n} {noun}"
+    if nouns is None:
+        if noun.endswith("y") and noun[-2:-1] not in ("a", "e", "i", "o", "u"):
+            nouns = noun[:-1] + "ies"
+        else:
+            nouns = noun + ("es" if noun.endswith(("s", "x", "ch", "sh")) else "s")
+    return f"{n} {nouns}"

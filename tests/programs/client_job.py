@@ -37,6 +37,9 @@ def main() -> int:
                         help="report once the client has read back every entry written (as it does at exit)")
     parser.add_argument("--watch-xla-caches", action="store_true",
                         help="report where JAX told XLA to keep its own sub-caches (its DEBUG log of each)")
+    parser.add_argument("--relink", nargs=2, metavar=("LINK", "TARGET"),
+                        help="once enable_cache returned, point the symbolic link LINK at TARGET, keeping its owner"
+                             " (another local user swapping a link after the client checked it)")
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -80,6 +83,12 @@ def main() -> int:
         print(f"ERROR {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
 
+    if args.relink:
+        link, target = args.relink
+        owner = os.lstat(link)
+        os.symlink(target, link + ".swap")
+        os.lchown(link + ".swap", owner.st_uid, owner.st_gid)
+        os.replace(link + ".swap", link)
     if args.startup_s:
         time.sleep(args.startup_s)
     if args.distributed:

@@ -18,7 +18,12 @@ def main() -> int:
     ap.add_argument("--cache-dir", required=True)
     ap.add_argument("--job", default="train")
     ap.add_argument("--rows", type=int, default=32, help="the program's input has this many rows")
+    ap.add_argument("--then-rows", type=int, action="append", default=[],
+                    help="then call the program again, in the same run, with this many rows")
     ap.add_argument("--devices", type=int, help="CPU devices (jax_num_cpu_devices)")
+    ap.add_argument("--place", choices=["all", "second"],
+                    help="place all arguments, or only the second, replicated over a mesh of every device (an "
+                         "argument not placed is uncommitted: XLA may choose its sharding)")
     ap.add_argument("--compiler-option", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--unstable", action="store_true", help="bake a value that changes every run into the program")
     ap.add_argument("--default-thresholds", action="store_true", help="JAX's 1 s minimum compile time to write")
@@ -55,8 +60,17 @@ def main() -> int:
         return jnp.tanh(a @ b + salt).sum(axis=0)
 
     compiled = jax.jit(step, compiler_options=options or None)
-    out = compiled(np.ones((args.rows, 16), np.float32), np.ones((16, 8), np.float32))
-    jax.block_until_ready(out)
+    def placed(value, which):
+        if args.place is None or (args.place == "second" and which == 0):
+            return value
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        mesh = jax.make_mesh((len(jax.devices()),), ("x",))
+        return jax.device_put(value, NamedSharding(mesh, PartitionSpec()))
+
+    for rows in (args.rows, *args.then_rows):
+        out = compiled(placed(np.ones((rows, 16), np.float32), 0), placed(np.ones((16, 8), np.float32), 1))
+        jax.block_until_ready(out)
     if session is None:
         print(json.dumps({"plain": True}))
         return 0

@@ -56,14 +56,15 @@ class Attestor:
         self.dropped = 0
         self.failed = 0
 
-    def on_put(self, key: str, value: bytes) -> None:
+    def on_put(self, key: str, value: bytes) -> tuple[str, int]:
         """The JAX wall's put hook: the digest of the exact bytes JAX is about to store (on the compiling thread;
-        hashing bytes in memory costs far less than the compile that made them)."""
+        hashing bytes in memory costs far less than the compile that made them), and their size."""
         digest = hashlib.sha256(value).hexdigest()
         with self._lock:
             if len(self._puts) >= MAX_PUTS:  # puts whose write never settled (JAX failed it): the oldest go first
                 self._puts.pop(next(iter(self._puts)))
             self._puts[key] = (digest, len(value))
+        return digest, len(value)
 
     def submit(self, key: str, looked_up_at: float = 0.0) -> None:
         """Queue a key JAX says it just wrote (having looked it up at ``looked_up_at``); never blocks."""

@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from jaxcache.client import jax_internals as ji
-from jaxcache.keyparts import COMPUTATION, XLA_FLAGS, KeyParts, ProgramSignature
+from jaxcache.keyparts import COMPUTATION, XLA_FLAGS, KeyParts, OptionFields, ProgramSignature
 
 
 class _Key:
@@ -57,10 +57,16 @@ class KeyCapture:
         elif msg.startswith(ji.SO_FAR_MSG.prefix) and len(args) == 2:
             self._current().so_far = str(args[1])
 
-    def on_key(self, key: str, program: ProgramSignature | None) -> None:
-        """The key hook: JAX computed ``key`` for a program with this signature, on this thread."""
+    def on_key(self, key: str, program: ProgramSignature | None, options_of: ji.OptionsOf | None = None) -> None:
+        """The key hook: JAX computed ``key`` for a program with this signature, on this thread; ``options_of``
+        reads its compile options (given the flags JAX hashed into it, which it logged just before)."""
         programs: dict[str, ProgramSignature | None] = self._pending("programs")
         programs[key] = program
+        if options_of is not None:
+            current: _Key | None = getattr(self._local, "key", None)
+            flags = current.xla_flags if current is not None and current.xla_flags is not None else ()
+            options: dict[str, OptionFields | None] = self._pending("options")
+            options[key] = options_of(flags)
 
     def take(self, key: str) -> tuple[KeyParts | None, ProgramSignature | None]:
         """The parts and signature captured for ``key`` on this thread, at the record that names it; what is left
@@ -68,11 +74,13 @@ class KeyCapture:
         self._finish()
         done: dict[str, dict[str, str]] = self._pending("done")
         programs: dict[str, ProgramSignature | None] = self._pending("programs")
+        options: dict[str, OptionFields | None] = self._pending("options")
         parts = done.get(key.rsplit("-", 1)[-1])
-        program = programs.get(key)
+        program, fields = programs.get(key), options.get(key)
         done.clear()
         programs.clear()
-        return (KeyParts(**parts) if parts else None), program
+        options.clear()
+        return (KeyParts(**parts, options=fields) if parts else None), program
 
     def _current(self) -> _Key:
         key: _Key | None = getattr(self._local, "key", None)

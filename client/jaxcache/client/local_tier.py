@@ -5,7 +5,8 @@ On a local miss, JAX's lookup fetches the entry from the root, the job's ``verif
 whole entry is admitted (temporary name, then rename) before JAX gets the bytes. Each trust policy has its own
 subdirectory, so files admitted unchecked never reach a job that checks. Admission and eviction run under JAX's
 own LRU lock (``.lockfile``) and keep its ``-atime`` files; no remote read happens while it is held. At each start
-local copies the root no longer has, or that are now judged bad, are dropped (:meth:`LocalTier.revalidate`).
+local copies the root no longer has, or that are now judged bad, are dropped (:meth:`LocalTier.revalidate`); until
+that listing has vouched for the local copies, a lookup answered locally first checks its one object in the root.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import filelock
 
 from jaxcache import entry, signing
 from jaxcache.client import trust as trust_mod
-from jaxcache.client.errors import UntrustedCacheDirError
 from jaxcache.client.jax_internals import reads as jax_reads
 from jaxcache.client.loads import LoadPolicy
 from jaxcache.client.options import ClientOptions
@@ -55,46 +55,76 @@ def policy_name(policy: LoadPolicy | None, trusted: TrustedKeys) -> str:
     return policy.mode
 
 
-def open_dir(candidates: tuple[str, ...], policy: str, trust: str) -> str | None:
-    """The first candidate whose policy subdirectory can be made private (0700), written, and trusted, or None.
-    A candidate others could write is passed over for the next one; the last one's trust check raises."""
-    for i, base in enumerate(candidates):
+def open_dir(candidates: tuple[str, ...], policy: str, trust: str, *,
+             named: bool = False) -> tuple[str | None, list[str]]:
+    """The first candidate whose policy subdirectory can be made private (0700), written, and trusted, or None; the
+    directory is the one checked, resolved (no link in it), so JAX reads what was judged. With it, the default
+    candidates passed over as not trustworthy, and why.
+
+    A directory the user ``named`` is judged like any cache directory (``trust``: strict raises). A default
+    candidate that is not trustworthy (another user's directory or link there: on a shared temp dir anyone can
+    make ``jaxcache-<uid>`` first) is passed over like one that cannot be written, with one warning."""
+    passed: list[str] = []
+    for base in candidates:
         path = os.path.join(base, policy)
+        if not named and trust != "off" and (found := trust_mod.problems(path)):
+            passed.append(f"{base} ({'; '.join(found)})")  # before creating anything in another user's tree
+            continue
         try:
             # 0700 on what this process creates (a base that was there keeps its mode: it may be a user's folder).
             os.makedirs(base, mode=0o700, exist_ok=True)
             os.makedirs(path, mode=0o700, exist_ok=True)
-            if os.stat(path).st_uid == os.geteuid():
-                os.chmod(path, 0o700)
-            probe = os.path.join(path, f".jaxcache-probe-{os.getpid()}")
-            with open(probe, "wb"):
-                pass
-            os.unlink(probe)
+            real = os.path.realpath(path)
+            _make_private(real)
         except OSError as exc:
             log.debug("jaxcache: %s cannot hold the node-local tier: %s", path, exc)
             continue
-        try:
-            trust_mod.check(path, mode=trust, is_gcs=False)  # JAX executes what it loads from here
-        except UntrustedCacheDirError as exc:
-            if i == len(candidates) - 1:
-                raise
-            log.warning("jaxcache: not using %s for the node-local tier: %s", path, exc)
+        if named:
+            # JAX executes what it loads from here: the links on the way are judged, then where they lead.
+            trust_mod.check(path, mode=trust, is_gcs=False)
+        elif trust != "off" and (found := trust_mod.problems(path)):
+            passed.append(f"{base} ({'; '.join(found)})")  # someone slipped in meanwhile
             continue
-        return path
-    return None
+        return real, passed
+    return None, passed
+
+
+def _make_private(path: str) -> None:
+    """Open ``path`` itself (never through a link), make it 0700 when it is ours, and write a file in it."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o700)
+        probe = f".jaxcache-probe-{os.getpid()}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=fd))
+        os.unlink(probe, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def open_local_dir(options: ClientOptions, loads: LoadPolicy | None) -> str | None:
     """The node-local directory JAX is to read for this job's trust policy, or None: no tier asked for, or no
-    candidate writable here (a read-only pod file system: then one warning, and JAX reads the root directly)."""
+    candidate usable here (a read-only pod file system: then one warning, and JAX reads the root directly)."""
     if not options.local_dirs:
         return None
-    found = open_dir(options.local_dirs, policy_name(loads, options.trusted_keys), options.trust)
+    found, passed = open_dir(options.local_dirs, policy_name(loads, options.trusted_keys), options.trust,
+                             named=options.local_dir_named)
+    # One warning either way: JAX executes what it loads from there, so a directory that is not only this user's
+    # is passed over like one that cannot be written.
+    others = "" if not passed else f"; not only yours, so not used: {', '.join(passed)}"
     if found is None:
-        log.warning("jaxcache: no node-local directory is writable here (tried %s): JAX reads %s directly, without"
-                    " the node-local tier; set JAXCACHE_LOCAL_DIR to a writable directory, or to off",
-                    ", ".join(options.local_dirs), options.cache_dir)
+        log.warning("jaxcache: no node-local directory is writable here (tried %s%s): JAX reads %s directly, without"
+                    " the node-local tier; set JAXCACHE_LOCAL_DIR to a writable directory of yours, or to off",
+                    ", ".join(options.local_dirs), others, options.cache_dir)
+    elif passed:
+        log.warning("jaxcache: the node-local tier is at %s%s", found, others)
     return found
+
+
+def healed_text(healed: list[tuple[str, bool]]) -> str:
+    """What :meth:`LocalTier.heal` did, in words."""
+    return ", ".join(f"{key} ({'its -atime written' if kept else 'broken without its -atime: removed'})"
+                     for key, kept in healed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +167,9 @@ class LocalTier:
         self._warned: set[str] = set()
         self._undo: Callable[[], None] | None = None
         self.prefetch: Ahead | None = None  # the working set's fetches, when the session starts them
+        # Set once the start's listing of the root has dropped every local copy the root lacks; until then a local
+        # copy is loaded only once its object is found in the root (the first job after a prune, too).
+        self.vouched = threading.Event()
 
     # -- counts ---------------------------------------------------------------------------------------------
 
@@ -183,12 +216,33 @@ class LocalTier:
                 return None
             if ahead is not None and ahead.admitted:
                 value = local_get(key)
+        elif value is not None and not self._in_root(key):
+            return None  # gone from the root since this copy came: dropped, and JAX compiles the program
         if value is not None:
             self.add(loaded=1, loaded_bytes=len(value))
             if self.prefetch is not None:
                 self.prefetch.asked(key)
             return value
         return self.fetch(key)
+
+    def _in_root(self, key: str) -> bool:
+        """Whether a local copy may be loaded: the start's listing vouched for it, JAX wrote it here and its upload
+        is pending, or the root holds its object (one stat); a copy the root lacks is dropped."""
+        if self.vouched.is_set() or os.path.exists(os.path.join(self.directory, PENDING_DIR, key)):
+            return True
+        try:
+            there = self._root().stat(entry.cache_name(key)) is not None
+        except Exception as exc:  # noqa: BLE001 - as when the listing fails: the copies stay, the job goes on
+            self.warn_once("stat", "jaxcache: could not ask the shared root for %s (%s); loading the local copy",
+                           key, exc)
+            return True
+        if not there:
+            with self._lock:
+                if self.remove(key):
+                    self.add(dropped=1)
+            self.warn_once("gone", "jaxcache: the shared root no longer has %s; its local copy is dropped and JAX"
+                           " compiles the program", key)
+        return there
 
     def fetch(self, key: str) -> bytes | None:
         """The root's entry for ``key`` when it passes the job's checks, admitted locally first; else None (JAX
@@ -327,6 +381,35 @@ class LocalTier:
                 removed = removed or name.endswith("-cache")
         return removed
 
+    def heal(self) -> list[tuple[str, bool]]:
+        """Entries without their ``-atime`` file (a disk that filled up, or a kill, between JAX's two writes): JAX
+        0.10's eviction reads every ``-atime``, so one such entry fails every later write here. Under JAX's lock,
+        where no write of JAX's is half done, an entry that decompresses whole gets its ``-atime``, one that does
+        not is removed. Returns each key healed, with whether its entry was kept."""
+        names = set(os.listdir(self.directory))
+        if not [n for n in names if n.endswith("-cache") and n.removesuffix("-cache") + ATIME_SUFFIX not in names]:
+            return []  # the usual start: no lock taken
+        healed: list[tuple[str, bool]] = []
+        with self._lock:
+            names = set(os.listdir(self.directory))
+            for name in sorted(names):
+                key = name.removesuffix("-cache")
+                if not name.endswith("-cache") or key + ATIME_SUFFIX in names:
+                    continue
+                chunks = self.storage.read_chunks(name)
+                if chunks is None:
+                    continue
+                whole = entry.validate_chunks(chunks).status is entry.Status.OK
+                if whole:
+                    self._touch(key)
+                else:
+                    self.remove(key)
+                healed.append((key, whole))
+        if healed:
+            self.add(healed=len(healed))
+            log.warning("jaxcache: healed %s: %s", self.directory, healed_text(healed))
+        return healed
+
     def _sweep(self, names: list[str]) -> None:
         """Remove temporary files a process killed mid-admission left behind (never read by JAX, but never evicted
         either); one younger than :data:`TEMP_AGE_S` may be another process's admission under way."""
@@ -350,6 +433,8 @@ class LocalTier:
         waiting = set(pending())
         local = [k for n in names if n.endswith("-cache") and (k := n.removesuffix("-cache")) not in waiting]
         if not local:
+            if list_root:
+                self.vouched.set()  # nothing here the root could lack (JAX's own writes are pending)
             return []
         listed: set[str] | None = None
         try:
@@ -367,4 +452,6 @@ class LocalTier:
             self.add(dropped=len(drop))
             log.info("jaxcache: dropped %d local copies from %s that the shared root no longer has or that are"
                      " judged bad", len(drop), self.directory)
+        if listed is not None:
+            self.vouched.set()
         return drop

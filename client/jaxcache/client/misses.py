@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from jaxcache import skips
 from jaxcache.records import COMPILED, KeyUsage
 from jaxcache.storage import ObjectInfo
+from jaxcache.units import plural
 
 #: An entry older than its miss by more than this existed before the lookup (clocks and mtime granularity aside).
 SLACK_S = 2.0
@@ -64,7 +65,7 @@ class MissCauses:
         if self.unexplained:
             said.append(f"{self.unexplained} to explain: jaxcache explain {shlex.quote(cache_dir)} --run"
                         f" {shlex.quote(run_id)}")
-        return f"of {self.misses} miss{'es' if self.misses != 1 else ''}: " + ", ".join(said)
+        return f"of {plural(self.misses, 'miss')}: " + ", ".join(said)
 
 
 class MissCheck:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from jaxcache import entry
 from jaxcache.client import prefetch
 from jaxcache.client.loads import LoadPolicy
-from jaxcache.client.local_tier import LocalTier
+from jaxcache.client.local_tier import LocalTier, healed_text
 from jaxcache.client.options import DEFAULT_LOCAL_MAX_BYTES, ClientOptions
 from jaxcache.client.prefetch import Prefetcher
 from jaxcache.client.uploads import Uploader
@@ -33,6 +33,7 @@ class NodeTier:
                                  signed_dir=policy is not None and policy.mode == "signed")
         self.prefetcher: Prefetcher | None = None
         self._tidy: threading.Thread | None = None
+        self.healed: list[tuple[str, bool]] = []  # entries found without their -atime at start (LocalTier.heal)
         if options.prefetch:
             url = options.service_url
             ask = None if url is None else (lambda wanted: prefetch.from_service(
@@ -52,6 +53,7 @@ class NodeTier:
     def start(self) -> None:
         """Revalidate the local copies, resume earlier processes' uploads, then answer JAX's lookups."""
         policy = self.policy
+        self.healed = self.tier.heal()  # before JAX writes here: one entry without its -atime fails them all
         bad = () if policy is None else set(policy.bad)
         if policy is not None and policy.mode == "signed":
             # What the root signs decides what loads: its listing is read before JAX reads anything here.
@@ -95,4 +97,6 @@ class NodeTier:
         ahead = "" if self.prefetcher is None else (
             f", {c.prefetched} prefetched of a working set of {c.prefetch_wanted} ({c.prefetch_unused} unused)")
         return (f"; local tier {c.directory}: {c.loaded} loaded locally{ahead}, {c.fetched} fetched on demand"
-                f" ({c.fetched_s:.2f} s), {c.uploaded} uploaded" + (f", {failed} not uploaded" if failed else ""))
+                f" ({c.fetched_s:.2f} s), {c.uploaded} uploaded" + (f", {failed} not uploaded" if failed else "")
+                + (f", {c.upload_refused} not uploaded as not the bytes JAX put" if c.upload_refused else "")
+                + (f"; healed at start: {healed_text(self.healed)}" if self.healed else ""))

@@ -70,6 +70,7 @@ class ClientOptions:
     key_parts: bool = True  # capture what went into each key (JAXCACHE_KEY_PARTS=off turns it off)
     # The node-local tier's directory, by preference (the first writable one is used); empty: JAX reads cache_dir.
     local_dirs: tuple[str, ...] = ()
+    local_dir_named: bool = False  # local_dirs is the one the user named (judged strictly), not the defaults
     upload_wait_s: float = DEFAULT_UPLOAD_WAIT_S
     prefetch: int = DEFAULT_PREFETCH  # parallel fetches of the job's working set into the tier at start; 0: none
 
@@ -222,6 +223,8 @@ def resolve(
         trusted_keys=trusted_keys,
         key_parts=parts == "on",
         local_dirs=local_dirs,
+        # Defaults come only when neither names one.
+        local_dir_named=bool(local_dirs) and (local_dir is not None or bool(env.get("JAXCACHE_LOCAL_DIR", "").strip())),
         upload_wait_s=wait_s,
         prefetch=prefetch,
     )

@@ -24,6 +24,7 @@ from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
 from jaxcache.client.written import WriteCheck
 from jaxcache.records import HIT, JOB, WRITE, Fingerprint, KeyUsage, RunKind, RunRecord
+from jaxcache.units import plural
 
 if TYPE_CHECKING:  # verify mode loads it only when asked for
     from jaxcache.integrity import Verdict
@@ -138,7 +139,8 @@ class CacheSession:
         rate = "n/a" if s.hit_rate is None else f"{s.hit_rate:.0%}"
         causes = self.miss_causes().describe(self.cache_dir, self.run_id) if s.misses else ""
         return (
-            f"jaxcache: job {self.job}: {s.hits} hits, {s.misses} misses ({s.writes} written), hit rate {rate};"
+            f"jaxcache: job {self.job}: {plural(s.hits, 'hit')}, {plural(s.misses, 'miss')} ({s.writes} written),"
+            f" hit rate {rate};"
             f" {s.compile_s:.1f} s compiling, {s.retrieval_s:.2f} s loading, >= {s.saved_s:.1f} s saved;"
             f" cache {self.cache_dir}" + (f"; {causes}" if causes else "")
             + ("" if self._tier is None else self._tier.summary())
@@ -232,9 +234,9 @@ class CacheSession:
         return f"{self.kind} {self.job} run {self.run_id}"
 
     def _on_put(self, key: str, value: bytes) -> None:
-        self._attestor.on_put(key, value)
+        sha256, size = self._attestor.on_put(key, value)
         if self._tier is not None:
-            self._tier.uploader.on_put(key, value)  # marked pending before JAX stores it
+            self._tier.uploader.on_put(key, sha256, size)  # signed and marked pending before JAX stores it
 
     def _claimed_call(self, asked: dict[str, object]) -> CacheSession:
         """A later enable_cache() call in a process this session claimed: this session, and one notice."""

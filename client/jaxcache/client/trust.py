@@ -5,7 +5,9 @@ JAX executes what it loads from the cache, so anyone who can write the directory
 not group- or world-writable and is owned by us or root. The parents matter too: whoever can rename a parent
 can swap the whole directory, unless the parent has the sticky bit (like /tmp), which forbids renaming other
 users' entries. A directory that does not exist yet is judged by the parent it will be created under, then
-again once created (so a directory someone else slipped in first is caught).
+again once created (so a directory someone else slipped in first is caught). A symbolic link on the way is never
+taken on another user's word: one owned by anyone but this user or root is a problem (its owner can point it
+elsewhere after the check), and the directory judged is the one the path resolves to.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ _gcs_notice_given = False
 
 
 def problems(path: str) -> list[str]:
-    """Why ``path`` (absolute, normalised) is not trustworthy; empty when it is."""
+    """Why ``path`` (absolute, normalised) is not trustworthy; empty when it is. The links on the way are judged by
+    their owners, then the directories of the path they resolve to (:func:`os.path.realpath`)."""
     me = os.geteuid()
-    found: list[str] = []
-    current = path
+    found = _links(path, me)
+    current = os.path.realpath(path)
     is_target = True
     while True:
         try:
-            st = os.stat(current)
+            st = os.lstat(current)
         except FileNotFoundError:
             parent = os.path.dirname(current)
             if parent == current:
@@ -46,6 +49,23 @@ def problems(path: str) -> list[str]:
         if parent == current:
             break
         current, is_target = parent, False
+    return found
+
+
+def _links(path: str, me: int) -> list[str]:
+    """The links along ``path`` (as spelled) that another user owns: whoever owns a link can re-point it."""
+    found = []
+    current = os.sep
+    for part in path.split(os.sep):
+        if not part:
+            continue
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except OSError:
+            break  # not there yet: nothing further on the way exists either
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, me):
+            found.append(f"{current} is a symbolic link owned by uid {st.st_uid}, not by you (uid {me}) or root")
     return found
 
 

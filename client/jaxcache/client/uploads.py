@@ -1,7 +1,10 @@
 """Write-behind: what JAX writes to the node-local tier is uploaded to the shared root, off the training path.
 
 JAX's put is heard before it stores (the put hook): the key is marked pending in the local directory
-(``.jaxcache/pending/<key>``), so no other process drops it as "gone from the root" meanwhile. Once the attestor has
+(``.jaxcache/pending/<key>``), so no other process drops it as "gone from the root" meanwhile. The mark holds the
+digest and size of the bytes JAX put and, with ``JAXCACHE_SIGNING_KEY``, their signature, made then from the bytes
+in memory: a later process resuming the upload sends only a file that matches them, with that signature, never
+one of its own over whatever the file holds by then. Once the attestor has
 read the write back whole and its bytes are the ones put, one background thread creates the entry in the root
 (create-only: an entry there already is never replaced) and then, with ``JAXCACHE_SIGNING_KEY``, its signature.
 A failed upload is a warning and a count; the mark stays, and the next process on the node tries again. In a
@@ -12,22 +15,54 @@ signs exactly those bytes in the root: the next start drops it, so a verified co
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from jaxcache import entry, signing
 from jaxcache.client.attestation import drained
 from jaxcache.client.local_tier import PENDING_DIR, TEMP_AGE_S, UNVERIFIED_DIR, LocalTier
-from jaxcache.errors import PreconditionFailedError
+from jaxcache.errors import InvalidInputError, PreconditionFailedError
 from jaxcache.storage import Storage
+from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.client")
 
 QUEUE_SIZE = 4096
+MARK_MAX_BYTES = 64 * 1024  # a pending mark: a digest and one signature, far less
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """What JAX put under a key, kept with its pending mark: the bytes' digest and size, and their signature."""
+
+    sha256: str
+    size_bytes: int
+    signature: signing.Signature | None = None
+
+    def to_bytes(self) -> bytes:
+        sig = None if self.signature is None else signing.encode([self.signature]).decode()
+        return json.dumps({"sha256": self.sha256, "size_bytes": self.size_bytes, "signature": sig}).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, key: str) -> Put | None:
+        """The mark's put, or None when it holds none (a mark of an older client, or not one of ours)."""
+        try:
+            doc = json.loads(data)
+            sigs = [] if doc["signature"] is None else signing.decode(doc["signature"].encode())
+            put = cls(str(doc["sha256"]), int(doc["size_bytes"]), sigs[0] if sigs else None)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, OverflowError,
+                InvalidInputError):
+            return None
+        if put.signature is not None and (put.signature.key, put.signature.sha256, put.signature.size_bytes) != (
+                key, put.sha256, put.size_bytes):
+            return None
+        return put
 
 
 class Uploader:
@@ -49,6 +84,7 @@ class Uploader:
         self._queue: queue.Queue[tuple[str, tuple[str, int] | None]] = queue.Queue(maxsize=QUEUE_SIZE)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._signed: dict[str, signing.Signature] = {}  # this process's puts' signatures, until uploaded
 
     def pending(self) -> list[str]:
         """The keys written here whose upload has not finished (by this process or an earlier one)."""
@@ -63,12 +99,20 @@ class Uploader:
         for key in keys:
             self._unmark(self._unverified, key)
 
-    def on_put(self, key: str, _value: bytes) -> None:
-        """The put hook, before JAX stores: mark the key pending (a tiny local write on the compiling thread)."""
-        for folder in (self._pending, self._unverified):
-            if folder is not None:
-                with open(os.path.join(folder, key), "wb"):
-                    pass
+    def on_put(self, key: str, sha256: str, size_bytes: int) -> None:
+        """The put hook, before JAX stores the bytes of that digest and size: sign them (with
+        ``JAXCACHE_SIGNING_KEY``) and mark the key pending with both (a tiny local write on the compiling thread)."""
+        sig = None if self._key is None else self._key.sign(key, sha256, size_bytes, writer=self._writer_name())
+        if sig is not None:
+            with self._lock:
+                if len(self._signed) >= QUEUE_SIZE:  # puts whose write never settled: the oldest go first
+                    self._signed.pop(next(iter(self._signed)))
+                self._signed[key] = sig
+        with open(os.path.join(self._pending, key), "wb") as f:
+            f.write(Put(sha256, size_bytes, sig).to_bytes())
+        if self._unverified is not None:
+            with open(os.path.join(self._unverified, key), "wb"):
+                pass
 
     def submit(self, key: str, sha256: str, size_bytes: int) -> None:
         """Upload a write the attestor found whole and equal to what JAX put; never blocks."""
@@ -107,8 +151,9 @@ class Uploader:
         if final:
             left = self._queue.unfinished_tasks
             self._tier.add(upload_pending=left)
-            log.warning("jaxcache: %d uploads to the shared root did not finish within %.0f s; their entries stay"
-                        " in %s and the next job on this node uploads them", left, timeout_s, self._tier.directory)
+            log.warning("jaxcache: %s to the shared root did not finish within %.0f s; their entries stay"
+                        " in %s and the next job on this node uploads them", plural(left, "upload"), timeout_s,
+                        self._tier.directory)
         return False
 
     def _run(self) -> None:
@@ -136,18 +181,18 @@ class Uploader:
             self._done(key)  # evicted or dropped meanwhile: nothing to upload
             return
         sha, size = hashlib.sha256(data).hexdigest(), len(data)
-        if put is None and entry.validate(data).status is not entry.Status.OK:
-            # Torn: JAX's write (not atomic) is under way in another process, or its process died inside it. Never
-            # uploaded; removed once old enough that no write can still be going on.
-            info = self._tier.storage.stat(name)
-            if info is not None and time.time() - info.mtime_s > TEMP_AGE_S:
-                with self._tier.lock():
-                    self._tier.remove(key)
-                self._done(key)
-            return
-        if put is not None and (sha, size) != put:
-            self._done(key)  # replaced since the attestor read it: not the bytes this process put
-            return
+        if put is not None:
+            with self._lock:
+                sig = self._signed.pop(key, None)
+            if (sha, size) != put:
+                self._done(key)  # replaced since the attestor read it: not the bytes this process put
+                return
+        else:
+            kept = self._mark(key)  # an earlier process's put: only its bytes go, with its signature
+            if kept is None or (sha, size) != (kept.sha256, kept.size_bytes):
+                self._refuse(key, name, data, kept is None)
+                return
+            sig = kept.signature
         root = self._root()
         try:
             root.write_atomic(name, data, create_only=True)
@@ -155,12 +200,35 @@ class Uploader:
             self._done(key)  # another writer's entry is there: the root keeps the first
             return
         self._tier.add(uploaded=1, uploaded_bytes=size, uploaded_s=time.monotonic() - started)
-        if self._key is not None:
-            if signing.write(root, self._key.sign(key, sha, size, writer=self._writer_name())):
+        if sig is not None:
+            if signing.write(root, sig):
                 self._unmark(self._unverified, key)  # signed: exactly these bytes, in the root and here
             else:
                 log.warning("jaxcache: %s already has a signature object; this write is left unsigned", key)
         self._done(key)
+
+    def _mark(self, key: str) -> Put | None:
+        try:
+            with open(os.path.join(self._pending, key), "rb") as f:
+                raw = f.read(MARK_MAX_BYTES + 1)
+        except OSError:
+            return None
+        return None if len(raw) > MARK_MAX_BYTES else Put.from_bytes(raw, key)
+
+    def _refuse(self, key: str, name: str, data: bytes, unknown: bool) -> None:
+        """A pending write whose file is not the bytes JAX put (per its mark), or whose mark says nothing."""
+        info = self._tier.storage.stat(name)
+        young = info is not None and time.time() - info.mtime_s <= TEMP_AGE_S
+        if young and entry.validate(data).status is not entry.Status.OK:
+            return  # torn and recent: JAX's write (not atomic) may be under way in another process
+        with self._tier.lock():  # never loaded, never uploaded: JAX compiles the program again
+            self._tier.remove(key)
+        self._done(key)
+        self._tier.add(upload_refused=1)
+        self._tier.warn_once("refused", "jaxcache: not uploading %s from %s: %s; the local file is removed (and"
+                             " counted in the run record)", key, self._tier.directory,
+                             "its pending mark does not say which bytes JAX put" if unknown else
+                             "it is not the bytes JAX put")
 
     def _done(self, key: str) -> None:
         self._unmark(self._pending, key)

@@ -27,6 +27,7 @@ from jaxcache.client.reporting import ask_service
 from jaxcache.scan import Entry
 from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
+from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.client")
 
@@ -99,12 +100,13 @@ def attested_policy(service_url: str, token: str | None, cache_dir: str) -> Load
     bad = {str(p["key"]): str(p["class"]) for p in summary.get("problems", []) if p.get("class") in skips.JUDGED_BAD}
     judged_bad = sum(int(n) for c, n in (summary.get("counts") or {}).items() if c in skips.JUDGED_BAD)
     if judged_bad > len(bad):
-        log.warning("jaxcache: verify='attested': the service judged %d entries of %s bad but listed %d; the others"
-                    " load unjudged: remove them (jaxcache prune %s --integrity %s --apply)", judged_bad, cache_dir,
-                    len(bad), cache_dir, ",".join(skips.JUDGED_BAD))
+        log.warning("jaxcache: verify='attested': the service judged %s of %s bad but listed %d; the others"
+                    " load unjudged: remove them (jaxcache prune %s --integrity %s --apply)",
+                    plural(judged_bad, "entry"), cache_dir, len(bad), cache_dir, ",".join(skips.JUDGED_BAD))
     if bad:
-        log.warning("jaxcache: verify='attested': the service judged %d entries of %s bad; JAX will compile them"
-                    " instead of loading them. Remove them: %s", len(bad), cache_dir, skips.removal(cache_dir, bad))
+        log.warning("jaxcache: verify='attested': the service judged %s of %s bad; JAX will compile them"
+                    " instead of loading them. Remove them: %s", plural(len(bad), "entry"), cache_dir,
+                    skips.removal(cache_dir, bad))
     return refuse_keys("attested", bad)
 
 

@@ -11,6 +11,7 @@ from jaxcache import signing
 from jaxcache.bundle import export
 from jaxcache.bundle_import import add_checked, check_archive
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, non_negative, print_json, progress
+from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError
 from jaxcache.storage import LocalStorage, Storage, open_storage
 from jaxcache.units import format_bytes
@@ -20,7 +21,7 @@ _SHOWN = 20
 
 
 def _listed(what: str, found: dict[str, str]) -> list[str]:
-    lines = [f"  {what} {key}: {why}" for key, why in list(found.items())[:_SHOWN]]
+    lines = [f"  {what} {shown(key)}: {shown(why)}" for key, why in list(found.items())[:_SHOWN]]
     return lines + ([f"  ... and {len(found) - _SHOWN} more"] if len(found) > _SHOWN else [])
 
 
@@ -67,8 +68,11 @@ def cmd_import(args: argparse.Namespace, storage: Storage | None) -> int:
     else:
         lines = [done.check_text(), f"bundle: {done.manifest.described()}",
                  f"into {root.url}: {len(done.imported)} imported, {len(done.present)} already there,"
-                 f" {len(done.kept)} left alone (other bytes there), {len(done.refused)} refused"]
-        lines += _listed("refused", done.refused) + _listed("left alone", done.kept)
+                 f" {len(done.kept)} left alone (other bytes there), {len(done.refused)} refused"
+                 + (f", {len(done.signatures_kept)} without this bundle's signature (another there)"
+                    if done.signatures_kept else "")]
+        lines += (_listed("refused", done.refused) + _listed("left alone", done.kept)
+                  + _listed("signature not placed for", done.signatures_kept))
         lines += [f"  note: {n}" for n in done.notes[:_SHOWN]]
         print("\n".join(lines))
     return EXIT_OK if done.whole else EXIT_PROBLEMS
@@ -84,11 +88,13 @@ _IMPORT_DESCRIPTION = (
     "Check a bundle and add its entries to ROOT, create-only. With JAXCACHE_TRUSTED_KEYS set, an entry is imported"
     " only with a signature by one of those keys over its bytes (others are refused: unsigned, untrusted key, bad"
     " signature, digest differs); without, only the manifest's digests are checked, which proves the archive is"
-    " whole, not who made it; the output says which. Every entry must decompress whole. The archive is checked"
+    " whole, not who made it; the output says which. Every entry must decompress whole, to at most"
+    " JAXCACHE_MAX_DECOMPRESSED_BYTES (default 4GiB; more is refused as a decompression bomb). The archive is checked"
     " whole before anything is written: a member that is not <key>-cache or <key>-sig listed by the manifest (a"
     " path, a link), or an archive cut short, refuses it all. An object already in ROOT is never replaced. Exit"
-    " codes: 0 every entry is in ROOT now (imported or already there); 1 some were refused or other bytes were"
-    " there; 2 bad input or a refused archive (nothing written).")
+    " codes: 0 every entry is in ROOT now (imported or already there) with its signature; 1 some were refused,"
+    " other bytes were there, or another <key>-sig was there so the bundle's signature was not placed (each named);"
+    " 2 bad input or a refused archive (nothing written).")
 
 
 def add_parsers(sub: Any) -> None:

@@ -12,7 +12,7 @@ from jaxcache.doctor import Diagnosis, check, diagnose
 from jaxcache.scan import Entry, scan
 from jaxcache.storage import Storage
 from jaxcache.table import render
-from jaxcache.units import parse_duration
+from jaxcache.units import parse_duration, plural
 
 
 def _doctor_json(storage: Storage, d: Diagnosis) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
         })
         return EXIT_PROBLEMS if bad else EXIT_OK
     shown = ", ".join(f"{n} {c}" for c, n in counts.items() if n)
-    print(f"verified {len(verdicts)} entries in {storage.url}: {shown or 'none'}")
+    print(f"verified {plural(len(verdicts), 'entry')} in {storage.url}: {shown or 'none'}")
     flagged = [v for v in verdicts if v.classification not in (integrity.OK, integrity.UNATTESTED)]
     if flagged:
         print(render(["CLASS", "FILE", "WHY"], [[v.classification, v.name, "; ".join(v.reasons)] for v in flagged]))
@@ -71,18 +71,20 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
               "also those that only differ from an unsigned digest), and find out who "
               "could write them.")
     if found.conflicts:
-        print(f"\nnote: {len(found.conflicts)} entries have more than one recorded digest; the first counted, the"
-              " others are listed with --json (a second writer raced the first, or a record was forged)")
+        n = len(found.conflicts)
+        print(f"\nnote: {plural(n, 'entry')} {'has' if n == 1 else 'have'} more than one recorded digest; the first"
+              " counted, the others are listed with --json (a second writer raced the first, or a record was forged)")
     if found.skipped:
         first, why = min(found.skipped.items())
-        print(f"\nnote: skipped {len(found.skipped)} malformed run or warm-up records (their digests are not used);"
-              f" the first: {first}: {why}")
+        print(f"\nnote: skipped {plural(len(found.skipped), 'malformed run or warm-up record')} (their digests are"
+              f" not used); the first: {first}: {why}")
     if storage.skipped.count:
-        print(f"\nnote: skipped {storage.skipped.count} objects named like entries or records that are not regular "
-              "files or whose names cannot be read safely; `jaxcache doctor ROOT` lists them")
+        print(f"\nnote: skipped {plural(storage.skipped.count, 'object')} named like entries or records that are not"
+              " regular files or whose names cannot be read safely; `jaxcache doctor ROOT` lists them")
     if counts[integrity.UNATTESTED]:
-        print(f"\nnote: {counts[integrity.UNATTESTED]} entries have no recorded digest (written by plain JAX, not "
-              "through jaxcache.client or warmup); only their embedded name could be checked.")
+        n = counts[integrity.UNATTESTED]
+        print(f"\nnote: {plural(n, 'entry')} {'has' if n == 1 else 'have'} no recorded digest (written by plain JAX,"
+              " not through jaxcache.client or warmup); only their embedded name could be checked.")
     return EXIT_PROBLEMS if bad else EXIT_OK
 
 
@@ -96,8 +98,8 @@ def cmd_doctor(args: argparse.Namespace, storage: Storage) -> int:
         return exit_code
     s = d.stats
     mix = ", ".join(f"{k} {v}" for k, v in sorted(s.by_compression.items())) or "-"
-    print(f"checked {s.entries} entries in {storage.url}: {s.entries - s.corrupt} ok, {s.corrupt} corrupt, "
-          f"{s.orphans} orphaned -atime files; compression: {mix}"
+    print(f"checked {plural(s.entries, 'entry')} in {storage.url}: {s.entries - s.corrupt} ok, {s.corrupt} corrupt, "
+          f"{plural(s.orphans, 'orphaned -atime file')}; compression: {mix}"
           + (f"; {d.skipped_total} skipped" if d.skipped_total else ""))
     if d.corrupt:
         print(f"\ncorrupt entries ({len(d.corrupt)}):")
@@ -127,7 +129,8 @@ def add_parser(sub: Any) -> None:
                     help="integrity: compare each entry with its signatures (<key>-sig), its writer's recorded "
                          "digest and its embedded program name; classes ok, tampered (differs from what a key of "
                          "JAXCACHE_TRUSTED_KEYS signed: proof), differs (from an unsigned digest: a record or a "
-                         "report, not proof), mismatched, corrupt, pending (younger than --min-age), unattested")
+                         "report, not proof), mismatched, corrupt (including one that expands to more than "
+                         "JAXCACHE_MAX_DECOMPRESSED_BYTES, default 4GiB), pending (younger than --min-age), unattested")
     dr.add_argument("--min-age", default="1h", metavar="DURATION",
                     help="with --verify: entries younger than this that look broken are pending (default 1h)")
     dr.add_argument("--json", action="store_true", help="print JSON (stable field names)")

@@ -3,25 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import time
 from collections import defaultdict
 from typing import Any
 
 from jaxcache.cli.output import EXIT_OK, ROOT_HELP, flag_value, print_json
+from jaxcache.display import shown
+from jaxcache.errors import InvalidInputError
 from jaxcache.explain import Explanation, Known, explain
-from jaxcache.explain.from_root import RootHistory, is_miss, read_records
+from jaxcache.explain.from_root import RootHistory, is_miss, read_root
 from jaxcache.explain.values import differs_text
 from jaxcache.records import check_job, check_run_id
 from jaxcache.storage import Storage
 from jaxcache.table import render
-from jaxcache.units import parse_duration
+from jaxcache.units import parse_duration, plural
+
+_LISTED = 5  # recorded names offered when none is close
 
 
 def explained(storage: Storage, *, job: str | None = None, run: str | None = None,
               since_s: float | None = None, now: float | None = None) -> tuple[list[dict[str, Any]], int]:
-    """One dict per miss (the fields ``--json`` prints), and how many records were skipped as malformed."""
+    """One dict per miss (the fields ``--json`` prints), and how many records were skipped as malformed.
+
+    A ``job`` or ``run`` that no record of the root names is an error (a typo must not read as "no misses")."""
     now = time.time() if now is None else now
-    knowns, skipped = read_records(storage)
+    found = read_root(storage)
+    knowns, skipped = found.knowns, found.skipped
+    if job is not None and job not in found.jobs:
+        raise InvalidInputError(_unknown("--job", job, found.jobs, "job", storage.url))
+    if run is not None and run not in found.runs:
+        raise InvalidInputError(_unknown("--run", run, found.runs, "run", storage.url))
     history = RootHistory(storage, knowns, storage.iter_objects())
     out = []
     for miss in (k for k in knowns if is_miss(k)):
@@ -31,6 +43,20 @@ def explained(storage: Storage, *, job: str | None = None, run: str | None = Non
         out.append(_row(miss, why))
     out.sort(key=lambda r: (-(r["compile_s"] or 0.0), r["function"], r["key"]))
     return out, skipped
+
+
+def _unknown(flag: str, value: str, named: set[str], what: str, url: str) -> str:
+    """The one line for a job or run no record names: the close ones, else a few of those recorded."""
+    close = difflib.get_close_matches(value, named, n=3)
+    if close:
+        hint = "did you mean " + " or ".join(repr(shown(c)) for c in close) + "?"
+    elif named:
+        few = sorted(named)[:_LISTED]
+        more = f" and {len(named) - _LISTED} more" if len(named) > _LISTED else ""
+        hint = f"{what}s recorded: " + ", ".join(shown(n) for n in few) + more
+    else:
+        hint = "the root holds no run or warm-up records"
+    return f"{flag} {shown(value)!r}: no run or warm-up record in {url} names that {what}; {hint}"
 
 
 def _row(miss: Known, why: Explanation) -> dict[str, Any]:
@@ -57,7 +83,7 @@ def cmd_explain(args: argparse.Namespace, storage: Storage) -> int:
               g[0]["fix"]] for (cause, function), g in lines]
     print(render(["CAUSE", "FUNCTION", "MISSES", "COMPILE S", "WHAT DIFFERS", "FIX"], table))
     total = sum(r["compile_s"] or 0 for r in rows)
-    print(f"\n{len(rows)} misses, {total:.1f} compile seconds" + (
+    print(f"\n{plural(len(rows), 'miss')}, {total:.1f} compile seconds" + (
         f"; {skipped} malformed records skipped" if skipped else ""))
     return EXIT_OK
 
@@ -72,9 +98,11 @@ def add_parser(sub: Any) -> None:
                     "the nearest entry of the same function (jaxlib, backend, xla_flags, compile_options, "
                     "devices, compression, custom_hook); unknown when nothing recorded tells.")
     ex.add_argument("root", metavar="ROOT", help=ROOT_HELP)
-    ex.add_argument("--job", metavar="NAME", help="only this job's misses")
+    ex.add_argument("--job", metavar="NAME", help="only this job's misses (a job no record names: exit 2, naming the"
+                                                          " recorded jobs closest to it)")
     ex.add_argument("--run", dest="run_id", metavar="RUN_ID",
-                    help="only this run's misses (the id the client's summary prints)")
+                    help="only this run's misses (the id the client's summary prints; one no record names:"
+                         " exit 2)")
     ex.add_argument("--since", metavar="DURATION", help="only misses of the last DURATION (e.g. 7d, 12h)")
     ex.add_argument("--json", action="store_true",
                     help="one object per miss: function, key, cause, differs, nearest, fix, compile_s, job, run_id")

@@ -14,6 +14,7 @@ from jaxcache.errors import InvalidInputError, NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import Entry, scan
 from jaxcache.storage import Storage
+from jaxcache.units import plural
 
 
 def cmd_new(args: argparse.Namespace, storage: Storage | None) -> int:
@@ -85,7 +86,7 @@ def cmd_sign(args: argparse.Namespace, storage: Storage | None) -> int:
                     "skipped": [{"key": k, "why": why} for k, why in skipped]})
     else:
         verb = "would sign" if args.dry_run else "signed"
-        print(f"{verb} {len(signed)} of {len(entries)} entries in {storage.url} with {key.name}"
+        print(f"{verb} {len(signed)} of {plural(len(entries), 'entry')} in {storage.url} with {key.name}"
               + (f"; {len(skipped)} skipped" if skipped else ""))
         for k, why in skipped[:20]:
             print(f"  skipped {k}: {why}")

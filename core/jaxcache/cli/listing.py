@@ -29,7 +29,7 @@ from jaxcache.scan import Entry, Record
 from jaxcache.stats import CacheStats, summarize
 from jaxcache.storage import Storage, is_gcs_url
 from jaxcache.table import render
-from jaxcache.units import format_bytes, format_duration
+from jaxcache.units import format_bytes, format_duration, plural
 
 # Each order ascending, and total (ties broken by key): the same entries print in the same order whatever order the
 # listing (or the index) gave them in.
@@ -199,8 +199,8 @@ def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
         ["orphaned -atime files", f"{data['orphans']} ({format_bytes(data['orphan_bytes'])})"],
     ]
     if data.get("skipped"):  # .get: an answer kept before this field existed
-        summary.append(["skipped", f"{data['skipped']} objects named like entries that are not regular files or "
-                                   "whose names cannot be read safely - run `jaxcache doctor` to list them"])
+        summary.append(["skipped", f"{plural(data['skipped'], 'object')} named like entries that are not regular"
+                                   " files or whose names cannot be read safely - run `jaxcache doctor` to list them"])
     oldest, newest = data["oldest_created_s"], data["newest_created_s"]
     if oldest is not None and newest is not None:
         summary.append(["oldest / newest entry",

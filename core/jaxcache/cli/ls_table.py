@@ -15,12 +15,15 @@ import msgspec
 
 from jaxcache.display import shown
 from jaxcache.scan import Entry
-from jaxcache.units import format_bytes, format_duration
+from jaxcache.units import format_bytes, format_duration, plural
 
 HEADERS = ("FUNCTION", "HASH", "SIZE", "COMPILE", "AGE", "LAST USED", "COMPRESSION", "STATUS")
 _RIGHT = frozenset({2, 3, 4, 5})
 _AGE, _USED = 4, 5  # the columns the clock moves; the cells before and after them are fixed
 _GAP = "  "
+#: What LAST USED reads, under every table with rows: the service's last use (reported hits) may be newer.
+USED_NOTE = ("LAST USED: from JAX's -atime files, written only while JAX's LRU is on (jax_compilation_cache_max_size;"
+             " '-': none); hits that jobs report (run records, the service's pages) may be newer")
 
 
 class LsTable(msgspec.Struct, array_like=True, gc=False):
@@ -83,7 +86,9 @@ def build(entries: Sequence[Entry], *, heads: bool, url: str, skipped: int = 0) 
         return _GAP.join(out)
 
     first, rest = range(_AGE), range(_AGE, len(fixed))
-    footer = f"{len(entries)} entries, {format_bytes(sum(e.size_bytes for e in entries))} in {url}"
+    footer = f"{plural(len(entries), 'entry')}, {format_bytes(sum(e.size_bytes for e in entries))} in {url}"
+    if entries:
+        footer = f"{USED_NOTE}\n{footer}"
     if not heads:
         footer += ("\nheads not read (a request per entry on gs://): --heads shows compile seconds, compression "
                    "and status")
@@ -100,8 +105,8 @@ def build(entries: Sequence[Entry], *, heads: bool, url: str, skipped: int = 0) 
 
 def skipped_note(count: int) -> str:
     """The line that says a listing skipped ``count`` objects, and where to see which."""
-    return (f"skipped {count} objects named like entries that are not regular files or whose names cannot be read "
-            "safely: `jaxcache doctor ROOT` lists them")
+    return (f"skipped {plural(count, 'object')} named like entries that are not regular files or whose names cannot"
+            " be read safely: `jaxcache doctor ROOT` lists them")
 
 
 def _column(header: str, now: float, times: Sequence[float | None]) -> tuple[str, list[str]]:

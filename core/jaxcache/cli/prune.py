@@ -31,14 +31,15 @@ from jaxcache.prune.policy import PROOF_CLASSES
 from jaxcache.scan import Entry
 from jaxcache.storage import Storage
 from jaxcache.table import render
-from jaxcache.units import format_bytes, format_duration, parse_bytes, parse_duration
+from jaxcache.units import format_bytes, format_duration, parse_bytes, parse_duration, plural
 from jaxcache.usage import RecordedUse, read_usage
 
 _PRUNE_TABLE_ROWS = 50
-_NO_RULE = (
-    "nothing selects entries: give --max-size, --unused-for, --older-than, --function, --corrupt, --orphans or "
-    "--stale-jaxlib (--keep and --min-age only protect entries)"
-)
+#: The flags that select entries, named alike by the "no rule" error and --help.
+SELECTING = ("--max-size", "--unused-for", "--older-than", "--function", "--corrupt", "--orphans", "--stale-jaxlib",
+             "--integrity")
+_NO_RULE = (f"nothing selects entries: give {', '.join(SELECTING[:-1])} or {SELECTING[-1]} (--keep and --min-age "
+            "only protect entries)")
 
 
 def _prune_policy(args: argparse.Namespace) -> PrunePolicy:
@@ -243,8 +244,8 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         result = PruneResult()
     sig_orphans = _signature_orphans(storage, apply=bool(args.apply)) if policy.orphans else []
     if sig_orphans and not args.json:
-        print(f"{'deleted' if args.apply else 'would delete'} {len(sig_orphans)} signature objects whose entry is"
-              " gone (<key>-sig)")
+        print(f"{'deleted' if args.apply else 'would delete'} {plural(len(sig_orphans), 'signature object')} whose"
+              " entry is gone (<key>-sig)")
     exit_code = EXIT_PROBLEMS if result is not None and result.errors else EXIT_OK
     if args.json:
         with collector.paused():  # a decision and a dict for each of 100k deletions
@@ -252,7 +253,7 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
                        | {"signature_orphans": sig_orphans})
         return exit_code
     if result is None:
-        print(f"would delete {len(p.delete)} entries, freeing {format_bytes(p.bytes_freed)} "
+        print(f"would delete {plural(len(p.delete), 'entry')}, freeing {format_bytes(p.bytes_freed)} "
               f"({format_bytes(p.bytes_remaining)} remain)")
         if p.delete:
             print("dry run: nothing was deleted; add --apply to delete")
@@ -264,7 +265,7 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         extra.append(f"{result.changed} changed since the listing (left alone)")
     if result.errors:
         extra.append(f"{len(result.errors)} failed")
-    print(f"deleted {result.deleted} entries, freed {format_bytes(result.bytes_freed)}"
+    print(f"deleted {plural(result.deleted, 'entry')}, freed {format_bytes(result.bytes_freed)}"
           + (f" ({', '.join(extra)})" if extra else ""))
     for message in result.errors[:10]:
         print(f"jaxcache: error: {shown(message)}", file=sys.stderr)
@@ -277,11 +278,10 @@ def add_parser(sub: Any) -> None:
     """``prune``."""
     pr = sub.add_parser(
         "prune", help="delete entries by size, age, function, corruption (dry run unless --apply)",
-        description="Delete entries that ANY selecting rule picks (--max-size, --unused-for, --older-than, "
-                    "--function, --corrupt, --orphans, --stale-jaxlib) unless a keep rule protects them (--keep, "
-                    "--min-age). Prints what would go and why; nothing is deleted without --apply. Deleting "
-                    "entries while jobs run is safe: JAX recompiles what is missing. Rules about use read the "
-                    "root's run records (.jaxcache/runs/) for reported hits and writers.",
+        description=f"Delete entries that ANY selecting rule picks ({', '.join(SELECTING)}) unless a keep rule "
+                    "protects them (--keep, --min-age). Prints what would go and why; nothing is deleted without "
+                    "--apply. Deleting entries while jobs run is safe: JAX recompiles what is missing. Rules about "
+                    "use read the root's run records (.jaxcache/runs/) for reported hits and writers.",
         epilog="Sizes: 500MiB, 50GiB, 50GB. Durations: 45s, 30m, 12h, 14d, 2w. Exit codes: 0 ok, 1 some "
                "deletions failed, 2 usage or input error.",
     )

@@ -39,8 +39,8 @@ _FIX = {
     kp.BACKEND: "the entry was written on backend {theirs}, this job runs on {mine} (driver or runtime version): "
                 "warm up on machines with the job's driver and runtime",
     kp.XLA_FLAGS: "XLA flags differ ({changes}): give the warm-up the job's XLA_FLAGS",
-    kp.COMPILE_OPTIONS: "the compile options differ (jax.jit's compiler_options, donated arguments, or XLA debug "
-                        "options): compile with the same options as the job",
+    kp.COMPILE_OPTIONS: "the compile options differ ({changes}): compile with the same options as the job (jax.jit's "
+                        "compiler_options, donated arguments, the arguments' shardings, XLA flags)",
     kp.DEVICES: "the devices differ ({theirs} → {mine}): warm up for the job's topology (`warmup --topology ...`)",
     kp.COMPRESSION: "the entry was written by a process that hashes {theirs}, this job hashes {mine}: install "
                     "zstandard everywhere, and run writers and readers on the same Python",
@@ -72,7 +72,14 @@ def fix(cause: str, **facts: object) -> str:
             if marker in reason:
                 return text.format(reason=reason)
         return f"an earlier run compiled it and JAX did not store it ({reason or 'no reason recorded'})"
-    return _FIX[cause].format_map(_Blank(facts))
+    text = _FIX[cause].format_map(_Blank(facts))
+    if cause == kp.COMPILE_OPTIONS and "allow_spmd_sharding_propagation_to_parameters" in str(facts.get("changes")):
+        text += (". That option follows the arguments' placement: place each as the job does (a NamedSharding over "
+                 "its mesh); an uncommitted one, such as a Python scalar, lets XLA choose")
+    if cause == PROGRAM_CHANGED and facts.get("types_only"):
+        text += (". Only shapes or dtypes changed: bucket or pad inputs to a few shapes, or warm up each shape the "
+                 "job uses (`warmup --entrypoint ...`)")
+    return text
 
 
 class _Blank(dict[str, object]):

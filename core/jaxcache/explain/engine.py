@@ -23,9 +23,9 @@ def explain(miss: Miss, history: History, *, root: str = "ROOT") -> Explanation:
     found = _about_the_key(miss, history, others, root)
     if found is not None:
         return found
-    # What the cache could have given at the time: keys recorded, and entries written, before the miss.
-    family = [k for k in history.of_function(miss.function)
-              if k.key != miss.key and k.at < miss.at and k.run_id != miss.run_id]
+    # What the cache could have given at the time: keys recorded, and entries written, before the miss. Other keys
+    # of the function that the miss's own run wrote earlier count: one run compiles a function at several shapes.
+    family = [k for k in history.of_function(miss.function) if k.key != miss.key and k.at < miss.at]
     entries = [e for e in history.entries_of_function(miss.function) if e.key != miss.key and e.created_s < miss.at]
     if not family and not entries:
         return Explanation(c.NEW_PROGRAM, c.fix(c.NEW_PROGRAM, function=miss.function))
@@ -45,13 +45,15 @@ def explain(miss: Miss, history: History, *, root: str = "ROOT") -> Explanation:
                            nearest=nearest.key)
     differs = tuple(diff(p, miss, nearest) for p in differing)
     if differing == [kp.COMPUTATION]:
-        runs = _unstable_runs(miss, family)
+        runs = _unstable_runs(miss, [k for k in family if k.run_id != miss.run_id])
         if runs >= 2:
             return Explanation(c.UNSTABLE_PROGRAM, c.fix(c.UNSTABLE_PROGRAM, function=miss.function, runs=runs),
                                differs, nearest.key)
         changes = "; ".join(differs[0].changes) or "the program body changed"
-        return Explanation(c.PROGRAM_CHANGED, c.fix(c.PROGRAM_CHANGED, function=miss.function, changes=changes),
-                           differs, nearest.key)
+        types_only = (miss.program is not None and nearest.program is not None
+                      and miss.program.only_types_changed(nearest.program))
+        text = c.fix(c.PROGRAM_CHANGED, function=miss.function, changes=changes, types_only=types_only)
+        return Explanation(c.PROGRAM_CHANGED, text, differs, nearest.key)
     # A change of environment (jaxlib, flags, devices) usually changes the lowered program too: it is the cause.
     # XLA reads flags and the device count into the compile options, so those differ along with either: the
     # options are the cause only when nothing else is.

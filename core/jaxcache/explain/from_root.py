@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from functools import partial
 
 from jaxcache import coverage, records
@@ -99,21 +100,41 @@ class RootHistory:
         return out
 
 
+@dataclass
+class RootRecords:
+    """A root's run and warm-up records as knowns, the jobs and runs they name, and how many were malformed."""
+
+    knowns: list[Known]
+    skipped: int
+    jobs: set[str] = field(default_factory=set)
+    runs: set[str] = field(default_factory=set)
+
+
 def read_records(storage: Storage) -> tuple[list[Known], int]:
-    """Every run and warm-up record of the root as knowns, and how many records were malformed (skipped).
+    """Every run and warm-up record of the root as knowns, and how many records were malformed (skipped)."""
+    found = read_root(storage)
+    return found.knowns, found.skipped
+
+
+def read_root(storage: Storage) -> RootRecords:
+    """Every run and warm-up record of the root, as :class:`RootRecords`.
 
     Hits are by far the most numerous and matter only as "someone had it then": of each key's hits, the first and
-    the last are kept."""
+    the last are kept (the jobs and runs every record names are kept whole)."""
     names = [i for i in storage.iter_objects(records.RECORDS_DIR + "/", recursive=True) if i.name.endswith(".json")]
-    knowns: list[Known] = []
+    out = RootRecords([], 0)
+    knowns = out.knowns
     hits: dict[str, list[tuple[float, records.RunRecord, records.KeyUsage]]] = {}
-    skipped = 0
     for found in bounded_map(partial(_read, storage), names, workers=storage.io_workers):
         if found is _MALFORMED:
-            skipped += 1
+            out.skipped += 1
         elif isinstance(found, coverage.WarmupRecord):
+            out.jobs.add(found.job)
+            out.runs.add(found.id)
             knowns.extend(knowns_of_warmup(found))
         elif isinstance(found, records.RunRecord):
+            out.jobs.add(found.job)
+            out.runs.add(found.run_id)
             for u in found.keys:
                 if u.event != records.HIT:
                     knowns.append(_known(found, u))
@@ -128,7 +149,7 @@ def read_records(storage: Storage) -> tuple[list[Known], int]:
                     ends[1] = (at, found, u)
     for ends in hits.values():
         knowns.extend(_known(r, u) for _, r, u in (ends if ends[0][0] != ends[1][0] else ends[:1]))
-    return knowns, skipped
+    return out
 
 
 def _known(record: records.RunRecord, u: records.KeyUsage) -> Known:

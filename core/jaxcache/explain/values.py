@@ -53,6 +53,10 @@ def diff(part: str, miss: Known, nearest: Known) -> PartDiff:
     if part == kp.XLA_FLAGS and miss.fingerprint and nearest.fingerprint:
         flags = flag_changes(miss.fingerprint.xla_flags or (), nearest.fingerprint.xla_flags or ())
         return PartDiff(part, mine, theirs, tuple(flags))
+    if part == kp.COMPILE_OPTIONS and miss.parts and nearest.parts:
+        changes = miss.parts.option_changes(nearest.parts)
+        mine, theirs = (miss.parts.compile_options or "")[:12], (nearest.parts.compile_options or "")[:12]
+        return PartDiff(part, mine, theirs, tuple(changes))
     if mine is None and theirs is None and miss.parts and nearest.parts:
         mine, theirs = (getattr(miss.parts, part) or "")[:12], (getattr(nearest.parts, part) or "")[:12]
     return PartDiff(part, mine, theirs)

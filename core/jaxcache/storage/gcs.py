@@ -37,23 +37,37 @@ _PUBLIC_ENDPOINT = "https://storage.googleapis.com"
 #: Seconds to wait before retrying a request GCS answered 429 or 5xx (or whose answer was lost), doubling at each
 #: retry up to a minute; unset: google-cloud-storage's own policy (from 1 s).
 RETRY_DELAY_ENV = "JAXCACHE_GCS_RETRY_DELAY_S"
+#: Seconds after which a request's retries stop and it fails; unset: google-cloud-storage's own (120 s).
+RETRY_DEADLINE_ENV = "JAXCACHE_GCS_RETRY_DEADLINE_S"
 # What a listing needs of each object: smaller pages to send and to parse (a root lists 1,000 objects a page).
 _LIST_FIELDS = "items(name,size,updated,generation),nextPageToken"
 
 
-def retry_policy() -> Retry:
-    """google-cloud-storage's retry policy, its first wait from :data:`RETRY_DELAY_ENV` where that is set."""
-    default: Retry = DEFAULT_RETRY  # the library's (typed Any there)
-    text = os.environ.get(RETRY_DELAY_ENV, "").strip()
+def _seconds(name: str, what: str, most: float) -> float | None:
+    """The seconds set in the environment variable ``name`` (0 < s <= ``most``), None where it is unset."""
+    text = os.environ.get(name, "").strip()
     if not text:
-        return default
+        return None
     try:
-        delay = float(text)
+        seconds = float(text)
     except ValueError:
-        delay = math.nan
-    if not 0 < delay <= 60:
-        raise InvalidInputError(f"{RETRY_DELAY_ENV}={text!r}: give the seconds of the first wait (0 < s <= 60)")
-    return default.with_delay(initial=delay, maximum=60.0)
+        seconds = math.nan
+    if not 0 < seconds <= most:
+        raise InvalidInputError(f"{name}={text!r}: give the seconds {what} (0 < s <= {most:g})")
+    return seconds
+
+
+def retry_policy() -> Retry:
+    """google-cloud-storage's retry policy, its first wait from :data:`RETRY_DELAY_ENV` and its deadline from
+    :data:`RETRY_DEADLINE_ENV` where they are set."""
+    policy: Retry = DEFAULT_RETRY  # the library's (typed Any there)
+    delay = _seconds(RETRY_DELAY_ENV, "of the first wait", 60)
+    if delay is not None:
+        policy = policy.with_delay(initial=delay, maximum=60.0)
+    deadline = _seconds(RETRY_DEADLINE_ENV, "after which retries stop", 3600)
+    if deadline is not None:
+        policy = policy.with_timeout(deadline)
+    return policy
 
 
 class GcsStorage(Storage):

@@ -23,6 +23,7 @@ from jaxcache.explain.from_root import read_records
 from jaxcache.explain.values import differs_text
 from jaxcache.storage import LocalStorage, Storage, open_storage
 from jaxcache.table import render
+from jaxcache.units import plural
 from jaxcache.warmup.misses import explained, miss_of, program_dict
 from jaxcache.warmup.runner import WarmupConfig
 
@@ -48,7 +49,7 @@ def check_summary(config: WarmupConfig, record: WarmupRecord) -> dict[str, Any]:
 def check_text(s: dict[str, Any]) -> str:
     if not s["programs"]:
         return "check: the target compiled nothing: no program to look up (does the entrypoint call jax.jit?)"
-    head = (f"check: {s['hits']} of {s['programs']} programs hit in {s['cache_dir']} "
+    head = (f"check: {s['hits']} of {plural(s['programs'], 'program')} hit in {s['cache_dir']} "
             f"({100 * s['coverage']:.0f}%) on {s['topology']} {s['platform']}; nothing was written")
     if not s["misses"]:
         return head
@@ -79,7 +80,7 @@ class BundleRoot:
     def text(self) -> str:
         done = self.imported
         refused = "".join(f"\n  refused {k}: {why}" for k, why in done.refused.items())
-        return (f"check: bundle {self.path} imported into a temporary directory: {len(done.imported)} entries,"
+        return (f"check: bundle {self.path} imported into a temporary directory: {plural(len(done.imported), 'entry')},"
                 f" {len(done.refused)} refused; {done.check_text()}{refused}")
 
 

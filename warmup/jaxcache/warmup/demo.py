@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 
+from jaxcache.units import plural
+
 
 def fill(cache_dir: str, *, layers: int = 4, width: int = 128) -> int:
     """Compile a small MLP's train step, its evaluation and a few helpers into ``cache_dir``.
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("cache_dir", nargs="?", default="./demo-cache", help="where to write (default ./demo-cache)")
     args = parser.parse_args(argv)
     count = fill(args.cache_dir)
-    print(f"demo cache {os.path.abspath(args.cache_dir)}: {count} entries", file=sys.stderr)
+    print(f"demo cache {os.path.abspath(args.cache_dir)}: {plural(count, 'entry')}", file=sys.stderr)
     return 0
 
 

@@ -43,9 +43,9 @@ def train_step(mesh: Any) -> tuple[Any, Any, Any]:
     return jitted, params_sharding, by_batch
 
 
-def shapes(devices: int) -> dict[str, tuple[int, ...]]:
+def shapes(devices: int, per_device_batch: int = PER_DEVICE_BATCH) -> dict[str, tuple[int, ...]]:
     """Array shapes for a job over ``devices`` devices."""
-    batch = PER_DEVICE_BATCH * devices
+    batch = per_device_batch * devices
     return {"w1": (FEATURES, HIDDEN), "b1": (HIDDEN,), "w2": (HIDDEN, 1), "x": (batch, FEATURES), "y": (batch, 1)}
 
 
@@ -60,7 +60,7 @@ def warm(ctx: Any) -> None:
     step.lower(params, x, y).compile()
 
 
-def run_job(steps: int) -> float:
+def run_job(steps: int, per_device_batch: int = PER_DEVICE_BATCH) -> float:
     """The real job: the same step on every local device, with data. Returns the last loss."""
     import jax
     import numpy as np
@@ -68,7 +68,7 @@ def run_job(steps: int) -> float:
 
     mesh = Mesh(np.asarray(jax.devices()), ("data",))
     step, params_sharding, by_batch = train_step(mesh)
-    s = shapes(jax.device_count())
+    s = shapes(jax.device_count(), per_device_batch)
     rng = np.random.default_rng(0)
     params = {n: jax.device_put(rng.standard_normal(s[n]).astype(np.float32) * 0.1, params_sharding[n])
               for n in params_sharding}
@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the example job that jaxcache.warmup.examples:warm warms up")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--devices", type=int, help="CPU devices (jax_num_cpu_devices); default: JAX's")
+    parser.add_argument("--per-device-batch", type=int, default=PER_DEVICE_BATCH,
+                        help=f"examples per device (default {PER_DEVICE_BATCH}, what the warm-up compiles for): "
+                             "another size is another program, a miss that `jaxcache explain` explains")
     args = parser.parse_args(argv)
     import jax
 
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices:
         jax.config.update("jax_num_cpu_devices", args.devices)
     session = enable_cache()
-    loss = run_job(args.steps)
+    loss = run_job(args.steps, args.per_device_batch)
     print(f"loss {loss:.6f}")
     print(session.summary())
     return 0

@@ -19,6 +19,7 @@ from jaxcache.errors import JaxcacheError
 from jaxcache.records import HIT, WARMUP, WRITE, KeyUsage, RunKind
 from jaxcache.storage import Storage, open_storage
 from jaxcache.topology import TpuSlice
+from jaxcache.units import plural
 from jaxcache.warmup import devices as dev
 from jaxcache.warmup import target as tgt
 from jaxcache.warmup import tpu
@@ -198,10 +199,11 @@ def explain_nothing_compiled(record: WarmupRecord, *, unrecognised: int = 0) -> 
     if written:
         return None
     if present == len(programs):
-        return f"already warm: all {present} programs were in the cache before this run; nothing to write"
+        every = "the 1 program was" if present == 1 else f"all {present} programs were"
+        return f"already warm: {every} in the cache before this run; nothing to write"
     reasons = sorted({p.reason for p in programs if p.status == NOT_WRITTEN and p.reason})
     return (
-        f"thresholds: JAX compiled {len(programs) - present} program(s) but stored none"
+        f"thresholds: JAX compiled {plural(len(programs) - present, 'program')} but stored none"
         + (f" ({'; '.join(reasons)})" if reasons else "")
     )
 

@@ -21,6 +21,7 @@ from jaxcache.explain.values import differs_text
 from jaxcache.records import HIT, WARMUP_VERIFY, Fingerprint, KeyUsage
 from jaxcache.storage import open_storage
 from jaxcache.table import render
+from jaxcache.units import plural
 from jaxcache.warmup.misses import explained, miss_of
 from jaxcache.warmup.runner import WarmupConfig
 
@@ -45,10 +46,11 @@ class VerifyResult:
     def explain(self) -> str:
         """Human-readable: the misses, and both fingerprints side by side where they differ."""
         if self.ok:
-            return f"verify: ok: a fresh process loaded all {self.hits} program(s) from the cache"
+            every = "the 1 program" if self.hits == 1 else f"all {self.hits} programs"
+            return f"verify: ok: a fresh process loaded {every} from the cache"
         if self.error:
             return f"verify: FAILED: {self.error}"
-        lines = [f"verify: FAILED: {len(self.misses)} program(s) missed in a fresh process:", ""]
+        lines = [f"verify: FAILED: {plural(len(self.misses), 'program')} missed in a fresh process:", ""]
         lines.append(render(["function", "cause", "what differs", "fix"],
                             [[m["function"], m["cause"], differs_text(m["differs"]), m["fix"]] for m in self.misses]))
         rows = [

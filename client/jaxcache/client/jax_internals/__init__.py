@@ -7,6 +7,7 @@ why it matters: docs/jax-internals.md.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import inspect
 import logging
@@ -20,10 +21,10 @@ import jax
 
 from jaxcache import keyparts
 from jaxcache.client.errors import CacheAlreadyInitializedError
-from jaxcache.client.jax_internals import cache_proxy, reads
+from jaxcache.client.jax_internals import cache_proxy, compile_options, reads
 from jaxcache.client.jax_internals.mlir import MLIR_NAMES, entry_signature
 from jaxcache.errors import MissingDependencyError
-from jaxcache.keyparts import ProgramSignature
+from jaxcache.keyparts import OptionFields, ProgramSignature
 from jaxcache.records import Fingerprint
 
 log = logging.getLogger("jaxcache.client")
@@ -253,10 +254,17 @@ def fingerprint(compression: str, xla_flags: tuple[str, ...] | None = None) -> F
     )
 
 
-def hook_cache_keys(on_key: Callable[[str, ProgramSignature | None], None]) -> Callable[[], None] | None:
-    """Wrap ``compilation_cache.get_cache_key`` so that ``on_key(key, signature)`` hears of every key JAX computes,
-    with its program's entry signature, on the compiling thread. Returns the undo; None where there is nothing to
-    wrap. The compiler calls it through the module attribute, which is what makes wrapping it work."""
+#: What the key hook hands on besides the key and signature: the key's compile options as named fields, given the
+#: XLA flags JAX hashed (:func:`jaxcache.client.jax_internals.compile_options.hashed_fields`).
+OptionsOf = Callable[[tuple[str, ...]], OptionFields | None]
+
+
+def hook_cache_keys(on_key: Callable[[str, ProgramSignature | None, OptionsOf | None], None]
+                    ) -> Callable[[], None] | None:
+    """Wrap ``compilation_cache.get_cache_key`` so that ``on_key(key, signature, options_of)`` hears of every key JAX
+    computes, with its program's entry signature and a way to read its compile options, on the compiling thread.
+    Returns the undo; None where there is nothing to wrap. The compiler calls it through the module attribute,
+    which is what makes wrapping it work."""
     from jax._src import compilation_cache as cc
 
     original = getattr(cc, "get_cache_key", None)
@@ -268,7 +276,12 @@ def hook_cache_keys(on_key: Callable[[str, ProgramSignature | None], None]) -> C
         key = original(module, *args, **kwargs)
         if active[0]:
             try:
-                on_key(str(key), entry_signature(module))
+                # get_cache_key(module, devices, compile_options, backend, ...)
+                options = kwargs.get("compile_options", args[1] if len(args) > 1 else None)
+                backend = kwargs.get("backend", args[2] if len(args) > 2 else None)
+                options_of = None if options is None else functools.partial(
+                    compile_options.hashed_fields, options, str(getattr(backend, "platform", "")))
+                on_key(str(key), entry_signature(module), options_of)
             except Exception:  # noqa: BLE001, S110 - reading the signature must never break a compile
                 pass
         return key
@@ -375,4 +388,5 @@ def probe(*, attributes: tuple[tuple[str, str, tuple[str, ...]], ...] = ATTRIBUT
                  "jax_platforms", "jax_num_cpu_devices", "jax_mock_gpu_topology"):
         if name not in jax.config.values:
             problems.append(f"jax.config has no {name}")
-    return problems + reads.problems()  # the read hook (verify=), kept in a module of its own
+    # the read hook (verify=) and the compile options' fields, kept in modules of their own
+    return problems + reads.problems() + compile_options.problems()

@@ -32,8 +32,9 @@ MAX_PROCESSES = 2**31 - 1
         404: {"model": ErrorModel, "description": "no cache of that name, or (without `cache`) none whose root is "
                                                   "the record's cache_dir"},
         413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_REPORT_BYTES"},
-        422: {**UNPROCESSABLE, "description": "malformed run record (nothing stored), or several caches have its "
-                                              "cache_dir as root (pass `cache`)"},
+        422: {**UNPROCESSABLE, "description": "malformed run record (nothing stored), several caches have its "
+                                              "cache_dir as root (pass `cache`), or `cache` names one whose root "
+                                              "it is not while its cache_dir is another cache's root"},
         503: {"model": ErrorModel, "description": "JAXCACHE_REPORT_INBOX records are already waiting for the "
                                                   "catalog: send it again after Retry-After seconds (its record "
                                                   "file reaches the catalog at the next rescan anyway)",
@@ -45,7 +46,8 @@ MAX_PROCESSES = 2**31 - 1
 async def ingest_report(
     request: Request, _p: ReportAuth,
     cache: Annotated[str | None, Query(max_length=64, description="the cache the record is for; default: the "
-                                       "configured cache whose root is the record's cache_dir",
+                                       "configured cache whose root is the record's cache_dir (a record whose "
+                                       "cache_dir is another cache's root is refused, 422)",
                                        examples=["prod"])] = None,
 ) -> ReportResult | Response:
     """Accept a run record (what a job's process did with each key) into the catalog's inbox. Needs a `report` or
@@ -82,6 +84,13 @@ def _parse(state: State, body: bytes, cache: str | None) -> tuple[records.RunRec
     except InvalidInputError as exc:
         state.metrics.reports_malformed.labels(inbox.REPORT).inc()
         raise HTTPException(422, str(exc)) from None
+    if cache is not None and (owners := routing.filed_elsewhere(record.cache_dir, cache, state.roots)):
+        state.metrics.reports_malformed.labels(inbox.REPORT).inc()
+        fix = (f"post it with ?cache={owners[0]} or without ?cache=" if len(owners) == 1 else
+               f"post it with ?cache= one of {', '.join(owners)}")
+        raise HTTPException(422, f"the record's cache_dir {record.cache_dir!r} is the root of "
+                                 f"{'cache' if len(owners) == 1 else 'caches'} {', '.join(owners)}, not of "
+                                 f"{cache}: {fix}; nothing stored")
     try:
         return record, cache if cache is not None else routing.cache_for(record, state.roots)
     except InvalidInputError as exc:

@@ -14,6 +14,7 @@ from markupsafe import Markup
 
 from jaxcache.display import shown
 from jaxcache.explain.values import differs_text
+from jaxcache.service.dashboard import names
 from jaxcache.units import format_bytes
 
 DASH = "–"
@@ -99,14 +100,15 @@ def top_causes(by_cause: dict, limit: int = 10) -> list[dict]:
     return [{**c, "misses_24h": day.get(c["cause"], 0)} for c in by_cause["last_7d"]["causes"][:limit]]
 
 
-#: Names as every page shows them: the core's one escaping (the CLI's too), as the template filter ``visible``.
+#: Names as every page shows them: the core's one escaping (the CLI's too); the templates' filter is
+#: :func:`names.visible`, the same escaping made safe for HTML.
 visible = shown
 
 
-def short_key(key: str) -> str:
-    """``jit_f-74b295da…`` : the function and the start of the hash, for tables (shown :func:`visible`)."""
+def short_key(key: str) -> Markup:
+    """``jit_f-74b295da…`` : the function and the start of the hash, for tables (shown :func:`names.visible`)."""
     head, _, digest = key.rpartition("-")
-    return visible(f"{head}-{digest[:8]}…" if head and len(digest) == 64 else key)
+    return names.visible(f"{head}-{digest[:8]}…" if head and len(digest) == 64 else key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +136,21 @@ class Chart:
     right: float
 
 
+def growth_label(first_created_s: float | None, now: float | None = None) -> str:
+    """What the growth figure is a mean of: ``7 d``, or the days a younger cache has existed (``2.5 d``)."""
+    age_days = 0.0 if first_created_s is None else ((time.time() if now is None else now) - first_created_s) / 86400
+    return "7 d" if age_days >= 7 else f"{age_days:.1f} d"
+
+
 def growth_chart(growth: list[dict], total_bytes: int, *, today: date | None = None, days: int = 30,
-                 width: int = 720, height: int = 220) -> Chart:
-    """Bars of bytes written per day (the API's ``growth``, last ``days`` days) and a line of the bytes the entries
-    present now held at the end of each day. Pruned entries are not in the catalog, so the line is a lower
-    bound of what the cache held on past days."""
+                 first_day: date | None = None, width: int = 720, height: int = 220) -> Chart:
+    """Bars of bytes written per day (the API's ``growth``, last ``days`` days, from ``first_day`` when that is later:
+    a cache's days before its first entry are no history) and a line of the bytes the entries present now held at
+    the end of each day. Pruned entries are not in the catalog, so the line is a lower bound of what the cache held
+    on past days."""
     today = today or datetime.now(UTC).date()
+    if first_day is not None:
+        days = max(1, min(days, (today - first_day).days + 1))
     by_day = {g["day"]: g for g in growth}
     series = [(today - timedelta(days=days - 1 - i)).isoformat() for i in range(days)]
     added = [int(by_day.get(d, {}).get("size_bytes", 0)) for d in series]
@@ -157,8 +168,10 @@ def growth_chart(growth: list[dict], total_bytes: int, *, today: date | None = N
     def y(v: int) -> float:
         return bottom - (bottom - top) * v / y_max
 
+    bar_width = min(max(step - 2, 1), 48)  # a young cache's few days stay bars, not slabs
+
     bars = [
-        Bar(day=d, x=round(left + i * step + 1, 2), y=round(y(a), 2), width=round(max(step - 2, 1), 2),
+        Bar(day=d, x=round(left + i * step + (step - bar_width) / 2, 2), y=round(y(a), 2), width=round(bar_width, 2),
             height=round(bottom - y(a), 2), entries=n, size_bytes=a, total_bytes=t)
         for i, (d, a, n, t) in enumerate(zip(series, added, entries, totals, strict=True))
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from fastapi import HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.routing import APIRouter
@@ -86,12 +88,14 @@ def routes(dash: Dashboard) -> APIRouter:
         dash.cache_or_404(cache)
         stats = state.stats(cache)  # exactly what GET /v1/caches/{cache}/stats answers
         summary = next(c for c in state.caches() if c.name == cache)
-        chart = fmt.growth_chart(stats["growth"], stats["size_bytes"])
+        first = stats["first_created_s"]
+        chart = fmt.growth_chart(stats["growth"], stats["size_bytes"],
+                                 first_day=None if first is None else datetime.fromtimestamp(first, UTC).date())
         with state.catalog.reader() as conn:
             integrity = verdicts.summary(conn, cache, limit=20)  # what GET .../integrity answers
         return dash.render(request, "overview.html", viewer=viewer, cache=cache, section="overview", stats=stats,
                            summary=summary, chart=chart, integrity=integrity, loops=loop_models(state),
-                           causes=fmt.top_causes(stats["misses_by_cause"]))
+                           causes=fmt.top_causes(stats["misses_by_cause"]), growth_label=fmt.growth_label(first))
 
     @router.get("/caches/{cache}/entries")
     def entries(request: Request, cache: str) -> Response:
@@ -136,11 +140,13 @@ def routes(dash: Dashboard) -> APIRouter:
             raise HTTPException(400, "malformed key: expected <function>-<64 lower-case hex>, as JAX names entries")
         with state.catalog.reader() as conn:
             found = queries.entry_detail(conn, cache, key)  # what GET /v1/caches/{cache}/entries/{key} shows
-        if found is None:
-            raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
-        entry, jobs, verdict, conflict = found
+            if found is None:
+                raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
+            entry, jobs, verdict, conflict = found
+            writer = entry["first_writer"]
+            by_warmup = None if writer is None else warmups.writer_warmup(conn, cache, key, writer)
         return dash.render(request, "entry.html", viewer=viewer, cache=cache, section="entries",
-                           e=entry, jobs=jobs, verdict=verdict, conflict=conflict)
+                           e=entry, jobs=jobs, verdict=verdict, conflict=conflict, by_warmup=by_warmup)
 
     @router.get("/caches/{cache}/jobs")
     def jobs(request: Request, cache: str) -> Response:

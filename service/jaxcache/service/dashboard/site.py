@@ -21,6 +21,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.service.dashboard import format as fmt
+from jaxcache.service.dashboard import names
 from jaxcache.service.state import State
 
 HERE = Path(__file__).parent
@@ -87,13 +88,16 @@ class Dashboard:
     def __init__(self, state: State) -> None:
         self.state = state
         self._secret = secrets.token_bytes(32)  # per-form tokens of anonymous viewers (--insecure-no-auth)
+        # finalize: every string a page shows has its format characters escaped, whichever template forgot a filter.
         self.env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
-                               trim_blocks=True, lstrip_blocks=True)
+                               trim_blocks=True, lstrip_blocks=True, finalize=names.finalize)
         versions = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:12] for p in STATIC.iterdir() if p.is_file()}
         self.env.globals.update(static=lambda name: f"/static/{name}?v={versions[name]}", sorts=ENTRY_SORTS,
                                 page_sizes=PAGE_SIZES, max_shown=MAX_SHOWN)
-        for name in ("size", "seconds", "rate", "count", "utc", "ago", "short_key", "visible"):
+        for name in ("size", "seconds", "rate", "count", "utc", "ago", "short_key"):
             self.env.filters[name] = getattr(fmt, name)
+        for name in ("visible", "name", "name_text", "mixed_badge", "raw"):
+            self.env.filters[name] = getattr(names, name)
 
     # ---- auth ------------------------------------------------------------------------------------------------
 

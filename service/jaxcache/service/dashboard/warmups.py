@@ -7,8 +7,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from jaxcache.service.catalog.models import EntryRow
+from jaxcache.records import JOB
+from jaxcache.service.catalog.models import EntryRow, WarmupKeyRow, WarmupRow
 from jaxcache.service.catalog.queries import coverage as catalog_warmups
+from jaxcache.service.catalog.run_tables import RunRow
 
 
 def _page_fields(w: dict) -> dict:
@@ -32,3 +34,17 @@ def get_warmup(state: Any, cache: str, warmup_id: str) -> dict | None:
             EntryRow.cache == cache, EntryRow.kind == "entry", EntryRow.key.in_(keys)))) if keys else set()
     programs = [{**k, "reason": None, "in_cache": k["key"] in cached} for k in found["keys"]]
     return {**_page_fields(found), "program_list": programs}
+
+
+def writer_warmup(conn: Any, cache: str, key: str, writer: dict) -> str | None:
+    """Where an entry's first writer is shown when it was a warm-up, not a job (a warm-up has no job page): the id of
+    that job's first warm-up that covered ``key``, ``""`` when none did (the warm-ups list); None for a job."""
+    kind = conn.scalar(select(RunRow.kind).where(RunRow.cache == cache, RunRow.run_id == writer["run_id"],
+                                                 RunRow.process_index == writer["process_index"]))
+    if kind in (None, JOB):
+        return None
+    found = conn.scalar(select(WarmupRow.id).join(WarmupKeyRow, (WarmupKeyRow.cache == WarmupRow.cache)
+                                                  & (WarmupKeyRow.warmup_id == WarmupRow.id))
+                        .where(WarmupRow.cache == cache, WarmupRow.job == writer["job"], WarmupKeyRow.key == key)
+                        .order_by(WarmupRow.finished_s).limit(1))
+    return found or ""

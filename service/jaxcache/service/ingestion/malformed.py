@@ -11,6 +11,7 @@ from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError, NotRegularFileError
 from jaxcache.storage import ObjectInfo, Storage
 from jaxcache.storage.base import name_problem
+from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.service")
 
@@ -43,8 +44,8 @@ class Skipped:
             return
         name, why = self.found[0]
         more = f" and {len(self.found) - 1} more" if len(self.found) > 1 else ""
-        log.warning("cache %s: skipped %d malformed %s(s), each read again only once it changes: %s: %s%s",
-                    cache, len(self.found), self.what, shown(name), why, more)
+        log.warning("cache %s: skipped %s, each read again only once it changes: %s: %s%s",
+                    cache, plural(len(self.found), f"malformed {self.what}"), shown(name), why, more)
 
     def __len__(self) -> int:
         return len(self.found)

@@ -50,3 +50,12 @@ def cache_for_dir(cache_dir: str | None, roots: Mapping[str, list[str]]) -> str:
                                 "pass ?cache=NAME (GET /v1/caches lists them)")
     raise InvalidInputError(f"cache_dir {cache_dir!r} is the root of caches {', '.join(sorted(names))}: "
                             "pass ?cache=NAME")
+
+
+def filed_elsewhere(cache_dir: str | None, cache: str, roots: Mapping[str, list[str]]) -> list[str]:
+    """The configured caches whose root ``cache_dir`` is, when ``cache`` is not one of them: a record asked to be
+    filed under ``cache`` that belongs to another. Empty when ``cache_dir`` is ``cache``'s root (or a root it shares)
+    or the root of no configured cache (``?cache=`` is how such a record is filed)."""
+    norm = normal_dir(cache_dir) if cache_dir else None
+    names = roots.get(norm, []) if norm is not None else []
+    return [] if cache in names else sorted(names)

@@ -24,6 +24,7 @@ from jaxcache.service.tasks.prune_candidates import catalog_candidates
 from jaxcache.service.tasks.rescan import rescan
 from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
+from jaxcache.units import plural
 
 
 class PruneInProgressError(Exception):
@@ -110,7 +111,7 @@ def run_prune(
         if policy.integrity:
             unjudged = verification.unjudged(catalog, cache, TrustedKeys.from_env() if trusted is None else trusted)
             if unjudged:
-                plan.notes.append(f"integrity used the verdicts made so far: {unjudged} entries are not judged yet"
+                plan.notes.append(f"integrity used the verdicts made so far: {plural(unjudged, 'entry')} not judged yet"
                                   " (the background pass will judge them; applying this prune judges them first)")
         return Outcome(plan)
     if not lock.acquire(blocking=False):
@@ -149,7 +150,7 @@ def _apply_audited(catalog: Catalog, audit_id: int, storage: Storage, plan: prun
         result = prune.apply(storage, plan, on_deleted=count)
     except Exception as exc:
         prune_audit.finish(catalog, audit_id, done, state=prune_audit.FAILED,
-                           error=f"stopped after {done.deleted} of {len(plan.delete)} objects: {exc}")
+                           error=f"stopped after {done.deleted} of {plural(len(plan.delete), 'object')}: {exc}")
         raise
     if result.failed:
         prune_audit.finish(catalog, audit_id, result, state=prune_audit.FAILED,

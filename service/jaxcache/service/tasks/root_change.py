@@ -24,6 +24,7 @@ from jaxcache.service.catalog.models import (
     RunRow,
     UsageRow,
 )
+from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.service")
 
@@ -41,7 +42,7 @@ class RootChange:
     dropped: bool
 
     def line(self) -> str:
-        runs = f"{self.runs} run{'' if self.runs == 1 else 's'}"
+        runs = plural(self.runs, "run")
         done = (f"its job history from the old root ({runs}) was dropped" if self.dropped else
                 f"its job history from the old root ({runs}) is kept and shown with the new root's; "
                 "JAXCACHE_ROOT_CHANGED=drop drops it at the next start")

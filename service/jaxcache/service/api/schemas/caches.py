@@ -83,7 +83,10 @@ class StatsModel(BaseModel):
     by_function: list[FunctionStatsModel] = Field(description="top 100 functions by size")
     functions_total: int
     growth: list[GrowthPoint] = Field(description="entries and bytes created per day, last 30 days")
-    bytes_per_day: float = Field(description="mean bytes added per day over the last 7 days")
+    bytes_per_day: float | None = Field(description=(
+        "mean bytes added per day over the last 7 days, or over the days the cache has existed when it is younger"
+        " (from its oldest entry's creation); null before it is a day old"))
+    first_created_s: float | None = Field(None, description="creation time of the cache's oldest entry (null: none)")
     last_24h: UsageWindowModel = Field(
         description="jobs' processes whose run records were updated in the last 24 h (warm-ups are not jobs)")
     last_7d: UsageWindowModel = Field(

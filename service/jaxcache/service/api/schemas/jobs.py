@@ -60,6 +60,8 @@ class LocalTier(BaseModel):
     upload_pending: int = Field(description="uploads not finished when the process exited")
     dropped: int = Field(description="local copies removed at start: gone from the root, or judged bad")
     evicted: int = Field(description="local copies evicted to stay under the size cap")
+    upload_refused: int = Field(0, description="resumed uploads refused: the local file is not the bytes JAX put")
+    healed: int = Field(0, description="entries found at start without their -atime: healed or, broken, removed")
     prefetch_wanted: int = Field(0, description="keys of the job's working set the process was to prefetch")
     prefetched: int = Field(0, description="of those, fetched before JAX asked, checked and admitted")
     prefetched_bytes: int = 0

@@ -1,0 +1,192 @@
+"""A malformed or huge ``<key>-sig`` object is a verdict on its own entry (#49 items 1 and 2): every reader judges
+each signature on its own, so a bad one beside a swapped entry never stops that entry being judged. The readers:
+`doctor --verify`, `prune --integrity`, `keys sign --if-signed-by`, `bundle export`, `bundle import`,
+`warmup --check`, the service's verify pass, and a job with ``verify="attested"``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxcache import signing, skips
+from jaxcache.cli import main
+from test_bundles import bundle, members, write_tar, written  # noqa: F401 - fixtures
+from test_client_service import ADMIN, KEY_PATH, PUBLIC, REPORT, _env, api, service  # noqa: F401 - a fixture
+from test_service_integrity import _app, _expect_verdicts, _rescanned, damaged  # noqa: F401 - a fixture
+from test_verified_loads import _entry, run_job
+from test_warmup import EXAMPLE, warmup
+
+# Each raised out of the old decoder (OverflowError, RecursionError) and stopped every reader.
+MALFORMED = {
+    "size Infinity": b'{"format": "jaxcache-sig/1", "signatures": [{"key": "k", "sha256": "0", "size_bytes": Infinity,'
+                     b' "signer": "writers", "signature": ""}]}',
+    "nested 60000 deep": b"[" * 60_000,
+    "nested in an unknown field": (b'{"format": "jaxcache-sig/1", "signatures": [], "x": ' + b"[" * 30_000
+                                   + b"]" * 30_000 + b"}"),  # within the size limit
+}
+GIB = 1 << 30
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jaxcache", *args], capture_output=True, text=True, timeout=120,
+                          env=_env(JAXCACHE_TRUSTED_KEYS=PUBLIC, **(env or {})))
+
+
+def one_line_or_none(proc: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") <= 1, proc.stderr
+
+
+def _age(root: Path) -> None:
+    old = time.time() - 7200
+    for path in root.glob("*-cache"):
+        os.utime(path, (old, old))
+
+
+def hostile(written: Path, tmp_path: Path, sig: bytes) -> tuple[Path, str, str]:  # noqa: F811
+    """A copy of ``written`` with ``sig`` as one entry's ``-sig`` and another entry's bytes swapped for a third's:
+    ``(root, the key with the bad signature, the swapped key)``."""
+    root = tmp_path / "root"
+    shutil.copytree(written, root)
+    bad, swapped, source = sorted(p.name.removesuffix("-cache") for p in root.glob("*-cache"))[:3]
+    (root / signing.sig_name(bad)).write_bytes(sig)
+    shutil.copyfile(root / f"{source}-cache", root / f"{swapped}-cache")
+    _age(root)
+    return root, bad, swapped
+
+
+@pytest.mark.parametrize("sig", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_decode_answers_a_malformed_signature_object_with_one_error(sig):
+    with pytest.raises(signing.InvalidInputError, match="not a jaxcache signature object"):
+        signing.decode(sig)
+    assert signing.found_in(sig, "k", signing.TrustedKeys.parse(PUBLIC)).judge(b"x") == skips.BAD_SIGNATURE
+
+
+@pytest.mark.parametrize("sig", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_every_command_judges_the_entries_beside_a_malformed_signature(written, tmp_path, sig):  # noqa: F811
+    root, bad, swapped = hostile(written, tmp_path, sig)
+
+    proc = cli("doctor", str(root), "--verify", "--json")
+    one_line_or_none(proc)
+    judged = {e["key"]: e for e in json.loads(proc.stdout)["entries"]}
+    assert proc.returncode == 1 and judged[swapped]["class"] == "tampered", proc.stdout
+    assert judged[bad]["class"] == "ok"  # its bytes are as its writer recorded; the signature proves nothing
+    assert any("is not a jaxcache signature object" in r for r in judged[bad]["reasons"]), judged[bad]
+
+    proc = cli("keys", "sign", str(root), "--key", KEY_PATH, "--if-signed-by", "writers", "--dry-run", "--json")
+    one_line_or_none(proc)
+    why = {s["key"]: s["why"] for s in json.loads(proc.stdout)["skipped"]}
+    assert proc.returncode == 1 and why[bad] == "not signed by writers" and "tampered" in why[swapped], proc.stdout
+
+    out = tmp_path / "train.tar"
+    proc = cli("bundle", "export", str(root), "--job", "train", "-o", str(out), "--json")
+    one_line_or_none(proc)
+    exported = json.loads(proc.stdout)
+    assert proc.returncode == 0 and bad in exported["keys"] and swapped in {x["key"] for x in exported["left_out"]}
+    with_sig = {name.removesuffix("-sig") for name, _ in members(out) if name.endswith("-sig")}
+    assert bad not in with_sig and len(with_sig) == len(exported["keys"]) - 1  # carried without its bad signature
+
+    proc = cli("prune", str(root), "--integrity", "--apply", "--json")
+    one_line_or_none(proc)
+    assert proc.returncode == 0 and [d["key"] for d in json.loads(proc.stdout)["delete"]] == [swapped], proc.stdout
+
+
+@pytest.mark.parametrize("sig", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_bundle_import_refuses_only_the_entry_whose_signature_is_malformed(bundle, tmp_path, capsys, sig,  # noqa: F811
+                                                                           monkeypatch):
+    items = dict(members(bundle))
+    key, *rest = [e["key"] for e in json.loads(items["manifest.json"])["entries"]]
+    items[f"{key}-sig"] = sig
+    path = write_tar(tmp_path / "bad-sig.tar", list(items.items()))
+    monkeypatch.setenv(signing.TRUSTED_KEYS_ENV, PUBLIC)
+    capsys.readouterr()
+    code = main(["bundle", "import", str(path), str(tmp_path / "root"), "--json"])
+    answer = json.loads(capsys.readouterr().out)
+    assert code == 1 and answer["refused"] == [{"key": key, "why": skips.BAD_SIGNATURE}], answer
+    assert answer["imported"] == rest
+    # Without trusted keys the digests vouch for the entry: imported, its malformed signature left behind.
+    monkeypatch.delenv(signing.TRUSTED_KEYS_ENV)
+    code = main(["bundle", "import", str(path), str(tmp_path / "plain"), "--json"])
+    answer = json.loads(capsys.readouterr().out)
+    assert code == 0 and key in answer["imported"] and not (tmp_path / "plain" / signing.sig_name(key)).exists()
+
+
+@pytest.mark.slow
+def test_warmup_check_judges_a_program_whose_signature_is_malformed(tmp_path):
+    cache = tmp_path / "c"
+    args = ("--topology", "1x1x2", "--platform", "cpu", "--entrypoint", EXAMPLE)
+    warmup(*args, "--cache-dir", str(cache), env=_env())  # signs what it writes
+    (sig,) = cache.glob("*-sig")
+    sig.write_bytes(MALFORMED["nested 60000 deep"])
+    proc = warmup(*args, "--cache-dir", str(cache), "--check", "--json", expect=None,
+                  env=_env(JAXCACHE_TRUSTED_KEYS=PUBLIC))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["hits"] == 0 and skips.BAD_SIGNATURE in json.dumps(out["misses"]), out
+
+
+def test_a_huge_signature_object_is_never_read_whole(written, tmp_path):  # noqa: F811
+    """A sparse 3 GiB ``-sig``: judged as not a signature, read no further than the limit, under a 1.5 GiB address
+    space ceiling that reading it whole would break."""
+    root, bad, swapped = hostile(written, tmp_path, b"")
+    with open(root / signing.sig_name(bad), "wb") as f:
+        f.truncate(3 * GIB)
+    script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29));"
+              " from jaxcache.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", script, "doctor", str(root), "--verify", "--json"],
+                          capture_output=True, text=True, timeout=120, env=_env(JAXCACHE_TRUSTED_KEYS=PUBLIC))
+    one_line_or_none(proc)
+    judged = {e["key"]: e for e in json.loads(proc.stdout)["entries"]}
+    assert proc.returncode == 1 and judged[swapped]["class"] == "tampered", proc.stdout
+    assert any(f"larger than {signing.MAX_SIG_BYTES} bytes" in r for r in judged[bad]["reasons"]), judged[bad]
+
+
+def test_the_service_judges_every_entry_beside_a_malformed_signature(damaged, tmp_path):  # noqa: F811
+    root = tmp_path / "cache"
+    shutil.copytree(damaged["root"], root)
+    broken = {damaged[k] for k in ("flipped", "swapped", "truncated", "plain")}
+    for key, sig in zip(sorted(damaged["all"] - broken), MALFORMED.values(), strict=False):
+        (root / signing.sig_name(key)).write_bytes(sig)
+    with _app(str(root), tmp_path) as client:
+        _rescanned(client)  # after the background pass's first round over this root
+        _expect_verdicts(client, damaged)  # POST verify answers 200; the swapped entry is judged tampered
+
+
+@pytest.mark.slow
+def test_a_verifying_job_never_loads_a_swapped_entry_beside_a_malformed_signature(service):  # noqa: F811
+    base, cache = service
+    job = (sys.executable, {})
+    run_job(job, cache, "writer")  # attested to the service, and signed
+    affine, gram = _entry(cache, "affine"), _entry(cache, "gram")
+    key = {p: p.name.removesuffix("-cache") for p in (affine, gram)}
+    gram.write_bytes(affine.read_bytes())  # another program's bytes under gram's key
+    _age(cache)
+    (cache / signing.sig_name(key[affine])).write_bytes(MALFORMED["size Infinity"])
+    api(base, "/v1/caches/shared/rescan", ADMIN, "POST")
+    api(base, "/v1/caches/shared/verify", ADMIN, "POST")  # 200, not 500
+    # client_job checks every result: loading gram's swapped bytes would fail the job.
+    out = run_job(job, cache, "careful", "--verify", "attested", "--service-url", base, "--token", REPORT)
+    assert out["skipped"] == {key[gram]: skips.TAMPERED}, out["skipped"]
+    signed = run_job((sys.executable, {"JAXCACHE_TRUSTED_KEYS": PUBLIC}), cache, "signed", "--verify", "signed")
+    assert signed["skipped"] == {key[affine]: skips.BAD_SIGNATURE, key[gram]: skips.DIGEST_DIFFERS}, signed
+
+
+@pytest.mark.gcs
+def test_a_huge_signature_object_in_a_gcs_root_is_judged_from_a_ranged_read(written, gcs_client, gcs_bucket):  # noqa: F811
+    bucket = gcs_client.bucket(gcs_bucket)
+    for path in written.rglob("*"):
+        if path.is_file():
+            bucket.blob(f"jc/{path.relative_to(written)}").upload_from_filename(str(path))
+    bad = sorted(p.name.removesuffix("-cache") for p in written.glob("*-cache"))[0]
+    bucket.blob(f"jc/{signing.sig_name(bad)}").upload_from_string(b" " * (8 << 20))  # 8 MiB of whitespace
+    proc = cli("doctor", f"gs://{gcs_bucket}/jc", "--verify", "--min-age", "0s", "--json")
+    one_line_or_none(proc)
+    judged = {e["key"]: e for e in json.loads(proc.stdout)["entries"]}
+    assert proc.returncode == 0 and {e["class"] for e in judged.values()} == {"ok"}, proc.stdout
+    assert any(f"larger than {signing.MAX_SIG_BYTES} bytes" in r for r in judged[bad]["reasons"]), judged[bad]

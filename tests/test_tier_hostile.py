@@ -1,0 +1,208 @@
+"""The node-local tier under attack (#49): another local user planting links and directories where the tier goes by
+default, bytes swapped under a write-behind's pending mark, a tier left without an entry's ``-atime``, and a root
+changed under a node's copies. Real jobs (tests/programs/client_job.py) on a gs:// root on fake-gcs-server, or a
+local root; the other user is ``nobody``, whose files root plants (CI runs as root)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxcache import signing
+from jaxcache.client import options as client_options
+from test_client_service import JOB, PUBLIC, _env
+from test_local_tier import PROGRAMS, entries, faults, root_objects, run_job  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.gcs, pytest.mark.slow]
+
+
+def other_user() -> tuple[int, int]:
+    """The uid and gid of a second local user whose files this process can plant (it must be root)."""
+    if os.geteuid() != 0:
+        pytest.skip("planting files as another local user needs root (CI runs as root)")
+    try:
+        who = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no second local user (nobody) on this machine")
+    return who.pw_uid, who.pw_gid
+
+
+def node_without_home(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A temp dir (sticky, world-writable, as /tmp) that is the only default candidate: $XDG_CACHE_HOME and ~/.cache
+    are blocked by files where they would go (root is not stopped by permissions)."""
+    blocked = tmp_path / "home"
+    blocked.mkdir()
+    (blocked / "xdg").write_text("")
+    (blocked / ".cache").write_text("")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    return tmp, {"XDG_CACHE_HOME": str(blocked / "xdg"), "HOME": str(blocked), "TMPDIR": str(tmp)}
+
+
+def job(root: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(JOB), "--cache-dir", root, "--job", "careful", *args],
+                          capture_output=True, text=True, timeout=300, env=_env(**env))
+
+
+def out_of(proc: subprocess.CompletedProcess[str]) -> dict:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def tier_tail(root: str, policy: str) -> str:
+    """Where under a default candidate's base the tier of ``root`` and ``policy`` goes."""
+    (first, *_) = client_options.local_candidates(root, None, {"XDG_CACHE_HOME": "/x"})
+    return os.path.join(os.path.relpath(first, "/x"), policy)
+
+
+def test_a_link_another_user_plants_at_the_default_tier_never_gets_bytes_loaded(tmp_path, gcs_bucket):
+    uid, gid = other_user()
+    root = f"gs://{gcs_bucket}/jc"
+    # Real entries, never signed, that the other user wants a verify="signed" job to load.
+    run_job(root, tmp_path / "writer", "writer", JAXCACHE_SIGNING_KEY="")
+    planted = entries(tmp_path / "writer" / "unchecked")
+    tmp, env = node_without_home(tmp_path)
+    policy = f"signed-{signing.TrustedKeys.parse(PUBLIC).digest()[:12]}"
+    harmless, evil = tmp_path / "harmless", tmp_path / "evil"
+    for base in (harmless, evil):
+        (base / tier_tail(root, policy)).mkdir(parents=True)
+    for name, data in planted.items():
+        (evil / tier_tail(root, policy) / name).write_bytes(data)
+    for path in [evil, *evil.rglob("*")]:
+        os.lchown(path, uid, gid)
+    # The link at <temp dir>/jaxcache-<uid> is the other user's; it points at a directory that looks like ours
+    # when the client checks, and at the planted entries once enable_cache has returned.
+    link = tmp / f"jaxcache-{os.getuid()}"
+    link.symlink_to(harmless)
+    os.lchown(link, uid, gid)
+    signed = ("--verify", "signed", "--relink", str(link), str(evil))
+    proc = job(root, *signed, JAXCACHE_TRUSTED_KEYS=PUBLIC, **env)
+    out = out_of(proc)
+    # Passed over with one warning, like a directory that cannot be written: JAX reads the root, which holds
+    # nothing signed, so every program is compiled; nothing planted loads.
+    assert out["local_dir"] is None and out["stats"]["hits"] == 0, out
+    assert out["stats"]["misses"] == len(PROGRAMS), out["stats"]
+    assert proc.stderr.count("not only yours") == 1 and proc.stderr.count("jaxcache: ") >= 1, proc.stderr
+    assert f"{link} is a symbolic link owned by uid {uid}" in proc.stderr, proc.stderr
+
+
+def test_a_directory_another_user_made_at_the_default_tier_is_passed_over(tmp_path, gcs_bucket):
+    uid, gid = other_user()
+    root = f"gs://{gcs_bucket}/jc"
+    run_job(root, tmp_path / "writer", "writer")  # signed entries in the root
+    tmp, env = node_without_home(tmp_path)
+    theirs = tmp / f"jaxcache-{os.getuid()}"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, uid, gid)
+    proc = job(root, "--verify", "signed", JAXCACHE_TRUSTED_KEYS=PUBLIC, **env)
+    out = out_of(proc)  # strict: not refused, the tier is only not there
+    assert out["local_dir"] is None and out["stats"]["hits"] == len(PROGRAMS), out
+    assert proc.stderr.count("no node-local directory is writable") == 1, proc.stderr
+    assert f"{theirs} is owned by uid {uid}" in proc.stderr, proc.stderr
+    assert os.listdir(theirs) == []  # nothing created in the other user's directory
+
+    # A directory the user names is judged strictly, as any cache directory.
+    refused = job(root, JAXCACHE_LOCAL_DIR=str(theirs))
+    assert refused.returncode == 3 and f"owned by uid {uid}" in refused.stderr, refused.stderr
+
+
+def test_a_resumed_upload_sends_only_the_bytes_jax_put_with_the_signature_made_then(
+        tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811 - a fixture
+    root = f"gs://{gcs_bucket}/jc"
+    node = tmp_path / "node"
+    faults.fail(10_000, 503, method="POST", body=rb'-cache"')  # uploads of entries fail: all four stay pending
+    run_job(root, node, "train", settle=False, JAXCACHE_UPLOAD_WAIT_S="1")
+    local = node / "unchecked"
+    assert len(os.listdir(local / ".jaxcache" / "pending")) == len(PROGRAMS)
+    (affine,) = [p for p in local.glob("jit_affine-*-cache")]
+    (gram,) = [p for p in local.glob("jit_gram-*-cache")]
+    swapped = affine.read_bytes()
+    gram.write_bytes(swapped)  # other bytes, whole, at a key whose upload is pending
+
+    faults.clear()
+    again, err = run_job(root, node, "train", "--programs", "wave")  # resumes every pending upload
+    stored = root_objects(gcs_client, gcs_bucket)
+    assert gram.name not in stored, "bytes JAX never put under that key reached the root"
+    signed_over = {s.sha256 for n, data in stored.items() if n.endswith(signing.SIG_SUFFIX)
+                   for s in signing.decode(data)}
+    assert not [n for n in stored if n.endswith("-cache") and n != affine.name and hashlib.sha256(
+        stored[n]).hexdigest() == hashlib.sha256(swapped).hexdigest()]
+    assert again["local"]["upload_refused"] == 1 and again["local"]["uploaded"] == len(PROGRAMS) - 1, again["local"]
+    assert "not the bytes JAX put" in err, err
+    assert not gram.exists() and os.listdir(local / ".jaxcache" / "pending") == []
+    # The others went up with the signatures made when JAX put them: each covers exactly the root's bytes.
+    for name, data in stored.items():
+        if name.endswith("-cache"):
+            (sig,) = signing.decode(stored[signing.sig_name(name.removesuffix("-cache"))])
+            assert (sig.sha256, sig.size_bytes) == (hashlib.sha256(data).hexdigest(), len(data)), name
+            assert sig.sha256 in signed_over
+
+
+def test_the_first_job_after_a_change_in_a_gcs_root_loads_nothing_the_root_lacks(
+        tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811 - a fixture
+    root = f"gs://{gcs_bucket}/jc"
+    node = tmp_path / "node"
+    run_job(root, node, "train")
+    bucket = gcs_client.bucket(gcs_bucket)
+    # A prune of one entry, and a root that will not list for the job (its identity may not): the listing never
+    # vouches, so each lookup asks the root for its one object.
+    (gram,) = [n for n in root_objects(gcs_client, gcs_bucket) if n.startswith("jit_gram-") and n.endswith("-cache")]
+    bucket.blob(f"jc/{gram}").delete()
+    faults.fail(1000, 403, method="GET", path=r"/o\?")
+    pruned, err = run_job(root, node, "train", JAXCACHE_PREFETCH="0")
+    assert pruned["stats"]["hits"] == len(PROGRAMS) - 1 and pruned["stats"]["misses"] == 1, pruned["stats"]
+    assert pruned["local"]["dropped"] == 1 and pruned["local"]["loaded"] == len(PROGRAMS) - 1, pruned["local"]
+    assert "no longer has" in err, err
+
+    faults.clear()
+    for name in root_objects(gcs_client, gcs_bucket):
+        bucket.blob(f"jc/{name}").delete()  # the bucket emptied: the first job after it compiles everything
+    emptied, _ = run_job(root, node, "train")
+    assert emptied["stats"]["hits"] == 0 and emptied["stats"]["misses"] == len(PROGRAMS), emptied["stats"]
+
+
+def test_the_first_job_after_a_change_in_a_local_root_loads_nothing_the_root_lacks(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir(mode=0o755)
+    node = tmp_path / "node"
+    run_job(str(root), node, "train")
+    assert len(entries(node / "unchecked")) == len(PROGRAMS)
+    (gram,) = root.glob("jit_gram-*-cache")
+    gram.unlink()  # pruned
+    pruned, _ = run_job(str(root), node, "train")
+    assert pruned["stats"]["hits"] == len(PROGRAMS) - 1 and pruned["stats"]["misses"] == 1, pruned["stats"]
+    for path in root.glob("*-cache"):
+        path.unlink()  # the root emptied
+    emptied, _ = run_job(str(root), node, "train")
+    assert emptied["stats"]["hits"] == 0 and emptied["stats"]["misses"] == len(PROGRAMS), emptied["stats"]
+
+
+def test_an_entry_left_without_its_atime_is_healed_at_start(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir(mode=0o755)
+    node = tmp_path / "node"
+    run_job(str(root), node, "train", "--programs", "affine,gram")
+    local = node / "unchecked"
+    (gram,) = local.glob("jit_gram-*-cache")
+    gram_key = gram.name.removesuffix("-cache")
+    (local / f"{gram_key}-atime").unlink()  # a kill between JAX's two writes
+    torn = "jit_torn-" + "0" * 64
+    (local / f"{torn}-cache").write_bytes(gram.read_bytes()[: gram.stat().st_size // 2])  # a disk full mid-write
+    (local / ".jaxcache" / "pending" / torn).write_bytes(b"")  # ... of a write still to upload
+
+    # Neither is looked up (a hit rewrites the -atime), and JAX 0.10's eviction reads every -atime: unhealed,
+    # JAX's write of wave would fail.
+    b, _ = run_job(str(root), node, "train", "--programs", "affine,wave")
+    assert b["stats"]["hits"] == 1 and b["stats"]["writes"] == 1, (b["stats"], b["summary"])
+    assert (local / f"{gram_key}-atime").exists() and not (local / f"{torn}-cache").exists()
+    assert b["local"]["healed"] == 2, b["local"]
+    assert f"{gram_key} (its -atime written)" in b["summary"], b["summary"]
+    assert f"{torn} (broken without its -atime: removed)" in b["summary"], b["summary"]
