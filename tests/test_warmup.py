@@ -77,7 +77,7 @@ def test_cpu_warmup_fills_a_local_cache_that_a_fresh_job_hits_completely(tmp_pat
         assert program.program is not None and program.program.args, program
 
     job = run_example_job(str(cache))
-    assert "1 hits, 0 misses" in job.stdout and "hit rate 100%" in job.stdout, job.stdout
+    assert "1 hit, 0 misses" in job.stdout and "hit rate 100%" in job.stdout, job.stdout
     runs = [records.parse(p.read_bytes()) for p in cache.glob(".jaxcache/runs/*/*.json")]
     job_run = next(r for r in runs if r.job == "example-job")
     assert {u.key for u in job_run.keys} == {p.key for p in record.programs}

@@ -43,3 +43,17 @@ def slow_to_verify(ctx):
     if marker.exists():
         time.sleep(600)
     marker.touch()
+
+
+def tpu_mesh(ctx):
+    """A TPU slice's context: its chips as devices, a 2-D mesh over them, ctx.compile of a sharded program."""
+    import jax.numpy as jnp
+
+    devices = ctx.devices()
+    kinds = {d.device_kind for d in devices}
+    print(f"slice {ctx.topology.name} chips {ctx.global_devices} devices {len(devices)} kinds {sorted(kinds)}")
+    mesh = ctx.mesh(("data", "model"), (ctx.global_devices // 2, 2))
+    x = ctx.abstract((ctx.global_devices * 4, 64), "float32", ("data", "model"), mesh)
+    w = ctx.abstract((64, 32), "float32", ("model", None), mesh)
+    compiled = ctx.compile(lambda a, b: jnp.tanh(a @ b).sum(), x, w)
+    print(f"compiled for {len(compiled.input_shardings[0][0].device_set)} devices")

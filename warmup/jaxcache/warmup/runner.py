@@ -99,9 +99,17 @@ def run_warmup(
     session.write_records = not check
     # A --script is a training script: it calls enable_cache() itself, with a job's settings, and gets this session.
     session.claim_process("the warm-up")
-    if on_program is not None:
-        session.on_program(on_program)
     slice_ = config.plan.topology if isinstance(config.plan.topology, TpuSlice) else None
+    storage = open_storage(config.cache_dir, must_exist=False)
+    compile_only = slice_ is not None and not config.plan.attached
+    if on_program is not None:
+        shown = on_program
+        if compile_only:
+            def shown(usage: KeyUsage) -> None:
+                if _compile_only_status(usage, storage) == PRESENT and usage.event != HIT:
+                    usage = msgspec.structs.replace(usage, event=HIT, reason=None)
+                on_program(usage)
+        session.on_program(shown)
     devices = None
     if slice_ is not None:
         devices = tpu.slice_devices(slice_, config.plan.attached)
@@ -135,8 +143,6 @@ def run_warmup(
             fingerprint, backend="tpu", device_kind=devices[0].device_kind, device_count=slice_.chips,
             local_device_count=slice_.devices, process_count=slice_.hosts,
             platform_version=str(getattr(getattr(devices[0], "client", None), "platform_version", "")) or None)
-    storage = open_storage(config.cache_dir, must_exist=False)
-    compile_only = slice_ is not None and not config.plan.attached
     programs = tuple(
         ProgramCoverage(
             key=u.key, function=u.function, status=_compile_only_status(u, storage) if compile_only else status_of(u),
