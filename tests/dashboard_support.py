@@ -160,6 +160,27 @@ class _Page(html.parser.HTMLParser):
             self._heading = None
 
 
+
+class _Shown(html.parser.HTMLParser):
+    """What a reader sees of a page: its text and its tooltips (not attributes that only carry values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.parts += [v for k, v in attrs if k == "title" and v]
+
+    def handle_data(self, data):
+        self.parts.append(data)
+
+
+def shown_text(page: str, sep: str = "") -> str:
+    """A page's text and tooltips, joined with ``sep``."""
+    reader = _Shown()
+    reader.feed(page)
+    return sep.join(reader.parts)
+
 def parse(text: str) -> _Page:
     page = _Page()
     page.feed(text)

@@ -54,8 +54,9 @@ def members(path: Path) -> list[tuple[str, bytes]]:
         return [(i.name, tar.extractfile(i).read()) for i in tar]  # type: ignore[union-attr]
 
 
-def write_tar(path: Path, items: list[tuple[str, bytes]], *extra: tarfile.TarInfo) -> Path:
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+def write_tar(path: Path, items: list[tuple[str, bytes]], *extra: tarfile.TarInfo,
+              fmt: int = tarfile.PAX_FORMAT) -> Path:
+    with tarfile.open(path, "w", format=fmt) as tar:
         for name, data in items:
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -346,14 +347,7 @@ def test_more_hostile_archives_are_refused_whole_writing_nothing(bundle, tmp_pat
         kind = {"hard link": tarfile.LNKTYPE, "folder": tarfile.DIRTYPE, "fifo": tarfile.FIFOTYPE,
                 "character device": tarfile.CHRTYPE}[attack]
         extra.append(_special(f"{key}-cache", kind, "manifest.json" if kind == tarfile.LNKTYPE else ""))
-    path = tmp_path / "hostile.tar"
-    with tarfile.open(path, "w", format=fmt) as tar:
-        for name, data in items:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        for info in extra:
-            tar.addfile(info)
+    path = write_tar(tmp_path / "hostile.tar", items, *extra, fmt=fmt)
     if "long name" in attack:
         with tarfile.open(path) as tar:
             assert escaping in tar.getnames()  # the long name really is in the archive, as its header says

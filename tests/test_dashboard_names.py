@@ -5,7 +5,6 @@ that mixes scripts; the API keeps the exact value."""
 
 from __future__ import annotations
 
-import html.parser
 import re
 import shutil
 import time
@@ -14,7 +13,7 @@ import urllib.parse
 import pytest
 from fastapi.testclient import TestClient
 
-from dashboard_support import H_ADMIN, H_READ, _keys, _record, settings
+from dashboard_support import H_ADMIN, H_READ, _keys, _record, settings, shown_text
 from jaxcache import coverage, records
 from jaxcache.records import KeyUsage
 from jaxcache.service.app import create_app
@@ -25,26 +24,6 @@ ZERO_WIDTH = "llm-pre\u200btrain"  # displays exactly as "llm-pretrain"
 HOMOGLYPH = "tr\u0430in"  # a Cyrillic "а": displays exactly as "train"
 MIXED_FUNCTION = "jit_tr\u0430in_step"
 FORMAT_CHARS = ("\u202e", "\u202c", "\u200b")
-
-
-class _Shown(html.parser.HTMLParser):
-    """What a reader sees of a page: its text and its titles (tooltips)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.parts: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.parts += [v for k, v in attrs if k == "title" and v]
-
-    def handle_data(self, data):
-        self.parts.append(data)
-
-
-def shown_text(page: str) -> str:
-    reader = _Shown()
-    reader.feed(page)
-    return "".join(reader.parts)
 
 
 def badged(page: str, name: str) -> bool:

@@ -3,7 +3,6 @@ and every figure equal to the API's."""
 
 from __future__ import annotations
 
-import html.parser
 import os
 import re
 import shutil
@@ -34,6 +33,7 @@ from dashboard_support import (
     listing,
     parse,
     settings,
+    shown_text,
 )
 from jaxcache import coverage, records
 from jaxcache.service.app import create_app
@@ -318,24 +318,8 @@ def test_overview_and_entry_pages_show_integrity_as_the_api_does(app_client, see
     assert f'class="status-{detail["integrity"]}">{detail["integrity"]}</span>' in entry_page
 
 
-class _Shown(html.parser.HTMLParser):
-    """What a reader sees of a page: its text and its tooltips (not attributes that only carry values)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.parts: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.parts += [v for k, v in attrs if k == "title" and v]
-
-    def handle_data(self, data):
-        self.parts.append(data)
-
-
 def _shown(page: str) -> str:
-    reader = _Shown()
-    reader.feed(page)
-    return "\n".join(reader.parts)
+    return shown_text(page, "\n")
 
 
 def test_names_that_would_display_as_others_are_shown_escaped(tmp_path, seeded, jax_caches):
