@@ -22,7 +22,7 @@ pytest.importorskip("schemathesis")
 ADMIN = "contract-admin-token"
 HOOKS = Path(__file__).with_name("schemathesis_hooks.py")
 SEED = int(os.environ.get("JAXCACHE_CONTRACT_SEED", "20261201"))
-EXAMPLES = int(os.environ.get("JAXCACHE_CONTRACT_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("JAXCACHE_CONTRACT_EXAMPLES", "50"))
 
 
 @pytest.mark.slow
