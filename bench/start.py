@@ -2,10 +2,9 @@
 of a few MB each on a gs:// root (fake-gcs-server behind tests/gcs_faults.py's proxy adding ``--delay-ms`` to every
 request, no bandwidth cap), ``--startup-s`` of start-up work between. Arms interleaved over ``--repeats`` rounds,
 each run a fresh process (bench/start_worker.py): JAX reading the root directly, also with verify='signed' (#34:
-its requests per program); the node-local tier cold with
-prefetch, cold on demand (``JAXCACHE_PREFETCH=0``), and warm; the floor, a plain local directory holding the
-programs. Then a cold run while the proxy answers 503 for ``--fault-s``: it must exit 0, every program loaded or
-compiled, the root's objects as they were. What each figure means: bench/README.md.
+its requests per program); the node-local tier cold with prefetch, cold on demand (``JAXCACHE_PREFETCH=0``), and
+warm; the floor, a plain local directory holding the programs. Then a cold run while the proxy answers 503 for
+``--fault-s``: it must exit 0, every program loaded or compiled, the root's objects as they were. bench/README.md.
 
     .venv/bin/python bench/start.py         # table; figures and every run also in bench/out/start.json
     .venv/bin/python bench/start.py --arms warm,floor --baseline ../main   # the warm arm A/B against main's code

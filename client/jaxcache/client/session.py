@@ -16,12 +16,12 @@ from jaxcache.client import jax_internals as ji
 from jaxcache.client import trust as trust_mod
 from jaxcache.client.attestation import Attestor
 from jaxcache.client.loads import LoadGuard, LoadPolicy
-from jaxcache.client.local_tier import open_local_dir
 from jaxcache.client.misses import MAX_CHECKED, MAX_CHECKED_GCS, MissCauses, MissCheck
 from jaxcache.client.node_tier import NodeTier
 from jaxcache.client.options import ClientOptions, resolve, say_xla_caches_off
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
 from jaxcache.client.telemetry import CacheStats, Recorder
+from jaxcache.client.tier_dir import open_local_dir
 from jaxcache.client.written import WriteCheck
 from jaxcache.records import HIT, JOB, WRITE, Fingerprint, KeyUsage, RunKind, RunRecord
 from jaxcache.units import plural
@@ -140,9 +140,8 @@ class CacheSession:
         causes = self.miss_causes().describe(self.cache_dir, self.run_id) if s.misses else ""
         return (
             f"jaxcache: job {self.job}: {plural(s.hits, 'hit')}, {plural(s.misses, 'miss')} ({s.writes} written),"
-            f" hit rate {rate};"
-            f" {s.compile_s:.1f} s compiling, {s.retrieval_s:.2f} s loading, >= {s.saved_s:.1f} s saved;"
-            f" cache {self.cache_dir}" + (f"; {causes}" if causes else "")
+            f" hit rate {rate}; {s.compile_s:.1f} s compiling, {s.retrieval_s:.2f} s loading, >= {s.saved_s:.1f} s"
+            f" saved; cache {self.cache_dir}" + (f"; {causes}" if causes else "")
             + ("" if self._tier is None else self._tier.summary())
         )
 
@@ -382,8 +381,7 @@ def enable_cache(
             from jaxcache.client.verify import load_policy  # asks the service: loaded only when asked for
 
             loads = load_policy(options, writer.storage)
-        tier_dir = open_local_dir(options, loads)
-        say_xla_caches_off(options, tier_dir)
+        say_xla_caches_off(options, tier_dir := open_local_dir(options, loads))
         ji.apply(options.jax_settings(tier_dir))
         session = CacheSession(options, compression, loads, writer, tier_dir)
         session._start()

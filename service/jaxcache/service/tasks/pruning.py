@@ -111,8 +111,10 @@ def run_prune(
         if policy.integrity:
             unjudged = verification.unjudged(catalog, cache, TrustedKeys.from_env() if trusted is None else trusted)
             if unjudged:
-                plan.notes.append(f"integrity used the verdicts made so far: {plural(unjudged, 'entry')} not judged yet"
-                                  " (the background pass will judge them; applying this prune judges them first)")
+                are = "is" if unjudged == 1 else "are"
+                plan.notes.append(f"integrity used the verdicts made so far: {plural(unjudged, 'entry')} {are} not"
+                                  " judged yet (the background pass will judge them; applying this prune judges them"
+                                  " first)")
         return Outcome(plan)
     if not lock.acquire(blocking=False):
         raise PruneInProgressError(cache)
