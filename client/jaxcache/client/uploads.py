@@ -15,7 +15,6 @@ signs exactly those bytes in the root: the next start drops it, so a verified co
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import queue
@@ -24,10 +23,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from jaxcache import entry, signing
 from jaxcache.client.attestation import drained
 from jaxcache.client.local_tier import PENDING_DIR, TEMP_AGE_S, UNVERIFIED_DIR, LocalTier
-from jaxcache.errors import InvalidInputError, PreconditionFailedError
+from jaxcache.errors import PreconditionFailedError
 from jaxcache.storage import Storage
 from jaxcache.units import plural
 
@@ -39,25 +40,21 @@ MARK_MAX_BYTES = 64 * 1024  # a pending mark: a digest and one signature, far le
 
 @dataclass(frozen=True, slots=True)
 class Put:
-    """What JAX put under a key, kept with its pending mark: the bytes' digest and size, and their signature."""
+    """What JAX put under a key, kept as its pending mark: the bytes' digest and size, and their signature."""
 
     sha256: str
     size_bytes: int
     signature: signing.Signature | None = None
 
     def to_bytes(self) -> bytes:
-        sig = None if self.signature is None else signing.encode([self.signature]).decode()
-        return json.dumps({"sha256": self.sha256, "size_bytes": self.size_bytes, "signature": sig}).encode()
+        return msgspec.json.encode(self)
 
     @classmethod
     def from_bytes(cls, data: bytes, key: str) -> Put | None:
         """The mark's put, or None when it holds none (a mark of an older client, or not one of ours)."""
         try:
-            doc = json.loads(data)
-            sigs = [] if doc["signature"] is None else signing.decode(doc["signature"].encode())
-            put = cls(str(doc["sha256"]), int(doc["size_bytes"]), sigs[0] if sigs else None)
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, OverflowError,
-                InvalidInputError):
+            put = msgspec.json.decode(data, type=cls)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             return None
         if put.signature is not None and (put.signature.key, put.signature.sha256, put.signature.size_bytes) != (
                 key, put.sha256, put.size_bytes):
@@ -84,7 +81,6 @@ class Uploader:
         self._queue: queue.Queue[tuple[str, tuple[str, int] | None]] = queue.Queue(maxsize=QUEUE_SIZE)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._signed: dict[str, signing.Signature] = {}  # this process's puts' signatures, until uploaded
 
     def pending(self) -> list[str]:
         """The keys written here whose upload has not finished (by this process or an earlier one)."""
@@ -103,11 +99,6 @@ class Uploader:
         """The put hook, before JAX stores the bytes of that digest and size: sign them (with
         ``JAXCACHE_SIGNING_KEY``) and mark the key pending with both (a tiny local write on the compiling thread)."""
         sig = None if self._key is None else self._key.sign(key, sha256, size_bytes, writer=self._writer_name())
-        if sig is not None:
-            with self._lock:
-                if len(self._signed) >= QUEUE_SIZE:  # puts whose write never settled: the oldest go first
-                    self._signed.pop(next(iter(self._signed)))
-                self._signed[key] = sig
         with open(os.path.join(self._pending, key), "wb") as f:
             f.write(Put(sha256, size_bytes, sig).to_bytes())
         if self._unverified is not None:
@@ -181,18 +172,17 @@ class Uploader:
             self._done(key)  # evicted or dropped meanwhile: nothing to upload
             return
         sha, size = hashlib.sha256(data).hexdigest(), len(data)
-        if put is not None:
-            with self._lock:
-                sig = self._signed.pop(key, None)
-            if (sha, size) != put:
-                self._done(key)  # replaced since the attestor read it: not the bytes this process put
-                return
-        else:
-            kept = self._mark(key)  # an earlier process's put: only its bytes go, with its signature
-            if kept is None or (sha, size) != (kept.sha256, kept.size_bytes):
+        if put is not None and (sha, size) != put:
+            self._done(key)  # replaced since the attestor read it: not the bytes this process put
+            return
+        kept = self._mark(key)  # the put's mark: its bytes go, with the signature made when JAX put them
+        if kept is None or (sha, size) != (kept.sha256, kept.size_bytes):
+            if put is None:  # an earlier process's put: only its bytes go
                 self._refuse(key, name, data, kept is None)
                 return
-            sig = kept.signature
+            kept = None  # this process's own put, whose mark was lost: the attestor found the bytes JAX put
+        sig = kept.signature if kept is not None else (
+            None if self._key is None else self._key.sign(key, sha, size, writer=self._writer_name()))
         root = self._root()
         try:
             root.write_atomic(name, data, create_only=True)
