@@ -35,11 +35,18 @@ PART_FILES := core/pyproject.toml client/pyproject.toml warmup/pyproject.toml se
 # The lowest JAX the client and warm-up declare (client/pyproject.toml): the main venv runs the suite on exactly it.
 FLOOR_JAX ?= 0.10.2
 
+# ml_dtypes, which every JAX imports, spends about 1 s of CPU at import from 0.7 on (its ufunc loops are registered
+# through a numpy call that scans the loops already there), 0.07 s before. Every JAX supported here takes >= 0.5, and
+# each JAX process of the suite and the demo pays it, so the venvs take 0.6 (bench/README.md, "The suite's time").
+ML_DTYPES ?= 'ml_dtypes>=0.5,<0.7'
+# Nothing is byte-compiled at install: a module is compiled when it is first imported, so only what runs is.
+PIP := pip install --quiet --no-compile
+
 define make_venv
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxcache needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(foreach p,$(PARTS),-e '$(p)') 'jax==$(FLOOR_JAX)' 'jaxlib==$(FLOOR_JAX)'
+	$(PY) -m $(PIP) --upgrade pip
+	$(PY) -m $(PIP) $(foreach p,$(PARTS),-e '$(p)') 'jax==$(FLOOR_JAX)' 'jaxlib==$(FLOOR_JAX)' $(ML_DTYPES)
 endef
 
 $(VENV)/.stamp-run: $(PART_FILES)
@@ -48,29 +55,39 @@ $(VENV)/.stamp-run: $(PART_FILES)
 
 $(VENV)/.stamp-dev: $(PART_FILES) pyproject.toml
 	$(make_venv)
-	$(PY) -m pip install --quiet --group dev
+	$(PY) -m $(PIP) --group dev
 	@touch $@ $(VENV)/.stamp-run
 
-# Best effort: a failure here only makes the second-JAX contract tests skip with the reason.
-# After the main venv: both install the parts in editable mode, which writes each part's egg-info in the checkout.
-$(NEXT_VENV)/.stamp: $(PART_FILES) | $(VENV)/.stamp-dev
+# The second JAX's and the TPU venvs: best effort, a failure only makes their tests skip with the reason. Each gets its
+# JAX (the bulk of the download and unpacking) at once, side by side with the main venv; the parts come after, one venv
+# at a time, because an editable install writes each part's egg-info in the checkout.
+$(NEXT_VENV)/.stamp-jax:
 	@if [ -n "$(NEXT_PYTHON)" ]; then \
 	  echo "building $(NEXT_VENV) with $(NEXT_PYTHON) and the newest jax"; \
-	  ($(NEXT_PYTHON) -m venv $(NEXT_VENV) && $(NEXT_VENV)/bin/pip install --quiet --upgrade pip \
-	    && $(NEXT_VENV)/bin/pip install --quiet --upgrade -e './core[gcs]' -e './client[gcs]' -e ./warmup jax && touch $@) || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
+	  ($(NEXT_PYTHON) -m venv $(NEXT_VENV) && $(NEXT_VENV)/bin/$(PIP) --upgrade pip \
+	    && $(NEXT_VENV)/bin/$(PIP) --upgrade jax $(ML_DTYPES) && touch $@) \
+	    || echo "could not build $(NEXT_VENV): second-JAX contract tests will skip"; \
 	else echo "no working python3.12 found: second-JAX contract tests will skip"; fi
 
-# Best effort: a failure here only makes the compile-only TPU tests skip with the reason. After the second JAX's
-# venv, for the same reason as that one.
-$(TPU_VENV)/.stamp: $(PART_FILES) | $(NEXT_VENV)/.stamp
+$(NEXT_VENV)/.stamp: $(PART_FILES) | $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp-jax
+	@if [ -f $(NEXT_VENV)/.stamp-jax ]; then \
+	  $(NEXT_VENV)/bin/$(PIP) --upgrade -e './core[gcs]' -e './client[gcs]' -e ./warmup jax $(ML_DTYPES) && touch $@ \
+	    || echo "could not install the parts in $(NEXT_VENV): second-JAX contract tests will skip"; fi
+
+$(TPU_VENV)/.stamp-jax:
 	@echo "building $(TPU_VENV) with jax $(FLOOR_JAX) and the libtpu it pins (jaxcache-warmup[tpu])"
-	@($(PYTHON) -m venv $(TPU_VENV) && $(TPU_VENV)/bin/pip install --quiet --upgrade pip \
-	  && $(TPU_VENV)/bin/pip install --quiet -e ./core -e ./client -e './warmup[tpu]' 'jax==$(FLOOR_JAX)' \
-	    'jaxlib==$(FLOOR_JAX)' && touch $@) || echo "could not build $(TPU_VENV): the compile-only TPU tests will skip"
+	@($(PYTHON) -m venv $(TPU_VENV) && $(TPU_VENV)/bin/$(PIP) --upgrade pip \
+	  && $(TPU_VENV)/bin/$(PIP) 'jax[tpu]==$(FLOOR_JAX)' 'jaxlib==$(FLOOR_JAX)' $(ML_DTYPES) && touch $@) \
+	  || echo "could not build $(TPU_VENV): the compile-only TPU tests will skip"
+
+$(TPU_VENV)/.stamp: $(PART_FILES) | $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp-jax
+	@if [ -f $(TPU_VENV)/.stamp-jax ]; then \
+	  $(TPU_VENV)/bin/$(PIP) -e ./core -e ./client -e './warmup[tpu]' 'jax==$(FLOOR_JAX)' 'jaxlib==$(FLOOR_JAX)' \
+	    $(ML_DTYPES) && touch $@ || echo "could not install the parts in $(TPU_VENV): the compile-only TPU tests will skip"; fi
 
 # Best effort: a failure here only makes the checkov test skip with the reason.
 $(TOOLS_VENV)/.stamp:
-	@($(PYTHON) -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/pip install --quiet 'checkov>=3.2' && touch $@) \
+	@($(PYTHON) -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/$(PIP) 'checkov>=3.2' && touch $@) \
 	  || echo "could not build $(TOOLS_VENV): the checkov test of deploy/ will skip"
 
 # Best effort: without Chromium the dashboard's browser tests skip and say why. Installs Debian's package only when
@@ -140,11 +157,11 @@ test: chromium prometheus postgres test-setup
 	  JAXCACHE_TPU_PYTHON=$$(test -f $(TPU_VENV)/.stamp && echo $(abspath $(TPU_VENV))/bin/python) \
 	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
-# The venvs and mypy side by side, without asking for `make -j`: each keeps about one core busy (pip unpacking and
-# byte-compiling, mypy checking). checkov's venv starts at once; mypy and the second JAX's venv once the main one is
-# built, the TPU venv after that one.
+# The venvs and mypy side by side, without asking for `make -j`: pip unpacking and mypy checking each keep about one
+# core busy, pip downloading none. The main venv, checkov's and the other two venvs' JAX start at once; mypy and the
+# parts in the other venvs once the main venv is built.
 test-setup:
-	@$(MAKE) --no-print-directory -j3 typecheck $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp $(TOOLS_VENV)/.stamp
+	@$(MAKE) --no-print-directory -j4 typecheck $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp $(TOOLS_VENV)/.stamp
 
 typecheck: $(VENV)/.stamp-dev
 	$(VENV)/bin/mypy

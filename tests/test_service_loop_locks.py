@@ -73,9 +73,10 @@ def test_a_loop_whose_lock_another_process_holds_skips_its_passes(tmp_path, cach
                 assert posted.status_code == 202, posted.text
             finally:
                 drain.release()
-            _until(lambda: _cache(client)["reports_waiting"] == 0, "the record folded once the drain's lock was free")
-            assert client.get("/readyz").json()["loops"]["drain"]["last_success_s"] > \
-                before["drain"]["last_success_s"]
+            # The pass notes its success after its fold has committed: wait for both.
+            _until(lambda: _cache(client)["reports_waiting"] == 0 and client.get("/readyz").json()["loops"]["drain"][
+                "last_success_s"] > before["drain"]["last_success_s"],
+                "the record folded, and the drain's pass noted, once the drain's lock was free")
             rescan.release()
     finally:
         other.dispose()
