@@ -39,8 +39,7 @@ FLOOR_JAX ?= 0.10.2
 # through a numpy call that scans the loops already there), 0.07 s before. Every JAX supported here takes >= 0.5, and
 # each JAX process of the suite and the demo pays it, so the venvs take 0.6 (bench/README.md, "The suite's time").
 ML_DTYPES ?= 'ml_dtypes>=0.5,<0.7'
-# Nothing is byte-compiled at install: a module is compiled when it is first imported, so only what runs is.
-PIP := pip install --quiet --no-compile
+PIP := pip install --quiet
 
 define make_venv
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxcache needs Python >= 3.11; run: make PYTHON=python3.11 ...")'

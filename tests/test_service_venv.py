@@ -27,7 +27,7 @@ def service_venv(tmp_path_factory) -> Path:
         shutil.copytree(ROOT / part, base / part, ignore=ignore)
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", str(base / "core"),
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(base / "core"),
                            str(base / "service")], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return venv
