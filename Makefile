@@ -37,7 +37,8 @@ FLOOR_JAX ?= 0.10.2
 
 # ml_dtypes, which every JAX imports, spends about 1 s of CPU at import from 0.7 on (its ufunc loops are registered
 # through a numpy call that scans the loops already there), 0.07 s before. Every JAX supported here takes >= 0.5, and
-# each JAX process of the suite and the demo pays it, so the venvs take 0.6 (bench/README.md, "The suite's time").
+# each JAX process of the suite and the demo pays it, so the venvs take 0.6 (bench/README.md, "The suite's time,
+# again").
 ML_DTYPES ?= 'ml_dtypes>=0.5,<0.7'
 PIP := pip install --quiet
 
@@ -82,7 +83,8 @@ $(TPU_VENV)/.stamp-jax:
 $(TPU_VENV)/.stamp: $(PART_FILES) | $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp-jax
 	@if [ -f $(TPU_VENV)/.stamp-jax ]; then \
 	  $(TPU_VENV)/bin/$(PIP) -e ./core -e ./client -e './warmup[tpu]' 'jax==$(FLOOR_JAX)' 'jaxlib==$(FLOOR_JAX)' \
-	    $(ML_DTYPES) && touch $@ || echo "could not install the parts in $(TPU_VENV): the compile-only TPU tests will skip"; fi
+	    $(ML_DTYPES) && touch $@ \
+	    || echo "could not install the parts in $(TPU_VENV): the compile-only TPU tests will skip"; fi
 
 # Best effort: a failure here only makes the checkov test skip with the reason.
 $(TOOLS_VENV)/.stamp:
