@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from jaxcache import entry, signing
-from jaxcache.client.misses import SLACK_S
+from jaxcache.client.misses import SLACK_S, UNREADABLE_REASON
 from jaxcache.client.reporting import RecordWriter
 from jaxcache.client.telemetry import Recorder
 from jaxcache.storage import Storage
@@ -25,8 +25,6 @@ from jaxcache.storage import Storage
 log = logging.getLogger("jaxcache.client")
 
 QUEUE_SIZE = 1024
-UNREADABLE_REASON = ("the cache holds an entry for this key that JAX could not load; JAX does not rewrite an entry"
-                     " that exists")
 NOT_PUT_REASON = "the entry in the cache is not the bytes JAX wrote (replaced or planted meanwhile)"
 MAX_PUTS = 4096  # digests of puts not yet checked (hashed on the compiling thread): bounded like the queue
 

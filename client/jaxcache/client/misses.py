@@ -22,6 +22,9 @@ from jaxcache.units import plural
 
 #: An entry older than its miss by more than this existed before the lookup (clocks and mtime granularity aside).
 SLACK_S = 2.0
+#: Why a compiled program is not this process's write when its entry was there already.
+UNREADABLE_REASON = ("the cache holds an entry for this key that JAX could not load; JAX does not rewrite an entry"
+                     " that exists")
 #: Entries looked at per process, local and on a bucket (one request each there): bounds what a summary costs.
 MAX_CHECKED, MAX_CHECKED_GCS = 1000, 100
 _THRESHOLD = re.compile(r", (under \S+=\S+)$")
@@ -106,6 +109,8 @@ class MissCheck:
                           skipped_misses=skipped_misses)
 
     def _is_unreadable(self, usage: KeyUsage) -> bool:
+        if usage.reason == UNREADABLE_REASON:  # the write check found the entry there as JAX went to put it
+            return True
         known = self._unreadable.get(usage.key)
         if known is not None or len(self._unreadable) >= self._limit:
             return bool(known)

@@ -56,7 +56,7 @@ class CacheSession:
             tier_dir, self._writer.storage, options, policy=loads, writer_name=self._writer_name,
             refused=self._loads.refused if self._loads is not None else None, fingerprint=lambda: self.fingerprint)
         # A write counts once its entry is there whole: the run record's writes make the service's first writers.
-        check = WriteCheck(tier.storage, tier.directory) if tier is not None else WriteCheck(
+        self._write_check = check = WriteCheck(tier.storage, tier.directory) if tier is not None else WriteCheck(
             self._writer.storage, None if options.is_gcs else options.cache_dir)
         self._recorder = Recorder(key_parts=options.key_parts, check_write=check,
                                   skipped=self._loads.why if self._loads is not None else None)
@@ -233,6 +233,7 @@ class CacheSession:
         return f"{self.kind} {self.job} run {self.run_id}"
 
     def _on_put(self, key: str, value: bytes) -> None:
+        self._write_check.before_put(key)
         sha256, size = self._attestor.on_put(key, value)
         if self._tier is not None:
             self._tier.uploader.on_put(key, sha256, size)  # signed and marked pending before JAX stores it

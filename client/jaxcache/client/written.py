@@ -5,6 +5,11 @@ disk it leaves a zero-byte file behind and the process goes on. The run record's
 service's "first writer" of an entry is built from, so the client counts a write only once the entry is found
 there, non-empty, with a head that decodes (:func:`jaxcache.entry.read_header`); otherwise the key is "compiled,
 not written" with the reason this module gives.
+
+JAX's ``put`` writes nothing when the entry's file exists. Whether it existed is asked once more right before
+JAX's put (:meth:`WriteCheck.before_put`, from the put hook): an entry written moments earlier by another run
+is as much not this process's write as one written an hour ago, and the entry's mtime alone cannot tell them
+apart within the clocks' slack.
 """
 
 from __future__ import annotations
@@ -15,8 +20,7 @@ import threading
 from collections.abc import Callable
 
 from jaxcache import entry
-from jaxcache.client.attestation import UNREADABLE_REASON
-from jaxcache.client.misses import SLACK_S
+from jaxcache.client.misses import SLACK_S, UNREADABLE_REASON
 from jaxcache.storage import Storage
 from jaxcache.units import format_bytes
 
@@ -29,6 +33,8 @@ DISK_FULL_BYTES = 64 * 1024 * 1024
 DISK_FULL = "disk full"
 NO_INODES = "no free inodes"
 NOT_WHOLE = "not written whole"
+#: Keys noted by before_put and not yet checked (a put JAX failed is never checked): the oldest go first.
+MAX_NOTED = 4096
 UNCHECKED = "could not be read back"
 
 
@@ -44,6 +50,7 @@ class WriteCheck:
         self._local_dir = local_dir
         self._warned = False
         self._lock = threading.Lock()
+        self._there_at_put: dict[str, bool] = {}  # keys whose entry existed when JAX went to put it (bounded)
 
     def __call__(self, key: str, looked_up_at: float) -> str | None:
         reason = self._check(key, looked_up_at)
@@ -51,14 +58,30 @@ class WriteCheck:
             self._warn_once(key, reason)
         return reason
 
+    def before_put(self, key: str) -> None:
+        """Note whether the key's entry exists now, as JAX is about to put it (then JAX writes nothing)."""
+        try:
+            there = self._storage().stat(entry.cache_name(key)) is not None
+        except Exception:  # noqa: BLE001 - the put hook must never break a write; the mtime check still runs
+            return
+        if there:
+            with self._lock:
+                if len(self._there_at_put) >= MAX_NOTED:
+                    self._there_at_put.pop(next(iter(self._there_at_put)))
+                self._there_at_put[key] = True
+
     def _check(self, key: str, looked_up_at: float) -> str | None:
         name = entry.cache_name(key)
+        with self._lock:
+            there_at_put = self._there_at_put.pop(key, False)
+        if there_at_put:
+            return UNREADABLE_REASON
         try:
             storage = self._storage()
             info = storage.stat(name)
             if info is None:
                 return self.broken("JAX said it was writing the entry, and none is there")
-            if info.mtime_s < looked_up_at - SLACK_S:
+            if info.mtime_s < looked_up_at - SLACK_S:  # where JAX has no put hook: the entry's age tells
                 # There before the lookup: JAX could not load it, and writes nothing over an entry that exists.
                 return UNREADABLE_REASON
             header = entry.read_header(lambda offset, length: storage.read_range(name, offset, length) or b"",
