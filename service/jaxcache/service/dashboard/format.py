@@ -1,8 +1,5 @@
-"""How the dashboard shows numbers, times and names, and the growth chart's geometry (server-side SVG).
-
-Every figure on a page is the API's value; these only decide how it reads. Pages also carry the exact value in a
-``data-value`` attribute (and sizes in a ``title``), so what a reader hovers and what tests compare is the API's.
-"""
+"""How pages show the API's numbers, times and names, and the growth chart's SVG geometry. Pages also carry the
+exact value in ``data-value`` (sizes in ``title``), so readers and tests see the API's figure."""
 
 from __future__ import annotations
 
@@ -89,8 +86,7 @@ def ago(ts: float | None, now: float | None = None) -> Markup:
 
 
 def by_cause(missed: list[dict]) -> list[dict]:
-    """A job's misses (``queries.job_misses``) grouped by cause, most compile time lost first; each miss with what
-    differs in a few words. Misses not explained yet (ingested before explanations) group as cause None."""
+    """A job's misses grouped by cause (unexplained ones as None), most compile time lost first."""
     groups: dict[str | None, list[dict]] = {}
     for m in missed:
         groups.setdefault(m["cause"], []).append({**m, "differs_text": differs_text(m["differs"])})
@@ -105,8 +101,7 @@ def top_causes(by_cause: dict, limit: int = 10) -> list[dict]:
     return [{**c, "misses_24h": day.get(c["cause"], 0)} for c in by_cause["last_7d"]["causes"][:limit]]
 
 
-#: Names as every page shows them: the core's one escaping (the CLI's too); the templates' filter is
-#: :func:`names.visible`, the same escaping made safe for HTML.
+#: The core's escaping, as the CLI shows names; templates use :func:`names.visible`, its HTML-safe form.
 visible = shown
 
 
@@ -149,10 +144,8 @@ def growth_label(first_created_s: float | None, now: float | None = None) -> str
 
 def growth_chart(growth: list[dict], total_bytes: int, *, today: date | None = None, days: int = 30,
                  first_day: date | None = None, width: int = 720, height: int = 220) -> Chart:
-    """Bars of bytes written per day (the API's ``growth``, last ``days`` days, from ``first_day`` when that is later:
-    a cache's days before its first entry are no history) and a line of the bytes the entries present now held at
-    the end of each day. Pruned entries are not in the catalog, so the line is a lower bound of what the cache held
-    on past days."""
+    """Bars of bytes written per day (last ``days`` days, not before ``first_day``) and a line of what today's
+    entries held at each day's end: a lower bound, since pruned entries are gone from the catalog."""
     today = today or datetime.now(UTC).date()
     if first_day is not None:
         days = max(1, min(days, (today - first_day).days + 1))

@@ -1,11 +1,5 @@
-"""How a page shows a name that someone else chose (a job, a function, a host): nothing in it hides or reorders
-text, and a name whose letters come from more than one script is marked, since ``trаin`` with a Cyrillic ``а``
-looks exactly like ``train``.
-
-The mixed-script test is Unicode TS #39's (section 5.1): a string is single-script when the intersection of its
-characters' augmented Script_Extensions sets is not empty, Common and Inherited characters counting as every
-script. The Unicode Script_Extensions data is fontTools' (kept in step with each Unicode release).
-"""
+"""How pages show names others chose: nothing hides or reorders text, and a name mixing scripts (``trаin`` with a
+Cyrillic ``а``) is marked, by Unicode TS #39 section 5.1 over fontTools' Script_Extensions data."""
 
 from __future__ import annotations
 
@@ -53,8 +47,7 @@ def mixes_scripts(text: str) -> bool:
 
 
 def visible(text: object) -> Markup:
-    """``text`` for HTML, every character that is not printable written as an escape (:func:`jaxcache.display.shown`);
-    safe, so the templates' ``finalize`` does not escape it twice."""
+    """``text`` for HTML with unprintable characters escaped; Markup, so ``finalize`` does not escape it twice."""
     return escape(shown(str(text)))
 
 
@@ -84,8 +77,7 @@ def raw(text: object) -> Markup:
 
 
 def finalize(value: object) -> object:
-    """Every ``{{ }}`` of every template: a plain string is shown (:func:`jaxcache.display.shown`); markup that a
-    filter made (:func:`visible`, :func:`name`, dates) is left as it is."""
+    """Every template's ``{{ }}``: a plain string is escaped with ``shown``; a filter's Markup is left as it is."""
     if isinstance(value, str) and not isinstance(value, Markup):
         return shown(value)
     return value

@@ -32,7 +32,6 @@ from jaxcache.units import parse_bytes, parse_duration
 
 
 def routes(dash: Dashboard) -> APIRouter:
-    """The reading pages of ``dash``."""
     state = dash.state
     router = APIRouter(route_class=html_route(dash), include_in_schema=False)
 

@@ -1,5 +1,4 @@
-"""The dashboard's prune page: the API's policy fields, a dry-run preview, and apply (admin token, the typed cache
-name, and the form's own token)."""
+"""The prune page: the API's policy fields, a dry-run preview, and apply (admin, typed cache name, form token)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from jaxcache.service.tasks.pruning import PruneInProgressError
 
 
 def routes(dash: Dashboard) -> APIRouter:
-    """The prune page of ``dash``."""
     state = dash.state
     router = APIRouter(route_class=html_route(dash), include_in_schema=False)
 

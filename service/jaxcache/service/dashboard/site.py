@@ -1,6 +1,4 @@
-"""The dashboard's frame: who is looking (header, login cookie or nobody), per-form tokens, rendering, and routes
-that answer errors as pages. Every figure comes from the queries the API answers with, so pages and JSON agree.
-Pages work without JavaScript."""
+"""The dashboard's frame: who is looking, per-form tokens, rendering, and routes that answer errors as pages."""
 
 from __future__ import annotations
 
@@ -44,8 +42,6 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-
-
 
 
 class ToLogin(Exception):

@@ -1,5 +1,4 @@
-"""The warm-ups pages' one boundary with the catalog's warm-up coverage: the same queries the API answers
-``GET /v1/caches/{cache}/warmups[/{id}]`` with, in the field names the templates use."""
+"""The warm-ups pages' data: the API's warm-up queries, in the templates' field names."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def get_warmup(state: Any, cache: str, warmup_id: str) -> dict | None:
 
 
 def writer_warmup(conn: Any, cache: str, key: str, writer: dict) -> str | None:
-    """Where an entry's first writer is shown when it was a warm-up, not a job (a warm-up has no job page): the id of
-    that job's first warm-up that covered ``key``, ``""`` when none did (the warm-ups list); None for a job."""
+    """The id of the writer's first warm-up covering ``key`` (``""`` if none did); None when the writer was a job."""
     kind = conn.scalar(select(RunRow.kind).where(RunRow.cache == cache, RunRow.run_id == writer["run_id"],
                                                  RunRow.process_index == writer["process_index"]))
     if kind in (None, JOB):
