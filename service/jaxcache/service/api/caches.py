@@ -27,9 +27,7 @@ def list_caches(request: Request, _p: ReadAuth) -> CacheList:
 @router.get("/v1/caches/{cache}/stats", response_model=StatsModel, operation_id="getStats",
             responses={304: {"description": "the statistics have not changed since the `ETag` in `If-None-Match`"}})
 def get_stats(request: Request, cache: CacheName, _p: ReadAuth) -> Response:
-    """Totals, by function, by compression, growth per day, corrupt entries and orphans; hit rate and seconds
-    saved over the last 24 h and 7 d (processes whose run records were updated within the window). Carries an
-    `ETag` for `If-None-Match` (`304` while unchanged)."""
+    """Totals by function and compression, growth per day, corrupt entries, orphans, and 24 h and 7 d hit rates."""
     storage_of(request, cache)
     state = state_of(request)
     tag = conditional.etag(state.generations.get(cache), clock=True)
@@ -43,8 +41,7 @@ def get_stats(request: Request, cache: CacheName, _p: ReadAuth) -> Response:
              responses={409: {"model": ErrorModel, "description": "another replica has been rescanning this cache "
                                                                   "for a minute: try again when it ends"}})
 def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> RescanModel:
-    """Rescan one cache now (background rescans run every JAXCACHE_RESCAN_S seconds): entries, and the run
-    records under .jaxcache/runs/ that are new or changed."""
+    """Rescan one cache's entries and new or changed run records now."""
     storage_of(request, cache)
     r = rescans.rescan(state_of(request), cache, wait_s=RESCAN_WAIT_S)
     return RescanModel(cache=r.cache, added=r.added, removed=r.removed, updated=r.updated, entries=r.entries,

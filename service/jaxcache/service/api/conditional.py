@@ -1,7 +1,4 @@
-"""HTTP caching of the answers that only change with the catalog (listings, statistics): an ``ETag`` made from the
-cache's change counts (``catalog/generations.py``), ``Cache-Control`` that lets a client or proxy keep the answer
-but ask again each time, and ``304 Not Modified`` for an ``If-None-Match`` that still matches, without running the
-query."""
+"""HTTP caching of answers that change only with the catalog: an ``ETag`` from its change counts, and 304s."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The listing's cursor as the API spells it: a grammar its OpenAPI pattern (``fields.CURSOR``) states exactly, so
-that every cursor the schema admits names a position, whether or not this service issued it.
-
-``<value>~<key>``: the sort value of the page's last entry (a decimal number; empty when sorted by name, where the
-key is the value) and its key in unpadded base64url. The catalog's own cursor (``queries.list_entries``) is JSON,
-which no pattern can describe; this module translates both ways."""
+"""The API's listing cursor, ``<sort value>~<key in base64url>`` (``fields.CURSOR``), translated to and from the
+catalog's JSON cursor, which no OpenAPI pattern can describe."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ MAX_LENGTH = 2048
 
 
 def to_catalog(cursor: str, sort: str) -> str:
-    """The catalog's cursor for an API cursor (one that matches ``fields.CURSOR``), or 404 when it positions a
-    listing in another order: a cursor sorted by name carries no number, and a number is no place among names."""
+    """The catalog's cursor for an API cursor, or 404 when it continues a listing in another order."""
     value, _, key64 = cursor.partition("~")
     # Total: any base64url of valid length decodes, and bytes that are not UTF-8 still order as some text.
     raw = base64.urlsafe_b64decode(key64 + "=" * (-len(key64) % 4))

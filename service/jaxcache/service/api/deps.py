@@ -40,8 +40,7 @@ def state_of(request: Request) -> State:
 
 
 class BearerScope(SecurityBase):
-    """A dependency that checks the bearer token grants ``needed`` and returns who it is. A security scheme to
-    FastAPI, so every route that takes it is marked in the OpenAPI document; no other work per request."""
+    """Checks the bearer token grants ``needed``; a security scheme, so OpenAPI marks the routes that take it."""
 
     def __init__(self, needed: str) -> None:
         self.needed = needed
@@ -85,17 +84,14 @@ def storage_of(request: Request, cache: str) -> Storage:
 
 
 def unroutable(cache_dir: str | None, roots: dict[str, list[str]]) -> tuple[int, list[str]]:
-    """For a ``cache_dir`` that names no one configured cache: 422 and the caches that share its root (the caller
-    must name one), or 404 and none when no cache has it (well formed, but there is nothing there)."""
-    # The one place a root is normalised is routing's; its error says which case only in words.
+    """For a ``cache_dir`` naming no one cache: 422 and the caches sharing its root, or 404 and none."""
     norm = routing.normal_dir(cache_dir) if cache_dir else None
     sharing = roots.get(norm, []) if norm is not None else []
     return (422, sorted(sharing)) if len(sharing) > 1 else (404, [])
 
 
 def cache_of_dir(request: Request, cache_dir: str, by_name: str) -> str:
-    """The configured cache whose root is ``cache_dir`` (as a job spells it), else 404 (none) or 422 (several:
-    ask ``GET /v1/caches/NAME/{by_name}``)."""
+    """The configured cache whose root is ``cache_dir``, else 404 (none) or 422 (several)."""
     state = state_of(request)
     try:
         return routing.cache_for_dir(cache_dir, state.roots)

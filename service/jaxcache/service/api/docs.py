@@ -1,5 +1,4 @@
-"""The API's interactive docs, Swagger UI at ``/docs`` and ReDoc at ``/redoc``, from assets shipped in a wheel
-(fastapi-offline's): FastAPI's defaults load them from a CDN, which leaves the pages blank on an air-gapped cluster."""
+"""Swagger UI and ReDoc from fastapi-offline's bundled assets: CDN ones stay blank on an air-gapped cluster."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The one place the service's own errors become HTTP statuses, 405s say what the resource allows, and 422s never
-fail on what they echo back."""
+"""Where the service's errors become HTTP statuses, 405s name what a path allows, and 422s survive what they echo."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def status_of(exc: JaxcacheError) -> int:
     return 500
 
 
-#: What a 422 says of each place a body holds NaN, Infinity or a number too large for a double (Python's json reads
-#: all three; JSON has none of them, and the answer could not echo them back).
+#: A 422's words for a NaN or infinite number in a body: Python's json reads them, but JSON cannot echo them back.
 NON_FINITE = ("is not a finite number: JSON has no NaN or Infinity (RFC 8259), and numbers beyond a double's range "
               "read as Infinity; send a finite number")
 
@@ -44,18 +42,14 @@ def _spelled(value: Any) -> Any:
 
 
 def _answerable(value: Any) -> Any:
-    """A leaf of a problem's input as JSON can carry it: NaN spelled out, bytes (a body of another content type)
-    as text, anything else through FastAPI's encoder."""
+    """A leaf of a problem's input as JSON can carry it: NaN spelled out, the rest through FastAPI's encoder."""
     if value is None or isinstance(value, str | int | float):
         return _spelled(value)
     return jsonable_encoder(value)
 
 
 def unprocessable(exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's 422 in its shape (``UnprocessableModel``), for any body: a problem of its own for each NaN or
-    infinite number (a validator's message about one would only confuse), then FastAPI's problems elsewhere.
-    Bodies are walked with loops (``jaxcache.jsontree``): one nested as deep as the JSON decoder allows is a 422
-    too."""
+    """FastAPI's 422 shape for any body, NaN and Infinity reported on their own; walked with loops, so any depth."""
     places = {("body", *path): value for path, value in leaves(exc.body)
               if isinstance(value, float) and not math.isfinite(value)}
     problems: list[dict[str, Any]] = [
@@ -64,8 +58,7 @@ def unprocessable(exc: RequestValidationError) -> JSONResponse:
     for p in exc.errors():
         if tuple(p.get("loc", ())) in places:
             continue
-        # The input as it came (decoded JSON), spelled out: a NaN in it cannot fail the answer; the rest (a
-        # validator's context) through FastAPI's encoder.
+        # Spelled out, so a NaN in the echoed input cannot fail the answer.
         problem = jsonable_encoder({k: v for k, v in p.items() if k != "input"})
         if "input" in p:
             problem["input"] = map_leaves(p["input"], _answerable)
@@ -89,8 +82,7 @@ def allowed_methods(request: Request) -> list[str]:
 
 
 def install(app: FastAPI) -> None:
-    """Answer a JaxcacheError a route raises with its status and message; give every 405 its Allow header; answer
-    every 422 without failing on NaN or Infinity in the body."""
+    """Install the handlers for JaxcacheError, 422, a full inbox and 405."""
 
     @app.exception_handler(JaxcacheError)
     async def jaxcache_error(_request: Request, exc: JaxcacheError) -> JSONResponse:
@@ -105,8 +97,7 @@ def install(app: FastAPI) -> None:
     async def inbox_full(_request: Request, exc: InboxFullError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after_s)})
 
-    # Starlette's router answers 405 from the first route whose path matches, naming only that route's methods:
-    # a path served by GET and DELETE routes would say `Allow: GET`. (Only 405s come here: no cost otherwise.)
+    # Starlette's Allow names only the first matching route's methods; a path with GET and DELETE would say GET.
     @app.exception_handler(405)
     async def method_not_allowed(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         headers = {**(exc.headers or {}), "Allow": ", ".join(allowed_methods(request))}

@@ -30,10 +30,7 @@ router = APIRouter(tags=["integrity"], responses=ERRORS)
              responses={413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_BODY_BYTES"}})
 def post_verify(request: Request, cache: CacheName, _p: AdminAuth,
                 body: VerifyRequest | None = None) -> VerifyResult:
-    """Verify entries now, unthrottled: new, changed and pending ones (or all with `recheck_all`). Each is
-    read, compared with its writer's digest and its embedded program name, and classified ok, tampered,
-    mismatched, corrupt, pending (younger than JAXCACHE_VERIFY_MIN_AGE_S) or unattested. The background pass
-    does the same, throttled to JAXCACHE_VERIFY_BYTES_PER_S."""
+    """Verify new, changed and pending entries (or all, with `recheck_all`) now, unthrottled."""
     storage_of(request, cache)
     body = body or VerifyRequest()
     r = verifying.verify(state_of(request), cache, max_entries=body.max_entries, recheck_all=body.recheck_all)
@@ -55,8 +52,7 @@ def get_integrity_by_dir(
     request: Request, _p: ReadOrReportAuth, cache_dir: CacheDir,
     limit: Annotated[int, Query(ge=1, le=100_000, description="at most this many problems and conflicts")] = 1000,
 ) -> IntegritySummary:
-    """The same summary, for the cache whose root is `cache_dir`: what `enable_cache(verify="attested")` asks
-    before a job starts, to skip the entries judged bad. A `report` token (the job's) is enough."""
+    """The same summary by root, as `enable_cache(verify="attested")` asks it; a `report` token is enough."""
     name = cache_of_dir(request, cache_dir, "integrity")
     with state_of(request).catalog.reader() as conn:
         return IntegritySummary(**verdicts.summary(conn, name, limit=limit))

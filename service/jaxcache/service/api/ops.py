@@ -47,9 +47,8 @@ def _readiness(request: Request) -> dict[str, str]:
 @router.get("/readyz", response_model=Readiness, operation_id="readyz",
             responses={503: {"model": Readiness, "description": "not ready"}})
 def readyz(request: Request) -> Response:
-    """The catalog answers, every cache has been scanned once, and every storage is reachable. ``loops``: how
-    the background loops are doing, ``state`` ok, failing or stuck, per cache in ``caches`` (a failing or stuck
-    loop does not make the replica unready: it serves what it has, and a restart would not unblock a root)."""
+    """Ready once the catalog answers, every cache was scanned once and every storage is reachable; ``loops``
+    says how background loops are doing, which never makes a replica unready."""
     detail = _readiness(request)
     ok = not detail
     body = Readiness(status="ok" if ok else "not ready", detail=detail, loops=loop_models(state_of(request)))
@@ -69,8 +68,7 @@ def loop_models(state: State) -> dict[str, LoopModel]:
 @router.get("/metrics", operation_id="metrics", response_class=Response,
             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
 def metrics(request: Request) -> Response:
-    """Prometheus metrics: the catalog's entries and bytes, scans, prunes, reports, misses, integrity, background
-    loops, request latency, and hit rates read from the catalog (README, "API")."""
+    """Prometheus metrics: catalog entries and bytes, scans, prunes, reports, misses, integrity, loops, latency."""
     state = state_of(request)
     export_health(state.metrics, state.loop_snapshot(), time.time())
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -61,8 +61,7 @@ def post_prune(request: Request, cache: CacheName, body: PruneRequest, backgroun
     if outcome.plan.entries_total >= state.settings.release_memory_from_entries:
         # Once the answer is sent: a plan over a million entries held columns of them all.
         background.add_task(memory.release)
-    # Streamed: the listed deletions are made and encoded a part at a time, as they are sent (each part in a
-    # thread of the pool, not on the event loop); the answer is never whole in memory. Already valid.
+    # Streamed a part at a time from the pool, so a long plan's answer is never whole in memory.
     return StreamingResponse(encoded_response(outcome, dry_run=body.dry_run, limit=body.list_limit),
                              media_type="application/json")
 

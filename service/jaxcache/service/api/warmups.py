@@ -16,8 +16,7 @@ router = APIRouter(tags=["warm-ups"], responses=ERRORS)
 @router.get("/v1/caches/{cache}/warmups", response_model=WarmupList, operation_id="listWarmups")
 def list_warmups(request: Request, cache: CacheName, _p: ReadAuth,
                  limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> WarmupList:
-    """Warm-ups that filled this cache (from .jaxcache/warmups/ coverage records), newest first, each with how
-    many of its programs jobs have hit since."""
+    """Warm-ups that filled this cache, newest first, with how many of their programs jobs hit since."""
     storage_of(request, cache)
     with state_of(request).catalog.reader() as conn:
         return WarmupList(warmups=[WarmupSummary(**w) for w in coverage.list_warmups(conn, cache, limit=limit)])

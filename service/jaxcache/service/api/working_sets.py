@@ -1,5 +1,4 @@
-"""A job's working set (``jaxcache.working_set``), answered from the catalog: by cache name, or by the root a job
-names (what the client's prefetch asks at ``enable_cache``, with the job's report token)."""
+"""A job's working set from the catalog, by cache name or by the root a job names (the client's prefetch)."""
 
 from __future__ import annotations
 
@@ -58,10 +57,7 @@ def _answer(request: Request, cache: str, job: str, asked: Asked) -> WorkingSet:
 
 @router.get("/v1/caches/{cache}/jobs/{job}/working-set", response_model=WorkingSet, operation_id="getWorkingSet")
 def get_working_set(request: Request, cache: CacheName, job: JobName, _p: ReadAuth, asked: AskedSet) -> WorkingSet:
-    """The keys the job is expected to need, as ``jaxcache.working_set.from_root`` reads them from the root: what
-    process 0 of its newest ``runs`` runs within ``days`` days hit or wrote (never keys only compiled), in the
-    order the newest run first used them, then what its warm-ups' coverage says is there. Runs and warm-ups must
-    match the fingerprint fields given; those not given come from the newest matching run. No runs: empty keys."""
+    """The keys the job's newest matching runs hit or wrote, in order of first use, then its warm-ups' keys."""
     storage_of(request, cache)
     return _answer(request, cache, job, asked)
 
@@ -71,6 +67,5 @@ def get_working_set(request: Request, cache: CacheName, job: JobName, _p: ReadAu
 def get_working_set_by_dir(request: Request, _p: ReadOrReportAuth, cache_dir: CacheDir,
                            job: Annotated[str, Query(max_length=200, pattern=TEXT)],
                            asked: AskedSet) -> WorkingSet:
-    """The same set, for the cache whose root is `cache_dir`: what the client's prefetch asks at `enable_cache`
-    (one request) when the job reports to the service. A `report` token (the job's) is enough."""
+    """The same set by root, as the client's prefetch asks it; a `report` token is enough."""
     return _answer(request, cache_of_dir(request, cache_dir, "jobs/JOB/working-set"), job, asked)

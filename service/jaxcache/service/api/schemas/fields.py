@@ -1,7 +1,5 @@
-"""The rules of the API's strings and numbers, each declared in the OpenAPI document and enforced as declared.
-
-Patterns use explicit ASCII classes only, so that ECMA (clients), Python (here) and Rust (pydantic) read them alike.
-Each accepts a subset of what the core's parsers take, so a request that matches the schema is never refused."""
+"""The API's string and number rules, declared in OpenAPI and enforced as declared. ASCII classes only, so ECMA,
+Python and Rust read them alike; each a subset of the core's parsers, so a matching request is never refused."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, Wit
 
 #: What ``str.strip()`` removes (every character ``str.isspace()`` holds): a blank glob is refused by the core.
 _BLANK = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-#: JAX names entries ``<module>-<64 hex>``; the module may hold anything but ``/`` (NUL: no file name has one;
-#: backslash: storage refuses names with one, as a path separator elsewhere).
+#: JAX's ``<module>-<64 hex>``; no ``/``, NUL or backslash, which no file name or storage accepts.
 KEY = r"^[^/\\\x00]*-[0-9a-f]{64}$"
 #: ``jaxcache.units.parse_duration``: seconds, or a number with s, m, h, d or w.
 DURATION = r"^ *[0-9]+(\.[0-9]+)? *[smhdwSMHDW]? *$"
@@ -31,11 +28,9 @@ FUNCTION_GLOB = r"^[^\x00\[]*$"
 TEXT = r"^[^\x00]*$"
 #: A cache root as a job spells it: an absolute directory, a file:// URL of one, or gs://.
 CACHE_DIR = r"^(/|file:///|gs://)[^\x00]*$"
-#: The listing's cursor (``api/cursors.py``): ``<value>~<key in base64url>``, or empty for the first page. 18 digits
-#: before the point keep every value within the catalog's bound (2**62).
+#: ``<value>~<key in base64url>`` (``api/cursors.py``); 18 digits keep a value within the catalog's bound, 2**62.
 CURSOR = r"^((-?[0-9]{1,18}(\.[0-9]+)?)?~([A-Za-z0-9_-]{4})*([A-Za-z0-9_-]{2,3})?)?$"
-#: Bytes as the catalog stores them (a signed 64-bit column), with room to add; a double holds it exactly, so a
-#: client that counts in doubles sends the bound itself, not a neighbour above it.
+#: Fits the catalog's signed 64-bit column with room to add, and a double holds it exactly.
 MAX_BYTES = 10**18
 _TEXT_MAX = 32
 _MAX_FLOAT = sys.float_info.max
@@ -47,8 +42,7 @@ def _integral(value: Any) -> Any:
 
 
 def matcher(pattern: str, complaint: Callable[[str], str], max_length: int | None = None) -> Callable[[str], str]:
-    """A check of ``pattern`` (and ``max_length``) that raises ValueError with ``complaint``'s message: the
-    dashboard shows it, where pydantic's own would name the regex."""
+    """A ``pattern`` check raising ValueError with ``complaint``'s words, which the dashboard shows (not a regex)."""
     # Python's `$` also matches before a final newline; ECMA's and Rust's do not.
     compiled = re.compile(pattern.removesuffix("$") + r"\Z")
 
@@ -101,8 +95,7 @@ Size = Annotated[int | str | None, PlainValidator(_bytes_or_size), WithJsonSchem
     {"type": "string", "pattern": SIZE, "maxLength": _TEXT_MAX, "examples": ["50GiB"]},
     {"type": "null"},
 ]})]
-#: After an int's constraints (``Annotated[int, Field(ge=1), integral]``): in a strict model no strings or booleans,
-#: but 3.0 is 3.
+#: Put after an int's constraints: a strict model takes no strings or booleans, but 3.0 is 3.
 integral = BeforeValidator(_integral)
 #: A duration as a query parameter.
 DurationText = Annotated[str, AfterValidator(_duration_text),

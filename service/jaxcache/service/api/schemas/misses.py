@@ -1,5 +1,4 @@
-"""Why jobs missed, as the API answers it: a miss's cause, what differs from the nearest key, the fix; and misses
-by cause over a window (jaxcache.explain)."""
+"""Why jobs missed, as the API answers it: a miss's cause, what differs, the fix, and misses by cause."""
 
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ from jaxcache.service.api.schemas.fields import Duration, Glob, Size
 from jaxcache.service.tasks import memory
 from jaxcache.service.tasks.pruning import Outcome
 
-#: What the core refuses beyond each field's own rules, stated for clients (the core still decides): a policy must
-#: select something, and a stale_jaxlib_window comes with stale_jaxlib.
+#: The core's cross-field rules, stated for clients: a policy selects something; stale_jaxlib_window needs stale_jaxlib.
 _SELECTS_SOMETHING: list[Any] = [
     *({"required": [f], "properties": {f: {"not": {"type": "null"}}}}
       for f in ("max_total_bytes", "unused_for", "older_than")),
@@ -138,8 +137,7 @@ class PinList(BaseModel):
 
 
 def policy_of(body: PruneRequest) -> tuple[prune.PrunePolicy, dict[str, Any]]:
-    """The policy a request asks for, and its fields as the audit log keeps them. Raises InvalidInputError, also
-    for a policy that selects nothing (the API and the dashboard both refuse it)."""
+    """The request's policy and its audit-log fields; InvalidInputError, also when it selects nothing."""
     data = body.model_dump(exclude={"dry_run", "list_limit"}, exclude_none=True)
     # Drop unset flags and empty lists, but keep zeros: `min_age: 0` and `max_total_bytes: 0` mean something.
     data = {k: v for k, v in data.items() if v is not False and v != []}
@@ -174,8 +172,7 @@ def _counts(outcome: Outcome, *, dry_run: bool, limit: int) -> PruneResponse:
 
 
 def response_of(outcome: Outcome, *, dry_run: bool, limit: int = DEFAULT_LIST_LIMIT) -> PruneResponse:
-    """What the API answers (and the dashboard shows) for a planned or applied prune, listing at most ``limit``
-    deletions and as many protected entries."""
+    """The answer to a planned or applied prune, listing at most ``limit`` deletions and as many protected."""
     answer = _counts(outcome, dry_run=dry_run, limit=limit)
     answer.delete, answer.protected = _planned(outcome.plan.delete[:limit]), _planned(outcome.plan.protected[:limit])
     return answer
@@ -187,9 +184,7 @@ _LISTED = TypeAdapter(list[PlannedDeletion])
 
 
 def encoded_response(outcome: Outcome, *, dry_run: bool, limit: int = DEFAULT_LIST_LIMIT) -> Iterator[bytes]:
-    """:func:`response_of`'s answer as JSON, in parts: the counts first (``delete`` and ``protected`` come last in the
-    object), then the listed deletions :data:`ENCODED_AT_ONCE` at a time (:func:`listed_json`), each part made with
-    the collector paused. No part, and nothing the answer keeps, holds more than those few."""
+    """:func:`response_of`'s JSON in parts (counts, then lists :data:`ENCODED_AT_ONCE` at a time), collector paused."""
     counts = _counts(outcome, dry_run=dry_run, limit=limit).model_dump_json(exclude={"delete", "protected"})
     yield counts[:-1].encode()
     for field, decisions in (("delete", outcome.plan.delete), ("protected", outcome.plan.protected)):
@@ -204,6 +199,5 @@ def encoded_response(outcome: Outcome, *, dry_run: bool, limit: int = DEFAULT_LI
 
 
 def listed_json(decisions: Sequence[prune.Decision], start: int, stop: int) -> bytes:
-    """Decisions ``start`` to ``stop`` (from the start, a slice orders only its own rows: the first few of a long
-    plan) as the items of a JSON array, without its brackets."""
+    """Decisions ``start`` to ``stop`` as JSON array items, without the brackets."""
     return _LISTED.dump_json(_planned(decisions[start:stop]))[1:-1]
