@@ -1,5 +1,4 @@
-"""Catalog queries behind the routes and pages, by what they read: listings, totals, usage, coverage, verdicts,
-audit. The names below are the ones callers use (``queries.list_entries``)."""
+"""Catalog queries behind the routes and pages, under the names callers use (``queries.list_entries``)."""
 
 from __future__ import annotations
 

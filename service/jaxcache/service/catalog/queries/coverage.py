@@ -1,5 +1,4 @@
-"""Warm-ups as the catalog holds them, with "hit since": how many of a warm-up's programs jobs have reported a hit
-on after it finished."""
+"""Warm-ups as the catalog holds them, with how many of their programs jobs hit since."""
 
 from __future__ import annotations
 

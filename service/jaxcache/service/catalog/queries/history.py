@@ -1,7 +1,5 @@
-"""The catalog as an explainer's history (:class:`jaxcache.explain.History`): usage and warm-up rows say who looked
-up which key with which parts, entry rows and integrity verdicts what the cache holds now, the prune audit log what
-was deleted. Loaded for a batch of misses in a few statements, each an index range with a bound on what it reads,
-so a miss costs the same however long its function's history is (docs/service.md, "Explained misses")."""
+"""The catalog as an explainer's :class:`jaxcache.explain.History`, loaded for a batch of misses in a few bounded
+index-range reads, so a miss costs the same however long its function's history."""
 
 from __future__ import annotations
 
@@ -30,11 +28,9 @@ from jaxcache.service.catalog.models import (
     WarmupRow,
 )
 
-#: Rows read per missed key (its newest before the batch's last miss): the engine wants the latest write, hit and
-#: compile of other processes, which are among them unless that many processes looked the key up since.
+#: Newest rows read per missed key: enough to hold other processes' latest write, hit and compile.
 KEY_ROWS = 200
-#: Rows with parts read per function: the newest of each of its most recent keys (at most FUNCTION_KEYS keys), so
-#: that one key many processes hit does not hide the others. The nearest key is searched among them.
+#: Rows with parts per function, capped per key so one busy key does not hide the others from the nearest-key search.
 FUNCTION_KEYS, ROWS_PER_KEY = 8, 16
 #: The function's oldest rows, whatever their parts: whether the cache had seen the function at all (new_program).
 FIRST_ROWS = 4
@@ -95,8 +91,7 @@ class Decoder:
         return found
 
 
-# Every statement is built once per shape (functools.cache) with bound values: a miss costs a few executions of
-# statements SQLAlchemy compiled already, not the building of a few expressions, most of a small query's cost.
+# Statements built once per shape with bound values: building expressions is most of a small query's cost.
 def _usage_base() -> Select:
     return (select(*_USAGE).join(_r, and_(_r.cache == _u.cache, _r.run_id == _u.run_id,
                                           _r.process_index == _u.process_index))
@@ -167,13 +162,12 @@ def _deletions() -> Select:
 
 
 def stored_misses(conn: Connection, cache: str, rows: Iterable[tuple[str, str, str]]) -> list[tuple[Known, int, int]]:
-    """The usage rows (run id, job, key) of jobs' misses still unexplained, as the engine's misses with their
-    processes' misses and how many of those were counted, oldest first."""
+    """Unexplained misses at (run id, job, key) as the engine's, with their missed and counted numbers, oldest first."""
     decode = Decoder()
     wanted: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for run_id, job, key in rows:
         wanted[run_id].add((job, key))
-    # A run's unexplained misses in one read (a report's are dozens): one read a row was a round trip each.
+    # One read per run, not per row: a report has dozens.
     out = [(known_of_usage(UsageKnown(*r[:-2]), decode), r[-2], r[-1]) for run_id, keys in wanted.items()
            for r in conn.execute(_stored(), {"cache": cache, "run_id": run_id})
            if (r[4], r[0]) in keys]
@@ -181,8 +175,7 @@ def stored_misses(conn: Connection, cache: str, rows: Iterable[tuple[str, str, s
 
 
 class CatalogHistory:
-    """What the catalog knows about the keys and functions of ``misses`` (each a :class:`Known` of a job's miss),
-    read once."""
+    """What the catalog knows about the keys and functions of ``misses``, read once."""
 
     def __init__(self, conn: Connection, cache: str, misses: Sequence[Known]) -> None:
         self._conn, self._cache = conn, cache
@@ -282,8 +275,7 @@ class CatalogHistory:
 
 
 def _untils(times: dict[str, list[float]]) -> list[tuple[str, float]]:
-    """(name, until) per name and group of its misses' times at most BUCKET_S apart: each group reads the newest rows
-    before its last miss, so a batch spanning days (a rescan of a backlog) still reads what its early misses need."""
+    """(name, until) per group of a name's misses within BUCKET_S, so a batch spanning days reads what each needs."""
     out = []
     for name, ats in sorted(times.items()):
         ats.sort()
@@ -310,8 +302,7 @@ def _library(compression: str | None) -> str | None:
 def _readable(created_s: float, size: int, compression: str | None, status: str | None, reason: str | None,
               verdict: str | None, reasons: Any, judged_size: int | None,
               judged_created: float | None) -> tuple[bool | None, str | None]:
-    """Whether JAX can load the entry, by the last integrity verdict on this version of it (else by its head, which
-    the rescan decoded): corrupt entries cannot be loaded; entries nobody judged are None."""
+    """Whether JAX can load the entry, by its verdict on this version, else its decoded head; None when unjudged."""
     if verdict is not None and (judged_size, judged_created) == (size, created_s):
         if verdict == _UNREADABLE:
             return False, "; ".join(decoded(reasons, list[str]) or []) or "corrupt"

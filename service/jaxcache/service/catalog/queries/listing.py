@@ -28,8 +28,7 @@ SORTS = {
 }
 
 
-#: The fields of one entry in a listing page, in the order :func:`list_entries` selects them; the writer's
-#: fields follow (WRITER_FIELDS), nested as ``first_writer`` by :func:`page_entry`.
+#: A listing row's fields in select order; WRITER_FIELDS follow, nested as ``first_writer`` by :func:`page_entry`.
 PAGE_FIELDS = ("key", "function", "size_bytes", "created_s", "last_used_s", "has_atime", "compression",
                "compile_seconds", "status", "reason", "generation", "hits", "last_hit_s", "measured_compile_s",
                "saved_s")
@@ -79,16 +78,14 @@ def glob_to_like(glob: str) -> str:
 
 
 def glob_pattern(dialect: str, glob: str) -> str:
-    """The value :func:`glob_match` compares with for ``glob`` (``*`` and ``?``): the glob itself on SQLite, its
-    LIKE form on PostgreSQL. Refuses ``[``."""
+    """The value :func:`glob_match` compares with: the glob on SQLite, its LIKE form on PostgreSQL; refuses ``[``."""
     like = glob_to_like(glob)
     return glob if dialect == "sqlite" else like
 
 
 def glob_match(dialect: str, column, pattern):
-    """``column`` matches ``pattern`` (from :func:`glob_pattern`), case-sensitively like :func:`fnmatch.fnmatchcase`
-    (the CLI's ``--function``) on every backend: SQLite's LIKE ignores ASCII case, so there it is GLOB (whose only
-    other wildcard, ``[``, is refused); on PostgreSQL, LIKE (case-sensitive there)."""
+    """``column`` matches ``pattern`` case-sensitively, as the CLI's fnmatchcase: GLOB on SQLite (whose LIKE
+    ignores case), LIKE on PostgreSQL."""
     if dialect == "sqlite":
         return column.op("GLOB", is_comparison=True)(pattern)
     return column.like(pattern, escape="\\")
@@ -125,8 +122,7 @@ def decode_cursor(cursor: str) -> tuple[int | float | str, str]:
 def list_entries(
     conn: Connection, cache: str, flt: EntryFilter, *, sort: str, order: str, limit: int, cursor: str | None,
 ) -> tuple[list[tuple], str | None]:
-    """One page of entries (plain tuples in :data:`PAGE_FIELDS` order, then the writer's fields) and the cursor of
-    the next page (None on the last page)."""
+    """One page of entries (tuples in :data:`PAGE_FIELDS` order) and the next page's cursor (None on the last)."""
     now = time.time()
     params: dict[str, object] = {"cache": cache, "page_limit": limit + 1}
     filters: list[str] = []
@@ -151,8 +147,7 @@ def list_entries(
     has_cursor = False
     if cursor:
         after, key = decode_cursor(cursor)
-        # PostgreSQL refuses to compare a number column with text (SQLite would answer something): a cursor of the
-        # wrong kind for the sort is not one this service issued.
+        # PostgreSQL refuses to compare a number column with text: a wrong-kind cursor is not one we issued.
         if (sort == "name") != isinstance(after, str) or abs(_number(after)) > 2**62:
             raise InvalidInputError("cursor is not one this service issued for this sort: start again without it")
         params["after_key"] = key
@@ -178,16 +173,13 @@ _SORT_INDEX = {"size": PAGE_FIELDS.index("size_bytes"), "compile": PAGE_FIELDS.i
 
 @functools.cache
 def _page_statement(dialect: str, sort: str, desc: bool, has_cursor: bool, filters: tuple[str, ...]):
-    """The listing query of one shape, every value a bound parameter: built once, and compiled once by SQLAlchemy's
-    statement cache."""
+    """The listing query of one shape, every value bound, so it is built and compiled once."""
     col = SORTS[sort]
     q = select(*_PAGE_COLUMNS).where(EntryRow.cache == bindparam("cache"), EntryRow.kind == "entry")
     if "function" in filters:
         q = q.where(glob_match(dialect, EntryRow.module, bindparam("fn_pattern")))
     if "prefix" in filters:
-        # A pattern match cannot use an index portably; a range on the literal prefix can (code-point order on
-        # both backends: see catalog.models.Str). On the module for its index; on the key too (a key starts with its
-        # module), so that a listing by name walks the primary key from the prefix on instead of sorting matches.
+        # A prefix range uses the module's and key's indexes where a pattern cannot (code-point order: models.Str).
         lo: BindParameter[str] = bindparam("fn_lo")
         hi: BindParameter[str] = bindparam("fn_hi")
         q = q.where(EntryRow.module >= lo, EntryRow.module < hi, EntryRow.key >= lo, EntryRow.key < hi)
@@ -214,8 +206,7 @@ def _page_statement(dialect: str, sort: str, desc: bool, has_cursor: bool, filte
         if sort == "name":
             q = q.where(EntryRow.key < key if desc else EntryRow.key > key)
         else:
-            # A row-value comparison, which both backends answer as a range of the sort's index (an OR of
-            # "col < v, or col = v and key < k" is not always planned as one).
+            # A row-value comparison is always planned as an index range; the equivalent OR is not.
             here, after = tuple_(col, EntryRow.key), tuple_(bindparam("after_value"), key)
             q = q.where(here < after if desc else here > after)
     if sort == "name":
@@ -226,8 +217,7 @@ def _page_statement(dialect: str, sort: str, desc: bool, has_cursor: bool, filte
 
 
 def entry_jobs(s: Session | Connection, cache: str, key: str) -> list[dict]:
-    """Every job that reported the key: its hits, compiles, writes, processes and last report of it (warm-ups are
-    not jobs: the first writer names a warm-up that wrote the key)."""
+    """Every job that reported the key, with its hits, compiles, writes, processes and last report (no warm-ups)."""
     rows = s.execute(
         select(UsageRow.job, func.sum(UsageRow.hits), func.sum(UsageRow.compiles), func.sum(UsageRow.writes),
                func.sum(UsageRow.processes), func.max(UsageRow.last_at), func.sum(UsageRow.saved_s))
@@ -239,9 +229,7 @@ def entry_jobs(s: Session | Connection, cache: str, key: str) -> list[dict]:
 
 
 def entry_detail(conn: Connection, cache: str, key: str) -> tuple[dict, list[dict], Row | None, dict | None] | None:
-    """One entry as the API and the dashboard show it: its fields, every job that reported it, its last
-    integrity verdict (None before the first) and its digests' conflict (None: one digest, or none); None when the
-    catalog has no such entry."""
+    """An entry's fields, jobs, last verdict and digest conflict (each None if none); None for no such entry."""
     row = conn.execute(select(*entry_columns()).where(
         EntryRow.cache == cache, EntryRow.key == key, EntryRow.kind == "entry")).first()
     if row is None:

@@ -1,8 +1,4 @@
-"""Jobs' misses as ingestion explained them: by cause over a window, and the latest explanation of a job's keys.
-
-Only jobs' runs count (``kind`` "job"), as in :mod:`.usage`; a miss is a process compiling a key, and a run's misses
-of one key share its usage row (``missed`` of its processes) and its explanation.
-"""
+"""Jobs' misses as ingestion explained them: by cause over a window, and the latest explanation of a job's keys."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ _CHUNK = 500
 
 
 def misses_by_cause(s: Session | Connection, cache: str, *, since: float) -> dict:
-    """Misses of runs whose records were updated since ``since`` (a usage row's newest), by cause (most compile
-    seconds lost first), and how many are not explained yet."""
+    """Misses of runs updated since ``since`` by cause, most compile seconds first, and how many are unexplained."""
     rows = s.execute(
         select(UsageRow.cause, func.sum(UsageRow.missed), func.sum(UsageRow.compile_s))
         .where(UsageRow.cache == cache, UsageRow.updated_s >= since, *_MISS)

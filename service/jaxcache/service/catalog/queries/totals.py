@@ -17,8 +17,7 @@ def _dialect(s: Session | Connection) -> str:
 
 
 def day_of(dialect: str, seconds):
-    """Whole days since 1970 of a time in seconds, rounded down. CAST truncates on SQLite (the same thing for times
-    after 1970) but rounds to the nearest on PostgreSQL, hence FLOOR there."""
+    """Whole days since 1970, rounded down (PostgreSQL's CAST rounds to nearest, hence FLOOR there)."""
     if dialect == "postgresql":
         return cast(func.floor(seconds / 86400), BigInteger)
     return cast(seconds / 86400, Integer)
@@ -72,8 +71,7 @@ def stats(s: Session, cache: str) -> dict:
     last_week = sum(int(b) for d, _, b in growth_rows if int(d) >= week_start)
     first = s.execute(select(func.min(EntryRow.created_s)).where(*base)).scalar()
     age_days = 0.0 if first is None else (now - float(first)) / 86400
-    # A mean over 7 days of a cache one minute old says 1/7 of what it holds: a younger cache's mean is over the days
-    # it has existed, and there is none before its first whole day.
+    # A cache younger than a week is averaged over its own age, and not before its first whole day.
     per_day = (None if age_days < 1 else last_week / 7 if age_days >= 7
                else sum(int(b) for _, _, b in growth_rows) / age_days)
     return {

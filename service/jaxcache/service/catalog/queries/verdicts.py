@@ -52,8 +52,7 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
 
 
 def conflicts(conn: Connection, cache: str, *, limit: int = 1000, key: str | None = None) -> list[dict[str, Any]]:
-    """Entries (or the one ``key``) with more than one recorded digest: the one that counts, and the others,
-    newest first."""
+    """Entries (or ``key``) with several recorded digests: the one that counts, then the others newest first."""
     a, c = AttestationRow, AttestationConflictRow
     which = c.cache == cache if key is None else and_(c.cache == cache, c.key == key)
     rows = conn.execute(

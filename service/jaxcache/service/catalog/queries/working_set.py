@@ -1,12 +1,5 @@
-"""A job's working set from the catalog: ``jaxcache.working_set.from_root``'s rules, in SQL over the ingested run
-and coverage records, so the client's one request to the service answers what reading the root would.
-
-Runs: process 0 of the job's ``job`` records started within ``days`` UTC days (the root's day folders), newest day
-first and newest record update within a day (the folders' mtime order); fingerprint fields are read from the
-stored fingerprint. Keys come in each run's order of first use (ties by key: the catalog keeps no record order),
-then the warm-ups' keys newest warm-up first, by key within one (no program order is kept either). A key's
-digest is the one that counts for it (``attestations``), for every key of the set that has one.
-"""
+"""A job's working set: ``jaxcache.working_set.from_root``'s rules in SQL, so the service answers what reading the
+root would; ties break by key, as the catalog keeps no record or program order."""
 
 from __future__ import annotations
 
@@ -38,8 +31,7 @@ def _matching(column: Any, wanted: Wanted) -> list[ColumnElement[bool]]:
 
 
 def _fill(conn: Connection, q: Select, column: Any, wanted: Wanted) -> tuple[Wanted, Fingerprint | None]:
-    """``wanted`` with the fields it does not know taken from the first row of ``q`` that matches it, and that
-    row's fingerprint (None: no row matches)."""
+    """``wanted`` filled from the first matching row of ``q``, and that row's fingerprint (None if none matches)."""
     found = decoded(conn.execute(q.with_only_columns(column).where(*_matching(column, wanted)).limit(1)).scalar(),
                     Fingerprint)
     return (wanted, None) if found is None else (wanted.filled_from(found), found)
@@ -58,8 +50,7 @@ def _runs(cache: str, job: str, days: int, now: float) -> Select:
 
 def working_set(conn: Connection, cache: str, job: str, wanted: Wanted, *, runs: int = DEFAULT_RUNS,
                 days: int = DEFAULT_DAYS, now: float | None = None) -> WorkingSet:
-    """``job``'s working set on ``cache``: its newest ``runs`` matching runs within ``days`` days, and its
-    warm-ups of the same fingerprint that finished within ``days`` days."""
+    """``job``'s working set from its newest ``runs`` matching runs and warm-ups within ``days`` days."""
     now = time.time() if now is None else now
     found = WorkingSet(job=job)
     run_q = _runs(cache, job, days, now)
