@@ -1,11 +1,5 @@
-"""How many times each cache has changed, by what changed, in the catalog (``change_counts``): what cached
-statistics and the listings' ``ETag`` are checked against, in every process of every replica alike.
-
-``ENTRIES`` moves when entry rows change (a rescan that found something, a prune, a DELETE), ``USAGE`` when run
-records are folded (or compacted). A count only grows, and never repeats one an earlier catalog gave out: each
-change sets it to the next number or to the time in microseconds, whichever is larger, so a catalog rebuilt from
-scratch does not hand a client's stale ``ETag`` back as current.
-"""
+"""Each cache's change counts (entries, usage), behind cached statistics and ETags in every replica. A count only
+grows, to max(next, time in µs), so a rebuilt catalog never hands back a client's stale ``ETag`` as current."""
 
 from __future__ import annotations
 
@@ -34,13 +28,11 @@ class Generation:
 
 @functools.cache
 def _counts() -> Select:
-    # Built once: read for every listing request (its ETag), where building it cost as much as running it.
+    # Built once: every listing reads it, and building it cost as much as running it.
     return select(ChangeCountRow.entries, ChangeCountRow.usage).where(ChangeCountRow.cache == bindparam("cache"))
 
 
 class Generations:
-    """The change counts of one catalog's caches."""
-
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
 
@@ -50,8 +42,7 @@ class Generations:
         return Generation() if row is None else Generation(row.entries, row.usage)
 
     def bump(self, cache: str, *what: str) -> None:
-        """Note that ``what`` (ENTRIES, USAGE) of ``cache`` changed: after the change's commit, so that whoever
-        reads the new count reads the change too."""
+        """Count a change of ``what`` in ``cache``; call after the change's commit, so a new count implies it."""
         now = int(time.time() * 1e6)
         table = ChangeCountRow.__table__
         moved = {w: case((table.c[w] + 1 > now, table.c[w] + 1), else_=literal(now)) for w in what}

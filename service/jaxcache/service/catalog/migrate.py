@@ -1,13 +1,5 @@
-"""Bring the catalog database to the newest schema (Alembic's head) when the service starts.
-
-The revisions live in ``migrations/versions/`` beside this module (shipped as package data; how to add one:
-``migrations/README.md``). Replicas that start together take turns (the ``migrate`` lock), and the whole upgrade
-is one transaction on both backends: a replica killed halfway leaves the previous schema.
-
-A catalog written by a version before this schema's one revision (its revisions were numbered ``0001`` to ``0011``,
-then ``1`` to ``4``, or it has no ``alembic_version`` at all) is refused with one line saying to rebuild it: the
-catalog is an index that rescans rebuild from the cache roots' entries and run record files.
-"""
+"""Bring the catalog to Alembic's head at start (``migrations/README.md``): one transaction under the ``migrate``
+lock, so a replica killed halfway leaves the previous schema; catalogs of the retired history are refused."""
 
 from __future__ import annotations
 
@@ -59,12 +51,8 @@ def current(connection: Connection) -> str | None:
 
 
 def upgrade(catalog) -> str | None:
-    """Upgrade ``catalog``'s database to head. Returns the revision it is at.
-
-    A database at a revision this version does not know (a newer replica already upgraded it during a rolling
-    update) is left alone with a warning: revisions only add, so an older replica keeps working on it. One from
-    before this schema's first revision raises :class:`MigrationError`.
-    """
+    """Upgrade to head and return the revision; a newer unknown one is left alone (revisions only add), a retired
+    one raises :class:`MigrationError`."""
     with catalog.locks.get("migrate"), catalog.engine.begin() as conn:
         at = current(conn)
         if at in RETIRED or (at is None and "caches" in inspect(conn).get_table_names()):

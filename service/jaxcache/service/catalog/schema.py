@@ -1,5 +1,4 @@
-"""What every catalog table is built from: the declarative base, code-point-ordered strings, nullable JSON, and
-helpers that read a table's shape."""
+"""What catalog tables are built from: the declarative base, code-point-ordered strings, nullable JSON."""
 
 from __future__ import annotations
 
@@ -8,16 +7,13 @@ from typing import Any, cast
 from sqlalchemy import JSON, ColumnElement, String, Table
 from sqlalchemy.orm import DeclarativeBase
 
-#: A nullable JSON column whose Python None is SQL NULL (not the JSON text ``null``): "no parts recorded" must be
-#: a condition an index and ``IS NULL`` can see.
+#: Python None as SQL NULL, not JSON ``null``, so "no parts recorded" is visible to ``IS NULL`` and indexes.
 NullableJSON = JSON(none_as_null=True)
 
 
 def Str(length: int) -> String:
-    """A string column that compares and sorts by code point on every backend: SQLite's default (BINARY), and
-    collation "C" on PostgreSQL, whose default collation follows the server's locale (``jit_b`` before ``JIT_A``
-    there, ``_`` ignored). Listings sort by key and the keyset cursor compares keys, so every replica and the API's
-    documented order must agree, and a range over a function-name prefix must select exactly that prefix."""
+    """A string column ordered by code point on every backend (collation "C" on PostgreSQL, not the locale's), which
+    the keyset cursor and function-prefix ranges rely on."""
     return String(length).with_variant(String(length, collation="C"), "postgresql")
 
 
@@ -26,8 +22,7 @@ class Base(DeclarativeBase):
 
 
 def table_of(model: type[Base]) -> Table:
-    """The table a model is mapped to, for Core statements: SQLAlchemy types ``__table__`` as any FromClause (a
-    model may map a join or a subquery), which ``update()`` does not take; every model here maps a Table."""
+    """A model's ``__table__`` typed as the Table it is here, for Core statements such as ``update()``."""
     return cast(Table, model.__table__)
 
 
