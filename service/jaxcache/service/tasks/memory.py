@@ -1,10 +1,5 @@
-"""Giving the memory of a large rescan back to the system, and keeping the collector out of work that makes a
-million objects.
-
-A rescan of a million entries builds and drops millions of small objects, some in reference cycles that only the
-collector's rare full pass frees, and glibc keeps the freed heap for the process: a full collection, then
-``malloc_trim``, hand most of it back (bench/README.md, "Memory after a rescan of a million entries").
-"""
+"""Handing a large rescan's memory back (a full collection frees its cycles, then ``malloc_trim`` glibc's heap),
+and keeping the collector out of work that makes a million objects."""
 
 from __future__ import annotations
 
@@ -40,10 +35,7 @@ def release() -> None:
 
 
 def settle_startup() -> None:
-    """Put what a started process holds for good (modules, the app, its settings and catalog) out of the
-    collector's reach (``gc.freeze``): each full pass walked all of it again, and a report storm, whose records
-    wait for the writer long enough to grow old, made a pass every few requests (a worker spent 12% of a storm in
-    the collector)."""
+    """``gc.freeze`` what a started process holds for good, so the collector's full passes stop walking it."""
     gc.collect()
     gc.freeze()
 
@@ -54,9 +46,8 @@ _pausing = threading.Lock()
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """No automatic collection while the block runs (in any thread of the process), for work that makes a million
-    objects and no cycles: each of the collector's full passes would walk them all again, a quarter of a prune
-    plan's time at 1M entries. Blocks may nest and overlap across threads; the last to end turns it back on."""
+    """No automatic collection in the block (any thread; blocks may nest and overlap): full passes would walk every
+    object it makes."""
     global _paused
     with _pausing:
         ours = _paused > 0 or gc.isenabled()  # else turned off by someone else: theirs to turn on

@@ -1,7 +1,5 @@
-"""The prune audit log, written before anything is deleted: a prune's row and every object it plans to delete go
-in first (state "running"), its outcome after. A replica that dies mid-prune leaves a "running" row; whoever next
-holds that cache's prune lock counts the planned objects storage no longer has as deleted by it, and closes it
-("interrupted"). So every deletion the service makes is accounted for, crash or not."""
+"""The prune audit log, written before anything is deleted; the next holder of a cache's prune lock closes a dead
+replica's "running" prune as "interrupted", so every deletion is accounted for."""
 
 from __future__ import annotations
 
@@ -74,8 +72,7 @@ class Interrupted:
 
 
 def tally_interrupted(catalog: Catalog, cache: str, storage: Storage) -> list[Interrupted]:
-    """The prunes of ``cache`` left "running" by a replica that died; the caller holds the cache's prune lock (so
-    none of them is really running, and nothing deletes their planned objects while storage is listed)."""
+    """Prunes of ``cache`` a dead replica left "running"; the caller holds the cache's prune lock."""
     with catalog.session() as s:
         open_ids = list(s.scalars(_running(cache)))
     if not open_ids:
@@ -93,9 +90,7 @@ def tally_interrupted(catalog: Catalog, cache: str, storage: Storage) -> list[In
 
 
 def close(catalog: Catalog, cache: str, interrupted: Sequence[Interrupted]) -> int:
-    """Close what :func:`tally_interrupted` found, counting the planned objects that were gone as deleted by their
-    prune; one a prune since closed itself (from a listing made before it deleted anything) stays as it was.
-    Returns how many this closed."""
+    """Close what :func:`tally_interrupted` found, its gone objects counted as deleted; returns how many it closed."""
     closed = 0
     for one in interrupted:
         note = (f"interrupted: the replica running it stopped; at close {one.result.deleted} of the {one.planned}"

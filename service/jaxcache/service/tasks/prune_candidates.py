@@ -1,8 +1,5 @@
-"""A cache's prune candidates from its catalog, as the columns the planner reads (:class:`CandidateColumns`).
-
-Numbers sit in arrays (eight bytes each) and the texts a few candidates share (function, status, jaxlib) once each;
-a :class:`Candidate` is made only for a row someone reads: a plan's listed deletions, or an applied plan's.
-"""
+"""A cache's prune candidates from its catalog, as columns (numbers in arrays, shared texts once); a
+:class:`Candidate` is made only for a row someone reads."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ from jaxcache.service.catalog.queries import verdicts as verdicts_q
 
 
 class CatalogCandidates(prune.CandidateColumns):
-    """A cache's rows, one candidate each, filled a batch of rows at a time by :func:`catalog_candidates`. An entry's
-    object names are its key's (``<key>-cache``, an orphan's ``<key>-atime``), as a listing pairs them."""
+    """A cache's rows, one candidate each; object names are the key's (``<key>-cache``, an orphan's ``<key>-atime``)."""
 
     def __init__(self, verdicts: dict[str, str]) -> None:
         self._verdicts = verdicts
@@ -91,8 +87,7 @@ def statement() -> Select:
 
 
 def catalog_candidates(catalog: Catalog, cache: str, *, with_integrity: bool = False) -> CatalogCandidates:
-    """The prune candidates of ``cache``: each catalog row (entry or orphan), with its last integrity verdict when
-    ``with_integrity``. Read in batches of rows (``yield_per``), each batch turned into columns and dropped."""
+    """``cache``'s candidates (entries and orphans) read in ``yield_per`` batches, with verdicts if asked."""
     verdicts: dict[str, str] = {}
     if with_integrity:
         with catalog.reader() as conn:

@@ -1,9 +1,5 @@
-"""Prunes through the service: the catalog supplies candidates, core policy plans, the executor deletes.
-
-One prune (or single-entry delete) per cache at a time, across every replica sharing the catalog (the
-``prune:<cache>`` lock of :mod:`jaxcache.service.catalog.locks`; a second gets 409); each is audited before it
-deletes anything (:mod:`jaxcache.service.tasks.prune_audit`).
-"""
+"""Prunes through the service: catalog candidates, core's plan, the executor's deletions; one per cache across
+replicas (the ``prune:<cache>`` lock, else 409), audited before it deletes."""
 
 from __future__ import annotations
 
@@ -46,8 +42,7 @@ class PruneLocks:
 
 
 def _check_window(policy: prune.PrunePolicy, retain_s: float | None) -> None:
-    """Refuse a stale_jaxlib window longer than the run records' retention: the jaxlib versions in use come from
-    runs, and runs older than the retention are compacted away, so such a window would call live entries stale."""
+    """Refuse a stale_jaxlib window longer than run retention: compacted runs would make live entries look stale."""
     if policy.stale_jaxlib and retain_s is not None and policy.stale_jaxlib_window_s > retain_s:
         raise InvalidInputError(
             f"stale_jaxlib_window {_days(policy.stale_jaxlib_window_s)}d is longer than the run records' retention "
@@ -97,12 +92,8 @@ def run_prune(
     policy_json: dict, lock: ClusterLock, throttle: Throttle | None = None,
     retain_s: float | None = None, trusted: TrustedKeys | None = None,
 ) -> Outcome:
-    """Plan (and unless ``dry_run``, apply and audit) a prune of one cache. Raises PruneInProgressError.
-
-    A dry run reads nothing from storage but checks it is there: with ``integrity`` it uses the verdicts already
-    made and says how many entries are not judged yet (anyone with a read token may ask for one). Applying (an
-    admin) first judges those entries, throttled like the background pass, and audits before deleting. With
-    ``retain_s`` (the run records' retention), a longer stale_jaxlib window raises InvalidInputError."""
+    """Plan a prune of one cache and, unless ``dry_run``, judge what ``integrity`` needs, audit and apply it.
+    Raises PruneInProgressError, and InvalidInputError for a stale_jaxlib window beyond ``retain_s``."""
     _check_window(policy, retain_s)
     policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
     if dry_run:
@@ -140,8 +131,7 @@ def run_prune(
 
 
 def _apply_audited(catalog: Catalog, audit_id: int, storage: Storage, plan: prune.PrunePlan) -> prune.PruneResult:
-    """Apply ``plan`` under audit row ``audit_id``; on an error part-way the row says how far it got. An entry that
-    could not be deleted makes the row "failed": what was asked is not what storage holds now."""
+    """Apply ``plan`` under audit row ``audit_id``, which says how far it got; an undeleted entry marks it "failed"."""
     done = prune.PruneResult()
 
     def count(decision: prune.Decision) -> None:  # deleted now or already gone: either way not there any more
@@ -164,9 +154,8 @@ def _apply_audited(catalog: Catalog, audit_id: int, storage: Storage, plan: prun
 
 
 def delete_entry(catalog: Catalog, cache: str, storage: Storage, key: str, *, who: str, lock: ClusterLock) -> bool:
-    """Delete one entry as a prune of one would (JAX's lock, ``-cache`` before ``-atime``, the listed generation),
-    audited. False when neither storage nor the catalog had it. Raises PruneInProgressError, and
-    EntryNotDeletedError when its file is still there (the catalog keeps its row: it lists what storage holds)."""
+    """Delete one entry as a one-entry prune would, audited; False when neither storage nor catalog had it. Raises
+    PruneInProgressError, and EntryNotDeletedError when its file is still there (its row stays)."""
     if not lock.acquire(blocking=False):
         raise PruneInProgressError(cache)
     try:

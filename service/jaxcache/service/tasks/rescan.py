@@ -1,8 +1,5 @@
-"""Rescan: make the catalog match storage, parsing only objects it has not seen (JAX never rewrites a key).
-
-One rescan of a cache at a time across every replica sharing the catalog (the ``scan:<cache>`` lock): two would
-insert the same new rows.
-"""
+"""Rescan: make the catalog match storage, parsing only unseen objects (JAX never rewrites a key); one rescan per
+cache across replicas (the ``scan:<cache>`` lock), as two would insert the same rows."""
 
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ log = logging.getLogger("jaxcache.service")
 _CHUNK = 500
 #: New entries parsed and written per transaction (see :func:`rescan`'s ``new_per_write``).
 NEW_PER_WRITE = 20_000
-#: How many of the names a rescan skipped the catalog keeps for its status (the count is whole): enough to tell what
-#: jams a root, few enough for every listing of the caches. ``jaxcache doctor`` lists them all.
+#: Skipped names kept for a cache's status (the count is whole); ``jaxcache doctor`` lists them all.
 SKIPPED_SHOWN = 20
 _NAME_SHOWN = 512  # characters of an escaped name kept (an escape is up to 10 per character of the name)
 
@@ -56,11 +52,9 @@ class RescanResult:
     records_compacted: int = 0  # runs (processes) older than the retention folded into per-key history
     misses_explained: int = 0  # the ingested records' misses, explained once they were all in
     skipped: int = 0  # objects named like entries or records that were not read (see Skipped)
-    #: True when the listing was compared with every catalog row of the cache; False when the previous rescan's
-    #: listing (kept in memory or on disk) stood for them: the catalog's rows were not read.
+    #: False when the previous rescan's listing stood for the catalog's rows, which were then not read.
     read_catalog: bool = False
-    #: Records this rescan's drain folded that changed the catalog, by source (the inbox's, so POSTed ones too):
-    #: a record the background drain took first is counted there, never twice.
+    #: Records this rescan's drain folded that changed the catalog, by source; never counted twice.
     folded: dict[str, int] = field(default_factory=dict)
     #: Records this rescan's drain dropped (the catalog refused them, or could not read them), by source.
     dropped: dict[str, int] = field(default_factory=dict)
@@ -69,16 +63,12 @@ class RescanResult:
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
 
 
-#: A file in a listing: (name, size_bytes, mtime_s, generation). The catalog's rows are read in the same shape
-#: (name, size_bytes, created_s, generation), so that "unchanged" is a set difference of the two, computed in C
-#: rather than by a loop over every entry.
+#: A listed file (name, size, mtime, generation), shaped like the catalog's rows: "unchanged" is a set difference.
 Listed = tuple[str, int, float, int | None]
 
 
 def _by_key(listing: dict[str, Stat], foreign: set[str]) -> tuple[dict[str, Listed], dict[str, Listed]]:
-    # The listing paired in memory by key: the catalog holds an index of every entry anyway, and this avoids a
-    # request per entry. An -atime's modification time is its access time (JAX rewrites it on each access).
-    # Names are checked afterwards, and only those of keys the catalog does not know (see _drop_foreign).
+    # Paired in memory by key, not a request per entry (an -atime's mtime is its access time); names: _drop_foreign.
     caches = {name[:-6]: (name, *stat) for name, stat in listing.items()
               if name.endswith("-cache") and name not in foreign}
     atimes = {name[:-6]: (name, *stat) for name, stat in listing.items()
@@ -108,8 +98,7 @@ def _skip_reason(name: str) -> str | None:
 
 
 def _drop_foreign(storage: Storage, listed: dict[str, Listed], new_keys: set[str], foreign: set[str]) -> None:
-    """Remove from ``listed`` the new keys that are not JAX's names (the known ones were checked when their rows
-    were made), or that cannot be indexed (:func:`_skip_reason`), adding their names to ``foreign``."""
+    """Move to ``foreign`` the new keys in ``listed`` that are not JAX's names or cannot be indexed."""
     for key in new_keys:
         name = listed[key][0]
         if fmt.parse_name(name) is not None:
@@ -121,16 +110,14 @@ def _drop_foreign(storage: Storage, listed: dict[str, Listed], new_keys: set[str
 
 
 def _count_foreign(skipped: Skipped, foreign: set[str]) -> None:
-    """Count in ``skipped`` the names of ``foreign`` that are JAX's but cannot be indexed. From the set, not from
-    :func:`_drop_foreign`: a rescan that finds the listing unchanged judges no name again, and still shows them."""
+    """Count in ``skipped`` the JAX names of ``foreign`` that cannot be indexed (also when the listing is unchanged)."""
     for name in foreign:
         if fmt.parse_name(name) is not None and (why := _skip_reason(name)) is not None:
             skipped.add(name, why)
 
 
 def skipped_names(skipped: Skipped) -> list[dict[str, str]]:
-    """The first :data:`SKIPPED_SHOWN` names of ``skipped`` (by name) as the catalog keeps them: escaped for display
-    (:func:`shown`), which also makes a local name that is not UTF-8 storable as JSON, with why each was skipped."""
+    """The first :data:`SKIPPED_SHOWN` skipped names, escaped for display (and JSON), each with why."""
     return [{"name": shown(name)[:_NAME_SHOWN], "why": why} for name, why in skipped.items()[:SKIPPED_SHOWN]]
 
 
@@ -139,8 +126,7 @@ def _info(item: Listed) -> ObjectInfo:
 
 
 def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, Listed, Listed | None]) -> dict | None:
-    """The row of a new entry; None for one that is no longer a regular file (swapped after the listing): the
-    next rescan judges it again."""
+    """The row of a new entry; None when it is no longer a regular file (the next rescan judges it again)."""
     key, listed, atime = item
     info = _info(listed)
     try:
@@ -182,15 +168,10 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
            retain_s: float | None = None, new_per_write: int = NEW_PER_WRITE,
            in_memory_max: int = snapshots.IN_MEMORY_MAX,
            release_from_entries: int = memory.RELEASE_FROM_ENTRIES) -> RescanResult:
-    """Bring ``cache``'s rows in line with ``storage``: add new entries, drop vanished ones, refresh last use;
-    then, with ``retain_s``, compact the runs older than that (:mod:`.retention`).
-
-    Waits for a rescan of ``cache`` that another replica (or thread) is running: without limit, or at most
-    ``wait_s`` seconds (0: not at all) and then raises :class:`LockBusyError`. New entries are parsed and written
-    ``new_per_write`` at a time; a listing of more than ``in_memory_max`` objects is kept for the next rescan on
-    disk only (:mod:`.snapshots`); a rescan of at least ``release_from_entries`` entries ends by handing its memory
-    back (:func:`.memory.release`).
-    """
+    """Bring ``cache``'s rows in line with ``storage`` and, with ``retain_s``, compact older runs (:mod:`.retention`).
+    Waits for another rescan of ``cache`` (at most ``wait_s``, then :class:`LockBusyError`); writes ``new_per_write``
+    entries a transaction; keeps a listing over ``in_memory_max`` on disk only; releases memory from
+    ``release_from_entries`` entries."""
     lock = catalog.locks.get(f"scan:{cache}")
     if not lock.acquire(timeout=-1 if wait_s is None else wait_s):
         raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "
@@ -221,8 +202,7 @@ def _known_statement():
 
 
 def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Listed], dict[str, float], set[str]]:
-    """The catalog's rows of ``cache``: entries as Listed tuples, their last use as storage showed it, and the keys
-    of orphan rows."""
+    """``cache``'s entry rows as Listed tuples, their last use as storage showed it, and its orphan keys."""
     with catalog.reader() as conn:
         rows = list(conn.execute(_known_statement(), {"cache": cache}))
     entries = {r[0]: r[2:6] for r in rows if r[1] == "entry"}
@@ -240,10 +220,8 @@ def _fingerprint_statement():
 
 
 def _fingerprint(conn, cache: str) -> tuple:
-    """(rows, last scan, last scan error) of a cache. Entry rows change in three ways: rescans add and drop them
-    and refresh their last use, prunes and DELETE drop them. Every rescan, here or in another replica, ends by
-    noting its time (or its error), and a drop changes the count: so an equal fingerprint means the rows are the
-    ones the last rescan of this process left. Read from an index, not the rows: it costs milliseconds."""
+    """(rows, last scan, last scan error) of a cache, from an index: equal means the rows are as the last rescan of
+    this process left them, since every rescan notes its time and every drop changes the count."""
     return tuple(conn.execute(_fingerprint_statement(), {"cache": cache}).one())
 
 
@@ -251,9 +229,8 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
             skipped: Skipped, new_per_write: int, in_memory_max: int) -> RescanResult:
     started = time.monotonic()
     now = time.time()
-    # The service rescans each cache every few minutes, mostly finding nothing new: the previous rescan's snapshot
-    # stands for the catalog's rows unless something else changed them, and then a listing equal to the previous
-    # one means nothing to write. Popped: a rescan that fails leaves none behind.
+    # The previous rescan's snapshot stands for the catalog's rows unless something changed them; popped, so a
+    # failed rescan leaves none.
     with catalog.reader() as conn:
         fingerprint = _fingerprint(conn, cache)
     snap = snapshots.take(catalog, cache, storage, fingerprint)
@@ -276,8 +253,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
         foreign.difference_update(changes)  # judged again below
         listing.update(changes)
     else:
-        # From the catalog, before the listing: a row deleted after this (a prune, a DELETE) is gone from storage
-        # too, so both agree.
+        # From the catalog before the listing: a row deleted after this is gone from storage too.
         known, known_seen, known_orphans = _known(catalog, cache)
         listing, _ = storage.list_changes({})
         foreign = set()
@@ -285,9 +261,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
     known_keys = known.keys() | known_orphans if known_orphans else known.keys()
     _drop_foreign(storage, caches, caches.keys() - known_keys, foreign)
     _drop_foreign(storage, atimes, atimes.keys() - known_keys, foreign)
-    # New keys and replaced objects (another size, creation time or generation): parsed and (re)inserted.
-    # (Dict equality first: C-fast, and the answer on an unchanged root, where the set difference hashes 100k
-    # tuples for nothing.)
+    # New keys and replaced objects are (re)parsed; dict equality first, as it is C-fast on an unchanged root.
     changed = set() if caches == known else {key for key, _ in caches.items() - known.items()}
     vanished = [(k, "entry") for k in known.keys() - caches.keys()]
     vanished += [(k, "entry") for k in changed if k in known]  # replaced: the old row goes, the new one comes
@@ -304,16 +278,14 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
     orphan_rows = [_base_row(cache, key, "orphan", _info(atimes[key]), None, now) for key in lone - known_orphans]
     vanished += [(k, "orphan") for k in known_orphans - lone]
     orphans = len(lone)
-    # New entries are parsed and written new_per_write at a time: a first rescan of a million-entry root held every
-    # row in memory at once (gigabytes) and the write lock for minutes. One batch (the usual rescan) is one
-    # transaction as before; the deletes go with the first, the rest with the last.
+    # Written new_per_write at a time, so a huge first rescan never holds all rows or the lock at once; deletes go
+    # with the first batch.
     batches = [new_items[i : i + new_per_write] for i in range(0, len(new_items), new_per_write)] or [[]]
     added = len(orphan_rows)
     for number, batch in enumerate(batches):
         new_rows = [r for r in bounded_map(partial(_new_row, storage, cache, now), batch, workers=storage.io_workers)
                     if r is not None]
-        # Under the cache's write lock, so that a report ingested meanwhile (by any replica) cannot update rows
-        # this commit then overwrites.
+        # Under the cache's write lock, so a report ingested meanwhile cannot be overwritten by this commit.
         with catalog.writing(cache) as s:
             if number == 0:
                 _delete(s, cache, vanished)
@@ -327,8 +299,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
             if number < len(batches) - 1:
                 continue
             if updates:
-                # Core, on the session's connection: an ORM UPDATE given many parameter sets is SQLAlchemy's
-                # "bulk update by primary key", which refuses a WHERE clause of bound parameters.
+                # Core, not ORM: ORM bulk update by primary key refuses a WHERE clause of bound parameters.
                 s.connection().execute(
                     update(table_of(EntryRow))
                     .where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
@@ -341,8 +312,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                     updates,
                 )
             if catalog.dialect == "postgresql" and _bulk(added + len(vanished), len(known) + len(known_orphans)):
-                # The planner learns the new rows now, not at autovacuum's next round (up to a minute on): with the
-                # statistics of an empty table, every listing page sorted all of the cache's rows.
+                # ANALYZE now, not at autovacuum's next round: empty-table statistics made every listing sort all rows.
                 analyze(s.connection(), ["entries"])
             # Inside the write lock: nobody else's change can fall between the writes and this count.
             count = _fingerprint(s.connection(), cache)[0]
@@ -358,8 +328,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
 
 
 def _bulk(changed: int, rows: int) -> bool:
-    """Whether changing ``changed`` of a cache's ``rows`` is a bulk load: a tenth of them, what makes autovacuum
-    analyze a table (its default ``autovacuum_analyze_scale_factor``)."""
+    """Whether changing ``changed`` of ``rows`` is a bulk load: a tenth, autovacuum's default analyze scale factor."""
     return changed > 0 and changed >= rows / 10
 
 
@@ -369,13 +338,11 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
     """Ingest run and warm-up records, compact the old runs, and note the scan's end and what it skipped."""
     found = scan_records(catalog, cache, storage)
     covered = warmups.scan(catalog, cache, storage)
-    # Once every record and warm-up this rescan read is in, whatever order they were listed in: their misses are
-    # explained against all of them.
+    # Once everything this rescan read is in, so misses are explained against all of it.
     drained = drain(catalog, cache, root=storage.url)
     compacted = retention.compact(catalog, cache, storage, retain_s=retain_s).runs if retain_s is not None else 0
     seconds = time.monotonic() - started
-    # One UPDATE, no read first: on SQLite a read-then-write transaction fails outright (SQLITE_BUSY_SNAPSHOT) when
-    # another process (a replica on the same file) wrote in between.
+    # One UPDATE, no read first: SQLite fails a read-then-write transaction (SQLITE_BUSY_SNAPSHOT) after another write.
     with catalog.session() as s:
         s.execute(update(CacheRow).where(CacheRow.name == cache)
                   .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None,

@@ -1,9 +1,5 @@
-"""Retention of run records (``JAXCACHE_RECORDS_RETAIN_D``): runs last updated before the horizon are folded into
-per-key history (``key_history``), deleted, and taken out of their runs' usage rows, a bounded batch per transaction;
-then the service deletes their record files (jobs never delete records), old malformed ones, and the item lists of
-old prune audits. Per-key figures do not move (aggregates add the history back); job lists and usage windows keep
-only the retained runs. Run at the end of a rescan, under its ``scan:<cache>`` lock. docs/service.md, "Run records".
-"""
+"""Retention of run records (``JAXCACHE_RECORDS_RETAIN_D``): old runs folded into ``key_history`` in bounded
+batches, then their record files and old prune items deleted; run at the end of a rescan, under its scan lock."""
 
 from __future__ import annotations
 
@@ -53,8 +49,7 @@ class Compaction:
 
 
 def compact(catalog: Catalog, cache: str, storage: Storage, *, retain_s: float, now: float | None = None) -> Compaction:
-    """Fold the runs of ``cache`` last updated more than ``retain_s`` ago into key_history, then delete what only
-    they needed. The caller holds the cache's scan lock (one pass at a time across replicas)."""
+    """Fold ``cache``'s runs older than ``retain_s`` into key_history; the caller holds the scan lock."""
     horizon = (time.time() if now is None else now) - retain_s
     compacted: list[tuple[str, int, float]] = []
     while batch := _compact_batch(catalog, cache, horizon):
@@ -71,9 +66,7 @@ def compact(catalog: Catalog, cache: str, storage: Storage, *, retain_s: float, 
 
 
 def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[str, int, float]]:
-    """One transaction: raise the watermark, fold a batch of old processes into key_history, delete their rows and
-    take their part out of their runs' usage rows. Returns the (run_id, process_index, started_s) it compacted
-    (none: nothing is left to)."""
+    """One transaction folding a batch of old processes into key_history; returns what it compacted (none: done)."""
     with catalog.writing(cache) as s:
         # First: a record older than the horizon is stale from the moment its run may be in history.
         s.execute(update(CacheRow).where(CacheRow.name == cache, or_(CacheRow.compacted_before_s.is_(None),
@@ -105,8 +98,7 @@ def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[s
                 touched[run_id].add(key)
             s.execute(delete(RunRow).where(RunRow.cache == cache,
                                            tuple_(RunRow.run_id, RunRow.process_index).in_(chunk)))
-        # What is left of each run's usage rows (nothing, when the whole run went): key_stats stay as they are,
-        # since aggregates add the history back.
+        # Key_stats stay as they are: aggregates add the history back.
         for run_id, keys_of_run in sorted(touched.items()):
             aggregates.usage_rows(conn, cache, sorted(keys_of_run), run_id=run_id)
     return batch
@@ -114,8 +106,7 @@ def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[s
 
 def _delete_files(catalog: Catalog, cache: str, storage: Storage, horizon: float,
                   compacted: list[tuple[str, int, float]]) -> int:
-    """Delete the record files of compacted runs, and those older than the horizon that are malformed or whose run
-    the catalog does not hold (compacted by an earlier pass that stopped before its files, or stale on arrival)."""
+    """Delete compacted runs' record files, and old ones that are malformed or whose run the catalog lacks."""
     targets: dict[str, Any] = {records.record_name(run, index, started): None for run, index, started in compacted}
     names = list(targets)
     with catalog.reader() as conn:
@@ -159,8 +150,7 @@ def _owner(name: str) -> tuple[str, int] | None:
 
 
 def _delete_one(storage: Storage, item: tuple[str, Any]) -> tuple[str, str | None]:
-    """Delete one record file unless it was rewritten since it was read (``item``: its name and record_files row,
-    if any). Returns its name and None when it is gone now, "" when it was left, else why deleting failed."""
+    """Delete one record file unless rewritten since read; its name and None (gone), "" (left) or why it failed."""
     name, row = item
     try:
         if row is None:  # the run came by POST only, or its file was never read: whatever is there is as old

@@ -1,6 +1,5 @@
-"""The configured caches into the catalog at start, and what happens to a cache's job history when its root is not
-the one the catalog last served it from (``JAXCACHE_ROOT_CHANGED``): kept, or dropped. docs/service.md, "Run
-records"."""
+"""Registering the configured caches at start, and keeping or dropping a cache's job history when its root changed
+(``JAXCACHE_ROOT_CHANGED``)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ class RootChange:
 
 
 def register(catalog: Catalog, roots: Mapping[str, str], policy: RootChanged) -> list[RootChange]:
-    """Record each cache's root (name -> URL) in the catalog; for a cache whose recorded root differs, keep or drop
-    its job history as ``policy`` says, in the same transaction, and log it. Returns the changes."""
+    """Record each cache's root; for a changed one, keep or drop its job history per ``policy``, and log it."""
     changes = []
     for name, url in roots.items():
         # The cache's writing lock: no report of the old root is folded between the count and the deletion.
@@ -66,15 +64,13 @@ def register(catalog: Catalog, roots: Mapping[str, str], policy: RootChanged) ->
             s.execute(catalog.insert(CacheRow).values(name=name, url=url)
                       .on_conflict_do_update(index_elements=["name"], set_={"url": url}))
     for change in changes:
-        # INFO, not WARNING: `jaxcache serve` prints the line itself, and with no handler configured Python would
-        # print a warning to stderr a second time.
+        # INFO: `jaxcache serve` prints the line itself, and a WARNING would reach stderr twice.
         log.info("%s", change.line())
     return changes
 
 
 def _drop_history(s: Session, cache: str) -> None:
-    """Delete what the catalog learnt from the cache's run records. Entry rows stay (the next rescan makes them
-    the new root's) but lose the figures they copied from key_stats."""
+    """Delete what the catalog learnt from the cache's run records; entry rows stay but lose their copied figures."""
     for table in (RunRow, ProcessKeysRow, UsageRow, KeyStatsRow, KeyHistoryRow):
         s.execute(delete(table).where(table.cache == cache))
     # Read again from the new root at the next rescan: a record file of the same name there is not the old one.

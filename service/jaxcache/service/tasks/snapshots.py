@@ -1,13 +1,6 @@
-"""A rescan's view of a cache (the listing its rows were made from), kept for the next rescan: in memory (up to
-IN_MEMORY_MAX objects), and on local disk so that a restarted process's first rescan of an unchanged cache compares
-the listing with the last one instead of reading every catalog row (a third of a first rescan at 100k entries).
-
-The disk copy is two files per (catalog, cache, root): the listing (msgpack), rewritten only when the listing
-changed, and a small sidecar naming the listing and the catalog fingerprint the rescan left, rewritten by every
-rescan (each moves the fingerprint). The disk copy is used only when the catalog's fingerprint now is the
-sidecar's: no rescan, prune or DELETE by anyone since. Anything unreadable is ignored (a full rescan follows);
-a failed write logs once per process and changes nothing else.
-"""
+"""A rescan's listing, kept for the next in memory and on local disk, so a restarted process's first rescan of an
+unchanged cache compares listings instead of reading every row; the disk copy counts only while the catalog's
+fingerprint is its sidecar's, and anything unreadable means a full rescan."""
 
 from __future__ import annotations
 
@@ -29,17 +22,14 @@ from jaxcache.storage.base import Stat
 log = logging.getLogger("jaxcache.service")
 
 _VERSION = 1
-#: Listings of more objects than this stay on disk only between rescans, and the next reads them back: kept in
-#: memory a listing costs about 270 bytes an object as Python strings and tuples (half a GiB at a million
-#: entries, the largest part of a service's memory), read back about a second per million objects.
+#: Larger listings stay on disk only between rescans: in memory they would be most of the service's memory.
 IN_MEMORY_MAX = 200_000
 _warned: set[str] = set()
 
 
 @dataclass(slots=True)
 class Snapshot:
-    """The whole listing the rows were made from, and the names in it that are not JAX's. Valid while the
-    catalog's fingerprint of the cache (rescan._fingerprint) is ``fingerprint``."""
+    """A rescan's listing and its foreign names; valid while the cache's fingerprint is ``fingerprint``."""
 
     fingerprint: tuple
     listing: dict[str, Stat]
@@ -65,8 +55,7 @@ def _paths(catalog: Catalog, cache: str, storage: Storage) -> tuple[Path, Path] 
 
 
 def take(catalog: Catalog, cache: str, storage: Storage, fingerprint: tuple) -> Snapshot | None:
-    """The snapshot valid for ``fingerprint``: this process's last, else the disk copy; popped (a rescan that
-    fails leaves none behind)."""
+    """The snapshot valid for ``fingerprint`` (this process's, else the disk copy), popped."""
     snap = catalog.rescan_snapshots.pop(cache, None)
     if isinstance(snap, Snapshot):
         return snap if snap.fingerprint == fingerprint else None
@@ -88,8 +77,7 @@ def take(catalog: Catalog, cache: str, storage: Storage, fingerprint: tuple) -> 
 
 def keep(catalog: Catalog, cache: str, storage: Storage, snap: Snapshot, *, listing_changed: bool,
          in_memory_max: int = IN_MEMORY_MAX) -> None:
-    """Keep ``snap`` for the next rescan: on disk, and in memory unless it lists more than ``in_memory_max``
-    objects and the disk copy was written."""
+    """Keep ``snap`` on disk, and in memory unless it is over ``in_memory_max`` and the disk copy was written."""
     paths = _paths(catalog, cache, storage)
     if paths is None:
         catalog.rescan_snapshots[cache] = snap

@@ -1,12 +1,6 @@
-"""The service's integrity pass: read entries, judge them with ``jaxcache.integrity``, keep the verdicts.
-
-Resumable: a verdict is stored per entry with the version it judged (size, creation time, generation) and the
-digest it was judged against, so a pass only reads entries that are new, changed, re-attested, or were pending
-(young) last time. Rate-limited: the background pass sleeps to stay under ``verify_bytes_per_s`` and to use at
-most ``verify_cpu_share`` of a core (it shares the process, and its interpreter lock, with the API: a first pass
-over a large cache running flat out made every request wait for it); the on-demand pass (``POST .../verify``)
-runs flat out.
-"""
+"""The integrity pass: judge entries with ``jaxcache.integrity`` and keep verdicts per entry version, so a pass
+reads only new, changed, re-attested or pending ones. The background pass is throttled, as it shares the GIL with
+the API; ``POST .../verify`` runs flat out."""
 
 from __future__ import annotations
 
@@ -52,8 +46,7 @@ class VerifyPass:
 
 
 def _todo(cache: str, trusted: TrustedKeys):
-    """Entries whose stored verdict is missing, for another version of the file, against another digest, under
-    another set of trusted keys, or pending (it may be complete now)."""
+    """Entries whose verdict is missing, stale (other version, digest or trusted keys) or pending."""
     v, a = VerificationRow, AttestationRow
     return (
         select(EntryRow.key, EntryRow.module, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
@@ -80,10 +73,8 @@ def run_pass(
     recheck_all: bool = False, clock: Callable[[], float] = time.time, progress: Callable[[], None] | None = None,
     trusted: TrustedKeys | None = None,
 ) -> VerifyPass:
-    """Verify what needs it (everything with ``recheck_all``), at most ``max_entries``, throttled when asked: at
-    most ``bytes_per_s`` read and ``cpu_share`` of one core used (this thread's CPU time), on average. ``progress``
-    is called after each batch (a throttled pass is long by design: its batches say it is not stuck). Each entry's
-    ``-sig`` object is read beside it and checked against ``trusted`` (default JAXCACHE_TRUSTED_KEYS)."""
+    """Verify what needs it (all with ``recheck_all``), at most ``max_entries``, throttled to ``bytes_per_s`` and
+    ``cpu_share`` of a core when given, against ``trusted``; ``progress`` is called after each batch."""
     keys = TrustedKeys.from_env() if trusted is None else trusted
     trust = keys.digest()
     started = time.monotonic()
@@ -148,8 +139,7 @@ def run_pass(
 
 
 def unjudged(catalog: Catalog, cache: str, trusted: TrustedKeys) -> int:
-    """Entries with no verdict for their current version yet (new, changed, re-attested, pending, or judged under
-    other trusted keys)."""
+    """Entries with no verdict for their current version, digest or trusted keys yet."""
     with catalog.reader() as conn:
         count: int = conn.execute(select(func.count()).select_from(_todo(cache, trusted).subquery())).scalar_one()
     return count
