@@ -12,8 +12,7 @@ from jaxcache.service.tasks import pruning as prune_pass
 
 def prune(state: State, name: str, policy: PrunePolicy, *, policy_json: dict[str, Any], dry_run: bool,
           who: str) -> prune_pass.Outcome:
-    """Plan (or apply, unless ``dry_run``: the caller checked the admin scope) a prune of ``name``. Raises
-    PruneInProgressError while another prune of ``name`` runs."""
+    """Plan, or unless ``dry_run`` apply (the caller checked the scope), a prune of ``name``; PruneInProgressError."""
     throttle = prune_pass.Throttle(state.settings.verify_bytes_per_s, state.settings.verify_cpu_share)
     outcome = prune_pass.run_prune(state.catalog, name, state.storages[name], policy, dry_run=dry_run, who=who,
                                    policy_json=policy_json, lock=state.prune_locks.get(name),
@@ -36,11 +35,9 @@ def delete_entry(state: State, name: str, key: str, *, who: str) -> bool:
 
 
 def close_interrupted_prunes(state: State, name: str) -> None:
-    """Close the audit rows of prunes of ``name`` whose replica died mid-way (none runs while we hold the cache's
-    prune lock; skipped while one does)."""
+    """Close the audit rows of prunes of ``name`` whose replica died mid-way, unless a prune holds the lock."""
     if not prune_audit.any_running(state.catalog, name):
-        # The usual case, after every rescan: the lock is not taken, so a prune asked meanwhile (as soon as the
-        # first scan makes the replica ready) is not refused.
+        # Not waiting for the lock, so a prune asked as soon as the replica is ready is not refused.
         return
     lock = state.prune_locks.get(name)
     if not lock.acquire(blocking=False):
@@ -49,8 +46,7 @@ def close_interrupted_prunes(state: State, name: str) -> None:
         interrupted = prune_audit.tally_interrupted(state.catalog, name, state.storages[name])
     finally:
         lock.release()
-    # Closed once the lock is free, and refreshed after: whoever reads the audit closed may prune at once, and must
-    # not be told that a prune is still running. A prune that starts in between closes these rows itself first.
+    # Refreshed after closing, so a reader of the closed audit may prune at once (a prune between closes them first).
     closed = prune_audit.close(state.catalog, name, interrupted)
     if closed:
         state.changed(name)

@@ -22,8 +22,7 @@ log = logging.getLogger("jaxcache.service")
 
 
 def rescan(state: State, name: str, *, wait_s: float | None = None) -> RescanResult:
-    """Rescan one cache (one rescan of a cache at a time in every replica: waits at most ``wait_s`` seconds for one
-    running elsewhere, then raises LockBusyError), recording metrics and errors."""
+    """Rescan one cache, waiting at most ``wait_s`` for one running elsewhere (then LockBusyError); records metrics."""
     try:
         result = rescan_pass.rescan(state.catalog, name, state.storages[name], wait_s=wait_s,
                                     retain_s=state.settings.records_retain_s,
@@ -54,25 +53,22 @@ def rescan(state: State, name: str, *, wait_s: float | None = None) -> RescanRes
 def ensure_scanned(state: State, name: str) -> None:
     """Rescan ``name`` unless this process has seen a scan of it (its own, or another's in the catalog)."""
     if name not in state.scanned:
-        # Another worker or replica may have scanned it since this process started. Listing the root again would
-        # cost a whole listing and hold the cache's rescan lock, which makes the rescan loop skip the cache.
+        # Another process may have scanned it: listing again would cost a listing and block the rescan loop.
         state.follow()
     if name not in state.scanned:
         rescan(state, name)
 
 
 def rescan_all(state: State) -> list[tuple[str, Exception]]:
-    """One round of background rescans; the caches whose rescan failed, with why. With several replicas on one
-    catalog, a cache is skipped when another replica is rescanning it or finished a rescan less than half a period
-    ago: each replica does not list the whole bucket every period."""
+    """One round of background rescans, skipping caches another replica is rescanning or rescanned within half a
+    period; returns the caches that failed, with why."""
     now = time.time()
     failed: list[tuple[str, Exception]] = []
     with state.catalog.session() as s:
         last = {r.name: r.last_scan_s for r in s.scalars(select(CacheRow))}
     for name in state.settings.caches:
         at = last.get(name)
-        # A process's first round always rescans: records and entries written while it was down (or since the last
-        # replica's scan) must not wait a whole period.
+        # A process's first round always rescans: what was written while it was down must not wait a period.
         if at is not None and name in state.rounds_done and 0 <= now - at < state.settings.rescan_s / 2:
             log.debug("rescan of %s skipped: scanned %.0f s ago (by another process)", name, now - at)
             continue
