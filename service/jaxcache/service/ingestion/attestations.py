@@ -1,10 +1,5 @@
-"""Writers' digests into the catalog: the digest that counts per key, and the conflicting ones beside it.
-
-The service stamps each digest with its own clock when it accepts it, so no record can back-date itself, and
-applies jaxcache.attestations' rule: these digests are unsigned, so the first accepted counts whatever its channel
-(a report token proves no more than bucket write access), and every other is kept as a conflict, never replacing
-silently. Signatures are not stored here: the integrity pass reads each entry's ``-sig`` beside it.
-"""
+"""Writers' digests into the catalog, stamped with the service's clock so none back-dates itself: the first accepted
+counts (unsigned digests prove no more than write access), others are kept as conflicts, never replacing it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Explaining misses as their records are ingested: each run's miss of a key (its usage row of a job's run, event
-write or compiled) gets its cause, what differs, the nearest key and the fix from :func:`jaxcache.explain.explain`
-over the catalog's history, stored on the row. A row keeps its explanation while what it was made of stays the same
-(its processes' later records add to it); ``jaxcache_misses_total`` counts each process's miss once, when the row
-is first explained or when the process joins a row explained already. docs/service.md, "Explained misses"."""
+"""Explaining misses as records are ingested: each run's miss of a key gets :func:`jaxcache.explain.explain`'s cause,
+difference, nearest key and fix, stored on its usage row and kept while what it was made of stays the same."""
 
 from __future__ import annotations
 
@@ -20,15 +17,13 @@ from jaxcache.records import JOB
 from jaxcache.service.catalog.models import CacheRow, UsageRow, table_of
 from jaxcache.service.catalog.queries.history import CatalogHistory, stored_misses
 
-#: Misses explained together: one history is read for all of them, up to this many keys (a key's history is up to
-#: KEY_ROWS rows) and misses. A job's processes miss the same keys, and their misses share a usage row per run.
+#: Misses explained together over one history read: a job's processes miss the same keys and share usage rows.
 BATCH_KEYS, BATCH = 1000, 20_000
 #: What a stored explanation keeps at most: a program's signature or a run's flags can be long, the API pages are not.
 _CHANGES, _TEXT = 50, 2000
 #: The explanation's columns on a usage row.
 COLUMNS = ("cause", "differs", "nearest", "fix")
-#: What a miss's explanation is made of, besides the history: the row's, and its representative process's run's
-#: (``process_index``). A row keeps its explanation while these stay as they were.
+#: What an explanation is made of besides the history (the row's and its process's run's); kept while these are.
 INPUTS = ("process_index", "event", "first_at", "parts", "program", "reason")
 RUN_INPUTS = ("fingerprint_digest", "topology", "started_s")
 
@@ -55,8 +50,8 @@ def _clip(text: str | None) -> Any:
 
 def explain_pending(conn: Connection, cache: str, pending: Sequence[Pending], *,
                     root: str | None = None) -> Counter[str]:
-    """Explain the usage rows ``pending`` (those still unexplained) and store their explanations (in ``conn``'s
-    transaction); the causes of the processes' misses not counted before, for the metric."""
+    """Explain and store the still-unexplained usage rows ``pending`` in ``conn``'s transaction; returns the causes
+    of misses not counted before, for the metric."""
     counts: Counter[str] = Counter()
     if not pending:
         return counts

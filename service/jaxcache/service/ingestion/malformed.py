@@ -1,5 +1,4 @@
-"""Records a rescan skips: counted, and logged once per rescan however many there are (a thousand malformed files
-must not be a thousand warnings every few minutes; each is read again only when it changes)."""
+"""Records a rescan skips: counted, and logged once per rescan however many there are."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.service")
 
-#: What a record that cannot be stored may raise: our schema's refusal, or the catalog's (a value the schema let
-#: through and a column does not hold). A database that is down is not the record's fault and is not caught.
+#: A record's own fault (our schema's or a column's refusal); a database that is down is not caught.
 REFUSALS = (InvalidInputError, DataError, IntegrityError)
 
 
@@ -52,9 +50,8 @@ class Skipped:
 
 
 def read_file(storage: Storage, info: ObjectInfo, max_bytes: int) -> tuple[bytes | None, str | None]:
-    """A record file's bytes, or why it is skipped: a name the storage cannot map (a backslash, ``..``), something
-    that is not a regular file (a FIFO, a link: never opened so that it could block or lead out), or a size over
-    ``max_bytes``. (None, None): deleted since the listing."""
+    """A record file's bytes, or why it is skipped (an unmappable name, not a regular file, over ``max_bytes``);
+    (None, None) when deleted since the listing."""
     problem = name_problem(info.name)
     if problem is not None:
         return None, problem

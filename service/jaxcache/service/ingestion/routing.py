@@ -1,5 +1,4 @@
-"""Which configured cache a run record (or a job asking about its cache) is for, from the root as the job spells
-it."""
+"""Which configured cache a run record or a job is for, from the root as the job spells it."""
 
 from __future__ import annotations
 
@@ -11,8 +10,8 @@ from jaxcache.records import RunRecord
 
 
 def normal_dir(text: str) -> str | None:
-    """A cache_dir or root URL in the form roots are compared in: ``gs://b/p`` without a trailing slash, or the
-    real path of an absolute directory. None for anything else (a relative path means nothing here)."""
+    """A cache_dir or root URL as roots are compared (``gs://b/p`` unslashed, or a directory's real path); None for
+    anything else."""
     if text.startswith("gs://"):
         return text.rstrip("/")
     if text.startswith("file://"):
@@ -33,8 +32,7 @@ def roots_by_dir(urls: Mapping[str, str]) -> dict[str, list[str]]:
 
 
 def cache_for(record: RunRecord, roots: Mapping[str, list[str]]) -> str:
-    """The configured cache ``record.cache_dir`` names. Raises :class:`InvalidInputError` saying to pass
-    ``?cache=`` when it names none, or several."""
+    """The configured cache ``record.cache_dir`` names; InvalidInputError (pass ``?cache=``) if none or several."""
     return cache_for_dir(record.cache_dir, roots)
 
 
@@ -53,9 +51,8 @@ def cache_for_dir(cache_dir: str | None, roots: Mapping[str, list[str]]) -> str:
 
 
 def filed_elsewhere(cache_dir: str | None, cache: str, roots: Mapping[str, list[str]]) -> list[str]:
-    """The configured caches whose root ``cache_dir`` is, when ``cache`` is not one of them: a record asked to be
-    filed under ``cache`` that belongs to another. Empty when ``cache_dir`` is ``cache``'s root (or a root it shares)
-    or the root of no configured cache (``?cache=`` is how such a record is filed)."""
+    """The other configured caches ``cache_dir`` is the root of: a record asked to be filed under ``cache`` that
+    belongs elsewhere. Empty for ``cache``'s own root or no configured root."""
     norm = normal_dir(cache_dir) if cache_dir else None
     names = roots.get(norm, []) if norm is not None else []
     return [] if cache in names else sorted(names)

@@ -1,10 +1,5 @@
-"""Run records on storage (``<root>/.jaxcache/runs/<day>/``): a rescan puts those that are new or changed into the
-report inbox (:mod:`.inbox`), where POSTed records enter too, and drains it.
-
-Listing every record each rescan costs as much as the records kept, so a process lists them all only on its first
-rescan of a cache and then once every :data:`FULL_LISTING_S`; in between it lists only the day directories that may
-still change (see :func:`_days_to_list`). docs/service.md, "Run records".
-"""
+"""Run records on storage (``<root>/.jaxcache/runs/<day>/``): a rescan puts new or changed ones into the report
+inbox and drains it, listing only unsettled days between full listings, as listing all costs as much as all kept."""
 
 from __future__ import annotations
 
@@ -31,8 +26,7 @@ _CHUNK = 500
 _NAME_MAX = max_length(RecordFileRow.__table__.c.name)  # longer: not a record jaxcache wrote
 _DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _DAY_S = 86400.0
-#: A process lists every record at least this often: a first write into a settled day (a process started days ago
-#: that writes its record only at exit, as jobs on gs:// roots do) waits at most this long.
+#: A process lists every record at least this often, so a late first write into a settled day is found.
 FULL_LISTING_S = _DAY_S
 #: A run whose record is not final and was updated this recently is taken to be running: its day is listed.
 LIVE_S = _DAY_S
@@ -50,8 +44,8 @@ class RecordScan:
 
 @dataclass(slots=True)
 class _Listings:
-    """What this process's listings of a cache's records found, for its next rescan: when it last listed them all,
-    and per day directory whether its last listing found anything new, changed or gone there."""
+    """What this process's listings of a cache's records found: when it last listed them all, and per day whether
+    anything changed there."""
 
     full_at: float
     changed: dict[str, bool]
@@ -72,9 +66,8 @@ def _shift(day: str, days: int) -> str:
 
 
 def _days_to_list(catalog: Catalog, cache: str, state: _Listings, now: float) -> list[str]:
-    """Yesterday, today and tomorrow (clocks differ), and each known day that is not settled: a day is settled when
-    it is two days old or more, its last listing found nothing new or changed in it, and no run started on it is
-    running (a non-final record updated within LIVE_S: a long job rewrites its record in its start day's folder)."""
+    """Yesterday, today, tomorrow (clocks differ) and every known day not settled: settled is two days old, nothing
+    changed at its last listing, and no run started that day still running (a long job rewrites its start day's)."""
     today = records.day_of(now)
     with catalog.reader() as conn:
         live = {records.day_of(started) for started in conn.scalars(
@@ -106,15 +99,10 @@ def _known(catalog: Catalog, cache: str, days: list[str] | None) -> dict[str, tu
 
 
 def scan_records(catalog: Catalog, cache: str, storage: Storage, *, now: float | None = None) -> RecordScan:
-    """Put the run records under ``<root>/.jaxcache/runs/`` that are new or changed since the last rescan into the
-    inbox (the caller drains it).
-
-    A malformed record is skipped and counted, with one warning per rescan for all of them (each is read again only
-    once it changes). Records that vanish from storage keep their runs in the catalog (until retention compacts
-    them).
-    """
+    """Put the run records that are new or changed since the last rescan into the inbox (the caller drains it); a
+    malformed one is skipped and counted, and vanished records keep their runs until retention compacts them."""
     now = time.time() if now is None else now
-    # Popped: a scan that fails leaves none, and the next one lists everything.
+    # Popped: a failed scan leaves none, and the next one lists everything.
     state = cast(_Listings | None, catalog.record_listings.pop(cache, None))  # the catalog keeps them opaque
     full = state is None or not 0 <= now - state.full_at < FULL_LISTING_S
     days = None if full or state is None else _days_to_list(catalog, cache, state, now)

@@ -1,9 +1,5 @@
-"""Warm-up coverage records into the catalog, and what jobs did with the programs a warm-up stored.
-
-A rescan reads ``<root>/.jaxcache/warmups/<id>.json`` (written by ``warmup``) when new or changed. A coverage
-record is written once, so ingesting is a replace of that warm-up's rows. "Hit since" counts the warm-up's
-programs that jobs have reported a hit on after the warm-up finished (their run records: ingestion/reports.py).
-"""
+"""Warm-up coverage records (``.jaxcache/warmups/<id>.json``, written once) into the catalog, replacing that
+warm-up's rows, and which of its programs jobs hit since."""
 
 from __future__ import annotations
 
