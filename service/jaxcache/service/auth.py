@@ -50,8 +50,7 @@ class Authenticator:
         return self.check_token(token if kind.lower() == "bearer" else None, scope)
 
     def check_token(self, token: str | None, scope: str) -> Principal:
-        """Return who holds ``token`` (None or blank: no token), or raise 401 (no/unknown token) or 403 (the
-        token lacks the scope). The API passes the bearer header; the dashboard also its login cookie."""
+        """Who holds ``token`` (None or blank: none), else 401 (no or unknown token) or 403 (scope lacking)."""
         if self._open:
             return Principal("anonymous (insecure-no-auth)", None)
         if token is None or not token.strip():

@@ -1,5 +1,4 @@
-"""``jaxcache serve``: the service's subcommand of the core CLI, found through the ``jaxcache.commands`` entry
-point."""
+"""``jaxcache serve``, the service's subcommand of the core CLI (the ``jaxcache.commands`` entry point)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``python -m jaxcache.service.demo_token DIR``: an admin token for ``make run``'s local demo, so that a prune
-previewed on its dashboard can be applied. Writes ``DIR/admin-token`` (the token, owner-only) once, and
-``DIR/tokens`` (its SHA-256 and scope, what ``--tokens-file`` / ``JAXCACHE_TOKENS_FILE`` read), then prints how to
-use them. The demo serves without tokens (open reads on loopback) unless started with that file."""
+"""An admin token for ``make run``'s demo, so a prune previewed on its dashboard can be applied.
+Writes ``DIR/admin-token`` and ``DIR/tokens`` (its hash, for ``--tokens-file``) once, and prints how to use them."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Prometheus metrics, in a registry per app so that several apps (tests) never share counters. Under
-`jaxcache serve --workers N` (PROMETHEUS_MULTIPROC_DIR set) every worker's values go to files there, and any
-worker's /metrics adds them up: counters and histograms summed, gauges as the worker that set them last did.
-
-Every family is exported from the start, and every series whose labels are known then (caches, sources, causes,
-reasons, loops) at 0: a counter whose series first appears at its first error is never seen to ``increase()``."""
+"""Prometheus metrics in a registry per app; under ``--workers`` every worker writes to PROMETHEUS_MULTIPROC_DIR
+and any /metrics sums them. Known series start at 0, as one first seen at its first error never ``increase()``s."""
 
 from __future__ import annotations
 
@@ -91,8 +87,7 @@ class Metrics:
         self._own.append(collector)
 
     def start(self, caches: Sequence[str]) -> None:
-        """Every series whose label values are known, at 0 (a counter or histogram from 0 is the truth). Error
-        kinds (``kind``: an exception's type), jobs, routes and loops (:meth:`start_loops`) come later."""
+        """Every series whose label values are known, at 0; error kinds, jobs, routes and loops come later."""
         for cache in caches:
             self.scan_seconds.labels(cache)
             self.prune_deleted.labels(cache)
@@ -108,8 +103,7 @@ class Metrics:
             self.reports_rejected.labels(reason)
 
     def start_loops(self, loops: Iterable[str]) -> None:
-        """The background ``loops`` this process runs: neither failing nor stuck until a round says otherwise. Their
-        last success stays absent until there is one (0 would be a success in 1970: ``JaxcacheAbsent`` waits for it)."""
+        """The background ``loops`` this process runs, neither failing nor stuck; no last success (0 reads as 1970)."""
         for loop in loops:
             self.loop_failing.labels(loop).set(0)
             self.loop_stuck.labels(loop).set(0)
@@ -139,8 +133,7 @@ class Metrics:
 
 
 class _EveryWorker(Collector):
-    """The workers' files added up, each family declared even where no worker wrote a series of it yet (the files
-    only hold series), and this process's own collectors."""
+    """The workers' files added up, every family declared even before a worker wrote it, and this process's own."""
 
     def __init__(self, declared: list[MetricWrapperBase], own: list[Collector]) -> None:
         self._files = MultiProcessCollector(None)

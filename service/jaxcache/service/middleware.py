@@ -1,5 +1,4 @@
-"""The ASGI layer in front of every route: body limits (413), request latency by route template, and refused run
-records by reason."""
+"""The ASGI layer before every route: body limits (413), latency by route template, refused run records by reason."""
 
 from __future__ import annotations
 
@@ -13,15 +12,11 @@ from jaxcache.service.metrics import Metrics, rejection
 #: The one route whose bodies may be large: a run record lists every key a process touched.
 REPORTS_PATH = "/v1/reports"
 
-#: Set in a request's scope by the report route when its client went away mid-upload: not a refusal (a job's
-#: timeout or restart, not the service's fault), so not counted, and no alert fires on it.
+#: Set by the report route when its client left mid-upload: the job's doing, so not counted as a refusal.
 ABORTED = "jaxcache.aborted"
 
 class LimitsAndMetrics:
-    """Rejects oversized bodies (413) and records latency by route template.
-
-    A plain ASGI middleware: Starlette's BaseHTTPMiddleware costs about a millisecond per request.
-    """
+    """Rejects oversized bodies (413) and records latency; plain ASGI, as BaseHTTPMiddleware is slow per request."""
 
     def __init__(self, app, *, metrics: Metrics, max_body_bytes: int, max_report_bytes: int) -> None:
         self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes

@@ -1,5 +1,4 @@
-"""Run the service with uvicorn, in one process or in ``--workers`` processes, after refusing configurations that
-would expose caches without auth."""
+"""Run the service with uvicorn, in one or ``--workers`` processes, after refusing configurations without auth."""
 
 from __future__ import annotations
 
@@ -26,10 +25,8 @@ def check_exposure(settings: ServiceSettings) -> None:
 
 
 def listen(host: str, port: int, *, shared: bool = False) -> socket.socket:
-    """A TCP socket on ``host:port``: listening, or with ``shared`` only bound, holding the port for the workers'
-    own sockets (:class:`WorkerSocket`). Made with its protocol named: connections accepted from a socket whose
-    protocol reads 0 (uvicorn's own ``bind_socket``) get no TCP_NODELAY from asyncio, and each response's second
-    write then waited for the client's delayed ACK (40 ms a keep-alive request)."""
+    """A TCP socket on ``host:port``, listening or (``shared``) only bound; made with its protocol named, as asyncio
+    gives no TCP_NODELAY to sockets whose protocol reads 0, and responses then waited for delayed ACKs."""
     try:
         address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP,
                                      flags=socket.AI_PASSIVE)[0]
@@ -43,9 +40,8 @@ def listen(host: str, port: int, *, shared: bool = False) -> socket.socket:
 
 
 def _bound(family: int, proto: int, address: Any, *, shared: bool, joining: bool = False) -> socket.socket:
-    """Bound to ``address``. ``shared``: the port's holder, bound alone first and only then opened to the workers'
-    sockets (``joining``: one of those), so that a second service started on the same port fails here rather than
-    joining the group and taking half of the first one's connections."""
+    """Bound to ``address``; ``shared`` is bound alone before opening the port to the workers' sockets, so a second
+    service on the same port fails here rather than taking half of the first one's connections."""
     sock = socket.socket(family, socket.SOCK_STREAM, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if joining:
@@ -59,11 +55,8 @@ def _bound(family: int, proto: int, address: Any, *, shared: bool, joining: bool
 
 
 class WorkerSocket:
-    """What uvicorn hands each worker in place of one shared socket: pickled to a spawned worker, it becomes that
-    worker's own listening socket on the port the serving process holds (SO_REUSEPORT). The kernel then spreads
-    new connections over the workers evenly. From one shared socket, the first worker to wake accepted every
-    connection then waiting, so one worker served a client pool's keep-alive connections while the other idled
-    (bench/README.md, "Workers' sockets"). A worker's queued connections are reset if it dies."""
+    """Each worker's own listening socket on the held port (SO_REUSEPORT), so the kernel spreads connections evenly
+    where one shared socket let the first worker to wake take them all; a dead worker's queue is reset."""
 
     def __init__(self, held: socket.socket) -> None:
         self.family, self.proto, self.address = held.family, held.proto, held.getsockname()
@@ -79,8 +72,7 @@ def _worker_listens(family: int, proto: int, address: Any) -> socket.socket:
 
 
 def serve(settings: ServiceSettings) -> None:
-    """Build the app (checking the settings, the catalog and the roots) and serve it until interrupted: in this
-    process, or in ``settings.workers`` processes that uvicorn starts, watches and restarts."""
+    """Build the app (checking settings, catalog and roots) and serve it, here or in ``settings.workers`` processes."""
     import uvicorn
 
     from jaxcache.service.app import create_app
@@ -91,8 +83,7 @@ def serve(settings: ServiceSettings) -> None:
             "no caches configured: pass --cache NAME=URL (e.g. --cache demo=./demo-cache) or set "
             "JAXCACHE_CACHES='{\"prod\": \"gs://bucket/jax-cache\"}'"
         )
-    # Built here even for workers: bad settings, an unreachable catalog, a missing root, the catalog's migrations
-    # and the caches' roots are this process's to report and do, once, before any worker starts.
+    # Built here even for workers, so bad settings, migrations and roots are reported and done once, before any starts.
     app = create_app(settings)
     workers = settings.workers > 1
     sock = listen(settings.host, settings.port, shared=workers)
@@ -121,8 +112,7 @@ def _config(app: Any, **more: Any) -> Any:
     """uvicorn's settings, for the one process or the workers."""
     import uvicorn
 
-    # asyncio's loop, not uvloop: uvloop serves more requests a second but unfairly under load (bench/README.md,
-    # "The event loop").
+    # asyncio's loop, not uvloop: uvloop is faster but unfair under load.
     return uvicorn.Config(app, log_level="info", access_log=False, loop="asyncio", **more)
 
 
@@ -133,20 +123,17 @@ def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
     from uvicorn.supervisors import Multiprocess
 
     with tempfile.TemporaryDirectory(prefix="jaxcache-metrics-") as metrics:
-        # prometheus_client's own switch, read when a worker imports it: each worker's values in files there, and
-        # any worker's /metrics sums them all.
+        # prometheus_client's own switch: workers write their values there, and any worker's /metrics sums them.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
-        # The C library's allocator for the workers, unless the operator chose one: after a rescan of a million
-        # entries, Python's own kept hundreds of MiB of its arenas pinned by a few live objects each, which
-        # malloc_trim (tasks/memory.py) hands back from the C library's heap.
+        # The C library's allocator, unless the operator chose one: malloc_trim (tasks/memory.py) can hand its heap
+        # back, where Python's arenas stay pinned by a few live objects.
         os.environ.setdefault("PYTHONMALLOC", "malloc")
         config = _config(functools.partial(worker_app, settings), factory=True, workers=settings.workers)
         Multiprocess(config, sockets=[cast(socket.socket, WorkerSocket(sock))]).run()
 
 
 def worker_app(settings: ServiceSettings) -> Any:
-    """The app of one worker process (uvicorn's factory). The serving process checked the settings first: an
-    error here is something that changed since, and stops the service rather than restarting the worker."""
+    """The app of one worker (uvicorn's factory); an error here stops the service rather than restarting the worker."""
     from uvicorn.config import STARTUP_FAILURE
 
     from jaxcache.service.app import create_app
@@ -160,8 +147,7 @@ def worker_app(settings: ServiceSettings) -> Any:
 
 
 def _die_with(parent: int) -> None:
-    """Stop at once (SIGKILL) once ``parent``, the serving process, is gone, as gunicorn's workers check theirs:
-    uvicorn's would serve on alone, holding the port and their locks, after a ``kill -9`` of the service."""
+    """SIGKILL this worker once ``parent`` is gone, as gunicorn's do: uvicorn's serve on, holding port and locks."""
     import signal
     import threading
 

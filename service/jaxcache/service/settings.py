@@ -36,8 +36,7 @@ DEFAULT_MAX_WORKERS = 4
 
 
 def cpu_limit() -> int:
-    """The CPUs this process may use: those it may run on, and no more than its cgroup's CPU quota allows (a
-    Kubernetes pod's ``limits.cpu``, rounded up), which the first ignores."""
+    """The CPUs this process may use: its affinity, capped by its cgroup's CPU quota (rounded up)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

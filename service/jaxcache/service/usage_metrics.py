@@ -1,10 +1,5 @@
-"""Hit rate and compile seconds saved per cache and per job, as Prometheus gauges read from the catalog.
-
-A scrape answers the last result and the catalog is asked at most once per :data:`TTL_S`, in a thread of its own:
-a slow catalog holds a scrape at most :data:`WAIT_S` (and only while there is no result yet), never the event loop.
-A failed query gives no samples (the series go absent, which alerts on them expect) and a log line, never a failed
-scrape. Several replicas export the same values (they share the catalog): aggregate them with ``max``, not ``sum``.
-"""
+"""Hit rate and seconds saved per cache and job, as gauges from the catalog, asked at most every :data:`TTL_S` in a
+thread of its own; a failed query leaves the series absent. Replicas export the same values: aggregate with ``max``."""
 
 from __future__ import annotations
 
@@ -26,8 +21,7 @@ log = logging.getLogger("jaxcache.service")
 
 #: The windows of GET /v1/caches/{cache}/stats (``last_24h``, ``last_7d``), by the ``window`` label.
 WINDOWS = {"24h": 86400.0, "7d": 7 * 86400.0}
-#: Per-job series per cache: the most recently active jobs only, so that job names (chosen by whoever runs a job)
-#: cannot grow the scrape without bound.
+#: Per-job series per cache: the most recently active only, so job names cannot grow the scrape without bound.
 MAX_JOBS = 50
 #: Ask the catalog at most this often; the ServiceMonitor scrapes every 30 s too.
 TTL_S = 30.0
@@ -42,8 +36,7 @@ class _Answer:
 
 
 class UsageCollector(Collector):
-    """The ``jaxcache_hit_rate``, ``jaxcache_saved_seconds``, ``jaxcache_lookups``, ``jaxcache_job_hit_rate`` and
-    ``jaxcache_job_saved_seconds`` gauges of ``caches``, and ``jaxcache_usage_metrics_failing``."""
+    """The hit-rate, saved-seconds and lookup gauges of ``caches`` and their jobs, and whether the query fails."""
 
     def __init__(self, catalog: Catalog, caches: Sequence[str], *, ttl_s: float = TTL_S, wait_s: float = WAIT_S,
                  max_jobs: int = MAX_JOBS, clock: Callable[[], float] = time.monotonic) -> None:
