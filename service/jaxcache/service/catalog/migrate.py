@@ -36,12 +36,10 @@ def config(connection: Connection | None = None) -> Config:
 
 
 def scripts() -> ScriptDirectory:
-    """The catalog's revisions."""
     return ScriptDirectory.from_config(config())
 
 
 def head() -> str | None:
-    """The newest revision this version knows."""
     return scripts().get_current_head()
 
 

@@ -92,7 +92,6 @@ def glob_match(dialect: str, column, pattern):
 
 
 def _literal_prefix(glob: str) -> str:
-    """The part of a glob before its first wildcard."""
     for i, ch in enumerate(glob):
         if ch in "*?[":
             return glob[:i]
