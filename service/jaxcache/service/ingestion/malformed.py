@@ -27,8 +27,6 @@ def reason(exc: Exception) -> str:
 
 
 class Skipped:
-    """The records one rescan skipped, with why."""
-
     def __init__(self, what: str) -> None:
         self.what = what
         self.found: list[tuple[str, str]] = []

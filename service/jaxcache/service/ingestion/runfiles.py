@@ -34,8 +34,6 @@ LIVE_S = _DAY_S
 
 @dataclass(frozen=True, slots=True)
 class RecordScan:
-    """What a rescan did with a root's run records."""
-
     ingested: int
     malformed: int
     unchanged: int

@@ -25,8 +25,6 @@ log = logging.getLogger("jaxcache.service")
 
 @dataclass(frozen=True, slots=True)
 class CoverageScan:
-    """What a rescan did with a root's coverage records."""
-
     ingested: int
     malformed: int
 
