@@ -38,8 +38,6 @@ _NAME_SHOWN = 512  # characters of an escaped name kept (an escape is up to 10 p
 
 @dataclass(frozen=True, slots=True)
 class RescanResult:
-    """What one rescan changed."""
-
     cache: str
     added: int
     removed: int

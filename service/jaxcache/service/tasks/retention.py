@@ -41,8 +41,6 @@ _RECORD = re.compile(r"([^/]+)-p([0-9]+)\.json")
 
 @dataclass(frozen=True, slots=True)
 class Compaction:
-    """What one pass removed."""
-
     runs: int  # processes folded into key_history, their run and usage rows deleted
     files: int  # record files deleted from storage
     prune_items: int  # planned-object rows of prune audits older than the horizon

@@ -35,8 +35,6 @@ def _upsert(catalog: Catalog):
 
 @dataclass(slots=True)
 class VerifyPass:
-    """What one pass did."""
-
     cache: str
     checked: int = 0
     bytes_read: int = 0
