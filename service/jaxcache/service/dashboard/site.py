@@ -79,8 +79,6 @@ def safe_next(value: str | None) -> str:
 
 
 class Dashboard:
-    """The pages, bound to one service's state."""
-
     def __init__(self, state: State) -> None:
         self.state = state
         self._secret = secrets.token_bytes(32)  # per-form tokens of anonymous viewers (--insecure-no-auth)
