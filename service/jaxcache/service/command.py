@@ -18,7 +18,6 @@ _DESCRIPTION = (
 
 
 def configure(sv: argparse.ArgumentParser) -> None:
-    """The flags of ``jaxcache serve``."""
     sv.add_argument("--cache", metavar="NAME=URL", action="append", default=[],
                     help="a cache root to serve under NAME (repeatable), e.g. --cache prod=gs://bucket/jax-cache")
     sv.add_argument("--host", help="address to listen on (default 127.0.0.1; others need tokens)")

@@ -109,7 +109,6 @@ class Metrics:
             self.loop_stuck.labels(loop).set(0)
 
     def totals(self, catalog: Catalog, cache: str) -> None:
-        """Set ``cache``'s entries and bytes from the catalog."""
         with catalog.session() as s:
             count, size = queries.cache_totals(s, cache)
         self.entries.labels(cache).set(count)

@@ -109,7 +109,6 @@ def serve(settings: ServiceSettings) -> None:
 
 
 def _config(app: Any, **more: Any) -> Any:
-    """uvicorn's settings, for the one process or the workers."""
     import uvicorn
 
     # asyncio's loop, not uvloop: uvloop is faster but unfair under load.

@@ -213,12 +213,10 @@ class ServiceSettings(BaseSettings):
 
     @property
     def records_retain_s(self) -> float:
-        """The run records' retention in seconds."""
         return self.records_retain_d * 86400.0
 
     @property
     def trusted(self) -> TrustedKeys:
-        """The trusted public keys, parsed."""
         return TrustedKeys.parse(self.trusted_keys)
 
     def listens_on_loopback(self) -> bool:
