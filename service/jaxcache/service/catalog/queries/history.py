@@ -198,8 +198,6 @@ class CatalogHistory:
         self._function_entries = {f: self._entries_of_function(f) for f in sorted(by_function)}
         self._deletions = {k: self._deletions_of(k) for k in sorted(by_key)}
 
-    # --- the History protocol ---------------------------------------------------------------------------------
-
     def entry(self, key: str) -> EntryNow | None:
         return self._entries.get(key)
 
@@ -215,8 +213,6 @@ class CatalogHistory:
 
     def entries_of_function(self, function: str) -> list[EntryNow]:
         return self._function_entries.get(function, [])
-
-    # --- loading ----------------------------------------------------------------------------------------------
 
     def _fetch(self, statement: Select, **params: Any) -> list[tuple]:
         return list(self._conn.execute(statement, {"cache": self._cache, **params}))
