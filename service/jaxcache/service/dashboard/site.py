@@ -93,8 +93,6 @@ class Dashboard:
         for name in ("visible", "name", "name_text", "mixed_badge", "raw"):
             self.env.filters[name] = getattr(names, name)
 
-    # ---- auth ------------------------------------------------------------------------------------------------
-
     def grants(self, token: str | None, scope: str) -> bool:
         try:
             self.state.auth.check_token(token, scope)
@@ -127,8 +125,6 @@ class Dashboard:
         if viewer.source != "header" and not hmac.compare_digest(form.get("csrf", ""), self.csrf(viewer, action)):
             raise HTTPException(403, "this form is stale or came from another site (its form token does not "
                                      "match): reload the page and try again; nothing was changed")
-
-    # ---- rendering -------------------------------------------------------------------------------------------
 
     def render(self, request: Request, template: str, *, status: int = 200, viewer: Viewer | None = None,
                cache: str | None = None, section: str | None = None, **ctx: Any) -> HTMLResponse:
