@@ -227,8 +227,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
             skipped: Skipped, new_per_write: int, in_memory_max: int) -> RescanResult:
     started = time.monotonic()
     now = time.time()
-    # The previous rescan's snapshot stands for the catalog's rows unless something changed them; popped, so a
-    # failed rescan leaves none.
+    # The last snapshot stands for the catalog's rows unless they changed; popped, so a failed rescan leaves none.
     with catalog.reader() as conn:
         fingerprint = _fingerprint(conn, cache)
     snap = snapshots.take(catalog, cache, storage, fingerprint)
@@ -276,8 +275,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
     orphan_rows = [_base_row(cache, key, "orphan", _info(atimes[key]), None, now) for key in lone - known_orphans]
     vanished += [(k, "orphan") for k in known_orphans - lone]
     orphans = len(lone)
-    # Written new_per_write at a time, so a huge first rescan never holds all rows or the lock at once; deletes go
-    # with the first batch.
+    # new_per_write at a time, so a huge first rescan never holds all rows or the lock at once; deletes go first.
     batches = [new_items[i : i + new_per_write] for i in range(0, len(new_items), new_per_write)] or [[]]
     added = len(orphan_rows)
     for number, batch in enumerate(batches):
