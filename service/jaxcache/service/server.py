@@ -124,8 +124,7 @@ def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
     with tempfile.TemporaryDirectory(prefix="jaxcache-metrics-") as metrics:
         # prometheus_client's own switch: workers write their values there, and any worker's /metrics sums them.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
-        # The C library's allocator, unless the operator chose one: malloc_trim (tasks/memory.py) can hand its heap
-        # back, where Python's arenas stay pinned by a few live objects.
+        # The C allocator (unless the operator chose one): malloc_trim hands its heap back; Python's arenas stay pinned.
         os.environ.setdefault("PYTHONMALLOC", "malloc")
         config = _config(functools.partial(worker_app, settings), factory=True, workers=settings.workers)
         Multiprocess(config, sockets=[cast(socket.socket, WorkerSocket(sock))]).run()
