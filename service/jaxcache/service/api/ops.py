@@ -47,8 +47,7 @@ def _readiness(request: Request) -> dict[str, str]:
 @router.get("/readyz", response_model=Readiness, operation_id="readyz",
             responses={503: {"model": Readiness, "description": "not ready"}})
 def readyz(request: Request) -> Response:
-    """Ready once the catalog answers, every cache was scanned once and every storage is reachable; ``loops``
-    says how background loops are doing, which never makes a replica unready."""
+    """Ready once the catalog answers and every cache is scanned and reachable; ``loops`` never makes it unready."""
     detail = _readiness(request)
     ok = not detail
     body = Readiness(status="ok" if ok else "not ready", detail=detail, loops=loop_models(state_of(request)))
