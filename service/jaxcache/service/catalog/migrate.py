@@ -49,8 +49,7 @@ def current(connection: Connection) -> str | None:
 
 
 def upgrade(catalog) -> str | None:
-    """Upgrade to head and return the revision; a newer unknown one is left alone (revisions only add), a retired
-    one raises :class:`MigrationError`."""
+    """Upgrade to head and return the revision; a newer one is left alone, a retired one raises MigrationError."""
     with catalog.locks.get("migrate"), catalog.engine.begin() as conn:
         at = current(conn)
         if at in RETIRED or (at is None and "caches" in inspect(conn).get_table_names()):

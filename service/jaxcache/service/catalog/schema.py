@@ -12,8 +12,7 @@ NullableJSON = JSON(none_as_null=True)
 
 
 def Str(length: int) -> String:
-    """A string column ordered by code point on every backend (collation "C" on PostgreSQL, not the locale's), which
-    the keyset cursor and function-prefix ranges rely on."""
+    """A string column ordered by code point on every backend (PostgreSQL: collation "C"), as keyset cursors need."""
     return String(length).with_variant(String(length, collation="C"), "postgresql")
 
 

@@ -84,8 +84,7 @@ def glob_pattern(dialect: str, glob: str) -> str:
 
 
 def glob_match(dialect: str, column, pattern):
-    """``column`` matches ``pattern`` case-sensitively, as the CLI's fnmatchcase: GLOB on SQLite (whose LIKE
-    ignores case), LIKE on PostgreSQL."""
+    """``column`` matches ``pattern`` case-sensitively, as the CLI does: GLOB on SQLite, LIKE on PostgreSQL."""
     if dialect == "sqlite":
         return column.op("GLOB", is_comparison=True)(pattern)
     return column.like(pattern, escape="\\")
