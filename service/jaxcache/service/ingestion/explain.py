@@ -50,8 +50,7 @@ def _clip(text: str | None) -> Any:
 
 def explain_pending(conn: Connection, cache: str, pending: Sequence[Pending], *,
                     root: str | None = None) -> Counter[str]:
-    """Explain and store the still-unexplained usage rows ``pending`` in ``conn``'s transaction; returns the causes
-    of misses not counted before, for the metric."""
+    """Explain and store the unexplained rows ``pending``; returns the causes of misses not yet counted."""
     counts: Counter[str] = Counter()
     if not pending:
         return counts

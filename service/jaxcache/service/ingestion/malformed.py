@@ -48,8 +48,7 @@ class Skipped:
 
 
 def read_file(storage: Storage, info: ObjectInfo, max_bytes: int) -> tuple[bytes | None, str | None]:
-    """A record file's bytes, or why it is skipped (an unmappable name, not a regular file, over ``max_bytes``);
-    (None, None) when deleted since the listing."""
+    """A record file's bytes, or why it is skipped; (None, None) when deleted since the listing."""
     problem = name_problem(info.name)
     if problem is not None:
         return None, problem

@@ -10,8 +10,7 @@ from jaxcache.records import RunRecord
 
 
 def normal_dir(text: str) -> str | None:
-    """A cache_dir or root URL as roots are compared (``gs://b/p`` unslashed, or a directory's real path); None for
-    anything else."""
+    """A cache_dir or root URL as roots compare (``gs://b/p``, or a real path); None for anything else."""
     if text.startswith("gs://"):
         return text.rstrip("/")
     if text.startswith("file://"):
@@ -51,8 +50,7 @@ def cache_for_dir(cache_dir: str | None, roots: Mapping[str, list[str]]) -> str:
 
 
 def filed_elsewhere(cache_dir: str | None, cache: str, roots: Mapping[str, list[str]]) -> list[str]:
-    """The other configured caches ``cache_dir`` is the root of: a record asked to be filed under ``cache`` that
-    belongs elsewhere. Empty for ``cache``'s own root or no configured root."""
+    """The other caches whose root ``cache_dir`` is: a record filed under ``cache`` that belongs elsewhere."""
     norm = normal_dir(cache_dir) if cache_dir else None
     names = roots.get(norm, []) if norm is not None else []
     return [] if cache in names else sorted(names)

@@ -42,8 +42,7 @@ class RecordScan:
 
 @dataclass(slots=True)
 class _Listings:
-    """What this process's listings of a cache's records found: when it last listed them all, and per day whether
-    anything changed there."""
+    """When this process last listed all a cache's records, and per day whether its last listing saw changes."""
 
     full_at: float
     changed: dict[str, bool]
@@ -97,8 +96,7 @@ def _known(catalog: Catalog, cache: str, days: list[str] | None) -> dict[str, tu
 
 
 def scan_records(catalog: Catalog, cache: str, storage: Storage, *, now: float | None = None) -> RecordScan:
-    """Put the run records that are new or changed since the last rescan into the inbox (the caller drains it); a
-    malformed one is skipped and counted, and vanished records keep their runs until retention compacts them."""
+    """Put new or changed run records into the inbox (the caller drains it); malformed ones are counted."""
     now = time.time() if now is None else now
     # Popped: a failed scan leaves none, and the next one lists everything.
     state = cast(_Listings | None, catalog.record_listings.pop(cache, None))  # the catalog keeps them opaque
