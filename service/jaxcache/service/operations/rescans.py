@@ -60,8 +60,7 @@ def ensure_scanned(state: State, name: str) -> None:
 
 
 def rescan_all(state: State) -> list[tuple[str, Exception]]:
-    """One round of background rescans, skipping caches another replica is rescanning or rescanned within half a
-    period; returns the caches that failed, with why."""
+    """One round of background rescans, skipping those scanned elsewhere lately; returns the failures."""
     now = time.time()
     failed: list[tuple[str, Exception]] = []
     with state.catalog.session() as s:
