@@ -46,8 +46,7 @@ _pausing = threading.Lock()
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """No automatic collection in the block (any thread; blocks may nest and overlap): full passes would walk every
-    object it makes."""
+    """No automatic collection in the block, in any thread (blocks may nest): full passes would walk its objects."""
     global _paused
     with _pausing:
         ours = _paused > 0 or gc.isenabled()  # else turned off by someone else: theirs to turn on
