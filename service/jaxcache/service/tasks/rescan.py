@@ -167,9 +167,8 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
            in_memory_max: int = snapshots.IN_MEMORY_MAX,
            release_from_entries: int = memory.RELEASE_FROM_ENTRIES) -> RescanResult:
     """Bring ``cache``'s rows in line with ``storage`` and, with ``retain_s``, compact older runs (:mod:`.retention`).
-    Waits for another rescan of ``cache`` (at most ``wait_s``, then :class:`LockBusyError`); writes ``new_per_write``
-    entries a transaction; keeps a listing over ``in_memory_max`` on disk only; releases memory from
-    ``release_from_entries`` entries."""
+    Waits at most ``wait_s`` for another rescan (then LockBusyError); writes ``new_per_write`` entries a transaction;
+    keeps listings over ``in_memory_max`` on disk only; releases memory from ``release_from_entries`` entries."""
     lock = catalog.locks.get(f"scan:{cache}")
     if not lock.acquire(timeout=-1 if wait_s is None else wait_s):
         raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "

@@ -1,6 +1,5 @@
-"""A rescan's listing, kept for the next in memory and on local disk, so a restarted process's first rescan of an
-unchanged cache compares listings instead of reading every row; the disk copy counts only while the catalog's
-fingerprint is its sidecar's, and anything unreadable means a full rescan."""
+"""A rescan's listing, kept in memory and on disk so the next rescan, even after a restart, compares listings instead
+of reading every row; valid only while the catalog's fingerprint is unchanged (else a full rescan)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The integrity pass: judge entries with ``jaxcache.integrity`` and keep verdicts per entry version, so a pass
-reads only new, changed, re-attested or pending ones. The background pass is throttled, as it shares the GIL with
-the API; ``POST .../verify`` runs flat out."""
+"""The integrity pass: verdicts kept per entry version, so a pass reads only new, changed, re-attested or pending
+entries; throttled in the background, as it shares the GIL with the API, flat out on ``POST .../verify``."""
 
 from __future__ import annotations
 
