@@ -27,7 +27,6 @@ class MigrationError(JaxcacheError):
 
 
 def config(connection: Connection | None = None) -> Config:
-    """Alembic's configuration for the catalog's scripts, running on ``connection``."""
     cfg = Config()
     cfg.set_main_option("script_location", str(SCRIPTS))
     if connection is not None:
