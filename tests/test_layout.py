@@ -242,9 +242,43 @@ def test_readme_explains_the_layout():
 def test_every_service_setting_is_documented():
     from jaxcache.service.settings import ServiceSettings
 
-    readme = (ROOT / "README.md").read_text()
+    guide = (ROOT / "docs" / "operator-guide.md").read_text()
     for name in ServiceSettings.model_fields:
-        assert f"`JAXCACHE_{name.upper()}`" in readme, f"JAXCACHE_{name.upper()} is not documented in README.md"
+        assert f"`JAXCACHE_{name.upper()}`" in guide, f"document JAXCACHE_{name.upper()} in docs/operator-guide.md"
+
+
+def test_the_readme_is_short():
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= 250, f"README.md has {lines} lines: reference material goes to docs/ (at most 250)"
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub makes of a page's headings (not of `#` lines inside code blocks)."""
+    anchors, inside = set(), False
+    for line in page.read_text().splitlines():
+        if line.lstrip().startswith("```"):
+            inside = not inside
+        elif not inside and (heading := re.match(r"#{1,6} (.+)", line)):
+            anchors.add(re.sub(r"[^\w\- ]", "", heading[1].strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+PAGES = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md")))]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_link_between_the_pages_resolves(page):
+    """Each relative link of the README and docs/ names a file that exists, and a heading of it where it names one."""
+    text = (ROOT / page).read_text()
+    broken = []
+    for target in re.findall(r"\]\(([^()\s]+)\)", re.sub(r"```.*?```", "", text, flags=re.S)):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        linked = (ROOT / page).parent / path if path else ROOT / page
+        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in _anchors(linked)):
+            broken.append(target)
+    assert not broken, f"{page} links to what is not there: {broken}"
 
 
 RECORD_TYPES = {"RunRecord": "records", "KeyUsage": "records", "Fingerprint": "records", "WarmupRecord": "coverage",

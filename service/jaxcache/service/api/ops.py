@@ -70,7 +70,7 @@ def loop_models(state: State) -> dict[str, LoopModel]:
             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
 def metrics(request: Request) -> Response:
     """Prometheus metrics: the catalog's entries and bytes, scans, prunes, reports, misses, integrity, background
-    loops, request latency, and hit rates read from the catalog (README, "API")."""
+    loops, request latency, and hit rates read from the catalog (docs/operator-guide.md, "Routes")."""
     state = state_of(request)
     export_health(state.metrics, state.loop_snapshot(), time.time())
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
