@@ -138,7 +138,7 @@ def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
         # The C library's allocator for the workers, unless the operator chose one: after a rescan of a million
         # entries, Python's own kept hundreds of MiB of its arenas pinned by a few live objects each, which
-        # malloc_trim (tasks/memory.py) hands back from the C library's heap.
+        # malloc_trim (memory.py) hands back from the C library's heap.
         os.environ.setdefault("PYTHONMALLOC", "malloc")
         config = _config(functools.partial(worker_app, settings), factory=True, workers=settings.workers)
         Multiprocess(config, sockets=[cast(socket.socket, WorkerSocket(sock))]).run()
