@@ -52,7 +52,7 @@ def timed_statements(engine) -> collections.Counter:
         conn.info["bench_t"] = time.perf_counter()
 
     def after(conn, cursor, statement, params, context, executemany) -> None:
-        ours = [f for f in traceback.extract_stack() if "/ingestion/" in f.filename]
+        ours = [f for f in traceback.extract_stack() if "/service/reports/" in f.filename]
         where = f"{os.path.basename(ours[-1].filename)}:{ours[-1].name}" if ours else "?"
         spent[f"{where}  {' '.join(statement.split())[:60]}"] += time.perf_counter() - conn.info["bench_t"]
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, url: str | None) -> int:
     from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.ingestion import drain, inbox
+    from jaxcache.service.reports import drain, inbox
 
     now = time.time()
     modules = ["jit_train_step", "jit_eval_step"]

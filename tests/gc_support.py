@@ -22,7 +22,7 @@ class Collections:
 @contextlib.contextmanager
 def full_collections() -> Iterator[Collections]:
     """The full collections run in the block, which runs with automatic collection off: each one was asked for
-    (``gc.collect()``, as :func:`jaxcache.service.tasks.memory.release` does). Counted once the block ends."""
+    (``gc.collect()``, as :func:`jaxcache.service.memory.release` does). Counted once the block ends."""
     seen = Collections()
     was_enabled = gc.isenabled()
     gc.disable()

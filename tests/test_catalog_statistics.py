@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, event, text
 from conftest import settled
 from jaxcache.service.app import create_app
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.ingestion import drain, inbox
+from jaxcache.service.reports import drain, inbox
 from reports_support import hit, run, settings
 
 PROCESSES, KEYS, PASS = 256, 50, 64

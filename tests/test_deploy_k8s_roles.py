@@ -13,8 +13,8 @@ import pytest
 
 from deploy_support import K8S, KUSTOMIZATIONS, by_kind, container_env, image_env, load_docs, one, plain, pod_spec
 
-#: The service's Deployments and the role (`JAXCACHE_ROLE`, README "Roles") each one's pods run: requests go to the
-#: api pods, the background loops run in the loops pod (deploy/README.md, "Two Deployments").
+#: The service's Deployments and the role (`JAXCACHE_ROLE`, docs/operator-guide.md, "Roles") each one's pods run:
+#: requests go to the api pods, the background loops run in the loops pod (deploy/README.md, "Two Deployments").
 ROLES = {"jaxcache-api": "api", "jaxcache-loops": "loops"}
 #: The kustomize Component that makes it one Deployment running both (deploy/README.md, "One Deployment").
 ROLE_ALL = K8S / "role-all"

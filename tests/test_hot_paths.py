@@ -17,8 +17,8 @@ from conftest import upload_dir
 from gc_support import full_collections
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
-from jaxcache.service.catalog.queries import listing
-from jaxcache.service.tasks import rescan as rescan_mod
+from jaxcache.service.entries import queries as listing
+from jaxcache.service.rescan import scan as rescan_mod
 from jaxcache.storage import open_storage
 
 NEW_KEY = "jit_copied-" + "ab" * 32

@@ -15,8 +15,8 @@ import test_service
 from conftest import fake_entries, jaxcache_serve, settled
 from gc_support import collections_in, full_collections
 from jaxcache.scan import scan
+from jaxcache.service import memory
 from jaxcache.service.app import create_app
-from jaxcache.service.tasks import memory
 from jaxcache.storage import open_storage
 from test_service import BOTH, H_ADMIN, H_READ, _listing, age, make_settings
 
@@ -53,7 +53,7 @@ def test_a_plan_is_streamed_counts_first_and_parses_whole(tmp_path):
     its counts come before its lists, and what arrives is the whole plan, valid as PruneResponse."""
     import httpx
 
-    from jaxcache.service.api.schemas.prune import ENCODED_AT_ONCE, PruneResponse
+    from jaxcache.service.prune.schemas import ENCODED_AT_ONCE, PruneResponse
 
     root = tmp_path / "cache"
     root.mkdir()
@@ -98,7 +98,7 @@ def test_plan_candidates_share_one_string_per_function(svc):
     from sqlalchemy import select
 
     from jaxcache.service.catalog.models import EntryRow
-    from jaxcache.service.tasks.prune_candidates import catalog_candidates
+    from jaxcache.service.prune.candidates import catalog_candidates
 
     catalog = svc.app.state.jaxcache.catalog
     with catalog.reader() as conn:
@@ -118,8 +118,8 @@ def test_plan_candidates_share_one_string_per_function(svc):
 
 def test_a_plan_is_made_and_answered_with_the_collector_paused(svc, cache_copy):
     from jaxcache import prune
-    from jaxcache.service.api import prune as route
-    from jaxcache.service.api.schemas.prune import listed_json
+    from jaxcache.service.prune import route
+    from jaxcache.service.prune.schemas import listed_json
 
     # The collector made to run at almost every allocation: none of its passes runs while the plan is made or
     # its listed deletions are, though many run in the same request around them.

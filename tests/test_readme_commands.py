@@ -1,5 +1,5 @@
 """The commands the docs show work as written when pasted: the CLI is found where the docs first use it, every curl
-URL survives the shell, and the README's synopsis names every option the CLI has (issue 52)."""
+URL survives the shell, and the user guide's synopsis names every option the CLI has (issue 52)."""
 
 from __future__ import annotations
 
@@ -97,8 +97,9 @@ def test_every_curl_url_in_the_docs_is_quoted():
 
 
 def _synopsis() -> dict[str, str]:
-    """The README's "Using the CLI" synopsis: each command ("ls", "keys sign") and its text."""
-    block = (ROOT / "README.md").read_text().split("## Using the CLI", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    """The user guide's "Using the CLI" synopsis: each command ("ls", "keys sign") and its text."""
+    guide = (ROOT / "docs" / "user-guide.md").read_text()
+    block = guide.split("## Using the CLI", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
     out: dict[str, str] = {}
     command = ""
     for line in filter(str.strip, block.splitlines()):
@@ -120,7 +121,7 @@ def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> 
                 yield from _commands(sub, (*prefix, name))
 
 
-def test_the_readme_synopsis_names_every_option():
+def test_the_user_guide_synopsis_names_every_option():
     synopsis = _synopsis()
     parser = build_parser(plugins.load("serve"))
     missing = []
@@ -131,7 +132,7 @@ def test_the_readme_synopsis_names_every_option():
             if action.option_strings and not isinstance(action, argparse._HelpAction) and not any(
                     re.search(re.escape(o) + r"(?![\w-])", synopsis[command]) for o in action.option_strings):
                 missing.append(f"{command} {'/'.join(action.option_strings)}")
-    assert not missing, f"the README's synopsis lacks: {missing}"
+    assert not missing, f"docs/user-guide.md's synopsis lacks: {missing}"
     assert {"ls", "prune", "explain", "serve", "bundle export"} <= set(synopsis)
 
 
@@ -148,8 +149,8 @@ def test_a_dashboard_test():
 
 @pytest.mark.slow
 def test_the_run_prints_the_screenshots_folder_under_xdist_too(tmp_path):
-    """The README says the test run prints where the dashboard's screenshots went: true when xdist's workers took
-    them (their prints never show), and only for screenshots this run took."""
+    """docs/internals/developing.md says the test run prints where the dashboard's screenshots went: true when
+    xdist's workers took them (their prints never show), and only for screenshots this run took."""
     pytest.importorskip("xdist")
     (tmp_path / "test_shot.py").write_text(_SHOT)
     shots = tmp_path / "shots"

@@ -16,9 +16,9 @@ from jaxcache import coverage, records
 from jaxcache.errors import InvalidInputError
 from jaxcache.keyparts import ORDER, KeyParts, ProgramSignature
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.ingestion import warmups
-from jaxcache.service.ingestion.drain import ingest
-from jaxcache.service.ingestion.inbox import STORAGE
+from jaxcache.service.reports.drain import ingest
+from jaxcache.service.reports.inbox import STORAGE
+from jaxcache.service.warmups import ingest as warmups
 
 KEY = "jit_train_step-" + "a" * 64
 SHA = "b" * 64

@@ -57,8 +57,8 @@ def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> di
     """Ingest ``reports`` one at a time (``batch_sizes`` None) or accepted into the inbox in batches of the sizes it
     yields, each batch drained at once; the versions the catalog holds, by process. Older versions must come back
     stale."""
-    from jaxcache.service.ingestion import inbox
-    from jaxcache.service.ingestion.drain import drain, ingest
+    from jaxcache.service.reports import inbox
+    from jaxcache.service.reports.drain import drain, ingest
 
     held: dict[tuple[str, int], RunRecord] = {}
     i = 0
@@ -94,8 +94,8 @@ def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_
 
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, RunRow, UsageRow
-    from jaxcache.service.ingestion.aggregates import refresh
-    from jaxcache.service.tasks.rescan import rescan as do_rescan
+    from jaxcache.service.reports.aggregates import refresh
+    from jaxcache.service.rescan.scan import rescan as do_rescan
     from jaxcache.storage import open_storage
 
     rng = random.Random(seed)
@@ -148,7 +148,7 @@ def test_a_batch_stores_what_its_records_one_at_a_time_store(request, tmp_path, 
 
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import AttestationRow, EntryRow, KeyStatsRow, RunRow, UsageRow
-    from jaxcache.service.tasks.rescan import rescan as do_rescan
+    from jaxcache.service.rescan.scan import rescan as do_rescan
     from jaxcache.storage import open_storage
 
     rng = random.Random(seed)
@@ -205,7 +205,7 @@ def test_a_pass_after_one_rolled_back_still_keeps_its_differences(request, tmp_p
     """A pass whose transaction rolls back (a record the catalog refuses) takes the pass's temporary table with
     it: the next pass, on the same connection, makes it again."""
     from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.ingestion import usage_changes
+    from jaxcache.service.reports import usage_changes
 
     url = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'c.sqlite'}"
     catalog = Catalog(url)

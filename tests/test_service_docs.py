@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from conftest import jaxcache_serve
 from dashboard_support import CHROMIUM, ROOT
-from jaxcache.service.api import docs
 from jaxcache.service.app import create_app
+from jaxcache.service.web import docs
 from reports_support import H_READ, READ
 from reports_support import settings as service_settings
 

@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxcache.service.api.reports import MAX_PROCESSES
-from jaxcache.service.api.schemas import fields
-from jaxcache.service.api.schemas.common import UnprocessableModel
 from jaxcache.service.app import create_app
+from jaxcache.service.reports.route import MAX_PROCESSES
+from jaxcache.service.web import fields
+from jaxcache.service.web.common import UnprocessableModel
 from reports_support import BOTH, H_ADMIN, H_READ, H_REPORT, post, run, write
 from reports_support import settings as service_settings
 

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 
 from conftest import fake_entries, settled
 from jaxcache.service.app import create_app
-from jaxcache.service.operations import pruning
+from jaxcache.service.prune import run as pruning
 from test_service import BOTH, H_ADMIN, H_READ, make_settings
 
 
@@ -198,7 +198,7 @@ def test_a_prune_asked_once_an_interrupted_one_reads_closed_is_accepted(svc, cac
     """A replica that restarts closes the prune its predecessor left running; whoever sees it closed may prune at
     once (the cache's prune lock is not held past the close). Here the refresh that follows the close waits for
     the change counts, which another connection holds, while the user acts on what the audit says."""
-    from jaxcache.service.tasks import prune_audit
+    from jaxcache.service.prune import audit as prune_audit
 
     state = svc.app.state.jaxcache
     prune_audit.begin(state.catalog, "demo", [], who="the replica that died", policy_json={"unused_for": "7d"})
@@ -239,7 +239,7 @@ class _HoldingHandler(logging.Handler):
 def test_the_prune_lock_is_free_whenever_the_audit_reads_an_interrupted_prune_closed(svc, cache_copy):
     """However long the close's own log line takes, the audit does not read the prune closed while this replica
     still holds the cache's prune lock: a prune asked as soon as it reads closed is accepted."""
-    from jaxcache.service.tasks import prune_audit
+    from jaxcache.service.prune import audit as prune_audit
 
     state = svc.app.state.jaxcache
     prune_audit.begin(state.catalog, "demo", [], who="the replica that died", policy_json={"unused_for": "7d"})

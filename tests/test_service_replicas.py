@@ -27,10 +27,10 @@ from jaxcache.records import RunRecord
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.locks import ClusterLocks, LockBusyError
 from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
-from jaxcache.service.ingestion import inbox
-from jaxcache.service.ingestion.aggregates import refresh
-from jaxcache.service.ingestion.drain import drain
-from jaxcache.service.tasks.rescan import rescan
+from jaxcache.service.reports import inbox
+from jaxcache.service.reports.aggregates import refresh
+from jaxcache.service.reports.drain import drain
+from jaxcache.service.rescan.scan import rescan
 from jaxcache.storage import open_storage
 from reports_support import hit, keys_of, run, write
 

@@ -30,11 +30,11 @@ from jaxcache.service.catalog.models import (
     WarmupKeyRow,
     WarmupRow,
 )
-from jaxcache.service.catalog.queries import coverage
-from jaxcache.service.ingestion import drain
-from jaxcache.service.ingestion.aggregates import refresh
-from jaxcache.service.tasks.prune_candidates import catalog_candidates
-from jaxcache.service.tasks.rescan import rescan
+from jaxcache.service.prune.candidates import catalog_candidates
+from jaxcache.service.reports import drain
+from jaxcache.service.reports.aggregates import refresh
+from jaxcache.service.rescan.scan import rescan
+from jaxcache.service.warmups import queries as coverage
 from jaxcache.storage import open_storage
 from reports_support import DAY, H_ADMIN, H_READ, age, hit, put_record, run, settings, write
 

@@ -1,4 +1,4 @@
-"""Writers' digests of the entries they wrote, and what each is worth (README, "Integrity", has the threat model).
+"""Writers' digests of the entries they wrote, and what each is worth (docs/threat-model.md).
 
 Only a ``signed`` digest proves anything: one whose ``<key>-sig`` signature verifies against a trusted public key
 (jaxcache.signing), read beside the entry when it is judged. ``reported`` (POSTed with a report token) and ``file``

@@ -35,7 +35,7 @@ _ZSTD_MAX_FIRST_BLOCK_END = 18 + 3 + 128 * 1024
 _HASH_RE = re.compile(r"[0-9a-f]{64}")
 _FIRST_READ_BYTES = 256
 #: The most an entry may decompress to; beyond it, it is refused as a decompression bomb wherever an entry is checked
-#: whole (README, "Settings": real executables are at most hundreds of MB).
+#: whole (docs/user-guide.md, "Settings": real executables are at most hundreds of MB).
 MAX_DECOMPRESSED_ENV = "JAXCACHE_MAX_DECOMPRESSED_BYTES"
 DEFAULT_MAX_DECOMPRESSED_BYTES = 4 << 30
 

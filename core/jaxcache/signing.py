@@ -1,9 +1,10 @@
 """Ed25519 signing keys, trusted public keys, and the ``<key>-sig`` objects that sit beside entries.
 
-The Nix binary-cache model (README, "Integrity"): writers sign with a private key file (JAXCACHE_SIGNING_KEY),
-readers trust public keys (JAXCACHE_TRUSTED_KEYS, ``NAME:base64`` each). A signature covers the cache key, the
-entry's sha256 and size, and the signing key's name; which job wrote the entry is information beside it, never part
-of what is proven. ``cryptography`` is imported only when a key is used: ``import jaxcache.client`` stays light.
+The Nix binary-cache model (docs/user-guide.md, "Integrity"): writers sign with a private key file
+(JAXCACHE_SIGNING_KEY), readers trust public keys (JAXCACHE_TRUSTED_KEYS, ``NAME:base64`` each). A signature covers
+the cache key, the entry's sha256 and size, and the signing key's name; which job wrote the entry is information
+beside it, never part of what is proven. ``cryptography`` is imported only when a key is used:
+``import jaxcache.client`` stays light.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``jaxcache prune`` reads this straight from ``<root>/.jaxcache/runs/`` so that, without a service, ``--max-size``
 and ``--unused-for`` count reported hits (the only record of use a GCS root has) and ``--stale-jaxlib`` works. The
-service keeps the same facts in its catalog (``jaxcache.service.ingestion.reports``).
+service keeps the same facts in its catalog (``jaxcache.service.reports.fold``).
 """
 
 from __future__ import annotations

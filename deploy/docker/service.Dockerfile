@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The catalog service, `jaxcache serve`. Build from the repository root:
 #   docker build -f deploy/docker/service.Dockerfile -t jaxcache-service:0.1.0 .
-# Configure it with JAXCACHE_* environment variables (README "Settings"); Kubernetes manifests in deploy/k8s/.
+# Configure it with JAXCACHE_* environment variables (docs/operator-guide.md, "Settings"); Kubernetes manifests in deploy/k8s/.
 
 # Both stages must use the same base image (tests/test_deploy.py checks): the venv built in the first is copied
 # into the second, and its bin/python is a symlink to the base image's interpreter.

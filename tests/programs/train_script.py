@@ -1,4 +1,4 @@
-"""A training script as the README tells them to start: enable_cache() first, with a job's own settings."""
+"""A training script as the user guide tells them to start: enable_cache() first, with a job's own settings."""
 
 from __future__ import annotations
 

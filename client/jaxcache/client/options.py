@@ -22,7 +22,7 @@ from jaxcache.storage import is_gcs_url
 
 DEFAULT_RECORD_EVERY_S = 300.0
 
-# Every environment variable the client reads (the README documents each; deploy/ tests check manifests use
+# Every environment variable the client reads (docs/user-guide.md documents each; deploy/ tests check manifests use
 # only these and the service's settings).
 ENV_VARS = (
     "JAXCACHE_DIR",

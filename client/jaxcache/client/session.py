@@ -331,7 +331,7 @@ def enable_cache(
             service judged bad: it compiles those), or ``"sample"`` (check the first entries this job hits, and
             warn).
         local_dir: the node-local tier JAX reads, kept in step with ``cache_dir`` (``JAXCACHE_LOCAL_DIR``; "off":
-            none). Default for gs:// roots: under ``$XDG_CACHE_HOME/jaxcache/local`` (README); none for local ones.
+            none). Default for gs:// roots: under ``$XDG_CACHE_HOME/jaxcache/local`` (user guide); none for local ones.
 
     Returns:
         The process's :class:`CacheSession`; a second call with the same settings returns the same one, and

@@ -52,7 +52,7 @@ def _add_command_parsers(sub: Any, module_name: str) -> None:
 
 
 def build_parser(command: plugins.Command | None = None, *, only: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser, exposed for tests and for the README's help text. ``command``: the installed part's
+    """The argument parser, exposed for tests and for the user guide's synopsis. ``command``: the installed part's
     command being run, whose arguments the parser then knows. ``only``: a core command's name, to build just what
     running it needs."""
     parser = argparse.ArgumentParser(

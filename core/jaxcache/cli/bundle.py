@@ -1,5 +1,5 @@
 """``jaxcache bundle export ROOT --job NAME -o FILE`` and ``jaxcache bundle import FILE ROOT``: a job's working set as
-one archive, checked when it comes back (README, "Bundles")."""
+one archive, checked when it comes back (docs/user-guide.md, "Bundles")."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ _IMPORT_DESCRIPTION = (
 def add_parsers(sub: Any) -> None:
     """``bundle export`` and ``bundle import``."""
     bundle = sub.add_parser("bundle", help="a job's working set as one archive: export it, import it checked"
-                                           " (README, \"Bundles\")",
+                                           " (docs/user-guide.md, \"Bundles\")",
                             description="Carry a job's working set as one archive: to bake a cache into an image or"
                                         " take it to an air-gapped cluster. `warmup --check --cache-dir FILE` checks"
                                         " a bundle as it would a root.")

@@ -97,7 +97,8 @@ def cmd_sign(args: argparse.Namespace, storage: Storage | None) -> int:
 
 def add_parsers(sub: Any) -> None:
     """``keys new`` and ``keys sign``."""
-    keys = sub.add_parser("keys", help="signing keys: make one, sign what a root holds (README, \"Integrity\")",
+    keys = sub.add_parser("keys", help="signing keys: make one, sign what a root holds"
+                                       " (docs/user-guide.md, \"Integrity\")",
                           description="Ed25519 signing keys, as Nix's binary caches use them: writers sign each entry"
                                       f" with a private key file ({signing.SIGNING_KEY_ENV}), readers trust public"
                                       f" keys ({signing.TRUSTED_KEYS_ENV}).")

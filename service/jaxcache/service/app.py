@@ -7,25 +7,20 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from jaxcache.service import dashboard
-from jaxcache.service.api import (
-    caches,
-    docs,
-    entries,
-    errors,
-    integrity,
-    jobs,
-    ops,
-    prune,
-    reports,
-    warmups,
-    working_sets,
-)
+from jaxcache.service import dashboard, memory, ops
+from jaxcache.service.caches import route as caches
+from jaxcache.service.entries import route as entries
+from jaxcache.service.integrity import route as integrity
 from jaxcache.service.loops import background
-from jaxcache.service.middleware import LimitsAndMetrics
+from jaxcache.service.prune import route as prune
+from jaxcache.service.reports import jobs
+from jaxcache.service.reports import route as reports
+from jaxcache.service.reports import working_set_route as working_sets
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.service.state import State
-from jaxcache.service.tasks import memory
+from jaxcache.service.warmups import route as warmups
+from jaxcache.service.web import docs, errors
+from jaxcache.service.web.middleware import LimitsAndMetrics
 
 #: In the order requests are matched against them (each route tried in turn): the busiest first, which behind every
 #: other router and the dashboard spent a noticeable part of a report's POST finding its route.
@@ -57,7 +52,7 @@ def create_app(settings: ServiceSettings | None = None, *, prepared: bool = Fals
         version="1",
         summary="Catalog, statistics and policy-driven pruning of JAX persistent compilation caches.",
         lifespan=lifespan,
-        docs_url=None, redoc_url=None,  # served from the package by api/docs.py, not from a CDN
+        docs_url=None, redoc_url=None,  # served from the package by web/docs.py, not from a CDN
     )
     app.state.jaxcache = state
     app.add_middleware(LimitsAndMetrics, metrics=state.metrics, max_body_bytes=state.settings.max_body_bytes,

@@ -4,7 +4,7 @@ of every cache each period, and throttled integrity passes, which start after th
 
 Every process with loops runs them, and each pass first claims its loop's lock in the catalog: one process runs a
 given pass at a time, and the others skip that round. A failed round is noted in
-:class:`~jaxcache.service.tasks.health.LoopHealth` and tried again after a backoff; a pass that never returns reads
+:class:`~jaxcache.service.health.LoopHealth` and tried again after a backoff; a pass that never returns reads
 ``stuck`` past its bound, and stopping waits for it at most ``shutdown_wait_s``.
 """
 
@@ -18,10 +18,11 @@ from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import TypeVar
 
-from jaxcache.service.operations import rescans, verifying
-from jaxcache.service.operations.draining import drain_all
+from jaxcache.service.health import stuck_after
+from jaxcache.service.integrity import verifying
+from jaxcache.service.reports.draining import drain_all
+from jaxcache.service.rescan import rescans
 from jaxcache.service.state import State
-from jaxcache.service.tasks.health import stuck_after
 
 log = logging.getLogger("jaxcache.service")
 

@@ -15,10 +15,10 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from jaxcache.explain.causes import CAUSES
-from jaxcache.service.catalog import queries
+from jaxcache.service.caches import stats
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.queries import verdicts
-from jaxcache.service.ingestion.inbox import REPORT, STORAGE
+from jaxcache.service.integrity import queries as verdicts
+from jaxcache.service.reports.inbox import REPORT, STORAGE
 
 log = logging.getLogger("jaxcache.service")
 
@@ -110,7 +110,7 @@ class Metrics:
 
     def totals(self, catalog: Catalog, cache: str) -> None:
         with catalog.session() as s:
-            count, size = queries.cache_totals(s, cache)
+            count, size = stats.cache_totals(s, cache)
         self.entries.labels(cache).set(count)
         self.bytes.labels(cache).set(size)
 

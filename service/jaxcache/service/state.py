@@ -14,18 +14,18 @@ from sqlalchemy import select
 
 from jaxcache.errors import InvalidRootError, JaxcacheError, RootGoneError
 from jaxcache.service.auth import Authenticator
-from jaxcache.service.catalog import loop_health, queries
+from jaxcache.service.caches import stats
+from jaxcache.service.catalog import loop_health
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.generations import ENTRIES, USAGE, Generation, Generations
 from jaxcache.service.catalog.models import CacheRow
-from jaxcache.service.ingestion import inbox, routing
+from jaxcache.service.health import LoopHealth, LoopStatus
 from jaxcache.service.metrics import Metrics
+from jaxcache.service.prune.pruning import PruneLocks
+from jaxcache.service.reports import inbox, misses_queries, root_change, routing, usage_queries
+from jaxcache.service.reports.gauges import UsageCollector
 from jaxcache.service.settings import ServiceSettings
-from jaxcache.service.tasks import root_change
-from jaxcache.service.tasks.health import LoopHealth, LoopStatus
-from jaxcache.service.tasks.pruning import PruneLocks
 from jaxcache.service.threads import Threads
-from jaxcache.service.usage_metrics import UsageCollector
 from jaxcache.storage import Storage, open_storage
 
 log = logging.getLogger("jaxcache.service")
@@ -152,16 +152,16 @@ class State:
 
     def _compute_stats(self, name: str) -> dict:
         with self.catalog.session() as s:
-            return queries.stats(s, name)
+            return stats.stats(s, name)
 
     def _compute_usage(self, name: str) -> dict:
         now = time.time()
         with self.catalog.reader() as conn:
-            return {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
-                    "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
-                    "by_function_saved": queries.saved_by_function(conn, name),
-                    "misses_by_cause": {"last_24h": queries.misses_by_cause(conn, name, since=now - _DAY_S),
-                                        "last_7d": queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
+            return {"last_24h": usage_queries.usage_window(conn, name, since=now - _DAY_S),
+                    "last_7d": usage_queries.usage_window(conn, name, since=now - 7 * _DAY_S),
+                    "by_function_saved": usage_queries.saved_by_function(conn, name),
+                    "misses_by_cause": {"last_24h": misses_queries.misses_by_cause(conn, name, since=now - _DAY_S),
+                                        "last_7d": misses_queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
 
     def wake_drain(self) -> None:
         """A record entered the inbox: the drain loop of this process (if it runs one) takes it now."""
@@ -188,7 +188,7 @@ class State:
         with self.catalog.session() as s:
             for name in self.settings.caches:
                 row = s.get(CacheRow, name)
-                count, size = queries.cache_totals(s, name)
+                count, size = stats.cache_totals(s, name)
                 out.append(CacheInfo(
                     name=name, url=self.storages[name].url, entries=count, size_bytes=size,
                     last_scan_s=row.last_scan_s if row else None,

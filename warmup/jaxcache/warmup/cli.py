@@ -66,7 +66,7 @@ failed, nothing was stored, --verify or --check found misses, or --verify ran pa
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (the README shows its --help)."""
+    """The argument parser (docs/user-guide.md, "Warm-up", explains its options)."""
     p = argparse.ArgumentParser(prog="warmup", description=_DESCRIPTION, epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", required=True, metavar="SxHxD|TPU",

@@ -61,7 +61,7 @@ class Catalog:
 
     def __init__(self, url: str, *, migrate: bool = True, snapshot_dir: str | os.PathLike[str] | None = None) -> None:
         self.url = url
-        # Where rescans keep their listing for a restarted process (tasks/snapshots.py); None: in memory only.
+        # Where rescans keep their listing for a restarted process (rescan/snapshots.py); None: in memory only.
         self.snapshot_dir = snapshot_dir
         shown = masked(url)
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
@@ -100,7 +100,7 @@ class Catalog:
         self.write_engine = self._write_engine(self.engine)
         self._write_sessions = sessionmaker(self.write_engine.execution_options(jaxcache_write=True),
                                             expire_on_commit=False)
-        # The report inbox (ingestion/inbox.py), change counts and loop health (models.SIDE_TABLES). On SQLite a
+        # The report inbox (reports/inbox.py), change counts and loop health (models.SIDE_TABLES). On SQLite a
         # database file of its own beside the catalog's (``…-side``): a POST stores its record under that file's
         # write lock, never under the catalog's, which the drain holds while it folds (POSTs waited for every pass,
         # and accepting was as slow as folding); a loop's health is written even while another replica holds it.
@@ -116,9 +116,9 @@ class Catalog:
         # Writers that read then write (report ingestion, a rescan's commit) take turns in this process before
         # they take the database's own lock (see writing()), so they never wait on each other inside the database.
         self.write_lock = threading.RLock()
-        # The last rescan's view of each cache (tasks.snapshots.Snapshot), for the next rescan in this process.
+        # The last rescan's view of each cache (rescan.snapshots.Snapshot), for the next rescan in this process.
         self.rescan_snapshots: dict[str, object] = {}
-        # What the last listings of each cache's run records found (ingestion.runfiles._Listings), likewise.
+        # What the last listings of each cache's run records found (reports.runfiles._Listings), likewise.
         self.record_listings: dict[str, object] = {}
         # Told of the misses this process explains for the first time (cache, {cause: count}), wherever that
         # happens (a POST, a rescan, a prune's own rescans): the service counts them in its metrics.

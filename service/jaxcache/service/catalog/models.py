@@ -38,7 +38,7 @@ class CacheRow(Base):
     last_scan_error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
     # What the last completed rescan skipped (not regular files, names no backend maps): in the catalog, not in a
     # replica's memory, so that every replica shows the same. The names are escaped for display (and so storable as
-    # JSON: a local name that is not UTF-8 holds surrogates): the first few by name (tasks.rescan.SKIPPED_SHOWN),
+    # JSON: a local name that is not UTF-8 holds surrogates): the first few by name (rescan.scan.SKIPPED_SHOWN),
     # each {"name", "why"}.
     last_scan_skipped: Mapped[int | None] = mapped_column(Integer, nullable=True)
     last_scan_skipped_names: Mapped[list | None] = mapped_column(NullableJSON, nullable=True)
@@ -118,8 +118,8 @@ class RecordFileRow(Base):
 
 class InboxRow(Base):
     """A run record accepted and not folded yet: the newest version of one process's record, stored whole as the
-    JSON it came as, zstd-compressed (``ingestion.inbox.body_of``). POSTs and rescans put records here; the drain
-    (``ingestion/drain.py``) folds them into the run tables and deletes them. On SQLite the table is in a database
+    JSON it came as, zstd-compressed (``reports.inbox.body_of``). POSTs and rescans put records here; the drain
+    (``reports/drain.py``) folds them into the run tables and deletes them. On SQLite the table is in a database
     file of its own beside the catalog's (``Catalog.side_engine``)."""
 
     __tablename__ = "report_inbox"
@@ -147,7 +147,7 @@ class ChangeCountRow(Base):
 
 
 class LoopHealthRow(Base):
-    """How one background loop is doing, as the process running its passes last said (``tasks/health.py``'s
+    """How one background loop is doing, as the process running its passes last said (``health.py``'s
     ``LoopStatus`` as JSON): any process's ``/readyz`` and ``/metrics`` show every loop."""
 
     __tablename__ = "loop_health"

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from jaxcache.service.catalog.schema import Base, NullableJSON, Str
 
-#: A process_keys row of a process that wrote its key (ingestion.rules.wrote; spelled as the index has it).
+#: A process_keys row of a process that wrote its key (reports.rules.wrote; spelled as the index has it).
 WROTE = "writes > 0 OR event = 'write'"
 #: The per-key aggregates that key_stats holds and entry rows copy, in this order.
 AGGREGATES = ("hits", "last_hit_s", "saved_s", "writer_job", "writer_run", "writer_process", "writer_host",

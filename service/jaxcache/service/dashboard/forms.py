@@ -11,7 +11,7 @@ from fastapi import HTTPException, Request
 from pydantic import ValidationError
 
 from jaxcache.errors import InvalidInputError
-from jaxcache.service.api.schemas.prune import PruneRequest
+from jaxcache.service.prune.schemas import PruneRequest
 
 POLICY_TEXT = ("max_total_bytes", "unused_for", "older_than", "min_age", "stale_jaxlib_window")
 POLICY_LISTS = ("functions", "keep", "integrity")

@@ -10,9 +10,6 @@ from fastapi.routing import APIRouter
 
 from jaxcache import entry as entry_fmt
 from jaxcache.errors import InvalidInputError
-from jaxcache.service.api.ops import loop_models
-from jaxcache.service.catalog import queries
-from jaxcache.service.catalog.queries import verdicts
 from jaxcache.service.dashboard import format as fmt
 from jaxcache.service.dashboard import warmups
 from jaxcache.service.dashboard.forms import read_form
@@ -28,6 +25,10 @@ from jaxcache.service.dashboard.site import (
     html_route,
     safe_next,
 )
+from jaxcache.service.entries import queries
+from jaxcache.service.integrity import queries as verdicts
+from jaxcache.service.ops import loop_models
+from jaxcache.service.reports import usage_queries
 from jaxcache.units import parse_bytes, parse_duration
 
 
@@ -152,7 +153,7 @@ def routes(dash: Dashboard) -> APIRouter:
         viewer = dash.viewer(request)
         dash.cache_or_404(cache)
         with state.catalog.reader() as conn:
-            found = queries.jobs(conn, cache, limit=1000)
+            found = usage_queries.jobs(conn, cache, limit=1000)
         return dash.render(request, "jobs.html", viewer=viewer, cache=cache, section="jobs", jobs=found)
 
     @router.get("/caches/{cache}/jobs/{job}")
@@ -160,11 +161,11 @@ def routes(dash: Dashboard) -> APIRouter:
         viewer = dash.viewer(request)
         dash.cache_or_404(cache)
         with state.catalog.reader() as conn:
-            found = queries.jobs(conn, cache, job=job, limit=1)
+            found = usage_queries.jobs(conn, cache, job=job, limit=1)
             if not found:
                 raise HTTPException(404, f"no runs of job {job!r} reported on {cache!r}")
-            missed = queries.job_misses(conn, cache, job, limit=1000)
-            recent = queries.job_runs(conn, cache, job, limit=100)
+            missed = usage_queries.job_misses(conn, cache, job, limit=1000)
+            recent = usage_queries.job_runs(conn, cache, job, limit=100)
         return dash.render(request, "job.html", viewer=viewer, cache=cache, section="jobs", j=found[0],
                            causes=fmt.by_cause(missed), recent=recent)
 

@@ -8,8 +8,8 @@ from sqlalchemy import select
 
 from jaxcache.records import JOB
 from jaxcache.service.catalog.models import EntryRow, WarmupKeyRow, WarmupRow
-from jaxcache.service.catalog.queries import coverage as catalog_warmups
 from jaxcache.service.catalog.run_tables import RunRow
+from jaxcache.service.warmups import queries as catalog_warmups
 
 
 def _page_fields(w: dict) -> dict:

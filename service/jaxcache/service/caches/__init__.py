@@ -1,0 +1,1 @@
+"""Caches: the route, their totals and their schemas."""

@@ -1,0 +1,1 @@
+"""Entries: the listing route, its cursors, queries and schemas."""

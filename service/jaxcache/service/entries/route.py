@@ -1,0 +1,140 @@
+"""Entries: a listing page (the hottest route), one entry with the jobs that used it, and deleting one."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+
+from jaxcache.errors import InvalidInputError
+from jaxcache.service.entries import cursors, queries
+from jaxcache.service.entries.schemas import EntryDetail, EntryJobModel, EntryPage
+from jaxcache.service.integrity.schemas import DigestConflict
+from jaxcache.service.prune import run as pruning
+from jaxcache.service.prune.pruning import EntryNotDeletedError, PruneInProgressError
+from jaxcache.service.state import State
+from jaxcache.service.web import conditional
+from jaxcache.service.web.common import ErrorModel
+from jaxcache.service.web.deps import (
+    ERRORS,
+    AdminAuth,
+    CacheName,
+    EntryKey,
+    ReadAuth,
+    check_key,
+    duration,
+    state_of,
+    storage_of,
+)
+from jaxcache.service.web.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText
+from jaxcache.topology import parse_any_topology
+
+router = APIRouter(tags=["entries"], responses=ERRORS)
+
+
+@router.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries",
+            responses={304: {"description": "the page has not changed since the `ETag` in `If-None-Match`"}})
+async def list_entries(
+    request: Request, cache: CacheName, _p: ReadAuth,
+    function: Annotated[str | None, Query(max_length=256, pattern=FUNCTION_GLOB,
+                                          description="glob over function names: * and ?")] = None,
+    min_size: Annotated[int | None, Query(ge=0, le=MAX_BYTES)] = None,
+    max_size: Annotated[int | None, Query(ge=0, le=MAX_BYTES)] = None,
+    unused_for: Annotated[DurationText | None, Query(description="e.g. 14d", examples=["14d"])] = None,
+    older_than: Annotated[DurationText | None, Query(examples=["30d"])] = None,
+    status: Literal["ok", "corrupt"] | None = None,
+    job: Annotated[str | None, Query(max_length=200, pattern=TEXT, description="entries this job wrote or hit")] = None,
+    jaxlib: Annotated[str | None, Query(max_length=200, pattern=TEXT, description="the first writer's jaxlib version",
+                                        examples=["0.12.0"])] = None,
+    topology: Annotated[str | None, Query(max_length=200, pattern=TEXT,
+                                          description="the first writer's topology: SxHxD or a TPU slice (v5e:4x8),"
+                                                      " in any case and spacing",
+                                          examples=["4x8x1", "v5e:4x8"])] = None,
+    sort: Literal["size", "compile", "last_used", "created", "name", "hits"] = "name",
+    order: Literal["asc", "desc"] = "asc",
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=cursors.MAX_LENGTH, pattern=CURSOR,
+                                        description="`next_cursor` of the previous page, with the same sort")] = None,
+) -> Response:
+    """A page of entries, filtered and sorted; follow `next_cursor` for the rest. Carries an `ETag`: sent back in
+    `If-None-Match`, an unchanged page is answered `304` without being read again."""
+    state = state_of(request)
+    storage_of(request, cache)
+    flt = queries.EntryFilter(
+        function=function, min_size=min_size, max_size=max_size,
+        unused_for_s=duration(unused_for, "unused_for"), older_than_s=duration(older_than, "older_than"),
+        status=status, job=job, jaxlib=jaxlib, topology=_spelled(topology),
+    )
+    at = cursors.to_catalog(cursor, sort) if cursor else None
+    clock = unused_for is not None or older_than is not None
+    # The hot route: on the threads kept for catalog reads (threads.py), not the shared pool.
+    tag, body = await state.threads.read(_page, state, cache, flt, sort, order, limit, at, request, clock)
+    if body is None:
+        return conditional.not_modified(tag)
+    return Response(body, media_type="application/json", headers=conditional.headers(tag))
+
+
+def _spelled(topology: str | None) -> str | None:
+    """Records keep one spelling per topology (``4x8x1``, ``v5e:4x8``): a filter written otherwise still matches;
+    text that is no topology matches nothing, as before."""
+    if topology is None:
+        return None
+    try:
+        return str(parse_any_topology(topology))
+    except InvalidInputError:
+        return topology
+
+
+def _page(state: State, cache: str, flt: queries.EntryFilter, sort: str, order: str, limit: int, at: str | None,
+          request: Request, clock: bool) -> tuple[str, bytes | None]:
+    """The page's tag, and its body unless the client holds it already (None)."""
+    tag = conditional.etag(state.generations.get(cache), clock=clock)  # before the query: see State._computed_at
+    if conditional.matches(request, tag):
+        return tag, None
+    with state.catalog.reader() as conn:
+        rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=at)
+    # Through the declared model: the answer is what OpenAPI shows, by construction.
+    page = EntryPage.model_validate({"entries": [queries.page_entry(r) for r in rows],
+                                     "next_cursor": cursors.from_catalog(nxt)})
+    return tag, page.model_dump_json().encode()
+
+
+@router.get("/v1/caches/{cache}/entries/{key}", response_model=EntryDetail, operation_id="getEntry")
+def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -> EntryDetail:
+    """One entry, with every job that reported it."""
+    storage_of(request, cache)
+    check_key(key)
+    with state_of(request).catalog.reader() as conn:
+        found = queries.entry_detail(conn, cache, key)
+    if found is None:
+        raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
+    entry, jobs, verdict, conflict = found
+    checked = {} if verdict is None else dict(
+        integrity=verdict.classification, integrity_reasons=verdict.reasons, sha256=verdict.sha256,
+        attested_by=verdict.attested_by)
+    return EntryDetail(**entry, jobs=[EntryJobModel(**j) for j in jobs], **checked,
+                       conflict=None if conflict is None else DigestConflict(**conflict))
+
+
+@router.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry",
+               responses={409: {"model": ErrorModel, "description": "a prune of this cache is running, the entry was"
+                                                                     " written again since it was listed, or its file"
+                                                                     " could not be removed (the detail says why; the"
+                                                                     " entry stays listed)"}})
+def delete_entry(request: Request, cache: CacheName, key: EntryKey, principal: AdminAuth) -> Response:
+    """Delete one entry (its -cache, then its -atime, under JAX's lock), audited as a prune of one in
+    `GET /v1/caches/{cache}/prunes`. Jobs that need it recompile and write it again."""
+    state = state_of(request)
+    storage_of(request, cache)
+    check_key(key)
+    try:
+        deleted = pruning.delete_entry(state, cache, key, who=principal.who)
+    except PruneInProgressError:
+        raise HTTPException(409, f"a prune of {cache!r} is running (on this or another replica of the service);"
+                                 " try again when it ends") from None
+    except EntryNotDeletedError as exc:
+        # Not 502: storage answered, and retrying changes nothing until someone fixes what the detail names.
+        raise HTTPException(409, str(exc)) from None
+    if not deleted:
+        raise HTTPException(404, f"no entry {key!r} in {cache!r}")
+    return Response(status_code=204)

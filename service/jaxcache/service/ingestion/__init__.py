@@ -1,1 +1,0 @@
-"""What the service reads into its catalog besides entries: run records, warm-up coverage, writers' digests."""

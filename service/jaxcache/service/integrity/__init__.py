@@ -1,0 +1,1 @@
+"""Integrity: attestations, verification passes, their verdicts and route."""

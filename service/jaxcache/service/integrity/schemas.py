@@ -1,0 +1,79 @@
+"""Integrity passes and verdicts."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jaxcache.service.web.fields import integral
+
+
+class VerifyRequest(BaseModel):
+    """Options of an on-demand integrity pass."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)  # `"recheck_all": 0` is a mistake, not a false
+    max_entries: Annotated[int, Field(ge=1, le=10_000_000), integral] | None = Field(
+        None, description="stop after this many (resume later)")
+    recheck_all: bool = Field(False, description="forget stored verdicts and read every entry again")
+
+
+class VerifyResult(BaseModel):
+    cache: str
+    checked: int = Field(description="entries read and judged by this pass")
+    bytes_read: int
+    counts: dict[str, int] = Field(description="this pass's verdicts by class")
+    remaining: int = Field(description="entries still to verify (new, changed, pending, or beyond max_entries)")
+    seconds: float
+
+
+class IntegrityProblem(BaseModel):
+    key: str
+    class_: str = Field(alias="class", description="tampered, mismatched, differs, corrupt or pending")
+    classes: list[str] = Field(description="every class that applies, most severe first")
+    reasons: list[str]
+    sha256: str | None = None
+    attested_sha256: str | None = None
+    attested_by: str | None = None
+    embedded_module: str | None = None
+    checked_s: float
+    held_up: bool = Field(False, description="proven bad (tampered, corrupt, or a mismatch where its check is "
+                          "pinned): JAX never overwrites an entry, so no job gets a good one for this key until "
+                          "this one is removed")
+
+
+class OtherDigest(BaseModel):
+    sha256: str
+    writer: str
+    source: str = Field(description="reported or file: how the unsigned digest reached the service")
+    record: str | None = Field(None, description="the record file it was read from")
+    seen_s: float
+
+
+class DigestConflict(BaseModel):
+    """An entry for which writers recorded different digests: the one that counts, and the others."""
+
+    key: str
+    sha256: str = Field(description="the digest the entry is judged against")
+    writer: str
+    source: str
+    others: list[OtherDigest]
+
+
+class IntegritySummary(BaseModel):
+    """Integrity of a cache's entries, from the last verification of each."""
+
+    cache: str
+    entries: int
+    verified: int
+    unverified: int = Field(description="entries not verified yet (new since the last pass)")
+    attested: int = Field(description="entries with a digest recorded by their writer")
+    counts: dict[str, int] = Field(description="ok, tampered, mismatched, differs, corrupt, pending, unattested",
+                                   examples=[{"ok": 120, "tampered": 1, "mismatched": 0, "corrupt": 2,
+                                              "pending": 0, "unattested": 40}])
+    last_checked_s: float | None = None
+    problems: list[IntegrityProblem] = Field(
+        description="tampered, mismatched, differing, corrupt and pending entries")
+    held_up: int = Field(0, description="keys held up by a proven-bad entry (problems with held_up), all of them")
+    conflicts: list[DigestConflict] = Field(
+        default_factory=list, description="entries with more than one recorded digest (the first accepted counts)")

@@ -1,0 +1,143 @@
+"""The integrity pass: verdicts kept per entry version, so a pass reads only new, changed, re-attested or pending
+entries; throttled in the background, as it shares the GIL with the API, flat out on ``POST .../verify``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+from sqlalchemy import and_, delete, func, or_, select
+
+from jaxcache import integrity
+from jaxcache.parallel import bounded_map
+from jaxcache.scan import Entry
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.models import AttestationRow, EntryRow, VerificationRow
+from jaxcache.service.integrity import attestations
+from jaxcache.signing import TrustedKeys
+from jaxcache.storage import Storage
+
+_BATCH = 256
+_THROTTLED_BATCH = 32
+
+
+def _upsert(catalog: Catalog):
+    insert = catalog.insert(VerificationRow)
+    return insert.on_conflict_do_update(
+        index_elements=["cache", "key"],
+        set_={c.name: insert.excluded[c.name] for c in VerificationRow.__table__.columns if not c.primary_key},
+    )
+
+
+@dataclass(slots=True)
+class VerifyPass:
+    cache: str
+    checked: int = 0
+    bytes_read: int = 0
+    counts: dict[str, int] = field(default_factory=dict)  # verdicts of this pass, by class
+    remaining: int = 0  # entries still to verify (a bounded pass stopped early)
+    seconds: float = 0.0
+
+
+def _todo(cache: str, trusted: TrustedKeys):
+    """Entries whose verdict is missing, stale (other version, digest or trusted keys) or pending."""
+    v, a = VerificationRow, AttestationRow
+    return (
+        select(EntryRow.key, EntryRow.module, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
+               EntryRow.generation)
+        .outerjoin(v, and_(v.cache == EntryRow.cache, v.key == EntryRow.key))
+        .outerjoin(a, and_(a.cache == EntryRow.cache, a.key == EntryRow.key))
+        .where(EntryRow.cache == cache, EntryRow.kind == "entry")
+        .where(or_(
+            v.key.is_(None),
+            v.size_bytes != EntryRow.size_bytes,
+            v.created_s != EntryRow.created_s,
+            and_(EntryRow.generation.is_not(None), or_(v.generation.is_(None), v.generation != EntryRow.generation)),
+            v.classification == integrity.PENDING,
+            v.trusted.is_(None), v.trusted != trusted.digest(),
+            and_(a.sha256.is_not(None), or_(v.attested_sha256.is_(None), v.attested_sha256 != a.sha256)),
+        ))
+        .order_by(EntryRow.key)
+    )
+
+
+def run_pass(
+    catalog: Catalog, cache: str, storage: Storage, *, min_age_s: float, max_entries: int | None = None,
+    bytes_per_s: float | None = None, cpu_share: float | None = None, stop: threading.Event | None = None,
+    recheck_all: bool = False, clock: Callable[[], float] = time.time, progress: Callable[[], None] | None = None,
+    trusted: TrustedKeys | None = None,
+) -> VerifyPass:
+    """Verify what needs it (all with ``recheck_all``), at most ``max_entries``, throttled to ``bytes_per_s`` and
+    ``cpu_share`` of a core when given, against ``trusted``; ``progress`` is called after each batch."""
+    keys = TrustedKeys.from_env() if trusted is None else trusted
+    trust = keys.digest()
+    started = time.monotonic()
+    cpu_started = time.thread_time()
+    # Throttled, a batch is a short burst between sleeps, so requests never queue behind a long one.
+    batch_size = _BATCH if cpu_share is None else _THROTTLED_BATCH
+    result = VerifyPass(cache)
+    if recheck_all:
+        with catalog.writing(cache) as s:
+            s.execute(delete(VerificationRow).where(VerificationRow.cache == cache))
+    after = ""  # keyset over the key: each entry at most once per pass (pending ones come back next pass)
+    while stop is None or not stop.is_set():
+        budget = batch_size if max_entries is None else min(batch_size, max_entries - result.checked)
+        if budget <= 0:
+            break
+        with catalog.reader() as conn:
+            batch = conn.execute(_todo(cache, keys).where(EntryRow.key > after).limit(budget)).all()
+            found = attestations.load(conn, cache, [r.key for r in batch])
+        if not batch:
+            break
+        after = batch[-1].key
+        now = clock()
+        entries = [Entry(key=r.key, module=r.module, hash=r.key[-64:], name=r.name, size_bytes=r.size_bytes,
+                         mtime_s=r.created_s, generation=r.generation) for r in batch]
+        judged = list(bounded_map(partial(integrity.judge_stored, storage, found, keys, now, min_age_s), entries,
+                                  workers=storage.io_workers))
+        rows = []
+        for entry, verdict in zip(entries, judged, strict=True):
+            if verdict is None:  # deleted since the last rescan (which will drop its row), or not a file now
+                continue
+            att = found.get(entry.key)
+            rows.append(dict(
+                cache=cache, key=entry.key, classification=verdict.classification, classes=list(verdict.classes),
+                reasons=list(verdict.reasons), sha256=verdict.sha256,
+                attested_sha256=att.sha256 if att else None, attested_by=verdict.attested_by,
+                embedded_module=verdict.embedded_module, size_bytes=entry.size_bytes, created_s=entry.mtime_s,
+                generation=entry.generation, checked_s=now, trusted=trust,
+            ))
+            result.counts[verdict.classification] = result.counts.get(verdict.classification, 0) + 1
+            result.bytes_read += verdict.size_bytes
+        if rows:
+            with catalog.writing(cache) as s:
+                s.execute(_upsert(catalog), rows)  # one statement per batch: an ORM merge read each row first
+        result.checked += len(rows)
+        if progress is not None:
+            progress()
+        if len(batch) < budget:
+            break
+        # Sleep so that the pass averages at most bytes_per_s and cpu_share since it started.
+        elapsed = time.monotonic() - started
+        ahead = max(result.bytes_read / bytes_per_s - elapsed if bytes_per_s else 0.0,
+                    (time.thread_time() - cpu_started) / cpu_share - elapsed if cpu_share else 0.0)
+        if ahead > 0:
+            if stop is None:
+                time.sleep(ahead)
+            elif stop.wait(ahead):
+                break
+    with catalog.reader() as conn:
+        result.remaining = conn.execute(select(func.count()).select_from(_todo(cache, keys).subquery())).scalar_one()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def unjudged(catalog: Catalog, cache: str, trusted: TrustedKeys) -> int:
+    """Entries with no verdict for their current version, digest or trusted keys yet."""
+    with catalog.reader() as conn:
+        count: int = conn.execute(select(func.count()).select_from(_todo(cache, trusted).subquery())).scalar_one()
+    return count
+

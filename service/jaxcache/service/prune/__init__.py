@@ -1,0 +1,1 @@
+"""Pruning: the route, the run, its candidates and its audit."""

@@ -1,0 +1,140 @@
+"""Run records on storage (``<root>/.jaxcache/runs/<day>/``): a rescan puts new or changed ones into the report
+inbox and drains it, listing only unsettled days between full listings, as listing all costs as much as all kept."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import cast
+
+from sqlalchemy import ColumnElement, delete, or_, select
+
+from jaxcache import records
+from jaxcache.parallel import bounded_map
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.models import RecordFileRow, RunRow, max_length
+from jaxcache.service.reports import inbox, malformed
+from jaxcache.storage import ObjectInfo, Storage
+
+log = logging.getLogger("jaxcache.service")
+
+_CHUNK = 500
+_NAME_MAX = max_length(RecordFileRow.__table__.c.name)  # longer: not a record jaxcache wrote
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_DAY_S = 86400.0
+#: A process lists every record at least this often, so a late first write into a settled day is found.
+FULL_LISTING_S = _DAY_S
+#: A run whose record is not final and was updated this recently is taken to be running: its day is listed.
+LIVE_S = _DAY_S
+
+
+@dataclass(frozen=True, slots=True)
+class RecordScan:
+    ingested: int
+    malformed: int
+    unchanged: int
+    listed_days: tuple[str, ...] | None = None  # the day directories listed; None: all of runs/
+
+
+@dataclass(slots=True)
+class _Listings:
+    """When this process last listed all a cache's records, and per day whether its last listing saw changes."""
+
+    full_at: float
+    changed: dict[str, bool]
+
+
+def _read(storage: Storage, info: ObjectInfo) -> tuple[ObjectInfo, bytes | None, str | None]:
+    return info, *malformed.read_file(storage, info, records.MAX_RECORD_BYTES)
+
+
+def day_dir(name: str) -> str | None:
+    """The day directory a record's name is in (``YYYY-MM-DD``), or None when it is not in one."""
+    day, sep, _ = name[len(records.RUNS_PREFIX):].partition("/")
+    return day if sep and _DAY.fullmatch(day) else None
+
+
+def _shift(day: str, days: int) -> str:
+    return (dt.date.fromisoformat(day) + dt.timedelta(days=days)).isoformat()
+
+
+def _days_to_list(catalog: Catalog, cache: str, state: _Listings, now: float) -> list[str]:
+    """Yesterday, today, tomorrow (clocks differ) and every known day not settled: settled is two days old, nothing
+    changed at its last listing, and no run started that day still running (a long job rewrites its start day's)."""
+    today = records.day_of(now)
+    with catalog.reader() as conn:
+        live = {records.day_of(started) for started in conn.scalars(
+            select(RunRow.started_s).where(RunRow.cache == cache, RunRow.updated_s >= now - LIVE_S,
+                                           RunRow.final.is_(False)))}
+    recent = _shift(today, -1)
+    days = {recent, today, _shift(today, 1)} | live
+    days.update(d for d, changed in state.changed.items() if changed or d >= recent)
+    return sorted(days)
+
+
+def _list(storage: Storage, days: list[str] | None) -> dict[str, ObjectInfo]:
+    prefixes = [records.RUNS_PREFIX] if days is None else [f"{records.RUNS_PREFIX}{d}/" for d in days]
+    return {i.name: i for prefix in prefixes for i in storage.iter_objects(prefix, recursive=True)
+            if records.is_record_name(i.name) and len(i.name) <= _NAME_MAX}
+
+
+def _known(catalog: Catalog, cache: str, days: list[str] | None) -> dict[str, tuple]:
+    """The record files read before, of ``days`` only (None: all): what "gone" is computed against."""
+    where: ColumnElement[bool]
+    if days is None:
+        where = RecordFileRow.name.like(records.RUNS_PREFIX + "%")
+    else:
+        where = or_(*(RecordFileRow.name.like(f"{records.RUNS_PREFIX}{d}/%") for d in days))
+    with catalog.reader() as conn:
+        return {r.name: (r.size_bytes, r.mtime_s, r.generation) for r in conn.execute(
+            select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation)
+            .where(RecordFileRow.cache == cache, where))}
+
+
+def scan_records(catalog: Catalog, cache: str, storage: Storage, *, now: float | None = None) -> RecordScan:
+    """Put new or changed run records into the inbox (the caller drains it); malformed ones are counted."""
+    now = time.time() if now is None else now
+    # Popped: a failed scan leaves none, and the next one lists everything.
+    state = cast(_Listings | None, catalog.record_listings.pop(cache, None))  # the catalog keeps them opaque
+    full = state is None or not 0 <= now - state.full_at < FULL_LISTING_S
+    days = None if full or state is None else _days_to_list(catalog, cache, state, now)
+    listing = _list(storage, days)
+    known = _known(catalog, cache, days)
+    vanished = [n for n in known if n not in listing]
+    todo = [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
+    ingested = 0
+    skipped = malformed.Skipped("run record")
+    for info, data, error in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
+        if data is None and error is None:
+            continue  # deleted since the listing
+        if data is not None and error is None:
+            try:
+                record = records.parse(data)
+                inbox.accept(catalog, cache, record, data, source=inbox.STORAGE, name=info.name)
+            except malformed.REFUSALS as exc:
+                error = malformed.reason(exc)
+        if error is not None:
+            skipped.add(info.name, error)
+        else:
+            ingested += 1
+        row = {"cache": cache, "name": info.name, "size_bytes": info.size_bytes, "mtime_s": info.mtime_s,
+               "generation": info.generation, "error": None if error is None else error[:2000]}
+        with catalog.session() as s:
+            s.execute(catalog.insert(RecordFileRow).values(**row).on_conflict_do_update(
+                index_elements=["cache", "name"], set_={k: v for k, v in row.items() if k not in ("cache", "name")}))
+    if vanished:
+        with catalog.session() as s:
+            for i in range(0, len(vanished), _CHUNK):
+                s.execute(delete(RecordFileRow).where(RecordFileRow.cache == cache,
+                                                      RecordFileRow.name.in_(vanished[i : i + _CHUNK])))
+    touched = {day_dir(n) for n in vanished} | {day_dir(i.name) for i in todo}
+    found = ({day_dir(n) for n in listing} | {day_dir(n) for n in vanished}) - {None}
+    changed = {} if state is None or full else {d: c for d, c in state.changed.items() if d not in (days or ())}
+    changed.update({cast(str, d): d in touched for d in found})
+    catalog.record_listings[cache] = _Listings(now if full or state is None else state.full_at, changed)
+    skipped.log(cache)
+    return RecordScan(ingested, len(skipped), len(listing) - len(todo), None if days is None else tuple(days))

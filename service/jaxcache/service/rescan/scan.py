@@ -1,0 +1,349 @@
+"""Rescan: make the catalog match storage, parsing only unseen objects (JAX never rewrites a key); one rescan per
+cache across replicas (the ``scan:<cache>`` lock), as two would insert the same rows."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+from sqlalchemy import bindparam, case, delete, func, insert, select, update
+
+from jaxcache import entry as fmt
+from jaxcache.display import shown
+from jaxcache.errors import NotRegularFileError
+from jaxcache.parallel import bounded_map
+from jaxcache.scan import read_head
+from jaxcache.service import memory
+from jaxcache.service.catalog.database import Catalog, analyze
+from jaxcache.service.catalog.locks import LockBusyError
+from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
+from jaxcache.service.reports import retention
+from jaxcache.service.reports.aggregates import EMPTY, stats_of
+from jaxcache.service.reports.drain import drain
+from jaxcache.service.reports.runfiles import scan_records
+from jaxcache.service.rescan import snapshots
+from jaxcache.service.warmups import ingest as warmups
+from jaxcache.storage import ObjectInfo, Storage
+from jaxcache.storage.base import Skipped, Stat, name_problem
+
+log = logging.getLogger("jaxcache.service")
+
+_CHUNK = 500
+#: New entries parsed and written per transaction (see :func:`rescan`'s ``new_per_write``).
+NEW_PER_WRITE = 20_000
+#: Skipped names kept for a cache's status (the count is whole); ``jaxcache doctor`` lists them all.
+SKIPPED_SHOWN = 20
+_NAME_SHOWN = 512  # characters of an escaped name kept (an escape is up to 10 per character of the name)
+
+
+@dataclass(frozen=True, slots=True)
+class RescanResult:
+    cache: str
+    added: int
+    removed: int
+    updated: int
+    entries: int
+    seconds: float
+    records_ingested: int = 0  # run records under .jaxcache/runs/ read because they were new or changed
+    records_malformed: int = 0
+    warmups_ingested: int = 0  # warm-up coverage records under .jaxcache/warmups/ new or changed
+    records_compacted: int = 0  # runs (processes) older than the retention folded into per-key history
+    misses_explained: int = 0  # the ingested records' misses, explained once they were all in
+    skipped: int = 0  # objects named like entries or records that were not read (see Skipped)
+    #: False when the previous rescan's listing stood for the catalog's rows, which were then not read.
+    read_catalog: bool = False
+    #: Records this rescan's drain folded that changed the catalog, by source; never counted twice.
+    folded: dict[str, int] = field(default_factory=dict)
+    #: Records this rescan's drain dropped (the catalog refused them, or could not read them), by source.
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+_KEY_MAX = max_length(EntryRow.__table__.c.key)
+
+
+#: A listed file (name, size, mtime, generation), shaped like the catalog's rows: "unchanged" is a set difference.
+Listed = tuple[str, int, float, int | None]
+
+
+def _by_key(listing: dict[str, Stat], foreign: set[str]) -> tuple[dict[str, Listed], dict[str, Listed]]:
+    # Paired in memory by key, not a request per entry (an -atime's mtime is its access time); names: _drop_foreign.
+    caches = {name[:-6]: (name, *stat) for name, stat in listing.items()
+              if name.endswith("-cache") and name not in foreign}
+    atimes = {name[:-6]: (name, *stat) for name, stat in listing.items()
+              if name.endswith("-atime") and name not in foreign}
+    return caches, atimes
+
+
+def _orphans(caches: dict[str, Listed], atimes: dict[str, Listed]) -> set[str]:
+    """Keys with an -atime and no entry."""
+    return atimes.keys() - caches.keys()
+
+
+def _last_use(caches: dict[str, Listed], atimes: dict[str, Listed]) -> dict[str, float]:
+    """Each entry's last use as storage shows it: the newer of its creation and its -atime."""
+    return {key: (item[2] if (a := atimes.get(key)) is None or a[2] < item[2] else a[2])
+            for key, item in caches.items()}
+
+
+def _skip_reason(name: str) -> str | None:
+    """Why a JAX-named entry or ``-atime`` ``name`` is skipped rather than indexed, or None."""
+    if (problem := name_problem(name)) is not None:
+        return problem  # a backslash in it: skipped, never fatal for the rest
+    if len(name) - 6 > _KEY_MAX:
+        # Not a name JAX writes (its module names are short); PostgreSQL would refuse the row and the scan.
+        return f"keys longer than {_KEY_MAX} characters are not indexed"
+    return None
+
+
+def _drop_foreign(storage: Storage, listed: dict[str, Listed], new_keys: set[str], foreign: set[str]) -> None:
+    """Move to ``foreign`` the new keys in ``listed`` that are not JAX's names or cannot be indexed."""
+    for key in new_keys:
+        name = listed[key][0]
+        if fmt.parse_name(name) is not None:
+            if (why := _skip_reason(name)) is None:
+                continue
+            log.warning("%s: skipping %s: %s", storage.url, shown(name[:200]), why)
+        del listed[key]
+        foreign.add(name)
+
+
+def _count_foreign(skipped: Skipped, foreign: set[str]) -> None:
+    """Count in ``skipped`` the JAX names of ``foreign`` that cannot be indexed (also when the listing is unchanged)."""
+    for name in foreign:
+        if fmt.parse_name(name) is not None and (why := _skip_reason(name)) is not None:
+            skipped.add(name, why)
+
+
+def skipped_names(skipped: Skipped) -> list[dict[str, str]]:
+    """The first :data:`SKIPPED_SHOWN` skipped names, escaped for display (and JSON), each with why."""
+    return [{"name": shown(name)[:_NAME_SHOWN], "why": why} for name, why in skipped.items()[:SKIPPED_SHOWN]]
+
+
+def _info(item: Listed) -> ObjectInfo:
+    return ObjectInfo(*item)
+
+
+def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, Listed, Listed | None]) -> dict | None:
+    """The row of a new entry; None when it is no longer a regular file (the next rescan judges it again)."""
+    key, listed, atime = item
+    info = _info(listed)
+    try:
+        header = read_head(storage, info)
+    except NotRegularFileError as exc:
+        log.warning("%s: skipping %s for now: %s", storage.url, shown(info.name[:200]), exc)
+        return None
+    row = _base_row(cache, key, "entry", info, None if atime is None else _info(atime), now)
+    row.update(
+        compression=header.compression.value, compile_seconds=header.compile_seconds,
+        status=header.status.value, reason=header.reason,
+    )
+    return row
+
+
+def _base_row(cache: str, key: str, kind: str, info: ObjectInfo, atime: ObjectInfo | None, now: float) -> dict:
+    atime_ns = int(atime.mtime_s * 1e9) if atime is not None else None
+    seen_used = max(info.mtime_s, atime.mtime_s) if atime is not None else info.mtime_s
+    return {
+        "cache": cache, "key": key, "kind": kind, "module": key[: -fmt.HASH_HEX_LEN - 1], "name": info.name,
+        "size_bytes": info.size_bytes, "created_s": info.mtime_s, "last_used_s": seen_used,
+        "seen_used_s": seen_used, "generation": info.generation, "has_atime": atime is not None,
+        "atime_ns": atime_ns, "compression": None, "compile_seconds": None, "status": None, "reason": None,
+        "first_seen_s": now, **EMPTY,
+    }
+
+
+def _with_reports(row: dict, stats: dict | None) -> dict:
+    # Reports may name a key before a rescan finds its entry: the new row starts with their aggregates.
+    if stats is not None:
+        row.update(stats)
+        hit = stats["last_hit_s"]
+        if hit is not None and hit > row["seen_used_s"]:
+            row["last_used_s"] = hit
+    return row
+
+
+def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | None = None,
+           retain_s: float | None = None, new_per_write: int = NEW_PER_WRITE,
+           in_memory_max: int = snapshots.IN_MEMORY_MAX,
+           release_from_entries: int = memory.RELEASE_FROM_ENTRIES) -> RescanResult:
+    """Bring ``cache``'s rows in line with ``storage`` and, with ``retain_s``, compact older runs (reports/retention).
+    Waits at most ``wait_s`` for another rescan (then LockBusyError); writes ``new_per_write`` entries a transaction;
+    keeps listings over ``in_memory_max`` on disk only; releases memory from ``release_from_entries`` entries."""
+    lock = catalog.locks.get(f"scan:{cache}")
+    if not lock.acquire(timeout=-1 if wait_s is None else wait_s):
+        raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "
+                            "service); try again when it ends")
+    try:
+        # What this rescan skips, apart from what the storage (shared with prunes and requests) skipped before.
+        with storage.skipped.collecting() as skipped:
+            result = _rescan(catalog, cache, storage, retain_s, skipped, new_per_write, in_memory_max)
+    finally:
+        lock.release()
+    if result.entries >= release_from_entries:
+        memory.release()
+    return result
+
+
+def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
+    for i in range(0, len(vanished), _CHUNK):
+        for kind in ("entry", "orphan"):
+            keys = [k for k, kd in vanished[i : i + _CHUNK] if kd == kind]
+            if keys:
+                s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.kind == kind,
+                                                 EntryRow.key.in_(keys)))
+
+
+def _known_statement():
+    return (select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
+                   EntryRow.generation, EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache")))
+
+
+def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Listed], dict[str, float], set[str]]:
+    """``cache``'s entry rows as Listed tuples, their last use as storage showed it, and its orphan keys."""
+    with catalog.reader() as conn:
+        rows = list(conn.execute(_known_statement(), {"cache": cache}))
+    entries = {r[0]: r[2:6] for r in rows if r[1] == "entry"}
+    seen = {r[0]: r[6] for r in rows if r[1] == "entry"}
+    orphans = {r[0] for r in rows if r[1] != "entry"}
+    return entries, seen, orphans
+
+
+def _fingerprint_statement():
+    return select(
+        select(func.count()).select_from(EntryRow).where(EntryRow.cache == bindparam("cache")).scalar_subquery(),
+        select(CacheRow.last_scan_s).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
+        select(CacheRow.last_scan_error).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
+    )
+
+
+def _fingerprint(conn, cache: str) -> tuple:
+    """(rows, last scan, last scan error) of a cache, from an index: equal means the rows are as the last rescan of
+    this process left them, since every rescan notes its time and every drop changes the count."""
+    return tuple(conn.execute(_fingerprint_statement(), {"cache": cache}).one())
+
+
+def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
+            skipped: Skipped, new_per_write: int, in_memory_max: int) -> RescanResult:
+    started = time.monotonic()
+    now = time.time()
+    # The last snapshot stands for the catalog's rows unless they changed; popped, so a failed rescan leaves none.
+    with catalog.reader() as conn:
+        fingerprint = _fingerprint(conn, cache)
+    snap = snapshots.take(catalog, cache, storage, fingerprint)
+    if snap is not None:
+        changes, gone = storage.list_changes(snap.listing)
+        if not changes and not gone:
+            _count_foreign(skipped, snap.foreign)
+            result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=0, removed=0,
+                             updated=0, entries=snap.entries)
+            snap.fingerprint = (fingerprint[0], now, None)
+            snapshots.keep(catalog, cache, storage, snap, listing_changed=False, in_memory_max=in_memory_max)
+            return result
+        foreign = snap.foreign
+        known, atimes_before = _by_key(snap.listing, foreign)
+        known_seen, known_orphans = _last_use(known, atimes_before), _orphans(known, atimes_before)
+        listing = snap.listing
+        for name in gone:
+            del listing[name]
+            foreign.discard(name)
+        foreign.difference_update(changes)  # judged again below
+        listing.update(changes)
+    else:
+        # From the catalog before the listing: a row deleted after this is gone from storage too.
+        known, known_seen, known_orphans = _known(catalog, cache)
+        listing, _ = storage.list_changes({})
+        foreign = set()
+    caches, atimes = _by_key(listing, foreign)
+    known_keys = known.keys() | known_orphans if known_orphans else known.keys()
+    _drop_foreign(storage, caches, caches.keys() - known_keys, foreign)
+    _drop_foreign(storage, atimes, atimes.keys() - known_keys, foreign)
+    # New keys and replaced objects are (re)parsed; dict equality first, as it is C-fast on an unchanged root.
+    changed = set() if caches == known else {key for key, _ in caches.items() - known.items()}
+    vanished = [(k, "entry") for k in known.keys() - caches.keys()]
+    vanished += [(k, "entry") for k in changed if k in known]  # replaced: the old row goes, the new one comes
+    new_items = [(key, caches[key], atimes.get(key)) for key in changed]
+    seen = _last_use(caches, atimes)
+    updates = []
+    for key, seen_used in ({}.items() if seen == known_seen else seen.items() - known_seen.items()):
+        if key in changed:
+            continue
+        atime = atimes.get(key)
+        updates.append({"k_cache": cache, "k_key": key, "k_kind": "entry", "seen_used_s": seen_used,
+                        "has_atime": atime is not None, "atime_ns": int(atime[2] * 1e9) if atime is not None else None})
+    lone = _orphans(caches, atimes)
+    orphan_rows = [_base_row(cache, key, "orphan", _info(atimes[key]), None, now) for key in lone - known_orphans]
+    vanished += [(k, "orphan") for k in known_orphans - lone]
+    orphans = len(lone)
+    # new_per_write at a time, so a huge first rescan never holds all rows or the lock at once; deletes go first.
+    batches = [new_items[i : i + new_per_write] for i in range(0, len(new_items), new_per_write)] or [[]]
+    added = len(orphan_rows)
+    for number, batch in enumerate(batches):
+        new_rows = [r for r in bounded_map(partial(_new_row, storage, cache, now), batch, workers=storage.io_workers)
+                    if r is not None]
+        # Under the cache's write lock, so a report ingested meanwhile cannot be overwritten by this commit.
+        with catalog.writing(cache) as s:
+            if number == 0:
+                _delete(s, cache, vanished)
+            reported = stats_of(s.connection(), cache, [r["key"] for r in new_rows])
+            rows = [_with_reports(r, reported.get(r["key"])) for r in new_rows]
+            if number == len(batches) - 1:
+                rows += orphan_rows
+            for i in range(0, len(rows), 5000):
+                s.execute(insert(EntryRow), rows[i : i + 5000])
+            added += len(new_rows)
+            if number < len(batches) - 1:
+                continue
+            if updates:
+                # Core, not ORM: ORM bulk update by primary key refuses a WHERE clause of bound parameters.
+                s.connection().execute(
+                    update(table_of(EntryRow))
+                    .where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
+                           EntryRow.kind == bindparam("k_kind"))
+                    # The last hit as the row holds it now: a report may have moved it since the listing.
+                    .values(last_used_s=case((EntryRow.last_hit_s > bindparam("seen_used_s"), EntryRow.last_hit_s),
+                                             else_=bindparam("seen_used_s")),
+                            seen_used_s=bindparam("seen_used_s"), has_atime=bindparam("has_atime"),
+                            atime_ns=bindparam("atime_ns")),
+                    updates,
+                )
+            if catalog.dialect == "postgresql" and _bulk(added + len(vanished), len(known) + len(known_orphans)):
+                # ANALYZE now, not at autovacuum's next round: empty-table statistics made every listing sort all rows.
+                analyze(s.connection(), ["entries"])
+            # Inside the write lock: nobody else's change can fall between the writes and this count.
+            count = _fingerprint(s.connection(), cache)[0]
+    _count_foreign(skipped, foreign)
+    result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=added,
+                     removed=len(vanished), updated=len(updates), entries=len(caches) + orphans,
+                     read_catalog=snap is None)
+    # What _finish noted (this scan's time, no error) is part of the fingerprint.
+    snapshots.keep(catalog, cache, storage, snapshots.Snapshot((count, now, None), listing, foreign,
+                                                            len(caches) + orphans), listing_changed=True,
+                   in_memory_max=in_memory_max)
+    return result
+
+
+def _bulk(changed: int, rows: int) -> bool:
+    """Whether changing ``changed`` of ``rows`` is a bulk load: a tenth, autovacuum's default analyze scale factor."""
+    return changed > 0 and changed >= rows / 10
+
+
+def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
+            started: float, now: float, skipped: Skipped, *, added: int, removed: int, updated: int,
+            entries: int, read_catalog: bool = False) -> RescanResult:
+    """Ingest run and warm-up records, compact the old runs, and note the scan's end and what it skipped."""
+    found = scan_records(catalog, cache, storage)
+    covered = warmups.scan(catalog, cache, storage)
+    # Once everything this rescan read is in, so misses are explained against all of it.
+    drained = drain(catalog, cache, root=storage.url)
+    compacted = retention.compact(catalog, cache, storage, retain_s=retain_s).runs if retain_s is not None else 0
+    seconds = time.monotonic() - started
+    # One UPDATE, no read first: SQLite fails a read-then-write transaction (SQLITE_BUSY_SNAPSHOT) after another write.
+    with catalog.session() as s:
+        s.execute(update(CacheRow).where(CacheRow.name == cache)
+                  .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None,
+                          last_scan_skipped=skipped.count, last_scan_skipped_names=skipped_names(skipped)))
+    return RescanResult(cache, added, removed, updated, entries, seconds, found.ingested, found.malformed,
+                        covered.ingested, compacted, sum(drained.misses.values()), skipped.count, read_catalog,
+                        dict(drained.fresh), dict(drained.malformed))

@@ -1,0 +1,1 @@
+"""Warm-ups: coverage records, their queries, schemas and route."""

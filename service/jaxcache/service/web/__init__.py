@@ -1,0 +1,1 @@
+"""HTTP plumbing shared by the routes: middleware, errors, dependencies, fields, conditional answers, docs."""

@@ -1,0 +1,104 @@
+"""The API's string and number rules, declared in OpenAPI and enforced as declared. ASCII classes only, so ECMA,
+Python and Rust read them alike; each a subset of the core's parsers, so a matching request is never refused."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, WithJsonSchema
+
+#: What ``str.strip()`` removes (every character ``str.isspace()`` holds): a blank glob is refused by the core.
+_BLANK = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+#: JAX's ``<module>-<64 hex>``; no ``/``, NUL or backslash, which no file name or storage accepts.
+KEY = r"^[^/\\\x00]*-[0-9a-f]{64}$"
+#: ``jaxcache.units.parse_duration``: seconds, or a number with s, m, h, d or w.
+DURATION = r"^ *[0-9]+(\.[0-9]+)? *[smhdwSMHDW]? *$"
+#: ``jaxcache.units.parse_bytes``: bytes, or a number with B, k/kB, M/MB, ..., KiB, MiB, GiB or TiB.
+SIZE = r"^ *[0-9]+(\.[0-9]+)? *([bB]|[kKmMgGtT]([iI]?[bB])?)? *$"
+#: A glob over keys or function names: not blank, no NUL.
+GLOB = rf"^[^\x00]*[^\x00{_BLANK}][^\x00]*$"
+#: A pin is a glob that is also one path segment.
+PIN = rf"^[^/\x00]*[^/\x00{_BLANK}][^/\x00]*$"
+#: The listing's ``function`` filter: ``*`` and ``?`` (the catalog's SQLite GLOB would read ``[`` as a set).
+FUNCTION_GLOB = r"^[^\x00\[]*$"
+#: Free text compared in the catalog (PostgreSQL stores no NUL).
+TEXT = r"^[^\x00]*$"
+#: A cache root as a job spells it: an absolute directory, a file:// URL of one, or gs://.
+CACHE_DIR = r"^(/|file:///|gs://)[^\x00]*$"
+#: ``<value>~<key in base64url>`` (``entries/cursors.py``); 18 digits keep a value within the catalog's bound, 2**62.
+CURSOR = r"^((-?[0-9]{1,18}(\.[0-9]+)?)?~([A-Za-z0-9_-]{4})*([A-Za-z0-9_-]{2,3})?)?$"
+#: Fits the catalog's signed 64-bit column with room to add, and a double holds it exactly.
+MAX_BYTES = 10**18
+_TEXT_MAX = 32
+_MAX_FLOAT = sys.float_info.max
+
+
+def _integral(value: Any) -> Any:
+    # JSON Schema counts 3.0 as an integer, and so do clients that hold every number as a double.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def matcher(pattern: str, complaint: Callable[[str], str], max_length: int | None = None) -> Callable[[str], str]:
+    """A ``pattern`` check raising ValueError with ``complaint``'s words, which the dashboard shows (not a regex)."""
+    # Python's `$` also matches before a final newline; ECMA's and Rust's do not.
+    compiled = re.compile(pattern.removesuffix("$") + r"\Z")
+
+    def check(value: str) -> str:
+        if (max_length is not None and len(value) > max_length) or not compiled.match(value):
+            raise ValueError(complaint(value))
+        return value
+
+    return check
+
+
+_duration_text = matcher(DURATION, lambda v: f"{v!r} is not a duration: use a number with s, m, h, d or w, like 14d",
+                         _TEXT_MAX)
+_size_text = matcher(SIZE, lambda v: f"{v!r} is not a size: use a number with an optional unit, like 500MiB or 50GB",
+                     _TEXT_MAX)
+_glob = matcher(GLOB, lambda v: f"{v!r} is not a glob: give one like 'jit_train*' (not blank, no NUL)")
+
+
+# One validator for a whole field: a union's errors would name each branch, and the dashboard shows them.
+def _seconds_or_duration(value: Any) -> float | str | None:
+    if value is None or isinstance(value, str):
+        return value if value is None else _duration_text(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{value!r} is neither seconds (a number) nor a duration like '14d'")
+    if not 0 <= value <= _MAX_FLOAT:  # also NaN, and JSON integers too long for a float
+        raise ValueError(f"{value!r} is not 0 or more seconds")
+    return float(value)
+
+
+def _bytes_or_size(value: Any) -> int | str | None:
+    if value is None or isinstance(value, str):
+        return value if value is None else _size_text(value)
+    value = _integral(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is neither a whole number of bytes nor a size like '50GiB'")
+    if not 0 <= value <= MAX_BYTES:
+        raise ValueError(f"{value!r} is not between 0 and {MAX_BYTES} bytes")
+    return value
+
+
+#: Seconds (a number) or a duration such as ``14d``; null for none.
+Duration = Annotated[float | str | None, PlainValidator(_seconds_or_duration), WithJsonSchema({"anyOf": [
+    {"type": "number", "minimum": 0, "maximum": _MAX_FLOAT},
+    {"type": "string", "pattern": DURATION, "maxLength": _TEXT_MAX, "examples": ["14d"]},
+    {"type": "null"},
+]})]
+#: Bytes (a whole number) or a size such as ``50GiB``; null for none.
+Size = Annotated[int | str | None, PlainValidator(_bytes_or_size), WithJsonSchema({"anyOf": [
+    {"type": "integer", "minimum": 0, "maximum": MAX_BYTES},
+    {"type": "string", "pattern": SIZE, "maxLength": _TEXT_MAX, "examples": ["50GiB"]},
+    {"type": "null"},
+]})]
+#: Put after an int's constraints: a strict model takes no strings or booleans, but 3.0 is 3.
+integral = BeforeValidator(_integral)
+#: A duration as a query parameter.
+DurationText = Annotated[str, AfterValidator(_duration_text),
+                         Field(json_schema_extra={"pattern": DURATION, "maxLength": _TEXT_MAX}, examples=["14d"])]
+#: One glob of a list.
+Glob = Annotated[str, AfterValidator(_glob), Field(json_schema_extra={"pattern": GLOB})]
