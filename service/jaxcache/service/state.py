@@ -21,7 +21,7 @@ from jaxcache.service.catalog.generations import ENTRIES, USAGE, Generation, Gen
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.health import LoopHealth, LoopStatus
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.prune.pruning import PruneLocks
+from jaxcache.service.prune.audit import PruneLocks
 from jaxcache.service.reports import inbox, misses_queries, root_change, routing, usage_queries
 from jaxcache.service.reports.gauges import UsageCollector
 from jaxcache.service.settings import ServiceSettings

@@ -13,9 +13,9 @@ from fastapi.routing import APIRouter
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.dashboard.forms import policy_form, policy_request, read_form
 from jaxcache.service.dashboard.site import MAX_SHOWN, Dashboard, ToLogin, Viewer, html_route
-from jaxcache.service.prune import audit_queries
+from jaxcache.service.prune import audit as prune_audit
 from jaxcache.service.prune import run as pruning
-from jaxcache.service.prune.pruning import PruneInProgressError
+from jaxcache.service.prune.run import PruneInProgressError
 from jaxcache.service.prune.schemas import policy_of, response_of
 
 
@@ -26,14 +26,14 @@ def routes(dash: Dashboard) -> APIRouter:
     def prune_page(request: Request, viewer: Viewer, cache: str, form: dict[str, str], *, status: int = 200,
                    preview: Any = None, error: str | None = None, applied: dict | None = None) -> Response:
         with state.catalog.reader() as conn:
-            audit = audit_queries.prunes(conn, cache, limit=50)
+            audit = prune_audit.prunes(conn, cache, limit=50)
         return dash.render(request, "prune.html", status=status, viewer=viewer, cache=cache, section="prune",
                            form=form, preview=preview, error=error, applied=applied, audit=audit,
                            csrf=dash.csrf(viewer, f"prune:{cache}"))
 
     def audit_row(cache: str, audit_id: int) -> list[dict]:
         with state.catalog.reader() as conn:
-            return audit_queries.prunes(conn, cache, limit=1, audit_id=audit_id)
+            return prune_audit.prunes(conn, cache, limit=1, audit_id=audit_id)
 
     @router.get("/caches/{cache}/prune")
     async def prune_form(request: Request, cache: str) -> Response:

@@ -11,7 +11,7 @@ from jaxcache.service.entries import cursors, queries
 from jaxcache.service.entries.schemas import EntryDetail, EntryJobModel, EntryPage
 from jaxcache.service.integrity.schemas import DigestConflict
 from jaxcache.service.prune import run as pruning
-from jaxcache.service.prune.pruning import EntryNotDeletedError, PruneInProgressError
+from jaxcache.service.prune.run import EntryNotDeletedError, PruneInProgressError
 from jaxcache.service.state import State
 from jaxcache.service.web import conditional
 from jaxcache.service.web.common import ErrorModel

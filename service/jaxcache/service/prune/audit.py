@@ -1,5 +1,5 @@
-"""The prune audit log, written before anything is deleted; the next holder of a cache's prune lock closes a dead
-replica's "running" prune as "interrupted", so every deletion is accounted for."""
+"""The prune lock and audit log: the log is written before anything is deleted, and the next holder of a cache's
+prune lock closes a dead replica's "running" prune as "interrupted", so every deletion is accounted for."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from collections.abc import Sequence
 from typing import cast
 
 from sqlalchemy import Select, insert, select, update
-from sqlalchemy.engine import CursorResult
+from sqlalchemy.engine import Connection, CursorResult
+from sqlalchemy.orm import Session
 
 from jaxcache import prune
 from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.locks import ClusterLock, ClusterLocks
 from jaxcache.service.catalog.models import PruneItemRow, PruneRow
 from jaxcache.storage import Storage
 
@@ -21,6 +23,16 @@ log = logging.getLogger("jaxcache.service")
 
 RUNNING, DONE, FAILED, INTERRUPTED = "running", "done", "failed", "interrupted"
 _CHUNK = 5000
+
+
+class PruneLocks:
+    """The prune lock of each cache, shared by every replica on the catalog."""
+
+    def __init__(self, locks: ClusterLocks) -> None:
+        self._locks = locks
+
+    def get(self, cache: str) -> ClusterLock:
+        return self._locks.get(f"prune:{cache}")
 
 
 def begin(catalog: Catalog, cache: str, decisions: Sequence[prune.Decision], *, who: str, policy_json: dict,
@@ -99,3 +111,13 @@ def close(catalog: Catalog, cache: str, interrupted: Sequence[Interrupted]) -> i
             closed += 1
             log.warning("prune #%d of %s was %s", one.audit_id, cache, note)
     return closed
+
+
+def prunes(s: Session | Connection, cache: str, *, limit: int, audit_id: int | None = None) -> list[dict]:
+    """Applied prunes of a cache, newest first (the audit log): who, when, policy, counts, bytes."""
+    q = select(PruneRow.id, PruneRow.at_s, PruneRow.who, PruneRow.policy, PruneRow.deleted, PruneRow.bytes_freed,
+               PruneRow.already_gone, PruneRow.changed, PruneRow.errors, PruneRow.kind, PruneRow.state,
+               PruneRow.planned, PruneRow.planned_bytes, PruneRow.ended_s).where(PruneRow.cache == cache)
+    if audit_id is not None:
+        q = q.where(PruneRow.id == audit_id)
+    return [dict(r._mapping) for r in s.execute(q.order_by(PruneRow.id.desc()).limit(limit))]

@@ -11,9 +11,8 @@ from sqlalchemy import CursorResult, delete, select
 
 from jaxcache.service import memory
 from jaxcache.service.catalog.models import PinRow
-from jaxcache.service.prune import audit_queries
-from jaxcache.service.prune import run as pruning
-from jaxcache.service.prune.pruning import PruneInProgressError
+from jaxcache.service.prune import audit, run
+from jaxcache.service.prune.run import PruneInProgressError
 from jaxcache.service.prune.schemas import (
     PinList,
     PinModel,
@@ -54,7 +53,7 @@ def post_prune(request: Request, cache: CacheName, body: PruneRequest, backgroun
     storage_of(request, cache)
     policy, policy_json = policy_of(body)
     try:
-        outcome = pruning.prune(state, cache, policy, policy_json=policy_json, dry_run=body.dry_run, who=principal.who)
+        outcome = run.prune(state, cache, policy, policy_json=policy_json, dry_run=body.dry_run, who=principal.who)
     except PruneInProgressError:
         raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
                                  "service); try again when it ends") from None
@@ -72,7 +71,7 @@ def list_prunes(request: Request, cache: CacheName, _p: ReadAuth,
     """Applied prunes, newest first: who, when, policy, counts, bytes."""
     storage_of(request, cache)
     with state_of(request).catalog.reader() as conn:
-        return PruneAuditList(prunes=[PruneAudit(**r) for r in audit_queries.prunes(conn, cache, limit=limit)])
+        return PruneAuditList(prunes=[PruneAudit(**r) for r in audit.prunes(conn, cache, limit=limit)])
 
 
 @router.get("/v1/caches/{cache}/pins", response_model=PinList, operation_id="listPins")

@@ -1,37 +1,182 @@
-"""Prunes and deletions of a cache's entries, audited, one at a time per cache across replicas."""
+"""Prunes and single-entry deletes: catalog candidates, core's plan, the executor's deletions; one per cache across
+replicas (the ``prune:<cache>`` lock, else PruneInProgressError), audited before anything is deleted."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from typing import Any
 
-from jaxcache.prune import PrunePolicy
+from sqlalchemy import delete, select
+
+from jaxcache import entry as fmt
+from jaxcache import prune as core_prune
+from jaxcache import signing
+from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError
+from jaxcache.service import memory
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.models import EntryRow, PinRow
+from jaxcache.service.integrity import verification
 from jaxcache.service.prune import audit as prune_audit
-from jaxcache.service.prune import pruning as prune_pass
+from jaxcache.service.prune.candidates import catalog_candidates
+from jaxcache.service.reports import usage_queries
+from jaxcache.service.rescan.scan import rescan
 from jaxcache.service.state import State
+from jaxcache.storage import Storage
+from jaxcache.units import plural
 
 
-def prune(state: State, name: str, policy: PrunePolicy, *, policy_json: dict[str, Any], dry_run: bool,
-          who: str) -> prune_pass.Outcome:
-    """Plan, or unless ``dry_run`` apply (the caller checked the scope), a prune of ``name``; PruneInProgressError."""
-    throttle = prune_pass.Throttle(state.settings.verify_bytes_per_s, state.settings.verify_cpu_share)
-    outcome = prune_pass.run_prune(state.catalog, name, state.storages[name], policy, dry_run=dry_run, who=who,
-                                   policy_json=policy_json, lock=state.prune_locks.get(name),
-                                   throttle=throttle, trusted=state.settings.trusted,
-                                   retain_s=state.settings.records_retain_s)
-    if outcome.result is not None:
-        state.metrics.prune_deleted.labels(name).inc(outcome.result.deleted)
-        state.metrics.prune_bytes.labels(name).inc(outcome.result.bytes_freed)
-        state.changed(name)
-    return outcome
+class PruneInProgressError(Exception):
+    """Another prune of the same cache is running (in this replica or another one)."""
 
 
-def delete_entry(state: State, name: str, key: str, *, who: str) -> bool:
-    """Delete one entry, audited; False when there was none. Raises PruneInProgressError."""
-    deleted = prune_pass.delete_entry(state.catalog, name, state.storages[name], key, who=who,
-                                      lock=state.prune_locks.get(name))
-    if deleted:
-        state.changed(name)
-    return deleted
+class EntryNotDeletedError(JaxcacheError):
+    """A single-entry delete could not remove the entry's file (the message says why); its catalog row stays."""
+
+
+def _check_window(policy: core_prune.PrunePolicy, retain_s: float | None) -> None:
+    """Refuse a stale_jaxlib window longer than run retention: compacted runs would make live entries look stale."""
+    if policy.stale_jaxlib and retain_s is not None and policy.stale_jaxlib_window_s > retain_s:
+        raise InvalidInputError(
+            f"stale_jaxlib_window {_days(policy.stale_jaxlib_window_s)}d is longer than the run records' retention "
+            f"(JAXCACHE_RECORDS_RETAIN_D={_days(retain_s)}): runs older than that are compacted, so the jaxlib "
+            f"versions they used are not known; use a window of at most {_days(retain_s)}d, or raise "
+            "JAXCACHE_RECORDS_RETAIN_D")
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86400:g}"
+
+
+def _plan(catalog: Catalog, cache: str, policy: core_prune.PrunePolicy,
+          retain_s: float | None = None) -> core_prune.PrunePlan:
+    _check_window(policy, retain_s)
+    now = time.time()
+    recent = None
+    if policy.stale_jaxlib:
+        with catalog.reader() as conn:
+            recent = usage_queries.recent_jaxlibs(conn, cache, since=now - policy.stale_jaxlib_window_s)
+    with memory.gc_paused():
+        candidates = catalog_candidates(catalog, cache, with_integrity=bool(policy.integrity))
+        return core_prune.plan(candidates, policy, now=now, recent_jaxlibs=recent)
+
+
+def pins(catalog: Catalog, cache: str) -> tuple[str, ...]:
+    with catalog.session() as s:
+        return tuple(s.scalars(select(PinRow.pattern).where(PinRow.cache == cache).order_by(PinRow.pattern)))
+
+
+@dataclasses.dataclass(slots=True)
+class Outcome:
+    plan: core_prune.PrunePlan
+    result: core_prune.PruneResult | None = None
+    audit_id: int | None = None
+
+
+def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, policy_json: dict[str, Any], dry_run: bool,
+          who: str) -> Outcome:
+    """Plan a prune of one cache and, unless ``dry_run`` (the caller checked the scope), judge what ``integrity``
+    needs, audit and apply it. Raises PruneInProgressError, and InvalidInputError for a stale_jaxlib window beyond
+    the run records' retention."""
+    catalog, storage, settings = state.catalog, state.storages[cache], state.settings
+    retain_s, trusted = settings.records_retain_s, settings.trusted
+    _check_window(policy, retain_s)
+    policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
+    if dry_run:
+        storage.ping()  # a root that is gone (unmounted) refuses: its rows are not what is there
+        plan = _plan(catalog, cache, policy, retain_s)
+        if policy.integrity:
+            unjudged = verification.unjudged(catalog, cache, trusted)
+            if unjudged:
+                are = "is" if unjudged == 1 else "are"
+                plan.notes.append(f"integrity used the verdicts made so far: {plural(unjudged, 'entry')} {are} not"
+                                  " judged yet (the background pass will judge them; applying this prune judges them"
+                                  " first)")
+        return Outcome(plan)
+    lock = state.prune_locks.get(cache)
+    if not lock.acquire(blocking=False):
+        raise PruneInProgressError(cache)
+    try:
+        # Storage is the truth: refresh the index first so the plan sees entries written since the last scan.
+        rescan(catalog, cache, storage)
+        prune_audit.close(catalog, cache, prune_audit.tally_interrupted(catalog, cache, storage))
+        if policy.integrity:
+            # Throttled as the background pass is.
+            verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s,
+                                  bytes_per_s=settings.verify_bytes_per_s, cpu_share=settings.verify_cpu_share,
+                                  trusted=trusted)
+        plan = _plan(catalog, cache, policy, retain_s)
+        audit_id = prune_audit.begin(catalog, cache, plan.delete, who=who, policy_json=policy_json)
+        result = _apply_audited(catalog, audit_id, storage, plan)
+        if policy.orphans:
+            # Signatures whose entry is gone (JAX's own LRU deletes only -cache and -atime): not catalog rows.
+            for name in signing.orphans(storage):
+                storage.delete(name)
+        rescan(catalog, cache, storage)
+    finally:
+        lock.release()
+    state.metrics.prune_deleted.labels(cache).inc(result.deleted)
+    state.metrics.prune_bytes.labels(cache).inc(result.bytes_freed)
+    state.changed(cache)
+    return Outcome(plan, result, audit_id)
+
+
+def _apply_audited(catalog: Catalog, audit_id: int, storage: Storage,
+                   plan: core_prune.PrunePlan) -> core_prune.PruneResult:
+    """Apply ``plan`` under audit row ``audit_id``, which says how far it got; an undeleted entry marks it "failed"."""
+    done = core_prune.PruneResult()
+
+    def count(decision: core_prune.Decision) -> None:  # deleted now or already gone: either way not there any more
+        done.deleted += 1
+        done.bytes_freed += decision.candidate.size_bytes
+
+    try:
+        result = core_prune.apply(storage, plan, on_deleted=count)
+    except Exception as exc:
+        prune_audit.finish(catalog, audit_id, done, state=prune_audit.FAILED,
+                           error=f"stopped after {done.deleted} of {plural(len(plan.delete), 'object')}: {exc}")
+        raise
+    if result.failed:
+        prune_audit.finish(catalog, audit_id, result, state=prune_audit.FAILED,
+                           error=f"{result.failed} of {len(plan.delete)} planned objects could not be deleted and "
+                                 "are still there (each error below says why)")
+    else:
+        prune_audit.finish(catalog, audit_id, result)
+    return result
+
+
+def delete_entry(state: State, cache: str, key: str, *, who: str) -> bool:
+    """Delete one entry as a one-entry prune would, audited; False when neither storage nor catalog had it. Raises
+    PruneInProgressError, and EntryNotDeletedError when its file is still there (its row stays)."""
+    catalog, storage = state.catalog, state.storages[cache]
+    lock = state.prune_locks.get(cache)
+    if not lock.acquire(blocking=False):
+        raise PruneInProgressError(cache)
+    try:
+        with catalog.session() as s:
+            row = s.get(EntryRow, (cache, key, "entry"))
+            stat = storage.stat(fmt.cache_name(key))
+            if row is None and stat is None:
+                return False
+            candidate = core_prune.Candidate(
+                key=key, module=key.rsplit("-", 1)[0], name=fmt.cache_name(key),
+                size_bytes=stat.size_bytes if stat else row.size_bytes if row else 0,
+                created_s=row.created_s if row else 0.0, last_used_s=row.seen_used_s if row else 0.0,
+                status=row.status if row else None, generation=row.generation if row else None, has_atime=True)
+        plan = core_prune.PrunePlan(delete=[core_prune.Decision(candidate, ("deleted by request",))], protected=[],
+                                    kept=0, bytes_freed=candidate.size_bytes, bytes_remaining=0, entries_total=1)
+        audit_id = prune_audit.begin(catalog, cache, plan.delete, who=who, policy_json={"key": key}, kind="delete")
+        result = _apply_audited(catalog, audit_id, storage, plan)
+        if result.changed:
+            raise PreconditionFailedError(f"{key} was written again since it was listed: rescan and try again")
+        if result.failed:
+            raise EntryNotDeletedError(f"{key!r} was not deleted: {'; '.join(result.errors)}")
+        with catalog.session() as s:
+            s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.key == key))
+    finally:
+        lock.release()
+    state.changed(cache)
+    return True
 
 
 def close_interrupted_prunes(state: State, name: str) -> None:

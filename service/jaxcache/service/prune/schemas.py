@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 from jaxcache import prune
 from jaxcache.errors import InvalidInputError
 from jaxcache.service import memory
-from jaxcache.service.prune.pruning import Outcome
+from jaxcache.service.prune.run import Outcome
 from jaxcache.service.web.fields import Duration, Glob, Size
 
 #: The core's cross-field rules, stated for clients: a policy selects something; stale_jaxlib_window needs stale_jaxlib.
