@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 
 from conftest import fake_entries, settled
 from jaxcache.service.app import create_app
-from jaxcache.service.prune import run as pruning
+from jaxcache.service.rescan.scan import close_interrupted_prunes
 from test_service import BOTH, H_ADMIN, H_READ, make_settings
 
 
@@ -204,7 +204,7 @@ def test_a_prune_asked_once_an_interrupted_one_reads_closed_is_accepted(svc, cac
     prune_audit.begin(state.catalog, "demo", [], who="the replica that died", policy_json={"unused_for": "7d"})
     answers: dict[str, object] = {}
     with _change_counts_held(state.catalog):
-        closing = threading.Thread(target=pruning.close_interrupted_prunes, args=(state, "demo"))
+        closing = threading.Thread(target=close_interrupted_prunes, args=(state, "demo"))
         closing.start()
         _wait(lambda: svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"][0]["state"] == "interrupted",
               "the interrupted prune to read closed")
@@ -246,7 +246,7 @@ def test_the_prune_lock_is_free_whenever_the_audit_reads_an_interrupted_prune_cl
     handler = _HoldingHandler()
     logging.getLogger("jaxcache.service").addHandler(handler)
     try:
-        closing = threading.Thread(target=pruning.close_interrupted_prunes, args=(state, "demo"))
+        closing = threading.Thread(target=close_interrupted_prunes, args=(state, "demo"))
         closing.start()
         _wait(handler.held.is_set, "the close to log")
         assert svc.get("/v1/caches/demo/prunes", headers=H_READ).json()["prunes"][0]["state"] == "interrupted"

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 schemathesis = pytest.importorskip("schemathesis")
 
 from jaxcache.service.app import create_app  # noqa: E402
-from jaxcache.service.rescan import rescans  # noqa: E402
+from jaxcache.service.rescan.scan import rescan_cache  # noqa: E402
 from jaxcache.service.settings import ServiceSettings  # noqa: E402
 
 ADMIN = "schema-admin"
@@ -22,7 +22,7 @@ def api_schema(tmp_path, cache_copy):
         caches={"demo": str(cache_copy)}, db=f"sqlite:///{tmp_path / 'c.sqlite'}", rescan_s=3600,
         tokens={hashlib.sha256(ADMIN.encode()).hexdigest(): "admin"},
     ))
-    rescans.rescan(app.state.jaxcache, "demo")
+    rescan_cache(app.state.jaxcache, "demo")
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 

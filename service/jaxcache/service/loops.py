@@ -21,7 +21,7 @@ from typing import TypeVar
 from jaxcache.service.health import stuck_after
 from jaxcache.service.integrity import verifying
 from jaxcache.service.reports.draining import drain_all
-from jaxcache.service.rescan import rescans
+from jaxcache.service.rescan import scan as rescans
 from jaxcache.service.state import State
 
 log = logging.getLogger("jaxcache.service")

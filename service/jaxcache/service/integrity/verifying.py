@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from jaxcache.service.integrity import verification
-from jaxcache.service.rescan.rescans import ensure_scanned
+from jaxcache.service.rescan.scan import ensure_scanned
 from jaxcache.service.state import State
 
 

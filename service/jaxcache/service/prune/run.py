@@ -178,20 +178,3 @@ def delete_entry(state: State, cache: str, key: str, *, who: str) -> bool:
     state.changed(cache)
     return True
 
-
-def close_interrupted_prunes(state: State, name: str) -> None:
-    """Close the audit rows of prunes of ``name`` whose replica died mid-way, unless a prune holds the lock."""
-    if not prune_audit.any_running(state.catalog, name):
-        # Not waiting for the lock, so a prune asked as soon as the replica is ready is not refused.
-        return
-    lock = state.prune_locks.get(name)
-    if not lock.acquire(blocking=False):
-        return
-    try:
-        interrupted = prune_audit.tally_interrupted(state.catalog, name, state.storages[name])
-    finally:
-        lock.release()
-    # Refreshed after closing, so a reader of the closed audit may prune at once (a prune between closes them first).
-    closed = prune_audit.close(state.catalog, name, interrupted)
-    if closed:
-        state.changed(name)

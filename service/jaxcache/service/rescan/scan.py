@@ -1,5 +1,6 @@
-"""Rescan: make the catalog match storage, parsing only unseen objects (JAX never rewrites a key); one rescan per
-cache across replicas (the ``scan:<cache>`` lock), as two would insert the same rows."""
+"""Rescans: make the catalog match storage, parsing only unseen objects (JAX never rewrites a key); one rescan per
+cache across replicas (the ``scan:<cache>`` lock), as two would insert the same rows. One is asked for by a route, or
+run by the background loop's rounds."""
 
 from __future__ import annotations
 
@@ -12,18 +13,22 @@ from sqlalchemy import bindparam, case, delete, func, insert, select, update
 
 from jaxcache import entry as fmt
 from jaxcache.display import shown
-from jaxcache.errors import NotRegularFileError
+from jaxcache.errors import JaxcacheError, NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service import memory
 from jaxcache.service.catalog.database import Catalog, analyze
+from jaxcache.service.catalog.generations import USAGE
 from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
-from jaxcache.service.reports import retention
+from jaxcache.service.prune import audit as prune_audit
+from jaxcache.service.reports import inbox, retention
 from jaxcache.service.reports.aggregates import EMPTY, stats_of
 from jaxcache.service.reports.drain import drain
+from jaxcache.service.reports.draining import note_folded
 from jaxcache.service.reports.runfiles import scan_records
 from jaxcache.service.rescan import snapshots
+from jaxcache.service.state import State
 from jaxcache.service.warmups import ingest as warmups
 from jaxcache.storage import ObjectInfo, Storage
 from jaxcache.storage.base import Skipped, Stat, name_problem
@@ -347,3 +352,83 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
     return RescanResult(cache, added, removed, updated, entries, seconds, found.ingested, found.malformed,
                         covered.ingested, compacted, sum(drained.misses.values()), skipped.count, read_catalog,
                         dict(drained.fresh), dict(drained.malformed))
+
+
+def rescan_cache(state: State, name: str, *, wait_s: float | None = None) -> RescanResult:
+    """Rescan one cache, waiting at most ``wait_s`` for one running elsewhere (then LockBusyError); records metrics."""
+    try:
+        result = rescan(state.catalog, name, state.storages[name], wait_s=wait_s,
+                        retain_s=state.settings.records_retain_s,
+                        release_from_entries=state.settings.release_memory_from_entries)
+    except LockBusyError:
+        raise
+    except Exception as exc:
+        # Per cache, which the loops' own error count is not: which bucket's scans fail, whatever the cause.
+        state.metrics.scan_errors.labels(name, type(exc).__name__).inc()
+        if isinstance(exc, JaxcacheError):
+            with state.catalog.session() as s:  # a write without a read first: see _finish
+                s.execute(update(CacheRow).where(CacheRow.name == name).values(last_scan_error=str(exc)[:2000]))
+        raise
+    state.scanned.add(name)
+    state.metrics.scan_seconds.labels(name).observe(result.seconds)
+    note_folded(state, name, result.folded, result.misses_explained, result.dropped)
+    if result.records_malformed:
+        state.metrics.reports_malformed.labels(inbox.STORAGE).inc(result.records_malformed)
+    if result.records_compacted:
+        state.metrics.records_compacted.labels(name).inc(result.records_compacted)
+        state.generations.bump(name, USAGE)  # the usage windows' runs may be gone
+    if result.added or result.removed or result.updated:
+        state.changed(name)
+        state.stats(name)  # computed here, in the scan thread, so this process's requests find it ready
+    return result
+
+
+def ensure_scanned(state: State, name: str) -> None:
+    """Rescan ``name`` unless this process has seen a scan of it (its own, or another's in the catalog)."""
+    if name not in state.scanned:
+        # Another process may have scanned it: listing again would cost a listing and block the rescan loop.
+        state.follow()
+    if name not in state.scanned:
+        rescan_cache(state, name)
+
+
+def rescan_all(state: State) -> list[tuple[str, Exception]]:
+    """One round of background rescans, skipping those scanned elsewhere lately; returns the failures."""
+    now = time.time()
+    failed: list[tuple[str, Exception]] = []
+    with state.catalog.session() as s:
+        last = {r.name: r.last_scan_s for r in s.scalars(select(CacheRow))}
+    for name in state.settings.caches:
+        at = last.get(name)
+        # A process's first round always rescans: what was written while it was down must not wait a period.
+        if at is not None and name in state.rounds_done and 0 <= now - at < state.settings.rescan_s / 2:
+            log.debug("rescan of %s skipped: scanned %.0f s ago (by another process)", name, now - at)
+            continue
+        state.loops.on_cache(name)
+        try:
+            rescan_cache(state, name, wait_s=0)
+            state.rounds_done.add(name)
+            close_interrupted_prunes(state, name)
+        except LockBusyError:
+            log.info("rescan of %s skipped: another process is running one", name)
+        except Exception as exc:  # noqa: BLE001 - a root or the database gone: the others still get rescanned
+            failed.append((name, exc))
+    return failed
+
+
+def close_interrupted_prunes(state: State, name: str) -> None:
+    """Close the audit rows of prunes of ``name`` whose replica died mid-way, unless a prune holds the lock."""
+    if not prune_audit.any_running(state.catalog, name):
+        # Not waiting for the lock, so a prune asked as soon as the replica is ready is not refused.
+        return
+    lock = state.prune_locks.get(name)
+    if not lock.acquire(blocking=False):
+        return
+    try:
+        interrupted = prune_audit.tally_interrupted(state.catalog, name, state.storages[name])
+    finally:
+        lock.release()
+    # Refreshed after closing, so a reader of the closed audit may prune at once (a prune between closes them first).
+    closed = prune_audit.close(state.catalog, name, interrupted)
+    if closed:
+        state.changed(name)
