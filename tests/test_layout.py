@@ -91,7 +91,7 @@ def test_dependency_direction(name):
 SERVICE_LAYERS = (
     ("app", "server", "command", "loops", "dashboard", "ops"),
     ("web", "caches.route", "caches.schemas", "entries.route", "entries.schemas", "entries.cursors",
-     "integrity.route", "integrity.schemas", "integrity.verifying", "prune.route", "prune.schemas", "prune.run",
+     "integrity.route", "integrity.schemas", "integrity.verification", "prune.route", "prune.schemas", "prune.run",
      "reports.route", "reports.schemas", "reports.jobs", "reports.jobs_schemas", "reports.misses_schemas",
      "reports.working_set_route", "reports.draining", "rescan.route", "rescan.scan", "warmups.route",
      "warmups.schemas"),

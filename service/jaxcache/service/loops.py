@@ -19,7 +19,7 @@ from functools import partial
 from typing import TypeVar
 
 from jaxcache.service.health import stuck_after
-from jaxcache.service.integrity import verifying
+from jaxcache.service.integrity import verification as verifying
 from jaxcache.service.reports.draining import drain_all
 from jaxcache.service.rescan import scan as rescans
 from jaxcache.service.state import State

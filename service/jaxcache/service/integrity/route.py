@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from jaxcache.service.integrity import queries as verdicts
-from jaxcache.service.integrity import verifying
+from jaxcache.service.integrity import verification
 from jaxcache.service.integrity.schemas import IntegritySummary, VerifyRequest, VerifyResult
 from jaxcache.service.web.common import ErrorModel
 from jaxcache.service.web.deps import (
@@ -33,7 +33,7 @@ def post_verify(request: Request, cache: CacheName, _p: AdminAuth,
     """Verify new, changed and pending entries (or all, with `recheck_all`) now, unthrottled."""
     storage_of(request, cache)
     body = body or VerifyRequest()
-    r = verifying.verify(state_of(request), cache, max_entries=body.max_entries, recheck_all=body.recheck_all)
+    r = verification.verify(state_of(request), cache, max_entries=body.max_entries, recheck_all=body.recheck_all)
     return VerifyResult(cache=r.cache, checked=r.checked, bytes_read=r.bytes_read, counts=r.counts,
                         remaining=r.remaining, seconds=r.seconds)
 

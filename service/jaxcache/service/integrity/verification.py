@@ -1,5 +1,6 @@
-"""The integrity pass: verdicts kept per entry version, so a pass reads only new, changed, re-attested or pending
-entries; throttled in the background, as it shares the GIL with the API, flat out on ``POST .../verify``."""
+"""Integrity passes: verdicts kept per entry version, so a pass reads only new, changed, re-attested or pending
+entries; throttled in the background loop's rounds, as it shares the GIL with the API, flat out on ``POST
+.../verify``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from jaxcache.scan import Entry
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import AttestationRow, EntryRow, VerificationRow
 from jaxcache.service.integrity import attestations
+from jaxcache.service.rescan.scan import ensure_scanned
+from jaxcache.service.state import State
 from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
 
@@ -141,3 +144,31 @@ def unjudged(catalog: Catalog, cache: str, trusted: TrustedKeys) -> int:
         count: int = conn.execute(select(func.count()).select_from(_todo(cache, trusted).subquery())).scalar_one()
     return count
 
+
+def verify(state: State, name: str, *, max_entries: int | None = None, recheck_all: bool = False,
+           stop: threading.Event | None = None, throttled: bool = False) -> VerifyPass:
+    """One integrity pass over ``name`` (only what needs it unless ``recheck_all``)."""
+    ensure_scanned(state, name)
+    settings = state.settings
+    result = run_pass(
+        state.catalog, name, state.storages[name], min_age_s=settings.verify_min_age_s, max_entries=max_entries,
+        recheck_all=recheck_all, stop=stop, bytes_per_s=settings.verify_bytes_per_s if throttled else None,
+        cpu_share=settings.verify_cpu_share if throttled else None, progress=state.loops.progress,
+        trusted=settings.trusted,
+    )
+    state.refresh_integrity(name)
+    return result
+
+
+def verify_all(state: State, stop: threading.Event) -> list[tuple[str, Exception]]:
+    """One throttled integrity pass over every cache; the caches whose pass failed, with why."""
+    failed: list[tuple[str, Exception]] = []
+    for name in state.settings.caches:
+        if stop.is_set():
+            break
+        state.loops.on_cache(name)
+        try:
+            verify(state, name, stop=stop, throttled=True)
+        except Exception as exc:  # noqa: BLE001 - one cache's failure must not stop the others' passes
+            failed.append((name, exc))
+    return failed
