@@ -88,7 +88,7 @@ def _unexplained():  # type: ignore[no-untyped-def]
     """Misses stored unexplained: the arm without explanations."""
     from collections import Counter
 
-    from jaxcache.service.reports import explain as explaining
+    from jaxcache.service.reports import misses as explaining
 
     return mock.patch.object(explaining, "explain_pending", lambda *a, **k: Counter())
 

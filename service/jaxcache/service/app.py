@@ -15,7 +15,6 @@ from jaxcache.service.loops import background
 from jaxcache.service.prune import route as prune
 from jaxcache.service.reports import jobs
 from jaxcache.service.reports import route as reports
-from jaxcache.service.reports import working_set_route as working_sets
 from jaxcache.service.rescan import route as rescan
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.service.state import State
@@ -25,7 +24,7 @@ from jaxcache.service.web.middleware import LimitsAndMetrics
 
 #: In the order requests are matched against them (each route tried in turn): the busiest first, which behind every
 #: other router and the dashboard spent a noticeable part of a report's POST finding its route.
-ROUTERS = (reports, ops, entries, caches, rescan, prune, jobs, working_sets, warmups, integrity)
+ROUTERS = (reports, ops, entries, caches, rescan, prune, jobs, warmups, integrity)
 
 
 def create_app(settings: ServiceSettings | None = None, *, prepared: bool = False) -> FastAPI:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from jaxcache.service.reports.misses_schemas import MissesByCause
+from jaxcache.service.reports.schemas import MissesByCause
 from jaxcache.service.rescan.scan import SKIPPED_SHOWN
 
 

@@ -43,8 +43,9 @@ from jaxcache.service.catalog.models import (
     UsageRow,
     table_of,
 )
-from jaxcache.service.reports import explain, rules
-from jaxcache.service.reports.history import chunks
+from jaxcache.service.reports import misses as explain
+from jaxcache.service.reports import rules
+from jaxcache.service.reports.misses import chunks
 
 #: A key's aggregates when no run record mentions it.
 EMPTY: dict[str, Any] = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}

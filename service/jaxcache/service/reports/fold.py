@@ -27,9 +27,10 @@ from jaxcache.records import COMPILED, JOB, WRITE, RunRecord, text_of
 from jaxcache.service.catalog.database import Catalog, analyze, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
 from jaxcache.service.integrity import attestations
-from jaxcache.service.reports import aggregates, explain, usage_changes
-from jaxcache.service.reports.history import chunks
+from jaxcache.service.reports import aggregates, usage_changes
+from jaxcache.service.reports import misses as explain
 from jaxcache.service.reports.inbox import REPORT
+from jaxcache.service.reports.misses import chunks
 
 __all__ = ["Folded", "Item", "fold"]
 
