@@ -11,8 +11,8 @@ from sqlalchemy import select
 from jaxcache.errors import JaxcacheError
 from jaxcache.service.health import export_health
 from jaxcache.service.state import State
-from jaxcache.service.web.common import Health, LoopModel, Readiness
 from jaxcache.service.web.deps import state_of
+from jaxcache.service.web.fields import Health, LoopModel, Readiness
 
 router = APIRouter(tags=["ops"])
 

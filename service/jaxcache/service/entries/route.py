@@ -14,7 +14,6 @@ from jaxcache.service.prune import run as pruning
 from jaxcache.service.prune.run import EntryNotDeletedError, PruneInProgressError
 from jaxcache.service.state import State
 from jaxcache.service.web import conditional
-from jaxcache.service.web.common import ErrorModel
 from jaxcache.service.web.deps import (
     ERRORS,
     AdminAuth,
@@ -26,7 +25,7 @@ from jaxcache.service.web.deps import (
     state_of,
     storage_of,
 )
-from jaxcache.service.web.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText
+from jaxcache.service.web.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText, ErrorModel
 from jaxcache.topology import parse_any_topology
 
 router = APIRouter(tags=["entries"], responses=ERRORS)

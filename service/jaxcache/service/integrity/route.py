@@ -9,7 +9,6 @@ from fastapi import APIRouter, Query, Request
 from jaxcache.service.integrity import queries as verdicts
 from jaxcache.service.integrity import verification
 from jaxcache.service.integrity.schemas import IntegritySummary, VerifyRequest, VerifyResult
-from jaxcache.service.web.common import ErrorModel
 from jaxcache.service.web.deps import (
     BY_DIR_ERRORS,
     ERRORS,
@@ -22,6 +21,7 @@ from jaxcache.service.web.deps import (
     state_of,
     storage_of,
 )
+from jaxcache.service.web.fields import ErrorModel
 
 router = APIRouter(tags=["integrity"], responses=ERRORS)
 

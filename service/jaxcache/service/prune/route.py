@@ -24,7 +24,6 @@ from jaxcache.service.prune.schemas import (
     policy_of,
 )
 from jaxcache.service.web import fields
-from jaxcache.service.web.common import ErrorModel
 from jaxcache.service.web.deps import (
     BEARER_REQUIRED,
     ERRORS,
@@ -34,6 +33,7 @@ from jaxcache.service.web.deps import (
     state_of,
     storage_of,
 )
+from jaxcache.service.web.fields import ErrorModel
 
 router = APIRouter(tags=["prune"], responses=ERRORS)
 

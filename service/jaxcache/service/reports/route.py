@@ -13,8 +13,8 @@ from jaxcache.errors import InvalidInputError
 from jaxcache.service.reports import inbox, routing
 from jaxcache.service.reports.schemas import ReportResult
 from jaxcache.service.state import State
-from jaxcache.service.web.common import ErrorModel
 from jaxcache.service.web.deps import ERRORS, UNPROCESSABLE, ReportAuth, state_of, storage_of, unroutable
+from jaxcache.service.web.fields import ErrorModel
 from jaxcache.service.web.middleware import ABORTED, REPORTS_PATH
 
 router = APIRouter(tags=["reports"])

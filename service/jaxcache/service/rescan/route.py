@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 
 from jaxcache.service.caches.schemas import RescanModel
 from jaxcache.service.rescan.scan import rescan_cache
-from jaxcache.service.web.common import ErrorModel
 from jaxcache.service.web.deps import ERRORS, AdminAuth, CacheName, state_of, storage_of
+from jaxcache.service.web.fields import ErrorModel
 
 router = APIRouter(tags=["caches"], responses=ERRORS)
 

@@ -14,7 +14,7 @@ from jaxcache.service.auth import Principal
 from jaxcache.service.reports import routing
 from jaxcache.service.state import State
 from jaxcache.service.web import fields
-from jaxcache.service.web.common import ErrorModel, UnprocessableModel
+from jaxcache.service.web.fields import ErrorModel, UnprocessableModel
 from jaxcache.storage import Storage
 from jaxcache.units import parse_duration
 

@@ -1,14 +1,15 @@
-"""The API's string and number rules, declared in OpenAPI and enforced as declared. ASCII classes only, so ECMA,
-Python and Rust read them alike; each a subset of the core's parsers, so a matching request is never refused."""
+"""The API's string and number rules, declared in OpenAPI and enforced as declared, and the answers every part of it
+shares (errors, health). ASCII classes only, so ECMA, Python and Rust read them alike; each a subset of the core's
+parsers, so a matching request is never refused."""
 
 from __future__ import annotations
 
 import re
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PlainValidator, WithJsonSchema
 
 #: What ``str.strip()`` removes (every character ``str.isspace()`` holds): a blank glob is refused by the core.
 _BLANK = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -102,3 +103,56 @@ DurationText = Annotated[str, AfterValidator(_duration_text),
                          Field(json_schema_extra={"pattern": DURATION, "maxLength": _TEXT_MAX}, examples=["14d"])]
 #: One glob of a list.
 Glob = Annotated[str, AfterValidator(_glob), Field(json_schema_extra={"pattern": GLOB})]
+
+
+LoopHealthName = Literal["ok", "failing", "stuck"]
+
+
+class LoopModel(BaseModel):
+    """A background loop: when it last finished a round without error, its last error, rounds failed in a row, and
+    how it is doing now (a stuck or failing loop never makes the replica unready)."""
+
+    last_success_s: float | None = None
+    last_error: str | None = None
+    last_error_s: float | None = None
+    failures: int = 0
+    state: LoopHealthName = Field("ok", description="stuck: the pass running now has run past stuck_after_s (a "
+                                  "verification: since its last batch); failing: its last round failed; else ok")
+    running_since_s: float | None = Field(None, description="when the pass running now started; null between "
+                                          "passes")
+    running_cache: str | None = Field(None, description="the cache the running pass is on")
+    stuck_after_s: float | None = Field(None, description="how long a pass may run before it is stuck "
+                                        "(JAXCACHE_STUCK_AFTER_S, else 3 periods and at least 600 s)")
+    caches: dict[str, LoopHealthName] = Field(
+        default_factory=dict, description="each cache: stuck (the running pass is blocked on it), failing (its "
+        "part of the last round failed) or ok")
+
+
+class Health(BaseModel):
+    status: str
+    detail: dict[str, str] = Field(default_factory=dict)
+
+
+class Readiness(Health):
+    loops: dict[str, LoopModel] = Field(default_factory=dict, description="background loops (rescan, verify)")
+
+
+class ErrorModel(BaseModel):
+    detail: str
+
+
+class ValidationProblem(BaseModel):
+    """One problem FastAPI found in a request (its own 422 answers list them)."""
+
+    loc: list[str | int] = Field(description="where: query, path or body, then the field",
+                                 examples=[["query", "limit"]])
+    msg: str
+    type: str
+    input: Any = None
+    ctx: dict[str, Any] | None = None
+
+
+class UnprocessableModel(BaseModel):
+    """A 422: a list when the request does not match the schema, a string when a route refuses what it read."""
+
+    detail: str | list[ValidationProblem]
