@@ -21,8 +21,5 @@ RESCAN_WAIT_S = 60.0
 def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> RescanModel:
     """Rescan one cache's entries and new or changed run records now."""
     storage_of(request, cache)
-    r = rescan_cache(state_of(request), cache, wait_s=RESCAN_WAIT_S)
-    return RescanModel(cache=r.cache, added=r.added, removed=r.removed, updated=r.updated, entries=r.entries,
-                       seconds=r.seconds, records_ingested=r.records_ingested,
-                       records_malformed=r.records_malformed, warmups_ingested=r.warmups_ingested,
-                       records_compacted=r.records_compacted, skipped=r.skipped)
+    return RescanModel.model_validate(rescan_cache(state_of(request), cache, wait_s=RESCAN_WAIT_S),
+                                      from_attributes=True)
