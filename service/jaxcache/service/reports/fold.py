@@ -23,11 +23,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
-from jaxcache.records import COMPILED, JOB, WRITE, RunRecord, text_of
+from jaxcache.records import WRITE, RunRecord, text_of
 from jaxcache.service.catalog.database import Catalog, analyze, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
 from jaxcache.service.integrity import attestations
-from jaxcache.service.reports import aggregates, explain, usage_changes
+from jaxcache.service.reports import aggregates, explain, rules, usage_changes
 from jaxcache.service.reports.history import chunks
 from jaxcache.service.reports.inbox import REPORT
 
@@ -223,8 +223,7 @@ def _misses(conn: Connection, cache: str, touched: dict[str, set[str]], root: st
                 select(c.cause, func.sum(c.missed - c.counted)).where(*joined).group_by(c.cause))})
             conn.execute(update(_usage).where(*joined).values(counted=c.missed))
             pending += [explain.Pending(*row) for row in conn.execute(
-                select(c.run_id, c.job, c.key).where(*mine, c.kind == JOB, c.event.in_([WRITE, COMPILED]),
-                                                     c.cause.is_(None)))]
+                select(c.run_id, c.job, c.key).where(*mine, rules.is_miss(c.kind, c.event), c.cause.is_(None)))]
     if pending:
         counts.update(explain.explain_pending(conn, cache, pending, root=root))
     return counts
