@@ -9,14 +9,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
-from sqlalchemy import Select, Text, and_, bindparam, cast, or_, select
+from sqlalchemy import Select, Text, and_, bindparam, cast, select
 from sqlalchemy.engine import Connection
 
 from jaxcache import integrity
 from jaxcache.explain import Deletion, EntryNow, Known
 from jaxcache.explain.from_root import LIBRARY
 from jaxcache.keyparts import KeyParts, ProgramSignature
-from jaxcache.records import COMPILED, JOB, WRITE, Fingerprint
+from jaxcache.records import Fingerprint
 from jaxcache.service.catalog.models import (
     EntryRow,
     PruneItemRow,
@@ -27,6 +27,7 @@ from jaxcache.service.catalog.models import (
     WarmupKeyRow,
     WarmupRow,
 )
+from jaxcache.service.reports import rules
 
 #: Newest rows read per missed key: enough to hold other processes' latest write, hit and compile.
 KEY_ROWS = 200
@@ -121,8 +122,7 @@ def _first_of_function() -> Select:
 def _stored() -> Select:
     # A job's miss only: a row may have changed since it was listed to explain (a run id used again).
     return (_usage_base().add_columns(_u.missed, _u.counted)
-            .where(_u.run_id == bindparam("run_id"), _u.cause.is_(None), _u.kind == JOB,
-                   or_(_u.event == WRITE, _u.event == COMPILED)))  # (an IN would not compile once)
+            .where(_u.run_id == bindparam("run_id"), _u.cause.is_(None), rules.is_miss(_u.kind, _u.event)))
 
 
 @functools.cache

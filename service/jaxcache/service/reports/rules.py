@@ -29,6 +29,7 @@ wrote = partial(usage_rules.wrote, SQL)
 write_at = partial(usage_rules.write_at, SQL)
 hit_at = partial(usage_rules.hit_at, SQL)
 is_miss = partial(usage_rules.is_miss, SQL)
+is_recent = partial(usage_rules.is_recent, SQL)
 event_rank = partial(usage_rules.event_rank, SQL)
 event_of = partial(usage_rules.event_of, SQL)
 
