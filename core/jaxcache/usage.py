@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
-from jaxcache import records
+from jaxcache import records, usage_rules
 from jaxcache.errors import InvalidInputError, NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.prune import Candidate
 from jaxcache.storage.base import ObjectInfo, Storage, name_problem
+from jaxcache.usage_rules import PY
 
 
 @dataclass(slots=True)
@@ -29,7 +31,7 @@ class RecordedUse:
 
     def recent_jaxlibs(self, since_s: float) -> set[str]:
         """jaxlib versions of processes whose records were updated at or after ``since_s``."""
-        return {jaxlib for at, jaxlib in self.runs if at >= since_s}
+        return {jaxlib for at, jaxlib in self.runs if usage_rules.is_recent(PY, at, since_s)}
 
     def apply_to(self, candidate: Candidate) -> Candidate:
         """``candidate`` with its last reported hit and writer's jaxlib filled in (orphans stay as they are)."""
@@ -53,9 +55,8 @@ def _read(storage: Storage, info: ObjectInfo) -> tuple[str, bytes | None, str | 
 def read_usage(storage: Storage) -> RecordedUse:
     """Read every run record under ``storage``'s ``.jaxcache/runs/``; malformed ones are listed, not fatal."""
     use = RecordedUse()
-    # key -> (write time, run id, process index, jaxlib) of the earliest writer so far; ties go the same way
-    # whatever order the listing came in, as in the service.
-    writers: dict[str, tuple[float, str, int, str]] = {}
+    # key -> (usage_rules.writer_order, jaxlib) of the earliest writer so far
+    writers: dict[str, tuple[Any, ...]] = {}
     infos = []
     for info in storage.iter_objects(records.RUNS_PREFIX, recursive=True):
         if not records.is_record_name(info.name):
@@ -79,14 +80,13 @@ def read_usage(storage: Storage) -> RecordedUse:
         jaxlib = record.fingerprint.jaxlib
         use.runs.append((record.updated_at, jaxlib))
         for u in record.keys:
-            # A warm-up's verify run hits every key it just wrote: that is not use, and would keep it from LRU prunes.
-            if u.hits and record.kind == records.JOB:
-                at = u.last_at or u.first_at
-                if at and at > use.last_hit_s.get(u.key, float("-inf")):
-                    use.last_hit_s[u.key] = at
-            if u.writes or u.event == records.WRITE:
-                mine = (u.first_at or record.started_at, record.run_id, record.process_index, jaxlib)
+            hit = usage_rules.hit_at(PY, record.kind, u.hits, u.first_at, u.last_at)
+            if hit is not None and hit > use.last_hit_s.get(u.key, float("-inf")):
+                use.last_hit_s[u.key] = hit
+            at = usage_rules.write_at(PY, u.event, u.writes, u.first_at, record.started_at)
+            if at is not None:
+                mine = (*usage_rules.writer_order(PY, at, record.run_id, record.process_index), jaxlib)
                 if u.key not in writers or mine < writers[u.key]:
                     writers[u.key] = mine
-    use.writer_jaxlib = {key: w[3] for key, w in writers.items()}
+    use.writer_jaxlib = {key: w[-1] for key, w in writers.items()}
     return use

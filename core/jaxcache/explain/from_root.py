@@ -8,13 +8,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
-from jaxcache import coverage, records
+from jaxcache import coverage, records, usage_rules
 from jaxcache import entry as fmt
 from jaxcache.errors import InvalidInputError, NotRegularFileError
 from jaxcache.explain.model import Deletion, EntryNow, Known
 from jaxcache.parallel import bounded_map
 from jaxcache.storage import ObjectInfo, Storage
 from jaxcache.storage.base import name_problem
+from jaxcache.usage_rules import PY
 
 #: How JAX names the compression library it hashes, by the compression an entry's magic bytes show.
 LIBRARY = {fmt.Compression.ZSTD: "zstandard", fmt.Compression.ZLIB: "zlib"}
@@ -37,7 +38,7 @@ def knowns_of_warmup(warm: coverage.WarmupRecord) -> Iterator[Known]:
 
 def is_miss(k: Known) -> bool:
     """A job's process compiled the key: the cache did not give it."""
-    return k.kind == records.JOB and k.event in (records.WRITE, records.COMPILED)
+    return usage_rules.is_miss(PY, k.kind, k.event) is True
 
 
 class RootHistory:

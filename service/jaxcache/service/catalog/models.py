@@ -11,6 +11,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from jaxcache.service.catalog.run_tables import (
     AGGREGATES,
+    Aggregates,
     KeyHistoryRow,
     KeyStatsRow,
     ProcessKeysRow,
@@ -50,8 +51,9 @@ class CacheRow(Base):
 COMPILE_SORT_SQL = "coalesce(compile_seconds, -1)"
 
 
-class EntryRow(Base):
-    """One ``-cache`` file (kind ``entry``) or one orphaned ``-atime`` file (kind ``orphan``)."""
+class EntryRow(Aggregates, Base):
+    """One ``-cache`` file (kind ``entry``) or one orphaned ``-atime`` file (kind ``orphan``), with its key's
+    aggregates copied from key_stats whenever either side changes."""
 
     __tablename__ = "entries"
     cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
@@ -73,19 +75,6 @@ class EntryRow(Base):
     first_seen_s: Mapped[float] = mapped_column(Float)
     # Last use as storage shows it (newest of -atime and creation); last_used_s adds reported hits to it.
     seen_used_s: Mapped[float] = mapped_column(Float)
-    # Copied from key_stats (see there) whenever either side changes.
-    hits: Mapped[int] = mapped_column(BigInteger, default=0)
-    last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    saved_s: Mapped[float] = mapped_column(Float, default=0.0)
-    writer_job: Mapped[str | None] = mapped_column(Str(256), nullable=True)
-    writer_run: Mapped[str | None] = mapped_column(Str(128), nullable=True)
-    writer_process: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    writer_host: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    writer_topology: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    writer_jax: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    writer_jaxlib: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
-    writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (
         Index("ix_entries_size", "cache", "kind", "size_bytes", "key"),

@@ -10,15 +10,12 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from jaxcache.service.catalog.schema import Base, NullableJSON, Str
 
-#: A process_keys row of a process that wrote its key (reports.rules.wrote; spelled as the index has it).
+#: A process_keys row of a process that wrote its key (jaxcache.usage_rules.wrote; spelled as the index has it).
 WROTE = "writes > 0 OR event = 'write'"
-#: The per-key aggregates that key_stats holds and entry rows copy, in this order.
-AGGREGATES = ("hits", "last_hit_s", "saved_s", "writer_job", "writer_run", "writer_process", "writer_host",
-              "writer_topology", "writer_jax", "writer_jaxlib", "writer_at_s", "writer_compile_s")
 
 
-class _Aggregates:
-    """The per-key aggregate columns (AGGREGATES), shared by key_stats and key_history."""
+class Aggregates:
+    """The per-key aggregate columns of key_stats, key_history and the entry rows that copy them."""
 
     hits: Mapped[int] = mapped_column(BigInteger, default=0)
     last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -35,7 +32,11 @@ class _Aggregates:
     writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
-class KeyStatsRow(_Aggregates, Base):
+#: The names of the aggregate columns, in their order.
+AGGREGATES = tuple(Aggregates.__annotations__)
+
+
+class KeyStatsRow(Aggregates, Base):
     """Aggregates of one key over every ingested run record, compacted ones (key_history) included. Exists before
     (or without) the entry itself: a report may arrive before the rescan that finds the entry, and keeps its
     history after a prune."""
@@ -47,7 +48,7 @@ class KeyStatsRow(_Aggregates, Base):
     __table_args__ = ({"postgresql_with": {"fillfactor": 80}},)  # see UsageRow
 
 
-class KeyHistoryRow(_Aggregates, Base):
+class KeyHistoryRow(Aggregates, Base):
     """Aggregates of one key over the runs compacted after the records' retention (their runs and usage rows are
     gone): jobs' hits, last hit, seconds saved as their usage rows held them, and the earliest writer among them."""
 

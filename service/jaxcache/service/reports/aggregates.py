@@ -43,8 +43,7 @@ from jaxcache.service.catalog.models import (
     UsageRow,
     table_of,
 )
-from jaxcache.service.reports import misses as explain
-from jaxcache.service.reports import rules
+from jaxcache.service.reports import misses, rules
 from jaxcache.service.reports.misses import chunks
 
 #: A key's aggregates when no run record mentions it.
@@ -145,10 +144,10 @@ def usage_upsert(dialect: str, rows: Select) -> Any:
     holds, and its count of misses the metric counted."""
     ins = dialect_insert(dialect, _usage).from_select(list(USAGE), rows)
     u, ex = _usage.c, ins.excluded
-    # What a miss's explanation was made of, on the row (explain.INPUTS; parts and programs: see fold's texts).
+    # What a miss's explanation was made of, on the row (misses.INPUTS; parts and programs: see fold's texts).
     same = and_(u.process_index == ex.process_index, u.event == ex.event, u.first_at == ex.first_at,
                 u.reason.is_not_distinct_from(ex.reason), rules.is_miss(ex.kind, ex.event))
-    kept = {n: case((same, u[n])) for n in explain.COLUMNS}
+    kept = {n: case((same, u[n])) for n in misses.COLUMNS}
     return ins.on_conflict_do_update(
         index_elements=[c.name for c in _usage.primary_key],
         set_={**{n: ex[n] for n in USAGE if n not in ("cache", "run_id", "key", "job", "kind", "counted")}, **kept},

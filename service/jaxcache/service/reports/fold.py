@@ -23,12 +23,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
-from jaxcache.records import COMPILED, JOB, WRITE, RunRecord, text_of
+from jaxcache.records import WRITE, RunRecord, text_of
 from jaxcache.service.catalog.database import Catalog, analyze, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
 from jaxcache.service.integrity import attestations
-from jaxcache.service.reports import aggregates, usage_changes
-from jaxcache.service.reports import misses as explain
+from jaxcache.service.reports import aggregates, misses, rules, usage_changes
 from jaxcache.service.reports.inbox import REPORT
 from jaxcache.service.reports.misses import chunks
 
@@ -95,7 +94,7 @@ def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *,
 def _held(conn: Connection, cache: str, items: Sequence[Item]) -> dict[tuple[str, int], dict[str, Any]]:
     """What the catalog holds of the items' processes' run rows (what an explanation reads of them too)."""
     pairs = sorted({(i.record.run_id, i.record.process_index) for i in items})
-    cols = ("run_id", "process_index", "updated_s", *explain.RUN_INPUTS)
+    cols = ("run_id", "process_index", "updated_s", *misses.RUN_INPUTS)
     held = select(*(_runs.c[n] for n in cols)).where(_runs.c.cache == cache, *aggregates.of_processes(_runs))
     out = {}
     for params in aggregates.process_params(pairs):
@@ -130,12 +129,12 @@ def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item]
     # A row's explanation also reads its representative process's run: one that moved takes it with it.
     moved = [{"b_run": run_id, "b_process": index} for (run_id, index), item in fresh.items()
              if (before := held.get((run_id, index))) is not None and _run_inputs(item.record) != {
-                 n: before[n] for n in explain.RUN_INPUTS}]
+                 n: before[n] for n in misses.RUN_INPUTS}]
     if moved:
         u = _usage.c
         conn.execute(update(_usage).where(u.cache == cache, u.run_id == bindparam("b_run"),
                                           u.process_index == bindparam("b_process"))
-                     .values({n: None for n in explain.COLUMNS}), moved)
+                     .values({n: None for n in misses.COLUMNS}), moved)
     keys = sorted({k for found in touched.values() for k in found})
     for run_id, found in sorted(usage_changes.after(conn, cache, pairs).items()):
         aggregates.usage_rows(conn, cache, list(found), run_id=run_id)
@@ -172,7 +171,7 @@ def _run_row(cache: str, item: Item, now: float) -> dict[str, Any]:
 
 
 def _run_inputs(record: RunRecord) -> dict[str, Any]:
-    """What an explanation reads of a row's representative run (explain.RUN_INPUTS)."""
+    """What an explanation reads of a row's representative run (misses.RUN_INPUTS)."""
     return {"fingerprint_digest": record.fingerprint.digest, "topology": record.topology,
             "started_s": record.started_at}
 
@@ -205,7 +204,7 @@ def _texts(conn: Connection, cache: str, items: Any, touched: dict[str, set[str]
                                           c.job == bindparam("b_job"), c.kind == bindparam("b_kind"),
                                           c.key == bindparam("b_key"), c[column].is_(None))
                      .values({column: bindparam("b_value", type_=c[column].type),
-                              **{n: None for n in explain.COLUMNS}}))
+                              **{n: None for n in misses.COLUMNS}}))
         conn.execute(statement, [{"b_run": run, "b_job": job, "b_kind": kind, "b_key": key, "b_value": value}
                                  for (run, job, kind, key), value in first.items()])
 
@@ -215,7 +214,7 @@ def _misses(conn: Connection, cache: str, touched: dict[str, set[str]], root: st
     a row explained already, and those of the rows explained now."""
     c = _usage.c
     counts: Counter[str] = Counter()
-    pending: list[explain.Pending] = []
+    pending: list[misses.Pending] = []
     for run_id, found in sorted(touched.items()):
         for chunk in chunks(sorted(found), aggregates.CHUNK):
             mine = [c.cache == cache, c.run_id == run_id, c.key.in_(chunk)]
@@ -223,11 +222,10 @@ def _misses(conn: Connection, cache: str, touched: dict[str, set[str]], root: st
             counts.update({cause: int(n) for cause, n in conn.execute(
                 select(c.cause, func.sum(c.missed - c.counted)).where(*joined).group_by(c.cause))})
             conn.execute(update(_usage).where(*joined).values(counted=c.missed))
-            pending += [explain.Pending(*row) for row in conn.execute(
-                select(c.run_id, c.job, c.key).where(*mine, c.kind == JOB, c.event.in_([WRITE, COMPILED]),
-                                                     c.cause.is_(None)))]
+            pending += [misses.Pending(*row) for row in conn.execute(
+                select(c.run_id, c.job, c.key).where(*mine, rules.is_miss(c.kind, c.event), c.cause.is_(None)))]
     if pending:
-        counts.update(explain.explain_pending(conn, cache, pending, root=root))
+        counts.update(misses.explain_pending(conn, cache, pending, root=root))
     return counts
 
 

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
-from sqlalchemy import Select, Text, Update, and_, bindparam, cast, or_, select, update
+from sqlalchemy import Select, Text, Update, and_, bindparam, cast, select, update
 from sqlalchemy.engine import Connection
 
 from jaxcache import integrity
 from jaxcache.explain import Deletion, EntryNow, Explanation, Known, explain
 from jaxcache.explain.from_root import LIBRARY
 from jaxcache.keyparts import KeyParts, ProgramSignature
-from jaxcache.records import COMPILED, JOB, WRITE, Fingerprint
+from jaxcache.records import JOB, Fingerprint
 from jaxcache.service.catalog.models import (
     CacheRow,
     EntryRow,
@@ -32,6 +32,7 @@ from jaxcache.service.catalog.models import (
     WarmupRow,
     table_of,
 )
+from jaxcache.service.reports import rules
 
 #: Newest rows read per missed key: enough to hold other processes' latest write, hit and compile.
 KEY_ROWS = 200
@@ -126,8 +127,7 @@ def _first_of_function() -> Select:
 def _stored() -> Select:
     # A job's miss only: a row may have changed since it was listed to explain (a run id used again).
     return (_usage_base().add_columns(_u.missed, _u.counted)
-            .where(_u.run_id == bindparam("run_id"), _u.cause.is_(None), _u.kind == JOB,
-                   or_(_u.event == WRITE, _u.event == COMPILED)))  # (an IN would not compile once)
+            .where(_u.run_id == bindparam("run_id"), _u.cause.is_(None), rules.is_miss(_u.kind, _u.event)))
 
 
 @functools.cache

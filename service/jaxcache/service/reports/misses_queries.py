@@ -6,10 +6,10 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from jaxcache.records import COMPILED, JOB, WRITE
 from jaxcache.service.catalog.models import UsageRow
+from jaxcache.service.reports import rules
 
-_MISS = (UsageRow.kind == JOB, UsageRow.event.in_((WRITE, COMPILED)))
+_MISS = (rules.is_miss(UsageRow.kind, UsageRow.event),)
 _CHUNK = 500
 
 

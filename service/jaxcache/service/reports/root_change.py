@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import (
-    AGGREGATES,
     CacheRow,
     EntryRow,
     KeyHistoryRow,
@@ -23,6 +22,7 @@ from jaxcache.service.catalog.models import (
     RunRow,
     UsageRow,
 )
+from jaxcache.service.reports import aggregates
 from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.service")
@@ -77,5 +77,5 @@ def _drop_history(s: Session, cache: str) -> None:
     s.execute(delete(RecordFileRow).where(RecordFileRow.cache == cache))
     # No compacted history is left for a record to be older than.
     s.execute(update(CacheRow).where(CacheRow.name == cache).values(compacted_before_s=None))
-    cleared = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
-    s.execute(update(EntryRow).where(EntryRow.cache == cache).values(**cleared, last_used_s=EntryRow.seen_used_s))
+    s.execute(update(EntryRow).where(EntryRow.cache == cache).values(**aggregates.EMPTY,
+                                                                      last_used_s=EntryRow.seen_used_s))
