@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
+import anyio
 from cachetools import TTLCache
 from sqlalchemy import select
 
@@ -25,7 +26,6 @@ from jaxcache.service.prune.pruning import PruneLocks
 from jaxcache.service.reports import inbox, misses_queries, root_change, routing, usage_queries
 from jaxcache.service.reports.gauges import UsageCollector
 from jaxcache.service.settings import ServiceSettings
-from jaxcache.service.threads import Threads
 from jaxcache.storage import Storage, open_storage
 
 log = logging.getLogger("jaxcache.service")
@@ -78,7 +78,8 @@ class State:
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
                                              for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
-        self.threads = Threads()
+        # Reports are parsed and stored one at a time in the framework's pool (reports/route.py).
+        self.report_limiter = anyio.CapacityLimiter(1)
         # Set by the drain loop (loops.py) where this process runs it: a POST wakes it at once.
         self.inbox_arrived: asyncio.Event | None = None
         # Statistics by (what, cache, change counts, minute): computed again after a change, or once a minute (the

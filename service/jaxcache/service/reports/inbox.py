@@ -79,7 +79,7 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
            "body": zstandard.ZstdCompressor(level=1).compress(body), "received_s": time.time()}
     if catalog.dialect == "postgresql":
         # One statement, its own transaction: two round trips with the pool's ping, where a transaction of the
-        # three statements below took six, and a process stores one record at a time (service/threads.py).
+        # three statements below took six, and a process stores one record at a time (reports/route.py).
         with catalog.side_statements() as conn:
             held, kept = conn.execute(_accept(limit is not None), {**row, "limit": limit}).one()
     else:
