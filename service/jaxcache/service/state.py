@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -80,8 +79,8 @@ class State:
         self.prune_locks = PruneLocks(self.catalog.locks)
         # Reports are parsed and stored one at a time in the framework's pool (reports/route.py).
         self.report_limiter = anyio.CapacityLimiter(1)
-        # Set by the drain loop (loops.py) where this process runs it: a POST wakes it at once.
-        self.inbox_arrived: asyncio.Event | None = None
+        # Set by the drain loop (background.py) where this process runs it: a POST wakes it at once.
+        self.inbox_arrived: threading.Event | None = None
         # Statistics by (what, cache, change counts, minute): computed again after a change, or once a minute (the
         # growth and usage windows move with the clock).
         self._computed: TTLCache[tuple[str, str, Generation, int], dict] = TTLCache(maxsize=256, ttl=_STATS_TTL_S)
