@@ -1,7 +1,7 @@
 """The background loops of a service process, each a daemon thread started with the app: the drain of the report
-inbox (woken by each POST to this process, again at once after a round that folded something, and every
-DRAIN_POLL_S for records POSTed to others), rescans of every cache each period, and throttled integrity passes,
-which start after the first round of rescans.
+inbox (again at once after a round that folded something; on PostgreSQL woken by the NOTIFY of a record any process
+stored, on SQLite by a POST to this process and every DRAIN_POLL_S for records POSTed to others), rescans of every
+cache each period, and throttled integrity passes, which start after the first round of rescans.
 
 Every process with loops runs them, and each round first claims its loop's lock in the catalog (``loop:NAME``): one
 process runs a given pass at a time, and the others skip that round. A failed round is noted in
@@ -23,7 +23,8 @@ from typing import TypeVar
 
 import anyio.to_thread
 
-from jaxcache.service.health import stuck_after
+from jaxcache.service.catalog import notices
+from jaxcache.service.health import BACKOFF_FIRST_S, describe, stuck_after
 from jaxcache.service.integrity import verifying
 from jaxcache.service.reports.draining import drain_all
 from jaxcache.service.rescan import rescans
@@ -32,8 +33,8 @@ from jaxcache.service.state import State
 log = logging.getLogger("jaxcache.service")
 
 RESCAN, VERIFY, DRAIN = "rescan", "verify", "drain"
-#: How often the drain looks at the inbox when no POST to this process woke it: records POSTed to the other workers
-#: or replicas wait at most this long (plus the drain itself) before the catalog shows them.
+#: How often the drain looks at the inbox on SQLite when no POST to this process woke it: records POSTed to the other
+#: workers wait at most this long (plus the drain itself) before the catalog shows them.
 DRAIN_POLL_S = 1.0
 
 T = TypeVar("T")
@@ -92,21 +93,32 @@ async def background(state: State) -> AsyncIterator[None]:
         every_period(VERIFY, lambda: verifying.verify_all(state, stop))
 
     def draining() -> None:
-        while not stop.is_set():
-            arrived.clear()  # before the pass: a record accepted during it wakes the next one at once
-            folded: int | None = 0
-            try:
-                folded = one_round(state, DRAIN, DRAIN_POLL_S, partial(drain_all, state))
-            except Exception:  # noqa: BLE001 - noted; tried again after the backoff
-                folded = None
-            if folded:
-                # Records arrive while a round folds, POSTed to other processes too (--role api), which cannot
-                # wake this one: look again at once, and wait only once a round found nothing.
-                continue
-            # While its passes fail, POSTs do not hurry the backoff; while another process drains (it looks again
-            # at once after each round that folded something), they do not make this one claim the lock each time.
-            wake = stop if folded is None or state.loops.status(DRAIN).failures else arrived
-            wake.wait(state.loops.wait_s(DRAIN, DRAIN_POLL_S))
+        listener = notices.InboxListener(state.catalog.engine.url) if state.catalog.dialect == "postgresql" else None
+        lost = 0  # connections to listen on lost in a row
+        try:
+            while not stop.is_set():
+                arrived.clear()  # before the pass: a record accepted during it wakes the next one at once
+                folded: int | None = 0
+                try:
+                    folded = one_round(state, DRAIN, DRAIN_POLL_S, partial(drain_all, state))
+                except Exception:  # noqa: BLE001 - noted; tried again after the backoff
+                    folded = None
+                if folded:
+                    # Records arrive while a round folds, POSTed to other processes too (--role api): look again at
+                    # once, and wait only once a round found nothing.
+                    continue
+                if folded is None or state.loops.status(DRAIN).failures:
+                    # While its passes fail, records do not hurry the backoff; while another process drains (it
+                    # looks again at once after each round that folded something), they do not make this one
+                    # claim the lock each time.
+                    stop.wait(state.loops.wait_s(DRAIN, DRAIN_POLL_S))
+                elif listener is None:  # SQLite: only a POST to this process wakes it; others' records are polled
+                    arrived.wait(DRAIN_POLL_S)
+                else:
+                    lost = _listen(listener, stop, lost)
+        finally:
+            if listener is not None:
+                listener.close()
 
     threads = [threading.Thread(target=work, name=f"jaxcache-{loop}", daemon=True) for loop, work in (
         (DRAIN, draining), (RESCAN, partial(every_period, RESCAN, partial(rescans.rescan_all, state), rescanned)),
@@ -125,6 +137,22 @@ async def background(state: State) -> AsyncIterator[None]:
         if not await anyio.to_thread.run_sync(_join, threads, state.settings.shutdown_wait_s):
             log.warning("stopping without waiting longer for %s (JAXCACHE_SHUTDOWN_WAIT_S=%g)",
                         "; ".join(state.loops.running()) or "a background pass", state.settings.shutdown_wait_s)
+
+
+def _listen(listener: notices.InboxListener, stop: threading.Event, lost: int) -> int:
+    """Wait for a record stored by any process (PostgreSQL's NOTIFY), looking at ``stop`` each second; after a lost
+    connection, back off (doubling with ``lost``, up to a minute) before connecting again. The new ``lost``."""
+    try:
+        while not stop.is_set() and not listener.wait(1.0):
+            pass
+    except Exception as exc:  # noqa: BLE001 - the database is away: the drain's own pass says so in its health
+        lost += 1
+        if lost == 1:  # once per outage, not at each try
+            log.warning("the drain's connection listening for reports was lost (%s): connecting again; meanwhile "
+                        "reports wait in the inbox", describe(exc)[:300])
+        stop.wait(min(60.0, BACKOFF_FIRST_S * 2 ** min(lost - 1, 6)))
+        return lost
+    return 0
 
 
 def _join(threads: list[threading.Thread], wait_s: float) -> bool:
