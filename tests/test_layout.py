@@ -89,14 +89,13 @@ def test_dependency_direction(name):
 #: feature folder (reports, caches, entries, rescan, integrity, prune, warmups) has its route, schemas and rounds on the
 #: shared state above ``state``, and the work they run below it.
 SERVICE_LAYERS = (
-    ("app", "server", "command", "loops", "dashboard", "ops"),
+    ("app", "server", "command", "background", "dashboard", "ops"),
     ("web", "caches.route", "caches.schemas", "entries.route", "entries.schemas", "entries.cursors",
      "integrity.route", "integrity.schemas", "integrity.verification", "prune.route", "prune.schemas", "prune.run",
      "reports.route", "reports.schemas", "reports.jobs", "reports.draining", "rescan.route", "rescan.scan",
      "warmups.route", "warmups.schemas"),
     ("state",),
-    ("caches", "entries", "integrity", "prune", "reports", "rescan", "warmups", "health", "metrics", "memory",
-     "threads"),
+    ("caches", "entries", "integrity", "prune", "reports", "rescan", "warmups", "health", "metrics", "memory"),
     ("catalog",),
 )
 

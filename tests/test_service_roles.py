@@ -42,9 +42,11 @@ def _waiting(base: str) -> int:
 
 
 @pytest.mark.slow
-def test_api_processes_accept_reports_that_the_loops_process_folds(tmp_path, cache_copy, jax_caches):
+def test_api_processes_accept_reports_that_the_loops_process_folds(catalog_url, cache_copy, jax_caches):
+    """On PostgreSQL the loops process's drain is woken by the api process's NOTIFY (it does not poll); on SQLite
+    it polls the inbox for what other processes stored."""
     train = keys_of(jax_caches["zstd"])["jit_train_step"]
-    db = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
+    db = catalog_url
     caches = {"demo": cache_copy}
     at = time.time()
 

@@ -7,8 +7,6 @@ another connection holds locked, and the assertions are about what finishes befo
 from __future__ import annotations
 
 import inspect
-import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,8 +24,7 @@ from serving_support import PATIENCE_S, HeldTable, wait_for
 #: JAXCACHE_MAX_BODY_BYTES; the reports route reads its body on the loop and parses it in a thread.
 ASYNC_ROUTES = {
     "healthz",  # answers a constant
-    "list_entries",  # its query and JSON in one of the threads kept for catalog reads (threads.py)
-    "ingest_report",  # awaits the body, then parses it and stores it in the inbox in threads of their own
+    "ingest_report",  # awaits the body, then parses and stores it in one hop to the framework's pool
     "swagger_ui", "redoc",  # render a page of links to packaged assets
     "login", "logout",  # a small form and a token's hash
     "prune_form", "prune_apply",  # a token's hash; catalog work and rendering through run_in_threadpool
@@ -132,32 +129,3 @@ def test_the_busiest_routes_are_matched_first(client):
     dashboard = found_at("GET", "/")
     assert found_at("POST", "/v1/reports") < found_at("GET", "/healthz") < dashboard
     assert found_at("GET", "/v1/caches/demo/entries") < dashboard
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread has a CPU priority of its own on Linux only")
-def test_a_report_is_parsed_at_a_lower_cpu_priority_than_requests_are_served(client, jax_caches):
-    """Parsing a report is background work: its thread yields the CPU to the event loop, the catalog reads and the
-    drain, which run at the process's own priority."""
-    train = keys_of(jax_caches["zstd"])["jit_train_step"]
-    body = run("nice-job", "nice-run", [hit(train, 1, 1_700_000_000.0)]).to_json()
-    answer = client.post("/v1/reports?cache=demo", content=body,
-                         headers={**H_REPORT, "content-type": "application/json"})
-    assert answer.status_code == 202, answer.text
-    assert client.get("/v1/caches/demo/entries?limit=5", headers=H_READ).status_code == 200
-
-    def niceness(name_prefix: str) -> set[int]:
-        found = set()
-        for t in threading.enumerate():
-            if not t.name.startswith(name_prefix):
-                continue
-            try:  # an earlier app's executor thread may end meanwhile
-                stat = open(f"/proc/self/task/{t.native_id}/stat").read()
-            except FileNotFoundError:
-                continue
-            found.add(int(stat.rsplit(")", 1)[1].split()[16]))  # field 19, counted after the command's ")"
-        return found
-
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    assert niceness("jaxcache-parse") == {min(19, own + 10)}
-    assert niceness("jaxcache-read") == {own}
-    assert niceness("jaxcache-store") == {own}

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from jaxcache.service import dashboard, memory, ops
+from jaxcache.service.background import background
 from jaxcache.service.caches import route as caches
 from jaxcache.service.entries import route as entries
 from jaxcache.service.integrity import route as integrity
-from jaxcache.service.loops import background
 from jaxcache.service.prune import route as prune
 from jaxcache.service.reports import jobs
 from jaxcache.service.reports import route as reports
@@ -38,7 +38,7 @@ def create_app(settings: ServiceSettings | None = None, *, prepared: bool = Fals
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.role == "api":  # another process (--role loops) runs them
             loops: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
-        else:  # each of its passes claimed by a lock: see loops.py
+        else:  # each of its passes claimed by a lock: see background.py
             loops = background(state)
         try:
             async with loops:

@@ -91,7 +91,7 @@ def stuck_after(period_s: float, setting: float | None) -> float:
 
 
 class LoopHealth:
-    """Shared by the loops (asyncio tasks whose rounds run in worker threads) and the routes that read it."""
+    """Shared by the loops (background.py's threads) and the routes that read it."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
+import anyio
 from cachetools import TTLCache
 from sqlalchemy import select
 
@@ -25,7 +25,6 @@ from jaxcache.service.prune.audit import PruneLocks
 from jaxcache.service.reports import inbox, misses_queries, root_change, routing, usage_queries
 from jaxcache.service.reports.gauges import UsageCollector
 from jaxcache.service.settings import ServiceSettings
-from jaxcache.service.threads import Threads
 from jaxcache.storage import Storage, open_storage
 
 log = logging.getLogger("jaxcache.service")
@@ -78,9 +77,10 @@ class State:
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
                                              for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
-        self.threads = Threads()
-        # Set by the drain loop (loops.py) where this process runs it: a POST wakes it at once.
-        self.inbox_arrived: asyncio.Event | None = None
+        # Reports are parsed and stored one at a time in the framework's pool (reports/route.py).
+        self.report_limiter = anyio.CapacityLimiter(1)
+        # Set by the drain loop (background.py) where this process runs it: a POST wakes it at once.
+        self.inbox_arrived: threading.Event | None = None
         # Statistics by (what, cache, change counts, minute): computed again after a change, or once a minute (the
         # growth and usage windows move with the clock).
         self._computed: TTLCache[tuple[str, str, Generation, int], dict] = TTLCache(maxsize=256, ttl=_STATS_TTL_S)

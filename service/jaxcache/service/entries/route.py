@@ -12,7 +12,6 @@ from jaxcache.service.entries.schemas import EntryDetail, EntryJobModel, EntryPa
 from jaxcache.service.integrity.schemas import DigestConflict
 from jaxcache.service.prune import run as pruning
 from jaxcache.service.prune.run import EntryNotDeletedError, PruneInProgressError
-from jaxcache.service.state import State
 from jaxcache.service.web import conditional
 from jaxcache.service.web.deps import (
     ERRORS,
@@ -33,7 +32,7 @@ router = APIRouter(tags=["entries"], responses=ERRORS)
 
 @router.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries",
             responses={304: {"description": "the page has not changed since the `ETag` in `If-None-Match`"}})
-async def list_entries(
+def list_entries(
     request: Request, cache: CacheName, _p: ReadAuth,
     function: Annotated[str | None, Query(max_length=256, pattern=FUNCTION_GLOB,
                                           description="glob over function names: * and ?")] = None,
@@ -65,12 +64,15 @@ async def list_entries(
         status=status, job=job, jaxlib=jaxlib, topology=_spelled(topology),
     )
     at = cursors.to_catalog(cursor, sort) if cursor else None
-    clock = unused_for is not None or older_than is not None
-    # The hot route: on the threads kept for catalog reads (threads.py), not the shared pool.
-    tag, body = await state.threads.read(_page, state, cache, flt, sort, order, limit, at, request, clock)
-    if body is None:
+    tag = conditional.etag(state.generations.get(cache), clock=unused_for is not None or older_than is not None)
+    if conditional.matches(request, tag):  # the change counts are read before the query: see State._computed_at
         return conditional.not_modified(tag)
-    return Response(body, media_type="application/json", headers=conditional.headers(tag))
+    with state.catalog.reader() as conn:
+        rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=at)
+    # Through the declared model: the answer is what OpenAPI shows, by construction.
+    page = EntryPage.model_validate({"entries": [queries.page_entry(r) for r in rows],
+                                     "next_cursor": cursors.from_catalog(nxt)})
+    return Response(page.model_dump_json().encode(), media_type="application/json", headers=conditional.headers(tag))
 
 
 def _spelled(topology: str | None) -> str | None:
@@ -82,20 +84,6 @@ def _spelled(topology: str | None) -> str | None:
         return str(parse_any_topology(topology))
     except InvalidInputError:
         return topology
-
-
-def _page(state: State, cache: str, flt: queries.EntryFilter, sort: str, order: str, limit: int, at: str | None,
-          request: Request, clock: bool) -> tuple[str, bytes | None]:
-    """The page's tag, and its body unless the client holds it already (None)."""
-    tag = conditional.etag(state.generations.get(cache), clock=clock)  # before the query: see State._computed_at
-    if conditional.matches(request, tag):
-        return tag, None
-    with state.catalog.reader() as conn:
-        rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=at)
-    # Through the declared model: the answer is what OpenAPI shows, by construction.
-    page = EntryPage.model_validate({"entries": [queries.page_entry(r) for r in rows],
-                                     "next_cursor": cursors.from_catalog(nxt)})
-    return tag, page.model_dump_json().encode()
 
 
 @router.get("/v1/caches/{cache}/entries/{key}", response_model=EntryDetail, operation_id="getEntry")

@@ -20,6 +20,7 @@ from sqlalchemy import Float, Integer, Select, Table, bindparam, func, null, or_
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import RunRecord
+from jaxcache.service.catalog import notices
 from jaxcache.service.catalog.database import Catalog, dialect_insert
 from jaxcache.service.catalog.models import InboxRow, RunRow, table_of
 
@@ -79,7 +80,7 @@ def accept(catalog: Catalog, cache: str, record: RunRecord, body: bytes, *, sour
            "body": zstandard.ZstdCompressor(level=1).compress(body), "received_s": time.time()}
     if catalog.dialect == "postgresql":
         # One statement, its own transaction: two round trips with the pool's ping, where a transaction of the
-        # three statements below took six, and a process stores one record at a time (service/threads.py).
+        # three statements below took six, and a process stores one record at a time (reports/route.py).
         with catalog.side_statements() as conn:
             held, kept = conn.execute(_accept(limit is not None), {**row, "limit": limit}).one()
     else:
@@ -148,7 +149,7 @@ def _newest(insert: Any, table: Table) -> Any:
 def _accept(limited: bool) -> Select:
     """PostgreSQL: the upsert, made only if the run tables hold no newer version of the process's record and (when
     ``limited``) fewer than ``limit`` records wait; the records waiting (None unless ``limited``), and whether it
-    stored the row."""
+    stored the row, which then notifies the drains (catalog/notices.py)."""
     table = table_of(InboxRow)
     found = select(_folded().scalar_subquery().label("folded"),
                    (_waiting().scalar_subquery() if limited else null()).label("held")).cte("found")
@@ -157,7 +158,9 @@ def _accept(limited: bool) -> Select:
         or_(found.c.folded.is_(None), found.c.folded <= bindparam("updated_s", type_=Float)), *room)
     kept = _newest(dialect_insert("postgresql", table).from_select([c.name for c in table.columns], values),
                    table).cte("kept")
-    return select(found.c.held, select(func.count()).select_from(kept).scalar_subquery() > 0)
+    # Each stored row notifies the drains (at commit): the same statement, so accepting stays one round trip.
+    notified = select(notices.notify(kept.c.cache)).select_from(kept).subquery()
+    return select(found.c.held, select(func.count()).select_from(notified).scalar_subquery() > 0)
 
 
 def check_keys(keys: Sequence[str]) -> None:

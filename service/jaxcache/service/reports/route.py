@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
+import anyio.to_thread
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
 from starlette.requests import ClientDisconnect
 
@@ -65,41 +66,43 @@ async def ingest_report(
         log.info("a run record's upload ended before its body did (the client went away)")
         request.scope[ABORTED] = True
         return Response(status_code=400)  # never reaches the client
-    record, name = await state.threads.parse(_parse, state, body, cache)
-    accepted = await state.threads.store(_store, state, name, record, body)  # a full inbox: 503 (web/errors.py)
+    # One hop to the framework's pool, one report at a time (anyio's limiter): parsing in many threads at once took
+    # the interpreter lock from the event loop (/healthz).
+    accepted = await anyio.to_thread.run_sync(_accept, state, body, cache, limiter=state.report_limiter)
     state.wake_drain()
     return ReportResult(cache=accepted.cache, run_id=accepted.run_id, process_index=accepted.process_index,
                         runs=0 if accepted.stale else 1, keys=accepted.keys, stale=accepted.stale)
 
 
-def _parse(state: State, body: bytes, cache: str | None) -> tuple[records.RunRecord, str]:
-    """The record in ``body``, validated, and the cache it is for; 422/404 (counted as malformed) for a record
-    that is refused."""
+def _accept(state: State, body: bytes, cache: str | None) -> inbox.Accepted:
+    """Parse the record in ``body`` (once), find the cache it is for and put it into the inbox; 422/404 (counted
+    as malformed) for a record that is refused, 503 for a full inbox (web/errors.py)."""
     try:
         record = records.parse(body)
-        inbox.check_keys([u.key for u in record.keys])
         if record.process_count > MAX_PROCESSES:
             raise InvalidInputError(f"run record is malformed: process_count {record.process_count} is over "
                                     f"{MAX_PROCESSES}, the most the catalog counts")
     except InvalidInputError as exc:
-        state.metrics.reports_malformed.labels(inbox.REPORT).inc()
-        raise HTTPException(422, str(exc)) from None
+        raise _malformed(state, 422, exc) from None
     if cache is not None and (owners := routing.filed_elsewhere(record.cache_dir, cache, state.roots)):
-        state.metrics.reports_malformed.labels(inbox.REPORT).inc()
         fix = (f"post it with ?cache={owners[0]} or without ?cache=" if len(owners) == 1 else
                f"post it with ?cache= one of {', '.join(owners)}")
-        raise HTTPException(422, f"the record's cache_dir {record.cache_dir!r} is the root of "
-                                 f"{'cache' if len(owners) == 1 else 'caches'} {', '.join(owners)}, not of "
-                                 f"{cache}: {fix}; nothing stored")
+        raise _malformed(state, 422, f"the record's cache_dir {record.cache_dir!r} is the root of "
+                                     f"{'cache' if len(owners) == 1 else 'caches'} {', '.join(owners)}, not of "
+                                     f"{cache}: {fix}; nothing stored")
     try:
-        return record, cache if cache is not None else routing.cache_for(record, state.roots)
+        name = cache if cache is not None else routing.cache_for(record, state.roots)
     except InvalidInputError as exc:
-        state.metrics.reports_malformed.labels(inbox.REPORT).inc()
-        raise HTTPException(unroutable(record.cache_dir, state.roots)[0], str(exc)) from None
+        raise _malformed(state, unroutable(record.cache_dir, state.roots)[0], exc) from None
+    try:
+        return inbox.accept(state.catalog, name, record, body, limit=state.settings.report_inbox)
+    except InvalidInputError as exc:  # a key listed twice
+        raise _malformed(state, 422, exc) from None
 
 
-def _store(state: State, cache: str, record: records.RunRecord, body: bytes) -> inbox.Accepted:
-    return inbox.accept(state.catalog, cache, record, body, limit=state.settings.report_inbox)
+def _malformed(state: State, status: int, why: object) -> HTTPException:
+    state.metrics.reports_malformed.labels(inbox.REPORT).inc()
+    return HTTPException(status, str(why))
 
 
 def document_record_schema(app: FastAPI) -> None:
