@@ -183,7 +183,7 @@ def _delete_signature(storage: Storage, key: str) -> None:
 
 def _delete_one(
     storage: Storage, lock: Lock, jax_lru: bool, decision: Decision
-) -> tuple[Decision, str, str | None]:
+) -> tuple[Decision, str, str | RootGoneError | None]:
     c = decision.candidate
     try:
         with lock():
@@ -203,6 +203,10 @@ def _delete_one(
                 pass  # a job wrote this key again since the listing: the -atime is the new entry's
             except NotRegularFileError:
                 pass  # a folder named like the -atime: not JAX's, left alone (counted in storage.skipped)
+            except RootGoneError as exc:
+                # The root went away between the entry and its -atime: the entry is gone and counts; then the
+                # whole prune stops, as below.
+                return decision, _DELETED if present else _GONE, exc
             except StorageError as exc:
                 why = _why_not_deleted(storage, fmt.atime_name(c.key), exc)
                 return decision, _DELETED if present else _GONE, f"{c.key}: deleted the entry but not its -atime: {why}"
@@ -249,8 +253,10 @@ def apply(
                 result.changed += 1
             else:
                 result.failed += 1
-            if error is not None:
+            if isinstance(error, str):
                 result.errors.append(error)
             if on_deleted is not None and outcome in (_DELETED, _GONE):
                 on_deleted(decision)
+            if isinstance(error, RootGoneError):
+                raise error
     return result
