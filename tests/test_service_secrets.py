@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from conftest import serve_env, start_serve, stop_serve, wait_ready
 from jaxcache.service.app import create_app
+from jaxcache.service.caches import summary
 from ports import free_port
 from test_service import H_ADMIN, H_READ, make_settings
 
@@ -68,7 +69,7 @@ def test_a_dry_run_prune_with_integrity_reads_nothing(tmp_path, cache_copy):
     client = TestClient(app)  # no lifespan: no background pass judges entries behind the test's back
     state = app.state.jaxcache
     assert client.post("/v1/caches/demo/rescan", headers=H_ADMIN).status_code == 200
-    entries = state.caches()[0].entries
+    entries = summary.caches(state)[0].entries
 
     def judged() -> int:
         with state.catalog.session() as s:

@@ -181,9 +181,10 @@ def test_a_worker_does_not_migrate_the_catalog_again(tmp_path, cache_copy):
     """The serving process migrated it before any worker started; alembic would cost each worker 10 MiB."""
     db = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
     build = ("import sys; from jaxcache.service.server import worker_app; from jaxcache.service.app import "
-             "create_app; from jaxcache.service.settings import ServiceSettings; s = ServiceSettings(caches="
+             "create_app; from jaxcache.service.caches import summary; from jaxcache.service.settings import "
+             "ServiceSettings; s = ServiceSettings(caches="
              f"{{'demo': {str(cache_copy)!r}}}, db={db!r}); app = BUILD; "
-             "print('alembic' in sys.modules, len(app.state.jaxcache.caches()))")
+             "print('alembic' in sys.modules, len(summary.caches(app.state.jaxcache)))")
     for how, expected in (("create_app(s)", "True 1"), ("worker_app(s)", "False 1")):
         done = subprocess.run([sys.executable, "-c", build.replace("BUILD", how)], env=serve_env(),
                               capture_output=True, text=True, timeout=PATIENCE_S)

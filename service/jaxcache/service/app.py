@@ -10,11 +10,14 @@ from fastapi import FastAPI
 from jaxcache.service import dashboard, memory, ops
 from jaxcache.service.background import background
 from jaxcache.service.caches import route as caches
+from jaxcache.service.caches import summary
 from jaxcache.service.entries import route as entries
 from jaxcache.service.integrity import route as integrity
+from jaxcache.service.integrity import verification
 from jaxcache.service.prune import route as prune
-from jaxcache.service.reports import jobs
+from jaxcache.service.reports import jobs, root_change
 from jaxcache.service.reports import route as reports
+from jaxcache.service.reports.gauges import UsageCollector
 from jaxcache.service.rescan import route as rescan
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.service.state import State
@@ -33,6 +36,15 @@ def create_app(settings: ServiceSettings | None = None, *, prepared: bool = Fals
     (bad URL, missing root)."""
     settings = settings or ServiceSettings()
     state = State(settings, prepared=prepared)
+    if not prepared:
+        state.root_changes = root_change.register(
+            state.catalog, {name: storage.url for name, storage in state.storages.items()}, settings.root_changed)
+    state.open()
+    state.metrics.register(UsageCollector(state.catalog, list(settings.caches)))
+    if settings.role != "api":  # the catalog's gauges from the start, where the loops keep them fresh
+        for name in settings.caches:
+            summary.refresh_totals(state.metrics, state.catalog, name)
+            verification.refresh_gauges(state.metrics, state.catalog, name)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -15,10 +15,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from jaxcache.explain.causes import CAUSES
-from jaxcache.service.caches import stats
-from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.integrity import queries as verdicts
-from jaxcache.service.reports.inbox import REPORT, STORAGE
 
 log = logging.getLogger("jaxcache.service")
 
@@ -30,7 +26,7 @@ REJECTIONS: Final = {400: "malformed", 401: "unauthenticated", 403: "forbidden",
 #: Every ``reason`` :func:`rejection` answers.
 REASONS: Final = (*dict.fromkeys(REJECTIONS.values()), "error", "other")
 #: Where a run record came from (the ``source`` label).
-SOURCES: Final = (STORAGE, REPORT)
+SOURCES: Final = ("storage", "report")
 
 
 def rejection(status: int) -> str:
@@ -107,19 +103,6 @@ class Metrics:
         for loop in loops:
             self.loop_failing.labels(loop).set(0)
             self.loop_stuck.labels(loop).set(0)
-
-    def totals(self, catalog: Catalog, cache: str) -> None:
-        with catalog.session() as s:
-            count, size = stats.cache_totals(s, cache)
-        self.entries.labels(cache).set(count)
-        self.bytes.labels(cache).set(size)
-
-    def integrity_of(self, catalog: Catalog, cache: str) -> None:
-        """Set ``cache``'s entries by integrity class (every class, 0 where none) from the catalog."""
-        with catalog.reader() as conn:
-            counts = verdicts.summary(conn, cache, limit=0)["counts"]
-        for cls, n in counts.items():
-            self.integrity.labels(cache, cls).set(n)
 
     def render(self) -> bytes:
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -6,55 +6,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from typing import Any
 
 import anyio
 from cachetools import TTLCache
 from sqlalchemy import select
 
 from jaxcache.errors import InvalidRootError, JaxcacheError, RootGoneError
+from jaxcache.service import roots
 from jaxcache.service.auth import Authenticator
-from jaxcache.service.caches import stats
 from jaxcache.service.catalog import loop_health
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.generations import ENTRIES, USAGE, Generation, Generations
+from jaxcache.service.catalog.locks import PruneLocks
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.health import LoopHealth, LoopStatus
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.prune.audit import PruneLocks
-from jaxcache.service.reports import inbox, misses_queries, root_change, routing, usage_queries
-from jaxcache.service.reports.gauges import UsageCollector
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.storage import Storage, open_storage
 
 log = logging.getLogger("jaxcache.service")
 
 _STATS_TTL_S = 60.0
-_DAY_S = 86400.0
-
-
-@dataclass(frozen=True, slots=True)
-class SkippedName:
-    """One object the last rescan skipped: its name escaped for display, and why."""
-
-    name: str
-    why: str
-
-
-@dataclass(frozen=True, slots=True)
-class CacheInfo:
-    """A configured cache, its size and its last scan (GET /v1/caches, the dashboard's index)."""
-
-    name: str
-    url: str
-    entries: int
-    size_bytes: int
-    last_scan_s: float | None
-    last_scan_seconds: float | None
-    last_scan_error: str | None
-    reports_waiting: int
-    last_scan_skipped: int | None = None
-    last_scan_skipped_names: tuple[SkippedName, ...] = ()
 
 
 class State:
@@ -68,7 +42,6 @@ class State:
         self.catalog = Catalog(settings.catalog_url, migrate=not prepared, snapshot_dir=settings.snapshot_dir)
         self.generations = Generations(self.catalog)
         self.metrics = Metrics()
-        self.metrics.register(UsageCollector(self.catalog, list(settings.caches)))
         self.metrics.start(list(settings.caches))
         self.catalog.on_misses = self._count_misses
         self.loops = LoopHealth(self.metrics)
@@ -85,22 +58,23 @@ class State:
         # growth and usage windows move with the clock).
         self._computed: TTLCache[tuple[str, str, Generation, int], dict] = TTLCache(maxsize=256, ttl=_STATS_TTL_S)
         self._computed_lock = threading.Lock()
-        self.roots = routing.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
+        self.roots = roots.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
         self.scanned: set[str] = set()
         self.rounds_done: set[str] = set()  # caches this process has rescanned in a background round
         self.background_rounds = 0  # rounds of background rescans finished (or failed) since start
-        # The caches whose root changed since the catalog last served them (`jaxcache serve` says so at start).
-        self.root_changes = [] if prepared else root_change.register(
-            self.catalog, {name: storage.url for name, storage in self.storages.items()}, settings.root_changed)
-        if not prepared:  # a client's tag from before (another catalog at this URL, a rebuilt one) is stale
-            for name in settings.caches:
+        self.prepared = prepared
+        # The caches whose root changed since the catalog last served them (`jaxcache serve` says so at start): set
+        # by app.create_app, which registers the roots before :meth:`open`.
+        self.root_changes: list[Any] = []
+
+    def open(self) -> None:
+        """Start serving the catalog, once the caches' roots are registered: what it has scanned counts as scanned
+        here, and a root it has never seen that is missing is refused (InvalidRootError)."""
+        if not self.prepared:  # a client's tag from before (another catalog at this URL, a rebuilt one) is stale
+            for name in self.settings.caches:
                 self.generations.bump(name, ENTRIES, USAGE)
         self.follow()
         self._refuse_unknown_missing_roots()
-        if settings.role != "api":  # the catalog's gauges from the start, where the loops keep them fresh
-            for name in settings.caches:
-                self._refresh_gauges(name)
-                self.refresh_integrity(name)
 
     def _refuse_unknown_missing_roots(self) -> None:
         # A root the catalog has scanned before and that is gone now (an unmounted volume) is served from its rows
@@ -125,21 +99,8 @@ class State:
                 if row.last_scan_s is not None:
                     self.scanned.add(row.name)
 
-    def changed(self, name: str) -> None:
-        """Entries of ``name`` changed (rescan, prune, delete): cached statistics and listings' ETags are stale, in
-        every process."""
-        self.generations.bump(name, ENTRIES)
-        self._refresh_gauges(name)
-
-    def stats(self, name: str) -> dict:
-        """Statistics of one cache (its entries and, :meth:`usage`, its hit rates)."""
-        return {**self._computed_at("stats", name, self._compute_stats), **self.usage(name)}
-
-    def usage(self, name: str) -> dict:
-        """Hit rate and seconds saved over the last 24 h and 7 d, seconds saved by function, misses by cause."""
-        return self._computed_at("usage", name, self._compute_usage)
-
-    def _computed_at(self, what: str, name: str, compute: Callable[[str], dict]) -> dict:
+    def computed(self, what: str, name: str, compute: Callable[[str], dict]) -> dict:
+        """``compute(name)``, kept until ``name``'s change counts move or a minute passes."""
         # The counts are read before computing: a change meanwhile leaves the value filed under the old ones.
         key = (what, name, self.generations.get(name), int(time.time() // _STATS_TTL_S))
         with self._computed_lock:
@@ -149,19 +110,6 @@ class State:
             with self._computed_lock:
                 self._computed[key] = found
         return found
-
-    def _compute_stats(self, name: str) -> dict:
-        with self.catalog.session() as s:
-            return stats.stats(s, name)
-
-    def _compute_usage(self, name: str) -> dict:
-        now = time.time()
-        with self.catalog.reader() as conn:
-            return {"last_24h": usage_queries.usage_window(conn, name, since=now - _DAY_S),
-                    "last_7d": usage_queries.usage_window(conn, name, since=now - 7 * _DAY_S),
-                    "by_function_saved": usage_queries.saved_by_function(conn, name),
-                    "misses_by_cause": {"last_24h": misses_queries.misses_by_cause(conn, name, since=now - _DAY_S),
-                                        "last_7d": misses_queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
 
     def wake_drain(self) -> None:
         """A record entered the inbox: the drain loop of this process (if it runs one) takes it now."""
@@ -180,30 +128,3 @@ class State:
     def _count_misses(self, name: str, counts: Mapping[str, int]) -> None:
         for cause, n in counts.items():
             self.metrics.misses.labels(name, cause).inc(n)
-
-    def caches(self) -> list[CacheInfo]:
-        """Every configured cache with its size and last scan."""
-        out = []
-        waiting = inbox.waiting_by_cache(self.catalog)
-        with self.catalog.session() as s:
-            for name in self.settings.caches:
-                row = s.get(CacheRow, name)
-                count, size = stats.cache_totals(s, name)
-                out.append(CacheInfo(
-                    name=name, url=self.storages[name].url, entries=count, size_bytes=size,
-                    last_scan_s=row.last_scan_s if row else None,
-                    last_scan_seconds=row.last_scan_seconds if row else None,
-                    last_scan_error=row.last_scan_error if row else None,
-                    reports_waiting=waiting.get(name, 0),
-                    last_scan_skipped=row.last_scan_skipped if row else None,
-                    last_scan_skipped_names=tuple(SkippedName(str(n.get("name", "")), str(n.get("why", "")))
-                                                  for n in (row.last_scan_skipped_names if row else None) or ()),
-                ))
-        return out
-
-    def _refresh_gauges(self, name: str) -> None:
-        self.metrics.totals(self.catalog, name)
-
-    def refresh_integrity(self, name: str) -> None:
-        """The integrity gauges of ``name`` from the catalog's verdicts."""
-        self.metrics.integrity_of(self.catalog, name)

@@ -6,6 +6,7 @@ from dataclasses import asdict
 
 from fastapi import APIRouter, Request, Response
 
+from jaxcache.service.caches import summary
 from jaxcache.service.caches.schemas import CacheList, CacheSummary, StatsModel
 from jaxcache.service.web import conditional
 from jaxcache.service.web.deps import ERRORS, CacheName, ReadAuth, state_of, storage_of
@@ -16,7 +17,7 @@ router = APIRouter(tags=["caches"], responses=ERRORS)
 @router.get("/v1/caches", response_model=CacheList, operation_id="listCaches")
 def list_caches(request: Request, _p: ReadAuth) -> CacheList:
     """Every configured cache with its size and last scan."""
-    return CacheList(caches=[CacheSummary(**asdict(c)) for c in state_of(request).caches()])
+    return CacheList(caches=[CacheSummary(**asdict(c)) for c in summary.caches(state_of(request))])
 
 
 @router.get("/v1/caches/{cache}/stats", response_model=StatsModel, operation_id="getStats",
@@ -28,6 +29,6 @@ def get_stats(request: Request, cache: CacheName, _p: ReadAuth) -> Response:
     tag = conditional.etag(state.generations.get(cache), clock=True)
     if conditional.matches(request, tag):
         return conditional.not_modified(tag)
-    body = StatsModel(**state.stats(cache)).model_dump_json().encode()
+    body = StatsModel(**summary.stats_of(state, cache)).model_dump_json().encode()
     return Response(body, media_type="application/json", headers=conditional.headers(tag))
 

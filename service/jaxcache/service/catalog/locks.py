@@ -204,3 +204,13 @@ class ClusterLocks:
         engine = getattr(self._backend, "engine", None)
         if engine is not None:
             engine.dispose()
+
+
+class PruneLocks:
+    """The prune lock of each cache, shared by every replica on the catalog."""
+
+    def __init__(self, locks: ClusterLocks) -> None:
+        self._locks = locks
+
+    def get(self, cache: str) -> ClusterLock:
+        return self._locks.get(f"prune:{cache}")

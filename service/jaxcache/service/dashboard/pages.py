@@ -10,6 +10,7 @@ from fastapi.routing import APIRouter
 
 from jaxcache import entry as entry_fmt
 from jaxcache.errors import InvalidInputError
+from jaxcache.service.caches import summary
 from jaxcache.service.dashboard import format as fmt
 from jaxcache.service.dashboard import warmups
 from jaxcache.service.dashboard.forms import read_form
@@ -39,7 +40,8 @@ def routes(dash: Dashboard) -> APIRouter:
     @router.get("/")
     def index(request: Request) -> Response:
         viewer = dash.viewer(request)
-        return dash.render(request, "index.html", viewer=viewer, summaries=state.caches(), loops=loop_models(state))
+        return dash.render(request, "index.html", viewer=viewer, summaries=summary.caches(state),
+                           loops=loop_models(state))
 
     @router.get("/login")
     def login_form(request: Request, next: str = "/", expired: str | None = None) -> Response:
@@ -86,15 +88,15 @@ def routes(dash: Dashboard) -> APIRouter:
     def overview(request: Request, cache: str) -> Response:
         viewer = dash.viewer(request)
         dash.cache_or_404(cache)
-        stats = state.stats(cache)  # exactly what GET /v1/caches/{cache}/stats answers
-        summary = next(c for c in state.caches() if c.name == cache)
+        stats = summary.stats_of(state, cache)  # exactly what GET /v1/caches/{cache}/stats answers
+        found = next(c for c in summary.caches(state) if c.name == cache)
         first = stats["first_created_s"]
         chart = fmt.growth_chart(stats["growth"], stats["size_bytes"],
                                  first_day=None if first is None else datetime.fromtimestamp(first, UTC).date())
         with state.catalog.reader() as conn:
             integrity = verdicts.summary(conn, cache, limit=20)  # what GET .../integrity answers
         return dash.render(request, "overview.html", viewer=viewer, cache=cache, section="overview", stats=stats,
-                           summary=summary, chart=chart, integrity=integrity, loops=loop_models(state),
+                           summary=found, chart=chart, integrity=integrity, loops=loop_models(state),
                            causes=fmt.top_causes(stats["misses_by_cause"]), growth_label=fmt.growth_label(first))
 
     @router.get("/caches/{cache}/entries")

@@ -17,7 +17,8 @@ from jaxcache.parallel import bounded_map
 from jaxcache.scan import Entry
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import AttestationRow, EntryRow, VerificationRow
-from jaxcache.service.integrity import attestations
+from jaxcache.service.integrity import attestations, queries
+from jaxcache.service.metrics import Metrics
 from jaxcache.service.rescan.scan import ensure_scanned
 from jaxcache.service.state import State
 from jaxcache.signing import TrustedKeys
@@ -156,8 +157,16 @@ def verify(state: State, name: str, *, max_entries: int | None = None, recheck_a
         cpu_share=settings.verify_cpu_share if throttled else None, progress=state.loops.progress,
         trusted=settings.trusted,
     )
-    state.refresh_integrity(name)
+    refresh_gauges(state.metrics, state.catalog, name)
     return result
+
+
+def refresh_gauges(metrics: Metrics, catalog: Catalog, name: str) -> None:
+    """Set ``name``'s entries by integrity class (every class, 0 where none) from the catalog's verdicts."""
+    with catalog.reader() as conn:
+        counts = queries.summary(conn, name, limit=0)["counts"]
+    for cls, n in counts.items():
+        metrics.integrity.labels(name, cls).set(n)
 
 
 def verify_all(state: State, stop: threading.Event) -> list[tuple[str, Exception]]:

@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session
 
 from jaxcache import prune
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.locks import ClusterLock, ClusterLocks
 from jaxcache.service.catalog.models import PruneItemRow, PruneRow
 from jaxcache.storage import Storage
 
@@ -23,16 +22,6 @@ log = logging.getLogger("jaxcache.service")
 
 RUNNING, DONE, FAILED, INTERRUPTED = "running", "done", "failed", "interrupted"
 _CHUNK = 5000
-
-
-class PruneLocks:
-    """The prune lock of each cache, shared by every replica on the catalog."""
-
-    def __init__(self, locks: ClusterLocks) -> None:
-        self._locks = locks
-
-    def get(self, cache: str) -> ClusterLock:
-        return self._locks.get(f"prune:{cache}")
 
 
 def begin(catalog: Catalog, cache: str, decisions: Sequence[prune.Decision], *, who: str, policy_json: dict,

@@ -14,6 +14,7 @@ from jaxcache import prune as core_prune
 from jaxcache import signing
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError
 from jaxcache.service import memory
+from jaxcache.service.caches import summary
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import EntryRow, PinRow
 from jaxcache.service.integrity import verification
@@ -117,7 +118,7 @@ def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, policy_js
         lock.release()
     state.metrics.prune_deleted.labels(cache).inc(result.deleted)
     state.metrics.prune_bytes.labels(cache).inc(result.bytes_freed)
-    state.changed(cache)
+    summary.changed(state, cache)
     return Outcome(plan, result, audit_id)
 
 
@@ -175,6 +176,6 @@ def delete_entry(state: State, cache: str, key: str, *, who: str) -> bool:
             s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.key == key))
     finally:
         lock.release()
-    state.changed(cache)
+    summary.changed(state, cache)
     return True
 

@@ -18,14 +18,16 @@ from typing import Any
 import zstandard
 from sqlalchemy import Float, Integer, Select, Table, bindparam, func, null, or_, select
 
-from jaxcache.errors import InvalidInputError, JaxcacheError
+from jaxcache.errors import InvalidInputError
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog import notices
 from jaxcache.service.catalog.database import Catalog, dialect_insert
 from jaxcache.service.catalog.models import InboxRow, RunRow, table_of
+from jaxcache.service.metrics import SOURCES
+from jaxcache.service.web.errors import InboxFullError
 
-#: Where a record came from (runs.source, inbox rows): POSTed, or read from its file by a rescan.
-STORAGE, REPORT = "storage", "report"
+#: Where a record came from (runs.source, inbox rows): read from its file by a rescan, or POSTed.
+STORAGE, REPORT = SOURCES
 
 
 def body_of(stored: bytes) -> bytes:
@@ -35,15 +37,6 @@ def body_of(stored: bytes) -> bytes:
         return zstandard.ZstdDecompressor().decompress(stored)
     except zstandard.ZstdError as exc:
         raise InvalidInputError(f"the inbox row does not decompress: {exc}") from None
-
-
-class InboxFullError(JaxcacheError):
-    """The inbox holds its configured limit of records; ``retry_after_s``: about when the drain will have made
-    room."""
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)

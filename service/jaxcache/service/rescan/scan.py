@@ -17,6 +17,7 @@ from jaxcache.errors import JaxcacheError, NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service import memory
+from jaxcache.service.caches import summary
 from jaxcache.service.catalog.database import Catalog, analyze
 from jaxcache.service.catalog.generations import USAGE
 from jaxcache.service.catalog.locks import LockBusyError
@@ -378,8 +379,8 @@ def rescan_cache(state: State, name: str, *, wait_s: float | None = None) -> Res
         state.metrics.records_compacted.labels(name).inc(result.records_compacted)
         state.generations.bump(name, USAGE)  # the usage windows' runs may be gone
     if result.added or result.removed or result.updated:
-        state.changed(name)
-        state.stats(name)  # computed here, in the scan thread, so this process's requests find it ready
+        summary.changed(state, name)
+        summary.stats_of(state, name)  # computed here, in the scan thread, so this process's requests find it ready
     return result
 
 
@@ -431,4 +432,4 @@ def close_interrupted_prunes(state: State, name: str) -> None:
     # Refreshed after closing, so a reader of the closed audit may prune at once (a prune between closes them first).
     closed = prune_audit.close(state.catalog, name, interrupted)
     if closed:
-        state.changed(name)
+        summary.changed(state, name)

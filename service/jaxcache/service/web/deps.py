@@ -11,7 +11,7 @@ from fastapi.security.base import SecurityBase
 from jaxcache import entry as fmt
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.auth import Principal
-from jaxcache.service.reports import routing
+from jaxcache.service.roots import cache_for_dir, normal_dir
 from jaxcache.service.state import State
 from jaxcache.service.web import fields
 from jaxcache.service.web.fields import ErrorModel, UnprocessableModel
@@ -85,7 +85,7 @@ def storage_of(request: Request, cache: str) -> Storage:
 
 def unroutable(cache_dir: str | None, roots: dict[str, list[str]]) -> tuple[int, list[str]]:
     """For a ``cache_dir`` naming no one cache: 422 and the caches sharing its root, or 404 and none."""
-    norm = routing.normal_dir(cache_dir) if cache_dir else None
+    norm = normal_dir(cache_dir) if cache_dir else None
     sharing = roots.get(norm, []) if norm is not None else []
     return (422, sorted(sharing)) if len(sharing) > 1 else (404, [])
 
@@ -94,7 +94,7 @@ def cache_of_dir(request: Request, cache_dir: str, by_name: str) -> str:
     """The configured cache whose root is ``cache_dir``, else 404 (none) or 422 (several)."""
     state = state_of(request)
     try:
-        return routing.cache_for_dir(cache_dir, state.roots)
+        return cache_for_dir(cache_dir, state.roots)
     except InvalidInputError:
         status, sharing = unroutable(cache_dir, state.roots)
         said = (f"caches {', '.join(sharing)} share the root {cache_dir!r}: ask GET /v1/caches/NAME/{by_name}"

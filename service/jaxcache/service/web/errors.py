@@ -15,7 +15,15 @@ from starlette.routing import Match
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
 from jaxcache.jsontree import leaves, map_leaves
 from jaxcache.service.catalog.locks import LockBusyError
-from jaxcache.service.reports.inbox import InboxFullError
+
+
+class InboxFullError(JaxcacheError):
+    """The inbox holds its configured limit of records; ``retry_after_s``: about when the drain will have made
+    room."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 def status_of(exc: JaxcacheError) -> int:
