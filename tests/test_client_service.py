@@ -295,7 +295,7 @@ def test_a_job_refused_by_a_full_inbox_goes_on_and_a_rescan_ingests_its_record(t
     the catalog later."""
     from sqlalchemy import create_engine, text
 
-    from jaxcache.service.catalog.locks import advisory_key
+    from jaxcache.service.catalog.coordination import advisory_key
 
     cache = tmp_path / "cache"
     cache.mkdir()

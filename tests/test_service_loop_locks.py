@@ -5,6 +5,7 @@ real app and the catalog's own locks, as another replica would hold them."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 
@@ -15,9 +16,8 @@ from sqlalchemy.engine import make_url
 
 from conftest import settled
 from jaxcache.service.app import create_app
-from jaxcache.service.catalog import loop_health
+from jaxcache.service.catalog.coordination import ClusterLocks, LoopStatuses
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.locks import ClusterLocks
 from reports_support import hit, keys_of, run
 from test_service import H_ADMIN, H_READ, REPORT, make_settings
 
@@ -86,21 +86,35 @@ def test_a_pass_starting_in_another_process_keeps_the_last_success_and_error_sho
     """Each process publishes its own view of a loop: one whose first pass starts after another's success (or
     whose pass succeeds after another's error) must not hide it from any /readyz."""
     catalog = Catalog(db)
+    statuses, elsewhere = LoopStatuses(catalog.engine), LoopStatuses(catalog.engine)  # another process's reads
     try:
-        loop_health.publish(catalog, "rescan", {"last_success_s": 100.0, "last_error": "root gone",
-                                                "last_error_s": 90.0, "failures": 0})
-        loop_health.publish(catalog, "rescan", {"last_success_s": None, "running_since_s": 110.0, "failures": 0})
-        shown = loop_health.read(catalog)["rescan"]
+        statuses.publish("rescan", {"last_success_s": 100.0, "last_error": "root gone", "last_error_s": 90.0,
+                                    "failures": 0})
+        statuses.publish("rescan", {"last_success_s": None, "running_since_s": 110.0, "failures": 0})
+        shown = elsewhere.read()["rescan"]
         assert shown["running_since_s"] == 110.0 and shown["last_success_s"] == 100.0
         assert (shown["last_error"], shown["last_error_s"]) == ("root gone", 90.0)
-        loop_health.publish(catalog, "rescan", {"last_success_s": 120.0, "last_error": "other",
-                                                "last_error_s": 80.0, "running_since_s": None})
-        shown = loop_health.read(catalog)["rescan"]
+        statuses.publish("rescan", {"last_success_s": 120.0, "last_error": "other", "last_error_s": 80.0,
+                                    "running_since_s": None})
+        shown = elsewhere.read()["rescan"]
         assert shown["last_success_s"] == 120.0 and shown["running_since_s"] is None
         assert (shown["last_error"], shown["last_error_s"]) == ("root gone", 90.0)
     finally:
         catalog.dispose()
 
+
+def test_on_sqlite_a_status_is_published_while_another_process_holds_the_catalogs_write_lock(tmp_path):
+    """A pass blocked on the catalog's write lock still shows running (and stuck) in every process."""
+    db = tmp_path / "catalog.sqlite"
+    catalog = Catalog(f"sqlite:///{db}")
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        LoopStatuses(catalog.engine).publish("rescan", {"running_since_s": 110.0})
+        assert LoopStatuses(catalog.engine).read() == {"rescan": {"running_since_s": 110.0}}
+    finally:
+        holder.close()
+        catalog.dispose()
 
 
 #: Writes of how a round ended (its status no longer running) wait while ``stalled`` has a row, as they would on

@@ -24,8 +24,8 @@ from sqlalchemy.engine import make_url
 
 from conftest import kill_service, serve_env, start_serve, stop_serve, wait_ready
 from jaxcache.records import RunRecord
+from jaxcache.service.catalog.coordination import ClusterLocks, LockBusyError
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.locks import ClusterLocks, LockBusyError
 from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
 from jaxcache.service.reports import inbox
 from jaxcache.service.reports.aggregates import refresh
@@ -69,7 +69,7 @@ def test_a_lock_excludes_other_replicas_and_threads(catalog_url):
 _HOLDER = """
 import sys, time
 from sqlalchemy.engine import make_url
-from jaxcache.service.catalog.locks import ClusterLocks
+from jaxcache.service.catalog.coordination import ClusterLocks
 lock = ClusterLocks(make_url(sys.argv[1])).get("scan:demo")
 assert lock.acquire(blocking=False)
 print("held", flush=True)

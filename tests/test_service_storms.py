@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, select, text
 
 from conftest import serve_env, settled, start_serve, stop_serve, wait_ready
 from jaxcache.service.app import create_app
-from jaxcache.service.catalog.locks import advisory_key
+from jaxcache.service.catalog.coordination import advisory_key
 from reports_support import (
     H_READ,
     H_REPORT,

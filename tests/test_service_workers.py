@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from conftest import serve_env, start_serve, stop_serve, wait_ready
-from jaxcache.service.catalog.locks import ClusterLocks
+from jaxcache.service.catalog.coordination import ClusterLocks
 from reports_support import hit, keys_of, run
 
 ADMIN, REPORT, READ = "w-admin", "w-report", "w-read"

@@ -1,15 +1,6 @@
-"""The background loops of a service process, each a daemon thread started with the app: the drain of the report
-inbox (again at once after a round that folded something; on PostgreSQL woken by the NOTIFY of a record any process
-stored, on SQLite by a POST to this process and every DRAIN_POLL_S for records POSTed to others), rescans of every
-cache each period, and throttled integrity passes, which start after the first round of rescans.
-
-Every process with loops runs them, and each round first claims its loop's lock in the catalog (``loop:NAME``): one
-process runs a given pass at a time, and the others skip that round. A failed round is noted in
-:class:`~jaxcache.service.health.LoopHealth` and tried again after a backoff; a pass that never returns reads
-``stuck`` past its bound, and stopping waits for it at most ``shutdown_wait_s``. Daemon threads, not a pool's: the
-interpreter's exit joins those, so one blocked for good in a pass would never let the process end (SIGTERM to a
-container's PID 1).
-"""
+"""The background loops, a daemon thread each (the interpreter's exit would join a pool's thread blocked for good):
+the inbox's drain, rescans, throttled integrity passes. Each round claims its loop's lock (``loop:NAME``) or is
+skipped; docs/service.md, "Serving"."""
 
 from __future__ import annotations
 
@@ -23,7 +14,7 @@ from typing import TypeVar
 
 import anyio.to_thread
 
-from jaxcache.service.catalog import notices
+from jaxcache.service.catalog.coordination import InboxListener
 from jaxcache.service.health import BACKOFF_FIRST_S, describe, stuck_after
 from jaxcache.service.integrity import verification
 from jaxcache.service.reports.draining import drain_all
@@ -42,9 +33,8 @@ T = TypeVar("T")
 
 def one_round(state: State, loop: str, period_s: float, one_pass: Callable[[], T],
               failures: Callable[[T], list[tuple[str, Exception]]] = lambda _: []) -> T | None:
-    """``one_pass()``, noted as running in ``state.loops``, if this process claims the loop's lock; None when
-    another holds it, which runs the pass instead. Its outcome (an error, the ``failures`` it returned, or success)
-    is noted after the lock is released; an error is raised again."""
+    """``one_pass()`` if this process claims the loop's lock, else None; its outcome is noted in ``state.loops``
+    after the lock is released (an error is raised again)."""
     lock = state.catalog.locks.get(f"loop:{loop}")
     try:
         if not lock.acquire(blocking=False):
@@ -93,7 +83,7 @@ async def background(state: State) -> AsyncIterator[None]:
         every_period(VERIFY, lambda: verification.verify_all(state, stop))
 
     def draining() -> None:
-        listener = notices.InboxListener(state.catalog.engine.url) if state.catalog.dialect == "postgresql" else None
+        listener = InboxListener(state.catalog.engine.url) if state.catalog.dialect == "postgresql" else None
         lost = 0  # connections to listen on lost in a row
         try:
             while not stop.is_set():
@@ -108,9 +98,7 @@ async def background(state: State) -> AsyncIterator[None]:
                     # once, and wait only once a round found nothing.
                     continue
                 if folded is None or state.loops.status(DRAIN).failures:
-                    # While its passes fail, records do not hurry the backoff; while another process drains (it
-                    # looks again at once after each round that folded something), they do not make this one
-                    # claim the lock each time.
+                    # Records hurry neither a backoff nor a process whose drain another process runs.
                     stop.wait(state.loops.wait_s(DRAIN, DRAIN_POLL_S))
                 elif listener is None:  # SQLite: only a POST to this process wakes it; others' records are polled
                     arrived.wait(DRAIN_POLL_S)
@@ -139,9 +127,9 @@ async def background(state: State) -> AsyncIterator[None]:
                         "; ".join(state.loops.running()) or "a background pass", state.settings.shutdown_wait_s)
 
 
-def _listen(listener: notices.InboxListener, stop: threading.Event, lost: int) -> int:
-    """Wait for a record stored by any process (PostgreSQL's NOTIFY), looking at ``stop`` each second; after a lost
-    connection, back off (doubling with ``lost``, up to a minute) before connecting again. The new ``lost``."""
+def _listen(listener: InboxListener, stop: threading.Event, lost: int) -> int:
+    """Wait for a NOTIFY, looking at ``stop`` each second; after a lost connection, back off (doubling with
+    ``lost``, up to a minute). Returns the new ``lost``."""
     try:
         while not stop.is_set() and not listener.wait(1.0):
             pass
@@ -156,7 +144,7 @@ def _listen(listener: notices.InboxListener, stop: threading.Event, lost: int) -
 
 
 def _join(threads: list[threading.Thread], wait_s: float) -> bool:
-    """Whether every thread of ``threads`` ended within ``wait_s`` in all."""
+    """Whether every thread ended within ``wait_s`` in all."""
     deadline = time.monotonic() + wait_s
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))

@@ -1,6 +1,5 @@
-"""How each background loop is doing: its last success and last error (``/readyz``, metrics), the pass running now
-and the cache it is on (a pass blocked for good, say in an ``open()`` of a FIFO, reads ``stuck``), the wait before
-its next round (backoff while it fails), and logging that says each kind of error once instead of every round."""
+"""How each background loop is doing (``/readyz``, metrics): last success and error, the pass running now and its
+cache (``stuck`` past its bound), the backoff before its next round, and each kind of error logged once."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ BACKOFF_FIRST_S = 1.0
 #: A pass is stuck once it has run this many of its loop's periods, and never sooner than STUCK_MIN_S: a rescan of
 #: a large bucket may take minutes, and a loop polling every second must not read stuck after three.
 STUCK_PERIODS, STUCK_MIN_S = 3, 600.0
-#: How often a pass's steps are told to on_change (the catalog's loop_health): far below any stuck bound.
+#: How often a pass's steps are published (on_change): far below any stuck bound.
 PROGRESS_PUBLISH_S = 5.0
 
 Health = Literal["ok", "failing", "stuck"]
@@ -32,11 +31,8 @@ Health = Literal["ok", "failing", "stuck"]
 
 @dataclass(frozen=True, slots=True)
 class LoopStatus:
-    """One loop as ``/readyz`` shows it. ``failures``: rounds failed in a row (0 once a round succeeds).
-    ``running_since_s``: when the pass running now started (None between passes), ``running_cache`` the cache
-    it is on since ``cache_since_s``; past ``stuck_after_s`` either reads stuck. ``progress_s``: the last step of
-    a pass that reports them (a verification, batch by batch: throttled, it is long by design), which then counts
-    instead. ``failed_caches``: those whose part of the last round failed."""
+    """One loop as ``/readyz`` shows it: a pass (or its cache) running past ``stuck_after_s`` since it started, or
+    since its last step (``progress_s``, a throttled verification's batches), reads stuck."""
 
     last_success_s: float | None = None
     last_error: str | None = None
@@ -51,8 +47,7 @@ class LoopStatus:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoopStatus:
-        """From :func:`dataclasses.asdict` gone through JSON (the catalog's ``loop_health``): lists back to tuples,
-        fields this version does not know dropped."""
+        """From :func:`dataclasses.asdict` gone through JSON; fields this version does not know are dropped."""
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["failed_caches"] = tuple(values.get("failed_caches") or ())
@@ -65,8 +60,7 @@ class LoopStatus:
         return "failing" if self.failures else "ok"
 
     def cache_health(self, caches: Iterable[str], now: float) -> dict[str, Health]:
-        """Each of ``caches`` (and any other this loop is stuck or failing on): ``stuck`` for the one the running
-        pass has been on past its bound, ``failing`` for those whose part of the last round failed."""
+        """Each of ``caches`` (and any other this loop is stuck or failing on): ``stuck``, ``failing`` or ``ok``."""
         found: dict[str, Health] = {name: "ok" for name in caches}
         for name in self.failed_caches:
             found[name] = "failing"
@@ -85,8 +79,7 @@ def _past(since: float | None, bound: float | None, now: float) -> bool:
 
 
 def stuck_after(period_s: float, setting: float | None) -> float:
-    """How long a pass of a loop run every ``period_s`` may take before it is stuck: the setting
-    (``JAXCACHE_STUCK_AFTER_S``) where given, else :data:`STUCK_PERIODS` periods and at least :data:`STUCK_MIN_S`."""
+    """How long a pass of a loop run every ``period_s`` may take before it is stuck (``JAXCACHE_STUCK_AFTER_S``)."""
     return setting if setting is not None else max(STUCK_PERIODS * period_s, STUCK_MIN_S)
 
 
@@ -101,7 +94,7 @@ class LoopHealth:
         self._round_failed: dict[str, set[str]] = {}  # loop -> caches whose part of its last round failed
         self._thread = threading.local()  # .loop: the loop whose pass the calling thread runs
         self._published: dict[str, float] = {}  # loop -> when its progress was last published
-        # Told each change of a loop's status (the service writes it into the catalog for every process to read).
+        # Told each change of a loop's status, for every process to read.
         self.on_change: Callable[[str, LoopStatus], None] | None = None
         self._publish_failed = False
 
@@ -136,8 +129,7 @@ class LoopHealth:
         self._metrics.loop_failing.labels(loop).set(1)
         self._changed(loop)
         if first:
-            # Our own errors carry a message to act on, as does a database that is down; anything else is a bug:
-            # its traceback helps.
+            # Our own errors and a database that is down say what to do; anything else is a bug: its traceback helps.
             expected = isinstance(exc, JaxcacheError | OperationalError)
             log.error("background %s failed: %s (retrying with backoff; this is logged once until it recovers)",
                       loop, message, exc_info=None if expected else exc)
@@ -146,8 +138,7 @@ class LoopHealth:
 
     @contextmanager
     def passing(self, loop: str, stuck_after_s: float) -> Iterator[None]:
-        """Around one pass of ``loop``, in the thread that runs it: shown as running (and, past ``stuck_after_s``,
-        stuck) until it returns. :meth:`on_cache` calls from this thread name the cache it is on."""
+        """Around one pass of ``loop``, in the thread that runs it: shown running (or stuck) until it returns."""
         with self._lock:
             self._loops[loop] = replace(self._loops.get(loop, LoopStatus()), running_since_s=time.time(),
                                         running_cache=None, cache_since_s=None, stuck_after_s=stuck_after_s,
@@ -173,8 +164,8 @@ class LoopHealth:
         self._changed(loop)
 
     def progress(self) -> None:
-        """The pass this thread runs (if it runs one) took a step: it is not stuck while its steps keep coming.
-        Published at most every PROGRESS_PUBLISH_S (a verification's batches come several a second)."""
+        """The pass this thread runs (if any) took a step: not stuck while steps come; published at most every
+        PROGRESS_PUBLISH_S."""
         loop = getattr(self._thread, "loop", None)
         if loop is None:
             return
@@ -187,7 +178,7 @@ class LoopHealth:
             self._changed(loop)
 
     def running(self) -> list[str]:
-        """The passes running now, each as "LOOP pass (on cache C) running for N s", for a log line."""
+        """The passes running now, for a log line."""
         now = time.time()
         out = []
         for loop, status in sorted(self.snapshot().items()):
@@ -198,7 +189,7 @@ class LoopHealth:
         return out
 
     def wait_s(self, loop: str, period_s: float) -> float:
-        """Seconds until the loop's next round: its period, or a doubling backoff while its rounds fail."""
+        """Seconds until the loop's next round: its period, or a doubling backoff while rounds fail."""
         failures = self.status(loop).failures
         if not failures:
             return period_s
@@ -217,18 +208,18 @@ class LoopHealth:
             return
         try:
             self.on_change(loop, self.status(loop))
-        except Exception as exc:  # noqa: BLE001 - the catalog is away: other processes show an older status
+        except Exception as exc:  # noqa: BLE001 - other processes show an older status meanwhile
             if not self._publish_failed:
-                log.warning("could not publish the %s loop's status to the catalog: %s (other processes' /readyz "
-                            "shows an older one until it is back)", loop, describe(exc))
+                log.warning("could not publish the %s loop's status: %s (other processes' /readyz shows an older one "
+                            "until it can)", loop, describe(exc))
             self._publish_failed = True
         else:
             self._publish_failed = False
 
 
 def export_health(metrics: Metrics, snapshot: dict[str, LoopStatus], now: float) -> None:
-    """Set the loops' gauges from ``snapshot`` (every loop, whichever process runs it) at each scrape: a stuck pass
-    itself tells nobody, and a process that runs no loop (``--role api``) shows them too."""
+    """Set the loops' gauges from ``snapshot`` at each scrape: a stuck pass tells nobody, and ``--role api`` runs no
+    loop."""
     for loop, status in snapshot.items():
         metrics.loop_stuck.labels(loop).set(1 if status.health(now) == "stuck" else 0)
         metrics.loop_failing.labels(loop).set(1 if status.failures else 0)

@@ -16,10 +16,9 @@ from sqlalchemy import select
 from jaxcache.errors import InvalidRootError, JaxcacheError, RootGoneError
 from jaxcache.service import roots
 from jaxcache.service.auth import Authenticator
-from jaxcache.service.catalog import loop_health
+from jaxcache.service.catalog.coordination import LoopStatuses, PruneLocks
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.generations import ENTRIES, USAGE, Generation, Generations
-from jaxcache.service.catalog.locks import PruneLocks
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.health import LoopHealth, LoopStatus
 from jaxcache.service.metrics import Metrics
@@ -45,7 +44,8 @@ class State:
         self.metrics.start(list(settings.caches))
         self.catalog.on_misses = self._count_misses
         self.loops = LoopHealth(self.metrics)
-        self.loops.on_change = lambda loop, status: loop_health.publish(self.catalog, loop, asdict(status))
+        self.loop_statuses = LoopStatuses(self.catalog.engine)
+        self.loops.on_change = lambda loop, status: self.loop_statuses.publish(loop, asdict(status))
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
                                              for name, url in settings.caches.items()}
@@ -117,10 +117,10 @@ class State:
             self.inbox_arrived.set()
 
     def loop_snapshot(self) -> dict[str, LoopStatus]:
-        """How the background loops are doing, whichever process runs them (the catalog's ``loop_health``); this
-        process's own view while the catalog cannot be read."""
+        """How the background loops are doing, whichever process runs them; this process's own view while the
+        published statuses cannot be read."""
         try:
-            published = loop_health.read(self.catalog)
+            published = self.loop_statuses.read()
         except Exception:  # noqa: BLE001 - the catalog is away: /readyz says so, and shows what this process knows
             return self.loops.snapshot()
         return {**self.loops.snapshot(), **{loop: LoopStatus.from_dict(status) for loop, status in published.items()}}

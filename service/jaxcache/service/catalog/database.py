@@ -1,5 +1,5 @@
 """The catalog's database: SQLite by default, or PostgreSQL (``postgresql+psycopg://``), which several replicas of
-the service share (their locks: :mod:`jaxcache.service.catalog.locks`). Sessions, write transactions, upserts."""
+the service share (their locks: :mod:`jaxcache.service.catalog.coordination`). Sessions, write transactions, upserts."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.types import TypeEngine
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
-from jaxcache.service.catalog.locks import ClusterLocks, advisory_key
+from jaxcache.service.catalog.coordination import ClusterLocks, advisory_key
 
 log = logging.getLogger("jaxcache.service")
 

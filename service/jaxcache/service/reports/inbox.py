@@ -20,7 +20,7 @@ from sqlalchemy import Float, Integer, Select, Table, bindparam, func, null, or_
 
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import RunRecord
-from jaxcache.service.catalog import notices
+from jaxcache.service.catalog import coordination
 from jaxcache.service.catalog.database import Catalog, dialect_insert
 from jaxcache.service.catalog.models import InboxRow, RunRow, table_of
 from jaxcache.service.metrics import SOURCES
@@ -142,7 +142,7 @@ def _newest(insert: Any, table: Table) -> Any:
 def _accept(limited: bool) -> Select:
     """PostgreSQL: the upsert, made only if the run tables hold no newer version of the process's record and (when
     ``limited``) fewer than ``limit`` records wait; the records waiting (None unless ``limited``), and whether it
-    stored the row, which then notifies the drains (catalog/notices.py)."""
+    stored the row, which then notifies the drains (catalog/coordination.py)."""
     table = table_of(InboxRow)
     found = select(_folded().scalar_subquery().label("folded"),
                    (_waiting().scalar_subquery() if limited else null()).label("held")).cte("found")
@@ -152,7 +152,7 @@ def _accept(limited: bool) -> Select:
     kept = _newest(dialect_insert("postgresql", table).from_select([c.name for c in table.columns], values),
                    table).cte("kept")
     # Each stored row notifies the drains (at commit): the same statement, so accepting stays one round trip.
-    notified = select(notices.notify(kept.c.cache)).select_from(kept).subquery()
+    notified = select(coordination.notify(kept.c.cache)).select_from(kept).subquery()
     return select(found.c.held, select(func.count()).select_from(notified).scalar_subquery() > 0)
 
 

@@ -18,9 +18,9 @@ from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service import memory
 from jaxcache.service.caches import summary
+from jaxcache.service.catalog.coordination import LockBusyError
 from jaxcache.service.catalog.database import Catalog, analyze
 from jaxcache.service.catalog.generations import USAGE
-from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
 from jaxcache.service.prune import audit as prune_audit
 from jaxcache.service.reports import inbox, retention

@@ -14,7 +14,7 @@ from starlette.routing import Match
 
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError, StorageError
 from jaxcache.jsontree import leaves, map_leaves
-from jaxcache.service.catalog.locks import LockBusyError
+from jaxcache.service.catalog.coordination import LockBusyError
 
 
 class InboxFullError(JaxcacheError):
