@@ -298,8 +298,9 @@ class LoopStatuses:
                                                                             LoopHealthRow.status))}
         if self._database is not None:
             prefix = f"{self._database}.loop-"
-            return {path[len(prefix):-len(".json")]: _read_json(path)
-                    for path in glob.glob(f"{glob.escape(prefix)}*.json")}
+            found = {path[len(prefix):-len(".json")]: _read_json(path)
+                     for path in glob.glob(f"{glob.escape(prefix)}*.json")}
+            return {loop: status for loop, status in found.items() if status}
         with self._lock:
             return dict(self._memory)
 
@@ -308,7 +309,7 @@ def _read_json(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
             found = json.load(f)
-    except (OSError, ValueError):  # not published yet
+    except (OSError, ValueError):  # not published yet, or cut short by a crash
         return {}
     return found if isinstance(found, dict) else {}
 
