@@ -68,7 +68,7 @@ def test_api_processes_accept_reports_that_the_loops_process_folds(catalog_url, 
             _until(lambda: _hits(api, train) == before + 1, "the record the api process accepted, folded")
             drained = httpx.get(f"{loops}/readyz", timeout=30).json()["loops"]["drain"]
             assert drained["last_success_s"]
-            # It ran none, and shows the loops process's (the catalog's loop_health), as its /metrics does.
+            # It ran none, and shows the loops process's published status, as its /metrics does.
             assert httpx.get(f"{api}/readyz", timeout=30).json()["loops"]["drain"]["state"] == "ok"
             scraped = httpx.get(f"{api}/metrics", timeout=30).text
             assert 'jaxcache_loop_stuck{loop="drain"} 0.0' in scraped

@@ -171,10 +171,6 @@ class ClusterLock:
         finally:
             self._local.release()
 
-    def locked(self) -> bool:
-        """Whether this process holds it."""
-        return self._handle is not None
-
     def __enter__(self) -> ClusterLock:
         self.acquire()
         return self
