@@ -45,7 +45,7 @@ def advisory_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"jaxcache:{name}".encode()).digest()[:8], "big", signed=True)
 
 
-def sqlite_file(url: URL) -> str | None:
+def _sqlite_file(url: URL) -> str | None:
     """The absolute path of an SQLite catalog's file; None for PostgreSQL or an in-memory SQLite catalog."""
     database = url.database
     if url.get_backend_name() != "sqlite" or database in (None, "", ":memory:") or url.query.get("mode") == "memory":
@@ -183,7 +183,7 @@ class ClusterLocks:
     """The named locks of one catalog database: one :class:`ClusterLock` object per name in this process."""
 
     def __init__(self, url: URL) -> None:
-        database = sqlite_file(url)
+        database = _sqlite_file(url)
         self._backend: _Backend = (_AdvisoryLocks(url) if url.get_backend_name() == "postgresql" else
                                    _ThreadOnly() if database is None else _FileLocks(database))
         self._locks: dict[str, ClusterLock] = {}
@@ -259,7 +259,7 @@ class LoopStatuses:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine if engine.dialect.name == "postgresql" else None
-        self._database = sqlite_file(engine.url)
+        self._database = _sqlite_file(engine.url)
         self._memory: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
