@@ -24,6 +24,7 @@ from serving_support import PATIENCE_S, HeldTable, wait_for
 #: JAXCACHE_MAX_BODY_BYTES; the reports route reads its body on the loop and parses it in a thread.
 ASYNC_ROUTES = {
     "healthz",  # answers a constant
+    "list_entries",  # the catalog read in one hop to the framework's pool, one per core at a time
     "ingest_report",  # awaits the body, then parses and stores it in one hop to the framework's pool
     "swagger_ui", "redoc",  # render a page of links to packaged assets
     "login", "logout",  # a small form and a token's hash

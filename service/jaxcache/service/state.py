@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -52,6 +53,10 @@ class State:
         self.prune_locks = PruneLocks(self.catalog.locks)
         # Reports are parsed and stored one at a time in the framework's pool (reports/route.py).
         self.report_limiter = anyio.CapacityLimiter(1)
+        # Listings read the catalog one per core at most: more threads only queue on the interpreter lock, each
+        # one back from the database waiting behind the others (entries/route.py).
+        self.read_limiter = anyio.CapacityLimiter(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                                  else os.cpu_count() or 1)
         # Set by the drain loop (background.py) where this process runs it: a POST wakes it at once.
         self.inbox_arrived: threading.Event | None = None
         # Statistics by (what, cache, change counts, minute): computed again after a change, or once a minute (the

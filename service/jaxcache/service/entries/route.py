@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import anyio
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from jaxcache.errors import InvalidInputError
@@ -12,6 +13,7 @@ from jaxcache.service.entries.schemas import EntryDetail, EntryJobModel, EntryPa
 from jaxcache.service.integrity.schemas import DigestConflict
 from jaxcache.service.prune import run as pruning
 from jaxcache.service.prune.run import EntryNotDeletedError, PruneInProgressError
+from jaxcache.service.state import State
 from jaxcache.service.web import conditional
 from jaxcache.service.web.deps import (
     ERRORS,
@@ -32,7 +34,7 @@ router = APIRouter(tags=["entries"], responses=ERRORS)
 
 @router.get("/v1/caches/{cache}/entries", response_model=EntryPage, operation_id="listEntries",
             responses={304: {"description": "the page has not changed since the `ETag` in `If-None-Match`"}})
-def list_entries(
+async def list_entries(
     request: Request, cache: CacheName, _p: ReadAuth,
     function: Annotated[str | None, Query(max_length=256, pattern=FUNCTION_GLOB,
                                           description="glob over function names: * and ?")] = None,
@@ -64,7 +66,15 @@ def list_entries(
         status=status, job=job, jaxlib=jaxlib, topology=_spelled(topology),
     )
     at = cursors.to_catalog(cursor, sort) if cursor else None
-    tag = conditional.etag(state.generations.get(cache), clock=unused_for is not None or older_than is not None)
+    clock = unused_for is not None or older_than is not None
+    return await anyio.to_thread.run_sync(_page, state, cache, flt, sort, order, limit, at, request, clock,
+                                          limiter=state.read_limiter)
+
+
+def _page(state: State, cache: str, flt: queries.EntryFilter, sort: str, order: str, limit: int, at: str | None,
+          request: Request, clock: bool) -> Response:
+    """The page, or a 304 when the client holds it already."""
+    tag = conditional.etag(state.generations.get(cache), clock=clock)
     if conditional.matches(request, tag):  # the change counts are read before the query: see State._computed_at
         return conditional.not_modified(tag)
     with state.catalog.reader() as conn:
