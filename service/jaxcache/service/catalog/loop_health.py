@@ -19,7 +19,7 @@ def publish(catalog: Catalog, loop: str, status: Mapping[str, Any]) -> None:
     the last success and the last error stay those of whichever process had them last. Each process knows only
     its own passes, and one whose first pass starts after another's success must not hide that success."""
     now = time.time()
-    with catalog.side_write() as s:
+    with catalog.writing(f"loop {loop}") as s:  # SQLite: BEGIN IMMEDIATE, as it reads then writes
         row = s.execute(select(LoopHealthRow.status).where(LoopHealthRow.loop == loop).with_for_update()).first()
         merged = _with_history(dict(status), row.status if row is not None else {})
         s.execute(catalog.insert(LoopHealthRow).values(loop=loop, status=merged, updated_s=now)
@@ -36,5 +36,5 @@ def _with_history(status: dict[str, Any], before: Mapping[str, Any]) -> dict[str
 
 def read(catalog: Catalog) -> dict[str, dict[str, Any]]:
     """Every loop's last published status, by loop."""
-    with catalog.side_statements() as conn:
+    with catalog.reader() as conn:
         return {row.loop: row.status for row in conn.execute(select(LoopHealthRow.loop, LoopHealthRow.status))}
