@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, url: str | None) -> int:
     from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.reports import drain, inbox
+    from jaxcache.service.reports import queue
 
     now = time.time()
     modules = ["jit_train_step", "jit_eval_step"]
@@ -113,9 +113,9 @@ def run(args: argparse.Namespace, url: str | None) -> int:
                 first = args.first_pass if phase == "start" and args.first_pass else args.pass_records
                 for i, j in itertools.pairwise([0, *range(first, len(records), args.pass_records), len(records)]):
                     for record in records[i:j]:
-                        inbox.accept(catalog, "bench", record, record.to_json())
+                        queue.accept(catalog, "bench", record, record.to_json())
                     t, c = time.perf_counter(), time.thread_time()
-                    drain.drain(catalog, "bench")
+                    queue.drain(catalog, "bench")
                     wall += time.perf_counter() - t
                     cpu += time.thread_time() - c
                 n = len(records)

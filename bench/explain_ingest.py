@@ -94,7 +94,7 @@ def _unexplained():  # type: ignore[no-untyped-def]
 
 
 def posts(work: str, i: int, recs: list, explain: bool) -> float:
-    from jaxcache.service.reports.drain import ingest
+    from jaxcache.service.reports.queue import ingest
 
     catalog = _catalog(work, i)
     t = time.perf_counter()

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, event, text
 from conftest import settled
 from jaxcache.service.app import create_app
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.reports import drain, inbox
+from jaxcache.service.reports import queue
 from reports_support import hit, run, settings
 
 PROCESSES, KEYS, PASS = 256, 50, 64
@@ -40,10 +40,10 @@ def _fold(passes: list[tuple[Catalog, int]], records: list, steps: Counter) -> l
     spent, done = [], 0
     for catalog, size in passes:
         for record in records[done:done + size]:
-            inbox.accept(catalog, "demo", record, record.to_json())
+            queue.accept(catalog, "demo", record, record.to_json())
         done += size
         before = steps["n"]
-        drain.drain(catalog, "demo")
+        queue.drain(catalog, "demo")
         spent.append(steps["n"] - before)
     return spent
 

@@ -57,8 +57,7 @@ def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> di
     """Ingest ``reports`` one at a time (``batch_sizes`` None) or accepted into the inbox in batches of the sizes it
     yields, each batch drained at once; the versions the catalog holds, by process. Older versions must come back
     stale."""
-    from jaxcache.service.reports import inbox
-    from jaxcache.service.reports.drain import drain, ingest
+    from jaxcache.service.reports.queue import accept, drain, ingest
 
     held: dict[tuple[str, int], RunRecord] = {}
     i = 0
@@ -69,7 +68,7 @@ def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> di
         if batch_sizes is None:
             results = [ingest(catalog, "demo", chunk[0][0])]
         else:
-            results = [inbox.accept(catalog, "demo", r, r.to_json()) for r, _ in chunk]
+            results = [accept(catalog, "demo", r, r.to_json()) for r, _ in chunk]
             drain(catalog, "demo")
         for (rec, older), result in zip(chunk, results, strict=True):
             if older:

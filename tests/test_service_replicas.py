@@ -27,9 +27,8 @@ from jaxcache.records import RunRecord
 from jaxcache.service.catalog.coordination import ClusterLocks, LockBusyError
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
-from jaxcache.service.reports import inbox
+from jaxcache.service.reports import queue
 from jaxcache.service.reports.aggregates import refresh
-from jaxcache.service.reports.drain import drain
 from jaxcache.service.rescan.scan import rescan
 from jaxcache.storage import open_storage
 from reports_support import hit, keys_of, run, write
@@ -139,10 +138,10 @@ def test_two_replicas_draining_at_once_fold_each_record_once(catalog_url, cache_
         def ingest_all(catalog: Catalog, mine: list[RunRecord]) -> None:
             start.wait()
             for i, rec in enumerate(mine):
-                inbox.accept(catalog, "demo", rec, rec.to_json())
+                queue.accept(catalog, "demo", rec, rec.to_json())
                 if i % 3 == 2:  # the other replica's records too: both drain what both accepted
-                    drain(catalog, "demo")
-            drain(catalog, "demo")
+                    queue.drain(catalog, "demo")
+            queue.drain(catalog, "demo")
 
         with ThreadPoolExecutor(2) as ex:
             for f in [ex.submit(ingest_all, replicas[0], recs[0::2]), ex.submit(ingest_all, replicas[1], recs[1::2])]:
@@ -160,7 +159,7 @@ def test_two_replicas_draining_at_once_fold_each_record_once(catalog_url, cache_
                     UsageRow.run_id, UsageRow.process_index, UsageRow.key, UsageRow.saved_s))}
             return {"stats": stats, "copies": copies, "saved": saved}
 
-        assert inbox.waiting(replicas[0]) == 0
+        assert queue.waiting(replicas[0]) == 0
         kept = snapshot()
         expected_hits = {k: sum(u.hits for r in recs for u in r.keys if u.key == k) for k in pool}
         assert {k: v[0] for k, v in kept["stats"].items()} == expected_hits

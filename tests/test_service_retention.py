@@ -31,7 +31,7 @@ from jaxcache.service.catalog.models import (
     WarmupRow,
 )
 from jaxcache.service.prune.candidates import catalog_candidates
-from jaxcache.service.reports import drain
+from jaxcache.service.reports import queue
 from jaxcache.service.reports.aggregates import refresh
 from jaxcache.service.rescan.scan import rescan
 from jaxcache.service.warmups import queries as coverage
@@ -162,7 +162,7 @@ def test_recomputing_adds_the_history_back(compacted):
     assert _snapshot(catalog, "demo") == before  # key_stats from key_history + the live rows, as they were
     # A new record on a key adds to what history holds, whichever way its aggregates are updated.
     train, tiny = keys["jit_train_step"], keys["jit_tiny"]
-    drain.ingest(catalog, "demo", run("finetune", "f3", [hit(train, 2, time.time() - 10, retrieval_s=0.5),
+    queue.ingest(catalog, "demo", run("finetune", "f3", [hit(train, 2, time.time() - 10, retrieval_s=0.5),
                                                            write(tiny, 0.25, T0 - DAY)]))
     after = _snapshot(catalog, "demo")["stats"]
     hits, saved = AGGREGATES.index("hits"), AGGREGATES.index("saved_s")
@@ -176,7 +176,7 @@ def test_recomputing_adds_the_history_back(compacted):
 def test_a_compacted_record_read_or_posted_again_changes_nothing(compacted):
     c = compacted
     for record in c.old:
-        assert drain.ingest(c.catalog, "demo", record).stale
+        assert queue.ingest(c.catalog, "demo", record).stale
     # Its file put back as it was (a restore from a backup): the next full listing reads it, and it is stale too.
     path = put_record(c.root, c.old[1])
     os.utime(path, (T0 + 10 * DAY, T0 + 10 * DAY))

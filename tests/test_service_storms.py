@@ -194,18 +194,18 @@ def test_records_of_a_cache_no_replica_serves_are_drained_and_never_fill_the_inb
     by whichever drain runs: rows nobody drains would fill the inbox and refuse every job's report."""
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import RunRow
-    from jaxcache.service.reports import inbox
+    from jaxcache.service.reports import queue
 
     db = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
     rec = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 1)[0]
     catalog = Catalog(db)
-    inbox.accept(catalog, "dropped", rec, rec.to_json())
+    queue.accept(catalog, "dropped", rec, rec.to_json())
     catalog.dispose()
     with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}, db=db, report_inbox=1))) as c:
         settled(c)
         state = c.app.state.jaxcache
         deadline = time.monotonic() + PATIENCE_S
-        while inbox.waiting(state.catalog):
+        while queue.waiting(state.catalog):
             assert time.monotonic() < deadline, "the dropped cache's record was never drained"
             time.sleep(0.02)
         with state.catalog.reader() as conn:
@@ -221,14 +221,14 @@ def test_an_inbox_row_that_does_not_decode_is_dropped_and_the_others_are_folded(
     loop's, or the first rescan's own), and the records beside it are folded."""
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import InboxRow
-    from jaxcache.service.reports import inbox
+    from jaxcache.service.reports import queue
 
     db = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
     recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 2)
     catalog = Catalog(db)
-    inbox.accept(catalog, "demo", recs[0], recs[0].to_json())
+    queue.accept(catalog, "demo", recs[0], recs[0].to_json())
     name = ".jaxcache/runs/2026-12-04/r1-p1.json" if source == "storage" else None
-    with catalog.side_write() as s:
+    with catalog.session() as s:
         s.add(InboxRow(cache="demo", run_id="r1", process_index=1, updated_s=time.time(), source=source,
                        record=name, body=b"not zstd at all", received_s=time.time()))
     catalog.dispose()
@@ -246,18 +246,18 @@ def test_a_row_dropped_in_a_pass_the_catalog_refused_is_counted_once(pg_url, jax
     does not decode) is dropped and counted once, beside the record refused, and the good record is folded."""
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import InboxRow, RunRow
-    from jaxcache.service.reports import drain, inbox
+    from jaxcache.service.reports import queue
 
     good, _, refused = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 3)
     refused = msgspec.structs.replace(refused, host="h" * 2000)  # over the column (accepted by another version)
     catalog = Catalog(pg_url)
     try:
         for record in (good, refused):
-            inbox.accept(catalog, "demo", record, record.to_json())
-        with catalog.side_write() as s:
+            queue.accept(catalog, "demo", record, record.to_json())
+        with catalog.session() as s:
             s.add(InboxRow(cache="demo", run_id="r1", process_index=1, updated_s=time.time(), source="report",
                            record=None, body=b"not zstd at all", received_s=time.time()))
-        drained = drain.drain(catalog, "demo")
+        drained = queue.drain(catalog, "demo")
         with catalog.reader() as conn:
             folded = conn.execute(select(RunRow.process_index)).scalars().all()
     finally:
@@ -266,33 +266,42 @@ def test_a_row_dropped_in_a_pass_the_catalog_refused_is_counted_once(pg_url, jax
     assert folded == [0]
 
 
-def test_a_record_is_accepted_while_a_drain_holds_the_sqlite_catalogs_write_lock(tmp_path, jax_caches):
-    """On SQLite the inbox is a database of its own: a POST's record is stored while the drain (here: a
-    transaction holding the catalog's write lock, as a pass does) folds, not after it."""
+@pytest.mark.parametrize("where", ["this process", "another process"])
+def test_a_record_accepted_while_a_drain_holds_the_sqlite_catalogs_write_lock_is_stored_once_it_commits(
+        tmp_path, jax_caches, where):
+    """A record accepted (in this process, or another on the same file) while a drain pass holds the SQLite
+    catalog's write lock is not stored under it, nor lost or refused: it is stored once the pass commits."""
     import threading
 
     from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.reports import inbox
+    from jaxcache.service.reports import queue
 
-    catalog = Catalog(f"sqlite:///{tmp_path / 'catalog.sqlite'}")
+    db = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
+    catalog = Catalog(db)
+    accepting = catalog if where == "this process" else Catalog(db)
     rec = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 1)[0]
     holding, release = threading.Event(), threading.Event()
 
     def drain_pass() -> None:
-        with catalog.writing("demo"):
+        with catalog.writing("demo") as s:
+            s.connection()  # BEGIN IMMEDIATE: the file's write lock, as a pass's first statement takes it
             holding.set()
             release.wait(PATIENCE_S)
 
     holder = threading.Thread(target=drain_pass)
     holder.start()
+    accepted: list[queue.Accepted] = []
+    storing = threading.Thread(target=lambda: accepted.append(queue.accept(accepting, "demo", rec, rec.to_json())))
     try:
         assert holding.wait(PATIENCE_S)
-        accepted: list[inbox.Accepted] = []
-        storing = threading.Thread(target=lambda: accepted.append(inbox.accept(catalog, "demo", rec, rec.to_json())))
         storing.start()
-        storing.join(PATIENCE_S)  # a bound on waiting for another thread: with one database it waits for release
-        assert accepted and not accepted[0].stale and inbox.waiting(catalog) == 1
+        assert queue.waiting(catalog) == 0, "stored under the drain's write lock"
     finally:
         release.set()
         holder.join()
-        catalog.dispose()
+    storing.join(PATIENCE_S)  # a bound on waiting for another thread, not a timing assertion
+    try:
+        assert accepted and not accepted[0].stale and queue.waiting(catalog) == 1
+    finally:
+        for each in {id(c): c for c in (catalog, accepting)}.values():
+            each.dispose()

@@ -17,7 +17,7 @@ import anyio.to_thread
 from jaxcache.service.catalog.coordination import InboxListener
 from jaxcache.service.health import BACKOFF_FIRST_S, describe, stuck_after
 from jaxcache.service.integrity import verification
-from jaxcache.service.reports.draining import drain_all
+from jaxcache.service.reports.queue import drain_all
 from jaxcache.service.rescan import scan
 from jaxcache.service.state import State
 

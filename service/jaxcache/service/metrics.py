@@ -25,8 +25,11 @@ REJECTIONS: Final = {400: "malformed", 401: "unauthenticated", 403: "forbidden",
                      413: "too_large", 422: "malformed"}
 #: Every ``reason`` :func:`rejection` answers.
 REASONS: Final = (*dict.fromkeys(REJECTIONS.values()), "error", "other")
-#: Where a run record came from (the ``source`` label).
-SOURCES: Final = ("storage", "report")
+#: Where a run record came from (runs.source, inbox rows, the ``source`` label): read from its file by a rescan, or
+#: POSTed.
+STORAGE: Final = "storage"
+REPORT: Final = "report"
+SOURCES: Final = (STORAGE, REPORT)
 
 
 def rejection(status: int) -> str:

@@ -11,7 +11,7 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.generations import ENTRIES
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.reports import inbox, misses_queries, usage_queries
+from jaxcache.service.reports import misses_queries, queue, usage_queries
 from jaxcache.service.state import State
 
 _DAY_S = 86400.0
@@ -44,7 +44,7 @@ class CacheInfo:
 def caches(state: State) -> list[CacheInfo]:
     """Every configured cache with its size and last scan."""
     out = []
-    waiting = inbox.waiting_by_cache(state.catalog)
+    waiting = queue.waiting_by_cache(state.catalog)
     with state.catalog.session() as s:
         for name in state.settings.caches:
             row = s.get(CacheRow, name)

@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import msgspec
 from sqlalchemy import (
@@ -27,7 +27,6 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.types import TypeEngine
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
@@ -100,19 +99,9 @@ class Catalog:
         self.write_engine = self._write_engine(self.engine)
         self._write_sessions = sessionmaker(self.write_engine.execution_options(jaxcache_write=True),
                                             expire_on_commit=False)
-        # The report inbox (reports/inbox.py), change counts and loop health (models.SIDE_TABLES). On SQLite a
-        # database file of its own beside the catalog's (``…-side``): a POST stores its record under that file's
-        # write lock, never under the catalog's, which the drain holds while it folds (POSTs waited for every pass,
-        # and accepting was as slow as folding); a loop's health is written even while another replica holds it.
-        self.side_engine = self._side_engine(url)
-        self._side_writes = sessionmaker(self.side_engine.execution_options(jaxcache_write=True),
-                                          expire_on_commit=False)
-        # Each read of the side tables is one statement, which is its own snapshot: no BEGIN and ROLLBACK around it
-        # (on PostgreSQL two round trips; a listing's ETag check is such a read, made for every request).
-        self._side_reads = self.side_engine.execution_options(
-            **({"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {_NO_BEGIN: True}))
-        # Writers of the side file take turns in this process before they take its write lock (see side_write()).
-        self.side_lock = threading.Lock()
+        # statements(): on PostgreSQL in AUTOCOMMIT, without BEGIN and ROLLBACK round trips around each statement.
+        self._statements = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
+                            if self.dialect == "postgresql" else self.engine)
         # Writers that read then write (report ingestion, a rescan's commit) take turns in this process before
         # they take the database's own lock (see writing()), so they never wait on each other inside the database.
         self.write_lock = threading.RLock()
@@ -123,21 +112,6 @@ class Catalog:
         # Told of the misses this process explains for the first time (cache, {cause: count}), wherever that
         # happens (a POST, a rescan, a prune's own rescans): the service counts them in its metrics.
         self.on_misses: Callable[[str, Mapping[str, int]], None] | None = None
-
-    def _side_engine(self, url: str) -> Engine:
-        if self.dialect != "sqlite" or not url.startswith("sqlite:///") or url.startswith("sqlite:///:memory:"):
-            return self.engine
-        from jaxcache.service.catalog.models import SIDE_TABLES, table_of
-
-        engine = create_engine(f"{url}-side", json_serializer=_json_text, json_deserializer=msgspec.json.decode)
-        _sqlite_events(engine)
-        with engine.begin() as conn:  # IF NOT EXISTS: processes starting together on one catalog
-            for row in SIDE_TABLES:
-                table = table_of(row)
-                conn.execute(CreateTable(table, if_not_exists=True))
-                for index in table.indexes:
-                    conn.execute(CreateIndex(index, if_not_exists=True))
-        return engine
 
     @staticmethod
     def _write_engine(engine: Engine) -> Engine:
@@ -152,27 +126,11 @@ class Catalog:
         _sqlite_events(writes, cache=_WRITE_CACHE)
         return writes
 
-    @property
-    def side_apart(self) -> bool:
-        """Whether the side tables are a database of their own (SQLite), which the catalog's transactions do not see."""
-        return self.side_engine is not self.engine
-
     @contextmanager
-    def side_write(self) -> Iterator[Session]:
-        """A short write transaction of the side tables: on SQLite it begins with the side file's write lock, which
-        this process's writers (each POST's store, the drain's deletions, change counts, loop health) take in turn
-        first (``side_lock``). SQLite's own waiters poll, sleeping up to 100 ms between tries: with a request
-        thread each queued inside the database, the file's lock sat idle between holders and a report storm's POSTs
-        spent most of their time waiting there, the drain's deletions among them (bench/README.md, #30)."""
-        with self.side_lock if self.side_apart else nullcontext(), self._side_writes.begin() as s:
-            yield s
-
-    @contextmanager
-    def side_statements(self) -> Iterator[Connection]:
-        """A connection to the side tables' database whose statements are each a transaction of their own, with no
-        BEGIN and COMMIT around them (on PostgreSQL two round trips): for reads, and for a write that one statement
-        says whole (PostgreSQL's inbox store)."""
-        with self._side_reads.connect() as conn:
+    def statements(self) -> Iterator[Connection]:
+        """A connection for single statements, on PostgreSQL each its own transaction (AUTOCOMMIT): for the reads
+        made on every request (change counts) and for a write one statement says whole (PostgreSQL's inbox store)."""
+        with self._statements.connect() as conn:
             yield conn
 
     def count_misses(self, cache: str, counts: Mapping[str, int]) -> None:
@@ -209,7 +167,7 @@ class Catalog:
         return dialect_insert(self.dialect, table)
 
     def dispose(self) -> None:
-        for engine in {id(e): e for e in (self.engine, self.write_engine, self.side_engine)}.values():
+        for engine in {id(e): e for e in (self.engine, self.write_engine)}.values():
             engine.dispose()
         self.locks.dispose()
 
@@ -294,12 +252,5 @@ def _sqlite_connect(dbapi_conn, _record, *, cache: str | None) -> None:
 _WRITE_CACHE = "PRAGMA cache_size=-65536"
 
 
-#: Execution option of an SQLite engine whose connections run each statement on its own (side_statements()).
-_NO_BEGIN = "jaxcache_no_begin"
-
-
 def _sqlite_begin(conn: Connection) -> None:
-    options = conn.get_execution_options()
-    if options.get(_NO_BEGIN):  # the driver's isolation_level None: each statement commits by itself
-        return
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("jaxcache_write") else "BEGIN")
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("jaxcache_write") else "BEGIN")

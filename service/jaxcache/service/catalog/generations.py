@@ -37,7 +37,7 @@ class Generations:
         self.catalog = catalog
 
     def get(self, cache: str) -> Generation:
-        with self.catalog.side_statements() as conn:
+        with self.catalog.statements() as conn:
             row = conn.execute(_counts(), {"cache": cache}).first()
         return Generation() if row is None else Generation(row.entries, row.usage)
 
@@ -47,6 +47,6 @@ class Generations:
         table = ChangeCountRow.__table__
         moved = {w: case((table.c[w] + 1 > now, table.c[w] + 1), else_=literal(now)) for w in what}
         first = {w: now if w in what else 0 for w in (ENTRIES, USAGE)}
-        with self.catalog.side_write() as s:
+        with self.catalog.session() as s:  # one statement, a write: no read before it
             s.execute(self.catalog.insert(ChangeCountRow).values(cache=cache, **first)
                       .on_conflict_do_update(index_elements=["cache"], set_=moved))

@@ -21,7 +21,7 @@ from jaxcache.service.catalog.run_tables import (
 from jaxcache.service.catalog.schema import Base, NullableJSON, Str, max_length, table_of
 
 __all__ = [
-    "AGGREGATES", "SIDE_TABLES", "AttestationConflictRow", "AttestationRow", "Base", "CacheRow", "ChangeCountRow",
+    "AGGREGATES", "AttestationConflictRow", "AttestationRow", "Base", "CacheRow", "ChangeCountRow",
     "EntryRow", "InboxRow", "LoopHealthRow",
     "KeyHistoryRow", "KeyStatsRow", "NullableJSON", "PinRow", "ProcessKeysRow", "PruneItemRow", "PruneRow",
     "RecordFileRow", "RunRow", "Str", "UsageRow", "VerificationRow", "WarmupKeyRow", "WarmupRow", "max_length",
@@ -106,10 +106,8 @@ class RecordFileRow(Base):
 
 
 class InboxRow(Base):
-    """A run record accepted and not folded yet: the newest version of one process's record, stored whole as the
-    JSON it came as, zstd-compressed (``reports.inbox.body_of``). POSTs and rescans put records here; the drain
-    (``reports/drain.py``) folds them into the run tables and deletes them. On SQLite the table is in a database
-    file of its own beside the catalog's (``Catalog.side_engine``)."""
+    """A run record accepted and not folded yet (``reports/queue.py``): the newest version of one process's record,
+    the JSON it came as, zstd-compressed. The drain folds it into the run tables and deletes it."""
 
     __tablename__ = "report_inbox"
     cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
@@ -143,11 +141,6 @@ class LoopHealthRow(Base):
     loop: Mapped[str] = mapped_column(Str(32), primary_key=True)
     status: Mapped[dict] = mapped_column(JSON)
     updated_s: Mapped[float] = mapped_column(Float)
-
-
-#: The tables whose writes are short and frequent: on SQLite in a database file of their own beside the catalog's
-#: (``Catalog.side_engine``), so that they never wait behind the catalog's long write transactions.
-SIDE_TABLES = (InboxRow, ChangeCountRow, LoopHealthRow)
 
 
 class PinRow(Base):

@@ -27,8 +27,8 @@ from jaxcache.records import WRITE, RunRecord, text_of
 from jaxcache.service.catalog.database import Catalog, analyze, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
 from jaxcache.service.integrity import attestations
+from jaxcache.service.metrics import REPORT
 from jaxcache.service.reports import aggregates, misses, rules, usage_changes
-from jaxcache.service.reports.inbox import REPORT
 from jaxcache.service.reports.misses import chunks
 
 __all__ = ["Folded", "Item", "fold"]

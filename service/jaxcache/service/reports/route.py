@@ -12,7 +12,8 @@ from starlette.requests import ClientDisconnect
 from jaxcache import records
 from jaxcache.errors import InvalidInputError
 from jaxcache.service import roots
-from jaxcache.service.reports import inbox
+from jaxcache.service.metrics import REPORT
+from jaxcache.service.reports import queue
 from jaxcache.service.reports.schemas import ReportResult
 from jaxcache.service.state import State
 from jaxcache.service.web.deps import ERRORS, UNPROCESSABLE, ReportAuth, state_of, storage_of, unroutable
@@ -75,7 +76,7 @@ async def ingest_report(
                         runs=0 if accepted.stale else 1, keys=accepted.keys, stale=accepted.stale)
 
 
-def _accept(state: State, body: bytes, cache: str | None) -> inbox.Accepted:
+def _accept(state: State, body: bytes, cache: str | None) -> queue.Accepted:
     """Parse the record in ``body`` (once), find the cache it is for and put it into the inbox; 422/404 (counted
     as malformed) for a record that is refused, 503 for a full inbox (web/errors.py)."""
     try:
@@ -96,13 +97,13 @@ def _accept(state: State, body: bytes, cache: str | None) -> inbox.Accepted:
     except InvalidInputError as exc:
         raise _malformed(state, unroutable(record.cache_dir, state.roots)[0], exc) from None
     try:
-        return inbox.accept(state.catalog, name, record, body, limit=state.settings.report_inbox)
+        return queue.accept(state.catalog, name, record, body, limit=state.settings.report_inbox)
     except InvalidInputError as exc:  # a key listed twice
         raise _malformed(state, 422, exc) from None
 
 
 def _malformed(state: State, status: int, why: object) -> HTTPException:
-    state.metrics.reports_malformed.labels(inbox.REPORT).inc()
+    state.metrics.reports_malformed.labels(REPORT).inc()
     return HTTPException(status, str(why))
 
 

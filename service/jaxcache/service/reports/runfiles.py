@@ -17,7 +17,8 @@ from jaxcache import records
 from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow, RunRow, max_length
-from jaxcache.service.reports import inbox, malformed
+from jaxcache.service.metrics import STORAGE
+from jaxcache.service.reports import malformed, queue
 from jaxcache.storage import ObjectInfo, Storage
 
 log = logging.getLogger("jaxcache.service")
@@ -114,7 +115,7 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, now: float |
         if data is not None and error is None:
             try:
                 record = records.parse(data)
-                inbox.accept(catalog, cache, record, data, source=inbox.STORAGE, name=info.name)
+                queue.accept(catalog, cache, record, data, source=STORAGE, name=info.name)
             except malformed.REFUSALS as exc:
                 error = malformed.reason(exc)
         if error is not None:

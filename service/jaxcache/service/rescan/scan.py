@@ -22,11 +22,11 @@ from jaxcache.service.catalog.coordination import LockBusyError
 from jaxcache.service.catalog.database import Catalog, analyze
 from jaxcache.service.catalog.generations import USAGE
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
+from jaxcache.service.metrics import STORAGE
 from jaxcache.service.prune import audit as prune_audit
-from jaxcache.service.reports import inbox, retention
+from jaxcache.service.reports import retention
 from jaxcache.service.reports.aggregates import EMPTY, stats_of
-from jaxcache.service.reports.drain import drain
-from jaxcache.service.reports.draining import note_folded
+from jaxcache.service.reports.queue import drain, note_folded
 from jaxcache.service.reports.runfiles import scan_records
 from jaxcache.service.rescan import snapshots
 from jaxcache.service.state import State
@@ -374,7 +374,7 @@ def rescan_cache(state: State, name: str, *, wait_s: float | None = None) -> Res
     state.metrics.scan_seconds.labels(name).observe(result.seconds)
     note_folded(state, name, result.folded, result.misses_explained, result.dropped)
     if result.records_malformed:
-        state.metrics.reports_malformed.labels(inbox.STORAGE).inc(result.records_malformed)
+        state.metrics.reports_malformed.labels(STORAGE).inc(result.records_malformed)
     if result.records_compacted:
         state.metrics.records_compacted.labels(name).inc(result.records_compacted)
         state.generations.bump(name, USAGE)  # the usage windows' runs may be gone
