@@ -11,7 +11,7 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.generations import ENTRIES
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.reports import inbox, misses_queries, usage_queries
+from jaxcache.service.reports import inbox, misses, usage_queries
 from jaxcache.service.state import State
 
 _DAY_S = 86400.0
@@ -83,8 +83,8 @@ def _usage(state: State, name: str) -> dict:
         return {"last_24h": usage_queries.usage_window(conn, name, since=now - _DAY_S),
                 "last_7d": usage_queries.usage_window(conn, name, since=now - 7 * _DAY_S),
                 "by_function_saved": usage_queries.saved_by_function(conn, name),
-                "misses_by_cause": {"last_24h": misses_queries.misses_by_cause(conn, name, since=now - _DAY_S),
-                                    "last_7d": misses_queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
+                "misses_by_cause": {"last_24h": misses.misses_by_cause(conn, name, since=now - _DAY_S),
+                                    "last_7d": misses.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
 
 
 def changed(state: State, name: str) -> None:

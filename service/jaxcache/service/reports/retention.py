@@ -25,7 +25,7 @@ from jaxcache.service.catalog.models import (
     RecordFileRow,
     RunRow,
 )
-from jaxcache.service.reports import aggregates
+from jaxcache.service.reports import usage
 from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.service")
@@ -88,7 +88,7 @@ def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[s
         touched: dict[str, set[str]] = defaultdict(set)
         for i in range(0, len(pairs), _CHUNK):
             chunk = pairs[i : i + _CHUNK]
-            aggregates.fold_history(conn, cache, chunk)
+            usage.fold_history(conn, cache, chunk)
             gone = s.execute(delete(ProcessKeysRow).where(ProcessKeysRow.cache == cache, tuple_(
                 ProcessKeysRow.run_id, ProcessKeysRow.process_index).in_(chunk)).returning(
                 ProcessKeysRow.run_id, ProcessKeysRow.key))
@@ -98,7 +98,7 @@ def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[s
                                            tuple_(RunRow.run_id, RunRow.process_index).in_(chunk)))
         # Key_stats stay as they are: aggregates add the history back.
         for run_id, keys_of_run in sorted(touched.items()):
-            aggregates.usage_rows(conn, cache, sorted(keys_of_run), run_id=run_id)
+            usage.usage_rows(conn, cache, sorted(keys_of_run), run_id=run_id)
     return batch
 
 

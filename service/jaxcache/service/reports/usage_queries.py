@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from jaxcache.records import JOB
 from jaxcache.service.catalog.models import EntryRow, RunRow, UsageRow
-from jaxcache.service.reports import rules
-from jaxcache.service.reports.misses_queries import latest_explanations
+from jaxcache.service.reports.misses import latest_explanations
+from jaxcache.service.reports.usage import is_recent
 
 
 def _rate(hits: int, misses: int) -> float | None:
@@ -49,7 +49,7 @@ def saved_by_function(s: Session | Connection, cache: str, *, limit: int = 100) 
 def recent_jaxlibs(s: Session | Connection, cache: str, *, since: float) -> set[str]:
     """The jaxlib versions of runs whose records were updated since ``since``. Warm-ups' too: a warm-up for a new
     jaxlib runs before its jobs do, and what it wrote must not look stale to a prune meanwhile."""
-    return set(s.scalars(select(RunRow.jaxlib).where(RunRow.cache == cache, rules.is_recent(RunRow.updated_s, since))
+    return set(s.scalars(select(RunRow.jaxlib).where(RunRow.cache == cache, is_recent(RunRow.updated_s, since))
                       .distinct()))
 
 

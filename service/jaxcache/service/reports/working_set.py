@@ -13,7 +13,8 @@ from sqlalchemy.engine import Connection
 from jaxcache.coverage import NOT_WRITTEN
 from jaxcache.records import COMPILED, JOB, Fingerprint
 from jaxcache.service.catalog.models import AttestationRow, ProcessKeysRow, RunRow, WarmupKeyRow, WarmupRow
-from jaxcache.service.reports.misses import chunks, decoded
+from jaxcache.service.reports.misses import decoded
+from jaxcache.service.reports.usage import chunks
 from jaxcache.working_set import DEFAULT_DAYS, DEFAULT_RUNS, Wanted, WorkingSet
 
 DAY = 86400.0

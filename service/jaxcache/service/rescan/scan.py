@@ -24,10 +24,10 @@ from jaxcache.service.catalog.locks import LockBusyError
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
 from jaxcache.service.prune import audit as prune_audit
 from jaxcache.service.reports import inbox, retention
-from jaxcache.service.reports.aggregates import EMPTY, stats_of
 from jaxcache.service.reports.drain import drain
 from jaxcache.service.reports.draining import note_folded
 from jaxcache.service.reports.runfiles import scan_records
+from jaxcache.service.reports.usage import EMPTY, stats_of
 from jaxcache.service.rescan import snapshots
 from jaxcache.service.state import State
 from jaxcache.service.warmups import ingest as warmups
