@@ -1,5 +1,5 @@
 """Misses explained as records are folded: each run's miss of a key gets :func:`jaxcache.explain.explain`'s cause,
-difference, nearest key and fix on its usage row, from the catalog read as the explainer's history; and their reads.
+difference, nearest key and fix on its usage row, from the catalog read as the explainer's history.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
-from sqlalchemy import Select, Text, Update, and_, bindparam, cast, func, select, update
+from sqlalchemy import Select, Text, Update, and_, bindparam, cast, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
 
 from jaxcache import integrity
 from jaxcache.explain import Deletion, EntryNow, Explanation, Known, explain
@@ -33,7 +32,7 @@ from jaxcache.service.catalog.models import (
     table_of,
 )
 from jaxcache.service.prune.audit import RUNNING
-from jaxcache.service.reports.usage import EXPLANATION, chunks, is_miss
+from jaxcache.service.reports.usage import EXPLANATION, is_miss
 
 #: Newest rows read per missed key: enough to hold other processes' latest write, hit and compile.
 KEY_ROWS = 200
@@ -379,41 +378,3 @@ def _update_statement() -> Update:
                                 table.c.key == bindparam("b_key"), table.c.job == bindparam("b_job"),
                                 table.c.kind == JOB)
             .values(counted=bindparam("b_counted"), **{n: bindparam(f"b_{n}") for n in EXPLANATION}))
-
-
-# --- reads ----------------------------------------------------------------------------------------------------------
-
-_MISS = (is_miss(UsageRow.kind, UsageRow.event),)
-
-
-def misses_by_cause(s: Session | Connection, cache: str, *, since: float) -> dict:
-    """Misses of runs updated since ``since`` by cause, most compile seconds first, and how many are unexplained."""
-    rows = s.execute(
-        select(UsageRow.cause, func.sum(UsageRow.missed), func.sum(UsageRow.compile_s))
-        .where(UsageRow.cache == cache, UsageRow.updated_s >= since, *_MISS)
-        .group_by(UsageRow.cause)
-    ).all()
-    ranked = sorted(((float(sec or 0), int(n or 0), c) for c, n, sec in rows if c),
-                    key=lambda t: (-t[0], -t[1], t[2]))
-    causes = [{"cause": c, "misses": n, "compile_s": sec} for sec, n, c in ranked]
-    unexplained = sum(int(n or 0) for c, n, _ in rows if c is None)
-    return {"since_s": since, "causes": causes, "unexplained": unexplained}
-
-
-def latest_explanations(s: Session | Connection, cache: str, job: str, keys: list[str]) -> dict[str, dict]:
-    """For each of ``keys``, the explanation of the job's most recent miss of it that has one."""
-    out: dict[str, dict] = {}
-    at = func.max(UsageRow.first_at)
-    for part in chunks(keys, 500):
-        latest = (select(UsageRow.key, at.label("at"))
-                  .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.key.in_(part),
-                         UsageRow.cause.is_not(None), *_MISS)
-                  .group_by(UsageRow.key).subquery())
-        for r in s.execute(
-            select(UsageRow.key, UsageRow.cause, UsageRow.differs, UsageRow.nearest, UsageRow.fix)
-            .join(latest, and_(latest.c.key == UsageRow.key, latest.c.at == UsageRow.first_at))
-            .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.cause.is_not(None), *_MISS)
-            .order_by(UsageRow.key, UsageRow.run_id.desc(), UsageRow.process_index)
-        ):
-            out.setdefault(r.key, {"cause": r.cause, "differs": r.differs or [], "nearest": r.nearest, "fix": r.fix})
-    return out
