@@ -1,6 +1,5 @@
 """Folding run records into the run tables, in the drain's write transaction: a record replaces its process's rows,
-then set-based statements (:mod:`.usage`) change the figures of the keys it touched. docs/service.md, "Run records".
-"""
+then set-based statements (:mod:`.usage`) change the figures of the keys it touched. docs/service.md, "Run records"."""
 
 from __future__ import annotations
 
@@ -107,7 +106,8 @@ def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item]
     for params in usage.process_params(pairs):
         touched[params["b_run"]].update(conn.execute(replaced, params).scalars())
     now = time.time()
-    conn.execute(_upsert(conn, _runs), [_run_row(cache, item, now) for item in fresh.values()])
+    rows = {pid: _run_row(cache, item, now) for pid, item in fresh.items()}
+    conn.execute(_upsert(conn, _runs), list(rows.values()))
     bulk_insert(conn, _pk, _COLUMNS, [
         (cache, r.run_id, r.process_index, u.key, u.function, u.event, u.hits, u.compiles, u.writes, u.reason,
          u.compile_s, u.retrieval_s, u.saved_s, u.size_bytes, u.first_at, u.last_at)
@@ -116,9 +116,8 @@ def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item]
         # A bulk load: without fresh statistics the planner (SQLite's above all) scans the cache's rows.
         analyze(conn, ("runs", "process_keys"))
     # A row's explanation also reads its representative process's run: one that moved takes it with it.
-    moved = [{"b_run": run_id, "b_process": index} for (run_id, index), item in fresh.items()
-             if (before := held.get((run_id, index))) is not None and _run_inputs(item.record) != {
-                 n: before[n] for n in RUN_INPUTS}]
+    moved = [{"b_run": run_id, "b_process": index} for (run_id, index), row in rows.items()
+             if (before := held.get((run_id, index))) is not None and any(row[n] != before[n] for n in RUN_INPUTS)]
     if moved:
         u = _usage.c
         conn.execute(update(_usage).where(u.cache == cache, u.run_id == bindparam("b_run"),
@@ -157,11 +156,6 @@ def _run_row(cache: str, item: Item, now: float) -> dict[str, Any]:
         "writes": sum(u.writes for u in record.keys), "saved_s": 0.0,  # computed by usage.process_saved
         "local": None if record.local is None else msgspec.to_builtins(record.local),
     }
-
-
-def _run_inputs(record: RunRecord) -> dict[str, Any]:
-    return {"fingerprint_digest": record.fingerprint.digest, "topology": record.topology,
-            "started_s": record.started_at}
 
 
 def _texts(conn: Connection, cache: str, items: Any, touched: dict[str, set[str]]) -> None:

@@ -1,6 +1,5 @@
 """Misses explained as records are folded: each run's miss of a key gets :func:`jaxcache.explain.explain`'s cause,
-difference, nearest key and fix on its usage row, from the catalog read as the explainer's history.
-"""
+difference, nearest key and fix on its usage row, from the catalog read as the explainer's history."""
 
 from __future__ import annotations
 
@@ -77,19 +76,13 @@ def decoded(value: Any, kind: type[T]) -> T | None:
         return None
 
 
-class Decoder:
+class Decoder(dict[tuple[type, str], Any]):
     """JSON texts decoded once each: most rows repeat their key's and run's."""
 
-    def __init__(self) -> None:
-        self._seen: dict[tuple[type, str], Any] = {}
-
     def __call__(self, text: str | None, kind: type[T]) -> T | None:
-        if text is None:
-            return None
-        found = self._seen.get((kind, text), self)
-        if found is self:
-            found = self._seen[(kind, text)] = decoded(text, kind)
-        return found
+        if text is not None and (kind, text) not in self:
+            self[kind, text] = decoded(text, kind)
+        return None if text is None else self[kind, text]
 
 
 # Statements built once per shape with bound values: building expressions is most of a small query's cost.
@@ -263,11 +256,9 @@ class CatalogHistory:
                 in self._fetch(_entries_of_function(), function=function, limit=FUNCTION_ENTRIES)]
 
     def _deletions_of(self, key: str) -> list[Deletion]:
-        out = []
-        for audit_id, at_s, who, policy, kind in self._fetch(_deletions(), key=key):
-            how = "DELETE" if kind == "delete" else f"prune #{audit_id} ({policy_summary(decoded(policy, dict))})"
-            out.append(Deletion(key, at_s, who, how))
-        return out
+        return [Deletion(key, at_s, who, "DELETE" if kind == "delete" else
+                         f"prune #{audit_id} ({policy_summary(decoded(policy, dict))})")
+                for audit_id, at_s, who, policy, kind in self._fetch(_deletions(), key=key)]
 
 
 def _untils(times: dict[str, list[float]]) -> list[tuple[str, float]]:

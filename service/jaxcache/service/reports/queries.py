@@ -1,6 +1,5 @@
 """The run tables' reads: usage over a window, jobs (totals, misses with their explanations, processes), misses by
-cause, and a job's working set. Only jobs' runs count as usage: warm-ups are tools (jaxcache.records.RunKind).
-"""
+cause, and a job's working set. Only jobs' runs count as usage: warm-ups are tools (jaxcache.records.RunKind)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The usage rows and per-key aggregates a fold writes, as set-based statements built from the usage rules
-(:mod:`jaxcache.usage_rules`) in SQL. docs/service.md, "Run records".
-"""
+(:mod:`jaxcache.usage_rules`) in SQL. docs/service.md, "Run records"."""
 
 from __future__ import annotations
 
@@ -67,15 +66,9 @@ SQL = Ops(
     sub=operator.sub, mul=operator.mul, nulls_last=lambda x: x.asc().nulls_last(),
 )
 
-used_hits = partial(usage_rules.used_hits, SQL)
-saved = partial(usage_rules.saved, SQL)
-wrote = partial(usage_rules.wrote, SQL)
-write_at = partial(usage_rules.write_at, SQL)
-hit_at = partial(usage_rules.hit_at, SQL)
-is_miss = partial(usage_rules.is_miss, SQL)
-is_recent = partial(usage_rules.is_recent, SQL)
-event_rank = partial(usage_rules.event_rank, SQL)
-event_of = partial(usage_rules.event_of, SQL)
+used_hits, saved, wrote, write_at, hit_at, is_miss, is_recent, event_rank, event_of = (partial(rule, SQL) for rule in (
+    usage_rules.used_hits, usage_rules.saved, usage_rules.wrote, usage_rules.write_at, usage_rules.hit_at,
+    usage_rules.is_miss, usage_rules.is_recent, usage_rules.event_rank, usage_rules.event_of))
 
 
 def most_informative(event: Col) -> Col:
@@ -88,8 +81,6 @@ def first_writer(partition: list[KeyedColumnElement[Any]], at: Col, run_id: Col,
     order = usage_rules.writer_order(SQL, at, run_id, process_index)
     return func.row_number().over(partition_by=partition, order_by=list(order))
 
-
-# --- tables and columns ---------------------------------------------------------------------------------------------
 
 #: A key's aggregates when no run record mentions it.
 EMPTY: dict[str, Any] = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
