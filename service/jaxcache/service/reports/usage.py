@@ -114,14 +114,12 @@ def chunks(items: Sequence[T], size: int = CHUNK) -> Iterable[Sequence[T]]:
         yield items[i : i + size]
 
 
-def _process_run() -> Any:
-    return _pk.join(_runs, and_(_runs.c.cache == _pk.c.cache, _runs.c.run_id == _pk.c.run_id,
-                                _runs.c.process_index == _pk.c.process_index))
-
-
-def _measure(table: Any) -> Any:
-    """``table``'s rows with their key's aggregates (its first writer's measure)."""
-    return and_(_stats.c.cache == table.c.cache, _stats.c.key == table.c.key)
+def _process_run(measure: bool = False) -> Any:
+    """Process rows with their run rows and, with ``measure``, their key's aggregates (its first writer's measure)."""
+    joined = _pk.join(_runs, and_(_runs.c.cache == _pk.c.cache, _runs.c.run_id == _pk.c.run_id,
+                                  _runs.c.process_index == _pk.c.process_index))
+    measured = and_(_stats.c.cache == _pk.c.cache, _stats.c.key == _pk.c.key)
+    return joined.outerjoin(_stats, measured) if measure else joined
 
 
 def _saved(kind: Any) -> Any:
@@ -160,7 +158,7 @@ def process_rows(*where: Any) -> Subquery:
         select(p.cache, p.run_id, p.key, r.job, r.kind, p.process_index, p.function, p.event, p.hits, p.compiles,
                p.writes, p.reason, p.compile_s, p.retrieval_s, p.jax_saved_s, p.size_bytes, p.first_at, p.last_at,
                r.updated_s, _saved(r.kind).label("saved"))
-        .select_from(_process_run().outerjoin(_stats, _measure(_pk))).where(*where)
+        .select_from(_process_run(measure=True)).where(*where)
     ).subquery()
 
 
@@ -387,11 +385,8 @@ def _entry_copy() -> Update:
 
 def stats_of(conn: Connection, cache: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``{key: aggregates}`` for those of ``keys`` that run records mention (for entry rows a rescan adds)."""
-    out: dict[str, dict[str, Any]] = {}
-    for chunk in chunks(sorted(keys)):
-        for row in conn.execute(_stats_of(AGGREGATES), {"b_cache": cache, "b_keys": chunk}):
-            out[row[0]] = dict(zip(AGGREGATES, row[1:], strict=True))
-    return out
+    return {row[0]: dict(zip(AGGREGATES, row[1:], strict=True)) for chunk in chunks(sorted(keys))
+            for row in conn.execute(_stats_of(AGGREGATES), {"b_cache": cache, "b_keys": chunk})}
 
 
 @functools.cache
@@ -435,7 +430,7 @@ def _process_saved(by: str) -> Update:
     which = (of_processes(_pk) if by == "processes" else [tuple_(p.run_id, p.process_index).in_(
         select(p.run_id, p.process_index).where(p.cache == _CACHE, p.key.in_(_KEYS)))])
     totals = (select(p.run_id, p.process_index, func.coalesce(func.sum(_saved(r.kind)), 0.0).label("total"))
-              .select_from(_process_run().outerjoin(_stats, _measure(_pk))).where(p.cache == _CACHE, *which)
+              .select_from(_process_run(measure=True)).where(p.cache == _CACHE, *which)
               .group_by(p.run_id, p.process_index).subquery())
     return (update(_runs).where(r.cache == _CACHE, r.run_id == totals.c.run_id,
                                 r.process_index == totals.c.process_index)
@@ -465,7 +460,7 @@ def _history_upsert(dialect: str) -> Any:
     done = (select(p.cache, p.key, used_hits(r.kind, p.hits).label("hits"),
                    hit_at(r.kind, p.hits, p.first_at, p.last_at).label("last_hit_s"),
                    _saved(r.kind).label("saved_s"), *nothing)
-            .select_from(_process_run().outerjoin(_stats, _measure(_pk))).where(*chosen))
+            .select_from(_process_run(measure=True)).where(*chosen))
     keys = select(p.key).where(*chosen)
     rows = _aggregated(union_all(done, _writes(*chosen), _history_of(keys)).subquery())
     return _upsert_aggregates(dialect, _history, rows)
