@@ -53,7 +53,7 @@ class Folded:
 
 def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *,
          root: str | None = None) -> Folded:
-    """Fold ``items`` (one per process) and their digests into ``cache``'s run tables in ``s``, a transaction of
+    """Fold ``items`` (one a process at most) and their digests into ``cache``'s run tables in ``s``, a transaction of
     ``catalog.writing(cache)``; a record older than its process's row or the compaction watermark is stale."""
     conn = s.connection()
     out = Folded()

@@ -1,5 +1,5 @@
 """Misses explained as records are folded: each run's miss of a key gets :func:`jaxcache.explain.explain`'s cause,
-difference, nearest key and fix on its usage row, from the catalog read as the explainer's history."""
+difference, nearest key and fix on its usage row, from a history read in a few bounded reads per batch of misses."""
 
 from __future__ import annotations
 

@@ -27,7 +27,6 @@ from jaxcache.service.catalog.models import (
 )
 from jaxcache.service.prune.audit import RUNNING
 from jaxcache.service.reports import usage
-from jaxcache.service.reports.usage import chunks
 from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.service")
@@ -87,7 +86,7 @@ def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[s
             return batch
         conn = s.connection()
         touched: dict[str, set[str]] = defaultdict(set)
-        for chunk in chunks(pairs, _CHUNK):
+        for chunk in usage.chunks(pairs, _CHUNK):
             usage.fold_history(conn, cache, chunk)
             gone = s.execute(delete(ProcessKeysRow).where(ProcessKeysRow.cache == cache, tuple_(
                 ProcessKeysRow.run_id, ProcessKeysRow.process_index).in_(chunk)).returning(
@@ -111,13 +110,13 @@ def _delete_files(catalog: Catalog, cache: str, storage: Storage, horizon: float
         cols = (RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation,
                 RecordFileRow.error)
         rows = list(conn.execute(select(*cols).where(RecordFileRow.cache == cache, RecordFileRow.mtime_s < horizon)))
-        for part in chunks(names, _CHUNK):
+        for part in usage.chunks(names, _CHUNK):
             rows += conn.execute(select(*cols).where(RecordFileRow.cache == cache, RecordFileRow.name.in_(part)))
         old = {r.name: r for r in rows}
         owners = {r.name: _owner(r.name) for r in old.values() if r.error is None and r.name not in targets}
         pairs = sorted({p for p in owners.values() if p is not None})
         live: set[tuple[str, int]] = set()
-        for held in chunks(pairs, _CHUNK):
+        for held in usage.chunks(pairs, _CHUNK):
             live.update((run, index) for run, index in conn.execute(select(RunRow.run_id, RunRow.process_index).where(
                 RunRow.cache == cache, tuple_(RunRow.run_id, RunRow.process_index).in_(held))))
     for name, r in old.items():
@@ -133,7 +132,7 @@ def _delete_files(catalog: Catalog, cache: str, storage: Storage, horizon: float
         log.warning("cache %s: %d old run record files could not be deleted (tried again next rescan): %s", cache,
                     len(failed), failed[0])
     with catalog.session() as s:
-        for part in chunks(gone, _CHUNK):
+        for part in usage.chunks(gone, _CHUNK):
             s.execute(delete(RecordFileRow).where(RecordFileRow.cache == cache, RecordFileRow.name.in_(part)))
     return len(gone)
 
