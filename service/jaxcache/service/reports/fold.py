@@ -87,11 +87,8 @@ def _held(conn: Connection, cache: str, items: Sequence[Item]) -> dict[tuple[str
     pairs = sorted({(i.record.run_id, i.record.process_index) for i in items})
     cols = ("run_id", "process_index", "updated_s", *RUN_INPUTS)
     held = select(*(_runs.c[n] for n in cols)).where(_runs.c.cache == cache, *usage.of_processes(_runs))
-    out = {}
-    for params in usage.process_params(pairs):
-        for row in conn.execute(held, params):
-            out[(row.run_id, row.process_index)] = row._asdict()
-    return out
+    return {(row.run_id, row.process_index): row._asdict() for params in usage.process_params(pairs)
+            for row in conn.execute(held, params)}
 
 
 def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item],

@@ -30,6 +30,7 @@ Reader = Session | Connection
 DAY = 86400.0
 _CHUNK = 500
 _MISS = (is_miss(UsageRow.kind, UsageRow.event),)
+_SEEN = ("jax", "jaxlib", "topologies")
 
 
 def _rate(hits: int, misses: int) -> float | None:
@@ -76,11 +77,10 @@ def jobs(s: Reader, cache: str, *, job: str | None = None, limit: int = 1000) ->
     if job is not None:
         runs_q = runs_q.where(RunRow.job == job)
     runs_q = runs_q.group_by(RunRow.job).order_by(func.max(RunRow.updated_s).desc(), RunRow.job).limit(limit)
-    out: dict[str, dict[str, Any]]
-    out = {j: {"job": j, "runs": int(r), "processes": int(p), "first_run_s": first, "last_run_s": last,
-               "hits": 0, "misses": 0, "writes": 0, "hit_rate": None, "compile_s": 0.0, "saved_s": 0.0,
-               "jax": [], "jaxlib": [], "topologies": []}
-           for j, r, p, first, last in s.execute(runs_q)}
+    out: dict[str, dict[str, Any]] = {
+        j: {"job": j, "runs": int(r), "processes": int(p), "first_run_s": first, "last_run_s": last, "hits": 0,
+            "misses": 0, "writes": 0, "hit_rate": None, "compile_s": 0.0, "saved_s": 0.0, **{f: set() for f in _SEEN}}
+        for j, r, p, first, last in s.execute(runs_q)}
     if not out:
         return []
     names = list(out)
@@ -91,16 +91,11 @@ def jobs(s: Reader, cache: str, *, job: str | None = None, limit: int = 1000) ->
     ):
         out[j].update(hits=int(h or 0), misses=int(m or 0), writes=int(w or 0), compile_s=float(c or 0),
                       saved_s=float(sv or 0), hit_rate=_rate(int(h or 0), int(m or 0)))
-    seen = s.execute(select(RunRow.job, RunRow.jax, RunRow.jaxlib, RunRow.topology)
-                     .where(RunRow.cache == cache, RunRow.job.in_(names), RunRow.kind == JOB).distinct()).all()
-    for i, field in enumerate(("jax", "jaxlib", "topologies"), 1):
-        for row in seen:
-            if row[i] is not None and row[i] not in out[row[0]][field]:
-                out[row[0]][field].append(row[i])
-    for d in out.values():
-        for field in ("jax", "jaxlib", "topologies"):
-            d[field].sort()
-    return list(out.values())
+    for j, *seen in s.execute(select(RunRow.job, RunRow.jax, RunRow.jaxlib, RunRow.topology)
+                              .where(RunRow.cache == cache, RunRow.job.in_(names), RunRow.kind == JOB).distinct()):
+        for field, value in zip(_SEEN, seen, strict=True):
+            out[j][field].add(value)
+    return [d | {f: sorted(d[f] - {None}) for f in _SEEN} for d in out.values()]
 
 
 def job_misses(s: Reader, cache: str, job: str, *, limit: int) -> list[dict]:
