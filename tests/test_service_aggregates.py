@@ -93,7 +93,7 @@ def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_
 
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, RunRow, UsageRow
-    from jaxcache.service.reports.aggregates import refresh
+    from jaxcache.service.reports.usage import refresh
     from jaxcache.service.rescan.scan import rescan as do_rescan
     from jaxcache.storage import open_storage
 
@@ -204,14 +204,14 @@ def test_a_pass_after_one_rolled_back_still_keeps_its_differences(request, tmp_p
     """A pass whose transaction rolls back (a record the catalog refuses) takes the pass's temporary table with
     it: the next pass, on the same connection, makes it again."""
     from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.reports import usage_changes
+    from jaxcache.service.reports import usage
 
     url = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'c.sqlite'}"
     catalog = Catalog(url)
     with pytest.raises(RuntimeError), catalog.writing("demo") as s:
-        usage_changes.before(s.connection(), "demo", [("r1", 0)])
+        usage.usage_before(s.connection(), "demo", [("r1", 0)])
         raise RuntimeError("the catalog refused a record")
     with catalog.writing("demo") as s:
-        usage_changes.before(s.connection(), "demo", [("r1", 0)])
-        assert usage_changes.after(s.connection(), "demo", [("r1", 0)]) == {}
+        usage.usage_before(s.connection(), "demo", [("r1", 0)])
+        assert usage.usage_after(s.connection(), "demo", [("r1", 0)]) == {}
     catalog.dispose()

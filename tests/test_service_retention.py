@@ -32,7 +32,7 @@ from jaxcache.service.catalog.models import (
 )
 from jaxcache.service.prune.candidates import catalog_candidates
 from jaxcache.service.reports import queue
-from jaxcache.service.reports.aggregates import refresh
+from jaxcache.service.reports.usage import refresh
 from jaxcache.service.rescan.scan import rescan
 from jaxcache.service.warmups import queries as coverage
 from jaxcache.storage import open_storage

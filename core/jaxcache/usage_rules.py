@@ -1,7 +1,7 @@
 """The rules that make a key's figures from what processes did with it, each written once, over an :class:`Ops`.
 
 The CLI's service-less prune applies them to parsed run records with :data:`PY`; the service builds its SQL from the
-same functions with SQLAlchemy operations (``jaxcache.service.reports.rules.SQL``). NULL is ``None``, as in SQL:
+same functions with SQLAlchemy operations (``jaxcache.service.reports.usage.SQL``). NULL is ``None``, as in SQL:
 comparisons with it are ``None`` and a ``case`` takes only a true condition.
 """
 

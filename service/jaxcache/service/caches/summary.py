@@ -11,7 +11,7 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.generations import ENTRIES
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.reports import misses_queries, queue, usage_queries
+from jaxcache.service.reports import queries, queue
 from jaxcache.service.state import State
 
 _DAY_S = 86400.0
@@ -80,11 +80,11 @@ def _stats(state: State, name: str) -> dict:
 def _usage(state: State, name: str) -> dict:
     now = time.time()
     with state.catalog.reader() as conn:
-        return {"last_24h": usage_queries.usage_window(conn, name, since=now - _DAY_S),
-                "last_7d": usage_queries.usage_window(conn, name, since=now - 7 * _DAY_S),
-                "by_function_saved": usage_queries.saved_by_function(conn, name),
-                "misses_by_cause": {"last_24h": misses_queries.misses_by_cause(conn, name, since=now - _DAY_S),
-                                    "last_7d": misses_queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
+        return {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
+                "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
+                "by_function_saved": queries.saved_by_function(conn, name),
+                "misses_by_cause": {"last_24h": queries.misses_by_cause(conn, name, since=now - _DAY_S),
+                                    "last_7d": queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
 
 
 def changed(state: State, name: str) -> None:

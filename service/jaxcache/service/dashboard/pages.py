@@ -29,7 +29,7 @@ from jaxcache.service.dashboard.site import (
 from jaxcache.service.entries import queries
 from jaxcache.service.integrity import queries as verdicts
 from jaxcache.service.ops import loop_models
-from jaxcache.service.reports import usage_queries
+from jaxcache.service.reports import queries as runs
 from jaxcache.units import parse_bytes, parse_duration
 
 
@@ -155,7 +155,7 @@ def routes(dash: Dashboard) -> APIRouter:
         viewer = dash.viewer(request)
         dash.cache_or_404(cache)
         with state.catalog.reader() as conn:
-            found = usage_queries.jobs(conn, cache, limit=1000)
+            found = runs.jobs(conn, cache, limit=1000)
         return dash.render(request, "jobs.html", viewer=viewer, cache=cache, section="jobs", jobs=found)
 
     @router.get("/caches/{cache}/jobs/{job}")
@@ -163,11 +163,11 @@ def routes(dash: Dashboard) -> APIRouter:
         viewer = dash.viewer(request)
         dash.cache_or_404(cache)
         with state.catalog.reader() as conn:
-            found = usage_queries.jobs(conn, cache, job=job, limit=1)
+            found = runs.jobs(conn, cache, job=job, limit=1)
             if not found:
                 raise HTTPException(404, f"no runs of job {job!r} reported on {cache!r}")
-            missed = usage_queries.job_misses(conn, cache, job, limit=1000)
-            recent = usage_queries.job_runs(conn, cache, job, limit=100)
+            missed = runs.job_misses(conn, cache, job, limit=1000)
+            recent = runs.job_runs(conn, cache, job, limit=100)
         return dash.render(request, "job.html", viewer=viewer, cache=cache, section="jobs", j=found[0],
                            causes=fmt.by_cause(missed), recent=recent)
 

@@ -20,7 +20,7 @@ from jaxcache.service.catalog.models import EntryRow, PinRow
 from jaxcache.service.integrity import verification
 from jaxcache.service.prune import audit as prune_audit
 from jaxcache.service.prune.candidates import catalog_candidates
-from jaxcache.service.reports import usage_queries
+from jaxcache.service.reports import queries
 from jaxcache.service.rescan.scan import rescan
 from jaxcache.service.state import State
 from jaxcache.storage import Storage
@@ -56,7 +56,7 @@ def _plan(catalog: Catalog, cache: str, policy: core_prune.PrunePolicy,
     recent = None
     if policy.stale_jaxlib:
         with catalog.reader() as conn:
-            recent = usage_queries.recent_jaxlibs(conn, cache, since=now - policy.stale_jaxlib_window_s)
+            recent = queries.recent_jaxlibs(conn, cache, since=now - policy.stale_jaxlib_window_s)
     with memory.gc_paused():
         candidates = catalog_candidates(catalog, cache, with_integrity=bool(policy.integrity))
         return core_prune.plan(candidates, policy, now=now, recent_jaxlibs=recent)

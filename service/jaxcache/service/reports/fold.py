@@ -1,13 +1,5 @@
-"""Folding run records into the run tables, in the drain's write transaction (:mod:`.drain`).
-
-A record is rewritten while its process runs (its counts are totals so far), so folding one replaces its process:
-its run row, and its rows in ``process_keys`` (one per key). The figures made from those rows then change, by
-set-based statements, for the keys the records touched: their runs' usage rows by what the processes' rows were and
-are (:mod:`.usage_changes`), the keys' aggregates and their copies on entry rows, and the processes' own seconds
-saved (:mod:`.aggregates`). A record older than what the catalog holds of its process, or than the cache's
-compaction watermark (its run may be in key_history already), changes nothing. Misses are explained at the end,
-once every record of the pass is in. docs/service.md, "Run records".
-"""
+"""Folding run records into the run tables, in the drain's write transaction: a record replaces its process's rows,
+then set-based statements (:mod:`.usage`) change the figures of the keys it touched. docs/service.md, "Run records"."""
 
 from __future__ import annotations
 
@@ -28,8 +20,8 @@ from jaxcache.service.catalog.database import Catalog, analyze, bulk_insert, dia
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
 from jaxcache.service.integrity import attestations
 from jaxcache.service.metrics import REPORT
-from jaxcache.service.reports import aggregates, misses, rules, usage_changes
-from jaxcache.service.reports.misses import chunks
+from jaxcache.service.reports import misses, usage
+from jaxcache.service.reports.usage import EXPLANATION, chunks
 
 __all__ = ["Folded", "Item", "fold"]
 
@@ -37,12 +29,13 @@ _pk, _runs, _usage = table_of(ProcessKeysRow), table_of(RunRow), table_of(UsageR
 #: A process_keys row, as fold writes it: the record's KeyUsage fields (its saved_s is JAX's figure).
 _COLUMNS = ("cache", "run_id", "process_index", "key", "function", "event", "hits", "compiles", "writes", "reason",
             "compile_s", "retrieval_s", "jax_saved_s", "size_bytes", "first_at", "last_at")
+#: What a miss's explanation reads of its row's representative run: a process that moved these drops it.
+RUN_INPUTS = ("fingerprint_digest", "topology", "started_s")
 
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """A record to fold (a :class:`RunRecord`, or the :data:`jaxcache.records.RunFigures` the inbox's rows are read
-    as), where it came from (REPORT or STORAGE) and, for a file, its name."""
+    """A record to fold (a RunRecord or the inbox's RunFigures), its source (REPORT or STORAGE), a file's name."""
 
     record: RunRecord | Any
     source: str
@@ -51,8 +44,7 @@ class Item:
 
 @dataclass(slots=True)
 class Folded:
-    """What folding did: records that changed the catalog (by source), those that were stale, and the misses
-    explained for the first time (by cause)."""
+    """Records that changed the catalog (by source), stale ones, and misses explained for the first time (by cause)."""
 
     fresh: Counter[str] = field(default_factory=Counter)
     stale: int = 0
@@ -61,8 +53,8 @@ class Folded:
 
 def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *,
          root: str | None = None) -> Folded:
-    """Fold ``items`` (at most one per process) into ``cache``'s run tables in ``s``, a write transaction the caller
-    took with ``catalog.writing(cache)``; their digests are recorded in the same transaction."""
+    """Fold ``items`` (one a process at most) and their digests into ``cache``'s run tables in ``s``, a transaction of
+    ``catalog.writing(cache)``; a record older than its process's row or the compaction watermark is stale."""
     conn = s.connection()
     out = Folded()
     held = _held(conn, cache, items)
@@ -81,8 +73,7 @@ def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *,
         else:
             fresh[pid] = item
             out.fresh[item.source] += 1
-        # Recorded for compacted records too: digests are evidence, never counts (the first accepted one counts,
-        # the others are kept as conflicts), and a back-dated record must not hide a forged digest.
+        # Recorded for stale records too: digests are evidence, and a back-dated record must not hide a forged one.
         found += _attestations(item)
     if fresh:
         out.misses = _fold_fresh(conn, cache, fresh, held, root)
@@ -92,57 +83,51 @@ def fold(catalog: Catalog, s: Session, cache: str, items: Sequence[Item], *,
 
 
 def _held(conn: Connection, cache: str, items: Sequence[Item]) -> dict[tuple[str, int], dict[str, Any]]:
-    """What the catalog holds of the items' processes' run rows (what an explanation reads of them too)."""
+    """What the catalog holds of the items' processes' run rows."""
     pairs = sorted({(i.record.run_id, i.record.process_index) for i in items})
-    cols = ("run_id", "process_index", "updated_s", *misses.RUN_INPUTS)
-    held = select(*(_runs.c[n] for n in cols)).where(_runs.c.cache == cache, *aggregates.of_processes(_runs))
-    out = {}
-    for params in aggregates.process_params(pairs):
-        for row in conn.execute(held, params):
-            out[(row.run_id, row.process_index)] = row._asdict()
-    return out
+    cols = ("run_id", "process_index", "updated_s", *RUN_INPUTS)
+    held = select(*(_runs.c[n] for n in cols)).where(_runs.c.cache == cache, *usage.of_processes(_runs))
+    return {(row.run_id, row.process_index): row._asdict() for params in usage.process_params(pairs)
+            for row in conn.execute(held, params)}
 
 
 def _fold_fresh(conn: Connection, cache: str, fresh: dict[tuple[str, int], Item],
                 held: dict[tuple[str, int], dict[str, Any]], root: str | None) -> Counter[str]:
-    """Replace the fresh records' processes and compute again what their keys' figures are made of; the misses
-    counted for the metric."""
+    """Replace the fresh records' processes and compute their keys' figures again; the misses counted for the metric."""
     touched: dict[str, set[str]] = defaultdict(set)
     for (run_id, _), item in fresh.items():
         touched[run_id].update(u.key for u in item.record.keys)
     pairs = sorted(fresh)
-    usage_changes.before(conn, cache, pairs)
-    replaced = delete(_pk).where(_pk.c.cache == cache, *aggregates.of_processes(_pk)).returning(_pk.c.key)
-    for params in aggregates.process_params(pairs):
+    usage.usage_before(conn, cache, pairs)
+    replaced = delete(_pk).where(_pk.c.cache == cache, *usage.of_processes(_pk)).returning(_pk.c.key)
+    for params in usage.process_params(pairs):
         touched[params["b_run"]].update(conn.execute(replaced, params).scalars())
     now = time.time()
-    conn.execute(_upsert(conn, _runs), [_run_row(cache, item, now) for item in fresh.values()])
+    rows = {pid: _run_row(cache, item, now) for pid, item in fresh.items()}
+    conn.execute(_upsert(conn, _runs), list(rows.values()))
     bulk_insert(conn, _pk, _COLUMNS, [
         (cache, r.run_id, r.process_index, u.key, u.function, u.event, u.hits, u.compiles, u.writes, u.reason,
          u.compile_s, u.retrieval_s, u.saved_s, u.size_bytes, u.first_at, u.last_at)
         for item in fresh.values() for r in [item.record] for u in r.keys])
     if {run for run, _ in fresh} - {run for run, _ in held}:
-        # A new run's rows are a bulk load: the planner learns the tables' sizes before the statements below, not
-        # when autovacuum gets to them (PostgreSQL), or never (SQLite, which without statistics reads a process's
-        # rows by scanning the cache's).
+        # A bulk load: without fresh statistics the planner (SQLite's above all) scans the cache's rows.
         analyze(conn, ("runs", "process_keys"))
     # A row's explanation also reads its representative process's run: one that moved takes it with it.
-    moved = [{"b_run": run_id, "b_process": index} for (run_id, index), item in fresh.items()
-             if (before := held.get((run_id, index))) is not None and _run_inputs(item.record) != {
-                 n: before[n] for n in misses.RUN_INPUTS}]
+    moved = [{"b_run": run_id, "b_process": index} for (run_id, index), row in rows.items()
+             if (before := held.get((run_id, index))) is not None and any(row[n] != before[n] for n in RUN_INPUTS)]
     if moved:
         u = _usage.c
         conn.execute(update(_usage).where(u.cache == cache, u.run_id == bindparam("b_run"),
                                           u.process_index == bindparam("b_process"))
-                     .values({n: None for n in misses.COLUMNS}), moved)
+                     .values({n: None for n in EXPLANATION}), moved)
     keys = sorted({k for found in touched.values() for k in found})
-    for run_id, found in sorted(usage_changes.after(conn, cache, pairs).items()):
-        aggregates.usage_rows(conn, cache, list(found), run_id=run_id)
+    for run_id, found in sorted(usage.usage_after(conn, cache, pairs).items()):
+        usage.usage_rows(conn, cache, list(found), run_id=run_id)
     _texts(conn, cache, fresh.values(), touched)
-    reweigh = aggregates.key_stats(conn, cache, keys)
-    aggregates.process_saved(conn, cache, processes=pairs)
+    reweigh = usage.key_stats(conn, cache, keys)
+    usage.process_saved(conn, cache, processes=pairs)
     if reweigh:
-        aggregates.refresh(conn, cache, sorted(reweigh))
+        usage.refresh(conn, cache, sorted(reweigh))
     return _misses(conn, cache, touched, root)
 
 
@@ -165,24 +150,18 @@ def _run_row(cache: str, item: Item, now: float) -> dict[str, Any]:
         "updated_s": record.updated_at, "final": record.final, "pid": record.pid, "keys": len(record.keys),
         "source": item.source, "ingested_s": now, "kind": record.kind,
         "hits": sum(u.hits for u in record.keys), "compiles": sum(u.compiles for u in record.keys),
-        "writes": sum(u.writes for u in record.keys), "saved_s": 0.0,  # computed by aggregates.process_saved
+        "writes": sum(u.writes for u in record.keys), "saved_s": 0.0,  # computed by usage.process_saved
         "local": None if record.local is None else msgspec.to_builtins(record.local),
     }
 
 
-def _run_inputs(record: RunRecord) -> dict[str, Any]:
-    """What an explanation reads of a row's representative run (misses.RUN_INPUTS)."""
-    return {"fingerprint_digest": record.fingerprint.digest, "topology": record.topology,
-            "started_s": record.started_at}
-
-
 def _texts(conn: Connection, cache: str, items: Any, touched: dict[str, set[str]]) -> None:
-    """Give usage rows that lack them their key's parts and program, from the first record that carries them; the
-    row's explanation, made without them, goes. Only rows that lack one are written (a run's first records)."""
+    """Give usage rows that lack them their key's parts and program from the first record that carries them,
+    dropping the explanation made without them."""
     c = _usage.c
     lacking: dict[str, set[tuple[str, str, str, str]]] = {"parts": set(), "program": set()}
     for run_id, found in sorted(touched.items()):
-        for chunk in chunks(sorted(found), aggregates.CHUNK):
+        for chunk in chunks(sorted(found)):
             for job, kind, key, no_parts, no_program in conn.execute(
                     select(c.job, c.kind, c.key, c.parts.is_(None), c.program.is_(None)).where(
                         c.cache == cache, c.run_id == run_id, c.key.in_(chunk),
@@ -204,26 +183,26 @@ def _texts(conn: Connection, cache: str, items: Any, touched: dict[str, set[str]
                                           c.job == bindparam("b_job"), c.kind == bindparam("b_kind"),
                                           c.key == bindparam("b_key"), c[column].is_(None))
                      .values({column: bindparam("b_value", type_=c[column].type),
-                              **{n: None for n in misses.COLUMNS}}))
+                              **{n: None for n in EXPLANATION}}))
         conn.execute(statement, [{"b_run": run, "b_job": job, "b_kind": kind, "b_key": key, "b_value": value}
                                  for (run, job, kind, key), value in first.items()])
 
 
 def _misses(conn: Connection, cache: str, touched: dict[str, set[str]], root: str | None) -> Counter[str]:
-    """Explain the touched rows' misses not explained yet; count for the metric the processes' misses that joined
-    a row explained already, and those of the rows explained now."""
+    """Explain the touched rows' new misses; count for the metric those that joined an explained row and those
+    explained now."""
     c = _usage.c
     counts: Counter[str] = Counter()
     pending: list[misses.Pending] = []
     for run_id, found in sorted(touched.items()):
-        for chunk in chunks(sorted(found), aggregates.CHUNK):
+        for chunk in chunks(sorted(found)):
             mine = [c.cache == cache, c.run_id == run_id, c.key.in_(chunk)]
             joined = [*mine, c.cause.is_not(None), c.missed > c.counted]
             counts.update({cause: int(n) for cause, n in conn.execute(
                 select(c.cause, func.sum(c.missed - c.counted)).where(*joined).group_by(c.cause))})
             conn.execute(update(_usage).where(*joined).values(counted=c.missed))
             pending += [misses.Pending(*row) for row in conn.execute(
-                select(c.run_id, c.job, c.key).where(*mine, rules.is_miss(c.kind, c.event), c.cause.is_(None)))]
+                select(c.run_id, c.job, c.key).where(*mine, usage.is_miss(c.kind, c.event), c.cause.is_(None)))]
     if pending:
         counts.update(misses.explain_pending(conn, cache, pending, root=root))
     return counts
@@ -234,7 +213,7 @@ def _attestations(item: Item) -> list[Attestation]:
     digests = [u for u in record.keys if u.sha256 and u.event == WRITE]
     if not digests:
         return []
-    # A POSTed digest came with a report token; one read from the bucket is worth what the bucket's writers are.
+    # A POSTed digest came with a report token; a file's is worth what the bucket's writers are.
     kind = REPORTED if item.source == REPORT else FILE
     return list(from_run(msgspec.structs.replace(record, keys=digests), source=kind, at=time.time(),
                          record=item.name))

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.health import describe
-from jaxcache.service.reports import usage_queries
+from jaxcache.service.reports import queries
 
 log = logging.getLogger("jaxcache.service")
 
@@ -31,8 +31,8 @@ WAIT_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class _Answer:
-    windows: dict[tuple[str, str], dict[str, Any]]  # (cache, window) -> usage_queries.usage_window
-    jobs: dict[str, list[dict[str, Any]]]  # cache -> usage_queries.jobs, newest first
+    windows: dict[tuple[str, str], dict[str, Any]]  # (cache, window) -> queries.usage_window
+    jobs: dict[str, list[dict[str, Any]]]  # cache -> queries.jobs, newest first
 
 
 class UsageCollector(Collector):
@@ -91,8 +91,8 @@ class UsageCollector(Collector):
         with self._catalog.reader() as conn:
             for cache in self._caches:
                 for window, span in WINDOWS.items():
-                    windows[cache, window] = usage_queries.usage_window(conn, cache, since=now - span)
-                jobs[cache] = usage_queries.jobs(conn, cache, limit=self._max_jobs)
+                    windows[cache, window] = queries.usage_window(conn, cache, since=now - span)
+                jobs[cache] = queries.jobs(conn, cache, limit=self._max_jobs)
         return _Answer(windows, jobs)
 
     @staticmethod

@@ -8,9 +8,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 
-from jaxcache.service.reports import usage_queries
+from jaxcache.service.reports import queries
 from jaxcache.service.reports.schemas import JobDetail, JobList, JobSummary, WorkingSet
-from jaxcache.service.reports.working_set import working_set
 from jaxcache.service.web.deps import (
     BY_DIR_ERRORS,
     ERRORS,
@@ -35,7 +34,7 @@ def list_jobs(request: Request, cache: CacheName, _p: ReadAuth,
     """Jobs that reported runs on this cache, newest first: hits, misses, hit rate, seconds spent and saved."""
     storage_of(request, cache)
     with state_of(request).catalog.reader() as conn:
-        return JobList(jobs=[JobSummary(**j) for j in usage_queries.jobs(conn, cache, limit=limit)])
+        return JobList(jobs=[JobSummary(**j) for j in queries.jobs(conn, cache, limit=limit)])
 
 
 @router.get("/v1/caches/{cache}/jobs/{job}", response_model=JobDetail, operation_id="getJob")
@@ -43,11 +42,11 @@ def get_job(request: Request, cache: CacheName, job: JobName, _p: ReadAuth) -> J
     """One job: its totals, the keys it had to compile (misses) and its recent processes."""
     storage_of(request, cache)
     with state_of(request).catalog.reader() as conn:
-        found = usage_queries.jobs(conn, cache, job=job, limit=1)
+        found = queries.jobs(conn, cache, job=job, limit=1)
         if not found:
             raise HTTPException(404, f"no runs of job {job!r} reported on {cache!r}")
-        missed = usage_queries.job_misses(conn, cache, job, limit=1000)
-        recent = usage_queries.job_runs(conn, cache, job, limit=100)
+        missed = queries.job_misses(conn, cache, job, limit=1000)
+        recent = queries.job_runs(conn, cache, job, limit=100)
     return JobDetail(**found[0], missed=missed, recent_runs=recent)
 
 
@@ -77,7 +76,7 @@ AskedSet = Annotated[Asked, Depends(_asked)]
 
 def _answer(request: Request, cache: str, job: str, asked: Asked) -> WorkingSet:
     with state_of(request).catalog.reader() as conn:
-        found = working_set(conn, cache, job, asked.wanted, runs=asked.runs, days=asked.days)
+        found = queries.working_set(conn, cache, job, asked.wanted, runs=asked.runs, days=asked.days)
     return WorkingSet(**found.to_builtins())
 
 

@@ -1,7 +1,5 @@
-"""Misses explained as records are ingested: each run's miss of a key gets :func:`jaxcache.explain.explain`'s cause,
-difference, nearest key and fix, stored on its usage row and kept while what it was made of stays the same. The
-history it reads is the catalog as an explainer's :class:`jaxcache.explain.History`, loaded for a batch of misses in
-a few bounded index-range reads, so a miss costs the same however long its function's history."""
+"""Misses explained as records are folded: each run's miss of a key gets :func:`jaxcache.explain.explain`'s cause,
+difference, nearest key and fix on its usage row, from a history read in a few bounded reads per batch of misses."""
 
 from __future__ import annotations
 
@@ -32,7 +30,8 @@ from jaxcache.service.catalog.models import (
     WarmupRow,
     table_of,
 )
-from jaxcache.service.reports import rules
+from jaxcache.service.prune.audit import RUNNING
+from jaxcache.service.reports.usage import EXPLANATION, is_miss
 
 #: Newest rows read per missed key: enough to hold other processes' latest write, hit and compile.
 KEY_ROWS = 200
@@ -45,10 +44,10 @@ FUNCTION_ENTRIES = 3
 WARMUP_ROWS = 1000
 #: Misses of one key or function this close in time share one read of the rows before the last of them.
 BUCKET_S = 3600.0
-#: Prunes that deleted (or may have deleted part of) what they planned: done, failed or interrupted.
-RUNNING = "running"
-#: JAX loads an entry in every class but these: corrupt does not decompress, pending is not judged yet.
-_UNREADABLE, _UNJUDGED = integrity.CORRUPT, integrity.PENDING
+#: Misses explained together over one history read: a job's processes miss the same keys and share usage rows.
+BATCH_KEYS, BATCH = 1000, 20_000
+#: What a stored explanation keeps at most: a program's signature or a run's flags can be long, the API pages are not.
+_CHANGES, _TEXT = 50, 2000
 
 T = TypeVar("T")
 _u, _r = UsageRow, RunRow
@@ -65,11 +64,6 @@ UsageKnown = namedtuple("UsageKnown", [str(c.key) for c in _USAGE])  # type: ign
 _EVENTS = {"written": "write", "present": "hit", "not_written": "compiled"}
 
 
-def chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
 def decoded(value: Any, kind: type[T]) -> T | None:
     """A JSON column's value as ``kind`` (its text, or what a driver decoded); None when it is not one."""
     if value is None:
@@ -82,19 +76,13 @@ def decoded(value: Any, kind: type[T]) -> T | None:
         return None
 
 
-class Decoder:
-    """JSON texts of parts, programs and fingerprints decoded once each: most rows repeat their key's and run's."""
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple[type, str], Any] = {}
+class Decoder(dict[tuple[type, str], Any]):
+    """JSON texts decoded once each: most rows repeat their key's and run's."""
 
     def __call__(self, text: str | None, kind: type[T]) -> T | None:
-        if text is None:
-            return None
-        found = self._seen.get((kind, text), self)
-        if found is self:
-            found = self._seen[(kind, text)] = decoded(text, kind)
-        return found
+        if text is not None and (kind, text) not in self:
+            self[kind, text] = decoded(text, kind)
+        return None if text is None else self[kind, text]
 
 
 # Statements built once per shape with bound values: building expressions is most of a small query's cost.
@@ -127,7 +115,7 @@ def _first_of_function() -> Select:
 def _stored() -> Select:
     # A job's miss only: a row may have changed since it was listed to explain (a run id used again).
     return (_usage_base().add_columns(_u.missed, _u.counted)
-            .where(_u.run_id == bindparam("run_id"), _u.cause.is_(None), rules.is_miss(_u.kind, _u.event)))
+            .where(_u.run_id == bindparam("run_id"), _u.cause.is_(None), is_miss(_u.kind, _u.event)))
 
 
 @functools.cache
@@ -268,11 +256,9 @@ class CatalogHistory:
                 in self._fetch(_entries_of_function(), function=function, limit=FUNCTION_ENTRIES)]
 
     def _deletions_of(self, key: str) -> list[Deletion]:
-        out = []
-        for audit_id, at_s, who, policy, kind in self._fetch(_deletions(), key=key):
-            how = "DELETE" if kind == "delete" else f"prune #{audit_id} ({policy_summary(decoded(policy, dict))})"
-            out.append(Deletion(key, at_s, who, how))
-        return out
+        return [Deletion(key, at_s, who, "DELETE" if kind == "delete" else
+                         f"prune #{audit_id} ({policy_summary(decoded(policy, dict))})")
+                for audit_id, at_s, who, policy, kind in self._fetch(_deletions(), key=key)]
 
 
 def _untils(times: dict[str, list[float]]) -> list[tuple[str, float]]:
@@ -305,9 +291,9 @@ def _readable(created_s: float, size: int, compression: str | None, status: str 
               judged_created: float | None) -> tuple[bool | None, str | None]:
     """Whether JAX can load the entry, by its verdict on this version, else its decoded head; None when unjudged."""
     if verdict is not None and (judged_size, judged_created) == (size, created_s):
-        if verdict == _UNREADABLE:
+        if verdict == integrity.CORRUPT:
             return False, "; ".join(decoded(reasons, list[str]) or []) or "corrupt"
-        return (None, None) if verdict == _UNJUDGED else (True, None)
+        return (None, None) if verdict == integrity.PENDING else (True, None)
     if status == "corrupt":
         return False, reason or "its head does not decode"
     return None, None
@@ -319,19 +305,7 @@ def policy_summary(policy: Any, *, limit: int = 200) -> str:
         return "no policy recorded"
     said = [name if value is True else f"{name} {','.join(map(str, value)) if isinstance(value, list) else value}"
             for name, value in policy.items()]
-    text = ", ".join(said)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-#: Misses explained together over one history read: a job's processes miss the same keys and share usage rows.
-BATCH_KEYS, BATCH = 1000, 20_000
-#: What a stored explanation keeps at most: a program's signature or a run's flags can be long, the API pages are not.
-_CHANGES, _TEXT = 50, 2000
-#: The explanation's columns on a usage row.
-COLUMNS = ("cause", "differs", "nearest", "fix")
-#: What an explanation is made of besides the history (the row's and its process's run's); kept while these are.
-INPUTS = ("process_index", "event", "first_at", "parts", "program", "reason")
-RUN_INPUTS = ("fingerprint_digest", "topology", "started_s")
+    return _clip(", ".join(said), limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,8 +324,8 @@ def stored(why: Explanation) -> dict[str, Any]:
     return {"cause": why.cause, "differs": differs, "nearest": why.nearest, "fix": _clip(why.fix)}
 
 
-def _clip(text: str | None) -> Any:
-    return text if text is None or len(text) <= _TEXT else text[: _TEXT - 1] + "…"
+def _clip(text: str | None, limit: int = _TEXT) -> Any:
+    return text if text is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 def explain_pending(conn: Connection, cache: str, pending: Sequence[Pending], *,
@@ -369,7 +343,7 @@ def explain_pending(conn: Connection, cache: str, pending: Sequence[Pending], *,
         for miss, missed, counted in misses:
             why = stored(explain(miss, history, root=root))
             params.append({"b_run": miss.run_id, "b_job": miss.job, "b_key": miss.key, "b_counted": missed,
-                           **{f"b_{n}": why[n] for n in COLUMNS}})
+                           **{f"b_{n}": why[n] for n in EXPLANATION}})
             if missed > counted:
                 counts[why["cause"]] += missed - counted
         conn.execute(_update_statement(), [{"b_cache": cache, **p} for p in params])
@@ -394,4 +368,4 @@ def _update_statement() -> Update:
     return (update(table).where(table.c.cache == bindparam("b_cache"), table.c.run_id == bindparam("b_run"),
                                 table.c.key == bindparam("b_key"), table.c.job == bindparam("b_job"),
                                 table.c.kind == JOB)
-            .values(counted=bindparam("b_counted"), **{n: bindparam(f"b_{n}") for n in COLUMNS}))
+            .values(counted=bindparam("b_counted"), **{n: bindparam(f"b_{n}") for n in EXPLANATION}))

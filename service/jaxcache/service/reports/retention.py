@@ -1,5 +1,5 @@
 """Retention of run records (``JAXCACHE_RECORDS_RETAIN_D``): old runs folded into ``key_history`` in bounded
-batches, then their record files and old prune items deleted; run at the end of a rescan, under its scan lock."""
+batches, then their record files and old prune items deleted, at the end of a rescan."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ from jaxcache.service.catalog.models import (
     RecordFileRow,
     RunRow,
 )
-from jaxcache.service.reports import aggregates
+from jaxcache.service.prune.audit import RUNNING
+from jaxcache.service.reports import usage
 from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.service")
 
 DAY_S = 86400.0
-DEFAULT_RETAIN_D = 30.0
 #: Per transaction: other writers of the cache (report ingestion, on every replica) wait for each one.
 BATCH_PROCESSES = 2000
 BATCH_KEYS = 200_000  # keys of those processes' figures: one process may have touched 100k keys
@@ -55,7 +55,7 @@ def compact(catalog: Catalog, cache: str, storage: Storage, *, retain_s: float, 
     files = _delete_files(catalog, cache, storage, horizon, compacted)
     with catalog.session() as s:
         old = select(PruneRow.id).where(PruneRow.cache == cache, PruneRow.at_s < horizon,
-                                        PruneRow.state != "running")  # a running one is closed from its items
+                                        PruneRow.state != RUNNING)  # a running one is closed from its items
         items = cast(CursorResult, s.execute(delete(PruneItemRow).where(PruneItemRow.prune_id.in_(old)))).rowcount
     if compacted or files:
         log.info("cache %s: compacted %d run records older than %.0f days, deleted %d record files", cache,
@@ -86,9 +86,8 @@ def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[s
             return batch
         conn = s.connection()
         touched: dict[str, set[str]] = defaultdict(set)
-        for i in range(0, len(pairs), _CHUNK):
-            chunk = pairs[i : i + _CHUNK]
-            aggregates.fold_history(conn, cache, chunk)
+        for chunk in usage.chunks(pairs, _CHUNK):
+            usage.fold_history(conn, cache, chunk)
             gone = s.execute(delete(ProcessKeysRow).where(ProcessKeysRow.cache == cache, tuple_(
                 ProcessKeysRow.run_id, ProcessKeysRow.process_index).in_(chunk)).returning(
                 ProcessKeysRow.run_id, ProcessKeysRow.key))
@@ -98,7 +97,7 @@ def _compact_batch(catalog: Catalog, cache: str, horizon: float) -> list[tuple[s
                                            tuple_(RunRow.run_id, RunRow.process_index).in_(chunk)))
         # Key_stats stay as they are: aggregates add the history back.
         for run_id, keys_of_run in sorted(touched.items()):
-            aggregates.usage_rows(conn, cache, sorted(keys_of_run), run_id=run_id)
+            usage.usage_rows(conn, cache, sorted(keys_of_run), run_id=run_id)
     return batch
 
 
@@ -111,17 +110,15 @@ def _delete_files(catalog: Catalog, cache: str, storage: Storage, horizon: float
         cols = (RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation,
                 RecordFileRow.error)
         rows = list(conn.execute(select(*cols).where(RecordFileRow.cache == cache, RecordFileRow.mtime_s < horizon)))
-        for i in range(0, len(names), _CHUNK):
-            rows += conn.execute(select(*cols).where(RecordFileRow.cache == cache,
-                                                     RecordFileRow.name.in_(names[i : i + _CHUNK])))
+        for part in usage.chunks(names, _CHUNK):
+            rows += conn.execute(select(*cols).where(RecordFileRow.cache == cache, RecordFileRow.name.in_(part)))
         old = {r.name: r for r in rows}
         owners = {r.name: _owner(r.name) for r in old.values() if r.error is None and r.name not in targets}
         pairs = sorted({p for p in owners.values() if p is not None})
         live: set[tuple[str, int]] = set()
-        for i in range(0, len(pairs), _CHUNK):
-            live.update((run, index) for run, index in conn.execute(
-                select(RunRow.run_id, RunRow.process_index).where(
-                    RunRow.cache == cache, tuple_(RunRow.run_id, RunRow.process_index).in_(pairs[i : i + _CHUNK]))))
+        for held in usage.chunks(pairs, _CHUNK):
+            live.update((run, index) for run, index in conn.execute(select(RunRow.run_id, RunRow.process_index).where(
+                RunRow.cache == cache, tuple_(RunRow.run_id, RunRow.process_index).in_(held))))
     for name, r in old.items():
         if name in targets or r.error is not None or owners.get(name) not in live:
             targets[name] = r
@@ -135,9 +132,8 @@ def _delete_files(catalog: Catalog, cache: str, storage: Storage, horizon: float
         log.warning("cache %s: %d old run record files could not be deleted (tried again next rescan): %s", cache,
                     len(failed), failed[0])
     with catalog.session() as s:
-        for i in range(0, len(gone), _CHUNK):
-            s.execute(delete(RecordFileRow).where(RecordFileRow.cache == cache,
-                                                  RecordFileRow.name.in_(gone[i : i + _CHUNK])))
+        for part in usage.chunks(gone, _CHUNK):
+            s.execute(delete(RecordFileRow).where(RecordFileRow.cache == cache, RecordFileRow.name.in_(part)))
     return len(gone)
 
 

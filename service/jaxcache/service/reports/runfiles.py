@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import cast
 
-from sqlalchemy import ColumnElement, delete, or_, select
+from sqlalchemy import delete, or_, select
 
 from jaxcache import records
 from jaxcache.parallel import bounded_map
@@ -77,19 +77,18 @@ def _days_to_list(catalog: Catalog, cache: str, state: _Listings, now: float) ->
     return sorted(days)
 
 
+def _prefixes(days: list[str] | None) -> list[str]:
+    return [records.RUNS_PREFIX] if days is None else [f"{records.RUNS_PREFIX}{d}/" for d in days]
+
+
 def _list(storage: Storage, days: list[str] | None) -> dict[str, ObjectInfo]:
-    prefixes = [records.RUNS_PREFIX] if days is None else [f"{records.RUNS_PREFIX}{d}/" for d in days]
-    return {i.name: i for prefix in prefixes for i in storage.iter_objects(prefix, recursive=True)
+    return {i.name: i for prefix in _prefixes(days) for i in storage.iter_objects(prefix, recursive=True)
             if records.is_record_name(i.name) and len(i.name) <= _NAME_MAX}
 
 
 def _known(catalog: Catalog, cache: str, days: list[str] | None) -> dict[str, tuple]:
     """The record files read before, of ``days`` only (None: all): what "gone" is computed against."""
-    where: ColumnElement[bool]
-    if days is None:
-        where = RecordFileRow.name.like(records.RUNS_PREFIX + "%")
-    else:
-        where = or_(*(RecordFileRow.name.like(f"{records.RUNS_PREFIX}{d}/%") for d in days))
+    where = or_(*(RecordFileRow.name.like(prefix + "%") for prefix in _prefixes(days)))
     with catalog.reader() as conn:
         return {r.name: (r.size_bytes, r.mtime_s, r.generation) for r in conn.execute(
             select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation)

@@ -25,9 +25,9 @@ from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, tabl
 from jaxcache.service.metrics import STORAGE
 from jaxcache.service.prune import audit as prune_audit
 from jaxcache.service.reports import retention
-from jaxcache.service.reports.aggregates import EMPTY, stats_of
 from jaxcache.service.reports.queue import drain, note_folded
 from jaxcache.service.reports.runfiles import scan_records
+from jaxcache.service.reports.usage import EMPTY, stats_of
 from jaxcache.service.rescan import snapshots
 from jaxcache.service.state import State
 from jaxcache.service.warmups import ingest as warmups
