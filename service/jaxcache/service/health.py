@@ -1,5 +1,4 @@
-"""How each background loop is doing (``/readyz``, metrics): last success and error, the pass running now and its
-cache (``stuck`` past its bound), the backoff before its next round, and each kind of error logged once."""
+"""How each background loop is doing (``/readyz``, metrics): its last success and error, its pass running now."""
 
 from __future__ import annotations
 
@@ -20,19 +19,16 @@ log = logging.getLogger("jaxcache.service")
 
 #: The first retry after an error; each further failure doubles it, up to the loop's period.
 BACKOFF_FIRST_S = 1.0
-#: A pass is stuck once it has run this many of its loop's periods, and never sooner than STUCK_MIN_S: a rescan of
-#: a large bucket may take minutes, and a loop polling every second must not read stuck after three.
+#: A pass is stuck past this many of its loop's periods, never sooner than STUCK_MIN_S (a large bucket's rescan).
 STUCK_PERIODS, STUCK_MIN_S = 3, 600.0
-#: How often a pass's steps are published (on_change): far below any stuck bound.
-PROGRESS_PUBLISH_S = 5.0
+PROGRESS_PUBLISH_S = 5.0  # how often a pass's steps are published: far below any stuck bound
 
 Health = Literal["ok", "failing", "stuck"]
 
 
 @dataclass(frozen=True, slots=True)
 class LoopStatus:
-    """One loop as ``/readyz`` shows it: a pass (or its cache) running past ``stuck_after_s`` since it started, or
-    since its last step (``progress_s``, a throttled verification's batches), reads stuck."""
+    """One loop as ``/readyz`` shows it: stuck past ``stuck_after_s`` since its pass (or cache) or last step."""
 
     last_success_s: float | None = None
     last_error: str | None = None
@@ -48,8 +44,7 @@ class LoopStatus:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoopStatus:
         """From :func:`dataclasses.asdict` gone through JSON; fields this version does not know are dropped."""
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
+        values = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
         values["failed_caches"] = tuple(values.get("failed_caches") or ())
         return cls(**values)
 
@@ -61,9 +56,8 @@ class LoopStatus:
 
     def cache_health(self, caches: Iterable[str], now: float) -> dict[str, Health]:
         """Each of ``caches`` (and any other this loop is stuck or failing on): ``stuck``, ``failing`` or ``ok``."""
-        found: dict[str, Health] = {name: "ok" for name in caches}
-        for name in self.failed_caches:
-            found[name] = "failing"
+        found: dict[str, Health] = dict.fromkeys(caches, "ok")
+        found.update(dict.fromkeys(self.failed_caches, "failing"))
         if self.running_cache is not None and _past(_later(self.cache_since_s, self.progress_s), self.stuck_after_s,
                                                     now):
             found[self.running_cache] = "stuck"
@@ -94,8 +88,7 @@ class LoopHealth:
         self._round_failed: dict[str, set[str]] = {}  # loop -> caches whose part of its last round failed
         self._thread = threading.local()  # .loop: the loop whose pass the calling thread runs
         self._published: dict[str, float] = {}  # loop -> when its progress was last published
-        # Told each change of a loop's status, for every process to read.
-        self.on_change: Callable[[str, LoopStatus], None] | None = None
+        self.on_change: Callable[[str, LoopStatus], None] | None = None  # publishes each change for every process
         self._publish_failed = False
 
     def succeeded(self, loop: str) -> None:
@@ -114,8 +107,7 @@ class LoopHealth:
     def failed(self, loop: str, exc: BaseException, where: str = "") -> None:
         """Note one failed round (or one cache's part of it, ``where``); log the first error of each kind."""
         kind = f"{where}:{type(exc).__name__}" if where else type(exc).__name__
-        said = describe(exc)
-        message = f"{where}: {said}" if where else said
+        message = f"{where}: {describe(exc)}" if where else describe(exc)
         with self._lock:
             before = self._loops.get(loop, LoopStatus())
             failed = self._round_failed.setdefault(loop, set())
@@ -130,9 +122,8 @@ class LoopHealth:
         self._changed(loop)
         if first:
             # Our own errors and a database that is down say what to do; anything else is a bug: its traceback helps.
-            expected = isinstance(exc, JaxcacheError | OperationalError)
             log.error("background %s failed: %s (retrying with backoff; this is logged once until it recovers)",
-                      loop, message, exc_info=None if expected else exc)
+                      loop, message, exc_info=None if isinstance(exc, JaxcacheError | OperationalError) else exc)
         else:
             log.debug("background %s failed again: %s", loop, message)
 
@@ -164,15 +155,13 @@ class LoopHealth:
         self._changed(loop)
 
     def progress(self) -> None:
-        """The pass this thread runs (if any) took a step: not stuck while steps come; published at most every
-        PROGRESS_PUBLISH_S."""
+        """The pass this thread runs (if any) took a step: not stuck while steps come."""
         loop = getattr(self._thread, "loop", None)
         if loop is None:
             return
         now = time.time()
         with self._lock:
-            before = self._loops[loop]
-            self._loops[loop] = replace(before, progress_s=now)
+            before, self._loops[loop] = self._loops[loop], replace(self._loops[loop], progress_s=now)
         if before.progress_s is None or now - self._published.get(loop, 0.0) >= PROGRESS_PUBLISH_S:
             self._published[loop] = now
             self._changed(loop)
@@ -191,9 +180,7 @@ class LoopHealth:
     def wait_s(self, loop: str, period_s: float) -> float:
         """Seconds until the loop's next round: its period, or a doubling backoff while rounds fail."""
         failures = self.status(loop).failures
-        if not failures:
-            return period_s
-        return min(period_s, BACKOFF_FIRST_S * 2 ** min(failures - 1, 30))
+        return min(period_s, BACKOFF_FIRST_S * 2 ** min(failures - 1, 30)) if failures else period_s
 
     def status(self, loop: str) -> LoopStatus:
         with self._lock:
@@ -218,8 +205,7 @@ class LoopHealth:
 
 
 def export_health(metrics: Metrics, snapshot: dict[str, LoopStatus], now: float) -> None:
-    """Set the loops' gauges from ``snapshot`` at each scrape: a stuck pass tells nobody, and ``--role api`` runs no
-    loop."""
+    """Set the loops' gauges from ``snapshot`` at each scrape (a stuck pass tells nobody; ``--role api`` runs none)."""
     for loop, status in snapshot.items():
         metrics.loop_stuck.labels(loop).set(1 if status.health(now) == "stuck" else 0)
         metrics.loop_failing.labels(loop).set(1 if status.failures else 0)

@@ -1,5 +1,5 @@
-"""How the processes and replicas sharing one catalog coordinate through it: cluster locks (docs/service.md,
-"Replicas and locks"), PostgreSQL's NOTIFY/LISTEN on the report inbox, and each background loop's shared status."""
+"""How the processes and replicas sharing one catalog coordinate: cluster locks (docs/service.md, "Replicas and
+locks"), PostgreSQL's NOTIFY/LISTEN on the report inbox, and each background loop's shared status."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import filelock
 import psycopg
@@ -28,10 +28,9 @@ from jaxcache.service.catalog.models import LoopHealthRow
 
 log = logging.getLogger("jaxcache.service")
 
-#: Server-side TCP keepalives on PostgreSQL lock connections: a holder whose machine vanished loses its lock within
-#: about a minute instead of the kernel's two hours.
+#: Server-side keepalives on lock connections: a vanished holder loses its lock in a minute, not two hours.
 _KEEPALIVES = {"tcp_keepalives_idle": 30, "tcp_keepalives_interval": 10, "tcp_keepalives_count": 3}
-#: libpq's keepalives on the listening connection, likewise: the drain notices a vanished server and reconnects.
+#: libpq's keepalives on the listening connection: the drain notices a vanished server and reconnects.
 _LISTEN_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
 CHANNEL = "jaxcache_inbox"
 
@@ -51,13 +50,6 @@ def _sqlite_file(url: URL) -> str | None:
     if url.get_backend_name() != "sqlite" or database in (None, "", ":memory:") or url.query.get("mode") == "memory":
         return None
     return os.path.abspath(database)
-
-
-class _Backend(Protocol):
-    def acquire(self, name: str, timeout_s: float | None) -> object | None:
-        """A handle of the held lock, or None when it was not free within ``timeout_s`` (None: no limit)."""
-
-    def release(self, handle: object) -> None: ...
 
 
 class _ThreadOnly:
@@ -101,8 +93,7 @@ class _AdvisoryLocks:
         try:
             for setting, value in _KEEPALIVES.items():
                 conn.execute(text(f"SET {setting} = {int(value)}"))
-            version = conn.dialect.server_version_info
-            if version is not None and version >= (14,):
+            if (conn.dialect.server_version_info or (0,)) >= (14,):
                 # A replica killed while it waits: the server does not read a waiting backend's socket otherwise.
                 conn.execute(text("SET client_connection_check_interval = 5000"))
             if timeout_s is not None and timeout_s <= 0:
@@ -121,10 +112,10 @@ class _AdvisoryLocks:
         except BaseException:
             conn.close()
             raise
-        if not got:
-            conn.close()
-            return None
-        return (conn, name)
+        if got:
+            return (conn, name)
+        conn.close()
+        return None
 
     def release(self, handle: object) -> None:
         conn, name = cast(tuple[Connection, str], handle)
@@ -137,9 +128,12 @@ class _AdvisoryLocks:
             conn.close()
 
 
+#: Each backend's ``acquire`` gives a handle, or None when not free within ``timeout_s`` (None: no limit).
+_Backend = _ThreadOnly | _FileLocks | _AdvisoryLocks
+
+
 class ClusterLock:
-    """One named lock shared by every replica on a catalog, used like :class:`threading.Lock` (a context manager
-    waits without limit)."""
+    """One named lock shared by every replica on a catalog, used like :class:`threading.Lock`."""
 
     def __init__(self, name: str, backend: _Backend) -> None:
         self.name = name
@@ -192,10 +186,9 @@ class ClusterLocks:
     def get(self, name: str) -> ClusterLock:
         """The lock called ``name`` (e.g. ``prune:prod``)."""
         with self._guard:
-            lock = self._locks.get(name)
-            if lock is None:
-                lock = self._locks[name] = ClusterLock(name, self._backend)
-            return lock
+            if name not in self._locks:
+                self._locks[name] = ClusterLock(name, self._backend)
+            return self._locks[name]
 
     def dispose(self) -> None:
         engine = getattr(self._backend, "engine", None)
@@ -274,8 +267,7 @@ class LoopStatuses:
                 conn.execute(pg_insert(LoopHealthRow).values(loop=loop, status=merged, updated_s=now)
                              .on_conflict_do_update(index_elements=["loop"], set_={"status": merged, "updated_s": now}))
         elif self._database is not None:
-            # Never under the catalog's write lock, which a blocked pass may be waiting for; a flock of its own
-            # keeps two processes' merges from losing each other's history.
+            # Not under the catalog's write lock (a blocked pass may wait for it); a flock keeps merges apart.
             path = f"{self._database}.loop-{loop}.json"
             with filelock.FileLock(f"{path}.lock"):
                 merged = _with_history(dict(status), _read_json(path))
