@@ -56,17 +56,15 @@ async def background(state: State) -> AsyncIterator[None]:
     """Run the loops while the app serves; stop them when it stops."""
     period_s = state.settings.rescan_s
     state.metrics.start_loops((DRAIN, RESCAN, VERIFY))
-    stop = threading.Event()
-    first_round = threading.Event()
+    stop, first_round = threading.Event(), threading.Event()
     arrived = state.inbox_arrived = threading.Event()
 
     def every_period(loop: str, one_pass: Callable[[], list[tuple[str, Exception]]],
-                     after_round: Callable[[], None] | None = None) -> None:
+                     after_round: Callable[[], None] = lambda: None) -> None:
         while not stop.is_set():
             with contextlib.suppress(Exception):  # noted; tried again after the backoff
                 one_round(state, loop, period_s, one_pass, failures=lambda failed: failed)
-            if after_round is not None:
-                after_round()
+            after_round()
             stop.wait(state.loops.wait_s(loop, period_s))
 
     def rescanned() -> None:

@@ -50,7 +50,7 @@ class LoopStatus:
 
     def health(self, now: float) -> Health:
         """``stuck`` while a pass has run past its bound, else ``failing`` while rounds fail, else ``ok``."""
-        if _past(_later(self.running_since_s, self.progress_s), self.stuck_after_s, now):
+        if self._stuck(self.running_since_s, now):
             return "stuck"
         return "failing" if self.failures else "ok"
 
@@ -58,18 +58,14 @@ class LoopStatus:
         """Each of ``caches`` (and any other this loop is stuck or failing on): ``stuck``, ``failing`` or ``ok``."""
         found: dict[str, Health] = dict.fromkeys(caches, "ok")
         found.update(dict.fromkeys(self.failed_caches, "failing"))
-        if self.running_cache is not None and _past(_later(self.cache_since_s, self.progress_s), self.stuck_after_s,
-                                                    now):
+        if self.running_cache is not None and self._stuck(self.cache_since_s, now):
             found[self.running_cache] = "stuck"
         return found
 
-
-def _later(since: float | None, progress: float | None) -> float | None:
-    return since if since is None or progress is None else max(since, progress)
-
-
-def _past(since: float | None, bound: float | None, now: float) -> bool:
-    return since is not None and bound is not None and now - since > bound
+    def _stuck(self, since: float | None, now: float) -> bool:
+        if since is not None and self.progress_s is not None:
+            since = max(since, self.progress_s)
+        return since is not None and self.stuck_after_s is not None and now - since > self.stuck_after_s
 
 
 def stuck_after(period_s: float, setting: float | None) -> float:
@@ -195,13 +191,12 @@ class LoopHealth:
             return
         try:
             self.on_change(loop, self.status(loop))
+            self._publish_failed = False
         except Exception as exc:  # noqa: BLE001 - other processes show an older status meanwhile
             if not self._publish_failed:
                 log.warning("could not publish the %s loop's status: %s (other processes' /readyz shows an older one "
                             "until it can)", loop, describe(exc))
             self._publish_failed = True
-        else:
-            self._publish_failed = False
 
 
 def export_health(metrics: Metrics, snapshot: dict[str, LoopStatus], now: float) -> None:

@@ -145,17 +145,14 @@ class ClusterLock:
         deadline = None if not blocking or timeout < 0 else time.monotonic() + timeout
         if not self._local.acquire(blocking, -1 if deadline is None else timeout):
             return False
+        handle = None
         try:
             remaining = 0.0 if not blocking else None if deadline is None else max(deadline - time.monotonic(), 0)
-            handle = self._backend.acquire(self.name, remaining)
-        except BaseException:  # the database is unreachable: this process holds nothing
-            self._local.release()
-            raise
-        if handle is None:
-            self._local.release()
-            return False
-        self._handle = handle
-        return True
+            handle = self._handle = self._backend.acquire(self.name, remaining)
+        finally:  # not free, or the database is unreachable: this process holds nothing
+            if handle is None:
+                self._local.release()
+        return handle is not None
 
     def release(self) -> None:
         handle, self._handle = self._handle, None
@@ -191,9 +188,8 @@ class ClusterLocks:
             return self._locks[name]
 
     def dispose(self) -> None:
-        engine = getattr(self._backend, "engine", None)
-        if engine is not None:
-            engine.dispose()
+        if isinstance(self._backend, _AdvisoryLocks):
+            self._backend.engine.dispose()
 
 
 class PruneLocks:
