@@ -165,13 +165,9 @@ class LoopHealth:
     def running(self) -> list[str]:
         """The passes running now, for a log line."""
         now = time.time()
-        out = []
-        for loop, status in sorted(self.snapshot().items()):
-            if status.running_since_s is None:
-                continue
-            on = f" on cache {status.running_cache!r}" if status.running_cache is not None else ""
-            out.append(f"the {loop} pass{on}, running for {now - status.running_since_s:.0f} s")
-        return out
+        return [f"the {loop} pass{'' if s.running_cache is None else f' on cache {s.running_cache!r}'}, running for "
+                f"{now - s.running_since_s:.0f} s" for loop, s in sorted(self.snapshot().items())
+                if s.running_since_s is not None]
 
     def wait_s(self, loop: str, period_s: float) -> float:
         """Seconds until the loop's next round: its period, or a doubling backoff while rounds fail."""

@@ -89,7 +89,7 @@ class _AdvisoryLocks:
 
     def acquire(self, name: str, timeout_s: float | None) -> object | None:
         conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        key = advisory_key(name)
+        key, got = advisory_key(name), False
         try:
             for setting, value in _KEEPALIVES.items():
                 conn.execute(text(f"SET {setting} = {int(value)}"))
@@ -97,7 +97,7 @@ class _AdvisoryLocks:
                 # A replica killed while it waits: the server does not read a waiting backend's socket otherwise.
                 conn.execute(text("SET client_connection_check_interval = 5000"))
             if timeout_s is not None and timeout_s <= 0:
-                got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar()
+                got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
             else:
                 # lock_timeout 0 means no limit; a bounded wait ends with SQLSTATE 55P03 (lock_not_available).
                 ms = 0 if timeout_s is None else max(1, int(timeout_s * 1000))
@@ -108,14 +108,10 @@ class _AdvisoryLocks:
                 except OperationalError as exc:
                     if getattr(exc.orig, "sqlstate", None) != "55P03":
                         raise
-                    got = False
-        except BaseException:
-            conn.close()
-            raise
-        if got:
-            return (conn, name)
-        conn.close()
-        return None
+        finally:
+            if not got:
+                conn.close()
+        return (conn, name) if got else None
 
     def release(self, handle: object) -> None:
         conn, name = cast(tuple[Connection, str], handle)
@@ -218,15 +214,11 @@ class InboxListener:
     def wait(self, timeout_s: float) -> bool:
         """Whether the drain should look at the inbox: a notice came (all received are taken), or the connection was
         (re)made and one may have been missed. Raises :class:`psycopg.Error` on a lost connection."""
-        if self._conn is None:
-            self._conn = psycopg.connect(self._conninfo, autocommit=True)
-            try:
-                self._conn.execute(f"LISTEN {CHANNEL}")
-            except psycopg.Error:
-                self.close()
-                raise
-            return True
         try:
+            if self._conn is None:
+                self._conn = psycopg.connect(self._conninfo, autocommit=True)
+                self._conn.execute(f"LISTEN {CHANNEL}")
+                return True
             if not any(True for _ in self._conn.notifies(timeout=timeout_s, stop_after=1)):
                 return False
             for _ in self._conn.notifies(timeout=0):  # those that came meanwhile: one pass folds their records too

@@ -29,8 +29,7 @@ class MigrationError(JaxcacheError):
 def config(connection: Connection | None = None) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(SCRIPTS))
-    if connection is not None:
-        cfg.attributes["connection"] = connection
+    cfg.attributes["connection"] = connection  # env.py migrates on it (None: the alembic command line)
     return cfg
 
 
