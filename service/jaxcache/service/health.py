@@ -24,6 +24,7 @@ STUCK_PERIODS, STUCK_MIN_S = 3, 600.0
 PROGRESS_PUBLISH_S = 5.0  # how often a pass's steps are published: far below any stuck bound
 
 Health = Literal["ok", "failing", "stuck"]
+_IDLE: dict[str, Any] = {"running_cache": None, "cache_since_s": None, "progress_s": None}  # no pass on a cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +51,7 @@ class LoopStatus:
 
     def health(self, now: float) -> Health:
         """``stuck`` while a pass has run past its bound, else ``failing`` while rounds fail, else ``ok``."""
-        if self._stuck(self.running_since_s, now):
-            return "stuck"
-        return "failing" if self.failures else "ok"
+        return "stuck" if self._stuck(self.running_since_s, now) else "failing" if self.failures else "ok"
 
     def cache_health(self, caches: Iterable[str], now: float) -> dict[str, Health]:
         """Each of ``caches`` (and any other this loop is stuck or failing on): ``stuck``, ``failing`` or ``ok``."""
@@ -128,8 +127,7 @@ class LoopHealth:
         """Around one pass of ``loop``, in the thread that runs it: shown running (or stuck) until it returns."""
         with self._lock:
             self._loops[loop] = replace(self._loops.get(loop, LoopStatus()), running_since_s=time.time(),
-                                        running_cache=None, cache_since_s=None, stuck_after_s=stuck_after_s,
-                                        progress_s=None)
+                                        stuck_after_s=stuck_after_s, **_IDLE)
             self._round_failed[loop] = set()  # its failures, noted after it returns, are this round's
         self._thread.loop = loop
         self._changed(loop)
@@ -138,8 +136,7 @@ class LoopHealth:
         finally:
             self._thread.loop = None
             with self._lock:  # published with the round's success or failure, which the loop notes next
-                self._loops[loop] = replace(self._loops[loop], running_since_s=None, running_cache=None,
-                                            cache_since_s=None, progress_s=None)
+                self._loops[loop] = replace(self._loops[loop], running_since_s=None, **_IDLE)
 
     def on_cache(self, cache: str) -> None:
         """The pass this thread runs (if it runs one) moves on to ``cache``."""

@@ -78,8 +78,7 @@ class State:
         self.root_changes: list[Any] = []  # caches whose root changed since last served, set by app.create_app
 
     def open(self) -> None:
-        """Start serving, once the roots are registered: a root the catalog never scanned that is missing is
-        refused (InvalidRootError)."""
+        """Start serving once the roots are registered; InvalidRootError for a missing root never scanned."""
         if not self.prepared:  # a client's tag from before (another catalog at this URL, a rebuilt one) is stale
             for name in self.settings.caches:
                 self.generations.bump(name, ENTRIES, USAGE)

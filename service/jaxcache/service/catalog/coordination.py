@@ -52,16 +52,6 @@ def _sqlite_file(url: URL) -> str | None:
     return os.path.abspath(database)
 
 
-class _ThreadOnly:
-    """An in-memory catalog: no other process can reach it."""
-
-    def acquire(self, name: str, timeout_s: float | None) -> object | None:
-        return name
-
-    def release(self, handle: object) -> None:
-        pass
-
-
 class _FileLocks:
     """``<database file>.<name>.lock`` files beside an SQLite catalog."""
 
@@ -124,8 +114,9 @@ class _AdvisoryLocks:
             conn.close()
 
 
-#: Each backend's ``acquire`` gives a handle, or None when not free within ``timeout_s`` (None: no limit).
-_Backend = _ThreadOnly | _FileLocks | _AdvisoryLocks
+#: Each backend's ``acquire`` gives a handle, or None when not free within ``timeout_s`` (None: no limit); no
+#: backend: an in-memory catalog, which no other process can reach.
+_Backend = _FileLocks | _AdvisoryLocks | None
 
 
 class ClusterLock:
@@ -144,7 +135,7 @@ class ClusterLock:
         handle = None
         try:
             remaining = 0.0 if not blocking else None if deadline is None else max(deadline - time.monotonic(), 0)
-            handle = self._handle = self._backend.acquire(self.name, remaining)
+            handle = self._handle = self.name if self._backend is None else self._backend.acquire(self.name, remaining)
         finally:  # not free, or the database is unreachable: this process holds nothing
             if handle is None:
                 self._local.release()
@@ -153,7 +144,7 @@ class ClusterLock:
     def release(self) -> None:
         handle, self._handle = self._handle, None
         try:
-            if handle is not None:
+            if handle is not None and self._backend is not None:
                 self._backend.release(handle)
         finally:
             self._local.release()
@@ -172,7 +163,7 @@ class ClusterLocks:
     def __init__(self, url: URL) -> None:
         database = _sqlite_file(url)
         self._backend: _Backend = (_AdvisoryLocks(url) if url.get_backend_name() == "postgresql" else
-                                   _ThreadOnly() if database is None else _FileLocks(database))
+                                   None if database is None else _FileLocks(database))
         self._locks: dict[str, ClusterLock] = {}
         self._guard = threading.Lock()
 
@@ -270,8 +261,7 @@ class LoopStatuses:
         """Every loop's last published status, by loop."""
         if self._engine is not None:
             with self._engine.connect() as conn:
-                return {row.loop: row.status for row in conn.execute(select(LoopHealthRow.loop,
-                                                                            LoopHealthRow.status))}
+                return dict(conn.execute(select(LoopHealthRow.loop, LoopHealthRow.status)).tuples().all())
         if self._database is not None:
             prefix = f"{self._database}.loop-"
             found = {path[len(prefix):-len(".json")]: _read_json(path)

@@ -57,8 +57,7 @@ def upgrade(catalog) -> str | None:
                 "drop and create the PostgreSQL database) and start again. Rescans rebuild the entries and run "
                 "history from the cache roots; lost are what only the catalog held: pins, the prune audit log, "
                 "verdicts, and the history of run records that retention already deleted")
-        known = {s.revision for s in scripts().walk_revisions()}
-        if at is not None and at not in known:
+        if at is not None and at not in {s.revision for s in scripts().walk_revisions()}:
             log.warning("catalog %s is at schema revision %s, newer than this version of jaxcache knows (%s): "
                         "running on it without migrating; upgrade this replica", catalog.engine.url, at, head())
             return at
