@@ -99,9 +99,8 @@ class State:
     def follow(self) -> None:
         """Caches another process has scanned (or the catalog kept over a restart) count as scanned here."""
         with self.catalog.session() as s:
-            for row in s.scalars(select(CacheRow).where(CacheRow.name.in_(list(self.settings.caches)))):
-                if row.last_scan_s is not None:
-                    self.scanned.add(row.name)
+            self.scanned.update(s.scalars(select(CacheRow.name).where(CacheRow.name.in_(list(self.settings.caches)),
+                                                                      CacheRow.last_scan_s.is_not(None))))
 
     def caches_at(self, cache_dir: str | None) -> list[str]:
         """The configured caches whose root is ``cache_dir`` (as a job spells it)."""
