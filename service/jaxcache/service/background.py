@@ -1,6 +1,5 @@
-"""The background loops, a daemon thread each (the interpreter's exit would join a pool's thread blocked for good):
-the inbox's drain, rescans, throttled integrity passes. Each round claims its loop's lock (``loop:NAME``) or is
-skipped; docs/service.md, "Serving"."""
+"""The background loops, a daemon thread each: the inbox's drain, rescans, throttled integrity passes. Each round
+claims its loop's lock (``loop:NAME``) or is skipped; docs/service.md, "Serving"."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ from jaxcache.service.state import State
 log = logging.getLogger("jaxcache.service")
 
 RESCAN, VERIFY, DRAIN = "rescan", "verify", "drain"
-#: How often the drain looks at the inbox on SQLite when no POST to this process woke it: records POSTed to the other
-#: workers wait at most this long (plus the drain itself) before the catalog shows them.
+#: How often the drain looks at the inbox on SQLite when no POST to this process woke it.
 DRAIN_POLL_S = 1.0
 
 T = TypeVar("T")
@@ -33,8 +31,7 @@ T = TypeVar("T")
 
 def one_round(state: State, loop: str, period_s: float, one_pass: Callable[[], T],
               failures: Callable[[T], list[tuple[str, Exception]]] = lambda _: []) -> T | None:
-    """``one_pass()`` if this process claims the loop's lock, else None; its outcome is noted in ``state.loops``
-    after the lock is released (an error is raised again)."""
+    """``one_pass()`` if this process claims the loop's lock, else None; noted once the lock is released."""
     lock = state.catalog.locks.get(f"loop:{loop}")
     try:
         if not lock.acquire(blocking=False):
@@ -47,8 +44,7 @@ def one_round(state: State, loop: str, period_s: float, one_pass: Callable[[], T
     except Exception as exc:
         state.loops.failed(loop, exc)
         raise
-    noted = failures(result)
-    for where, failure in noted:
+    for where, failure in (noted := failures(result)):
         state.loops.failed(loop, failure, where)
     if not noted:
         state.loops.succeeded(loop)
@@ -60,25 +56,22 @@ async def background(state: State) -> AsyncIterator[None]:
     """Run the loops while the app serves; stop them when it stops."""
     period_s = state.settings.rescan_s
     state.metrics.start_loops((DRAIN, RESCAN, VERIFY))
-    stop = threading.Event()
-    first_round = threading.Event()
+    stop, first_round = threading.Event(), threading.Event()
     arrived = state.inbox_arrived = threading.Event()
 
     def every_period(loop: str, one_pass: Callable[[], list[tuple[str, Exception]]],
-                     after_round: Callable[[], None] | None = None) -> None:
+                     after_round: Callable[[], None] = lambda: None) -> None:
         while not stop.is_set():
             with contextlib.suppress(Exception):  # noted; tried again after the backoff
                 one_round(state, loop, period_s, one_pass, failures=lambda failed: failed)
-            if after_round is not None:
-                after_round()
+            after_round()
             stop.wait(state.loops.wait_s(loop, period_s))
 
     def rescanned() -> None:
         state.background_rounds += 1
         first_round.set()
 
-    def verifying() -> None:
-        # Separate from rescans: a slow, throttled pass must not delay them.
+    def verifying() -> None:  # apart from rescans: a slow, throttled pass must not delay them
         first_round.wait()
         every_period(VERIFY, lambda: verification.verify_all(state, stop))
 
@@ -88,17 +81,13 @@ async def background(state: State) -> AsyncIterator[None]:
         try:
             while not stop.is_set():
                 arrived.clear()  # before the pass: a record accepted during it wakes the next one at once
-                folded: int | None = 0
                 try:
                     folded = one_round(state, DRAIN, DRAIN_POLL_S, partial(drain_all, state))
                 except Exception:  # noqa: BLE001 - noted; tried again after the backoff
                     folded = None
-                if folded:
-                    # Records arrive while a round folds, POSTed to other processes too (--role api): look again at
-                    # once, and wait only once a round found nothing.
+                if folded:  # records arrive while a round folds: look again at once
                     continue
-                if folded is None or state.loops.status(DRAIN).failures:
-                    # Records hurry neither a backoff nor a process whose drain another process runs.
+                if folded is None or state.loops.status(DRAIN).failures:  # records hurry no backoff
                     stop.wait(state.loops.wait_s(DRAIN, DRAIN_POLL_S))
                 elif listener is None:  # SQLite: only a POST to this process wakes it; others' records are polled
                     arrived.wait(DRAIN_POLL_S)
@@ -120,16 +109,14 @@ async def background(state: State) -> AsyncIterator[None]:
         arrived.set()
         first_round.set()  # a verification still waiting for it sees stop and ends
         state.inbox_arrived = None
-        # Passes end at their next step (a verification at its next batch); one blocked for good is left behind
-        # after a bounded wait, so that SIGTERM stops the service.
+        # Passes end at their next step; one blocked for good is left behind, so that SIGTERM stops the service.
         if not await anyio.to_thread.run_sync(_join, threads, state.settings.shutdown_wait_s):
             log.warning("stopping without waiting longer for %s (JAXCACHE_SHUTDOWN_WAIT_S=%g)",
                         "; ".join(state.loops.running()) or "a background pass", state.settings.shutdown_wait_s)
 
 
 def _listen(listener: InboxListener, stop: threading.Event, lost: int) -> int:
-    """Wait for a NOTIFY, looking at ``stop`` each second; after a lost connection, back off (doubling with
-    ``lost``, up to a minute). Returns the new ``lost``."""
+    """Wait for a NOTIFY, looking at ``stop`` each second, or back off after a lost connection; the new ``lost``."""
     try:
         while not stop.is_set() and not listener.wait(1.0):
             pass

@@ -1,5 +1,4 @@
-"""How each background loop is doing (``/readyz``, metrics): last success and error, the pass running now and its
-cache (``stuck`` past its bound), the backoff before its next round, and each kind of error logged once."""
+"""How each background loop is doing (``/readyz``, metrics): its last success and error, its pass running now."""
 
 from __future__ import annotations
 
@@ -20,19 +19,17 @@ log = logging.getLogger("jaxcache.service")
 
 #: The first retry after an error; each further failure doubles it, up to the loop's period.
 BACKOFF_FIRST_S = 1.0
-#: A pass is stuck once it has run this many of its loop's periods, and never sooner than STUCK_MIN_S: a rescan of
-#: a large bucket may take minutes, and a loop polling every second must not read stuck after three.
+#: A pass is stuck past this many of its loop's periods, never sooner than STUCK_MIN_S (a large bucket's rescan).
 STUCK_PERIODS, STUCK_MIN_S = 3, 600.0
-#: How often a pass's steps are published (on_change): far below any stuck bound.
-PROGRESS_PUBLISH_S = 5.0
+PROGRESS_PUBLISH_S = 5.0  # how often a pass's steps are published: far below any stuck bound
 
 Health = Literal["ok", "failing", "stuck"]
+_IDLE: dict[str, Any] = {"running_cache": None, "cache_since_s": None, "progress_s": None}  # no pass on a cache
 
 
 @dataclass(frozen=True, slots=True)
 class LoopStatus:
-    """One loop as ``/readyz`` shows it: a pass (or its cache) running past ``stuck_after_s`` since it started, or
-    since its last step (``progress_s``, a throttled verification's batches), reads stuck."""
+    """One loop as ``/readyz`` shows it: stuck past ``stuck_after_s`` since its pass (or cache) or last step."""
 
     last_success_s: float | None = None
     last_error: str | None = None
@@ -48,34 +45,26 @@ class LoopStatus:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoopStatus:
         """From :func:`dataclasses.asdict` gone through JSON; fields this version does not know are dropped."""
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
+        values = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
         values["failed_caches"] = tuple(values.get("failed_caches") or ())
         return cls(**values)
 
     def health(self, now: float) -> Health:
         """``stuck`` while a pass has run past its bound, else ``failing`` while rounds fail, else ``ok``."""
-        if _past(_later(self.running_since_s, self.progress_s), self.stuck_after_s, now):
-            return "stuck"
-        return "failing" if self.failures else "ok"
+        return "stuck" if self._stuck(self.running_since_s, now) else "failing" if self.failures else "ok"
 
     def cache_health(self, caches: Iterable[str], now: float) -> dict[str, Health]:
         """Each of ``caches`` (and any other this loop is stuck or failing on): ``stuck``, ``failing`` or ``ok``."""
-        found: dict[str, Health] = {name: "ok" for name in caches}
-        for name in self.failed_caches:
-            found[name] = "failing"
-        if self.running_cache is not None and _past(_later(self.cache_since_s, self.progress_s), self.stuck_after_s,
-                                                    now):
+        found: dict[str, Health] = dict.fromkeys(caches, "ok")
+        found.update(dict.fromkeys(self.failed_caches, "failing"))
+        if self.running_cache is not None and self._stuck(self.cache_since_s, now):
             found[self.running_cache] = "stuck"
         return found
 
-
-def _later(since: float | None, progress: float | None) -> float | None:
-    return since if since is None or progress is None else max(since, progress)
-
-
-def _past(since: float | None, bound: float | None, now: float) -> bool:
-    return since is not None and bound is not None and now - since > bound
+    def _stuck(self, since: float | None, now: float) -> bool:
+        if since is not None and self.progress_s is not None:
+            since = max(since, self.progress_s)
+        return since is not None and self.stuck_after_s is not None and now - since > self.stuck_after_s
 
 
 def stuck_after(period_s: float, setting: float | None) -> float:
@@ -94,8 +83,7 @@ class LoopHealth:
         self._round_failed: dict[str, set[str]] = {}  # loop -> caches whose part of its last round failed
         self._thread = threading.local()  # .loop: the loop whose pass the calling thread runs
         self._published: dict[str, float] = {}  # loop -> when its progress was last published
-        # Told each change of a loop's status, for every process to read.
-        self.on_change: Callable[[str, LoopStatus], None] | None = None
+        self.on_change: Callable[[str, LoopStatus], None] | None = None  # publishes each change for every process
         self._publish_failed = False
 
     def succeeded(self, loop: str) -> None:
@@ -114,8 +102,7 @@ class LoopHealth:
     def failed(self, loop: str, exc: BaseException, where: str = "") -> None:
         """Note one failed round (or one cache's part of it, ``where``); log the first error of each kind."""
         kind = f"{where}:{type(exc).__name__}" if where else type(exc).__name__
-        said = describe(exc)
-        message = f"{where}: {said}" if where else said
+        message = f"{where}: {describe(exc)}" if where else describe(exc)
         with self._lock:
             before = self._loops.get(loop, LoopStatus())
             failed = self._round_failed.setdefault(loop, set())
@@ -130,9 +117,8 @@ class LoopHealth:
         self._changed(loop)
         if first:
             # Our own errors and a database that is down say what to do; anything else is a bug: its traceback helps.
-            expected = isinstance(exc, JaxcacheError | OperationalError)
             log.error("background %s failed: %s (retrying with backoff; this is logged once until it recovers)",
-                      loop, message, exc_info=None if expected else exc)
+                      loop, message, exc_info=None if isinstance(exc, JaxcacheError | OperationalError) else exc)
         else:
             log.debug("background %s failed again: %s", loop, message)
 
@@ -141,8 +127,7 @@ class LoopHealth:
         """Around one pass of ``loop``, in the thread that runs it: shown running (or stuck) until it returns."""
         with self._lock:
             self._loops[loop] = replace(self._loops.get(loop, LoopStatus()), running_since_s=time.time(),
-                                        running_cache=None, cache_since_s=None, stuck_after_s=stuck_after_s,
-                                        progress_s=None)
+                                        stuck_after_s=stuck_after_s, **_IDLE)
             self._round_failed[loop] = set()  # its failures, noted after it returns, are this round's
         self._thread.loop = loop
         self._changed(loop)
@@ -151,8 +136,7 @@ class LoopHealth:
         finally:
             self._thread.loop = None
             with self._lock:  # published with the round's success or failure, which the loop notes next
-                self._loops[loop] = replace(self._loops[loop], running_since_s=None, running_cache=None,
-                                            cache_since_s=None, progress_s=None)
+                self._loops[loop] = replace(self._loops[loop], running_since_s=None, **_IDLE)
 
     def on_cache(self, cache: str) -> None:
         """The pass this thread runs (if it runs one) moves on to ``cache``."""
@@ -164,15 +148,13 @@ class LoopHealth:
         self._changed(loop)
 
     def progress(self) -> None:
-        """The pass this thread runs (if any) took a step: not stuck while steps come; published at most every
-        PROGRESS_PUBLISH_S."""
+        """The pass this thread runs (if any) took a step: not stuck while steps come."""
         loop = getattr(self._thread, "loop", None)
         if loop is None:
             return
         now = time.time()
         with self._lock:
-            before = self._loops[loop]
-            self._loops[loop] = replace(before, progress_s=now)
+            before, self._loops[loop] = self._loops[loop], replace(self._loops[loop], progress_s=now)
         if before.progress_s is None or now - self._published.get(loop, 0.0) >= PROGRESS_PUBLISH_S:
             self._published[loop] = now
             self._changed(loop)
@@ -180,20 +162,14 @@ class LoopHealth:
     def running(self) -> list[str]:
         """The passes running now, for a log line."""
         now = time.time()
-        out = []
-        for loop, status in sorted(self.snapshot().items()):
-            if status.running_since_s is None:
-                continue
-            on = f" on cache {status.running_cache!r}" if status.running_cache is not None else ""
-            out.append(f"the {loop} pass{on}, running for {now - status.running_since_s:.0f} s")
-        return out
+        return [f"the {loop} pass{'' if s.running_cache is None else f' on cache {s.running_cache!r}'}, running for "
+                f"{now - s.running_since_s:.0f} s" for loop, s in sorted(self.snapshot().items())
+                if s.running_since_s is not None]
 
     def wait_s(self, loop: str, period_s: float) -> float:
         """Seconds until the loop's next round: its period, or a doubling backoff while rounds fail."""
         failures = self.status(loop).failures
-        if not failures:
-            return period_s
-        return min(period_s, BACKOFF_FIRST_S * 2 ** min(failures - 1, 30))
+        return min(period_s, BACKOFF_FIRST_S * 2 ** min(failures - 1, 30)) if failures else period_s
 
     def status(self, loop: str) -> LoopStatus:
         with self._lock:
@@ -208,18 +184,16 @@ class LoopHealth:
             return
         try:
             self.on_change(loop, self.status(loop))
+            self._publish_failed = False
         except Exception as exc:  # noqa: BLE001 - other processes show an older status meanwhile
             if not self._publish_failed:
                 log.warning("could not publish the %s loop's status: %s (other processes' /readyz shows an older one "
                             "until it can)", loop, describe(exc))
             self._publish_failed = True
-        else:
-            self._publish_failed = False
 
 
 def export_health(metrics: Metrics, snapshot: dict[str, LoopStatus], now: float) -> None:
-    """Set the loops' gauges from ``snapshot`` at each scrape: a stuck pass tells nobody, and ``--role api`` runs no
-    loop."""
+    """Set the loops' gauges from ``snapshot`` at each scrape (a stuck pass tells nobody; ``--role api`` runs none)."""
     for loop, status in snapshot.items():
         metrics.loop_stuck.labels(loop).set(1 if status.health(now) == "stuck" else 0)
         metrics.loop_failing.labels(loop).set(1 if status.failures else 0)

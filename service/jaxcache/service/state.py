@@ -14,8 +14,7 @@ import anyio
 from cachetools import TTLCache
 from sqlalchemy import select
 
-from jaxcache.errors import InvalidRootError, JaxcacheError, RootGoneError
-from jaxcache.service import roots
+from jaxcache.errors import InvalidInputError, InvalidRootError, JaxcacheError, RootGoneError
 from jaxcache.service.auth import Authenticator
 from jaxcache.service.catalog.coordination import LoopStatuses, PruneLocks
 from jaxcache.service.catalog.database import Catalog
@@ -31,12 +30,20 @@ log = logging.getLogger("jaxcache.service")
 _STATS_TTL_S = 60.0
 
 
+def normal_dir(text: str) -> str | None:
+    """A cache_dir or root URL as roots compare (``gs://b/p``, or a real path); None for anything else."""
+    if text.startswith("gs://"):
+        return text.rstrip("/")
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    return os.path.realpath(text) if os.path.isabs(text) else None
+
+
 class State:
     """Everything the routes share, built once per app."""
 
     def __init__(self, settings: ServiceSettings, *, prepared: bool = False) -> None:
-        """``prepared``: the serving process already migrated the catalog and registered the caches' roots (a
-        worker of ``jaxcache serve --workers``)."""
+        """``prepared``: the serving process already migrated the catalog and registered the caches' roots."""
         self.settings = settings
         self.auth = Authenticator(settings)
         self.catalog = Catalog(settings.catalog_url, migrate=not prepared, snapshot_dir=settings.snapshot_dir)
@@ -51,39 +58,32 @@ class State:
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
                                              for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
-        # Reports are parsed and stored one at a time in the framework's pool (reports/route.py).
-        self.report_limiter = anyio.CapacityLimiter(1)
-        # Listings read the catalog one per core at most: more threads only queue on the interpreter lock, each
-        # one back from the database waiting behind the others (entries/route.py).
+        self.report_limiter = anyio.CapacityLimiter(1)  # reports are parsed and stored one at a time
+        # Listings read the catalog one per core at most: more threads only queue on the interpreter lock.
         self.read_limiter = anyio.CapacityLimiter(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                                   else os.cpu_count() or 1)
-        # Set by the drain loop (background.py) where this process runs it: a POST wakes it at once.
-        self.inbox_arrived: threading.Event | None = None
-        # Statistics by (what, cache, change counts, minute): computed again after a change, or once a minute (the
-        # growth and usage windows move with the clock).
+        self.inbox_arrived: threading.Event | None = None  # set by this process's drain loop, if it runs one
+        # By (what, cache, change counts, minute): the growth and usage windows move with the clock.
         self._computed: TTLCache[tuple[str, str, Generation, int], dict] = TTLCache(maxsize=256, ttl=_STATS_TTL_S)
         self._computed_lock = threading.Lock()
-        self.roots = roots.roots_by_dir({name: storage.url for name, storage in self.storages.items()})
+        #: ``{normalised root: [cache names]}`` (several names may share a root).
+        self.roots: dict[str, list[str]] = {}
+        for name, storage in self.storages.items():
+            if (norm := normal_dir(storage.url)) is not None:
+                self.roots.setdefault(norm, []).append(name)
         self.scanned: set[str] = set()
         self.rounds_done: set[str] = set()  # caches this process has rescanned in a background round
-        self.background_rounds = 0  # rounds of background rescans finished (or failed) since start
+        self.background_rounds = 0  # background rescan rounds finished (or failed) since start
         self.prepared = prepared
-        # The caches whose root changed since the catalog last served them (`jaxcache serve` says so at start): set
-        # by app.create_app, which registers the roots before :meth:`open`.
-        self.root_changes: list[Any] = []
+        self.root_changes: list[Any] = []  # caches whose root changed since last served, set by app.create_app
 
     def open(self) -> None:
-        """Start serving the catalog, once the caches' roots are registered: what it has scanned counts as scanned
-        here, and a root it has never seen that is missing is refused (InvalidRootError)."""
+        """Start serving once the roots are registered; InvalidRootError for a missing root never scanned."""
         if not self.prepared:  # a client's tag from before (another catalog at this URL, a rebuilt one) is stale
             for name in self.settings.caches:
                 self.generations.bump(name, ENTRIES, USAGE)
         self.follow()
-        self._refuse_unknown_missing_roots()
-
-    def _refuse_unknown_missing_roots(self) -> None:
-        # A root the catalog has scanned before and that is gone now (an unmounted volume) is served from its rows
-        # and reported as a scan error until it is back; one it has never seen is most likely a typo.
+        # A root scanned before and gone now (an unmounted volume) is served from its rows; a new one is a typo.
         for name, storage in self.storages.items():
             if name in self.scanned:
                 continue
@@ -97,12 +97,32 @@ class State:
                 pass  # unreachable now (GCS, permissions): a scan error to show, not a reason not to start
 
     def follow(self) -> None:
-        """Caches another process or replica has scanned (or that the catalog kept over a restart) count as
-        scanned here: ready."""
+        """Caches another process has scanned (or the catalog kept over a restart) count as scanned here."""
         with self.catalog.session() as s:
-            for row in s.scalars(select(CacheRow).where(CacheRow.name.in_(list(self.settings.caches)))):
-                if row.last_scan_s is not None:
-                    self.scanned.add(row.name)
+            self.scanned.update(s.scalars(select(CacheRow.name).where(CacheRow.name.in_(list(self.settings.caches)),
+                                                                      CacheRow.last_scan_s.is_not(None))))
+
+    def caches_at(self, cache_dir: str | None) -> list[str]:
+        """The configured caches whose root is ``cache_dir`` (as a job spells it)."""
+        norm = normal_dir(cache_dir) if cache_dir else None
+        return self.roots.get(norm, []) if norm is not None else []
+
+    def cache_for(self, cache_dir: str | None) -> str:
+        """The configured cache whose root is ``cache_dir``; InvalidInputError (pass ``?cache=``) if none or several."""
+        names = self.caches_at(cache_dir)
+        if len(names) == 1:
+            return names[0]
+        if not names:
+            said = f"cache_dir {cache_dir!r}" if cache_dir else "no cache_dir"
+            raise InvalidInputError(f"the record has {said}, which is not the root of any configured cache: "
+                                    "pass ?cache=NAME (GET /v1/caches lists them)")
+        raise InvalidInputError(f"cache_dir {cache_dir!r} is the root of caches {', '.join(sorted(names))}: "
+                                "pass ?cache=NAME")
+
+    def filed_elsewhere(self, cache_dir: str | None, cache: str) -> list[str]:
+        """The other caches whose root ``cache_dir`` is: a record filed under ``cache`` that belongs elsewhere."""
+        names = self.caches_at(cache_dir)
+        return [] if cache in names else sorted(names)
 
     def computed(self, what: str, name: str, compute: Callable[[str], dict]) -> dict:
         """``compute(name)``, kept until ``name``'s change counts move or a minute passes."""
@@ -117,13 +137,12 @@ class State:
         return found
 
     def wake_drain(self) -> None:
-        """A record entered the inbox: the drain loop of this process (if it runs one) takes it now."""
+        """A record entered the inbox: this process's drain loop (if it runs one) takes it now."""
         if self.inbox_arrived is not None:
             self.inbox_arrived.set()
 
     def loop_snapshot(self) -> dict[str, LoopStatus]:
-        """How the background loops are doing, whichever process runs them; this process's own view while the
-        published statuses cannot be read."""
+        """How the background loops are doing, whichever process runs them (this one's view if unreadable)."""
         try:
             published = self.loop_statuses.read()
         except Exception:  # noqa: BLE001 - the catalog is away: /readyz says so, and shows what this process knows

@@ -1,5 +1,5 @@
-"""How the processes and replicas sharing one catalog coordinate through it: cluster locks (docs/service.md,
-"Replicas and locks"), PostgreSQL's NOTIFY/LISTEN on the report inbox, and each background loop's shared status."""
+"""How the processes and replicas sharing one catalog coordinate: cluster locks (docs/service.md, "Replicas and
+locks"), PostgreSQL's NOTIFY/LISTEN on the report inbox, and each background loop's shared status."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import filelock
 import psycopg
@@ -28,10 +28,9 @@ from jaxcache.service.catalog.models import LoopHealthRow
 
 log = logging.getLogger("jaxcache.service")
 
-#: Server-side TCP keepalives on PostgreSQL lock connections: a holder whose machine vanished loses its lock within
-#: about a minute instead of the kernel's two hours.
+#: Server-side keepalives on lock connections: a vanished holder loses its lock in a minute, not two hours.
 _KEEPALIVES = {"tcp_keepalives_idle": 30, "tcp_keepalives_interval": 10, "tcp_keepalives_count": 3}
-#: libpq's keepalives on the listening connection, likewise: the drain notices a vanished server and reconnects.
+#: libpq's keepalives on the listening connection: the drain notices a vanished server and reconnects.
 _LISTEN_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
 CHANNEL = "jaxcache_inbox"
 
@@ -51,23 +50,6 @@ def _sqlite_file(url: URL) -> str | None:
     if url.get_backend_name() != "sqlite" or database in (None, "", ":memory:") or url.query.get("mode") == "memory":
         return None
     return os.path.abspath(database)
-
-
-class _Backend(Protocol):
-    def acquire(self, name: str, timeout_s: float | None) -> object | None:
-        """A handle of the held lock, or None when it was not free within ``timeout_s`` (None: no limit)."""
-
-    def release(self, handle: object) -> None: ...
-
-
-class _ThreadOnly:
-    """An in-memory catalog: no other process can reach it."""
-
-    def acquire(self, name: str, timeout_s: float | None) -> object | None:
-        return name
-
-    def release(self, handle: object) -> None:
-        pass
 
 
 class _FileLocks:
@@ -97,16 +79,15 @@ class _AdvisoryLocks:
 
     def acquire(self, name: str, timeout_s: float | None) -> object | None:
         conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        key = advisory_key(name)
+        key, got = advisory_key(name), False
         try:
             for setting, value in _KEEPALIVES.items():
                 conn.execute(text(f"SET {setting} = {int(value)}"))
-            version = conn.dialect.server_version_info
-            if version is not None and version >= (14,):
+            if (conn.dialect.server_version_info or (0,)) >= (14,):
                 # A replica killed while it waits: the server does not read a waiting backend's socket otherwise.
                 conn.execute(text("SET client_connection_check_interval = 5000"))
             if timeout_s is not None and timeout_s <= 0:
-                got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar()
+                got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
             else:
                 # lock_timeout 0 means no limit; a bounded wait ends with SQLSTATE 55P03 (lock_not_available).
                 ms = 0 if timeout_s is None else max(1, int(timeout_s * 1000))
@@ -117,14 +98,10 @@ class _AdvisoryLocks:
                 except OperationalError as exc:
                     if getattr(exc.orig, "sqlstate", None) != "55P03":
                         raise
-                    got = False
-        except BaseException:
-            conn.close()
-            raise
-        if not got:
-            conn.close()
-            return None
-        return (conn, name)
+        finally:
+            if not got:
+                conn.close()
+        return (conn, name) if got else None
 
     def release(self, handle: object) -> None:
         conn, name = cast(tuple[Connection, str], handle)
@@ -137,9 +114,13 @@ class _AdvisoryLocks:
             conn.close()
 
 
+#: Each backend's ``acquire`` gives a handle, or None when not free within ``timeout_s`` (None: no limit); no
+#: backend: an in-memory catalog, which no other process can reach.
+_Backend = _FileLocks | _AdvisoryLocks | None
+
+
 class ClusterLock:
-    """One named lock shared by every replica on a catalog, used like :class:`threading.Lock` (a context manager
-    waits without limit)."""
+    """One named lock shared by every replica on a catalog, used like :class:`threading.Lock`."""
 
     def __init__(self, name: str, backend: _Backend) -> None:
         self.name = name
@@ -151,22 +132,19 @@ class ClusterLock:
         deadline = None if not blocking or timeout < 0 else time.monotonic() + timeout
         if not self._local.acquire(blocking, -1 if deadline is None else timeout):
             return False
+        handle = None
         try:
             remaining = 0.0 if not blocking else None if deadline is None else max(deadline - time.monotonic(), 0)
-            handle = self._backend.acquire(self.name, remaining)
-        except BaseException:  # the database is unreachable: this process holds nothing
-            self._local.release()
-            raise
-        if handle is None:
-            self._local.release()
-            return False
-        self._handle = handle
-        return True
+            handle = self._handle = self.name if self._backend is None else self._backend.acquire(self.name, remaining)
+        finally:  # not free, or the database is unreachable: this process holds nothing
+            if handle is None:
+                self._local.release()
+        return handle is not None
 
     def release(self) -> None:
         handle, self._handle = self._handle, None
         try:
-            if handle is not None:
+            if handle is not None and self._backend is not None:
                 self._backend.release(handle)
         finally:
             self._local.release()
@@ -185,22 +163,20 @@ class ClusterLocks:
     def __init__(self, url: URL) -> None:
         database = _sqlite_file(url)
         self._backend: _Backend = (_AdvisoryLocks(url) if url.get_backend_name() == "postgresql" else
-                                   _ThreadOnly() if database is None else _FileLocks(database))
+                                   None if database is None else _FileLocks(database))
         self._locks: dict[str, ClusterLock] = {}
         self._guard = threading.Lock()
 
     def get(self, name: str) -> ClusterLock:
         """The lock called ``name`` (e.g. ``prune:prod``)."""
         with self._guard:
-            lock = self._locks.get(name)
-            if lock is None:
-                lock = self._locks[name] = ClusterLock(name, self._backend)
-            return lock
+            if name not in self._locks:
+                self._locks[name] = ClusterLock(name, self._backend)
+            return self._locks[name]
 
     def dispose(self) -> None:
-        engine = getattr(self._backend, "engine", None)
-        if engine is not None:
-            engine.dispose()
+        if isinstance(self._backend, _AdvisoryLocks):
+            self._backend.engine.dispose()
 
 
 class PruneLocks:
@@ -229,15 +205,11 @@ class InboxListener:
     def wait(self, timeout_s: float) -> bool:
         """Whether the drain should look at the inbox: a notice came (all received are taken), or the connection was
         (re)made and one may have been missed. Raises :class:`psycopg.Error` on a lost connection."""
-        if self._conn is None:
-            self._conn = psycopg.connect(self._conninfo, autocommit=True)
-            try:
-                self._conn.execute(f"LISTEN {CHANNEL}")
-            except psycopg.Error:
-                self.close()
-                raise
-            return True
         try:
+            if self._conn is None:
+                self._conn = psycopg.connect(self._conninfo, autocommit=True)
+                self._conn.execute(f"LISTEN {CHANNEL}")
+                return True
             if not any(True for _ in self._conn.notifies(timeout=timeout_s, stop_after=1)):
                 return False
             for _ in self._conn.notifies(timeout=0):  # those that came meanwhile: one pass folds their records too
@@ -274,8 +246,7 @@ class LoopStatuses:
                 conn.execute(pg_insert(LoopHealthRow).values(loop=loop, status=merged, updated_s=now)
                              .on_conflict_do_update(index_elements=["loop"], set_={"status": merged, "updated_s": now}))
         elif self._database is not None:
-            # Never under the catalog's write lock, which a blocked pass may be waiting for; a flock of its own
-            # keeps two processes' merges from losing each other's history.
+            # Not under the catalog's write lock (a blocked pass may wait for it); a flock keeps merges apart.
             path = f"{self._database}.loop-{loop}.json"
             with filelock.FileLock(f"{path}.lock"):
                 merged = _with_history(dict(status), _read_json(path))
@@ -290,8 +261,7 @@ class LoopStatuses:
         """Every loop's last published status, by loop."""
         if self._engine is not None:
             with self._engine.connect() as conn:
-                return {row.loop: row.status for row in conn.execute(select(LoopHealthRow.loop,
-                                                                            LoopHealthRow.status))}
+                return dict(conn.execute(select(LoopHealthRow.loop, LoopHealthRow.status)).tuples().all())
         if self._database is not None:
             prefix = f"{self._database}.loop-"
             found = {path[len(prefix):-len(".json")]: _read_json(path)

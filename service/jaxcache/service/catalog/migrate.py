@@ -29,8 +29,7 @@ class MigrationError(JaxcacheError):
 def config(connection: Connection | None = None) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(SCRIPTS))
-    if connection is not None:
-        cfg.attributes["connection"] = connection
+    cfg.attributes["connection"] = connection  # env.py migrates on it (None: the alembic command line)
     return cfg
 
 
@@ -52,9 +51,13 @@ def upgrade(catalog) -> str | None:
     with catalog.locks.get("migrate"), catalog.engine.begin() as conn:
         at = current(conn)
         if at in RETIRED or (at is None and "caches" in inspect(conn).get_table_names()):
-            raise MigrationError(_rebuild(catalog.engine.url, at))
-        known = {s.revision for s in scripts().walk_revisions()}
-        if at is not None and at not in known:
+            raise MigrationError(
+                f"catalog {catalog.engine.url} was written by an earlier version of jaxcache (schema "
+                f"{at or 'before revisions'}), which this version does not upgrade: move the SQLite file away (or "
+                "drop and create the PostgreSQL database) and start again. Rescans rebuild the entries and run "
+                "history from the cache roots; lost are what only the catalog held: pins, the prune audit log, "
+                "verdicts, and the history of run records that retention already deleted")
+        if at is not None and at not in {s.revision for s in scripts().walk_revisions()}:
             log.warning("catalog %s is at schema revision %s, newer than this version of jaxcache knows (%s): "
                         "running on it without migrating; upgrade this replica", catalog.engine.url, at, head())
             return at
@@ -63,11 +66,3 @@ def upgrade(catalog) -> str | None:
     if after != at:
         log.info("catalog %s: schema upgraded from %s to %s", catalog.engine.url, at or "empty", after)
     return after
-
-
-def _rebuild(url: object, at: str | None) -> str:
-    return (f"catalog {url} was written by an earlier version of jaxcache (schema {at or 'before revisions'}), "
-            "which this version does not upgrade: move the SQLite file away (or drop and create the PostgreSQL "
-            "database) and start again. Rescans rebuild the entries and run history from the cache roots; lost are "
-            "what only the catalog held: pins, the prune audit log, verdicts, and the history of run records "
-            "that retention already deleted")

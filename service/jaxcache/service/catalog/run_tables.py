@@ -1,7 +1,5 @@
-"""The tables of ingested run records: ``runs`` (a process of a run, with its own totals), ``process_keys`` (what it
-did with each key: a row per process and key), ``usage`` (what a run's processes did with each key, summed: one
-row per run and key) and ``key_stats`` (per-key aggregates, copied onto each entry's row so that listings never
-join); runs older than the retention are folded into ``key_history`` and deleted."""
+"""The tables of ingested run records: ``runs``, ``process_keys``, ``usage`` (per run and key), ``key_stats`` (per
+key, copied onto entry rows) and ``key_history`` (what retention folded)."""
 
 from __future__ import annotations
 
@@ -37,9 +35,7 @@ AGGREGATES = tuple(Aggregates.__annotations__)
 
 
 class KeyStatsRow(Aggregates, Base):
-    """Aggregates of one key over every ingested run record, compacted ones (key_history) included. Exists before
-    (or without) the entry itself: a report may arrive before the rescan that finds the entry, and keeps its
-    history after a prune."""
+    """Aggregates of one key over every ingested run record, compacted ones included; may exist without the entry."""
 
     __tablename__ = "key_stats"
     cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
@@ -49,8 +45,7 @@ class KeyStatsRow(Aggregates, Base):
 
 
 class KeyHistoryRow(Aggregates, Base):
-    """Aggregates of one key over the runs compacted after the records' retention (their runs and usage rows are
-    gone): jobs' hits, last hit, seconds saved as their usage rows held them, and the earliest writer among them."""
+    """Aggregates of one key over the runs compacted after the records' retention (their rows are gone)."""
 
     __tablename__ = "key_history"
     cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
@@ -83,14 +78,12 @@ class RunRow(Base):
     # What wrote the record (jaxcache.records.RunKind): only jobs count in jobs' figures and hit aggregates.
     kind: Mapped[str] = mapped_column(Str(16), default="job", server_default="job")
     ingested_s: Mapped[float] = mapped_column(Float)
-    # The process's own totals over its keys (seconds saved by the catalog's measure): per-process figures without
-    # reading its process_keys rows.
+    # The process's own totals over its keys: per-process figures without reading its process_keys rows.
     hits: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     compiles: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     writes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     saved_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
-    # What the process's node-local tier did (jaxcache.records.LocalTierCounts, as its latest record says); NULL:
-    # it had no tier. Shown per process on the job's page, never summed, so a JSON value and not columns.
+    # The node-local tier's counts (jaxcache.records.LocalTierCounts; NULL: none): shown, never summed, so JSON.
     local: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
 
     __table_args__ = (
@@ -100,12 +93,10 @@ class RunRow(Base):
 
 
 class ProcessKeysRow(Base):
-    """What one process did with one key, as its latest record says (:class:`jaxcache.records.KeyUsage`'s figures):
-    what its run's usage rows and its own totals are computed from, and what its next record replaces."""
+    """What one process did with one key, as its latest record says: what usage rows and totals are computed from."""
 
     __tablename__ = "process_keys"
-    # Key first: a run's usage row of a key is computed from a range of rows, in order (no sort), and so is a key's
-    # every row (what a new first writer's measure weighs again).
+    # Key first: a run's usage row of a key, and a key's every row, are a range of rows in order (no sort).
     cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
     key: Mapped[str] = mapped_column(Str(512), primary_key=True)
     run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
@@ -128,18 +119,14 @@ class ProcessKeysRow(Base):
         Index("ix_process_keys_process", "cache", "run_id", "process_index"),
         # The rows of processes that wrote the key, over every run: where its first writer is found.
         Index("ix_process_keys_writes", "cache", "key", sqlite_where=text(WROTE), postgresql_where=text(WROTE)),
-        # SQLite stores the rows in key order, not in a table beside that index: computing a usage row reads a
-        # range, not rows scattered over the file (8x faster at 200,000 rows).
+        # SQLite stores the rows in key order: a usage row reads a range, not rows scattered over the file.
         {"sqlite_with_rowid": False},
     )
 
 
 class UsageRow(Base):
-    """What the processes of one run (those of one job and kind: all of them, in practice) did with one key: their
-    :class:`jaxcache.records.KeyUsage` figures summed (counts, seconds: the seconds their hits saved by this
-    catalog's measure), or their extreme (first and last use, the most informative event, the earliest write).
-    A job's 1,000 processes touching the same 200 keys make 200 rows, not 200,000 (docs/service.md, "Run
-    records"); each process's own figures are in its ``process_keys`` rows."""
+    """What the processes of one run did with one key: their figures summed, or their extreme (first and last use,
+    the most informative event, the earliest write); docs/service.md, "Run records"."""
 
     __tablename__ = "usage"
     cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
@@ -165,14 +152,13 @@ class UsageRow(Base):
     last_at: Mapped[float] = mapped_column(Float, default=0.0)
     last_hit_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # the last hit that counts as use
     updated_s: Mapped[float] = mapped_column(Float)  # the newest of the processes' records
-    # Processes whose row is a miss (a job's write or compile), and how many of them jaxcache_misses_total counted.
+    # Processes whose row is a miss, and how many of them jaxcache_misses_total counted.
     missed: Mapped[int] = mapped_column(Integer, default=0)
     counted: Mapped[int] = mapped_column(Integer, default=0)
     # What entered the key (jaxcache.keyparts), as a record carried them: what explanations compare.
     parts: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
     program: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
-    # The run's miss of the key (event write or compiled, kind job), explained at ingestion (jaxcache.explain);
-    # NULL: not explained yet, or not a miss.
+    # The run's miss of the key, explained at ingestion (jaxcache.explain); NULL: not explained yet, or not a miss.
     cause: Mapped[str | None] = mapped_column(Str(32), nullable=True)
     differs: Mapped[list | None] = mapped_column(NullableJSON, nullable=True)  # [{part, mine, theirs, changes}]
     nearest: Mapped[str | None] = mapped_column(Str(512), nullable=True)
@@ -181,11 +167,8 @@ class UsageRow(Base):
     __table_args__ = (
         Index("ix_usage_key", "cache", "key", "first_at"),
         Index("ix_usage_job", "cache", "job", "key"),
-        # "The keys of function F in cache C, newest first" is an index range: explanations look for the nearest
-        # key of a miss's function among them without reading the function's whole history.
+        # A function's keys, newest first: explanations find a miss's nearest key without reading all its history.
         Index("ix_usage_function", "cache", "function", "first_at"),
-        # Room on each page for a row's next version (PostgreSQL): a storm's batches update the same rows again
-        # and again, leaving their indexed columns alone, and a version on the same page is an update no index
-        # sees (HOT).
+        # Room on each page for a row's next version: updates leaving indexed columns alone stay HOT (PostgreSQL).
         {"postgresql_with": {"fillfactor": 80}},
     )

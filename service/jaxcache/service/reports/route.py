@@ -11,7 +11,6 @@ from starlette.requests import ClientDisconnect
 
 from jaxcache import records
 from jaxcache.errors import InvalidInputError
-from jaxcache.service import roots
 from jaxcache.service.metrics import REPORT
 from jaxcache.service.reports import queue
 from jaxcache.service.reports.schemas import ReportResult
@@ -86,14 +85,14 @@ def _accept(state: State, body: bytes, cache: str | None) -> queue.Accepted:
                                     f"{MAX_PROCESSES}, the most the catalog counts")
     except InvalidInputError as exc:
         raise _malformed(state, 422, exc) from None
-    if cache is not None and (owners := roots.filed_elsewhere(record.cache_dir, cache, state.roots)):
+    if cache is not None and (owners := state.filed_elsewhere(record.cache_dir, cache)):
         fix = (f"post it with ?cache={owners[0]} or without ?cache=" if len(owners) == 1 else
                f"post it with ?cache= one of {', '.join(owners)}")
         raise _malformed(state, 422, f"the record's cache_dir {record.cache_dir!r} is the root of "
                                      f"{'cache' if len(owners) == 1 else 'caches'} {', '.join(owners)}, not of "
                                      f"{cache}: {fix}; nothing stored")
     try:
-        name = cache if cache is not None else roots.cache_for(record, state.roots)
+        name = cache if cache is not None else state.cache_for(record.cache_dir)
     except InvalidInputError as exc:
         raise _malformed(state, unroutable(record.cache_dir, state.roots)[0], exc) from None
     try:

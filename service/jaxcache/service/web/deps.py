@@ -11,8 +11,7 @@ from fastapi.security.base import SecurityBase
 from jaxcache import entry as fmt
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.auth import Principal
-from jaxcache.service.roots import cache_for_dir, normal_dir
-from jaxcache.service.state import State
+from jaxcache.service.state import State, normal_dir
 from jaxcache.service.web import fields
 from jaxcache.service.web.fields import ErrorModel, UnprocessableModel
 from jaxcache.storage import Storage
@@ -94,7 +93,7 @@ def cache_of_dir(request: Request, cache_dir: str, by_name: str) -> str:
     """The configured cache whose root is ``cache_dir``, else 404 (none) or 422 (several)."""
     state = state_of(request)
     try:
-        return cache_for_dir(cache_dir, state.roots)
+        return state.cache_for(cache_dir)
     except InvalidInputError:
         status, sharing = unroutable(cache_dir, state.roots)
         said = (f"caches {', '.join(sharing)} share the root {cache_dir!r}: ask GET /v1/caches/NAME/{by_name}"

@@ -1,5 +1,5 @@
-"""Alembic environment of the catalog. The service runs it through :mod:`jaxcache.service.catalog.migrate` with an open
-connection; for writing a revision, the alembic command line works too (see README.md here)."""
+"""Alembic environment of the catalog: run by :mod:`jaxcache.service.catalog.migrate` with an open connection, or by
+the alembic command line (see README.md here)."""
 
 from __future__ import annotations
 
@@ -14,32 +14,19 @@ from jaxcache.service.catalog.models import Base
 config = context.config
 
 
-def _configure(connection) -> None:
-    context.configure(
-        connection=connection,
-        target_metadata=Base.metadata,
-        # SQLite alters tables by copying them; batch mode makes op.add_column and friends do that.
-        render_as_batch=connection.dialect.name == "sqlite",
-        compare_type=True,
-    )
+def _migrate(connection) -> None:
+    # SQLite alters tables by copying them; batch mode makes op.add_column and friends do that.
+    context.configure(connection=connection, target_metadata=Base.metadata, compare_type=True,
+                      render_as_batch=connection.dialect.name == "sqlite")
+    with context.begin_transaction():
+        context.run_migrations()
 
 
-def run() -> None:
-    connection = config.attributes.get("connection")
-    if connection is not None:
-        _configure(connection)
-        with context.begin_transaction():
-            context.run_migrations()
-        return
-    # Command line: alembic -c service/jaxcache/service/catalog/migrations/alembic.ini -x db=URL ... (or JAXCACHE_DB)
+if (connection := config.attributes.get("connection")) is not None:
+    _migrate(connection)
+else:  # alembic -c service/jaxcache/service/catalog/migrations/alembic.ini -x db=URL ... (or JAXCACHE_DB)
     url = context.get_x_argument(as_dictionary=True).get("db") or os.environ.get("JAXCACHE_DB")
     if not url:
         raise SystemExit("give the catalog database: alembic ... -x db=sqlite:////tmp/catalog.sqlite (or JAXCACHE_DB)")
-    engine = create_engine(url, poolclass=NullPool)
-    with engine.connect() as conn:
-        _configure(conn)
-        with context.begin_transaction():
-            context.run_migrations()
-
-
-run()
+    with create_engine(url, poolclass=NullPool).connect() as conn:
+        _migrate(conn)
