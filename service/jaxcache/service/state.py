@@ -17,8 +17,7 @@ from sqlalchemy import select
 from jaxcache.errors import InvalidInputError, InvalidRootError, JaxcacheError, RootGoneError
 from jaxcache.service.auth import Authenticator
 from jaxcache.service.catalog.coordination import LoopStatuses, PruneLocks
-from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.generations import ENTRIES, USAGE, Generation, Generations
+from jaxcache.service.catalog.database import ENTRIES, USAGE, Catalog, Generation, Generations
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.health import LoopHealth, LoopStatus
 from jaxcache.service.metrics import Metrics

@@ -7,8 +7,7 @@ import time
 from dataclasses import dataclass
 
 from jaxcache.service.caches import stats
-from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.generations import ENTRIES
+from jaxcache.service.catalog.database import ENTRIES, Catalog
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.reports import queries, queue

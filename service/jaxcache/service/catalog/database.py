@@ -1,5 +1,6 @@
 """The catalog's database: SQLite by default, or PostgreSQL (``postgresql+psycopg://``), which several replicas of
-the service share (their locks: :mod:`jaxcache.service.catalog.coordination`). Sessions, write transactions, upserts."""
+the service share (their locks: :mod:`jaxcache.service.catalog.coordination`). Sessions, write transactions, upserts,
+and each cache's change counts."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import msgspec
 from sqlalchemy import (
@@ -16,11 +19,16 @@ from sqlalchemy import (
     Boolean,
     Float,
     Integer,
+    Select,
     SmallInteger,
     String,
     Table,
+    bindparam,
+    case,
     create_engine,
     event,
+    literal,
+    select,
     text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -31,6 +39,7 @@ from sqlalchemy.types import TypeEngine
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.service.catalog.coordination import ClusterLocks, advisory_key
+from jaxcache.service.catalog.models import ChangeCountRow
 
 log = logging.getLogger("jaxcache.service")
 
@@ -254,3 +263,46 @@ _WRITE_CACHE = "PRAGMA cache_size=-65536"
 
 def _sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("jaxcache_write") else "BEGIN")
+
+
+# --- Change counts (entries, usage) per cache, behind cached statistics and ETags in every replica. A count only
+# grows, to max(next, time in µs), so a rebuilt catalog never hands back a client's stale ``ETag`` as current.
+
+ENTRIES, USAGE = "entries", "usage"
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A cache's change counts at one moment: equal twice means nothing changed in between."""
+
+    entries: int = 0
+    usage: int = 0
+
+    def tag(self) -> str:
+        return f"{self.entries:x}.{self.usage:x}"
+
+
+@functools.cache
+def _counts() -> Select:
+    # Built once: every listing reads it, and building it cost as much as running it.
+    return select(ChangeCountRow.entries, ChangeCountRow.usage).where(ChangeCountRow.cache == bindparam("cache"))
+
+
+class Generations:
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    def get(self, cache: str) -> Generation:
+        with self.catalog.statements() as conn:
+            row = conn.execute(_counts(), {"cache": cache}).first()
+        return Generation() if row is None else Generation(row.entries, row.usage)
+
+    def bump(self, cache: str, *what: str) -> None:
+        """Count a change of ``what`` in ``cache``; call after the change's commit, so a new count implies it."""
+        now = int(time.time() * 1e6)
+        table = ChangeCountRow.__table__
+        moved = {w: case((table.c[w] + 1 > now, table.c[w] + 1), else_=literal(now)) for w in what}
+        first = {w: now if w in what else 0 for w in (ENTRIES, USAGE)}
+        with self.catalog.session() as s:  # one statement, a write: no read before it
+            s.execute(self.catalog.insert(ChangeCountRow).values(cache=cache, **first)
+                      .on_conflict_do_update(index_elements=["cache"], set_=moved))

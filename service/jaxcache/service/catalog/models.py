@@ -124,7 +124,7 @@ class InboxRow(Base):
 
 
 class ChangeCountRow(Base):
-    """How many times a cache's entries and its usage figures have changed (``catalog/generations.py``): what
+    """How many times a cache's entries and its usage figures have changed (``catalog/database.py``): what
     every process of every replica checks its cached statistics and the listings' ``ETag`` against."""
 
     __tablename__ = "change_counts"

@@ -20,8 +20,7 @@ from jaxcache import records
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog import coordination
-from jaxcache.service.catalog.database import Catalog, dialect_insert
-from jaxcache.service.catalog.generations import USAGE
+from jaxcache.service.catalog.database import USAGE, Catalog, dialect_insert
 from jaxcache.service.catalog.models import InboxRow, RunRow, table_of
 from jaxcache.service.metrics import REPORT
 from jaxcache.service.reports import malformed
@@ -267,9 +266,12 @@ def _claim(catalog: Catalog, cache: str, limit: int) -> Select:
     return q.with_for_update(skip_locked=True) if catalog.dialect == "postgresql" else q
 
 
+_INBOX = table_of(InboxRow)
+
+
 @functools.cache
 def _upsert(dialect: str) -> Any:
-    table = table_of(InboxRow)
+    table = _INBOX
     insert = dialect_insert(dialect, table)
     insert = insert.values({c.name: bindparam(c.name) for c in table.columns})
     return _newest(insert, table)
@@ -288,7 +290,7 @@ def _newest(insert: Any, table: Table) -> Any:
 def _accept(limited: bool) -> Select:
     """PostgreSQL: the upsert, made only if the run tables hold no newer version and (when ``limited``) fewer than
     ``limit`` records wait; the records waiting (None unless ``limited``) and whether it stored the row."""
-    table = table_of(InboxRow)
+    table = _INBOX
     found = select(_folded().scalar_subquery().label("folded"),
                    (_waiting().scalar_subquery() if limited else null()).label("held")).cte("found")
     room = [found.c.held < bindparam("limit", type_=Integer)] if limited else []

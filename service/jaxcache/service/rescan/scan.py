@@ -19,8 +19,7 @@ from jaxcache.scan import read_head
 from jaxcache.service import memory
 from jaxcache.service.caches import summary
 from jaxcache.service.catalog.coordination import LockBusyError
-from jaxcache.service.catalog.database import Catalog, analyze
-from jaxcache.service.catalog.generations import USAGE
+from jaxcache.service.catalog.database import USAGE, Catalog, analyze
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
 from jaxcache.service.metrics import STORAGE
 from jaxcache.service.prune import audit as prune_audit

@@ -6,7 +6,7 @@ import time
 
 from fastapi import Request, Response
 
-from jaxcache.service.catalog.generations import Generation
+from jaxcache.service.catalog.database import Generation
 
 #: Kept by the caller only (answers depend on its token's scope), and checked again at each use.
 CACHE_CONTROL = "private, no-cache"
