@@ -8,7 +8,6 @@ from decimal import Decimal
 
 from fastapi import HTTPException
 
-# The catalog's cursor is its own business; these two are its whole format, read and written.
 from jaxcache.service.entries.queries import decode_cursor, encode_cursor
 
 MAX_LENGTH = 2048
@@ -37,12 +36,8 @@ def from_catalog(cursor: str | None) -> str | None:
     key64 = base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
     if isinstance(value, str):
         return f"~{key64}"
-    return f"{_decimal(value)}~{key64}"
-
-
-def _decimal(value: int | float) -> str:
-    if isinstance(value, int):
-        return str(value)
-    text = format(Decimal(repr(value)), "f")  # positional, exactly the float: the pattern has no exponent
-    return text if "." in text else text + ".0"
+    if isinstance(value, float):
+        value = format(Decimal(repr(value)), "f")  # positional, exactly the float: the pattern has no exponent
+        value = value if "." in value else value + ".0"
+    return f"{value}~{key64}"
 

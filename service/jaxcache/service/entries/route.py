@@ -12,18 +12,8 @@ from jaxcache.service.entries.schemas import EntryDetail, EntryJobModel, EntryPa
 from jaxcache.service.integrity.schemas import DigestConflict
 from jaxcache.service.prune import run as pruning
 from jaxcache.service.prune.run import EntryNotDeletedError, PruneInProgressError
-from jaxcache.service.web import conditional
-from jaxcache.service.web.deps import (
-    ERRORS,
-    AdminAuth,
-    CacheName,
-    EntryKey,
-    ReadAuth,
-    check_key,
-    duration,
-    state_of,
-    storage_of,
-)
+from jaxcache.service.web import conditional, deps
+from jaxcache.service.web.deps import ERRORS, AdminAuth, CacheName, EntryKey, ReadAuth, check_key, state_of, storage_of
 from jaxcache.service.web.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText, ErrorModel
 from jaxcache.topology import parse_any_topology
 
@@ -60,7 +50,7 @@ def list_entries(
     storage_of(request, cache)
     flt = queries.EntryFilter(
         function=function, min_size=min_size, max_size=max_size,
-        unused_for_s=duration(unused_for, "unused_for"), older_than_s=duration(older_than, "older_than"),
+        unused_for_s=deps.duration(unused_for, "unused_for"), older_than_s=deps.duration(older_than, "older_than"),
         status=status, job=job, jaxlib=jaxlib, topology=_spelled(topology),
     )
     at = cursors.to_catalog(cursor, sort) if cursor else None
@@ -69,15 +59,13 @@ def list_entries(
         return conditional.not_modified(tag)
     with state.catalog.reader() as conn:
         rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=at)
-    # Through the declared model: the answer is what OpenAPI shows, by construction.
     page = EntryPage.model_validate({"entries": [queries.page_entry(r) for r in rows],
                                      "next_cursor": cursors.from_catalog(nxt)})
     return Response(page.model_dump_json().encode(), media_type="application/json", headers=conditional.headers(tag))
 
 
 def _spelled(topology: str | None) -> str | None:
-    """Records keep one spelling per topology (``4x8x1``, ``v5e:4x8``): a filter written otherwise still matches;
-    text that is no topology matches nothing, as before."""
+    """The records' one spelling of ``topology`` (``4x8x1``, ``v5e:4x8``); text that is no topology as it is."""
     if topology is None:
         return None
     try:
