@@ -11,34 +11,16 @@ from sqlalchemy import CursorResult, delete, select
 
 from jaxcache.service import memory
 from jaxcache.service.catalog.models import PinRow
-from jaxcache.service.prune import audit, run
+from jaxcache.service.prune import audit, run, schemas
 from jaxcache.service.prune.run import PruneInProgressError
-from jaxcache.service.prune.schemas import (
-    PinList,
-    PinModel,
-    PruneAudit,
-    PruneAuditList,
-    PruneRequest,
-    PruneResponse,
-    encoded_response,
-    policy_of,
-)
+from jaxcache.service.prune.schemas import PinList, PinModel, PruneAudit, PruneAuditList, PruneRequest, PruneResponse
 from jaxcache.service.web import fields
-from jaxcache.service.web.deps import (
-    BEARER_REQUIRED,
-    ERRORS,
-    AdminAuth,
-    CacheName,
-    ReadAuth,
-    state_of,
-    storage_of,
-)
+from jaxcache.service.web.deps import BEARER_REQUIRED, ERRORS, AdminAuth, CacheName, ReadAuth, state_of, storage_of
 from jaxcache.service.web.fields import ErrorModel
 
 router = APIRouter(tags=["prune"], responses=ERRORS)
 
-_MAX_PATTERN = 256
-PinPattern = Annotated[str, Path(max_length=_MAX_PATTERN, pattern=fields.PIN, examples=["jit_train*"],
+PinPattern = Annotated[str, Path(max_length=256, pattern=fields.PIN, examples=["jit_train*"],
                                  description="an entry key, or a glob over keys and function names")]
 
 
@@ -51,17 +33,16 @@ def post_prune(request: Request, cache: CacheName, body: PruneRequest, backgroun
     state = state_of(request)
     principal = state.auth.check(request, "read" if body.dry_run else "admin")
     storage_of(request, cache)
-    policy, policy_json = policy_of(body)
+    policy, policy_json = schemas.policy_of(body)
     try:
         outcome = run.prune(state, cache, policy, policy_json=policy_json, dry_run=body.dry_run, who=principal.who)
     except PruneInProgressError:
         raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
                                  "service); try again when it ends") from None
     if outcome.plan.entries_total >= state.settings.release_memory_from_entries:
-        # Once the answer is sent: a plan over a million entries held columns of them all.
-        background.add_task(memory.release)
-    # Streamed a part at a time from the pool, so a long plan's answer is never whole in memory.
-    return StreamingResponse(encoded_response(outcome, dry_run=body.dry_run, limit=body.list_limit),
+        background.add_task(memory.release)  # once the answer is sent
+    # Streamed a part at a time, so a long plan's answer is never whole in memory.
+    return StreamingResponse(schemas.encoded_response(outcome, dry_run=body.dry_run, limit=body.list_limit),
                              media_type="application/json")
 
 
@@ -104,9 +85,8 @@ def delete_pin(request: Request, cache: CacheName, pattern: PinPattern, _p: Admi
     """Remove a pin."""
     storage_of(request, cache)
     with state_of(request).catalog.session() as s:  # a write without a read first: see rescan/scan.py
-        # A DELETE's result is a CursorResult; Session.execute is typed for any statement.
         result = s.execute(delete(PinRow).where(PinRow.cache == cache, PinRow.pattern == pattern))
-        gone = cast(CursorResult[Any], result).rowcount
+        gone = cast(CursorResult[Any], result).rowcount  # Session.execute is typed for any statement
     if not gone:
         raise HTTPException(404, f"no pin {pattern!r} on {cache!r}")
     return Response(status_code=204)
