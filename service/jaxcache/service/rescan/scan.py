@@ -1,6 +1,5 @@
-"""Rescans: make the catalog match storage, parsing only unseen objects (JAX never rewrites a key); one rescan per
-cache across replicas (the ``scan:<cache>`` lock), as two would insert the same rows. One is asked for by a route, or
-run by the background loop's rounds."""
+"""Rescans: make the catalog match storage, parsing only unseen objects (JAX never rewrites a key); one per cache
+across replicas (the ``scan:<cache>`` lock), as two would insert the same rows."""
 
 from __future__ import annotations
 
@@ -52,23 +51,18 @@ class RescanResult:
     updated: int
     entries: int
     seconds: float
-    records_ingested: int = 0  # run records under .jaxcache/runs/ read because they were new or changed
+    records_ingested: int = 0  # new or changed run records read
     records_malformed: int = 0
-    warmups_ingested: int = 0  # warm-up coverage records under .jaxcache/warmups/ new or changed
+    warmups_ingested: int = 0  # new or changed warm-up coverage records read
     records_compacted: int = 0  # runs (processes) older than the retention folded into per-key history
-    misses_explained: int = 0  # the ingested records' misses, explained once they were all in
+    misses_explained: int = 0
     skipped: int = 0  # objects named like entries or records that were not read (see Skipped)
-    #: False when the previous rescan's listing stood for the catalog's rows, which were then not read.
-    read_catalog: bool = False
-    #: Records this rescan's drain folded that changed the catalog, by source; never counted twice.
-    folded: dict[str, int] = field(default_factory=dict)
-    #: Records this rescan's drain dropped (the catalog refused them, or could not read them), by source.
-    dropped: dict[str, int] = field(default_factory=dict)
+    read_catalog: bool = False  # False when the previous rescan's listing stood for the catalog's rows
+    folded: dict[str, int] = field(default_factory=dict)  # records the drain folded, by source
+    dropped: dict[str, int] = field(default_factory=dict)  # records the drain dropped, by source
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
-
-
 #: A listed file (name, size, mtime, generation), shaped like the catalog's rows: "unchanged" is a set difference.
 Listed = tuple[str, int, float, int | None]
 
@@ -80,11 +74,6 @@ def _by_key(listing: dict[str, Stat], foreign: set[str]) -> tuple[dict[str, List
     atimes = {name[:-6]: (name, *stat) for name, stat in listing.items()
               if name.endswith("-atime") and name not in foreign}
     return caches, atimes
-
-
-def _orphans(caches: dict[str, Listed], atimes: dict[str, Listed]) -> set[str]:
-    """Keys with an -atime and no entry."""
-    return atimes.keys() - caches.keys()
 
 
 def _last_use(caches: dict[str, Listed], atimes: dict[str, Listed]) -> dict[str, float]:
@@ -127,24 +116,18 @@ def skipped_names(skipped: Skipped) -> list[dict[str, str]]:
     return [{"name": shown(name)[:_NAME_SHOWN], "why": why} for name, why in skipped.items()[:SKIPPED_SHOWN]]
 
 
-def _info(item: Listed) -> ObjectInfo:
-    return ObjectInfo(*item)
-
-
 def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, Listed, Listed | None]) -> dict | None:
     """The row of a new entry; None when it is no longer a regular file (the next rescan judges it again)."""
     key, listed, atime = item
-    info = _info(listed)
+    info = ObjectInfo(*listed)
     try:
         header = read_head(storage, info)
     except NotRegularFileError as exc:
         log.warning("%s: skipping %s for now: %s", storage.url, shown(info.name[:200]), exc)
         return None
-    row = _base_row(cache, key, "entry", info, None if atime is None else _info(atime), now)
-    row.update(
-        compression=header.compression.value, compile_seconds=header.compile_seconds,
-        status=header.status.value, reason=header.reason,
-    )
+    row = _base_row(cache, key, "entry", info, None if atime is None else ObjectInfo(*atime), now)
+    row.update(compression=header.compression.value, compile_seconds=header.compile_seconds,
+               status=header.status.value, reason=header.reason)
     return row
 
 
@@ -161,7 +144,7 @@ def _base_row(cache: str, key: str, kind: str, info: ObjectInfo, atime: ObjectIn
 
 
 def _with_reports(row: dict, stats: dict | None) -> dict:
-    # Reports may name a key before a rescan finds its entry: the new row starts with their aggregates.
+    """A new row with the aggregates of reports that named its key before the rescan found it."""
     if stats is not None:
         row.update(stats)
         hit = stats["last_hit_s"]
@@ -201,33 +184,31 @@ def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
                                                  EntryRow.key.in_(keys)))
 
 
-def _known_statement():
-    return (select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
-                   EntryRow.generation, EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache")))
+_KNOWN = select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
+                EntryRow.generation, EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache"))
 
 
 def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Listed], dict[str, float], set[str]]:
     """``cache``'s entry rows as Listed tuples, their last use as storage showed it, and its orphan keys."""
     with catalog.reader() as conn:
-        rows = list(conn.execute(_known_statement(), {"cache": cache}))
+        rows = list(conn.execute(_KNOWN, {"cache": cache}))
     entries = {r[0]: r[2:6] for r in rows if r[1] == "entry"}
     seen = {r[0]: r[6] for r in rows if r[1] == "entry"}
     orphans = {r[0] for r in rows if r[1] != "entry"}
     return entries, seen, orphans
 
 
-def _fingerprint_statement():
-    return select(
-        select(func.count()).select_from(EntryRow).where(EntryRow.cache == bindparam("cache")).scalar_subquery(),
-        select(CacheRow.last_scan_s).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
-        select(CacheRow.last_scan_error).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
-    )
+_FINGERPRINT = select(
+    select(func.count()).select_from(EntryRow).where(EntryRow.cache == bindparam("cache")).scalar_subquery(),
+    select(CacheRow.last_scan_s).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
+    select(CacheRow.last_scan_error).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
+)
 
 
 def _fingerprint(conn, cache: str) -> tuple:
     """(rows, last scan, last scan error) of a cache, from an index: equal means the rows are as the last rescan of
     this process left them, since every rescan notes its time and every drop changes the count."""
-    return tuple(conn.execute(_fingerprint_statement(), {"cache": cache}).one())
+    return tuple(conn.execute(_FINGERPRINT, {"cache": cache}).one())
 
 
 def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
@@ -249,7 +230,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
             return result
         foreign = snap.foreign
         known, atimes_before = _by_key(snap.listing, foreign)
-        known_seen, known_orphans = _last_use(known, atimes_before), _orphans(known, atimes_before)
+        known_seen, known_orphans = _last_use(known, atimes_before), atimes_before.keys() - known.keys()
         listing = snap.listing
         for name in gone:
             del listing[name]
@@ -278,8 +259,8 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
         atime = atimes.get(key)
         updates.append({"k_cache": cache, "k_key": key, "k_kind": "entry", "seen_used_s": seen_used,
                         "has_atime": atime is not None, "atime_ns": int(atime[2] * 1e9) if atime is not None else None})
-    lone = _orphans(caches, atimes)
-    orphan_rows = [_base_row(cache, key, "orphan", _info(atimes[key]), None, now) for key in lone - known_orphans]
+    lone = atimes.keys() - caches.keys()  # an -atime and no entry
+    orphan_rows = [_base_row(cache, key, "orphan", ObjectInfo(*atimes[key]), None, now) for key in lone - known_orphans]
     vanished += [(k, "orphan") for k in known_orphans - lone]
     orphans = len(lone)
     # new_per_write at a time, so a huge first rescan never holds all rows or the lock at once; deletes go first.
