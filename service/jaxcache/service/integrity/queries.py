@@ -36,19 +36,12 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
         .where(EntryRow.cache == cache, EntryRow.kind == "entry",
                v.classification.in_(integrity.BAD_CLASSES + (integrity.PENDING,)))
         .order_by(v.classification, v.key).limit(limit)).all()
-    return {
-        "conflicts": conflicts(conn, cache, limit=limit),
-        "cache": cache,
-        "entries": total,
-        "verified": sum(counts.values()),
-        "unverified": total - sum(counts.values()),
-        "attested": attested,
-        "counts": counts,
-        "last_checked_s": last,
-        "problems": [dict(r._mapping) | {"class": r.classification, "held_up": r.classification in held}
-                     for r in bad],
-        "held_up": sum(counts[c] for c in held),
-    }
+    verified = sum(counts.values())
+    return {"cache": cache, "entries": total, "verified": verified, "unverified": total - verified,
+            "attested": attested, "counts": counts, "last_checked_s": last, "held_up": sum(counts[c] for c in held),
+            "problems": [dict(r._mapping) | {"class": r.classification, "held_up": r.classification in held}
+                         for r in bad],
+            "conflicts": conflicts(conn, cache, limit=limit)}
 
 
 def conflicts(conn: Connection, cache: str, *, limit: int = 1000, key: str | None = None) -> list[dict[str, Any]]:
