@@ -153,12 +153,7 @@ def growth_chart(growth: list[dict], total_bytes: int, *, today: date | None = N
     series = [(today - timedelta(days=days - 1 - i)).isoformat() for i in range(days)]
     added = [int(by_day.get(d, {}).get("size_bytes", 0)) for d in series]
     entries = [int(by_day.get(d, {}).get("entries", 0)) for d in series]
-    # Held at the end of day i: everything now, less what was written after day i.
-    totals, later = [], 0
-    for a in reversed(added):
-        totals.append(total_bytes - later)
-        later += a
-    totals.reverse()
+    totals = [total_bytes - sum(added[i + 1:]) for i in range(days)]  # held at the end of each day
     left, right, top, bottom = 56.0, width - 8.0, 12.0, height - 28.0
     y_max = max([*totals, *added, 1])
     step = (right - left) / days
@@ -167,7 +162,6 @@ def growth_chart(growth: list[dict], total_bytes: int, *, today: date | None = N
         return bottom - (bottom - top) * v / y_max
 
     bar_width = min(max(step - 2, 1), 48)  # a young cache's few days stay bars, not slabs
-
     bars = [
         Bar(day=d, x=round(left + i * step + (step - bar_width) / 2, 2), y=round(y(a), 2), width=round(bar_width, 2),
             height=round(bottom - y(a), 2), entries=n, size_bytes=a, total_bytes=t)

@@ -12,24 +12,13 @@ from jaxcache import entry as entry_fmt
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.caches import summary
 from jaxcache.service.dashboard import format as fmt
-from jaxcache.service.dashboard import warmups
-from jaxcache.service.dashboard.forms import read_form
-from jaxcache.service.dashboard.site import (
-    COOKIE,
-    COOKIE_MAX_AGE_S,
-    ENTRY_FILTERS,
-    ENTRY_SORTS,
-    Dashboard,
-    ToLogin,
-    Viewer,
-    credential,
-    html_route,
-    safe_next,
-)
+from jaxcache.service.dashboard import site
+from jaxcache.service.dashboard.site import COOKIE, Dashboard, Viewer, credential, html_route, read_form, safe_next
 from jaxcache.service.entries import queries
 from jaxcache.service.integrity import queries as verdicts
 from jaxcache.service.ops import loop_models
 from jaxcache.service.reports import usage_queries
+from jaxcache.service.warmups import queries as warmup_queries
 from jaxcache.units import parse_bytes, parse_duration
 
 
@@ -50,7 +39,7 @@ def routes(dash: Dashboard) -> APIRouter:
         if token is not None:
             try:
                 current = dash.viewer(request)
-            except (HTTPException, ToLogin):
+            except (HTTPException, site.ToLogin):
                 current = None
         message = "Your token is no longer accepted: sign in again." if expired else None
         return dash.render(request, "login.html", viewer=current, next_url=safe_next(next), error=message)
@@ -69,7 +58,7 @@ def routes(dash: Dashboard) -> APIRouter:
             return dash.render(request, "login.html", status=exc.status_code if token else 400, viewer=None,
                                next_url=next_url, error=message)
         response = RedirectResponse(request.scope.get("root_path", "").rstrip("/") + next_url, 303)
-        response.set_cookie(COOKIE, token, max_age=COOKIE_MAX_AGE_S, path="/", httponly=True, samesite="strict",
+        response.set_cookie(COOKIE, token, max_age=site.COOKIE_MAX_AGE_S, path="/", httponly=True, samesite="strict",
                             secure=request.url.scheme == "https")
         return response
 
@@ -104,9 +93,9 @@ def routes(dash: Dashboard) -> APIRouter:
         viewer = dash.viewer(request)
         dash.cache_or_404(cache)
         q = request.query_params
-        form = {f: q.get(f, "").strip() for f in ENTRY_FILTERS}
+        form = {f: q.get(f, "").strip() for f in site.ENTRY_FILTERS}
         sort, order = q.get("sort"), q.get("order")
-        sort = sort if sort in ENTRY_SORTS else "name"
+        sort = sort if sort in site.ENTRY_SORTS else "name"
         order = order if order in ("asc", "desc") else "asc"
         limit = int(q["limit"]) if q.get("limit", "").isdigit() and 1 <= int(q["limit"]) <= 1000 else 50
         cursor = q.get("cursor") or None
@@ -146,7 +135,7 @@ def routes(dash: Dashboard) -> APIRouter:
                 raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
             entry, jobs, verdict, conflict = found
             writer = entry["first_writer"]
-            by_warmup = None if writer is None else warmups.writer_warmup(conn, cache, key, writer)
+            by_warmup = None if writer is None else warmup_queries.writer_warmup(conn, cache, key, writer)
         return dash.render(request, "entry.html", viewer=viewer, cache=cache, section="entries",
                            e=entry, jobs=jobs, verdict=verdict, conflict=conflict, by_warmup=by_warmup)
 
@@ -175,14 +164,16 @@ def routes(dash: Dashboard) -> APIRouter:
     def warmup_list(request: Request, cache: str) -> Response:
         viewer = dash.viewer(request)
         dash.cache_or_404(cache)
-        return dash.render(request, "warmups.html", viewer=viewer, cache=cache, section="warmups",
-                           warmups=warmups.list_warmups(state, cache))
+        with state.catalog.reader() as conn:
+            found = warmup_queries.list_warmups(conn, cache, limit=1000)
+        return dash.render(request, "warmups.html", viewer=viewer, cache=cache, section="warmups", warmups=found)
 
     @router.get("/caches/{cache}/warmups/{warmup_id}")
     def warmup_detail(request: Request, cache: str, warmup_id: str) -> Response:
         viewer = dash.viewer(request)
         dash.cache_or_404(cache)
-        found = warmups.get_warmup(state, cache, warmup_id)
+        with state.catalog.reader() as conn:
+            found = warmup_queries.get_warmup(conn, cache, warmup_id)
         if found is None:
             raise HTTPException(404, f"no warm-up {warmup_id!r} ingested for {cache!r}")
         return dash.render(request, "warmup.html", viewer=viewer, cache=cache, section="warmups", w=found)

@@ -1,4 +1,4 @@
-"""The dashboard's frame: who is looking, per-form tokens, rendering, and routes that answer errors as pages."""
+"""The dashboard's frame: who is looking, forms and their tokens, rendering, and routes that answer errors as pages."""
 
 from __future__ import annotations
 
@@ -69,6 +69,14 @@ def credential(request: Request) -> tuple[str | None, str]:
         return token.strip(), "header"
     cookie = request.cookies.get(COOKIE, "")
     return (cookie, "cookie") if cookie.strip() else (None, "none")
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """An urlencoded form body (what HTML forms post), last value of each field."""
+    if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        raise HTTPException(415, "post this form from the page (application/x-www-form-urlencoded)")
+    body = (await request.body()).decode("utf-8", "replace")
+    return {k: v[-1] for k, v in urllib.parse.parse_qs(body, keep_blank_values=True).items()}
 
 
 def safe_next(value: str | None) -> str:
