@@ -18,8 +18,7 @@ from jaxcache.service.catalog.locks import LockBusyError
 
 
 class InboxFullError(JaxcacheError):
-    """The inbox holds its configured limit of records; ``retry_after_s``: about when the drain will have made
-    room."""
+    """The inbox holds its configured limit of records; ``retry_after_s``: about when the drain will have made room."""
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
