@@ -4,13 +4,13 @@ until its entries or usage change, or a minute passes), and its totals' gauges, 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, Integer, cast, func, select
 from sqlalchemy.orm import Session
 
+from jaxcache.service.caches.schemas import CacheSummary, SkippedObject
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.generations import ENTRIES
 from jaxcache.service.catalog.models import CacheRow, EntryRow
@@ -21,31 +21,7 @@ from jaxcache.service.state import State
 _DAY_S = 86400.0
 
 
-@dataclass(frozen=True, slots=True)
-class SkippedName:
-    """One object the last rescan skipped: its name escaped for display, and why."""
-
-    name: str
-    why: str
-
-
-@dataclass(frozen=True, slots=True)
-class CacheInfo:
-    """A configured cache, its size and its last scan (GET /v1/caches, the dashboard's index)."""
-
-    name: str
-    url: str
-    entries: int
-    size_bytes: int
-    last_scan_s: float | None = None
-    last_scan_seconds: float | None = None
-    last_scan_error: str | None = None
-    reports_waiting: int = 0
-    last_scan_skipped: int | None = None
-    last_scan_skipped_names: tuple[SkippedName, ...] = ()
-
-
-def caches(state: State) -> list[CacheInfo]:
+def caches(state: State) -> list[CacheSummary]:
     """Every configured cache with its size and last scan."""
     out = []
     waiting = inbox.waiting_by_cache(state.catalog)
@@ -56,10 +32,10 @@ def caches(state: State) -> list[CacheInfo]:
             scan: dict[str, Any] = {} if row is None else dict(
                 last_scan_s=row.last_scan_s, last_scan_seconds=row.last_scan_seconds,
                 last_scan_error=row.last_scan_error, last_scan_skipped=row.last_scan_skipped,
-                last_scan_skipped_names=tuple(SkippedName(str(n.get("name", "")), str(n.get("why", "")))
-                                              for n in row.last_scan_skipped_names or ()))
-            out.append(CacheInfo(name=name, url=state.storages[name].url, entries=count, size_bytes=size,
-                                 reports_waiting=waiting.get(name, 0), **scan))
+                last_scan_skipped_names=[SkippedObject(name=str(n.get("name", "")), why=str(n.get("why", "")))
+                                         for n in row.last_scan_skipped_names or ()])
+            out.append(CacheSummary(name=name, url=state.storages[name].url, entries=count, size_bytes=size,
+                                    reports_waiting=waiting.get(name, 0), **scan))
     return out
 
 

@@ -17,6 +17,7 @@ from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service import memory
 from jaxcache.service.caches import summary
+from jaxcache.service.caches.schemas import SKIPPED_SHOWN
 from jaxcache.service.catalog.database import Catalog, analyze
 from jaxcache.service.catalog.generations import USAGE
 from jaxcache.service.catalog.locks import LockBusyError
@@ -38,8 +39,6 @@ log = logging.getLogger("jaxcache.service")
 _CHUNK = 500
 #: New entries parsed and written per transaction (see :func:`rescan`'s ``new_per_write``).
 NEW_PER_WRITE = 20_000
-#: Skipped names kept for a cache's status (the count is whole); ``jaxcache doctor`` lists them all.
-SKIPPED_SHOWN = 20
 _NAME_SHOWN = 512  # characters of an escaped name kept (an escape is up to 10 per character of the name)
 
 
