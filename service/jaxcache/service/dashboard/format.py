@@ -26,14 +26,10 @@ def seconds(s: float | None) -> str:
     """Compile seconds: ``0 s``, ``4.2 s``, ``3.5 min``, ``2.1 h``, ``3.0 d``."""
     if s is None:
         return DASH
-    a = abs(s)
-    if a < 60:
+    if abs(s) < 60:
         return f"{s:.0f} s" if float(s).is_integer() else f"{s:.1f} s"
-    if a < 3600:
-        return f"{s / 60:.1f} min"
-    if a < 86400:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
+    unit, size_ = ("min", 60) if abs(s) < 3600 else ("h", 3600) if abs(s) < 86400 else ("d", 86400)
+    return f"{s / size_:.1f} {unit}"
 
 
 def rate(r: float | None) -> str:
@@ -62,16 +58,10 @@ def age(seconds_: float) -> str:
     """``90061`` → ``1d 1h``; ``864018`` → ``10d``: the largest unit and, when not zero, the next one."""
     s = int(max(seconds_, 0))
     units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-    for i, (unit, size_) in enumerate(units):
-        if s >= size_ or unit == "s":
-            text = f"{s // size_}{unit}"
-            if i + 1 < len(units):
-                nxt, nsize = units[i + 1]
-                rest = (s % size_) // nsize
-                if rest:
-                    text += f" {rest}{nxt}"
-            return text
-    raise AssertionError("unreachable")
+    i = next(i for i, (unit, size_) in enumerate(units) if s >= size_ or unit == "s")
+    (unit, size_), (nxt, nsize) = units[i], units[min(i + 1, 3)]
+    rest = (s % size_) // nsize if i < 3 else 0
+    return f"{s // size_}{unit}" + (f" {rest}{nxt}" if rest else "")
 
 
 def ago(ts: float | None, now: float | None = None) -> Markup:

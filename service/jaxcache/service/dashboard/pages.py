@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 
 from fastapi import HTTPException, Request
@@ -34,13 +35,10 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/login")
     def login_form(request: Request, next: str = "/", expired: str | None = None) -> Response:
-        token, source = credential(request)
         current = None
-        if token is not None:
-            try:
+        if credential(request)[0] is not None:
+            with contextlib.suppress(HTTPException, site.ToLogin):
                 current = dash.viewer(request)
-            except (HTTPException, site.ToLogin):
-                current = None
         message = "Your token is no longer accepted: sign in again." if expired else None
         return dash.render(request, "login.html", viewer=current, next_url=safe_next(next), error=message)
 
@@ -75,8 +73,7 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/caches/{cache}")
     def overview(request: Request, cache: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         stats = summary.stats_of(state, cache)  # exactly what GET /v1/caches/{cache}/stats answers
         found = next(c for c in summary.caches(state) if c.name == cache)
         first = stats["first_created_s"]
@@ -90,8 +87,7 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/caches/{cache}/entries")
     def entries(request: Request, cache: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         q = request.query_params
         form = {f: q.get(f, "").strip() for f in site.ENTRY_FILTERS}
         sort, order = q.get("sort"), q.get("order")
@@ -125,8 +121,7 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/caches/{cache}/entries/{key}")
     def entry(request: Request, cache: str, key: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         if not entry_fmt.is_valid_key(key):
             raise HTTPException(400, "malformed key: expected <function>-<64 lower-case hex>, as JAX names entries")
         with state.catalog.reader() as conn:
@@ -141,16 +136,14 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/caches/{cache}/jobs")
     def jobs(request: Request, cache: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         with state.catalog.reader() as conn:
             found = usage_queries.jobs(conn, cache, limit=1000)
         return dash.render(request, "jobs.html", viewer=viewer, cache=cache, section="jobs", jobs=found)
 
     @router.get("/caches/{cache}/jobs/{job}")
     def job(request: Request, cache: str, job: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         with state.catalog.reader() as conn:
             found = usage_queries.jobs(conn, cache, job=job, limit=1)
             if not found:
@@ -162,16 +155,14 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/caches/{cache}/warmups")
     def warmup_list(request: Request, cache: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         with state.catalog.reader() as conn:
             found = warmup_queries.list_warmups(conn, cache, limit=1000)
         return dash.render(request, "warmups.html", viewer=viewer, cache=cache, section="warmups", warmups=found)
 
     @router.get("/caches/{cache}/warmups/{warmup_id}")
     def warmup_detail(request: Request, cache: str, warmup_id: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         with state.catalog.reader() as conn:
             found = warmup_queries.get_warmup(conn, cache, warmup_id)
         if found is None:

@@ -62,8 +62,7 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/caches/{cache}/prune")
     async def prune_form(request: Request, cache: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         q = request.query_params
         form = policy_form(q)
         preview = error = applied = None

@@ -108,8 +108,9 @@ class Dashboard:
             return False
         return True
 
-    def viewer(self, request: Request, scope: str = "read") -> Viewer:
-        """The viewer, or raise: a browser without a (valid) cookie goes to the login form; 401 and 403 else."""
+    def viewer(self, request: Request, scope: str = "read", *, cache: str | None = None) -> Viewer:
+        """The viewer, or raise: a browser without a (valid) cookie goes to the login form; 401 and 403 else; then
+        404 for a ``cache`` not configured."""
         token, source = credential(request)
         try:
             principal = self.state.auth.check_token(token, scope)
@@ -118,6 +119,8 @@ class Dashboard:
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 raise ToLogin(target, expired=source == "cookie") from None
             raise
+        if cache is not None:
+            self.cache_or_404(cache)
         return Viewer(who=principal.who, scope=principal.scope, token=token, source=source,
                       can_admin=scope == "admin" or self.grants(token, "admin"))
 
