@@ -85,10 +85,8 @@ class Metrics:
     def start(self, caches: Sequence[str]) -> None:
         """Every series whose label values are known, at 0; error kinds, jobs, routes and loops come later."""
         for cache in caches:
-            self.scan_seconds.labels(cache)
-            self.prune_deleted.labels(cache)
-            self.prune_bytes.labels(cache)
-            self.records_compacted.labels(cache)
+            for metric in (self.scan_seconds, self.prune_deleted, self.prune_bytes, self.records_compacted):
+                metric.labels(cache)
             for source in SOURCES:
                 self.reports_ingested.labels(cache, source)
             for cause in CAUSES:
