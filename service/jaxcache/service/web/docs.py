@@ -34,10 +34,8 @@ def install(app: FastAPI) -> None:
             swagger_js_url=f"{root}{ASSETS_PATH}/swagger-ui-bundle.js",
             swagger_css_url=f"{root}{ASSETS_PATH}/swagger-ui.css",
             swagger_favicon_url=f"{root}{ASSETS_PATH}/favicon.png",
-            oauth2_redirect_url=None,
-            # No badge from the public validator: it is another host.
-            swagger_ui_parameters={**(app.swagger_ui_parameters or {}), "validatorUrl": None},
-        )
+            oauth2_redirect_url=None,  # and no badge from the public validator, another host:
+            swagger_ui_parameters={**(app.swagger_ui_parameters or {}), "validatorUrl": None})
         return HTMLResponse(page.body, headers=SECURITY_HEADERS)
 
     @app.get("/redoc", include_in_schema=False)
@@ -46,6 +44,5 @@ def install(app: FastAPI) -> None:
         page = get_redoc_html(
             openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} API",
             redoc_js_url=f"{root}{ASSETS_PATH}/redoc.standalone.js",
-            redoc_favicon_url=f"{root}{ASSETS_PATH}/favicon.png", with_google_fonts=False,
-        )
+            redoc_favicon_url=f"{root}{ASSETS_PATH}/favicon.png", with_google_fonts=False)
         return HTMLResponse(page.body, headers=SECURITY_HEADERS)

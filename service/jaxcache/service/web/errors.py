@@ -78,14 +78,10 @@ _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at the request's path, by asking the routes (included routers too)."""
-    scope = request.scope
-    allowed = []
-    for method in _METHODS:
-        probe = {"type": "http", "path": scope["path"], "root_path": scope.get("root_path", ""), "method": method,
-                 "headers": [], "query_string": b""}
-        if any(route.matches(probe)[0] is Match.FULL for route in request.app.router.routes):
-            allowed.append(method)
-    return allowed
+    probe = {"type": "http", "path": request.scope["path"], "root_path": request.scope.get("root_path", ""),
+             "headers": [], "query_string": b""}
+    return [method for method in _METHODS if any(route.matches({**probe, "method": method})[0] is Match.FULL
+                                                 for route in request.app.router.routes)]
 
 
 def install(app: FastAPI) -> None:
