@@ -3,7 +3,6 @@ and any /metrics sums them. Known series start at 0, as one first seen at its fi
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable, Sequence
 from typing import Final
@@ -15,8 +14,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from jaxcache.explain.causes import CAUSES
-
-log = logging.getLogger("jaxcache.service")
 
 #: A gauge across worker processes: what the last worker to set it saw (the catalog's totals, a loop's status).
 LAST: Final = "mostrecent"

@@ -13,15 +13,11 @@ from jaxcache.service.catalog.run_tables import RunRow
 
 def _hit_since():
     """Programs of a warm-up that jobs hit after it finished."""
-    return (
-        select(func.count())
-        .select_from(WarmupKeyRow)
-        .join(KeyStatsRow, and_(KeyStatsRow.cache == WarmupKeyRow.cache, KeyStatsRow.key == WarmupKeyRow.key))
-        .where(WarmupKeyRow.cache == WarmupRow.cache, WarmupKeyRow.warmup_id == WarmupRow.id,
-               KeyStatsRow.last_hit_s >= WarmupRow.finished_s)
-        .correlate(WarmupRow)
-        .scalar_subquery()
-    )
+    return (select(func.count()).select_from(WarmupKeyRow)
+            .join(KeyStatsRow, and_(KeyStatsRow.cache == WarmupKeyRow.cache, KeyStatsRow.key == WarmupKeyRow.key))
+            .where(WarmupKeyRow.cache == WarmupRow.cache, WarmupKeyRow.warmup_id == WarmupRow.id,
+                   KeyStatsRow.last_hit_s >= WarmupRow.finished_s)
+            .correlate(WarmupRow).scalar_subquery())
 
 
 def list_warmups(conn: Connection, cache: str, *, limit: int) -> list[dict]:
@@ -47,15 +43,11 @@ def get_warmup(conn: Connection, cache: str, warmup_id: str) -> dict | None:
         .where(WarmupKeyRow.cache == cache, WarmupKeyRow.warmup_id == warmup_id)
         .order_by(WarmupKeyRow.function, WarmupKeyRow.key)
     ).all()
-    detail = _summary(row, hit_since)
-    detail["fingerprint"] = row.fingerprint
-    detail["keys"] = [
+    return _summary(row, hit_since) | {"fingerprint": row.fingerprint, "keys": [
         {"key": p.key, "function": p.function, "status": p.status, "compile_s": p.compile_s,
          "size_bytes": p.size_bytes, "hits": p.hits or 0, "last_hit_s": p.last_hit_s,
          "hit_since": p.last_hit_s is not None and p.last_hit_s >= row.finished_s, "in_cache": p.cached is not None}
-        for p in programs
-    ]
-    return detail
+        for p in programs]}
 
 
 def _rows(conn: Connection, q):
