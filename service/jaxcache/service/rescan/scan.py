@@ -204,6 +204,16 @@ _FINGERPRINT = select(
 )
 
 
+# Core, not ORM: ORM bulk update by primary key refuses a WHERE clause of bound parameters. The last hit is the row's
+# own: a report may have moved it since the listing.
+_UPDATE_SEEN = (
+    update(table_of(EntryRow)).where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
+                                     EntryRow.kind == bindparam("k_kind"))
+    .values(last_used_s=case((EntryRow.last_hit_s > bindparam("seen_used_s"), EntryRow.last_hit_s),
+                             else_=bindparam("seen_used_s")),
+            seen_used_s=bindparam("seen_used_s"), has_atime=bindparam("has_atime"), atime_ns=bindparam("atime_ns")))
+
+
 def _fingerprint(conn, cache: str) -> tuple:
     """(rows, last scan, last scan error) of a cache, from an index: equal means the rows are as the last rescan of
     this process left them, since every rescan notes its time and every drop changes the count."""
@@ -212,8 +222,7 @@ def _fingerprint(conn, cache: str) -> tuple:
 
 def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
             skipped: Skipped, new_per_write: int, in_memory_max: int) -> RescanResult:
-    started = time.monotonic()
-    now = time.time()
+    started, now = time.monotonic(), time.time()
     # The last snapshot stands for the catalog's rows unless they changed; popped, so a failed rescan leaves none.
     with catalog.reader() as conn:
         fingerprint = _fingerprint(conn, cache)
@@ -261,7 +270,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
     lone = atimes.keys() - caches.keys()  # an -atime and no entry
     orphan_rows = [_base_row(cache, key, "orphan", ObjectInfo(*atimes[key]), None, now) for key in lone - known_orphans]
     vanished += [(k, "orphan") for k in known_orphans - lone]
-    orphans = len(lone)
+    entries = len(caches) + len(lone)
     # new_per_write at a time, so a huge first rescan never holds all rows or the lock at once; deletes go first.
     batches = [new_items[i : i + new_per_write] for i in range(0, len(new_items), new_per_write)] or [[]]
     added = len(orphan_rows)
@@ -282,37 +291,21 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
             if number < len(batches) - 1:
                 continue
             if updates:
-                # Core, not ORM: ORM bulk update by primary key refuses a WHERE clause of bound parameters.
-                s.connection().execute(
-                    update(table_of(EntryRow))
-                    .where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
-                           EntryRow.kind == bindparam("k_kind"))
-                    # The last hit as the row holds it now: a report may have moved it since the listing.
-                    .values(last_used_s=case((EntryRow.last_hit_s > bindparam("seen_used_s"), EntryRow.last_hit_s),
-                                             else_=bindparam("seen_used_s")),
-                            seen_used_s=bindparam("seen_used_s"), has_atime=bindparam("has_atime"),
-                            atime_ns=bindparam("atime_ns")),
-                    updates,
-                )
-            if catalog.dialect == "postgresql" and _bulk(added + len(vanished), len(known) + len(known_orphans)):
-                # ANALYZE now, not at autovacuum's next round: empty-table statistics made every listing sort all rows.
+                s.connection().execute(_UPDATE_SEEN, updates)
+            # A bulk load (a tenth, autovacuum's analyze scale factor) is analyzed now: empty-table statistics made
+            # every listing sort all rows until autovacuum's next round.
+            written = added + len(vanished)
+            if catalog.dialect == "postgresql" and written and written >= (len(known) + len(known_orphans)) / 10:
                 analyze(s.connection(), ["entries"])
             # Inside the write lock: nobody else's change can fall between the writes and this count.
             count = _fingerprint(s.connection(), cache)[0]
     _count_foreign(skipped, foreign)
     result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=added,
-                     removed=len(vanished), updated=len(updates), entries=len(caches) + orphans,
-                     read_catalog=snap is None)
+                     removed=len(vanished), updated=len(updates), entries=entries, read_catalog=snap is None)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
-    snapshots.keep(catalog, cache, storage, snapshots.Snapshot((count, now, None), listing, foreign,
-                                                            len(caches) + orphans), listing_changed=True,
-                   in_memory_max=in_memory_max)
+    snapshots.keep(catalog, cache, storage, snapshots.Snapshot((count, now, None), listing, foreign, entries),
+                   listing_changed=True, in_memory_max=in_memory_max)
     return result
-
-
-def _bulk(changed: int, rows: int) -> bool:
-    """Whether changing ``changed`` of ``rows`` is a bulk load: a tenth, autovacuum's default analyze scale factor."""
-    return changed > 0 and changed >= rows / 10
 
 
 def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
