@@ -61,8 +61,7 @@ def list_pins(request: Request, cache: CacheName, _p: ReadAuth) -> PinList:
     storage_of(request, cache)
     with state_of(request).catalog.session() as s:
         rows = s.scalars(select(PinRow).where(PinRow.cache == cache).order_by(PinRow.pattern))
-        return PinList(pins=[PinModel(pattern=r.pattern, created_s=r.created_s, created_by=r.created_by)
-                             for r in rows])
+        return PinList(pins=[PinModel.model_validate(r, from_attributes=True) for r in rows])
 
 
 @router.put("/v1/caches/{cache}/pins/{pattern}", response_model=PinModel, operation_id="putPin")
@@ -75,9 +74,7 @@ def put_pin(request: Request, cache: CacheName, pattern: PinPattern, p: AdminAut
         s.execute(catalog.insert(PinRow)
                   .values(cache=cache, pattern=pattern, created_s=time.time(), created_by=p.who)
                   .on_conflict_do_nothing(index_elements=["cache", "pattern"]))
-        row = s.get(PinRow, (cache, pattern))
-        assert row is not None
-        return PinModel(pattern=row.pattern, created_s=row.created_s, created_by=row.created_by)
+        return PinModel.model_validate(s.get(PinRow, (cache, pattern)), from_attributes=True)
 
 
 @router.delete("/v1/caches/{cache}/pins/{pattern}", status_code=204, operation_id="deletePin")
