@@ -173,10 +173,9 @@ class ServiceSettings(BaseSettings):
             except OSError as exc:
                 raise InvalidInputError(f"cannot read tokens file {self.tokens_file}: {exc.strerror}") from exc
             for n, line in enumerate(text.splitlines(), 1):
-                line = line.split("#", 1)[0].strip()
-                if not line:
+                parts = line.split("#", 1)[0].split()
+                if not parts:
                     continue
-                parts = line.split()
                 if len(parts) != 2:
                     raise InvalidInputError(f"{self.tokens_file}:{n}: expected '<sha256 hex> <scope>'")
                 try:
