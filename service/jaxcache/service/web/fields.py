@@ -85,15 +85,11 @@ def _bytes_or_size(value: Any) -> int | str | None:
 #: Seconds (a number) or a duration such as ``14d``; null for none.
 Duration = Annotated[float | str | None, PlainValidator(_seconds_or_duration), WithJsonSchema({"anyOf": [
     {"type": "number", "minimum": 0, "maximum": _MAX_FLOAT},
-    {"type": "string", "pattern": DURATION, "maxLength": _TEXT_MAX, "examples": ["14d"]},
-    {"type": "null"},
-]})]
+    {"type": "string", "pattern": DURATION, "maxLength": _TEXT_MAX, "examples": ["14d"]}, {"type": "null"}]})]
 #: Bytes (a whole number) or a size such as ``50GiB``; null for none.
 Size = Annotated[int | str | None, PlainValidator(_bytes_or_size), WithJsonSchema({"anyOf": [
     {"type": "integer", "minimum": 0, "maximum": MAX_BYTES},
-    {"type": "string", "pattern": SIZE, "maxLength": _TEXT_MAX, "examples": ["50GiB"]},
-    {"type": "null"},
-]})]
+    {"type": "string", "pattern": SIZE, "maxLength": _TEXT_MAX, "examples": ["50GiB"]}, {"type": "null"}]})]
 #: Put after an int's constraints: a strict model takes no strings or booleans, but 3.0 is 3.
 integral = BeforeValidator(_integral)
 DurationText = Annotated[str, AfterValidator(_duration_text),
