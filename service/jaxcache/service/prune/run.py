@@ -73,19 +73,15 @@ def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, policy_js
     """Plan a prune of one cache and, unless ``dry_run`` (the caller checked the scope), judge what ``integrity``
     needs, audit and apply it. Raises PruneInProgressError, and InvalidInputError for too long a stale_jaxlib window."""
     catalog, storage, settings = state.catalog, state.storages[cache], state.settings
-    trusted = settings.trusted
     _check_window(policy, settings.records_retain_s)
     policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
     if dry_run:
         storage.ping()  # a root that is gone (unmounted) refuses: its rows are not what is there
         plan = _plan(catalog, cache, policy)
-        if policy.integrity:
-            unjudged = verification.unjudged(catalog, cache, trusted)
-            if unjudged:
-                are = "is" if unjudged == 1 else "are"
-                plan.notes.append(f"integrity used the verdicts made so far: {plural(unjudged, 'entry')} {are} not"
-                                  " judged yet (the background pass will judge them; applying this prune judges them"
-                                  " first)")
+        if policy.integrity and (unjudged := verification.unjudged(catalog, cache, settings.trusted)):
+            are = "is" if unjudged == 1 else "are"
+            plan.notes.append(f"integrity used the verdicts made so far: {plural(unjudged, 'entry')} {are} not judged"
+                              " yet (the background pass will judge them; applying this prune judges them first)")
         return Outcome(plan)
     lock = state.prune_locks.get(cache)
     if not lock.acquire(blocking=False):
@@ -97,7 +93,7 @@ def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, policy_js
         if policy.integrity:  # throttled as the background pass is
             verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s,
                                   bytes_per_s=settings.verify_bytes_per_s, cpu_share=settings.verify_cpu_share,
-                                  trusted=trusted)
+                                  trusted=settings.trusted)
         plan = _plan(catalog, cache, policy)
         audit_id = prune_audit.begin(catalog, cache, plan.delete, who=who, policy_json=policy_json)
         result = _apply_audited(catalog, audit_id, storage, plan)
