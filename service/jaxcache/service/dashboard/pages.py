@@ -100,14 +100,12 @@ def routes(dash: Dashboard) -> APIRouter:
             if form["status"] not in ("", "ok", "corrupt"):
                 raise InvalidInputError("status: ok or corrupt")
             flt = queries.EntryFilter(
-                function=form["function"] or None,
+                function=form["function"] or None, status=form["status"] or None, job=form["job"] or None,
+                jaxlib=form["jaxlib"] or None, topology=form["topology"] or None,
                 min_size=parse_bytes(form["min_size"]) if form["min_size"] else None,
                 max_size=parse_bytes(form["max_size"]) if form["max_size"] else None,
                 unused_for_s=parse_duration(form["unused_for"]) if form["unused_for"] else None,
-                older_than_s=parse_duration(form["older_than"]) if form["older_than"] else None,
-                status=form["status"] or None, job=form["job"] or None, jaxlib=form["jaxlib"] or None,
-                topology=form["topology"] or None,
-            )
+                older_than_s=parse_duration(form["older_than"]) if form["older_than"] else None)
             with state.catalog.reader() as conn:
                 found, next_cursor = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit,
                                                           cursor=cursor)

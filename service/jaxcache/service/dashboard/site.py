@@ -37,11 +37,8 @@ MAX_SHOWN = 500  # rows of a prune plan shown on the page, and all its preview b
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
-}
+    "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store"}
 
 
 class ToLogin(Exception):
@@ -150,9 +147,7 @@ class Dashboard:
         html = self.env.get_template(template).render(
             request=request, link=link, viewer=viewer, cache=cache, section=section,
             caches=list(self.state.settings.caches), auth_configured=auth.configured, open_reads=auth.open_reads,
-            logout_csrf=self.csrf(viewer, "logout") if viewer is not None and viewer.source == "cookie" else "",
-            **ctx,
-        )
+            logout_csrf=self.csrf(viewer, "logout") if viewer is not None and viewer.source == "cookie" else "", **ctx)
         return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
     def error(self, request: Request, status: int, detail: Any, viewer: Viewer | None = None) -> HTMLResponse:
