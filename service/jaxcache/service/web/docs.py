@@ -17,9 +17,7 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
                                "style-src 'self' 'unsafe-inline'; img-src 'self' data:; worker-src 'self' blob:; "
                                "frame-ancestors 'none'; base-uri 'none'; object-src 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-}
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 
 
 def install(app: FastAPI) -> None:
