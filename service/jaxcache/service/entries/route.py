@@ -53,8 +53,7 @@ def list_entries(
     flt = queries.EntryFilter(
         function=function, min_size=min_size, max_size=max_size,
         unused_for_s=deps.duration(unused_for, "unused_for"), older_than_s=deps.duration(older_than, "older_than"),
-        status=status, job=job, jaxlib=jaxlib, topology=_spelled(topology),
-    )
+        status=status, job=job, jaxlib=jaxlib, topology=_spelled(topology))
     at = _to_catalog(cursor, sort) if cursor else None
     tag = conditional.etag(state.generations.get(cache), clock=unused_for is not None or older_than is not None)
     if conditional.matches(request, tag):  # the change counts are read before the query: see State._computed_at

@@ -138,8 +138,7 @@ def _base_row(cache: str, key: str, kind: str, info: ObjectInfo, atime: ObjectIn
         "size_bytes": info.size_bytes, "created_s": info.mtime_s, "last_used_s": seen_used,
         "seen_used_s": seen_used, "generation": info.generation, "has_atime": atime is not None,
         "atime_ns": atime_ns, "compression": None, "compile_seconds": None, "status": None, "reason": None,
-        "first_seen_s": now, **EMPTY,
-    }
+        "first_seen_s": now, **EMPTY}
 
 
 def _with_reports(row: dict, stats: dict | None) -> dict:

@@ -60,8 +60,7 @@ def _summary(row: WarmupRow, hit_since: int | None) -> dict:
         "id": row.id, "job": row.job, "topology": row.topology, "platform": row.platform,
         "gpu_model": row.gpu_model, "started_s": row.started_s, "finished_s": row.finished_s,
         "programs": row.programs, "written": row.written, "already_warm": row.present,
-        "not_written": row.not_written, "compile_s": row.compile_s, "hit_since": hit_since or 0,
-    }
+        "not_written": row.not_written, "compile_s": row.compile_s, "hit_since": hit_since or 0}
 
 
 def writer_warmup(conn: Connection, cache: str, key: str, writer: dict) -> str | None:
