@@ -56,11 +56,6 @@ def _plan(catalog: Catalog, cache: str, policy: core_prune.PrunePolicy) -> core_
         return core_prune.plan(candidates, policy, now=now, recent_jaxlibs=recent)
 
 
-def pins(catalog: Catalog, cache: str) -> tuple[str, ...]:
-    with catalog.session() as s:
-        return tuple(s.scalars(select(PinRow.pattern).where(PinRow.cache == cache).order_by(PinRow.pattern)))
-
-
 @dataclasses.dataclass(slots=True)
 class Outcome:
     plan: core_prune.PrunePlan
@@ -74,7 +69,9 @@ def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, policy_js
     needs, audit and apply it. Raises PruneInProgressError, and InvalidInputError for too long a stale_jaxlib window."""
     catalog, storage, settings = state.catalog, state.storages[cache], state.settings
     _check_window(policy, settings.records_retain_s)
-    policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
+    with catalog.session() as s:
+        pins = tuple(s.scalars(select(PinRow.pattern).where(PinRow.cache == cache).order_by(PinRow.pattern)))
+    policy = dataclasses.replace(policy, keep=policy.keep + pins)
     if dry_run:
         storage.ping()  # a root that is gone (unmounted) refuses: its rows are not what is there
         plan = _plan(catalog, cache, policy)
