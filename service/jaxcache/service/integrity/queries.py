@@ -15,12 +15,9 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
     """Counts by class, how many entries are attested and unverified, and the bad entries with reasons."""
     v = VerificationRow
     current = and_(v.cache == EntryRow.cache, v.key == EntryRow.key)
-    counts = {c: 0 for c in integrity.CLASSES}
-    rows = conn.execute(
+    counts = dict.fromkeys(integrity.CLASSES, 0) | dict(conn.execute(
         select(v.classification, func.count()).join(EntryRow, current)
-        .where(EntryRow.cache == cache, EntryRow.kind == "entry").group_by(v.classification))
-    for cls, n in rows:
-        counts[cls] = n
+        .where(EntryRow.cache == cache, EntryRow.kind == "entry").group_by(v.classification)).tuples().all())
     total = conn.execute(select(func.count()).select_from(EntryRow)
                          .where(EntryRow.cache == cache, EntryRow.kind == "entry")).scalar_one()
     attested = conn.execute(
