@@ -9,7 +9,6 @@ from fastapi import HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.routing import APIRouter
 
-from jaxcache import entry as entry_fmt
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.caches import summary
 from jaxcache.service.dashboard import format as fmt
@@ -20,6 +19,7 @@ from jaxcache.service.integrity import queries as verdicts
 from jaxcache.service.ops import loop_models
 from jaxcache.service.reports import usage_queries
 from jaxcache.service.warmups import queries as warmup_queries
+from jaxcache.service.web.deps import check_key
 from jaxcache.units import parse_bytes, parse_duration
 
 
@@ -120,8 +120,7 @@ def routes(dash: Dashboard) -> APIRouter:
     @router.get("/caches/{cache}/entries/{key}")
     def entry(request: Request, cache: str, key: str) -> Response:
         viewer = dash.viewer(request, cache=cache)
-        if not entry_fmt.is_valid_key(key):
-            raise HTTPException(400, "malformed key: expected <function>-<64 lower-case hex>, as JAX names entries")
+        check_key(key)
         with state.catalog.reader() as conn:
             found = queries.entry_detail(conn, cache, key)  # what GET /v1/caches/{cache}/entries/{key} shows
             if found is None:
