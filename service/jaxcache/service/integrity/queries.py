@@ -17,7 +17,7 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
     current = and_(v.cache == EntryRow.cache, v.key == EntryRow.key)
     counts = dict.fromkeys(integrity.CLASSES, 0) | dict(conn.execute(
         select(v.classification, func.count()).join(EntryRow, current)
-        .where(EntryRow.cache == cache, EntryRow.kind == "entry").group_by(v.classification)).tuples().all())
+        .where(EntryRow.cache == cache, EntryRow.kind == "entry").group_by(v.classification)).all())
     total = conn.execute(select(func.count()).select_from(EntryRow)
                          .where(EntryRow.cache == cache, EntryRow.kind == "entry")).scalar_one()
     attested = conn.execute(
