@@ -27,12 +27,9 @@ class InboxFullError(JaxcacheError):
 
 def status_of(exc: JaxcacheError) -> int:
     """400 for bad input, 409 for a conflict, 502 when storage failed, 500 otherwise."""
-    if isinstance(exc, InvalidInputError):
-        return 400
-    if isinstance(exc, PreconditionFailedError | LockBusyError):
-        return 409
-    if isinstance(exc, StorageError):
-        return 502
+    for kind, status in ((InvalidInputError, 400), (PreconditionFailedError | LockBusyError, 409), (StorageError, 502)):
+        if isinstance(exc, kind):
+            return status
     return 500
 
 
