@@ -25,15 +25,13 @@ from jaxcache.service.warmups import route as warmups
 from jaxcache.service.web import docs, errors
 from jaxcache.service.web.middleware import LimitsAndMetrics
 
-#: In the order requests are matched against them (each route tried in turn): the busiest first, which behind every
-#: other router and the dashboard spent a noticeable part of a report's POST finding its route.
+#: In the order requests are matched against them: the busiest first, so a report's POST finds its route soonest.
 ROUTERS = (reports, ops, entries, caches, rescan, prune, jobs, warmups, integrity)
 
 
 def create_app(settings: ServiceSettings | None = None, *, prepared: bool = False) -> FastAPI:
-    """Build the service. ``prepared``: the serving process already migrated the catalog and registered the
-    caches (one of ``jaxcache serve --workers``'s processes). Raises :class:`JaxcacheError` for unusable settings
-    (bad URL, missing root)."""
+    """Build the service (``prepared``: a worker, whose parent migrated the catalog and registered the caches). Raises
+    :class:`JaxcacheError` for unusable settings (bad URL, missing root)."""
     settings = settings or ServiceSettings()
     state = State(settings, prepared=prepared)
     if not prepared:
@@ -59,13 +57,9 @@ def create_app(settings: ServiceSettings | None = None, *, prepared: bool = Fals
         finally:
             state.catalog.dispose()  # what was accepted waits in the inbox for the next drain
 
-    app = FastAPI(
-        title="jaxcache",
-        version="1",
-        summary="Catalog, statistics and policy-driven pruning of JAX persistent compilation caches.",
-        lifespan=lifespan,
-        docs_url=None, redoc_url=None,  # served from the package by web/docs.py, not from a CDN
-    )
+    app = FastAPI(title="jaxcache", version="1", lifespan=lifespan,
+                  summary="Catalog, statistics and policy-driven pruning of JAX persistent compilation caches.",
+                  docs_url=None, redoc_url=None)  # served from the package by web/docs.py, not from a CDN
     app.state.jaxcache = state
     app.add_middleware(LimitsAndMetrics, metrics=state.metrics, max_body_bytes=state.settings.max_body_bytes,
                        max_report_bytes=state.settings.max_report_bytes)

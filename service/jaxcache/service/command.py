@@ -63,10 +63,8 @@ def run(args: argparse.Namespace) -> int:
                 raise InvalidInputError(f"--cache {item!r}: expected NAME=URL, e.g. demo=./demo-cache")
             caches[name] = url
         overrides["caches"] = caches
-    for flag in ("host", "port", "db", "workers", "role", "rescan_s", "tokens_file", "insecure_no_auth"):
-        value = getattr(args, flag)
-        if value is not None:
-            overrides[flag] = value
+    flags = ("host", "port", "db", "workers", "role", "rescan_s", "tokens_file", "insecure_no_auth")
+    overrides.update({flag: value for flag in flags if (value := getattr(args, flag)) is not None})
     try:
         settings = ServiceSettings(**overrides)
     except ValidationError as exc:

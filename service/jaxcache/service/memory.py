@@ -16,15 +16,13 @@ RELEASE_FROM_ENTRIES = 100_000
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim  # glibc only (not musl)
     except (OSError, AttributeError):
         return None
 
 
-_trim = _malloc_trim()
+_trim = _malloc_trim() if sys.platform.startswith("linux") else None
 
 
 def release() -> None:

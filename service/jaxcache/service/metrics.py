@@ -3,9 +3,9 @@ and any /metrics sums them. Known series start at 0, as one first seen at its fi
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -15,8 +15,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from jaxcache.explain.causes import CAUSES
-
-log = logging.getLogger("jaxcache.service")
 
 #: A gauge across worker processes: what the last worker to set it saw (the catalog's totals, a loop's status).
 LAST: Final = "mostrecent"
@@ -42,43 +40,35 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._own: list[Collector] = []  # collectors kept in no multiprocess file: each process asks its own
         self._every_worker: CollectorRegistry | None = None
-        self.entries = Gauge("jaxcache_entries", "entries in the catalog", ["cache"], registry=self.registry,
-                             multiprocess_mode=LAST)
-        self.bytes = Gauge("jaxcache_bytes", "bytes of -cache files in the catalog", ["cache"], registry=self.registry,
-                           multiprocess_mode=LAST)
-        self.scan_seconds = Histogram("jaxcache_scan_seconds", "duration of a rescan", ["cache"],
-                                      registry=self.registry)
-        self.scan_errors = Counter("jaxcache_scan_errors", "rescans of a cache that failed, by error kind",
-                                   ["cache", "kind"], registry=self.registry)
-        self.prune_deleted = Counter("jaxcache_prune_deleted_entries", "entries deleted by applied prunes",
-                                     ["cache"], registry=self.registry)
-        self.prune_bytes = Counter("jaxcache_prune_deleted_bytes", "bytes freed by applied prunes", ["cache"],
-                                   registry=self.registry)
-        self.reports_ingested = Counter("jaxcache_reports_ingested", "run records ingested (changed the catalog)",
-                                        ["cache", "source"], registry=self.registry)
-        self.records_compacted = Counter("jaxcache_records_compacted", "run records (processes) older than the "
-                                         "retention folded into per-key history", ["cache"], registry=self.registry)
-        self.integrity = Gauge("jaxcache_integrity_entries", "entries by last integrity verdict", ["cache", "class"],
-                               registry=self.registry, multiprocess_mode=LAST)
-        self.misses = Counter("jaxcache_misses", "jobs' misses, each counted once when first explained, by cause "
-                              "(jaxcache.explain.CAUSES)", ["cache", "cause"], registry=self.registry)
-        self.reports_malformed = Counter("jaxcache_reports_malformed", "run records rejected as malformed",
-                                         ["source"], registry=self.registry)
-        self.reports_rejected = Counter("jaxcache_reports_rejected", "POST /v1/reports answered with an error, by "
+        counter, histogram = partial(Counter, registry=self.registry), partial(Histogram, registry=self.registry)
+        gauge = partial(Gauge, registry=self.registry, multiprocess_mode=LAST)
+        self.entries = gauge("jaxcache_entries", "entries in the catalog", ["cache"])
+        self.bytes = gauge("jaxcache_bytes", "bytes of -cache files in the catalog", ["cache"])
+        self.scan_seconds = histogram("jaxcache_scan_seconds", "duration of a rescan", ["cache"])
+        self.scan_errors = counter("jaxcache_scan_errors", "rescans of a cache that failed, by error kind",
+                                   ["cache", "kind"])
+        self.prune_deleted = counter("jaxcache_prune_deleted_entries", "entries deleted by applied prunes", ["cache"])
+        self.prune_bytes = counter("jaxcache_prune_deleted_bytes", "bytes freed by applied prunes", ["cache"])
+        self.reports_ingested = counter("jaxcache_reports_ingested", "run records ingested (changed the catalog)",
+                                        ["cache", "source"])
+        self.records_compacted = counter("jaxcache_records_compacted", "run records (processes) older than the "
+                                         "retention folded into per-key history", ["cache"])
+        self.integrity = gauge("jaxcache_integrity_entries", "entries by last integrity verdict", ["cache", "class"])
+        self.misses = counter("jaxcache_misses", "jobs' misses, each counted once when first explained, by cause "
+                              "(jaxcache.explain.CAUSES)", ["cache", "cause"])
+        self.reports_malformed = counter("jaxcache_reports_malformed", "run records rejected as malformed", ["source"])
+        self.reports_rejected = counter("jaxcache_reports_rejected", "POST /v1/reports answered with an error, by "
                                         "reason (from the status: unauthenticated, forbidden, unknown_cache, "
-                                        "too_large, malformed, error, other)", ["reason"], registry=self.registry)
-        self.loop_last_success = Gauge("jaxcache_loop_last_success_timestamp_seconds",
+                                        "too_large, malformed, error, other)", ["reason"])
+        self.loop_last_success = gauge("jaxcache_loop_last_success_timestamp_seconds",
                                        "when a background loop (rescan, verify) last finished a round without error",
-                                       ["loop"], registry=self.registry, multiprocess_mode=LAST)
-        self.loop_failing = Gauge("jaxcache_loop_failing", "1 while a background loop's rounds fail, else 0",
-                                  ["loop"], registry=self.registry, multiprocess_mode=LAST)
-        self.loop_stuck = Gauge("jaxcache_loop_stuck", "1 while a background loop's pass has run past its bound (3 "
-                                "of its periods, at least 10 min, or JAXCACHE_STUCK_AFTER_S), else 0",
-                                ["loop"], registry=self.registry, multiprocess_mode=LAST)
-        self.loop_errors = Counter("jaxcache_loop_errors", "failed rounds (or caches in a round) of background loops",
-                                   ["loop", "kind"], registry=self.registry)
-        self.request_seconds = Histogram("jaxcache_request_seconds", "HTTP request latency", ["route", "method"],
-                                         registry=self.registry)
+                                       ["loop"])
+        self.loop_failing = gauge("jaxcache_loop_failing", "1 while a background loop's rounds fail, else 0", ["loop"])
+        self.loop_stuck = gauge("jaxcache_loop_stuck", "1 while a background loop's pass has run past its bound (3 "
+                                "of its periods, at least 10 min, or JAXCACHE_STUCK_AFTER_S), else 0", ["loop"])
+        self.loop_errors = counter("jaxcache_loop_errors", "failed rounds (or caches in a round) of background loops",
+                                   ["loop", "kind"])
+        self.request_seconds = histogram("jaxcache_request_seconds", "HTTP request latency", ["route", "method"])
 
     def register(self, collector: Collector) -> None:
         """Add a collector that reads what it exports when scraped (kept in no file: every worker exports it)."""
@@ -88,10 +78,8 @@ class Metrics:
     def start(self, caches: Sequence[str]) -> None:
         """Every series whose label values are known, at 0; error kinds, jobs, routes and loops come later."""
         for cache in caches:
-            self.scan_seconds.labels(cache)
-            self.prune_deleted.labels(cache)
-            self.prune_bytes.labels(cache)
-            self.records_compacted.labels(cache)
+            for metric in (self.scan_seconds, self.prune_deleted, self.prune_bytes, self.records_compacted):
+                metric.labels(cache)
             for source in SOURCES:
                 self.reports_ingested.labels(cache, source)
             for cause in CAUSES:

@@ -23,7 +23,10 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-def _readiness(request: Request) -> dict[str, str]:
+@router.get("/readyz", response_model=Readiness, operation_id="readyz",
+            responses={503: {"model": Readiness, "description": "not ready"}})
+def readyz(request: Request) -> Response:
+    """Ready once the catalog answers and every cache is scanned and reachable; ``loops`` never makes it unready."""
     state = state_of(request)
     detail: dict[str, str] = {}
     try:
@@ -41,17 +44,8 @@ def _readiness(request: Request) -> dict[str, str]:
             storage.ping()
         except JaxcacheError as exc:
             detail[name] = str(exc)
-    return detail
-
-
-@router.get("/readyz", response_model=Readiness, operation_id="readyz",
-            responses={503: {"model": Readiness, "description": "not ready"}})
-def readyz(request: Request) -> Response:
-    """Ready once the catalog answers and every cache is scanned and reachable; ``loops`` never makes it unready."""
-    detail = _readiness(request)
-    ok = not detail
-    body = Readiness(status="ok" if ok else "not ready", detail=detail, loops=loop_models(state_of(request)))
-    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+    body = Readiness(status="not ready" if detail else "ok", detail=detail, loops=loop_models(state))
+    return JSONResponse(body.model_dump(), status_code=503 if detail else 200)
 
 
 def loop_models(state: State) -> dict[str, LoopModel]:

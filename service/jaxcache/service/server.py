@@ -20,13 +20,12 @@ def check_exposure(settings: ServiceSettings) -> None:
     raise InvalidInputError(
         f"refusing to listen on {settings.host} with no tokens configured: anyone who can reach it could read "
         "and delete cache entries. Configure tokens (JAXCACHE_TOKENS or JAXCACHE_TOKENS_FILE with SHA-256 "
-        "hashes), listen on 127.0.0.1, or pass --insecure-no-auth for a lab."
-    )
+        "hashes), listen on 127.0.0.1, or pass --insecure-no-auth for a lab.")
 
 
 def listen(host: str, port: int, *, shared: bool = False) -> socket.socket:
-    """A TCP socket on ``host:port``, listening or (``shared``) only bound; made with its protocol named, as asyncio
-    gives no TCP_NODELAY to sockets whose protocol reads 0, and responses then waited for delayed ACKs."""
+    """A TCP socket on ``host:port``, listening or (``shared``) only bound; its protocol named, or asyncio sets no
+    TCP_NODELAY on it."""
     try:
         address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP,
                                      flags=socket.AI_PASSIVE)[0]
@@ -41,7 +40,7 @@ def listen(host: str, port: int, *, shared: bool = False) -> socket.socket:
 
 def _bound(family: int, proto: int, address: Any, *, shared: bool, joining: bool = False) -> socket.socket:
     """Bound to ``address``; ``shared`` is bound alone before opening the port to the workers' sockets, so a second
-    service on the same port fails here rather than taking half of the first one's connections."""
+    service on the same port fails here."""
     sock = socket.socket(family, socket.SOCK_STREAM, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if joining:
@@ -55,8 +54,7 @@ def _bound(family: int, proto: int, address: Any, *, shared: bool, joining: bool
 
 
 class WorkerSocket:
-    """Each worker's own listening socket on the held port (SO_REUSEPORT), so the kernel spreads connections evenly
-    where one shared socket let the first worker to wake take them all; a dead worker's queue is reset."""
+    """Each worker's own listening socket on the held port (SO_REUSEPORT), so the kernel spreads connections evenly."""
 
     def __init__(self, held: socket.socket) -> None:
         self.family, self.proto, self.address = held.family, held.proto, held.getsockname()
@@ -79,10 +77,8 @@ def serve(settings: ServiceSettings) -> None:
 
     check_exposure(settings)
     if not settings.caches:
-        raise InvalidInputError(
-            "no caches configured: pass --cache NAME=URL (e.g. --cache demo=./demo-cache) or set "
-            "JAXCACHE_CACHES='{\"prod\": \"gs://bucket/jax-cache\"}'"
-        )
+        raise InvalidInputError("no caches configured: pass --cache NAME=URL (e.g. --cache demo=./demo-cache) or set "
+                                "JAXCACHE_CACHES='{\"prod\": \"gs://bucket/jax-cache\"}'")
     # Built here even for workers, so bad settings, migrations and roots are reported and done once, before any starts.
     app = create_app(settings)
     workers = settings.workers > 1
@@ -111,7 +107,7 @@ def serve(settings: ServiceSettings) -> None:
 def _config(app: Any, **more: Any) -> Any:
     import uvicorn
 
-    # asyncio's loop, not uvloop: uvloop is faster but unfair under load.
+    # asyncio's loop: uvloop is faster but unfair under load.
     return uvicorn.Config(app, log_level="info", access_log=False, loop="asyncio", **more)
 
 

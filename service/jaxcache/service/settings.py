@@ -69,91 +69,71 @@ class ServiceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="JAXCACHE_", extra="ignore")
 
-    caches: dict[str, str] = Field(
-        default_factory=dict,
-        description='cache roots by name, e.g. {"prod": "gs://bucket/jax-cache", "ci": "/mnt/nfs/jax"}',
-    )
+    caches: dict[str, str] = Field(default_factory=dict, description='cache roots by name, e.g. {"prod": '
+                                   '"gs://bucket/jax-cache", "ci": "/mnt/nfs/jax"}')
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8080, ge=0, le=65535, description="port to listen on (0: any free port)")
     db: SecretStr = Field(
         default_factory=lambda: SecretStr(default_db_url()),
         description="catalog database: an SQLite URL (sqlite:///path) or PostgreSQL (postgresql+psycopg://...), "
-                    "which several replicas can share; a secret (its password is never printed)",
-    )
+                    "which several replicas can share; a secret (its password is never printed)")
     workers: int = Field(
         default_factory=_default_workers, ge=1, le=64,
         description="processes serving requests, started and restarted by uvicorn (each the whole app; with "
         "loops, each pass runs in one of them at a time); default: the CPUs this process may use (its cgroup's "
-        "CPU quota, a pod's limits.cpu, counts), at most 4",
-    )
+        "CPU quota, a pod's limits.cpu, counts), at most 4")
     role: Literal["all", "api", "loops"] = Field(
         "all", description="what this process does: `api` answers requests only; `loops` runs the background "
         "loops (the report drain, rescans, verification, retention) and answers requests too (its /readyz and "
         "/metrics show the loops); `all` both. Several processes on one catalog: as many `api` ones as the "
-        "requests need and one `loops`",
-    )
+        "requests need and one `loops`")
     rescan_s: float = Field(300.0, gt=0, description="seconds between background rescans of every cache")
     stuck_after_s: float | None = Field(
         None, gt=0, description="seconds a background pass (rescan, verify, drain) may run before /readyz, the "
         "dashboard and jaxcache_loop_stuck call it stuck; default: 3 of its loop's periods, at least 600 (a stuck "
-        "pass never makes the replica unready)",
-    )
+        "pass never makes the replica unready)")
     shutdown_wait_s: float = Field(
         20.0, ge=0, description="on SIGTERM or Ctrl-C, seconds to wait for background passes still running; past "
         "that the service logs which one and exits without it (under Kubernetes' default 30 s grace period, so "
-        "the line is written before a SIGKILL would come)",
-    )
+        "the line is written before a SIGKILL would come)")
     records_retain_d: float = Field(
         30.0, ge=1, description="days run records are kept: older runs are compacted into per-key aggregates (hits, "
         "seconds saved and first writers keep counting them) and their record files deleted by the service; job "
-        "lists, usage windows and stale_jaxlib see only the runs kept",
-    )
+        "lists, usage windows and stale_jaxlib see only the runs kept")
     root_changed: Literal["keep", "drop"] = Field(
         "keep", description="what a cache's job history becomes when the cache is served from another root than "
         "the catalog last served it from (a cache 'demo' once at ./a, now at ./b): `keep` shows the old root's runs "
         "with the new one's; `drop` deletes them (runs, usage, per-key hits and first writers) at start, and the "
-        "next rescan reads the new root's run records. `jaxcache serve` says which at start",
-    )
-    tokens: dict[str, str] = Field(
-        default_factory=dict,
-        description='bearer tokens as {"<sha256 hex of token>": "read|report|admin"}; never the tokens themselves',
-    )
+        "next rescan reads the new root's run records. `jaxcache serve` says which at start")
+    tokens: dict[str, str] = Field(default_factory=dict, description='bearer tokens as {"<sha256 hex of token>": '
+                                   '"read|report|admin"}; never the tokens themselves')
     tokens_file: Path | None = Field(None, description="file of lines '<sha256 hex> <scope>' (a mounted Secret)")
     insecure_no_auth: bool = Field(False, description="serve every route without tokens, on any address (labs only)")
     verify_bytes_per_s: float = Field(
-        20e6, gt=0, description="background integrity verification reads at most this many bytes per second"
-    )
-    verify_cpu_share: float = Field(
-        0.2, gt=0, le=1, description="background integrity verification uses at most this share of one CPU core "
-        "(it shares the process with the API)",
-    )
+        20e6, gt=0, description="background integrity verification reads at most this many bytes per second")
+    verify_cpu_share: float = Field(0.2, gt=0, le=1, description="background integrity verification uses at most "
+                                    "this share of one CPU core (it shares the process with the API)")
     verify_min_age_s: float = Field(
-        3600.0, ge=0, description="entries younger than this that look broken are 'pending', not corrupt/tampered"
-    )
+        3600.0, ge=0, description="entries younger than this that look broken are 'pending', not corrupt/tampered")
     trusted_keys: str = Field(
         "", description="public keys whose signatures prove an entry's bytes (NAME:base64, space-separated, as "
-        "`jaxcache keys new` prints them); without any, no verdict is `tampered`",
-    )
+        "`jaxcache keys new` prints them); without any, no verdict is `tampered`")
     snapshot_dir: Path | None = Field(
         default_factory=default_snapshot_dir, description="local directory where rescans keep the listing they "
         "last saw, so a restarted process's first rescan of an unchanged cache reads no catalog row (losing it "
-        "costs one slower rescan); empty: keep it in memory only",
-    )
+        "costs one slower rescan); empty: keep it in memory only")
     report_inbox: int = Field(
         10_000, ge=1, description="run records that may wait in the catalog's inbox for the drain to fold them (all "
         "caches, every replica); more are answered 503 with Retry-After, and their record files reach the catalog "
-        "at the next rescan",
-    )
+        "at the next rescan")
     max_body_bytes: int = Field(64 * 1024, gt=0, description="largest request body accepted")
     max_report_bytes: int = Field(
-        8 * 1024 * 1024, gt=0, description="largest run record accepted by POST /v1/reports (records list every key)"
-    )
+        8 * 1024 * 1024, gt=0, description="largest run record accepted by POST /v1/reports (records list every key)")
     release_memory_from_entries: int = Field(
         100_000, ge=1, description="a prune plan or a rescan over at least this many entries, once done, hands its "
         "memory back to the system (a full garbage collection, then malloc_trim where the C library has it): a plan "
         "or rescan of a million entries makes an object or more for each; smaller ones leave too little to be worth "
-        "the pause",
-    )
+        "the pause")
 
     @field_validator("snapshot_dir", mode="before")
     @classmethod
@@ -193,10 +173,9 @@ class ServiceSettings(BaseSettings):
             except OSError as exc:
                 raise InvalidInputError(f"cannot read tokens file {self.tokens_file}: {exc.strerror}") from exc
             for n, line in enumerate(text.splitlines(), 1):
-                line = line.split("#", 1)[0].strip()
-                if not line:
+                parts = line.split("#", 1)[0].split()
+                if not parts:
                     continue
-                parts = line.split()
                 if len(parts) != 2:
                     raise InvalidInputError(f"{self.tokens_file}:{n}: expected '<sha256 hex> <scope>'")
                 try:

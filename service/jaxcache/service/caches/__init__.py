@@ -1,1 +1,1 @@
-"""Caches: the route, their totals and their schemas."""
+"""Caches: the route, their summaries and statistics, and their schemas."""

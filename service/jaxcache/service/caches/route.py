@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from fastapi import APIRouter, Request, Response
 
 from jaxcache.service.caches import summary
-from jaxcache.service.caches.schemas import CacheList, CacheSummary, StatsModel
+from jaxcache.service.caches.schemas import CacheList, StatsModel
 from jaxcache.service.web import conditional
 from jaxcache.service.web.deps import ERRORS, CacheName, ReadAuth, state_of, storage_of
 
@@ -17,7 +15,7 @@ router = APIRouter(tags=["caches"], responses=ERRORS)
 @router.get("/v1/caches", response_model=CacheList, operation_id="listCaches")
 def list_caches(request: Request, _p: ReadAuth) -> CacheList:
     """Every configured cache with its size and last scan."""
-    return CacheList(caches=[CacheSummary(**asdict(c)) for c in summary.caches(state_of(request))])
+    return CacheList(caches=summary.caches(state_of(request)))
 
 
 @router.get("/v1/caches/{cache}/stats", response_model=StatsModel, operation_id="getStats",

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from jaxcache.service.reports.schemas import MissesByCause
-from jaxcache.service.rescan.scan import SKIPPED_SHOWN
+
+#: Skipped names kept for a cache's status (the count is whole); ``jaxcache doctor`` lists them all.
+SKIPPED_SHOWN = 20
 
 
 class SkippedObject(BaseModel):

@@ -26,14 +26,10 @@ def seconds(s: float | None) -> str:
     """Compile seconds: ``0 s``, ``4.2 s``, ``3.5 min``, ``2.1 h``, ``3.0 d``."""
     if s is None:
         return DASH
-    a = abs(s)
-    if a < 60:
+    if abs(s) < 60:
         return f"{s:.0f} s" if float(s).is_integer() else f"{s:.1f} s"
-    if a < 3600:
-        return f"{s / 60:.1f} min"
-    if a < 86400:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
+    unit, size_ = ("min", 60) if abs(s) < 3600 else ("h", 3600) if abs(s) < 86400 else ("d", 86400)
+    return f"{s / size_:.1f} {unit}"
 
 
 def rate(r: float | None) -> str:
@@ -62,16 +58,10 @@ def age(seconds_: float) -> str:
     """``90061`` → ``1d 1h``; ``864018`` → ``10d``: the largest unit and, when not zero, the next one."""
     s = int(max(seconds_, 0))
     units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-    for i, (unit, size_) in enumerate(units):
-        if s >= size_ or unit == "s":
-            text = f"{s // size_}{unit}"
-            if i + 1 < len(units):
-                nxt, nsize = units[i + 1]
-                rest = (s % size_) // nsize
-                if rest:
-                    text += f" {rest}{nxt}"
-            return text
-    raise AssertionError("unreachable")
+    i = next(i for i, (unit, size_) in enumerate(units) if s >= size_ or unit == "s")
+    (unit, size_), (nxt, nsize) = units[i], units[min(i + 1, 3)]
+    rest = (s % size_) // nsize if i < 3 else 0
+    return f"{s // size_}{unit}" + (f" {rest}{nxt}" if rest else "")
 
 
 def ago(ts: float | None, now: float | None = None) -> Markup:
@@ -153,12 +143,7 @@ def growth_chart(growth: list[dict], total_bytes: int, *, today: date | None = N
     series = [(today - timedelta(days=days - 1 - i)).isoformat() for i in range(days)]
     added = [int(by_day.get(d, {}).get("size_bytes", 0)) for d in series]
     entries = [int(by_day.get(d, {}).get("entries", 0)) for d in series]
-    # Held at the end of day i: everything now, less what was written after day i.
-    totals, later = [], 0
-    for a in reversed(added):
-        totals.append(total_bytes - later)
-        later += a
-    totals.reverse()
+    totals = [total_bytes - sum(added[i + 1:]) for i in range(days)]  # held at the end of each day
     left, right, top, bottom = 56.0, width - 8.0, 12.0, height - 28.0
     y_max = max([*totals, *added, 1])
     step = (right - left) / days
@@ -167,7 +152,6 @@ def growth_chart(growth: list[dict], total_bytes: int, *, today: date | None = N
         return bottom - (bottom - top) * v / y_max
 
     bar_width = min(max(step - 2, 1), 48)  # a young cache's few days stay bars, not slabs
-
     bars = [
         Bar(day=d, x=round(left + i * step + (step - bar_width) / 2, 2), y=round(y(a), 2), width=round(bar_width, 2),
             height=round(bottom - y(a), 2), entries=n, size_bytes=a, total_bytes=t)

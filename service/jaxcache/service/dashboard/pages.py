@@ -2,34 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 
 from fastapi import HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.routing import APIRouter
 
-from jaxcache import entry as entry_fmt
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.caches import summary
 from jaxcache.service.dashboard import format as fmt
-from jaxcache.service.dashboard import warmups
-from jaxcache.service.dashboard.forms import read_form
-from jaxcache.service.dashboard.site import (
-    COOKIE,
-    COOKIE_MAX_AGE_S,
-    ENTRY_FILTERS,
-    ENTRY_SORTS,
-    Dashboard,
-    ToLogin,
-    Viewer,
-    credential,
-    html_route,
-    safe_next,
-)
+from jaxcache.service.dashboard import site
+from jaxcache.service.dashboard.site import COOKIE, Dashboard, Viewer, credential, html_route, read_form, safe_next
 from jaxcache.service.entries import queries
 from jaxcache.service.integrity import queries as verdicts
 from jaxcache.service.ops import loop_models
 from jaxcache.service.reports import queries as runs
+from jaxcache.service.warmups import queries as warmup_queries
+from jaxcache.service.web.deps import check_key
 from jaxcache.units import parse_bytes, parse_duration
 
 
@@ -45,13 +35,10 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/login")
     def login_form(request: Request, next: str = "/", expired: str | None = None) -> Response:
-        token, source = credential(request)
         current = None
-        if token is not None:
-            try:
+        if credential(request)[0] is not None:
+            with contextlib.suppress(HTTPException, site.ToLogin):
                 current = dash.viewer(request)
-            except (HTTPException, ToLogin):
-                current = None
         message = "Your token is no longer accepted: sign in again." if expired else None
         return dash.render(request, "login.html", viewer=current, next_url=safe_next(next), error=message)
 
@@ -69,7 +56,7 @@ def routes(dash: Dashboard) -> APIRouter:
             return dash.render(request, "login.html", status=exc.status_code if token else 400, viewer=None,
                                next_url=next_url, error=message)
         response = RedirectResponse(request.scope.get("root_path", "").rstrip("/") + next_url, 303)
-        response.set_cookie(COOKIE, token, max_age=COOKIE_MAX_AGE_S, path="/", httponly=True, samesite="strict",
+        response.set_cookie(COOKIE, token, max_age=site.COOKIE_MAX_AGE_S, path="/", httponly=True, samesite="strict",
                             secure=request.url.scheme == "https")
         return response
 
@@ -86,8 +73,7 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/caches/{cache}")
     def overview(request: Request, cache: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         stats = summary.stats_of(state, cache)  # exactly what GET /v1/caches/{cache}/stats answers
         found = next(c for c in summary.caches(state) if c.name == cache)
         first = stats["first_created_s"]
@@ -101,12 +87,11 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/caches/{cache}/entries")
     def entries(request: Request, cache: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         q = request.query_params
-        form = {f: q.get(f, "").strip() for f in ENTRY_FILTERS}
+        form = {f: q.get(f, "").strip() for f in site.ENTRY_FILTERS}
         sort, order = q.get("sort"), q.get("order")
-        sort = sort if sort in ENTRY_SORTS else "name"
+        sort = sort if sort in site.ENTRY_SORTS else "name"
         order = order if order in ("asc", "desc") else "asc"
         limit = int(q["limit"]) if q.get("limit", "").isdigit() and 1 <= int(q["limit"]) <= 1000 else 50
         cursor = q.get("cursor") or None
@@ -115,14 +100,12 @@ def routes(dash: Dashboard) -> APIRouter:
             if form["status"] not in ("", "ok", "corrupt"):
                 raise InvalidInputError("status: ok or corrupt")
             flt = queries.EntryFilter(
-                function=form["function"] or None,
+                function=form["function"] or None, status=form["status"] or None, job=form["job"] or None,
+                jaxlib=form["jaxlib"] or None, topology=form["topology"] or None,
                 min_size=parse_bytes(form["min_size"]) if form["min_size"] else None,
                 max_size=parse_bytes(form["max_size"]) if form["max_size"] else None,
                 unused_for_s=parse_duration(form["unused_for"]) if form["unused_for"] else None,
-                older_than_s=parse_duration(form["older_than"]) if form["older_than"] else None,
-                status=form["status"] or None, job=form["job"] or None, jaxlib=form["jaxlib"] or None,
-                topology=form["topology"] or None,
-            )
+                older_than_s=parse_duration(form["older_than"]) if form["older_than"] else None)
             with state.catalog.reader() as conn:
                 found, next_cursor = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit,
                                                           cursor=cursor)
@@ -136,32 +119,28 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/caches/{cache}/entries/{key}")
     def entry(request: Request, cache: str, key: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
-        if not entry_fmt.is_valid_key(key):
-            raise HTTPException(400, "malformed key: expected <function>-<64 lower-case hex>, as JAX names entries")
+        viewer = dash.viewer(request, cache=cache)
+        check_key(key)
         with state.catalog.reader() as conn:
             found = queries.entry_detail(conn, cache, key)  # what GET /v1/caches/{cache}/entries/{key} shows
             if found is None:
                 raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
             entry, jobs, verdict, conflict = found
             writer = entry["first_writer"]
-            by_warmup = None if writer is None else warmups.writer_warmup(conn, cache, key, writer)
+            by_warmup = None if writer is None else warmup_queries.writer_warmup(conn, cache, key, writer)
         return dash.render(request, "entry.html", viewer=viewer, cache=cache, section="entries",
                            e=entry, jobs=jobs, verdict=verdict, conflict=conflict, by_warmup=by_warmup)
 
     @router.get("/caches/{cache}/jobs")
     def jobs(request: Request, cache: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         with state.catalog.reader() as conn:
             found = runs.jobs(conn, cache, limit=1000)
         return dash.render(request, "jobs.html", viewer=viewer, cache=cache, section="jobs", jobs=found)
 
     @router.get("/caches/{cache}/jobs/{job}")
     def job(request: Request, cache: str, job: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         with state.catalog.reader() as conn:
             found = runs.jobs(conn, cache, job=job, limit=1)
             if not found:
@@ -173,16 +152,16 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/caches/{cache}/warmups")
     def warmup_list(request: Request, cache: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
-        return dash.render(request, "warmups.html", viewer=viewer, cache=cache, section="warmups",
-                           warmups=warmups.list_warmups(state, cache))
+        viewer = dash.viewer(request, cache=cache)
+        with state.catalog.reader() as conn:
+            found = warmup_queries.list_warmups(conn, cache, limit=1000)
+        return dash.render(request, "warmups.html", viewer=viewer, cache=cache, section="warmups", warmups=found)
 
     @router.get("/caches/{cache}/warmups/{warmup_id}")
     def warmup_detail(request: Request, cache: str, warmup_id: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
-        found = warmups.get_warmup(state, cache, warmup_id)
+        viewer = dash.viewer(request, cache=cache)
+        with state.catalog.reader() as conn:
+            found = warmup_queries.get_warmup(conn, cache, warmup_id)
         if found is None:
             raise HTTPException(404, f"no warm-up {warmup_id!r} ingested for {cache!r}")
         return dash.render(request, "warmup.html", viewer=viewer, cache=cache, section="warmups", w=found)

@@ -2,21 +2,46 @@
 
 from __future__ import annotations
 
+import re
 import urllib.parse
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 from fastapi.routing import APIRouter
+from pydantic import ValidationError
 
 from jaxcache.errors import InvalidInputError
-from jaxcache.service.dashboard.forms import policy_form, policy_request, read_form
-from jaxcache.service.dashboard.site import MAX_SHOWN, Dashboard, ToLogin, Viewer, html_route
+from jaxcache.service.dashboard.site import MAX_SHOWN, Dashboard, ToLogin, Viewer, html_route, read_form
 from jaxcache.service.prune import audit as prune_audit
 from jaxcache.service.prune import run as pruning
 from jaxcache.service.prune.run import PruneInProgressError
-from jaxcache.service.prune.schemas import policy_of, response_of
+from jaxcache.service.prune.schemas import PruneRequest, policy_of, response_of
+
+POLICY_TEXT = ("max_total_bytes", "unused_for", "older_than", "min_age", "stale_jaxlib_window")
+POLICY_LISTS = ("functions", "keep", "integrity")
+POLICY_FLAGS = ("corrupt", "orphans", "stale_jaxlib")
+
+
+def policy_form(values: Mapping[str, str]) -> dict[str, str]:
+    """The prune form's fields as strings, for re-rendering and for hidden fields."""
+    out = {f: values.get(f, "").strip() for f in POLICY_TEXT + POLICY_LISTS}
+    out.update({f: "on" if values.get(f, "").strip() else "" for f in POLICY_FLAGS})
+    return out
+
+
+def policy_request(form: Mapping[str, str], *, dry_run: bool) -> PruneRequest:
+    """The API's request model from the form: the same validation, the same policy."""
+    data: dict[str, Any] = {f: form[f] for f in POLICY_TEXT if form[f]}
+    data.update({f: [p for p in re.split(r"[\s,]+", form[f]) if p] for f in POLICY_LISTS if form[f]})
+    data.update({f: True for f in POLICY_FLAGS if form[f]})
+    try:
+        return PruneRequest(**data, dry_run=dry_run)
+    except ValidationError as exc:
+        problems = (f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidInputError("; ".join(problems)) from None
 
 
 def routes(dash: Dashboard) -> APIRouter:
@@ -37,8 +62,7 @@ def routes(dash: Dashboard) -> APIRouter:
 
     @router.get("/caches/{cache}/prune")
     async def prune_form(request: Request, cache: str) -> Response:
-        viewer = dash.viewer(request)
-        dash.cache_or_404(cache)
+        viewer = dash.viewer(request, cache=cache)
         q = request.query_params
         form = policy_form(q)
         preview = error = applied = None

@@ -1,4 +1,4 @@
-"""The dashboard's frame: who is looking, per-form tokens, rendering, and routes that answer errors as pages."""
+"""The dashboard's frame: who is looking, forms and their tokens, rendering, and routes that answer errors as pages."""
 
 from __future__ import annotations
 
@@ -37,11 +37,8 @@ MAX_SHOWN = 500  # rows of a prune plan shown on the page, and all its preview b
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
-}
+    "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store"}
 
 
 class ToLogin(Exception):
@@ -69,6 +66,14 @@ def credential(request: Request) -> tuple[str | None, str]:
         return token.strip(), "header"
     cookie = request.cookies.get(COOKIE, "")
     return (cookie, "cookie") if cookie.strip() else (None, "none")
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """An urlencoded form body (what HTML forms post), last value of each field."""
+    if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        raise HTTPException(415, "post this form from the page (application/x-www-form-urlencoded)")
+    body = (await request.body()).decode("utf-8", "replace")
+    return {k: v[-1] for k, v in urllib.parse.parse_qs(body, keep_blank_values=True).items()}
 
 
 def safe_next(value: str | None) -> str:
@@ -100,8 +105,9 @@ class Dashboard:
             return False
         return True
 
-    def viewer(self, request: Request, scope: str = "read") -> Viewer:
-        """The viewer, or raise: a browser without a (valid) cookie goes to the login form; 401 and 403 else."""
+    def viewer(self, request: Request, scope: str = "read", *, cache: str | None = None) -> Viewer:
+        """The viewer, or raise: a browser without a (valid) cookie goes to the login form; 401 and 403 else; then
+        404 for a ``cache`` not configured."""
         token, source = credential(request)
         try:
             principal = self.state.auth.check_token(token, scope)
@@ -110,6 +116,8 @@ class Dashboard:
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 raise ToLogin(target, expired=source == "cookie") from None
             raise
+        if cache is not None:
+            self.cache_or_404(cache)
         return Viewer(who=principal.who, scope=principal.scope, token=token, source=source,
                       can_admin=scope == "admin" or self.grants(token, "admin"))
 
@@ -139,9 +147,7 @@ class Dashboard:
         html = self.env.get_template(template).render(
             request=request, link=link, viewer=viewer, cache=cache, section=section,
             caches=list(self.state.settings.caches), auth_configured=auth.configured, open_reads=auth.open_reads,
-            logout_csrf=self.csrf(viewer, "logout") if viewer is not None and viewer.source == "cookie" else "",
-            **ctx,
-        )
+            logout_csrf=self.csrf(viewer, "logout") if viewer is not None and viewer.source == "cookie" else "", **ctx)
         return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
     def error(self, request: Request, status: int, detail: Any, viewer: Viewer | None = None) -> HTMLResponse:

@@ -1,1 +1,1 @@
-"""Entries: the listing route, its cursors, queries and schemas."""
+"""Entries: the listing route and its cursors, queries and schemas."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -17,16 +18,9 @@ from jaxcache.records import JOB
 from jaxcache.service.catalog.models import EntryRow, UsageRow, VerificationRow
 from jaxcache.service.integrity import queries as verdicts
 
-SORTS = {
-    "size": EntryRow.size_bytes,
-    # Literally the indexed expression (catalog.COMPILE_SORT_SQL): a bound -1 would not match the index.
-    "compile": func.coalesce(EntryRow.compile_seconds, literal_column("-1")),
-    "last_used": EntryRow.last_used_s,
-    "created": EntryRow.created_s,
-    "name": EntryRow.key,
-    "hits": EntryRow.hits,
-}
-
+# "compile" is literally the indexed expression (catalog.COMPILE_SORT_SQL): a bound -1 would not match the index.
+SORTS = {"size": EntryRow.size_bytes, "compile": func.coalesce(EntryRow.compile_seconds, literal_column("-1")),
+         "last_used": EntryRow.last_used_s, "created": EntryRow.created_s, "name": EntryRow.key, "hits": EntryRow.hits}
 
 #: A listing row's fields in select order; WRITER_FIELDS follow, nested as ``first_writer`` by :func:`page_entry`.
 PAGE_FIELDS = ("key", "function", "size_bytes", "created_s", "last_used_s", "has_atime", "compression",
@@ -51,11 +45,6 @@ def page_entry(row: Row | tuple) -> dict:
     return out
 
 
-def entry_columns() -> tuple:
-    """The columns :func:`page_entry` expects, for queries outside listings (one entry)."""
-    return _PAGE_COLUMNS
-
-
 @dataclass(frozen=True, slots=True)
 class EntryFilter:
     function: str | None = None
@@ -69,18 +58,13 @@ class EntryFilter:
     topology: str | None = None  # the first writer's
 
 
-def glob_to_like(glob: str) -> str:
-    """fnmatch-style ``*`` and ``?`` as SQL LIKE (escape ``\\``)."""
+def glob_pattern(dialect: str, glob: str) -> str:
+    """What :func:`glob_match` compares with: the glob on SQLite, its LIKE form (escape ``\\``) on PostgreSQL."""
     if "[" in glob:
         raise InvalidInputError("function globs support * and ? only")
-    out = glob.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return out.replace("*", "%").replace("?", "_")
-
-
-def glob_pattern(dialect: str, glob: str) -> str:
-    """The value :func:`glob_match` compares with: the glob on SQLite, its LIKE form on PostgreSQL; refuses ``[``."""
-    like = glob_to_like(glob)
-    return glob if dialect == "sqlite" else like
+    if dialect == "sqlite":
+        return glob
+    return glob.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_").replace("*", "%").replace("?", "_")
 
 
 def glob_match(dialect: str, column, pattern):
@@ -88,17 +72,6 @@ def glob_match(dialect: str, column, pattern):
     if dialect == "sqlite":
         return column.op("GLOB", is_comparison=True)(pattern)
     return column.like(pattern, escape="\\")
-
-
-def _literal_prefix(glob: str) -> str:
-    for i, ch in enumerate(glob):
-        if ch in "*?[":
-            return glob[:i]
-    return glob
-
-
-def _number(value) -> float:
-    return 0 if isinstance(value, str) else value
 
 
 def encode_cursor(value, key: str) -> str:
@@ -127,46 +100,46 @@ def list_entries(
     if flt.function:
         params["fn_pattern"] = glob_pattern(conn.dialect.name, flt.function)
         filters.append("function")
-        prefix = _literal_prefix(flt.function)
+        prefix = re.split(r"[*?[]", flt.function, maxsplit=1)[0]
         if prefix and prefix[-1] != chr(0x10FFFF):  # (the last code point has no successor)
             params["fn_lo"], params["fn_hi"] = prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
             filters.append("prefix")
     for name, value in (("min_size", flt.min_size), ("max_size", flt.max_size), ("status", flt.status or None),
-                        ("jaxlib", flt.jaxlib), ("topology", flt.topology), ("job", flt.job)):
+                        ("jaxlib", flt.jaxlib), ("topology", flt.topology), ("job", flt.job),
+                        ("used_before", None if flt.unused_for_s is None else now - flt.unused_for_s),
+                        ("created_before", None if flt.older_than_s is None else now - flt.older_than_s)):
         if value is not None:
             params[name] = value
             filters.append(name)
-    if flt.unused_for_s is not None:
-        params["used_before"] = now - flt.unused_for_s
-        filters.append("used_before")
-    if flt.older_than_s is not None:
-        params["created_before"] = now - flt.older_than_s
-        filters.append("created_before")
-    has_cursor = False
     if cursor:
         after, key = decode_cursor(cursor)
         # PostgreSQL refuses to compare a number column with text: a wrong-kind cursor is not one we issued.
-        if (sort == "name") != isinstance(after, str) or abs(_number(after)) > 2**62:
+        if (sort == "name") != isinstance(after, str) or abs(0 if isinstance(after, str) else after) > 2**62:
             raise InvalidInputError("cursor is not one this service issued for this sort: start again without it")
         params["after_key"] = key
         if sort != "name":
             params["after_value"] = after
-        has_cursor = True
-    shape = ("entries", sort, order == "desc", has_cursor, tuple(filters))
-    rows: list[tuple] = [tuple(r) for r in conn.execute(_page_statement(conn.dialect.name, *shape[1:]), params)]
+    statement = _page_statement(conn.dialect.name, sort, order == "desc", bool(cursor), tuple(filters))
+    rows: list[tuple] = [tuple(r) for r in conn.execute(statement, params)]
     if len(rows) <= limit:
         return rows, None
     rows = rows[:limit]
-    last = rows[-1]
-    value = last[_SORT_INDEX[sort]]
-    if sort == "compile" and value is None:
-        value = -1
-    return rows, encode_cursor(value, last[0])
+    value = rows[-1][_SORT_INDEX[sort]]
+    return rows, encode_cursor(-1 if sort == "compile" and value is None else value, rows[-1][0])
 
 
-_SORT_INDEX = {"size": PAGE_FIELDS.index("size_bytes"), "compile": PAGE_FIELDS.index("compile_seconds"),
-               "last_used": PAGE_FIELDS.index("last_used_s"), "created": PAGE_FIELDS.index("created_s"),
-               "name": 0, "hits": PAGE_FIELDS.index("hits")}
+_SORT_INDEX = {sort: PAGE_FIELDS.index(field) for sort, field in (
+    ("size", "size_bytes"), ("compile", "compile_seconds"), ("last_used", "last_used_s"), ("created", "created_s"),
+    ("name", "key"), ("hits", "hits"))}
+
+
+#: Filters that compare one column with their bound parameter of the same name.
+_COMPARED = {
+    "min_size": lambda v: EntryRow.size_bytes >= v, "max_size": lambda v: EntryRow.size_bytes <= v,
+    "used_before": lambda v: EntryRow.last_used_s < v, "created_before": lambda v: EntryRow.created_s < v,
+    "status": lambda v: EntryRow.status == v, "jaxlib": lambda v: EntryRow.writer_jaxlib == v,
+    "topology": lambda v: EntryRow.writer_topology == v,
+}
 
 
 @functools.cache
@@ -181,20 +154,9 @@ def _page_statement(dialect: str, sort: str, desc: bool, has_cursor: bool, filte
         lo: BindParameter[str] = bindparam("fn_lo")
         hi: BindParameter[str] = bindparam("fn_hi")
         q = q.where(EntryRow.module >= lo, EntryRow.module < hi, EntryRow.key >= lo, EntryRow.key < hi)
-    if "min_size" in filters:
-        q = q.where(EntryRow.size_bytes >= bindparam("min_size"))
-    if "max_size" in filters:
-        q = q.where(EntryRow.size_bytes <= bindparam("max_size"))
-    if "used_before" in filters:
-        q = q.where(EntryRow.last_used_s < bindparam("used_before"))
-    if "created_before" in filters:
-        q = q.where(EntryRow.created_s < bindparam("created_before"))
-    if "status" in filters:
-        q = q.where(EntryRow.status == bindparam("status"))
-    if "jaxlib" in filters:
-        q = q.where(EntryRow.writer_jaxlib == bindparam("jaxlib"))
-    if "topology" in filters:
-        q = q.where(EntryRow.writer_topology == bindparam("topology"))
+    for name in filters:
+        if name in _COMPARED:
+            q = q.where(_COMPARED[name](bindparam(name)))
     if "job" in filters:
         used = select(UsageRow.key).where(UsageRow.cache == bindparam("cache"), UsageRow.job == bindparam("job"),
                                           UsageRow.kind == JOB, or_(UsageRow.hits > 0, UsageRow.writes > 0))
@@ -207,10 +169,8 @@ def _page_statement(dialect: str, sort: str, desc: bool, has_cursor: bool, filte
             # A row-value comparison is always planned as an index range; the equivalent OR is not.
             here, after = tuple_(col, EntryRow.key), tuple_(bindparam("after_value"), key)
             q = q.where(here < after if desc else here > after)
-    if sort == "name":
-        q = q.order_by(EntryRow.key.desc() if desc else EntryRow.key)
-    else:
-        q = q.order_by(col.desc() if desc else col, EntryRow.key.desc() if desc else EntryRow.key)
+    keys = EntryRow.key.desc() if desc else EntryRow.key
+    q = q.order_by(keys) if sort == "name" else q.order_by(col.desc() if desc else col, keys)
     return q.limit(bindparam("page_limit"))
 
 
@@ -228,7 +188,7 @@ def entry_jobs(s: Session | Connection, cache: str, key: str) -> list[dict]:
 
 def entry_detail(conn: Connection, cache: str, key: str) -> tuple[dict, list[dict], Row | None, dict | None] | None:
     """An entry's fields, jobs, last verdict and digest conflict (each None if none); None for no such entry."""
-    row = conn.execute(select(*entry_columns()).where(
+    row = conn.execute(select(*_PAGE_COLUMNS).where(
         EntryRow.cache == cache, EntryRow.key == key, EntryRow.kind == "entry")).first()
     if row is None:
         return None

@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
+import base64
+from decimal import Decimal
 from typing import Annotated, Literal
 
 import anyio
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from jaxcache.errors import InvalidInputError
-from jaxcache.service.entries import cursors, queries
+from jaxcache.service.entries import queries
 from jaxcache.service.entries.schemas import EntryDetail, EntryJobModel, EntryPage
 from jaxcache.service.integrity.schemas import DigestConflict
 from jaxcache.service.prune import run as pruning
 from jaxcache.service.prune.run import EntryNotDeletedError, PruneInProgressError
 from jaxcache.service.state import State
-from jaxcache.service.web import conditional
-from jaxcache.service.web.deps import (
-    ERRORS,
-    AdminAuth,
-    CacheName,
-    EntryKey,
-    ReadAuth,
-    check_key,
-    duration,
-    state_of,
-    storage_of,
-)
+from jaxcache.service.web import conditional, deps
+from jaxcache.service.web.deps import ERRORS, AdminAuth, CacheName, EntryKey, ReadAuth, check_key, state_of, storage_of
 from jaxcache.service.web.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText, ErrorModel
 from jaxcache.topology import parse_any_topology
 
@@ -53,7 +45,7 @@ async def list_entries(
     sort: Literal["size", "compile", "last_used", "created", "name", "hits"] = "name",
     order: Literal["asc", "desc"] = "asc",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(max_length=cursors.MAX_LENGTH, pattern=CURSOR,
+    cursor: Annotated[str | None, Query(max_length=2048, pattern=CURSOR,
                                         description="`next_cursor` of the previous page, with the same sort")] = None,
 ) -> Response:
     """A page of entries, filtered and sorted; follow `next_cursor` for the rest. Carries an `ETag`: sent back in
@@ -62,10 +54,9 @@ async def list_entries(
     storage_of(request, cache)
     flt = queries.EntryFilter(
         function=function, min_size=min_size, max_size=max_size,
-        unused_for_s=duration(unused_for, "unused_for"), older_than_s=duration(older_than, "older_than"),
-        status=status, job=job, jaxlib=jaxlib, topology=_spelled(topology),
-    )
-    at = cursors.to_catalog(cursor, sort) if cursor else None
+        unused_for_s=deps.duration(unused_for, "unused_for"), older_than_s=deps.duration(older_than, "older_than"),
+        status=status, job=job, jaxlib=jaxlib, topology=_spelled(topology))
+    at = _to_catalog(cursor, sort) if cursor else None
     clock = unused_for is not None or older_than is not None
     return await anyio.to_thread.run_sync(_page, state, cache, flt, sort, order, limit, at, request, clock,
                                           limiter=state.read_limiter)
@@ -79,21 +70,49 @@ def _page(state: State, cache: str, flt: queries.EntryFilter, sort: str, order: 
         return conditional.not_modified(tag)
     with state.catalog.reader() as conn:
         rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=at)
-    # Through the declared model: the answer is what OpenAPI shows, by construction.
     page = EntryPage.model_validate({"entries": [queries.page_entry(r) for r in rows],
-                                     "next_cursor": cursors.from_catalog(nxt)})
+                                     "next_cursor": _from_catalog(nxt)})
     return Response(page.model_dump_json().encode(), media_type="application/json", headers=conditional.headers(tag))
 
 
 def _spelled(topology: str | None) -> str | None:
-    """Records keep one spelling per topology (``4x8x1``, ``v5e:4x8``): a filter written otherwise still matches;
-    text that is no topology matches nothing, as before."""
+    """The records' one spelling of ``topology`` (``4x8x1``, ``v5e:4x8``); text that is no topology as it is."""
     if topology is None:
         return None
     try:
         return str(parse_any_topology(topology))
     except InvalidInputError:
         return topology
+
+
+def _to_catalog(cursor: str, sort: str) -> str:
+    """The catalog's cursor for an API cursor (``fields.CURSOR``: ``<sort value>~<key in base64url>``), or 404 when
+    it continues a listing in another order."""
+    value, _, key64 = cursor.partition("~")
+    # Total: any base64url of valid length decodes, and bytes that are not UTF-8 still order as some text.
+    raw = base64.urlsafe_b64decode(key64 + "=" * (-len(key64) % 4))
+    key = raw.decode("utf-8", "replace").replace("\x00", "\ufffd")  # PostgreSQL text holds no NUL
+    if (sort == "name") != (value == ""):
+        other = "by name" if value == "" else "by a number (size, compile, last_used, created or hits)"
+        raise HTTPException(404, f"this cursor continues a listing sorted {other}, not by {sort}: start again "
+                                 "without it")
+    if sort == "name":
+        return queries.encode_cursor(key, key)
+    return queries.encode_cursor(float(value) if "." in value else int(value), key)
+
+
+def _from_catalog(cursor: str | None) -> str | None:
+    """The API's spelling of the catalog's cursor of the next page."""
+    if cursor is None:
+        return None
+    value, key = queries.decode_cursor(cursor)
+    key64 = base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
+    if isinstance(value, str):
+        return f"~{key64}"
+    if isinstance(value, float):
+        value = format(Decimal(repr(value)), "f")  # positional, exactly the float: the pattern has no exponent
+        value = value if "." in value else value + ".0"
+    return f"{value}~{key64}"
 
 
 @router.get("/v1/caches/{cache}/entries/{key}", response_model=EntryDetail, operation_id="getEntry")

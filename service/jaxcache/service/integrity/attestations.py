@@ -4,6 +4,7 @@ counts (unsigned digests prove no more than write access), others are kept as co
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -21,7 +22,7 @@ def _row(cache: str, a: Attestation) -> dict[str, object]:
                 source=a.source, record=a.record, platform=a.platform)
 
 
-def _attestation(r: AttestationRow) -> Attestation:
+def _attestation(r: Any) -> Attestation:
     return Attestation(r.key, r.sha256, r.size_bytes, r.writer, r.at_s, r.source, r.record, r.platform)
 
 
@@ -65,14 +66,8 @@ def record_in(catalog: Catalog, s: Session, cache: str, todo: list[Attestation])
     return changed
 
 
-def load(conn: Connection, cache: str, keys: Iterable[str] | None = None) -> dict[str, Attestation]:
-    """The digests that count for a cache's entries (all, or those of ``keys``)."""
+def load(conn: Connection, cache: str, keys: list[str]) -> dict[str, Attestation]:
+    """The digests that count for ``keys`` of a cache."""
     q = select(AttestationRow).where(AttestationRow.cache == cache)
-    out: dict[str, Attestation] = {}
-    key_list = None if keys is None else list(keys)
-    chunks = [None] if key_list is None else [key_list[i : i + _CHUNK] for i in range(0, len(key_list), _CHUNK)]
-    for chunk in chunks:
-        qq = q if chunk is None else q.where(AttestationRow.key.in_(chunk))
-        for r in conn.execute(qq):
-            out[r.key] = Attestation(r.key, r.sha256, r.size_bytes, r.writer, r.at_s, r.source, r.record, r.platform)
-    return out
+    return {r.key: _attestation(r) for i in range(0, len(keys), _CHUNK)
+            for r in conn.execute(q.where(AttestationRow.key.in_(keys[i : i + _CHUNK])))}

@@ -15,12 +15,9 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
     """Counts by class, how many entries are attested and unverified, and the bad entries with reasons."""
     v = VerificationRow
     current = and_(v.cache == EntryRow.cache, v.key == EntryRow.key)
-    counts = {c: 0 for c in integrity.CLASSES}
-    rows = conn.execute(
+    counts = dict.fromkeys(integrity.CLASSES, 0) | dict(conn.execute(
         select(v.classification, func.count()).join(EntryRow, current)
-        .where(EntryRow.cache == cache, EntryRow.kind == "entry").group_by(v.classification))
-    for cls, n in rows:
-        counts[cls] = n
+        .where(EntryRow.cache == cache, EntryRow.kind == "entry").group_by(v.classification)).all())
     total = conn.execute(select(func.count()).select_from(EntryRow)
                          .where(EntryRow.cache == cache, EntryRow.kind == "entry")).scalar_one()
     attested = conn.execute(
@@ -36,19 +33,12 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
         .where(EntryRow.cache == cache, EntryRow.kind == "entry",
                v.classification.in_(integrity.BAD_CLASSES + (integrity.PENDING,)))
         .order_by(v.classification, v.key).limit(limit)).all()
-    return {
-        "conflicts": conflicts(conn, cache, limit=limit),
-        "cache": cache,
-        "entries": total,
-        "verified": sum(counts.values()),
-        "unverified": total - sum(counts.values()),
-        "attested": attested,
-        "counts": counts,
-        "last_checked_s": last,
-        "problems": [dict(r._mapping) | {"class": r.classification, "held_up": r.classification in held}
-                     for r in bad],
-        "held_up": sum(counts[c] for c in held),
-    }
+    verified = sum(counts.values())
+    return {"cache": cache, "entries": total, "verified": verified, "unverified": total - verified,
+            "attested": attested, "counts": counts, "last_checked_s": last, "held_up": sum(counts[c] for c in held),
+            "problems": [dict(r._mapping) | {"class": r.classification, "held_up": r.classification in held}
+                         for r in bad],
+            "conflicts": conflicts(conn, cache, limit=limit)}
 
 
 def conflicts(conn: Connection, cache: str, *, limit: int = 1000, key: str | None = None) -> list[dict[str, Any]]:

@@ -1,6 +1,5 @@
 """Integrity passes: verdicts kept per entry version, so a pass reads only new, changed, re-attested or pending
-entries; throttled in the background loop's rounds, as it shares the GIL with the API, flat out on ``POST
-.../verify``."""
+entries; throttled in the background loop (it shares the GIL with the API), flat out on ``POST .../verify``."""
 
 from __future__ import annotations
 
@@ -30,10 +29,8 @@ _THROTTLED_BATCH = 32
 
 def _upsert(catalog: Catalog):
     insert = catalog.insert(VerificationRow)
-    return insert.on_conflict_do_update(
-        index_elements=["cache", "key"],
-        set_={c.name: insert.excluded[c.name] for c in VerificationRow.__table__.columns if not c.primary_key},
-    )
+    return insert.on_conflict_do_update(index_elements=["cache", "key"], set_={
+        c.name: insert.excluded[c.name] for c in VerificationRow.__table__.columns if not c.primary_key})
 
 
 @dataclass(slots=True)
@@ -56,12 +53,9 @@ def _todo(cache: str, trusted: TrustedKeys):
         .outerjoin(a, and_(a.cache == EntryRow.cache, a.key == EntryRow.key))
         .where(EntryRow.cache == cache, EntryRow.kind == "entry")
         .where(or_(
-            v.key.is_(None),
-            v.size_bytes != EntryRow.size_bytes,
-            v.created_s != EntryRow.created_s,
+            v.key.is_(None), v.size_bytes != EntryRow.size_bytes, v.created_s != EntryRow.created_s,
             and_(EntryRow.generation.is_not(None), or_(v.generation.is_(None), v.generation != EntryRow.generation)),
-            v.classification == integrity.PENDING,
-            v.trusted.is_(None), v.trusted != trusted.digest(),
+            v.classification == integrity.PENDING, v.trusted.is_(None), v.trusted != trusted.digest(),
             and_(a.sha256.is_not(None), or_(v.attested_sha256.is_(None), v.attested_sha256 != a.sha256)),
         ))
         .order_by(EntryRow.key)
@@ -77,9 +71,7 @@ def run_pass(
     """Verify what needs it (all with ``recheck_all``), at most ``max_entries``, throttled to ``bytes_per_s`` and
     ``cpu_share`` of a core when given, against ``trusted``; ``progress`` is called after each batch."""
     keys = TrustedKeys.from_env() if trusted is None else trusted
-    trust = keys.digest()
-    started = time.monotonic()
-    cpu_started = time.thread_time()
+    trust, started, cpu_started = keys.digest(), time.monotonic(), time.thread_time()
     # Throttled, a batch is a short burst between sleeps, so requests never queue behind a long one.
     batch_size = _BATCH if cpu_share is None else _THROTTLED_BATCH
     result = VerifyPass(cache)
@@ -109,11 +101,9 @@ def run_pass(
             att = found.get(entry.key)
             rows.append(dict(
                 cache=cache, key=entry.key, classification=verdict.classification, classes=list(verdict.classes),
-                reasons=list(verdict.reasons), sha256=verdict.sha256,
-                attested_sha256=att.sha256 if att else None, attested_by=verdict.attested_by,
-                embedded_module=verdict.embedded_module, size_bytes=entry.size_bytes, created_s=entry.mtime_s,
-                generation=entry.generation, checked_s=now, trusted=trust,
-            ))
+                reasons=list(verdict.reasons), sha256=verdict.sha256, attested_sha256=att.sha256 if att else None,
+                attested_by=verdict.attested_by, embedded_module=verdict.embedded_module, size_bytes=entry.size_bytes,
+                created_s=entry.mtime_s, generation=entry.generation, checked_s=now, trusted=trust))
             result.counts[verdict.classification] = result.counts.get(verdict.classification, 0) + 1
             result.bytes_read += verdict.size_bytes
         if rows:
@@ -133,8 +123,7 @@ def run_pass(
                 time.sleep(ahead)
             elif stop.wait(ahead):
                 break
-    with catalog.reader() as conn:
-        result.remaining = conn.execute(select(func.count()).select_from(_todo(cache, keys).subquery())).scalar_one()
+    result.remaining = unjudged(catalog, cache, keys)
     result.seconds = time.monotonic() - started
     return result
 
@@ -155,8 +144,7 @@ def verify(state: State, name: str, *, max_entries: int | None = None, recheck_a
         state.catalog, name, state.storages[name], min_age_s=settings.verify_min_age_s, max_entries=max_entries,
         recheck_all=recheck_all, stop=stop, bytes_per_s=settings.verify_bytes_per_s if throttled else None,
         cpu_share=settings.verify_cpu_share if throttled else None, progress=state.loops.progress,
-        trusted=settings.trusted,
-    )
+        trusted=settings.trusted)
     refresh_gauges(state.metrics, state.catalog, name)
     return result
 

@@ -1,5 +1,5 @@
-"""The prune lock and audit log: the log is written before anything is deleted, and the next holder of a cache's
-prune lock closes a dead replica's "running" prune as "interrupted", so every deletion is accounted for."""
+"""The prune audit log, written before anything is deleted; the next holder of a cache's prune lock closes a dead
+replica's "running" prune as "interrupted", so every deletion is accounted for."""
 
 from __future__ import annotations
 
@@ -53,14 +53,14 @@ def finish(catalog: Catalog, audit_id: int, result: prune.PruneResult, *, state:
     return bool(written.rowcount)
 
 
+def _running(cache: str) -> Select:
+    return select(PruneRow.id).where(PruneRow.cache == cache, PruneRow.state == RUNNING)
+
+
 def any_running(catalog: Catalog, cache: str) -> bool:
     """Whether a prune of ``cache`` reads "running" (running, or left so by a replica that died)."""
     with catalog.reader() as conn:
         return conn.execute(_running(cache).limit(1)).first() is not None
-
-
-def _running(cache: str) -> Select:
-    return select(PruneRow.id).where(PruneRow.cache == cache, PruneRow.state == RUNNING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,9 +104,7 @@ def close(catalog: Catalog, cache: str, interrupted: Sequence[Interrupted]) -> i
 
 def prunes(s: Session | Connection, cache: str, *, limit: int, audit_id: int | None = None) -> list[dict]:
     """Applied prunes of a cache, newest first (the audit log): who, when, policy, counts, bytes."""
-    q = select(PruneRow.id, PruneRow.at_s, PruneRow.who, PruneRow.policy, PruneRow.deleted, PruneRow.bytes_freed,
-               PruneRow.already_gone, PruneRow.changed, PruneRow.errors, PruneRow.kind, PruneRow.state,
-               PruneRow.planned, PruneRow.planned_bytes, PruneRow.ended_s).where(PruneRow.cache == cache)
+    q = select(*(c for c in PruneRow.__table__.c if c.name != "cache")).where(PruneRow.cache == cache)
     if audit_id is not None:
         q = q.where(PruneRow.id == audit_id)
     return [dict(r._mapping) for r in s.execute(q.order_by(PruneRow.id.desc()).limit(limit))]

@@ -7,7 +7,7 @@ from array import array
 from collections.abc import Sequence
 from functools import cached_property
 
-from sqlalchemy import Select, bindparam, select
+from sqlalchemy import bindparam, select
 
 from jaxcache import entry as fmt
 from jaxcache import prune
@@ -37,7 +37,7 @@ class CatalogCandidates(prune.CandidateColumns):
         self.writer_jaxlib: list[str | None] = []
 
     def add(self, rows: Sequence[Sequence]) -> None:
-        """Append rows of :func:`statement`, column by column."""
+        """Append rows of :data:`_ROWS`, column by column."""
         if not rows:
             return
         (keys, modules, sizes, created, seen, statuses, kinds, generations, has_atime, hits,
@@ -79,11 +79,10 @@ class CatalogCandidates(prune.CandidateColumns):
         return range(len(self)) if True not in self.orphan else [i for i, o in enumerate(self.orphan) if not o]
 
 
-def statement() -> Select:
-    """A cache's rows (the ``cache`` parameter), the columns :meth:`CatalogCandidates.add` takes."""
-    return select(EntryRow.key, EntryRow.module, EntryRow.size_bytes, EntryRow.created_s, EntryRow.seen_used_s,
-                  EntryRow.status, EntryRow.kind, EntryRow.generation, EntryRow.has_atime, EntryRow.last_hit_s,
-                  EntryRow.writer_jaxlib).where(EntryRow.cache == bindparam("cache"))
+#: A cache's rows (the ``cache`` parameter), the columns :meth:`CatalogCandidates.add` takes.
+_ROWS = select(EntryRow.key, EntryRow.module, EntryRow.size_bytes, EntryRow.created_s, EntryRow.seen_used_s,
+               EntryRow.status, EntryRow.kind, EntryRow.generation, EntryRow.has_atime, EntryRow.last_hit_s,
+               EntryRow.writer_jaxlib).where(EntryRow.cache == bindparam("cache"))
 
 
 def catalog_candidates(catalog: Catalog, cache: str, *, with_integrity: bool = False) -> CatalogCandidates:
@@ -94,7 +93,7 @@ def catalog_candidates(catalog: Catalog, cache: str, *, with_integrity: bool = F
             verdicts = verdicts_q.classes_of(conn, cache)
     table = CatalogCandidates(verdicts)
     with catalog.reader() as conn:
-        result = conn.execution_options(yield_per=10_000).execute(statement(), {"cache": cache})
+        result = conn.execution_options(yield_per=10_000).execute(_ROWS, {"cache": cache})
         for rows in result.partitions():
             table.add(rows)
     return table

@@ -11,34 +11,16 @@ from sqlalchemy import CursorResult, delete, select
 
 from jaxcache.service import memory
 from jaxcache.service.catalog.models import PinRow
-from jaxcache.service.prune import audit, run
+from jaxcache.service.prune import audit, run, schemas
 from jaxcache.service.prune.run import PruneInProgressError
-from jaxcache.service.prune.schemas import (
-    PinList,
-    PinModel,
-    PruneAudit,
-    PruneAuditList,
-    PruneRequest,
-    PruneResponse,
-    encoded_response,
-    policy_of,
-)
+from jaxcache.service.prune.schemas import PinList, PinModel, PruneAudit, PruneAuditList, PruneRequest, PruneResponse
 from jaxcache.service.web import fields
-from jaxcache.service.web.deps import (
-    BEARER_REQUIRED,
-    ERRORS,
-    AdminAuth,
-    CacheName,
-    ReadAuth,
-    state_of,
-    storage_of,
-)
+from jaxcache.service.web.deps import BEARER_REQUIRED, ERRORS, AdminAuth, CacheName, ReadAuth, state_of, storage_of
 from jaxcache.service.web.fields import ErrorModel
 
 router = APIRouter(tags=["prune"], responses=ERRORS)
 
-_MAX_PATTERN = 256
-PinPattern = Annotated[str, Path(max_length=_MAX_PATTERN, pattern=fields.PIN, examples=["jit_train*"],
+PinPattern = Annotated[str, Path(max_length=256, pattern=fields.PIN, examples=["jit_train*"],
                                  description="an entry key, or a glob over keys and function names")]
 
 
@@ -51,17 +33,16 @@ def post_prune(request: Request, cache: CacheName, body: PruneRequest, backgroun
     state = state_of(request)
     principal = state.auth.check(request, "read" if body.dry_run else "admin")
     storage_of(request, cache)
-    policy, policy_json = policy_of(body)
+    policy, policy_json = schemas.policy_of(body)
     try:
         outcome = run.prune(state, cache, policy, policy_json=policy_json, dry_run=body.dry_run, who=principal.who)
     except PruneInProgressError:
         raise HTTPException(409, f"a prune of {cache!r} is already running (on this or another replica of the "
                                  "service); try again when it ends") from None
     if outcome.plan.entries_total >= state.settings.release_memory_from_entries:
-        # Once the answer is sent: a plan over a million entries held columns of them all.
-        background.add_task(memory.release)
-    # Streamed a part at a time from the pool, so a long plan's answer is never whole in memory.
-    return StreamingResponse(encoded_response(outcome, dry_run=body.dry_run, limit=body.list_limit),
+        background.add_task(memory.release)  # once the answer is sent
+    # Streamed a part at a time, so a long plan's answer is never whole in memory.
+    return StreamingResponse(schemas.encoded_response(outcome, dry_run=body.dry_run, limit=body.list_limit),
                              media_type="application/json")
 
 
@@ -80,8 +61,7 @@ def list_pins(request: Request, cache: CacheName, _p: ReadAuth) -> PinList:
     storage_of(request, cache)
     with state_of(request).catalog.session() as s:
         rows = s.scalars(select(PinRow).where(PinRow.cache == cache).order_by(PinRow.pattern))
-        return PinList(pins=[PinModel(pattern=r.pattern, created_s=r.created_s, created_by=r.created_by)
-                             for r in rows])
+        return PinList(pins=[PinModel.model_validate(r, from_attributes=True) for r in rows])
 
 
 @router.put("/v1/caches/{cache}/pins/{pattern}", response_model=PinModel, operation_id="putPin")
@@ -94,9 +74,7 @@ def put_pin(request: Request, cache: CacheName, pattern: PinPattern, p: AdminAut
         s.execute(catalog.insert(PinRow)
                   .values(cache=cache, pattern=pattern, created_s=time.time(), created_by=p.who)
                   .on_conflict_do_nothing(index_elements=["cache", "pattern"]))
-        row = s.get(PinRow, (cache, pattern))
-        assert row is not None
-        return PinModel(pattern=row.pattern, created_s=row.created_s, created_by=row.created_by)
+        return PinModel.model_validate(s.get(PinRow, (cache, pattern)), from_attributes=True)
 
 
 @router.delete("/v1/caches/{cache}/pins/{pattern}", status_code=204, operation_id="deletePin")
@@ -104,9 +82,8 @@ def delete_pin(request: Request, cache: CacheName, pattern: PinPattern, _p: Admi
     """Remove a pin."""
     storage_of(request, cache)
     with state_of(request).catalog.session() as s:  # a write without a read first: see rescan/scan.py
-        # A DELETE's result is a CursorResult; Session.execute is typed for any statement.
         result = s.execute(delete(PinRow).where(PinRow.cache == cache, PinRow.pattern == pattern))
-        gone = cast(CursorResult[Any], result).rowcount
+        gone = cast(CursorResult[Any], result).rowcount  # Session.execute is typed for any statement
     if not gone:
         raise HTTPException(404, f"no pin {pattern!r} on {cache!r}")
     return Response(status_code=204)

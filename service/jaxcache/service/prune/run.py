@@ -35,23 +35,17 @@ class EntryNotDeletedError(JaxcacheError):
     """A single-entry delete could not remove the entry's file (the message says why); its catalog row stays."""
 
 
-def _check_window(policy: core_prune.PrunePolicy, retain_s: float | None) -> None:
+def _check_window(policy: core_prune.PrunePolicy, retain_s: float) -> None:
     """Refuse a stale_jaxlib window longer than run retention: compacted runs would make live entries look stale."""
-    if policy.stale_jaxlib and retain_s is not None and policy.stale_jaxlib_window_s > retain_s:
+    if policy.stale_jaxlib and policy.stale_jaxlib_window_s > retain_s:
+        window, retain = (f"{s / 86400:g}" for s in (policy.stale_jaxlib_window_s, retain_s))
         raise InvalidInputError(
-            f"stale_jaxlib_window {_days(policy.stale_jaxlib_window_s)}d is longer than the run records' retention "
-            f"(JAXCACHE_RECORDS_RETAIN_D={_days(retain_s)}): runs older than that are compacted, so the jaxlib "
-            f"versions they used are not known; use a window of at most {_days(retain_s)}d, or raise "
-            "JAXCACHE_RECORDS_RETAIN_D")
+            f"stale_jaxlib_window {window}d is longer than the run records' retention (JAXCACHE_RECORDS_RETAIN_D="
+            f"{retain}): runs older than that are compacted, so the jaxlib versions they used are not known; use a "
+            f"window of at most {retain}d, or raise JAXCACHE_RECORDS_RETAIN_D")
 
 
-def _days(seconds: float) -> str:
-    return f"{seconds / 86400:g}"
-
-
-def _plan(catalog: Catalog, cache: str, policy: core_prune.PrunePolicy,
-          retain_s: float | None = None) -> core_prune.PrunePlan:
-    _check_window(policy, retain_s)
+def _plan(catalog: Catalog, cache: str, policy: core_prune.PrunePolicy) -> core_prune.PrunePlan:
     now = time.time()
     recent = None
     if policy.stale_jaxlib:
@@ -60,11 +54,6 @@ def _plan(catalog: Catalog, cache: str, policy: core_prune.PrunePolicy,
     with memory.gc_paused():
         candidates = catalog_candidates(catalog, cache, with_integrity=bool(policy.integrity))
         return core_prune.plan(candidates, policy, now=now, recent_jaxlibs=recent)
-
-
-def pins(catalog: Catalog, cache: str) -> tuple[str, ...]:
-    with catalog.session() as s:
-        return tuple(s.scalars(select(PinRow.pattern).where(PinRow.cache == cache).order_by(PinRow.pattern)))
 
 
 @dataclasses.dataclass(slots=True)
@@ -77,22 +66,19 @@ class Outcome:
 def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, policy_json: dict[str, Any], dry_run: bool,
           who: str) -> Outcome:
     """Plan a prune of one cache and, unless ``dry_run`` (the caller checked the scope), judge what ``integrity``
-    needs, audit and apply it. Raises PruneInProgressError, and InvalidInputError for a stale_jaxlib window beyond
-    the run records' retention."""
+    needs, audit and apply it. Raises PruneInProgressError, and InvalidInputError for too long a stale_jaxlib window."""
     catalog, storage, settings = state.catalog, state.storages[cache], state.settings
-    retain_s, trusted = settings.records_retain_s, settings.trusted
-    _check_window(policy, retain_s)
-    policy = dataclasses.replace(policy, keep=policy.keep + pins(catalog, cache))
+    _check_window(policy, settings.records_retain_s)
+    with catalog.session() as s:
+        pins = tuple(s.scalars(select(PinRow.pattern).where(PinRow.cache == cache).order_by(PinRow.pattern)))
+    policy = dataclasses.replace(policy, keep=policy.keep + pins)
     if dry_run:
         storage.ping()  # a root that is gone (unmounted) refuses: its rows are not what is there
-        plan = _plan(catalog, cache, policy, retain_s)
-        if policy.integrity:
-            unjudged = verification.unjudged(catalog, cache, trusted)
-            if unjudged:
-                are = "is" if unjudged == 1 else "are"
-                plan.notes.append(f"integrity used the verdicts made so far: {plural(unjudged, 'entry')} {are} not"
-                                  " judged yet (the background pass will judge them; applying this prune judges them"
-                                  " first)")
+        plan = _plan(catalog, cache, policy)
+        if policy.integrity and (unjudged := verification.unjudged(catalog, cache, settings.trusted)):
+            are = "is" if unjudged == 1 else "are"
+            plan.notes.append(f"integrity used the verdicts made so far: {plural(unjudged, 'entry')} {are} not judged"
+                              " yet (the background pass will judge them; applying this prune judges them first)")
         return Outcome(plan)
     lock = state.prune_locks.get(cache)
     if not lock.acquire(blocking=False):
@@ -101,12 +87,11 @@ def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, policy_js
         # Storage is the truth: refresh the index first so the plan sees entries written since the last scan.
         rescan(catalog, cache, storage)
         prune_audit.close(catalog, cache, prune_audit.tally_interrupted(catalog, cache, storage))
-        if policy.integrity:
-            # Throttled as the background pass is.
+        if policy.integrity:  # throttled as the background pass is
             verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s,
                                   bytes_per_s=settings.verify_bytes_per_s, cpu_share=settings.verify_cpu_share,
-                                  trusted=trusted)
-        plan = _plan(catalog, cache, policy, retain_s)
+                                  trusted=settings.trusted)
+        plan = _plan(catalog, cache, policy)
         audit_id = prune_audit.begin(catalog, cache, plan.delete, who=who, policy_json=policy_json)
         result = _apply_audited(catalog, audit_id, storage, plan)
         if policy.orphans:

@@ -24,9 +24,7 @@ _WINDOW_NEEDS_RULE: dict[str, Any] = {
     "if": {"required": ["stale_jaxlib_window"], "properties": {"stale_jaxlib_window": {"not": {"type": "null"}}}},
     "then": {"required": ["stale_jaxlib"], "properties": {"stale_jaxlib": {"const": True}}},
 }
-
-
-#: A plan over a million entries can select half of them: listing each in the answer cost more than planning.
+#: A plan over a million entries can select half of them: listing each costs more than planning.
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 1_000_000
 
@@ -61,7 +59,6 @@ class PruneRequest(BaseModel):
     integrity: list[Literal["tampered", "mismatched", "differs", "corrupt"]] = Field(
         default_factory=list, description="entries whose integrity verdict is one of these (applying judges entries "
                                           "not judged yet first, throttled; a dry run uses the verdicts made so far)")
-
 
     @field_validator("list_limit", mode="before")
     @classmethod
@@ -149,26 +146,22 @@ def policy_of(body: PruneRequest) -> tuple[prune.PrunePolicy, dict[str, Any]]:
 
 
 def _planned(decisions: Sequence[prune.Decision]) -> list[PlannedDeletion]:
-    return [
-        PlannedDeletion(
-            key=d.candidate.key, function=d.candidate.module, size_bytes=d.candidate.size_bytes,
-            kind="orphan" if d.candidate.orphan else "entry", reasons=list(d.reasons),
-        )
-        for d in decisions
-    ]
+    return [PlannedDeletion(key=d.candidate.key, function=d.candidate.module, size_bytes=d.candidate.size_bytes,
+                            kind="orphan" if d.candidate.orphan else "entry", reasons=list(d.reasons))
+            for d in decisions]
 
 
 def _counts(outcome: Outcome, *, dry_run: bool, limit: int) -> PruneResponse:
     """The answer without its two lists: counts, bytes, the result of an applied prune, notes."""
     plan, result = outcome.plan, outcome.result
+    applied: dict[str, Any] = {} if result is None else dict(
+        deleted=result.deleted, already_gone=result.already_gone, changed=result.changed, failed=result.failed,
+        errors=result.errors)
     return PruneResponse(
         dry_run=dry_run, entries_total=plan.entries_total, delete=[], delete_count=len(plan.delete), protected=[],
         protected_count=len(plan.protected), truncated=max(len(plan.delete), len(plan.protected)) > limit,
         kept=plan.kept, bytes_freed=plan.bytes_freed, bytes_remaining=plan.bytes_remaining,
-        deleted=result.deleted if result else None, already_gone=result.already_gone if result else None,
-        changed=result.changed if result else None, failed=result.failed if result else None,
-        errors=result.errors if result else [], audit_id=outcome.audit_id, notes=plan.notes,
-    )
+        audit_id=outcome.audit_id, notes=plan.notes, **applied)
 
 
 def response_of(outcome: Outcome, *, dry_run: bool, limit: int = DEFAULT_LIST_LIMIT) -> PruneResponse:

@@ -1,6 +1,5 @@
-"""Rescans: make the catalog match storage, parsing only unseen objects (JAX never rewrites a key); one rescan per
-cache across replicas (the ``scan:<cache>`` lock), as two would insert the same rows. One is asked for by a route, or
-run by the background loop's rounds."""
+"""Rescans: make the catalog match storage, parsing only unseen objects (JAX never rewrites a key); one per cache
+across replicas (the ``scan:<cache>`` lock), as two would insert the same rows."""
 
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service import memory
 from jaxcache.service.caches import summary
+from jaxcache.service.caches.schemas import SKIPPED_SHOWN
 from jaxcache.service.catalog.coordination import LockBusyError
 from jaxcache.service.catalog.database import USAGE, Catalog, analyze
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
@@ -38,8 +38,6 @@ log = logging.getLogger("jaxcache.service")
 _CHUNK = 500
 #: New entries parsed and written per transaction (see :func:`rescan`'s ``new_per_write``).
 NEW_PER_WRITE = 20_000
-#: Skipped names kept for a cache's status (the count is whole); ``jaxcache doctor`` lists them all.
-SKIPPED_SHOWN = 20
 _NAME_SHOWN = 512  # characters of an escaped name kept (an escape is up to 10 per character of the name)
 
 
@@ -51,23 +49,18 @@ class RescanResult:
     updated: int
     entries: int
     seconds: float
-    records_ingested: int = 0  # run records under .jaxcache/runs/ read because they were new or changed
+    records_ingested: int = 0  # new or changed run records read
     records_malformed: int = 0
-    warmups_ingested: int = 0  # warm-up coverage records under .jaxcache/warmups/ new or changed
+    warmups_ingested: int = 0  # new or changed warm-up coverage records read
     records_compacted: int = 0  # runs (processes) older than the retention folded into per-key history
-    misses_explained: int = 0  # the ingested records' misses, explained once they were all in
+    misses_explained: int = 0
     skipped: int = 0  # objects named like entries or records that were not read (see Skipped)
-    #: False when the previous rescan's listing stood for the catalog's rows, which were then not read.
-    read_catalog: bool = False
-    #: Records this rescan's drain folded that changed the catalog, by source; never counted twice.
-    folded: dict[str, int] = field(default_factory=dict)
-    #: Records this rescan's drain dropped (the catalog refused them, or could not read them), by source.
-    dropped: dict[str, int] = field(default_factory=dict)
+    read_catalog: bool = False  # False when the previous rescan's listing stood for the catalog's rows
+    folded: dict[str, int] = field(default_factory=dict)  # records the drain folded, by source
+    dropped: dict[str, int] = field(default_factory=dict)  # records the drain dropped, by source
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
-
-
 #: A listed file (name, size, mtime, generation), shaped like the catalog's rows: "unchanged" is a set difference.
 Listed = tuple[str, int, float, int | None]
 
@@ -79,11 +72,6 @@ def _by_key(listing: dict[str, Stat], foreign: set[str]) -> tuple[dict[str, List
     atimes = {name[:-6]: (name, *stat) for name, stat in listing.items()
               if name.endswith("-atime") and name not in foreign}
     return caches, atimes
-
-
-def _orphans(caches: dict[str, Listed], atimes: dict[str, Listed]) -> set[str]:
-    """Keys with an -atime and no entry."""
-    return atimes.keys() - caches.keys()
 
 
 def _last_use(caches: dict[str, Listed], atimes: dict[str, Listed]) -> dict[str, float]:
@@ -126,24 +114,18 @@ def skipped_names(skipped: Skipped) -> list[dict[str, str]]:
     return [{"name": shown(name)[:_NAME_SHOWN], "why": why} for name, why in skipped.items()[:SKIPPED_SHOWN]]
 
 
-def _info(item: Listed) -> ObjectInfo:
-    return ObjectInfo(*item)
-
-
 def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, Listed, Listed | None]) -> dict | None:
     """The row of a new entry; None when it is no longer a regular file (the next rescan judges it again)."""
     key, listed, atime = item
-    info = _info(listed)
+    info = ObjectInfo(*listed)
     try:
         header = read_head(storage, info)
     except NotRegularFileError as exc:
         log.warning("%s: skipping %s for now: %s", storage.url, shown(info.name[:200]), exc)
         return None
-    row = _base_row(cache, key, "entry", info, None if atime is None else _info(atime), now)
-    row.update(
-        compression=header.compression.value, compile_seconds=header.compile_seconds,
-        status=header.status.value, reason=header.reason,
-    )
+    row = _base_row(cache, key, "entry", info, None if atime is None else ObjectInfo(*atime), now)
+    row.update(compression=header.compression.value, compile_seconds=header.compile_seconds,
+               status=header.status.value, reason=header.reason)
     return row
 
 
@@ -155,12 +137,11 @@ def _base_row(cache: str, key: str, kind: str, info: ObjectInfo, atime: ObjectIn
         "size_bytes": info.size_bytes, "created_s": info.mtime_s, "last_used_s": seen_used,
         "seen_used_s": seen_used, "generation": info.generation, "has_atime": atime is not None,
         "atime_ns": atime_ns, "compression": None, "compile_seconds": None, "status": None, "reason": None,
-        "first_seen_s": now, **EMPTY,
-    }
+        "first_seen_s": now, **EMPTY}
 
 
 def _with_reports(row: dict, stats: dict | None) -> dict:
-    # Reports may name a key before a rescan finds its entry: the new row starts with their aggregates.
+    """A new row with the aggregates of reports that named its key before the rescan found it."""
     if stats is not None:
         row.update(stats)
         hit = stats["last_hit_s"]
@@ -200,39 +181,46 @@ def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
                                                  EntryRow.key.in_(keys)))
 
 
-def _known_statement():
-    return (select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
-                   EntryRow.generation, EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache")))
+_KNOWN = select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
+                EntryRow.generation, EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache"))
 
 
 def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Listed], dict[str, float], set[str]]:
     """``cache``'s entry rows as Listed tuples, their last use as storage showed it, and its orphan keys."""
     with catalog.reader() as conn:
-        rows = list(conn.execute(_known_statement(), {"cache": cache}))
+        rows = list(conn.execute(_KNOWN, {"cache": cache}))
     entries = {r[0]: r[2:6] for r in rows if r[1] == "entry"}
     seen = {r[0]: r[6] for r in rows if r[1] == "entry"}
     orphans = {r[0] for r in rows if r[1] != "entry"}
     return entries, seen, orphans
 
 
-def _fingerprint_statement():
-    return select(
-        select(func.count()).select_from(EntryRow).where(EntryRow.cache == bindparam("cache")).scalar_subquery(),
-        select(CacheRow.last_scan_s).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
-        select(CacheRow.last_scan_error).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
-    )
+_FINGERPRINT = select(
+    select(func.count()).select_from(EntryRow).where(EntryRow.cache == bindparam("cache")).scalar_subquery(),
+    select(CacheRow.last_scan_s).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
+    select(CacheRow.last_scan_error).where(CacheRow.name == bindparam("cache")).scalar_subquery(),
+)
+
+
+# Core, not ORM: ORM bulk update by primary key refuses a WHERE clause of bound parameters. The last hit is the row's
+# own: a report may have moved it since the listing.
+_UPDATE_SEEN = (
+    update(table_of(EntryRow)).where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
+                                     EntryRow.kind == bindparam("k_kind"))
+    .values(last_used_s=case((EntryRow.last_hit_s > bindparam("seen_used_s"), EntryRow.last_hit_s),
+                             else_=bindparam("seen_used_s")),
+            seen_used_s=bindparam("seen_used_s"), has_atime=bindparam("has_atime"), atime_ns=bindparam("atime_ns")))
 
 
 def _fingerprint(conn, cache: str) -> tuple:
     """(rows, last scan, last scan error) of a cache, from an index: equal means the rows are as the last rescan of
     this process left them, since every rescan notes its time and every drop changes the count."""
-    return tuple(conn.execute(_fingerprint_statement(), {"cache": cache}).one())
+    return tuple(conn.execute(_FINGERPRINT, {"cache": cache}).one())
 
 
 def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
             skipped: Skipped, new_per_write: int, in_memory_max: int) -> RescanResult:
-    started = time.monotonic()
-    now = time.time()
+    started, now = time.monotonic(), time.time()
     # The last snapshot stands for the catalog's rows unless they changed; popped, so a failed rescan leaves none.
     with catalog.reader() as conn:
         fingerprint = _fingerprint(conn, cache)
@@ -248,7 +236,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
             return result
         foreign = snap.foreign
         known, atimes_before = _by_key(snap.listing, foreign)
-        known_seen, known_orphans = _last_use(known, atimes_before), _orphans(known, atimes_before)
+        known_seen, known_orphans = _last_use(known, atimes_before), atimes_before.keys() - known.keys()
         listing = snap.listing
         for name in gone:
             del listing[name]
@@ -277,10 +265,10 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
         atime = atimes.get(key)
         updates.append({"k_cache": cache, "k_key": key, "k_kind": "entry", "seen_used_s": seen_used,
                         "has_atime": atime is not None, "atime_ns": int(atime[2] * 1e9) if atime is not None else None})
-    lone = _orphans(caches, atimes)
-    orphan_rows = [_base_row(cache, key, "orphan", _info(atimes[key]), None, now) for key in lone - known_orphans]
+    lone = atimes.keys() - caches.keys()  # an -atime and no entry
+    orphan_rows = [_base_row(cache, key, "orphan", ObjectInfo(*atimes[key]), None, now) for key in lone - known_orphans]
     vanished += [(k, "orphan") for k in known_orphans - lone]
-    orphans = len(lone)
+    entries = len(caches) + len(lone)
     # new_per_write at a time, so a huge first rescan never holds all rows or the lock at once; deletes go first.
     batches = [new_items[i : i + new_per_write] for i in range(0, len(new_items), new_per_write)] or [[]]
     added = len(orphan_rows)
@@ -301,37 +289,21 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
             if number < len(batches) - 1:
                 continue
             if updates:
-                # Core, not ORM: ORM bulk update by primary key refuses a WHERE clause of bound parameters.
-                s.connection().execute(
-                    update(table_of(EntryRow))
-                    .where(EntryRow.cache == bindparam("k_cache"), EntryRow.key == bindparam("k_key"),
-                           EntryRow.kind == bindparam("k_kind"))
-                    # The last hit as the row holds it now: a report may have moved it since the listing.
-                    .values(last_used_s=case((EntryRow.last_hit_s > bindparam("seen_used_s"), EntryRow.last_hit_s),
-                                             else_=bindparam("seen_used_s")),
-                            seen_used_s=bindparam("seen_used_s"), has_atime=bindparam("has_atime"),
-                            atime_ns=bindparam("atime_ns")),
-                    updates,
-                )
-            if catalog.dialect == "postgresql" and _bulk(added + len(vanished), len(known) + len(known_orphans)):
-                # ANALYZE now, not at autovacuum's next round: empty-table statistics made every listing sort all rows.
+                s.connection().execute(_UPDATE_SEEN, updates)
+            # A bulk load (a tenth, autovacuum's analyze scale factor) is analyzed now: empty-table statistics made
+            # every listing sort all rows until autovacuum's next round.
+            written = added + len(vanished)
+            if catalog.dialect == "postgresql" and written and written >= (len(known) + len(known_orphans)) / 10:
                 analyze(s.connection(), ["entries"])
             # Inside the write lock: nobody else's change can fall between the writes and this count.
             count = _fingerprint(s.connection(), cache)[0]
     _count_foreign(skipped, foreign)
     result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=added,
-                     removed=len(vanished), updated=len(updates), entries=len(caches) + orphans,
-                     read_catalog=snap is None)
+                     removed=len(vanished), updated=len(updates), entries=entries, read_catalog=snap is None)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
-    snapshots.keep(catalog, cache, storage, snapshots.Snapshot((count, now, None), listing, foreign,
-                                                            len(caches) + orphans), listing_changed=True,
-                   in_memory_max=in_memory_max)
+    snapshots.keep(catalog, cache, storage, snapshots.Snapshot((count, now, None), listing, foreign, entries),
+                   listing_changed=True, in_memory_max=in_memory_max)
     return result
-
-
-def _bulk(changed: int, rows: int) -> bool:
-    """Whether changing ``changed`` of ``rows`` is a bulk load: a tenth, autovacuum's default analyze scale factor."""
-    return changed > 0 and changed >= rows / 10
 
 
 def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,

@@ -3,7 +3,6 @@ warm-up's rows, and which of its programs jobs hit since."""
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -21,8 +20,6 @@ from jaxcache.service.integrity import attestations
 from jaxcache.service.reports import malformed
 from jaxcache.storage import ObjectInfo, Storage
 
-log = logging.getLogger("jaxcache.service")
-
 
 @dataclass(frozen=True, slots=True)
 class CoverageScan:
@@ -30,8 +27,7 @@ class CoverageScan:
     malformed: int
 
 
-def ingest(catalog: Catalog, cache: str, record: WarmupRecord, *,
-           record_name: str | None = None) -> None:
+def ingest(catalog: Catalog, cache: str, record: WarmupRecord, *, record_name: str | None = None) -> None:
     """Store one warm-up (replacing an earlier ingestion of the same id) and its digests."""
     programs = {p.key: p for p in record.programs}  # a key listed twice counts once
     counts = {status: sum(p.status == status for p in programs.values()) for status in coverage.STATUSES}
@@ -51,8 +47,7 @@ def ingest(catalog: Catalog, cache: str, record: WarmupRecord, *,
                 for p in programs.values()]
         for i in range(0, len(rows), 5000):
             s.execute(insert(WarmupKeyRow), rows[i : i + 5000])
-    attestations.record(catalog, cache, from_coverage(record, source=FILE, at=time.time(),
-                                                     record=record_name))
+    attestations.record(catalog, cache, from_coverage(record, source=FILE, at=time.time(), record=record_name))
 
 
 def scan(catalog: Catalog, cache: str, storage: Storage) -> CoverageScan:
@@ -64,8 +59,7 @@ def scan(catalog: Catalog, cache: str, storage: Storage) -> CoverageScan:
             select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation)
             .where(RecordFileRow.cache == cache, RecordFileRow.name.like(coverage.WARMUPS_PREFIX + "%")))}
     todo = [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
-    ingested = 0
-    skipped = malformed.Skipped("warm-up record")
+    ingested, skipped = 0, malformed.Skipped("warm-up record")
     for info, data, error in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
         if data is None and error is None:
             continue  # deleted since the listing

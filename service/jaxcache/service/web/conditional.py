@@ -22,10 +22,7 @@ def etag(generation: Generation, *, clock: bool = False) -> str:
 
 def matches(request: Request, tag: str) -> bool:
     """Whether the request's ``If-None-Match`` names ``tag`` (or ``*``)."""
-    header = request.headers.get("if-none-match")
-    if not header:
-        return False
-    named = {part.strip().removeprefix("W/") for part in header.split(",")}
+    named = {part.strip().removeprefix("W/") for part in request.headers.get("if-none-match", "").split(",")}
     return "*" in named or tag in named
 
 

@@ -34,8 +34,7 @@ BEARER_REQUIRED: dict[str, Any] = {"security": [{BEARER: []}]}
 
 def state_of(request: Request) -> State:
     """The app's shared state (a plain call, not a dependency: the hot routes pay nothing for it)."""
-    state: State = request.app.state.jaxcache
-    return state
+    return request.app.state.jaxcache
 
 
 class BearerScope(SecurityBase):
@@ -51,15 +50,10 @@ class BearerScope(SecurityBase):
         return state_of(request).auth.check(request, self.needed)
 
 
-def scope(needed: str) -> Any:
-    """A dependency that checks the bearer token grants ``needed`` and returns who it is."""
-    return Depends(BearerScope(needed))
-
-
-ReadAuth = Annotated[Principal, scope("read")]
-ReportAuth = Annotated[Principal, scope("report")]
-AdminAuth = Annotated[Principal, scope("admin")]
-ReadOrReportAuth = Annotated[Principal, scope("read or report")]
+ReadAuth = Annotated[Principal, Depends(BearerScope("read"))]
+ReportAuth = Annotated[Principal, Depends(BearerScope("report"))]
+AdminAuth = Annotated[Principal, Depends(BearerScope("admin"))]
+ReadOrReportAuth = Annotated[Principal, Depends(BearerScope("read or report"))]
 CacheName = Annotated[str, Path(description="a configured cache name", max_length=64, examples=["prod"])]
 CacheDir = Annotated[str, Query(max_length=1024, pattern=fields.CACHE_DIR,
                                 description="a cache root as a job spells it: an absolute directory, a file:// URL "

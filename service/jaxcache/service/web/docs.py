@@ -17,9 +17,7 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
                                "style-src 'self' 'unsafe-inline'; img-src 'self' data:; worker-src 'self' blob:; "
                                "frame-ancestors 'none'; base-uri 'none'; object-src 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-}
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 
 
 def install(app: FastAPI) -> None:
@@ -34,10 +32,8 @@ def install(app: FastAPI) -> None:
             swagger_js_url=f"{root}{ASSETS_PATH}/swagger-ui-bundle.js",
             swagger_css_url=f"{root}{ASSETS_PATH}/swagger-ui.css",
             swagger_favicon_url=f"{root}{ASSETS_PATH}/favicon.png",
-            oauth2_redirect_url=None,
-            # No badge from the public validator: it is another host.
-            swagger_ui_parameters={**(app.swagger_ui_parameters or {}), "validatorUrl": None},
-        )
+            oauth2_redirect_url=None,  # and no badge from the public validator, another host:
+            swagger_ui_parameters={**(app.swagger_ui_parameters or {}), "validatorUrl": None})
         return HTMLResponse(page.body, headers=SECURITY_HEADERS)
 
     @app.get("/redoc", include_in_schema=False)
@@ -46,6 +42,5 @@ def install(app: FastAPI) -> None:
         page = get_redoc_html(
             openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} API",
             redoc_js_url=f"{root}{ASSETS_PATH}/redoc.standalone.js",
-            redoc_favicon_url=f"{root}{ASSETS_PATH}/favicon.png", with_google_fonts=False,
-        )
+            redoc_favicon_url=f"{root}{ASSETS_PATH}/favicon.png", with_google_fonts=False)
         return HTMLResponse(page.body, headers=SECURITY_HEADERS)

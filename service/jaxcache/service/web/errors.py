@@ -18,8 +18,7 @@ from jaxcache.service.catalog.coordination import LockBusyError
 
 
 class InboxFullError(JaxcacheError):
-    """The inbox holds its configured limit of records; ``retry_after_s``: about when the drain will have made
-    room."""
+    """The inbox holds its configured limit of records; ``retry_after_s``: about when the drain will have made room."""
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
@@ -28,12 +27,9 @@ class InboxFullError(JaxcacheError):
 
 def status_of(exc: JaxcacheError) -> int:
     """400 for bad input, 409 for a conflict, 502 when storage failed, 500 otherwise."""
-    if isinstance(exc, InvalidInputError):
-        return 400
-    if isinstance(exc, PreconditionFailedError | LockBusyError):
-        return 409
-    if isinstance(exc, StorageError):
-        return 502
+    for kind, status in ((InvalidInputError, 400), (PreconditionFailedError | LockBusyError, 409), (StorageError, 502)):
+        if isinstance(exc, kind):
+            return status
     return 500
 
 
@@ -79,14 +75,10 @@ _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at the request's path, by asking the routes (included routers too)."""
-    scope = request.scope
-    allowed = []
-    for method in _METHODS:
-        probe = {"type": "http", "path": scope["path"], "root_path": scope.get("root_path", ""), "method": method,
-                 "headers": [], "query_string": b""}
-        if any(route.matches(probe)[0] is Match.FULL for route in request.app.router.routes):
-            allowed.append(method)
-    return allowed
+    probe = {"type": "http", "path": request.scope["path"], "root_path": request.scope.get("root_path", ""),
+             "headers": [], "query_string": b""}
+    return [method for method in _METHODS if any(route.matches({**probe, "method": method})[0] is Match.FULL
+                                                 for route in request.app.router.routes)]
 
 
 def install(app: FastAPI) -> None:

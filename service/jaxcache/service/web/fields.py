@@ -1,6 +1,5 @@
-"""The API's string and number rules, declared in OpenAPI and enforced as declared, and the answers every part of it
-shares (errors, health). ASCII classes only, so ECMA, Python and Rust read them alike; each a subset of the core's
-parsers, so a matching request is never refused."""
+"""The API's string and number rules, declared in OpenAPI and enforced as declared (ASCII classes only, each a subset
+of the core's parsers), and the answers every part of it shares (errors, health)."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ FUNCTION_GLOB = r"^[^\x00\[]*$"
 TEXT = r"^[^\x00]*$"
 #: A cache root as a job spells it: an absolute directory, a file:// URL of one, or gs://.
 CACHE_DIR = r"^(/|file:///|gs://)[^\x00]*$"
-#: ``<value>~<key in base64url>`` (``entries/cursors.py``); 18 digits keep a value within the catalog's bound, 2**62.
+#: ``<value>~<key in base64url>`` (``entries/route.py``); 18 digits keep a value within the catalog's bound, 2**62.
 CURSOR = r"^((-?[0-9]{1,18}(\.[0-9]+)?)?~([A-Za-z0-9_-]{4})*([A-Za-z0-9_-]{2,3})?)?$"
 #: Fits the catalog's signed 64-bit column with room to add, and a double holds it exactly.
 MAX_BYTES = 10**18
@@ -44,8 +43,7 @@ def _integral(value: Any) -> Any:
 
 def matcher(pattern: str, complaint: Callable[[str], str], max_length: int | None = None) -> Callable[[str], str]:
     """A ``pattern`` check raising ValueError with ``complaint``'s words, which the dashboard shows (not a regex)."""
-    # Python's `$` also matches before a final newline; ECMA's and Rust's do not.
-    compiled = re.compile(pattern.removesuffix("$") + r"\Z")
+    compiled = re.compile(pattern.removesuffix("$") + r"\Z")  # Python's `$` also matches before a final newline
 
     def check(value: str) -> str:
         if (max_length is not None and len(value) > max_length) or not compiled.match(value):
@@ -87,24 +85,16 @@ def _bytes_or_size(value: Any) -> int | str | None:
 #: Seconds (a number) or a duration such as ``14d``; null for none.
 Duration = Annotated[float | str | None, PlainValidator(_seconds_or_duration), WithJsonSchema({"anyOf": [
     {"type": "number", "minimum": 0, "maximum": _MAX_FLOAT},
-    {"type": "string", "pattern": DURATION, "maxLength": _TEXT_MAX, "examples": ["14d"]},
-    {"type": "null"},
-]})]
+    {"type": "string", "pattern": DURATION, "maxLength": _TEXT_MAX, "examples": ["14d"]}, {"type": "null"}]})]
 #: Bytes (a whole number) or a size such as ``50GiB``; null for none.
 Size = Annotated[int | str | None, PlainValidator(_bytes_or_size), WithJsonSchema({"anyOf": [
     {"type": "integer", "minimum": 0, "maximum": MAX_BYTES},
-    {"type": "string", "pattern": SIZE, "maxLength": _TEXT_MAX, "examples": ["50GiB"]},
-    {"type": "null"},
-]})]
+    {"type": "string", "pattern": SIZE, "maxLength": _TEXT_MAX, "examples": ["50GiB"]}, {"type": "null"}]})]
 #: Put after an int's constraints: a strict model takes no strings or booleans, but 3.0 is 3.
 integral = BeforeValidator(_integral)
-#: A duration as a query parameter.
 DurationText = Annotated[str, AfterValidator(_duration_text),
                          Field(json_schema_extra={"pattern": DURATION, "maxLength": _TEXT_MAX}, examples=["14d"])]
-#: One glob of a list.
 Glob = Annotated[str, AfterValidator(_glob), Field(json_schema_extra={"pattern": GLOB})]
-
-
 LoopHealthName = Literal["ok", "failing", "stuck"]
 
 

@@ -26,13 +26,11 @@ class LimitsAndMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        # A run record lists every key a process touched: far bigger than any other body.
         reports = scope["path"] == REPORTS_PATH
         limit = self.max_report_bytes if reports else self.max_body_bytes
         if reports and scope["method"] == "POST":
             # A job's refused report is lost (its client only warns): count each, whatever refused it.
-            answered = False
-            inner_send = send
+            answered, inner_send = False, send
 
             async def send(message) -> None:
                 nonlocal answered
