@@ -266,7 +266,7 @@ def test_a_row_dropped_in_a_pass_the_catalog_refused_is_counted_once(pg_url, jax
     assert folded == [0]
 
 
-@pytest.mark.parametrize("where", ["this process", "another process"])
+@pytest.mark.parametrize("where", ["the same catalog", "a second catalog, as another process has"])
 def test_a_record_accepted_while_a_drain_holds_the_sqlite_catalogs_write_lock_is_stored_once_it_commits(
         tmp_path, jax_caches, where):
     """A record accepted (in this process, or another on the same file) while a drain pass holds the SQLite
@@ -278,7 +278,7 @@ def test_a_record_accepted_while_a_drain_holds_the_sqlite_catalogs_write_lock_is
 
     db = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
     catalog = Catalog(db)
-    accepting = catalog if where == "this process" else Catalog(db)
+    accepting = catalog if where == "the same catalog" else Catalog(db)
     rec = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 1)[0]
     holding, release = threading.Event(), threading.Event()
 
