@@ -21,7 +21,7 @@ from jaxcache.service.catalog.database import ENTRIES, USAGE, Catalog, Generatio
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.health import LoopHealth, LoopStatus
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.settings import ServiceSettings
+from jaxcache.service.settings import ServiceSettings, cpu_limit
 from jaxcache.storage import Storage, open_storage
 
 log = logging.getLogger("jaxcache.service")
@@ -58,9 +58,8 @@ class State:
                                              for name, url in settings.caches.items()}
         self.prune_locks = PruneLocks(self.catalog.locks)
         self.report_limiter = anyio.CapacityLimiter(1)  # reports are parsed and stored one at a time
-        # Listings read the catalog one per core at most: more threads only queue on the interpreter lock.
-        self.read_limiter = anyio.CapacityLimiter(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                                  else os.cpu_count() or 1)
+        # Listings read the catalog one per CPU this process may use: more threads only queue on the interpreter lock.
+        self.read_limiter = anyio.CapacityLimiter(cpu_limit())
         self.inbox_arrived: threading.Event | None = None  # set by this process's drain loop, if it runs one
         # By (what, cache, change counts, minute): the growth and usage windows move with the clock.
         self._computed: TTLCache[tuple[str, str, Generation, int], dict] = TTLCache(maxsize=256, ttl=_STATS_TTL_S)
