@@ -94,7 +94,7 @@ def _accept(state: State, body: bytes, cache: str | None) -> queue.Accepted:
     try:
         name = cache if cache is not None else state.cache_for(record.cache_dir)
     except InvalidInputError as exc:
-        raise _malformed(state, unroutable(record.cache_dir, state.roots)[0], exc) from None
+        raise _malformed(state, unroutable(state, record.cache_dir)[0], exc) from None
     try:
         return queue.accept(state.catalog, name, record, body, limit=state.settings.report_inbox)
     except InvalidInputError as exc:  # a key listed twice

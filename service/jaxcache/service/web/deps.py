@@ -11,7 +11,7 @@ from fastapi.security.base import SecurityBase
 from jaxcache import entry as fmt
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.auth import Principal
-from jaxcache.service.state import State, normal_dir
+from jaxcache.service.state import State
 from jaxcache.service.web import fields
 from jaxcache.service.web.fields import ErrorModel, UnprocessableModel
 from jaxcache.storage import Storage
@@ -76,10 +76,9 @@ def storage_of(request: Request, cache: str) -> Storage:
     return storage
 
 
-def unroutable(cache_dir: str | None, roots: dict[str, list[str]]) -> tuple[int, list[str]]:
+def unroutable(state: State, cache_dir: str | None) -> tuple[int, list[str]]:
     """For a ``cache_dir`` naming no one cache: 422 and the caches sharing its root, or 404 and none."""
-    norm = normal_dir(cache_dir) if cache_dir else None
-    sharing = roots.get(norm, []) if norm is not None else []
+    sharing = state.caches_at(cache_dir)
     return (422, sorted(sharing)) if len(sharing) > 1 else (404, [])
 
 
@@ -89,7 +88,7 @@ def cache_of_dir(request: Request, cache_dir: str, by_name: str) -> str:
     try:
         return state.cache_for(cache_dir)
     except InvalidInputError:
-        status, sharing = unroutable(cache_dir, state.roots)
+        status, sharing = unroutable(state, cache_dir)
         said = (f"caches {', '.join(sharing)} share the root {cache_dir!r}: ask GET /v1/caches/NAME/{by_name}"
                 if sharing else f"no configured cache has the root {cache_dir!r}: GET /v1/caches lists them")
         raise HTTPException(status, said) from None
