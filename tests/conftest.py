@@ -200,7 +200,7 @@ def settled(client) -> None:
     a round still to come would race the test's own changes to the cache (ingesting half of what it writes)."""
     state = client.app.state.jaxcache
     deadline = time.monotonic() + 120
-    while state.background_rounds < 1:
+    while state.loops.rescan_rounds < 1:
         assert time.monotonic() < deadline, "the first background rescan round never finished"
         time.sleep(0.02)
 

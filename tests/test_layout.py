@@ -88,12 +88,12 @@ def test_dependency_direction(name):
 #: names a module decides its layer (modules named nowhere here, such as settings and auth, are below them all). The
 #: feature folders (reports, caches, entries, rescan, integrity, prune, warmups) may import each other: no circle.
 SERVICE_LAYERS = (
-    ("app", "server", "command", "background"),
+    ("app", "server", "command"),
     ("dashboard",),
     ("caches", "entries", "prune", "rescan", "integrity", "warmups", "reports", "ops"),
     ("web",),
     ("state",),
-    ("health", "metrics", "memory"),
+    ("background", "metrics", "memory"),
     ("catalog",),
 )
 
@@ -110,7 +110,7 @@ def service_layer(module: str) -> int | None:
 
 @pytest.mark.parametrize("name", sorted(n for n, (part, _) in ALL.items() if part == "service"), ids=str)
 def test_the_service_imports_only_downwards(name):
-    """app and the loops -> dashboard -> the features -> web -> state -> health, metrics, memory -> catalog:
+    """app -> dashboard -> the features -> web -> state -> the loops, metrics, memory -> catalog:
     nothing reaches back up (features may import each other; test_no_import_circles keeps that acyclic)."""
     mine = service_layer(name)
     for imported in imports(ALL[name][1]):

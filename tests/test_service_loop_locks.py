@@ -59,8 +59,8 @@ def test_a_loop_whose_lock_another_process_holds_skips_its_passes(tmp_path, cach
                                      content=run("j", "r1", [hit(train, 3, time.time())]).to_json())
                 assert posted.status_code == 202, posted.text
                 # Rounds come and go (a rescan folds what waits too, so both are held), and the record waits.
-                rounds = app.state.jaxcache.background_rounds
-                _until(lambda: app.state.jaxcache.background_rounds >= rounds + 3, "three more rescan rounds")
+                rounds = app.state.jaxcache.loops.rescan_rounds
+                _until(lambda: app.state.jaxcache.loops.rescan_rounds >= rounds + 3, "three more rescan rounds")
                 assert _cache(client)["reports_waiting"] == 1 and _cache(client)["last_scan_s"] == scanned
                 after = client.get("/readyz").json()["loops"]
                 assert [after[loop]["last_success_s"] for loop in ("drain", "rescan")] == \

@@ -31,7 +31,7 @@ from fastapi.testclient import TestClient
 
 from conftest import serve_env, settled, start_serve, wait_ready
 from jaxcache.service.app import create_app
-from jaxcache.service.health import LoopStatus, stuck_after
+from jaxcache.service.background import LoopStatus, stuck_after
 from test_service import H_READ, make_settings
 
 #: Bound on waiting for background work or another process; never asserted on.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from functools import partial
 
 from fastapi import FastAPI
 
@@ -18,7 +19,9 @@ from jaxcache.service.prune import route as prune
 from jaxcache.service.reports import jobs, root_change
 from jaxcache.service.reports import route as reports
 from jaxcache.service.reports.gauges import UsageCollector
+from jaxcache.service.reports.queue import drain_all
 from jaxcache.service.rescan import route as rescan
+from jaxcache.service.rescan.scan import rescan_all
 from jaxcache.service.settings import ServiceSettings
 from jaxcache.service.state import State
 from jaxcache.service.warmups import route as warmups
@@ -49,7 +52,8 @@ def create_app(settings: ServiceSettings | None = None, *, prepared: bool = Fals
         if settings.role == "api":  # another process (--role loops) runs them
             loops: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
         else:  # each of its passes claimed by a lock: see background.py
-            loops = background(state)
+            loops = background(state.loops, state.catalog, settings, drain=partial(drain_all, state),
+                               rescan=partial(rescan_all, state), verify=partial(verification.verify_all, state))
         try:
             async with loops:
                 memory.settle_startup()

@@ -1,5 +1,6 @@
 """The background loops, a daemon thread each: the inbox's drain, rescans, throttled integrity passes. Each round
-claims its loop's lock (``loop:NAME``) or is skipped; docs/service.md, "Serving"."""
+claims its loop's lock (``loop:NAME``) or is skipped; how each is doing feeds ``/readyz`` and the metrics.
+docs/service.md, "Serving"."""
 
 from __future__ import annotations
 
@@ -7,18 +8,20 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
 from functools import partial
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio.to_thread
+from sqlalchemy.exc import DBAPIError, OperationalError
 
-from jaxcache.service.catalog.coordination import InboxListener
-from jaxcache.service.health import BACKOFF_FIRST_S, describe, stuck_after
-from jaxcache.service.integrity import verification
-from jaxcache.service.reports.queue import drain_all
-from jaxcache.service.rescan import scan
-from jaxcache.service.state import State
+from jaxcache.errors import JaxcacheError
+from jaxcache.service.catalog.coordination import ClusterLocks, InboxListener
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.metrics import Metrics
+from jaxcache.service.settings import ServiceSettings
 
 log = logging.getLogger("jaxcache.service")
 
@@ -26,69 +29,269 @@ RESCAN, VERIFY, DRAIN = "rescan", "verify", "drain"
 #: How often the drain looks at the inbox on SQLite when no POST to this process woke it.
 DRAIN_POLL_S = 1.0
 
+#: The first retry after an error; each further failure doubles it, up to the loop's period.
+BACKOFF_FIRST_S = 1.0
+#: A pass is stuck past this many of its loop's periods, never sooner than STUCK_MIN_S (a large bucket's rescan).
+STUCK_PERIODS, STUCK_MIN_S = 3, 600.0
+PROGRESS_PUBLISH_S = 5.0  # how often a pass's steps are published: far below any stuck bound
+
+Health = Literal["ok", "failing", "stuck"]
 T = TypeVar("T")
+#: A pass over every cache: the caches whose part failed, with why.
+Failing = Callable[[], list[tuple[str, Exception]]]
+_IDLE: dict[str, Any] = {"running_cache": None, "cache_since_s": None, "progress_s": None}  # no pass on a cache
 
 
-def one_round(state: State, loop: str, period_s: float, one_pass: Callable[[], T],
-              failures: Callable[[T], list[tuple[str, Exception]]] = lambda _: []) -> T | None:
-    """``one_pass()`` if this process claims the loop's lock, else None; noted once the lock is released."""
-    lock = state.catalog.locks.get(f"loop:{loop}")
-    try:
-        if not lock.acquire(blocking=False):
-            return None
+@dataclass(frozen=True, slots=True)
+class LoopStatus:
+    """One loop as ``/readyz`` shows it: stuck past ``stuck_after_s`` since its pass (or cache) or last step."""
+
+    last_success_s: float | None = None
+    last_error: str | None = None
+    last_error_s: float | None = None
+    failures: int = 0
+    running_since_s: float | None = None
+    running_cache: str | None = None
+    cache_since_s: float | None = None
+    stuck_after_s: float | None = None
+    progress_s: float | None = None
+    failed_caches: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoopStatus:
+        """From :func:`dataclasses.asdict` gone through JSON; fields this version does not know are dropped."""
+        values = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
+        values["failed_caches"] = tuple(values.get("failed_caches") or ())
+        return cls(**values)
+
+    def health(self, now: float) -> Health:
+        """``stuck`` while a pass has run past its bound, else ``failing`` while rounds fail, else ``ok``."""
+        return "stuck" if self._stuck(self.running_since_s, now) else "failing" if self.failures else "ok"
+
+    def cache_health(self, caches: Iterable[str], now: float) -> dict[str, Health]:
+        """Each of ``caches`` (and any other this loop is stuck or failing on): ``stuck``, ``failing`` or ``ok``."""
+        found: dict[str, Health] = dict.fromkeys(caches, "ok")
+        found.update(dict.fromkeys(self.failed_caches, "failing"))
+        if self.running_cache is not None and self._stuck(self.cache_since_s, now):
+            found[self.running_cache] = "stuck"
+        return found
+
+    def _stuck(self, since: float | None, now: float) -> bool:
+        if since is not None and self.progress_s is not None:
+            since = max(since, self.progress_s)
+        return since is not None and self.stuck_after_s is not None and now - since > self.stuck_after_s
+
+
+def stuck_after(period_s: float, setting: float | None) -> float:
+    """How long a pass of a loop run every ``period_s`` may take before it is stuck (``JAXCACHE_STUCK_AFTER_S``)."""
+    return setting if setting is not None else max(STUCK_PERIODS * period_s, STUCK_MIN_S)
+
+
+class Loops:
+    """This process's loops: their rounds and how each is doing, shared by their threads and the routes."""
+
+    def __init__(self, metrics: Metrics, locks: ClusterLocks, stuck_after_s: float | None) -> None:
+        self.metrics, self._locks, self._stuck_after_s = metrics, locks, stuck_after_s
+        self._lock = threading.Lock()
+        self._loops: dict[str, LoopStatus] = {}
+        self._logged: dict[str, set[str]] = {}  # loop -> kinds of error logged since it last succeeded
+        self._round_failed: dict[str, set[str]] = {}  # loop -> caches whose part of its last round failed
+        self._thread = threading.local()  # .loop: the loop whose pass the calling thread runs
+        self._published: dict[str, float] = {}  # loop -> when its progress was last published
+        self.on_change: Callable[[str, LoopStatus], None] | None = None  # publishes each change for every process
+        self._publish_failed = False
+        self.arrived: threading.Event | None = None  # the drain's wake-up, while this process runs one
+        self.rescan_rounds = 0  # background rescan rounds finished (or failed) since start
+
+    def wake_drain(self) -> None:
+        """A record entered the inbox: this process's drain (if it runs one) takes it now."""
+        if self.arrived is not None:
+            self.arrived.set()
+
+    def one_round(self, loop: str, period_s: float, one_pass: Callable[[], T],
+                  failures: Callable[[T], list[tuple[str, Exception]]] = lambda _: []) -> T | None:
+        """``one_pass()`` if this process claims the loop's lock, else None; noted once the lock is released."""
+        lock = self._locks.get(f"loop:{loop}")
         try:
-            with state.loops.passing(loop, stuck_after(period_s, state.settings.stuck_after_s)):
-                result = one_pass()
+            if not lock.acquire(blocking=False):
+                return None
+            try:
+                with self.passing(loop, stuck_after(period_s, self._stuck_after_s)):
+                    result = one_pass()
+            finally:
+                lock.release()
+        except Exception as exc:
+            self.failed(loop, exc)
+            raise
+        for where, failure in (noted := failures(result)):
+            self.failed(loop, failure, where)
+        if not noted:
+            self.succeeded(loop)
+        return result
+
+    def succeeded(self, loop: str) -> None:
+        now = time.time()
+        with self._lock:
+            before = self._loops.get(loop, LoopStatus())
+            self._loops[loop] = replace(before, last_success_s=now, failures=0, failed_caches=())
+            self._logged.pop(loop, None)
+        if before.failures:
+            log.info("background %s recovered after %d failed round(s); last error: %s", loop, before.failures,
+                     before.last_error)
+        self.metrics.loop_last_success.labels(loop).set(now)
+        self.metrics.loop_failing.labels(loop).set(0)
+        self._changed(loop)
+
+    def failed(self, loop: str, exc: BaseException, where: str = "") -> None:
+        """Note one failed round (or one cache's part of it, ``where``); log the first error of each kind."""
+        kind = f"{where}:{type(exc).__name__}" if where else type(exc).__name__
+        message = f"{where}: {describe(exc)}" if where else describe(exc)
+        with self._lock:
+            before = self._loops.get(loop, LoopStatus())
+            failed = self._round_failed.setdefault(loop, set())
+            if where:
+                failed.add(where)
+            self._loops[loop] = replace(before, last_error=message[:2000], last_error_s=time.time(),
+                                        failures=before.failures + 1, failed_caches=tuple(sorted(failed)))
+            first = kind not in self._logged.setdefault(loop, set())
+            self._logged[loop].add(kind)
+        self.metrics.loop_errors.labels(loop, type(exc).__name__).inc()
+        self.metrics.loop_failing.labels(loop).set(1)
+        self._changed(loop)
+        if first:
+            # Our own errors and a database that is down say what to do; anything else is a bug: its traceback helps.
+            log.error("background %s failed: %s (retrying with backoff; this is logged once until it recovers)",
+                      loop, message, exc_info=None if isinstance(exc, JaxcacheError | OperationalError) else exc)
+        else:
+            log.debug("background %s failed again: %s", loop, message)
+
+    @contextmanager
+    def passing(self, loop: str, stuck_after_s: float) -> Iterator[None]:
+        """Around one pass of ``loop``, in the thread that runs it: shown running (or stuck) until it returns."""
+        with self._lock:
+            self._loops[loop] = replace(self._loops.get(loop, LoopStatus()), running_since_s=time.time(),
+                                        stuck_after_s=stuck_after_s, **_IDLE)
+            self._round_failed[loop] = set()  # its failures, noted after it returns, are this round's
+        self._thread.loop = loop
+        self._changed(loop)
+        try:
+            yield
         finally:
-            lock.release()
-    except Exception as exc:
-        state.loops.failed(loop, exc)
-        raise
-    for where, failure in (noted := failures(result)):
-        state.loops.failed(loop, failure, where)
-    if not noted:
-        state.loops.succeeded(loop)
-    return result
+            self._thread.loop = None
+            with self._lock:  # published with the round's success or failure, which the loop notes next
+                self._loops[loop] = replace(self._loops[loop], running_since_s=None, **_IDLE)
+
+    def on_cache(self, cache: str) -> None:
+        """The pass this thread runs (if it runs one) moves on to ``cache``."""
+        loop = getattr(self._thread, "loop", None)
+        if loop is None:  # a request's rescan or verification, not a loop's
+            return
+        with self._lock:
+            self._loops[loop] = replace(self._loops[loop], running_cache=cache, cache_since_s=time.time())
+        self._changed(loop)
+
+    def progress(self) -> None:
+        """The pass this thread runs (if any) took a step: not stuck while steps come."""
+        loop = getattr(self._thread, "loop", None)
+        if loop is None:
+            return
+        now = time.time()
+        with self._lock:
+            before, self._loops[loop] = self._loops[loop], replace(self._loops[loop], progress_s=now)
+        if before.progress_s is None or now - self._published.get(loop, 0.0) >= PROGRESS_PUBLISH_S:
+            self._published[loop] = now
+            self._changed(loop)
+
+    def running(self) -> list[str]:
+        """The passes running now, for a log line."""
+        now = time.time()
+        return [f"the {loop} pass{'' if s.running_cache is None else f' on cache {s.running_cache!r}'}, running for "
+                f"{now - s.running_since_s:.0f} s" for loop, s in sorted(self.snapshot().items())
+                if s.running_since_s is not None]
+
+    def wait_s(self, loop: str, period_s: float) -> float:
+        """Seconds until the loop's next round: its period, or a doubling backoff while rounds fail."""
+        failures = self.status(loop).failures
+        return min(period_s, BACKOFF_FIRST_S * 2 ** min(failures - 1, 30)) if failures else period_s
+
+    def status(self, loop: str) -> LoopStatus:
+        with self._lock:
+            return self._loops.get(loop, LoopStatus())
+
+    def snapshot(self) -> dict[str, LoopStatus]:
+        with self._lock:
+            return dict(self._loops)
+
+    def _changed(self, loop: str) -> None:
+        if self.on_change is None:
+            return
+        try:
+            self.on_change(loop, self.status(loop))
+            self._publish_failed = False
+        except Exception as exc:  # noqa: BLE001 - other processes show an older status meanwhile
+            if not self._publish_failed:
+                log.warning("could not publish the %s loop's status: %s (other processes' /readyz shows an older one "
+                            "until it can)", loop, describe(exc))
+            self._publish_failed = True
+
+
+def export_health(metrics: Metrics, snapshot: dict[str, LoopStatus], now: float) -> None:
+    """Set the loops' gauges from ``snapshot`` at each scrape (a stuck pass tells nobody; ``--role api`` runs none)."""
+    for loop, status in snapshot.items():
+        metrics.loop_stuck.labels(loop).set(1 if status.health(now) == "stuck" else 0)
+        metrics.loop_failing.labels(loop).set(1 if status.failures else 0)
+        if status.last_success_s is not None:
+            metrics.loop_last_success.labels(loop).set(status.last_success_s)
+
+
+def describe(exc: BaseException) -> str:
+    """One line on an error: for the database's, what the server said (not the statement and its parameters)."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        said = str(exc.orig).strip().splitlines()
+        return f"catalog database: {said[0] if said else type(exc.orig).__name__}"
+    text = str(exc).strip()
+    return text.splitlines()[0][:1000] if text else type(exc).__name__
 
 
 @contextlib.asynccontextmanager
-async def background(state: State) -> AsyncIterator[None]:
-    """Run the loops while the app serves; stop them when it stops."""
-    period_s = state.settings.rescan_s
-    state.metrics.start_loops((DRAIN, RESCAN, VERIFY))
+async def background(loops: Loops, catalog: Catalog, settings: ServiceSettings, *, drain: Callable[[], int],
+                     rescan: Failing, verify: Callable[[threading.Event], list[tuple[str, Exception]]],
+                     ) -> AsyncIterator[None]:
+    """Run the loops' passes (``verify`` is handed the stop event) while the app serves; stop them when it stops."""
+    period_s = settings.rescan_s
+    loops.metrics.start_loops((DRAIN, RESCAN, VERIFY))
     stop, first_round = threading.Event(), threading.Event()
-    arrived = state.inbox_arrived = threading.Event()
+    arrived = loops.arrived = threading.Event()
 
-    def every_period(loop: str, one_pass: Callable[[], list[tuple[str, Exception]]],
-                     after_round: Callable[[], None] = lambda: None) -> None:
+    def every_period(loop: str, one_pass: Failing, after_round: Callable[[], None] = lambda: None) -> None:
         while not stop.is_set():
             with contextlib.suppress(Exception):  # noted; tried again after the backoff
-                one_round(state, loop, period_s, one_pass, failures=lambda failed: failed)
+                loops.one_round(loop, period_s, one_pass, failures=lambda failed: failed)
             after_round()
-            stop.wait(state.loops.wait_s(loop, period_s))
+            stop.wait(loops.wait_s(loop, period_s))
 
     def rescanned() -> None:
-        state.background_rounds += 1
+        loops.rescan_rounds += 1
         first_round.set()
 
     def verifying() -> None:  # apart from rescans: a slow, throttled pass must not delay them
         first_round.wait()
-        every_period(VERIFY, lambda: verification.verify_all(state, stop))
+        every_period(VERIFY, partial(verify, stop))
 
     def draining() -> None:
-        listener = InboxListener(state.catalog.engine.url) if state.catalog.dialect == "postgresql" else None
+        listener = InboxListener(catalog.engine.url) if catalog.dialect == "postgresql" else None
         lost = 0  # connections to listen on lost in a row
         try:
             while not stop.is_set():
                 arrived.clear()  # before the pass: a record accepted during it wakes the next one at once
                 try:
-                    folded = one_round(state, DRAIN, DRAIN_POLL_S, partial(drain_all, state))
+                    folded = loops.one_round(DRAIN, DRAIN_POLL_S, drain)
                 except Exception:  # noqa: BLE001 - noted; tried again after the backoff
                     folded = None
                 if folded:  # records arrive while a round folds: look again at once
                     continue
-                if folded is None or state.loops.status(DRAIN).failures:  # records hurry no backoff
-                    stop.wait(state.loops.wait_s(DRAIN, DRAIN_POLL_S))
+                if folded is None or loops.status(DRAIN).failures:  # records hurry no backoff
+                    stop.wait(loops.wait_s(DRAIN, DRAIN_POLL_S))
                 elif listener is None:  # SQLite: only a POST to this process wakes it; others' records are polled
                     arrived.wait(DRAIN_POLL_S)
                 else:
@@ -98,7 +301,7 @@ async def background(state: State) -> AsyncIterator[None]:
                 listener.close()
 
     threads = [threading.Thread(target=work, name=f"jaxcache-{loop}", daemon=True) for loop, work in (
-        (DRAIN, draining), (RESCAN, partial(every_period, RESCAN, partial(scan.rescan_all, state), rescanned)),
+        (DRAIN, draining), (RESCAN, partial(every_period, RESCAN, rescan, rescanned)),
         (VERIFY, verifying))]
     for thread in threads:
         thread.start()
@@ -108,11 +311,11 @@ async def background(state: State) -> AsyncIterator[None]:
         stop.set()
         arrived.set()
         first_round.set()  # a verification still waiting for it sees stop and ends
-        state.inbox_arrived = None
+        loops.arrived = None
         # Passes end at their next step; one blocked for good is left behind, so that SIGTERM stops the service.
-        if not await anyio.to_thread.run_sync(_join, threads, state.settings.shutdown_wait_s):
+        if not await anyio.to_thread.run_sync(_join, threads, settings.shutdown_wait_s):
             log.warning("stopping without waiting longer for %s (JAXCACHE_SHUTDOWN_WAIT_S=%g)",
-                        "; ".join(state.loops.running()) or "a background pass", state.settings.shutdown_wait_s)
+                        "; ".join(loops.running()) or "a background pass", settings.shutdown_wait_s)
 
 
 def _listen(listener: InboxListener, stop: threading.Event, lost: int) -> int:

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
 from jaxcache.errors import JaxcacheError
-from jaxcache.service.health import export_health
+from jaxcache.service.background import export_health
 from jaxcache.service.state import State
 from jaxcache.service.web.deps import state_of
 from jaxcache.service.web.fields import Health, LoopModel, Readiness

@@ -16,10 +16,10 @@ from sqlalchemy import select
 
 from jaxcache.errors import InvalidInputError, InvalidRootError, JaxcacheError, RootGoneError
 from jaxcache.service.auth import Authenticator
+from jaxcache.service.background import Loops, LoopStatus
 from jaxcache.service.catalog.coordination import LoopStatuses, PruneLocks
 from jaxcache.service.catalog.database import ENTRIES, USAGE, Catalog, Generation, Generations
 from jaxcache.service.catalog.models import CacheRow
-from jaxcache.service.health import LoopHealth, LoopStatus
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.settings import ServiceSettings, cpu_limit
 from jaxcache.storage import Storage, open_storage
@@ -50,7 +50,7 @@ class State:
         self.metrics = Metrics()
         self.metrics.start(list(settings.caches))
         self.catalog.on_misses = self._count_misses
-        self.loops = LoopHealth(self.metrics)
+        self.loops = Loops(self.metrics, self.catalog.locks, settings.stuck_after_s)
         self.loop_statuses = LoopStatuses(self.catalog.engine)
         self.loops.on_change = lambda loop, status: self.loop_statuses.publish(loop, asdict(status))
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
@@ -60,7 +60,6 @@ class State:
         self.report_limiter = anyio.CapacityLimiter(1)  # reports are parsed and stored one at a time
         # Listings read the catalog one per CPU this process may use: more threads only queue on the interpreter lock.
         self.read_limiter = anyio.CapacityLimiter(cpu_limit())
-        self.inbox_arrived: threading.Event | None = None  # set by this process's drain loop, if it runs one
         # By (what, cache, change counts, minute): the growth and usage windows move with the clock.
         self._computed: TTLCache[tuple[str, str, Generation, int], dict] = TTLCache(maxsize=256, ttl=_STATS_TTL_S)
         self._computed_lock = threading.Lock()
@@ -71,7 +70,6 @@ class State:
                 self.roots.setdefault(norm, []).append(name)
         self.scanned: set[str] = set()
         self.rounds_done: set[str] = set()  # caches this process has rescanned in a background round
-        self.background_rounds = 0  # background rescan rounds finished (or failed) since start
         self.prepared = prepared
         self.root_changes: list[Any] = []  # caches whose root changed since last served, set by app.create_app
 
@@ -133,11 +131,6 @@ class State:
             with self._computed_lock:
                 self._computed[key] = found
         return found
-
-    def wake_drain(self) -> None:
-        """A record entered the inbox: this process's drain loop (if it runs one) takes it now."""
-        if self.inbox_arrived is not None:
-            self.inbox_arrived.set()
 
     def loop_snapshot(self) -> dict[str, LoopStatus]:
         """How the background loops are doing, whichever process runs them (this one's view if unreadable)."""

@@ -261,7 +261,7 @@ class LoopStatuses:
         """Every loop's last published status, by loop."""
         if self._engine is not None:
             with self._engine.connect() as conn:
-                return dict(conn.execute(select(LoopHealthRow.loop, LoopHealthRow.status)).tuples().all())
+                return dict(conn.execute(select(LoopHealthRow.loop, LoopHealthRow.status)).all())
         if self._database is not None:
             prefix = f"{self._database}.loop-"
             found = {path[len(prefix):-len(".json")]: _read_json(path)

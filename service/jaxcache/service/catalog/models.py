@@ -134,7 +134,7 @@ class ChangeCountRow(Base):
 
 
 class LoopHealthRow(Base):
-    """How one background loop is doing, as the process running its passes last said (``health.py``'s
+    """How one background loop is doing, as the process running its passes last said (``background.py``'s
     ``LoopStatus`` as JSON): any process's ``/readyz`` and ``/metrics`` show every loop."""
 
     __tablename__ = "loop_health"

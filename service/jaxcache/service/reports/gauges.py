@@ -13,8 +13,8 @@ from typing import Any
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from jaxcache.service.background import describe
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.health import describe
 from jaxcache.service.reports import queries
 
 log = logging.getLogger("jaxcache.service")

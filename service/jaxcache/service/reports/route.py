@@ -70,7 +70,7 @@ async def ingest_report(
     # One hop to the framework's pool, one report at a time (anyio's limiter): parsing in many threads at once took
     # the interpreter lock from the event loop (/healthz).
     accepted = await anyio.to_thread.run_sync(_accept, state, body, cache, limiter=state.report_limiter)
-    state.wake_drain()
+    state.loops.wake_drain()
     return ReportResult(cache=accepted.cache, run_id=accepted.run_id, process_index=accepted.process_index,
                         runs=0 if accepted.stale else 1, keys=accepted.keys, stale=accepted.stale)
 
