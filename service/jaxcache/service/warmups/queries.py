@@ -7,8 +7,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache.records import JOB
-from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, WarmupKeyRow, WarmupRow
-from jaxcache.service.catalog.run_tables import RunRow
+from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, RunRow, WarmupKeyRow, WarmupRow
 
 
 def _hit_since():

@@ -18,12 +18,12 @@ depends_on = None
 
 #: catalog.models.COMPILE_SORT_SQL, spelled here as it was when this revision was written.
 _COMPILE_SORT = "coalesce(compile_seconds, -1)"
-#: catalog.run_tables.WROTE, likewise.
+#: catalog.models.WROTE, likewise.
 _WROTE = "writes > 0 OR event = 'write'"
 
 
 def _str(length: int) -> sa.String:
-    # Code-point order on PostgreSQL too (see catalog.schema.Str).
+    # Code-point order on PostgreSQL too (see catalog.models.Str).
     return sa.String(length).with_variant(sa.String(length, collation="C"), "postgresql")
 
 
