@@ -51,6 +51,18 @@ def max_length(column: ColumnElement[Any]) -> int:
     return kind.length
 
 
+class PerCache:
+    """A row of one cache: ``cache`` leads its columns and primary key (``sort_order``: a mixin's come last else)."""
+
+    cache: Mapped[str] = mapped_column(Str(64), primary_key=True, sort_order=-2)
+
+
+class PerKey(PerCache):
+    """A row of one key of a cache: ``(cache, key)`` lead its columns and primary key."""
+
+    key: Mapped[str] = mapped_column(Str(512), primary_key=True, sort_order=-1)
+
+
 # --- ingested run records --------------------------------------------------------------------------------------------
 
 #: A process_keys row of a process that wrote its key (jaxcache.usage_rules.wrote; spelled as the index has it).
@@ -79,29 +91,24 @@ class Aggregates:
 AGGREGATES = tuple(Aggregates.__annotations__)
 
 
-class KeyStatsRow(Aggregates, Base):
+class KeyStatsRow(PerKey, Aggregates, Base):
     """Aggregates of one key over every ingested run record, compacted ones included; may exist without the entry."""
 
     __tablename__ = "key_stats"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
 
     __table_args__ = ({"postgresql_with": {"fillfactor": 80}},)  # see UsageRow
 
 
-class KeyHistoryRow(Aggregates, Base):
+class KeyHistoryRow(PerKey, Aggregates, Base):
     """Aggregates of one key over the runs compacted after the records' retention (their rows are gone)."""
 
     __tablename__ = "key_history"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
 
 
-class RunRow(Base):
+class RunRow(PerCache, Base):
     """One process of one run of a job, from its latest run record."""
 
     __tablename__ = "runs"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
     run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
     process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     job: Mapped[str] = mapped_column(Str(256))
@@ -137,13 +144,11 @@ class RunRow(Base):
     )
 
 
-class ProcessKeysRow(Base):
+class ProcessKeysRow(PerKey, Base):
     """What one process did with one key, as its latest record says: what usage rows and totals are computed from."""
 
     __tablename__ = "process_keys"
-    # Key first: a run's usage row of a key, and a key's every row, are a range of rows in order (no sort).
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
+    # After the key: a run's usage row of a key, and a key's every row, are a range of rows in order (no sort).
     run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
     process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     function: Mapped[str] = mapped_column(Str(1024))
@@ -169,12 +174,11 @@ class ProcessKeysRow(Base):
     )
 
 
-class UsageRow(Base):
+class UsageRow(PerCache, Base):
     """What the processes of one run did with one key: their figures summed, or their extreme (first and last use,
     the most informative event, the earliest write); docs/service.md, "Run records"."""
 
     __tablename__ = "usage"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
     run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
     key: Mapped[str] = mapped_column(Str(512), primary_key=True)
     job: Mapped[str] = mapped_column(Str(256), primary_key=True)  # the processes' run's: per-job sums never join
@@ -245,13 +249,11 @@ class CacheRow(Base):
 COMPILE_SORT_SQL = "coalesce(compile_seconds, -1)"
 
 
-class EntryRow(Aggregates, Base):
+class EntryRow(PerKey, Aggregates, Base):
     """One ``-cache`` file (kind ``entry``) or one orphaned ``-atime`` file (kind ``orphan``), with its key's
     aggregates copied from key_stats whenever either side changes."""
 
     __tablename__ = "entries"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
     kind: Mapped[str] = mapped_column(Str(8), primary_key=True)
     module: Mapped[str] = mapped_column(Str(448))
     name: Mapped[str] = mapped_column(Str(512))
@@ -284,11 +286,10 @@ class EntryRow(Aggregates, Base):
     )
 
 
-class RecordFileRow(Base):
+class RecordFileRow(PerCache, Base):
     """A run record object a rescan has read: it is parsed again only when it changes."""
 
     __tablename__ = "record_files"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
     name: Mapped[str] = mapped_column(Str(1024), primary_key=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     mtime_s: Mapped[float] = mapped_column(Float)
@@ -299,12 +300,11 @@ class RecordFileRow(Base):
     __table_args__ = (Index("ix_record_files_mtime", "cache", "mtime_s"),)
 
 
-class InboxRow(Base):
+class InboxRow(PerCache, Base):
     """A run record accepted and not folded yet (``reports/queue.py``): the newest version of one process's record,
     the JSON it came as, zstd-compressed. The drain folds it into the run tables and deletes it."""
 
     __tablename__ = "report_inbox"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
     run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
     process_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     updated_s: Mapped[float] = mapped_column(Float)  # the record's updated_at: a newer version replaces it
@@ -317,12 +317,11 @@ class InboxRow(Base):
     __table_args__ = (Index("ix_report_inbox_received", "cache", "received_s"),)
 
 
-class ChangeCountRow(Base):
+class ChangeCountRow(PerCache, Base):
     """How many times a cache's entries and its usage figures have changed (``catalog/database.py``): what
     every process of every replica checks its cached statistics and the listings' ``ETag`` against."""
 
     __tablename__ = "change_counts"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
     entries: Mapped[int] = mapped_column(BigInteger)
     usage: Mapped[int] = mapped_column(BigInteger)
 
@@ -337,11 +336,10 @@ class LoopHealthRow(Base):
     updated_s: Mapped[float] = mapped_column(Float)
 
 
-class PinRow(Base):
+class PinRow(PerCache, Base):
     """A keep rule: an exact key or a glob over keys and function names that prunes never delete."""
 
     __tablename__ = "pins"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
     pattern: Mapped[str] = mapped_column(Str(512), primary_key=True)
     created_s: Mapped[float] = mapped_column(Float)
     created_by: Mapped[str] = mapped_column(Str(128))
@@ -383,11 +381,10 @@ class PruneItemRow(Base):
     __table_args__ = (Index("ix_prune_items_key", "key"),)
 
 
-class WarmupRow(Base):
+class WarmupRow(PerCache, Base):
     """One warm-up run, from its coverage record under ``.jaxcache/warmups/``."""
 
     __tablename__ = "warmups"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
     id: Mapped[str] = mapped_column(Str(128), primary_key=True)
     job: Mapped[str] = mapped_column(Str(256))
     topology: Mapped[str] = mapped_column(Str(64))
@@ -405,11 +402,10 @@ class WarmupRow(Base):
     __table_args__ = (Index("ix_warmups_finished", "cache", "finished_s"),)
 
 
-class WarmupKeyRow(Base):
+class WarmupKeyRow(PerCache, Base):
     """One program a warm-up compiled or found."""
 
     __tablename__ = "warmup_keys"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
     warmup_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
     key: Mapped[str] = mapped_column(Str(512), primary_key=True)
     function: Mapped[str] = mapped_column(Str(1024))
@@ -427,14 +423,12 @@ class WarmupKeyRow(Base):
     )
 
 
-class AttestationRow(Base):
+class AttestationRow(PerKey, Base):
     """The unsigned digest that counts for an entry: the first the service accepted, reported or read from a file
     alike (jaxcache.attestations; signatures are read beside the entry, never stored here). Others go to
     ``attestation_conflicts``; a ``signed`` source is a row from the retired HMAC scheme, which proves nothing."""
 
     __tablename__ = "attestations"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
     sha256: Mapped[str] = mapped_column(Str(64))
     size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     writer: Mapped[str] = mapped_column(Str(512))
@@ -444,12 +438,10 @@ class AttestationRow(Base):
     platform: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
 
 
-class AttestationConflictRow(Base):
+class AttestationConflictRow(PerKey, Base):
     """A digest of an entry that differs from the one that counts: shown, never silently taking its place."""
 
     __tablename__ = "attestation_conflicts"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
     sha256: Mapped[str] = mapped_column(Str(64), primary_key=True)
     size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     writer: Mapped[str] = mapped_column(Str(512))
@@ -458,12 +450,10 @@ class AttestationConflictRow(Base):
     seen_s: Mapped[float] = mapped_column(Float)
 
 
-class VerificationRow(Base):
+class VerificationRow(PerKey, Base):
     """The last integrity verdict on an entry, and which version of it (size, mtime, generation) was read."""
 
     __tablename__ = "verifications"
-    cache: Mapped[str] = mapped_column(Str(64), primary_key=True)
-    key: Mapped[str] = mapped_column(Str(512), primary_key=True)
     classification: Mapped[str] = mapped_column(Str(16))
     classes: Mapped[list] = mapped_column(JSON)
     reasons: Mapped[list] = mapped_column(JSON)
