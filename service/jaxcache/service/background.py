@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from typing import Any, Literal, TypeVar
 
@@ -18,7 +18,7 @@ import anyio.to_thread
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from jaxcache.errors import JaxcacheError
-from jaxcache.service.catalog.coordination import ClusterLocks, InboxListener
+from jaxcache.service.catalog.coordination import InboxListener, LoopStatuses
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.settings import ServiceSettings
@@ -90,15 +90,15 @@ def stuck_after(period_s: float, setting: float | None) -> float:
 class Loops:
     """This process's loops: their rounds and how each is doing, shared by their threads and the routes."""
 
-    def __init__(self, metrics: Metrics, locks: ClusterLocks, stuck_after_s: float | None) -> None:
-        self.metrics, self._locks, self._stuck_after_s = metrics, locks, stuck_after_s
+    def __init__(self, metrics: Metrics, catalog: Catalog, stuck_after_s: float | None) -> None:
+        self.metrics, self._locks, self._stuck_after_s = metrics, catalog.locks, stuck_after_s
+        self._statuses = LoopStatuses(catalog.engine)  # where each change is published for every process
         self._lock = threading.Lock()
         self._loops: dict[str, LoopStatus] = {}
         self._logged: dict[str, set[str]] = {}  # loop -> kinds of error logged since it last succeeded
         self._round_failed: dict[str, set[str]] = {}  # loop -> caches whose part of its last round failed
         self._thread = threading.local()  # .loop: the loop whose pass the calling thread runs
         self._published: dict[str, float] = {}  # loop -> when its progress was last published
-        self.on_change: Callable[[str, LoopStatus], None] | None = None  # publishes each change for every process
         self._publish_failed = False
         self.arrived: threading.Event | None = None  # the drain's wake-up, while this process runs one
         self.rescan_rounds = 0  # background rescan rounds finished (or failed) since start
@@ -222,11 +222,17 @@ class Loops:
         with self._lock:
             return dict(self._loops)
 
-    def _changed(self, loop: str) -> None:
-        if self.on_change is None:
-            return
+    def shared(self) -> dict[str, LoopStatus]:
+        """How the loops are doing, whichever process runs them (this one's view if unreadable)."""
         try:
-            self.on_change(loop, self.status(loop))
+            published = self._statuses.read()
+        except Exception:  # noqa: BLE001 - the catalog is away: /readyz says so, and shows what this process knows
+            return self.snapshot()
+        return {**self.snapshot(), **{loop: LoopStatus.from_dict(status) for loop, status in published.items()}}
+
+    def _changed(self, loop: str) -> None:
+        try:
+            self._statuses.publish(loop, asdict(self.status(loop)))
             self._publish_failed = False
         except Exception as exc:  # noqa: BLE001 - other processes show an older status meanwhile
             if not self._publish_failed:

@@ -55,7 +55,7 @@ def loop_models(state: State) -> dict[str, LoopModel]:
         **{f: getattr(status, f) for f in ("last_success_s", "last_error", "last_error_s", "failures",
                                            "running_since_s", "running_cache", "stuck_after_s")},
         "state": status.health(now), "caches": status.cache_health(state.settings.caches, now),
-    }) for name, status in state.loop_snapshot().items()}
+    }) for name, status in state.loops.shared().items()}
 
 
 @router.get("/metrics", operation_id="metrics", response_class=Response,
@@ -63,5 +63,5 @@ def loop_models(state: State) -> dict[str, LoopModel]:
 def metrics(request: Request) -> Response:
     """Prometheus metrics: catalog entries and bytes, scans, prunes, reports, misses, integrity, loops, latency."""
     state = state_of(request)
-    export_health(state.metrics, state.loop_snapshot(), time.time())
+    export_health(state.metrics, state.loops.shared(), time.time())
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -7,7 +7,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
 from typing import Any
 
 import anyio
@@ -16,8 +15,8 @@ from sqlalchemy import select
 
 from jaxcache.errors import InvalidInputError, InvalidRootError, JaxcacheError, RootGoneError
 from jaxcache.service.auth import Authenticator
-from jaxcache.service.background import Loops, LoopStatus
-from jaxcache.service.catalog.coordination import LoopStatuses, PruneLocks
+from jaxcache.service.background import Loops
+from jaxcache.service.catalog.coordination import PruneLocks
 from jaxcache.service.catalog.database import ENTRIES, USAGE, Catalog, Generation, Generations
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.metrics import Metrics
@@ -50,9 +49,7 @@ class State:
         self.metrics = Metrics()
         self.metrics.start(list(settings.caches))
         self.catalog.on_misses = self._count_misses
-        self.loops = Loops(self.metrics, self.catalog.locks, settings.stuck_after_s)
-        self.loop_statuses = LoopStatuses(self.catalog.engine)
-        self.loops.on_change = lambda loop, status: self.loop_statuses.publish(loop, asdict(status))
+        self.loops = Loops(self.metrics, self.catalog, settings.stuck_after_s)
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
                                              for name, url in settings.caches.items()}
@@ -131,14 +128,6 @@ class State:
             with self._computed_lock:
                 self._computed[key] = found
         return found
-
-    def loop_snapshot(self) -> dict[str, LoopStatus]:
-        """How the background loops are doing, whichever process runs them (this one's view if unreadable)."""
-        try:
-            published = self.loop_statuses.read()
-        except Exception:  # noqa: BLE001 - the catalog is away: /readyz says so, and shows what this process knows
-            return self.loops.snapshot()
-        return {**self.loops.snapshot(), **{loop: LoopStatus.from_dict(status) for loop, status in published.items()}}
 
     def _count_misses(self, name: str, counts: Mapping[str, int]) -> None:
         for cause, n in counts.items():
