@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -51,10 +52,8 @@ def readyz(request: Request) -> Response:
 def loop_models(state: State) -> dict[str, LoopModel]:
     """The background loops as ``/readyz`` shows them (the dashboard too)."""
     now = time.time()
-    return {name: LoopModel.model_validate({
-        **{f: getattr(status, f) for f in ("last_success_s", "last_error", "last_error_s", "failures",
-                                           "running_since_s", "running_cache", "stuck_after_s")},
-        "state": status.health(now), "caches": status.cache_health(state.settings.caches, now),
+    return {name: LoopModel.model_validate({  # the model takes the status's fields it shows
+        **asdict(status), "state": status.health(now), "caches": status.cache_health(state.settings.caches, now),
     }) for name, status in state.loops.shared().items()}
 
 
