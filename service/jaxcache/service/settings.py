@@ -60,10 +60,6 @@ def _cgroup_quota() -> float | None:
     return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
 
 
-def _default_workers() -> int:
-    return min(cpu_limit(), DEFAULT_MAX_WORKERS)
-
-
 class ServiceSettings(BaseSettings):
     """Every setting of the catalog service. Environment variables use the ``JAXCACHE_`` prefix."""
 
@@ -78,7 +74,7 @@ class ServiceSettings(BaseSettings):
         description="catalog database: an SQLite URL (sqlite:///path) or PostgreSQL (postgresql+psycopg://...), "
                     "which several replicas can share; a secret (its password is never printed)")
     workers: int = Field(
-        default_factory=_default_workers, ge=1, le=64,
+        default_factory=lambda: min(cpu_limit(), DEFAULT_MAX_WORKERS), ge=1, le=64,
         description="processes serving requests, started and restarted by uvicorn (each the whole app; with "
         "loops, each pass runs in one of them at a time); default: the CPUs this process may use (its cgroup's "
         "CPU quota, a pod's limits.cpu, counts), at most 4")
