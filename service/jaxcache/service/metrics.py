@@ -36,7 +36,7 @@ def rejection(status: int) -> str:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, caches: Sequence[str]) -> None:
         self.registry = CollectorRegistry()
         self._own: list[Collector] = []  # collectors kept in no multiprocess file: each process asks its own
         self._every_worker: CollectorRegistry | None = None
@@ -69,14 +69,7 @@ class Metrics:
         self.loop_errors = counter("jaxcache_loop_errors", "failed rounds (or caches in a round) of background loops",
                                    ["loop", "kind"])
         self.request_seconds = histogram("jaxcache_request_seconds", "HTTP request latency", ["route", "method"])
-
-    def register(self, collector: Collector) -> None:
-        """Add a collector that reads what it exports when scraped (kept in no file: every worker exports it)."""
-        self.registry.register(collector)
-        self._own.append(collector)
-
-    def start(self, caches: Sequence[str]) -> None:
-        """Every series whose label values are known, at 0; error kinds, jobs, routes and loops come later."""
+        # Every series whose label values are known, at 0; error kinds, jobs, routes and loops come later.
         for cache in caches:
             for metric in (self.scan_seconds, self.prune_deleted, self.prune_bytes, self.records_compacted):
                 metric.labels(cache)
@@ -88,6 +81,11 @@ class Metrics:
             self.reports_malformed.labels(source)
         for reason in REASONS:
             self.reports_rejected.labels(reason)
+
+    def register(self, collector: Collector) -> None:
+        """Add a collector that reads what it exports when scraped (kept in no file: every worker exports it)."""
+        self.registry.register(collector)
+        self._own.append(collector)
 
     def start_loops(self, loops: Iterable[str]) -> None:
         """The background ``loops`` this process runs, neither failing nor stuck; no last success (0 reads as 1970)."""

@@ -46,8 +46,7 @@ class State:
         self.auth = Authenticator(settings)
         self.catalog = Catalog(settings.catalog_url, migrate=not prepared, snapshot_dir=settings.snapshot_dir)
         self.generations = Generations(self.catalog)
-        self.metrics = Metrics()
-        self.metrics.start(list(settings.caches))
+        self.metrics = Metrics(list(settings.caches))
         self.catalog.on_misses = self._count_misses
         self.loops = Loops(self.metrics, self.catalog, settings.stuck_after_s)
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
