@@ -104,13 +104,18 @@ class Catalog:
                 upgrade(self)
             except OperationalError as exc:  # the server is not there, or refuses this user
                 raise CatalogUnreachableError(unreachable(self.engine.url, exc)) from None
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # session(): a session that commits on success and rolls back on error.
+        self.session = sessionmaker(self.engine, expire_on_commit=False).begin
+        # reader(): a plain connection for read-only Core queries: no ORM session machinery on hot read paths.
+        self.reader = self.engine.connect
         self.write_engine = self._write_engine(self.engine)
         self._write_sessions = sessionmaker(self.write_engine.execution_options(jaxcache_write=True),
                                             expire_on_commit=False)
-        # statements(): on PostgreSQL in AUTOCOMMIT, without BEGIN and ROLLBACK round trips around each statement.
-        self._statements = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
-                            if self.dialect == "postgresql" else self.engine)
+        # statements(): a connection for single statements, on PostgreSQL each its own transaction (AUTOCOMMIT,
+        # without BEGIN and ROLLBACK round trips around each): for the reads made on every request (change counts)
+        # and for a write one statement says whole (PostgreSQL's inbox store).
+        self.statements = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
+                           if self.dialect == "postgresql" else self.engine).connect
         # Writers that read then write (report ingestion, a rescan's commit) take turns in this process before
         # they take the database's own lock (see writing()), so they never wait on each other inside the database.
         self.write_lock = threading.RLock()
@@ -135,23 +140,10 @@ class Catalog:
         _sqlite_events(writes, cache=_WRITE_CACHE)
         return writes
 
-    @contextmanager
-    def statements(self) -> Iterator[Connection]:
-        """A connection for single statements, on PostgreSQL each its own transaction (AUTOCOMMIT): for the reads
-        made on every request (change counts) and for a write one statement says whole (PostgreSQL's inbox store)."""
-        with self._statements.connect() as conn:
-            yield conn
-
     def count_misses(self, cache: str, counts: Mapping[str, int]) -> None:
         """Pass misses explained for the first time (committed) to whoever listens."""
         if counts and self.on_misses is not None:
             self.on_misses(cache, counts)
-
-    @contextmanager
-    def session(self) -> Iterator[Session]:
-        """A session that commits on success and rolls back on error."""
-        with self._sessions.begin() as s:
-            yield s
 
     @contextmanager
     def writing(self, cache: str) -> Iterator[Session]:
@@ -164,12 +156,6 @@ class Catalog:
             if self.dialect == "postgresql":
                 s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key(f"write:{cache}")})
             yield s
-
-    @contextmanager
-    def reader(self) -> Iterator[Connection]:
-        """A plain connection for read-only Core queries: no ORM session machinery on hot read paths."""
-        with self.engine.connect() as conn:
-            yield conn
 
     def insert(self, table):
         """The dialect's INSERT for ``table``: :func:`dialect_insert`."""
