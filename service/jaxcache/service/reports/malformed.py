@@ -1,13 +1,21 @@
-"""Records a rescan skips: counted, and logged once per rescan however many there are."""
+"""Record files a rescan reads (run and warm-up records): the ones changed since read are ingested, the malformed
+ones skipped, counted, and logged once per rescan however many there are."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
+from functools import partial
 
+from sqlalchemy import delete, or_, select
 from sqlalchemy.exc import DataError, IntegrityError
 
 from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError, NotRegularFileError
+from jaxcache.parallel import bounded_map
+from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.catalog.models import RecordFileRow
+from jaxcache.service.reports.usage import chunks
 from jaxcache.storage import ObjectInfo, Storage
 from jaxcache.storage.base import name_problem
 from jaxcache.units import plural
@@ -16,6 +24,7 @@ log = logging.getLogger("jaxcache.service")
 
 #: A record's own fault (our schema's or a column's refusal); a database that is down is not caught.
 REFUSALS = (InvalidInputError, DataError, IntegrityError)
+_CHUNK = 500
 
 
 def reason(exc: Exception) -> str:
@@ -26,36 +35,66 @@ def reason(exc: Exception) -> str:
     return str(exc)
 
 
-class Skipped:
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.found: list[tuple[str, str]] = []
+def known(catalog: Catalog, cache: str, prefixes: Iterable[str]) -> dict[str, tuple]:
+    """The record files under ``prefixes`` read before, with their (size, mtime, generation) when read."""
+    where = or_(*(RecordFileRow.name.like(prefix + "%") for prefix in prefixes))
+    with catalog.reader() as conn:
+        return {r.name: (r.size_bytes, r.mtime_s, r.generation) for r in conn.execute(
+            select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation)
+            .where(RecordFileRow.cache == cache, where))}
 
-    def add(self, name: str, why: str) -> None:
-        self.found.append((name, why))
-        log.debug("skipping malformed %s %s: %s", self.what, shown(name), why)
 
-    def log(self, cache: str) -> None:
-        if not self.found:
-            return
-        name, why = self.found[0]
-        more = f" and {len(self.found) - 1} more" if len(self.found) > 1 else ""
+def changed(listing: dict[str, ObjectInfo], known: dict[str, tuple]) -> list[ObjectInfo]:
+    """The listed files that are new or changed since read, by name."""
+    return [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
+
+
+def ingest_files(catalog: Catalog, cache: str, storage: Storage, todo: list[ObjectInfo], *, what: str,
+                 max_bytes: int, ingest: Callable[[ObjectInfo, bytes], object]) -> tuple[int, int]:
+    """Read each of ``todo`` and ``ingest`` it, remembering each file as read (with why, if skipped); returns how
+    many were ingested and how many skipped as malformed."""
+    ingested = 0
+    skipped: list[tuple[str, str]] = []
+    for info, data, error in bounded_map(partial(_read, storage, max_bytes), todo, workers=storage.io_workers):
+        if data is None and error is None:
+            continue  # deleted since the listing
+        if data is not None:
+            try:
+                ingest(info, data)
+                ingested += 1
+            except REFUSALS as exc:
+                error = reason(exc)
+        if error is not None:
+            skipped.append((info.name, error))
+            log.debug("skipping malformed %s %s: %s", what, shown(info.name), error)
+        row = {"cache": cache, "name": info.name, "size_bytes": info.size_bytes, "mtime_s": info.mtime_s,
+               "generation": info.generation, "error": None if error is None else error[:2000]}
+        with catalog.session() as s:
+            s.execute(catalog.insert(RecordFileRow).values(**row).on_conflict_do_update(
+                index_elements=["cache", "name"], set_={k: v for k, v in row.items() if k not in ("cache", "name")}))
+    if skipped:
+        name, why = skipped[0]
+        more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
         log.warning("cache %s: skipped %s, each read again only once it changes: %s: %s%s",
-                    cache, plural(len(self.found), f"malformed {self.what}"), shown(name), why, more)
-
-    def __len__(self) -> int:
-        return len(self.found)
+                    cache, plural(len(skipped), f"malformed {what}"), shown(name), why, more)
+    return ingested, len(skipped)
 
 
-def read_file(storage: Storage, info: ObjectInfo, max_bytes: int) -> tuple[bytes | None, str | None]:
+def forget(catalog: Catalog, cache: str, names: list[str]) -> None:
+    """Delete the rows of record files gone from storage: one of the same name is read again."""
+    with catalog.session() as s:
+        for part in chunks(names, _CHUNK):
+            s.execute(delete(RecordFileRow).where(RecordFileRow.cache == cache, RecordFileRow.name.in_(part)))
+
+
+def _read(storage: Storage, max_bytes: int, info: ObjectInfo) -> tuple[ObjectInfo, bytes | None, str | None]:
     """A record file's bytes, or why it is skipped; (None, None) when deleted since the listing."""
     problem = name_problem(info.name)
     if problem is not None:
-        return None, problem
+        return info, None, problem
     if info.size_bytes > max_bytes:
-        return None, f"larger than {max_bytes} bytes"
+        return info, None, f"larger than {max_bytes} bytes"
     try:
-        return storage.read(info.name), None
+        return info, storage.read(info.name), None
     except NotRegularFileError as exc:
-        return None, f"not a regular file: {exc}"
-
+        return info, None, f"not a regular file: {exc}"

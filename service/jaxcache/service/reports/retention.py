@@ -26,7 +26,7 @@ from jaxcache.service.catalog.models import (
     RunRow,
 )
 from jaxcache.service.prune.audit import RUNNING
-from jaxcache.service.reports import usage
+from jaxcache.service.reports import malformed, usage
 from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.service")
@@ -131,9 +131,7 @@ def _delete_files(catalog: Catalog, cache: str, storage: Storage, horizon: float
     if failed:
         log.warning("cache %s: %d old run record files could not be deleted (tried again next rescan): %s", cache,
                     len(failed), failed[0])
-    with catalog.session() as s:
-        for part in usage.chunks(gone, _CHUNK):
-            s.execute(delete(RecordFileRow).where(RecordFileRow.cache == cache, RecordFileRow.name.in_(part)))
+    malformed.forget(catalog, cache, gone)
     return len(gone)
 
 

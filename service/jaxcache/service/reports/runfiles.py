@@ -8,13 +8,11 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import cast
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import select
 
 from jaxcache import records
-from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow, RunRow, max_length
 from jaxcache.service.metrics import STORAGE
@@ -23,7 +21,6 @@ from jaxcache.storage import ObjectInfo, Storage
 
 log = logging.getLogger("jaxcache.service")
 
-_CHUNK = 500
 _NAME_MAX = max_length(RecordFileRow.__table__.c.name)  # longer: not a record jaxcache wrote
 _DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _DAY_S = 86400.0
@@ -47,10 +44,6 @@ class _Listings:
 
     full_at: float
     changed: dict[str, bool]
-
-
-def _read(storage: Storage, info: ObjectInfo) -> tuple[ObjectInfo, bytes | None, str | None]:
-    return info, *malformed.read_file(storage, info, records.MAX_RECORD_BYTES)
 
 
 def day_dir(name: str) -> str | None:
@@ -86,15 +79,6 @@ def _list(storage: Storage, days: list[str] | None) -> dict[str, ObjectInfo]:
             if records.is_record_name(i.name) and len(i.name) <= _NAME_MAX}
 
 
-def _known(catalog: Catalog, cache: str, days: list[str] | None) -> dict[str, tuple]:
-    """The record files read before, of ``days`` only (None: all): what "gone" is computed against."""
-    where = or_(*(RecordFileRow.name.like(prefix + "%") for prefix in _prefixes(days)))
-    with catalog.reader() as conn:
-        return {r.name: (r.size_bytes, r.mtime_s, r.generation) for r in conn.execute(
-            select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation)
-            .where(RecordFileRow.cache == cache, where))}
-
-
 def scan_records(catalog: Catalog, cache: str, storage: Storage, *, now: float | None = None) -> RecordScan:
     """Put new or changed run records into the inbox (the caller drains it); malformed ones are counted."""
     now = time.time() if now is None else now
@@ -103,38 +87,18 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, now: float |
     full = state is None or not 0 <= now - state.full_at < FULL_LISTING_S
     days = None if full or state is None else _days_to_list(catalog, cache, state, now)
     listing = _list(storage, days)
-    known = _known(catalog, cache, days)
+    # Of the listed days only: what "gone" is computed against.
+    known = malformed.known(catalog, cache, _prefixes(days))
     vanished = [n for n in known if n not in listing]
-    todo = [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
-    ingested = 0
-    skipped = malformed.Skipped("run record")
-    for info, data, error in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
-        if data is None and error is None:
-            continue  # deleted since the listing
-        if data is not None and error is None:
-            try:
-                record = records.parse(data)
-                queue.accept(catalog, cache, record, data, source=STORAGE, name=info.name)
-            except malformed.REFUSALS as exc:
-                error = malformed.reason(exc)
-        if error is not None:
-            skipped.add(info.name, error)
-        else:
-            ingested += 1
-        row = {"cache": cache, "name": info.name, "size_bytes": info.size_bytes, "mtime_s": info.mtime_s,
-               "generation": info.generation, "error": None if error is None else error[:2000]}
-        with catalog.session() as s:
-            s.execute(catalog.insert(RecordFileRow).values(**row).on_conflict_do_update(
-                index_elements=["cache", "name"], set_={k: v for k, v in row.items() if k not in ("cache", "name")}))
-    if vanished:
-        with catalog.session() as s:
-            for i in range(0, len(vanished), _CHUNK):
-                s.execute(delete(RecordFileRow).where(RecordFileRow.cache == cache,
-                                                      RecordFileRow.name.in_(vanished[i : i + _CHUNK])))
+    todo = malformed.changed(listing, known)
+    ingested, bad = malformed.ingest_files(
+        catalog, cache, storage, todo, what="run record", max_bytes=records.MAX_RECORD_BYTES,
+        ingest=lambda info, data: queue.accept(catalog, cache, records.parse(data), data, source=STORAGE,
+                                               name=info.name))
+    malformed.forget(catalog, cache, vanished)
     touched = {day_dir(n) for n in vanished} | {day_dir(i.name) for i in todo}
     found = ({day_dir(n) for n in listing} | {day_dir(n) for n in vanished}) - {None}
     changed = {} if state is None or full else {d: c for d, c in state.changed.items() if d not in (days or ())}
     changed.update({cast(str, d): d in touched for d in found})
     catalog.record_listings[cache] = _Listings(now if full or state is None else state.full_at, changed)
-    skipped.log(cache)
-    return RecordScan(ingested, len(skipped), len(listing) - len(todo), None if days is None else tuple(days))
+    return RecordScan(ingested, bad, len(listing) - len(todo), None if days is None else tuple(days))

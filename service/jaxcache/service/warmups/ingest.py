@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 
 import msgspec
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert
 
 from jaxcache import coverage
 from jaxcache.attestations import FILE, from_coverage
 from jaxcache.coverage import WarmupRecord
-from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import RecordFileRow, WarmupKeyRow, WarmupRow
+from jaxcache.service.catalog.models import WarmupKeyRow, WarmupRow
 from jaxcache.service.integrity import attestations
 from jaxcache.service.reports import malformed
-from jaxcache.storage import ObjectInfo, Storage
+from jaxcache.storage import Storage
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,29 +52,7 @@ def scan(catalog: Catalog, cache: str, storage: Storage) -> CoverageScan:
     """Ingest coverage records that are new or changed since the last rescan (malformed ones: counted, one warning)."""
     listing = {i.name: i for i in storage.iter_objects(coverage.WARMUPS_PREFIX, recursive=True)
                if i.name.endswith(".json")}
-    with catalog.reader() as conn:
-        known = {r.name: (r.size_bytes, r.mtime_s, r.generation) for r in conn.execute(
-            select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation)
-            .where(RecordFileRow.cache == cache, RecordFileRow.name.like(coverage.WARMUPS_PREFIX + "%")))}
-    todo = [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
-    ingested, skipped = 0, malformed.Skipped("warm-up record")
-    for info, data, error in bounded_map(partial(_read, storage), todo, workers=storage.io_workers):
-        if data is None and error is None:
-            continue  # deleted since the listing
-        if data is not None:
-            try:
-                ingest(catalog, cache, coverage.parse(data), record_name=info.name)
-                ingested += 1
-            except malformed.REFUSALS as exc:
-                error = malformed.reason(exc)
-        if error is not None:
-            skipped.add(info.name, error)
-        with catalog.writing(cache) as s:
-            s.merge(RecordFileRow(cache=cache, name=info.name, size_bytes=info.size_bytes, mtime_s=info.mtime_s,
-                                  generation=info.generation, error=None if error is None else error[:2000]))
-    skipped.log(cache)
-    return CoverageScan(ingested, len(skipped))
-
-
-def _read(storage: Storage, info: ObjectInfo) -> tuple[ObjectInfo, bytes | None, str | None]:
-    return info, *malformed.read_file(storage, info, coverage.MAX_COVERAGE_BYTES)
+    todo = malformed.changed(listing, malformed.known(catalog, cache, [coverage.WARMUPS_PREFIX]))
+    return CoverageScan(*malformed.ingest_files(
+        catalog, cache, storage, todo, what="warm-up record", max_bytes=coverage.MAX_COVERAGE_BYTES,
+        ingest=lambda info, data: ingest(catalog, cache, coverage.parse(data), record_name=info.name)))

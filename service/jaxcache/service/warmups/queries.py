@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
 
 from jaxcache.records import JOB
 from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, RunRow, WarmupKeyRow, WarmupRow
@@ -19,20 +18,25 @@ def _hit_since():
             .correlate(WarmupRow).scalar_subquery())
 
 
+def _summary() -> tuple:
+    """A warm-up's columns as its summary names them, with how many of its programs jobs hit since."""
+    w = WarmupRow
+    return (w.id, w.job, w.topology, w.platform, w.gpu_model, w.started_s, w.finished_s, w.programs, w.written,
+            w.present.label("already_warm"), w.not_written, w.compile_s, _hit_since().label("hit_since"))
+
+
 def list_warmups(conn: Connection, cache: str, *, limit: int) -> list[dict]:
     """Newest first, each with how many of its programs jobs have hit since."""
-    q = (select(WarmupRow, _hit_since().label("hit_since")).where(WarmupRow.cache == cache)
-         .order_by(WarmupRow.finished_s.desc()).limit(limit))
-    return [_summary(row, hit_since) for row, hit_since in _rows(conn, q)]
+    q = select(*_summary()).where(WarmupRow.cache == cache).order_by(WarmupRow.finished_s.desc()).limit(limit)
+    return [r._asdict() for r in conn.execute(q)]
 
 
 def get_warmup(conn: Connection, cache: str, warmup_id: str) -> dict | None:
     """One warm-up with every program: status, compile seconds, hits reported since, and whether it is cached."""
-    found = list(_rows(conn, select(WarmupRow, _hit_since().label("hit_since"))
-                       .where(WarmupRow.cache == cache, WarmupRow.id == warmup_id)))
-    if not found:
+    row = conn.execute(select(*_summary(), WarmupRow.fingerprint)
+                       .where(WarmupRow.cache == cache, WarmupRow.id == warmup_id)).first()
+    if row is None:
         return None
-    row, hit_since = found[0]
     programs = conn.execute(
         select(WarmupKeyRow.key, WarmupKeyRow.function, WarmupKeyRow.status, WarmupKeyRow.compile_s,
                WarmupKeyRow.size_bytes, KeyStatsRow.hits, KeyStatsRow.last_hit_s, EntryRow.key.label("cached"))
@@ -42,24 +46,11 @@ def get_warmup(conn: Connection, cache: str, warmup_id: str) -> dict | None:
         .where(WarmupKeyRow.cache == cache, WarmupKeyRow.warmup_id == warmup_id)
         .order_by(WarmupKeyRow.function, WarmupKeyRow.key)
     ).all()
-    return _summary(row, hit_since) | {"fingerprint": row.fingerprint, "keys": [
+    return row._asdict() | {"keys": [
         {"key": p.key, "function": p.function, "status": p.status, "compile_s": p.compile_s,
          "size_bytes": p.size_bytes, "hits": p.hits or 0, "last_hit_s": p.last_hit_s,
          "hit_since": p.last_hit_s is not None and p.last_hit_s >= row.finished_s, "in_cache": p.cached is not None}
         for p in programs]}
-
-
-def _rows(conn: Connection, q):
-    with Session(bind=conn) as s:
-        yield from s.execute(q).all()
-
-
-def _summary(row: WarmupRow, hit_since: int | None) -> dict:
-    return {
-        "id": row.id, "job": row.job, "topology": row.topology, "platform": row.platform,
-        "gpu_model": row.gpu_model, "started_s": row.started_s, "finished_s": row.finished_s,
-        "programs": row.programs, "written": row.written, "already_warm": row.present,
-        "not_written": row.not_written, "compile_s": row.compile_s, "hit_since": hit_since or 0}
 
 
 def writer_warmup(conn: Connection, cache: str, key: str, writer: dict) -> str | None:
