@@ -163,12 +163,11 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
 
 
 def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
-    for i in range(0, len(vanished), _CHUNK):
-        for kind in ("entry", "orphan"):
-            keys = [k for k, kd in vanished[i : i + _CHUNK] if kd == kind]
-            if keys:
-                s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.kind == kind,
-                                                 EntryRow.key.in_(keys)))
+    for kind in ("entry", "orphan"):
+        keys = [k for k, kd in vanished if kd == kind]
+        for i in range(0, len(keys), _CHUNK):
+            s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.kind == kind,
+                                             EntryRow.key.in_(keys[i : i + _CHUNK])))
 
 
 _KNOWN = select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
