@@ -38,10 +38,10 @@ def caches(state: State) -> list[CacheSummary]:
     return out
 
 
-def cache_totals(s: Session, cache: str) -> tuple[int, int]:
-    """(entries, bytes) of a cache's ``-cache`` files."""
+def cache_totals(s: Session, cache: str, kind: str = "entry") -> tuple[int, int]:
+    """(count, bytes) of a cache's ``-cache`` files (or, with ``kind="orphan"``, of its lone ``-atime`` files)."""
     count, size = s.execute(select(func.count(), func.coalesce(func.sum(EntryRow.size_bytes), 0))
-                            .where(EntryRow.cache == cache, EntryRow.kind == "entry")).one()
+                            .where(EntryRow.cache == cache, EntryRow.kind == kind)).one()
     return int(count), int(size)
 
 
@@ -64,8 +64,7 @@ def _stats(state: State, cache: str) -> dict:
             select(EntryRow.module, EntryRow.compression, EntryRow.status, func.count(),
                    func.sum(EntryRow.size_bytes), func.coalesce(func.sum(EntryRow.compile_seconds), 0))
             .where(*base).group_by(EntryRow.module, EntryRow.compression, EntryRow.status)).all()
-        orphans, orphan_bytes = s.execute(select(func.count(), func.coalesce(func.sum(EntryRow.size_bytes), 0))
-                                          .where(EntryRow.cache == cache, EntryRow.kind == "orphan")).one()
+        orphans, orphan_bytes = cache_totals(s, cache, "orphan")
         now = time.time()
         # Whole days since 1970, rounded down (PostgreSQL's CAST rounds to nearest, hence FLOOR there).
         day = (cast(func.floor(EntryRow.created_s / 86400), BigInteger) if s.get_bind().dialect.name == "postgresql"
@@ -92,7 +91,7 @@ def _stats(state: State, cache: str) -> dict:
                else sum(int(b) for _, _, b in growth_rows) / age_days)
     return {
         "cache": cache, "entries": count, "size_bytes": size, "compile_seconds": seconds, "corrupt": corrupt,
-        "orphans": int(orphans), "orphan_bytes": int(orphan_bytes), "compression": compression,
+        "orphans": orphans, "orphan_bytes": orphan_bytes, "compression": compression,
         "mixed_compression": compression.get("zstd", 0) > 0 and compression.get("zlib", 0) > 0,
         "by_function": [{"function": m, "entries": n, "size_bytes": b, "compile_seconds": c}
                         for m, n, b, c in by_fn[:100]],

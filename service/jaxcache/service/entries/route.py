@@ -11,8 +11,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.entries import queries
-from jaxcache.service.entries.schemas import EntryDetail, EntryJobModel, EntryPage
-from jaxcache.service.integrity.schemas import DigestConflict
+from jaxcache.service.entries.schemas import EntryDetail, EntryPage
 from jaxcache.service.prune import run as pruning
 from jaxcache.service.prune.run import EntryNotDeletedError, PruneInProgressError
 from jaxcache.service.state import State
@@ -128,8 +127,7 @@ def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -
     checked = {} if verdict is None else dict(
         integrity=verdict.classification, integrity_reasons=verdict.reasons, sha256=verdict.sha256,
         attested_by=verdict.attested_by)
-    return EntryDetail(**entry, jobs=[EntryJobModel(**j) for j in jobs], **checked,
-                       conflict=None if conflict is None else DigestConflict(**conflict))
+    return EntryDetail.model_validate({**entry, "jobs": jobs, **checked, "conflict": conflict})
 
 
 @router.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry",

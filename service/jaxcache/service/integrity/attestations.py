@@ -38,31 +38,30 @@ def record(catalog: Catalog, cache: str, found: Iterable[Attestation]) -> int:
 def record_in(catalog: Catalog, s: Session, cache: str, todo: list[Attestation]) -> int:
     """:func:`record` in ``s``'s write transaction (one the caller took with ``catalog.writing(cache)``)."""
     changed = 0
-    if todo:
-        keys = sorted({a.key for a in todo})
-        existing: dict[str, AttestationRow] = {}
-        for i in range(0, len(keys), _CHUNK):
-            existing.update((r.key, r) for r in s.scalars(select(AttestationRow).where(
-                AttestationRow.cache == cache, AttestationRow.key.in_(keys[i : i + _CHUNK]))))
-        conflicts: list[Attestation] = []
-        for att in todo:
-            row = existing.get(att.key)
-            winner, other = prefer(None if row is None else _attestation(row), att)
-            if other is not None:
-                conflicts.append(other)
-            if row is None:
-                row = existing[att.key] = AttestationRow(**_row(cache, winner))
-                s.add(row)
-                changed += 1
-            elif (winner.sha256, winner.source) != (row.sha256, row.source):
-                for name, value in _row(cache, winner).items():
-                    setattr(row, name, value)
-                changed += 1
-        for other in conflicts:
-            s.execute(catalog.insert(AttestationConflictRow).values(
-                cache=cache, key=other.key, sha256=other.sha256, size_bytes=other.size_bytes,
-                writer=other.writer[:512], source=other.source, record=other.record, seen_s=other.at,
-            ).on_conflict_do_nothing(index_elements=["cache", "key", "sha256"]))
+    keys = sorted({a.key for a in todo})
+    existing: dict[str, AttestationRow] = {}
+    for i in range(0, len(keys), _CHUNK):
+        existing.update((r.key, r) for r in s.scalars(select(AttestationRow).where(
+            AttestationRow.cache == cache, AttestationRow.key.in_(keys[i : i + _CHUNK]))))
+    conflicts: list[Attestation] = []
+    for att in todo:
+        row = existing.get(att.key)
+        winner, other = prefer(None if row is None else _attestation(row), att)
+        if other is not None:
+            conflicts.append(other)
+        if row is None:
+            row = existing[att.key] = AttestationRow(**_row(cache, winner))
+            s.add(row)
+            changed += 1
+        elif (winner.sha256, winner.source) != (row.sha256, row.source):
+            for name, value in _row(cache, winner).items():
+                setattr(row, name, value)
+            changed += 1
+    for other in conflicts:
+        s.execute(catalog.insert(AttestationConflictRow).values(
+            cache=cache, key=other.key, sha256=other.sha256, size_bytes=other.size_bytes,
+            writer=other.writer[:512], source=other.source, record=other.record, seen_s=other.at,
+        ).on_conflict_do_nothing(index_elements=["cache", "key", "sha256"]))
     return changed
 
 

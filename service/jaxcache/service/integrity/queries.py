@@ -18,12 +18,10 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
     counts = dict.fromkeys(integrity.CLASSES, 0) | dict(conn.execute(
         select(v.classification, func.count()).join(EntryRow, current)
         .where(EntryRow.cache == cache, EntryRow.kind == "entry").group_by(v.classification)).all())
-    total = conn.execute(select(func.count()).select_from(EntryRow)
-                         .where(EntryRow.cache == cache, EntryRow.kind == "entry")).scalar_one()
-    attested = conn.execute(
-        select(func.count()).select_from(EntryRow)
-        .join(AttestationRow, and_(AttestationRow.cache == EntryRow.cache, AttestationRow.key == EntryRow.key))
-        .where(EntryRow.cache == cache, EntryRow.kind == "entry")).scalar_one()
+    total, attested = conn.execute(
+        select(func.count(), func.count(AttestationRow.key)).select_from(EntryRow)
+        .outerjoin(AttestationRow, and_(AttestationRow.cache == EntryRow.cache, AttestationRow.key == EntryRow.key))
+        .where(EntryRow.cache == cache, EntryRow.kind == "entry")).one()
     last = conn.execute(select(func.max(v.checked_s)).where(v.cache == cache)).scalar_one()
     held = integrity.TAMPERED, integrity.MISMATCHED, integrity.CORRUPT  # mismatched acts only where pinned
     bad = conn.execute(

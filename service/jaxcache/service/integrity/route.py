@@ -23,8 +23,7 @@ def post_verify(request: Request, cache: CacheName, _p: AdminAuth,
     """Verify new, changed and pending entries (or all, with `recheck_all`) now, unthrottled."""
     deps.storage_of(request, cache)
     body = body or VerifyRequest()
-    found = verification.verify(state_of(request), cache, max_entries=body.max_entries, recheck_all=body.recheck_all)
-    return VerifyResult.model_validate(found, from_attributes=True)
+    return verification.verify(state_of(request), cache, max_entries=body.max_entries, recheck_all=body.recheck_all)
 
 
 @router.get("/v1/caches/{cache}/integrity", response_model=IntegritySummary, operation_id="getIntegrity")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 
 from sqlalchemy import and_, delete, func, or_, select
@@ -17,6 +16,7 @@ from jaxcache.scan import Entry
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import AttestationRow, EntryRow, VerificationRow
 from jaxcache.service.integrity import attestations, queries
+from jaxcache.service.integrity.schemas import VerifyResult
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.rescan.scan import ensure_scanned
 from jaxcache.service.state import State
@@ -31,16 +31,6 @@ def _upsert(catalog: Catalog):
     insert = catalog.insert(VerificationRow)
     return insert.on_conflict_do_update(index_elements=["cache", "key"], set_={
         c.name: insert.excluded[c.name] for c in VerificationRow.__table__.columns if not c.primary_key})
-
-
-@dataclass(slots=True)
-class VerifyPass:
-    cache: str
-    checked: int = 0
-    bytes_read: int = 0
-    counts: dict[str, int] = field(default_factory=dict)  # verdicts of this pass, by class
-    remaining: int = 0  # entries still to verify (a bounded pass stopped early)
-    seconds: float = 0.0
 
 
 def _todo(cache: str, trusted: TrustedKeys):
@@ -67,14 +57,14 @@ def run_pass(
     bytes_per_s: float | None = None, cpu_share: float | None = None, stop: threading.Event | None = None,
     recheck_all: bool = False, clock: Callable[[], float] = time.time, progress: Callable[[], None] | None = None,
     trusted: TrustedKeys | None = None,
-) -> VerifyPass:
+) -> VerifyResult:
     """Verify what needs it (all with ``recheck_all``), at most ``max_entries``, throttled to ``bytes_per_s`` and
     ``cpu_share`` of a core when given, against ``trusted``; ``progress`` is called after each batch."""
     keys = TrustedKeys.from_env() if trusted is None else trusted
     trust, started, cpu_started = keys.digest(), time.monotonic(), time.thread_time()
     # Throttled, a batch is a short burst between sleeps, so requests never queue behind a long one.
     batch_size = _BATCH if cpu_share is None else _THROTTLED_BATCH
-    result = VerifyPass(cache)
+    result = VerifyResult(cache=cache, checked=0, bytes_read=0, counts={}, remaining=0, seconds=0.0)
     if recheck_all:
         with catalog.writing(cache) as s:
             s.execute(delete(VerificationRow).where(VerificationRow.cache == cache))
@@ -136,7 +126,7 @@ def unjudged(catalog: Catalog, cache: str, trusted: TrustedKeys) -> int:
 
 
 def verify(state: State, name: str, *, max_entries: int | None = None, recheck_all: bool = False,
-           stop: threading.Event | None = None, throttled: bool = False) -> VerifyPass:
+           stop: threading.Event | None = None, throttled: bool = False) -> VerifyResult:
     """One integrity pass over ``name`` (only what needs it unless ``recheck_all``)."""
     ensure_scanned(state, name)
     settings = state.settings

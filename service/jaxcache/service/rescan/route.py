@@ -21,5 +21,4 @@ RESCAN_WAIT_S = 60.0
 def post_rescan(request: Request, cache: CacheName, _p: AdminAuth) -> RescanModel:
     """Rescan one cache's entries and new or changed run records now."""
     storage_of(request, cache)
-    return RescanModel.model_validate(rescan_cache(state_of(request), cache, wait_s=RESCAN_WAIT_S),
-                                      from_attributes=True)
+    return rescan_cache(state_of(request), cache, wait_s=RESCAN_WAIT_S)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from functools import partial
 
+from pydantic import Field
 from sqlalchemy import bindparam, case, delete, func, insert, select, update
 
 from jaxcache import entry as fmt
@@ -17,7 +17,7 @@ from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service import memory
 from jaxcache.service.caches import summary
-from jaxcache.service.caches.schemas import SKIPPED_SHOWN
+from jaxcache.service.caches.schemas import SKIPPED_SHOWN, RescanModel
 from jaxcache.service.catalog.coordination import LockBusyError
 from jaxcache.service.catalog.database import USAGE, Catalog, analyze
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
@@ -41,23 +41,13 @@ NEW_PER_WRITE = 20_000
 _NAME_SHOWN = 512  # characters of an escaped name kept (an escape is up to 10 per character of the name)
 
 
-@dataclass(frozen=True, slots=True)
-class RescanResult:
-    cache: str
-    added: int
-    removed: int
-    updated: int
-    entries: int
-    seconds: float
-    records_ingested: int = 0  # new or changed run records read
-    records_malformed: int = 0
-    warmups_ingested: int = 0  # new or changed warm-up coverage records read
-    records_compacted: int = 0  # runs (processes) older than the retention folded into per-key history
+class RescanResult(RescanModel):
+    """What the API answers of a rescan, and what the service notes of it besides."""
+
     misses_explained: int = 0
-    skipped: int = 0  # objects named like entries or records that were not read (see Skipped)
     read_catalog: bool = False  # False when the previous rescan's listing stood for the catalog's rows
-    folded: dict[str, int] = field(default_factory=dict)  # records the drain folded, by source
-    dropped: dict[str, int] = field(default_factory=dict)  # records the drain dropped, by source
+    folded: dict[str, int] = Field(default_factory=dict)  # records the drain folded, by source
+    dropped: dict[str, int] = Field(default_factory=dict)  # records the drain dropped, by source
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
@@ -173,12 +163,11 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
 
 
 def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
-    for i in range(0, len(vanished), _CHUNK):
-        for kind in ("entry", "orphan"):
-            keys = [k for k, kd in vanished[i : i + _CHUNK] if kd == kind]
-            if keys:
-                s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.kind == kind,
-                                                 EntryRow.key.in_(keys)))
+    for kind in ("entry", "orphan"):
+        keys = [k for k, kd in vanished if kd == kind]
+        for i in range(0, len(keys), _CHUNK):
+            s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.kind == kind,
+                                             EntryRow.key.in_(keys[i : i + _CHUNK])))
 
 
 _KNOWN = select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
@@ -321,9 +310,11 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
         s.execute(update(CacheRow).where(CacheRow.name == cache)
                   .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None,
                           last_scan_skipped=skipped.count, last_scan_skipped_names=skipped_names(skipped)))
-    return RescanResult(cache, added, removed, updated, entries, seconds, found.ingested, found.malformed,
-                        covered.ingested, compacted, sum(drained.misses.values()), skipped.count, read_catalog,
-                        dict(drained.fresh), dict(drained.malformed))
+    return RescanResult(cache=cache, added=added, removed=removed, updated=updated, entries=entries, seconds=seconds,
+                        records_ingested=found.ingested, records_malformed=found.malformed,
+                        warmups_ingested=covered.ingested, records_compacted=compacted,
+                        misses_explained=sum(drained.misses.values()), skipped=skipped.count,
+                        read_catalog=read_catalog, folded=dict(drained.fresh), dropped=dict(drained.malformed))
 
 
 def rescan_cache(state: State, name: str, *, wait_s: float | None = None) -> RescanResult:
