@@ -45,13 +45,6 @@ def _spelled(value: Any) -> Any:
     return value
 
 
-def _answerable(value: Any) -> Any:
-    """A leaf of a problem's input as JSON can carry it: NaN spelled out, the rest through FastAPI's encoder."""
-    if value is None or isinstance(value, str | int | float):
-        return _spelled(value)
-    return jsonable_encoder(value)
-
-
 def unprocessable(exc: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 shape for any body, NaN and Infinity reported on their own; walked with loops, so any depth."""
     places = {("body", *path): value for path, value in leaves(exc.body)
@@ -62,10 +55,10 @@ def unprocessable(exc: RequestValidationError) -> JSONResponse:
     for p in exc.errors():
         if tuple(p.get("loc", ())) in places:
             continue
-        # Spelled out, so a NaN in the echoed input cannot fail the answer.
+        # Encoded a leaf at a time (any depth), then NaN spelled out, so the echoed input cannot fail the answer.
         problem = jsonable_encoder({k: v for k, v in p.items() if k != "input"})
         if "input" in p:
-            problem["input"] = map_leaves(p["input"], _answerable)
+            problem["input"] = map_leaves(p["input"], jsonable_encoder)
         problems.append(map_leaves(problem, _spelled))
     return JSONResponse({"detail": problems}, status_code=422)
 
