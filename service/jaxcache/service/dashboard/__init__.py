@@ -10,11 +10,10 @@ from jaxcache.service.dashboard.site import STATIC, Dashboard
 from jaxcache.service.state import State
 
 
-def install(app: FastAPI, state: State) -> Dashboard:
+def install(app: FastAPI, state: State) -> None:
     """Serve the dashboard at ``/`` and its assets at ``/static`` (all shipped in the package)."""
     dash = Dashboard(state)
     app.include_router(pages.routes(dash))
     app.include_router(prune_page.routes(dash))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.state.dashboard = dash
-    return dash

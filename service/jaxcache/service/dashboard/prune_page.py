@@ -49,43 +49,40 @@ def routes(dash: Dashboard) -> APIRouter:
     router = APIRouter(route_class=html_route(dash), include_in_schema=False)
 
     def prune_page(request: Request, viewer: Viewer, cache: str, form: dict[str, str], *, status: int = 200,
-                   preview: Any = None, error: str | None = None, applied: dict | None = None) -> Response:
+                   preview: Any = None, error: str | None = None, applied_id: int | None = None) -> Response:
         with state.catalog.reader() as conn:
             audit = prune_audit.prunes(conn, cache, limit=50)
+            applied = [] if applied_id is None else prune_audit.prunes(conn, cache, limit=1, audit_id=applied_id)
         return dash.render(request, "prune.html", status=status, viewer=viewer, cache=cache, section="prune",
-                           form=form, preview=preview, error=error, applied=applied, audit=audit,
-                           csrf=dash.csrf(viewer, f"prune:{cache}"))
+                           form=form, preview=preview, error=error, applied=applied[0] if applied else None,
+                           audit=audit, csrf=dash.csrf(viewer, f"prune:{cache}"))
 
-    def audit_row(cache: str, audit_id: int) -> list[dict]:
-        with state.catalog.reader() as conn:
-            return prune_audit.prunes(conn, cache, limit=1, audit_id=audit_id)
-
+    # Each route checks the token on the event loop, then does its catalog work and rendering in one thread hop.
     @router.get("/caches/{cache}/prune")
     async def prune_form(request: Request, cache: str) -> Response:
         viewer = dash.viewer(request, cache=cache)
+        return await run_in_threadpool(preview, request, viewer, cache)
+
+    def preview(request: Request, viewer: Viewer, cache: str) -> Response:
         q = request.query_params
         form = policy_form(q)
-        preview = error = applied = None
+        planned = error = None
         status = 200
-        if q.get("applied", "").isdigit():
-            found = await run_in_threadpool(audit_row, cache, int(q["applied"]))
-            applied = found[0] if found else None
         if q.get("preview"):
             try:
                 policy, policy_json = policy_of(policy_request(form, dry_run=True))
-                outcome = await run_in_threadpool(pruning.prune, state, cache, policy, policy_json=policy_json,
-                                                  dry_run=True, who=viewer.who)
-                preview = response_of(outcome, dry_run=True, limit=MAX_SHOWN)
+                outcome = pruning.prune(state, cache, policy, policy_json=policy_json, dry_run=True, who=viewer.who)
+                planned = response_of(outcome, dry_run=True, limit=MAX_SHOWN)
             except InvalidInputError as exc:
                 error, status = str(exc), 400
-        return await run_in_threadpool(prune_page, request, viewer, cache, form, status=status, preview=preview,
-                                       error=error, applied=applied)
+        applied_id = int(q["applied"]) if q.get("applied", "").isdigit() else None
+        return prune_page(request, viewer, cache, form, status=status, preview=planned, error=error,
+                          applied_id=applied_id)
 
     @router.post("/caches/{cache}/prune")
     async def prune_apply(request: Request, cache: str) -> Response:
         dash.cache_or_404(cache)
         form_values = await read_form(request)
-        form = policy_form(form_values)
         try:
             viewer = dash.viewer(request, "admin")
         except HTTPException as exc:
@@ -96,23 +93,24 @@ def routes(dash: Dashboard) -> APIRouter:
             message = (f"Applying a prune needs an admin token; you are signed in with "
                        f"{'a ' + reader.scope + ' token' if reader.scope else 'anonymous read access'}. "
                        "Nothing was deleted.")
-            return await run_in_threadpool(prune_page, request, reader, cache, form, status=exc.status_code,
-                                           error=message)
+            return await run_in_threadpool(prune_page, request, reader, cache, policy_form(form_values),
+                                           status=exc.status_code, error=message)
         dash.check_form(request, viewer, form_values, f"prune:{cache}")
+        return await run_in_threadpool(apply, request, viewer, cache, form_values)
+
+    def apply(request: Request, viewer: Viewer, cache: str, form_values: dict[str, str]) -> Response:
+        form = policy_form(form_values)
         if form_values.get("confirm", "").strip() != cache:
-            return await run_in_threadpool(
-                prune_page, request, viewer, cache, form, status=400,
-                error=f"To apply, type the cache name ({cache}) in the confirmation box. Nothing was deleted.")
+            return prune_page(request, viewer, cache, form, status=400, error=f"To apply, type the cache name "
+                              f"({cache}) in the confirmation box. Nothing was deleted.")
         try:
             policy, policy_json = policy_of(policy_request(form, dry_run=False))
-            outcome = await run_in_threadpool(pruning.prune, state, cache, policy, policy_json=policy_json,
-                                              dry_run=False, who=viewer.who)
+            outcome = pruning.prune(state, cache, policy, policy_json=policy_json, dry_run=False, who=viewer.who)
         except InvalidInputError as exc:
-            return await run_in_threadpool(prune_page, request, viewer, cache, form, status=400,
-                                           error=f"{exc}. Nothing was deleted.")
+            return prune_page(request, viewer, cache, form, status=400, error=f"{exc}. Nothing was deleted.")
         except PruneInProgressError:
-            return await run_in_threadpool(prune_page, request, viewer, cache, form, status=409,
-                                           error=f"A prune of {cache} is already running; try again when it ends.")
+            return prune_page(request, viewer, cache, form, status=409,
+                              error=f"A prune of {cache} is already running; try again when it ends.")
         base = request.scope.get("root_path", "").rstrip("/")
         query = urllib.parse.urlencode({"applied": outcome.audit_id})
         return RedirectResponse(f"{base}/caches/{urllib.parse.quote(cache, safe='')}/prune?{query}", 303)

@@ -66,9 +66,6 @@ class CatalogCandidates(prune.CandidateColumns):
             self.created[row], self.last_used[row], self.statuses[row], orphan, self.generations[row], None,
             bool(self.has_atime[row]), self.last_hits[row], self.writer_jaxlib[row], self._verdicts.get(key))
 
-    def key(self, row: int) -> str:
-        return self.keys[row]
-
     @cached_property
     def integrity(self) -> list[str | None]:
         verdicts = self._verdicts

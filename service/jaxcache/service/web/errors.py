@@ -26,8 +26,9 @@ class InboxFullError(JaxcacheError):
 
 
 def status_of(exc: JaxcacheError) -> int:
-    """400 for bad input, 409 for a conflict, 502 when storage failed, 500 otherwise."""
-    for kind, status in ((InvalidInputError, 400), (PreconditionFailedError | LockBusyError, 409), (StorageError, 502)):
+    """400 for bad input, 409 for a conflict, 502 when storage failed, 503 when the inbox is full, 500 otherwise."""
+    for kind, status in ((InvalidInputError, 400), (PreconditionFailedError | LockBusyError, 409), (StorageError, 502),
+                         (InboxFullError, 503)):
         if isinstance(exc, kind):
             return status
     return 500
@@ -45,13 +46,6 @@ def _spelled(value: Any) -> Any:
     return value
 
 
-def _answerable(value: Any) -> Any:
-    """A leaf of a problem's input as JSON can carry it: NaN spelled out, the rest through FastAPI's encoder."""
-    if value is None or isinstance(value, str | int | float):
-        return _spelled(value)
-    return jsonable_encoder(value)
-
-
 def unprocessable(exc: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 shape for any body, NaN and Infinity reported on their own; walked with loops, so any depth."""
     places = {("body", *path): value for path, value in leaves(exc.body)
@@ -62,10 +56,10 @@ def unprocessable(exc: RequestValidationError) -> JSONResponse:
     for p in exc.errors():
         if tuple(p.get("loc", ())) in places:
             continue
-        # Spelled out, so a NaN in the echoed input cannot fail the answer.
+        # Encoded a leaf at a time (any depth), then NaN spelled out, so the echoed input cannot fail the answer.
         problem = jsonable_encoder({k: v for k, v in p.items() if k != "input"})
         if "input" in p:
-            problem["input"] = map_leaves(p["input"], _answerable)
+            problem["input"] = map_leaves(p["input"], jsonable_encoder)
         problems.append(map_leaves(problem, _spelled))
     return JSONResponse({"detail": problems}, status_code=422)
 
@@ -82,20 +76,17 @@ def allowed_methods(request: Request) -> list[str]:
 
 
 def install(app: FastAPI) -> None:
-    """Install the handlers for JaxcacheError, 422, a full inbox and 405."""
+    """Install the handlers for JaxcacheError (a full inbox's with Retry-After), 422 and 405."""
 
     @app.exception_handler(JaxcacheError)
     async def jaxcache_error(_request: Request, exc: JaxcacheError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=status_of(exc))
+        retry = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, InboxFullError) else None
+        return JSONResponse({"detail": str(exc)}, status_code=status_of(exc), headers=retry)
 
     # FastAPI's own handler echoes each input back and fails on NaN (the JSON encoder refuses it): a 500.
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return unprocessable(exc)
-
-    @app.exception_handler(InboxFullError)
-    async def inbox_full(_request: Request, exc: InboxFullError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after_s)})
 
     # Starlette's Allow names only the first matching route's methods; a path with GET and DELETE would say GET.
     @app.exception_handler(405)

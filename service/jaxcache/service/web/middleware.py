@@ -64,6 +64,5 @@ class LimitsAndMetrics:
                 self.metrics.reports_rejected.labels("error").inc()
             raise
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or scope.get("jaxcache.route", "unmatched")
+            template = getattr(scope.get("route"), "path", None) or "unmatched"
             self.metrics.request_seconds.labels(template, scope["method"]).observe(time.perf_counter() - started)
