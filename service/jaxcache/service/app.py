@@ -52,8 +52,8 @@ def create_app(settings: ServiceSettings | None = None, *, prepared: bool = Fals
         if settings.role == "api":  # another process (--role loops) runs them
             loops: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
         else:  # each of its passes claimed by a lock: see background.py
-            loops = background(state.loops, state.catalog, settings, drain=partial(drain_all, state),
-                               rescan=partial(rescan_all, state), verify=partial(verification.verify_all, state))
+            loops = background(state.loops, drain=partial(drain_all, state), rescan=partial(rescan_all, state),
+                               verify=partial(verification.verify_all, state))
         try:
             async with loops:
                 memory.settle_startup()

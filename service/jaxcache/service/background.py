@@ -90,8 +90,8 @@ def stuck_after(period_s: float, setting: float | None) -> float:
 class Loops:
     """This process's loops: their rounds and how each is doing, shared by their threads and the routes."""
 
-    def __init__(self, metrics: Metrics, catalog: Catalog, stuck_after_s: float | None) -> None:
-        self.metrics, self._locks, self._stuck_after_s = metrics, catalog.locks, stuck_after_s
+    def __init__(self, metrics: Metrics, catalog: Catalog, settings: ServiceSettings) -> None:
+        self.metrics, self.catalog, self.settings = metrics, catalog, settings
         self._statuses = LoopStatuses(catalog.engine)  # where each change is published for every process
         self._lock = threading.Lock()
         self._loops: dict[str, LoopStatus] = {}
@@ -111,12 +111,12 @@ class Loops:
     def one_round(self, loop: str, period_s: float, one_pass: Callable[[], T],
                   failures: Callable[[T], list[tuple[str, Exception]]] = lambda _: []) -> T | None:
         """``one_pass()`` if this process claims the loop's lock, else None; noted once the lock is released."""
-        lock = self._locks.get(f"loop:{loop}")
+        lock = self.catalog.locks.get(f"loop:{loop}")
         try:
             if not lock.acquire(blocking=False):
                 return None
             try:
-                with self.passing(loop, stuck_after(period_s, self._stuck_after_s)):
+                with self.passing(loop, stuck_after(period_s, self.settings.stuck_after_s)):
                     result = one_pass()
             finally:
                 lock.release()
@@ -260,10 +260,10 @@ def describe(exc: BaseException) -> str:
 
 
 @contextlib.asynccontextmanager
-async def background(loops: Loops, catalog: Catalog, settings: ServiceSettings, *, drain: Callable[[], int],
-                     rescan: Failing, verify: Callable[[threading.Event], list[tuple[str, Exception]]],
-                     ) -> AsyncIterator[None]:
+async def background(loops: Loops, *, drain: Callable[[], int], rescan: Failing,
+                     verify: Callable[[threading.Event], list[tuple[str, Exception]]]) -> AsyncIterator[None]:
     """Run the loops' passes (``verify`` is handed the stop event) while the app serves; stop them when it stops."""
+    catalog, settings = loops.catalog, loops.settings
     period_s = settings.rescan_s
     loops.metrics.start_loops((DRAIN, RESCAN, VERIFY))
     stop, first_round = threading.Event(), threading.Event()

@@ -48,7 +48,7 @@ class State:
         self.generations = Generations(self.catalog)
         self.metrics = Metrics(list(settings.caches))
         self.catalog.on_misses = self._count_misses
-        self.loops = Loops(self.metrics, self.catalog, settings.stuck_after_s)
+        self.loops = Loops(self.metrics, self.catalog, settings)
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
                                              for name, url in settings.caches.items()}
