@@ -89,8 +89,8 @@ def test_kill_9_mid_prune_then_restart_accounts_for_every_deletion(tmp_path):
 
 def test_kill_9_mid_report_storm_loses_no_accepted_record(tmp_path, cache_copy, jax_caches):
     """#58: the service killed while 80 jobs post their records. Every record answered 202 is in the catalog after
-    the restart without being sent again; the jobs whose post got no answer send theirs again (as their clients
-    retry, idempotent): each of the 80 is counted exactly once."""
+    the restart without being sent again; the jobs whose post got no answer send theirs again (as a job's next report
+    does: records hold totals): each of the 80 is counted exactly once."""
     from concurrent.futures import ThreadPoolExecutor
 
     from reports_support import hit, keys_of, run
