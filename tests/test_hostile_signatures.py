@@ -1,10 +1,12 @@
 """A malformed or huge ``<key>-sig`` object is a verdict on its own entry (#49 items 1 and 2): every reader judges
 each signature on its own, so a bad one beside a swapped entry never stops that entry being judged. The readers:
 `doctor --verify`, `prune --integrity`, `keys sign --if-signed-by`, `bundle export`, `bundle import`,
-`warmup --check`, the service's verify pass, and a job with ``verify="attested"``."""
+`warmup --check`, the service's verify pass, and a job with ``verify="attested"``. Kept with them (#58): `-sig` objects
+that are FIFOs, folders or links (never opened nor followed), and 200 signatures in one object."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -68,16 +70,44 @@ def test_decode_answers_a_malformed_signature_object_with_one_error(sig):
     assert signing.found_in(sig, "k", signing.TrustedKeys.parse(PUBLIC)).judge(b"x") == skips.BAD_SIGNATURE
 
 
-@pytest.mark.parametrize("sig", list(MALFORMED.values()), ids=list(MALFORMED))
-def test_every_command_judges_the_entries_beside_a_malformed_signature(written, tmp_path, sig):  # noqa: F811
-    root, bad, swapped = hostile(written, tmp_path, sig)
+def _plant(path: Path, jam: str) -> None:
+    """Put a FIFO, a folder or a link where ``path`` (a ``-sig`` object) is; the link leads out of the root to a
+    copy of the real signature object, which a reader that followed it would take as proof."""
+    real = path.read_bytes()
+    path.unlink()
+    if jam == "fifo":
+        os.mkfifo(path)
+    elif jam == "directory":
+        path.mkdir()
+    else:
+        outside = path.parent.parent / "outside-sig"
+        outside.write_bytes(real)
+        path.symlink_to(outside)
+
+
+JAMS = ["fifo", "directory", "link to a valid signature outside the root"]
+KIND = {"fifo": "a FIFO", "directory": "a directory", "link to a valid signature outside the root": "a symbolic link"}
+
+
+@pytest.mark.parametrize("bad_sig", [*MALFORMED, *JAMS])
+def test_every_command_judges_the_entries_beside_a_bad_signature_object(written, tmp_path, bad_sig):  # noqa: F811
+    """A malformed ``-sig`` (#49), or one that is not a file (#58: never opened, as a FIFO would block a reader, nor
+    followed). Commands run as processes: one blocked would time out."""
+    root, bad, swapped = hostile(written, tmp_path, MALFORMED.get(bad_sig, b""))
+    sig = root / signing.sig_name(bad)
+    if bad_sig in JAMS:
+        _plant(sig, bad_sig)
+    said = f"{sig.name} is not a file: ignored" if bad_sig in JAMS else "is not a jaxcache signature object"
 
     proc = cli("doctor", str(root), "--verify", "--json")
     one_line_or_none(proc)
-    judged = {e["key"]: e for e in json.loads(proc.stdout)["entries"]}
+    found = json.loads(proc.stdout)
+    judged = {e["key"]: e for e in found["entries"]}
     assert proc.returncode == 1 and judged[swapped]["class"] == "tampered", proc.stdout
     assert judged[bad]["class"] == "ok"  # its bytes are as its writer recorded; the signature proves nothing
-    assert any("is not a jaxcache signature object" in r for r in judged[bad]["reasons"]), judged[bad]
+    assert any(said in r for r in judged[bad]["reasons"]), judged[bad]
+    skipped = {s["name"]: s["reason"] for s in found["skipped"]}
+    assert skipped == ({sig.name: f"{KIND[bad_sig]}, not a regular file"} if bad_sig in JAMS else {}), skipped
 
     proc = cli("keys", "sign", str(root), "--key", KEY_PATH, "--if-signed-by", "writers", "--dry-run", "--json")
     one_line_or_none(proc)
@@ -95,6 +125,8 @@ def test_every_command_judges_the_entries_beside_a_malformed_signature(written, 
     proc = cli("prune", str(root), "--integrity", "--apply", "--json")
     one_line_or_none(proc)
     assert proc.returncode == 0 and [d["key"] for d in json.loads(proc.stdout)["delete"]] == [swapped], proc.stdout
+    if bad_sig in JAMS:
+        assert {"fifo": sig.is_fifo, "directory": sig.is_dir}.get(bad_sig, sig.is_symlink)(), "left as it was"
 
 
 @pytest.mark.parametrize("sig", list(MALFORMED.values()), ids=list(MALFORMED))
@@ -159,22 +191,24 @@ def test_the_service_judges_every_entry_beside_a_malformed_signature(damaged, tm
 
 
 @pytest.mark.slow
-def test_a_verifying_job_never_loads_a_swapped_entry_beside_a_malformed_signature(service):  # noqa: F811
+def test_a_verifying_job_never_loads_a_swapped_entry_beside_a_malformed_or_fifo_signature(service):  # noqa: F811
     base, cache = service
     job = (sys.executable, {})
     run_job(job, cache, "writer")  # attested to the service, and signed
-    affine, gram = _entry(cache, "affine"), _entry(cache, "gram")
-    key = {p: p.name.removesuffix("-cache") for p in (affine, gram)}
+    affine, gram, wave = _entry(cache, "affine"), _entry(cache, "gram"), _entry(cache, "wave")
+    key = {p: p.name.removesuffix("-cache") for p in (affine, gram, wave)}
     gram.write_bytes(affine.read_bytes())  # another program's bytes under gram's key
     _age(cache)
     (cache / signing.sig_name(key[affine])).write_bytes(MALFORMED["size Infinity"])
+    _plant(cache / signing.sig_name(key[wave]), "fifo")  # never opened: a reader would block on it
     api(base, "/v1/caches/shared/rescan", ADMIN, "POST")
     api(base, "/v1/caches/shared/verify", ADMIN, "POST")  # 200, not 500
     # client_job checks every result: loading gram's swapped bytes would fail the job.
     out = run_job(job, cache, "careful", "--verify", "attested", "--service-url", base, "--token", REPORT)
     assert out["skipped"] == {key[gram]: skips.TAMPERED}, out["skipped"]
     signed = run_job((sys.executable, {"JAXCACHE_TRUSTED_KEYS": PUBLIC}), cache, "signed", "--verify", "signed")
-    assert signed["skipped"] == {key[affine]: skips.BAD_SIGNATURE, key[gram]: skips.DIGEST_DIFFERS}, signed
+    assert signed["skipped"] == {key[affine]: skips.BAD_SIGNATURE, key[gram]: skips.DIGEST_DIFFERS,
+                                 key[wave]: skips.UNSIGNED}, signed
 
 
 @pytest.mark.gcs
@@ -190,3 +224,48 @@ def test_a_huge_signature_object_in_a_gcs_root_is_judged_from_a_ranged_read(writ
     judged = {e["key"]: e for e in json.loads(proc.stdout)["entries"]}
     assert proc.returncode == 0 and {e["class"] for e in judged.values()} == {"ok"}, proc.stdout
     assert any(f"larger than {signing.MAX_SIG_BYTES} bytes" in r for r in judged[bad]["reasons"]), judged[bad]
+
+
+@pytest.mark.parametrize("jam", JAMS)
+def test_the_service_judges_every_entry_beside_a_signature_that_is_not_a_file(damaged, tmp_path, jam):  # noqa: F811
+    root = tmp_path / "cache"
+    shutil.copytree(damaged["root"], root)
+    broken = {damaged[k] for k in ("flipped", "swapped", "truncated", "plain")}
+    _plant(root / signing.sig_name(min(damaged["all"] - broken)), jam)
+    with _app(str(root), tmp_path) as client:
+        _rescanned(client)
+        _expect_verdicts(client, damaged)  # judged as unsigned, which its writer's record attests: ok
+
+
+def _object(sigs: list[signing.Signature]) -> bytes:
+    """A ``-sig`` object of ``sigs`` written compactly (no writer, no time), so 200 fit within MAX_SIG_BYTES."""
+    fields = ("key", "sha256", "size_bytes", "signer", "signature")
+    return json.dumps({"format": signing.FORMAT, "signatures": [{f: getattr(s, f) for f in fields} for s in sigs]},
+                      separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("trusted_one", [True, False], ids=["199 forged and the real one last", "200 forged"])
+def test_two_hundred_signatures_in_one_object_prove_only_what_a_trusted_one_signs(bundle, tmp_path, capsys,  # noqa: F811
+                                                                                  monkeypatch, trusted_one):
+    """A ``-sig`` of 200 signatures, each claiming the trusted key's name (#58): each is checked on its own, and the
+    entry is proven only by one that verifies."""
+    items = dict(members(bundle))
+    key, *rest = [e["key"] for e in json.loads(items["manifest.json"])["entries"]]
+    data = items[f"{key}-cache"]
+    digest = hashlib.sha256(data).hexdigest()
+    forger = signing.new_key("writers", str(tmp_path / "forged.key"))  # the trusted key's name, another key
+    sigs = [forger.sign(key, digest, len(data)) for _ in range(199 if trusted_one else 200)]
+    if trusted_one:
+        sigs.append(signing.load_key(KEY_PATH).sign(key, digest, len(data)))
+    items[f"{key}-sig"] = _object(sigs)
+    assert len(items[f"{key}-sig"]) <= signing.MAX_SIG_BYTES and len(signing.decode(items[f"{key}-sig"])) == 200
+    path = write_tar(tmp_path / "many.tar", list(items.items()))
+    monkeypatch.setenv(signing.TRUSTED_KEYS_ENV, PUBLIC)
+    capsys.readouterr()
+    code = main(["bundle", "import", str(path), str(tmp_path / "root"), "--json"])
+    answer = json.loads(capsys.readouterr().out)
+    if trusted_one:
+        assert code == 0 and answer["imported"] == [key, *rest] and answer["refused"] == [], answer
+    else:
+        assert code == 1 and answer["refused"] == [{"key": key, "why": skips.BAD_SIGNATURE}], answer
+        assert answer["imported"] == rest and not (tmp_path / "root" / f"{key}-cache").exists()
