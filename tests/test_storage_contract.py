@@ -1,4 +1,6 @@
-"""One contract every storage backend passes: a local directory and GCS on a real fake-gcs-server."""
+"""One contract every storage backend passes: a local directory, GCS on a real fake-gcs-server, S3 on moto's S3
+server and Azure Blob Storage on Azurite (tests/store_servers.py), each through its store's own client library.
+What differs between stores is tested beside: tests/test_storage_s3.py, tests/test_storage_azure.py."""
 
 from __future__ import annotations
 
@@ -10,12 +12,16 @@ from jaxcache.errors import InvalidRootError, PathEscapeError, PreconditionFaile
 from jaxcache.storage import LocalStorage, Storage, open_storage
 
 
-@pytest.fixture(params=["local", "gcs"])
+# Each store's URL scheme and the fixture that makes a fresh bucket on its server.
+BUCKETS = {"gs": "gcs_bucket", "s3": "s3_bucket", "az": "azure_container"}
+
+
+@pytest.fixture(params=["local", "gs", "s3", "az"])
 def storage(request, tmp_path) -> Storage:
     if request.param == "local":
         return open_storage(str(tmp_path))
-    bucket = request.getfixturevalue("gcs_bucket")
-    return open_storage(f"gs://{bucket}/team/jax-cache")
+    bucket = request.getfixturevalue(BUCKETS[request.param])
+    return open_storage(f"{request.param}://{bucket}/team/jax-cache")
 
 
 def test_write_read_stat(storage):
@@ -145,7 +151,12 @@ def test_local_skips_symlinks(tmp_path):
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("s3://bucket/x", "unsupported scheme"),
+        ("http://bucket/x", "unsupported scheme"),
+        ("abfs://container/x", "write az://"),
+        ("az://container@account/x", "names the container only"),
+        ("az://Container/x", "not a valid container name"),
+        ("s3://b/x", "not a valid bucket name"),
+        ("s3://bucket/a/./b", "not a clean path"),
         ("gs://Bad_Bucket/x", "not a valid bucket name"),
         ("gs://b/../x", "not a valid bucket name"),
         ("gs://bucket/a/../b", "not a clean path"),

@@ -7,8 +7,6 @@ Honours ``STORAGE_EMULATOR_HOST`` (the library does) for fake-gcs-server in test
 from __future__ import annotations
 
 import contextlib
-import math
-import os
 from collections.abc import Iterator
 
 from jaxcache.errors import (
@@ -19,7 +17,15 @@ from jaxcache.errors import (
     StorageError,
     StoragePermissionError,
 )
-from jaxcache.storage.base import CHUNK_BYTES, Listed, ObjectInfo, Storage, check_name, check_prefix
+from jaxcache.storage.base import (
+    CHUNK_BYTES,
+    Listed,
+    ObjectInfo,
+    Storage,
+    check_name,
+    check_prefix,
+    env_seconds,
+)
 
 try:
     from google.api_core import exceptions as gexc
@@ -43,28 +49,14 @@ RETRY_DEADLINE_ENV = "JAXCACHE_GCS_RETRY_DEADLINE_S"
 _LIST_FIELDS = "items(name,size,updated,generation),nextPageToken"
 
 
-def _seconds(name: str, what: str, most: float) -> float | None:
-    """The seconds set in the environment variable ``name`` (0 < s <= ``most``), None where it is unset."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not 0 < seconds <= most:
-        raise InvalidInputError(f"{name}={text!r}: give the seconds {what} (0 < s <= {most:g})")
-    return seconds
-
-
 def retry_policy() -> Retry:
     """google-cloud-storage's retry policy, its first wait from :data:`RETRY_DELAY_ENV` and its deadline from
     :data:`RETRY_DEADLINE_ENV` where they are set."""
     policy: Retry = DEFAULT_RETRY  # the library's (typed Any there)
-    delay = _seconds(RETRY_DELAY_ENV, "of the first wait", 60)
+    delay = env_seconds(RETRY_DELAY_ENV, "of the first wait", 60)
     if delay is not None:
         policy = policy.with_delay(initial=delay, maximum=60.0)
-    deadline = _seconds(RETRY_DEADLINE_ENV, "after which retries stop", 3600)
+    deadline = env_seconds(RETRY_DEADLINE_ENV, "after which retries stop", 3600)
     if deadline is not None:
         policy = policy.with_timeout(deadline)
     return policy
@@ -214,8 +206,12 @@ class GcsStorage(Storage):
                     ) from None
             yield chunk
 
-    def delete(self, name: str, *, if_generation: int | None = None) -> bool:
+    def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
         blob = self._bucket.blob(self._blob_name(name))
+        if if_version is not None:
+            if not if_version.isdigit() or (if_generation is not None and int(if_version) != if_generation):
+                raise InvalidInputError(f"{if_version!r} is not the generation of {name!r} in {self.url}")
+            if_generation = int(if_version)
         with self._translate("delete", name):
             try:
                 blob.delete(if_generation_match=if_generation, retry=self._retry)
