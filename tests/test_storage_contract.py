@@ -11,7 +11,6 @@ import pytest
 from jaxcache.errors import InvalidRootError, PathEscapeError, PreconditionFailedError
 from jaxcache.storage import LocalStorage, Storage, open_storage
 
-
 # Each store's URL scheme and the fixture that makes a fresh bucket on its server.
 BUCKETS = {"gs": "gcs_bucket", "s3": "s3_bucket", "az": "azure_container"}
 
@@ -238,3 +237,34 @@ def test_an_unmounted_volume_is_not_an_empty_root(tmp_path):
                         lambda: storage.delete("k-cache"), lambda: storage.read("k-cache")):
             with pytest.raises(RootGoneError, match="was a mount point and is not any more"):
                 listing()
+
+
+def test_a_cache_jax_wrote_reads_the_same_on_every_store(storage, jax_caches):
+    """A real cache (entries compiled by JAX, their -atime files) put under the root scans to what JAX wrote."""
+    from pathlib import Path
+
+    from jaxcache import entry as fmt
+    from jaxcache.scan import Entry, scan
+
+    written = jax_caches["zstd"]
+    for path in sorted(Path(written.root).iterdir()):
+        if path.is_file():
+            storage.write_atomic(path.name, path.read_bytes())
+    entries = {r.key: r for r in scan(storage) if isinstance(r, Entry)}
+    assert {e["key"]: e["size_bytes"] for e in written.entries} == {k: e.size_bytes for k, e in entries.items()}
+    assert all(e.status is fmt.Status.OK and e.compression == "zstd" and e.atime_ns for e in entries.values())
+
+
+def test_io_workers_threads_at_once_keep_their_connections(storage, caplog):
+    """As many reads at once as the backend asks for (scans run that many): no connection is thrown away for want
+    of room in a pool (urllib3 warns of each)."""
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = [f"k{i:02d}-cache" for i in range(3 * storage.io_workers)]
+    for name in names:
+        storage.write_atomic(name, name.encode())
+    caplog.set_level(logging.WARNING)
+    with ThreadPoolExecutor(storage.io_workers) as pool:
+        assert list(pool.map(storage.read, names)) == [name.encode() for name in names]
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]

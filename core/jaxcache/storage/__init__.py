@@ -147,7 +147,7 @@ def open_storage(url: str | os.PathLike[str], *, must_exist: bool = True) -> Sto
     of it is opened (a :class:`~jaxcache.errors.MissingDependencyError` names the extra to install).
     """
     text = os.fspath(url)
-    if not text:
+    if not text.strip():
         raise InvalidRootError(f"empty cache root: give {_ROOT_FORMS}")
     if is_object_store(text):
         store, bucket, prefix = split_root(text.strip())

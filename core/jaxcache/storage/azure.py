@@ -49,16 +49,19 @@ try:
         ServiceRequestError,
         ServiceResponseError,
     )
+    from azure.core.pipeline.transport import RequestsTransport
     from azure.storage.blob import BlobProperties, BlobServiceClient, ContentSettings, ExponentialRetry
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("az:// cache roots need azure-storage-blob: pip install 'jaxcache[azure]'") from exc
 
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 ACCOUNT_ENV = "AZURE_STORAGE_ACCOUNT_NAME"
-#: Seconds to wait before the first retry of a request Azure answered 5xx (or whose answer was lost); later retries
-#: add 3^n s, as azure-storage-blob's ExponentialRetry does. Unset: the library's own policy (15 s first).
+#: The initial_backoff of azure-storage-blob's ExponentialRetry, which retries a request Azure answered 5xx (503
+#: ServerBusy is its throttling) or whose answer was lost: retry n waits this plus 3^n seconds. Unset: the library's
+#: own policy (15 s, so 18 s, 24 s, 42 s, each give or take 3 s).
 RETRY_DELAY_ENV = "JAXCACHE_AZURE_RETRY_DELAY_S"
 _PAGE = 5000  # the most one listing request returns
+_POOL = 32  # connections kept to the endpoint: the threads of AzureStorage.io_workers and a listing beside them
 # azure-core gathers an answer's body with list() over a generator whose len() is the body's length: a list slot (8
 # bytes) per byte before the join, so a GET of N bytes holds about 9N at its peak. Hence GETs of bounded size: whole
 # reads in 4 MiB pieces from the first (the library's first is 32 MiB: 288 MiB held), streams in 512 KiB ones.
@@ -74,13 +77,23 @@ _OCTETS = ContentSettings(content_type="application/octet-stream")
 
 
 def retry_policy() -> ExponentialRetry | None:
-    """azure-storage-blob's ExponentialRetry with its first wait from :data:`RETRY_DELAY_ENV`; None (the library's
-    own) where that is unset."""
-    delay = env_seconds(RETRY_DELAY_ENV, "of the first wait", 60)
+    """azure-storage-blob's ExponentialRetry with its initial backoff from :data:`RETRY_DELAY_ENV`; None (the
+    library's own) where that is unset."""
+    delay = env_seconds(RETRY_DELAY_ENV, "added to each wait before a retry", 60)
     if delay is None:
         return None
     # The library types its seconds as int; it computes with floats.
     return ExponentialRetry(initial_backoff=delay, random_jitter_range=min(3, delay))  # type: ignore[arg-type]
+
+
+def _transport() -> RequestsTransport:
+    """azure-core's transport, its connection pools as large as :attr:`AzureStorage.io_workers` needs (requests'
+    default of 10 discards the connections of the threads past it, with a warning each)."""
+    transport = RequestsTransport()
+    transport.open()  # azure-core sets up its session and adapters (no urllib3 retries of their own)
+    for adapter in transport.session.adapters.values():
+        adapter.init_poolmanager(_POOL, _POOL)
+    return transport
 
 
 def _credential() -> Any:
@@ -126,7 +139,8 @@ class AzureStorage(Storage):
         self.url = f"az://{container}/{self.prefix}" if self.prefix else f"az://{container}"
         self._base = f"{self.prefix}/" if self.prefix else ""
         if service is None:
-            options: dict[str, Any] = {"max_single_get_size": _GET_BYTES, "max_chunk_get_size": _GET_BYTES}
+            options: dict[str, Any] = {"max_single_get_size": _GET_BYTES, "max_chunk_get_size": _GET_BYTES,
+                                       "transport": _transport()}
             if (policy := retry_policy()) is not None:
                 options["retry_policy"] = policy
             if connection := os.environ.get(CONNECTION_STRING_ENV):
@@ -165,10 +179,11 @@ class AzureStorage(Storage):
             return InvalidRootError(f"container {self.container_name!r} does not exist ({self.identity})")
         if code in _REJECTED or status == 401:
             return StoragePermissionError(f"{where}: the credentials were rejected ({code}): {_CREDENTIALS_HELP}")
-        if status == 403:
+        if status == 403:  # what Azurite answers a wrong key with too (AuthorizationFailure)
             return StoragePermissionError(
                 f"{where}: permission denied ({code}); grant the identity the Storage Blob Data Contributor role on "
-                f"container {self.container_name} (Reader, to read only)"
+                f"container {self.container_name} (Reader, to read only), and check the credentials: "
+                f"{_CREDENTIALS_HELP}"
             )
         return StorageError(f"{where} failed: {code or status}: {exc.reason or exc.message}")
 
