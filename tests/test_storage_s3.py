@@ -7,7 +7,6 @@ tests/store_faults.py's proxy."""
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 
@@ -17,7 +16,7 @@ import pytest
 from jaxcache import signing
 from jaxcache.cli import main
 from jaxcache.errors import InvalidRootError, PreconditionFailedError, StorageError
-from jaxcache.storage import open_storage, same_object
+from jaxcache.storage import open_storage
 from jaxcache.storage.s3 import MAX_ATTEMPTS, S3Storage
 from store_faults import S3Faults
 
@@ -53,41 +52,6 @@ def faults(moto_s3, monkeypatch) -> Iterator[S3Faults]:
         yield proxy
     finally:
         proxy.close()
-
-
-def test_versions_are_etags_that_listing_and_stat_agree_on(s3_bucket):
-    storage = open_storage(f"s3://{s3_bucket}/c")
-    storage.write_atomic("e-cache", b"v1")
-    first = storage.stat("e-cache")
-    [listed] = storage.iter_objects()
-    assert first.version and first.version.startswith('"') and first.generation is None
-    assert same_object(first, listed)  # a listing's mtime (milliseconds) and a HEAD's (seconds) agree
-    storage.write_atomic("e-cache", b"v2")
-    second = storage.stat("e-cache")
-    assert second.version != first.version and not same_object(first, second)
-
-
-def test_create_only_against_a_concurrent_create(s3_bucket):
-    """Eight writers create one object at once: one wins, the others are told, and the object is the winner's."""
-    storage = open_storage(f"s3://{s3_bucket}/c")
-    start, won, refused = threading.Barrier(8), [], []
-
-    def create(i: int) -> None:
-        data = f"writer {i}".encode()
-        start.wait()
-        try:
-            storage.write_atomic("k-cache", data, create_only=True)
-            won.append(data)
-        except PreconditionFailedError:
-            refused.append(i)
-
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(won) == 1 and len(refused) == 7
-    assert storage.read("k-cache") == won[0]
 
 
 def test_a_create_whose_answer_was_lost_is_accepted(faults, s3_client, s3_bucket):
@@ -145,16 +109,6 @@ def test_a_store_without_conditional_deletes_is_checked_just_before(faults, s3_b
     assert storage.delete("b-cache") is True
     assert storage.read("a-cache") is None and storage.read("b-cache") is None
     assert ["IfMatch" in p for p in events["DeleteObject"]] == [True, False, False]
-
-
-def test_a_read_stream_fails_cleanly_when_the_object_is_replaced(s3_bucket):
-    storage = open_storage(f"s3://{s3_bucket}/c")
-    storage.write_atomic("big-cache", os.urandom(3 << 20))
-    chunks = storage.read_chunks("big-cache", chunk_bytes=1 << 20)
-    assert len(next(chunks)) == 1 << 20
-    storage.write_atomic("big-cache", os.urandom(3 << 20))
-    with pytest.raises(StorageError, match="replaced while it was read"):
-        next(chunks)
 
 
 def test_a_signature_object_is_read_with_one_bounded_ranged_get(s3_bucket):

@@ -29,8 +29,7 @@ from jaxcache.storage.base import (
     CHUNK_BYTES,
     Listed,
     ObjectInfo,
-    Storage,
-    check_name,
+    ObjectStore,
     check_prefix,
     env_seconds,
     etag_token,
@@ -124,20 +123,12 @@ def _code(exc: HttpResponseError) -> str:
     return str(getattr(code, "value", code) or "")
 
 
-class AzureStorage(Storage):
+class AzureStorage(ObjectStore):
     """Blobs under ``prefix/`` in ``container``. Listing is in lexicographic order; a blob's version is its ETag;
     mtimes are whole seconds."""
 
-    listing_sorted = True
-    io_workers = 16
-    # As on GCS: most entries are a few KiB, one GET each instead of two.
-    head_whole_bytes = 32 * 1024
-
     def __init__(self, container: str, prefix: str, *, service: BlobServiceClient | None = None) -> None:
-        self.container_name = container
-        self.prefix = prefix.strip("/")
-        self.url = f"az://{container}/{self.prefix}" if self.prefix else f"az://{container}"
-        self._base = f"{self.prefix}/" if self.prefix else ""
+        self._set_root("az", container, prefix)
         if service is None:
             options: dict[str, Any] = {"max_single_get_size": _GET_BYTES, "max_chunk_get_size": _GET_BYTES,
                                        "transport": _transport()}
@@ -176,13 +167,13 @@ class AzureStorage(Storage):
         if code == "BlobAlreadyExists":  # a create-only write's If-None-Match: *
             return PreconditionFailedError(f"{where}: the object already exists")
         if code == "ContainerNotFound":
-            return InvalidRootError(f"container {self.container_name!r} does not exist ({self.identity})")
+            return InvalidRootError(f"container {self.bucket_name!r} does not exist ({self.identity})")
         if code in _REJECTED or status == 401:
             return StoragePermissionError(f"{where}: the credentials were rejected ({code}): {_CREDENTIALS_HELP}")
         if status == 403:  # what Azurite answers a wrong key with too (AuthorizationFailure)
             return StoragePermissionError(
                 f"{where}: permission denied ({code}); grant the identity the Storage Blob Data Contributor role on "
-                f"container {self.container_name} (Reader, to read only), and check the credentials: "
+                f"container {self.bucket_name} (Reader, to read only), and check the credentials: "
                 f"{_CREDENTIALS_HELP}"
             )
         return StorageError(f"{where} failed: {code or status}: {exc.reason or exc.message}")
@@ -196,9 +187,6 @@ class AzureStorage(Storage):
             yield
         except AzureError as exc:
             raise self._error(where, exc) from exc
-
-    def _blob(self, name: str) -> str:
-        return self._base + check_name(name)
 
     def _info(self, blob: BlobProperties) -> ObjectInfo:
         mtime = float(int(blob.last_modified.timestamp())) if blob.last_modified is not None else 0.0
@@ -232,7 +220,7 @@ class AzureStorage(Storage):
     def _properties(self, name: str) -> BlobProperties | None:
         with self._translate("stat", name):
             try:
-                return self._container.get_blob_client(self._blob(name)).get_blob_properties()
+                return self._container.get_blob_client(self._key(name)).get_blob_properties()
             except ResourceNotFoundError as exc:
                 if _code(exc) == "ContainerNotFound":
                     raise
@@ -247,7 +235,7 @@ class AzureStorage(Storage):
         self.reads += 1
         with self._translate("read", name):
             try:
-                data: bytes = self._container.download_blob(self._blob(name), **params).readall()
+                data: bytes = self._container.download_blob(self._key(name), **params).readall()
                 return data
             except ResourceNotFoundError as exc:
                 if _code(exc) == "ContainerNotFound":
@@ -280,15 +268,13 @@ class AzureStorage(Storage):
             with self._translate("read", name):
                 try:
                     chunk: bytes = self._container.download_blob(
-                        self._blob(name), offset=start, length=min(step, size - start), etag=etag,
+                        self._key(name), offset=start, length=min(step, size - start), etag=etag,
                         match_condition=MatchConditions.IfNotModified,
                     ).readall()
                 except (ResourceNotFoundError, ResourceModifiedError) as exc:
                     if _code(exc) == "ContainerNotFound":
                         raise
-                    raise StorageError(
-                        f"{self.url}/{name} was deleted or replaced while it was read; read it again"
-                    ) from None
+                    raise self._replaced(name) from None
             yield chunk
 
     def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
@@ -297,7 +283,7 @@ class AzureStorage(Storage):
             condition = {"etag": if_version, "match_condition": MatchConditions.IfNotModified}
         with self._translate("delete", name):
             try:
-                self._container.delete_blob(self._blob(name), **condition)
+                self._container.delete_blob(self._key(name), **condition)
             except ResourceNotFoundError as exc:
                 if _code(exc) == "ContainerNotFound":
                     raise
@@ -309,7 +295,7 @@ class AzureStorage(Storage):
         # overwrite=False sends If-None-Match: *.
         with self._translate("write", name):
             try:
-                self._container.upload_blob(self._blob(name), data, overwrite=not create_only,
+                self._container.upload_blob(self._key(name), data, overwrite=not create_only,
                                             content_settings=_OCTETS)
             except (ResourceExistsError, ResourceModifiedError):
                 # The library retries a Put whose answer was lost; when that attempt had created the blob, the

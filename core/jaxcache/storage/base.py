@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from jaxcache.errors import InvalidInputError, PathEscapeError
+from jaxcache.errors import InvalidInputError, PathEscapeError, StorageError
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,3 +276,28 @@ class Storage(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+class ObjectStore(Storage):
+    """A prefix in an object store's bucket (``scheme://bucket/prefix``): what the stores' backends share. Names are
+    keys under ``prefix/``; listings come sorted; requests are worth having many in flight."""
+
+    listing_sorted = True
+    io_workers = 16
+    # Most entries of a JAX cache are programs of a few KiB: one GET each instead of two, for a few KiB more at
+    # most on a multi-block entry of this size.
+    head_whole_bytes = 32 * 1024
+
+    def _set_root(self, scheme: str, bucket: str, prefix: str) -> None:
+        self.bucket_name = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"{scheme}://{bucket}/{self.prefix}" if self.prefix else f"{scheme}://{bucket}"
+        self._base = f"{self.prefix}/" if self.prefix else ""
+
+    def _key(self, name: str) -> str:
+        """The store's key of the object ``name`` under the root."""
+        return self._base + check_name(name)
+
+    def _replaced(self, name: str) -> StorageError:
+        """What a streaming read (:meth:`read_chunks`) raises when the version it began with is gone."""
+        return StorageError(f"{self.url}/{name} was deleted or replaced while it was read; read it again")

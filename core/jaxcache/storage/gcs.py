@@ -21,8 +21,7 @@ from jaxcache.storage.base import (
     CHUNK_BYTES,
     Listed,
     ObjectInfo,
-    Storage,
-    check_name,
+    ObjectStore,
     check_prefix,
     env_seconds,
 )
@@ -62,21 +61,12 @@ def retry_policy() -> Retry:
     return policy
 
 
-class GcsStorage(Storage):
+class GcsStorage(ObjectStore):
     """Objects under ``prefix/`` in ``bucket``. Listing is lexicographic; objects carry generations."""
-
-    listing_sorted = True
-    io_workers = 16
-    # Most entries of a JAX cache are programs of a few KiB: one GET each instead of two, for a few KiB more at
-    # most on a multi-block entry of this size.
-    head_whole_bytes = 32 * 1024
 
     def __init__(self, bucket: str, prefix: str, *, client: gcs.Client | None = None) -> None:
         self._retry = retry_policy()
-        self.bucket_name = bucket
-        self.prefix = prefix.strip("/")
-        self.url = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
-        self._base = f"{self.prefix}/" if self.prefix else ""
+        self._set_root("gs", bucket, prefix)
         try:
             self._client = client or gcs.Client()
         except auth_exc.DefaultCredentialsError as exc:
@@ -115,9 +105,6 @@ class GcsStorage(Storage):
         except OSError as exc:  # connection refused, DNS, TLS: requests raises OSError subclasses
             raise StorageError(f"{where} failed: cannot reach Cloud Storage ({exc})") from exc
 
-    def _blob_name(self, name: str) -> str:
-        return self._base + check_name(name)
-
     def _info(self, blob: gcs.Blob) -> ObjectInfo:
         updated = blob.updated.timestamp() if blob.updated is not None else 0.0
         return ObjectInfo(blob.name[len(self._base) :], blob.size or 0, updated, blob.generation)
@@ -155,13 +142,13 @@ class GcsStorage(Storage):
 
     def stat(self, name: str) -> ObjectInfo | None:
         with self._translate("stat", name):
-            blob = self._bucket.get_blob(self._blob_name(name), retry=self._retry)
+            blob = self._bucket.get_blob(self._key(name), retry=self._retry)
         return None if blob is None else self._info(blob)
 
     def read_range(self, name: str, offset: int, length: int) -> bytes | None:
         if length <= 0:
             return b"" if self.exists(name) else None
-        blob = self._bucket.blob(self._blob_name(name))
+        blob = self._bucket.blob(self._key(name))
         self.reads += 1
         with self._translate("read", name):
             try:
@@ -175,7 +162,7 @@ class GcsStorage(Storage):
                 return b""
 
     def read(self, name: str) -> bytes | None:
-        blob = self._bucket.blob(self._blob_name(name))
+        blob = self._bucket.blob(self._key(name))
         self.reads += 1
         with self._translate("read", name):
             try:
@@ -186,11 +173,11 @@ class GcsStorage(Storage):
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         with self._translate("read", name):
-            blob = self._bucket.get_blob(self._blob_name(name), retry=self._retry)
+            blob = self._bucket.get_blob(self._key(name), retry=self._retry)
         if blob is None:
             return None
         # Ranges pinned to the generation listed first: a replaced object cannot splice into the bytes read.
-        pinned = self._bucket.blob(self._blob_name(name), generation=blob.generation)
+        pinned = self._bucket.blob(self._key(name), generation=blob.generation)
         return self._chunks(pinned, name, blob.size or 0, chunk_bytes)
 
     def _chunks(self, blob: gcs.Blob, name: str, size: int, chunk_bytes: int) -> Iterator[bytes]:
@@ -201,13 +188,11 @@ class GcsStorage(Storage):
                 try:
                     chunk: bytes = blob.download_as_bytes(start=start, end=end, checksum=None, retry=self._retry)
                 except gexc.NotFound:
-                    raise StorageError(
-                        f"{self.url}/{name} was deleted or replaced while it was read; read it again"
-                    ) from None
+                    raise self._replaced(name) from None
             yield chunk
 
     def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
-        blob = self._bucket.blob(self._blob_name(name))
+        blob = self._bucket.blob(self._key(name))
         if if_version is not None:
             if not if_version.isdigit() or (if_generation is not None and int(if_version) != if_generation):
                 raise InvalidInputError(f"{if_version!r} is not the generation of {name!r} in {self.url}")
@@ -221,7 +206,7 @@ class GcsStorage(Storage):
 
     def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:
         # A GCS upload is atomic by itself: readers see the old object or the whole new one.
-        blob = self._bucket.blob(self._blob_name(name))
+        blob = self._bucket.blob(self._key(name))
         with self._translate("write", name):
             try:
                 blob.upload_from_string(

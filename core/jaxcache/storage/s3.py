@@ -28,8 +28,7 @@ from jaxcache.storage.base import (
     CHUNK_BYTES,
     Listed,
     ObjectInfo,
-    Storage,
-    check_name,
+    ObjectStore,
     check_prefix,
     etag_token,
 )
@@ -97,20 +96,12 @@ def _missing(exc: ClientError) -> bool:
     return _code(exc) in ("NoSuchKey", "404", "NotFound") or (_status(exc) == 404 and _code(exc) != "NoSuchBucket")
 
 
-class S3Storage(Storage):
+class S3Storage(ObjectStore):
     """Objects under ``prefix/`` in ``bucket``. Listing is in UTF-8 binary order, which is the order of names;
     an object's version is its ETag; mtimes are whole seconds (what a HEAD's Last-Modified carries)."""
 
-    listing_sorted = True
-    io_workers = 16
-    # As on GCS: most entries are a few KiB, one GET each instead of two.
-    head_whole_bytes = 32 * 1024
-
     def __init__(self, bucket: str, prefix: str, *, session: botocore.session.Session | None = None) -> None:
-        self.bucket_name = bucket
-        self.prefix = prefix.strip("/")
-        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        self._base = f"{self.prefix}/" if self.prefix else ""
+        self._set_root("s3", bucket, prefix)
         try:
             if session is None:
                 # A session of its own reads the environment and profiles as they are now; the service models it
@@ -173,9 +164,6 @@ class S3Storage(Storage):
             raise StorageError(f"{where} failed: cannot reach S3 at {self.endpoint} ({exc})") from exc
         except BotoCoreError as exc:
             raise StorageError(f"{where} failed: {exc}") from exc
-
-    def _key(self, name: str) -> str:
-        return self._base + check_name(name)
 
     def _listed(self, item: dict[str, Any]) -> ObjectInfo:
         return ObjectInfo(item["Key"][len(self._base):], int(item.get("Size", 0)), _seconds(item["LastModified"]),
@@ -266,9 +254,7 @@ class S3Storage(Storage):
                     chunk: bytes = answer["Body"].read()
                 except ClientError as exc:
                     if _missing(exc) or _status(exc) == 412:
-                        raise StorageError(
-                            f"{self.url}/{name} was deleted or replaced while it was read; read it again"
-                        ) from None
+                        raise self._replaced(name) from None
                     raise
             yield chunk
 
