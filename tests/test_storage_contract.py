@@ -83,6 +83,9 @@ def test_delete(storage):
     assert storage.delete("gone") is True
     assert storage.read("gone") is None
     assert storage.delete("gone") is False
+    storage.write_atomic("listed", b"x")
+    assert storage.delete("listed", if_version=storage.stat("listed").version) is True  # None on a directory
+    assert storage.read("listed") is None
 
 
 @pytest.mark.parametrize("bad", ["../escape", "/etc/passwd", "a/../../b", "a//b", "./a", "a\x00b", "a\\..\\b", ""])
@@ -125,6 +128,19 @@ def test_gcs_delete_sends_the_generation_precondition(gcs_bucket):
         session.hooks["response"].remove(hook)
     deletes = [s for s in seen if s.startswith("DELETE ")]
     assert deletes and f"ifGenerationMatch={gen}" in deletes[0]
+
+
+def test_gcs_versions_are_generations(gcs_bucket):
+    """On GCS the version token is the generation: a delete's if_version is its ifGenerationMatch."""
+    from jaxcache.errors import InvalidInputError
+
+    storage = open_storage(f"gs://{gcs_bucket}/c")
+    storage.write_atomic("e-cache", b"v1")
+    info = storage.stat("e-cache")
+    assert info.version == str(info.generation)
+    with pytest.raises(InvalidInputError, match="not the generation"):
+        storage.delete("e-cache", if_version='"an-etag"')
+    assert storage.delete("e-cache", if_version=info.version, if_generation=info.generation) is True
 
 
 def test_gcs_missing_bucket_is_a_clear_error(fake_gcs):
@@ -330,3 +346,16 @@ def test_a_read_stream_fails_cleanly_when_the_object_is_replaced(object_storage)
     object_storage.write_atomic("big-cache", os.urandom(3 << 20))
     with pytest.raises(StorageError, match="replaced while it was read"):
         next(chunks)
+
+
+def test_the_same_object_rule():
+    """One rule for 'is this the same object': size, mtime and version; GCS's generation stands for its version where
+    a caller only has that (rows kept before versions were)."""
+    from jaxcache.storage import ObjectInfo, same_object
+
+    assert ObjectInfo("k-cache", 10, 5.0, generation=7).version == "7"
+    assert same_object(ObjectInfo("k-cache", 10, 5.0, generation=7), ObjectInfo("k-cache", 10, 5.0, version="7"))
+    assert same_object(ObjectInfo("k-cache", 10, 5.0), ObjectInfo("k-cache", 10, 5.0))  # a directory's
+    assert not same_object(ObjectInfo("k-cache", 10, 5.0, version='"a"'), ObjectInfo("k-cache", 10, 5.0, version='"b"'))
+    assert not same_object(ObjectInfo("k-cache", 10, 5.0), ObjectInfo("k-cache", 10, 6.0))
+    assert not same_object(ObjectInfo("k-cache", 10, 5.0), ObjectInfo("k-cache", 11, 5.0))
