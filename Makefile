@@ -27,10 +27,13 @@ DEMO_CATALOG ?= ./demo-catalog/catalog.sqlite
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run test lint clean demo-cache chromium prometheus postgres test-setup typecheck
+.PHONY: run test lint clean demo-cache chromium prometheus postgres azurite test-setup typecheck
 
 # The four parts, each its own distribution (core/, client/, warmup/, service/), installed in editable mode.
 PARTS := ./core[gcs] ./client[gcs] ./warmup ./service
+# The suite's venv takes every store's extras, in the one pip call that also brings gcsfs: s3fs's aiobotocore pins
+# botocore, so boto3 (and fsspec, which gcsfs and s3fs both pin) must be resolved with it, not by a later pip call.
+DEV_PARTS := ./core[gcs,s3,azure] ./client[gcs,s3,azure] ./warmup ./service
 PART_FILES := core/pyproject.toml client/pyproject.toml warmup/pyproject.toml service/pyproject.toml
 # The lowest JAX the client and warm-up declare (client/pyproject.toml): the main venv runs the suite on exactly it.
 FLOOR_JAX ?= 0.10.2
@@ -42,19 +45,20 @@ FLOOR_JAX ?= 0.10.2
 ML_DTYPES ?= 'ml_dtypes>=0.5,<0.7'
 PIP := pip install --quiet
 
+# $(1): the parts to install.
 define make_venv
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxcache needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m $(PIP) --upgrade pip
-	$(PY) -m $(PIP) $(foreach p,$(PARTS),-e '$(p)') 'jax==$(FLOOR_JAX)' 'jaxlib==$(FLOOR_JAX)' $(ML_DTYPES)
+	$(PY) -m $(PIP) $(foreach p,$(1),-e '$(p)') 'jax==$(FLOOR_JAX)' 'jaxlib==$(FLOOR_JAX)' $(ML_DTYPES)
 endef
 
 $(VENV)/.stamp-run: $(PART_FILES)
-	$(make_venv)
+	$(call make_venv,$(PARTS))
 	@touch $@
 
 $(VENV)/.stamp-dev: $(PART_FILES) pyproject.toml
-	$(make_venv)
+	$(call make_venv,$(DEV_PARTS))
 	$(PY) -m $(PIP) --group dev
 	@touch $@ $(VENV)/.stamp-run
 
@@ -120,6 +124,27 @@ prometheus:
 	    "the alert rules' tests will skip"; fi; \
 	fi
 
+# Best effort: Azurite (Azure Blob Storage's emulator, from npm) for the Azure storage tests, in a folder of the
+# checkout; without it, or without Node.js to run it, those tests skip and say why. Node.js and npm come from Debian's
+# packages where they are missing and we are root. The release is pinned: 3.36 and later need Node >= 21, and
+# Debian 12's is 18.
+NODE_DIR ?= .node
+AZURITE_VERSION ?= 3.35.0
+AZURITE ?= $(abspath $(NODE_DIR))/node_modules/.bin/azurite-blob
+azurite:
+	@if ! grep -qs '"version": "$(AZURITE_VERSION)"' $(NODE_DIR)/node_modules/azurite/package.json; then \
+	  if ! command -v npm >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Node.js and npm from Debian's packages for Azurite (the Azure storage tests)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade nodejs npm \
+	      >/dev/null) || echo "could not install Node.js and npm: the Azure storage tests will skip"; \
+	  fi; \
+	  if command -v npm >/dev/null 2>&1; then \
+	    echo "installing Azurite $(AZURITE_VERSION) into $(NODE_DIR)/ for the Azure storage tests"; \
+	    npm install --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error azurite@$(AZURITE_VERSION) >/dev/null \
+	      || echo "could not install Azurite: the Azure storage tests will skip"; \
+	  else echo "no npm (make installs Debian's nodejs and npm as root): the Azure storage tests will skip"; fi; \
+	fi
+
 # Best effort: PostgreSQL server binaries for the catalog's PostgreSQL tests, from Debian's packages when they are
 # missing and we are root (the tests start their own server; they skip, with the reason, without the binaries).
 postgres:
@@ -156,13 +181,14 @@ run: demo-cache
 test: chromium prometheus postgres test-setup
 	JAXCACHE_NEXT_PYTHON=$$(test -f $(NEXT_VENV)/.stamp && echo $(abspath $(NEXT_VENV))/bin/python) \
 	  JAXCACHE_TPU_PYTHON=$$(test -f $(TPU_VENV)/.stamp && echo $(abspath $(TPU_VENV))/bin/python) \
-	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
+	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) JAXCACHE_AZURITE=$(AZURITE) $(VENV)/bin/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # The venvs and mypy side by side, without asking for `make -j`: pip unpacking and mypy checking each keep about one
 # core busy, pip downloading none. The main venv, checkov's and the other two venvs' JAX start at once; mypy and the
-# parts in the other venvs once the main venv is built.
+# parts in the other venvs once the main venv is built; Azurite's npm install beside them (its apt-get, where Node.js
+# is missing, runs after the other targets' apt-get: `test` makes those first).
 test-setup:
-	@$(MAKE) --no-print-directory -j4 typecheck $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp $(TOOLS_VENV)/.stamp
+	@$(MAKE) --no-print-directory -j4 typecheck $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp $(TOOLS_VENV)/.stamp azurite
 
 typecheck: $(VENV)/.stamp-dev
 	$(VENV)/bin/mypy
@@ -173,4 +199,4 @@ lint: $(VENV)/.stamp-dev
 
 clean:
 	rm -rf $(VENV) $(NEXT_VENV) $(TPU_VENV) $(DEMO_CACHE) $(dir $(DEMO_CATALOG))
-	rm -rf $(TOOLS_VENV)
+	rm -rf $(TOOLS_VENV) $(NODE_DIR)
