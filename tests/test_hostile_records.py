@@ -27,6 +27,9 @@ LIMITED = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 * 2*
 COMMANDS = {
     "doctor --verify": ("jaxcache.cli", ["doctor", "{root}", "--verify", "--json"]),
     "explain": ("jaxcache.cli", ["explain", "{root}", "--json"]),
+    "warmup --flags-from-job": ("jaxcache.warmup.cli", ["--topology", "v5e:2x2", "--cache-dir", "{root}",
+                                                        "--entrypoint", "jaxcache.warmup.examples:warm", "--dry-run",
+                                                        "--flags-from-job", "nobody"]),
 }
 
 
@@ -55,8 +58,12 @@ def test_a_huge_run_record_is_never_read_whole(written, tmp_path, command):  # n
         out = json.loads(proc.stdout)
         assert proc.returncode == 0 and out["counts"]["ok"] == out["checked"] > 0, proc.stdout
         assert {"record": name, "error": why} in out["skipped_records"], out["skipped_records"]
-    else:
+    elif command == "explain":
         assert proc.returncode == 0 and json.loads(proc.stdout)["skipped_records"] == 1, proc.stdout
+    else:  # no record of that job: one line, which counts the huge one skipped
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("warmup:")]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert "has no run record" in lines[0] and "(1 malformed record skipped)" in lines[0], lines
 
 
 def _grown(storage, name: str, small: bytes, large: bytes, write) -> None:
