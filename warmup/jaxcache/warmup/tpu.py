@@ -146,8 +146,8 @@ def explicit_flags(xla_flags: str | None, libtpu_init_args: str | None) -> Targe
     return TargetFlags(xla, tuple((libtpu_init_args or "").split()), source="--target-xla-flags/--libtpu-init-args")
 
 
-# A value that names a place outside the warm-up's own folder: an absolute path, a home folder, a URL.
-_PLACE = re.compile(r"""["']?(/|~|\\|[A-Za-z][A-Za-z0-9+.-]*:/)""")
+# A value that names a file or a place: a path (absolute, relative with a folder, home, "..") or a URL.
+_PLACE = re.compile(r"[/\\~]|\.\.|[A-Za-z][A-Za-z0-9+.-]*:/")
 _ALTERNATIVE = "give the job's flags with --libtpu-init-args and --target-xla-flags instead"
 
 
@@ -155,11 +155,8 @@ def flags_from_job(storage: Storage, job: str) -> TargetFlags:
     """The flags JAX hashed in ``job``'s newest run record that lists them (key parts on), split as
     :func:`split_flags` does. Records are read as the working set reads them (its process-0 job records, newest day
     first, within :data:`working_set.DEFAULT_DAYS` days), so the answer comes from the first few however many the
-    root holds. A record proves nothing (whoever can write the bucket can plant one), so only flags that enter
-    JAX's key are taken, and none whose value is an absolute path or a URL. Raises :class:`InvalidInputError`
-    saying why a record cannot supply them."""
-    from jaxcache.client.jax_internals import flags_outside_key
-
+    root holds. A record proves nothing (whoever can write the bucket can plant one): see :func:`_screened`.
+    Raises :class:`InvalidInputError` saying why a record cannot supply them."""
     malformed: list[tuple[str, str]] = []
     seen = 0
     found = None
@@ -175,25 +172,44 @@ def flags_from_job(storage: Storage, job: str) -> TargetFlags:
                else f"it has no run record in this cache in the last {working_set.DEFAULT_DAYS} days")
         skipped = f" ({plural(len(malformed), 'malformed record')} skipped)" if malformed else ""
         raise InvalidInputError(f"{named}: {why}{skipped}; {_ALTERNATIVE}")
+    try:
+        taken, left_out = _screened(found.fingerprint.xla_flags or ())
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{named}: run {found.run_id} lists {exc}; {_ALTERNATIVE}") from None
+    xla, libtpu = split_flags(taken)
+    return TargetFlags(xla, libtpu, source=f"run {found.run_id} of job {job!r}", left_out=left_out)
+
+
+def _screened(flags: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(taken, left out)`` of a record's flags: only flags that enter JAX's key can change a hit, so those JAX
+    leaves out (its own list: the dump flags among them) are left out. A flag that could make the warm-up, which
+    holds the signing key, read or write a place the record chose is refused (:class:`InvalidInputError` naming it):
+    a value that is a path or a URL, a dump flag (libtpu's are in the key), or text that is not one flag."""
+    from jaxcache.client.jax_internals import flags_outside_key
+
     outside = flags_outside_key()
     if outside is None:
-        raise InvalidInputError(f"{named}: this JAX does not say which flags stay out of its cache key, so a"
-                                f" record's flags cannot be screened; {_ALTERNATIVE}")
-    flags = found.fingerprint.xla_flags or ()
-    for flag in flags:  # JAX splits its variables on whitespace: one flag it hashed holds none
-        if not flag or any(ch.isspace() for ch in flag):
-            raise InvalidInputError(f"{named}: run {found.run_id} lists '{shown(flag)}', which is not one flag as"
-                                    f" JAX hashes them (it holds whitespace, or nothing); {_ALTERNATIVE}")
-    taken = tuple(f for f in flags if f.split("=")[0] not in outside)  # as jax._src.cache_key matches them
-    for flag in taken:
-        _, sep, value = flag.partition("=")
-        if sep and any(_PLACE.match(part.strip()) for part in re.split(r"[,;=]", value)):
-            raise InvalidInputError(f"{named}: run {found.run_id} lists {shown(flag)}, whose value is an absolute"
-                                    " path or a URL: a run record (which whoever can write the bucket can plant) may"
-                                    f" not choose where the warm-up reads or writes; {_ALTERNATIVE}")
-    xla, libtpu = split_flags(taken)
-    return TargetFlags(xla, libtpu, source=f"run {found.run_id} of job {job!r}",
-                       left_out=tuple(f for f in flags if f not in taken))
+        raise InvalidInputError("flags, but this JAX does not say which flags stay out of its cache key, so they cannot"
+                                " be screened")
+    # JAX compares the text before "=" with its list; XLA and libtpu also read "-name" as "--name".
+    outside_names = {f.lstrip("-") for f in outside}
+    taken: list[str] = []
+    left_out: list[str] = []
+    for flag in flags:
+        name, sep, value = flag.partition("=")
+        if not flag or any(ch.isspace() for ch in flag):  # JAX splits its variables on whitespace
+            raise InvalidInputError(f"'{shown(flag)}', which is not one flag as JAX hashes them (it holds whitespace,"
+                                    " or nothing)")
+        if name.lstrip("-") in outside_names:
+            left_out.append(flag)
+        elif "dump" in name:
+            raise InvalidInputError(f"{shown(flag)}, a dump flag: a run record may not make the warm-up write files")
+        elif sep and _PLACE.search(value):
+            raise InvalidInputError(f"{shown(flag)}, whose value is a path or a URL: a run record may not choose where"
+                                    " the warm-up reads or writes")
+        else:
+            taken.append(flag)
+    return tuple(taken), tuple(left_out)
 
 
 # Run in a child with the target's flags, as the warm-up will run: this process's XLA parses XLA_FLAGS as the CPU
