@@ -19,8 +19,8 @@ from jaxcache import signing, skips
 from jaxcache.cli import main
 from test_bundles import bundle, members, write_tar, written  # noqa: F401 - fixtures
 from test_client_service import ADMIN, KEY_PATH, PUBLIC, REPORT, _env, api, service  # noqa: F401 - a fixture
+from test_service_integrity import BAD, _app, _expect_verdicts, _headers, _rescanned, damaged  # noqa: F401 - a fixture
 from test_service_integrity import READ as SERVICE_READ
-from test_service_integrity import _app, _expect_verdicts, _headers, _rescanned, damaged  # noqa: F401 - a fixture
 from test_verified_loads import _entry, run_job
 from test_warmup import EXAMPLE, warmup
 
@@ -162,6 +162,12 @@ def test_the_service_judges_every_entry_beside_a_malformed_signature(damaged, tm
         # POST verify answers 200; the swapped entry is judged tampered
         summary = _expect_verdicts(client, damaged, signed_badly=set(badly))
         assert summary["bad_signatures"] == len(badly) > 0
+        # Bad signatures are listed after the proven-bad entries: planting them never pushes one past the limit a
+        # verifying job asks with (it refuses only the entries listed).
+        proven = {k for k, p in {p["key"]: p for p in summary["problems"]}.items() if p["class"] in BAD}
+        asked = client.get("/v1/integrity", params={"cache_dir": str(root), "limit": len(proven)},
+                           headers=_headers(SERVICE_READ)).json()
+        assert {p["key"] for p in asked["problems"]} == proven, asked["problems"]
         overview = client.get("/caches/c", headers=_headers(SERVICE_READ)).text
         assert overview.count('data-signature="bad signature"') == len(badly), overview
         assert f'data-bad-signatures="{len(badly)}"' in overview
