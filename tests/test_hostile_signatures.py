@@ -21,7 +21,8 @@ from jaxcache import signing, skips
 from jaxcache.cli import main
 from test_bundles import bundle, members, write_tar, written  # noqa: F401 - fixtures
 from test_client_service import ADMIN, KEY_PATH, PUBLIC, REPORT, _env, api, service  # noqa: F401 - a fixture
-from test_service_integrity import _app, _expect_verdicts, _rescanned, damaged  # noqa: F401 - a fixture
+from test_service_integrity import BAD, _app, _expect_verdicts, _headers, _rescanned, damaged  # noqa: F401 - a fixture
+from test_service_integrity import READ as SERVICE_READ
 from test_verified_loads import _entry, run_job
 from test_warmup import EXAMPLE, warmup
 
@@ -180,14 +181,59 @@ def test_a_huge_signature_object_is_never_read_whole(written, tmp_path):  # noqa
 
 
 def test_the_service_judges_every_entry_beside_a_malformed_signature(damaged, tmp_path):  # noqa: F811
+    """...and its integrity view names each bad signature on the entry's row, whose class stays what its bytes prove
+    (#58 item 7): the summary's problems, the dashboard's overview and the entry's page."""
     root = tmp_path / "cache"
     shutil.copytree(damaged["root"], root)
     broken = {damaged[k] for k in ("flipped", "swapped", "truncated", "plain")}
-    for key, sig in zip(sorted(damaged["all"] - broken), MALFORMED.values(), strict=False):
+    badly = dict(zip(sorted(damaged["all"] - broken), MALFORMED.values(), strict=False))
+    for key, sig in badly.items():
         (root / signing.sig_name(key)).write_bytes(sig)
     with _app(str(root), tmp_path) as client:
         _rescanned(client)  # after the background pass's first round over this root
-        _expect_verdicts(client, damaged)  # POST verify answers 200; the swapped entry is judged tampered
+        # POST verify answers 200; the swapped entry is judged tampered
+        summary = _expect_verdicts(client, damaged, signed_badly=set(badly))
+        assert summary["bad_signatures"] == len(badly) > 0
+        # Bad signatures are listed after the proven-bad entries: planting them never pushes one past the limit a
+        # verifying job asks with (it refuses only the entries listed).
+        proven = {k for k, p in {p["key"]: p for p in summary["problems"]}.items() if p["class"] in BAD}
+        asked = client.get("/v1/integrity", params={"cache_dir": str(root), "limit": len(proven)},
+                           headers=_headers(SERVICE_READ)).json()
+        assert {p["key"] for p in asked["problems"]} == proven, asked["problems"]
+        overview = client.get("/caches/c", headers=_headers(SERVICE_READ)).text
+        assert overview.count('data-signature="bad signature"') == len(badly), overview
+        assert f'data-bad-signatures="{len(badly)}"' in overview
+        key = sorted(badly)[0]
+        entry = client.get(f"/v1/caches/c/entries/{key}", headers=_headers(SERVICE_READ)).json()
+        assert (entry["integrity"], entry["integrity_signature"]) == ("ok", skips.BAD_SIGNATURE), entry
+        page = client.get(f"/caches/c/entries/{key}", headers=_headers(SERVICE_READ)).text
+        assert 'class="status-ok">ok</span>, <strong class="warn" data-signature="bad signature">' in page
+
+
+def moved(root, key: str) -> bytes:
+    """``key``'s valid ``-sig``, as it would be copied beside another entry: a signature of another key."""
+    return (root / signing.sig_name(key)).read_bytes()
+
+
+@pytest.mark.parametrize("sig", [*MALFORMED, "moved from another entry"])
+def test_doctor_verify_names_a_bad_signature_on_its_entrys_line(written, tmp_path, sig):  # noqa: F811
+    """The entry's class is what its bytes prove (ok) and the exit code stays 0, but its line names the bad
+    signature beside it (#58 item 7): only --json said so."""
+    root = tmp_path / "root"
+    shutil.copytree(written, root)
+    bad, other = sorted(p.name.removesuffix("-cache") for p in root.glob("*-cache"))[:2]
+    (root / signing.sig_name(bad)).write_bytes(MALFORMED[sig] if sig in MALFORMED else moved(root, other))
+    _age(root)
+    proc = cli("doctor", str(root), "--verify")
+    one_line_or_none(subprocess.CompletedProcess(proc.args, proc.returncode, "", proc.stderr))
+    lines = [line for line in proc.stdout.splitlines() if f"{bad}-cache" in line]
+    assert proc.returncode == 0 and len(lines) == 1, proc.stdout
+    assert lines[0].startswith("ok, bad signature") and "signature" in lines[0].split(f"{bad}-cache", 1)[1], lines
+    assert "1 entry with a bad signature beside it" in proc.stdout.splitlines()[0], proc.stdout
+    assert not any(f"{other}-cache" in line for line in proc.stdout.splitlines()), proc.stdout
+    judged = {e["key"]: e for e in json.loads(cli("doctor", str(root), "--verify", "--json").stdout)["entries"]}
+    assert (judged[bad]["class"], judged[bad]["signature"]) == ("ok", skips.BAD_SIGNATURE), judged[bad]
+    assert judged[other]["signature"] is None
 
 
 @pytest.mark.slow

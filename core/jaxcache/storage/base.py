@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from jaxcache.errors import InvalidInputError, PathEscapeError, StorageError
+from jaxcache.errors import InvalidInputError, PathEscapeError, StorageError, TooLargeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +259,21 @@ class Storage(abc.ABC):
             for info in self.iter_objects()
             if not suffixes or info.name.endswith(suffixes)
         ]
+
+    def read_bounded(self, name: str, max_bytes: int, *, listed_bytes: int | None = None) -> bytes | None:
+        """The whole object, or None if it does not exist, reading at most ``max_bytes + 1`` bytes of it: one larger
+        raises :class:`TooLargeError` (from ``listed_bytes``, its size in a listing, before anything is read). The
+        read asks for the listed size plus one, so a small object costs a small read (a 32 MiB buffer per record
+        would cost a local read 20 times more); one that grew since it was listed is read again, to the bound."""
+        if listed_bytes is not None and listed_bytes > max_bytes:
+            raise TooLargeError(f"larger than {max_bytes} bytes")
+        want = max_bytes + 1 if listed_bytes is None else listed_bytes + 1
+        data = self.read_range(name, 0, want)
+        if data is not None and len(data) == want <= max_bytes:  # it grew since the listing
+            data = self.read_range(name, 0, max_bytes + 1)
+        if data is not None and len(data) > max_bytes:
+            raise TooLargeError(f"larger than {max_bytes} bytes")
+        return data
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         """The whole object as successive chunks of at most ``chunk_bytes`` (memory stays bounded however large it

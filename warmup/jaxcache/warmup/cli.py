@@ -185,6 +185,8 @@ def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupCon
     flags = tpu.flags_from_job(storage, args.flags_from_job) if args.flags_from_job else explicit
     # --check on a node of the slice looks up with its own chips; elsewhere libtpu describes them.
     plan = dev.plan_backend(slice_, "tpu", None, attached=bool(args.check) and tpu.chips_here())
+    if flags is not None:
+        tpu.check_flags(flags, slice_)  # a flag XLA or libtpu would stop on: one line, not a crash
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust, flags=flags,
                         chips_per_host_default=slice_.chips_per_host == slice_.standard_hosts)
 
@@ -231,6 +233,7 @@ def _dry_run(config: WarmupConfig, args: argparse.Namespace) -> int:
                     chips_per_host_default=config.chips_per_host_default, libtpu=tpu.libtpu_version(),
                     flags=list(flags.all), xla_flags=list(flags.xla_flags),
                     libtpu_init_args=list(flags.libtpu_init_args), flags_from=flags.source,
+                    flags_not_taken=list(flags.left_out),
                     attached=config.plan.attached)
     if args.json:
         print(json.dumps(plan, sort_keys=True))
