@@ -128,6 +128,14 @@ def test_every_command_judges_the_entries_beside_a_bad_signature_object(written,
     assert proc.returncode == 0 and [d["key"] for d in json.loads(proc.stdout)["delete"]] == [swapped], proc.stdout
     if bad_sig in JAMS:
         assert {"fifo": sig.is_fifo, "directory": sig.is_dir}.get(bad_sig, sig.is_symlink)(), "left as it was"
+        # Signing every entry signs all but this one, which it names, and leaves what is planted there alone.
+        proc = cli("keys", "sign", str(root), "--key", KEY_PATH, "--json")
+        one_line_or_none(proc)
+        done = json.loads(proc.stdout)
+        assert proc.returncode == 0 and bad not in done["signed"] and len(done["signed"]) >= 2, proc.stdout
+        assert done["skipped"] == [{"key": bad, "why": f"its {sig.name} is not a regular file: left as it is (remove"
+                                                       " it, then sign again)"}]
+        assert {"fifo": sig.is_fifo, "directory": sig.is_dir}.get(bad_sig, sig.is_symlink)(), "left as it was"
 
 
 @pytest.mark.parametrize("sig", list(MALFORMED.values()), ids=list(MALFORMED))
