@@ -1,15 +1,13 @@
 """Write-behind: what JAX writes to the node-local tier is uploaded to the shared root, off the training path.
 
-JAX's put is heard before it stores (the put hook): the key is marked pending in the local directory
-(``.jaxcache/pending/<key>``), so no other process drops it as "gone from the root" meanwhile. The mark holds the
-digest and size of the bytes JAX put and, with ``JAXCACHE_SIGNING_KEY``, their signature, made then from the bytes
-in memory: a later process resuming the upload sends only a file that matches them, with that signature, never
-one of its own over whatever the file holds by then. Once the attestor has
-read the write back whole and its bytes are the ones put, one background thread creates the entry in the root
-(create-only: an entry there already is never replaced) and then, with ``JAXCACHE_SIGNING_KEY``, its signature.
-A failed upload is a warning and a count; the mark stays, and the next process on the node tries again. In a
-directory of signed entries a write is also marked unverified (``.jaxcache/unverified/<key>``) until this process
-signs exactly those bytes in the root: the next start drops it, so a verified copy from the root replaces it.
+JAX's put is heard before it stores (the put hook): the key is marked pending (``.jaxcache/pending/<key>``), so no
+other process drops it as "gone from the root" meanwhile. The mark holds the digest and size of the bytes JAX put
+and their signature (``JAXCACHE_SIGNING_KEY``, made then from the bytes in memory): a later process resuming the
+upload sends only a file that matches, with that signature. Once the attestor found the write whole and as put,
+one thread creates the entry in the root (create-only), then its signature, and keeps the copy's origin
+(:mod:`jaxcache.client.origins`). A failed upload is a warning and a count; the mark stays for the node's next
+process. In a signed directory a write is also marked unverified (``.jaxcache/unverified/``) until this process
+signs exactly those bytes in the root: the next start drops it for a verified copy.
 """
 
 from __future__ import annotations
@@ -28,8 +26,10 @@ import msgspec
 from jaxcache import entry, signing
 from jaxcache.client.attestation import drained
 from jaxcache.client.local_tier import PENDING_DIR, TEMP_AGE_S, UNVERIFIED_DIR, LocalTier
+from jaxcache.client.origins import Origin, stat_of
 from jaxcache.errors import PreconditionFailedError
 from jaxcache.storage import Storage
+from jaxcache.storage.files import read_small, write_small
 from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.client")
@@ -99,11 +99,10 @@ class Uploader:
         """The put hook, before JAX stores the bytes of that digest and size: sign them (with
         ``JAXCACHE_SIGNING_KEY``) and mark the key pending with both (a tiny local write on the compiling thread)."""
         sig = None if self._key is None else self._key.sign(key, sha256, size_bytes, writer=self._writer_name())
-        with open(os.path.join(self._pending, key), "wb") as f:
-            f.write(Put(sha256, size_bytes, sig).to_bytes())
+        self._tier.origins.forget(key)  # the bytes there are JAX's own from now on, whatever a copy came from
+        write_small(os.path.join(self._pending, key), Put(sha256, size_bytes, sig).to_bytes())
         if self._unverified is not None:
-            with open(os.path.join(self._unverified, key), "wb"):
-                pass
+            write_small(os.path.join(self._unverified, key), b"")
 
     def submit(self, key: str, sha256: str, size_bytes: int) -> None:
         """Upload a write the attestor found whole and equal to what JAX put; never blocks."""
@@ -190,6 +189,12 @@ class Uploader:
             self._done(key)  # another writer's entry is there: the root keeps the first
             return
         self._tier.add(uploaded=1, uploaded_bytes=size, uploaded_s=time.monotonic() - started)
+        try:  # the copy is the root's object now; without its origin the next start fetches it again
+            info = root.stat(name)
+            if info is not None:
+                self._tier.origins.write(key, Origin(stat_of(info)))
+        except Exception as exc:  # noqa: BLE001 - uploaded all the same
+            log.debug("jaxcache: could not read back what %s is in the root: %s", key, exc)
         if sig is not None:
             if signing.write(root, sig):
                 self._unmark(self._unverified, key)  # signed: exactly these bytes, in the root and here
@@ -199,11 +204,10 @@ class Uploader:
 
     def _mark(self, key: str) -> Put | None:
         try:
-            with open(os.path.join(self._pending, key), "rb") as f:
-                raw = f.read(MARK_MAX_BYTES + 1)
+            raw = read_small(os.path.join(self._pending, key), MARK_MAX_BYTES)
         except OSError:
             return None
-        return None if len(raw) > MARK_MAX_BYTES else Put.from_bytes(raw, key)
+        return None if raw is None or len(raw) > MARK_MAX_BYTES else Put.from_bytes(raw, key)
 
     def _refuse(self, key: str, name: str, data: bytes, unknown: bool) -> None:
         """A pending write whose file is not the bytes JAX put (per its mark), or whose mark says nothing."""
