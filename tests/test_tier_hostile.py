@@ -1,8 +1,8 @@
 """The node-local tier under attack (#49, #58): another local user planting links and directories where the tier goes
 by default, bytes swapped under a write-behind's pending mark, a tier left without an entry's ``-atime``, a root
-changed under a node's copies (emptied, pruned, an entry tampered with and put right, a signature replaced). Real
-jobs (tests/programs/client_job.py) on a gs:// root on fake-gcs-server, or a local root; the other user is
-``nobody``, whose files root plants (CI runs as root)."""
+changed under a node's copies (emptied, pruned, an entry tampered with and put right, a signature replaced), and a
+resumed upload meeting the mark of a process still running. Real jobs (tests/programs/client_job.py) on a gs://
+root on fake-gcs-server, or a local root; the other user is ``nobody``, whose files root plants (CI runs as root)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ import zstandard
 
 from jaxcache import signing, skips
 from jaxcache.client import options as client_options
+from jaxcache.storage import gcs as gcs_backend
 from test_client_service import ADMIN, JOB, KEY_PATH, PUBLIC, REPORT, _env, api, service  # noqa: F401 - a fixture
-from test_local_tier import PROGRAMS, entries, faults, root_objects, run_job  # noqa: F401 - a fixture
+from test_local_tier import PROGRAMS, _node_env, entries, faults, root_objects, run_job  # noqa: F401 - a fixture
 from test_verified_loads import _age, _entry
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
@@ -310,3 +311,60 @@ def test_a_signed_copy_loads_only_while_a_trusted_signature_in_the_root_names_it
     assert again["skipped"] == {key: skips.DIGEST_DIFFERS}, again["skipped"]
     assert again["local"]["dropped"] == 1 and again["local"]["loaded"] == len(PROGRAMS) - 1, again["local"]
     assert again["stats"]["hits"] == len(PROGRAMS) - 1 and again["stats"]["misses"] == 1, again["stats"]
+
+
+PUT_BUT_NOT_WRITTEN = """
+import hashlib, json, os, sys
+from jaxcache.client.local_tier import LocalTier
+from jaxcache.client.uploads import Uploader
+from jaxcache.storage import open_storage
+
+directory, url, key, source = sys.argv[1:]
+root = open_storage(url)
+tier = LocalTier(directory, lambda: root, policy=None, refused=lambda key, why: None, max_size_bytes=None)
+uploader = Uploader(tier, lambda: root, signing_key=None)
+data = open(source, "rb").read()
+sha = hashlib.sha256(data).hexdigest()
+uploader.on_put(key, sha, len(data))  # JAX's put heard: marked pending; JAX has not written the file yet
+print("marked", flush=True)
+sys.stdin.readline()
+with open(os.path.join(directory, key + "-cache"), "wb") as f:  # JAX's write
+    f.write(data)
+uploader.submit(key, sha, len(data))  # read back whole: its upload
+uploader.drain(60, final=True)
+print(json.dumps({"uploaded": tier.counts.uploaded, "failed": tier.counts.upload_failed}), flush=True)
+"""
+
+
+def test_a_resumed_upload_never_clears_the_mark_of_a_process_still_running(
+        tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811 - a fixture
+    root = f"gs://{gcs_bucket}/jc"
+    node = tmp_path / "node"
+    run_job(root, node, "train")
+    local = node / "unchecked"
+    source = tmp_path / "entry"
+    source.write_bytes(recompressed(_entry(local, "gram").read_bytes()))
+    key = "jit_late-" + "1" * 64
+    # A process of the node between JAX's put and its write (the window is short; here it waits to be told).
+    writer = subprocess.Popen([sys.executable, "-c", PUT_BUT_NOT_WRITTEN, str(local), root, key, str(source)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_node_env(node, **{gcs_backend.RETRY_DEADLINE_ENV: "2"}))
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "marked", writer.stderr
+        mark = local / ".jaxcache" / "pending" / key
+        assert mark.exists()
+        # Another job on the node resumes what earlier processes left pending: this mark is a running process's.
+        other, _ = run_job(root, node, "train")
+        assert other["stats"]["hits"] == len(PROGRAMS) and mark.exists(), other["local"]
+
+        faults.fail(10_000, 503, method="POST", body=rb'-cache"')  # the writer's own upload fails
+        out, err = writer.communicate("go\n", timeout=120)
+    finally:
+        writer.kill()
+    assert writer.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"uploaded": 0, "failed": 1}, out
+    assert mark.exists()  # so the node's next job uploads it
+    faults.clear()
+    last, _ = run_job(root, node, "train")
+    assert last["local"]["uploaded"] == 1 and not mark.exists(), last["local"]
+    assert root_objects(gcs_client, gcs_bucket)[f"{key}-cache"] == source.read_bytes()

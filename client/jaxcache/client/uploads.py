@@ -1,26 +1,31 @@
 """Write-behind: what JAX writes to the node-local tier is uploaded to the shared root, off the training path.
 
 JAX's put is heard before it stores (the put hook): the key is marked pending (``.jaxcache/pending/<key>``), so no
-other process drops it as "gone from the root" meanwhile. The mark holds the digest and size of the bytes JAX put
-and their signature (``JAXCACHE_SIGNING_KEY``, made then from the bytes in memory): a later process resuming the
-upload sends only a file that matches, with that signature. Once the attestor found the write whole and as put,
-one thread creates the entry in the root (create-only), then its signature, and keeps the copy's origin
-(:mod:`jaxcache.client.origins`). A failed upload is a warning and a count; the mark stays for the node's next
-process. In a signed directory a write is also marked unverified (``.jaxcache/unverified/``) until this process
-signs exactly those bytes in the root: the next start drops it for a verified copy.
+other process drops it as "gone from the root" meanwhile. The mark holds the digest and size of the bytes JAX put,
+their signature (``JAXCACHE_SIGNING_KEY``, made then from the bytes in memory) and the process's lock file under
+``.jaxcache/live/``, held while it runs: a later process resuming the upload sends only a file that matches, with
+that signature, and leaves a running process's mark alone (its file may not be written yet). Once the attestor
+found the write whole and as put, one thread creates the entry in the root (create-only), then its signature, and
+keeps the copy's origin (:mod:`jaxcache.client.origins`). A failed upload is a warning and a count; the mark stays
+for the node's next process. In a signed directory a write is also marked unverified (``.jaxcache/unverified/``)
+until this process signs exactly those bytes in the root: the next start drops it for a verified copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import queue
+import re
+import secrets
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import filelock
 import msgspec
 
 from jaxcache import entry, signing
@@ -36,6 +41,8 @@ log = logging.getLogger("jaxcache.client")
 
 QUEUE_SIZE = 4096
 MARK_MAX_BYTES = 64 * 1024  # a pending mark: a digest and one signature, far less
+LIVE_DIR = os.path.join(".jaxcache", "live")  # one lock file per running process of the node's tier
+_OWNER = re.compile(r"[0-9]{1,10}-[0-9a-f]{8}")  # <pid>-<random>: the name of a process's lock file
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,7 @@ class Put:
     sha256: str
     size_bytes: int
     signature: signing.Signature | None = None
+    owner: str | None = None  # the lock file of the process that put them (LIVE_DIR), held while it runs
 
     def to_bytes(self) -> bytes:
         return msgspec.json.encode(self)
@@ -81,6 +89,41 @@ class Uploader:
         self._queue: queue.Queue[tuple[str, tuple[str, int] | None]] = queue.Queue(maxsize=QUEUE_SIZE)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._live = os.path.join(tier.directory, LIVE_DIR)
+        os.makedirs(self._live, mode=0o700, exist_ok=True)
+        self.owner: str | None = None  # without a lock file, marks say no owner (as an older client's)
+        self._alive: filelock.FileLock | None = None
+        for name in os.listdir(self._live):
+            self._running(name)  # the lock files of processes that ended go
+        for _ in range(3):
+            name = f"{os.getpid()}-{secrets.token_hex(4)}"
+            alive = filelock.FileLock(os.path.join(self._live, name), timeout=0)
+            try:
+                alive.acquire()  # held until this process ends: its marks are not for others to clear
+            except Exception as exc:  # noqa: BLE001 - marks without an owner, as before
+                log.debug("jaxcache: could not take %s: %s", alive.lock_file, exc)
+                break
+            if os.path.exists(alive.lock_file):  # not swept away by another process in the instant before flock
+                self.owner, self._alive = name, alive
+                break
+            alive.release()
+
+    def _running(self, owner: str | None) -> bool:
+        """Whether ``owner`` (a mark's) is another process of this node that still runs: it holds its lock file."""
+        if owner is None or owner == self.owner or not _OWNER.fullmatch(owner):
+            return False
+        path = os.path.join(self._live, owner)
+        if not os.path.exists(path):
+            return False
+        probe = filelock.FileLock(path, timeout=0)
+        try:
+            probe.acquire()
+        except (filelock.Timeout, OSError):  # held, or not to be judged: taken as running, its mark left alone
+            return True
+        probe.release()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return False
 
     def pending(self) -> list[str]:
         """The keys written here whose upload has not finished (by this process or an earlier one)."""
@@ -100,7 +143,7 @@ class Uploader:
         ``JAXCACHE_SIGNING_KEY``) and mark the key pending with both (a tiny local write on the compiling thread)."""
         sig = None if self._key is None else self._key.sign(key, sha256, size_bytes, writer=self._writer_name())
         self._tier.origins.forget(key)  # the bytes there are JAX's own from now on, whatever a copy came from
-        write_small(os.path.join(self._pending, key), Put(sha256, size_bytes, sig).to_bytes())
+        write_small(os.path.join(self._pending, key), Put(sha256, size_bytes, sig, self.owner).to_bytes())
         if self._unverified is not None:
             write_small(os.path.join(self._unverified, key), b"")
 
@@ -166,6 +209,9 @@ class Uploader:
     def _upload(self, key: str, put: tuple[str, int] | None) -> None:
         name = entry.cache_name(key)
         started = time.monotonic()
+        kept = self._mark(key)  # the put's mark: its bytes go, with the signature made when JAX put them
+        if put is None and kept is not None and self._running(kept.owner):
+            return  # another process's put, and it still runs: it uploads its write (which may not be there yet)
         data = self._tier.storage.read(name)
         if data is None:
             self._done(key)  # evicted or dropped meanwhile: nothing to upload
@@ -174,7 +220,6 @@ class Uploader:
         if put is not None and (sha, size) != put:
             self._done(key)  # replaced since the attestor read it: not the bytes this process put
             return
-        kept = self._mark(key)  # the put's mark: its bytes go, with the signature made when JAX put them
         if kept is None or (sha, size) != (kept.sha256, kept.size_bytes):
             if put is None:  # an earlier process's put: only its bytes go
                 self._refuse(key, name, data, kept is None)
@@ -225,6 +270,9 @@ class Uploader:
                              "it is not the bytes JAX put")
 
     def _done(self, key: str) -> None:
+        kept = self._mark(key)
+        if kept is not None and self._running(kept.owner):
+            return  # marked again since, by a process that still runs: its mark, for its own upload
         self._unmark(self._pending, key)
 
     @staticmethod
