@@ -44,6 +44,9 @@ class Origin(msgspec.Struct, frozen=True):
     sig: Stat | None = None
 
 
+_DECODE = msgspec.json.Decoder(Origin).decode
+
+
 class Origins:
     """The origin files of one tier directory."""
 
@@ -57,11 +60,11 @@ class Origins:
 
     def read(self, key: str) -> Origin | None:
         """Where ``key``'s copy came from; None when nothing (readable) says."""
-        raw = read_small(os.path.join(self.directory, key), MAX_BYTES)
+        raw = read_small(f"{self.directory}/{key}", MAX_BYTES)  # each start reads one a copy: kept lean
         if raw is None or len(raw) > MAX_BYTES:
             return None
         try:
-            return msgspec.json.decode(raw, type=Origin)
+            return _DECODE(raw)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
 
