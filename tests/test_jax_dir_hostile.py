@@ -38,10 +38,10 @@ def bounded_job(root: Path, local: Path | str, *args: str, using: tuple[str, dic
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-def a_root(tmp_path: Path, *args: str, using: tuple[str, dict[str, str]] = (sys.executable, {})) -> Path:
+def a_root(tmp_path: Path, *args: str, using: tuple[str, dict[str, str]] = (sys.executable, {}), **env: str) -> Path:
     root = tmp_path / "root"
     root.mkdir(mode=0o755)
-    run_job(str(root), "off", "writer", *args, using=using)  # keys are per JAX version
+    run_job(str(root), "off", "writer", *args, using=using, **env)  # keys are per JAX version
     return root
 
 
@@ -73,6 +73,18 @@ def test_a_fifo_atime_in_a_directory_root_with_the_lru_on_is_never_waited_on(tmp
     assert f"{gram.name.removesuffix('-cache')} (its -atime not a regular file: replaced)" in err, err
     assert atime.is_file() and len(atime.read_bytes()) == 8  # JAX's format: its eviction reads it again
     assert _entry(root, "wave").with_name(_entry(root, "wave").name.replace("-cache", "-atime")).is_file()
+
+
+def test_a_fifo_atime_is_never_waited_on_with_the_lru_set_in_jax_itself(tmp_path):
+    """JAX's LRU turned on by its own setting, not ``max_size_bytes``: the client keeps it all the same."""
+    root = a_root(tmp_path, "--programs", "affine,gram", JAX_COMPILATION_CACHE_MAX_SIZE=str(1 << 30))
+    gram = _entry(root, "gram")
+    atime = gram.with_name(gram.name.replace("-cache", "-atime"))
+    atime.unlink()
+    os.mkfifo(atime)
+    out, err = bounded_job(root, "off", "--programs", "gram,wave", JAX_COMPILATION_CACHE_MAX_SIZE=str(1 << 30))
+    assert out["stats"]["hits"] == 1 and out["stats"]["writes"] == 1, (out["stats"], out["summary"])
+    assert atime.is_file(), err
 
 
 def test_a_fifo_in_the_node_local_tier_is_never_waited_on(tmp_path):

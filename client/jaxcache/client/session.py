@@ -59,7 +59,7 @@ class CacheSession:
         # The directory JAX reads and writes, whose reads the client answers so that nothing there can block them:
         # the tier, else a directory root (JAX reads a gs:// root through a library of its own).
         self._dir: JaxDir | None = tier.tier if tier is not None else None if options.is_gcs else JaxDir(
-            options.cache_dir, max_size_bytes=options.max_size_bytes)
+            options.cache_dir, max_size_bytes=ji.lru_max_bytes())  # max_size_bytes, or JAX's own setting
         # A write counts once its entry is there whole: the run record's writes make the service's first writers.
         self._write_check = check = WriteCheck(tier.storage, tier.directory) if tier is not None else WriteCheck(
             self._writer.storage, None if options.is_gcs else options.cache_dir)
