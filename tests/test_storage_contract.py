@@ -34,6 +34,21 @@ def test_write_read_stat(storage):
     assert storage.exists("a-cache")
 
 
+def test_a_read_names_the_object_its_bytes_came_from(storage):
+    storage.write_atomic("a-cache", b"first")
+    data, info = storage.read_with_info("a-cache")
+    listed = {name: (size, mtime, generation) for name, size, mtime, generation in storage.list_stats()}
+    assert data == b"first" and info.name == "a-cache" and info.size_bytes == 5
+    # The same object as a listing names it: its generation where the store has them, else size and mtime.
+    size, mtime, generation = listed["a-cache"]
+    assert (info.generation == generation) if generation is not None else ((info.size_bytes, info.mtime_s) == (
+        size, mtime))
+    storage.write_atomic("a-cache", b"second")
+    again = storage.read_with_info("a-cache")[1]
+    assert (again.generation != info.generation) if generation is not None else (again.size_bytes == 6)
+    assert storage.read_with_info("nope") is None
+
+
 def test_missing_objects_are_return_values(storage):
     assert storage.read("nope") is None
     assert storage.read_range("nope", 0, 10) is None

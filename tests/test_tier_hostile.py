@@ -1,7 +1,8 @@
-"""The node-local tier under attack (#49): another local user planting links and directories where the tier goes by
-default, bytes swapped under a write-behind's pending mark, a tier left without an entry's ``-atime``, and a root
-changed under a node's copies. Real jobs (tests/programs/client_job.py) on a gs:// root on fake-gcs-server, or a
-local root; the other user is ``nobody``, whose files root plants (CI runs as root)."""
+"""The node-local tier under attack (#49, #58): another local user planting links and directories where the tier goes
+by default, bytes swapped under a write-behind's pending mark, a tier left without an entry's ``-atime``, a root
+changed under a node's copies (emptied, pruned, an entry tampered with and put right, a signature replaced), and a
+resumed upload meeting the mark of a process still running. Real jobs (tests/programs/client_job.py) on a gs://
+root on fake-gcs-server, or a local root; the other user is ``nobody``, whose files root plants (CI runs as root)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import zstandard
 
-from jaxcache import signing
+from jaxcache import signing, skips
 from jaxcache.client import options as client_options
-from test_client_service import JOB, PUBLIC, _env
-from test_local_tier import PROGRAMS, entries, faults, root_objects, run_job  # noqa: F401 - a fixture
+from jaxcache.storage import gcs as gcs_backend
+from test_client_service import ADMIN, JOB, KEY_PATH, PUBLIC, REPORT, _env, api, service  # noqa: F401 - a fixture
+from test_local_tier import PROGRAMS, _node_env, entries, faults, root_objects, run_job  # noqa: F401 - a fixture
+from test_verified_loads import _age, _entry
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 
@@ -206,3 +210,161 @@ def test_an_entry_left_without_its_atime_is_healed_at_start(tmp_path):
     assert b["local"]["healed"] == 2, b["local"]
     assert f"{gram_key} (its -atime written)" in b["summary"], b["summary"]
     assert f"{torn} (broken without its -atime: removed)" in b["summary"], b["summary"]
+
+
+def recompressed(data: bytes) -> bytes:
+    """Other bytes for the same program: its executable compressed again at another level. They load and compute
+    the right thing, so a job that loads them runs; only their digest tells them from the bytes JAX wrote."""
+    raw = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    other = zstandard.ZstdCompressor(level=19).compress(raw)
+    assert other != data
+    return other
+
+
+def test_a_copy_whose_object_was_replaced_in_a_gcs_root_is_fetched_again(
+        tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811 - a fixture
+    root = f"gs://{gcs_bucket}/jc"
+    run_job(root, tmp_path / "writer", "train")
+    bucket = gcs_client.bucket(gcs_bucket)
+    (gram,) = [n for n in root_objects(gcs_client, gcs_bucket) if n.startswith("jit_gram-") and n.endswith("-cache")]
+    good = bucket.blob(f"jc/{gram}").download_as_bytes()
+    tampered = recompressed(good)
+    bucket.blob(f"jc/{gram}").upload_from_string(tampered)
+    node = tmp_path / "node"
+    first, _ = run_job(root, node, "train")
+    assert first["local"]["fetched"] == len(PROGRAMS) and (node / "unchecked" / gram).read_bytes() == tampered
+
+    # The original bytes put back (a new object, of a new generation): the node's next job fetches them again.
+    bucket.blob(f"jc/{gram}").upload_from_string(good)
+    again, _ = run_job(root, node, "train", JAXCACHE_PREFETCH="0")
+    assert again["local"]["dropped"] == 1 and again["local"]["fetched"] == 1, again["local"]
+    assert again["stats"]["hits"] == len(PROGRAMS), again["stats"]
+    assert (node / "unchecked" / gram).read_bytes() == good
+
+    # And where the root will not list (so each lookup asks the root for its one object), as at the first lookups
+    # of a job whose listing has not vouched yet: the object's generation is compared too.
+    bucket.blob(f"jc/{gram}").upload_from_string(tampered)
+    faults.fail(1000, 403, method="GET", path=r"/o\?")
+    unlisted, err = run_job(root, node, "train", JAXCACHE_PREFETCH="0")
+    assert "is not the one its local copy came from" in err, err
+    assert unlisted["local"]["dropped"] == 1 and unlisted["local"]["fetched"] == 1, unlisted["local"]
+    assert unlisted["local"]["loaded"] == len(PROGRAMS) - 1, unlisted["local"]
+    assert (node / "unchecked" / gram).read_bytes() == tampered  # the root's current object, whatever it holds
+
+
+def test_a_copy_whose_file_was_replaced_in_a_local_root_is_fetched_again(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir(mode=0o755)
+    run_job(str(root), "off", "writer")
+    gram = _entry(root, "gram")
+    good = gram.read_bytes()
+    gram.write_bytes(recompressed(good))
+    node = tmp_path / "node"
+    run_job(str(root), node, "train")
+    gram.write_bytes(good)  # put right: the same name, another file (its size and modification time)
+    again, _ = run_job(str(root), node, "train", JAXCACHE_PREFETCH="0")  # on demand: counted as fetched
+    assert again["local"]["dropped"] == 1 and again["local"]["fetched"] == 1, again["local"]
+    assert (node / "unchecked" / gram.name).read_bytes() == good
+
+
+def test_a_tampered_copy_leaves_an_attested_node_once_the_root_is_put_right(service, tmp_path):  # noqa: F811
+    base, cache = service  # the real service over a local root, with a node-local tier in front of it
+    attested = ("--verify", "attested", "--service-url", base, "--token", REPORT)
+    run_job(str(cache), "off", "writer")
+    gram = _entry(cache, "gram")
+    good = gram.read_bytes()
+    tampered = recompressed(good)
+    gram.write_bytes(tampered)  # before the service's next verification pass
+    node = tmp_path / "node"
+    first, _ = run_job(str(cache), node, "careful", *attested)
+    assert first["local"]["fetched"] == len(PROGRAMS) and (node / "attested" / gram.name).read_bytes() == tampered
+
+    gram.write_bytes(good)
+    _age(gram)  # judged now, not pending
+    api(base, "/v1/caches/shared/rescan", ADMIN, "POST")
+    api(base, "/v1/caches/shared/verify", ADMIN, "POST")
+    assert api(base, "/v1/caches/shared/integrity")["problems"] == []  # all is well in the root
+
+    again, _ = run_job(str(cache), node, "careful", *attested, JAXCACHE_PREFETCH="0")
+    assert again["local"]["dropped"] == 1 and again["local"]["fetched"] == 1, again["local"]
+    assert again["stats"]["hits"] == len(PROGRAMS) and again["skipped"] == {}, again
+    assert (node / "attested" / gram.name).read_bytes() == good
+
+
+def test_a_signed_copy_loads_only_while_a_trusted_signature_in_the_root_names_its_bytes(
+        tmp_path, gcs_client, gcs_bucket):
+    root = f"gs://{gcs_bucket}/jc"
+    signed = ("--verify", "signed")
+    run_job(root, tmp_path / "writer", "train")  # signs what it writes
+    node = tmp_path / "node"
+    first, _ = run_job(root, node, "careful", *signed, JAXCACHE_TRUSTED_KEYS=PUBLIC)
+    assert first["local"]["fetched"] == len(PROGRAMS) and first["skipped"] == {}, first
+    (gram,) = [n for n in entries(Path(first["local_dir"])) if n.startswith("jit_gram-")]
+    key = gram.removesuffix("-cache")
+    # The trusted writer's signature replaced by one of the same key over other bytes: neither the root's entry nor
+    # the node's copy is what it names now.
+    other = recompressed(gcs_client.bucket(gcs_bucket).blob(f"jc/{gram}").download_as_bytes())
+    resigned = signing.load_key(KEY_PATH).sign(key, hashlib.sha256(other).hexdigest(), len(other))
+    gcs_client.bucket(gcs_bucket).blob(f"jc/{signing.sig_name(key)}").upload_from_string(signing.encode([resigned]))
+
+    again, _ = run_job(root, node, "careful", *signed, JAXCACHE_TRUSTED_KEYS=PUBLIC)
+    assert again["skipped"] == {key: skips.DIGEST_DIFFERS}, again["skipped"]
+    assert again["local"]["dropped"] == 1 and again["local"]["loaded"] == len(PROGRAMS) - 1, again["local"]
+    assert again["stats"]["hits"] == len(PROGRAMS) - 1 and again["stats"]["misses"] == 1, again["stats"]
+
+
+PUT_BUT_NOT_WRITTEN = """
+import hashlib, json, os, sys
+from jaxcache.client.local_tier import LocalTier
+from jaxcache.client.uploads import Uploader
+from jaxcache.storage import open_storage
+
+directory, url, key, source = sys.argv[1:]
+root = open_storage(url)
+tier = LocalTier(directory, lambda: root, policy=None, refused=lambda key, why: None, max_size_bytes=None)
+uploader = Uploader(tier, lambda: root, signing_key=None)
+data = open(source, "rb").read()
+sha = hashlib.sha256(data).hexdigest()
+uploader.on_put(key, sha, len(data))  # JAX's put heard: marked pending; JAX has not written the file yet
+print("marked", flush=True)
+sys.stdin.readline()
+with open(os.path.join(directory, key + "-cache"), "wb") as f:  # JAX's write
+    f.write(data)
+uploader.submit(key, sha, len(data))  # read back whole: its upload
+uploader.drain(60, final=True)
+print(json.dumps({"uploaded": tier.counts.uploaded, "failed": tier.counts.upload_failed}), flush=True)
+"""
+
+
+def test_a_resumed_upload_never_clears_the_mark_of_a_process_still_running(
+        tmp_path, faults, gcs_client, gcs_bucket):  # noqa: F811 - a fixture
+    root = f"gs://{gcs_bucket}/jc"
+    node = tmp_path / "node"
+    run_job(root, node, "train")
+    local = node / "unchecked"
+    source = tmp_path / "entry"
+    source.write_bytes(recompressed(_entry(local, "gram").read_bytes()))
+    key = "jit_late-" + "1" * 64
+    # A process of the node between JAX's put and its write (the window is short; here it waits to be told).
+    writer = subprocess.Popen([sys.executable, "-c", PUT_BUT_NOT_WRITTEN, str(local), root, key, str(source)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_node_env(node, **{gcs_backend.RETRY_DEADLINE_ENV: "2"}))
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "marked", writer.stderr
+        mark = local / ".jaxcache" / "pending" / key
+        assert mark.exists()
+        # Another job on the node resumes what earlier processes left pending: this mark is a running process's.
+        other, _ = run_job(root, node, "train")
+        assert other["stats"]["hits"] == len(PROGRAMS) and mark.exists(), other["local"]
+
+        faults.fail(10_000, 503, method="POST", body=rb'-cache"')  # the writer's own upload fails
+        out, err = writer.communicate("go\n", timeout=120)
+    finally:
+        writer.kill()
+    assert writer.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"uploaded": 0, "failed": 1}, out
+    assert mark.exists()  # so the node's next job uploads it
+    faults.clear()
+    last, _ = run_job(root, node, "train")
+    assert last["local"]["uploaded"] == 1 and not mark.exists(), last["local"]
+    assert root_objects(gcs_client, gcs_bucket)[f"{key}-cache"] == source.read_bytes()

@@ -10,8 +10,9 @@ from collections.abc import Callable
 
 from jaxcache import entry
 from jaxcache.client import prefetch
+from jaxcache.client.jax_dir import healed_text
 from jaxcache.client.loads import LoadPolicy
-from jaxcache.client.local_tier import LocalTier, healed_text
+from jaxcache.client.local_tier import LocalTier
 from jaxcache.client.options import DEFAULT_LOCAL_MAX_BYTES, ClientOptions
 from jaxcache.client.prefetch import Prefetcher
 from jaxcache.client.uploads import Uploader
@@ -33,7 +34,7 @@ class NodeTier:
                                  signed_dir=policy is not None and policy.mode == "signed")
         self.prefetcher: Prefetcher | None = None
         self._tidy: threading.Thread | None = None
-        self.healed: list[tuple[str, bool]] = []  # entries found without their -atime at start (LocalTier.heal)
+        self.healed: list[tuple[str, str]] = []  # what would have stopped JAX's writes, healed at start (JaxDir.heal)
         if options.prefetch:
             url = options.service_url
             ask = None if url is None else (lambda wanted: prefetch.from_service(
@@ -72,7 +73,7 @@ class NodeTier:
                                           name="jaxcache-revalidate")
             self._tidy.start()
         self.uploader.resume(self.uploader.pending())
-        self.tier.install()  # it judges what it fetches; its local files are trusted as admitted
+        self.tier.install()  # it judges what it fetches; a local file is loaded while its origin is the root's
         if self.prefetcher is not None:
             self.prefetcher.start()  # off this thread: the job's own start-up runs meanwhile
 

@@ -15,6 +15,7 @@ from jaxcache.client import claim
 from jaxcache.client import jax_internals as ji
 from jaxcache.client import trust as trust_mod
 from jaxcache.client.attestation import Attestor
+from jaxcache.client.jax_dir import JaxDir
 from jaxcache.client.loads import LoadGuard, LoadPolicy
 from jaxcache.client.misses import MAX_CHECKED, MAX_CHECKED_GCS, MissCauses, MissCheck
 from jaxcache.client.node_tier import NodeTier
@@ -55,6 +56,10 @@ class CacheSession:
         self._tier = tier = None if tier_dir is None else NodeTier(
             tier_dir, self._writer.storage, options, policy=loads, writer_name=self._writer_name,
             refused=self._loads.refused if self._loads is not None else None, fingerprint=lambda: self.fingerprint)
+        # The directory JAX reads and writes, whose reads the client answers so that nothing there can block them:
+        # the tier, else a directory root (JAX reads a gs:// root through a library of its own).
+        self._dir: JaxDir | None = tier.tier if tier is not None else None if options.is_gcs else JaxDir(
+            options.cache_dir, max_size_bytes=ji.lru_max_bytes())  # max_size_bytes, or JAX's own setting
         # A write counts once its entry is there whole: the run record's writes make the service's first writers.
         self._write_check = check = WriteCheck(tier.storage, tier.directory) if tier is not None else WriteCheck(
             self._writer.storage, None if options.is_gcs else options.cache_dir)
@@ -226,13 +231,21 @@ class CacheSession:
         atexit.register(self.close)
         if self._tier is not None:
             self._tier.start()  # the tier judges what it fetches (instead of the read hook)
-        elif self._loads is not None:
+            return
+        if self._dir is not None:
+            self._dir.install()  # first: the verify judge, installed next, wraps it and judges what it reads
+        if self._loads is not None:
             self._loads.install()
 
     def _writer_name(self) -> str:
         return f"{self.kind} {self.job} run {self.run_id}"
 
     def _on_put(self, key: str, value: bytes) -> None:
+        if self._dir is not None:
+            try:
+                self._dir.heal()  # what JAX's eviction, inside this write, would stop on
+            except Exception as exc:  # noqa: BLE001 - JAX writes, or says why it could not, all the same
+                log.warning("jaxcache: could not check %s before JAX's write there: %s", self._dir.directory, exc)
         self._write_check.before_put(key)
         sha256, size = self._attestor.on_put(key, value)
         if self._tier is not None:
@@ -282,8 +295,8 @@ class CacheSession:
     def _shutdown_for_tests(self) -> None:
         if self._loads is not None:
             self._loads.uninstall()
-        if self._tier is not None:
-            self._tier.tier.uninstall()
+        if self._dir is not None:
+            self._dir.uninstall()
         self._stop.set()
         self._recorder.uninstall()
         if self._undo_put_hook is not None:

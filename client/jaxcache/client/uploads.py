@@ -1,41 +1,48 @@
 """Write-behind: what JAX writes to the node-local tier is uploaded to the shared root, off the training path.
 
-JAX's put is heard before it stores (the put hook): the key is marked pending in the local directory
-(``.jaxcache/pending/<key>``), so no other process drops it as "gone from the root" meanwhile. The mark holds the
-digest and size of the bytes JAX put and, with ``JAXCACHE_SIGNING_KEY``, their signature, made then from the bytes
-in memory: a later process resuming the upload sends only a file that matches them, with that signature, never
-one of its own over whatever the file holds by then. Once the attestor has
-read the write back whole and its bytes are the ones put, one background thread creates the entry in the root
-(create-only: an entry there already is never replaced) and then, with ``JAXCACHE_SIGNING_KEY``, its signature.
-A failed upload is a warning and a count; the mark stays, and the next process on the node tries again. In a
-directory of signed entries a write is also marked unverified (``.jaxcache/unverified/<key>``) until this process
-signs exactly those bytes in the root: the next start drops it, so a verified copy from the root replaces it.
+JAX's put is heard before it stores (the put hook): the key is marked pending (``.jaxcache/pending/<key>``), so no
+other process drops it as "gone from the root" meanwhile. The mark holds the digest and size of the bytes JAX put,
+their signature (``JAXCACHE_SIGNING_KEY``, made then from the bytes in memory) and the process's lock file under
+``.jaxcache/live/``, held while it runs: a later process resuming the upload sends only a file that matches, with
+that signature, and leaves a running process's mark alone (its file may not be written yet). Once the attestor
+found the write whole and as put, one thread creates the entry in the root (create-only), then its signature, and
+keeps the copy's origin (:mod:`jaxcache.client.origins`). A failed upload is a warning and a count; the mark stays
+for the node's next process. In a signed directory a write is also marked unverified (``.jaxcache/unverified/``)
+until this process signs exactly those bytes in the root: the next start drops it for a verified copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import queue
+import re
+import secrets
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import filelock
 import msgspec
 
 from jaxcache import entry, signing
 from jaxcache.client.attestation import drained
 from jaxcache.client.local_tier import PENDING_DIR, TEMP_AGE_S, UNVERIFIED_DIR, LocalTier
+from jaxcache.client.origins import Origin, stat_of
 from jaxcache.errors import PreconditionFailedError
 from jaxcache.storage import Storage
+from jaxcache.storage.files import read_small, write_small
 from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.client")
 
 QUEUE_SIZE = 4096
 MARK_MAX_BYTES = 64 * 1024  # a pending mark: a digest and one signature, far less
+LIVE_DIR = os.path.join(".jaxcache", "live")  # one lock file per running process of the node's tier
+_OWNER = re.compile(r"[0-9]{1,10}-[0-9a-f]{8}")  # <pid>-<random>: the name of a process's lock file
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,7 @@ class Put:
     sha256: str
     size_bytes: int
     signature: signing.Signature | None = None
+    owner: str | None = None  # the lock file of the process that put them (LIVE_DIR), held while it runs
 
     def to_bytes(self) -> bytes:
         return msgspec.json.encode(self)
@@ -81,6 +89,41 @@ class Uploader:
         self._queue: queue.Queue[tuple[str, tuple[str, int] | None]] = queue.Queue(maxsize=QUEUE_SIZE)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._live = os.path.join(tier.directory, LIVE_DIR)
+        os.makedirs(self._live, mode=0o700, exist_ok=True)
+        self.owner: str | None = None  # without a lock file, marks say no owner (as an older client's)
+        self._alive: filelock.FileLock | None = None
+        for name in os.listdir(self._live):
+            self._running(name)  # the lock files of processes that ended go
+        for _ in range(3):
+            name = f"{os.getpid()}-{secrets.token_hex(4)}"
+            alive = filelock.FileLock(os.path.join(self._live, name), timeout=0)
+            try:
+                alive.acquire()  # held until this process ends: its marks are not for others to clear
+            except Exception as exc:  # noqa: BLE001 - marks without an owner, as before
+                log.debug("jaxcache: could not take %s: %s", alive.lock_file, exc)
+                break
+            if os.path.exists(alive.lock_file):  # not swept away by another process in the instant before flock
+                self.owner, self._alive = name, alive
+                break
+            alive.release()
+
+    def _running(self, owner: str | None) -> bool:
+        """Whether ``owner`` (a mark's) is another process of this node that still runs: it holds its lock file."""
+        if owner is None or owner == self.owner or not _OWNER.fullmatch(owner):
+            return False
+        path = os.path.join(self._live, owner)
+        if not os.path.exists(path):
+            return False
+        probe = filelock.FileLock(path, timeout=0)
+        try:
+            probe.acquire()
+        except (filelock.Timeout, OSError):  # held, or not to be judged: taken as running, its mark left alone
+            return True
+        probe.release()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return False
 
     def pending(self) -> list[str]:
         """The keys written here whose upload has not finished (by this process or an earlier one)."""
@@ -99,11 +142,10 @@ class Uploader:
         """The put hook, before JAX stores the bytes of that digest and size: sign them (with
         ``JAXCACHE_SIGNING_KEY``) and mark the key pending with both (a tiny local write on the compiling thread)."""
         sig = None if self._key is None else self._key.sign(key, sha256, size_bytes, writer=self._writer_name())
-        with open(os.path.join(self._pending, key), "wb") as f:
-            f.write(Put(sha256, size_bytes, sig).to_bytes())
+        self._tier.origins.forget(key)  # the bytes there are JAX's own from now on, whatever a copy came from
+        write_small(os.path.join(self._pending, key), Put(sha256, size_bytes, sig, self.owner).to_bytes())
         if self._unverified is not None:
-            with open(os.path.join(self._unverified, key), "wb"):
-                pass
+            write_small(os.path.join(self._unverified, key), b"")
 
     def submit(self, key: str, sha256: str, size_bytes: int) -> None:
         """Upload a write the attestor found whole and equal to what JAX put; never blocks."""
@@ -167,6 +209,9 @@ class Uploader:
     def _upload(self, key: str, put: tuple[str, int] | None) -> None:
         name = entry.cache_name(key)
         started = time.monotonic()
+        kept = self._mark(key)  # the put's mark: its bytes go, with the signature made when JAX put them
+        if put is None and kept is not None and self._running(kept.owner):
+            return  # another process's put, and it still runs: it uploads its write (which may not be there yet)
         data = self._tier.storage.read(name)
         if data is None:
             self._done(key)  # evicted or dropped meanwhile: nothing to upload
@@ -175,7 +220,6 @@ class Uploader:
         if put is not None and (sha, size) != put:
             self._done(key)  # replaced since the attestor read it: not the bytes this process put
             return
-        kept = self._mark(key)  # the put's mark: its bytes go, with the signature made when JAX put them
         if kept is None or (sha, size) != (kept.sha256, kept.size_bytes):
             if put is None:  # an earlier process's put: only its bytes go
                 self._refuse(key, name, data, kept is None)
@@ -190,6 +234,12 @@ class Uploader:
             self._done(key)  # another writer's entry is there: the root keeps the first
             return
         self._tier.add(uploaded=1, uploaded_bytes=size, uploaded_s=time.monotonic() - started)
+        try:  # the copy is the root's object now; without its origin the next start fetches it again
+            info = root.stat(name)
+            if info is not None:
+                self._tier.origins.write(key, Origin(stat_of(info)))
+        except Exception as exc:  # noqa: BLE001 - uploaded all the same
+            log.debug("jaxcache: could not read back what %s is in the root: %s", key, exc)
         if sig is not None:
             if signing.write(root, sig):
                 self._unmark(self._unverified, key)  # signed: exactly these bytes, in the root and here
@@ -199,11 +249,10 @@ class Uploader:
 
     def _mark(self, key: str) -> Put | None:
         try:
-            with open(os.path.join(self._pending, key), "rb") as f:
-                raw = f.read(MARK_MAX_BYTES + 1)
+            raw = read_small(os.path.join(self._pending, key), MARK_MAX_BYTES)
         except OSError:
             return None
-        return None if len(raw) > MARK_MAX_BYTES else Put.from_bytes(raw, key)
+        return None if raw is None or len(raw) > MARK_MAX_BYTES else Put.from_bytes(raw, key)
 
     def _refuse(self, key: str, name: str, data: bytes, unknown: bool) -> None:
         """A pending write whose file is not the bytes JAX put (per its mark), or whose mark says nothing."""
@@ -221,6 +270,9 @@ class Uploader:
                              "it is not the bytes JAX put")
 
     def _done(self, key: str) -> None:
+        kept = self._mark(key)
+        if kept is not None and self._running(kept.owner):
+            return  # marked again since, by a process that still runs: its mark, for its own upload
         self._unmark(self._pending, key)
 
     @staticmethod

@@ -218,6 +218,14 @@ class Storage(abc.ABC):
     def read(self, name: str) -> bytes | None:
         """The whole object, or None if it does not exist."""
 
+    def read_with_info(self, name: str) -> tuple[bytes, ObjectInfo] | None:
+        """The whole object and the metadata of the object those bytes came from, or None if it does not exist: what
+        names that object to compare with a later listing (its generation where the store has them). This default
+        asks for the metadata first, so an object replaced in between looks changed later, never the reverse."""
+        info = self.stat(name)
+        data = None if info is None else self.read(name)
+        return None if info is None or data is None else (data, info)
+
     @abc.abstractmethod
     def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
         """Delete one object; False if it was already gone.

@@ -10,6 +10,9 @@ import stat as st_mode
 # followed), O_NONBLOCK (opening a FIFO does not wait for a writer), then fstat must say it is a regular file.
 # Folders on the way are opened the same way (O_NOFOLLOW each); only the root itself may be a link.
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# The same for a small file written in place (created if need be): opening a FIFO for writing waits for a reader,
+# and with O_NONBLOCK fails (ENXIO) instead.
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # What opening something that is not a regular file fails with: a link under O_NOFOLLOW, a socket.
 NOT_REGULAR_ERRNOS = frozenset({errno.ELOOP, errno.ENXIO})
@@ -66,6 +69,42 @@ def stat_names(fd: int, names: list[str]) -> list[float]:
             add(NOT_REGULAR)
             add(st.st_mode)
     return out
+
+
+def read_small(path: str, most: int) -> bytes | None:
+    """Up to ``most`` + 1 bytes of the regular file ``path`` (a caller tells a longer one by its length), or None
+    where there is none or it is something else: never through a link, never waiting on a FIFO."""
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except OSError as exc:
+        if absent(exc) or exc.errno in NOT_REGULAR_ERRNOS:
+            return None
+        raise
+    try:
+        return os.read(fd, most + 1) if st_mode.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
+
+
+def write_small(path: str, data: bytes) -> bool:
+    """Write ``data`` as the whole of the file ``path`` in place (created if need be); False, writing nothing, where
+    something other than a regular file has that name (a FIFO, a link, a folder): never waiting on a FIFO."""
+    try:
+        fd = os.open(path, WRITE_FLAGS, 0o666)
+    except OSError as exc:
+        if exc.errno in NOT_REGULAR_ERRNOS or exc.errno == errno.EISDIR:
+            return False
+        raise
+    try:
+        if not st_mode.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    return True
 
 
 def open_dir(root: str, parts: list[str]) -> int:

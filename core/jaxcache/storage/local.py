@@ -339,6 +339,16 @@ class LocalStorage(Storage):
         with self._translate("read", name), open(fd, "rb") as f:
             return f.read()
 
+    def read_with_info(self, name: str) -> tuple[bytes, ObjectInfo] | None:
+        # The metadata of the very file read (fstat on its descriptor), taken before its bytes.
+        self.reads += 1
+        fd = self._open_file("read", name)
+        if fd is None:
+            return None
+        with self._translate("read", name), open(fd, "rb") as f:
+            st = os.fstat(fd)
+            return f.read(), ObjectInfo(name, st.st_size, st.st_mtime)
+
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         self.reads += 1
         fd = self._open_file("read", name)

@@ -213,6 +213,13 @@ def apply(settings: dict[str, Any]) -> None:
         log.warning("jax_enable_compilation_cache is False here: JAX will not use the cache until it is True")
 
 
+def lru_max_bytes() -> int | None:
+    """The cap of JAX's own LRU on its cache directory (``jax_compilation_cache_max_size``, however it was set);
+    None where the LRU is off (-1): then JAX keeps no ``-atime`` files and evicts nothing."""
+    value = jax.config.jax_compilation_cache_max_size  # type: ignore[attr-defined]  # added at run time
+    return None if value is None or int(value) == -1 else int(value)
+
+
 def backend_ready() -> bool:
     """True once JAX's backend is initialized, so asking for devices does not start it early.
 

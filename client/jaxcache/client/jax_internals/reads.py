@@ -56,13 +56,13 @@ class _JudgedReads:
 
 def hook_cache_gets(get: Callable[[Callable[[str], bytes | None], str], bytes | None]) -> Callable[[], None] | None:
     """Wrap ``compilation_cache._get_cache`` so that every ``get`` of JAX's cache object becomes ``get(cache_get,
-    key)``: the node-local tier answers from JAX's directory, else from the shared root. Returns the undo; None
-    where there is nothing to wrap."""
+    key)``: the client answers from JAX's directory itself (:mod:`jaxcache.client.jax_dir`), the node-local tier
+    else from the shared root. Returns the undo; None where there is nothing to wrap."""
     return wrap(lambda cache: _TieredReads(cache, get))
 
 
 class _TieredReads:
-    """JAX's cache object whose ``get`` goes through the node-local tier; everything else passes."""
+    """JAX's cache object whose ``get`` the client answers; everything else passes."""
 
     def __init__(self, cache: Any, get: Callable[[Callable[[str], bytes | None], str], bytes | None]) -> None:
         self._local = cache

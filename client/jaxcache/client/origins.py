@@ -1,0 +1,78 @@
+"""Where each copy in the node-local tier came from: the root's object whose bytes it holds, so that a copy is used
+only while that object is still the root's current one (:mod:`jaxcache.client.local_tier`).
+
+One small file per key under ``<tier>/.jaxcache/origin/``: what names the root's ``-cache`` object the copy was read
+from (its generation on GCS; its size and modification time on a directory) and, under ``verify="signed"``, the
+``-sig`` object that vouched for those bytes then. Written once the copy is in place and removed with it; a copy
+without one (cut off between the two, or kept by a client before this file existed) is dropped at the next start
+and fetched again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import msgspec
+
+from jaxcache.storage.base import ObjectInfo, Stat
+from jaxcache.storage.files import read_small, write_small
+
+ORIGIN_DIR = os.path.join(".jaxcache", "origin")
+MAX_BYTES = 4096  # two (size, mtime, generation) triples, far less
+
+
+def stat_of(info: ObjectInfo) -> Stat:
+    """An object's (size, mtime, generation), as a listing gives it."""
+    return info.size_bytes, info.mtime_s, info.generation
+
+
+def same(a: Stat | None, b: Stat | None) -> bool:
+    """Whether two looks at a root's object saw the same object: the same generation where the store has them (a
+    replaced GCS object has a new one), else the same size and modification time (a directory)."""
+    if a is None or b is None:
+        return False
+    if a[2] is not None or b[2] is not None:
+        return a[2] == b[2]
+    return a[0] == b[0] and a[1] == b[1]
+
+
+class Origin(msgspec.Struct, frozen=True):
+    """The root's objects a copy came from: its entry, and (signed) the signature object that vouched for it."""
+
+    cache: Stat
+    sig: Stat | None = None
+
+
+_DECODE = msgspec.json.Decoder(Origin).decode
+
+
+class Origins:
+    """The origin files of one tier directory."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = os.path.join(directory, ORIGIN_DIR)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+
+    def write(self, key: str, origin: Origin) -> None:
+        """Record where ``key``'s copy came from (once the copy is in place)."""
+        write_small(os.path.join(self.directory, key), msgspec.json.encode(origin))
+
+    def read(self, key: str) -> Origin | None:
+        """Where ``key``'s copy came from; None when nothing (readable) says."""
+        raw = read_small(f"{self.directory}/{key}", MAX_BYTES)  # each start reads one a copy: kept lean
+        if raw is None or len(raw) > MAX_BYTES:
+            return None
+        try:
+            return _DECODE(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+
+    def forget(self, key: str) -> None:
+        """The copy is gone, or its bytes are now JAX's own: its origin no longer says anything."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.directory, key))
+
+    def keys(self) -> list[str]:
+        """The keys with an origin file."""
+        return [n for n in os.listdir(self.directory) if not n.startswith(".")]
