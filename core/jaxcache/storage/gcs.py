@@ -174,7 +174,7 @@ class GcsStorage(ObjectStore):
     def read_with_info(self, name: str) -> tuple[bytes, ObjectInfo] | None:
         # One request: the download's headers name the generation of exactly the bytes it returned (the library
         # keeps them on the blob). They carry no update time, which a generation makes unneeded.
-        blob = self._bucket.blob(self._blob_name(name))
+        blob = self._bucket.blob(self._key(name))
         self.reads += 1
         with self._translate("read", name):
             try:
