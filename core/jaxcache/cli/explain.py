@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import shutil
+import textwrap
 import time
 from collections import defaultdict
 from typing import Any
@@ -13,13 +15,14 @@ from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError
 from jaxcache.explain import Explanation, Known, explain
 from jaxcache.explain.from_root import RootHistory, is_miss, read_root
-from jaxcache.explain.values import differs_text
 from jaxcache.records import check_job, check_run_id
 from jaxcache.storage import Storage
-from jaxcache.table import render
 from jaxcache.units import parse_duration, plural
 
 _LISTED = 5  # recorded names offered when none is close
+#: The text output's width: the terminal's, at most 100 columns (and at least 60 where it is narrower).
+_MAX_WIDTH, _MIN_WIDTH = 100, 60
+_LABEL = "  "
 
 
 def explained(storage: Storage, *, job: str | None = None, run: str | None = None,
@@ -78,14 +81,41 @@ def cmd_explain(args: argparse.Namespace, storage: Storage) -> int:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["cause"], r["function"])].append(r)
-    lines = sorted(groups.items(), key=lambda g: -sum(r["compile_s"] or 0 for r in g[1]))
-    table = [[cause, function, str(len(g)), f"{sum(r['compile_s'] or 0 for r in g):.1f}", differs_text(g[0]["differs"]),
-              g[0]["fix"]] for (cause, function), g in lines]
-    print(render(["CAUSE", "FUNCTION", "MISSES", "COMPILE S", "WHAT DIFFERS", "FIX"], table))
+    width = max(_MIN_WIDTH, min(_MAX_WIDTH, shutil.get_terminal_size((_MAX_WIDTH, 24)).columns))
+    blocks = sorted(groups.items(), key=lambda g: -sum(r["compile_s"] or 0 for r in g[1]))
+    print("\n\n".join(_block(cause, function, g, width) for (cause, function), g in blocks))
     total = sum(r["compile_s"] or 0 for r in rows)
     print(f"\n{plural(len(rows), 'miss')}, {total:.1f} compile seconds" + (
         f"; {skipped} malformed records skipped" if skipped else ""))
     return EXIT_OK
+
+
+def _block(cause: str, function: str, misses: list[dict[str, Any]], width: int) -> str:
+    """One cause of one function's misses, as git and cargo print explanations: a heading line, then what differs
+    (each change on its own lines) and the fix, wrapped to ``width``. The fix names the changes already listed
+    above it by reference, not again."""
+    first = misses[0]
+    seconds = sum(r["compile_s"] or 0 for r in misses)
+    lines = [f"{shown(cause)}: {shown(function)}, {plural(len(misses), 'miss')}, {seconds:.1f} compile seconds"]
+    fix = first["fix"] or ""
+    for d in first["differs"]:
+        said = list(d["changes"]) or ([f"{d['theirs'] or '?'} → {d['mine'] or '?'}"] if d["mine"] or d["theirs"]
+                                      else [])
+        lines += _wrapped(f"{d['part']} differs" + (":" if said else ""), width, _LABEL)
+        for change in said:
+            lines += _wrapped(change, width, _LABEL + "  ", "- ")
+        if said:
+            fix = fix.replace("; ".join(said), "the changes above" if d["changes"] else "as above")
+    if first["nearest"]:
+        lines += _wrapped(f"nearest key: {first['nearest']}", width, _LABEL)
+    lines += _wrapped(fix, width, _LABEL, "fix: ")
+    return "\n".join(lines)
+
+
+def _wrapped(text: str, width: int, indent: str, bullet: str = "") -> list[str]:
+    """``text`` in lines of at most ``width``, the first after ``bullet``, the rest under its text."""
+    return textwrap.wrap(shown(text), width, initial_indent=indent + bullet,
+                         subsequent_indent=indent + " " * len(bullet), break_on_hyphens=False)
 
 
 def add_parser(sub: Any) -> None:
