@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import shutil
 import textwrap
 import time
 from collections import defaultdict
 from typing import Any
 
-from jaxcache.cli.output import EXIT_OK, ROOT_HELP, flag_value, print_json
+from jaxcache.cli.output import EXIT_OK, ROOT_HELP, flag_value, not_recorded, print_json
 from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError
 from jaxcache.explain import Explanation, Known, explain
@@ -19,7 +18,6 @@ from jaxcache.records import check_job, check_run_id
 from jaxcache.storage import Storage
 from jaxcache.units import parse_duration, plural
 
-_LISTED = 5  # recorded names offered when none is close
 #: The text output's width: the terminal's, at most 100 columns (and at least 60 where it is narrower).
 _MAX_WIDTH, _MIN_WIDTH = 100, 60
 _LABEL = "  "
@@ -34,9 +32,9 @@ def explained(storage: Storage, *, job: str | None = None, run: str | None = Non
     found = read_root(storage)
     knowns, skipped = found.knowns, found.skipped
     if job is not None and job not in found.jobs:
-        raise InvalidInputError(_unknown("--job", job, found.jobs, "job", storage.url))
+        raise InvalidInputError(not_recorded("--job", job, found.jobs, "job", storage.url))
     if run is not None and run not in found.runs:
-        raise InvalidInputError(_unknown("--run", run, found.runs, "run", storage.url))
+        raise InvalidInputError(not_recorded("--run", run, found.runs, "run", storage.url))
     history = RootHistory(storage, knowns, storage.iter_objects())
     out = []
     for miss in (k for k in knowns if is_miss(k)):
@@ -46,20 +44,6 @@ def explained(storage: Storage, *, job: str | None = None, run: str | None = Non
         out.append(_row(miss, why))
     out.sort(key=lambda r: (-(r["compile_s"] or 0.0), r["function"], r["key"]))
     return out, skipped
-
-
-def _unknown(flag: str, value: str, named: set[str], what: str, url: str) -> str:
-    """The one line for a job or run no record names: the close ones, else a few of those recorded."""
-    close = difflib.get_close_matches(value, named, n=3)
-    if close:
-        hint = "did you mean " + " or ".join(repr(shown(c)) for c in close) + "?"
-    elif named:
-        few = sorted(named)[:_LISTED]
-        more = f" and {len(named) - _LISTED} more" if len(named) > _LISTED else ""
-        hint = f"{what}s recorded: " + ", ".join(shown(n) for n in few) + more
-    else:
-        hint = "the root holds no run or warm-up records"
-    return f"{flag} {shown(value)!r}: no run or warm-up record in {url} names that {what}; {hint}"
 
 
 def _row(miss: Known, why: Explanation) -> dict[str, Any]:
