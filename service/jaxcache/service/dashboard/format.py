@@ -118,7 +118,7 @@ class Chart:
     width: int
     height: int
     bars: list[Bar]
-    line: str  # polyline points: bytes held by today's entries at the end of each day
+    line: str  # polyline points: bytes held by today's entries at the end of each day, level across the day
     y_max_bytes: int
     top: float
     bottom: float
@@ -157,6 +157,9 @@ def growth_chart(growth: list[dict], total_bytes: int, *, today: date | None = N
             height=round(bottom - y(a), 2), entries=n, size_bytes=a, total_bytes=t)
         for i, (d, a, n, t) in enumerate(zip(series, added, entries, totals, strict=True))
     ]
-    line = " ".join(f"{round(left + (i + 0.5) * step, 2)},{round(y(t), 2)}" for i, t in enumerate(totals))
+    # A step across each day's whole slot, not a point at its middle: a cache one day old (the demo's) has one day,
+    # and a line through one point draws nothing.
+    line = " ".join(f"{round(left + (i + edge) * step, 2)},{round(y(t), 2)}" for i, t in enumerate(totals)
+                    for edge in (0, 1))
     return Chart(width=width, height=height, bars=bars, line=line, y_max_bytes=y_max, top=top, bottom=bottom,
                  left=left, right=right)
