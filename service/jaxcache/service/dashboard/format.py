@@ -76,12 +76,14 @@ def ago(ts: float | None, now: float | None = None) -> Markup:
 
 
 def by_cause(missed: list[dict]) -> list[dict]:
-    """A job's misses grouped by cause (unexplained ones as None), most compile time lost first."""
+    """A job's misses (``job_misses``: by key and cause) grouped by cause (unexplained ones as None), most compile
+    time lost first: the misses and seconds of each, counted as ``jaxcache explain`` counts them."""
     groups: dict[str | None, list[dict]] = {}
     for m in missed:
         groups.setdefault(m["cause"], []).append({**m, "differs_text": differs_text(m["differs"])})
-    out = [{"cause": cause or "unexplained", "misses": len(ms), "compile_s": sum(m["compile_s"] for m in ms),
-            "fix": ms[0]["fix"], "missed": ms} for cause, ms in groups.items()]
+    out = [{"cause": cause or "unexplained", "misses": sum(m["misses"] for m in ms), "keys": len(ms),
+            "compile_s": sum(m["compile_s"] for m in ms), "fix": ms[0]["fix"], "missed": ms}
+           for cause, ms in groups.items()]
     return sorted(out, key=lambda g: (-g["compile_s"], g["cause"]))
 
 
