@@ -222,7 +222,7 @@ def test_the_cli_explains_a_roots_records(tmp_path, capsys):
     assert miss["differs"][0]["changes"] == ["removed --xla_cpu_fast=true"]
     assert {m["cause"] for m in out["misses"] if m["run_id"] == "r0"} == {"new_program"}
     assert cli_main(["explain", str(root), "--run", "r1"]) == 0
-    table = capsys.readouterr().out
+    table = " ".join(capsys.readouterr().out.split())  # wrapped to the terminal's width
     assert "xla_flags" in table and "give the warm-up the job's XLA_FLAGS" in table and "3.5" in table
     assert cli_main(["explain", str(root), "--since", "soon"]) == 2
 
