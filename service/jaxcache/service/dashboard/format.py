@@ -81,7 +81,7 @@ def by_cause(missed: list[dict]) -> list[dict]:
     groups: dict[str | None, list[dict]] = {}
     for m in missed:
         groups.setdefault(m["cause"], []).append({**m, "differs_text": differs_text(m["differs"])})
-    out = [{"cause": cause or "unexplained", "misses": sum(m["misses"] for m in ms), "keys": len(ms),
+    out = [{"cause": cause or "unexplained", "misses": sum(m["misses"] for m in ms),
             "compile_s": sum(m["compile_s"] for m in ms), "fix": ms[0]["fix"], "missed": ms}
            for cause, ms in groups.items()]
     return sorted(out, key=lambda g: (-g["compile_s"], g["cause"]))
