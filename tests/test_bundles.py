@@ -116,7 +116,14 @@ def test_export_leaves_out_what_it_cannot_vouch_for(written, tmp_path, capsys):
     assert main(["bundle", "export", str(root), "--job", "train", "-o", str(tmp_path / "none.tar")]) == 1
     assert "nothing written" in capsys.readouterr().out
     assert main(["bundle", "export", str(root), "--job", "nope", "-o", str(tmp_path / "none.tar")]) == 2
-    assert "no working set for job 'nope'" in capsys.readouterr().err
+    assert "--job 'nope': no run or warm-up record" in capsys.readouterr().err
+    # A near name is suggested, as `explain --job` does (#60); a job that ran, but not within --days, says so.
+    assert main(["bundle", "export", str(root), "--job", "trian", "-o", str(tmp_path / "none.tar")]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("names that job; did you mean 'train'?\n") and err.count("\n") == 1, err
+    assert main(["bundle", "export", str(root), "--job", "train", "--jaxlib", "0.0.1", "-o",
+                 str(tmp_path / "none.tar")]) == 2
+    assert "no working set for job 'train'" in capsys.readouterr().err
     assert not (tmp_path / "none.tar").exists() and not list(tmp_path.glob(".none.tar*"))
 
 

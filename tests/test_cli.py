@@ -140,13 +140,36 @@ def test_bad_roots_exit_2_with_one_line(capsys, argv, message):
 
 
 @pytest.mark.parametrize(
-    "argv",
-    [[], ["ls"], ["ls", "x", "--sort", "bogus"], ["ls", "x", "--limit", "-3"], ["frobnicate", "x"]],
+    ("argv", "said"),
+    [([], "jaxcache: error: the following arguments are required: COMMAND"),
+     (["ls"], "jaxcache ls: error: the following arguments are required: ROOT"),
+     (["ls", "x", "--sort", "colour"], "jaxcache ls: error: argument --sort: invalid choice: 'colour'"),
+     (["ls", "x", "--limit", "abc"], "jaxcache ls: error: argument --limit: 'abc' is not a whole number"),
+     (["ls", "x", "--limit", "-3"], "jaxcache ls: error: argument --limit: '-3' must be 0 or more"),
+     (["prune", "x", "--unused-for"], "jaxcache prune: error: argument --unused-for: expected one argument"),
+     (["bundle", "export", "x", "--job"], "jaxcache bundle export: error: argument --job: expected one argument"),
+     (["frobnicate", "x"], "jaxcache: error: argument COMMAND: invalid choice: 'frobnicate'")],
 )
-def test_usage_errors_exit_2(capsys, argv):
+def test_usage_errors_are_one_line_on_stderr(capsys, argv, said):
+    """The user guide's promise (#60): one line that names the option and what it takes, not the usage block."""
     with pytest.raises(SystemExit) as exc:
         main(argv)
-    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2 and out == ""
+    assert err.startswith(said) and err.count("\n") == 1 and "usage:" not in err, err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--unused-for", "-3d"], "--unused-for: '-3d' is negative: a duration is 0 or more, like 14d"),
+    (["--unused-for=-3d"], "--unused-for: '-3d' is negative"),
+    (["--older-than", "-1h"], "--older-than: '-1h' is negative"),
+    (["--max-size", "-5GiB"], "--max-size: '-5GiB' is negative: a size is 0 or more"),
+])
+def test_a_negative_value_is_read_as_the_options_and_refused(capsys, tmp_path, argv, said):
+    """``--unused-for -3d`` is not "expected one argument": the value is there, and it is negative (#60)."""
+    code, out, err = run(capsys, "prune", str(tmp_path), *argv)
+    assert code == 2 and out == "" and err == f"jaxcache: error: {said}" + err.split(said, 1)[1]
+    assert err.count("\n") == 1, err
 
 
 def test_gcs_root(capsys, gcs_client, gcs_bucket, jax_caches):

@@ -13,7 +13,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from dashboard_support import DAY, H_ADMIN, H_READ, settings
+from dashboard_support import DAY, H_ADMIN, H_READ, settings, shown_text
 from jaxcache.service.app import create_app
 from jaxcache.service.dashboard import format as dfmt
 
@@ -73,6 +73,12 @@ def test_the_growth_chart_starts_at_the_first_day():
     assert all(b.width <= 48 for b in chart.bars)
     assert len(dfmt.growth_chart([], 0, today=today, first_day=dfmt.date(2025, 1, 1)).bars) == 30
     assert [b.day for b in dfmt.growth_chart([], 0, today=today, first_day=today).bars] == ["2026-11-30"]
+    # The line of bytes held is drawn on a one-day cache too (#60): a level line across the day, not one point.
+    one = dfmt.growth_chart([{"day": "2026-11-30", "entries": 2, "size_bytes": 100}], 100, today=today,
+                            first_day=today)
+    points = [tuple(map(float, p.split(","))) for p in one.line.split()]
+    assert len({x for x, _ in points}) >= 2 and {y for _, y in points} == {one.bars[0].y}, one.line
+    assert points[0][0] == one.left and points[-1][0] == one.right
     assert dfmt.growth_label(None) == "0.0 d" and dfmt.growth_label(0.0, now=8 * DAY) == "7 d"
 
 
@@ -84,6 +90,7 @@ def test_the_demo_says_how_to_apply_a_prune(tmp_path, seeded):
         denied = re.search(r"<p class=\"notice\" data-apply-denied>(.*?)</p>", page, re.S).group(1)
         assert "<code data-setting>JAXCACHE_TOKENS_FILE</code>" in denied and "--tokens-file" in denied
         assert "JAXCACHE_TOKENS_FILE=demo-catalog/tokens make run" in denied
+        assert "you are not signed in with one. This service has no tokens" in " ".join(shown_text(denied).split())
     demo = tmp_path / "demo-catalog"
     made = subprocess.run([sys.executable, "-m", "jaxcache.service.demo_token", str(demo)], capture_output=True,
                           text=True, timeout=60)
@@ -106,3 +113,28 @@ def test_counts_on_pages_say_their_nouns_in_the_number_they_count():
     assert dfmt.counted(1, "entry") == "1 entry"
     assert dfmt.counted(12345, "entry") == "12,345 entries"
     assert dfmt.counted(0, "object") == "0 objects"
+
+
+def test_the_prune_form_says_its_errors_in_its_own_words(tmp_path, seeded):
+    """#60: a bad field is named by its label, in the words the entries filter uses, never pydantic's ("Value
+    error, ...") or the API's field names; a read token's notice reads as sentences."""
+    with TestClient(create_app(settings(tmp_path, seeded)), follow_redirects=False) as client:
+        def error(query: str) -> str:
+            r = client.get(f"/caches/demo/prune?{query}&preview=1", headers=H_READ)
+            assert r.status_code == 400, r.text
+            return " ".join(shown_text(re.search(r'<p class="error" role="alert" data-error>(.*?)</p>', r.text,
+                                                 re.S).group(1)).split())
+
+        said = error("max_total_bytes=lots")
+        assert said == "Max total size: 'lots' is not a size: use a number with an optional unit, like 500MiB or 50GB"
+        assert error("unused_for=soon&older_than=-3d") == (
+            "Unused for: 'soon' is not a duration: use a number with s, m, h, d or w, like 14d; Older than: '-3d' "
+            "is not a duration: use a number with s, m, h, d or w, like 14d")
+        said = error("integrity=bogus")
+        assert said.startswith("Integrity classes: 'bogus' should be 'tampered', 'mismatched'"), said
+        said = error("min_age=0s")
+        assert said == ("the policy selects nothing: set “Max total size”, “Unused for”, “Older than”, “Functions”, "
+                        "“Corrupt entries”, “Orphaned -atime files”, “Stale jaxlib” or “Integrity classes”"), said
+        page = client.get("/caches/demo/prune?corrupt=on&preview=1", headers=H_READ).text
+        denied = re.search(r"<p class=\"notice\" data-apply-denied>(.*?)</p>", page, re.S).group(1)
+        assert "signed in with a read token. Sign in with an admin token" in " ".join(shown_text(denied).split())

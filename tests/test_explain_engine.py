@@ -222,7 +222,7 @@ def test_the_cli_explains_a_roots_records(tmp_path, capsys):
     assert miss["differs"][0]["changes"] == ["removed --xla_cpu_fast=true"]
     assert {m["cause"] for m in out["misses"] if m["run_id"] == "r0"} == {"new_program"}
     assert cli_main(["explain", str(root), "--run", "r1"]) == 0
-    table = capsys.readouterr().out
+    table = " ".join(capsys.readouterr().out.split())  # wrapped to the terminal's width
     assert "xla_flags" in table and "give the warm-up the job's XLA_FLAGS" in table and "3.5" in table
     assert cli_main(["explain", str(root), "--since", "soon"]) == 2
 
@@ -294,3 +294,118 @@ def test_a_job_or_run_no_record_names_is_an_error_that_suggests_the_recorded_one
     assert "no misses recorded" in capsys.readouterr().out
     assert cli_main(["explain", str(root), "--run", "r2", "--json"]) == 0
     assert [m["job"] for m in json.loads(capsys.readouterr().out)["misses"]] == ["demo-eval"]
+
+
+WIDE_OLD = ProgramSignature(
+    args=('f32[64,128] sharding=<mesh<["data"=2]>, [{}, {}]>',
+          'f32[16,64] sharding=<mesh<["data"=2]>, [{"data"}, {}]>'),
+    results=('f32[] sharding=<mesh<["data"=2]>, []>',))
+WIDE_NEW = ProgramSignature(
+    args=('f32[64,128] sharding=<mesh<["data"=2]>, [{}, {}]>',
+          'f32[32,64] sharding=<mesh<["data"=2]>, [{"data"}, {}]>'),
+    results=('f32[] sharding=<mesh<["data"=2]>, []>',))
+
+
+#: What `explain --json` printed for _wide_root before the text output changed (#60).
+EXPECTED_JSON = {'root': 'ROOT',
+ 'misses': [{'function': 'jit_step',
+             'key': 'jit_step-405ea565bcf4773f753be1e051f021e470163de3652827e5f11ee746618c2739',
+             'job': 'demo-job',
+             'run_id': 'r1',
+             'process_index': 0,
+             'compile_s': 0.68,
+             'cause': 'program_changed',
+             'differs': [{'part': 'computation',
+                          'mine': '(f32[64,128] sharding=<mesh<["data"=2]>, [{}, {}]>, f32[32,64] '
+                                  'sharding=<mesh<["data"=2]>, [{"data"}, {}]>) -> (f32[] '
+                                  'sharding=<mesh<["data"=2]>, []>)',
+                          'theirs': '(f32[64,128] sharding=<mesh<["data"=2]>, [{}, {}]>, f32[16,64] '
+                                    'sharding=<mesh<["data"=2]>, [{"data"}, {}]>) -> (f32[] '
+                                    'sharding=<mesh<["data"=2]>, []>)',
+                          'changes': ['argument 1: f32[16,64] sharding=<mesh<["data"=2]>, [{"data"}, {}]> → '
+                                      'f32[32,64] sharding=<mesh<["data"=2]>, [{"data"}, {}]>']}],
+             'nearest': 'jit_step-3b7e9da2df5de9523282424656a51ce393523866f9179f93a92744353ad76cba',
+             'fix': 'jit_step is not the program the cache has: argument 1: f32[16,64] sharding=<mesh<["data"=2]>, '
+                    '[{"data"}, {}]> → f32[32,64] sharding=<mesh<["data"=2]>, [{"data"}, {}]>. Only shapes or '
+                    'dtypes changed: bucket or pad inputs to a few shapes, or warm up each shape the job uses '
+                    '(`warmup --entrypoint ...`)'},
+            {'function': 'jit_step',
+             'key': 'jit_step-3b7e9da2df5de9523282424656a51ce393523866f9179f93a92744353ad76cba',
+             'job': 'demo-job',
+             'run_id': 'r0',
+             'process_index': 0,
+             'compile_s': 0.6,
+             'cause': 'new_program',
+             'differs': [],
+             'nearest': None,
+             'fix': "the first time this cache sees jit_step: warm it up (`warmup --entrypoint ...` with the job's "
+                    'topology) or let one run write it'},
+            {'function': 'jit_step',
+             'key': 'jit_step-405ea565bcf4773f753be1e051f021e470163de3652827e5f11ee746618c2739',
+             'job': 'demo-job',
+             'run_id': 'r2',
+             'process_index': 0,
+             'compile_s': 0.51,
+             'cause': 'not_written',
+             'differs': [],
+             'nearest': None,
+             'fix': 'an earlier run compiled it in less time than jax_persistent_cache_min_compile_time_secs and '
+                    'JAX did not store it (compiled in 0.68 s, under '
+                    'jax_persistent_cache_min_compile_time_secs=1): lower the threshold '
+                    '(enable_cache(min_compile_time_secs=0))'}],
+ 'skipped_records': 0}
+
+
+def _wide_root(tmp_path):
+    """The demo's story in records: r0 wrote the program for 16 rows, r1 compiled it for 32 (not stored: under the
+    threshold), r2 compiled that again."""
+    from jaxcache.records import KeyUsage, RunRecord
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    now = time.time()  # after the entry's file: it was written by r0, not there before it
+    old, new = key("jit_step", "b16"), key("jit_step", "b32")
+    reason = "compiled in 0.68 s, under jax_persistent_cache_min_compile_time_secs=1"
+    for run, at, usage in (
+        ("r0", now - 300, KeyUsage(key=old, event="write", compiles=1, writes=1, first_at=now - 300, compile_s=0.6,
+                                   parts=parts(), program=WIDE_OLD)),
+        ("r1", now - 200, KeyUsage(key=new, event="compiled", compiles=1, first_at=now - 200, compile_s=0.68,
+                                   reason=reason, parts=parts(computation="b32"), program=WIDE_NEW)),
+        ("r2", now - 100, KeyUsage(key=new, event="compiled", compiles=1, first_at=now - 100, compile_s=0.51,
+                                   reason=reason.replace("0.68", "0.51"), parts=parts(computation="b32"),
+                                   program=WIDE_NEW)),
+    ):
+        record = RunRecord(job="demo-job", run_id=run, process_index=0, process_count=1, host="h", started_at=at,
+                           updated_at=at, fingerprint=FP, final=True, keys=[usage])
+        (root / record.name).parent.mkdir(parents=True, exist_ok=True)
+        (root / record.name).write_bytes(record.to_json())
+    (root / f"{old}-cache").write_bytes(b"x")
+    return root
+
+
+@pytest.mark.parametrize("columns", ["200", "100", "80"])
+def test_the_text_output_reads_in_a_100_column_terminal(tmp_path, capsys, monkeypatch, columns):
+    """One block per cause and function (#60): no line wider than the terminal or 100 columns, and the fix refers
+    to the changes listed above it instead of repeating them."""
+    monkeypatch.setenv("COLUMNS", columns)
+    root = _wide_root(tmp_path)
+    assert cli_main(["explain", str(root)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= min(100, int(columns)), out
+    assert lines[0] == "program_changed: jit_step, 1 miss, 0.7 compile seconds", out
+    assert "not_written: jit_step, 1 miss, 0.5 compile seconds" in lines, out
+    change = 'argument 1: f32[16,64] sharding=<mesh<["data"=2]>, [{"data"}, {}]> → f32[32,64]'
+    assert " ".join(out.split()).count(" ".join(change.split())) == 1, out  # under "computation differs", only
+    fix = " ".join(out.split("fix: ", 1)[1].split("\n\n")[0].split())
+    assert fix.startswith("jit_step is not the program the cache has: the changes above. Only shapes"), fix
+    assert "new_program: jit_step, 1 miss, 0.6 compile seconds" in lines, out
+    assert out.endswith("\n3 misses, 1.8 compile seconds\n")
+
+
+def test_the_json_output_is_as_before(tmp_path, capsys):
+    """`--json` keeps its fields and values whatever the text output does (#60)."""
+    root = _wide_root(tmp_path)
+    assert cli_main(["explain", str(root), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got == {**EXPECTED_JSON, "root": str(root)}

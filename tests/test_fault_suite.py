@@ -3,6 +3,7 @@ what was lost (nothing). GCS answering 429/503 is in test_gcs_faults.py; in-proc
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import time
@@ -43,11 +44,20 @@ def _serve(root: Path, db: str, log: Path, *args: str):
 def test_kill_9_mid_prune_then_restart_accounts_for_every_deletion(tmp_path):
     root = tmp_path / "cache"
     root.mkdir()
-    old = fake_entries(root, 12_000, age_days=30, tag="old")
+    old = fake_entries(root, 3_000, age_days=30, tag="old")
     young = fake_entries(root, 200, age_days=0, tag="young")
+    # JAX's LRU is on in this root: the prune takes JAX's cache lock around its deletions, as JAX takes it around
+    # its reads and writes. The test takes it as a job would, which stops the prune at a known point, mid-way,
+    # whatever the machine's speed: there the node dies (a few thousand entries are enough, not a race against the
+    # deletions of twelve thousand).
+    lockfile = root / ".lockfile"
+    lockfile.touch()
     db, log = f"sqlite:///{tmp_path / 'catalog.sqlite'}", tmp_path / "serve.log"
     proc, base = _serve(root, db, log, "--rescan-s", "3600")
-    with httpx.Client(base_url=base, headers=H, timeout=PATIENCE_S) as client:
+    job = os.open(lockfile, os.O_RDWR)
+    fcntl.flock(job, fcntl.LOCK_EX)  # a job holds JAX's lock: the prune will wait for it at its first deletion
+    with httpx.Client(base_url=base, headers=H, timeout=PATIENCE_S) as client, \
+            httpx.Client(base_url=base, headers=H, timeout=PATIENCE_S) as watcher:
         import threading
 
         answer: dict[str, httpx.Response] = {}
@@ -55,14 +65,28 @@ def test_kill_9_mid_prune_then_restart_accounts_for_every_deletion(tmp_path):
                                                       {"unused_for": "7d", "dry_run": False}, answer),
                          daemon=True).start()
 
-        def deleting() -> bool:
+        def prune_holds_the_lock() -> bool:
             refused = answer.get("r")
             assert refused is None, f"the prune was answered before it was killed: {refused.text}"
-            return sum(1 for p in root.iterdir() if p.name.endswith("-cache")) < len(old) + len(young) - 100
+            try:
+                fcntl.flock(job, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(job, fcntl.LOCK_UN)  # not yet: let it have the lock at its next try
+            time.sleep(0.001)
+            return False
 
-        # Once the intent is written and deletions are under way, the service dies as a node would.
-        _until(deleting, "the prune to start deleting", patience_s=300)
+        # The intent is written before the first deletion, which waits for the job's lock (JAX's own timeout, 10 s,
+        # is far off: the job lets go at once).
+        _until(lambda: [p for p in watcher.get("/v1/caches/demo/prunes").json()["prunes"] if p["state"] == "running"],
+               "the prune's intent", patience_s=300)
+        fcntl.flock(job, fcntl.LOCK_UN)
+        _until(prune_holds_the_lock, "the prune to take JAX's lock and delete")
+        # The job waits for the lock: it has it when the prune lets go after its first entries (the prune holds it
+        # across entries for 20 ms), and the prune stops at its next entry. There the node dies.
+        fcntl.flock(job, fcntl.LOCK_EX)
         kill_service(proc)
+    os.close(job)
     left = {p.name for p in root.iterdir()}
     with sqlite3.connect(tmp_path / "catalog.sqlite") as con:
         (state, planned), = con.execute("SELECT state, planned FROM prunes").fetchall()

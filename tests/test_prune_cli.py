@@ -202,7 +202,7 @@ def test_the_no_rule_error_and_help_name_every_selecting_flag(capsys, tmp_path):
     ("argv", "message"),
     [
         (["--max-size", "50XB"], "--max-size: '50XB' is not a size"),
-        (["--max-size=-5GiB"], "--max-size: '-5GiB' is not a size"),
+        (["--max-size=-5GiB"], "--max-size: '-5GiB' is negative: a size is 0 or more"),
         (["--unused-for", "two weeks"], "--unused-for: 'two weeks' is not a duration"),
         (["--older-than", "3x"], "--older-than: '3x' is not a duration"),
         (["--corrupt", "--min-age", "soon"], "--min-age: 'soon' is not a duration"),

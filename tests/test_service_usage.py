@@ -94,7 +94,7 @@ def test_jobs(svc, keys, reported):
     assert d["hits"] == 1 and d["misses"] == 1
     (miss,) = d["missed"]
     why = {name: miss.pop(name) for name in ("cause", "differs", "nearest", "fix")}
-    assert miss == {"key": keys["jit_tiny"], "function": "jit_tiny", "compiles": 1, "compile_s": 0.5,
+    assert miss == {"key": keys["jit_tiny"], "function": "jit_tiny", "misses": 1, "compiles": 1, "compile_s": 0.5,
                     "written": False, "reason": "only process 0 writes the cache", "in_cache": True}
     # pretrain wrote it two hours before and it is in the cache: eval could not load what was there.
     assert why["cause"] == "unreadable" and "--corrupt --apply" in why["fix"], why

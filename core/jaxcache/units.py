@@ -30,6 +30,8 @@ def parse_bytes(text: str) -> int:
     m = _NUMBER_UNIT.fullmatch(text)
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _SIZE_UNITS:
+        if _negative(text, _SIZE_UNITS):
+            raise InvalidInputError(f"{text!r} is negative: a size is 0 or more, like 500MiB or 50GB")
         raise InvalidInputError(f"{text!r} is not a size: use a number with an optional unit, like 500MiB or 50GB")
     return int(float(m.group(1)) * _SIZE_UNITS[unit])
 
@@ -56,11 +58,19 @@ def format_duration(seconds: float) -> str:
     return f"{d}d {r}s" if r else f"{d}d"
 
 
+def _negative(text: str, units: dict[str, int]) -> bool:
+    """Whether ``text`` is a minus sign before what would be a valid value (``-3d``): said as such, not as garbage."""
+    m = _NUMBER_UNIT.fullmatch(text.strip().removeprefix("-")) if text.strip().startswith("-") else None
+    return m is not None and m.group(2).lower() in units
+
+
 def parse_duration(text: str) -> float:
     """``14d``, ``12h``, ``30m``, ``45s``, ``2w`` or plain seconds → seconds."""
     m = _NUMBER_UNIT.fullmatch(text)
     unit = (m.group(2).lower() or "s") if m else None
     if m is None or unit not in _DURATION_UNITS:
+        if _negative(text, _DURATION_UNITS):
+            raise InvalidInputError(f"{text!r} is negative: a duration is 0 or more, like 14d")
         raise InvalidInputError(f"{text!r} is not a duration: use a number with s, m, h, d or w, like 14d")
     return float(m.group(1)) * _DURATION_UNITS[unit]
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from jaxcache.cli import plugins
 from jaxcache.cli.output import EXIT_OK, EXIT_USAGE
+from jaxcache.cli.parser import ArgumentParser
 from jaxcache.errors import JaxcacheError
 from jaxcache.storage import open_storage
 
@@ -55,7 +56,7 @@ def build_parser(command: plugins.Command | None = None, *, only: str | None = N
     """The argument parser, exposed for tests and for the user guide's synopsis. ``command``: the installed part's
     command being run, whose arguments the parser then knows. ``only``: a core command's name, to build just what
     running it needs."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="jaxcache",
         description="Inspect and manage JAX persistent compilation caches on local/NFS directories and GCS.",
         epilog="Exit codes: 0 ok, 1 problems found (doctor; bundle: see its --help), 2 usage or input error.",

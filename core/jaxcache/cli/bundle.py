@@ -10,7 +10,7 @@ from typing import Any
 from jaxcache import signing
 from jaxcache.bundle import export
 from jaxcache.bundle_import import add_checked, check_archive
-from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, non_negative, print_json, progress
+from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, non_negative, not_recorded, print_json, progress
 from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError
 from jaxcache.storage import LocalStorage, Storage, open_storage
@@ -34,6 +34,11 @@ def cmd_export(args: argparse.Namespace, storage: Storage | None) -> int:
                     device_count=args.device_count)
     working = from_root(storage, args.job, wanted, runs=args.runs, days=args.days)
     if not working.keys:
+        from jaxcache.explain.from_root import read_root
+
+        named = read_root(storage).jobs
+        if args.job not in named:  # a typo: name the recorded jobs closest to it, as `explain --job` does
+            raise InvalidInputError(not_recorded("--job", args.job, named, "job", storage.url))
         raise InvalidInputError(f"no working set for job {args.job!r} in {storage.url}: no run (process 0) or warm-up"
                                 f" of it within {args.days} days matches the fingerprint asked for; nothing written")
     done = export(storage, working, args.out, progress=progress)

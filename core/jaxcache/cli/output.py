@@ -98,6 +98,30 @@ def flag_value(flag: str, parse: Callable[[str], T], text: str | None) -> T | No
         raise InvalidInputError(f"{flag}: {exc}") from None
 
 
+#: Recorded names offered when none is close to the one asked for.
+_LISTED = 5
+
+
+def not_recorded(flag: str, value: str, named: Iterable[str], what: str, url: str) -> str:
+    """The one line for a job or run that no record of ``url`` names: the close ones (difflib's), else a few of those
+    recorded. ``explain --job`` and ``bundle export --job`` say it alike."""
+    import difflib
+
+    from jaxcache.display import shown
+
+    named = set(named)
+    close = difflib.get_close_matches(value, named, n=3)
+    if close:
+        hint = "did you mean " + " or ".join(repr(shown(c)) for c in close) + "?"
+    elif named:
+        few = sorted(named)[:_LISTED]
+        more = f" and {len(named) - _LISTED} more" if len(named) > _LISTED else ""
+        hint = f"{what}s recorded: " + ", ".join(shown(n) for n in few) + more
+    else:
+        hint = "the root holds no run or warm-up records"
+    return f"{flag} {shown(value)!r}: no run or warm-up record in {url} names that {what}; {hint}"
+
+
 def non_negative(text: str) -> int:
     """An argparse type: a whole number >= 0."""
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from jaxcache.service.dashboard import pages, prune_page
@@ -16,4 +17,11 @@ def install(app: FastAPI, state: State) -> None:
     app.include_router(pages.routes(dash))
     app.include_router(prune_page.routes(dash))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    # Browsers ask for /favicon.ico on pages that name none (the API's /docs, a JSON answer); the pages name theirs.
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> FileResponse:
+        return FileResponse(STATIC / "favicon.ico", media_type="image/x-icon",
+                            headers={"Cache-Control": "public, max-age=86400"})
+
     app.state.dashboard = dash

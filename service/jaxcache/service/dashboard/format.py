@@ -76,12 +76,14 @@ def ago(ts: float | None, now: float | None = None) -> Markup:
 
 
 def by_cause(missed: list[dict]) -> list[dict]:
-    """A job's misses grouped by cause (unexplained ones as None), most compile time lost first."""
+    """A job's misses (``job_misses``: by key and cause) grouped by cause (unexplained ones as None), most compile
+    time lost first: the misses and seconds of each, counted as ``jaxcache explain`` counts them."""
     groups: dict[str | None, list[dict]] = {}
     for m in missed:
         groups.setdefault(m["cause"], []).append({**m, "differs_text": differs_text(m["differs"])})
-    out = [{"cause": cause or "unexplained", "misses": len(ms), "compile_s": sum(m["compile_s"] for m in ms),
-            "fix": ms[0]["fix"], "missed": ms} for cause, ms in groups.items()]
+    out = [{"cause": cause or "unexplained", "misses": sum(m["misses"] for m in ms),
+            "compile_s": sum(m["compile_s"] for m in ms), "fix": ms[0]["fix"], "missed": ms}
+           for cause, ms in groups.items()]
     return sorted(out, key=lambda g: (-g["compile_s"], g["cause"]))
 
 
@@ -118,7 +120,7 @@ class Chart:
     width: int
     height: int
     bars: list[Bar]
-    line: str  # polyline points: bytes held by today's entries at the end of each day
+    line: str  # polyline points: bytes held by today's entries at the end of each day, level across the day
     y_max_bytes: int
     top: float
     bottom: float
@@ -157,6 +159,9 @@ def growth_chart(growth: list[dict], total_bytes: int, *, today: date | None = N
             height=round(bottom - y(a), 2), entries=n, size_bytes=a, total_bytes=t)
         for i, (d, a, n, t) in enumerate(zip(series, added, entries, totals, strict=True))
     ]
-    line = " ".join(f"{round(left + (i + 0.5) * step, 2)},{round(y(t), 2)}" for i, t in enumerate(totals))
+    # A step across each day's whole slot, not a point at its middle: a cache one day old (the demo's) has one day,
+    # and a line through one point draws nothing.
+    line = " ".join(f"{round(left + (i + edge) * step, 2)},{round(y(t), 2)}" for i, t in enumerate(totals)
+                    for edge in (0, 1))
     return Chart(width=width, height=height, bars=bars, line=line, y_max_bytes=y_max, top=top, bottom=bottom,
                  left=left, right=right)

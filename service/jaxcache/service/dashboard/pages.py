@@ -95,7 +95,7 @@ def routes(dash: Dashboard) -> APIRouter:
         order = order if order in ("asc", "desc") else "asc"
         limit = int(q["limit"]) if q.get("limit", "").isdigit() and 1 <= int(q["limit"]) <= 1000 else 50
         cursor = q.get("cursor") or None
-        error, rows, next_cursor = None, [], None
+        error, rows, next_cursor, by_warmup = None, [], None, {}
         try:
             if form["status"] not in ("", "ok", "corrupt"):
                 raise InvalidInputError("status: ok or corrupt")
@@ -109,13 +109,15 @@ def routes(dash: Dashboard) -> APIRouter:
             with state.catalog.reader() as conn:
                 found, next_cursor = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit,
                                                           cursor=cursor)
-            rows = [queries.page_entry(r) for r in found]
+                rows = [queries.page_entry(r) for r in found]
+                by_warmup = warmup_queries.writer_warmups(
+                    conn, cache, {r["key"]: r["first_writer"] for r in rows if r["first_writer"]})
         except InvalidInputError as exc:
             error = str(exc)
         params = {**form, "sort": sort, "order": order, "limit": limit}
         return dash.render(request, "entries.html", status=400 if error else 200, viewer=viewer, cache=cache,
                            section="entries", form=form, sort=sort, order=order, limit=limit, rows=rows,
-                           next_cursor=next_cursor, cursor=cursor, params=params, error=error)
+                           next_cursor=next_cursor, cursor=cursor, params=params, error=error, by_warmup=by_warmup)
 
     @router.get("/caches/{cache}/entries/{key}")
     def entry(request: Request, cache: str, key: str) -> Response:

@@ -32,6 +32,30 @@ def policy_form(values: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+#: The form's label of each policy field: what its errors name (the API's names mean nothing on the page).
+LABELS = {"max_total_bytes": "Max total size", "unused_for": "Unused for", "older_than": "Older than",
+          "functions": "Functions", "corrupt": "Corrupt entries", "orphans": "Orphaned -atime files",
+          "stale_jaxlib": "Stale jaxlib", "stale_jaxlib_window": "Stale jaxlib window",
+          "integrity": "Integrity classes", "keep": "Keep", "min_age": "Minimum age"}
+_FIELD_NAMES = re.compile(r"\b(" + "|".join(sorted(LABELS, key=len, reverse=True)) + r")\b")
+
+
+def worded(message: str) -> str:
+    """A policy error as the page says it: each API field name as the form's label ("Max total size")."""
+    return _FIELD_NAMES.sub(lambda m: f"“{LABELS[m.group(1)]}”", message)
+
+
+def _problem(error: Any) -> str:
+    """One validation error as the entries filter says it: the field's label, then the validator's own words
+    ("'lots' is not a size: ..."), not pydantic's ("Value error, ...")."""
+    field = str(error["loc"][0]) if error["loc"] else ""
+    said = str(error["ctx"]["error"]) if error["type"] == "value_error" and "error" in error.get("ctx", {}) else (
+        error["msg"])
+    if said.startswith("Input should") and isinstance(error.get("input"), str):
+        said = repr(error["input"]) + said.removeprefix("Input")
+    return f"{LABELS.get(field, field)}: {said}"
+
+
 def policy_request(form: Mapping[str, str], *, dry_run: bool) -> PruneRequest:
     """The API's request model from the form: the same validation, the same policy."""
     data: dict[str, Any] = {f: form[f] for f in POLICY_TEXT if form[f]}
@@ -40,8 +64,7 @@ def policy_request(form: Mapping[str, str], *, dry_run: bool) -> PruneRequest:
     try:
         return PruneRequest(**data, dry_run=dry_run)
     except ValidationError as exc:
-        problems = (f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise InvalidInputError("; ".join(problems)) from None
+        raise InvalidInputError("; ".join(dict.fromkeys(_problem(e) for e in exc.errors()))) from None
 
 
 def routes(dash: Dashboard) -> APIRouter:
@@ -54,8 +77,9 @@ def routes(dash: Dashboard) -> APIRouter:
             audit = prune_audit.prunes(conn, cache, limit=50)
             applied = [] if applied_id is None else prune_audit.prunes(conn, cache, limit=1, audit_id=applied_id)
         return dash.render(request, "prune.html", status=status, viewer=viewer, cache=cache, section="prune",
-                           form=form, preview=preview, error=error, applied=applied[0] if applied else None,
-                           audit=audit, csrf=dash.csrf(viewer, f"prune:{cache}"))
+                           form=form, labels=LABELS, preview=preview, error=error,
+                           applied=applied[0] if applied else None, audit=audit,
+                           csrf=dash.csrf(viewer, f"prune:{cache}"))
 
     # Each route checks the token on the event loop, then does its catalog work and rendering in one thread hop.
     @router.get("/caches/{cache}/prune")
@@ -74,7 +98,7 @@ def routes(dash: Dashboard) -> APIRouter:
                 outcome = pruning.prune(state, cache, policy, policy_json=policy_json, dry_run=True, who=viewer.who)
                 planned = response_of(outcome, dry_run=True, limit=MAX_SHOWN)
             except InvalidInputError as exc:
-                error, status = str(exc), 400
+                error, status = worded(str(exc)), 400
         applied_id = int(q["applied"]) if q.get("applied", "").isdigit() else None
         return prune_page(request, viewer, cache, form, status=status, preview=planned, error=error,
                           applied_id=applied_id)
@@ -107,7 +131,8 @@ def routes(dash: Dashboard) -> APIRouter:
             policy, policy_json = policy_of(policy_request(form, dry_run=False))
             outcome = pruning.prune(state, cache, policy, policy_json=policy_json, dry_run=False, who=viewer.who)
         except InvalidInputError as exc:
-            return prune_page(request, viewer, cache, form, status=400, error=f"{exc}. Nothing was deleted.")
+            return prune_page(request, viewer, cache, form, status=400,
+                              error=f"{worded(str(exc))}. Nothing was deleted.")
         except PruneInProgressError:
             return prune_page(request, viewer, cache, form, status=409,
                               error=f"A prune of {cache} is already running; try again when it ends.")

@@ -99,21 +99,25 @@ def jobs(s: Reader, cache: str, *, job: str | None = None, limit: int = 1000) ->
 
 
 def job_misses(s: Reader, cache: str, job: str, *, limit: int) -> list[dict]:
-    """Keys the job compiled because the cache did not have them, most compile seconds first, each with the
-    explanation of its most recent miss."""
+    """The job's misses by key and cause, most compile seconds first: how many misses (one per process that compiled
+    the key because the cache did not give it, as ``jaxcache explain`` and the cache's misses by cause count them),
+    the seconds they took, and the explanation of the most recent of them. A key that missed for two causes (a
+    changed program, then a run that found it unwritten) is two rows; misses not explained yet have cause None."""
     spent = func.sum(func.coalesce(UsageRow.compile_s, 0.0))
     rows = s.execute(
-        select(UsageRow.key, UsageRow.function, func.sum(UsageRow.compiles), spent, func.sum(UsageRow.writes),
-               func.max(UsageRow.reason))
-        .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.kind == JOB, UsageRow.compiles > 0)
-        .group_by(UsageRow.key, UsageRow.function).order_by(spent.desc(), UsageRow.key).limit(limit)
+        select(UsageRow.key, UsageRow.function, UsageRow.cause, func.sum(UsageRow.missed), func.sum(UsageRow.compiles),
+               spent, func.sum(UsageRow.writes), func.max(UsageRow.reason))
+        .where(UsageRow.cache == cache, UsageRow.job == job, *_MISS)
+        .group_by(UsageRow.key, UsageRow.function, UsageRow.cause)
+        .order_by(spent.desc(), UsageRow.key, UsageRow.cause).limit(limit)
     ).all()
     present = set(s.scalars(select(EntryRow.key).where(
         EntryRow.cache == cache, EntryRow.kind == "entry", EntryRow.key.in_([r[0] for r in rows]))))
     why = latest_explanations(s, cache, job, [r[0] for r in rows])
     none: dict[str, object] = {"cause": None, "differs": [], "nearest": None, "fix": None}
-    return [{"key": k, "function": f, "compiles": int(n), "compile_s": float(c), "written": bool(w),
-             "reason": reason, "in_cache": k in present, **why.get(k, none)} for k, f, n, c, w, reason in rows]
+    return [{"key": k, "function": f, "misses": int(m or 0), "compiles": int(n), "compile_s": float(c),
+             "written": bool(w), "reason": reason, "in_cache": k in present, **why.get((k, cause), none)}
+            for k, f, cause, m, n, c, w, reason in rows]
 
 
 def job_runs(s: Reader, cache: str, job: str, *, limit: int) -> list[dict]:
@@ -142,22 +146,24 @@ def misses_by_cause(s: Reader, cache: str, *, since: float) -> dict:
     return {"since_s": since, "causes": causes, "unexplained": unexplained}
 
 
-def latest_explanations(s: Reader, cache: str, job: str, keys: list[str]) -> dict[str, dict]:
-    """For each of ``keys``, the explanation of the job's most recent miss of it that has one."""
-    out: dict[str, dict] = {}
+def latest_explanations(s: Reader, cache: str, job: str, keys: list[str]) -> dict[tuple[str, str | None], dict]:
+    """For each of ``keys`` and each cause the job's misses of it had, the explanation of the most recent."""
+    out: dict[tuple[str, str | None], dict] = {}
     at = func.max(UsageRow.first_at)
     for part in chunks(keys, _CHUNK):
-        latest = (select(UsageRow.key, at.label("at"))
+        latest = (select(UsageRow.key, UsageRow.cause, at.label("at"))
                   .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.key.in_(part),
                          UsageRow.cause.is_not(None), *_MISS)
-                  .group_by(UsageRow.key).subquery())
+                  .group_by(UsageRow.key, UsageRow.cause).subquery())
         for r in s.execute(
             select(UsageRow.key, UsageRow.cause, UsageRow.differs, UsageRow.nearest, UsageRow.fix)
-            .join(latest, and_(latest.c.key == UsageRow.key, latest.c.at == UsageRow.first_at))
+            .join(latest, and_(latest.c.key == UsageRow.key, latest.c.cause == UsageRow.cause,
+                               latest.c.at == UsageRow.first_at))
             .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.cause.is_not(None), *_MISS)
             .order_by(UsageRow.key, UsageRow.run_id.desc(), UsageRow.process_index)
         ):
-            out.setdefault(r.key, {"cause": r.cause, "differs": r.differs or [], "nearest": r.nearest, "fix": r.fix})
+            out.setdefault((r.key, r.cause), {"cause": r.cause, "differs": r.differs or [], "nearest": r.nearest,
+                                               "fix": r.fix})
     return out
 
 

@@ -99,10 +99,14 @@ class JobList(BaseModel):
 
 
 class JobMiss(MissExplanation):
-    """A key the job compiled because the cache did not give it, explained by its most recent miss."""
+    """A key the job compiled because the cache did not give it, for one cause: a key that missed for two causes
+    (a changed program, then a run that found it unwritten) is two of these. Explained by its most recent miss of
+    that cause; the same misses, causes and seconds as `jaxcache explain --job` and the cache's misses by cause."""
 
     key: str
     function: str
+    misses: int = Field(description="misses of the key for this cause: one per process that compiled it because "
+                                    "the cache did not give it")
     compiles: int
     compile_s: float = Field(description="measured compile seconds, over the job's processes")
     written: bool = Field(description="a process of the job wrote it to the cache")
@@ -159,8 +163,8 @@ class JobRun(BaseModel):
 
 
 class JobDetail(JobSummary):
-    missed: list[JobMiss] = Field(description="the job's misses, most compile seconds first (at most 1000), each "
-                                              "with its cause, what differs, the nearest key and the fix")
+    missed: list[JobMiss] = Field(description="the job's misses by key and cause, most compile seconds first (at most "
+                                              "1000), each with its cause, what differs, the nearest key and the fix")
     recent_runs: list[JobRun] = Field(description="the job's processes, newest record first (at most 100)")
 
 

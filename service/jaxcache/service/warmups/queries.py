@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
 
@@ -55,12 +57,30 @@ def get_warmup(conn: Connection, cache: str, warmup_id: str) -> dict | None:
 
 def writer_warmup(conn: Connection, cache: str, key: str, writer: dict) -> str | None:
     """The id of the writer's first warm-up covering ``key`` (``""`` if none did); None when the writer was a job."""
-    kind = conn.scalar(select(RunRow.kind).where(RunRow.cache == cache, RunRow.run_id == writer["run_id"],
-                                                 RunRow.process_index == writer["process_index"]))
-    if kind in (None, JOB):
-        return None
-    found = conn.scalar(select(WarmupRow.id).join(WarmupKeyRow, (WarmupKeyRow.cache == WarmupRow.cache)
-                                                  & (WarmupKeyRow.warmup_id == WarmupRow.id))
-                        .where(WarmupRow.cache == cache, WarmupRow.job == writer["job"], WarmupKeyRow.key == key)
-                        .order_by(WarmupRow.finished_s).limit(1))
-    return found or ""
+    return writer_warmups(conn, cache, {key: writer}).get(key)
+
+
+def writer_warmups(conn: Connection, cache: str, writers: Mapping[str, dict]) -> dict[str, str]:
+    """For each key whose first writer (``writers``: key → its ``first_writer`` fields) was a warm-up, the id of that
+    warm-up's first run covering the key (``""`` if none did); keys a job wrote are left out. Two reads whatever the
+    number of keys (a listing page has up to 1000)."""
+    runs = {w["run_id"] for w in writers.values()}
+    if not runs:
+        return {}
+    kinds = {(run, process): kind for run, process, kind in conn.execute(
+        select(RunRow.run_id, RunRow.process_index, RunRow.kind)
+        .where(RunRow.cache == cache, RunRow.run_id.in_(sorted(runs))))}
+    warm = {key: w["job"] for key, w in writers.items()
+            if kinds.get((w["run_id"], w["process_index"]), JOB) != JOB}
+    if not warm:
+        return {}
+    out = dict.fromkeys(warm, "")
+    for key, job, warmup_id in conn.execute(
+        select(WarmupKeyRow.key, WarmupRow.job, WarmupRow.id)
+        .join(WarmupRow, (WarmupKeyRow.cache == WarmupRow.cache) & (WarmupKeyRow.warmup_id == WarmupRow.id))
+        .where(WarmupRow.cache == cache, WarmupKeyRow.key.in_(sorted(warm)))
+        .order_by(WarmupRow.finished_s.desc())  # the first (oldest) of each key's is written last
+    ):
+        if warm[key] == job:
+            out[key] = warmup_id
+    return out
