@@ -11,7 +11,10 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +61,61 @@ def chips_here() -> bool:
     return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
+_ATTACHED_PROBE = """
+import json
+import jax
+devices = jax.devices()
+print(json.dumps({"kinds": sorted({d.device_kind for d in devices}), "devices": len(devices),
+                  "local": jax.local_device_count(), "processes": jax.process_count(),
+                  "slices": len({getattr(d, "slice_index", 0) for d in devices})}))
+"""
+PROBE_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedChips:
+    """What JAX sees of this host's chips (a job on them sees the same), or why it saw none."""
+
+    kinds: tuple[str, ...] = ()
+    devices: int = 0
+    local: int = 0
+    processes: int = 0
+    slices: int = 0
+    error: str | None = None
+
+    def __str__(self) -> str:
+        if self.error:
+            return f"no chips ({self.error})"
+        return (f"{self.devices} {', '.join(self.kinds)} device(s) in {self.slices} slice(s), {self.local} on each of"
+                f" {self.processes} host(s)")
+
+
+def probe_attached(python: str = sys.executable) -> AttachedChips:
+    """Start JAX on this host's chips in a subprocess (a slice's hosts each run it, as they run the job) and say
+    what it sees; the chips are free again when it returns."""
+    env = {**os.environ, "JAX_PLATFORMS": "tpu"}
+    try:
+        proc = subprocess.run([python, "-c", _ATTACHED_PROBE], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        return AttachedChips(error=f"JAX did not start on the chips in {PROBE_TIMEOUT_S} s")
+    try:
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return AttachedChips(error=f"JAX did not start on the chips: {proc.stderr.strip()[-300:] or 'no output'}")
+    return AttachedChips(tuple(data["kinds"]), data["devices"], data["local"], data["processes"], data["slices"])
+
+
+def attached_slice(slices: Sequence[TpuSlice], chips: AttachedChips) -> TpuSlice | None:
+    """The target that the attached chips are: same device kind, devices, devices a host, hosts and slices."""
+    for slice_ in slices:
+        if (chips.kinds == (DEVICE_KINDS[slice_.generation],) and chips.devices == slice_.global_devices
+                and chips.local == slice_.devices and chips.processes == slice_.processes
+                and chips.slices == slice_.num_slices):
+            return slice_
+    return None
+
+
 def keep_off_metadata_server() -> None:
     """Keep libtpu from asking a metadata server about a TPU this host does not have, and JAX's own backend on
     CPU; an explicit setting of the TPU variables is left alone. With no chip to share, libtpu's one-process lock
@@ -69,25 +127,28 @@ def keep_off_metadata_server() -> None:
 
 
 def slice_devices(slice_: TpuSlice, attached: bool) -> list[Any]:
-    """The slice's devices, as its job sees them (``jax.devices()`` there): compile-only ones from libtpu, or
-    with ``attached`` this host's chips, checked to be that slice."""
+    """The job's devices, as it sees them (``jax.devices()`` there): compile-only ones from libtpu (every slice's,
+    for a multi-slice job: each device's ``slice_index`` says which), or with ``attached`` this host's chips,
+    checked to be that slice."""
     import jax
 
     if attached:
         devices = list(jax.devices())
         kinds = {d.device_kind for d in devices}
         want = DEVICE_KINDS[slice_.generation]
-        if kinds != {want} or len(devices) != slice_.chips:
+        if kinds != {want} or len(devices) != slice_.global_devices:
             raise TpuSetupError(
                 f"this host's JAX sees {len(devices)} device(s) of kind {', '.join(sorted(kinds)) or 'none'}, not"
-                f" the {slice_.chips} {want} chips of {slice_}: run --check on a node of that slice"
+                f" the {slice_.global_devices} {want} chips of {slice_}: run --check on a node of that slice"
             )
         return devices
     from jax.experimental import topologies
 
+    # libtpu takes the slice count as MaxText's train_compile.py gives it (compile_topology_num_slices).
+    slices = {"num_slices": slice_.num_slices} if slice_.num_slices > 1 else {}
     try:
         desc = topologies.get_topology_desc(topology_name=slice_.name, platform="tpu",
-                                            chips_per_host_bounds=slice_.chips_per_host, wrap=slice_.wrap)
+                                            chips_per_host_bounds=slice_.chips_per_host, wrap=slice_.wrap, **slices)
     except Exception as exc:  # noqa: BLE001 - libtpu's refusal, in its own words, as one line
         raise TpuSetupError(f"libtpu cannot describe {slice_}: {str(exc).splitlines()[0]}") from None
     return list(desc.devices)
@@ -178,8 +239,10 @@ def key_inputs(slice_: TpuSlice, flags: TargetFlags, compression: str, chips_per
     bounds = "x".join(map(str, slice_.chips_per_host))
     how = "Cloud TPU's standard shape; --chips-per-host overrides" if chips_per_host_default else "as given"
     wrap = ",".join(a for a, w in zip("xyz", slice_.wrap, strict=True) if w) or "none"
+    slices = (f"{slice_.num_slices} slices of {slice_.name} over the data-centre network ({slice_.global_devices}"
+              " devices), each " if slice_.num_slices > 1 else f"{slice_.name}: ")
     return [
-        f"  topology        {slice_.name}: {slice_.chips} chips, {slice_.hosts} host(s) of {bounds} ({how});"
+        f"  topology        {slices}{slice_.chips} chips, {slice_.hosts} host(s) of {bounds} ({how});"
         f" wraparound {wrap}",
         f"  flags           {' '.join(flags.all) or '(none)'}  [from {flags.source}]",
         f"    XLA_FLAGS        {' '.join(flags.xla_flags) or '(unset)'}",
