@@ -384,6 +384,7 @@ def test_the_context_gives_the_slice_axis(tpu_python, tmp_path):
                   python=tpu_python)
     assert "slices 2 devices 8 slice_index [0, 1]" in proc.stdout
     assert "mesh {'data': 4, 'model': 2} slices by row [[0], [0], [1], [1]]" in proc.stdout
+    assert "mesh {'data': 2, 'model': 4} slices by row [[0, 1], [0, 1]]" in proc.stdout, "dcn_shape=(1, 2)"
 
 
 def test_service_filters_by_the_multislice_spelling(multislice, tmp_path):

@@ -69,13 +69,15 @@ def fails_on_two_devices(ctx):
 
 
 def slices(ctx):
-    """A multi-slice job's context: its slices, and a 2-D hybrid mesh whose first axis spans them."""
+    """A multi-slice job's context: its slices, and 2-D hybrid meshes whose first (by default) or second axis spans
+    them."""
     import jax.numpy as jnp
 
     devices = ctx.devices()
     print(f"slices {ctx.num_slices} devices {len(devices)} slice_index {sorted({d.slice_index for d in devices})}")
-    mesh = ctx.mesh(("data", "model"), (ctx.global_devices // 2, 2))
-    rows = [sorted({d.slice_index for d in row}) for row in mesh.devices]
-    print(f"mesh {dict(mesh.shape)} slices by row {rows}")
+    for mesh in (ctx.mesh(("data", "model"), (ctx.global_devices // 2, 2)),
+                 ctx.mesh(("data", "model"), (2, ctx.global_devices // 2), dcn_shape=(1, ctx.num_slices))):
+        rows = [sorted({d.slice_index for d in row}) for row in mesh.devices]
+        print(f"mesh {dict(mesh.shape)} slices by row {rows}")
     x = ctx.abstract((ctx.global_devices * 4, 64), "float32", ("data", "model"), mesh)
     ctx.compile(lambda a: jnp.tanh(a).sum(), x)
