@@ -176,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if len(texts) > 1:
         return _run_targets(parser, args, texts, script_args)
+    # One target of a list (--index): its options as the list gives them, e.g. no TPU flags for a CPU target.
+    args = targets.for_target(args, texts[0]) if args.targets or len(args.topology or ()) > 1 else args
     args.topology = texts[0]
     with contextlib.ExitStack() as stack:
         try:
