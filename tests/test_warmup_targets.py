@@ -141,3 +141,15 @@ def test_the_check_on_a_node_uses_its_chips_for_the_target_they_are():
     assert tpu.attached_slice([two_slices], tpu.AttachedChips(("TPU v5 lite",), 8, 4, 2, 2)) == two_slices
     assert tpu.attached_slice([four], tpu.AttachedChips(("TPU v6 lite",), 4, 4, 1, 1)) is None
     assert tpu.attached_slice([four], tpu.AttachedChips(error="no chip")) is None
+
+
+def test_one_target_of_a_list_gets_the_lists_options_for_it(tmp_path):
+    """An Indexed Job's pod: --index keeps one target of the list, which runs as a single target does; the list's TPU
+    flags are for its TPU targets, so a CPU target's pod does not refuse them."""
+    listed = tmp_path / "targets.txt"
+    listed.write_text("v5e:2x2\n1x1x2\n")
+    proc = warmup("--targets", str(listed), "--index", "1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
+                  "--entrypoint", EXAMPLE, "--libtpu-init-args=--xla_tpu_use_enhanced_launch_barrier=true",
+                  "--dry-run", "--json")
+    plan = json.loads(proc.stdout)
+    assert (plan["topology"], plan["platform"], plan["dry_run"]) == ("1x1x2", "cpu", True)
