@@ -236,9 +236,11 @@ def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupCon
         raise InvalidInputError("give the target's flags either explicitly or with --flags-from-job, not both")
     flags = tpu.flags_from_job(storage, args.flags_from_job) if args.flags_from_job else explicit
     # --check on a node of the slice looks up with its own chips; elsewhere libtpu describes them. A command with
-    # several targets has found which one the chips are (--check-on).
+    # several targets has found which one the chips are (--check-on). One slice's host does not see a multi-slice
+    # job's devices: that job is checked against compile-only ones.
     on_chips = tpu.chips_here() if args.check_on is None else args.check_on == "attached"
-    plan = dev.plan_backend(slice_, "tpu", None, attached=bool(args.check) and on_chips)
+    attached = bool(args.check) and on_chips and slice_.num_slices == 1
+    plan = dev.plan_backend(slice_, "tpu", None, attached=attached)
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust, flags=flags,
                         chips_per_host_default=slice_.chips_per_host == slice_.standard_hosts)
 

@@ -107,11 +107,12 @@ def probe_attached(python: str = sys.executable) -> AttachedChips:
 
 
 def attached_slice(slices: Sequence[TpuSlice], chips: AttachedChips) -> TpuSlice | None:
-    """The target that the attached chips are: same device kind, devices, devices a host, hosts and slices."""
+    """The target that the attached chips are: same device kind, devices, devices a host and hosts. Never a
+    multi-slice job: its --check runs against compile-only devices."""
     for slice_ in slices:
-        if (chips.kinds == (DEVICE_KINDS[slice_.generation],) and chips.devices == slice_.global_devices
-                and chips.local == slice_.devices and chips.processes == slice_.processes
-                and chips.slices == slice_.num_slices):
+        if (slice_.num_slices == 1 and chips.kinds == (DEVICE_KINDS[slice_.generation],)
+                and chips.devices == slice_.chips and chips.local == slice_.devices
+                and chips.processes == slice_.hosts and chips.slices == 1):
             return slice_
     return None
 
