@@ -22,8 +22,10 @@ def read_file(path: str) -> list[str]:
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise InvalidInputError(f"--targets {path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise InvalidInputError(f"--targets {path}: not UTF-8 text; list the targets one a line") from None
     out = []
     for number, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].strip()
