@@ -23,6 +23,20 @@ EXAMPLE = "jaxcache.warmup.examples:warm"
 BARRIER = "--xla_tpu_use_enhanced_launch_barrier=true"
 
 
+# Plain JAX compiling for a slice without a chip, into the cache named by its first argument, configured as
+# enable_cache() configures it: what a job's own process computes for a key.
+PLAIN_JAX = """
+import os, sys
+os.environ.update(TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost", JAX_PLATFORMS="cpu",
+                  ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+import jax
+for name, value in (("jax_compilation_cache_dir", sys.argv[1]), ("jax_persistent_cache_min_compile_time_secs", 0),
+                    ("jax_persistent_cache_min_entry_size_bytes", -1),
+                    ("jax_persistent_cache_enable_xla_caches", "none")):
+    jax.config.update(name, value)
+"""
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("JAXCACHE_", "JAX_COMPILATION_CACHE", "LIBTPU_INIT_ARGS", "XLA_FLAGS", "TPU_"))}
@@ -164,16 +178,8 @@ def test_tpu_warmup_prints_what_enters_the_key_and_records_the_slice(warmed):
 
 def test_tpu_key_is_plain_jaxs_with_the_jobs_flags(warmed, tpu_python, tmp_path):
     """A job that sets LIBTPU_INIT_ARGS itself computes the same key as the warm-up given --libtpu-init-args."""
-    code = """
-import os, sys
-os.environ.update(TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost", JAX_PLATFORMS="cpu",
-                  ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-import jax
+    code = PLAIN_JAX + """
 from jax.experimental import topologies
-for name, value in (("jax_compilation_cache_dir", sys.argv[1]), ("jax_persistent_cache_min_compile_time_secs", 0),
-                    ("jax_persistent_cache_min_entry_size_bytes", -1),
-                    ("jax_persistent_cache_enable_xla_caches", "none")):
-    jax.config.update(name, value)
 from jaxcache.topology import parse_tpu_slice
 from jaxcache.warmup import examples
 from jaxcache.warmup.context import WarmupContext
@@ -351,17 +357,9 @@ def test_a_two_slice_rerun_finds_it_warm(multislice, tpu_python):
 def test_a_two_slice_key_is_a_jobs_with_jaxs_hybrid_mesh(multislice, tpu_python, tmp_path):
     """A multi-slice job builds its mesh with mesh_utils.create_hybrid_device_mesh, as MaxText does: plain JAX
     compiling the example that way computes the warm-up's key."""
-    code = """
-import os, sys
-os.environ.update(TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost", JAX_PLATFORMS="cpu",
-                  ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-import jax
+    code = PLAIN_JAX + """
 from jax.experimental import mesh_utils, topologies
 from jax.sharding import Mesh
-for name, value in (("jax_compilation_cache_dir", sys.argv[1]), ("jax_persistent_cache_min_compile_time_secs", 0),
-                    ("jax_persistent_cache_min_entry_size_bytes", -1),
-                    ("jax_persistent_cache_enable_xla_caches", "none")):
-    jax.config.update(name, value)
 from jaxcache.warmup import examples
 devices = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu", chips_per_host_bounds=(2, 2, 1),
                                        num_slices=2).devices

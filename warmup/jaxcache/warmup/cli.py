@@ -466,29 +466,16 @@ class _TargetPrinter:
     """One line per target as its process finishes, plus a live counter on a terminal."""
 
     def __init__(self, total: int, stream: Any) -> None:
-        self._stream = stream
+        self._lines = _Lines("targets", stream, total)
         self._total = total
-        self._count = 0
-        self._bar = None
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, desc="targets", unit=" targets", file=sys.stderr, leave=False)
 
     def __call__(self, done: pool.Done) -> None:
-        self._count += 1
         code = _exit_of(done)
-        line = (f"  [{self._count}/{self._total}] {done.job.target:16} {_RESULTS[code]:9} {done.wall_s:7.1f} s"
-                f"  peak {format_bytes(done.peak_rss_bytes)}")
-        if self._bar is not None:
-            self._bar.write(line, file=self._stream)
-            self._bar.update(1)
-        else:
-            print(line, file=self._stream, flush=True)
+        self._lines.show(f"  [{self._lines.count + 1}/{self._total}] {done.job.target:16} {_RESULTS[code]:9}"
+                         f" {done.wall_s:7.1f} s  peak {format_bytes(done.peak_rss_bytes)}")
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+        self._lines.close()
 
 
 @contextlib.contextmanager
@@ -553,20 +540,32 @@ class _ProgramPrinter:
     """One line per program as JAX finishes it, plus a live counter on a terminal."""
 
     def __init__(self, stream: Any) -> None:
+        self._lines = _Lines("programs", stream)
+
+    def __call__(self, usage: KeyUsage) -> None:
+        status = {"write": "written", "hit": "already present"}.get(usage.event, f"not written ({usage.reason})")
+        seconds = f"{usage.compile_s:7.2f} s" if usage.compile_s is not None else "        "
+        size = format_bytes(usage.size_bytes) if usage.size_bytes else ""
+        self._lines.show(f"  {usage.function:40} {seconds}  {status} {size}".rstrip())
+
+    def close(self) -> None:
+        self._lines.close()
+
+
+class _Lines:
+    """Lines on ``stream`` as things finish, under a tqdm counter of them while stderr is a terminal."""
+
+    def __init__(self, what: str, stream: Any, total: int | None = None) -> None:
         self._stream = stream
-        self._count = 0
+        self.count = 0
         self._bar = None
         if sys.stderr.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(desc="programs", unit=" programs", file=sys.stderr, leave=False)
+            self._bar = tqdm(total=total, desc=what, unit=f" {what}", file=sys.stderr, leave=False)
 
-    def __call__(self, usage: KeyUsage) -> None:
-        self._count += 1
-        status = {"write": "written", "hit": "already present"}.get(usage.event, f"not written ({usage.reason})")
-        seconds = f"{usage.compile_s:7.2f} s" if usage.compile_s is not None else "        "
-        size = format_bytes(usage.size_bytes) if usage.size_bytes else ""
-        line = f"  {usage.function:40} {seconds}  {status} {size}".rstrip()
+    def show(self, line: str) -> None:
+        self.count += 1
         if self._bar is not None:
             self._bar.write(line, file=self._stream)
             self._bar.update(1)

@@ -11,9 +11,7 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import importlib.util
-import json
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import RUNS_PREFIX, RunRecord, parse
 from jaxcache.storage import Storage
 from jaxcache.topology import TpuSlice
+from jaxcache.warmup.devices import run_probe
 
 # JAX's device_kind for each generation: an attached chip of another kind is not the slice asked for.
 DEVICE_KINDS = {"v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite"}
@@ -93,16 +92,9 @@ class AttachedChips:
 def probe_attached(python: str = sys.executable) -> AttachedChips:
     """Start JAX on this host's chips in a subprocess (a slice's hosts each run it, as they run the job) and say
     what it sees; the chips are free again when it returns."""
-    env = {**os.environ, "JAX_PLATFORMS": "tpu"}
-    try:
-        proc = subprocess.run([python, "-c", _ATTACHED_PROBE], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, env=env)
-    except subprocess.TimeoutExpired:
-        return AttachedChips(error=f"JAX did not start on the chips in {PROBE_TIMEOUT_S} s")
-    try:
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return AttachedChips(error=f"JAX did not start on the chips: {proc.stderr.strip()[-300:] or 'no output'}")
+    data = run_probe(_ATTACHED_PROBE, "tpu", python, PROBE_TIMEOUT_S)
+    if isinstance(data, str):
+        return AttachedChips(error=f"JAX on the chips {data}")
     return AttachedChips(tuple(data["kinds"]), data["devices"], data["local"], data["processes"], data["slices"])
 
 
