@@ -79,7 +79,7 @@ def test_many_targets_each_in_a_process_of_its_own_then_checked(tmp_path):
     assert "[1/2]" in proc.stderr and "[2/2]" in proc.stderr, "a line as each target finishes"
     records = [coverage.parse((cache / t["summary"]["coverage_record"]).read_bytes()) for t in out["targets"]]
     assert [(r.topology, r.fingerprint.local_device_count) for r in records] == [("1x1x2", 2), ("1x1x4", 4)]
-    assert all(t["peak_rss_bytes"] > 50 * 2**20 and t["wall_s"] > 0 for t in out["targets"])
+    assert all(t["peak_rss_bytes"] > 50 * 2**20 and t["wall_s"] > 0 and t["cpu_s"] > 0 for t in out["targets"])
 
     before = snapshot(cache)
     check = warmup("--check", "--topology", "1x1x2", "--topology", "1x1x4", "--topology", "1x1x1", "--cache-dir",

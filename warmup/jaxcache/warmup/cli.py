@@ -408,7 +408,7 @@ def _exit_of(done: pool.Done) -> int:
 def _target_json(done: pool.Done, on: dict[str, str]) -> dict[str, Any]:
     errors = [line for line in done.stderr.splitlines() if line.startswith("warmup: ")]
     return {"target": done.job.target, "platform": done.job.platform, "exit": _exit_of(done), "wall_s": done.wall_s,
-            "peak_rss_bytes": done.peak_rss_bytes, "summary": done.summary, "errors": errors,
+            "peak_rss_bytes": done.peak_rss_bytes, "cpu_s": done.cpu_s, "summary": done.summary, "errors": errors,
             "checked_on": on.get(done.job.target)}
 
 

@@ -19,8 +19,8 @@ from typing import Any
 from jaxcache.parallel import usable_cpus
 from jaxcache.units import format_bytes
 
-# What one target's process may take at its peak: the 6-layer decoder's warm-up for a TPU slice peaked at 1.5 GB
-# (bench/README.md, "TPU warm-up from a CPU machine").
+# What one target's process may take at its peak: the 6-layer decoder's warm-up peaked at 1.5 GB for v5e:4x8 and
+# 1.75 GB for 2xv5e:4x8, the example's at 0.57 GB (bench/README.md, "Several targets, one command").
 TARGET_MEMORY = 2 * 2**30
 
 
@@ -36,7 +36,8 @@ class Job:
 @dataclass(frozen=True)
 class Done:
     """What a target's process returned: exit code, its JSON summary (None when it printed none), its stderr,
-    seconds of wall time, and its peak resident memory (of the process or, if larger, one it waited for)."""
+    seconds of wall time and of CPU (with the processes it waited for), and its peak resident memory (of the process
+    or, if larger, one it waited for)."""
 
     job: Job
     exit_code: int
@@ -44,6 +45,7 @@ class Done:
     stderr: str
     wall_s: float
     peak_rss_bytes: int
+    cpu_s: float = 0.0
 
 
 def default_parallel(targets: int) -> tuple[int, str]:
@@ -145,7 +147,8 @@ def _run_one(job: Job, live: _Live) -> Done:
     if code < 0:
         stderr += f"\nwarmup: error: the target's process was stopped by signal {-code}" + (
             " (out of memory? --parallel 1 runs one target at a time)" if -code == 9 else "")
-    return Done(job, code, _last_json(stdout), stderr, round(wall, 3), usage.ru_maxrss * 1024)
+    return Done(job, code, _last_json(stdout), stderr, round(wall, 3), usage.ru_maxrss * 1024,
+                round(usage.ru_utime + usage.ru_stime, 2))
 
 
 def _last_json(stdout: str) -> dict[str, Any] | None:
