@@ -19,8 +19,8 @@ from typing import Any
 from jaxcache.parallel import usable_cpus
 from jaxcache.units import format_bytes
 
-# What one target's process may take at its peak: the 6-layer decoder's warm-up peaked at 1.5 GB for v5e:4x8 and
-# 1.75 GB for 2xv5e:4x8, the example's at 0.57 GB (bench/README.md, "Several targets, one command").
+# What one target's process may take at its peak: the 6-layer decoder's warm-up peaked at 1,613 MiB for v5e:4x8 and
+# 1,737 MiB for 2xv5e:4x8, the example's at 572 MiB (bench/README.md, "Several targets, one command").
 TARGET_MEMORY = 2 * 2**30
 
 
