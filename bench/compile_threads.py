@@ -1,17 +1,11 @@
-"""Does ``lower().compile()`` overlap across threads? One process compiles N distinct programs of the warm-up's
-example model (its train step at N batch sizes) one after another, then the same number of new ones in a thread
-pool, rounds alternating; for the CPU (4 devices) or a compile-only TPU slice (libtpu, no chip). ``--model decoder``
-compiles ``bench/tpu_model.py``'s decoder step instead (``--layers`` of them), whose compile is XLA's far more.
+"""Does ``lower().compile()`` overlap across threads? One process compiles N distinct programs of the example (or
+``--model decoder``) one after another, then N new ones in a thread pool, rounds alternating, on the CPU or a
+compile-only TPU slice: lower+compile, and XLA's compile alone on programs lowered before. Prints one JSON line:
+wall and CPU seconds an arm, serial / threaded wall, and the cores each arm used (CPU seconds a wall second: higher
+for the pool only where its threads really run at once, on a shared machine too). No persistent cache.
 
     python bench/compile_threads.py --platform cpu
     .venv-tpu/bin/python bench/compile_threads.py --platform tpu --topology v5e:2x2
-    .venv-tpu/bin/python bench/compile_threads.py --platform tpu --model decoder --layers 1 --programs 4
-
-Two pairs of arms, rounds alternating: ``lower+compile`` (what a warm-up's thread would do) and ``compile`` (XLA's
-part alone, on programs lowered beforehand). Prints one JSON line: wall and CPU seconds serial and threaded per round,
-serial / threaded wall (> 1: threads help), and the cores each arm used (CPU seconds a wall second: the threaded arm
-uses more only where the threads really run at once, which holds on a machine others share too). The persistent
-cache is off: every compile is XLA's.
 """
 
 from __future__ import annotations

@@ -14,15 +14,12 @@ On TPU (a slice name such as ``v5e:4x8``), libtpu describes the slice's chips wi
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.topology import AnyTopology, TpuSlice, is_tpu_name
+from jaxcache.warmup.probe import run_probe
 
 PLATFORMS = ("gpu", "cpu", "tpu")
 PROBE_TIMEOUT_S = 120
@@ -79,27 +76,11 @@ class BackendPlan:
         return {"jax_platforms": "cpu", "jax_num_cpu_devices": self.topology.devices}
 
 
-def run_probe(code: str, platforms: str, python: str = sys.executable,
-              timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any] | str:
-    """Run ``code`` with JAX limited to ``platforms`` in a subprocess (this process's backend stays unstarted) and
-    return the JSON object it printed last, or why there is none."""
-    env = {**os.environ, "JAX_PLATFORMS": platforms}
-    try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        return f"did not finish in {timeout_s:g} s"
-    try:
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        data = None
-    return data if isinstance(data, dict) else f"failed: {proc.stderr.strip()[-300:] or 'no output'}"
-
-
 def probe_gpus(python: str = sys.executable) -> LocalGpus:
     """Count this machine's GPUs with JAX in a subprocess, so this process's backend is still unstarted."""
     # Only CUDA's backend: with every platform allowed, an installed libtpu would start too, query the metadata
     # server and claim this host's TPU chips for the probe's life.
-    data = run_probe(_PROBE, "cuda,cpu", python)
+    data = run_probe(_PROBE, "cuda,cpu", python, PROBE_TIMEOUT_S)
     if isinstance(data, str):
         return LocalGpus(error=f"the GPU probe {data}")
     tried = tuple(data.get("tried", ()))

@@ -21,7 +21,7 @@ from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import RUNS_PREFIX, RunRecord, parse
 from jaxcache.storage import Storage
 from jaxcache.topology import TpuSlice
-from jaxcache.warmup.devices import run_probe
+from jaxcache.warmup.probe import run_probe
 
 # JAX's device_kind for each generation: an attached chip of another kind is not the slice asked for.
 DEVICE_KINDS = {"v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite"}
