@@ -18,6 +18,8 @@ export CHECKOV_BIN ?= $(abspath $(TOOLS_VENV))/bin/checkov
 CHROMIUM ?= /usr/bin/chromium
 # promtool, from Debian's prometheus package: tests/test_deploy_monitoring.py checks and unit-tests the alert rules.
 PROMTOOL ?= /usr/bin/promtool
+# setfacl, from Debian's acl package: tests/test_key_files.py gives key files ACLs.
+SETFACL ?= /usr/bin/setfacl
 # Test processes (pytest-xdist), one per core up to 4: most tests wait on subprocesses (JAX compiles, servers), and
 # each process starts its own PostgreSQL and fake-gcs-server. 0 runs the suite in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
@@ -27,10 +29,13 @@ DEMO_CATALOG ?= ./demo-catalog/catalog.sqlite
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run test lint clean demo-cache chromium prometheus postgres test-setup typecheck
+.PHONY: run test lint clean demo-cache chromium prometheus postgres acl azurite test-setup typecheck
 
 # The four parts, each its own distribution (core/, client/, warmup/, service/), installed in editable mode.
 PARTS := ./core[gcs] ./client[gcs] ./warmup ./service
+# The suite's venv takes every store's extras, in the one pip call that also brings gcsfs: s3fs's aiobotocore pins
+# botocore, so boto3 (and fsspec, which gcsfs and s3fs both pin) must be resolved with it, not by a later pip call.
+DEV_PARTS := ./core[gcs,s3,azure] ./client[gcs,s3,azure] ./warmup ./service
 PART_FILES := core/pyproject.toml client/pyproject.toml warmup/pyproject.toml service/pyproject.toml
 # The lowest JAX the client and warm-up declare (client/pyproject.toml): the main venv runs the suite on exactly it.
 FLOOR_JAX ?= 0.10.2
@@ -42,19 +47,20 @@ FLOOR_JAX ?= 0.10.2
 ML_DTYPES ?= 'ml_dtypes>=0.5,<0.7'
 PIP := pip install --quiet
 
+# $(1): the parts to install.
 define make_venv
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxcache needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m $(PIP) --upgrade pip
-	$(PY) -m $(PIP) $(foreach p,$(PARTS),-e '$(p)') 'jax==$(FLOOR_JAX)' 'jaxlib==$(FLOOR_JAX)' $(ML_DTYPES)
+	$(PY) -m $(PIP) $(foreach p,$(1),-e '$(p)') 'jax==$(FLOOR_JAX)' 'jaxlib==$(FLOOR_JAX)' $(ML_DTYPES)
 endef
 
 $(VENV)/.stamp-run: $(PART_FILES)
-	$(make_venv)
+	$(call make_venv,$(PARTS))
 	@touch $@
 
 $(VENV)/.stamp-dev: $(PART_FILES) pyproject.toml
-	$(make_venv)
+	$(call make_venv,$(DEV_PARTS))
 	$(PY) -m $(PIP) --group dev
 	@touch $@ $(VENV)/.stamp-run
 
@@ -91,33 +97,50 @@ $(TOOLS_VENV)/.stamp:
 	@($(PYTHON) -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/$(PIP) 'checkov>=3.2' && touch $@) \
 	  || echo "could not build $(TOOLS_VENV): the checkov test of deploy/ will skip"
 
-# Best effort: without Chromium the dashboard's browser tests skip and say why. Installs Debian's package only when
-# /usr/bin/chromium is missing, and never upgrades one that is there.
-chromium:
-	@if [ ! -x "$(CHROMIUM)" ]; then \
+# Best effort, for the tools some tests need (without one they skip and say why): $(call debian_tool,PATH,DEFAULT,
+# PACKAGES,TESTS[,APT OPTIONS]). When PATH is missing and is the DEFAULT path Debian's PACKAGES install, installs them with apt-get as
+# root or with sudo, never upgrading one that is there; otherwise says that TESTS will skip.
+define debian_tool
+	@if [ ! -x "$(1)" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then sudo=""; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else sudo=no; fi; \
-	  if [ "$(CHROMIUM)" = /usr/bin/chromium ] && [ "$$sudo" != no ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's chromium for the dashboard's browser tests"; \
+	  if [ "$(1)" = $(2) ] && [ "$$sudo" != no ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's $(3) for $(4)"; \
 	    ($$sudo apt-get update -qq && \
-	     $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade chromium) \
-	      || echo "could not install chromium: the dashboard's browser tests will skip"; \
-	  else echo "no $(CHROMIUM) (make installs /usr/bin/chromium with apt-get as root or with sudo):" \
-	    "the dashboard's browser tests will skip"; fi; \
+	     $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade $(5) $(3)) \
+	      || echo "could not install $(3): $(4) will skip"; \
+	  else echo "no $(1) (make installs $(2) with apt-get as root or with sudo): $(4) will skip"; fi; \
 	fi
+endef
 
-# Best effort: without promtool the alert rules' tests skip and say why. Installs Debian's prometheus package (it
-# ships /usr/bin/promtool) only when promtool is missing, and never upgrades one that is there.
-prometheus:
-	@if [ ! -x "$(PROMTOOL)" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then sudo=""; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else sudo=no; fi; \
-	  if [ "$(PROMTOOL)" = /usr/bin/promtool ] && [ "$$sudo" != no ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's prometheus (for promtool) for the alert rules' tests"; \
-	    ($$sudo apt-get update -qq && \
-	     $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade --no-install-recommends \
-	       prometheus) \
-	      || echo "could not install prometheus: the alert rules' tests will skip"; \
-	  else echo "no $(PROMTOOL) (make installs Debian's prometheus with apt-get as root or with sudo):" \
-	    "the alert rules' tests will skip"; fi; \
+chromium:
+	$(call debian_tool,$(CHROMIUM),/usr/bin/chromium,chromium,the dashboard's browser tests)
+
+prometheus:  # Debian's prometheus ships /usr/bin/promtool
+	$(call debian_tool,$(PROMTOOL),/usr/bin/promtool,prometheus,the alert rules' tests,--no-install-recommends)
+
+acl:  # setfacl
+	$(call debian_tool,$(SETFACL),/usr/bin/setfacl,acl,the tests of signing key files an ACL lets others read,\
+	  --no-install-recommends)
+
+# Best effort: Azurite (Azure Blob Storage's emulator, from npm) for the Azure storage tests, in a folder of the
+# checkout; without it, or without Node.js to run it, those tests skip and say why. Node.js and npm come from Debian's
+# packages where they are missing and we are root. The release is pinned: 3.36 and later need Node >= 21, and
+# Debian 12's is 18.
+NODE_DIR ?= .node
+AZURITE_VERSION ?= 3.35.0
+AZURITE ?= $(abspath $(NODE_DIR))/node_modules/.bin/azurite-blob
+azurite:
+	@if ! grep -qs '"version": "$(AZURITE_VERSION)"' $(NODE_DIR)/node_modules/azurite/package.json; then \
+	  if ! command -v npm >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Node.js and npm from Debian's packages for Azurite (the Azure storage tests)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade nodejs npm \
+	      >/dev/null) || echo "could not install Node.js and npm: the Azure storage tests will skip"; \
+	  fi; \
+	  if command -v npm >/dev/null 2>&1; then \
+	    echo "installing Azurite $(AZURITE_VERSION) into $(NODE_DIR)/ for the Azure storage tests"; \
+	    npm install --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error azurite@$(AZURITE_VERSION) >/dev/null \
+	      || echo "could not install Azurite: the Azure storage tests will skip"; \
+	  else echo "no npm (make installs Debian's nodejs and npm as root): the Azure storage tests will skip"; fi; \
 	fi
 
 # Best effort: PostgreSQL server binaries for the catalog's PostgreSQL tests, from Debian's packages when they are
@@ -153,16 +176,17 @@ run: demo-cache
 # The type checker first (pyproject.toml [tool.mypy]: strict on the core and the client), then the suite. --durations=25
 # lists the 25 slowest tests at the end, so that CI output shows where the suite's time goes.
 # The venvs' stamps are looked for when the suite starts: test-setup's make builds them, this one does not know of them.
-test: chromium prometheus postgres test-setup
+test: chromium prometheus postgres acl test-setup
 	JAXCACHE_NEXT_PYTHON=$$(test -f $(NEXT_VENV)/.stamp && echo $(abspath $(NEXT_VENV))/bin/python) \
 	  JAXCACHE_TPU_PYTHON=$$(test -f $(TPU_VENV)/.stamp && echo $(abspath $(TPU_VENV))/bin/python) \
-	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
+	  JAXCACHE_CHROMIUM=$(CHROMIUM) JAXCACHE_PROMTOOL=$(PROMTOOL) JAXCACHE_AZURITE=$(AZURITE) $(VENV)/bin/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # The venvs and mypy side by side, without asking for `make -j`: pip unpacking and mypy checking each keep about one
 # core busy, pip downloading none. The main venv, checkov's and the other two venvs' JAX start at once; mypy and the
-# parts in the other venvs once the main venv is built.
+# parts in the other venvs once the main venv is built; Azurite's npm install beside them (its apt-get, where Node.js
+# is missing, runs after the other targets' apt-get: `test` makes those first).
 test-setup:
-	@$(MAKE) --no-print-directory -j4 typecheck $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp $(TOOLS_VENV)/.stamp
+	@$(MAKE) --no-print-directory -j4 typecheck $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp $(TOOLS_VENV)/.stamp azurite
 
 typecheck: $(VENV)/.stamp-dev
 	$(VENV)/bin/mypy
@@ -173,4 +197,4 @@ lint: $(VENV)/.stamp-dev
 
 clean:
 	rm -rf $(VENV) $(NEXT_VENV) $(TPU_VENV) $(DEMO_CACHE) $(dir $(DEMO_CATALOG))
-	rm -rf $(TOOLS_VENV)
+	rm -rf $(TOOLS_VENV) $(NODE_DIR)

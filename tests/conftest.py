@@ -30,7 +30,7 @@ from ports import free_port
 TESTS = Path(__file__).parent
 # Fixtures that the tests of one subject share live beside them; this makes them visible to every test module.
 pytest_plugins = ["dashboard_support", "deploy_support", "postgres_support", "reports_support", "screenshots_support",
-                  "serving_support"]
+                  "serving_support", "store_servers"]
 WRITER = TESTS / "programs" / "jax_writer.py"
 SHARED_FIXTURES = TESTS.parent.parent / "shared" / "fixtures"
 

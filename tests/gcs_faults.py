@@ -91,7 +91,18 @@ class GcsFaults:
     def injected(self) -> list[tuple[str, str, int | str]]:
         """The requests that got a fault instead of the emulator's answer."""
         with self._lock:
-            return [e for e in self.log if e[2] in ("dropped", "torn") or e[2] in _REASONS]
+            return [e for e in self.log if e[2] in ("dropped", "torn") or e[2] in self.REASONS]
+
+    #: The statuses :meth:`fail` can answer with, and the reason each gives.
+    REASONS = _REASONS
+
+    def error_answer(self, status: int) -> tuple[list[tuple[str, str]], bytes]:
+        """The headers and body of an injected ``status``, as GCS sends them (a proxy for another store says it
+        that store's way: tests/store_faults.py)."""
+        message = f"injected {status} from {self.url}"
+        error = {"code": status, "message": message,
+                 "errors": [{"message": message, "domain": "global", "reason": self.REASONS[status]}]}
+        return [("Content-Type", "application/json; charset=UTF-8")], json.dumps({"error": error}).encode()
 
     def pending(self) -> int:
         """Faults asked for but not yet served (:meth:`fail_for` windows not counted)."""
@@ -173,11 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
         fault = faults._take(self.command, self.path, body)
         if fault is not None and fault.status is not None:
             faults._record(self.command, self.path, fault.status, arrived)
-            message = f"injected {fault.status} from {faults.url}"
-            error = {"code": fault.status, "message": message,
-                     "errors": [{"message": message, "domain": "global", "reason": _REASONS[fault.status]}]}
-            self._answer(fault.status, [("Content-Type", "application/json; charset=UTF-8")],
-                         json.dumps({"error": error}).encode())
+            self._answer(fault.status, *faults.error_answer(fault.status))
             return
         status, headers, payload = self._forward(faults, body)
         if fault is not None and fault.tear:

@@ -54,11 +54,12 @@ def members(path: Path) -> list[tuple[str, bytes]]:
         return [(i.name, tar.extractfile(i).read()) for i in tar]  # type: ignore[union-attr]
 
 
-def write_tar(path: Path, items: list[tuple[str, bytes]], *extra: tarfile.TarInfo,
+def write_tar(path: Path, items: list[tuple[str | tarfile.TarInfo, bytes]], *extra: tarfile.TarInfo,
               fmt: int = tarfile.PAX_FORMAT) -> Path:
+    """An archive of ``items`` (a name, or a header of one's own making, and the bytes), then ``extra`` headers."""
     with tarfile.open(path, "w", format=fmt) as tar:
         for name, data in items:
-            info = tarfile.TarInfo(name)
+            info = name if isinstance(name, tarfile.TarInfo) else tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
         for info in extra:
@@ -321,11 +322,17 @@ def _special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
     return info
 
 
+SPECIAL = {"hard link": tarfile.LNKTYPE, "folder": tarfile.DIRTYPE, "fifo": tarfile.FIFOTYPE,
+           "character device": tarfile.CHRTYPE}
+
+
 @pytest.mark.parametrize("attack", ["absolute path", "hard link", "folder", "fifo", "character device",
                                     "pax long name", "gnu long name", "entry twice", "signature twice",
-                                    "manifest twice"])
+                                    "manifest twice", "contiguous file", "./ entry", "./ signature", "./ manifest",
+                                    "symlink signature", "hard link signature", "fifo signature"])
 def test_more_hostile_archives_are_refused_whole_writing_nothing(bundle, tmp_path, capsys, attack):
-    """The red team's structure attacks that held (#49), kept: each refuses the whole archive in one line."""
+    """The red team's structure attacks that held (#49, and #58's member tricks), kept: each refuses the whole
+    archive in one line."""
     items = members(bundle)
     key = json.loads(items[0][1])["entries"][0]["key"]
     entry = dict(items)[f"{key}-cache"]
@@ -342,10 +349,19 @@ def test_more_hostile_archives_are_refused_whole_writing_nothing(bundle, tmp_pat
         items.append((f"{key}-sig", dict(items)[f"{key}-sig"]))
     elif attack == "manifest twice":
         items.append(items[0])
+    elif attack == "contiguous file":  # a regular file's bytes, under a type tar readers take for one
+        items = [(_special(n, tarfile.CONTTYPE) if n == f"{key}-cache" else n, d) for n, d in items]
+    elif attack.startswith("./ "):  # the same member, under another spelling of its name
+        named = {"entry": f"{key}-cache", "signature": f"{key}-sig", "manifest": "manifest.json"}[attack[3:]]
+        items = [(f"./{n}" if n == named else n, d) for n, d in items]
+    elif attack.endswith(" signature"):  # the entry's -sig member a link (to the entry: it would "sign" itself)
+        items = [i for i in items if i[0] != f"{key}-sig"]
+        kind = {"symlink": tarfile.SYMTYPE, "hard link": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE}[
+            attack.removesuffix(" signature")]
+        extra.append(_special(f"{key}-sig", kind, f"{key}-cache" if kind != tarfile.FIFOTYPE else ""))
     else:
         items = [i for i in items if i[0] != f"{key}-cache"]
-        kind = {"hard link": tarfile.LNKTYPE, "folder": tarfile.DIRTYPE, "fifo": tarfile.FIFOTYPE,
-                "character device": tarfile.CHRTYPE}[attack]
+        kind = SPECIAL[attack]
         extra.append(_special(f"{key}-cache", kind, "manifest.json" if kind == tarfile.LNKTYPE else ""))
     path = write_tar(tmp_path / "hostile.tar", items, *extra, fmt=fmt)
     if "long name" in attack:
@@ -355,6 +371,34 @@ def test_more_hostile_archives_are_refused_whole_writing_nothing(bundle, tmp_pat
     assert code == 2 and out == "", out
     assert err.startswith("jaxcache: error: ") and err.count("\n") == 1 and "nothing was imported" in err, err
     assert not (tmp_path / "root").exists()
+
+
+PAX_SIZES = {  # the size a PAX header gives the first entry, which its ustar header says is len(data)
+    "zero": lambda n: 0, "one byte less": lambda n: n - 1, "one block more": lambda n: n + 512,
+    "past the archive's end": lambda n: 1 << 40, "not a number": lambda n: "many",
+}
+
+
+@pytest.mark.parametrize("size", list(PAX_SIZES))
+def test_a_pax_size_that_overrides_the_header_never_imports_other_bytes(bundle, tmp_path, capsys, size):
+    """A PAX ``size`` record that disagrees with the member's ustar header (#58): the archive is read as one reader
+    reads it, for the check and for the write; what it then holds is refused, whole when its structure breaks, or
+    that entry alone when its bytes are not the manifest's. Never another member's bytes, nor a member cut short."""
+    items = members(bundle)
+    key = json.loads(items[0][1])["entries"][0]["key"]
+    data = dict(items)[f"{key}-cache"]
+    info = tarfile.TarInfo(f"{key}-cache")
+    info.pax_headers = {"size": str(PAX_SIZES[size](len(data)))}
+    path = write_tar(tmp_path / "pax.tar", [(info if n == f"{key}-cache" else n, d) for n, d in items])
+    code, out, err = import_(capsys, path, tmp_path / "root", "--json")
+    if size == "one byte less":  # within the same 512-byte blocks: a member one byte short, refused as such
+        answer = json.loads(out)
+        assert code == 1 and answer["refused"] == [
+            {"key": key, "why": f"{len(data) - 1} bytes, where the manifest says {len(data)}"}], answer
+        assert not (tmp_path / "root" / f"{key}-cache").exists() and len(answer["imported"]) == len(PROGRAMS) - 1
+    else:
+        assert code == 2 and out == "" and err.count("\n") == 1 and "nothing was imported" in err, (out, err)
+        assert not (tmp_path / "root").exists()
 
 
 def test_names_from_a_bundle_are_shown_escaped(bundle, tmp_path, capsys):

@@ -129,7 +129,7 @@ def test_doctor_explains_mixed_compression(capsys, tmp_path, jax_caches):
     ("argv", "message"),
     [
         (["ls", "/definitely/not/here"], "does not exist"),
-        (["stats", "s3://bucket/x"], "unsupported scheme"),
+        (["stats", "hdfs://bucket/x"], "unsupported scheme"),
         (["doctor", "gs://UPPER/x"], "not a valid bucket name"),
     ],
 )

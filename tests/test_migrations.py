@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from jaxcache.service.catalog import migrate
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import Base
+from jaxcache.service.catalog.models import Base, VerificationRow
 
 REPO = Path(__file__).parent.parent
 
@@ -132,6 +132,29 @@ def test_downgrade_to_nothing_and_up_again(catalog_url):
     assert _schema_diff(catalog_url) == []
 
 
+def test_upgrading_from_5_judges_again_the_verdicts_that_name_a_signature(catalog_url):
+    """Revision 6 adds verdicts' ``signature``: those made before it beside a bad signature are made again (#58
+    item 7), the others are kept."""
+    from alembic import command
+
+    Catalog(catalog_url).dispose()
+    engine = create_engine(catalog_url)
+    named = {"jit_f-" + "1" * 64: ["jit_f-1…-sig is not a jaxcache signature object (…): ignored"],
+             "jit_f-" + "2" * 64: ["a signature claiming key 'ci' does not verify: ignored"],
+             "jit_f-" + "3" * 64: []}
+    with engine.begin() as conn:
+        command.downgrade(migrate.config(conn), "5")
+        conn.execute(VerificationRow.__table__.insert().values([
+            {"cache": "c", "key": key, "classification": "ok", "classes": ["ok"],
+             "reasons": reasons, "size_bytes": 1, "created_s": 1.0, "checked_s": 1.0, "trusted": "t" * 64}
+            for key, reasons in named.items()]))
+    engine.dispose()
+    Catalog(catalog_url).dispose()  # upgrades to head
+    assert _revision(catalog_url) == migrate.head() and _schema_diff(catalog_url) == []
+    got = dict(_rows(catalog_url, 'SELECT "key", trusted FROM verifications'))
+    assert got == {"jit_f-" + "1" * 64: None, "jit_f-" + "2" * 64: None, "jit_f-" + "3" * 64: "t" * 64}, got
+
+
 def _tables(path: Path) -> dict[str, list[tuple]]:
     db = sqlite3.connect(path)
     try:
@@ -171,9 +194,12 @@ def test_a_catalog_at_a_retired_revision_is_refused_in_one_line_by_serve(tmp_pat
     assert _tables(path) == before
 
 
-def test_the_schema_is_one_revision():
-    (only,) = migrate.scripts().walk_revisions()
-    assert only.revision == migrate.head() and only.down_revision is None
+def test_the_schema_is_one_revision_and_what_was_added_since():
+    """#31: one initial revision (5) for the whole schema; later ones only add, each on the one before."""
+    *added, first = migrate.scripts().walk_revisions()  # the head first
+    assert first.revision == "5" and first.down_revision is None
+    assert [r.revision for r in added] == [str(n) for n in range(5 + len(added), 5, -1)]
+    assert (added[0] if added else first).revision == migrate.head()
 
 
 @pytest.mark.parametrize("revision", ["1", "4"])

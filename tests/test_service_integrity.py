@@ -78,7 +78,7 @@ def _rescanned(client: TestClient) -> None:
     assert r.status_code == 200, r.text
 
 
-def _expect_verdicts(client: TestClient, d: dict) -> dict:
+def _expect_verdicts(client: TestClient, d: dict, signed_badly: frozenset[str] | set[str] = frozenset()) -> dict:
     # recheck_all: the background pass may have judged them already; this one must read every entry.
     verify = client.post("/v1/caches/c/verify", json={"recheck_all": True}, headers=_headers(ADMIN))
     assert verify.status_code == 200, verify.text
@@ -88,7 +88,10 @@ def _expect_verdicts(client: TestClient, d: dict) -> dict:
     assert problems[d["flipped"]]["class"] == "tampered"
     assert problems[d["swapped"]]["classes"][:2] == ["tampered", "mismatched"]
     assert "corrupt" in problems[d["truncated"]]["classes"]
-    assert set(problems) == {d["flipped"], d["swapped"], d["truncated"]}
+    assert set(problems) == {d["flipped"], d["swapped"], d["truncated"], *signed_badly}
+    # An entry beside a bad signature is listed by it, its class what its bytes prove (#58 item 7).
+    assert {k: (p["class"], p["signature"]) for k, p in problems.items() if p["signature"]} == {
+        k: ("ok", "bad signature") for k in signed_badly}
     counts = summary["counts"]
     assert counts["unattested"] == 1 and counts["ok"] == len(d["all"]) - 4
     assert summary["attested"] == len(d["all"]) - 1 and summary["unverified"] == 0

@@ -7,6 +7,7 @@ import json
 import logging
 import shutil
 import time
+import uuid
 
 import msgspec
 import pytest
@@ -174,6 +175,103 @@ def test_a_record_of_another_caches_root_is_refused_under_the_cache_named(tmp_pa
 
         assert jobs("c1") == {"own", "elsewhere", "unsaid"} and jobs("c1b") == {"shared"} and jobs("c2") == set()
         assert 'jaxcache_reports_malformed_total{source="report"} 1.0' in client.get("/metrics").text
+
+
+# The spellings a job (or a hand-made record) may give another cache's root: each names c2's root as the core opens
+# roots (jaxcache.storage.open_storage: a path made absolute, file:// with an empty or "localhost" host and
+# %-escapes decoded) and the service compares them (real paths: links resolved, "." and ".." folded, slashes
+# doubled or trailing dropped).
+SPELLINGS = {
+    "trailing slash": lambda c2: f"{c2}/",
+    "trailing /.": lambda c2: f"{c2}/.",
+    "double slash": lambda c2: f"{c2.parent}//{c2.name}",
+    "leading double slash": lambda c2: f"/{c2}",
+    "./ segment": lambda c2: f"{c2.parent}/./{c2.name}",
+    ".. that comes back": lambda c2: f"{c2.parent}/c1/../{c2.name}",
+    ".. through no folder": lambda c2: f"{c2.parent}/nothing-here/../{c2.name}",
+    "file:// URL": lambda c2: f"file://{c2}",
+    "file:// URL, trailing slash": lambda c2: f"file://{c2}/",
+    "a link to it": lambda c2: str(c2.parent / "link-to-c2"),
+    "a link to its folder": lambda c2: f"{c2.parent / 'link-to-parent'}/{c2.name}/",
+    "file://localhost URL": pytest.param(
+        lambda c2: f"file://localhost{c2}",
+        marks=pytest.mark.xfail(strict=True, reason="service's normal_dir reads no file:// host (open_storage "
+                                                    "takes localhost): filed under c1")),
+    "file:// URL with %-escapes": pytest.param(
+        lambda c2: f"file://{c2.parent}/%{ord(c2.name[0]):02X}{c2.name[1:]}",
+        marks=pytest.mark.xfail(strict=True, reason="service's normal_dir does not decode %-escapes (open_storage "
+                                                    "does): filed under c1")),
+}
+# Not c2's root wherever the job ran: a relative path is relative to the job's own folder (which the service does
+# not know; the client records absolute paths), and Linux paths are case-sensitive.
+NOT_ITS_ROOT = {
+    "relative": lambda c2: c2.name,
+    "./ relative": lambda c2: f"./{c2.name}",
+    "upper case": lambda c2: str(c2).upper(),
+}
+
+
+@pytest.fixture(scope="module")
+def two_caches(tmp_path_factory):
+    """A service over two caches, c1 and c2 (empty roots: a record may name keys its root does not hold yet)."""
+    tmp = tmp_path_factory.mktemp("two-caches")
+    for name in ("c1", "c2"):
+        (tmp / name).mkdir()
+    (tmp / "link-to-c2").symlink_to(tmp / "c2")
+    (tmp / "link-to-parent").symlink_to(tmp)
+    with TestClient(create_app(settings(tmp, {"c1": str(tmp / "c1"), "c2": str(tmp / "c2")}))) as client:
+        settled(client)
+        yield client, (tmp / "c2").resolve()
+
+
+def _jobs(client, cache: str) -> set[str]:
+    return {j["job"] for j in client.get(f"/v1/caches/{cache}/jobs", headers=H_READ).json()["jobs"]}
+
+
+@pytest.mark.parametrize("spelled", list(SPELLINGS.values()), ids=list(SPELLINGS))
+def test_another_caches_root_is_refused_however_it_is_spelled(two_caches, spelled):
+    client, c2 = two_caches
+    cache_dir = spelled(c2)
+    job = f"misfiled-{uuid.uuid4().hex[:8]}"
+    record = run(job, "r1", [write(f"jit_f-{'0' * 64}", 1.0, time.time())], cache_dir=cache_dir)
+    r = post(client, record, "?cache=c1")
+    assert r.status_code == 422, (cache_dir, r.status_code, r.text)
+    assert r.json()["detail"].startswith(f"the record's cache_dir {cache_dir!r} is the root of cache c2, not of c1")
+    assert job not in _jobs(client, "c1")
+    assert post(client, record).json()["cache"] == "c2"  # without ?cache=, it is filed under c2
+
+
+@pytest.mark.parametrize("spelled", list(NOT_ITS_ROOT.values()), ids=list(NOT_ITS_ROOT))
+def test_a_cache_dir_that_is_no_configured_root_is_filed_under_the_cache_named(two_caches, spelled):
+    client, c2 = two_caches
+    job = f"elsewhere-{uuid.uuid4().hex[:8]}"
+    record = run(job, "r1", [write(f"jit_f-{'0' * 64}", 1.0, time.time())], cache_dir=spelled(c2))
+    assert post(client, record, "?cache=c1").status_code == 202
+    assert job in _jobs(client, "c1")
+
+
+GCS_SPELLINGS = {
+    "trailing slash": lambda root: f"{root}/",
+    "trailing slashes": lambda root: f"{root}///",
+    "double slash before the prefix": pytest.param(
+        lambda root: root.replace("/c2", "//c2"),
+        marks=pytest.mark.xfail(strict=True, reason="service's normal_dir strips only trailing slashes (open_storage"
+                                                    " strips the prefix's leading ones too): filed under c1")),
+}
+
+
+@pytest.mark.gcs
+@pytest.mark.parametrize("spelled", list(GCS_SPELLINGS.values()), ids=list(GCS_SPELLINGS))
+def test_another_gcs_caches_root_is_refused_however_it_is_spelled(tmp_path, gcs_bucket, spelled):
+    (tmp_path / "c1").mkdir()
+    c2 = f"gs://{gcs_bucket}/c2"
+    with TestClient(create_app(settings(tmp_path, {"c1": str(tmp_path / "c1"), "c2": c2}))) as client:
+        settled(client)
+        cache_dir = spelled(c2)
+        r = post(client, run("misfiled", "r1", [write(f"jit_f-{'0' * 64}", 1.0, time.time())], cache_dir=cache_dir),
+                 "?cache=c1")
+        assert r.status_code == 422 and "is the root of cache c2" in r.json()["detail"], (cache_dir, r.text)
+        assert _jobs(client, "c1") == set()
 
 
 def _catalog_state(client) -> tuple:

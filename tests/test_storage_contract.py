@@ -1,4 +1,6 @@
-"""One contract every storage backend passes: a local directory and GCS on a real fake-gcs-server."""
+"""One contract every storage backend passes: a local directory, GCS on a real fake-gcs-server, S3 on moto's S3
+server and Azure Blob Storage on Azurite (tests/store_servers.py), each through its store's own client library.
+What differs between stores is tested beside: tests/test_storage_s3.py, tests/test_storage_azure.py."""
 
 from __future__ import annotations
 
@@ -9,13 +11,16 @@ import pytest
 from jaxcache.errors import InvalidRootError, PathEscapeError, PreconditionFailedError
 from jaxcache.storage import LocalStorage, Storage, open_storage
 
+# Each store's URL scheme and the fixture that makes a fresh bucket on its server.
+BUCKETS = {"gs": "gcs_bucket", "s3": "s3_bucket", "az": "azure_container"}
 
-@pytest.fixture(params=["local", "gcs"])
+
+@pytest.fixture(params=["local", "gs", "s3", "az"])
 def storage(request, tmp_path) -> Storage:
     if request.param == "local":
         return open_storage(str(tmp_path))
-    bucket = request.getfixturevalue("gcs_bucket")
-    return open_storage(f"gs://{bucket}/team/jax-cache")
+    bucket = request.getfixturevalue(BUCKETS[request.param])
+    return open_storage(f"{request.param}://{bucket}/team/jax-cache")
 
 
 def test_write_read_stat(storage):
@@ -78,6 +83,9 @@ def test_delete(storage):
     assert storage.delete("gone") is True
     assert storage.read("gone") is None
     assert storage.delete("gone") is False
+    storage.write_atomic("listed", b"x")
+    assert storage.delete("listed", if_version=storage.stat("listed").version) is True  # None on a directory
+    assert storage.read("listed") is None
 
 
 @pytest.mark.parametrize("bad", ["../escape", "/etc/passwd", "a/../../b", "a//b", "./a", "a\x00b", "a\\..\\b", ""])
@@ -122,6 +130,19 @@ def test_gcs_delete_sends_the_generation_precondition(gcs_bucket):
     assert deletes and f"ifGenerationMatch={gen}" in deletes[0]
 
 
+def test_gcs_versions_are_generations(gcs_bucket):
+    """On GCS the version token is the generation: a delete's if_version is its ifGenerationMatch."""
+    from jaxcache.errors import InvalidInputError
+
+    storage = open_storage(f"gs://{gcs_bucket}/c")
+    storage.write_atomic("e-cache", b"v1")
+    info = storage.stat("e-cache")
+    assert info.version == str(info.generation)
+    with pytest.raises(InvalidInputError, match="not the generation"):
+        storage.delete("e-cache", if_version='"an-etag"')
+    assert storage.delete("e-cache", if_version=info.version, if_generation=info.generation) is True
+
+
 def test_gcs_missing_bucket_is_a_clear_error(fake_gcs):
     storage = open_storage(f"gs://no-such-bucket-{uuid.uuid4().hex[:8]}/x")
     with pytest.raises(InvalidRootError, match="does not exist"):
@@ -145,7 +166,12 @@ def test_local_skips_symlinks(tmp_path):
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("s3://bucket/x", "unsupported scheme"),
+        ("http://bucket/x", "unsupported scheme"),
+        ("abfs://container/x", "write az://"),
+        ("az://container@account/x", "names the container only"),
+        ("az://Container/x", "not a valid container name"),
+        ("s3://b/x", "not a valid bucket name"),
+        ("s3://bucket/a/./b", "not a clean path"),
         ("gs://Bad_Bucket/x", "not a valid bucket name"),
         ("gs://b/../x", "not a valid bucket name"),
         ("gs://bucket/a/../b", "not a clean path"),
@@ -227,3 +253,109 @@ def test_an_unmounted_volume_is_not_an_empty_root(tmp_path):
                         lambda: storage.delete("k-cache"), lambda: storage.read("k-cache")):
             with pytest.raises(RootGoneError, match="was a mount point and is not any more"):
                 listing()
+
+
+def test_a_cache_jax_wrote_reads_the_same_on_every_store(storage, jax_caches):
+    """A real cache (entries compiled by JAX, their -atime files) put under the root scans to what JAX wrote."""
+    from pathlib import Path
+
+    from jaxcache import entry as fmt
+    from jaxcache.scan import Entry, scan
+
+    written = jax_caches["zstd"]
+    for path in sorted(Path(written.root).iterdir()):
+        if path.is_file():
+            storage.write_atomic(path.name, path.read_bytes())
+    entries = {r.key: r for r in scan(storage) if isinstance(r, Entry)}
+    assert {e["key"]: e["size_bytes"] for e in written.entries} == {k: e.size_bytes for k, e in entries.items()}
+    assert all(e.status is fmt.Status.OK and e.compression == "zstd" and e.atime_ns for e in entries.values())
+
+
+@pytest.mark.parametrize("scheme", ["s3", "az"])  # google-cloud-storage's pool is its own (10 connections)
+def test_io_workers_threads_at_once_keep_their_connections(request, scheme, caplog):
+    """As many reads at once as the backend asks for (scans run that many): no connection is thrown away for want
+    of room in a pool (urllib3 warns of each)."""
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    storage = open_storage(f"{scheme}://{request.getfixturevalue(BUCKETS[scheme])}/team/jax-cache")
+
+    names = [f"k{i:02d}-cache" for i in range(3 * storage.io_workers)]
+    for name in names:
+        storage.write_atomic(name, name.encode())
+    caplog.set_level(logging.WARNING)
+    with ThreadPoolExecutor(storage.io_workers) as pool:
+        assert list(pool.map(storage.read, names)) == [name.encode() for name in names]
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
+
+
+@pytest.fixture(params=["gs", "s3", "az"])
+def object_storage(request) -> Storage:
+    """A root in each object store, on its server."""
+    bucket = request.getfixturevalue(BUCKETS[request.param])
+    return open_storage(f"{request.param}://{bucket}/team/jax-cache")
+
+
+def test_versions_change_with_the_content_and_a_listing_agrees_with_a_stat(object_storage):
+    """Each store's version token (GCS's generation, the ETag on S3 and Azure) reads the same from a listing and
+    from a stat (quoted or bare ETags, milliseconds or seconds), and a rewrite changes it."""
+    from jaxcache.storage import same_object
+
+    object_storage.write_atomic("e-cache", b"v1")
+    first = object_storage.stat("e-cache")
+    [listed] = object_storage.iter_objects()
+    assert first.version and same_object(first, listed)
+    object_storage.write_atomic("e-cache", b"v2")
+    second = object_storage.stat("e-cache")
+    assert second.version != first.version and not same_object(first, second)
+
+
+def test_create_only_against_a_concurrent_create(object_storage):
+    """Eight writers create one object at once: one wins, the others are told, and the object is the winner's."""
+    import threading
+
+    start, won, refused = threading.Barrier(8), [], []
+
+    def create(i: int) -> None:
+        data = f"writer {i}".encode()
+        start.wait()
+        try:
+            object_storage.write_atomic("k-cache", data, create_only=True)
+            won.append(data)
+        except PreconditionFailedError:
+            refused.append(i)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and len(refused) == 7
+    assert object_storage.read("k-cache") == won[0]
+
+
+def test_a_read_stream_fails_cleanly_when_the_object_is_replaced(object_storage):
+    """Every range comes from the version read first: a replacement midway is an error, never a splice."""
+    import os
+
+    from jaxcache.errors import StorageError
+
+    object_storage.write_atomic("big-cache", os.urandom(3 << 20))
+    chunks = object_storage.read_chunks("big-cache", chunk_bytes=1 << 20)
+    assert next(chunks)
+    object_storage.write_atomic("big-cache", os.urandom(3 << 20))
+    with pytest.raises(StorageError, match="replaced while it was read"):
+        next(chunks)
+
+
+def test_the_same_object_rule():
+    """One rule for 'is this the same object': size, mtime and version; GCS's generation stands for its version where
+    a caller only has that (rows kept before versions were)."""
+    from jaxcache.storage import ObjectInfo, same_object
+
+    assert ObjectInfo("k-cache", 10, 5.0, generation=7).version == "7"
+    assert same_object(ObjectInfo("k-cache", 10, 5.0, generation=7), ObjectInfo("k-cache", 10, 5.0, version="7"))
+    assert same_object(ObjectInfo("k-cache", 10, 5.0), ObjectInfo("k-cache", 10, 5.0))  # a directory's
+    assert not same_object(ObjectInfo("k-cache", 10, 5.0, version='"a"'), ObjectInfo("k-cache", 10, 5.0, version='"b"'))
+    assert not same_object(ObjectInfo("k-cache", 10, 5.0), ObjectInfo("k-cache", 10, 6.0))
+    assert not same_object(ObjectInfo("k-cache", 10, 5.0), ObjectInfo("k-cache", 11, 5.0))

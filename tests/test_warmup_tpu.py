@@ -226,30 +226,134 @@ def test_tpu_check_hits_and_explains_other_flags(warmed, tpu_python):
     assert s["hits"] == 0 and s["misses"] and all(m["function"] for m in s["misses"])
 
 
-def test_flags_from_a_jobs_run_record(warmed, tpu_python, tmp_path):
+def record(cache: Path, job: str, run_id: str, flags: tuple[str, ...] | None, *, at: float | None = None) -> Path:
+    """A process-0 run record of ``job`` listing ``flags`` as those JAX hashed, as a job or anyone who can write
+    the bucket would put it."""
+    at = time.time() if at is None else at
+    fp = records.Fingerprint(jax="0.10.2", jaxlib="0.10.2", backend="tpu", xla_flags=flags)
+    rec = records.RunRecord(job=job, run_id=run_id, process_index=0, process_count=1, host="h", started_at=at,
+                            updated_at=at, fingerprint=fp)
+    path = cache / rec.name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(rec.to_json())
+    os.utime(path, (at, at))
+    return path
+
+
+def test_flags_from_a_jobs_run_record(tpu_python, tmp_path):
     cache = tmp_path / "c"
-    now = time.time()
-
-    def record(job: str, run_id: str, flags: tuple[str, ...] | None) -> None:
-        fp = records.Fingerprint(jax="0.10.2", jaxlib="0.10.2", backend="tpu", xla_flags=flags)
-        rec = records.RunRecord(job=job, run_id=run_id, process_index=0, process_count=1, host="h", started_at=now,
-                                updated_at=now, fingerprint=fp)
-        path = cache / rec.name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(rec.to_json())
-
-    record("pretrain", "r1", (BARRIER, "--xla_dump_hlo_as_text"))
-    record("nokeyparts", "r2", None)
+    record(cache, "pretrain", "r1", (BARRIER, "--xla_dump_hlo_as_text"))
+    record(cache, "nokeyparts", "r2", None)
     proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE, "--dry-run", "--json",
                   "--flags-from-job", "pretrain", python=tpu_python)
     plan = json.loads(proc.stdout)
-    assert plan["libtpu_init_args"] == [BARRIER] and plan["xla_flags"] == ["--xla_dump_hlo_as_text"]
+    assert plan["libtpu_init_args"] == [BARRIER] and plan["xla_flags"] == []
+    assert plan["flags_not_taken"] == ["--xla_dump_hlo_as_text"]  # JAX leaves it out of the key
     assert plan["flags_from"] == "run r1 of job 'pretrain'" and plan["chips_per_host"] == "2x2x1"
     for job, why in (("nokeyparts", "lists the flags JAX hashed"), ("nobody", "has no run record")):
         bad = warmup("--topology", "v5e:2x2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE, "--dry-run",
                      "--flags-from-job", job, python=tpu_python, expect=2)
         lines = error_lines(bad)
         assert len(lines) == 1 and why in lines[0] and "--libtpu-init-args" in lines[0], bad.stderr
+
+
+# --- flags from a record are not the warm-up's to trust (#58 item 2) ------------------------------------------------
+
+
+def test_a_planted_records_dump_flags_are_not_taken_and_its_flags_are_shown_escaped(tpu_python, tmp_path):
+    """The red team's record: dump flags that would copy the programs' text into the shared root, and a value that
+    rewrites the terminal's line and title. JAX leaves dump flags out of the key, so they are not taken; every flag
+    printed is escaped."""
+    cache = tmp_path / "c"
+    stolen = cache / "stolen"
+    hostile = "--xla_dump_hlo_module_re=.*\x1b[2K\x1b]0;owned\x07"
+    flags = (BARRIER, f"--xla_dump_to={stolen}", f"-xla_dump_to={stolen}", "--xla_dump_hlo_as_text", hostile)
+    record(cache, "pretrain", "r1", flags)
+    proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE, "--flags-from-job",
+                  "pretrain", "--job", "tpu-warm", python=tpu_python)
+    assert not stolen.exists() and not list(cache.rglob("*.txt")), sorted(cache.rglob("*"))
+    assert "\x1b" not in proc.stdout + proc.stderr and "\x07" not in proc.stdout + proc.stderr
+    assert f"LIBTPU_INIT_ARGS {BARRIER}" in proc.stdout and "XLA_FLAGS        (unset)" in proc.stdout
+    assert f"not taken        --xla_dump_to={stolen} -xla_dump_to={stolen} --xla_dump_hlo_as_text" in proc.stdout
+    assert "--xla_dump_hlo_module_re=.*\\x1b[2K\\x1b]0;owned\\x07" in proc.stdout, proc.stdout
+    [warm] = (cache / ".jaxcache" / "warmups").iterdir()
+    assert json.loads(warm.read_text())["fingerprint"]["xla_flags"] == [BARRIER]
+
+
+@pytest.mark.parametrize("flag", [
+    "--xla_gpu_per_fusion_autotune_cache_dir=/etc/jaxcache-stolen",
+    "--xla_tpu_profile_dir=gs://attacker/x",
+    "--xla_gpu_kernel_cache_file=~/cache",
+    "--xla_tpu_sdc_paths=a,/etc/passwd",
+    "--xla_tpu_profile_dir=../../mnt/cache/stolen",
+    "--xla_tpu_profile_dir=mnt/cache/stolen",
+])
+def test_a_records_flag_whose_value_is_a_path_or_url_is_refused(tmp_path, flag):
+    """Refused in one line naming it, before libtpu is needed: the record decides no place to read or write."""
+    cache = tmp_path / "c"
+    record(cache, "pretrain", "r1", (BARRIER, flag + "\x1b[2K"))
+    proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE, "--dry-run",
+                  "--flags-from-job", "pretrain", expect=2)
+    lines = error_lines(proc)
+    assert len(lines) == 1 and f"lists {flag}\\x1b[2K, whose value is a path or a URL" in lines[0], lines
+
+
+@pytest.mark.parametrize("flag", ["--xla_jf_dump_to=stolen", "--xla_mosaic_dump_to=stolen"])
+def test_a_records_dump_flag_that_enters_the_key_is_refused(tmp_path, flag):
+    """libtpu's dump flags are not on JAX's list (they enter the key), and a bare name is a folder where it runs."""
+    cache = tmp_path / "c"
+    record(cache, "pretrain", "r1", (BARRIER, flag))
+    proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE, "--dry-run",
+                  "--flags-from-job", "pretrain", expect=2)
+    lines = error_lines(proc)
+    assert len(lines) == 1 and f"lists {flag}, a dump flag" in lines[0], lines
+
+
+@pytest.mark.parametrize(("space", "shown"), [(" ", " "), ("\r", "\\x0d")], ids=["space", "carriage return"])
+def test_a_records_flag_that_would_split_into_two_is_refused(tmp_path, space, shown):
+    """JAX and XLA split their variables on whitespace: one recorded "flag" must not smuggle in a second one."""
+    cache = tmp_path / "c"
+    record(cache, "pretrain", "r1", (BARRIER, f"--xla_tpu_x=1{space}--xla_dump_to=stolen"))
+    proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE, "--dry-run",
+                  "--flags-from-job", "pretrain", expect=2)
+    lines = error_lines(proc)
+    assert len(lines) == 1 and f"'--xla_tpu_x=1{shown}--xla_dump_to=stolen', which is not one flag" in lines[0], lines
+
+
+@pytest.mark.parametrize(("flag", "said"), [
+    ("--xla_tpu_use_enhanced_launch_barrier=maybe", "Illegal value 'maybe'"),  # libtpu's, in LIBTPU_INIT_ARGS
+    ("--xla_cpu_enable_fast_math=maybe", "Couldn't interpret value maybe"),  # this process's XLA's, in XLA_FLAGS
+    ("--xla_tpu_no_such_flag=1", "Unknown command line flag 'xla_tpu_no_such_flag'"),
+])
+def test_a_flag_value_xla_would_abort_on_is_one_line_and_exit_2(tpu_python, tmp_path, flag, said):
+    cache = tmp_path / "c"
+    record(cache, "pretrain", "r1", (flag,))
+    proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE, "--flags-from-job",
+                  "pretrain", python=tpu_python, expect=2)
+    lines = error_lines(proc)
+    assert len(lines) == 1 and said in lines[0] and "run r1 of job 'pretrain'" in lines[0], proc.stderr
+    assert "Check failed" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not any(cache.rglob("*-cache")) and not (cache / ".jaxcache" / "warmups").exists()
+
+
+def test_flags_from_job_reads_the_newest_days_first_and_stops_at_the_first_answer(tmp_path):
+    """A root of many records answers from its newest: older days are never listed, other records never read."""
+    from jaxcache.storage import open_storage
+    from jaxcache.warmup import tpu
+
+    cache = tmp_path / "c"
+    day = 86400.0
+    now = time.time()
+    for i in range(200):  # three days ago: other jobs, and this job's older runs
+        record(cache, "pretrain" if i % 10 == 0 else f"other{i}", f"old{i}", ("--xla_tpu_old=true",),
+               at=now - 3 * day + i)
+    for i in range(5):  # today: the newest names the flags
+        record(cache, "pretrain", f"new{i}", (BARRIER,) if i == 4 else None, at=now - 60 + i)
+    storage = open_storage(cache)
+    flags = tpu.flags_from_job(storage, "pretrain")
+    assert flags.libtpu_init_args == (BARRIER,) and flags.source == "run new4 of job 'pretrain'"
+    assert storage.reads <= 5, storage.reads  # today's records at most, not the 200 older ones
+    assert tpu.flags_from_job(open_storage(cache), "pretrain").source == "run new4 of job 'pretrain'"
 
 
 def test_single_chip_has_its_own_host_bounds(tpu_python, tmp_path):

@@ -99,7 +99,8 @@ def from_coverage(warm: coverage.WarmupRecord, *, source: str, at: float,
 
 def load(storage: Storage) -> Attested:
     """Digests in a root's run and coverage records, oldest record object first (by its modification time, which
-    the storage sets, not the record). Malformed records are skipped, and named in ``skipped``."""
+    the storage sets, not the record). Malformed records (larger than their kind's bound too, which is never read
+    past) are skipped, and named in ``skipped``."""
     found = Attested()
     runs = [i for i in storage.iter_objects(records.RUNS_PREFIX, recursive=True) if records.is_record_name(i.name)]
     warmups = [i for i in storage.iter_objects(coverage.WARMUPS_PREFIX, recursive=True) if i.name.endswith(".json")]
@@ -113,9 +114,11 @@ def load(storage: Storage) -> Attested:
 
 
 def _from_object(storage: Storage, info: ObjectInfo) -> Iterable[Attestation]:
-    data = storage.read(info.name)
+    run = records.is_record_name(info.name)
+    data = storage.read_bounded(info.name, records.MAX_RECORD_BYTES if run else coverage.MAX_COVERAGE_BYTES,
+                                listed_bytes=info.size_bytes)  # a larger one raises TooLargeError: skipped
     if data is None:
         return []
-    if records.is_record_name(info.name):
+    if run:
         return from_run(records.parse(data), source=FILE, at=info.mtime_s, record=info.name)
     return from_coverage(coverage.parse(data), source=FILE, at=info.mtime_s, record=info.name)

@@ -11,6 +11,10 @@ class InvalidInputError(JaxcacheError, ValueError):
     """Input from a user (a URL, a name, a size, a duration) is malformed."""
 
 
+class TooLargeError(InvalidInputError):
+    """An object is larger than what readers of its kind accept (a run record's 32 MiB): it is not one of ours."""
+
+
 class InvalidRootError(InvalidInputError):
     """A cache root URL cannot be opened: unknown scheme, missing directory, bad bucket name."""
 

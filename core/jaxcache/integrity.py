@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from jaxcache import signing
+from jaxcache import signing, skips
 from jaxcache.attestations import Attestation, from_signature, load
 from jaxcache.entry import Status, validate_chunks
 from jaxcache.errors import NotRegularFileError
@@ -53,6 +53,9 @@ class Verdict:
     size_bytes: int
     embedded_module: str | None
     attested_by: str | None = None
+    #: ``bad signature`` when a signature beside the entry is malformed, for another key, or claims a trusted key and
+    #: does not verify: it proves nothing (the class is what the bytes prove), but someone wrote it there.
+    signature: str | None = None
 
 
 def sha256_hex(data: bytes) -> str:
@@ -66,11 +69,13 @@ def load_attestations(storage: Storage) -> dict[str, Attestation]:
 
 
 def judge(entry: Entry, chunks: Iterable[bytes], attestation: Attestation | None, *, now: float,
-          min_age_s: float, signed: Sequence[Attestation] = (), notes: Sequence[str] = ()) -> Verdict:
+          min_age_s: float, signed: Sequence[Attestation] = (), notes: Sequence[str] = (),
+          signature: str | None = None) -> Verdict:
     """Judge one entry from its bytes, read once as a stream. ``signed``: digests trusted keys signed (the only
     proof: ``tampered`` means the bytes differ from every one); ``attestation``: the unsigned digest that counts
     (a mismatch is ``differs``). Entries younger than ``min_age_s`` that look broken are ``pending``: JAX writes
-    non-atomically, so a file being written looks truncated."""
+    non-atomically, so a file being written looks truncated. ``signature``: what the signatures beside it were
+    found to be (``bad signature``), named on the verdict whatever its class."""
     digest = hashlib.sha256()
     size = 0
 
@@ -130,7 +135,7 @@ def judge(entry: Entry, chunks: Iterable[bytes], attestation: Attestation | None
     return Verdict(
         key=entry.key, name=entry.name, classification=next(c for c in CLASSES if c in acting), classes=ordered,
         reasons=tuple(reasons), sha256=sha, size_bytes=size, embedded_module=module,
-        attested_by=attestation.writer if attestation is not None else None,
+        attested_by=attestation.writer if attestation is not None else None, signature=signature,
     )
 
 
@@ -170,4 +175,6 @@ def judge_stored(storage: Storage, attestations: Mapping[str, Attestation], trus
     found = signing.read(storage, entry.key, trusted) if trusted else signing.Found()
     platform = unsigned.platform if unsigned is not None else None
     signed = [from_signature(s, platform) for s in found.trusted]
-    return judge(entry, chunks, unsigned, now=now, min_age_s=min_age_s, signed=signed, notes=found.notes)
+    bad = skips.BAD_SIGNATURE if skips.BAD_SIGNATURE in found.refused else None
+    return judge(entry, chunks, unsigned, now=now, min_age_s=min_age_s, signed=signed, notes=found.notes,
+                 signature=bad)

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
+import grp
 import hashlib
 import json
 import os
+import pwd
 import re
 import stat
+import struct
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -132,16 +136,17 @@ def new_key(name: str, path: str) -> SigningKey:
 
 
 def load_key(path: str) -> SigningKey:
-    """Read a private key file written by ``jaxcache keys new``; refused when other users may read it or anyone
-    but its owner may write it (group read stays allowed: a Kubernetes Secret mounted with defaultMode 0440 and an
-    fsGroup is how a non-root pod reads one)."""
+    """Read a private key file written by ``jaxcache keys new``; refused, in one line with the command that fixes
+    it, when anyone but its owner and group may read it or anyone but its owner may write it: by its mode, by a POSIX
+    ACL (which the mode does not show), or because its owner is another user (who could rewrite it). Group read
+    stays allowed, and an owner root: a Kubernetes Secret's files are root's, mounted with defaultMode 0440 and read
+    by a non-root pod through its fsGroup."""
     try:
         with open(path) as f:
-            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)  # of the file opened, not of a name swapped after
-            if mode & (stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP):
-                who = "other users can read it" if mode & stat.S_IROTH else "users other than its owner can write it"
-                raise InvalidInputError(f"the signing key {path} has mode {mode:04o}: {who}; run chmod 600 {path}"
-                                        " (or 0440 with a group, as a Kubernetes Secret's defaultMode)")
+            found = os.fstat(f.fileno())  # of the file opened, not of a name swapped after
+            problem = _exposed(path, f.fileno(), found)
+            if problem is not None:
+                raise InvalidInputError(f"the signing key {path} {problem}")
             text = f.read(4096).strip()
     except OSError as exc:
         raise InvalidInputError(f"cannot read the signing key {path}: {exc.strerror}") from None
@@ -153,6 +158,83 @@ def load_key(path: str) -> SigningKey:
     if len(seed) != 32:
         raise InvalidInputError(f"{path} is not a jaxcache signing key: its key is {len(seed)} bytes, not 32")
     return SigningKey(check_key_name(name), seed)
+
+
+# POSIX ACLs as Linux stores them in this extended attribute (acl/include/acl_ea.h): a 4-byte little-endian version,
+# then 8-byte entries of tag, permissions (u16 each) and the user or group id (u32).
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_VERSION = 2
+_ACL_USER, _ACL_GROUP, _ACL_MASK = 0x02, 0x08, 0x10
+_ACL_READ, _ACL_WRITE = 0x4, 0x2
+_NO_ACL = frozenset({errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
+def _exposed(path: str, fd: int, found: os.stat_result) -> str | None:
+    """Why others could read or rewrite the key file open at ``fd`` (what follows "the signing key PATH"), or None."""
+    me = os.geteuid()
+    if found.st_uid not in (me, 0):
+        return (f"is owned by {_user(found.st_uid)}, who could rewrite it; run chown {_name(me)} {path} as root (or"
+                " make a new key: jaxcache keys new)")
+    mode = stat.S_IMODE(found.st_mode)
+    if mode & (stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP):
+        who = "other users can read it" if mode & stat.S_IROTH else "users other than its owner can write it"
+        return (f"has mode {mode:04o}: {who}; run chmod 600 {path} (or 0440 with a group, as a Kubernetes Secret's"
+                " defaultMode)")
+    granted = _acl_grants(fd, found)
+    return None if granted is None else f"has {granted}; run setfacl -b {path}"
+
+
+def _acl_grants(fd: int, found: os.stat_result) -> str | None:
+    """The file's access ACL when it lets anyone but the owner and the file's own group read or write the file
+    (said as "an ACL that lets ..."), or None."""
+    getxattr = getattr(os, "getxattr", None)  # Linux's; elsewhere ACLs are not read
+    if getxattr is None:
+        return None
+    try:
+        raw = getxattr(fd, _ACL_XATTR)
+    except OSError as exc:
+        if exc.errno in _NO_ACL:  # none, or a file system without ACLs
+            return None
+        return f"an ACL that cannot be read ({exc.strerror}), so who else may read it is unknown"
+    if len(raw) < 4 or (len(raw) - 4) % 8 or int.from_bytes(raw[:4], "little") != _ACL_VERSION:
+        return "an ACL in a form jaxcache does not read, so who else may read it is unknown"
+    entries = list(struct.iter_unpack("<HHI", raw[4:]))
+    # Named entries grant no more than the mask (with an ACL, the mode's group bits show the mask).
+    mask = next((perm for tag, perm, _ in entries if tag == _ACL_MASK), _ACL_READ | _ACL_WRITE)
+    for tag, perm, ident in entries:
+        granted = perm & mask
+        if not granted & (_ACL_READ | _ACL_WRITE):
+            continue
+        does = "read" if granted & _ACL_READ else "write"
+        if tag == _ACL_USER and ident != found.st_uid:
+            return f"an ACL that lets {_user(ident)} {does} it, which its mode ({_mode(found)}) does not show"
+        if tag == _ACL_GROUP and ident != found.st_gid:
+            return (f"an ACL that lets the group {_group(ident)} {does} it, which its mode ({_mode(found)}) does not"
+                    " show")
+    return None
+
+
+def _mode(found: os.stat_result) -> str:
+    return f"{stat.S_IMODE(found.st_mode):04o}"
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _user(uid: int) -> str:
+    name = _name(uid)
+    return f"user {uid}" if name == str(uid) else f"user {name} ({uid})"
+
+
+def _group(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name} ({gid})"
+    except KeyError:
+        return str(gid)
 
 
 def key_from_env(env: Mapping[str, str] | None = None) -> SigningKey | None:

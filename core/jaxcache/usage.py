@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxcache import records, usage_rules
-from jaxcache.errors import InvalidInputError, NotRegularFileError
+from jaxcache.errors import InvalidInputError, NotRegularFileError, TooLargeError
 from jaxcache.parallel import bounded_map
 from jaxcache.prune import Candidate
 from jaxcache.storage.base import ObjectInfo, Storage, name_problem
@@ -44,10 +44,10 @@ class RecordedUse:
 
 
 def _read(storage: Storage, info: ObjectInfo) -> tuple[str, bytes | None, str | None]:
-    if info.size_bytes > records.MAX_RECORD_BYTES:
-        return info.name, None, f"larger than {records.MAX_RECORD_BYTES} bytes"
     try:
-        return info.name, storage.read(info.name), None
+        return info.name, storage.read_bounded(info.name, records.MAX_RECORD_BYTES, listed_bytes=info.size_bytes), None
+    except TooLargeError as exc:
+        return info.name, None, str(exc)
     except NotRegularFileError:
         return info.name, None, None  # replaced since the listing: skipped (counted in storage.skipped)
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
 
 from jaxcache import coverage, records
-from jaxcache.errors import InvalidInputError, NotRegularFileError
+from jaxcache.errors import InvalidInputError, NotRegularFileError, TooLargeError
 from jaxcache.parallel import bounded_map
 from jaxcache.records import Fingerprint, RunRecord
 from jaxcache.storage.base import ObjectInfo, Storage
@@ -115,11 +115,11 @@ class _Builder:
         return self.found
 
 
-def _read(storage: Storage, info: ObjectInfo, limit: int) -> bytes | None:
-    if info.size_bytes > limit:
-        return None
+def _read(storage: Storage, info: ObjectInfo, limit: int) -> bytes | TooLargeError | None:
     try:
-        return storage.read(info.name)
+        return storage.read_bounded(info.name, limit, listed_bytes=info.size_bytes)
+    except TooLargeError as exc:
+        return exc
     except NotRegularFileError:
         return None
 
@@ -129,23 +129,34 @@ def _newest_first(storage: Storage, prefix: str, keep: Any) -> list[ObjectInfo]:
                   key=lambda i: i.mtime_s, reverse=True)
 
 
-def _parsed(storage: Storage, infos: list[ObjectInfo], limit: int, parse: Callable[[bytes], T]) -> Iterator[T]:
-    """The objects ``infos`` names, read in parallel and parsed, in order; unreadable or malformed ones left out."""
-    for data in bounded_map(lambda i: _read(storage, i, limit), infos, workers=storage.io_workers):
-        try:
-            if data is not None:
-                yield parse(data)
-        except InvalidInputError:
+def _parsed(storage: Storage, infos: list[ObjectInfo], limit: int, parse: Callable[[bytes], T],
+            malformed: list[tuple[str, str]] | None = None) -> Iterator[T]:
+    """The objects ``infos`` names, read in parallel (each to at most ``limit`` bytes) and parsed, in order;
+    unreadable or malformed ones left out, the malformed named in ``malformed`` with why."""
+    for info, data in zip(infos, bounded_map(lambda i: _read(storage, i, limit), infos, workers=storage.io_workers),
+                          strict=True):
+        if data is None:
             continue
+        try:
+            if isinstance(data, TooLargeError):
+                raise data
+            yield parse(data)
+        except InvalidInputError as exc:
+            if malformed is not None:
+                malformed.append((info.name, str(exc)))
 
 
-def _runs(storage: Storage, job: str, days: int, now: float) -> Iterable[RunRecord]:
-    """The job's process-0 job records, newest day first; unreadable ones are passed over."""
-    today = dt.datetime.fromtimestamp(now, dt.UTC).date()
+def job_runs(storage: Storage, job: str, *, days: int = DEFAULT_DAYS, now: float | None = None,
+             malformed: list[tuple[str, str]] | None = None) -> Iterator[RunRecord]:
+    """The job's process-0 job records within ``days`` days, newest day first and newest object first within a day
+    (read lazily, a day's listing at a time: the first few answer without reading the rest of a large root).
+    Unreadable ones are passed over; malformed ones (more than :data:`records.MAX_RECORD_BYTES`, not a record) too,
+    each named in ``malformed`` with why."""
+    today = dt.datetime.fromtimestamp(time.time() if now is None else now, dt.UTC).date()
     for back in range(days):
         day = (today - dt.timedelta(days=back)).isoformat()
         infos = _newest_first(storage, f"{records.RUNS_PREFIX}{day}/", lambda n: n.endswith("-p0.json"))
-        for record in _parsed(storage, infos, records.MAX_RECORD_BYTES, records.parse):
+        for record in _parsed(storage, infos, records.MAX_RECORD_BYTES, records.parse, malformed):
             if record.job == job and record.kind == records.JOB:
                 yield record
 
@@ -157,7 +168,7 @@ def from_root(storage: Storage, job: str, wanted: Wanted, *, runs: int = DEFAULT
     built = _Builder(records.check_job(job))
     taken: list[RunRecord] = []
     now = time.time() if now is None else now
-    for record in _runs(storage, job, days, now):
+    for record in job_runs(storage, job, days=days, now=now):
         if not wanted.matches(record.fingerprint):
             continue
         if not taken:

@@ -49,7 +49,7 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
             "root": storage.url, "checked": len(verdicts), "counts": counts, "attested_keys": len(attestations),
             "entries": [{"name": v.name, "key": v.key, "class": v.classification, "classes": list(v.classes),
                          "reasons": list(v.reasons), "sha256": v.sha256, "embedded_module": v.embedded_module,
-                         "attested_by": v.attested_by} for v in verdicts],
+                         "attested_by": v.attested_by, "signature": v.signature} for v in verdicts],
             "conflicts": [{"key": key, "counted": attestations[key].sha256,
                            "others": [{"sha256": o.sha256, "writer": o.writer, "source": o.source, "record": o.record}
                                       for o in others]}
@@ -61,15 +61,25 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
         })
         return EXIT_PROBLEMS if bad else EXIT_OK
     shown = ", ".join(f"{n} {c}" for c, n in counts.items() if n)
-    print(f"verified {plural(len(verdicts), 'entry')} in {storage.url}: {shown or 'none'}")
-    flagged = [v for v in verdicts if v.classification not in (integrity.OK, integrity.UNATTESTED)]
+    signed_badly = sum(v.signature is not None for v in verdicts)
+    also = f"; {plural(signed_badly, 'entry')} with a bad signature beside it" if signed_badly else ""
+    print(f"verified {plural(len(verdicts), 'entry')} in {storage.url}: {shown or 'none'}{also}")
+    # An entry whose class is fine is listed too when a signature beside it is bad: someone wrote that there.
+    flagged = [v for v in verdicts
+               if v.classification not in (integrity.OK, integrity.UNATTESTED) or v.signature is not None]
     if flagged:
-        print(render(["CLASS", "FILE", "WHY"], [[v.classification, v.name, "; ".join(v.reasons)] for v in flagged]))
+        print(render(["CLASS", "FILE", "WHY"], [[", ".join(filter(None, (v.classification, v.signature))), v.name,
+                                                 "; ".join(v.reasons)] for v in flagged]))
     if bad:
         print("\nnote: JAX executes what it loads: delete these before jobs load them (`jaxcache prune ROOT "
               "--integrity --apply` removes the proven ones; `--integrity tampered,mismatched,differs,corrupt` "
               "also those that only differ from an unsigned digest), and find out who "
               "could write them.")
+    if signed_badly:
+        print("\nnote: a bad signature (malformed, for another key, or claiming a trusted key and not verifying)"
+              " proves nothing, and the entry's class is what its bytes prove; someone who could write the root put"
+              " it there. Find out who, then remove the <key>-sig and sign the entry again (`jaxcache keys sign ROOT"
+              " --key K`), or remove the entry.")
     if found.conflicts:
         n = len(found.conflicts)
         print(f"\nnote: {plural(n, 'entry')} {'has' if n == 1 else 'have'} more than one recorded digest; the first"

@@ -56,8 +56,14 @@ def _sign_one(storage: Storage, key: signing.SigningKey, trusted: signing.Truste
         if not any(s.sha256 == sha and s.size_bytes == size for s in prior):
             return "skipped", ("not signed by " + ", ".join(sorted(old_keys)) if not prior
                                else "its bytes differ from what the old key signed (tampered): not re-signed")
-    if not dry_run:
-        signing.add(storage, key.sign(entry.key, sha, size, writer=f"jaxcache keys sign by {key.name}"))
+    try:
+        if dry_run:
+            signing.read_object(storage, entry.key)  # what signing reads first: it refuses what is no file
+        else:
+            signing.add(storage, key.sign(entry.key, sha, size, writer=f"jaxcache keys sign by {key.name}"))
+    except NotRegularFileError:  # a FIFO, folder or link planted as the -sig: never opened, nor replaced
+        return "skipped", f"its {signing.sig_name(entry.key)} is not a regular file: left as it is (remove it, then" \
+                          " sign again)"
     return "signed", ""
 
 

@@ -4,7 +4,7 @@ key with which parts, its listing says which entries are there (read only for th
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -169,17 +169,17 @@ def _read(storage: Storage, info: ObjectInfo) -> object:
     if (why := name_problem(info.name)) is not None:
         storage.skipped.add(info.name, why)
         return None
+    parse: Callable[[bytes], object]
+    if records.is_record_name(info.name):
+        parse, bound = records.parse, records.MAX_RECORD_BYTES
+    elif info.name.startswith(coverage.WARMUPS_PREFIX):
+        parse, bound = coverage.parse, coverage.MAX_COVERAGE_BYTES
+    else:
+        return None
     try:
-        data = storage.read(info.name)
+        data = storage.read_bounded(info.name, bound, listed_bytes=info.size_bytes)
+        return None if data is None else parse(data)
     except NotRegularFileError:
         return None
-    if data is None:
-        return None
-    try:
-        if records.is_record_name(info.name):
-            return records.parse(data)
-        if info.name.startswith(coverage.WARMUPS_PREFIX):
-            return coverage.parse(data)
-    except InvalidInputError:
+    except InvalidInputError:  # larger than the bound (never read past it), or not a record
         return _MALFORMED
-    return None

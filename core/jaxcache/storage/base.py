@@ -4,21 +4,45 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import math
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from jaxcache.errors import PathEscapeError
+from jaxcache.errors import InvalidInputError, PathEscapeError, StorageError, TooLargeError
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """One object under a cache root. ``name`` is relative to the root, with ``/`` separators."""
+    """One object under a cache root. ``name`` is relative to the root, with ``/`` separators.
+
+    ``version`` is an opaque token that each store defines for one content of the object, which a replaced object
+    does not keep: GCS's generation (as text), the ETag on S3 and on Azure; None on a directory, where size and
+    mtime stand for it. ``generation`` is GCS's alone; given without ``version``, it fills it in.
+    """
 
     name: str
     size_bytes: int
     mtime_s: float
     generation: int | None = None
+    version: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.version is None and self.generation is not None:
+            object.__setattr__(self, "version", str(self.generation))
+
+
+def same_object(a: ObjectInfo, b: ObjectInfo) -> bool:
+    """Whether ``a`` and ``b`` (one name, seen at two times) are one content: the same size, mtime and version.
+    Where a store has no versions (a directory), size and mtime alone decide."""
+    return a.size_bytes == b.size_bytes and a.mtime_s == b.mtime_s and a.version == b.version
+
+
+def etag_token(etag: str) -> str:
+    """An HTTP ETag in its quoted form, as response headers carry it: listings give it bare on Azure (and on some
+    S3-compatible stores), and a version token must read the same from a listing and from a stat."""
+    return etag if etag.startswith(('"', 'W/"')) else f'"{etag}"'
 
 
 #: How much of an object a streaming read holds at a time (Storage.read_chunks).
@@ -29,6 +53,20 @@ Stat = tuple[int, float, int | None]
 
 #: One object of a whole listing (Storage.list_stats): (name, size_bytes, mtime_s, generation).
 Listed = tuple[str, int, float, int | None]
+
+
+def env_seconds(name: str, what: str, most: float) -> float | None:
+    """The seconds set in the environment variable ``name`` (0 < s <= ``most``), None where it is unset."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= most:
+        raise InvalidInputError(f"{name}={text!r}: give the seconds {what} (0 < s <= {most:g})")
+    return seconds
 
 
 def names_gone(previous: Mapping[str, Stat], changed: Mapping[str, Stat], seen: int, storage: Storage) -> set[str]:
@@ -123,14 +161,15 @@ def check_prefix(prefix: str) -> str:
 
 
 class Storage(abc.ABC):
-    """A cache root: a local/NFS directory or a ``gs://bucket/prefix``.
+    """A cache root: a local/NFS directory, or a prefix in an object store (``gs://``, ``s3://``, ``az://``).
 
     Every name is relative to the root. Missing objects are return values (None/False), not exceptions;
     vendor errors surface as :class:`jaxcache.errors.StorageError` subclasses.
     """
 
     url: str
-    #: True when :meth:`iter_objects` yields names in lexicographic order (GCS does; a directory does not).
+    #: True when :meth:`iter_objects` yields names in lexicographic order (the object stores do; a directory does
+    #: not).
     listing_sorted: bool = False
     #: Bytes worth fetching in a first read of an entry's head. A local read costs the same for 256 bytes or
     #: 64 KiB (which holds most zstd first blocks); on GCS bytes are billed, so ask for little and then exactly.
@@ -180,11 +219,12 @@ class Storage(abc.ABC):
         """The whole object, or None if it does not exist."""
 
     @abc.abstractmethod
-    def delete(self, name: str, *, if_generation: int | None = None) -> bool:
+    def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
         """Delete one object; False if it was already gone.
 
-        ``if_generation`` (GCS) deletes only that generation and raises
-        :class:`~jaxcache.errors.PreconditionFailedError` if the object was replaced since it was listed.
+        ``if_version`` (an :attr:`ObjectInfo.version`; ``if_generation`` is GCS's own spelling of it) deletes only
+        that version and raises :class:`~jaxcache.errors.PreconditionFailedError` if the object was replaced since
+        it was listed: through the store's precondition where it has one, else by a check just before the delete.
         """
 
     @abc.abstractmethod
@@ -220,6 +260,21 @@ class Storage(abc.ABC):
             if not suffixes or info.name.endswith(suffixes)
         ]
 
+    def read_bounded(self, name: str, max_bytes: int, *, listed_bytes: int | None = None) -> bytes | None:
+        """The whole object, or None if it does not exist, reading at most ``max_bytes + 1`` bytes of it: one larger
+        raises :class:`TooLargeError` (from ``listed_bytes``, its size in a listing, before anything is read). The
+        read asks for the listed size plus one, so a small object costs a small read (a 32 MiB buffer per record
+        would cost a local read 20 times more); one that grew since it was listed is read again, to the bound."""
+        if listed_bytes is not None and listed_bytes > max_bytes:
+            raise TooLargeError(f"larger than {max_bytes} bytes")
+        want = max_bytes + 1 if listed_bytes is None else listed_bytes + 1
+        data = self.read_range(name, 0, want)
+        if data is not None and len(data) == want <= max_bytes:  # it grew since the listing
+            data = self.read_range(name, 0, max_bytes + 1)
+        if data is not None and len(data) > max_bytes:
+            raise TooLargeError(f"larger than {max_bytes} bytes")
+        return data
+
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         """The whole object as successive chunks of at most ``chunk_bytes`` (memory stays bounded however large it
         is), or None if it does not exist. A backend without a streaming read returns it whole."""
@@ -236,3 +291,28 @@ class Storage(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+class ObjectStore(Storage):
+    """A prefix in an object store's bucket (``scheme://bucket/prefix``): what the stores' backends share. Names are
+    keys under ``prefix/``; listings come sorted; requests are worth having many in flight."""
+
+    listing_sorted = True
+    io_workers = 16
+    # Most entries of a JAX cache are programs of a few KiB: one GET each instead of two, for a few KiB more at
+    # most on a multi-block entry of this size.
+    head_whole_bytes = 32 * 1024
+
+    def _set_root(self, scheme: str, bucket: str, prefix: str) -> None:
+        self.bucket_name = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"{scheme}://{bucket}/{self.prefix}" if self.prefix else f"{scheme}://{bucket}"
+        self._base = f"{self.prefix}/" if self.prefix else ""
+
+    def _key(self, name: str) -> str:
+        """The store's key of the object ``name`` under the root."""
+        return self._base + check_name(name)
+
+    def _replaced(self, name: str) -> StorageError:
+        """What a streaming read (:meth:`read_chunks`) raises when the version it began with is gone."""
+        return StorageError(f"{self.url}/{name} was deleted or replaced while it was read; read it again")

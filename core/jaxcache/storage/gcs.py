@@ -7,8 +7,6 @@ Honours ``STORAGE_EMULATOR_HOST`` (the library does) for fake-gcs-server in test
 from __future__ import annotations
 
 import contextlib
-import math
-import os
 from collections.abc import Iterator
 
 from jaxcache.errors import (
@@ -19,7 +17,14 @@ from jaxcache.errors import (
     StorageError,
     StoragePermissionError,
 )
-from jaxcache.storage.base import CHUNK_BYTES, Listed, ObjectInfo, Storage, check_name, check_prefix
+from jaxcache.storage.base import (
+    CHUNK_BYTES,
+    Listed,
+    ObjectInfo,
+    ObjectStore,
+    check_prefix,
+    env_seconds,
+)
 
 try:
     from google.api_core import exceptions as gexc
@@ -43,48 +48,25 @@ RETRY_DEADLINE_ENV = "JAXCACHE_GCS_RETRY_DEADLINE_S"
 _LIST_FIELDS = "items(name,size,updated,generation),nextPageToken"
 
 
-def _seconds(name: str, what: str, most: float) -> float | None:
-    """The seconds set in the environment variable ``name`` (0 < s <= ``most``), None where it is unset."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not 0 < seconds <= most:
-        raise InvalidInputError(f"{name}={text!r}: give the seconds {what} (0 < s <= {most:g})")
-    return seconds
-
-
 def retry_policy() -> Retry:
     """google-cloud-storage's retry policy, its first wait from :data:`RETRY_DELAY_ENV` and its deadline from
     :data:`RETRY_DEADLINE_ENV` where they are set."""
     policy: Retry = DEFAULT_RETRY  # the library's (typed Any there)
-    delay = _seconds(RETRY_DELAY_ENV, "of the first wait", 60)
+    delay = env_seconds(RETRY_DELAY_ENV, "of the first wait", 60)
     if delay is not None:
         policy = policy.with_delay(initial=delay, maximum=60.0)
-    deadline = _seconds(RETRY_DEADLINE_ENV, "after which retries stop", 3600)
+    deadline = env_seconds(RETRY_DEADLINE_ENV, "after which retries stop", 3600)
     if deadline is not None:
         policy = policy.with_timeout(deadline)
     return policy
 
 
-class GcsStorage(Storage):
+class GcsStorage(ObjectStore):
     """Objects under ``prefix/`` in ``bucket``. Listing is lexicographic; objects carry generations."""
-
-    listing_sorted = True
-    io_workers = 16
-    # Most entries of a JAX cache are programs of a few KiB: one GET each instead of two, for a few KiB more at
-    # most on a multi-block entry of this size.
-    head_whole_bytes = 32 * 1024
 
     def __init__(self, bucket: str, prefix: str, *, client: gcs.Client | None = None) -> None:
         self._retry = retry_policy()
-        self.bucket_name = bucket
-        self.prefix = prefix.strip("/")
-        self.url = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
-        self._base = f"{self.prefix}/" if self.prefix else ""
+        self._set_root("gs", bucket, prefix)
         try:
             self._client = client or gcs.Client()
         except auth_exc.DefaultCredentialsError as exc:
@@ -123,9 +105,6 @@ class GcsStorage(Storage):
         except OSError as exc:  # connection refused, DNS, TLS: requests raises OSError subclasses
             raise StorageError(f"{where} failed: cannot reach Cloud Storage ({exc})") from exc
 
-    def _blob_name(self, name: str) -> str:
-        return self._base + check_name(name)
-
     def _info(self, blob: gcs.Blob) -> ObjectInfo:
         updated = blob.updated.timestamp() if blob.updated is not None else 0.0
         return ObjectInfo(blob.name[len(self._base) :], blob.size or 0, updated, blob.generation)
@@ -163,13 +142,13 @@ class GcsStorage(Storage):
 
     def stat(self, name: str) -> ObjectInfo | None:
         with self._translate("stat", name):
-            blob = self._bucket.get_blob(self._blob_name(name), retry=self._retry)
+            blob = self._bucket.get_blob(self._key(name), retry=self._retry)
         return None if blob is None else self._info(blob)
 
     def read_range(self, name: str, offset: int, length: int) -> bytes | None:
         if length <= 0:
             return b"" if self.exists(name) else None
-        blob = self._bucket.blob(self._blob_name(name))
+        blob = self._bucket.blob(self._key(name))
         self.reads += 1
         with self._translate("read", name):
             try:
@@ -183,7 +162,7 @@ class GcsStorage(Storage):
                 return b""
 
     def read(self, name: str) -> bytes | None:
-        blob = self._bucket.blob(self._blob_name(name))
+        blob = self._bucket.blob(self._key(name))
         self.reads += 1
         with self._translate("read", name):
             try:
@@ -194,11 +173,11 @@ class GcsStorage(Storage):
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         with self._translate("read", name):
-            blob = self._bucket.get_blob(self._blob_name(name), retry=self._retry)
+            blob = self._bucket.get_blob(self._key(name), retry=self._retry)
         if blob is None:
             return None
         # Ranges pinned to the generation listed first: a replaced object cannot splice into the bytes read.
-        pinned = self._bucket.blob(self._blob_name(name), generation=blob.generation)
+        pinned = self._bucket.blob(self._key(name), generation=blob.generation)
         return self._chunks(pinned, name, blob.size or 0, chunk_bytes)
 
     def _chunks(self, blob: gcs.Blob, name: str, size: int, chunk_bytes: int) -> Iterator[bytes]:
@@ -209,13 +188,15 @@ class GcsStorage(Storage):
                 try:
                     chunk: bytes = blob.download_as_bytes(start=start, end=end, checksum=None, retry=self._retry)
                 except gexc.NotFound:
-                    raise StorageError(
-                        f"{self.url}/{name} was deleted or replaced while it was read; read it again"
-                    ) from None
+                    raise self._replaced(name) from None
             yield chunk
 
-    def delete(self, name: str, *, if_generation: int | None = None) -> bool:
-        blob = self._bucket.blob(self._blob_name(name))
+    def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
+        blob = self._bucket.blob(self._key(name))
+        if if_version is not None:
+            if not if_version.isdigit() or (if_generation is not None and int(if_version) != if_generation):
+                raise InvalidInputError(f"{if_version!r} is not the generation of {name!r} in {self.url}")
+            if_generation = int(if_version)
         with self._translate("delete", name):
             try:
                 blob.delete(if_generation_match=if_generation, retry=self._retry)
@@ -225,7 +206,7 @@ class GcsStorage(Storage):
 
     def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:
         # A GCS upload is atomic by itself: readers see the old object or the whole new one.
-        blob = self._bucket.blob(self._blob_name(name))
+        blob = self._bucket.blob(self._key(name))
         with self._translate("write", name):
             try:
                 blob.upload_from_string(

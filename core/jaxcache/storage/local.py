@@ -51,7 +51,7 @@ FORK_MIN_STATS = 16_384
 
 
 class LocalStorage(Storage):
-    """A directory. Listing order is the file system's (not sorted); there are no generations."""
+    """A directory. Listing order is the file system's (not sorted); there are no generations or versions."""
 
     listing_sorted = False
     head_read_bytes = 64 * 1024
@@ -351,8 +351,9 @@ class LocalStorage(Storage):
             while chunk := f.read(chunk_bytes):
                 yield chunk
 
-    def delete(self, name: str, *, if_generation: int | None = None) -> bool:
-        # A directory has no generations; JAX never rewrites a key, so there is nothing to compare. unlink() removes
+    def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
+        # A directory has no versions (ObjectInfo.version is None here); JAX never rewrites a key, so there is nothing
+        # to compare. unlink() removes
         # a link, never what it points to; the folders of a longer name are not followed either.
         with self._translate("delete", name):
             dir_fd, leaf = self._at(name)

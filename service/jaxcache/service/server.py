@@ -111,6 +111,10 @@ def _config(app: Any, **more: Any) -> Any:
     return uvicorn.Config(app, log_level="info", access_log=False, loop="asyncio", **more)
 
 
+#: Seconds uvicorn's supervisor waits for a worker's answer to its ping before replacing the worker.
+WORKER_HEALTHCHECK_S = 60
+
+
 def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
     """uvicorn's own worker processes (spawned: each imports and builds the app itself, from ``settings``)."""
     import tempfile
@@ -122,7 +126,12 @@ def _serve_workers(settings: ServiceSettings, sock: socket.socket) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
         # The C allocator (unless the operator chose one): malloc_trim hands its heap back; Python's arenas stay pinned.
         os.environ.setdefault("PYTHONMALLOC", "malloc")
-        config = _config(functools.partial(worker_app, settings), factory=True, workers=settings.workers)
+        # uvicorn pings each worker every half second and kills one that does not answer within this many seconds.
+        # Its default (5 s) kills a worker that is still importing on a busy 2-core host (seen in 2 of 5 starts), and
+        # the replacement starts the same race. A worker answers from a thread of its own, so a worker whose event
+        # loop is busy still answers; only a dead or wedged process is replaced, later.
+        config = _config(functools.partial(worker_app, settings), factory=True, workers=settings.workers,
+                         timeout_worker_healthcheck=WORKER_HEALTHCHECK_S)
         Multiprocess(config, sockets=[cast(socket.socket, WorkerSocket(sock))]).run()
 
 

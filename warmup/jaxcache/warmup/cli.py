@@ -219,6 +219,7 @@ def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
 
 # One probe a command: several GPU targets are checked against the same GPUs.
 _probe_gpus = functools.cache(dev.probe_gpus)
+_FLAGS_CHECKED: set[tpu.TargetFlags] = set()
 
 
 def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
@@ -241,6 +242,9 @@ def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupCon
     on_chips = tpu.chips_here() if args.check_on is None else args.check_on == "attached"
     attached = bool(args.check) and on_chips and slice_.num_slices == 1
     plan = dev.plan_backend(slice_, "tpu", None, attached=attached)
+    if flags is not None and flags not in _FLAGS_CHECKED:
+        tpu.check_flags(flags, slice_)  # a flag XLA or libtpu would stop on: one line, not a crash
+        _FLAGS_CHECKED.add(flags)  # a command's other TPU targets have the same flags: one check a command
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust, flags=flags,
                         chips_per_host_default=slice_.chips_per_host == slice_.standard_hosts)
 
@@ -288,6 +292,7 @@ def _dry_run(config: WarmupConfig, args: argparse.Namespace) -> int:
                     chips_per_host_default=config.chips_per_host_default, libtpu=tpu.libtpu_version(),
                     flags=list(flags.all), xla_flags=list(flags.xla_flags),
                     libtpu_init_args=list(flags.libtpu_init_args), flags_from=flags.source,
+                    flags_not_taken=list(flags.left_out),
                     attached=config.plan.attached)
     if args.json:
         print(json.dumps(plan, sort_keys=True))

@@ -12,15 +12,19 @@ import glob
 import importlib.metadata
 import importlib.util
 import os
+import re
+import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jaxcache import working_set
+from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError, JaxcacheError
-from jaxcache.records import RUNS_PREFIX, RunRecord, parse
 from jaxcache.storage import Storage
 from jaxcache.topology import TpuSlice
+from jaxcache.units import plural
 from jaxcache.warmup.probe import run_probe
 
 # JAX's device_kind for each generation: an attached chip of another kind is not the slice asked for.
@@ -154,19 +158,22 @@ class TargetFlags:
     xla_flags: tuple[str, ...] = ()
     libtpu_init_args: tuple[str, ...] = ()
     source: str = "this machine's environment"
+    #: A record's flags not taken: JAX leaves them out of its key (dump flags and the like), so they change no hit.
+    left_out: tuple[str, ...] = ()
 
     @property
     def all(self) -> tuple[str, ...]:
         """Every flag as JAX hashes them: one sorted list."""
         return tuple(sorted(self.xla_flags + self.libtpu_init_args))
 
-    def apply(self) -> None:
-        """Replace this machine's XLA_FLAGS and LIBTPU_INIT_ARGS with the target's."""
+    def apply(self, env: MutableMapping[str, str] | None = None) -> None:
+        """Replace XLA_FLAGS and LIBTPU_INIT_ARGS in ``env`` (default: this process's) with the target's."""
+        env = os.environ if env is None else env
         for name, values in (("XLA_FLAGS", self.xla_flags), ("LIBTPU_INIT_ARGS", self.libtpu_init_args)):
             if values:
-                os.environ[name] = " ".join(values)
+                env[name] = " ".join(values)
             else:
-                os.environ.pop(name, None)
+                env.pop(name, None)
 
 
 def split_flags(flags: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -192,33 +199,111 @@ def explicit_flags(xla_flags: str | None, libtpu_init_args: str | None) -> Targe
     return TargetFlags(xla, tuple((libtpu_init_args or "").split()), source="--target-xla-flags/--libtpu-init-args")
 
 
+# A value that names a file or a place: a path (absolute, relative with a folder, home, "..") or a URL.
+_PLACE = re.compile(r"[/\\~]|\.\.|[A-Za-z][A-Za-z0-9+.-]*:/")
+_ALTERNATIVE = "give the job's flags with --libtpu-init-args and --target-xla-flags instead"
+
+
 def flags_from_job(storage: Storage, job: str) -> TargetFlags:
-    """The flags JAX hashed in the newest run record of ``job`` that says (key parts on), split as
-    :func:`split_flags` does. Raises :class:`InvalidInputError` saying why a record cannot supply them."""
-    newest: RunRecord | None = None
+    """The flags JAX hashed in ``job``'s newest run record that lists them (key parts on), split as
+    :func:`split_flags` does. Records are read as the working set reads them (its process-0 job records, newest day
+    first, within :data:`working_set.DEFAULT_DAYS` days), so the answer comes from the first few however many the
+    root holds. A record proves nothing (whoever can write the bucket can plant one): see :func:`_screened`.
+    Raises :class:`InvalidInputError` saying why a record cannot supply them."""
+    malformed: list[tuple[str, str]] = []
     seen = 0
-    for item in storage.iter_objects(RUNS_PREFIX, recursive=True):
-        if not item.name.endswith(".json"):
-            continue
-        data = storage.read(item.name)
-        if data is None:
-            continue
-        try:
-            record = parse(data)
-        except Exception:  # noqa: BLE001, S112 - a malformed record is not this job's answer
-            continue
-        if record.job != job:
-            continue
+    found = None
+    for record in working_set.job_runs(storage, job, malformed=malformed):
         seen += 1
-        if record.fingerprint.xla_flags is not None and (newest is None or record.updated_at > newest.updated_at):
-            newest = record
-    if newest is None:
-        why = (f"none of its {seen} run record(s) lists the flags JAX hashed (they are recorded only with key parts"
-               " on, JAXCACHE_KEY_PARTS)" if seen else "it has no run record in this cache")
-        raise InvalidInputError(f"--flags-from-job {job!r}: {why}; give the job's flags with --libtpu-init-args and"
-                                " --target-xla-flags instead")
-    xla, libtpu = split_flags(newest.fingerprint.xla_flags or ())
-    return TargetFlags(xla, libtpu, source=f"run {newest.run_id} of job {job!r}")
+        if record.fingerprint.xla_flags is not None:
+            found = record
+            break
+    named = f"--flags-from-job '{shown(job)}'"
+    if found is None:
+        why = (f"none of its {plural(seen, 'run record')} lists the flags JAX hashed (they are recorded only with key"
+               " parts on, JAXCACHE_KEY_PARTS)" if seen
+               else f"it has no run record in this cache in the last {working_set.DEFAULT_DAYS} days")
+        skipped = f" ({plural(len(malformed), 'malformed record')} skipped)" if malformed else ""
+        raise InvalidInputError(f"{named}: {why}{skipped}; {_ALTERNATIVE}")
+    try:
+        taken, left_out = _screened(found.fingerprint.xla_flags or ())
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{named}: run {found.run_id} lists {exc}; {_ALTERNATIVE}") from None
+    xla, libtpu = split_flags(taken)
+    return TargetFlags(xla, libtpu, source=f"run {found.run_id} of job {job!r}", left_out=left_out)
+
+
+def _screened(flags: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(taken, left out)`` of a record's flags: only flags that enter JAX's key can change a hit, so those JAX
+    leaves out (its own list: the dump flags among them) are left out. A flag that could make the warm-up, which
+    holds the signing key, read or write a place the record chose is refused (:class:`InvalidInputError` naming it):
+    a value that is a path or a URL, a dump flag (libtpu's are in the key), or text that is not one flag."""
+    from jaxcache.client.jax_internals import flags_outside_key
+
+    outside = flags_outside_key()
+    if outside is None:
+        raise InvalidInputError("flags, but this JAX does not say which flags stay out of its cache key, so they cannot"
+                                " be screened")
+    # JAX compares the text before "=" with its list; XLA and libtpu also read "-name" as "--name".
+    outside_names = {f.lstrip("-") for f in outside}
+    taken: list[str] = []
+    left_out: list[str] = []
+    for flag in flags:
+        name, sep, value = flag.partition("=")
+        if not flag or any(ch.isspace() for ch in flag):  # JAX splits its variables on whitespace
+            raise InvalidInputError(f"'{shown(flag)}', which is not one flag as JAX hashes them (it holds whitespace,"
+                                    " or nothing)")
+        if name.lstrip("-") in outside_names:
+            left_out.append(flag)
+        elif "dump" in name:
+            raise InvalidInputError(f"{shown(flag)}, a dump flag: a run record may not make the warm-up write files")
+        elif sep and _PLACE.search(value):
+            raise InvalidInputError(f"{shown(flag)}, whose value is a path or a URL: a run record may not choose where"
+                                    " the warm-up reads or writes")
+        else:
+            taken.append(flag)
+    return tuple(taken), tuple(left_out)
+
+
+# Run in a child with the target's flags, as the warm-up will run: this process's XLA parses XLA_FLAGS as the CPU
+# backend starts, libtpu parses LIBTPU_INIT_ARGS as it describes the slice, and a compile reads the rest. A flag
+# either refuses ends the process (a CHECK failure, or libtpu's exit), which must not be the warm-up's.
+_FLAG_CHECK = """
+import sys
+from jaxcache.topology import parse_tpu_slice
+from jaxcache.warmup import tpu
+tpu.keep_off_metadata_server()
+import jax
+import jax.numpy as jnp
+jax.devices()
+devices = tpu.slice_devices(parse_tpu_slice(sys.argv[1], sys.argv[2] or None), attached=False)
+shape = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(devices[0]))
+jax.jit(lambda x: x + 1).lower(shape).compile()
+"""
+_FLAG_CHECK_TIMEOUT_S = 300.0
+# What XLA (glog: "F1206 06:18:17.511717 10811 file.cc:234] why") and libtpu ("ERROR: why") say before they stop.
+_REFUSAL = re.compile(r"^(?:[EF]\d{4} [^\]]*\] |ERROR: )(.+)$", re.MULTILINE)
+
+
+def check_flags(flags: TargetFlags, slice_: TpuSlice) -> None:
+    """Raise :class:`InvalidInputError`, in one line with XLA's or libtpu's own reason, when the target's flags
+    would stop the warm-up (an unknown flag, a value XLA cannot parse), found in a child process first."""
+    env = dict(os.environ)
+    flags.apply(env)
+    bounds = "x".join(map(str, slice_.chips_per_host))
+    try:
+        proc = subprocess.run([sys.executable, "-c", _FLAG_CHECK, slice_.name, bounds], env=env,
+                              capture_output=True, text=True, errors="replace", timeout=_FLAG_CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise TpuSetupError(f"checking the target's flags ({flags.source}) took over {_FLAG_CHECK_TIMEOUT_S:g} s:"
+                            " libtpu did not describe the slice") from None
+    if proc.returncode == 0:
+        return
+    said = _REFUSAL.search(proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    why = said.group(1) if said else (lines[-1] if lines else f"exit status {proc.returncode}")
+    raise InvalidInputError(f"XLA or libtpu would stop on the target's flags ({flags.source}): {shown(why[:300])};"
+                            " fix them, or give the job's flags with --libtpu-init-args and --target-xla-flags")
 
 
 def from_environment() -> TargetFlags:
@@ -228,18 +313,24 @@ def from_environment() -> TargetFlags:
 
 
 def key_inputs(slice_: TpuSlice, flags: TargetFlags, compression: str, chips_per_host_default: bool) -> list[str]:
-    """What enters every key besides the program, as lines to print before compiling."""
+    """What enters every key besides the program, as lines to print before compiling (every flag escaped: a flag
+    from a record could hold a terminal's control sequences)."""
     bounds = "x".join(map(str, slice_.chips_per_host))
     how = "Cloud TPU's standard shape; --chips-per-host overrides" if chips_per_host_default else "as given"
     wrap = ",".join(a for a, w in zip("xyz", slice_.wrap, strict=True) if w) or "none"
     slices = (f"{slice_.num_slices} slices of {slice_.name} over the data-centre network ({slice_.global_devices}"
               " devices), each " if slice_.num_slices > 1 else f"{slice_.name}: ")
-    return [
+    lines = [
         f"  topology        {slices}{slice_.chips} chips, {slice_.hosts} host(s) of {bounds} ({how});"
         f" wraparound {wrap}",
-        f"  flags           {' '.join(flags.all) or '(none)'}  [from {flags.source}]",
-        f"    XLA_FLAGS        {' '.join(flags.xla_flags) or '(unset)'}",
-        f"    LIBTPU_INIT_ARGS {' '.join(flags.libtpu_init_args) or '(unset)'}",
-        f"  libtpu          {libtpu_version() or 'not installed'}",
-        f"  compression     {compression}",
+        f"  flags           {_listed(flags.all) or '(none)'}  [from {shown(flags.source)}]",
+        f"    XLA_FLAGS        {_listed(flags.xla_flags) or '(unset)'}",
+        f"    LIBTPU_INIT_ARGS {_listed(flags.libtpu_init_args) or '(unset)'}",
     ]
+    if flags.left_out:
+        lines.append(f"    not taken        {_listed(flags.left_out)} (JAX leaves them out of its key)")
+    return [*lines, f"  libtpu          {libtpu_version() or 'not installed'}", f"  compression     {compression}"]
+
+
+def _listed(flags: Sequence[str]) -> str:
+    return " ".join(shown(f) for f in flags)

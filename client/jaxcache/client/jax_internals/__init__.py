@@ -93,6 +93,7 @@ ATTRIBUTES = (
     ("jax._src.distributed", "global_state", ()),
     ("jax._src.compilation_cache", "get_cache_key", ()),
     ("jax._src.compilation_cache", "_get_cache", ()),
+    ("jax._src.cache_key", "xla_flags_to_exclude_from_cache_key", ()),
 )
 _EVENT_MODULES = ("jax._src.compiler", "jax._src.compilation_cache", "jax._src.dispatch")
 _warned: set[str] = set()
@@ -156,6 +157,18 @@ def compression_library() -> str:
         "JAX cannot import zstandard here, so its cache keys would differ from every other job's and it would"
         " never hit the shared cache: pip install zstandard (jaxcache depends on it; is this the right venv?)"
     )
+
+
+def flags_outside_key() -> frozenset[str] | None:
+    """The flag names (``--xla_dump_to``) JAX leaves out of its cache keys, from its own list: dump and other flags
+    that cannot change what a program compiles to, so they change no hit. None where this JAX has no such list.
+    JAX matches a flag by its text before the first ``=``."""
+    from jax._src import cache_key
+
+    found = getattr(cache_key, "xla_flags_to_exclude_from_cache_key", None)
+    if not isinstance(found, (list, tuple, set, frozenset)) or not all(isinstance(f, str) for f in found):
+        return None
+    return frozenset(found)
 
 
 def check_not_compiled(cache_dir: str) -> None:
@@ -376,6 +389,10 @@ def probe(*, attributes: tuple[tuple[str, str, tuple[str, ...]], ...] = ATTRIBUT
                         ".put (the put hook sees nothing: entries go unsigned)")
     if not _calls_through_module("jax._src.compiler", "compilation_cache", "get_cache_key"):
         problems.append("jax._src.compiler no longer calls compilation_cache.get_cache_key (the key hook sees nothing)")
+    outside = flags_outside_key()
+    if outside is not None and "--xla_dump_to" not in outside:  # (its absence is an attribute above)
+        problems.append("jax._src.cache_key.xla_flags_to_exclude_from_cache_key no longer lists --xla_dump_to: which"
+                        " flags stay out of the key changed (warmup --flags-from-job takes only those in it)")
     from jaxlib.mlir import ir
 
     problems += [f"jaxlib.mlir.ir has no {n}" for n in mlir_names if not hasattr(ir, n)]

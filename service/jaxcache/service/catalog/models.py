@@ -467,5 +467,8 @@ class VerificationRow(PerKey, Base):
     checked_s: Mapped[float] = mapped_column(Float)
     # The trusted keys it was judged under (TrustedKeys.digest): another set makes it a verdict to make again.
     trusted: Mapped[str | None] = mapped_column(Str(64), nullable=True)
+    # "bad signature" when a signature beside the entry is malformed, for another key, or does not verify: it proves
+    # nothing and the class stays what the bytes prove, but the integrity view names it (integrity.Verdict.signature).
+    signature: Mapped[str | None] = mapped_column(Str(16), nullable=True)
 
     __table_args__ = (Index("ix_verifications_class", "cache", "classification"),)

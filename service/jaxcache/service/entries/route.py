@@ -127,7 +127,7 @@ def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -
     entry, jobs, verdict, conflict = found
     checked = {} if verdict is None else dict(
         integrity=verdict.classification, integrity_reasons=verdict.reasons, sha256=verdict.sha256,
-        attested_by=verdict.attested_by)
+        attested_by=verdict.attested_by, integrity_signature=verdict.signature)
     return EntryDetail.model_validate({**entry, "jobs": jobs, **checked, "conflict": conflict})
 
 

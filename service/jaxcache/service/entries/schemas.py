@@ -59,6 +59,9 @@ class EntryDetail(EntryModel):
     integrity: str | None = Field(None, description="last integrity verdict: ok, tampered, mismatched, corrupt, "
                                                     "pending or unattested; null before the first verification")
     integrity_reasons: list[str] = Field(default_factory=list)
+    integrity_signature: str | None = Field(None, description=(
+        "`bad signature` when a signature beside the entry is malformed, for another key, or does not verify (it"
+        " proves nothing; `integrity` is what the bytes prove); null: none"))
     sha256: str | None = Field(None, description="digest of the stored bytes at the last verification")
     attested_by: str | None = Field(None, description="the writer that recorded the expected digest")
     conflict: DigestConflict | None = Field(None, description=(

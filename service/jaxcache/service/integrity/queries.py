@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.engine import Connection
 
 from jaxcache import integrity
@@ -24,16 +24,25 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
         .where(EntryRow.cache == cache, EntryRow.kind == "entry")).one()
     last = conn.execute(select(func.max(v.checked_s)).where(v.cache == cache)).scalar_one()
     held = integrity.TAMPERED, integrity.MISMATCHED, integrity.CORRUPT  # mismatched acts only where pinned
+    # A bad signature is named whatever the entry's class: someone who could write the root put it there. Listed
+    # after the bad classes, so that planting bad signatures can never push a proven-bad entry past the limit (jobs
+    # with verify="attested" refuse only the entries listed).
+    problem = or_(v.classification.in_(integrity.BAD_CLASSES + (integrity.PENDING,)), v.signature.is_not(None))
+    rank = case((v.classification.in_(held), 0), (v.classification.in_(integrity.BAD_CLASSES), 1),
+                (v.classification == integrity.PENDING, 2), else_=3)
     bad = conn.execute(
         select(v.key, v.classification, v.classes, v.reasons, v.sha256, v.attested_sha256, v.attested_by,
-               v.embedded_module, v.checked_s)
+               v.embedded_module, v.checked_s, v.signature)
         .join(EntryRow, current)
-        .where(EntryRow.cache == cache, EntryRow.kind == "entry",
-               v.classification.in_(integrity.BAD_CLASSES + (integrity.PENDING,)))
-        .order_by(v.classification, v.key).limit(limit)).all()
+        .where(EntryRow.cache == cache, EntryRow.kind == "entry", problem)
+        .order_by(rank, v.classification, v.key).limit(limit)).all()
+    signed_badly = conn.execute(
+        select(func.count()).select_from(v).join(EntryRow, current)
+        .where(EntryRow.cache == cache, EntryRow.kind == "entry", v.signature.is_not(None))).scalar_one()
     verified = sum(counts.values())
     return {"cache": cache, "entries": total, "verified": verified, "unverified": total - verified,
-            "attested": attested, "counts": counts, "last_checked_s": last, "held_up": sum(counts[c] for c in held),
+            "attested": attested, "counts": counts, "bad_signatures": signed_badly, "last_checked_s": last,
+            "held_up": sum(counts[c] for c in held),
             "problems": [dict(r._mapping) | {"class": r.classification, "held_up": r.classification in held}
                          for r in bad],
             "conflicts": conflicts(conn, cache, limit=limit)}

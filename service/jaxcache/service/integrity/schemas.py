@@ -29,7 +29,8 @@ class VerifyResult(BaseModel):
 
 class IntegrityProblem(BaseModel):
     key: str
-    class_: str = Field(alias="class", description="tampered, mismatched, differs, corrupt or pending")
+    class_: str = Field(alias="class", description="tampered, mismatched, differs, corrupt or pending; any class"
+                        " where `signature` names a bad signature")
     classes: list[str] = Field(description="every class that applies, most severe first")
     reasons: list[str]
     sha256: str | None = None
@@ -37,6 +38,10 @@ class IntegrityProblem(BaseModel):
     attested_by: str | None = None
     embedded_module: str | None = None
     checked_s: float
+    signature: str | None = Field(None, description=(
+        "`bad signature`: a signature beside the entry is malformed, for another key, or claims a trusted key and does"
+        " not verify. It proves nothing, and the class stays what the entry's bytes prove; someone who could write"
+        " the root put it there (null: none)"))
     held_up: bool = Field(False, description="proven bad (tampered, corrupt, or a mismatch where its check is "
                           "pinned): JAX never overwrites an entry, so no job gets a good one for this key until "
                           "this one is removed")
@@ -71,9 +76,10 @@ class IntegritySummary(BaseModel):
     counts: dict[str, int] = Field(description="ok, tampered, mismatched, differs, corrupt, pending, unattested",
                                    examples=[{"ok": 120, "tampered": 1, "mismatched": 0, "corrupt": 2,
                                               "pending": 0, "unattested": 40}])
+    bad_signatures: int = Field(0, description="entries with a bad signature beside them, whatever their class")
     last_checked_s: float | None = None
     problems: list[IntegrityProblem] = Field(
-        description="tampered, mismatched, differing, corrupt and pending entries")
+        description="tampered, mismatched, differing, corrupt and pending entries, and any with a bad signature")
     held_up: int = Field(0, description="keys held up by a proven-bad entry (problems with held_up), all of them")
     conflicts: list[DigestConflict] = Field(
         default_factory=list, description="entries with more than one recorded digest (the first accepted counts)")

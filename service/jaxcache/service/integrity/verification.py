@@ -93,7 +93,8 @@ def run_pass(
                 cache=cache, key=entry.key, classification=verdict.classification, classes=list(verdict.classes),
                 reasons=list(verdict.reasons), sha256=verdict.sha256, attested_sha256=att.sha256 if att else None,
                 attested_by=verdict.attested_by, embedded_module=verdict.embedded_module, size_bytes=entry.size_bytes,
-                created_s=entry.mtime_s, generation=entry.generation, checked_s=now, trusted=trust))
+                created_s=entry.mtime_s, generation=entry.generation, checked_s=now, trusted=trust,
+                signature=verdict.signature))
             result.counts[verdict.classification] = result.counts.get(verdict.classification, 0) + 1
             result.bytes_read += verdict.size_bytes
         if rows:

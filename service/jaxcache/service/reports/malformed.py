@@ -11,7 +11,7 @@ from sqlalchemy import delete, or_, select
 from sqlalchemy.exc import DataError, IntegrityError
 
 from jaxcache.display import shown
-from jaxcache.errors import InvalidInputError, NotRegularFileError
+from jaxcache.errors import InvalidInputError, NotRegularFileError, TooLargeError
 from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow
@@ -92,9 +92,9 @@ def _read(storage: Storage, max_bytes: int, info: ObjectInfo) -> tuple[ObjectInf
     problem = name_problem(info.name)
     if problem is not None:
         return info, None, problem
-    if info.size_bytes > max_bytes:
-        return info, None, f"larger than {max_bytes} bytes"
     try:
-        return info, storage.read(info.name), None
+        return info, storage.read_bounded(info.name, max_bytes, listed_bytes=info.size_bytes), None
+    except TooLargeError as exc:
+        return info, None, str(exc)
     except NotRegularFileError as exc:
         return info, None, f"not a regular file: {exc}"
