@@ -27,6 +27,7 @@ KUSTOMIZATIONS = ["base", "overlays/gcs", "overlays/nfs"]
 PLAIN_MANIFESTS = [
     K8S / "warmup-job.yaml",
     K8S / "tpu-warmup-job.yaml",
+    K8S / "warmup-targets-job.yaml",
     K8S / "base" / "secret.template.yaml",
     *sorted((K8S / "examples").glob("*.yaml")),
 ]

@@ -255,6 +255,56 @@ def test_tpu_warmup_job_runs_on_a_cpu_node_pool():
     )
 
 
+def test_indexed_warmup_job_runs_one_target_a_pod_on_a_cpu_node_pool(tmp_path):
+    """Completion index -> the target on that line of the ConfigMap's list, parsed as `warmup` parses it."""
+    from jaxcache.topology import parse_any_topology
+    from jaxcache.warmup import targets
+    from jaxcache.warmup.cli import build_parser
+
+    docs = plain(K8S / "warmup-targets-job.yaml")
+    job, config = one(docs, "Job"), one(docs, "ConfigMap")
+    spec = pod_spec(job)
+    (container,) = spec["containers"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"].get("backoffLimitPerIndex") is not None, "a failing target must not stop the others"
+    assert "backoffLimit" not in job["spec"], "one failing target would end every other pod at the Job's limit"
+    limits = {**container["resources"].get("requests", {}), **container["resources"].get("limits", {})}
+    assert not [r for r in limits if "tpu" in r or "gpu" in r], "a CPU node pool: no accelerator"
+    assert not [k for k in spec.get("nodeSelector", {}) if "tpu" in k or "accelerator" in k]
+    assert spec["nodeSelector"]["kubernetes.io/arch"] == "amd64", "libtpu is x86-64 only"
+
+    args = container["args"]
+    listed = args[args.index("--targets") + 1]
+    (mount,) = [m for m in container["volumeMounts"] if listed.startswith(m["mountPath"] + "/")]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == config["metadata"]["name"]
+    listing = tmp_path / listed.rsplit("/", 1)[1]
+    listing.write_text(config["data"][listing.name])
+    names = targets.read_file(str(listing))
+    assert job["spec"]["completions"] == len(names), "one pod a target: completions = the targets listed"
+
+    index_arg = args[args.index("--index") + 1]
+    var = re.fullmatch(r"\$\((\w+)\)", index_arg)
+    assert var, f"--index {index_arg!r}: give the completion index through an environment variable, $(NAME)"
+    source = container_env(container)[var.group(1)]
+    assert source == {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    parser = build_parser()
+    for index, name in enumerate(names):
+        argv = [str(listing) if a == listed else str(index) if a == index_arg else a for a in args]
+        parsed = parser.parse_args(argv)
+        (text,) = targets.from_args(parsed.topology, parsed.targets, parsed.index)
+        assert str(parse_any_topology(text)) == str(parse_any_topology(name))
+    assert any(parse_any_topology(n).slices > 1 for n in names), "the example shows a multi-slice target"
+
+    tpu_job = one(plain(K8S / "tpu-warmup-job.yaml"), "Job")
+    (tpu_container,) = pod_spec(tpu_job)["containers"]
+    assert container["image"] == tpu_container["image"], "warm-up must run the training image"
+    assert _scalar_args(container)["--cache-dir"] == _scalar_args(tpu_container)["--cache-dir"], "the shared root"
+    assert spec["serviceAccountName"] == pod_spec(tpu_job)["serviceAccountName"]
+    env = container_env(container)
+    assert env["TPU_SKIP_MDS_QUERY"] == "1" and env["TPU_WORKER_HOSTNAMES"] == "localhost"
+
+
 def test_training_example_configures_the_client_before_training():
     docs = plain(K8S / "examples" / "training-job.yaml")
     job = one(docs, "Job")

@@ -23,6 +23,20 @@ EXAMPLE = "jaxcache.warmup.examples:warm"
 BARRIER = "--xla_tpu_use_enhanced_launch_barrier=true"
 
 
+# Plain JAX compiling for a slice without a chip, into the cache named by its first argument, configured as
+# enable_cache() configures it: what a job's own process computes for a key.
+PLAIN_JAX = """
+import os, sys
+os.environ.update(TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost", JAX_PLATFORMS="cpu",
+                  ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+import jax
+for name, value in (("jax_compilation_cache_dir", sys.argv[1]), ("jax_persistent_cache_min_compile_time_secs", 0),
+                    ("jax_persistent_cache_min_entry_size_bytes", -1),
+                    ("jax_persistent_cache_enable_xla_caches", "none")):
+    jax.config.update(name, value)
+"""
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("JAXCACHE_", "JAX_COMPILATION_CACHE", "LIBTPU_INIT_ARGS", "XLA_FLAGS", "TPU_"))}
@@ -164,16 +178,8 @@ def test_tpu_warmup_prints_what_enters_the_key_and_records_the_slice(warmed):
 
 def test_tpu_key_is_plain_jaxs_with_the_jobs_flags(warmed, tpu_python, tmp_path):
     """A job that sets LIBTPU_INIT_ARGS itself computes the same key as the warm-up given --libtpu-init-args."""
-    code = """
-import os, sys
-os.environ.update(TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost", JAX_PLATFORMS="cpu",
-                  ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-import jax
+    code = PLAIN_JAX + """
 from jax.experimental import topologies
-for name, value in (("jax_compilation_cache_dir", sys.argv[1]), ("jax_persistent_cache_min_compile_time_secs", 0),
-                    ("jax_persistent_cache_min_entry_size_bytes", -1),
-                    ("jax_persistent_cache_enable_xla_caches", "none")):
-    jax.config.update(name, value)
 from jaxcache.topology import parse_tpu_slice
 from jaxcache.warmup import examples
 from jaxcache.warmup.context import WarmupContext
@@ -393,3 +399,123 @@ def test_service_lists_and_filters_tpu_spellings(warmed, tmp_path):
             got = client.get(f"/v1/caches/c/entries?topology={spelling}").json()["entries"]
             assert {e["key"].rsplit("-", 1)[-1] for e in got} == keys, spelling
         assert client.get("/v1/caches/c/entries?topology=1x1x4").json()["entries"] == []
+
+
+# --- multi-slice jobs: N slices over the data-centre network, compile-only -------------------------------------
+
+
+def test_multislice_spelling_is_one_word():
+    s = parse_tpu_slice("2xV5E:16x16")
+    assert (str(s), s.name, s.slices, s.chips, s.hosts, s.global_devices, s.processes) == (
+        "2xv5e:16x16", "v5e:16x16", 2, 256, 64, 512, 128)
+    assert str(parse_tpu_slice("v5e:16x16", num_slices=2)) == "2xv5e:16x16"
+    assert str(parse_tpu_slice("1xv5e:2x2")) == "v5e:2x2" and str(parse_any_topology("3xv5e:2x4@2x4")) == \
+        "3xv5e:2x4@2x4x1"
+    for name, why in (("2xv5e:2x2", "names 2 slices, --num-slices says 3"), ("0xv5e:2x2", "0 slices"),
+                      ("5000xv5e:2x2", "a multi-slice job has 1 to 1024"), ("2xv4:2x2x1", "v4 is not supported")):
+        with pytest.raises(InvalidInputError, match=why):
+            parse_tpu_slice(name, num_slices=3 if name == "2xv5e:2x2" else None)
+    fp = records.Fingerprint(jax="0.10.2", jaxlib="0.10.2")
+    record = coverage.WarmupRecord(id="20261205T000000Z-abcd1234", job="w", topology="2XV5E:4x8@2x2x1",
+                                   platform="tpu", started_at=1.0, finished_at=2.0, fingerprint=fp, cache_dir="/c")
+    assert record.topology == "2xv5e:4x8"
+
+
+@pytest.fixture(scope="session")
+def multislice(tpu_python, warmed, tmp_path_factory) -> dict:
+    """The example warmed for two v5e:2x2 slices (--num-slices beside one --topology), with warmed's flag."""
+    cache = tmp_path_factory.mktemp("tpu-multislice") / "cache"
+    proc = warmup("--topology", "v5e:2x2", "--num-slices", "2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE,
+                  "--job", "tpu-multislice", f"--libtpu-init-args={BARRIER}", python=tpu_python)
+    return {"cache": cache, "proc": proc}
+
+
+def keys_in(cache: Path) -> set[str]:
+    return {p.name for p in cache.iterdir() if p.name.endswith("-cache")}
+
+
+def test_a_two_slice_program_compiles_for_every_slices_chips(multislice):
+    out = multislice["proc"].stdout
+    assert "2 slices of v5e:2x2 over the data-centre network (8 devices), each 4 chips, 1 host(s) of 2x2x1" in out
+    [name] = (multislice["cache"] / ".jaxcache" / "warmups").iterdir()
+    data = json.loads(name.read_text())
+    assert data["topology"] == "2xv5e:2x2" and [p["status"] for p in data["programs"]] == ["written"]
+    fp = data["fingerprint"]
+    assert (fp["device_count"], fp["local_device_count"], fp["process_count"]) == (8, 4, 2)
+    assert "megascale" in fp["platform_version"], "libtpu names a multi-slice job's runtime"
+
+
+def test_a_two_slice_key_differs_from_the_one_slice_key(multislice, warmed):
+    assert keys_in(multislice["cache"]) and keys_in(warmed["cache"])
+    assert not keys_in(multislice["cache"]) & keys_in(warmed["cache"])
+
+
+def test_a_two_slice_rerun_finds_it_warm(multislice, tpu_python):
+    proc = warmup("--topology", "2xv5e:2x2", "--cache-dir", str(multislice["cache"]), "--entrypoint", EXAMPLE,
+                  "--json", f"--libtpu-init-args={BARRIER}", python=tpu_python, expect=1)
+    summary = json.loads(proc.stdout)
+    assert summary["topology"] == "2xv5e:2x2" and (summary["written"], summary["already_warm"]) == (0, 1)
+    assert "already warm" in proc.stderr
+
+
+def test_a_two_slice_key_is_a_jobs_with_jaxs_hybrid_mesh(multislice, tpu_python, tmp_path):
+    """A multi-slice job builds its mesh with mesh_utils.create_hybrid_device_mesh, as MaxText does: plain JAX
+    compiling the example that way computes the warm-up's key."""
+    code = PLAIN_JAX + """
+from jax.experimental import mesh_utils, topologies
+from jax.sharding import Mesh
+from jaxcache.warmup import examples
+devices = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu", chips_per_host_bounds=(2, 2, 1),
+                                       num_slices=2).devices
+mesh = Mesh(mesh_utils.create_hybrid_device_mesh((4,), (2,), devices), ("data",))
+step, params_sharding, by_batch = examples.train_step(mesh)
+s = examples.shapes(8)
+params = {n: jax.ShapeDtypeStruct(s[n], "float32", sharding=params_sharding[n]) for n in params_sharding}
+x, y = (jax.ShapeDtypeStruct(s[n], "float32", sharding=by_batch) for n in ("x", "y"))
+step.lower(params, x, y).compile()
+"""
+    plain = tmp_path / "plain"
+    proc = subprocess.run([tpu_python, "-c", code, str(plain)], capture_output=True, text=True, timeout=120,
+                          env=clean_env(LIBTPU_INIT_ARGS=BARRIER))
+    assert proc.returncode == 0, proc.stderr
+    assert keys_in(plain) and keys_in(plain) == keys_in(multislice["cache"])
+
+
+def test_the_context_gives_the_slice_axis(tpu_python, tmp_path):
+    proc = warmup("--topology", "2xv5e:2x2", "--cache-dir", str(tmp_path / "c"), "--entrypoint", "warm_targets:slices",
+                  python=tpu_python)
+    assert "slices 2 devices 8 slice_index [0, 1]" in proc.stdout
+    assert "mesh {'data': 4, 'model': 2} slices by row [[0], [0], [1], [1]]" in proc.stdout
+    assert "mesh {'data': 2, 'model': 4} slices by row [[0, 1], [0, 1]]" in proc.stdout, "dcn_shape=(1, 2)"
+
+
+def test_service_filters_by_the_multislice_spelling(multislice, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from jaxcache.service.app import create_app
+    from jaxcache.service.settings import ServiceSettings
+
+    app = create_app(ServiceSettings(caches={"c": str(multislice["cache"])},
+                                     db=f"sqlite:///{tmp_path / 'cat.sqlite'}", insecure_no_auth=True))
+    with TestClient(app) as client:
+        assert client.post("/v1/caches/c/rescan").status_code == 200
+        # The re-run test may have added a record of its own: every one is the two slices'.
+        assert {w["topology"] for w in client.get("/v1/caches/c/warmups").json()["warmups"]} == {"2xv5e:2x2"}
+        keys = {k.rsplit("-", 1)[0] for k in keys_in(multislice["cache"])}
+        for spelling in ("2xv5e:2x2", "2XV5E:2x2@2x2x1"):
+            got = client.get(f"/v1/caches/c/entries?topology={spelling}").json()["entries"]
+            assert {e["key"] for e in got} == keys, spelling
+        assert client.get("/v1/caches/c/entries?topology=v5e:2x2").json()["entries"] == []
+
+
+def test_a_list_of_tpu_and_cpu_targets_gives_each_its_own_options(tpu_python, tmp_path):
+    """In a list, slice names are TPU targets whatever --platform says, and only they get the TPU options."""
+    cache = tmp_path / "c"
+    proc = warmup("--platform", "cpu", "--topology", "1x1x2", "--topology", "v5e:1x1", "--topology", "2xv5e:2x2",
+                  "--cache-dir", str(cache), "--entrypoint", EXAMPLE, f"--libtpu-init-args={BARRIER}", "--json",
+                  python=tpu_python)
+    out = json.loads(proc.stdout)
+    assert [(t["target"], t["platform"], t["exit"]) for t in out["targets"]] == [
+        ("1x1x2", "cpu", 0), ("v5e:1x1", "tpu", 0), ("2xv5e:2x2", "tpu", 0)]
+    flags = {t["target"]: t["summary"]["fingerprint"]["xla_flags"] for t in out["targets"]}
+    assert flags["v5e:1x1"] == flags["2xv5e:2x2"] == [BARRIER] and flags["1x1x2"] != [BARRIER]

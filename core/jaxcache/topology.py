@@ -7,7 +7,8 @@ topology it is not running on, and run records carry the topology a job ran with
 A TPU slice's name says its chips, not its hosts, yet the chips per host enter the cache key (so does the torus
 wraparound): :func:`parse_tpu_slice` fills both in from Cloud TPU's standard slice shapes unless told otherwise. Its
 spelling is the name alone when the host bounds are the standard ones (``v5e:4x8``), else the name and the bounds
-(``v5e:2x4@2x4x1``): one spelling per slice, in records and in the service.
+(``v5e:2x4@2x4x1``): one spelling per slice, in records and in the service. A multi-slice job, N slices joined over the
+data-centre network, is spelled with the slice count first, as ``SxHxD`` has it: ``2xv5e:16x16``.
 """
 
 from __future__ import annotations
@@ -86,21 +87,25 @@ _LITE_SHAPES: dict[tuple[int, ...], tuple[bool, bool, bool]] = {
 }
 GENERATIONS = ("v5e", "v5p", "v6e")
 MAX_V5P_CHIPS = 8960
-_TPU_RE = re.compile(r"(v5e|v5p|v6e):(\d+(?:x\d+)+)(?:@(\d+x\d+(?:x\d+)?))?")
+# Slices of a multi-slice job (joined over the data-centre network): beyond this the count is a typo, not a job.
+MAX_SLICES = 1024
+_TPU_RE = re.compile(r"(?:(\d+)x)?(v5e|v5p|v6e):(\d+(?:x\d+)+)(?:@(\d+x\d+(?:x\d+)?))?")
 TPU_FORMS = ("v5e:AxB or v6e:AxB with AxB one of " + ", ".join(f"{a}x{b}" for a, b in _LITE_SHAPES)
              + "; v5p:AxBxC (2x2x1, 2x2x2, 2x2x4, 2x4x4, or multiples of 4 such as 4x4x8);"
-             " optionally @XxYxZ chips per host")
+             " optionally @XxYxZ chips per host; N slices of one: Nx before it, e.g. 2xv5e:16x16")
 
 
 @dataclass(frozen=True, slots=True)
 class TpuSlice:
-    """One TPU slice: ``shape`` chips along each axis, ``chips_per_host`` (3 axes) on each host; each chip is one
-    JAX device (v5e, v6e: one TensorCore; v5p: megacore)."""
+    """A TPU slice: ``shape`` chips along each axis, ``chips_per_host`` (3 axes) on each host; each chip is one
+    JAX device (v5e, v6e: one TensorCore; v5p: megacore). ``num_slices`` > 1: a multi-slice job of that many such
+    slices (``chips``, ``hosts`` are one slice's; ``global_devices``, ``processes`` the job's)."""
 
     generation: str
     shape: tuple[int, ...]
     chips_per_host: tuple[int, int, int]
     wrap: tuple[bool, bool, bool]
+    num_slices: int = 1
 
     @property
     def name(self) -> str:
@@ -109,22 +114,23 @@ class TpuSlice:
 
     @property
     def chips(self) -> int:
-        """Chips (JAX devices) in the slice."""
+        """Chips (JAX devices) in one slice."""
         return math.prod(self.shape)
 
     @property
     def hosts(self) -> int:
-        """Hosts of the slice: one JAX process each."""
+        """Hosts of one slice: one JAX process each."""
         return self.chips // math.prod(self.chips_per_host)
 
     @property
     def slices(self) -> int:
-        return 1
+        """Slices of the job (joined over the data-centre network when more than one)."""
+        return self.num_slices
 
     @property
     def processes(self) -> int:
-        """How many processes the job runs (JAX's ``process_count()``)."""
-        return self.hosts
+        """How many processes the job runs (JAX's ``process_count()``): every host of every slice."""
+        return self.hosts * self.num_slices
 
     @property
     def devices(self) -> int:
@@ -133,8 +139,13 @@ class TpuSlice:
 
     @property
     def global_devices(self) -> int:
-        """Devices across the whole job: every chip of the slice."""
-        return self.chips
+        """Devices across the whole job: every chip of every slice."""
+        return self.chips * self.num_slices
+
+    @property
+    def one_slice(self) -> TpuSlice:
+        """One of the job's slices (itself when it has one)."""
+        return TpuSlice(self.generation, self.shape, self.chips_per_host, self.wrap)
 
     @property
     def standard_hosts(self) -> tuple[int, int, int]:
@@ -142,9 +153,10 @@ class TpuSlice:
         return standard_chips_per_host(self.generation, self.shape)
 
     def __str__(self) -> str:
+        slices = f"{self.num_slices}x" if self.num_slices > 1 else ""
         if self.chips_per_host == self.standard_hosts:
-            return self.name
-        return f"{self.name}@{'x'.join(map(str, self.chips_per_host))}"
+            return slices + self.name
+        return f"{slices}{self.name}@{'x'.join(map(str, self.chips_per_host))}"
 
 
 AnyTopology = Topology | TpuSlice
@@ -160,17 +172,19 @@ def is_tpu_name(text: str) -> bool:
     return isinstance(text, str) and ":" in text
 
 
-def parse_tpu_slice(text: str, chips_per_host: str | None = None) -> TpuSlice:
-    """Parse ``v5e:4x8`` (or ``v5e:2x4@2x4x1``); ``chips_per_host`` (``2x4`` or ``2x4x1``) overrides the standard
-    bounds. Raises :class:`InvalidInputError` naming the valid forms."""
+def parse_tpu_slice(text: str, chips_per_host: str | None = None, num_slices: int | None = None) -> TpuSlice:
+    """Parse ``v5e:4x8`` (or ``v5e:2x4@2x4x1``, ``2xv5e:4x8``); ``chips_per_host`` (``2x4`` or ``2x4x1``) overrides
+    the standard bounds, ``num_slices`` sets the slice count. Raises :class:`InvalidInputError` naming the valid
+    forms."""
     form = f"TPU topologies are {TPU_FORMS}"
-    if isinstance(text, str) and text.strip().lower().startswith("v4:"):
+    if isinstance(text, str) and re.match(r"(\d+x)?v4:", text.strip().lower()):
         raise InvalidInputError(f"topology {text!r}: v4 is not supported yet (its megacore chips show to a"
                                 f" compile-only topology as two devices each, unchecked against a real v4 job); {form}")
     match = _TPU_RE.fullmatch(text.strip().lower()) if isinstance(text, str) else None
     if match is None:
         raise InvalidInputError(f"topology {text!r} is not a TPU slice name: {form}")
-    generation, dims_text, at = match.groups()
+    slices_text, generation, dims_text, at = match.groups()
+    slices = _slice_count(text, slices_text, num_slices)
     shape = tuple(int(d) for d in dims_text.split("x"))
     lite = generation in ("v5e", "v6e")
     if lite and shape not in _LITE_SHAPES:
@@ -182,7 +196,18 @@ def parse_tpu_slice(text: str, chips_per_host: str | None = None) -> TpuSlice:
     bounds_text = chips_per_host or at
     bounds = _host_bounds(text, bounds_text, shape) if bounds_text else standard_chips_per_host(generation, shape)
     wrap = _LITE_SHAPES[shape] if lite else _v5p_wrap(shape)
-    return TpuSlice(generation, shape, bounds, wrap)
+    return TpuSlice(generation, shape, bounds, wrap, slices)
+
+
+def _slice_count(text: str, slices_text: str | None, num_slices: int | None) -> int:
+    named = int(slices_text) if slices_text is not None else None
+    if named is not None and num_slices is not None and named != num_slices:
+        raise InvalidInputError(f"topology {text!r} names {named} slices, --num-slices says {num_slices}")
+    count = named if named is not None else (num_slices if num_slices is not None else 1)
+    if not 1 <= count <= MAX_SLICES:
+        raise InvalidInputError(f"topology {text!r}: {count} slices; a multi-slice job has 1 to {MAX_SLICES}"
+                                " (write N slices of one as Nxv5e:16x16)")
+    return count
 
 
 def parse_any_topology(text: str) -> AnyTopology:

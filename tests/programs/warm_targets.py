@@ -57,3 +57,27 @@ def tpu_mesh(ctx):
     w = ctx.abstract((64, 32), "float32", ("model", None), mesh)
     compiled = ctx.compile(lambda a, b: jnp.tanh(a @ b).sum(), x, w)
     print(f"compiled for {len(compiled.input_shardings[0][0].device_set)} devices")
+
+
+def fails_on_two_devices(ctx):
+    """The example's step, except on a 2-device target, where it fails as user code fails."""
+    from jaxcache.warmup import examples
+
+    if ctx.global_devices == 2:
+        raise ValueError("this target's own bug")
+    examples.warm(ctx)
+
+
+def slices(ctx):
+    """A multi-slice job's context: its slices, and 2-D hybrid meshes whose first (by default) or second axis spans
+    them."""
+    import jax.numpy as jnp
+
+    devices = ctx.devices()
+    print(f"slices {ctx.num_slices} devices {len(devices)} slice_index {sorted({d.slice_index for d in devices})}")
+    for mesh in (ctx.mesh(("data", "model"), (ctx.global_devices // 2, 2)),
+                 ctx.mesh(("data", "model"), (2, ctx.global_devices // 2), dcn_shape=(1, ctx.num_slices))):
+        rows = [sorted({d.slice_index for d in row}) for row in mesh.devices]
+        print(f"mesh {dict(mesh.shape)} slices by row {rows}")
+    x = ctx.abstract((ctx.global_devices * 4, 64), "float32", ("data", "model"), mesh)
+    ctx.compile(lambda a: jnp.tanh(a).sum(), x)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -20,8 +21,8 @@ from jaxcache.table import render
 from jaxcache.topology import TpuSlice, parse_topology, parse_tpu_slice
 from jaxcache.units import format_bytes
 from jaxcache.warmup import devices as dev
+from jaxcache.warmup import pool, targets, tpu
 from jaxcache.warmup import target as tgt
-from jaxcache.warmup import tpu
 from jaxcache.warmup.check import BundleRoot, bundle_root, check_summary, check_text
 from jaxcache.warmup.runner import WarmupConfig, explain_nothing_compiled, run_warmup
 from jaxcache.warmup.verify import VERIFY_TIMEOUT_S, verify
@@ -43,7 +44,11 @@ Linux machine with libtpu and no chip (pip install 'jaxcache-warmup[tpu]'). The 
 the default is Cloud TPU's standard shape (1x1 for a single chip, else 2x2 a host), --chips-per-host
 overrides. The target job's flags enter the key too: give them (--libtpu-init-args, --target-xla-flags) or
 take them from the job's run records (--flags-from-job). The entrypoint's ctx.devices() are the slice's
-chips; a --script is refused (its jax.devices() would be this host's CPUs).
+chips; a --script is refused (its jax.devices() would be this host's CPUs). A multi-slice job, N slices joined
+over the data-centre network, is Nxv5e:16x16 (or --num-slices N beside one --topology).
+
+Several targets (--topology repeated, or --targets FILE, one a line) are each compiled in a process of their
+own, --parallel N at a time, and summed up in one table; every target is checked before any starts.
 
 The cache is configured through jaxcache.client exactly as jobs configure it (same key hygiene), with
 thresholds that store every program. A coverage record goes to <cache>/.jaxcache/warmups/<id>.json; the run
@@ -56,21 +61,33 @@ examples:
   warmup --topology 1x1x8 --cache-dir /mnt/cache --script train.py -- --steps 1
   warmup --platform tpu --topology v5e:4x8 --cache-dir gs://bucket/jax-cache --entrypoint myjob.warm:programs \
       --flags-from-job pretrain
+  warmup --topology v5e:2x4 --topology v5e:16x16 --topology 2xv5e:16x16 --cache-dir gs://bucket/jax-cache \
+      --entrypoint myjob.warm:programs --flags-from-job pretrain --parallel 2
+  warmup --targets release-targets.txt --index "$JOB_COMPLETION_INDEX" --cache-dir gs://bucket/jax-cache \
+      --entrypoint myjob.warm:programs
 
   warmup --topology 4x8x1 --cache-dir gs://bucket/jax-cache --entrypoint myjob.warm:programs --check
   warmup --topology 4x8x1 --cache-dir train.bundle --entrypoint myjob.warm:programs --check
 
 exit codes: 0 the cache holds the programs (and --verify passed; with --check: every program hit); 1 the target
 failed, nothing was stored, --verify or --check found misses, or --verify ran past --verify-timeout; 2 bad input
-(nothing written)."""
+(nothing written). With several targets: the worst target's."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (docs/user-guide.md, "Warm-up", explains its options)."""
     p = argparse.ArgumentParser(prog="warmup", description=_DESCRIPTION, epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--topology", required=True, metavar="SxHxD|TPU",
-                   help="target cluster, e.g. 4x8x1, or a TPU slice, e.g. v5e:4x8 (implies --platform tpu)")
+    p.add_argument("--topology", action="append", metavar="SxHxD|TPU",
+                   help="target cluster, e.g. 4x8x1, or a TPU slice, e.g. v5e:4x8 (implies --platform tpu), or N"
+                        " slices of one, e.g. 2xv5e:16x16; repeat it for several targets")
+    p.add_argument("--targets", metavar="FILE",
+                   help="a file listing targets, one a line as --topology takes them (# starts a comment)")
+    p.add_argument("--index", type=_index, metavar="N",
+                   help="warm only the Nth target (from 0) of the list: one a pod of a Kubernetes Indexed Job")
+    p.add_argument("--parallel", type=_count, metavar="N",
+                   help="targets compiled at once, each in a process of its own (default: as many as this"
+                        " machine's CPUs and memory allow; the output says how many and why)")
     p.add_argument("--cache-dir", required=True, metavar="URL",
                    help="cache root: a directory or gs://bucket/prefix; with --check also a bundle file (`jaxcache"
                         " bundle export`), checked and imported into a temporary directory the check then reads")
@@ -83,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: tpu for a slice name, gpu when JAX sees GPUs here, else cpu")
     p.add_argument("--chips-per-host", metavar="XxY[xZ]",
                    help="TPU: chips on each host of the slice (enters the key); default: Cloud TPU's standard shape")
+    p.add_argument("--num-slices", type=_count, metavar="N",
+                   help="TPU: the job runs N such slices joined over the data-centre network (multi-slice; the same"
+                        " as --topology Nxv5e:16x16)")
     p.add_argument("--libtpu-init-args", metavar="FLAGS",
                    help="TPU: the job's LIBTPU_INIT_ARGS, written with '=', e.g."
                         " --libtpu-init-args='--xla_tpu_use_enhanced_launch_barrier=true'"
@@ -109,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 0 when every program was already cached (scheduled re-runs); default exit 1")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--verify-child", help=argparse.SUPPRESS)
+    # A target's own process, started by a command with several: --check on the attached chips, or compile-only.
+    p.add_argument("--check-on", choices=("attached", "compile-only"), help=argparse.SUPPRESS)
     return p
 
 
@@ -122,6 +144,18 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: use a whole number, 1 or more")
+    return int(text)
+
+
+def _index(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: use a whole number, 0 or more (the Job's completion index)")
+    return int(text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -133,7 +167,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jaxcache.warmup.verify import child_main
 
         return child_main(argv[1])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        texts = targets.from_args(args.topology, args.targets, args.index)
+    except JaxcacheError as exc:
+        print(f"warmup: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if len(texts) > 1:
+        return _run_targets(parser, args, texts, script_args)
+    # One target of a list (--index): its options as the list gives them, e.g. no TPU flags for a CPU target.
+    args = targets.for_target(args, texts[0]) if args.targets or len(args.topology or ()) > 1 else args
+    args.topology = texts[0]
     with contextlib.ExitStack() as stack:
         try:
             bundle = stack.enter_context(bundle_root(args)) if os.path.isfile(args.cache_dir) else None
@@ -157,10 +202,13 @@ def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
     if args.chips_per_host or args.libtpu_init_args or args.target_xla_flags or args.flags_from_job:
         raise InvalidInputError("--chips-per-host, --libtpu-init-args, --target-xla-flags and --flags-from-job are"
                                 " for --platform tpu")
+    if args.num_slices is not None:
+        raise InvalidInputError(f"--num-slices is for TPU slices, not {args.topology}: a GPU job's slices are the S of"
+                                " SxHxD")
     topology = parse_topology(args.topology)
     target = tgt.make_target(args.entrypoint, args.script, script_args)
     cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
-    gpus = dev.probe_gpus() if requested in (None, "gpu") else None
+    gpus = _probe_gpus() if requested in (None, "gpu") else None
     platform = requested or dev.default_platform(gpus)  # type: ignore[arg-type]
     plan = dev.plan_backend(topology, platform, gpus)
     storage = open_storage(cache_dir, must_exist=False)
@@ -169,8 +217,13 @@ def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust)
 
 
+# One probe a command: several GPU targets are checked against the same GPUs.
+_probe_gpus = functools.cache(dev.probe_gpus)
+_FLAGS_CHECKED: set[tpu.TargetFlags] = set()
+
+
 def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
-    slice_ = parse_tpu_slice(args.topology, args.chips_per_host)
+    slice_ = parse_tpu_slice(args.topology, args.chips_per_host, args.num_slices)
     if args.script:
         raise InvalidInputError("--script cannot warm up a TPU slice: a script's jax.devices() are this host's CPUs,"
                                 " not the slice's chips; give an --entrypoint, which gets them from ctx.devices()")
@@ -183,10 +236,15 @@ def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupCon
     if explicit is not None and args.flags_from_job:
         raise InvalidInputError("give the target's flags either explicitly or with --flags-from-job, not both")
     flags = tpu.flags_from_job(storage, args.flags_from_job) if args.flags_from_job else explicit
-    # --check on a node of the slice looks up with its own chips; elsewhere libtpu describes them.
-    plan = dev.plan_backend(slice_, "tpu", None, attached=bool(args.check) and tpu.chips_here())
-    if flags is not None:
+    # --check on a node of the slice looks up with its own chips; elsewhere libtpu describes them. A command with
+    # several targets has found which one the chips are (--check-on). One slice's host does not see a multi-slice
+    # job's devices: that job is checked against compile-only ones.
+    on_chips = tpu.chips_here() if args.check_on is None else args.check_on == "attached"
+    attached = bool(args.check) and on_chips and slice_.num_slices == 1
+    plan = dev.plan_backend(slice_, "tpu", None, attached=attached)
+    if flags is not None and flags not in _FLAGS_CHECKED:
         tpu.check_flags(flags, slice_)  # a flag XLA or libtpu would stop on: one line, not a crash
+        _FLAGS_CHECKED.add(flags)  # a command's other TPU targets have the same flags: one check a command
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust, flags=flags,
                         chips_per_host_default=slice_.chips_per_host == slice_.standard_hosts)
 
@@ -229,7 +287,8 @@ def _dry_run(config: WarmupConfig, args: argparse.Namespace) -> int:
     if isinstance(config.plan.topology, TpuSlice):
         slice_ = config.plan.topology
         flags = config.flags or tpu.from_environment()
-        plan.update(chips=slice_.chips, chips_per_host="x".join(map(str, slice_.chips_per_host)),
+        plan.update(chips=slice_.chips, slices=slice_.num_slices, global_devices=slice_.global_devices,
+                    chips_per_host="x".join(map(str, slice_.chips_per_host)),
                     chips_per_host_default=config.chips_per_host_default, libtpu=tpu.libtpu_version(),
                     flags=list(flags.all), xla_flags=list(flags.xla_flags),
                     libtpu_init_args=list(flags.libtpu_init_args), flags_from=flags.source,
@@ -279,6 +338,149 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
     if failed or (verdict is not None and not verdict.ok):
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _run_targets(parser: argparse.ArgumentParser, args: argparse.Namespace, texts: list[str],
+                 script_args: list[str]) -> int:
+    """Several targets: every one checked here before any starts, then each warmed (or checked, or planned) in a
+    process of its own, --parallel at a time, and one table. The exit code is the worst target's."""
+    if args.num_slices is not None or args.chips_per_host:
+        print("warmup: error: with several targets, write each one whole (2xv5e:16x16 for N slices, v5e:2x4@2x4x1"
+              " for its chips per host), not --num-slices or --chips-per-host", file=sys.stderr)
+        return EXIT_USAGE
+    out = sys.stderr if args.json else sys.stdout
+    with contextlib.ExitStack() as stack:
+        try:
+            bundle = stack.enter_context(bundle_root(args)) if os.path.isfile(args.cache_dir) else None
+            ones = [targets.for_target(args, text) for text in texts]
+            plans = [_validate(one, script_args).plan for one in ones]
+        except JaxcacheError as exc:
+            print(f"warmup: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        on = _chips_for_check(args, plans, out)
+        jobs = [pool.Job(str(plan.topology), plan.platform,
+                         targets.child_argv(parser, one, platform=plan.platform, script_args=script_args,
+                                            check_on=on.get(str(plan.topology))))
+                for one, plan in zip(ones, plans, strict=True)]
+        if args.parallel:
+            parallel, why = args.parallel, f"--parallel {args.parallel}"
+        else:
+            parallel, why = pool.default_parallel(len(jobs))
+            why = f"the default here: {why}; --parallel N sets it"
+        print(f"warmup: {len(jobs)} targets, {min(parallel, len(jobs))} at a time ({why})", file=out, flush=True)
+        show = _TargetPrinter(len(jobs), out)
+        try:
+            done = pool.run_all(jobs, parallel, show)
+        except KeyboardInterrupt:
+            show.close()
+            print("warmup: interrupted: the targets' processes were stopped", file=sys.stderr)
+            return 130
+        show.close()
+        worst = max(_exit_of(d) for d in done)
+        if args.json:
+            print(json.dumps({"targets": [_target_json(d, on) for d in done], "parallel": parallel,
+                              "parallel_why": why, "exit": worst}, sort_keys=True))
+            return worst
+        if bundle is not None:
+            print(bundle.text())
+        print(_targets_table(done, args, on))
+        for d in done:
+            details = _target_details(d)
+            if details:
+                print(f"\n---- {d.job.target} ----\n{details}")
+        return worst
+
+
+def _chips_for_check(args: argparse.Namespace, plans: list[dev.BackendPlan], out: Any) -> dict[str, str]:
+    """--check on a node with chips: which TPU target they are (that one is checked on them, the others against
+    compile-only devices), by what JAX sees of them. Elsewhere: nothing to decide."""
+    slices = [p.topology for p in plans if isinstance(p.topology, TpuSlice)]
+    if not args.check or not slices or not tpu.chips_here():
+        return {}
+    chips = tpu.probe_attached()
+    match = tpu.attached_slice(slices, chips)
+    print(f"warmup: this host's chips: {chips}; " + (
+        f"{match} is checked on them, the other targets against compile-only devices" if match else
+        "no target is them: every target is checked against compile-only devices"), file=out, flush=True)
+    return {str(s): "attached" if s == match else "compile-only" for s in slices}
+
+
+def _exit_of(done: pool.Done) -> int:
+    """A target's exit code; a process stopped by a signal failed."""
+    return done.exit_code if done.exit_code in (EXIT_OK, EXIT_FAILED, EXIT_USAGE) else EXIT_FAILED
+
+
+def _target_json(done: pool.Done, on: dict[str, str]) -> dict[str, Any]:
+    errors = [line for line in done.stderr.splitlines() if line.startswith("warmup: ")]
+    return {"target": done.job.target, "platform": done.job.platform, "exit": _exit_of(done), "wall_s": done.wall_s,
+            "peak_rss_bytes": done.peak_rss_bytes, "cpu_s": done.cpu_s, "summary": done.summary, "errors": errors,
+            "checked_on": on.get(done.job.target)}
+
+
+_RESULTS = {EXIT_OK: "ok", EXIT_FAILED: "failed", EXIT_USAGE: "bad input"}
+
+
+def _targets_table(done: list[pool.Done], args: argparse.Namespace, on: dict[str, str]) -> str:
+    def cell(d: pool.Done, name: str, fmt: str = "{}") -> str:
+        return fmt.format(d.summary[name]) if d.summary and d.summary.get(name) is not None else "-"
+
+    def tail(d: pool.Done) -> list[str]:
+        return [f"{d.wall_s:.1f}", format_bytes(d.peak_rss_bytes), f"{_exit_of(d)} {_RESULTS[_exit_of(d)]}"]
+
+    if args.dry_run:
+        headers = ["target", "platform", "processes", "devices a process", "global devices"]
+        rows = [[d.job.target, d.job.platform, cell(d, "processes"), cell(d, "devices_per_process"),
+                 str(d.summary["processes"] * d.summary["devices_per_process"]) if d.summary else "-"] + tail(d)
+                for d in done]
+    elif args.check:
+        headers = ["target", "platform", "checked on", "programs", "hits", "coverage"]
+        rows = [[d.job.target, d.job.platform, "chips" if on.get(d.job.target) == "attached" else
+                 "compile-only" if d.job.platform == "tpu" else "this machine", cell(d, "programs"), cell(d, "hits"),
+                 f"{100 * d.summary['coverage']:.0f}%" if d.summary and d.summary.get("coverage") is not None
+                 else "-"] + tail(d) for d in done]
+    else:
+        headers = ["target", "platform", "programs", "written", "already warm", "not written", "compile s"]
+        rows = [[d.job.target, d.job.platform, cell(d, "programs"), cell(d, "written"), cell(d, "already_warm"),
+                 cell(d, "not_written"), cell(d, "compile_s", "{:.1f}")] + tail(d) for d in done]
+    headers += ["wall s", "peak memory", "exit"]
+    numbers = frozenset(i for i, h in enumerate(headers) if h not in ("target", "platform", "checked on", "exit"))
+    table = render(headers, rows, right=numbers)
+    records = [f"  {d.job.target}: {d.summary['cache_dir']}/{d.summary['coverage_record']}" for d in done
+               if d.summary and d.summary.get("coverage_record")]
+    return table + ("\ncoverage records:\n" + "\n".join(records) if records else "")
+
+
+def _target_details(done: pool.Done) -> str | None:
+    """What to say under the table about one target: its check's misses, its verify's verdict, its errors."""
+    parts = []
+    s = done.summary or {}
+    if s.get("misses"):
+        parts.append(check_text(s))
+    if s.get("verify") and not s["verify"]["ok"]:
+        from jaxcache.warmup.verify import VerifyResult
+
+        parts.append(VerifyResult(**s["verify"]).explain())
+    lines = done.stderr.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.startswith("warmup: ")), None)
+    if first is not None:
+        parts.append("\n".join(lines[first:]))
+    return "\n".join(parts) or None
+
+
+class _TargetPrinter:
+    """One line per target as its process finishes, plus a live counter on a terminal."""
+
+    def __init__(self, total: int, stream: Any) -> None:
+        self._lines = _Lines("targets", stream, total)
+        self._total = total
+
+    def __call__(self, done: pool.Done) -> None:
+        code = _exit_of(done)
+        self._lines.show(f"  [{self._lines.count + 1}/{self._total}] {done.job.target:16} {_RESULTS[code]:9}"
+                         f" {done.wall_s:7.1f} s  peak {format_bytes(done.peak_rss_bytes)}")
+
+    def close(self) -> None:
+        self._lines.close()
 
 
 @contextlib.contextmanager
@@ -343,20 +545,32 @@ class _ProgramPrinter:
     """One line per program as JAX finishes it, plus a live counter on a terminal."""
 
     def __init__(self, stream: Any) -> None:
+        self._lines = _Lines("programs", stream)
+
+    def __call__(self, usage: KeyUsage) -> None:
+        status = {"write": "written", "hit": "already present"}.get(usage.event, f"not written ({usage.reason})")
+        seconds = f"{usage.compile_s:7.2f} s" if usage.compile_s is not None else "        "
+        size = format_bytes(usage.size_bytes) if usage.size_bytes else ""
+        self._lines.show(f"  {usage.function:40} {seconds}  {status} {size}".rstrip())
+
+    def close(self) -> None:
+        self._lines.close()
+
+
+class _Lines:
+    """Lines on ``stream`` as things finish, under a tqdm counter of them while stderr is a terminal."""
+
+    def __init__(self, what: str, stream: Any, total: int | None = None) -> None:
         self._stream = stream
-        self._count = 0
+        self.count = 0
         self._bar = None
         if sys.stderr.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(desc="programs", unit=" programs", file=sys.stderr, leave=False)
+            self._bar = tqdm(total=total, desc=what, unit=f" {what}", file=sys.stderr, leave=False)
 
-    def __call__(self, usage: KeyUsage) -> None:
-        self._count += 1
-        status = {"write": "written", "hit": "already present"}.get(usage.event, f"not written ({usage.reason})")
-        seconds = f"{usage.compile_s:7.2f} s" if usage.compile_s is not None else "        "
-        size = format_bytes(usage.size_bytes) if usage.size_bytes else ""
-        line = f"  {usage.function:40} {seconds}  {status} {size}".rstrip()
+    def show(self, line: str) -> None:
+        self.count += 1
         if self._bar is not None:
             self._bar.write(line, file=self._stream)
             self._bar.update(1)

@@ -25,7 +25,9 @@ class WarmupContext:
 
     On TPU, ``topology`` is the slice (a :class:`jaxcache.topology.TpuSlice`: ``.name``, ``.chips``, ``.hosts``,
     ``.chips_per_host``), ``global_devices`` its chip count, and :meth:`devices` the slice's chips in the order a
-    job on it sees ``jax.devices()``: compile-only devices that libtpu describes, on a machine without chips.
+    job on it sees ``jax.devices()``: compile-only devices that libtpu describes, on a machine without chips. A
+    multi-slice job (``2xv5e:16x16``) has ``num_slices`` slices; :meth:`mesh` then spans them as the job's mesh
+    does, with JAX's ``mesh_utils.create_hybrid_device_mesh`` (the slice axis over the data-centre network).
     """
 
     topology: AnyTopology
@@ -35,8 +37,13 @@ class WarmupContext:
 
     @property
     def global_devices(self) -> int:
-        """Devices across the whole target job (S x H x D; a TPU slice's chips)."""
+        """Devices across the whole target job (S x H x D; a TPU job's chips, every slice's)."""
         return self.topology.global_devices
+
+    @property
+    def num_slices(self) -> int:
+        """Slices of the job (S of S x H x D; N of a multi-slice TPU job Nxv5e:16x16)."""
+        return self.topology.slices
 
     def devices(self) -> list[Any]:
         """The job's global devices, as JAX sees them under the mocked topology (a TPU slice's chips)."""
@@ -46,8 +53,14 @@ class WarmupContext:
 
         return jax.devices()
 
-    def mesh(self, axis_names: Sequence[str] = ("data",), shape: Sequence[int] | None = None) -> Any:
-        """A ``jax.sharding.Mesh`` over every global device; ``shape`` defaults to all devices on the first axis."""
+    def mesh(self, axis_names: Sequence[str] = ("data",), shape: Sequence[int] | None = None,
+             dcn_shape: Sequence[int] | None = None) -> Any:
+        """A ``jax.sharding.Mesh`` over every global device; ``shape`` defaults to all devices on the first axis.
+
+        On a multi-slice TPU job the mesh is ``mesh_utils.create_hybrid_device_mesh``'s, as MaxText builds it:
+        ``dcn_shape`` (default: every slice on the first axis) says how each axis spans slices, ``shape // dcn_shape``
+        how it spans one slice's chips. The job must build its mesh the same way: the device order enters the key.
+        """
         import numpy as np
         from jax.sharding import Mesh
 
@@ -58,7 +71,25 @@ class WarmupContext:
                 f"mesh shape {dims} for axes {names} must have one size per axis and cover all"
                 f" {self.global_devices} devices of {self.topology}"
             )
+        if self.platform == "tpu" and self.num_slices > 1:
+            return Mesh(self._hybrid(names, dims, dcn_shape), names)
+        if dcn_shape is not None and math.prod(dcn_shape) != 1:
+            raise InvalidInputError(f"dcn_shape {tuple(dcn_shape)} spans slices, and {self.topology} is not a"
+                                    " multi-slice TPU job (write one as Nxv5e:16x16)")
         return Mesh(np.asarray(self.devices()).reshape(dims), names)
+
+    def _hybrid(self, names: tuple[str, ...], dims: tuple[int, ...], dcn_shape: Sequence[int] | None) -> Any:
+        from jax.experimental import mesh_utils
+
+        dcn = tuple(dcn_shape) if dcn_shape is not None else (self.num_slices,) + (1,) * (len(names) - 1)
+        fits = len(dcn) == len(names) and math.prod(dcn) == self.num_slices
+        if not fits or any(d % s for d, s in zip(dims, dcn, strict=True)):
+            raise InvalidInputError(
+                f"dcn_shape {dcn} for axes {names} and mesh shape {dims} must have one size per axis, multiply to"
+                f" the {self.num_slices} slices of {self.topology} and divide the mesh shape axis by axis"
+            )
+        ici = tuple(d // s for d, s in zip(dims, dcn, strict=True))
+        return mesh_utils.create_hybrid_device_mesh(ici, dcn, self.devices())
 
     def abstract(self, shape: Sequence[int], dtype: Any, spec: Sequence[str | None] | None = None,
                  mesh: Any | None = None) -> Any:

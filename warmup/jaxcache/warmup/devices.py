@@ -14,14 +14,12 @@ On TPU (a slice name such as ``v5e:4x8``), libtpu describes the slice's chips wi
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from dataclasses import dataclass
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.topology import AnyTopology, TpuSlice, is_tpu_name
+from jaxcache.warmup.probe import run_probe
 
 PLATFORMS = ("gpu", "cpu", "tpu")
 PROBE_TIMEOUT_S = 120
@@ -82,16 +80,9 @@ def probe_gpus(python: str = sys.executable) -> LocalGpus:
     """Count this machine's GPUs with JAX in a subprocess, so this process's backend is still unstarted."""
     # Only CUDA's backend: with every platform allowed, an installed libtpu would start too, query the metadata
     # server and claim this host's TPU chips for the probe's life.
-    env = {**os.environ, "JAX_PLATFORMS": "cuda,cpu"}
-    try:
-        proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                              env=env)
-    except subprocess.TimeoutExpired:
-        return LocalGpus(error=f"the GPU probe did not finish in {PROBE_TIMEOUT_S} s")
-    try:
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return LocalGpus(error=f"the GPU probe failed: {proc.stderr.strip()[-300:] or 'no output'}")
+    data = run_probe(_PROBE, "cuda,cpu", python, PROBE_TIMEOUT_S)
+    if isinstance(data, str):
+        return LocalGpus(error=f"the GPU probe {data}")
     tried = tuple(data.get("tried", ()))
     if "error" in data:
         return LocalGpus(error=data["error"], tried=tried)

@@ -140,8 +140,8 @@ def run_warmup(
     if slice_ is not None and devices:
         # This process's backend is its CPU; the keys are the slice's.
         fingerprint = msgspec.structs.replace(
-            fingerprint, backend="tpu", device_kind=devices[0].device_kind, device_count=slice_.chips,
-            local_device_count=slice_.devices, process_count=slice_.hosts,
+            fingerprint, backend="tpu", device_kind=devices[0].device_kind, device_count=slice_.global_devices,
+            local_device_count=slice_.devices, process_count=slice_.processes,
             platform_version=str(getattr(getattr(devices[0], "client", None), "platform_version", "")) or None)
     programs = tuple(
         ProgramCoverage(

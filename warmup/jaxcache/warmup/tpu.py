@@ -25,6 +25,7 @@ from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.storage import Storage
 from jaxcache.topology import TpuSlice
 from jaxcache.units import plural
+from jaxcache.warmup.probe import run_probe
 
 # JAX's device_kind for each generation: an attached chip of another kind is not the slice asked for.
 DEVICE_KINDS = {"v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite"}
@@ -63,6 +64,55 @@ def chips_here() -> bool:
     return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
+_ATTACHED_PROBE = """
+import json
+import jax
+devices = jax.devices()
+print(json.dumps({"kinds": sorted({d.device_kind for d in devices}), "devices": len(devices),
+                  "local": jax.local_device_count(), "processes": jax.process_count(),
+                  "slices": len({getattr(d, "slice_index", 0) for d in devices})}))
+"""
+PROBE_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedChips:
+    """What JAX sees of this host's chips (a job on them sees the same), or why it saw none."""
+
+    kinds: tuple[str, ...] = ()
+    devices: int = 0
+    local: int = 0
+    processes: int = 0
+    slices: int = 0
+    error: str | None = None
+
+    def __str__(self) -> str:
+        if self.error:
+            return f"no chips ({self.error})"
+        return (f"{self.devices} {', '.join(self.kinds)} device(s) in {self.slices} slice(s), {self.local} on each of"
+                f" {self.processes} host(s)")
+
+
+def probe_attached(python: str = sys.executable) -> AttachedChips:
+    """Start JAX on this host's chips in a subprocess (a slice's hosts each run it, as they run the job) and say
+    what it sees; the chips are free again when it returns."""
+    data = run_probe(_ATTACHED_PROBE, "tpu", python, PROBE_TIMEOUT_S)
+    if isinstance(data, str):
+        return AttachedChips(error=f"JAX on the chips {data}")
+    return AttachedChips(tuple(data["kinds"]), data["devices"], data["local"], data["processes"], data["slices"])
+
+
+def attached_slice(slices: Sequence[TpuSlice], chips: AttachedChips) -> TpuSlice | None:
+    """The target that the attached chips are: same device kind, devices, devices a host and hosts. Never a
+    multi-slice job: its --check runs against compile-only devices."""
+    for slice_ in slices:
+        if (slice_.num_slices == 1 and chips.kinds == (DEVICE_KINDS[slice_.generation],)
+                and chips.devices == slice_.chips and chips.local == slice_.devices
+                and chips.processes == slice_.hosts and chips.slices == 1):
+            return slice_
+    return None
+
+
 def keep_off_metadata_server() -> None:
     """Keep libtpu from asking a metadata server about a TPU this host does not have, and JAX's own backend on
     CPU; an explicit setting of the TPU variables is left alone. With no chip to share, libtpu's one-process lock
@@ -74,25 +124,28 @@ def keep_off_metadata_server() -> None:
 
 
 def slice_devices(slice_: TpuSlice, attached: bool) -> list[Any]:
-    """The slice's devices, as its job sees them (``jax.devices()`` there): compile-only ones from libtpu, or
-    with ``attached`` this host's chips, checked to be that slice."""
+    """The job's devices, as it sees them (``jax.devices()`` there): compile-only ones from libtpu (every slice's,
+    for a multi-slice job: each device's ``slice_index`` says which), or with ``attached`` this host's chips,
+    checked to be that slice."""
     import jax
 
     if attached:
         devices = list(jax.devices())
         kinds = {d.device_kind for d in devices}
         want = DEVICE_KINDS[slice_.generation]
-        if kinds != {want} or len(devices) != slice_.chips:
+        if kinds != {want} or len(devices) != slice_.global_devices:
             raise TpuSetupError(
                 f"this host's JAX sees {len(devices)} device(s) of kind {', '.join(sorted(kinds)) or 'none'}, not"
-                f" the {slice_.chips} {want} chips of {slice_}: run --check on a node of that slice"
+                f" the {slice_.global_devices} {want} chips of {slice_}: run --check on a node of that slice"
             )
         return devices
     from jax.experimental import topologies
 
+    # libtpu takes the slice count as MaxText's train_compile.py gives it (compile_topology_num_slices).
+    slices = {"num_slices": slice_.num_slices} if slice_.num_slices > 1 else {}
     try:
         desc = topologies.get_topology_desc(topology_name=slice_.name, platform="tpu",
-                                            chips_per_host_bounds=slice_.chips_per_host, wrap=slice_.wrap)
+                                            chips_per_host_bounds=slice_.chips_per_host, wrap=slice_.wrap, **slices)
     except Exception as exc:  # noqa: BLE001 - libtpu's refusal, in its own words, as one line
         raise TpuSetupError(f"libtpu cannot describe {slice_}: {str(exc).splitlines()[0]}") from None
     return list(desc.devices)
@@ -265,8 +318,10 @@ def key_inputs(slice_: TpuSlice, flags: TargetFlags, compression: str, chips_per
     bounds = "x".join(map(str, slice_.chips_per_host))
     how = "Cloud TPU's standard shape; --chips-per-host overrides" if chips_per_host_default else "as given"
     wrap = ",".join(a for a, w in zip("xyz", slice_.wrap, strict=True) if w) or "none"
+    slices = (f"{slice_.num_slices} slices of {slice_.name} over the data-centre network ({slice_.global_devices}"
+              " devices), each " if slice_.num_slices > 1 else f"{slice_.name}: ")
     lines = [
-        f"  topology        {slice_.name}: {slice_.chips} chips, {slice_.hosts} host(s) of {bounds} ({how});"
+        f"  topology        {slices}{slice_.chips} chips, {slice_.hosts} host(s) of {bounds} ({how});"
         f" wraparound {wrap}",
         f"  flags           {_listed(flags.all) or '(none)'}  [from {shown(flags.source)}]",
         f"    XLA_FLAGS        {_listed(flags.xla_flags) or '(unset)'}",

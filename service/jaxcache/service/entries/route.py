@@ -39,8 +39,8 @@ async def list_entries(
                                         examples=["0.12.0"])] = None,
     topology: Annotated[str | None, Query(max_length=200, pattern=TEXT,
                                           description="the first writer's topology: SxHxD or a TPU slice (v5e:4x8),"
-                                                      " in any case and spacing",
-                                          examples=["4x8x1", "v5e:4x8"])] = None,
+                                                      " N slices of one (2xv5e:16x16), in any case and spacing",
+                                          examples=["4x8x1", "v5e:4x8", "2xv5e:16x16"])] = None,
     sort: Literal["size", "compile", "last_used", "created", "name", "hits"] = "name",
     order: Literal["asc", "desc"] = "asc",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -75,7 +75,8 @@ def _page(state: State, cache: str, flt: queries.EntryFilter, sort: str, order: 
 
 
 def _spelled(topology: str | None) -> str | None:
-    """The records' one spelling of ``topology`` (``4x8x1``, ``v5e:4x8``); text that is no topology as it is."""
+    """The records' one spelling of ``topology`` (``4x8x1``, ``v5e:4x8``, ``2xv5e:16x16``); text that is no topology
+    as it is."""
     if topology is None:
         return None
     try:

@@ -15,7 +15,7 @@ class WriterModel(BaseModel):
     run_id: str = Field(examples=["20261130-0815-a1b2c3"])
     process_index: int = Field(examples=[0])
     host: str | None = Field(None, examples=["gpu-node-17"])
-    topology: str | None = Field(None, examples=["4x8x1", "v5e:4x8"])
+    topology: str | None = Field(None, examples=["4x8x1", "v5e:4x8", "2xv5e:16x16"])
     jax: str | None = Field(None, examples=["0.12.0"])
     jaxlib: str | None = Field(None, examples=["0.12.0"])
     at_s: float | None = Field(None, description="Unix time of the write (the writer's first use of the key)")

@@ -10,7 +10,7 @@ class WarmupSummary(BaseModel):
 
     id: str = Field(examples=["20261130T153524Z-5af55f74"])
     job: str = Field(examples=["llm-4x8x1"])
-    topology: str = Field(examples=["4x8x1", "v5e:4x8"])
+    topology: str = Field(examples=["4x8x1", "v5e:4x8", "2xv5e:16x16"])
     platform: str = Field(examples=["gpu"])
     gpu_model: str | None = Field(None, examples=["NVIDIA H100 80GB HBM3"])
     started_s: float
