@@ -10,13 +10,13 @@ import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-from jaxcache.client import check_cache_dir, current_session
+from jaxcache.cli.parser import ArgumentParser
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, WarmupRecord
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import WARMUP_VERIFY, KeyUsage
-from jaxcache.storage import is_gcs_url, open_storage
+from jaxcache.storage import Storage, is_gcs_url, open_storage
 from jaxcache.table import render
 from jaxcache.topology import TpuSlice, parse_topology, parse_tpu_slice
 from jaxcache.units import format_bytes
@@ -74,10 +74,20 @@ failed, nothing was stored, --verify or --check found misses, or --verify ran pa
 (nothing written). With several targets: the worst target's."""
 
 
+class _Parser(ArgumentParser):
+    """The CLI's one-line errors; a flag option given its flags after a space is told to write them with '='."""
+
+    def error(self, message: str) -> NoReturn:
+        for option in ("--libtpu-init-args", "--target-xla-flags"):
+            if message == f"argument {option}: expected one argument":
+                message += f" (flags, written with '=': {option}='--xla_flag=value ...')"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (docs/user-guide.md, "Warm-up", explains its options)."""
-    p = argparse.ArgumentParser(prog="warmup", description=_DESCRIPTION, epilog=_EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="warmup", description=_DESCRIPTION, epilog=_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", action="append", metavar="SxHxD|TPU",
                    help="target cluster, e.g. 4x8x1, or a TPU slice, e.g. v5e:4x8 (implies --platform tpu), or N"
                         " slices of one, e.g. 2xv5e:16x16; repeat it for several targets")
@@ -196,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
+    """Check everything about the target, what needs no JAX first (the topology, the options, the entrypoint's
+    shape): the client loads JAX with the cache directory's check, seconds a typo should not wait for."""
     requested = dev.platform_for(args.topology, args.platform)
     if requested == "tpu":
         return _validate_tpu(args, script_args)
@@ -207,13 +219,11 @@ def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
                                 " SxHxD")
     topology = parse_topology(args.topology)
     target = tgt.make_target(args.entrypoint, args.script, script_args)
-    cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
-    gpus = _probe_gpus() if requested in (None, "gpu") else None
-    platform = requested or dev.default_platform(gpus)  # type: ignore[arg-type]
-    plan = dev.plan_backend(topology, platform, gpus)
-    storage = open_storage(cache_dir, must_exist=False)
-    if is_gcs_url(cache_dir):
-        storage.ping()  # an unreachable bucket should fail here, not after an hour of compiling
+    plan = dev.plan_backend(topology, "cpu", None) if requested == "cpu" else None
+    cache_dir, _ = _open_cache(args)
+    if plan is None:
+        gpus = _probe_gpus()
+        plan = dev.plan_backend(topology, requested or dev.default_platform(gpus), gpus)
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust)
 
 
@@ -222,19 +232,29 @@ _probe_gpus = functools.cache(dev.probe_gpus)
 _FLAGS_CHECKED: set[tpu.TargetFlags] = set()
 
 
+def _open_cache(args: argparse.Namespace) -> tuple[str, Storage]:
+    """The cache directory, judged as enable_cache() will judge it, and opened. The client loads JAX: this comes
+    after every check that needs none."""
+    from jaxcache.client import check_cache_dir
+
+    cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
+    storage = open_storage(cache_dir, must_exist=False)
+    if is_gcs_url(cache_dir):
+        storage.ping()  # an unreachable bucket should fail here, not after an hour of compiling
+    return cache_dir, storage
+
+
 def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
     slice_ = parse_tpu_slice(args.topology, args.chips_per_host, args.num_slices)
     if args.script:
         raise InvalidInputError("--script cannot warm up a TPU slice: a script's jax.devices() are this host's CPUs,"
                                 " not the slice's chips; give an --entrypoint, which gets them from ctx.devices()")
     target = tgt.make_target(args.entrypoint, args.script, script_args)
-    cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
-    storage = open_storage(cache_dir, must_exist=False)
-    if is_gcs_url(cache_dir):
-        storage.ping()
     explicit = tpu.explicit_flags(args.target_xla_flags, args.libtpu_init_args)
     if explicit is not None and args.flags_from_job:
         raise InvalidInputError("give the target's flags either explicitly or with --flags-from-job, not both")
+    cache_dir, storage = _open_cache(args)
+    # A record's flags are judged before libtpu is needed: the record decides no place to read or write, here or not.
     flags = tpu.flags_from_job(storage, args.flags_from_job) if args.flags_from_job else explicit
     # --check on a node of the slice looks up with its own chips; elsewhere libtpu describes them. A command with
     # several targets has found which one the chips are (--check-on). One slice's host does not see a multi-slice
@@ -319,6 +339,8 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
         print(f"warmup: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     show.close()
+    from jaxcache.client import current_session  # loaded by the warm-up already
+
     summary = _summary(record)
     session = current_session()
     why = explain_nothing_compiled(record, unrecognised=session.stats().unrecognised if session else 0)
