@@ -278,6 +278,27 @@ def test_bad_input_is_one_line_naming_it_before_jax_loads(tmp_path, args, said):
     assert not cache.exists()
 
 
+def test_a_gpu_style_target_on_a_machine_without_gpus_says_it_compiles_for_the_cpu(tmp_path):
+    """No --platform and no GPU here: the documented default is the CPU, said in one warning line before anything
+    compiles, once a command (naming each target concerned); not when --platform cpu says it is meant."""
+    def warnings_of(proc: subprocess.CompletedProcess) -> list[str]:
+        return [line for line in proc.stderr.splitlines() if line.startswith("warmup: warning:")]
+
+    args = ("--cache-dir", str(tmp_path / "c"), "--entrypoint", EXAMPLE, "--dry-run", "--json")
+    proc = warmup("--topology", "1x1x2", *args)
+    assert json.loads(proc.stdout)["platform"] == "cpu"
+    assert warnings_of(proc) == ["warmup: warning: no GPU here: compiling 1x1x2 for the CPU, which GPU jobs never hit;"
+                                 " pass --platform cpu to say that is meant, or run on a node with the target's GPUs"]
+    assert warnings_of(warmup("--topology", "1x1x2", "--platform", "cpu", *args)) == []
+
+    proc = warmup("--topology", "1x1x2", "--topology", "1x1x4", *args)
+    (line,) = warnings_of(proc)
+    assert line.startswith("warmup: warning: no GPU here: compiling 1x1x2, 1x1x4 for the CPU"), proc.stderr
+    out = json.loads(proc.stdout)
+    assert [(t["target"], t["platform"], t["errors"]) for t in out["targets"]] == [("1x1x2", "cpu", []),
+                                                                                    ("1x1x4", "cpu", [])]
+
+
 def test_neither_entrypoint_nor_script(tmp_path):
     proc = warmup("--topology", "1x1x1", "--cache-dir", str(tmp_path / "c"), expect=2)
     assert "exactly one of --entrypoint" in proc.stderr

@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a training script run as __main__ (only its compiles count; its own enable_cache() call"
                         " gets the warm-up's cache settings)")
     p.add_argument("--platform", choices=dev.PLATFORMS,
-                   help="default: tpu for a slice name, gpu when JAX sees GPUs here, else cpu")
+                   help="default: tpu for a slice name, gpu when JAX sees GPUs here, else cpu (with a warning: GPU"
+                        " jobs never hit CPU entries)")
     p.add_argument("--chips-per-host", metavar="XxY[xZ]",
                    help="TPU: chips on each host of the slice (enters the key); default: Cloud TPU's standard shape")
     p.add_argument("--num-slices", type=_count, metavar="N",
@@ -198,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except JaxcacheError as exc:
             print(f"warmup: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        _say_cpu_by_default([args], [config.plan])
         if args.dry_run:
             return _dry_run(config, args)
         if args.check:
@@ -267,6 +269,17 @@ def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupCon
         _FLAGS_CHECKED.add(flags)  # a command's other TPU targets have the same flags: one check a command
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust, flags=flags,
                         chips_per_host_default=slice_.chips_per_host == slice_.standard_hosts)
+
+
+def _say_cpu_by_default(ones: Sequence[argparse.Namespace], plans: Sequence[dev.BackendPlan]) -> None:
+    """One warning line for the SxHxD targets compiled for the CPU only because this machine has no GPU (no
+    --platform given): entries a GPU job never hits."""
+    named = [str(p.topology) for one, p in zip(ones, plans, strict=True)
+             if one.platform is None and p.platform == "cpu"]
+    if named:
+        print(f"warmup: warning: no GPU here: compiling {', '.join(named)} for the CPU, which GPU jobs never hit; pass"
+              " --platform cpu to say that is meant, or run on a node with the target's GPUs", file=sys.stderr,
+              flush=True)
 
 
 def _check(config: WarmupConfig, args: argparse.Namespace, bundle: BundleRoot | None) -> int:
@@ -379,6 +392,7 @@ def _run_targets(parser: argparse.ArgumentParser, args: argparse.Namespace, text
         except JaxcacheError as exc:
             print(f"warmup: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        _say_cpu_by_default(ones, plans)
         on = _chips_for_check(args, plans, out)
         jobs = [pool.Job(str(plan.topology), plan.platform,
                          targets.child_argv(parser, one, platform=plan.platform, script_args=script_args,
