@@ -264,6 +264,7 @@ run()
     (["--topology", "1x1x2", "--entrypoint", "nocolon"], "--entrypoint 'nocolon': write it as pkg.module:function"),
     (["--topology", "1x1x2", "--entrypoint", "no_such_module.jobs:warm"],
      "--entrypoint 'no_such_module.jobs:warm': no module 'no_such_module' here"),
+    (["--topology", "v5e:2x2", "--checked-flags", "{}"], "--checked-flags: not the target's flags"),
 ])
 def test_bad_input_is_one_line_naming_it_before_jax_loads(tmp_path, args, said):
     """The user guide's promise (#60): one line on stderr naming the option and what it takes, exit 2, nothing

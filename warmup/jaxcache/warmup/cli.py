@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-child", help=argparse.SUPPRESS)
     # A target's own process, started by a command with several: --check on the attached chips, or compile-only.
     p.add_argument("--check-on", choices=("attached", "compile-only"), help=argparse.SUPPRESS)
+    # A TPU target's process, started by a command with several: the target's flags, which the command resolved
+    # (from the job's records, with where they came from) and checked once for all its TPU targets, as JSON.
+    p.add_argument("--checked-flags", metavar="JSON", help=argparse.SUPPRESS)
     return p
 
 
@@ -207,13 +210,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(config, args)
 
 
-def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
+def _validate(args: argparse.Namespace, script_args: list[str],
+              checked: tpu.TargetFlags | None = None) -> WarmupConfig:
     """Check everything about the target, what needs no JAX first (the topology, the options, the entrypoint's
-    shape): the client loads JAX with the cache directory's check, seconds a typo should not wait for."""
+    shape): the client loads JAX with the cache directory's check, seconds a typo should not wait for.
+    ``checked``: TPU flags the command already resolved and checked, for another of its targets."""
     requested = dev.platform_for(args.topology, args.platform)
     if requested == "tpu":
-        return _validate_tpu(args, script_args)
-    if args.chips_per_host or args.libtpu_init_args or args.target_xla_flags or args.flags_from_job:
+        return _validate_tpu(args, script_args, checked)
+    if (args.chips_per_host or args.libtpu_init_args or args.target_xla_flags or args.flags_from_job
+            or args.checked_flags):
         raise InvalidInputError("--chips-per-host, --libtpu-init-args, --target-xla-flags and --flags-from-job are"
                                 " for --platform tpu")
     if args.num_slices is not None:
@@ -231,7 +237,6 @@ def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
 
 # One probe a command: several GPU targets are checked against the same GPUs.
 _probe_gpus = functools.cache(dev.probe_gpus)
-_FLAGS_CHECKED: set[tpu.TargetFlags] = set()
 
 
 def _open_cache(args: argparse.Namespace) -> tuple[str, Storage]:
@@ -246,7 +251,7 @@ def _open_cache(args: argparse.Namespace) -> tuple[str, Storage]:
     return cache_dir, storage
 
 
-def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
+def _validate_tpu(args: argparse.Namespace, script_args: list[str], checked: tpu.TargetFlags | None) -> WarmupConfig:
     slice_ = parse_tpu_slice(args.topology, args.chips_per_host, args.num_slices)
     if args.script:
         raise InvalidInputError("--script cannot warm up a TPU slice: a script's jax.devices() are this host's CPUs,"
@@ -255,18 +260,22 @@ def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupCon
     explicit = tpu.explicit_flags(args.target_xla_flags, args.libtpu_init_args)
     if explicit is not None and args.flags_from_job:
         raise InvalidInputError("give the target's flags either explicitly or with --flags-from-job, not both")
+    if checked is None and args.checked_flags is not None:
+        if explicit is not None or args.flags_from_job:
+            raise InvalidInputError("--checked-flags is the flags a command hands a target's process, given alone")
+        checked = tpu.TargetFlags.from_json(args.checked_flags)
     cache_dir, storage = _open_cache(args)
     # A record's flags are judged before libtpu is needed: the record decides no place to read or write, here or not.
-    flags = tpu.flags_from_job(storage, args.flags_from_job) if args.flags_from_job else explicit
+    flags = checked if checked is not None else (
+        tpu.flags_from_job(storage, args.flags_from_job) if args.flags_from_job else explicit)
     # --check on a node of the slice looks up with its own chips; elsewhere libtpu describes them. A command with
     # several targets has found which one the chips are (--check-on). One slice's host does not see a multi-slice
     # job's devices: that job is checked against compile-only ones.
     on_chips = tpu.chips_here() if args.check_on is None else args.check_on == "attached"
     attached = bool(args.check) and on_chips and slice_.num_slices == 1
     plan = dev.plan_backend(slice_, "tpu", None, attached=attached)
-    if flags is not None and flags not in _FLAGS_CHECKED:
+    if flags is not None and checked is None:  # else resolved and checked once for the command's TPU targets
         tpu.check_flags(flags, slice_)  # a flag XLA or libtpu would stop on: one line, not a crash
-        _FLAGS_CHECKED.add(flags)  # a command's other TPU targets have the same flags: one check a command
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust, flags=flags,
                         chips_per_host_default=slice_.chips_per_host == slice_.standard_hosts)
 
@@ -326,6 +335,8 @@ def _dry_run(config: WarmupConfig, args: argparse.Namespace) -> int:
                     flags=list(flags.all), xla_flags=list(flags.xla_flags),
                     libtpu_init_args=list(flags.libtpu_init_args), flags_from=flags.source,
                     flags_not_taken=list(flags.left_out),
+                    # where the target's flags were tried (none given: this machine's, nothing to try)
+                    flags_checked=None if config.flags is None else "by the command" if args.checked_flags else "here",
                     attached=config.plan.attached)
     if args.json:
         print(json.dumps(plan, sort_keys=True))
@@ -388,15 +399,24 @@ def _run_targets(parser: argparse.ArgumentParser, args: argparse.Namespace, text
         try:
             bundle = stack.enter_context(bundle_root(args)) if os.path.isfile(args.cache_dir) else None
             ones = [targets.for_target(args, text) for text in texts]
-            plans = [_validate(one, script_args).plan for one in ones]
+            # The TPU targets share the command's flags: the first resolves them (reading the job's records) and
+            # checks them, the others and every target's process take them as they are.
+            flags: tpu.TargetFlags | None = None
+            plans = []
+            for one in ones:
+                config = _validate(one, script_args, flags)
+                plans.append(config.plan)
+                flags = flags or config.flags
         except JaxcacheError as exc:
             print(f"warmup: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
         _say_cpu_by_default(ones, plans)
         on = _chips_for_check(args, plans, out)
+        handed = flags.to_json() if flags is not None else None
         jobs = [pool.Job(str(plan.topology), plan.platform,
                          targets.child_argv(parser, one, platform=plan.platform, script_args=script_args,
-                                            check_on=on.get(str(plan.topology))))
+                                            check_on=on.get(str(plan.topology)),
+                                            checked_flags=handed if plan.platform == "tpu" else None))
                 for one, plan in zip(ones, plans, strict=True)]
         if args.parallel:
             parallel, why = args.parallel, f"--parallel {args.parallel}"
