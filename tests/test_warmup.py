@@ -234,6 +234,72 @@ def test_bad_input_exit_2_with_a_clear_line(tmp_path, args, message):
     assert not cache.exists()
 
 
+# `warmup` run as its console script does, saying on stdout, last, whether JAX was imported.
+NO_JAX = """
+import atexit, sys
+atexit.register(lambda: print("imported jax" if "jax" in sys.modules else "no jax"))
+sys.argv[0] = "warmup"
+from jaxcache.warmup.cli import run
+run()
+"""
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--topology", "1x1x2", "--verify-timeout", "abc"], "argument --verify-timeout: 'abc': use a positive number"),
+    (["--topology", "1x1x2", "--verify-timeout", "-5"], "argument --verify-timeout: '-5': use a positive number"),
+    (["--topology", "1x1x2", "--topology", "1x1x4", "--parallel", "0"], "argument --parallel: '0': use a whole"
+                                                                         " number, 1 or more"),
+    (["--topology", "v5e:2x2", "--num-slices", "x"], "argument --num-slices: 'x': use a whole number, 1 or more"),
+    (["--topology", "1x1x2", "--index", "-1"], "argument --index: '-1': use a whole number, 0 or more"),
+    (["--topology", "1x1x2", "--platform", "xpu"], "argument --platform: invalid choice: 'xpu'"),
+    (["--topology", "1x1x2", "--trust", "maybe"], "argument --trust: invalid choice: 'maybe'"),
+    (["--topology"], "argument --topology: expected one argument"),
+    (["--topology", "v5e:2x2", "--libtpu-init-args", "--xla_tpu_x=1"],
+     "argument --libtpu-init-args: expected one argument (flags, written with '=': --libtpu-init-args='--xla_"),
+    (["--topology", "1x2"], "topology '1x2' has 2 part(s), not 3"),
+    (["--topology", "v5e:3x3"], "topology 'v5e:3x3': v5e makes no 3x3 slice"),
+    (["--topology", "1x1x2", "--topology", "1x2"], "topology '1x2' has 2 part(s), not 3"),
+    (["--topology", "1x1x2", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["--entrypoint", EXAMPLE], "give the target: --topology"),
+    (["--topology", "1x1x2", "--entrypoint", "nocolon"], "--entrypoint 'nocolon': write it as pkg.module:function"),
+    (["--topology", "1x1x2", "--entrypoint", "no_such_module.jobs:warm"],
+     "--entrypoint 'no_such_module.jobs:warm': no module 'no_such_module' here"),
+    (["--topology", "v5e:2x2", "--checked-flags", "{}"], "--checked-flags: not the target's flags"),
+])
+def test_bad_input_is_one_line_naming_it_before_jax_loads(tmp_path, args, said):
+    """The user guide's promise (#60): one line on stderr naming the option and what it takes, exit 2, nothing
+    written; and refused before JAX loads (seconds a typo should not wait for)."""
+    cache = tmp_path / "c"
+    if "--entrypoint" not in args:
+        args = [*args, "--entrypoint", EXAMPLE]
+    proc = subprocess.run([sys.executable, "-c", NO_JAX, *args, "--cache-dir", str(cache)], capture_output=True,
+                          text=True, timeout=60, cwd=PROGRAMS, env=clean_env())
+    assert proc.returncode == 2 and proc.stdout == "no jax\n", (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith(f"warmup: error: {said}") and proc.stderr.count("\n") == 1, proc.stderr
+    assert not cache.exists()
+
+
+def test_a_gpu_style_target_on_a_machine_without_gpus_says_it_compiles_for_the_cpu(tmp_path):
+    """No --platform and no GPU here: the documented default is the CPU, said in one warning line before anything
+    compiles, once a command (naming each target concerned); not when --platform cpu says it is meant."""
+    def warnings_of(proc: subprocess.CompletedProcess) -> list[str]:
+        return [line for line in proc.stderr.splitlines() if line.startswith("warmup: warning:")]
+
+    args = ("--cache-dir", str(tmp_path / "c"), "--entrypoint", EXAMPLE, "--dry-run", "--json")
+    proc = warmup("--topology", "1x1x2", *args)
+    assert json.loads(proc.stdout)["platform"] == "cpu"
+    assert warnings_of(proc) == ["warmup: warning: no GPU here: compiling 1x1x2 for the CPU, which GPU jobs never hit;"
+                                 " pass --platform cpu to say that is meant, or run on a node with the target's GPUs"]
+    assert warnings_of(warmup("--topology", "1x1x2", "--platform", "cpu", *args)) == []
+
+    proc = warmup("--topology", "1x1x2", "--topology", "1x1x4", *args)
+    (line,) = warnings_of(proc)
+    assert line.startswith("warmup: warning: no GPU here: compiling 1x1x2, 1x1x4 for the CPU"), proc.stderr
+    out = json.loads(proc.stdout)
+    assert [(t["target"], t["platform"], t["errors"]) for t in out["targets"]] == [("1x1x2", "cpu", []),
+                                                                                    ("1x1x4", "cpu", [])]
+
+
 def test_neither_entrypoint_nor_script(tmp_path):
     proc = warmup("--topology", "1x1x1", "--cache-dir", str(tmp_path / "c"), expect=2)
     assert "exactly one of --entrypoint" in proc.stderr
@@ -254,8 +320,8 @@ def test_user_code_failures_exit_1_with_their_traceback_marked(tmp_path):
     assert "traceback from YOUR code" in proc.stderr and "the user's own bug" in proc.stderr
     assert "warm_targets.py" in proc.stderr and "warmup/target.py" not in proc.stderr
     proc = warmup("--topology", "1x1x1", "--platform", "cpu", "--cache-dir", str(tmp_path / "c"),
-                  "--entrypoint", "no_such_module:warm", expect=1)
-    assert "failed to import" in proc.stderr and "No module named 'no_such_module'" in proc.stderr
+                  "--entrypoint", "warm_targets.nope:warm", expect=1)
+    assert "failed to import" in proc.stderr and "No module named 'warm_targets.nope'" in proc.stderr
 
 
 def test_nothing_compiled_exit_1_says_why(tmp_path):

@@ -132,6 +132,16 @@ def test_a_targets_process_gets_the_commands_options_for_it_alone():
         assert again.parallel is None and again.targets is None and again.index is None
         assert again.libtpu_init_args == ("--xla_tpu_x=1 --xla_tpu_y=2" if platform == "tpu" else None)
 
+    # A TPU target's process is handed the flags the command resolved and checked, in place of the options they came
+    # from (it neither reads the job's records again nor checks them again).
+    flags = tpu.TargetFlags((), ("--xla_tpu_x=1",), source="run r1 of job 'pretrain'")
+    one = targets.for_target(parser.parse_args(["--topology", "v5e:2x2", "--topology", "v5e:1x1", "--cache-dir", "/c",
+                                                "--entrypoint", "m:f", "--flags-from-job", "pretrain"]), "v5e:2x2")
+    again = parser.parse_args(targets.child_argv(parser, one, platform="tpu", script_args=[],
+                                                 checked_flags=flags.to_json()))
+    assert (again.flags_from_job, again.libtpu_init_args, again.target_xla_flags) == (None, None, None)
+    assert tpu.TargetFlags.from_json(again.checked_flags) == flags
+
 
 def test_the_check_on_a_node_uses_its_chips_for_the_target_they_are():
     one, four, two_slices = (parse_tpu_slice(t) for t in ("v5e:1x1", "v5e:2x2", "2xv5e:2x2"))

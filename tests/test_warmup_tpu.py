@@ -44,9 +44,10 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def warmup(*args: str, python: str = sys.executable, expect: int | None = 0) -> subprocess.CompletedProcess:
+def warmup(*args: str, python: str = sys.executable, expect: int | None = 0,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run([python, "-m", "jaxcache.warmup", *args], capture_output=True, text=True, timeout=300,
-                          cwd=PROGRAMS, env=clean_env())
+                          cwd=PROGRAMS, env=clean_env(**(env or {})))
     if expect is not None:
         assert proc.returncode == expect, f"exit {proc.returncode}, expected {expect}\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -250,6 +251,7 @@ def test_flags_from_a_jobs_run_record(tpu_python, tmp_path):
     assert plan["libtpu_init_args"] == [BARRIER] and plan["xla_flags"] == []
     assert plan["flags_not_taken"] == ["--xla_dump_hlo_as_text"]  # JAX leaves it out of the key
     assert plan["flags_from"] == "run r1 of job 'pretrain'" and plan["chips_per_host"] == "2x2x1"
+    assert plan["flags_checked"] == "here"
     for job, why in (("nokeyparts", "lists the flags JAX hashed"), ("nobody", "has no run record")):
         bad = warmup("--topology", "v5e:2x2", "--cache-dir", str(cache), "--entrypoint", EXAMPLE, "--dry-run",
                      "--flags-from-job", job, python=tpu_python, expect=2)
@@ -354,6 +356,40 @@ def test_flags_from_job_reads_the_newest_days_first_and_stops_at_the_first_answe
     assert flags.libtpu_init_args == (BARRIER,) and flags.source == "run new4 of job 'pretrain'"
     assert storage.reads <= 5, storage.reads  # today's records at most, not the 200 older ones
     assert tpu.flags_from_job(open_storage(cache), "pretrain").source == "run new4 of job 'pretrain'"
+
+
+def test_a_command_of_several_tpu_targets_reads_and_checks_their_flags_once(tpu_python, tmp_path):
+    """The command reads the job's records and checks the flags once; each target's process takes them as handed,
+    with where they came from. Here the entrypoint's import deletes the records: the second target's process
+    (--parallel 1) would find none, were it to read them again."""
+    cache = tmp_path / "c"
+    record(cache, "pretrain", "r1", (BARRIER,))
+    (tmp_path / "forgets_runs.py").write_text(
+        "import os, shutil\n"
+        "shutil.rmtree(os.environ['FORGET_RUNS'], ignore_errors=True)\n"
+        "from jaxcache.warmup.examples import warm  # noqa: F401\n")
+    proc = warmup("--topology", "v5e:2x2", "--topology", "v5e:1x1", "--cache-dir", str(cache), "--entrypoint",
+                  "forgets_runs:warm", "--flags-from-job", "pretrain", "--parallel", "1", "--dry-run", "--json",
+                  python=tpu_python, env={"PYTHONPATH": str(tmp_path), "FORGET_RUNS": str(cache / ".jaxcache")},
+                  expect=None)
+    out = json.loads(proc.stdout)
+    assert [(t["target"], t["exit"], t["errors"]) for t in out["targets"]] == [("v5e:2x2", 0, []),
+                                                                                ("v5e:1x1", 0, [])], proc.stdout
+    plans = [t["summary"] for t in out["targets"]]
+    assert all((p["flags_from"], p["libtpu_init_args"], p["flags_checked"]) == (
+        "run r1 of job 'pretrain'", [BARRIER], "by the command") for p in plans), plans
+    assert not (cache / ".jaxcache").exists(), "the first target's process ran the entrypoint's import"
+
+
+def test_the_flags_a_command_hands_a_targets_process_travel_whole():
+    from jaxcache.warmup import tpu
+
+    flags = tpu.TargetFlags(("--xla_x=1",), (BARRIER, "--xla_tpu_y=\x1b[2K"), "run r1 of job 'p\u00e9'",
+                            ("--xla_dump_to=/x",))
+    assert flags.to_json().isascii() and tpu.TargetFlags.from_json(flags.to_json()) == flags
+    for text in ("{}", "[]", "not json", '{"xla_flags": [1], "libtpu_init_args": [], "left_out": [], "source": "s"}'):
+        with pytest.raises(InvalidInputError, match="--checked-flags: not the target's flags"):
+            tpu.TargetFlags.from_json(text)
 
 
 def test_single_chip_has_its_own_host_bounds(tpu_python, tmp_path):

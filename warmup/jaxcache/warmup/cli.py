@@ -10,13 +10,13 @@ import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-from jaxcache.client import check_cache_dir, current_session
+from jaxcache.cli.parser import ArgumentParser
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, WarmupRecord
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import WARMUP_VERIFY, KeyUsage
-from jaxcache.storage import is_gcs_url, open_storage
+from jaxcache.storage import Storage, is_gcs_url, open_storage
 from jaxcache.table import render
 from jaxcache.topology import TpuSlice, parse_topology, parse_tpu_slice
 from jaxcache.units import format_bytes
@@ -74,10 +74,20 @@ failed, nothing was stored, --verify or --check found misses, or --verify ran pa
 (nothing written). With several targets: the worst target's."""
 
 
+class _Parser(ArgumentParser):
+    """The CLI's one-line errors; a flag option given its flags after a space is told to write them with '='."""
+
+    def error(self, message: str) -> NoReturn:
+        for option in ("--libtpu-init-args", "--target-xla-flags"):
+            if message == f"argument {option}: expected one argument":
+                message += f" (flags, written with '=': {option}='--xla_flag=value ...')"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (docs/user-guide.md, "Warm-up", explains its options)."""
-    p = argparse.ArgumentParser(prog="warmup", description=_DESCRIPTION, epilog=_EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="warmup", description=_DESCRIPTION, epilog=_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", action="append", metavar="SxHxD|TPU",
                    help="target cluster, e.g. 4x8x1, or a TPU slice, e.g. v5e:4x8 (implies --platform tpu), or N"
                         " slices of one, e.g. 2xv5e:16x16; repeat it for several targets")
@@ -97,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a training script run as __main__ (only its compiles count; its own enable_cache() call"
                         " gets the warm-up's cache settings)")
     p.add_argument("--platform", choices=dev.PLATFORMS,
-                   help="default: tpu for a slice name, gpu when JAX sees GPUs here, else cpu")
+                   help="default: tpu for a slice name, gpu when JAX sees GPUs here, else cpu (with a warning: GPU"
+                        " jobs never hit CPU entries)")
     p.add_argument("--chips-per-host", metavar="XxY[xZ]",
                    help="TPU: chips on each host of the slice (enters the key); default: Cloud TPU's standard shape")
     p.add_argument("--num-slices", type=_count, metavar="N",
@@ -131,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-child", help=argparse.SUPPRESS)
     # A target's own process, started by a command with several: --check on the attached chips, or compile-only.
     p.add_argument("--check-on", choices=("attached", "compile-only"), help=argparse.SUPPRESS)
+    # A TPU target's process, started by a command with several: the target's flags, which the command resolved
+    # (from the job's records, with where they came from) and checked once for all its TPU targets, as JSON.
+    p.add_argument("--checked-flags", metavar="JSON", help=argparse.SUPPRESS)
     return p
 
 
@@ -188,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except JaxcacheError as exc:
             print(f"warmup: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        _say_cpu_by_default([args], [config.plan])
         if args.dry_run:
             return _dry_run(config, args)
         if args.check:
@@ -195,11 +210,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(config, args)
 
 
-def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
+def _validate(args: argparse.Namespace, script_args: list[str],
+              checked: tpu.TargetFlags | None = None) -> WarmupConfig:
+    """Check everything about the target, what needs no JAX first (the topology, the options, the entrypoint's
+    shape): the client loads JAX with the cache directory's check, seconds a typo should not wait for.
+    ``checked``: TPU flags the command already resolved and checked, for another of its targets."""
     requested = dev.platform_for(args.topology, args.platform)
     if requested == "tpu":
-        return _validate_tpu(args, script_args)
-    if args.chips_per_host or args.libtpu_init_args or args.target_xla_flags or args.flags_from_job:
+        return _validate_tpu(args, script_args, checked)
+    if (args.chips_per_host or args.libtpu_init_args or args.target_xla_flags or args.flags_from_job
+            or args.checked_flags):
         raise InvalidInputError("--chips-per-host, --libtpu-init-args, --target-xla-flags and --flags-from-job are"
                                 " for --platform tpu")
     if args.num_slices is not None:
@@ -207,46 +227,68 @@ def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
                                 " SxHxD")
     topology = parse_topology(args.topology)
     target = tgt.make_target(args.entrypoint, args.script, script_args)
-    cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
-    gpus = _probe_gpus() if requested in (None, "gpu") else None
-    platform = requested or dev.default_platform(gpus)  # type: ignore[arg-type]
-    plan = dev.plan_backend(topology, platform, gpus)
-    storage = open_storage(cache_dir, must_exist=False)
-    if is_gcs_url(cache_dir):
-        storage.ping()  # an unreachable bucket should fail here, not after an hour of compiling
+    plan = dev.plan_backend(topology, "cpu", None) if requested == "cpu" else None
+    cache_dir, _ = _open_cache(args)
+    if plan is None:
+        gpus = _probe_gpus()
+        plan = dev.plan_backend(topology, requested or dev.default_platform(gpus), gpus)
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust)
 
 
 # One probe a command: several GPU targets are checked against the same GPUs.
 _probe_gpus = functools.cache(dev.probe_gpus)
-_FLAGS_CHECKED: set[tpu.TargetFlags] = set()
 
 
-def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
+def _open_cache(args: argparse.Namespace) -> tuple[str, Storage]:
+    """The cache directory, judged as enable_cache() will judge it, and opened. The client loads JAX: this comes
+    after every check that needs none."""
+    from jaxcache.client import check_cache_dir
+
+    cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
+    storage = open_storage(cache_dir, must_exist=False)
+    if is_gcs_url(cache_dir):
+        storage.ping()  # an unreachable bucket should fail here, not after an hour of compiling
+    return cache_dir, storage
+
+
+def _validate_tpu(args: argparse.Namespace, script_args: list[str], checked: tpu.TargetFlags | None) -> WarmupConfig:
     slice_ = parse_tpu_slice(args.topology, args.chips_per_host, args.num_slices)
     if args.script:
         raise InvalidInputError("--script cannot warm up a TPU slice: a script's jax.devices() are this host's CPUs,"
                                 " not the slice's chips; give an --entrypoint, which gets them from ctx.devices()")
     target = tgt.make_target(args.entrypoint, args.script, script_args)
-    cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
-    storage = open_storage(cache_dir, must_exist=False)
-    if is_gcs_url(cache_dir):
-        storage.ping()
     explicit = tpu.explicit_flags(args.target_xla_flags, args.libtpu_init_args)
     if explicit is not None and args.flags_from_job:
         raise InvalidInputError("give the target's flags either explicitly or with --flags-from-job, not both")
-    flags = tpu.flags_from_job(storage, args.flags_from_job) if args.flags_from_job else explicit
+    if checked is None and args.checked_flags is not None:
+        if explicit is not None or args.flags_from_job:
+            raise InvalidInputError("--checked-flags is the flags a command hands a target's process, given alone")
+        checked = tpu.TargetFlags.from_json(args.checked_flags)
+    cache_dir, storage = _open_cache(args)
+    # A record's flags are judged before libtpu is needed: the record decides no place to read or write, here or not.
+    flags = checked if checked is not None else (
+        tpu.flags_from_job(storage, args.flags_from_job) if args.flags_from_job else explicit)
     # --check on a node of the slice looks up with its own chips; elsewhere libtpu describes them. A command with
     # several targets has found which one the chips are (--check-on). One slice's host does not see a multi-slice
     # job's devices: that job is checked against compile-only ones.
     on_chips = tpu.chips_here() if args.check_on is None else args.check_on == "attached"
     attached = bool(args.check) and on_chips and slice_.num_slices == 1
     plan = dev.plan_backend(slice_, "tpu", None, attached=attached)
-    if flags is not None and flags not in _FLAGS_CHECKED:
+    if flags is not None and checked is None:  # else resolved and checked once for the command's TPU targets
         tpu.check_flags(flags, slice_)  # a flag XLA or libtpu would stop on: one line, not a crash
-        _FLAGS_CHECKED.add(flags)  # a command's other TPU targets have the same flags: one check a command
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust, flags=flags,
                         chips_per_host_default=slice_.chips_per_host == slice_.standard_hosts)
+
+
+def _say_cpu_by_default(ones: Sequence[argparse.Namespace], plans: Sequence[dev.BackendPlan]) -> None:
+    """One warning line for the SxHxD targets compiled for the CPU only because this machine has no GPU (no
+    --platform given): entries a GPU job never hits."""
+    named = [str(p.topology) for one, p in zip(ones, plans, strict=True)
+             if one.platform is None and p.platform == "cpu"]
+    if named:
+        print(f"warmup: warning: no GPU here: compiling {', '.join(named)} for the CPU, which GPU jobs never hit; pass"
+              " --platform cpu to say that is meant, or run on a node with the target's GPUs", file=sys.stderr,
+              flush=True)
 
 
 def _check(config: WarmupConfig, args: argparse.Namespace, bundle: BundleRoot | None) -> int:
@@ -293,6 +335,8 @@ def _dry_run(config: WarmupConfig, args: argparse.Namespace) -> int:
                     flags=list(flags.all), xla_flags=list(flags.xla_flags),
                     libtpu_init_args=list(flags.libtpu_init_args), flags_from=flags.source,
                     flags_not_taken=list(flags.left_out),
+                    # where the target's flags were tried (none given: this machine's, nothing to try)
+                    flags_checked=None if config.flags is None else "by the command" if args.checked_flags else "here",
                     attached=config.plan.attached)
     if args.json:
         print(json.dumps(plan, sort_keys=True))
@@ -319,6 +363,8 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
         print(f"warmup: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     show.close()
+    from jaxcache.client import current_session  # loaded by the warm-up already
+
     summary = _summary(record)
     session = current_session()
     why = explain_nothing_compiled(record, unrecognised=session.stats().unrecognised if session else 0)
@@ -353,14 +399,24 @@ def _run_targets(parser: argparse.ArgumentParser, args: argparse.Namespace, text
         try:
             bundle = stack.enter_context(bundle_root(args)) if os.path.isfile(args.cache_dir) else None
             ones = [targets.for_target(args, text) for text in texts]
-            plans = [_validate(one, script_args).plan for one in ones]
+            # The TPU targets share the command's flags: the first resolves them (reading the job's records) and
+            # checks them, the others and every target's process take them as they are.
+            flags: tpu.TargetFlags | None = None
+            plans = []
+            for one in ones:
+                config = _validate(one, script_args, flags)
+                plans.append(config.plan)
+                flags = flags or config.flags
         except JaxcacheError as exc:
             print(f"warmup: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        _say_cpu_by_default(ones, plans)
         on = _chips_for_check(args, plans, out)
+        handed = flags.to_json() if flags is not None else None
         jobs = [pool.Job(str(plan.topology), plan.platform,
                          targets.child_argv(parser, one, platform=plan.platform, script_args=script_args,
-                                            check_on=on.get(str(plan.topology))))
+                                            check_on=on.get(str(plan.topology)),
+                                            checked_flags=handed if plan.platform == "tpu" else None))
                 for one, plan in zip(ones, plans, strict=True)]
         if args.parallel:
             parallel, why = args.parallel, f"--parallel {args.parallel}"

@@ -12,7 +12,6 @@ from typing import TypedDict
 
 import msgspec
 
-from jaxcache.client import CacheAlreadyInitializedError, enable_cache
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, ProgramCoverage, Status, WarmupRecord
 from jaxcache.entry import cache_name
 from jaxcache.errors import JaxcacheError
@@ -78,6 +77,10 @@ def run_warmup(
     :class:`jaxcache.warmup.target.UserCodeError` when the user's code fails; the coverage of what did compile is
     still written (it is in the cache either way).
     """
+    # JAX loads with the client, here and not at import: the command refuses bad input before it, in a fraction of
+    # the seconds JAX takes to load.
+    from jaxcache.client import CacheAlreadyInitializedError, enable_cache
+
     started = time.time()
     if config.flags is not None:
         config.flags.apply()  # before libtpu starts: it reads LIBTPU_INIT_ARGS once

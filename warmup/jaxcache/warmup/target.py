@@ -7,6 +7,7 @@ says so, and exit 1.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import runpy
 import sys
@@ -41,7 +42,8 @@ class Target:
 
 
 def make_target(entrypoint: str | None, script: str | None, script_args: Sequence[str]) -> Target:
-    """Check the shape of ``--entrypoint``/``--script`` (exactly one, well formed) without importing anything."""
+    """Check ``--entrypoint``/``--script`` (exactly one, well formed, there) without importing anything: the
+    entrypoint's top-level package must be found here."""
     if bool(entrypoint) == bool(script):
         raise InvalidInputError(
             "give exactly one of --entrypoint pkg.module:function or --script path.py"
@@ -53,6 +55,10 @@ def make_target(entrypoint: str | None, script: str | None, script_args: Sequenc
         module, sep, name = entrypoint.partition(":")
         if not sep or not module or not name.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
             raise InvalidInputError(f"--entrypoint {entrypoint!r}: write it as pkg.module:function")
+        top = module.partition(".")[0]
+        if not _findable(top):
+            raise InvalidInputError(f"--entrypoint {entrypoint!r}: no module {top!r} here; run from the directory"
+                                    " that holds it, or install its package")
         return Target(entrypoint=entrypoint)
     assert script is not None
     if not os.path.isfile(script):
@@ -65,8 +71,7 @@ def load(target: Target) -> Callable[[Any], Any] | None:
     if target.entrypoint is None:
         return None
     module_name, _, name = target.entrypoint.partition(":")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # `warmup --entrypoint mypkg.jobs:warm` run from the project directory
+    _path_with_cwd()
     try:
         module = importlib.import_module(module_name)
     except BaseException as exc:  # noqa: BLE001 - any failure while importing user code is theirs
@@ -77,6 +82,23 @@ def load(target: Target) -> Callable[[Any], Any] | None:
     if not callable(function):
         raise InvalidInputError(f"--entrypoint {target.entrypoint!r}: {module_name} has no function {name!r}")
     return function
+
+
+def _path_with_cwd() -> None:
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `warmup --entrypoint mypkg.jobs:warm` run from the project directory
+
+
+def _findable(top: str) -> bool:
+    """Whether a top-level module can be imported here, found as the import would find it and imported not (only a
+    dotted name's parents are imported to find it)."""
+    if top in sys.modules:
+        return True
+    _path_with_cwd()
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return True  # found, though not as expected: the import says what is wrong, as the user's failure
 
 
 def run(target: Target, function: Callable[[Any], Any] | None, context: Any) -> None:

@@ -11,9 +11,12 @@ from jaxcache.errors import InvalidInputError
 from jaxcache.topology import is_tpu_name, parse_any_topology
 
 # Options the command that runs many targets keeps to itself; a target's process gets the rest as given.
-LIST_OPTIONS = frozenset({"topology", "targets", "index", "parallel", "json", "help", "check_on", "verify_child"})
+LIST_OPTIONS = frozenset({"topology", "targets", "index", "parallel", "json", "help", "check_on", "verify_child",
+                          "checked_flags"})
 # Options only a TPU target's process takes (a GPU or CPU target's process refuses them).
 TPU_OPTIONS = frozenset({"libtpu_init_args", "target_xla_flags", "flags_from_job", "chips_per_host", "num_slices"})
+# The options that give a TPU target's flags: a target's process handed the flags the command checked takes none.
+FLAG_OPTIONS = frozenset({"libtpu_init_args", "target_xla_flags", "flags_from_job"})
 MAX_TARGETS = 256  # a list longer than this is a mistake, not a release's shapes
 
 
@@ -78,13 +81,16 @@ def for_target(args: argparse.Namespace, text: str) -> argparse.Namespace:
 
 
 def child_argv(parser: argparse.ArgumentParser, one: argparse.Namespace, *, platform: str,
-               script_args: Sequence[str], check_on: str | None = None) -> list[str]:
+               script_args: Sequence[str], check_on: str | None = None,
+               checked_flags: str | None = None) -> list[str]:
     """The arguments of one target's own ``warmup`` process (``one`` from :func:`for_target`): the options given,
-    its platform made explicit, its summary as JSON."""
+    its platform made explicit, its summary as JSON. ``checked_flags``: a TPU target's flags as the command resolved
+    and checked them (``TargetFlags.to_json``), given in place of the options they came from."""
     argv = [f"--topology={one.topology}", f"--platform={platform}", "--json"]
     for action in parser._actions:
         name = action.dest
-        if not action.option_strings or name in LIST_OPTIONS or name == "platform":
+        if (not action.option_strings or name in LIST_OPTIONS or name == "platform"
+                or (checked_flags is not None and name in FLAG_OPTIONS)):
             continue
         value = getattr(one, name, None)
         if value is None or value == action.default:
@@ -93,4 +99,6 @@ def child_argv(parser: argparse.ArgumentParser, one: argparse.Namespace, *, plat
         argv.append(option if action.nargs == 0 else f"{option}={value}")
     if check_on is not None:
         argv.append(f"--check-on={check_on}")
+    if checked_flags is not None:
+        argv.append(f"--checked-flags={checked_flags}")
     return [*argv, "--", *script_args] if script_args else argv

@@ -8,9 +8,11 @@ compression library, and the host bounds and wraparound of the slice (docs/jax-i
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -174,6 +176,25 @@ class TargetFlags:
                 env[name] = " ".join(values)
             else:
                 env.pop(name, None)
+
+    def to_json(self) -> str:
+        """As a command hands them to a target's process (``--checked-flags``): ASCII JSON, so a record's flag that
+        holds a control character travels as an escape."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> TargetFlags:
+        """The flags :meth:`to_json` wrote; raises :class:`InvalidInputError` for anything else."""
+        try:
+            data = json.loads(text)
+            lists = {name: tuple(data[name]) for name in ("xla_flags", "libtpu_init_args", "left_out")}
+            source = data["source"]
+            if not (isinstance(source, str) and all(isinstance(f, str) for v in lists.values() for f in v)):
+                raise TypeError(source)
+        except (ValueError, KeyError, TypeError):
+            raise InvalidInputError("--checked-flags: not the target's flags as a warm-up command hands them to a"
+                                    " target's process") from None
+        return cls(source=source, **lists)
 
 
 def split_flags(flags: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
