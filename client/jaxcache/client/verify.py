@@ -2,9 +2,8 @@
 
 - ``"attested"``: before anything compiles, one request to the service (``GET /v1/integrity?cache_dir=...``) for
   the entries it judged bad (:data:`jaxcache.skips.JUDGED_BAD`); JAX then loads none of exactly those, compiling
-  them instead (:mod:`jaxcache.client.loads`). With a node-local tier, the copies it holds are then asked about too
-  (``POST /v1/integrity/digests``, a request per few hundred copies): one whose bytes are not the digest the service
-  attests for its key is dropped before JAX reads anything. The job never refuses to start because of what is in
+  them instead (:mod:`jaxcache.client.loads`); a node-local tier drops copies whose bytes are not the digest the
+  service attests for their key (:func:`attested_digests`). The job never refuses to start because of what is in
   the cache. A setting the service refuses (token, scope, URL, cache_dir) raises: starting would skip the check
   silently. An unreachable or failing service lets the job start without the check, with one warning.
 - ``"signed"``: JAX loads only an entry whose bytes, as it read them, match a signature by a key of
