@@ -178,7 +178,7 @@ def test_digests_by_dir_are_the_ones_entries_are_judged_against(damaged, tmp_pat
             assert ask(keys).status_code == 422, keys
         assert ask([good], extra=1).status_code == 422
         assert client.post(url, json={"keys": [good]}, headers=_headers(REPORT)).status_code == 422
-        assert ask([nowhere] * 10_001).status_code == 413  # over JAXCACHE_MAX_BODY_BYTES
+        assert ask([nowhere] * 1000).status_code == 413  # over JAXCACHE_MAX_BODY_BYTES
         elsewhere = client.post(url, json={"cache_dir": str(tmp_path), "keys": [good]}, headers=_headers(REPORT))
         assert elsewhere.status_code == 404 and "no configured cache has the root" in elsewhere.text
         assert client.post(url, json={"cache_dir": str(root), "keys": [good]}).status_code == 401
@@ -186,7 +186,7 @@ def test_digests_by_dir_are_the_ones_entries_are_judged_against(damaged, tmp_pat
         assert {"404", "413", "422"} <= set(documented["responses"]), documented["responses"]
     with _app(str(root), tmp_path, max_body_bytes=10**7) as client:  # a body that holds more keys than a request may
         r = client.post(url, json={"cache_dir": str(root), "keys": [nowhere] * 10_001}, headers=_headers(READ))
-        assert r.status_code == 422 and "10000" in r.text, r.text[:300]
+        assert r.status_code == 422 and "at most 10000 a request" in r.text, r.text[:300]
 
 
 def test_fresh_damage_is_pending_not_corrupt(damaged, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 
 from jaxcache.service.integrity import attestations, verification
 from jaxcache.service.integrity import queries as verdicts
@@ -56,10 +56,14 @@ def get_integrity_by_dir(
 
 @router.post("/v1/integrity/digests", response_model=AttestedDigests, operation_id="getAttestedDigests",
              responses={**deps.BY_DIR_ERRORS,
-                        413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_BODY_BYTES"}})
+                        413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_BODY_BYTES"},
+                        422: {**deps.UNPROCESSABLE, "description": "several configured caches have this root, more "
+                              "than 10,000 keys, or the request does not match the schema"}})
 def post_digests(request: Request, _p: ReadOrReportAuth, body: DigestsRequest) -> AttestedDigests:
     """The digests the entries of `keys` are judged against, by root, as `enable_cache(verify="attested")` asks
     them for its node-local tier's copies; a `report` token is enough. At most 10,000 keys a request."""
+    if len(body.keys) > MAX_DIGEST_KEYS:
+        raise HTTPException(422, f"{len(body.keys)} keys: ask about at most {MAX_DIGEST_KEYS} a request")
     name = deps.cache_of_dir(request, body.cache_dir, "integrity")
     with state_of(request).catalog.reader() as conn:
         found = attestations.load(conn, name, body.keys)

@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from jaxcache.service.web import fields
 from jaxcache.service.web.fields import integral
 
-#: Keys a digests request may name (its body is bounded by JAXCACHE_MAX_BODY_BYTES too).
+#: Keys a digests request may name. JAXCACHE_MAX_BODY_BYTES bounds them first (about 700 keys in its default 64 KiB,
+#: a 413 beyond): the route refuses more (422) where the limit was raised. Not the schema's maxItems, which a body
+#: over the limit would answer 413 instead of the 422 a schema violation gets.
 MAX_DIGEST_KEYS = 10_000
 
 
@@ -96,7 +98,8 @@ class DigestsRequest(BaseModel):
     cache_dir: Annotated[str, Field(max_length=1024, pattern=fields.CACHE_DIR, examples=["/mnt/jax-cache"],
                                     description="the root, as GET /v1/integrity takes it")]
     keys: list[Annotated[str, Field(max_length=600, pattern=fields.KEY)]] = Field(
-        max_length=MAX_DIGEST_KEYS, description="entry keys (<function>-<64 lower-case hex>), at most 10,000")
+        description="entry keys (<function>-<64 lower-case hex>), at most 10,000 (422), within JAXCACHE_MAX_BODY_BYTES"
+                    " (413)")
 
 
 class AttestedDigest(BaseModel):
