@@ -1,6 +1,7 @@
 """What schemathesis cannot read from the OpenAPI document: rules between fields of a run record, which JSON Schema
 cannot state (the record format's validator, jaxcache.records, and ingestion check them and answer 422), and the
-served cache's root (the drawn roots of ``GET /v1/integrity`` and ``GET /v1/working-set`` all answer 404). Positive
+served cache's root (the drawn roots of ``GET /v1/integrity``, ``GET /v1/working-set`` and ``POST
+/v1/integrity/digests`` all answer 404). Positive
 cases are made to keep them; negative ones are left as drawn. Loaded by tests/test_service_contract.py, or by hand:
 ``SCHEMATHESIS_HOOKS=tests/schemathesis_hooks.py JAXCACHE_CONTRACT_ROOT=/path st run ...``."""
 
@@ -40,4 +41,13 @@ def ask_about_the_served_root(context: Any, case: Any) -> Any:
     root = os.environ.get("JAXCACHE_CONTRACT_ROOT")
     if root and case.meta is not None and case.meta.generation.mode is GenerationMode.POSITIVE and case.query:
         case.query["cache_dir"] = root
+    return case
+
+
+@schemathesis.hook("map_case").apply_to(operation_id="getAttestedDigests")
+def ask_for_digests_of_the_served_root(context: Any, case: Any) -> Any:
+    root = os.environ.get("JAXCACHE_CONTRACT_ROOT")
+    if root and case.meta is not None and case.meta.generation.mode is GenerationMode.POSITIVE and isinstance(
+            case.body, dict):
+        case.body["cache_dir"] = root
     return case

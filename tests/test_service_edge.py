@@ -166,7 +166,7 @@ def test_listing_filters_state_their_rules(svc):
     assert svc.get(f"{ENTRIES}?unused_for=14%20d&function=jit_*", headers=H_READ).status_code == 200
 
 
-def test_integrity_by_dir_404s_for_an_unknown_root_and_422s_for_a_shared_one(tmp_path, cache_copy):
+def test_integrity_and_digests_by_dir_404_for_an_unknown_root_and_422_for_a_shared_one(tmp_path, cache_copy):
     app = create_app(service_settings(tmp_path, {"a": str(cache_copy), "b": f"file://{cache_copy}"}))
     with TestClient(app) as client:
         ask = lambda d: client.get("/v1/integrity", params={"cache_dir": d}, headers=H_REPORT)  # noqa: E731
@@ -177,6 +177,11 @@ def test_integrity_by_dir_404s_for_an_unknown_root_and_422s_for_a_shared_one(tmp
         shared = ask(str(cache_copy))
         assert shared.status_code == 422 and "caches a, b share the root" in shared.json()["detail"]
         UnprocessableModel.model_validate(shared.json())
+        digests = lambda d: client.post("/v1/integrity/digests", json={"cache_dir": d, "keys": []},  # noqa: E731
+                                        headers=H_REPORT)
+        assert digests(str(tmp_path / "elsewhere")).status_code == 404
+        shared = digests(str(cache_copy))  # the same routing: a root two caches share names neither
+        assert shared.status_code == 422 and "caches a, b share the root" in shared.json()["detail"]
         # A record whose root two caches share needs ?cache=: 422 too.
         r = post(client, run("j", "r1", [], cache_dir=str(cache_copy)))
         assert r.status_code == 422 and "?cache=" in r.json()["detail"]

@@ -18,8 +18,10 @@ from fastapi.testclient import TestClient
 from conftest import settled, upload_dir
 from jaxcache import signing
 from jaxcache.entry import parse_name
+from jaxcache.records import WRITE, KeyUsage
 from jaxcache.service.app import create_app
 from jaxcache.service.settings import ServiceSettings
+from reports_support import put_record, run
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
 ADMIN, REPORT, READ = "i-admin", "i-report", "i-read"
@@ -137,6 +139,54 @@ def test_integrity_pass_classifies_and_prune_removes_exactly_the_bad_ones_locall
 
         again = client.post("/v1/caches/c/verify", json={"recheck_all": True}, headers=_headers(ADMIN)).json()
         assert set(again["counts"]) <= {"ok", "unattested"}
+
+
+def test_digests_by_dir_are_the_ones_entries_are_judged_against(damaged, tmp_path):
+    root = tmp_path / "cache"
+    shutil.copytree(damaged["root"], root)
+    bad = {damaged["flipped"], damaged["swapped"], damaged["truncated"]}
+    good = sorted(damaged["all"] - bad - {damaged["plain"]})[0]
+    nowhere = f"jit_nowhere-{'0' * 64}"
+    url = "/v1/integrity/digests"
+    with _app(str(root), tmp_path) as client:
+        _rescanned(client)
+        ask = lambda keys, **body: client.post(  # noqa: E731 - what verify="attested" asks, with its report token
+            url, json={"cache_dir": str(root) + "/", "keys": keys, **body}, headers=_headers(REPORT))
+        r = ask([good, damaged["flipped"], damaged["plain"], nowhere])
+        assert r.status_code == 200, r.text
+        digests = r.json()["digests"]
+        assert set(digests) == {good, damaged["flipped"]}  # plain JAX wrote no digest; nothing wrote `nowhere`
+        held = (root / f"{good}-cache").read_bytes()
+        assert digests[good] == {"sha256": hashlib.sha256(held).hexdigest(), "size_bytes": len(held),
+                                 "writer": digests[good]["writer"]} and digests[good]["writer"].startswith("job writer")
+        flipped = (root / f"{damaged['flipped']}-cache").read_bytes()
+        assert digests[damaged["flipped"]]["sha256"] != hashlib.sha256(flipped).hexdigest()  # its writer's, not these
+        assert r.json()["conflicts"] == [] and ask([]).json()["digests"] == {}
+
+        # A later writer's other digest for `good`: the first still counts, and the answer names the conflict.
+        other = KeyUsage(key=good, event=WRITE, compiles=1, writes=1, compile_s=1.0, first_at=time.time(),
+                         last_at=time.time(), sha256="f" * 64, size_bytes=len(held))
+        put_record(root, run("other", "r2", [other], cache_dir=str(root)))
+        _rescanned(client)
+        answer = ask([good]).json()
+        assert answer["digests"][good]["sha256"] == hashlib.sha256(held).hexdigest()
+        ((conflict,),) = [answer["conflicts"]]
+        assert conflict["key"] == good and [o["sha256"] for o in conflict["others"]] == ["f" * 64]
+
+        # Typed strictly, bounded, and by a root the service serves.
+        for keys in (["not-a-key"], [f"a/b-{'0' * 64}"], [1], good, [f"{good}\n"]):
+            assert ask(keys).status_code == 422, keys
+        assert ask([good], extra=1).status_code == 422
+        assert client.post(url, json={"keys": [good]}, headers=_headers(REPORT)).status_code == 422
+        assert ask([nowhere] * 1000).status_code == 413  # over JAXCACHE_MAX_BODY_BYTES
+        elsewhere = client.post(url, json={"cache_dir": str(tmp_path), "keys": [good]}, headers=_headers(REPORT))
+        assert elsewhere.status_code == 404 and "no configured cache has the root" in elsewhere.text
+        assert client.post(url, json={"cache_dir": str(root), "keys": [good]}).status_code == 401
+        documented = client.get("/openapi.json").json()["paths"][url]["post"]
+        assert {"404", "413", "422"} <= set(documented["responses"]), documented["responses"]
+    with _app(str(root), tmp_path, max_body_bytes=10**7) as client:  # a body that holds more keys than a request may
+        r = client.post(url, json={"cache_dir": str(root), "keys": [nowhere] * 10_001}, headers=_headers(READ))
+        assert r.status_code == 422 and "at most 10000 a request" in r.text, r.text[:300]
 
 
 def test_fresh_damage_is_pending_not_corrupt(damaged, tmp_path):

@@ -44,6 +44,7 @@ ROUTES = {
     ("POST", "/v1/caches/{cache}/verify", "/v1/caches/demo/verify"): "admin",
     ("GET", "/v1/caches/{cache}/integrity", "/v1/caches/demo/integrity"): "read",
     ("GET", "/v1/integrity", "/v1/integrity?cache_dir={root}"): "read or report",
+    ("POST", "/v1/integrity/digests", "/v1/integrity/digests"): "read or report",
 }
 
 
@@ -66,6 +67,8 @@ def _ask(client, root: str, method: str, target: str, **kw):
         record = run("scopes", "r1", [hit(KEY, 1, time.time())]).to_json()
         kw["headers"] = {**kw.get("headers", {}), "content-type": "application/json"}
         return client.post(target, content=record, **kw)
+    if target == "/v1/integrity/digests":
+        return client.post(target, json={"cache_dir": root, "keys": [KEY]}, **kw)
     return client.request(method, target.format(root=root), **kw)
 
 

@@ -14,11 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import zstandard
 
 from jaxcache import signing, skips
 from jaxcache.client import options as client_options
+from jaxcache.entry import TIME_HEADER_BYTES
 from jaxcache.storage import gcs as gcs_backend
 from test_client_service import ADMIN, JOB, KEY_PATH, PUBLIC, REPORT, _env, api, service  # noqa: F401 - a fixture
 from test_local_tier import PROGRAMS, _node_env, entries, faults, root_objects, run_job  # noqa: F401 - a fixture
@@ -289,6 +291,52 @@ def test_a_tampered_copy_leaves_an_attested_node_once_the_root_is_put_right(serv
     assert again["local"]["dropped"] == 1 and again["local"]["fetched"] == 1, again["local"]
     assert again["stats"]["hits"] == len(PROGRAMS) and again["skipped"] == {}, again
     assert (node / "attested" / gram.name).read_bytes() == good
+
+
+def same_sized(data: bytes) -> bytes:
+    """Other bytes of the same size for the same program: the compile time JAX keeps ahead of the executable changed,
+    compressed again as JAX compresses (zstd's default level), at the first time that keeps the size. They load and
+    compute the right thing; only their digest tells them from the bytes JAX wrote."""
+    executable = zstandard.ZstdDecompressor().decompressobj().decompress(data)[TIME_HEADER_BYTES:]
+    for seconds in range(1, 1000):
+        other = zstandard.ZstdCompressor().compress(seconds.to_bytes(TIME_HEADER_BYTES, "big") + executable)
+        if other != data and len(other) == len(data):
+            return other
+    raise AssertionError("no other bytes of the same size")
+
+
+def test_a_copy_put_right_unseen_in_a_local_root_leaves_an_attested_node_by_its_digest(service, tmp_path):  # noqa: F811
+    base, cache = service
+    attested = ("--verify", "attested", "--service-url", base, "--token", REPORT)
+    run_job(str(cache), "off", "writer")  # its run record carries the digest of each entry it wrote
+    gram = _entry(cache, "gram")
+    good = gram.read_bytes()
+    tampered = same_sized(good)
+    gram.write_bytes(tampered)
+    _age(gram)  # judged when put right, not pending
+    planted = gram.stat()
+    node = tmp_path / "node"
+    first, _ = run_job(str(cache), node, "careful", *attested)
+    assert first["local"]["fetched"] == len(PROGRAMS) and (node / "attested" / gram.name).read_bytes() == tampered
+
+    # Put right by someone who can write the root and set times: the same size and modification time as the
+    # tampered file's, so the copy's origin still names the root's object. The service's verdicts are all well.
+    gram.write_bytes(good)
+    os.utime(gram, ns=(planted.st_atime_ns, planted.st_mtime_ns))
+    api(base, "/v1/caches/shared/rescan", ADMIN, "POST")  # and the writer's record: the digest of `good`
+    verified = httpx.post(f"{base}/v1/caches/shared/verify", json={"recheck_all": True},
+                          headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
+    assert verified.status_code == 200, verified.text
+    assert api(base, "/v1/caches/shared/integrity")["problems"] == []
+
+    again, err = run_job(str(cache), node, "careful", *attested, JAXCACHE_PREFETCH="0")
+    assert again["local"]["dropped"] == 1 and again["local"]["fetched"] == 1, again["local"]
+    assert "1 local copies" in err and "not the bytes the service attests" in err, err
+    assert again["stats"]["hits"] == len(PROGRAMS) and again["skipped"] == {}, again
+    assert (node / "attested" / gram.name).read_bytes() == good
+    # The copy fetched during that job was kept with its digest: the next job loads every copy.
+    third, _ = run_job(str(cache), node, "careful", *attested, JAXCACHE_PREFETCH="0")
+    assert third["local"]["dropped"] == 0 and third["local"]["loaded"] == len(PROGRAMS), third["local"]
 
 
 def test_a_signed_copy_loads_only_while_a_trusted_signature_in_the_root_names_its_bytes(

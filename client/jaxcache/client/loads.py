@@ -31,6 +31,9 @@ class LoadPolicy:
     mode: str
     judge: Judge
     bad: Mapping[str, str] = field(default_factory=dict)  # keys refused whatever their bytes (→ why)
+    # What vouches for keys' bytes now (key → sha256; keys without one absent), asked about the node-local tier's
+    # copies at start: the service's attested digests under verify="attested".
+    attested: Callable[[list[str]], Mapping[str, str]] | None = None
 
 
 def refuse_keys(mode: str, bad: Mapping[str, str]) -> LoadPolicy:

@@ -5,20 +5,22 @@ On a local miss, JAX's lookup fetches the entry from the root, the job's ``verif
 whole entry is admitted (temporary name, then rename) before JAX gets the bytes. Each trust policy has its own
 subdirectory, so files admitted unchecked never reach a job that checks. Admission and eviction run under JAX's
 own LRU lock (``.lockfile``) and keep its ``-atime`` files; no remote read happens while it is held. Each copy's
-origin is kept (:mod:`jaxcache.client.origins`): the root's object it was read from. At each start the copies the
-root no longer has, whose object there was replaced since, or that are now judged bad, are dropped
-(:meth:`LocalTier.revalidate`); until that listing has vouched for the local copies, a lookup answered locally first
-checks its one object in the root.
+origin is kept (:mod:`jaxcache.client.origins`): the root's object it was read from, and the digest of its bytes. At
+each start the copies the root no longer has, whose object there was replaced since, that are now judged bad, or
+(``verify="attested"``) whose bytes are not the digest the service attests for their key
+(:meth:`LocalTier.unattested`) are dropped (:meth:`LocalTier.revalidate`); until that listing has vouched for the
+local copies, a lookup answered locally first checks its one object in the root.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -208,7 +210,10 @@ class LocalTier(JaxDir):
         if reason is not None:
             return Pulled(None, reason, False)
         try:
-            self.admit(key, data, Origin(stat_of(info), self._sigs.get(signing.sig_name(key))))
+            # Where a policy compares copies with digests, of the bytes in memory (less than their download costs).
+            digest = None if self._policy is None or self._policy.attested is None else hashlib.sha256(
+                data).hexdigest()
+            self.admit(key, data, Origin(stat_of(info), self._sigs.get(signing.sig_name(key)), digest))
         except Exception as exc:  # noqa: BLE001 - the bytes passed: JAX loads them even when the disk cannot keep them
             self.warn_once("admit", "jaxcache: could not keep %s in the node-local tier %s (%s); JAX loads it"
                            " anyway", key, self.directory, exc)
@@ -306,6 +311,25 @@ class LocalTier(JaxDir):
                 if time.time() - os.stat(path).st_mtime > TEMP_AGE_S:
                     os.unlink(path)
 
+    def unattested(self, attested: Callable[[list[str]], Mapping[str, str]], pending: Collection[str]) -> set[str]:
+        """The local copies whose bytes (their digest, recorded when they were admitted or uploaded) are not the
+        digest ``attested`` gives for their key now (the service's, under ``verify="attested"``), asked about all
+        the copies at once. A copy whose key has no such digest is not among them, nor one JAX wrote here whose
+        upload is ``pending``; one without an origin is never loaded (:meth:`_local`) and is dropped anyway."""
+        waiting = set(pending)
+        recorded = {key: origin.sha256 for name in os.listdir(self.directory) if name.endswith("-cache")
+                    and (key := name.removesuffix("-cache")) not in waiting
+                    and (origin := self.origins.read(key)) is not None}
+        if not recorded:
+            return set()
+        differ = {key for key, sha in attested(sorted(recorded)).items() if key in recorded and recorded[key] != sha}
+        if differ:
+            log.warning("jaxcache: verify='attested': %d local copies in %s are not the bytes the service attests"
+                        " for their keys (%s); they are dropped and JAX fetches the root's entries (or compiles)",
+                        len(differ), self.directory, ", ".join(sorted(differ)[:5]) + (", ..." if len(differ) > 5
+                                                                                     else ""))
+        return differ
+
     def revalidate(self, bad: Collection[str], *, need_signature: bool, pending: Callable[[], Collection[str]],
                    unverified: Collection[str] = (), list_root: bool = True) -> list[str]:
         """See :meth:`_revalidate`; with ``list_root``, :attr:`listed` is set once it ends, however it ends."""
@@ -385,5 +409,5 @@ class LocalTier(JaxDir):
             if data is None or self._reason(key, data) is not None:
                 drop.append(key)
             else:
-                self.origins.write(key, Origin(origin.cache, sig))
+                self.origins.write(key, Origin(origin.cache, sig, origin.sha256))
         return drop

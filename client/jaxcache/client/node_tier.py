@@ -55,7 +55,10 @@ class NodeTier:
         """Revalidate the local copies, resume earlier processes' uploads, then answer JAX's lookups."""
         policy = self.policy
         self.healed = self.tier.heal()  # before JAX writes here: one entry without its -atime fails them all
-        bad = () if policy is None else set(policy.bad)
+        bad = set() if policy is None else set(policy.bad)
+        if policy is not None and policy.attested is not None:
+            # Before JAX reads anything here: copies whose bytes are not what the service attests for their key.
+            bad |= self.tier.unattested(policy.attested, self.uploader.pending())
         if policy is not None and policy.mode == "signed":
             # What the root signs decides what loads: its listing is read before JAX reads anything here.
             unverified = set(self.uploader.unverified())

@@ -2,10 +2,11 @@
 only while that object is still the root's current one (:mod:`jaxcache.client.local_tier`).
 
 One small file per key under ``<tier>/.jaxcache/origin/``: what names the root's ``-cache`` object the copy was read
-from (its generation on GCS; its size and modification time on a directory) and, under ``verify="signed"``, the
-``-sig`` object that vouched for those bytes then. Written once the copy is in place and removed with it; a copy
-without one (cut off between the two, or kept by a client before this file existed) is dropped at the next start
-and fetched again.
+from (its generation on GCS; its size and modification time on a directory), the sha256 of the copy's bytes (taken
+when they were uploaded, or admitted under ``verify="attested"``, which compares it with the service's attested
+digest at each start) and, under ``verify="signed"``, the ``-sig`` object that vouched for those bytes then.
+Written once the copy is in place and removed with it; a copy without one (cut off between the two, or kept by a
+client before this file existed) is dropped at the next start and fetched again.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from jaxcache.storage.base import ObjectInfo, Stat
 from jaxcache.storage.files import read_small, write_small
 
 ORIGIN_DIR = os.path.join(".jaxcache", "origin")
-MAX_BYTES = 4096  # two (size, mtime, generation) triples, far less
+MAX_BYTES = 4096  # two (size, mtime, generation) triples and a digest, far less
 
 
 def stat_of(info: ObjectInfo) -> Stat:
@@ -38,10 +39,12 @@ def same(a: Stat | None, b: Stat | None) -> bool:
 
 
 class Origin(msgspec.Struct, frozen=True):
-    """The root's objects a copy came from: its entry, and (signed) the signature object that vouched for it."""
+    """The root's objects a copy came from: its entry, and (signed) the signature object that vouched for it; and
+    the sha256 of the copy's bytes (None: not taken, as no policy of its directory reads it, or by an older client)."""
 
     cache: Stat
     sig: Stat | None = None
+    sha256: str | None = None
 
 
 _DECODE = msgspec.json.Decoder(Origin).decode

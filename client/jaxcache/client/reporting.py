@@ -147,13 +147,16 @@ class ServiceReporter:
                         message)
 
 
-def ask_service(service_url: str, path: str, query: Mapping[str, Any], token: str | None, timeout_s: float) -> Any:
-    """The service's JSON answer to ``GET path?query`` with the job's bearer token (what a job asks at start);
-    raises urllib's errors (``HTTPError`` carries the status)."""
+def ask_service(service_url: str, path: str, query: Mapping[str, Any], token: str | None, timeout_s: float, *,
+                body: Any = None) -> Any:
+    """The service's JSON answer to ``GET path?query`` (``POST path`` with ``body`` as JSON) with the job's bearer
+    token (what a job asks at start); raises urllib's errors (``HTTPError`` carries the status)."""
     import urllib.parse  # loaded when asked: a job that asks nothing never needs it
     import urllib.request
 
-    request = urllib.request.Request(f"{service_url}{path}?{urllib.parse.urlencode(query)}")
+    url = f"{service_url}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    request = urllib.request.Request(url) if body is None else urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"})
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(request, timeout=timeout_s) as response:

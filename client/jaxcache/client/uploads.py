@@ -6,9 +6,10 @@ their signature (``JAXCACHE_SIGNING_KEY``, made then from the bytes in memory) a
 ``.jaxcache/live/``, held while it runs: a later process resuming the upload sends only a file that matches, with
 that signature, and leaves a running process's mark alone (its file may not be written yet). Once the attestor
 found the write whole and as put, one thread creates the entry in the root (create-only), then its signature, and
-keeps the copy's origin (:mod:`jaxcache.client.origins`). A failed upload is a warning and a count; the mark stays
-for the node's next process. In a signed directory a write is also marked unverified (``.jaxcache/unverified/``)
-until this process signs exactly those bytes in the root: the next start drops it for a verified copy.
+keeps the copy's origin (:mod:`jaxcache.client.origins`, with the digest). A failed upload is a warning and a count;
+the mark stays for the node's next process. In a signed directory a write is also marked unverified
+(``.jaxcache/unverified/``) until this process signs exactly those bytes in the root: the next start drops it for a
+verified copy.
 """
 
 from __future__ import annotations
@@ -237,7 +238,7 @@ class Uploader:
         try:  # the copy is the root's object now; without its origin the next start fetches it again
             info = root.stat(name)
             if info is not None:
-                self._tier.origins.write(key, Origin(stat_of(info)))
+                self._tier.origins.write(key, Origin(stat_of(info), sha256=sha))  # the digest JAX put
         except Exception as exc:  # noqa: BLE001 - uploaded all the same
             log.debug("jaxcache: could not read back what %s is in the root: %s", key, exc)
         if sig is not None:

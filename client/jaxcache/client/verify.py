@@ -2,9 +2,10 @@
 
 - ``"attested"``: before anything compiles, one request to the service (``GET /v1/integrity?cache_dir=...``) for
   the entries it judged bad (:data:`jaxcache.skips.JUDGED_BAD`); JAX then loads none of exactly those, compiling
-  them instead (:mod:`jaxcache.client.loads`). The job never refuses to start because of what is in the cache. A
-  setting the service refuses (token, scope, URL, cache_dir) raises: starting would skip the check silently. An
-  unreachable or failing service lets the job start without the check, with one warning.
+  them instead (:mod:`jaxcache.client.loads`); a node-local tier drops copies whose bytes are not the digest the
+  service attests for their key (:func:`attested_digests`). The job never refuses to start because of what is in
+  the cache. A setting the service refuses (token, scope, URL, cache_dir) raises: starting would skip the check
+  silently. An unreachable or failing service lets the job start without the check, with one warning.
 - ``"signed"``: JAX loads only an entry whose bytes, as it read them, match a signature by a key of
   ``JAXCACHE_TRUSTED_KEYS`` (its ``<key>-sig`` object beside it); any other is compiled, with why.
 - ``"sample"``: after the fact, read the first entries this job hit and check each against its writer's digest
@@ -13,10 +14,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import urllib.error
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 
 from jaxcache import entry as fmt
 from jaxcache import integrity, signing, skips
@@ -39,6 +42,9 @@ ASK_TIMEOUT_S = 2.0
 #: entry is one JAX fails to load and recompiles: the service lists both, jobs start.
 _HARM = (integrity.TAMPERED, integrity.MISMATCHED)
 ASK_LIMIT = 100_000  # problems the service lists at most (pending ones too): more bad entries than that load unjudged
+#: A digests request's body stays under the service's default JAXCACHE_MAX_BODY_BYTES (64 KiB), with its keys at most
+#: what the service takes in one (``MAX_DIGEST_KEYS``).
+DIGESTS_BODY_BYTES, DIGESTS_KEYS = 60_000, 10_000
 #: What a refusal by the service means, and what to change: configuration errors fail closed.
 _REFUSED = {
     401: "the service does not know the token: set JAXCACHE_TOKEN (or token=) to one with the report or read scope",
@@ -107,7 +113,48 @@ def attested_policy(service_url: str, token: str | None, cache_dir: str) -> Load
         log.warning("jaxcache: verify='attested': the service judged %s of %s bad; JAX will compile them"
                     " instead of loading them. Remove them: %s", plural(len(bad), "entry"), cache_dir,
                     skips.removal(cache_dir, bad))
-    return refuse_keys("attested", bad)
+    return replace(refuse_keys("attested", bad), attested=attested_digests(service_url, token, cache_dir))
+
+
+def attested_digests(service_url: str, token: str | None, cache_dir: str) -> Callable[[list[str]], Mapping[str, str]]:
+    """Asks the service for the digests its verdicts on ``keys`` count (``POST /v1/integrity/digests``, as few
+    requests as the body limit allows): key → sha256, for the keys it has one for. A request that fails leaves the
+    keys it asked about out, after one warning: their copies load unchecked against a digest, as before."""
+
+    def ask(keys: list[str]) -> Mapping[str, str]:
+        found: dict[str, str] = {}
+        chunks = list(_chunked(keys, DIGESTS_BODY_BYTES - len(json.dumps(cache_dir))))
+        for i, chunk in enumerate(chunks):
+            try:
+                answer = ask_service(service_url, "/v1/integrity/digests", {}, token, ASK_TIMEOUT_S,
+                                     body={"cache_dir": cache_dir, "keys": chunk})
+                found.update((key, str(d["sha256"])) for key, d in answer["digests"].items())
+            except Exception as exc:  # noqa: BLE001 - unreachable, refused or not the answer: the job goes on
+                why = f"HTTP {exc.code} {exc.read()[:300].decode(errors='replace')}" if isinstance(
+                    exc, urllib.error.HTTPError) else exc
+                log.warning("jaxcache: verify='attested' could not ask %s for the digests of %s in the node-local"
+                            " tier (%s); they load unless the service judged their keys bad, unchecked against"
+                            " their writers' digests this time", service_url,
+                            plural(sum(map(len, chunks[i:])), "copy"), why)
+                break
+        return found
+
+    return ask
+
+
+def _chunked(keys: list[str], budget: int) -> Iterator[list[str]]:
+    """``keys`` in runs whose JSON fits ``budget`` bytes, and at most :data:`DIGESTS_KEYS` each."""
+    chunk: list[str] = []
+    used = 0
+    for key in keys:
+        size = len(json.dumps(key)) + 2
+        if chunk and (used + size > budget or len(chunk) >= DIGESTS_KEYS):
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(key)
+        used += size
+    if chunk:
+        yield chunk
 
 
 class HitSampler:

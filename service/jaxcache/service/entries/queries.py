@@ -194,5 +194,5 @@ def entry_detail(conn: Connection, cache: str, key: str) -> tuple[dict, list[dic
         return None
     verdict = conn.execute(select(VerificationRow).where(VerificationRow.cache == cache,
                                                           VerificationRow.key == key)).first()
-    conflict = next(iter(verdicts.conflicts(conn, cache, key=key)), None)
+    conflict = next(iter(verdicts.conflicts(conn, cache, keys=[key])), None)
     return page_entry(row), entry_jobs(conn, cache, key), verdict, conflict

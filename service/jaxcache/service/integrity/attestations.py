@@ -14,7 +14,7 @@ from jaxcache.attestations import Attestation, prefer
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import AttestationConflictRow, AttestationRow
 
-_CHUNK = 500
+CHUNK = 500  # keys a query names at most (IN lists)
 
 
 def _row(cache: str, a: Attestation) -> dict[str, object]:
@@ -40,9 +40,9 @@ def record_in(catalog: Catalog, s: Session, cache: str, todo: list[Attestation])
     changed = 0
     keys = sorted({a.key for a in todo})
     existing: dict[str, AttestationRow] = {}
-    for i in range(0, len(keys), _CHUNK):
+    for i in range(0, len(keys), CHUNK):
         existing.update((r.key, r) for r in s.scalars(select(AttestationRow).where(
-            AttestationRow.cache == cache, AttestationRow.key.in_(keys[i : i + _CHUNK]))))
+            AttestationRow.cache == cache, AttestationRow.key.in_(keys[i : i + CHUNK]))))
     conflicts: list[Attestation] = []
     for att in todo:
         row = existing.get(att.key)
@@ -68,5 +68,5 @@ def record_in(catalog: Catalog, s: Session, cache: str, todo: list[Attestation])
 def load(conn: Connection, cache: str, keys: list[str]) -> dict[str, Attestation]:
     """The digests that count for ``keys`` of a cache."""
     q = select(AttestationRow).where(AttestationRow.cache == cache)
-    return {r.key: _attestation(r) for i in range(0, len(keys), _CHUNK)
-            for r in conn.execute(q.where(AttestationRow.key.in_(keys[i : i + _CHUNK])))}
+    return {r.key: _attestation(r) for i in range(0, len(keys), CHUNK)
+            for r in conn.execute(q.where(AttestationRow.key.in_(keys[i : i + CHUNK])))}

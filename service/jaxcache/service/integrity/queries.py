@@ -9,6 +9,7 @@ from sqlalchemy.engine import Connection
 
 from jaxcache import integrity
 from jaxcache.service.catalog.models import AttestationConflictRow, AttestationRow, EntryRow, VerificationRow
+from jaxcache.service.integrity.attestations import CHUNK
 
 
 def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
@@ -48,15 +49,19 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
             "conflicts": conflicts(conn, cache, limit=limit)}
 
 
-def conflicts(conn: Connection, cache: str, *, limit: int = 1000, key: str | None = None) -> list[dict[str, Any]]:
-    """Entries (or ``key``) with several recorded digests: the one that counts, then the others newest first."""
+def conflicts(conn: Connection, cache: str, *, limit: int = 1000,
+              keys: list[str] | None = None) -> list[dict[str, Any]]:
+    """Entries (or those of ``keys``) with several recorded digests: the one that counts, then the others newest
+    first; ``limit`` digests in all."""
     a, c = AttestationRow, AttestationConflictRow
-    which = c.cache == cache if key is None else and_(c.cache == cache, c.key == key)
-    rows = conn.execute(
-        select(c.key, c.sha256, c.writer, c.source, c.record, c.seen_s, a.sha256.label("counted"),
-               a.writer.label("counted_by"), a.source.label("counted_source"))
-        .join(a, and_(a.cache == c.cache, a.key == c.key))
-        .where(which).order_by(c.key, c.seen_s.desc()).limit(limit)).all()
+    query = (select(c.key, c.sha256, c.writer, c.source, c.record, c.seen_s, a.sha256.label("counted"),
+                    a.writer.label("counted_by"), a.source.label("counted_source"))
+             .join(a, and_(a.cache == c.cache, a.key == c.key)).where(c.cache == cache))
+    rows: list[Any] = []
+    for part in [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]:
+        if len(rows) < limit:
+            which = query if part is None else query.where(c.key.in_(part))
+            rows += conn.execute(which.order_by(c.key, c.seen_s.desc()).limit(limit - len(rows))).all()
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         found = out.setdefault(r.key, {"key": r.key, "sha256": r.counted, "writer": r.counted_by,

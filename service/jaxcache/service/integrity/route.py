@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 
+from jaxcache.service.integrity import attestations, verification
 from jaxcache.service.integrity import queries as verdicts
-from jaxcache.service.integrity import verification
-from jaxcache.service.integrity.schemas import IntegritySummary, VerifyRequest, VerifyResult
+from jaxcache.service.integrity.schemas import (
+    MAX_DIGEST_KEYS,
+    AttestedDigest,
+    AttestedDigests,
+    DigestsRequest,
+    IntegritySummary,
+    VerifyRequest,
+    VerifyResult,
+)
 from jaxcache.service.web import deps
 from jaxcache.service.web.deps import ERRORS, AdminAuth, CacheDir, CacheName, ReadAuth, ReadOrReportAuth, state_of
 from jaxcache.service.web.fields import ErrorModel
@@ -44,3 +52,21 @@ def get_integrity_by_dir(
     name = deps.cache_of_dir(request, cache_dir, "integrity")
     with state_of(request).catalog.reader() as conn:
         return IntegritySummary(**verdicts.summary(conn, name, limit=limit))
+
+
+@router.post("/v1/integrity/digests", response_model=AttestedDigests, operation_id="getAttestedDigests",
+             responses={**deps.BY_DIR_ERRORS,
+                        413: {"model": ErrorModel, "description": "body over JAXCACHE_MAX_BODY_BYTES"},
+                        422: {**deps.UNPROCESSABLE, "description": "several configured caches have this root, more "
+                              "than 10,000 keys, or the request does not match the schema"}})
+def post_digests(request: Request, _p: ReadOrReportAuth, body: DigestsRequest) -> AttestedDigests:
+    """The digests the entries of `keys` are judged against, by root, as `enable_cache(verify="attested")` asks
+    them for its node-local tier's copies; a `report` token is enough. At most 10,000 keys a request."""
+    if len(body.keys) > MAX_DIGEST_KEYS:
+        raise HTTPException(422, f"{len(body.keys)} keys: ask about at most {MAX_DIGEST_KEYS} a request")
+    name = deps.cache_of_dir(request, body.cache_dir, "integrity")
+    with state_of(request).catalog.reader() as conn:
+        found = attestations.load(conn, name, body.keys)
+        conflicts = verdicts.conflicts(conn, name, limit=MAX_DIGEST_KEYS, keys=sorted(found))
+    digests = {k: AttestedDigest(sha256=a.sha256, size_bytes=a.size_bytes, writer=a.writer) for k, a in found.items()}
+    return AttestedDigests(cache=name, digests=digests, conflicts=conflicts)

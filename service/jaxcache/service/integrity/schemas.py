@@ -6,7 +6,13 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jaxcache.service.web import fields
 from jaxcache.service.web.fields import integral
+
+#: Keys a digests request may name. JAXCACHE_MAX_BODY_BYTES bounds them first (about 700 keys in its default 64 KiB,
+#: a 413 beyond): the route refuses more (422) where the limit was raised. Not the schema's maxItems, which a body
+#: over the limit would answer 413 instead of the 422 a schema violation gets.
+MAX_DIGEST_KEYS = 10_000
 
 
 class VerifyRequest(BaseModel):
@@ -83,3 +89,31 @@ class IntegritySummary(BaseModel):
     held_up: int = Field(0, description="keys held up by a proven-bad entry (problems with held_up), all of them")
     conflicts: list[DigestConflict] = Field(
         default_factory=list, description="entries with more than one recorded digest (the first accepted counts)")
+
+
+class DigestsRequest(BaseModel):
+    """The keys whose attested digests a job asks about, for the cache whose root it names."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    cache_dir: Annotated[str, Field(max_length=1024, pattern=fields.CACHE_DIR, examples=["/mnt/jax-cache"],
+                                    description="the root, as GET /v1/integrity takes it")]
+    keys: list[Annotated[str, Field(max_length=600, pattern=fields.KEY)]] = Field(
+        description="entry keys (<function>-<64 lower-case hex>), at most 10,000 (422), within JAXCACHE_MAX_BODY_BYTES"
+                    " (413)")
+
+
+class AttestedDigest(BaseModel):
+    sha256: str = Field(description="the digest the entry is judged against: its first accepted writer's")
+    size_bytes: int
+    writer: str = Field(description="who recorded it (information, never proof)")
+
+
+class AttestedDigests(BaseModel):
+    """The digests the service judges the asked keys' entries against."""
+
+    cache: str
+    digests: dict[str, AttestedDigest] = Field(description="the asked keys with a recorded digest; a key without "
+                                               "one is absent")
+    conflicts: list[DigestConflict] = Field(
+        default_factory=list, description="asked keys for which writers recorded other digests too (the one in "
+        "`digests` counts)")
