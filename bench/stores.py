@@ -1,17 +1,11 @@
 """`jaxcache ls`/`stats` of an object-store root, first call (head index emptied) and second, against the store's own
-listing tool in the same run, on each store's emulator: gs:// on fake-gcs-server against `gcloud storage ls -l` and
-`gcloud storage du -s`, s3:// on moto's server against `aws s3 ls --recursive` and `aws s3 ls --recursive
---summarize`, az:// on Azurite against the Azure SDK's own `list_blobs` loop (bench/az_list.py, its listing and its
-sum). The same entries on every store; each call a fresh process, alternating; medians. The outputs with a warm index
-must equal those without one. What each figure means: README.md.
+listing tool in the same run, on each store's emulator (started as tests/store_servers.py starts it): gs:// against
+`gcloud storage ls -l`/`du -s`, s3:// against `aws s3 ls --recursive [--summarize]` (awscli in .venv-awscli: `make
+.venv-awscli/.stamp`), az:// against the Azure SDK's `list_blobs` loop (az_list.py). The same entries on every store;
+fresh processes, alternating; medians. Warm-index outputs must equal `--no-index` ones. README.md says the rest.
 
     .venv/bin/python bench/stores.py                              # every store, 5000 entries, 5 rounds
     .venv/bin/python bench/stores.py --store gs --entries 20000 --repeat 3      # one store; --json for figures
-
-The emulators start as the tests start them (tests/store_servers.py; Azurite from `make azurite`, or
-JAXCACHE_AZURITE). gcloud is Debian's google-cloud-cli, pointed at the emulator through a throwaway CLOUDSDK_CONFIG;
-awscli comes from PyPI into a venv of its own (`make .venv-awscli/.stamp`: it pins botocore, which the main venv's
-boto3 must not meet), pointed at moto through AWS_ENDPOINT_URL.
 """
 
 from __future__ import annotations
