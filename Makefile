@@ -14,6 +14,8 @@ TPU_VENV ?= .venv-tpu
 # checkov for tests/test_deploy.py, in a venv of its own: it pins many dependencies that must not meet ours.
 TOOLS_VENV ?= .venv-tools
 export CHECKOV_BIN ?= $(abspath $(TOOLS_VENV))/bin/checkov
+# awscli (v1, from PyPI) for bench/stores.py's S3 baseline (`aws s3 ls`), in a venv of its own: it pins botocore.
+AWSCLI_VENV ?= .venv-awscli
 # Debian's Chromium, driven by Playwright in tests/test_dashboard.py (Playwright's own browser download is not used).
 CHROMIUM ?= /usr/bin/chromium
 # promtool, from Debian's prometheus package: tests/test_deploy_monitoring.py checks and unit-tests the alert rules.
@@ -93,6 +95,11 @@ $(TPU_VENV)/.stamp: $(PART_FILES) | $(NEXT_VENV)/.stamp $(TPU_VENV)/.stamp-jax
 	    || echo "could not install the parts in $(TPU_VENV): the compile-only TPU tests will skip"; fi
 
 # Best effort: a failure here only makes the checkov test skip with the reason.
+$(AWSCLI_VENV)/.stamp:
+	$(PYTHON) -m venv $(AWSCLI_VENV)
+	$(AWSCLI_VENV)/bin/$(PIP) awscli
+	@touch $@
+
 $(TOOLS_VENV)/.stamp:
 	@($(PYTHON) -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/$(PIP) 'checkov>=3.2' && touch $@) \
 	  || echo "could not build $(TOOLS_VENV): the checkov test of deploy/ will skip"
@@ -197,4 +204,4 @@ lint: $(VENV)/.stamp-dev
 
 clean:
 	rm -rf $(VENV) $(NEXT_VENV) $(TPU_VENV) $(DEMO_CACHE) $(dir $(DEMO_CATALOG))
-	rm -rf $(TOOLS_VENV) $(NODE_DIR)
+	rm -rf $(TOOLS_VENV) $(AWSCLI_VENV) $(NODE_DIR)

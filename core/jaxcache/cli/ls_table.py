@@ -90,8 +90,7 @@ def build(entries: Sequence[Entry], *, heads: bool, url: str, skipped: int = 0) 
     if entries:
         footer = f"{USED_NOTE}\n{footer}"
     if not heads:
-        footer += ("\nheads not read (a request per entry on gs://): --heads shows compile seconds, compression "
-                   "and status")
+        footer += f"\n{heads_note('compile seconds, compression and status')}"
     if skipped:
         footer += f"\n{skipped_note(skipped)}"
     return LsTable(
@@ -101,6 +100,12 @@ def build(entries: Sequence[Entry], *, heads: bool, url: str, skipped: int = 0) 
         used_s=[e.last_used_s if e.atime_ns is not None else None for e in entries],
         footer=footer,
     )
+
+
+def heads_note(figures: str) -> str:
+    """The line that says heads were not read, and how to get ``figures`` (what they give)."""
+    return (f"heads not read (a request per entry in an object store): --heads shows {figures} (each object's head "
+            "read once: the head index keeps it)")
 
 
 def skipped_note(count: int) -> str:
