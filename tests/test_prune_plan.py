@@ -216,7 +216,7 @@ def test_policy_from_mapping_rejects_unknown_fields():
         ({"max_total_bytes": 1.5}, "'max_total_bytes' must be a whole number of bytes"),
         ({"max_total_bytes": True}, "'max_total_bytes' must be a whole number of bytes"),
         ({"unused_for": "14 days"}, "'unused_for'.*is not a duration"),
-        ({"unused_for": "-3d"}, "'unused_for'.*is not a duration"),
+        ({"unused_for": "-3d"}, "'unused_for'.*'-3d' is negative: a duration is 0 or more"),
         ({"older_than": -5}, "'older_than' must be 0 or more"),
         ({"older_than": float("nan")}, "'older_than' must be 0 or more"),
         ({"min_age": [1]}, "'min_age' must be seconds or a duration"),
