@@ -171,3 +171,28 @@ def azure_container(azure_service) -> str:
     name = f"test-{uuid.uuid4().hex[:12]}"
     azure_service.create_container(name)
     return name
+
+
+# --- a root on every object store ----------------------------------------------------------------------------------
+
+#: Each object store's URL scheme and the fixture that makes a fresh bucket on its server (conftest's ``gcs_bucket``
+#: on fake-gcs-server, the two above).
+BUCKETS = {"gs": "gcs_bucket", "s3": "s3_bucket", "az": "azure_container"}
+
+
+@pytest.fixture(params=list(BUCKETS))
+def store_root(request) -> str:
+    """A fresh, empty root (``scheme://bucket/jax-cache``) on each object store's server: a test that takes it runs
+    once per store, each through the store's own client library and protocol."""
+    return f"{request.param}://{request.getfixturevalue(BUCKETS[request.param])}/jax-cache"
+
+
+def put_dir(root: str, src: str | Path) -> None:
+    """Copy every file under ``src`` to the root ``root`` (any store), keeping relative paths."""
+    from jaxcache.storage import open_storage
+
+    storage = open_storage(root, must_exist=False)
+    src = Path(src)
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            storage.write_atomic(path.relative_to(src).as_posix(), path.read_bytes())

@@ -173,7 +173,7 @@ def test_gcs_apply_deletes_exactly_the_plan(gcs_client, gcs_bucket, cache_copy):
     before = _gcs_listing(gcs_client, gcs_bucket, "jax-cache")
     storage = open_storage(f"gs://{gcs_bucket}/jax-cache")
     cands = [Candidate.from_record(r) for r in scan(storage)]
-    assert all(c.generation for c in cands) and len(odd) == 2
+    assert all(c.version for c in cands) and len(odd) == 2
     # Uploaded just now (GCS sets the time), so the grace period is turned off.
     policy = PrunePolicy(functions=("jit_tiny", "jit_odd*", "jit__lambda"), orphans=True, keep=(pinned,), min_age_s=0)
     p = plan(cands, policy, now=time.time())
@@ -192,8 +192,8 @@ def test_gcs_deletes_carry_the_generation_precondition(gcs_client, gcs_bucket, c
     storage = open_storage(f"gs://{gcs_bucket}/c")
     cands = [Candidate.from_record(r) for r in scan(storage)]
     one = cands[0]
-    atime_gen = storage.stat(f"{one.key}-atime").generation
-    cands[0] = Candidate(**{**{f: getattr(one, f) for f in one.__slots__}, "atime_generation": atime_gen})
+    atime_gen = storage.stat(f"{one.key}-atime").version
+    cands[0] = Candidate(**{**{f: getattr(one, f) for f in one.__slots__}, "atime_version": atime_gen})
     p = plan(cands, PrunePolicy(functions=("*",), min_age_s=0), now=time.time())
     seen: list[str] = []
     session = storage._client._http
@@ -210,10 +210,10 @@ def test_gcs_deletes_carry_the_generation_precondition(gcs_client, gcs_bucket, c
     for c in cands:
         assert len([s for s in deletes if f"{c.key}-sig" in s]) == 1
         cache_req = [s for s in deletes if f"{c.key}-cache" in s]
-        assert len(cache_req) == 1 and f"ifGenerationMatch={c.generation}" in cache_req[0]
+        assert len(cache_req) == 1 and f"ifGenerationMatch={c.version}" in cache_req[0]
         atime_req = [s for s in deletes if f"{c.key}-atime" in s]
         assert len(atime_req) == 1
-        if c.atime_generation is None:
+        if c.atime_version is None:
             assert "ifGenerationMatch" not in atime_req[0]
         else:
             assert f"ifGenerationMatch={atime_gen}" in atime_req[0]

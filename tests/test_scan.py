@@ -93,7 +93,7 @@ def test_scan_gcs_matches_local(gcs_client, gcs_bucket, cache_copy, jax_caches, 
     records = list(scan(open_storage(f"gs://{gcs_bucket}/jax-cache")))
     _assert_matches(_by_key(records), jax_caches[compression].manifest)
     assert [o.key for o in records if isinstance(o, Orphan)] == [ORPHAN_KEY]
-    assert all(isinstance(r, Orphan) or r.generation for r in records)
+    assert all(isinstance(r, Orphan) or r.version for r in records)
 
 
 @pytest.mark.slow

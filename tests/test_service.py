@@ -373,7 +373,8 @@ def test_gcs_cache(tmp_path, gcs_client, gcs_bucket, jax_caches):
         assert c.post("/v1/caches/prod/rescan", headers=H_ADMIN).status_code == 200
         got = c.get("/v1/caches/prod/entries?limit=1000", headers=H_READ).json()["entries"]
         assert {e["key"] for e in got} == {e["key"] for e in jax_caches["zlib"].entries}
-        assert all(e["generation"] for e in got) and {e["compression"] for e in got} == {"zlib"}
+        assert all(e["generation"] and e["version"] == str(e["generation"]) for e in got)
+        assert {e["compression"] for e in got} == {"zlib"}
         r = c.post("/v1/caches/prod/prune", headers=H_ADMIN,
                    json={"functions": ["jit_tiny"], "min_age": "0s", "dry_run": False})
         assert r.status_code == 200 and r.json()["deleted"] == 1
