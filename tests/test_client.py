@@ -175,7 +175,7 @@ def test_group_writable_directory_is_refused_in_strict_mode_and_allowed_when_tol
 def test_max_size_bytes_is_refused_for_gcs_roots_without_a_local_tier():
     """JAX's LRU cannot evict on a bucket; with a node-local tier (the default for gs://) it caps that instead."""
     proc = run_job("--cache-dir", "gs://bucket/jax", "--max-size-bytes", "1000", "--local-dir", "off", expect=3)
-    assert "does not work on gs://" in proc.stderr and "prune" in proc.stderr and "local_dir" in proc.stderr
+    assert "does not work on a bucket" in proc.stderr and "prune" in proc.stderr and "local_dir" in proc.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory owned by another user needs root")
@@ -216,6 +216,11 @@ def test_options_resolution_order_and_checks(tmp_path):
     assert _resolve(env={"JAX_COMPILATION_CACHE_DIR": "/a", "JAXCACHE_DIR": "/b"}).cache_dir == "/b"
     assert _resolve("/c", env={"JAXCACHE_DIR": "/b"}).cache_dir == "/c"
     assert _resolve("gs://bkt/x/y/").cache_dir == "gs://bkt/x/y"
+    # Every store JAX's cache takes, spelled once (storage.normalise_root, as the service and the CLI spell it).
+    assert _resolve("s3://bkt//x/y/").cache_dir == "s3://bkt/x/y" and _resolve(" az://ctr/x ").cache_dir == "az://ctr/x"
+    for root in ("s3://bkt/x", "az://ctr/x"):
+        on_store = _resolve(root, env={"JAXCACHE_LOCAL_DIR": "off"})
+        assert on_store.jax_settings()["jax_persistent_cache_enable_xla_caches"] == "none", root
     opts = _resolve("/c", env={"JAXCACHE_MIN_COMPILE_TIME_S": "0.5", "JAXCACHE_MIN_ENTRY_SIZE_BYTES": "-1",
                                "JAXCACHE_JOB": "j", "JAXCACHE_SERVICE_URL": "http://svc:8080/",
                                "JAXCACHE_TOKEN": "t", "JAXCACHE_RECORD_EVERY_S": "30"})
@@ -237,7 +242,11 @@ def test_options_resolution_order_and_checks(tmp_path):
         dict(cache_dir="/c", service_url="svc:8080"),
         dict(cache_dir="/c", job="a/b"),
         dict(cache_dir="/c", env={"JAXCACHE_RUN_ID": "../x"}),
-        dict(cache_dir="s3://b/x"),
+        dict(cache_dir="s3a://b/x"),
+        dict(cache_dir="az://account@ctr/x"),
+        dict(cache_dir="s3://b/x", max_size_bytes=10, env={"JAXCACHE_LOCAL_DIR": "off"}),
+        dict(cache_dir="az://ctr/x", xla_caches="all", env={"JAXCACHE_LOCAL_DIR": "off"}),
+        dict(cache_dir="/c", local_dir="s3://b/tier"),
         dict(cache_dir="gs://b/x", max_size_bytes=10, env={"JAXCACHE_LOCAL_DIR": "off"}),
         dict(cache_dir="/c", env={"JAXCACHE_SIGNING_KEY": "/no/such/key"}),
     ]

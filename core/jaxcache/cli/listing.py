@@ -27,7 +27,7 @@ from jaxcache.entry import Compression, Status
 from jaxcache.errors import InvalidInputError
 from jaxcache.scan import Entry, Record
 from jaxcache.stats import CacheStats, summarize
-from jaxcache.storage import Storage, is_gcs_url
+from jaxcache.storage import Storage, is_object_store
 from jaxcache.table import render
 from jaxcache.units import format_bytes, format_duration, plural
 
@@ -90,7 +90,7 @@ def reads_heads(args: argparse.Namespace, storage: Storage) -> bool:
     compile``."""
     if args.heads is not None:
         return bool(args.heads)
-    return args.sort in HEAD_SORTS or not is_gcs_url(storage.url)
+    return args.sort in HEAD_SORTS or not is_object_store(storage.url)
 
 
 def _select(records: Iterable[Record], function: str | None) -> Iterator[Entry]:

@@ -23,8 +23,8 @@ from jaxcache.storage.local import LocalStorage
 
 __all__ = [
     "ObjectInfo", "Storage", "LocalStorage", "STORES", "Store", "check_name", "open_storage", "normalise_root",
-    "ABSOLUTE_ROOT_PATTERN", "ROOT_FORMS", "generation_of", "is_gcs_url", "is_object_store", "removal_command",
-    "same_object", "same_stat", "scheme_of", "split_root",
+    "ABSOLUTE_ROOT_PATTERN", "ROOT_FORMS", "generation_of", "is_object_store", "removal_command", "same_object", "same_stat", "scheme_of",
+    "split_root",
 ]
 
 
@@ -95,11 +95,6 @@ _OTHER_SCHEMES = {"gcs": "gs", "s3a": "s3", "s3n": "s3", "abfs": "az", "abfss": 
 ABSOLUTE_ROOT_PATTERN = "^(/|file://|" + "|".join(f"{scheme}://" for scheme in STORES) + r")[^\x00]*$"
 #: Every spelling of a cache root, for messages and help texts.
 ROOT_FORMS = "a directory, file:///path, gs://bucket/prefix, s3://bucket/prefix or az://container/prefix"
-
-
-def is_gcs_url(url: str) -> bool:
-    """True for ``gs://`` URLs."""
-    return str(url).startswith("gs://")
 
 
 def scheme_of(url: str | os.PathLike[str]) -> str | None:

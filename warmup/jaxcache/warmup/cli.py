@@ -16,7 +16,7 @@ from jaxcache.client import check_cache_dir, current_session
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, WarmupRecord
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import WARMUP_VERIFY, KeyUsage
-from jaxcache.storage import is_gcs_url, open_storage
+from jaxcache.storage import is_object_store, open_storage
 from jaxcache.table import render
 from jaxcache.topology import TpuSlice, parse_topology, parse_tpu_slice
 from jaxcache.units import format_bytes
@@ -89,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="targets compiled at once, each in a process of its own (default: as many as this"
                         " machine's CPUs and memory allow; the output says how many and why)")
     p.add_argument("--cache-dir", required=True, metavar="URL",
-                   help="cache root: a directory or gs://bucket/prefix; with --check also a bundle file (`jaxcache"
-                        " bundle export`), checked and imported into a temporary directory the check then reads")
+                   help="cache root: a directory, gs://, s3:// or az://bucket/prefix; with --check also a bundle file"
+                        " (`jaxcache bundle export`), checked and imported into a temporary directory the check then"
+                        " reads")
     p.add_argument("--entrypoint", metavar="pkg.module:function",
                    help="called with a WarmupContext; compiles the job's programs without data")
     p.add_argument("--script", metavar="path.py",
@@ -212,7 +213,7 @@ def _validate(args: argparse.Namespace, script_args: list[str]) -> WarmupConfig:
     platform = requested or dev.default_platform(gpus)  # type: ignore[arg-type]
     plan = dev.plan_backend(topology, platform, gpus)
     storage = open_storage(cache_dir, must_exist=False)
-    if is_gcs_url(cache_dir):
+    if is_object_store(cache_dir):
         storage.ping()  # an unreachable bucket should fail here, not after an hour of compiling
     return WarmupConfig(plan=plan, cache_dir=cache_dir, job=args.job, target=target, trust=args.trust)
 
@@ -230,7 +231,7 @@ def _validate_tpu(args: argparse.Namespace, script_args: list[str]) -> WarmupCon
     target = tgt.make_target(args.entrypoint, args.script, script_args)
     cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
     storage = open_storage(cache_dir, must_exist=False)
-    if is_gcs_url(cache_dir):
+    if is_object_store(cache_dir):
         storage.ping()
     explicit = tpu.explicit_flags(args.target_xla_flags, args.libtpu_init_args)
     if explicit is not None and args.flags_from_job:
