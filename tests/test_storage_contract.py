@@ -97,8 +97,11 @@ def test_delete(storage):
     assert storage.read("gone") is None
     assert storage.delete("gone") is False
     storage.write_atomic("listed", b"x")
-    assert storage.delete("listed", if_version=storage.stat("listed").version) is True  # None on a directory
+    version = storage.stat("listed").version  # None on a directory
+    assert storage.delete("listed", if_version=version) is True
     assert storage.read("listed") is None
+    # Gone already, as without a version (an applied plan applied again): If-Match fails on a missing object too.
+    assert storage.delete("listed", if_version=version) is False
 
 
 @pytest.mark.parametrize("bad", ["../escape", "/etc/passwd", "a/../../b", "a//b", "./a", "a\x00b", "a\\..\\b", ""])

@@ -23,8 +23,8 @@ from jaxcache.storage.local import LocalStorage
 
 __all__ = [
     "ObjectInfo", "Storage", "LocalStorage", "STORES", "Store", "check_name", "open_storage", "normalise_root",
-    "ABSOLUTE_ROOT_PATTERN", "ROOT_FORMS", "generation_of", "is_object_store", "removal_command", "same_object", "same_stat", "scheme_of",
-    "split_root",
+    "ABSOLUTE_ROOT_PATTERN", "ROOT_FORMS", "generation_of", "is_object_store", "removal_command", "same_object",
+    "same_stat", "scheme_of", "split_root",
 ]
 
 

@@ -295,13 +295,19 @@ class AzureStorage(ObjectStore):
         condition: dict[str, Any] = {}
         if if_version is not None:  # If-Match: Azure refuses the delete if the blob was replaced since listed
             condition = {"etag": if_version, "match_condition": MatchConditions.IfNotModified}
-        with self._translate("delete", name):
-            try:
-                self._container.delete_blob(self._key(name), **condition)
-            except ResourceNotFoundError as exc:
-                if _code(exc) == "ContainerNotFound":
-                    raise
+        try:
+            with self._translate("delete", name):
+                try:
+                    self._container.delete_blob(self._key(name), **condition)
+                except ResourceNotFoundError as exc:
+                    if _code(exc) == "ContainerNotFound":
+                        raise
+                    return False
+        except PreconditionFailedError:
+            # If-Match fails on a blob that is gone as on one replaced: gone is "already deleted", as without it.
+            if self._properties(name) is None:
                 return False
+            raise
         return True
 
     def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:

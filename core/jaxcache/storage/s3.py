@@ -280,17 +280,23 @@ class S3Storage(ObjectStore):
         etag = head.get("ETag")
         if if_version is not None and (etag is None or etag_token(etag) != if_version):
             raise PreconditionFailedError(f"delete {name!r} in {self.url}: the object changed since it was listed")
-        with self._translate("delete", name):
-            try:
-                self._delete(name, etag if self._conditional_deletes else None)
-            except ClientError as exc:
-                if _missing(exc):
-                    return False
-                if not (etag and _code(exc) == "NotImplemented"):
-                    raise
-                # A store without conditional deletes that says so: the check above is all there is, from now on.
-                self._conditional_deletes = False
-                self._delete(name, None)
+        try:
+            with self._translate("delete", name):
+                try:
+                    self._delete(name, etag if self._conditional_deletes else None)
+                except ClientError as exc:
+                    if _missing(exc):
+                        return False
+                    if not (etag and _code(exc) == "NotImplemented"):
+                        raise
+                    # A store without conditional deletes that says so: the check above is all there is, from now on.
+                    self._conditional_deletes = False
+                    self._delete(name, None)
+        except PreconditionFailedError:
+            # If-Match fails on an object deleted since the HEAD as on one replaced: gone is "already deleted".
+            if self._head(name) is None:
+                return False
+            raise
         return True
 
     def _delete(self, name: str, etag: str | None) -> None:
