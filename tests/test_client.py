@@ -330,22 +330,39 @@ def test_two_process_distributed_cpu_job_writes_a_record_per_process(tmp_path):
     assert all(u.event == records.WRITE for u in recs[0].keys)
 
 
-def test_gcs_root_gets_entries_run_records_and_signatures(gcs_client, gcs_bucket, tmp_path):
+def test_an_object_store_root_gets_entries_run_records_and_signatures(store_root, tmp_path):
+    """enable_cache() on a root in each store: the job's writes, signatures and run record reach the store; another
+    node's job (an empty tier of its own) hits everything from the store, checking each signature, and a job that
+    reads the store itself (no tier: JAX through etils epath and the store's fsspec filesystem) loads every entry
+    but one whose bytes were changed there, which it skips."""
     from jaxcache import signing
+    from jaxcache.storage import open_storage
+    from store_servers import raw_names, raw_put
 
-    url = f"gs://{gcs_bucket}/jax-cache"
-    key = signing.new_key("gcs-writers", str(tmp_path / "w.key"))
+    url = store_root
+    key = signing.new_key("store-writers", str(tmp_path / "w.key"))
     env = clean_env(JAXCACHE_SIGNING_KEY=str(tmp_path / "w.key"))
-    first = result(run_job("--cache-dir", url, "--job", "gcs-job", env=env))
+    first = result(run_job("--cache-dir", url, "--job", "store-job", "--local-dir", str(tmp_path / "node-a"),
+                           env=env))
     assert first["stats"]["writes"] >= 4
-    blob = gcs_client.bucket(gcs_bucket).blob(f"jax-cache/{first['record_name']}")
-    record = records.parse(blob.download_as_bytes())
+    record = records.parse(open_storage(url).read(first["record_name"]))
     assert record.cache_dir == url and all(u.event == records.WRITE and u.size_bytes for u in record.keys)
     # Each write signed beside its entry, created as a new object (jobs' identities may not overwrite).
-    names = {b.name.removeprefix("jax-cache/") for b in gcs_client.list_blobs(gcs_bucket, prefix="jax-cache/")}
-    assert {u.key + "-sig" for u in record.keys} <= names
-    second = result(run_job("--cache-dir", url + "/", "--job", "gcs-job", env=env))
-    assert second["stats"]["hit_rate"] == 1.0
+    names = raw_names(url)
+    assert {u.key + "-cache" for u in record.keys} | {u.key + "-sig" for u in record.keys} <= names
+    # Loads checked against the writers' key (verify="signed"), through a tier and straight from the store.
+    checking = {**env, "JAXCACHE_TRUSTED_KEYS": key.public_text()}
+    second = result(run_job("--cache-dir", url + "/", "--job", "store-job", "--local-dir", str(tmp_path / "node-b"),
+                            "--verify", "signed", env=checking))
+    assert second["stats"]["hit_rate"] == 1.0 and second["skipped"] == {}, second
+    victim = record.keys[0].key
+    store = open_storage(url)
+    raw_put(url, f"{victim}-cache", store.read(f"{victim}-cache")[::-1])  # its signature no longer vouches for it
+    third = result(run_job("--cache-dir", url, "--job", "store-job", "--local-dir", "off", "--verify", "signed",
+                           env=checking))
+    assert third["skipped"] == {victim: "digest differs"}, third["skipped"]
+    assert third["stats"]["hits"] == len(record.keys) - 1, third["stats"]
+    store.write_atomic(f"{victim}-cache", store.read(f"{victim}-cache")[::-1])  # as written: doctor finds it ok
     proc = subprocess.run([sys.executable, "-m", "jaxcache", "doctor", url, "--verify", "--min-age", "0s", "--json"],
                           capture_output=True, text=True, timeout=120,
                           env=clean_env(JAXCACHE_TRUSTED_KEYS=key.public_text()))
