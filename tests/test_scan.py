@@ -101,7 +101,7 @@ def test_scan_of_an_object_store_matches_local(store_root, jax_caches, compressi
 def test_jax_writes_an_object_store_and_jaxcache_lists_it(store_root, tmp_path):
     """Plain JAX, no client, writes a cache straight to each store through etils epath and fsspec (gcsfs, s3fs,
     adlfs: the environment points them at the test's server as it points boto3 and the others); the scanner finds
-    exactly what it wrote, and `jaxcache ls` lists it like any other."""
+    exactly what it wrote, and `jaxcache ls` and the service list it like any other."""
     written = run_writer(sys.executable, store_root, tmp_path / "m.json")
     records = list(scan(open_storage(store_root)))
     _assert_matches(_by_key(records), written.manifest)
@@ -109,3 +109,14 @@ def test_jax_writes_an_object_store_and_jaxcache_lists_it(store_root, tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert {e["key"] for e in json.loads(proc.stdout)["entries"]} == {e["key"] for e in written.entries}
+    # And the service catalogs them.
+    from fastapi.testclient import TestClient
+
+    from jaxcache.service.app import create_app
+    from reports_support import H_READ, rescan, settings
+
+    with TestClient(create_app(settings(tmp_path, {"plain": store_root}))) as client:
+        rescan(client, "plain")
+        listed = client.get("/v1/caches/plain/entries?limit=1000", headers=H_READ).json()["entries"]
+    assert {e["key"] for e in listed} == {e["key"] for e in written.entries}
+    assert all(e["status"] == "ok" and e["version"] for e in listed)
