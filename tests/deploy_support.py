@@ -22,7 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 DOCKERFILES = {p.name.removesuffix(".Dockerfile"): p for p in sorted((DEPLOY / "docker").glob("*.Dockerfile"))}
 K8S = DEPLOY / "k8s"
-KUSTOMIZATIONS = ["base", "overlays/gcs", "overlays/nfs"]
+KUSTOMIZATIONS = ["base", "overlays/gcs", "overlays/nfs", "overlays/s3", "overlays/azure"]
+#: The overlays over an object store: the scheme of their roots and the annotation of the service account that gives
+#: the pods their identity there (GKE Workload Identity, IRSA, Azure Workload Identity).
+STORE_OVERLAYS = {
+    "overlays/gcs": ("gs", "iam.gke.io/gcp-service-account"),
+    "overlays/s3": ("s3", "eks.amazonaws.com/role-arn"),
+    "overlays/azure": ("az", "azure.workload.identity/client-id"),
+}
 # Manifests applied as they are, outside kustomize.
 PLAIN_MANIFESTS = [
     K8S / "warmup-job.yaml",

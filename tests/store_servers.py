@@ -263,3 +263,76 @@ def azure_container(azure_service) -> str:
     name = f"test-{uuid.uuid4().hex[:12]}"
     azure_service.create_container(name)
     return name
+
+
+# --- a root on every object store ----------------------------------------------------------------------------------
+
+#: Each object store's URL scheme and the fixture that makes a fresh bucket on its server (conftest's ``gcs_bucket``
+#: on fake-gcs-server, the two above).
+BUCKETS = {"gs": "gcs_bucket", "s3": "s3_bucket", "az": "azure_container"}
+
+
+@pytest.fixture(params=list(BUCKETS))
+def store_root(request) -> str:
+    """A fresh, empty root (``scheme://bucket/jax-cache``) on each object store's server: a test that takes it runs
+    once per store, each through the store's own client library and protocol."""
+    return f"{request.param}://{request.getfixturevalue(BUCKETS[request.param])}/jax-cache"
+
+
+def put_dir(root: str, src: str | Path) -> None:
+    """Copy every file under ``src`` to the root ``root`` (any store), keeping relative paths."""
+    from jaxcache.storage import open_storage
+
+    storage = open_storage(root, must_exist=False)
+    src = Path(src)
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            storage.write_atomic(path.relative_to(src).as_posix(), path.read_bytes())
+
+
+def _split(root: str) -> tuple[str, str, str]:
+    scheme, _, rest = root.partition("://")
+    bucket, _, prefix = rest.partition("/")
+    return scheme, bucket, prefix.strip("/")
+
+
+def raw_put(root: str, name: str, data: bytes) -> None:
+    """Write ``data`` as the object ``name`` under the object-store root ``root`` with the store's own client library,
+    whatever the name: what a writer past jaxcache's name checks can leave there."""
+    scheme, bucket, prefix = _split(root)
+    key = f"{prefix}/{name}" if prefix else name
+    if scheme == "gs":
+        from google.cloud import storage
+
+        storage.Client().bucket(bucket).blob(key).upload_from_string(data)
+    elif scheme == "s3":
+        import boto3
+
+        boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=data)
+    else:
+        from azure.storage.blob import BlobServiceClient
+
+        service = BlobServiceClient.from_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"])
+        service.get_blob_client(bucket, key).upload_blob(data, overwrite=True)
+
+
+def raw_names(root: str) -> set[str]:
+    """The names of every object under the object-store root ``root`` (recursively), as the store's own client
+    library lists them."""
+    scheme, bucket, prefix = _split(root)
+    base = f"{prefix}/" if prefix else ""
+    if scheme == "gs":
+        from google.cloud import storage
+
+        keys = [b.name for b in storage.Client().list_blobs(bucket, prefix=base)]
+    elif scheme == "s3":
+        import boto3
+
+        pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base)
+        keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+    else:
+        from azure.storage.blob import BlobServiceClient
+
+        service = BlobServiceClient.from_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"])
+        keys = [b.name for b in service.get_container_client(bucket).list_blobs(name_starts_with=base)]
+    return {k[len(base):] for k in keys}

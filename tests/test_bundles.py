@@ -143,15 +143,16 @@ def test_a_bundle_imported_into_a_fresh_root_serves_every_program(written, bundl
 
 
 @pytest.mark.slow
-@pytest.mark.gcs
-def test_a_bundle_imported_into_a_gcs_root_serves_every_program(bundle, tmp_path, capsys, gcs_client, gcs_bucket,
-                                                              monkeypatch):
+def test_a_bundle_imported_into_an_object_store_serves_every_program(bundle, tmp_path, capsys, store_root,
+                                                                     monkeypatch):
+    from store_servers import raw_names
+
     monkeypatch.setenv(signing.TRUSTED_KEYS_ENV, PUBLIC)
-    root = f"gs://{gcs_bucket}/jc"
+    root = store_root
     code, out, _ = import_(capsys, bundle, root)
     assert code == 0, out
     assert f"checked against {signing.TRUSTED_KEYS_ENV} (writers)" in out and DIGESTS_ONLY not in out, out
-    stored = {b.name for b in gcs_client.list_blobs(gcs_bucket, prefix="jc/")}
+    stored = raw_names(root)
     assert len(stored) == 2 * len(PROGRAMS), stored
     job, _ = run_node_job(root, tmp_path / "node", "train", "--verify", "signed", JAXCACHE_TRUSTED_KEYS=PUBLIC)
     assert job["stats"]["hits"] == len(PROGRAMS) and job["stats"]["misses"] == 0, job["stats"]

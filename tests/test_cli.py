@@ -172,13 +172,13 @@ def test_a_negative_value_is_read_as_the_options_and_refused(capsys, tmp_path, a
     assert err.count("\n") == 1, err
 
 
-def test_gcs_root(capsys, gcs_client, gcs_bucket, jax_caches):
-    from conftest import upload_dir
+def test_an_object_store_root(capsys, store_root, jax_caches):
+    from store_servers import put_dir
 
-    upload_dir(gcs_client, gcs_bucket, "jc", jax_caches["zlib"].root)
-    code, out, _ = run(capsys, "stats", f"gs://{gcs_bucket}/jc", "--json")
+    put_dir(store_root, jax_caches["zlib"].root)
+    code, out, _ = run(capsys, "stats", store_root + "/", "--json")
     assert code == 0 and json.loads(out)["entries"] == len(jax_caches["zlib"].entries)
-    code, out, _ = run(capsys, "doctor", f"gs://{gcs_bucket}/jc")
+    code, out, _ = run(capsys, "doctor", store_root)
     assert code == 0, out
 
 

@@ -175,7 +175,7 @@ def test_group_writable_directory_is_refused_in_strict_mode_and_allowed_when_tol
 def test_max_size_bytes_is_refused_for_gcs_roots_without_a_local_tier():
     """JAX's LRU cannot evict on a bucket; with a node-local tier (the default for gs://) it caps that instead."""
     proc = run_job("--cache-dir", "gs://bucket/jax", "--max-size-bytes", "1000", "--local-dir", "off", expect=3)
-    assert "does not work on gs://" in proc.stderr and "prune" in proc.stderr and "local_dir" in proc.stderr
+    assert "does not work on a bucket" in proc.stderr and "prune" in proc.stderr and "local_dir" in proc.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory owned by another user needs root")
@@ -216,6 +216,11 @@ def test_options_resolution_order_and_checks(tmp_path):
     assert _resolve(env={"JAX_COMPILATION_CACHE_DIR": "/a", "JAXCACHE_DIR": "/b"}).cache_dir == "/b"
     assert _resolve("/c", env={"JAXCACHE_DIR": "/b"}).cache_dir == "/c"
     assert _resolve("gs://bkt/x/y/").cache_dir == "gs://bkt/x/y"
+    # Every store JAX's cache takes, spelled once (storage.normalise_root, as the service and the CLI spell it).
+    assert _resolve("s3://bkt//x/y/").cache_dir == "s3://bkt/x/y" and _resolve(" az://ctr/x ").cache_dir == "az://ctr/x"
+    for root in ("s3://bkt/x", "az://ctr/x"):
+        on_store = _resolve(root, env={"JAXCACHE_LOCAL_DIR": "off"})
+        assert on_store.jax_settings()["jax_persistent_cache_enable_xla_caches"] == "none", root
     opts = _resolve("/c", env={"JAXCACHE_MIN_COMPILE_TIME_S": "0.5", "JAXCACHE_MIN_ENTRY_SIZE_BYTES": "-1",
                                "JAXCACHE_JOB": "j", "JAXCACHE_SERVICE_URL": "http://svc:8080/",
                                "JAXCACHE_TOKEN": "t", "JAXCACHE_RECORD_EVERY_S": "30"})
@@ -237,7 +242,11 @@ def test_options_resolution_order_and_checks(tmp_path):
         dict(cache_dir="/c", service_url="svc:8080"),
         dict(cache_dir="/c", job="a/b"),
         dict(cache_dir="/c", env={"JAXCACHE_RUN_ID": "../x"}),
-        dict(cache_dir="s3://b/x"),
+        dict(cache_dir="s3a://b/x"),
+        dict(cache_dir="az://account@ctr/x"),
+        dict(cache_dir="s3://b/x", max_size_bytes=10, env={"JAXCACHE_LOCAL_DIR": "off"}),
+        dict(cache_dir="az://ctr/x", xla_caches="all", env={"JAXCACHE_LOCAL_DIR": "off"}),
+        dict(cache_dir="/c", local_dir="s3://b/tier"),
         dict(cache_dir="gs://b/x", max_size_bytes=10, env={"JAXCACHE_LOCAL_DIR": "off"}),
         dict(cache_dir="/c", env={"JAXCACHE_SIGNING_KEY": "/no/such/key"}),
     ]
@@ -321,22 +330,39 @@ def test_two_process_distributed_cpu_job_writes_a_record_per_process(tmp_path):
     assert all(u.event == records.WRITE for u in recs[0].keys)
 
 
-def test_gcs_root_gets_entries_run_records_and_signatures(gcs_client, gcs_bucket, tmp_path):
+def test_an_object_store_root_gets_entries_run_records_and_signatures(store_root, tmp_path):
+    """enable_cache() on a root in each store: the job's writes, signatures and run record reach the store; another
+    node's job (an empty tier of its own) hits everything from the store, checking each signature, and a job that
+    reads the store itself (no tier: JAX through etils epath and the store's fsspec filesystem) loads every entry
+    but one whose bytes were changed there, which it skips."""
     from jaxcache import signing
+    from jaxcache.storage import open_storage
+    from store_servers import raw_names, raw_put
 
-    url = f"gs://{gcs_bucket}/jax-cache"
-    key = signing.new_key("gcs-writers", str(tmp_path / "w.key"))
+    url = store_root
+    key = signing.new_key("store-writers", str(tmp_path / "w.key"))
     env = clean_env(JAXCACHE_SIGNING_KEY=str(tmp_path / "w.key"))
-    first = result(run_job("--cache-dir", url, "--job", "gcs-job", env=env))
+    first = result(run_job("--cache-dir", url, "--job", "store-job", "--local-dir", str(tmp_path / "node-a"),
+                           env=env))
     assert first["stats"]["writes"] >= 4
-    blob = gcs_client.bucket(gcs_bucket).blob(f"jax-cache/{first['record_name']}")
-    record = records.parse(blob.download_as_bytes())
+    record = records.parse(open_storage(url).read(first["record_name"]))
     assert record.cache_dir == url and all(u.event == records.WRITE and u.size_bytes for u in record.keys)
     # Each write signed beside its entry, created as a new object (jobs' identities may not overwrite).
-    names = {b.name.removeprefix("jax-cache/") for b in gcs_client.list_blobs(gcs_bucket, prefix="jax-cache/")}
-    assert {u.key + "-sig" for u in record.keys} <= names
-    second = result(run_job("--cache-dir", url + "/", "--job", "gcs-job", env=env))
-    assert second["stats"]["hit_rate"] == 1.0
+    names = raw_names(url)
+    assert {u.key + "-cache" for u in record.keys} | {u.key + "-sig" for u in record.keys} <= names
+    # Loads checked against the writers' key (verify="signed"), through a tier and straight from the store.
+    checking = {**env, "JAXCACHE_TRUSTED_KEYS": key.public_text()}
+    second = result(run_job("--cache-dir", url + "/", "--job", "store-job", "--local-dir", str(tmp_path / "node-b"),
+                            "--verify", "signed", env=checking))
+    assert second["stats"]["hit_rate"] == 1.0 and second["skipped"] == {}, second
+    victim = record.keys[0].key
+    store = open_storage(url)
+    raw_put(url, f"{victim}-cache", store.read(f"{victim}-cache")[::-1])  # its signature no longer vouches for it
+    third = result(run_job("--cache-dir", url, "--job", "store-job", "--local-dir", "off", "--verify", "signed",
+                           env=checking))
+    assert third["skipped"] == {victim: "digest differs"}, third["skipped"]
+    assert third["stats"]["hits"] == len(record.keys) - 1, third["stats"]
+    store.write_atomic(f"{victim}-cache", store.read(f"{victim}-cache")[::-1])  # as written: doctor finds it ok
     proc = subprocess.run([sys.executable, "-m", "jaxcache", "doctor", url, "--verify", "--min-age", "0s", "--json"],
                           capture_output=True, text=True, timeout=120,
                           env=clean_env(JAXCACHE_TRUSTED_KEYS=key.public_text()))

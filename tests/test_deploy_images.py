@@ -117,6 +117,17 @@ def test_warmup_image_runs_the_warmup_script():
     )
 
 
+def test_images_open_every_stores_roots():
+    """The service reads, and warm-up writes, a root in any store jaxcache opens: each image installs every store's
+    extra (its client library; the client's adds JAX's fsspec filesystem for the store)."""
+    from jaxcache.storage import STORES
+
+    every = {store.extra for store in STORES.values()}
+    assert every <= installed_parts("service")["core"], installed_parts("service")
+    warmup = installed_parts("warmup")
+    assert every <= warmup["core"] and every <= warmup["client"], warmup
+
+
 def test_service_image_carries_no_jax():
     """The service never imports JAX: its image installs only parts that do not depend on it."""
     parts = installed_parts("service")

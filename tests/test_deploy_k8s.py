@@ -20,6 +20,7 @@ from deploy_support import (
     PLAIN_MANIFESTS,
     PRUNE,
     ROOT,
+    STORE_OVERLAYS,
     by_kind,
     container_env,
     image_env,
@@ -139,8 +140,11 @@ def test_config_is_accepted_by_the_service_settings(rendered, name, monkeypatch)
             monkeypatch.setenv(key, value)
     settings = ServiceSettings()  # raises on a malformed cache map, name or interval
     assert settings.caches, f"deploy/k8s/{name}: JAXCACHE_CACHES names no cache"
-    if name == "overlays/gcs":
-        assert all(url.startswith("gs://") for url in settings.caches.values()), settings.caches
+    if name in STORE_OVERLAYS:
+        from jaxcache.storage import scheme_of
+
+        scheme = STORE_OVERLAYS[name][0]
+        assert all(scheme_of(url) == scheme for url in settings.caches.values()), settings.caches
     if name == "overlays/nfs":
         for deployment in by_kind(rendered[name], "Deployment"):  # api and loops pods both read the cache
             (container,) = pod_spec(deployment)["containers"]
@@ -156,6 +160,37 @@ def test_config_is_accepted_by_the_service_settings(rendered, name, monkeypatch)
     assert set(policies) <= set(settings.caches), (
         f"prune policies name caches {sorted(set(policies) - set(settings.caches))} that {name} does not serve"
     )
+
+
+@pytest.mark.parametrize("name", list(STORE_OVERLAYS))
+def test_store_overlays_give_the_pods_one_identity_in_their_store(rendered, name):
+    """Each object store's overlay gives both Deployments' pods the store's own workload identity through their
+    service account (and nothing of another store's), and the settings its client library reads beside it."""
+    docs = rendered[name]
+    scheme, annotation = STORE_OVERLAYS[name]
+    (account,) = [a for a in by_kind(docs, "ServiceAccount") if a["metadata"]["name"] == "jaxcache"]
+    annotations = account["metadata"].get("annotations", {})
+    assert set(annotations) == {annotation}, f"{name}: the service account's identity is {annotation} alone"
+    assert account["automountServiceAccountToken"] is False  # each webhook mounts its own token, not the API's
+    config = one(docs, "ConfigMap", "jaxcache-config")["data"]
+    for deployment in by_kind(docs, "Deployment"):
+        spec = pod_spec(deployment)
+        assert spec["serviceAccountName"] == "jaxcache", deployment["metadata"]["name"]
+        (container,) = spec["containers"]
+        assert {"configMapRef": {"name": config_name(docs)}} in container["envFrom"]
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        # Azure Workload Identity's webhook mutates only pods labelled for it.
+        assert (labels.get("azure.workload.identity/use") == "true") == (scheme == "az"), labels
+    if scheme == "s3":
+        assert re.fullmatch(r"arn:aws:iam::[A-Z0-9_]+:role/[\w+=,.@-]+", annotations[annotation])
+        assert config.get("AWS_REGION"), "boto3 needs the bucket's region (AWS_REGION)"
+    if scheme == "az":
+        assert config.get("AZURE_STORAGE_ACCOUNT_NAME"), "az:// names no account: AZURE_STORAGE_ACCOUNT_NAME does"
+
+
+def config_name(docs: list[dict]) -> str:
+    """The name kustomize gave the generated jaxcache-config ConfigMap (with its content hash)."""
+    return one(docs, "ConfigMap", "jaxcache-config")["metadata"]["name"]
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)

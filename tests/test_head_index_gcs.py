@@ -79,15 +79,15 @@ def test_gcs_stats_reads_each_object_version_once(capsys, gcs_client, gcs_bucket
     assert listed(root)[1] == 0
     assert run_json(capsys, "stats", root, "--heads")[0] == expected
 
-    # A rewritten object is a new generation: read again, whatever its size.
+    # A rewritten object is a new version (its generation): read again, whatever its size.
     victim = jax_caches["zstd"].entries[0]
     blob = gcs_client.bucket(gcs_bucket).blob(f"lru/{victim['file']}")
     blob.upload_from_string(b"\x01" * victim["size_bytes"])
     records, reads = listed(root)
     assert reads == 1  # its first read is garbage: not zstd, nothing more to read
     got = {r.key: r for r in records if isinstance(r, Entry)}[victim["key"]]
-    assert got.status is fmt.Status.CORRUPT and got.generation == gcs_client.bucket(gcs_bucket).get_blob(
-        f"lru/{victim['file']}").generation
+    assert got.status is fmt.Status.CORRUPT and got.version == str(gcs_client.bucket(gcs_bucket).get_blob(
+        f"lru/{victim['file']}").generation)
     stats, _ = run_json(capsys, "stats", root, "--heads")
     assert stats["corrupt"] == 1 and stats == run_json(capsys, "stats", root, "--heads", "--no-index")[0]
     ls_index, _ = run_json(capsys, "ls", root, "--heads")

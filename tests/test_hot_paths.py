@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from conftest import upload_dir
 from gc_support import full_collections
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
 from jaxcache.service.entries import queries as listing
 from jaxcache.service.rescan import scan as rescan_mod
 from jaxcache.storage import open_storage
+from store_servers import put_dir
 
 NEW_KEY = "jit_copied-" + "ab" * 32
 
@@ -270,11 +270,12 @@ def test_a_function_filter_listed_by_name_walks_the_key(tmp_path):
     catalog.dispose()
 
 
-def test_rescans_of_an_unchanged_bucket_read_no_object(gcs_client, gcs_bucket, cache_copy, tmp_path):
-    """Objects are read once per version: a periodic rescan of a bucket nothing changed in only lists, and so does
-    a restarted process's first one (the listing it kept on disk)."""
-    upload_dir(gcs_client, gcs_bucket, "jax", cache_copy)
-    url = f"gs://{gcs_bucket}/jax"
+def test_rescans_of_an_unchanged_bucket_read_no_object(store_root, cache_copy, tmp_path):
+    """Objects are read once per version, in every store: a periodic rescan of a bucket nothing changed in only
+    lists, and so does a restarted process's first one (the listing it kept on disk); an entry replaced by one of the
+    same size, within the second (the mtimes S3 and Azure list), is read again for its new version."""
+    put_dir(store_root, cache_copy)
+    url = store_root
     kept = tmp_path / "kept"
     catalog = _catalog(f"sqlite:///{tmp_path / 'c.sqlite'}", cache_copy, kept)
     storage = open_storage(url)
@@ -287,4 +288,14 @@ def test_rescans_of_an_unchanged_bucket_read_no_object(gcs_client, gcs_bucket, c
     restarted, fresh = _catalog(f"sqlite:///{tmp_path / 'c.sqlite'}", cache_copy, kept), open_storage(url)
     assert rescan_mod.rescan(restarted, "c", fresh).added == 0
     assert fresh.reads == 0
+    victim = next(p.name for p in sorted(cache_copy.iterdir()) if p.name.endswith("-cache"))
+    before = fresh.stat(victim)
+    fresh.write_atomic(victim, b"\x00" * before.size_bytes)  # not a program: its head says corrupt
+    after = fresh.stat(victim)
+    if (after.size_bytes, after.mtime_s) == (before.size_bytes, before.mtime_s):  # the case only a version tells
+        assert after.version != before.version
+    rescan_mod.rescan(restarted, "c", fresh)
+    with restarted.reader() as conn:
+        status = conn.execute(select(EntryRow.status).where(EntryRow.key == victim[:-6])).scalar_one()
+    assert status == "corrupt" and fresh.reads == 1
     restarted.dispose()

@@ -155,6 +155,46 @@ def test_upgrading_from_5_judges_again_the_verdicts_that_name_a_signature(catalo
     assert got == {"jit_f-" + "1" * 64: None, "jit_f-" + "2" * 64: None, "jit_f-" + "3" * 64: "t" * 64}, got
 
 
+def test_upgrading_from_6_keeps_generations_as_version_tokens(catalog_url):
+    """Revision 7 makes GCS's integer generations version tokens (text, #61): a GCS root's rows keep theirs as their
+    decimal text, so no entry is read again; going back keeps the whole numbers and clears ETags."""
+    from alembic import command
+
+    from jaxcache.service.catalog.models import EntryRow, RecordFileRow
+
+    Catalog(catalog_url).dispose()
+    engine = create_engine(catalog_url)
+    big = 1_718_000_000_123_456  # a GCS generation: 16 digits, past what a 32-bit integer or a float holds exactly
+    entry = {"cache": "c", "kind": "entry", "module": "jit_f", "name": f"{KEY}-cache", "size_bytes": 1,
+             "created_s": 1.0, "last_used_s": 1.0, "has_atime": False, "first_seen_s": 1.0, "seen_used_s": 1.0}
+    with engine.begin() as conn:
+        command.downgrade(migrate.config(conn), "6")
+        conn.execute(text('INSERT INTO entries (cache, "key", kind, module, name, size_bytes, created_s, last_used_s,'
+                          " generation, has_atime, first_seen_s, seen_used_s, hits, saved_s) VALUES (:cache, :key,"
+                          " :kind, :module, :name, :size_bytes, :created_s, :last_used_s, :generation, :has_atime,"
+                          " :first_seen_s, :seen_used_s, 0, 0)"),
+                     [{**entry, "key": KEY, "generation": big}, {**entry, "key": KEY[:-1] + "1", "generation": None}])
+        conn.execute(text("INSERT INTO record_files (cache, name, size_bytes, mtime_s, generation)"
+                          " VALUES ('c', 'runs/r-p0.json', 1, 1.0, 7)"))
+    engine.dispose()
+    Catalog(catalog_url).dispose()  # upgrades to head
+    assert _revision(catalog_url) == migrate.head() and _schema_diff(catalog_url) == []
+    assert dict(_rows(catalog_url, 'SELECT "key", version FROM entries')) == {KEY: str(big), KEY[:-1] + "1": None}
+    assert _rows(catalog_url, "SELECT version FROM record_files") == [("7",)]
+
+    engine = create_engine(catalog_url)
+    with engine.begin() as conn:
+        conn.execute(EntryRow.__table__.update().where(EntryRow.key == KEY[:-1] + "1").values(
+            version='"9a0364b9e99bb480dd25e1f0284c8555"'))  # an S3 root's ETag
+        conn.execute(RecordFileRow.__table__.update().values(version='"0x8DC9A5B2C3D4E5F"'))  # an Azure one's
+        command.downgrade(migrate.config(conn), "6")
+    engine.dispose()
+    assert dict(_rows(catalog_url, 'SELECT "key", generation FROM entries')) == {KEY: big, KEY[:-1] + "1": None}
+    assert _rows(catalog_url, "SELECT generation FROM record_files") == [(None,)]
+    Catalog(catalog_url).dispose()
+    assert _schema_diff(catalog_url) == []
+
+
 def _tables(path: Path) -> dict[str, list[tuple]]:
     db = sqlite3.connect(path)
     try:

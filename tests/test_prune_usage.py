@@ -157,25 +157,26 @@ def test_cli_prune_without_recent_runs_says_so(cache_copy, capsys):
     assert out["delete"] == [] and "no run records" in out["notes"][0]
 
 
-def test_cli_prune_on_gcs_evicts_by_last_hit(tmp_path, gcs_client, gcs_bucket, jax_caches, capsys):
-    from conftest import upload_dir
+def test_cli_prune_in_an_object_store_evicts_by_last_hit(tmp_path, store_root, jax_caches, capsys):
+    from jaxcache.storage import open_storage
     from reports_support import hit, keys_of, run
+    from store_servers import put_dir, raw_put
 
     src = tmp_path / "src"
     shutil.copytree(jax_caches["zlib"].root, src)
     for p in src.iterdir():
         if p.name.endswith("-atime") or p.name == ".lockfile":
             p.unlink()
-    upload_dir(gcs_client, gcs_bucket, "jc", src)
+    put_dir(store_root, src)
     k = keys_of(jax_caches["zlib"])
     tiny, odd = k["jit_tiny"], k["jit_odd-name.v2"]
-    blobs = {b.name: b for b in gcs_client.list_blobs(gcs_bucket, prefix="jc/")}
-    created = max(b.updated.timestamp() for b in blobs.values())
-    size = {n[3:-len("-cache")]: b.size for n, b in blobs.items() if n.endswith("-cache")}
-    # Hits dated after the upload (the emulator cannot backdate objects): they alone order the entries.
+    objects = list(open_storage(store_root).iter_objects())
+    created = max(o.mtime_s for o in objects)
+    size = {o.name[:-len("-cache")]: o.size_bytes for o in objects if o.name.endswith("-cache")}
+    # Hits dated after the upload (the servers cannot backdate objects): they alone order the entries.
     rec = run("a", "r1", [hit(odd, 1, created + 3600), hit(tiny, 1, created + 7200)], at=created + 7200)
-    gcs_client.bucket(gcs_bucket).blob(f"jc/{rec.name}").upload_from_string(rec.to_json())
-    url = f"gs://{gcs_bucket}/jc"
+    raw_put(store_root, rec.name, rec.to_json())
+    url = store_root
     out = _cli_plan(capsys, url, "--max-size", str(size[tiny]), "--min-age", "0s")
     order = [d["key"] for d in out["delete"]]
     assert order[-1] == odd and set(order) == set(k["all"]) - {tiny}

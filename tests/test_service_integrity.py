@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest import settled, upload_dir
+from conftest import settled
 from jaxcache import signing
 from jaxcache.entry import parse_name
 from jaxcache.records import WRITE, KeyUsage
 from jaxcache.service.app import create_app
 from jaxcache.service.settings import ServiceSettings
 from reports_support import put_record, run
+from store_servers import put_dir, raw_names
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
 ADMIN, REPORT, READ = "i-admin", "i-report", "i-read"
@@ -204,16 +205,14 @@ def test_fresh_damage_is_pending_not_corrupt(damaged, tmp_path):
         assert damaged["truncated"] not in {e["key"] for e in dry["delete"]}
 
 
-def test_integrity_prune_on_gcs(damaged, gcs_client, gcs_bucket, tmp_path):
-    upload_dir(gcs_client, gcs_bucket, "jax", damaged["root"])
-    url = f"gs://{gcs_bucket}/jax"
-    # Objects on the fake server are as old as the upload: no grace period, so nothing is pending.
-    with _app(url, tmp_path, verify_min_age_s=0) as client:
+def test_integrity_prune_in_an_object_store(damaged, store_root, tmp_path):
+    put_dir(store_root, damaged["root"])
+    # Objects on the test's server are as old as the upload: no grace period, so nothing is pending.
+    with _app(store_root, tmp_path, verify_min_age_s=0) as client:
         _rescanned(client)
         _expect_verdicts(client, damaged)
         _prune_bad(client, damaged)
-    left = {b.name.removeprefix("jax/").removesuffix("-cache")
-            for b in gcs_client.list_blobs(gcs_bucket, prefix="jax/") if b.name.endswith("-cache")}
+    left = {name.removesuffix("-cache") for name in raw_names(store_root) if name.endswith("-cache")}
     assert left == damaged["all"] - {damaged["flipped"], damaged["swapped"], damaged["truncated"]}
 
 

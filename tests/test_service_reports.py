@@ -193,14 +193,8 @@ SPELLINGS = {
     "file:// URL, trailing slash": lambda c2: f"file://{c2}/",
     "a link to it": lambda c2: str(c2.parent / "link-to-c2"),
     "a link to its folder": lambda c2: f"{c2.parent / 'link-to-parent'}/{c2.name}/",
-    "file://localhost URL": pytest.param(
-        lambda c2: f"file://localhost{c2}",
-        marks=pytest.mark.xfail(strict=True, reason="service's normal_dir reads no file:// host (open_storage "
-                                                    "takes localhost): filed under c1")),
-    "file:// URL with %-escapes": pytest.param(
-        lambda c2: f"file://{c2.parent}/%{ord(c2.name[0]):02X}{c2.name[1:]}",
-        marks=pytest.mark.xfail(strict=True, reason="service's normal_dir does not decode %-escapes (open_storage "
-                                                    "does): filed under c1")),
+    "file://localhost URL": lambda c2: f"file://localhost{c2}",
+    "file:// URL with %-escapes": lambda c2: f"file://{c2.parent}/%{ord(c2.name[0]):02X}{c2.name[1:]}",
 }
 # Not c2's root wherever the job ran: a relative path is relative to the job's own folder (which the service does
 # not know; the client records absolute paths), and Linux paths are case-sensitive.
@@ -250,27 +244,37 @@ def test_a_cache_dir_that_is_no_configured_root_is_filed_under_the_cache_named(t
     assert job in _jobs(client, "c1")
 
 
-GCS_SPELLINGS = {
+# How a job may spell a root in an object store (``scheme://bucket/team/jax-cache``).
+STORE_SPELLINGS = {
     "trailing slash": lambda root: f"{root}/",
     "trailing slashes": lambda root: f"{root}///",
-    "double slash before the prefix": pytest.param(
-        lambda root: root.replace("/c2", "//c2"),
-        marks=pytest.mark.xfail(strict=True, reason="service's normal_dir strips only trailing slashes (open_storage"
-                                                    " strips the prefix's leading ones too): filed under c1")),
+    "double slash before the prefix": lambda root: root.replace("/team", "//team"),
+    "double slashes inside": lambda root: root.replace("/jax-cache", "//jax-cache/"),
 }
 
 
-@pytest.mark.gcs
-@pytest.mark.parametrize("spelled", list(GCS_SPELLINGS.values()), ids=list(GCS_SPELLINGS))
-def test_another_gcs_caches_root_is_refused_however_it_is_spelled(tmp_path, gcs_bucket, spelled):
+def test_every_spelling_of_an_object_store_root_reaches_its_cache(tmp_path, store_root):
+    """A root in each store, spelled as a job may spell it: the client configures JAX with the one spelling the
+    service and the CLI use (storage.normalise_root), and the service files the job's record under that cache,
+    never under another."""
+    from jaxcache.client import options
+    from jaxcache.storage import open_storage
+
     (tmp_path / "c1").mkdir()
-    c2 = f"gs://{gcs_bucket}/c2"
+    c2 = store_root.replace("/jax-cache", "/team/jax-cache")
     with TestClient(create_app(settings(tmp_path, {"c1": str(tmp_path / "c1"), "c2": c2}))) as client:
         settled(client)
-        cache_dir = spelled(c2)
-        r = post(client, run("misfiled", "r1", [write(f"jit_f-{'0' * 64}", 1.0, time.time())], cache_dir=cache_dir),
-                 "?cache=c1")
-        assert r.status_code == 422 and "is the root of cache c2" in r.json()["detail"], (cache_dir, r.text)
+        for what, spelled in STORE_SPELLINGS.items():
+            cache_dir = spelled(c2)
+            resolved = options.resolve(cache_dir, env={}, job=None, min_compile_time_secs=None,
+                                       min_entry_size_bytes=None, xla_caches=None, max_size_bytes=None,
+                                       service_url=None, token=None, trust="strict", default_xla_caches=None)
+            assert resolved.cache_dir == c2 == open_storage(cache_dir).url, what
+            job = f"misfiled-{uuid.uuid4().hex[:8]}"
+            record = run(job, "r1", [write(f"jit_f-{'0' * 64}", 1.0, time.time())], cache_dir=cache_dir)
+            r = post(client, record, "?cache=c1")
+            assert r.status_code == 422 and "is the root of cache c2" in r.json()["detail"], (what, r.text)
+            assert post(client, record).json()["cache"] == "c2", what  # without ?cache=, filed under c2
         assert _jobs(client, "c1") == set()
 
 

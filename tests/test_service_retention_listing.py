@@ -1,6 +1,6 @@
 """Rescans do not list run records already ingested and unchanged: a process lists all of ``.jaxcache/runs/`` on its
 first rescan of a cache and once a day; otherwise only recent days, days that changed at their last listing, and
-days of runs still running. Counted on a wrapped storage object, over a local root and fake-gcs-server."""
+days of runs still running. Counted on a wrapped storage object, over a local root and each object store."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from jaxcache.service.reports import runfiles
 from jaxcache.service.rescan.scan import rescan
 from jaxcache.storage import Storage, open_storage
 from reports_support import DAY, hit, run, write
+from store_servers import BUCKETS, raw_put
 
 KEY = "jit_f-" + "a" * 64
 OTHER = "jit_g-" + "b" * 64
@@ -59,7 +60,7 @@ class Root:
         self.url, self.put = url, put
 
 
-@pytest.fixture(params=["local", "gcs"])
+@pytest.fixture(params=["local", *BUCKETS])
 def root(request, tmp_path) -> Root:
     if request.param == "local":
         base = tmp_path / "cache"
@@ -71,12 +72,8 @@ def root(request, tmp_path) -> Root:
             path.write_bytes(record.to_json())
 
         return Root(str(base), put_local)
-    bucket = request.getfixturevalue("gcs_client").bucket(request.getfixturevalue("gcs_bucket"))
-
-    def put_gcs(record: records.RunRecord) -> None:
-        bucket.blob(f"jc/{record.name}").upload_from_string(record.to_json())
-
-    return Root(f"gs://{bucket.name}/jc", put_gcs)
+    url = f"{request.param}://{request.getfixturevalue(BUCKETS[request.param])}/jc"
+    return Root(url, lambda record: raw_put(url, record.name, record.to_json()))
 
 
 def _record(run_id: str, ago_d: float, hits: int = 1, *, final: bool = True, updated_ago_d: float | None = None):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest import settled, upload_dir
+from conftest import settled
 from jaxcache.records import Fingerprint
 from jaxcache.service.app import create_app
 from reports_support import (
@@ -31,6 +31,7 @@ from reports_support import (
     settings,
     write,
 )
+from store_servers import put_dir, raw_names, raw_put
 
 # --------------------------------------------------------------------------------------------------------------
 # Entries, jobs, stats
@@ -231,26 +232,26 @@ def test_hits_drive_lru_local(svc, cache_copy, keys, jax_caches):
 
 
 @pytest.fixture
-def gcs_svc(tmp_path, gcs_client, gcs_bucket, jax_caches):
+def store_svc(tmp_path, store_root, jax_caches):
+    """The service over a root in each object store, holding a real cache as JAX leaves one there."""
     src = tmp_path / "src"
     shutil.copytree(jax_caches["zlib"].root, src)
     for p in src.iterdir():
         if p.name.endswith("-atime") or p.name == ".lockfile":
-            p.unlink()  # JAX's LRU does not work on gs://: a real GCS cache has no -atime files
-    upload_dir(gcs_client, gcs_bucket, "jc", src)
-    url = f"gs://{gcs_bucket}/jc"
-    with TestClient(create_app(settings(tmp_path, {"prod": url}))) as client:
+            p.unlink()  # JAX's LRU does not work on a bucket: a real cache there has no -atime files
+    put_dir(store_root, src)
+    with TestClient(create_app(settings(tmp_path, {"prod": store_root}))) as client:
         settled(client)  # the background's first round done: none of its rescans races the test's
         rescan(client, "prod")
-        yield client, url
+        yield client, store_root
 
 
-def _blobs(gcs_client, bucket: str) -> set[str]:
-    return {b.name for b in gcs_client.list_blobs(bucket, prefix="jc/") if "/.jaxcache/" not in b.name}
+def _blobs(url: str) -> set[str]:
+    return {name for name in raw_names(url) if not name.startswith(".jaxcache/")}
 
 
-def test_stale_jaxlib_gcs(gcs_svc, gcs_client, gcs_bucket, jax_caches):
-    client, url = gcs_svc
+def test_stale_jaxlib_in_an_object_store(store_svc, jax_caches):
+    client, url = store_svc
     k = keys_of(jax_caches["zlib"])
     train, tiny, other = k["jit_train_step"], k["jit_tiny"], k["rest"][0]
     now = time.time()
@@ -258,7 +259,7 @@ def test_stale_jaxlib_gcs(gcs_svc, gcs_client, gcs_bucket, jax_caches):
     # root with a trailing slash.
     old = run("old", "o1", [write(train, 5.0, now - 21 * DAY), write(tiny, 1.0, now - 21 * DAY)],
               at=now - 20 * DAY, jaxlib=OLD)
-    gcs_client.bucket(gcs_bucket).blob(f"jc/{old.name}").upload_from_string(old.to_json())
+    raw_put(url, old.name, old.to_json())
     # Its day folder is 20 days old: found by a process's first listing (as if the record predated the service)
     # or its daily full one, not by every rescan (see test_service_retention_listing.py).
     client.app.state.jaxcache.catalog.record_listings.pop("prod")
@@ -266,17 +267,17 @@ def test_stale_jaxlib_gcs(gcs_svc, gcs_client, gcs_bucket, jax_caches):
     r = post(client, run("new", "n1", [write(other, 5.0, now - 60)], jaxlib=NEW, cache_dir=url + "/"))
     assert r.status_code == 202 and r.json()["cache"] == "prod"
     policy = {"stale_jaxlib": True, "min_age": 0}
-    before = _blobs(gcs_client, gcs_bucket)
+    before = _blobs(url)
     plan = _prune(client, policy, cache="prod")
     assert {d["key"] for d in plan["delete"]} == {train, tiny}
-    assert _blobs(gcs_client, gcs_bucket) == before
+    assert _blobs(url) == before
     assert _prune(client, policy, apply=True, cache="prod")["deleted"] == 2
-    assert before - _blobs(gcs_client, gcs_bucket) == {f"jc/{train}-cache", f"jc/{tiny}-cache"}
+    assert before - _blobs(url) == {f"{train}-cache", f"{tiny}-cache"}
     assert set(entries(client, cache="prod")) == set(k["all"]) - {train, tiny}
 
 
-def test_hits_drive_lru_gcs(gcs_svc, gcs_client, gcs_bucket, jax_caches):
-    client, _ = gcs_svc
+def test_hits_drive_lru_in_an_object_store(store_svc, jax_caches):
+    client, url = store_svc
     k = keys_of(jax_caches["zlib"])
     tiny, odd = k["jit_tiny"], k["jit_odd-name.v2"]
     unhit = sorted(set(k["all"]) - {tiny, odd})
@@ -297,7 +298,7 @@ def test_hits_drive_lru_gcs(gcs_svc, gcs_client, gcs_bucket, jax_caches):
         time.sleep(0.05)
     plan = _prune(client, {"unused_for": "1s", "min_age": 0}, cache="prod")
     assert {d["key"] for d in plan["delete"]} == set(unhit)
-    before = _blobs(gcs_client, gcs_bucket)
+    before = _blobs(url)
     applied = _prune(client, {"unused_for": "1s", "min_age": 0}, apply=True, cache="prod")
     assert applied["deleted"] == len(unhit)
-    assert before - _blobs(gcs_client, gcs_bucket) == {f"jc/{key}-cache" for key in unhit}
+    assert before - _blobs(url) == {f"{key}-cache" for key in unhit}

@@ -9,7 +9,8 @@ import uuid
 import pytest
 
 from jaxcache.errors import InvalidRootError, PathEscapeError, PreconditionFailedError
-from jaxcache.storage import LocalStorage, Storage, open_storage
+from jaxcache.storage import LocalStorage, Storage, open_storage, same_stat
+from jaxcache.storage.base import stat_of
 from store_servers import BUCKETS
 
 
@@ -35,15 +36,14 @@ def test_write_read_stat(storage):
 def test_a_read_names_the_object_its_bytes_came_from(storage):
     storage.write_atomic("a-cache", b"first")
     data, info = storage.read_with_info("a-cache")
-    listed = {name: (size, mtime, generation) for name, size, mtime, generation in storage.list_stats()}
+    listed = {name: (size, mtime, version) for name, size, mtime, version in storage.list_stats()}
     assert data == b"first" and info.name == "a-cache" and info.size_bytes == 5
-    # The same object as a listing names it: its generation where the store has them, else size and mtime.
-    size, mtime, generation = listed["a-cache"]
-    assert (info.generation == generation) if generation is not None else ((info.size_bytes, info.mtime_s) == (
-        size, mtime))
+    # The same object as a listing names it (its version where the store has them, else size and mtime), in one
+    # request where the store answers a read with its version.
+    assert same_stat(stat_of(info), listed["a-cache"]) and (info.version is None) == (listed["a-cache"][2] is None)
     storage.write_atomic("a-cache", b"second")
     again = storage.read_with_info("a-cache")[1]
-    assert (again.generation != info.generation) if generation is not None else (again.size_bytes == 6)
+    assert not same_stat(stat_of(again), stat_of(info)) and same_stat(stat_of(again), stat_of(storage.stat("a-cache")))
     assert storage.read_with_info("nope") is None
 
 
@@ -97,8 +97,11 @@ def test_delete(storage):
     assert storage.read("gone") is None
     assert storage.delete("gone") is False
     storage.write_atomic("listed", b"x")
-    assert storage.delete("listed", if_version=storage.stat("listed").version) is True  # None on a directory
+    version = storage.stat("listed").version  # None on a directory
+    assert storage.delete("listed", if_version=version) is True
     assert storage.read("listed") is None
+    # Gone already, as without a version (an applied plan applied again): If-Match fails on a missing object too.
+    assert storage.delete("listed", if_version=version) is False
 
 
 @pytest.mark.parametrize("bad", ["../escape", "/etc/passwd", "a/../../b", "a//b", "./a", "a\x00b", "a\\..\\b", ""])
@@ -116,44 +119,38 @@ def test_names_cannot_escape_the_root(storage, bad):
         list(storage.iter_objects("../"))
 
 
-def test_generations_on_gcs(gcs_bucket, gcs_client):
-    storage = open_storage(f"gs://{gcs_bucket}/c")
-    storage.write_atomic("e-cache", b"v1")
-    first = storage.stat("e-cache").generation
-    storage.write_atomic("e-cache", b"v2")
-    second = storage.stat("e-cache").generation
-    assert first and second and first != second
-    assert [o.generation for o in storage.iter_objects()] == [second]
-
-
 def test_gcs_delete_sends_the_generation_precondition(gcs_bucket):
     # Neither emulator enforces delete preconditions, so check the request itself carries it.
     storage = open_storage(f"gs://{gcs_bucket}/c")
     storage.write_atomic("e-cache", b"v1")
-    gen = storage.stat("e-cache").generation
+    gen = storage.stat("e-cache").version
     seen: list[str] = []
     session = storage._client._http
     hook = lambda response, *a, **k: seen.append(f"{response.request.method} {response.request.url}")  # noqa: E731
     session.hooks["response"].append(hook)
     try:
-        assert storage.delete("e-cache", if_generation=gen) is True
+        assert storage.delete("e-cache", if_version=gen) is True
     finally:
         session.hooks["response"].remove(hook)
     deletes = [s for s in seen if s.startswith("DELETE ")]
     assert deletes and f"ifGenerationMatch={gen}" in deletes[0]
 
 
-def test_gcs_versions_are_generations(gcs_bucket):
-    """On GCS the version token is the generation: a delete's if_version is its ifGenerationMatch."""
+def test_gcs_versions_are_generations(gcs_bucket, gcs_client):
+    """On GCS the version token is the generation, in decimal: a delete's if_version is its ifGenerationMatch."""
     from jaxcache.errors import InvalidInputError
+    from jaxcache.storage import generation_of
 
     storage = open_storage(f"gs://{gcs_bucket}/c")
     storage.write_atomic("e-cache", b"v1")
     info = storage.stat("e-cache")
-    assert info.version == str(info.generation)
+    blob = gcs_client.bucket(gcs_bucket).get_blob("c/e-cache")
+    assert info.version == str(blob.generation) and generation_of(storage.url, info.version) == blob.generation
+    assert [o.version for o in storage.iter_objects()] == [info.version]
+    assert generation_of("s3://b/c", '"etag"') is None and generation_of("/a/dir", None) is None
     with pytest.raises(InvalidInputError, match="not the generation"):
         storage.delete("e-cache", if_version='"an-etag"')
-    assert storage.delete("e-cache", if_version=info.version, if_generation=info.generation) is True
+    assert storage.delete("e-cache", if_version=info.version) is True
 
 
 def test_gcs_missing_bucket_is_a_clear_error(fake_gcs):
@@ -212,7 +209,7 @@ def test_list_changes_against_an_earlier_listing(storage):
         storage.write_atomic(name, b"x")
     everything, gone = storage.list_changes({})
     assert gone == set() and sorted(everything) == ["a-atime", "a-cache", "b-cache"]  # the root's own objects
-    assert everything == {o.name: (o.size_bytes, o.mtime_s, o.generation) for o in storage.iter_objects()}
+    assert everything == {o.name: (o.size_bytes, o.mtime_s, o.version) for o in storage.iter_objects()}
     assert storage.list_changes(everything) == ({}, set())  # nothing changed: nothing to report
     storage.write_atomic("a-atime", b"longer")  # rewritten
     storage.write_atomic("c-cache", b"x")  # new
@@ -284,7 +281,7 @@ def test_a_cache_jax_wrote_reads_the_same_on_every_store(storage, jax_caches):
     assert all(e.status is fmt.Status.OK and e.compression == "zstd" and e.atime_ns for e in entries.values())
 
 
-@pytest.mark.parametrize("scheme", ["s3", "az"])  # google-cloud-storage's pool is its own (10 connections)
+@pytest.mark.parametrize("scheme", ["gs", "s3", "az"])
 def test_io_workers_threads_at_once_keep_their_connections(request, scheme, caplog):
     """As many reads at once as the backend asks for (scans run that many): no connection is thrown away for want
     of room in a pool (urllib3 warns of each)."""
@@ -362,12 +359,14 @@ def test_a_read_stream_fails_cleanly_when_the_object_is_replaced(object_storage)
 
 
 def test_the_same_object_rule():
-    """One rule for 'is this the same object': size, mtime and version; GCS's generation stands for its version where
-    a caller only has that (rows kept before versions were)."""
-    from jaxcache.storage import ObjectInfo, same_object
+    """One rule for 'is this the same object' (the head index, the service's rescans, the tier's copies, retention):
+    the same version and size where the store has versions, whatever the mtime (GCS's moves with a metadata change);
+    else the same size and mtime."""
+    from jaxcache.storage import ObjectInfo, same_object, same_stat
 
-    assert ObjectInfo("k-cache", 10, 5.0, generation=7).version == "7"
-    assert same_object(ObjectInfo("k-cache", 10, 5.0, generation=7), ObjectInfo("k-cache", 10, 5.0, version="7"))
+    assert same_object(ObjectInfo("k-cache", 10, 5.0, "7"), ObjectInfo("k-cache", 10, 9.0, "7"))
+    assert not same_object(ObjectInfo("k-cache", 10, 5.0, "7"), ObjectInfo("k-cache", 10, 5.0))
+    assert not same_stat((10, 5.0, None), (10, 5.0, "7")) and same_stat((10, 5.0, '"e"'), (10, 6.0, '"e"'))
     assert same_object(ObjectInfo("k-cache", 10, 5.0), ObjectInfo("k-cache", 10, 5.0))  # a directory's
     assert not same_object(ObjectInfo("k-cache", 10, 5.0, version='"a"'), ObjectInfo("k-cache", 10, 5.0, version='"b"'))
     assert not same_object(ObjectInfo("k-cache", 10, 5.0), ObjectInfo("k-cache", 10, 6.0))

@@ -12,8 +12,8 @@ import pytest
 
 from jaxcache.errors import InvalidRootError
 from jaxcache.storage import STORES, is_object_store, normalise_root, open_storage, scheme_of
+from store_servers import BUCKETS
 
-BUCKETS = {"gs": "gcs_bucket", "s3": "s3_bucket", "az": "azure_container"}
 # How a user may write one root: a slash at the end, doubled slashes, blanks around it.
 SPELLINGS = ["{s}://{b}/team/jax-cache", "{s}://{b}/team/jax-cache/", "{s}://{b}//team//jax-cache",
              "  {s}://{b}/team/jax-cache\n", "{s}://{b}/team/jax-cache//"]

@@ -1,4 +1,5 @@
-"""`warmup`: CPU path end to end (local and gs://), every bad input, and the GPU path's logic with fake devices."""
+"""`warmup`: CPU path end to end (local and each object store), every bad input, and the GPU path's logic with fake
+devices."""
 
 from __future__ import annotations
 
@@ -99,14 +100,17 @@ def test_cpu_warmup_fills_a_local_cache_that_a_fresh_job_hits_completely(tmp_pat
            "--ok-if-warm")
 
 
-def test_cpu_warmup_into_gcs_then_a_job_hits(gcs_client, gcs_bucket):
-    url = f"gs://{gcs_bucket}/jax"
-    proc = warmup("--topology", "1x1x4", "--platform", "cpu", "--cache-dir", url, "--entrypoint", EXAMPLE,
-                  "--verify", "--json")
+def test_cpu_warmup_into_an_object_store_then_a_check_and_a_job_hit(store_root):
+    from jaxcache.storage import open_storage
+
+    url = store_root
+    args = ("--topology", "1x1x4", "--platform", "cpu", "--cache-dir", url, "--entrypoint", EXAMPLE)
+    proc = warmup(*args, "--verify", "--json")
     summary = json.loads(proc.stdout)
     assert summary["verify"]["ok"] and summary["written"] >= 1
-    blob = gcs_client.bucket(gcs_bucket).blob(f"jax/{summary['coverage_record']}")
-    assert coverage.parse(blob.download_as_bytes()).cache_dir == url
+    assert coverage.parse(open_storage(url).read(summary["coverage_record"])).cache_dir == url
+    check = json.loads(warmup(*args, "--check", "--json").stdout)
+    assert check["coverage"] == 1.0 and check["misses"] == [], check
     job = run_example_job(url)
     assert "hit rate 100%" in job.stdout
 

@@ -2,7 +2,7 @@
 
 A repeated ``jaxcache ls --json`` of an unchanged 100k-entry root would otherwise spend, after its one unavoidable
 listing, as long again sorting and encoding 40 MB of JSON that it printed last time. The answer depends on nothing
-but the listing (names, sizes, mtimes or generations of every ``-cache`` and ``-atime`` object: the head index's
+but the listing (names, sizes, mtimes or versions of every ``-cache`` and ``-atime`` object: the head index's
 digest), what the objects held then (fixed while those stay the same), the command's options and the root's URL as
 printed. So it is kept under that digest and options, and any change to the root (a new, removed, grown, rewritten
 or touched object) makes it another listing, answered afresh. One file per root and command, replaced whole; an

@@ -41,7 +41,7 @@ class NotRegularFileError(StorageError):
 
 
 class PreconditionFailedError(StorageError):
-    """The object changed since it was listed (another generation), or already exists on a create-only write."""
+    """The object changed since it was listed (another version), or already exists on a create-only write."""
 
 
 class MissingDependencyError(JaxcacheError):

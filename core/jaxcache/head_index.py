@@ -1,14 +1,14 @@
 """The head index: what one listing of a cache root learnt about its entries, kept for the next listing of that root.
 
-An entry's head (compression, stored compile seconds, whether it decodes) cannot change while the object stays the
-same: JAX never rewrites a key. So each listing keeps the entries it built, with what says "the same object" (size and
-mtime in a directory; generation and size on GCS) for them and their -atime files, and the next one reads only what
-is new or changed (jaxcache.scan_indexed compares). One file per root, named by a hash of the root's identity, in
-``$JAXCACHE_INDEX_DIR``, else ``$XDG_CACHE_HOME/jaxcache/heads``, else ``~/.cache/jaxcache/heads``; never inside the
-root (JAX and other users own it). ``JAXCACHE_INDEX=off`` turns it off. A file that cannot be read or decoded is
-ignored with one warning and written anew, one of another format version replaced silently; writers replace the file
-whole (a temporary file renamed over it), so concurrent listings never see half of one. Saving an index sweeps the
-files of roots nobody listed for :data:`UNUSED_DAYS`.
+An entry's head (compression, stored compile seconds, whether it decodes) cannot change while the object stays the same:
+JAX never rewrites a key. So each listing keeps the entries it built, with what says "the same object" (size and mtime
+in a directory; the store's version and size in an object store: storage.same_stat) for them and their -atime files, and
+the next one reads only what is new or changed (jaxcache.scan_indexed compares). One file per root, named by a hash of
+the root's identity, in ``$JAXCACHE_INDEX_DIR``, else ``$XDG_CACHE_HOME/jaxcache/heads``, else
+``~/.cache/jaxcache/heads``; never inside the root (JAX and other users own it). ``JAXCACHE_INDEX=off`` turns it off. A
+file that cannot be read or decoded is ignored with one warning and written anew, one of another format version replaced
+silently; writers replace the file whole (a temporary file renamed over it), so concurrent listings never see half of
+one. Saving an index sweeps the files of roots nobody listed for :data:`UNUSED_DAYS`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ UNUSED_DAYS = 30
 _SUFFIX = ".heads"
 _TMP_PREFIX = ".tmp-"
 
-#: The -atime file's (size_bytes, mtime_s, generation) for the entry at the same position, or None without one.
-AtimeStamp = tuple[int, float, int | None] | None
+#: The -atime file's (size_bytes, mtime_s, version) for the entry at the same position, or None without one.
+AtimeStamp = tuple[int, float, str | None] | None
 
 
 class HeadIndexWarning(UserWarning):
@@ -52,9 +52,10 @@ class Snapshot(msgspec.Struct, array_like=True):
     """What one listing built, and the listing it was built from."""
 
     identity: str
-    #: blake2b of the listing (name, size, mtime, generation of each -cache and -atime object, in listing order).
+    #: blake2b of the listing (name, size, mtime, version of each -cache and -atime object, in listing order).
     listing_digest: bytes
-    #: Every entry of that listing holds its head (False after listings that did not need heads: GCS `ls`).
+    #: Every entry of that listing holds its head (False after listings that did not need heads: an object store's
+    #: `ls`).
     heads_complete: bool
     entries: list[Entry]
     #: Aligned with ``entries``; raw, since only a listing that differs from this one needs it.
@@ -72,7 +73,7 @@ class Snapshot(msgspec.Struct, array_like=True):
 
 def listing_digest(listing: Sequence[Listed]) -> bytes:
     """A digest of a whole listing: equal digests, same objects in the same order (a changed one has a new size,
-    mtime or generation)."""
+    mtime or version)."""
     return hashlib.blake2b(msgspec.msgpack.encode(listing), digest_size=16).digest()
 
 

@@ -1,5 +1,5 @@
-"""Ordered, bounded concurrency: threads for I/O-bound work (many small GCS reads), forked processes for work the
-interpreter lock serialises (decompressing heads, a whole directory's stat calls)."""
+"""Ordered, bounded concurrency: threads for I/O-bound work (many small object-store reads), forked processes for work
+the interpreter lock serialises (decompressing heads, a whole directory's stat calls)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Stream the entries of a cache root: one record per ``-cache`` file, plus orphaned ``-atime`` files.
 
 Nothing here holds a list of everything: memory is flat in the number of entries. How a ``-cache`` file is
-paired with its ``-atime`` depends on the backend: a sorted listing (GCS) sees a key's ``-atime`` right
+paired with its ``-atime`` depends on the backend: a sorted listing (an object store) sees a key's ``-atime`` right
 before its ``-cache``; an unsorted one (a directory) looks the sibling up by name instead.
 """
 
@@ -35,7 +35,7 @@ class Entry(msgspec.Struct, frozen=True, gc=False, array_like=True):
     name: str
     size_bytes: int
     mtime_s: float
-    generation: int | None = None
+    version: str | None = None  # the store's version token (storage.ObjectInfo.version)
     atime_ns: int | None = None
     compression: Compression | None = None
     compile_seconds: int | None = None
@@ -63,7 +63,7 @@ class Orphan(msgspec.Struct, frozen=True, gc=False, array_like=True):
     name: str
     size_bytes: int
     mtime_s: float
-    generation: int | None = None
+    version: str | None = None
 
 
 Record = Entry | Orphan
@@ -123,7 +123,7 @@ def _build(storage: Storage, read_headers: bool, item: _Pending | Orphan) -> Rec
         )
     return Entry(
         key=parsed.key, module=parsed.module, hash=parsed.hash, name=info.name,
-        size_bytes=info.size_bytes, mtime_s=info.mtime_s, generation=info.generation,
+        size_bytes=info.size_bytes, mtime_s=info.mtime_s, version=info.version,
         atime_ns=atime_ns, compression=compression, compile_seconds=seconds, status=status, reason=reason,
     )
 
@@ -140,7 +140,7 @@ def read_or_empty(storage: Storage, name: str, offset: int, length: int) -> byte
 
 
 def _orphan(info: ObjectInfo, parsed: EntryName) -> Orphan:
-    return Orphan(parsed.key, parsed.module, info.name, info.size_bytes, info.mtime_s, info.generation)
+    return Orphan(parsed.key, parsed.module, info.name, info.size_bytes, info.mtime_s, info.version)
 
 
 def parse_listed(storage: Storage, name: str) -> EntryName | None:

@@ -19,7 +19,7 @@ from jaxcache.errors import NotRegularFileError
 from jaxcache.head_index import AtimeStamp, HeadIndex, Snapshot, listing_digest
 from jaxcache.parallel import bounded_map, forked_chunks, usable_cpus
 from jaxcache.scan import Entry, Orphan, Record, read_atime, read_or_empty
-from jaxcache.storage.base import Listed, Storage, name_problem
+from jaxcache.storage.base import Listed, Stat, Storage, name_problem, same_stat
 
 #: The names a scan pairs (every other name under a root is not JAX's entry).
 _SUFFIXES = ("-cache", "-atime")
@@ -34,18 +34,10 @@ class _ToRead(msgspec.Struct, gc=False):
     name: str
     size_bytes: int
     mtime_s: float
-    generation: int | None
+    version: str | None
     atime_ns: int | None  # the index's value, where it still holds
     read_atime: bool
     head: Entry | None  # the index's entry, where its head still holds; None: read it (or, without heads, leave it)
-
-
-def _same(size: int, mtime: float, generation: int | None, other: tuple[int, float, int | None]) -> bool:
-    # A GCS object is the same one while its generation is (its "updated" time also moves with metadata changes);
-    # a file, while its size and mtime are (JAX writes each key once; its -atime file is rewritten in place).
-    if generation is not None:
-        return generation == other[2] and size == other[0]
-    return size == other[0] and mtime == other[1]
 
 
 def _without_head(e: Entry) -> Entry:
@@ -113,7 +105,7 @@ def list_root(storage: Storage) -> Listing:
     skipped = storage.skipped
     extra: list[Listed] = []
     if skipped.count:
-        extra = [("", -1, 0.0, skipped.count), *((name, -1, 0.0, None) for name, _ in skipped.items())]
+        extra = [("", -1, 0.0, str(skipped.count)), *((name, -1, 0.0, None) for name, _ in skipped.items())]
     return Listing(objects, extra)
 
 
@@ -122,7 +114,7 @@ class Paired(NamedTuple):
     ``-atime`` objects whose entry is not listed (orphans). Names JAX did not write are left out."""
 
     entries: list[Listed]  # -cache objects, in listing order
-    atimes: dict[str, tuple[int, float, int | None]]  # key -> (size, mtime, generation) of its listed -atime
+    atimes: dict[str, Stat]  # key -> (size, mtime, version) of its listed -atime
     orphans: list[Listed]  # lone -atime objects, in listing order
 
 
@@ -170,28 +162,28 @@ def scan_indexed(
     paired = pair(listed)
     kept: list[Entry] = []  # what the new index holds (heads that still hold are kept even where not yielded)
     todo: list[_ToRead] = []
-    for name, size, mtime, generation in paired.entries:
+    for name, size, mtime, version in paired.entries:
         key = name[:-6]
         before, before_atime = old.get(name, (None, None))
         atime_stamp = paired.atimes.get(key)
         atime_ns, read_atime = None, False
         if atime_stamp is not None:
-            if before is not None and before_atime is not None and _same(*atime_stamp, before_atime):
+            if before is not None and before_atime is not None and same_stat(atime_stamp, before_atime):
                 atime_ns = before.atime_ns
             else:
                 read_atime = True
         head = None
-        if before is not None and before.status is not None and _same(size, mtime, generation, (
-                before.size_bytes, before.mtime_s, before.generation)):
+        if before is not None and before.status is not None and same_stat((size, mtime, version), (
+                before.size_bytes, before.mtime_s, before.version)):
             head = before
         if read_atime or (read_headers and head is None):
-            todo.append(_ToRead(key, name[:-71], name[-70:-6], name, size, mtime, generation, atime_ns, read_atime,
+            todo.append(_ToRead(key, name[:-71], name[-70:-6], name, size, mtime, version, atime_ns, read_atime,
                                 head))
             continue
         if head is not None and head.mtime_s == mtime and head.atime_ns == atime_ns:
             e = head  # the common case: nothing about it changed
         else:
-            e = Entry(key, name[:-71], name[-70:-6], name, size, mtime, generation, atime_ns,
+            e = Entry(key, name[:-71], name[-70:-6], name, size, mtime, version, atime_ns,
                       *((head.compression, head.compile_seconds, head.status, head.reason) if head else ()))
         kept.append(e)
         yield e if read_headers else _without_head(e)
@@ -200,8 +192,8 @@ def scan_indexed(
             continue  # no longer a regular file: skipped (and counted)
         kept.append(read)
         yield read if read_headers else _without_head(read)
-    orphans = [Orphan(name[:-6], name[:-71], name, size, mtime, generation)
-               for name, size, mtime, generation in paired.orphans]
+    orphans = [Orphan(name[:-6], name[:-71], name, size, mtime, version)
+               for name, size, mtime, version in paired.orphans]
     yield from orphans
     if index is None:
         return
@@ -217,8 +209,8 @@ def read_atimes(storage: Storage, paired: Paired, workers: int | None = None) ->
     (None: malformed, or no longer a regular file)."""
     if not paired.atimes:
         return {}
-    todo = [_ToRead(name[:-6], name[:-71], name[-70:-6], name, size, mtime, generation, None, True, None)
-            for name, size, mtime, generation in paired.entries if name[:-6] in paired.atimes]
+    todo = [_ToRead(name[:-6], name[:-71], name[-70:-6], name, size, mtime, version, None, True, None)
+            for name, size, mtime, version in paired.entries if name[:-6] in paired.atimes]
     read = _read_all(storage, False, todo, storage.io_workers if workers is None else workers)
     return {e.key: e.atime_ns for e in read if e is not None}
 
@@ -265,5 +257,5 @@ def _read_missing(storage: Storage, read_headers: bool, item: _ToRead) -> Entry 
         except NotRegularFileError:
             return None  # replaced by a FIFO, a link or a folder since the listing: skipped (and counted)
         head = h.compression, h.compile_seconds, h.status, h.reason
-    return Entry(item.key, item.module, item.hash, item.name, item.size_bytes, item.mtime_s, item.generation,
+    return Entry(item.key, item.module, item.hash, item.name, item.size_bytes, item.mtime_s, item.version,
                  atime_ns, *head)

@@ -12,6 +12,8 @@ import shlex
 from collections.abc import Mapping
 from typing import Final
 
+from jaxcache.storage import is_object_store, removal_command
+
 PREFIX: Final = "skipped: "
 #: Why a job skips an entry with ``verify="attested"``: the service's integrity classes that prove it bad, as for
 #: prunes. ``differs`` (against an unsigned digest, which anyone with a report token or the bucket could have
@@ -37,17 +39,16 @@ def why_skipped(reason_text: str | None) -> str | None:
 
 def removal(root: str, skipped: Mapping[str, str], *, shown: int = 10) -> str:
     """The command that removes the entries of ``skipped`` (key → why) from ``root``: ``prune --integrity`` when
-    the service's classes are why, and always the entries' own files (``rm`` or ``gcloud storage rm``). Their
-    signatures go too: one left behind would refuse the next writer's (signatures are created only once), and
-    every signed job would skip the key again."""
+    the service's classes are why, and always the entries' own files (``rm``, or the object store's own command
+    line). Their signatures go too: one left behind would refuse the next writer's (signatures are created only
+    once), and every signed job would skip the key again."""
     if not skipped:
         return ""
     keys = sorted(skipped)
     sep = "" if root.endswith("/") else "/"
     more = f" (and {len(keys) - shown} more)" if len(keys) > shown else ""
-    if root.startswith("gs://"):  # gcloud expands the wildcard: the entry, its -sig and -atime where there
-        objects = " ".join(shlex.quote(f"{root}{sep}{key}-*") for key in keys[:shown])
-        delete = f"gcloud storage rm {objects}{more}"
+    if is_object_store(root):  # the store's own command line: the entry, its -sig and -atime where there
+        delete = removal_command(root.rstrip("/"), [f"{key}-*" for key in keys[:shown]]) + more
     else:
         files = " ".join(shlex.quote(f"{root}{sep}{key}{suffix}") for key in keys[:shown]
                          for suffix in ("-cache", "-sig"))

@@ -1,8 +1,8 @@
 """What a root's run records say about its entries: last hits, the first writer's jaxlib, the jaxlib versions in use.
 
 ``jaxcache prune`` reads this straight from ``<root>/.jaxcache/runs/`` so that, without a service, ``--max-size``
-and ``--unused-for`` count reported hits (the only record of use a GCS root has) and ``--stale-jaxlib`` works. The
-service keeps the same facts in its catalog (``jaxcache.service.reports.fold``).
+and ``--unused-for`` count reported hits (the only record of use an object store's root has) and ``--stale-jaxlib``
+works. The service keeps the same facts in its catalog (``jaxcache.service.reports.fold``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def read_usage(storage: Storage) -> RecordedUse:
     for info in storage.iter_objects(records.RUNS_PREFIX, recursive=True):
         if not records.is_record_name(info.name):
             continue
-        if (why := name_problem(info.name)) is not None:  # `..`, `//`, `\` in a GCS object name: not fatal
+        if (why := name_problem(info.name)) is not None:  # `..`, `//`, `\` in an object's name: not fatal
             storage.skipped.add(info.name, why)
             continue
         infos.append(info)

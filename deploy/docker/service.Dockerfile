@@ -9,11 +9,12 @@ FROM python:3.11-slim-bookworm AS build
 RUN python -m venv /opt/jaxcache
 WORKDIR /src
 # Only the core and the service: the service never imports JAX, so the image carries none (no jax, no jaxlib).
+# Every store's client library (gs://, s3://, az:// roots), in one pip call: s3's boto3 must resolve with the rest.
 COPY core ./core
 COPY service ./service
 # The service brings the PostgreSQL driver (psycopg, binary wheel: no libpq to install) and Alembic with the
 # catalog's migrations (package data under jaxcache/service/catalog/migrations/).
-RUN /opt/jaxcache/bin/pip install --no-cache-dir './core[gcs]' ./service
+RUN /opt/jaxcache/bin/pip install --no-cache-dir './core[gcs,s3,azure]' ./service
 
 FROM python:3.11-slim-bookworm
 # A fixed numeric uid/gid so Kubernetes' runAsNonRoot can verify the user without reading /etc/passwd.

@@ -3,8 +3,8 @@
 # Build from the repository root:
 #   docker build -f deploy/docker/warmup.Dockerfile -t jaxcache-warmup:0.1.0 .
 # Warm-up must run the training job's exact JAX, jaxlib and model code, or the cache keys will not match: build
-# the training image FROM this one (adding the model code), or install the same ./core, ./client[cuda12,gcs]
-# and ./warmup into it.
+# the training image FROM this one (adding the model code), or install the same ./core,
+# ./client[cuda12,gcs,s3,azure] and ./warmup into it.
 
 # The CUDA base brings the NVIDIA container runtime's settings (NVIDIA_VISIBLE_DEVICES, driver capabilities);
 # the CUDA libraries themselves come from jax[cuda12]'s pip wheels, so the small `base` flavour is enough.
@@ -18,11 +18,12 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/jaxcache
 WORKDIR /src
-# The core, the client (which configures JAX as jobs do) and warm-up; no service.
+# The core, the client (which configures JAX as jobs do) and warm-up; no service. Every store's extra (gs://, s3://,
+# az:// roots, JAX's fsspec filesystems with them), in one pip call: s3fs's aiobotocore pins boto3's botocore.
 COPY core ./core
 COPY client ./client
 COPY warmup ./warmup
-RUN /opt/jaxcache/bin/pip install --no-cache-dir './core[gcs]' './client[cuda12,gcs]' ./warmup
+RUN /opt/jaxcache/bin/pip install --no-cache-dir './core[gcs,s3,azure]' './client[cuda12,gcs,s3,azure]' ./warmup
 
 FROM nvidia/cuda:12.8.0-base-ubuntu24.04
 # The venv's python is a symlink to the system python3, so the runtime stage needs the same package (DL3008: as

@@ -131,6 +131,15 @@ def main() -> int:
 
         def read(name: str) -> bytes:
             return bucket.blob(base + name).download_as_bytes()
+    elif "://" in args.cache_dir:
+        # Another object store: read back through the path JAX wrote through (etils epath and fsspec's s3fs, adlfs).
+        from etils import epath
+
+        root = epath.Path(args.cache_dir)
+        names = {p.name for p in root.iterdir()}
+
+        def read(name: str) -> bytes:
+            return (root / name).read_bytes()
     else:
         names = set(os.listdir(args.cache_dir))
 

@@ -4,7 +4,8 @@ It configures JAX's persistent compilation cache the same way in every job (so w
 compute the same keys), refuses directories others can write, counts hits, misses and compile seconds saved,
 and writes a run record per process under ``<root>/.jaxcache/runs/`` (optionally sent to the service).
 
-Imports only JAX, zstandard and the standard library (google-cloud-storage for gs:// run records).
+Imports only JAX, zstandard and the standard library (an object store's client library, such as google-cloud-storage
+or boto3, once a root there is used).
 """
 
 from __future__ import annotations

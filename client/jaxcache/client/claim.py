@@ -12,8 +12,9 @@ import os
 from collections.abc import Mapping
 
 from jaxcache.client.errors import CacheAlreadyInitializedError
-from jaxcache.client.options import ClientOptions, normalise_dir
+from jaxcache.client.options import ClientOptions
 from jaxcache.errors import InvalidInputError
+from jaxcache.storage import normalise_root
 
 SETTINGS = ("cache_dir", "job", "min_compile_time_secs", "min_entry_size_bytes", "xla_caches", "max_size_bytes",
             "service_url", "token", "trust", "verify")
@@ -29,7 +30,7 @@ def overridden(mine: ClientOptions, asked: Mapping[str, object]) -> dict[str, ob
             continue
         if name == "cache_dir":
             try:
-                spelled = isinstance(wanted, (str, os.PathLike)) and normalise_dir(str(os.fspath(wanted)))
+                spelled = isinstance(wanted, (str, os.PathLike)) and normalise_root(wanted)
             except InvalidInputError:
                 spelled = False
             same = spelled == mine.cache_dir

@@ -366,7 +366,7 @@ class LocalTier(JaxDir):
         listed: dict[str, Stat] | None = None
         try:
             if list_root:
-                listed = {name: (size, mtime, generation) for name, size, mtime, generation
+                listed = {name: (size, mtime, version) for name, size, mtime, version
                           in self._root().list_stats(("-cache", signing.SIG_SUFFIX))}
         except Exception as exc:  # noqa: BLE001 - an unreachable root must not stop the job: JAX compiles what it lacks
             log.warning("jaxcache: could not list the shared root to revalidate %s (%s); only copies known bad are"

@@ -25,8 +25,8 @@ SLACK_S = 2.0
 #: Why a compiled program is not this process's write when its entry was there already.
 UNREADABLE_REASON = ("the cache holds an entry for this key that JAX could not load; JAX does not rewrite an entry"
                      " that exists")
-#: Entries looked at per process, local and on a bucket (one request each there): bounds what a summary costs.
-MAX_CHECKED, MAX_CHECKED_GCS = 1000, 100
+#: Entries looked at per process, local and in an object store (one request each there): bounds what a summary costs.
+MAX_CHECKED, MAX_CHECKED_REMOTE = 1000, 100
 _THRESHOLD = re.compile(r", (under \S+=\S+)$")
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from jaxcache.client import trust as trust_mod
 from jaxcache.client.errors import CacheNotConfiguredError, UntrustedCacheDirError
 from jaxcache.client.trust import TRUST_MODES
-from jaxcache.errors import InvalidInputError
+from jaxcache.errors import InvalidInputError, InvalidRootError
 from jaxcache.records import check_job, check_run_id
 from jaxcache.signing import SigningKey, TrustedKeys, key_from_env
-from jaxcache.storage import is_gcs_url
+from jaxcache.storage import ROOT_FORMS, is_object_store, normalise_root
 
 DEFAULT_RECORD_EVERY_S = 300.0
 
@@ -52,12 +52,13 @@ _OFF = ("off", "none", "0", "false")
 class ClientOptions:
     """Resolved settings of one session."""
 
-    cache_dir: str  # normalised: absolute local path without trailing slash, or gs://bucket/prefix
+    cache_dir: str  # normalised (storage.normalise_root): an absolute local path, or scheme://bucket/prefix
     job: str
     run_id: str
     min_compile_time_secs: float | None = None  # None: keep JAX's default
     min_entry_size_bytes: int | None = None
-    xla_caches: str | None = None  # jax_persistent_cache_enable_xla_caches; None: leave it; always "none" for gs://
+    # jax_persistent_cache_enable_xla_caches; None: leave it; always "none" on an object store without a local tier
+    xla_caches: str | None = None
     max_size_bytes: int | None = None
     service_url: str | None = None
     token: str | None = None
@@ -75,9 +76,10 @@ class ClientOptions:
     prefetch: int = DEFAULT_PREFETCH  # parallel fetches of the job's working set into the tier at start; 0: none
 
     @property
-    def is_gcs(self) -> bool:
-        """True for a ``gs://`` root."""
-        return is_gcs_url(self.cache_dir)
+    def in_object_store(self) -> bool:
+        """True for a root in an object store (``gs://``, ``s3://``, ``az://``), which JAX reads through a library of
+        its own (etils epath and fsspec) and XLA cannot write."""
+        return is_object_store(self.cache_dir)
 
     def jax_settings(self, jax_dir: str | None = None) -> dict[str, object]:
         """The JAX config values this session sets: the part that must match when it is called twice.
@@ -89,35 +91,13 @@ class ClientOptions:
             values["jax_persistent_cache_min_entry_size_bytes"] = self.min_entry_size_bytes
         if self.xla_caches is not None:
             values["jax_persistent_cache_enable_xla_caches"] = self.xla_caches
-        if jax_dir is None and self.is_gcs:  # no local tier after all: XLA must not be handed a gs:// path
+        if jax_dir is None and self.in_object_store:  # no local tier after all: XLA must not be handed a bucket
             values["jax_persistent_cache_enable_xla_caches"] = "none"
         if jax_dir is not None:  # JAX's own LRU keeps the node-local tier's -atime files; the client evicts too
             values["jax_compilation_cache_max_size"] = self.max_size_bytes or DEFAULT_LOCAL_MAX_BYTES
-        elif self.max_size_bytes is not None and not self.is_gcs:  # gs:// with no local tier after all: no LRU
+        elif self.max_size_bytes is not None and not self.in_object_store:  # a bucket, no local tier: no LRU
             values["jax_compilation_cache_max_size"] = self.max_size_bytes
         return values
-
-
-def normalise_dir(text: str) -> str:
-    """One spelling per directory, so every process configures JAX with the same string.
-
-    Local paths become absolute with symlinks resolved and no trailing slash (``./c/``, ``/abs/c`` and a
-    symlinked mount of it are one directory); ``file:///p`` becomes ``/p``; ``gs://b/p/`` becomes ``gs://b/p``.
-    """
-    text = os.fspath(text).strip()
-    if not text:
-        raise CacheNotConfiguredError("the cache directory is empty: give a directory or gs://bucket/prefix")
-    if is_gcs_url(text):
-        bucket, _, prefix = text[len("gs://") :].partition("/")
-        prefix = "/".join(p for p in prefix.split("/") if p)
-        if not bucket:
-            raise InvalidInputError(f"{text!r} names no bucket: write gs://bucket/prefix")
-        return f"gs://{bucket}/{prefix}" if prefix else f"gs://{bucket}"
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    elif "://" in text:
-        raise InvalidInputError(f"{text!r}: the cache must be a directory or gs://bucket/prefix")
-    return os.path.realpath(os.path.expanduser(text))
 
 
 def resolve(
@@ -141,10 +121,10 @@ def resolve(
     raw_dir = cache_dir if cache_dir is not None else env.get("JAXCACHE_DIR") or env.get("JAX_COMPILATION_CACHE_DIR")
     if raw_dir is None or not os.fspath(raw_dir).strip():
         raise CacheNotConfiguredError(
-            "no cache directory: pass enable_cache('/path/or/gs://bucket/prefix'), or set JAXCACHE_DIR"
-            " (or JAX_COMPILATION_CACHE_DIR)"
+            f"no cache directory: pass enable_cache() {ROOT_FORMS}, or set JAXCACHE_DIR (or JAX_COMPILATION_CACHE_DIR)"
         )
-    directory = normalise_dir(os.fspath(raw_dir))
+    # One spelling per root, as the service and the CLI spell it, so every process configures JAX with one string.
+    directory = normalise_root(raw_dir)
     if trust not in TRUST_MODES:
         raise InvalidInputError(f"trust={trust!r}: use one of {', '.join(TRUST_MODES)}")
     min_time = min_compile_time_secs
@@ -161,23 +141,24 @@ def resolve(
     if max_size_bytes is not None:
         if not isinstance(max_size_bytes, int) or isinstance(max_size_bytes, bool) or max_size_bytes < 1:
             raise InvalidInputError(f"max_size_bytes={max_size_bytes!r}: use a positive number of bytes")
-        if is_gcs_url(directory) and not local_dirs:
+        if is_object_store(directory) and not local_dirs:
             raise InvalidInputError(
-                "max_size_bytes turns on JAX's own LRU, which does not work on gs:// caches (it cannot evict"
-                " there); leave it unset and let the jaxcache service prune the bucket (POST /v1/caches/NAME/prune),"
-                " or give the job a node-local tier (local_dir=, JAXCACHE_LOCAL_DIR), which it then caps"
+                f"max_size_bytes turns on JAX's own LRU, which does not work on a bucket ({directory}: it cannot"
+                " evict there); leave it unset and let the jaxcache service prune the bucket"
+                " (POST /v1/caches/NAME/prune), or give the job a node-local tier (local_dir=, JAXCACHE_LOCAL_DIR),"
+                " which it then caps"
             )
 
     if xla_caches is not None and (not isinstance(xla_caches, str) or not xla_caches):
         raise InvalidInputError(f"xla_caches={xla_caches!r}: use 'none', 'all' or a comma-separated list")
-    if is_gcs_url(directory) and not local_dirs:
+    if is_object_store(directory) and not local_dirs:
         # JAX hands XLA's C++ layer "<root>/xla_gpu_per_fusion_autotune_cache_dir" (and a kernel cache file), which
         # it can only write on a local path: a GPU job on a bucket would fail or lose its autotuning results. With
         # a node-local tier they live there, per node (on jax < 0.11 default_xla_caches keeps them off anyway).
         if xla_caches is not None and xla_caches != "none":
             raise InvalidInputError(
                 f"xla_caches={xla_caches!r} hands XLA's own sub-caches a path under the bucket, which XLA cannot"
-                " write; leave it unset for gs:// roots (the client turns them off there), or give the job a"
+                " write; leave it unset for a bucket (the client turns them off there), or give the job a"
                 " node-local tier (local_dir=, JAXCACHE_LOCAL_DIR)"
             )
         default_xla_caches = "none"
@@ -232,19 +213,22 @@ def resolve(
 
 def local_candidates(root: str, local_dir: str | os.PathLike[str] | None, env: Mapping[str, str]) -> tuple[str, ...]:
     """Where the node-local tier may live, by preference: ``local_dir`` (else ``JAXCACHE_LOCAL_DIR``) when given;
-    for a gs:// root by default ``$XDG_CACHE_HOME/jaxcache/local/<root hash>``, else under ``~/.cache``, else the
-    temp dir; nothing for a local root by default, or when set to ``off``."""
+    for a root in an object store by default ``$XDG_CACHE_HOME/jaxcache/local/<root hash>``, else under ``~/.cache``,
+    else the temp dir; nothing for a local root by default, or when set to ``off``."""
     raw = os.fspath(local_dir) if local_dir is not None else env.get("JAXCACHE_LOCAL_DIR")
     if raw is not None and raw.strip():
         if raw.strip().lower() in _OFF:
             return ()
-        if "://" in raw and not raw.startswith("file://"):
+        try:
+            chosen = None if is_object_store(raw) else normalise_root(raw)
+        except InvalidRootError:
+            chosen = None
+        if chosen is None:
             raise InvalidInputError(f"local_dir={raw!r}: the node-local tier is a directory on this node")
-        chosen = normalise_dir(raw)
         if chosen == root:
             raise InvalidInputError(f"local_dir={raw!r} is the cache root itself: give a directory of its own")
         return (chosen,)
-    if not is_gcs_url(root):
+    if not is_object_store(root):
         return ()
     import hashlib
     import tempfile
@@ -294,14 +278,14 @@ _xla_caches_notice_given = False
 
 
 def say_xla_caches_off(options: ClientOptions, jax_dir: str | None = None) -> None:
-    """Once per process, at INFO: a gs:// root read without a node-local tier (``jax_dir``) gets no XLA
+    """Once per process, at INFO: a root in an object store read without a node-local tier (``jax_dir``) gets no XLA
     sub-caches (resolve or jax_settings turned them off)."""
     global _xla_caches_notice_given
-    if not options.is_gcs or jax_dir is not None or _xla_caches_notice_given:
+    if not options.in_object_store or jax_dir is not None or _xla_caches_notice_given:
         return
     _xla_caches_notice_given = True
     log.info("jaxcache: %s is a bucket: XLA's own sub-caches (GPU autotuning results, kernels) are off"
-             " (jax_persistent_cache_enable_xla_caches='none'), since XLA cannot write a gs:// path; GPU jobs"
+             " (jax_persistent_cache_enable_xla_caches='none'), since XLA cannot write a bucket's path; GPU jobs"
              " autotune the programs they compile, and load tuned ones from the cache", options.cache_dir)
 
 
@@ -310,8 +294,8 @@ def check_cache_dir(cache_dir: str | os.PathLike[str], *, trust: str = "strict")
 
     Returns the normalised directory; raises :class:`UntrustedCacheDirError` in strict mode.
     """
-    directory = normalise_dir(os.fspath(cache_dir))
-    if trust == "off" or is_gcs_url(directory):
+    directory = normalise_root(cache_dir)
+    if trust == "off" or is_object_store(directory):
         return directory
     found = trust_mod.problems(directory)
     if found and trust == "strict":

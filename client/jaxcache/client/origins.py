@@ -2,11 +2,11 @@
 only while that object is still the root's current one (:mod:`jaxcache.client.local_tier`).
 
 One small file per key under ``<tier>/.jaxcache/origin/``: what names the root's ``-cache`` object the copy was read
-from (its generation on GCS; its size and modification time on a directory), the sha256 of the copy's bytes (taken
-when they were uploaded, or admitted under ``verify="attested"``, which compares it with the service's attested
-digest at each start) and, under ``verify="signed"``, the ``-sig`` object that vouched for those bytes then.
-Written once the copy is in place and removed with it; a copy without one (cut off between the two, or kept by a
-client before this file existed) is dropped at the next start and fetched again.
+from (its version in an object store; its size and modification time on a directory), the sha256 of the copy's
+bytes (taken when they were uploaded, or admitted under ``verify="attested"``, which compares it with the
+service's attested digest at each start) and, under ``verify="signed"``, the ``-sig`` object that vouched for
+those bytes then. Written once the copy is in place and removed with it; a copy without one (cut off between the
+two, or kept by a client before this file existed) is dropped at the next start and fetched again.
 """
 
 from __future__ import annotations
@@ -16,26 +16,23 @@ import os
 
 import msgspec
 
-from jaxcache.storage.base import ObjectInfo, Stat
+from jaxcache.storage.base import ObjectInfo, Stat, same_stat
+from jaxcache.storage.base import stat_of as _stat_of
 from jaxcache.storage.files import read_small, write_small
 
 ORIGIN_DIR = os.path.join(".jaxcache", "origin")
-MAX_BYTES = 4096  # two (size, mtime, generation) triples and a digest, far less
+MAX_BYTES = 4096  # two (size, mtime, version) triples and a digest, far less
 
 
 def stat_of(info: ObjectInfo) -> Stat:
-    """An object's (size, mtime, generation), as a listing gives it."""
-    return info.size_bytes, info.mtime_s, info.generation
+    """An object's (size, mtime, version), as a listing gives it."""
+    return _stat_of(info)
 
 
 def same(a: Stat | None, b: Stat | None) -> bool:
-    """Whether two looks at a root's object saw the same object: the same generation where the store has them (a
-    replaced GCS object has a new one), else the same size and modification time (a directory)."""
-    if a is None or b is None:
-        return False
-    if a[2] is not None or b[2] is not None:
-        return a[2] == b[2]
-    return a[0] == b[0] and a[1] == b[1]
+    """Whether two looks at a root's object saw the same object (storage's one rule: the same version where the store
+    has them, else the same size and modification time)."""
+    return a is not None and b is not None and same_stat(a, b)
 
 
 class Origin(msgspec.Struct, frozen=True):

@@ -31,7 +31,7 @@ class RecordWriter:
         self._lock = threading.Lock()
 
     def storage(self) -> Storage:
-        """The cache root (opened on first use: google-cloud-storage loads only for gs:// roots)."""
+        """The cache root (opened on first use: a store's client library loads only for its roots)."""
         if self._storage is None:
             self._storage = open_storage(self._cache_dir, must_exist=False)
         return self._storage

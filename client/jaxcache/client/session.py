@@ -17,7 +17,7 @@ from jaxcache.client import trust as trust_mod
 from jaxcache.client.attestation import Attestor
 from jaxcache.client.jax_dir import JaxDir
 from jaxcache.client.loads import LoadGuard, LoadPolicy
-from jaxcache.client.misses import MAX_CHECKED, MAX_CHECKED_GCS, MissCauses, MissCheck
+from jaxcache.client.misses import MAX_CHECKED, MAX_CHECKED_REMOTE, MissCauses, MissCheck
 from jaxcache.client.node_tier import NodeTier
 from jaxcache.client.options import ClientOptions, resolve, say_xla_caches_off
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
@@ -57,16 +57,16 @@ class CacheSession:
             tier_dir, self._writer.storage, options, policy=loads, writer_name=self._writer_name,
             refused=self._loads.refused if self._loads is not None else None, fingerprint=lambda: self.fingerprint)
         # The directory JAX reads and writes, whose reads the client answers so that nothing there can block them:
-        # the tier, else a directory root (JAX reads a gs:// root through a library of its own).
-        self._dir: JaxDir | None = tier.tier if tier is not None else None if options.is_gcs else JaxDir(
+        # the tier, else a directory root (JAX reads an object store's root through a library of its own).
+        self._dir: JaxDir | None = tier.tier if tier is not None else None if options.in_object_store else JaxDir(
             options.cache_dir, max_size_bytes=ji.lru_max_bytes())  # max_size_bytes, or JAX's own setting
         # A write counts once its entry is there whole: the run record's writes make the service's first writers.
         self._write_check = check = WriteCheck(tier.storage, tier.directory) if tier is not None else WriteCheck(
-            self._writer.storage, None if options.is_gcs else options.cache_dir)
+            self._writer.storage, None if options.in_object_store else options.cache_dir)
         self._recorder = Recorder(key_parts=options.key_parts, check_write=check,
                                   skipped=self._loads.why if self._loads is not None else None)
         self._misses = MissCheck(lambda name: self._writer.storage().stat(name),
-                                 limit=MAX_CHECKED_GCS if options.is_gcs else MAX_CHECKED)
+                                 limit=MAX_CHECKED_REMOTE if options.in_object_store else MAX_CHECKED)
         self._attestor = Attestor(self._writer, self._recorder, signing_key=options.signing_key, broken=check.torn,
                                   writer_name=self._writer_name, entries=None if tier is None else tier.storage,
                                   after=None if tier is None else tier.uploader.submit)
@@ -184,17 +184,17 @@ class CacheSession:
     def flush(self, *, final: bool = False) -> RunRecord:
         """Write the run record now (and send it to the service when one is configured).
 
-        On gs:// roots the record is stored only by the final flush at exit; earlier ones only reach the service.
+        In an object store the record is stored only by the final flush at exit; earlier ones only reach the service.
         """
         with self._flush_lock:
             record = self.record(final=final)
             if not self.write_records:
                 return record
-            if not self.options.is_gcs:
+            if not self.options.in_object_store:
                 self._writer.write(record)
             elif final:
                 # Jobs' bucket identities may create objects but never overwrite them (deploy/terraform), so a
-                # gs:// root gets one record per process, at exit; periodic updates go to the service only.
+                # bucket gets one record per process, at exit; periodic updates go to the service only.
                 self._writer.write(record, create_only=True)
             if self._reporter is not None:
                 self._reporter.submit(record.to_json())
@@ -323,7 +323,8 @@ def enable_cache(
     Call it before anything compiles (the first ``jax.jit`` call or array operation).
 
     Args:
-        cache_dir: a directory (local or NFS) or ``gs://bucket/prefix``; else ``JAXCACHE_DIR``, else
+        cache_dir: a directory (local or NFS), or a prefix in an object store: ``gs://bucket/prefix``,
+            ``s3://bucket/prefix`` or ``az://container/prefix``; else ``JAXCACHE_DIR``, else
             ``JAX_COMPILATION_CACHE_DIR``.
         job: the job name in run records (``JAXCACHE_JOB``; default: the script's name).
         min_compile_time_secs: store only programs that took at least this long to compile
@@ -332,10 +333,10 @@ def enable_cache(
             limit; unset keeps JAX's default).
         xla_caches: ``jax_persistent_cache_enable_xla_caches``. Default ``"none"`` on jax < 0.11, where the
             XLA autotune-cache path enters keys and a cache mounted elsewhere would never hit; JAX's default on
-            later versions. ``"none"`` for gs:// roots read without a node-local tier (anything else is refused
-            there): XLA's C++ layer would be handed a gs:// path it cannot write.
+            later versions. ``"none"`` for object-store roots read without a node-local tier (anything else is
+            refused there): XLA's C++ layer would be handed a bucket's path it cannot write.
         max_size_bytes: turn on JAX's own LRU eviction at this size: on the node-local tier when there is one
-            (default 16 GiB there), else on a local root (refused for gs:// without a local tier).
+            (default 16 GiB there), else on a local root (refused for an object store without a local tier).
         service_url: the jaxcache service (``JAXCACHE_SERVICE_URL``) to send run records to, fail-open.
         token: a bearer token with the ``report`` scope (``JAXCACHE_TOKEN``).
         trust: ``"strict"`` refuses a directory others can write; ``"warn"`` logs; ``"off"`` skips the check.
@@ -344,7 +345,8 @@ def enable_cache(
             service judged bad: it compiles those), or ``"sample"`` (check the first entries this job hits, and
             warn).
         local_dir: the node-local tier JAX reads, kept in step with ``cache_dir`` (``JAXCACHE_LOCAL_DIR``; "off":
-            none). Default for gs:// roots: under ``$XDG_CACHE_HOME/jaxcache/local`` (user guide); none for local ones.
+            none). Default for object-store roots: under ``$XDG_CACHE_HOME/jaxcache/local`` (user guide); none for
+            local ones.
 
     Returns:
         The process's :class:`CacheSession`; a second call with the same settings returns the same one, and
@@ -388,7 +390,7 @@ def enable_cache(
             return _same_session(_session, options)
         ji.check_not_compiled(options.cache_dir)  # the first thing: a refused call changes nothing
         compression = ji.compression_library()
-        trust_mod.check(options.cache_dir, mode=options.trust, is_gcs=options.is_gcs)
+        trust_mod.check(options.cache_dir, mode=options.trust, in_object_store=options.in_object_store)
         loads = None
         writer = RecordWriter(options.cache_dir)  # its root (opened when first used) is the signed judge's too
         if options.verify != "off":

@@ -49,7 +49,7 @@ def open_dir(candidates: tuple[str, ...], policy: str, trust: str, *,
             continue
         if named:
             # JAX executes what it loads from here: the links on the way are judged, then where they lead.
-            trust_mod.check(path, mode=trust, is_gcs=False)
+            trust_mod.check(path, mode=trust, in_object_store=False)
         elif trust != "off" and (found := trust_mod.problems(path)):
             passed.append(f"{base} ({'; '.join(found)})")  # someone slipped in meanwhile
             continue

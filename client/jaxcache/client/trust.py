@@ -21,7 +21,7 @@ from jaxcache.client.errors import UntrustedCacheDirError
 log = logging.getLogger("jaxcache.client")
 
 TRUST_MODES = ("strict", "warn", "off")
-_gcs_notice_given = False
+_bucket_notice_given = False
 
 
 def problems(path: str) -> list[str]:
@@ -112,17 +112,18 @@ def make_private_dirs(path: str) -> None:
         os.chmod(directory, 0o755)
 
 
-def check(cache_dir: str, *, mode: str, is_gcs: bool) -> None:
+def check(cache_dir: str, *, mode: str, in_object_store: bool) -> None:
     """Apply the trust mode to the cache: ``strict`` raises :class:`UntrustedCacheDirError` with the fix, ``warn``
     logs it, ``off`` skips; a bucket gets one notice that its IAM must restrict writers."""
-    global _gcs_notice_given
+    global _bucket_notice_given
     if mode == "off":
         return
-    if is_gcs:
-        if not _gcs_notice_given:
-            _gcs_notice_given = True
-            log.info("jaxcache: %s is a bucket: JAX runs what it loads from it, so its IAM must let only trusted"
-                     " writers (the warm-up and process 0 of your jobs) create objects there", cache_dir)
+    if in_object_store:
+        if not _bucket_notice_given:
+            _bucket_notice_given = True
+            log.info("jaxcache: %s is a bucket: JAX runs what it loads from it, so its access policy (IAM, bucket"
+                     " policy, role assignments) must let only trusted writers (the warm-up and process 0 of your jobs)"
+                     " create objects there", cache_dir)
         return
     found = problems(cache_dir)
     if not found and not os.path.isdir(cache_dir):

@@ -41,7 +41,7 @@ UNCHECKED = "could not be read back"
 class WriteCheck:
     """``check(key, looked_up_at)``: None when the key's entry is there whole, else why it is not (one line).
 
-    ``storage`` opens the root (lazily: google-cloud-storage loads only for gs:// roots); ``local_dir`` is the
+    ``storage`` opens the root (lazily: a store's client library loads only for its roots); ``local_dir`` is the
     root's directory for free-space checks, None for a bucket (which has no disk to fill).
     """
 

@@ -58,7 +58,8 @@ def build_parser(command: plugins.Command | None = None, *, only: str | None = N
     running it needs."""
     parser = ArgumentParser(
         prog="jaxcache",
-        description="Inspect and manage JAX persistent compilation caches on local/NFS directories and GCS.",
+        description="Inspect and manage JAX persistent compilation caches on local/NFS directories and object stores "
+                    "(GCS, S3, Azure Blob).",
         epilog="Exit codes: 0 ok, 1 problems found (doctor; bundle: see its --help), 2 usage or input error.",
     )
     parser.add_argument("--version", action=_VersionAction)

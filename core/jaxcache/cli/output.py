@@ -12,11 +12,12 @@ from typing import Any, BinaryIO, TypeVar
 import msgspec
 
 from jaxcache.errors import InvalidInputError
+from jaxcache.storage import ROOT_FORMS
 
 T = TypeVar("T")
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
-ROOT_HELP = "cache root: a directory, file:///path, or gs://bucket/prefix"
+ROOT_HELP = f"cache root: {ROOT_FORMS}"
 
 
 def progress(items: Iterable[T], what: str) -> Iterator[T]:

@@ -203,7 +203,7 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
     if not policy.selects_anything():
         raise InvalidInputError(_NO_RULE)
     details: dict[str, str] = {}
-    # Run records matter only to rules about use: hits make LRU real where there are no -atime files (GCS).
+    # Run records matter only to rules about use: hits make LRU real where there are no -atime files (object stores).
     use = None
     if policy.stale_jaxlib or policy.max_total_bytes is not None or policy.unused_for_s is not None:
         use = read_usage(storage)
@@ -219,7 +219,7 @@ def cmd_prune(args: argparse.Namespace, storage: Storage) -> int:
         rows = list(candidates)
         attested = integrity.load_attestations(storage)
         scanned = [Entry(key=c.key, module=c.module, hash=c.key[-64:], name=c.name, size_bytes=c.size_bytes,
-                         mtime_s=c.created_s, generation=c.generation) for c in rows if not c.orphan]
+                         mtime_s=c.created_s, version=c.version) for c in rows if not c.orphan]
         verdicts = {v.key: v for v in progress(integrity.verify(storage, scanned, attested, now=now,
                                                                  min_age_s=policy.min_age_s), "verifying")}
         candidates = CandidateList([dataclasses.replace(c, integrity=verdicts[c.key].classification)

@@ -28,11 +28,11 @@ class Candidate:
     last_used_s: float  # newest of -atime and creation (may already include last_hit_s)
     status: str | None  # "ok" | "corrupt" | None (unknown)
     orphan: bool = False
-    generation: int | None = None  # GCS generation of `name`
-    atime_generation: int | None = None  # not always known; None = delete -atime unconditionally
+    version: str | None = None  # the store's version token of `name` (storage.ObjectInfo.version)
+    atime_version: str | None = None  # not always known; None = delete -atime unconditionally
     has_atime: bool = False
     # From run records: the newest reported hit, and the jaxlib of the entry's first writer (None: unknown).
-    # Hits are the only use a GCS root records (JAX keeps no -atime there), so they make its LRU real.
+    # Hits are the only use an object store's root records (JAX keeps no -atime there), so they make its LRU real.
     last_hit_s: float | None = None
     writer_jaxlib: str | None = None
     # The last integrity verdict (jaxcache.integrity class), when one was made.
@@ -50,13 +50,13 @@ class Candidate:
             return cls(
                 key=record.key, module=record.module, name=record.name, size_bytes=record.size_bytes,
                 created_s=record.mtime_s, last_used_s=record.mtime_s, status=None, orphan=True,
-                generation=record.generation,
+                version=record.version,
             )
         return cls(
             key=record.key, module=record.module, name=record.name, size_bytes=record.size_bytes,
             created_s=record.mtime_s, last_used_s=record.last_used_s,
             status=record.status.value if record.status is not None else None,
-            generation=record.generation, has_atime=record.atime_ns is not None,
+            version=record.version, has_atime=record.atime_ns is not None,
         )
 
 

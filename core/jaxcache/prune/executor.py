@@ -1,7 +1,8 @@
 """The executor: delete what a plan says, each ``-cache`` before its ``-atime``, and account for every object.
 
 JAX treats a missing ``-cache`` as a miss and a lone ``-atime`` as harmless, so that order is safe for running
-jobs. On GCS the generation the listing saw is a precondition: an object replaced since then is left alone.
+jobs. In an object store the version the listing saw is a precondition: an object replaced since then is left alone
+(through the store's own precondition: GCS's generation match, If-Match on S3 and Azure).
 Applying the same plan again after a crash ends in the same state as one clean run (a missing object counts as
 already gone); a crash between an entry's two deletes leaves its ``-atime`` as an orphan, which only
 ``orphans=True`` removes.
@@ -187,18 +188,18 @@ def _delete_one(
     c = decision.candidate
     try:
         with lock():
-            if c.orphan and c.generation is None and storage.exists(fmt.cache_name(c.key)):
+            if c.orphan and c.version is None and storage.exists(fmt.cache_name(c.key)):
                 # The entry came back since the listing (a job wrote the key again): this -atime is its own.
                 # Deleting it would leave a -cache without -atime, which breaks every write of JAX's LRU.
                 return decision, _CHANGED, None
-            present = storage.delete(c.name, if_generation=c.generation)
+            present = storage.delete(c.name, if_version=c.version)
             if not c.orphan:
                 _delete_signature(storage, c.key)
             # Where JAX's LRU is on every entry gets an -atime, possibly just after the listing looked: try anyway.
             if c.orphan or not (c.has_atime or jax_lru):
                 return decision, _DELETED if present else _GONE, None
             try:
-                storage.delete(fmt.atime_name(c.key), if_generation=c.atime_generation)
+                storage.delete(fmt.atime_name(c.key), if_version=c.atime_version)
             except PreconditionFailedError:
                 pass  # a job wrote this key again since the listing: the -atime is the new entry's
             except NotRegularFileError:
@@ -230,11 +231,12 @@ def apply(
     each with why in ``errors``: an immutable file, a directory named like an entry), but raises
     :class:`~jaxcache.errors.RootGoneError` when a local root is not there (its entries would all look gone).
 
-    Each entry's ``-cache`` goes before its ``-atime``, with ``if_generation`` from the listing (GCS): an object
+    Each entry's ``-cache`` goes before its ``-atime``, with ``if_version`` from the listing (object stores): an object
     replaced since then counts as ``changed`` and is left alone; a missing one counts as ``already_gone``.
     ``on_deleted`` runs in the calling thread, in plan order, once per decision whose entry is gone afterwards
     (deleted now or already gone). ``workers`` defaults to the backend's ``io_workers`` (1 on a directory,
-    16 on GCS). Idempotent: applying the same plan again after a crash ends in the same state as one clean run.
+    16 on an object store). Idempotent: applying the same plan again after a crash ends in the same state as one
+    clean run.
     """
     if workers is None:
         workers = storage.io_workers

@@ -22,10 +22,10 @@ class ListedCandidates(CandidateColumns):
     :meth:`Candidate.from_record` makes of the scan's record, with the run records' hit and writer of its key."""
 
     def __init__(
-        self, names: list[str], sizes: list[int], created: list[float], generations: list[int | None], *,
+        self, names: list[str], sizes: list[int], created: list[float], versions: list[str | None], *,
         entries: int, atime_ns: Mapping[str, int | None], hits: Mapping[str, float], writers: Mapping[str, str],
     ) -> None:
-        self._names, self._generations, self._entries = names, generations, entries
+        self._names, self._versions, self._entries = names, versions, entries
         self._atime_ns, self._hits, self._writers = atime_ns, hits, writers
         self.sizes = sizes
         self.created = created
@@ -37,9 +37,9 @@ class ListedCandidates(CandidateColumns):
         key = self._names[row][:-6]
         if row >= self._entries:  # an orphan: as Candidate.from_record(Orphan), no hit or writer
             return Candidate(key, key[:-65], self._names[row], self.sizes[row], self.created[row], self.created[row],
-                             None, orphan=True, generation=self._generations[row])
+                             None, orphan=True, version=self._versions[row])
         return Candidate(key, key[:-65], self._names[row], self.sizes[row], self.created[row],
-                         self.last_used[row], None, generation=self._generations[row],
+                         self.last_used[row], None, version=self._versions[row],
                          has_atime=self._atime_ns.get(key) is not None, last_hit_s=self._hits.get(key),
                          writer_jaxlib=self._writers.get(key))
 

@@ -3,7 +3,8 @@
 Each object store is one module here and one row of :data:`STORES` (its scheme, module and class, and how it names
 its buckets): adding a store is that module, that row and their tests. Nothing outside this package needs to know a
 scheme: :func:`open_storage` opens a root, :func:`normalise_root` spells it one way, :func:`is_object_store` and
-:func:`scheme_of` tell what it is.
+:func:`scheme_of` tell what it is. An object's version (:attr:`ObjectInfo.version`) is an opaque token each store
+defines; :func:`same_object` is the one rule for "the same object seen twice".
 """
 
 from __future__ import annotations
@@ -11,17 +12,19 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 from jaxcache.errors import InvalidRootError, PathEscapeError
-from jaxcache.storage.base import ObjectInfo, Storage, check_name, same_object
+from jaxcache.storage.base import ObjectInfo, Storage, check_name, same_object, same_stat
 from jaxcache.storage.local import LocalStorage
 
 __all__ = [
     "ObjectInfo", "Storage", "LocalStorage", "STORES", "Store", "check_name", "open_storage", "normalise_root",
-    "is_gcs_url", "is_object_store", "same_object", "scheme_of", "split_root",
+    "ABSOLUTE_ROOT_PATTERN", "ROOT_FORMS", "generation_of", "is_object_store", "removal_command", "same_object",
+    "same_stat", "scheme_of", "split_root",
 ]
 
 
@@ -33,33 +36,65 @@ class Store:
     scheme: str
     module: str
     cls: str
+    #: The extra of jaxcache's distributions that brings the store's client library (``pip install 'jaxcache[...]'``).
+    extra: str
     #: What the store calls the first part of the URL, for messages ("bucket", "container").
     bucket_word: str
     bucket_rule: re.Pattern[str]
     bucket_help: str
+    #: What an object's version token (ObjectInfo.version) holds there, for the API's documentation.
+    version_help: str
+    #: The store's own command line that removes the objects matching globs (``key-*``) under a bucket's prefix.
+    remove_command: Callable[[str, str, list[str]], str]
+    #: Versions are whole numbers that clients may read as such (GCS's generations).
+    integer_versions: bool = False
+
+
+def _under(prefix: str, glob: str) -> str:
+    return f"{prefix}/{glob}" if prefix else glob
+
+
+def _gcloud_rm(bucket: str, prefix: str, globs: list[str]) -> str:
+    # gcloud expands the wildcards itself.
+    return "gcloud storage rm " + " ".join(shlex.quote(f"gs://{bucket}/{_under(prefix, g)}") for g in globs)
+
+
+def _aws_rm(bucket: str, prefix: str, globs: list[str]) -> str:
+    # The AWS CLI takes no wildcards in a URL: a recursive rm under the prefix, filtered to the names.
+    where = shlex.quote(f"s3://{bucket}/{prefix}/" if prefix else f"s3://{bucket}/")
+    return f"aws s3 rm {where} --recursive --exclude '*' " + " ".join(f"--include {shlex.quote(g)}" for g in globs)
+
+
+def _az_rm(container: str, prefix: str, globs: list[str]) -> str:
+    # One pattern a call; the account comes from the environment, as for jaxcache.
+    return " && ".join(f"az storage blob delete-batch --source {shlex.quote(container)} --pattern "
+                       f"{shlex.quote(_under(prefix, g))}" for g in globs)
 
 
 STORES: dict[str, Store] = {s.scheme: s for s in (
-    Store("gs", "jaxcache.storage.gcs", "GcsStorage", "bucket", re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"),
-          "3-222 lowercase letters, digits, dots, hyphens and underscores"),
+    Store("gs", "jaxcache.storage.gcs", "GcsStorage", "gcs", "bucket",
+          re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"),
+          "3-222 lowercase letters, digits, dots, hyphens and underscores",
+          "the object's generation, in decimal digits", _gcloud_rm, integer_versions=True),
     # Today's rules (3-63 lowercase letters, digits, dots and hyphens) and the older ones some buckets still have
     # (up to 255 characters, capitals and underscores).
-    Store("s3", "jaxcache.storage.s3", "S3Storage", "bucket",
+    Store("s3", "jaxcache.storage.s3", "S3Storage", "s3", "bucket",
           re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]"),
-          "3-63 lowercase letters, digits, dots and hyphens"),
-    Store("az", "jaxcache.storage.azure", "AzureStorage", "container",
+          "3-63 lowercase letters, digits, dots and hyphens",
+          "the object's ETag, in its double quotes", _aws_rm),
+    Store("az", "jaxcache.storage.azure", "AzureStorage", "azure", "container",
           re.compile(r"[a-z0-9](?:[a-z0-9]|-(?!-)){1,61}[a-z0-9]"),
-          "3-63 lowercase letters, digits and single hyphens"),
+          "3-63 lowercase letters, digits and single hyphens",
+          "the blob's ETag, in its double quotes", _az_rm),
 )}
 
 # Other tools' names for these stores, which JAX's cache (etils epath) does not take: the hint a user needs.
 _OTHER_SCHEMES = {"gcs": "gs", "s3a": "s3", "s3n": "s3", "abfs": "az", "abfss": "az", "wasb": "az", "wasbs": "az"}
-_ROOT_FORMS = "a directory, file:///path, gs://bucket/prefix, s3://bucket/prefix or az://container/prefix"
-
-
-def is_gcs_url(url: str) -> bool:
-    """True for ``gs://`` URLs."""
-    return str(url).startswith("gs://")
+#: A regular expression that every root spelled absolutely matches (a path from /, a file:// URL, an object store's
+#: URL): for the schemas of APIs that take roots another process spelled.
+ABSOLUTE_ROOT_PATTERN = "^(/|file://|" + "|".join(f"{scheme}://" for scheme in STORES) + r")[^\x00]*$"
+#: Every spelling of a cache root, for messages and help texts.
+ROOT_FORMS = "a directory, file:///path, gs://bucket/prefix, s3://bucket/prefix or az://container/prefix"
 
 
 def scheme_of(url: str | os.PathLike[str]) -> str | None:
@@ -72,6 +107,22 @@ def scheme_of(url: str | os.PathLike[str]) -> str | None:
 def is_object_store(url: str | os.PathLike[str]) -> bool:
     """True for a root in an object store (``gs://``, ``s3://``, ``az://``), False for a directory."""
     return scheme_of(url) is not None
+
+
+def generation_of(url: str | os.PathLike[str], version: str | None) -> int | None:
+    """An object's version as a whole number where the root's store defines it so (GCS's generation, which clients
+    of the service's API read as an integer), else None."""
+    scheme = scheme_of(url)
+    if version is None or scheme is None or not STORES[scheme].integer_versions:
+        return None
+    return int(version) if version.isascii() and version.isdigit() else None
+
+
+def removal_command(url: str, globs: list[str]) -> str:
+    """The object store's own command line that removes the objects under the root ``url`` matching ``globs``
+    (names with ``*`` wildcards, such as ``key-*``)."""
+    store, bucket, prefix = split_root(url)
+    return store.remove_command(bucket, prefix, globs)
 
 
 def split_root(url: str) -> tuple[Store, str, str]:
@@ -114,20 +165,22 @@ def _local_path(text: str) -> str | None:
 def _unsupported(text: str) -> InvalidRootError:
     scheme = text.split("://", 1)[0]
     hint = f" (write {_OTHER_SCHEMES[scheme]}://: JAX's cache takes only that)" if scheme in _OTHER_SCHEMES else ""
-    return InvalidRootError(f"{text!r}: unsupported scheme {scheme!r}{hint}; use {_ROOT_FORMS}")
+    return InvalidRootError(f"{text!r}: unsupported scheme {scheme!r}{hint}; use {ROOT_FORMS}")
 
 
-def normalise_root(url: str | os.PathLike[str]) -> str:
+def normalise_root(url: str | os.PathLike[str], *, relative: bool = True) -> str:
     """One spelling per cache root, so that every process (the client configuring JAX, the service, the CLI) names
     a root the same way and reaches the same cache.
 
     An object-store root loses surrounding blanks, empty parts and the slash at the end (``gs://b//p/`` is
-    ``gs://b/p``); ``file:///p`` is ``/p``; a local path becomes absolute, ``~`` expanded and links resolved.
-    Raises :class:`InvalidRootError` for what is no root (see :func:`split_root`).
+    ``gs://b/p``); ``file:///p`` (or ``file://localhost/p``, %-escapes decoded) is ``/p``; a local path becomes
+    absolute, ``~`` expanded and links resolved. Raises :class:`InvalidRootError` for what is no root (see
+    :func:`split_root`), and without ``relative`` for a relative path (or ``~``): one another process spelled, whose
+    folder (or home) is not this one's.
     """
     text = os.fspath(url).strip()
     if not text:
-        raise InvalidRootError(f"empty cache root: give {_ROOT_FORMS}")
+        raise InvalidRootError(f"empty cache root: give {ROOT_FORMS}")
     if is_object_store(text):
         store, bucket, prefix = split_root(text)
         return f"{store.scheme}://{bucket}/{prefix}" if prefix else f"{store.scheme}://{bucket}"
@@ -136,7 +189,9 @@ def normalise_root(url: str | os.PathLike[str]) -> str:
         if "://" in text:
             raise _unsupported(text)
         path = text
-    return os.path.realpath(os.path.expanduser(path))
+    if not relative and not os.path.isabs(path):
+        raise InvalidRootError(f"{text!r} is a relative path: it names a root only in the process that spelled it")
+    return os.path.realpath(os.path.expanduser(path) if relative else path)
 
 
 def open_storage(url: str | os.PathLike[str], *, must_exist: bool = True) -> Storage:
@@ -148,7 +203,7 @@ def open_storage(url: str | os.PathLike[str], *, must_exist: bool = True) -> Sto
     """
     text = os.fspath(url)
     if not text.strip():
-        raise InvalidRootError(f"empty cache root: give {_ROOT_FORMS}")
+        raise InvalidRootError(f"empty cache root: give {ROOT_FORMS}")
     if is_object_store(text):
         store, bucket, prefix = split_root(text.strip())
         backend: Callable[[str, str], Storage] = getattr(importlib.import_module(store.module), store.cls)

@@ -188,10 +188,10 @@ class AzureStorage(ObjectStore):
         except AzureError as exc:
             raise self._error(where, exc) from exc
 
-    def _info(self, blob: BlobProperties) -> ObjectInfo:
+    def _info(self, blob: BlobProperties, name: str | None = None) -> ObjectInfo:
         mtime = float(int(blob.last_modified.timestamp())) if blob.last_modified is not None else 0.0
-        return ObjectInfo(str(blob.name)[len(self._base):], int(blob.size or 0), mtime,
-                          version=etag_token(blob.etag) if blob.etag else None)
+        return ObjectInfo(str(blob.name)[len(self._base):] if name is None else name, int(blob.size or 0), mtime,
+                          etag_token(blob.etag) if blob.etag else None)
 
     def _listing(self, prefix: str, recursive: bool) -> Iterator[BlobProperties]:
         """The blobs of a listing; without ``recursive``, those directly under ``prefix`` (no virtual folders)."""
@@ -214,7 +214,7 @@ class AzureStorage(ObjectStore):
             for blob in self._listing(self._base, False):
                 info = self._info(blob)
                 if not suffixes or info.name.endswith(suffixes):
-                    out.append((info.name, info.size_bytes, info.mtime_s, None))
+                    out.append((info.name, info.size_bytes, info.mtime_s, info.version))
         return out
 
     def _properties(self, name: str) -> BlobProperties | None:
@@ -232,18 +232,24 @@ class AzureStorage(ObjectStore):
 
     def _download(self, name: str, **params: Any) -> bytes | None:
         """The blob's bytes (a range of them with ``offset`` and ``length``), or None if there is none."""
+        got = self._download_with_properties(name, **params)
+        return None if got is None else got[0]
+
+    def _download_with_properties(self, name: str, **params: Any) -> tuple[bytes, BlobProperties | None] | None:
+        """The blob's bytes and the properties of the blob they came from, or None if there is none."""
         self.reads += 1
         with self._translate("read", name):
             try:
-                data: bytes = self._container.download_blob(self._key(name), **params).readall()
-                return data
+                stream = self._container.download_blob(self._key(name), **params)
+                data: bytes = stream.readall()
+                return data, stream.properties
             except ResourceNotFoundError as exc:
                 if _code(exc) == "ContainerNotFound":
                     raise
                 return None
             except HttpResponseError as exc:
                 if exc.status_code == 416:  # from past the end: the blob is there, with nothing there
-                    return b""
+                    return b"", None
                 raise
 
     def read_range(self, name: str, offset: int, length: int) -> bytes | None:
@@ -253,6 +259,14 @@ class AzureStorage(ObjectStore):
 
     def read(self, name: str) -> bytes | None:
         return self._download(name)
+
+    def read_with_info(self, name: str) -> tuple[bytes, ObjectInfo] | None:
+        # The download's properties name the version (ETag) of the bytes it returned; a blob read in pieces is read
+        # from that one version only (the library sends If-Match after the first).
+        got = self._download_with_properties(name)
+        if got is None or (properties := got[1]) is None:
+            return None
+        return got[0], self._info(properties, name)
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         blob = self._properties(name)
@@ -277,17 +291,23 @@ class AzureStorage(ObjectStore):
                     raise self._replaced(name) from None
             yield chunk
 
-    def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
+    def delete(self, name: str, *, if_version: str | None = None) -> bool:
         condition: dict[str, Any] = {}
         if if_version is not None:  # If-Match: Azure refuses the delete if the blob was replaced since listed
             condition = {"etag": if_version, "match_condition": MatchConditions.IfNotModified}
-        with self._translate("delete", name):
-            try:
-                self._container.delete_blob(self._key(name), **condition)
-            except ResourceNotFoundError as exc:
-                if _code(exc) == "ContainerNotFound":
-                    raise
+        try:
+            with self._translate("delete", name):
+                try:
+                    self._container.delete_blob(self._key(name), **condition)
+                except ResourceNotFoundError as exc:
+                    if _code(exc) == "ContainerNotFound":
+                        raise
+                    return False
+        except PreconditionFailedError:
+            # If-Match fails on a blob that is gone as on one replaced: gone is "already deleted", as without it.
+            if self._properties(name) is None:
                 return False
+            raise
         return True
 
     def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:

@@ -19,24 +19,41 @@ class ObjectInfo:
 
     ``version`` is an opaque token that each store defines for one content of the object, which a replaced object
     does not keep: GCS's generation (as text), the ETag on S3 and on Azure; None on a directory, where size and
-    mtime stand for it. ``generation`` is GCS's alone; given without ``version``, it fills it in.
+    mtime stand for it.
     """
 
     name: str
     size_bytes: int
     mtime_s: float
-    generation: int | None = None
     version: str | None = None
 
-    def __post_init__(self) -> None:
-        if self.version is None and self.generation is not None:
-            object.__setattr__(self, "version", str(self.generation))
+
+#: An object's (size_bytes, mtime_s, version), as Storage.list_changes compares them.
+Stat = tuple[int, float, str | None]
+
+#: One object of a whole listing (Storage.list_stats): (name, size_bytes, mtime_s, version).
+Listed = tuple[str, int, float, str | None]
+
+
+def same_stat(a: Stat, b: Stat) -> bool:
+    """Whether ``a`` and ``b`` (one name, seen at two times) are one content: the one rule for "the same object"
+    that every comparison of two looks uses (the head index, the service's rescans, the node-local tier's copies).
+    Where either has a version, the same version and size: a store's version changes with every replacement, while
+    its time may move without one (GCS's "updated" moves with a metadata change). Without versions (a directory):
+    the same size and mtime, since JAX writes each key once and rewrites an -atime file in place."""
+    if a[2] is not None or b[2] is not None:
+        return a[2] == b[2] and a[0] == b[0]
+    return a[0] == b[0] and a[1] == b[1]
+
+
+def stat_of(info: ObjectInfo) -> Stat:
+    """An object's (size_bytes, mtime_s, version), as a listing gives it."""
+    return info.size_bytes, info.mtime_s, info.version
 
 
 def same_object(a: ObjectInfo, b: ObjectInfo) -> bool:
-    """Whether ``a`` and ``b`` (one name, seen at two times) are one content: the same size, mtime and version.
-    Where a store has no versions (a directory), size and mtime alone decide."""
-    return a.size_bytes == b.size_bytes and a.mtime_s == b.mtime_s and a.version == b.version
+    """:func:`same_stat` of two :class:`ObjectInfo` of one name."""
+    return same_stat(stat_of(a), stat_of(b))
 
 
 def etag_token(etag: str) -> str:
@@ -47,13 +64,6 @@ def etag_token(etag: str) -> str:
 
 #: How much of an object a streaming read holds at a time (Storage.read_chunks).
 CHUNK_BYTES = 1 << 20
-
-#: An object's (size_bytes, mtime_s, generation), as Storage.list_changes compares them.
-Stat = tuple[int, float, int | None]
-
-#: One object of a whole listing (Storage.list_stats): (name, size_bytes, mtime_s, generation).
-Listed = tuple[str, int, float, int | None]
-
 
 def env_seconds(name: str, what: str, most: float) -> float | None:
     """The seconds set in the environment variable ``name`` (0 < s <= ``most``), None where it is unset."""
@@ -220,17 +230,17 @@ class Storage(abc.ABC):
 
     def read_with_info(self, name: str) -> tuple[bytes, ObjectInfo] | None:
         """The whole object and the metadata of the object those bytes came from, or None if it does not exist: what
-        names that object to compare with a later listing (its generation where the store has them). This default
+        names that object to compare with a later listing (its version where the store has them). This default
         asks for the metadata first, so an object replaced in between looks changed later, never the reverse."""
         info = self.stat(name)
         data = None if info is None else self.read(name)
         return None if info is None or data is None else (data, info)
 
     @abc.abstractmethod
-    def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
+    def delete(self, name: str, *, if_version: str | None = None) -> bool:
         """Delete one object; False if it was already gone.
 
-        ``if_version`` (an :attr:`ObjectInfo.version`; ``if_generation`` is GCS's own spelling of it) deletes only
+        ``if_version`` (an :attr:`ObjectInfo.version`) deletes only
         that version and raises :class:`~jaxcache.errors.PreconditionFailedError` if the object was replaced since
         it was listed: through the store's precondition where it has one, else by a check just before the delete.
         """
@@ -245,14 +255,14 @@ class Storage(abc.ABC):
 
     def list_changes(self, previous: Mapping[str, Stat]) -> tuple[dict[str, Stat], set[str]]:
         """Compare the objects directly under the root with ``previous`` (``{name: (size_bytes, mtime_s,
-        generation)}``, an earlier answer's objects): the objects that are new or differ, and the names in
-        ``previous`` that are gone. ``list_changes({})`` is the whole listing. For listing a whole root often (the
-        service's rescans), where building an object per file costs as much as the listing itself."""
+        version)}``, an earlier answer's objects): the objects that are new or differ (:func:`same_stat`), and the
+        names in ``previous`` that are gone. ``list_changes({})`` is the whole listing. For listing a whole root often
+        (the service's rescans), where building an object per file costs as much as the listing itself."""
         changed: dict[str, Stat] = {}
         seen = 0
         for info in self.iter_objects():
-            stat = (info.size_bytes, info.mtime_s, info.generation)
-            if previous.get(info.name) != stat:
+            stat = (info.size_bytes, info.mtime_s, info.version)
+            if (before := previous.get(info.name)) != stat and (before is None or not same_stat(before, stat)):
                 changed[info.name] = stat
             if info.name in previous:
                 seen += 1
@@ -260,10 +270,10 @@ class Storage(abc.ABC):
 
     def list_stats(self, suffixes: tuple[str, ...] = ()) -> list[Listed]:
         """The objects directly under the root whose names end in one of ``suffixes`` (every object without), in
-        listing order, as ``(name, size_bytes, mtime_s, generation)`` tuples: a whole listing without an object per
+        listing order, as ``(name, size_bytes, mtime_s, version)`` tuples: a whole listing without an object per
         file, for callers that compare or keep whole listings (the head index)."""
         return [
-            (info.name, info.size_bytes, info.mtime_s, info.generation)
+            (info.name, info.size_bytes, info.mtime_s, info.version)
             for info in self.iter_objects()
             if not suffixes or info.name.endswith(suffixes)
         ]

@@ -61,8 +61,21 @@ def retry_policy() -> Retry:
     return policy
 
 
+def _size_pools(client: gcs.Client, connections: int) -> None:
+    """Room for ``connections`` kept connections in the client's pools (requests' are 10: the threads of
+    :attr:`GcsStorage.io_workers` past them would each throw one away, with a warning)."""
+    # The library's own session (google-auth's AuthorizedSession over requests), as its maintainers advise for this.
+    for adapter in client._http.adapters.values():
+        adapter.init_poolmanager(connections, connections)
+
+
+def _version(generation: int | None) -> str | None:
+    """An object's version token: its generation, as text."""
+    return None if generation is None else str(generation)
+
+
 class GcsStorage(ObjectStore):
-    """Objects under ``prefix/`` in ``bucket``. Listing is lexicographic; objects carry generations."""
+    """Objects under ``prefix/`` in ``bucket``. Listing is lexicographic; an object's version is its generation."""
 
     def __init__(self, bucket: str, prefix: str, *, client: gcs.Client | None = None) -> None:
         self._retry = retry_policy()
@@ -75,6 +88,7 @@ class GcsStorage(ObjectStore):
                 "set GOOGLE_APPLICATION_CREDENTIALS, or run with a Workload Identity service account"
             ) from exc
         self._bucket = self._client.bucket(bucket)
+        _size_pools(self._client, self.io_workers + 1)
 
     @property
     def identity(self) -> str:
@@ -107,7 +121,7 @@ class GcsStorage(ObjectStore):
 
     def _info(self, blob: gcs.Blob) -> ObjectInfo:
         updated = blob.updated.timestamp() if blob.updated is not None else 0.0
-        return ObjectInfo(blob.name[len(self._base) :], blob.size or 0, updated, blob.generation)
+        return ObjectInfo(blob.name[len(self._base) :], blob.size or 0, updated, _version(blob.generation))
 
     def iter_objects(self, prefix: str = "", *, recursive: bool = False) -> Iterator[ObjectInfo]:
         check_prefix(prefix)
@@ -135,7 +149,7 @@ class GcsStorage(ObjectStore):
                     if suffixes and not name.endswith(suffixes):
                         continue
                     updated = blob.updated.timestamp() if blob.updated is not None else 0.0
-                    out.append((name, blob.size or 0, updated, blob.generation))
+                    out.append((name, blob.size or 0, updated, _version(blob.generation)))
             except gexc.NotFound as exc:
                 raise InvalidRootError(f"bucket {self.bucket_name!r} does not exist ({self.url})") from exc
         return out
@@ -181,7 +195,7 @@ class GcsStorage(ObjectStore):
                 data: bytes = blob.download_as_bytes(retry=self._retry)
             except gexc.NotFound:
                 return None
-        return data, ObjectInfo(name, len(data), 0.0, blob.generation)
+        return data, ObjectInfo(name, len(data), 0.0, _version(blob.generation))
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         with self._translate("read", name):
@@ -203,10 +217,11 @@ class GcsStorage(ObjectStore):
                     raise self._replaced(name) from None
             yield chunk
 
-    def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
+    def delete(self, name: str, *, if_version: str | None = None) -> bool:
         blob = self._bucket.blob(self._key(name))
-        if if_version is not None:
-            if not if_version.isdigit() or (if_generation is not None and int(if_version) != if_generation):
+        if_generation = None
+        if if_version is not None:  # ifGenerationMatch: GCS refuses the delete if the object was replaced since listed
+            if not (if_version.isascii() and if_version.isdigit()):
                 raise InvalidInputError(f"{if_version!r} is not the generation of {name!r} in {self.url}")
             if_generation = int(if_version)
         with self._translate("delete", name):

@@ -51,7 +51,7 @@ FORK_MIN_STATS = 16_384
 
 
 class LocalStorage(Storage):
-    """A directory. Listing order is the file system's (not sorted); there are no generations or versions."""
+    """A directory. Listing order is the file system's (not sorted); objects have no versions."""
 
     listing_sorted = False
     head_read_bytes = 64 * 1024
@@ -245,6 +245,7 @@ class LocalStorage(Storage):
                 except FileNotFoundError:
                     continue  # deleted while we listed
                 old = previous.get(name)
+                # same_stat's rule for a directory (no versions: size and mtime), inline in this tight loop.
                 if old is not None and old[0] == st.st_size and old[1] == st.st_mtime:
                     seen += 1
                     continue
@@ -361,7 +362,7 @@ class LocalStorage(Storage):
             while chunk := f.read(chunk_bytes):
                 yield chunk
 
-    def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
+    def delete(self, name: str, *, if_version: str | None = None) -> bool:
         # A directory has no versions (ObjectInfo.version is None here); JAX never rewrites a key, so there is nothing
         # to compare. unlink() removes
         # a link, never what it points to; the folders of a longer name are not followed either.

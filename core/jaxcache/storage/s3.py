@@ -167,7 +167,7 @@ class S3Storage(ObjectStore):
 
     def _listed(self, item: dict[str, Any]) -> ObjectInfo:
         return ObjectInfo(item["Key"][len(self._base):], int(item.get("Size", 0)), _seconds(item["LastModified"]),
-                          version=etag_token(item["ETag"]) if item.get("ETag") else None)
+                          _etag(item))
 
     def _pages(self, prefix: str, recursive: bool) -> Iterator[list[dict[str, Any]]]:
         """The listing's pages' objects; common prefixes (folders, without ``recursive``) are left out."""
@@ -193,7 +193,7 @@ class S3Storage(ObjectStore):
                 for item in items:
                     name = item["Key"][base:]
                     if not suffixes or name.endswith(suffixes):
-                        out.append((name, int(item.get("Size", 0)), _seconds(item["LastModified"]), None))
+                        out.append((name, int(item.get("Size", 0)), _seconds(item["LastModified"]), _etag(item)))
         return out
 
     def _head(self, name: str) -> dict[str, Any] | None:
@@ -210,22 +210,26 @@ class S3Storage(ObjectStore):
         head = self._head(name)
         if head is None:
             return None
-        return ObjectInfo(name, int(head.get("ContentLength", 0)), _seconds(head["LastModified"]),
-                          version=etag_token(head["ETag"]) if head.get("ETag") else None)
+        return ObjectInfo(name, int(head.get("ContentLength", 0)), _seconds(head["LastModified"]), _etag(head))
 
     def _get(self, name: str, **params: Any) -> bytes | None:
         """The object's bytes (a range of them with ``Range``), or None if there is none."""
+        got = self._get_with_answer(name, **params)
+        return None if got is None else got[0]
+
+    def _get_with_answer(self, name: str, **params: Any) -> tuple[bytes, dict[str, Any]] | None:
+        """The object's bytes and the GET's answer (its headers), or None if there is none."""
         self.reads += 1
         with self._translate("read", name):
             try:
                 answer = self._client.get_object(Bucket=self.bucket_name, Key=self._key(name), **params)
                 data: bytes = answer["Body"].read()  # botocore checks the length it was told
-                return data
+                return data, answer
             except ClientError as exc:
                 if _missing(exc):
                     return None
                 if _code(exc) == "InvalidRange":  # from past the end: the object is there, with nothing there
-                    return b""
+                    return b"", {}
                 raise
 
     def read_range(self, name: str, offset: int, length: int) -> bytes | None:
@@ -235,6 +239,14 @@ class S3Storage(ObjectStore):
 
     def read(self, name: str) -> bytes | None:
         return self._get(name)
+
+    def read_with_info(self, name: str) -> tuple[bytes, ObjectInfo] | None:
+        # One request: the GET's headers name the version (ETag) of exactly the bytes it returned.
+        got = self._get_with_answer(name)
+        if got is None:
+            return None
+        data, answer = got
+        return data, ObjectInfo(name, len(data), _seconds(answer["LastModified"]), _etag(answer))
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         head = self._head(name)
@@ -258,7 +270,7 @@ class S3Storage(ObjectStore):
                     raise
             yield chunk
 
-    def delete(self, name: str, *, if_generation: int | None = None, if_version: str | None = None) -> bool:
+    def delete(self, name: str, *, if_version: str | None = None) -> bool:
         # S3 answers a DELETE of nothing as of something, so a HEAD first tells "already gone" apart; it also checks
         # the version just before the delete, which is then sent as If-Match: S3 refuses the delete if the object was
         # replaced in between, and a store that ignores If-Match leaves only the moment between the two requests.
@@ -268,17 +280,23 @@ class S3Storage(ObjectStore):
         etag = head.get("ETag")
         if if_version is not None and (etag is None or etag_token(etag) != if_version):
             raise PreconditionFailedError(f"delete {name!r} in {self.url}: the object changed since it was listed")
-        with self._translate("delete", name):
-            try:
-                self._delete(name, etag if self._conditional_deletes else None)
-            except ClientError as exc:
-                if _missing(exc):
-                    return False
-                if not (etag and _code(exc) == "NotImplemented"):
-                    raise
-                # A store without conditional deletes that says so: the check above is all there is, from now on.
-                self._conditional_deletes = False
-                self._delete(name, None)
+        try:
+            with self._translate("delete", name):
+                try:
+                    self._delete(name, etag if self._conditional_deletes else None)
+                except ClientError as exc:
+                    if _missing(exc):
+                        return False
+                    if not (etag and _code(exc) == "NotImplemented"):
+                        raise
+                    # A store without conditional deletes that says so: the check above is all there is, from now on.
+                    self._conditional_deletes = False
+                    self._delete(name, None)
+        except PreconditionFailedError:
+            # If-Match fails on an object deleted since the HEAD as on one replaced: gone is "already deleted".
+            if self._head(name) is None:
+                return False
+            raise
         return True
 
     def _delete(self, name: str, etag: str | None) -> None:
@@ -298,6 +316,12 @@ class S3Storage(ObjectStore):
                 conflict = _status(exc) == 412 or _code(exc) == "ConditionalRequestConflict"
                 if not (create_only and conflict) or self.read(name) != data:
                     raise
+
+
+def _etag(item: dict[str, Any]) -> str | None:
+    """The version token of a listed object, a HEAD or a GET: its ETag, quoted as headers carry it."""
+    etag = item.get("ETag")
+    return etag_token(etag) if etag else None
 
 
 def _seconds(when: Any) -> float:

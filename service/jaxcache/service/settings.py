@@ -66,7 +66,7 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="JAXCACHE_", extra="ignore")
 
     caches: dict[str, str] = Field(default_factory=dict, description='cache roots by name, e.g. {"prod": '
-                                   '"gs://bucket/jax-cache", "ci": "/mnt/nfs/jax"}')
+                                   '"gs://bucket/jax-cache", "aws": "s3://bucket/jax-cache", "ci": "/mnt/nfs/jax"}')
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8080, ge=0, le=65535, description="port to listen on (0: any free port)")
     db: SecretStr = Field(

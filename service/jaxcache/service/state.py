@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -21,7 +20,7 @@ from jaxcache.service.catalog.database import ENTRIES, USAGE, Catalog, Generatio
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.settings import ServiceSettings, cpu_limit
-from jaxcache.storage import Storage, open_storage
+from jaxcache.storage import Storage, normalise_root, open_storage
 
 log = logging.getLogger("jaxcache.service")
 
@@ -29,12 +28,12 @@ _STATS_TTL_S = 60.0
 
 
 def normal_dir(text: str) -> str | None:
-    """A cache_dir or root URL as roots compare (``gs://b/p``, or a real path); None for anything else."""
-    if text.startswith("gs://"):
-        return text.rstrip("/")
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    return os.path.realpath(text) if os.path.isabs(text) else None
+    """A cache_dir or root URL as roots compare (storage.normalise_root, as the client and the CLI spell roots);
+    None for a relative path (relative to a job's folder, which the service does not know) and what is no root."""
+    try:
+        return normalise_root(text, relative=False)
+    except InvalidInputError:
+        return None
 
 
 class State:
@@ -86,7 +85,7 @@ class State:
                                        " the path, or run a JAX job with jax_compilation_cache_dir pointing there"
                                        " first") from None
             except JaxcacheError:
-                pass  # unreachable now (GCS, permissions): a scan error to show, not a reason not to start
+                pass  # unreachable now (a store, permissions): a scan error to show, not a reason not to start
 
     def follow(self) -> None:
         """Caches another process has scanned (or the catalog kept over a restart) count as scanned here."""

@@ -16,7 +16,7 @@ from jaxcache.cli.parser import ArgumentParser
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, WarmupRecord
 from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import WARMUP_VERIFY, KeyUsage
-from jaxcache.storage import Storage, is_gcs_url, open_storage
+from jaxcache.storage import Storage, is_object_store, open_storage
 from jaxcache.table import render
 from jaxcache.topology import TpuSlice, parse_topology, parse_tpu_slice
 from jaxcache.units import format_bytes
@@ -99,8 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="targets compiled at once, each in a process of its own (default: as many as this"
                         " machine's CPUs and memory allow; the output says how many and why)")
     p.add_argument("--cache-dir", required=True, metavar="URL",
-                   help="cache root: a directory or gs://bucket/prefix; with --check also a bundle file (`jaxcache"
-                        " bundle export`), checked and imported into a temporary directory the check then reads")
+                   help="cache root: a directory, gs://, s3:// or az://bucket/prefix; with --check also a bundle file"
+                        " (`jaxcache bundle export`), checked and imported into a temporary directory the check then"
+                        " reads")
     p.add_argument("--entrypoint", metavar="pkg.module:function",
                    help="called with a WarmupContext; compiles the job's programs without data")
     p.add_argument("--script", metavar="path.py",
@@ -246,7 +247,7 @@ def _open_cache(args: argparse.Namespace) -> tuple[str, Storage]:
 
     cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
     storage = open_storage(cache_dir, must_exist=False)
-    if is_gcs_url(cache_dir):
+    if is_object_store(cache_dir):
         storage.ping()  # an unreachable bucket should fail here, not after an hour of compiling
     return cache_dir, storage
 

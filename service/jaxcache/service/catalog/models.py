@@ -27,6 +27,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: Python None as SQL NULL, not JSON ``null``, so "no parts recorded" is visible to ``IS NULL`` and indexes.
 NullableJSON = JSON(none_as_null=True)
+#: Characters of an object's version token kept (storage.ObjectInfo.version: a GCS generation has 16-20 digits, an
+#: S3 or Azure ETag about 20-50 characters with its quotes).
+VERSION_MAX = 256
 
 
 def Str(length: int) -> String:
@@ -261,7 +264,7 @@ class EntryRow(PerKey, Aggregates, Base):
     created_s: Mapped[float] = mapped_column(Float)
     # Derived (newest of -atime and creation) but stored: it is what lists sort and prunes select on.
     last_used_s: Mapped[float] = mapped_column(Float)
-    generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    version: Mapped[str | None] = mapped_column(Str(VERSION_MAX), nullable=True)  # storage.ObjectInfo.version
     has_atime: Mapped[bool] = mapped_column(Boolean, default=False)
     atime_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     compression: Mapped[str | None] = mapped_column(Str(16), nullable=True)
@@ -293,7 +296,7 @@ class RecordFileRow(PerCache, Base):
     name: Mapped[str] = mapped_column(Str(1024), primary_key=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     mtime_s: Mapped[float] = mapped_column(Float)
-    generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    version: Mapped[str | None] = mapped_column(Str(VERSION_MAX), nullable=True)  # storage.ObjectInfo.version
     error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
 
     # Retention finds the files older than its horizon without reading every row.
@@ -451,7 +454,7 @@ class AttestationConflictRow(PerKey, Base):
 
 
 class VerificationRow(PerKey, Base):
-    """The last integrity verdict on an entry, and which version of it (size, mtime, generation) was read."""
+    """The last integrity verdict on an entry, and which version of it (size, mtime, version token) was read."""
 
     __tablename__ = "verifications"
     classification: Mapped[str] = mapped_column(Str(16))
@@ -463,7 +466,7 @@ class VerificationRow(PerKey, Base):
     embedded_module: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_s: Mapped[float] = mapped_column(Float)
-    generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    version: Mapped[str | None] = mapped_column(Str(VERSION_MAX), nullable=True)  # storage.ObjectInfo.version
     checked_s: Mapped[float] = mapped_column(Float)
     # The trusted keys it was judged under (TrustedKeys.digest): another set makes it a verdict to make again.
     trusted: Mapped[str | None] = mapped_column(Str(64), nullable=True)

@@ -109,7 +109,7 @@ def routes(dash: Dashboard) -> APIRouter:
             with state.catalog.reader() as conn:
                 found, next_cursor = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit,
                                                           cursor=cursor)
-                rows = [queries.page_entry(r) for r in found]
+                rows = [queries.page_entry(r, state.storages[cache].url) for r in found]
                 by_warmup = warmup_queries.writer_warmups(
                     conn, cache, {r["key"]: r["first_writer"] for r in rows if r["first_writer"]})
         except InvalidInputError as exc:
@@ -124,7 +124,8 @@ def routes(dash: Dashboard) -> APIRouter:
         viewer = dash.viewer(request, cache=cache)
         check_key(key)
         with state.catalog.reader() as conn:
-            found = queries.entry_detail(conn, cache, key)  # what GET /v1/caches/{cache}/entries/{key} shows
+            # What GET /v1/caches/{cache}/entries/{key} shows.
+            found = queries.entry_detail(conn, cache, key, state.storages[cache].url)
             if found is None:
                 raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
             entry, jobs, verdict, conflict = found

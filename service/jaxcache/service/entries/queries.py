@@ -17,6 +17,7 @@ from jaxcache.errors import InvalidInputError
 from jaxcache.records import JOB
 from jaxcache.service.catalog.models import EntryRow, UsageRow, VerificationRow
 from jaxcache.service.integrity import queries as verdicts
+from jaxcache.storage import generation_of
 
 # "compile" is literally the indexed expression (catalog.COMPILE_SORT_SQL): a bound -1 would not match the index.
 SORTS = {"size": EntryRow.size_bytes, "compile": func.coalesce(EntryRow.compile_seconds, literal_column("-1")),
@@ -24,23 +25,24 @@ SORTS = {"size": EntryRow.size_bytes, "compile": func.coalesce(EntryRow.compile_
 
 #: A listing row's fields in select order; WRITER_FIELDS follow, nested as ``first_writer`` by :func:`page_entry`.
 PAGE_FIELDS = ("key", "function", "size_bytes", "created_s", "last_used_s", "has_atime", "compression",
-               "compile_seconds", "status", "reason", "generation", "hits", "last_hit_s", "measured_compile_s",
+               "compile_seconds", "status", "reason", "version", "hits", "last_hit_s", "measured_compile_s",
                "saved_s")
 WRITER_FIELDS = ("job", "run_id", "process_index", "host", "topology", "jax", "jaxlib", "at_s")
 _PAGE_COLUMNS = (
     EntryRow.key, EntryRow.module.label("function"), EntryRow.size_bytes, EntryRow.created_s, EntryRow.last_used_s,
     EntryRow.has_atime, EntryRow.compression, EntryRow.compile_seconds, EntryRow.status, EntryRow.reason,
-    EntryRow.generation, EntryRow.hits, EntryRow.last_hit_s, EntryRow.writer_compile_s, EntryRow.saved_s,
+    EntryRow.version, EntryRow.hits, EntryRow.last_hit_s, EntryRow.writer_compile_s, EntryRow.saved_s,
     EntryRow.writer_job, EntryRow.writer_run, EntryRow.writer_process, EntryRow.writer_host,
     EntryRow.writer_topology, EntryRow.writer_jax, EntryRow.writer_jaxlib, EntryRow.writer_at_s,
 )
 _N = len(PAGE_FIELDS)
 
 
-def page_entry(row: Row | tuple) -> dict:
-    """One listed entry as the API's JSON object (the fields of ``EntryModel``)."""
+def page_entry(row: Row | tuple, root: str) -> dict:
+    """One listed entry of the cache at ``root`` as the API's JSON object (the fields of ``EntryModel``)."""
     out = dict(zip(PAGE_FIELDS, row[:_N], strict=True))
     out["has_atime"] = bool(out["has_atime"])  # SQLite's raw rows give 0/1
+    out["generation"] = generation_of(root, out["version"])  # the integer clients of GCS roots read before versions
     out["first_writer"] = None if row[_N] is None else dict(zip(WRITER_FIELDS, row[_N:], strict=True))
     return out
 
@@ -186,8 +188,10 @@ def entry_jobs(s: Session | Connection, cache: str, key: str) -> list[dict]:
              "last_s": last or None, "saved_s": float(sv or 0)} for j, h, c, w, n, last, sv in rows]
 
 
-def entry_detail(conn: Connection, cache: str, key: str) -> tuple[dict, list[dict], Row | None, dict | None] | None:
-    """An entry's fields, jobs, last verdict and digest conflict (each None if none); None for no such entry."""
+def entry_detail(conn: Connection, cache: str, key: str,
+                 root: str) -> tuple[dict, list[dict], Row | None, dict | None] | None:
+    """An entry's fields (of the cache at ``root``), jobs, last verdict and digest conflict (each None if none); None
+    for no such entry."""
     row = conn.execute(select(*_PAGE_COLUMNS).where(
         EntryRow.cache == cache, EntryRow.key == key, EntryRow.kind == "entry")).first()
     if row is None:
@@ -195,4 +199,4 @@ def entry_detail(conn: Connection, cache: str, key: str) -> tuple[dict, list[dic
     verdict = conn.execute(select(VerificationRow).where(VerificationRow.cache == cache,
                                                           VerificationRow.key == key)).first()
     conflict = next(iter(verdicts.conflicts(conn, cache, keys=[key])), None)
-    return page_entry(row), entry_jobs(conn, cache, key), verdict, conflict
+    return page_entry(row, root), entry_jobs(conn, cache, key), verdict, conflict

@@ -69,7 +69,8 @@ def _page(state: State, cache: str, flt: queries.EntryFilter, sort: str, order: 
         return conditional.not_modified(tag)
     with state.catalog.reader() as conn:
         rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=at)
-    page = EntryPage.model_validate({"entries": [queries.page_entry(r) for r in rows],
+    root = state.storages[cache].url
+    page = EntryPage.model_validate({"entries": [queries.page_entry(r, root) for r in rows],
                                      "next_cursor": _from_catalog(nxt)})
     return Response(page.model_dump_json().encode(), media_type="application/json", headers=conditional.headers(tag))
 
@@ -118,10 +119,10 @@ def _from_catalog(cursor: str | None) -> str | None:
 @router.get("/v1/caches/{cache}/entries/{key}", response_model=EntryDetail, operation_id="getEntry")
 def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -> EntryDetail:
     """One entry, with every job that reported it."""
-    storage_of(request, cache)
+    root = storage_of(request, cache).url
     check_key(key)
     with state_of(request).catalog.reader() as conn:
-        found = queries.entry_detail(conn, cache, key)
+        found = queries.entry_detail(conn, cache, key, root)
     if found is None:
         raise HTTPException(404, f"no entry {key!r} in {cache!r} (a rescan picks up new entries)")
     entry, jobs, verdict, conflict = found

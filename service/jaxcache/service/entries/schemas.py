@@ -6,6 +6,14 @@ from pydantic import BaseModel, Field
 
 from jaxcache.service.integrity.schemas import DigestConflict
 from jaxcache.service.web.fields import CURSOR
+from jaxcache.storage import STORES
+
+#: What `version` holds on each store (the storage package's own words for its stores).
+VERSION_HELP = (
+    "the stored object's version: an opaque token that a replaced object does not keep (on S3, one rewritten with the"
+    " same bytes does), and the precondition of a prune's delete. It holds "
+    + "; ".join(f"on {s.scheme}:// roots {s.version_help}" for s in STORES.values())
+    + "; null on a directory (local or NFS), where size and mtime stand for it. Compare it for equality only")
 
 
 class WriterModel(BaseModel):
@@ -32,7 +40,12 @@ class EntryModel(BaseModel):
     compile_seconds: int | None = Field(None, description="as JAX stores it: whole seconds, truncated")
     status: str | None = Field(None, examples=["ok"])
     reason: str | None = None
-    generation: int | None = Field(None, description="GCS object generation")
+    version: str | None = Field(None, description=VERSION_HELP,
+                                examples=["1718000000000000", '"9a0364b9e99bb480dd25e1f0284c8555"'])
+    generation: int | None = Field(None, description=(
+        "the object's GCS generation, as an integer, on a gs:// root (the same number as `version`); null on every"
+        " other root. Kept for clients that read it before `version` came: read `version` instead"),
+        examples=[1718000000000000])
     hits: int = Field(0, description="hits reported by run records")
     last_hit_s: float | None = Field(None, description="Unix time of the last reported hit")
     measured_compile_s: float | None = Field(

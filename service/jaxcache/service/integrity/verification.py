@@ -38,13 +38,13 @@ def _todo(cache: str, trusted: TrustedKeys):
     v, a = VerificationRow, AttestationRow
     return (
         select(EntryRow.key, EntryRow.module, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
-               EntryRow.generation)
+               EntryRow.version)
         .outerjoin(v, and_(v.cache == EntryRow.cache, v.key == EntryRow.key))
         .outerjoin(a, and_(a.cache == EntryRow.cache, a.key == EntryRow.key))
         .where(EntryRow.cache == cache, EntryRow.kind == "entry")
         .where(or_(
             v.key.is_(None), v.size_bytes != EntryRow.size_bytes, v.created_s != EntryRow.created_s,
-            and_(EntryRow.generation.is_not(None), or_(v.generation.is_(None), v.generation != EntryRow.generation)),
+            and_(EntryRow.version.is_not(None), or_(v.version.is_(None), v.version != EntryRow.version)),
             v.classification == integrity.PENDING, v.trusted.is_(None), v.trusted != trusted.digest(),
             and_(a.sha256.is_not(None), or_(v.attested_sha256.is_(None), v.attested_sha256 != a.sha256)),
         ))
@@ -81,7 +81,7 @@ def run_pass(
         after = batch[-1].key
         now = clock()
         entries = [Entry(key=r.key, module=r.module, hash=r.key[-64:], name=r.name, size_bytes=r.size_bytes,
-                         mtime_s=r.created_s, generation=r.generation) for r in batch]
+                         mtime_s=r.created_s, version=r.version) for r in batch]
         judged = list(bounded_map(partial(integrity.judge_stored, storage, found, keys, now, min_age_s), entries,
                                   workers=storage.io_workers))
         rows = []
@@ -93,7 +93,7 @@ def run_pass(
                 cache=cache, key=entry.key, classification=verdict.classification, classes=list(verdict.classes),
                 reasons=list(verdict.reasons), sha256=verdict.sha256, attested_sha256=att.sha256 if att else None,
                 attested_by=verdict.attested_by, embedded_module=verdict.embedded_module, size_bytes=entry.size_bytes,
-                created_s=entry.mtime_s, generation=entry.generation, checked_s=now, trusted=trust,
+                created_s=entry.mtime_s, version=entry.version, checked_s=now, trusted=trust,
                 signature=verdict.signature))
             result.counts[verdict.classification] = result.counts.get(verdict.classification, 0) + 1
             result.bytes_read += verdict.size_bytes

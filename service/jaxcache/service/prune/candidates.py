@@ -31,7 +31,7 @@ class CatalogCandidates(prune.CandidateColumns):
         self.last_use: array[float] = array("d")  # with reported hits: what LRU compares
         self.statuses: list[str | None] = []
         self.orphan: list[bool] = []
-        self.generations: list[int | None] = []
+        self.versions: list[str | None] = []
         self.has_atime = bytearray()
         self.last_hits: list[float | None] = []
         self.writer_jaxlib: list[str | None] = []
@@ -40,7 +40,7 @@ class CatalogCandidates(prune.CandidateColumns):
         """Append rows of :data:`_ROWS`, column by column."""
         if not rows:
             return
-        (keys, modules, sizes, created, seen, statuses, kinds, generations, has_atime, hits,
+        (keys, modules, sizes, created, seen, statuses, kinds, versions, has_atime, hits,
          writers) = zip(*rows, strict=True)
         one = self._texts.setdefault  # one string per distinct text: the driver makes one a row
         self.keys += keys
@@ -51,7 +51,7 @@ class CatalogCandidates(prune.CandidateColumns):
         self.last_use.extend(map(newest_use, seen, hits))
         self.statuses += map(one, statuses, statuses)
         self.orphan += [kind == "orphan" for kind in kinds]
-        self.generations += generations
+        self.versions += versions
         self.has_atime.extend(map(bool, has_atime))
         self.last_hits += hits
         self.writer_jaxlib += map(one, writers, writers)
@@ -63,7 +63,7 @@ class CatalogCandidates(prune.CandidateColumns):
         key, orphan = self.keys[row], self.orphan[row]
         return prune.Candidate(
             key, self.modules[row], fmt.atime_name(key) if orphan else fmt.cache_name(key), self.sizes[row],
-            self.created[row], self.last_used[row], self.statuses[row], orphan, self.generations[row], None,
+            self.created[row], self.last_used[row], self.statuses[row], orphan, self.versions[row], None,
             bool(self.has_atime[row]), self.last_hits[row], self.writer_jaxlib[row], self._verdicts.get(key))
 
     @cached_property
@@ -78,7 +78,7 @@ class CatalogCandidates(prune.CandidateColumns):
 
 #: A cache's rows (the ``cache`` parameter), the columns :meth:`CatalogCandidates.add` takes.
 _ROWS = select(EntryRow.key, EntryRow.module, EntryRow.size_bytes, EntryRow.created_s, EntryRow.seen_used_s,
-               EntryRow.status, EntryRow.kind, EntryRow.generation, EntryRow.has_atime, EntryRow.last_hit_s,
+               EntryRow.status, EntryRow.kind, EntryRow.version, EntryRow.has_atime, EntryRow.last_hit_s,
                EntryRow.writer_jaxlib).where(EntryRow.cache == bindparam("cache"))
 
 

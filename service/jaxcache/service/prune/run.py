@@ -148,7 +148,7 @@ def delete_entry(state: State, cache: str, key: str, *, who: str) -> bool:
                 key=key, module=key.rsplit("-", 1)[0], name=fmt.cache_name(key),
                 size_bytes=stat.size_bytes if stat else row.size_bytes if row else 0,
                 created_s=row.created_s if row else 0.0, last_used_s=row.seen_used_s if row else 0.0,
-                status=row.status if row else None, generation=row.generation if row else None, has_atime=True)
+                status=row.status if row else None, version=row.version if row else None, has_atime=True)
         plan = core_prune.PrunePlan(delete=[core_prune.Decision(candidate, ("deleted by request",))], protected=[],
                                     kept=0, bytes_freed=candidate.size_bytes, bytes_remaining=0, entries_total=1)
         audit_id = prune_audit.begin(catalog, cache, plan.delete, who=who, policy_json={"key": key}, kind="delete")

@@ -91,7 +91,7 @@ class PruneResponse(BaseModel):
     bytes_remaining: int
     deleted: int | None = Field(None, description="applied prunes: entries really deleted")
     already_gone: int | None = None
-    changed: int | None = Field(None, description="replaced since listed (generation changed): left alone")
+    changed: int | None = Field(None, description="replaced since listed (its version changed): left alone")
     failed: int | None = Field(None, description="applied prunes: entries that could not be deleted and are still "
                                                  "there (errors say why; the audit row says failed)")
     errors: list[str] = Field(default_factory=list)

@@ -17,7 +17,7 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow
 from jaxcache.service.reports.usage import chunks
 from jaxcache.storage import ObjectInfo, Storage
-from jaxcache.storage.base import name_problem
+from jaxcache.storage.base import Stat, name_problem, same_stat
 from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.service")
@@ -35,18 +35,19 @@ def reason(exc: Exception) -> str:
     return str(exc)
 
 
-def known(catalog: Catalog, cache: str, prefixes: Iterable[str]) -> dict[str, tuple]:
-    """The record files under ``prefixes`` read before, with their (size, mtime, generation) when read."""
+def known(catalog: Catalog, cache: str, prefixes: Iterable[str]) -> dict[str, Stat]:
+    """The record files under ``prefixes`` read before, with their (size, mtime, version) when read."""
     where = or_(*(RecordFileRow.name.like(prefix + "%") for prefix in prefixes))
     with catalog.reader() as conn:
-        return {r.name: (r.size_bytes, r.mtime_s, r.generation) for r in conn.execute(
-            select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation)
+        return {r.name: (r.size_bytes, r.mtime_s, r.version) for r in conn.execute(
+            select(RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.version)
             .where(RecordFileRow.cache == cache, where))}
 
 
-def changed(listing: dict[str, ObjectInfo], known: dict[str, tuple]) -> list[ObjectInfo]:
-    """The listed files that are new or changed since read, by name."""
-    return [i for n, i in sorted(listing.items()) if known.get(n) != (i.size_bytes, i.mtime_s, i.generation)]
+def changed(listing: dict[str, ObjectInfo], known: dict[str, Stat]) -> list[ObjectInfo]:
+    """The listed files that are new or changed since read (storage's one rule for "the same object"), by name."""
+    return [i for n, i in sorted(listing.items()) if (before := known.get(n)) is None or not same_stat(before, (
+        i.size_bytes, i.mtime_s, i.version))]
 
 
 def ingest_files(catalog: Catalog, cache: str, storage: Storage, todo: list[ObjectInfo], *, what: str,
@@ -68,7 +69,7 @@ def ingest_files(catalog: Catalog, cache: str, storage: Storage, todo: list[Obje
             skipped.append((info.name, error))
             log.debug("skipping malformed %s %s: %s", what, shown(info.name), error)
         row = {"cache": cache, "name": info.name, "size_bytes": info.size_bytes, "mtime_s": info.mtime_s,
-               "generation": info.generation, "error": None if error is None else error[:2000]}
+               "version": info.version, "error": None if error is None else error[:2000]}
         with catalog.session() as s:
             s.execute(catalog.insert(RecordFileRow).values(**row).on_conflict_do_update(
                 index_elements=["cache", "name"], set_={k: v for k, v in row.items() if k not in ("cache", "name")}))

@@ -27,7 +27,8 @@ from jaxcache.service.catalog.models import (
 )
 from jaxcache.service.prune.audit import RUNNING
 from jaxcache.service.reports import malformed, usage
-from jaxcache.storage import Storage
+from jaxcache.storage import Storage, same_stat
+from jaxcache.storage.base import stat_of
 
 log = logging.getLogger("jaxcache.service")
 
@@ -107,7 +108,7 @@ def _delete_files(catalog: Catalog, cache: str, storage: Storage, horizon: float
     targets: dict[str, Any] = {records.record_name(run, index, started): None for run, index, started in compacted}
     names = list(targets)
     with catalog.reader() as conn:
-        cols = (RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.generation,
+        cols = (RecordFileRow.name, RecordFileRow.size_bytes, RecordFileRow.mtime_s, RecordFileRow.version,
                 RecordFileRow.error)
         rows = list(conn.execute(select(*cols).where(RecordFileRow.cache == cache, RecordFileRow.mtime_s < horizon)))
         for part in usage.chunks(names, _CHUNK):
@@ -147,11 +148,11 @@ def _delete_one(storage: Storage, item: tuple[str, Any]) -> tuple[str, str | Non
     try:
         if row is None:  # the run came by POST only, or its file was never read: whatever is there is as old
             storage.delete(name)
-        elif row.generation is not None:
-            storage.delete(name, if_generation=row.generation)
-        else:  # no generations (a directory): compare what is there with what was read
+        elif row.version is not None:  # the store's precondition: deleted only if not replaced since read
+            storage.delete(name, if_version=row.version)
+        else:  # no versions (a directory): compare what is there with what was read
             info = storage.stat(name)
-            if info is not None and (info.size_bytes, info.mtime_s) != (row.size_bytes, row.mtime_s):
+            if info is not None and not same_stat(stat_of(info), (row.size_bytes, row.mtime_s, row.version)):
                 return name, ""
             if info is not None:
                 storage.delete(name)

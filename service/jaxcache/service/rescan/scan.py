@@ -31,7 +31,7 @@ from jaxcache.service.rescan import snapshots
 from jaxcache.service.state import State
 from jaxcache.service.warmups import ingest as warmups
 from jaxcache.storage import ObjectInfo, Storage
-from jaxcache.storage.base import Skipped, Stat, name_problem
+from jaxcache.storage.base import Skipped, Stat, name_problem, same_stat
 
 log = logging.getLogger("jaxcache.service")
 
@@ -51,8 +51,9 @@ class RescanResult(RescanModel):
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
-#: A listed file (name, size, mtime, generation), shaped like the catalog's rows: "unchanged" is a set difference.
-Listed = tuple[str, int, float, int | None]
+#: A listed file (name, size, mtime, version), shaped like the catalog's rows: "unchanged" is a set difference, then
+#: storage's one rule for "the same object" (same_stat) on what differs.
+Listed = tuple[str, int, float, str | None]
 
 
 def _by_key(listing: dict[str, Stat], foreign: set[str]) -> tuple[dict[str, Listed], dict[str, Listed]]:
@@ -125,7 +126,7 @@ def _base_row(cache: str, key: str, kind: str, info: ObjectInfo, atime: ObjectIn
     return {
         "cache": cache, "key": key, "kind": kind, "module": key[: -fmt.HASH_HEX_LEN - 1], "name": info.name,
         "size_bytes": info.size_bytes, "created_s": info.mtime_s, "last_used_s": seen_used,
-        "seen_used_s": seen_used, "generation": info.generation, "has_atime": atime is not None,
+        "seen_used_s": seen_used, "version": info.version, "has_atime": atime is not None,
         "atime_ns": atime_ns, "compression": None, "compile_seconds": None, "status": None, "reason": None,
         "first_seen_s": now, **EMPTY}
 
@@ -171,7 +172,7 @@ def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
 
 
 _KNOWN = select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
-                EntryRow.generation, EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache"))
+                EntryRow.version, EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache"))
 
 
 def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Listed], dict[str, float], set[str]]:
@@ -241,8 +242,10 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
     known_keys = known.keys() | known_orphans if known_orphans else known.keys()
     _drop_foreign(storage, caches, caches.keys() - known_keys, foreign)
     _drop_foreign(storage, atimes, atimes.keys() - known_keys, foreign)
-    # New keys and replaced objects are (re)parsed; dict equality first, as it is C-fast on an unchanged root.
-    changed = set() if caches == known else {key for key, _ in caches.items() - known.items()}
+    # New keys and replaced objects are (re)parsed; dict equality first, as it is C-fast on an unchanged root, then
+    # the rows that differ at all, then the one rule (a version that stayed the same is the same object).
+    changed = set() if caches == known else {key for key, item in caches.items() - known.items()
+                                              if (was := known.get(key)) is None or not same_stat(item[1:], was[1:])}
     vanished = [(k, "entry") for k in known.keys() - caches.keys()]
     vanished += [(k, "entry") for k in changed if k in known]  # replaced: the old row goes, the new one comes
     new_items = [(key, caches[key], atimes.get(key)) for key in changed]

@@ -20,7 +20,7 @@ from jaxcache.storage.base import Stat
 
 log = logging.getLogger("jaxcache.service")
 
-_VERSION = 1
+_VERSION = 2  # 2: versions are tokens (text), no longer GCS generations
 #: Larger listings stay on disk only between rescans: in memory they would be most of the service's memory.
 IN_MEMORY_MAX = 200_000
 _warned: set[str] = set()
@@ -42,7 +42,7 @@ class _Listing(msgspec.Struct, array_like=True):
     listing_id: str
     entries: int
     foreign: list[str]
-    listing: dict[str, tuple[int, float, int | None]]
+    listing: dict[str, Stat]
 
 
 def _paths(catalog: Catalog, cache: str, storage: Storage) -> tuple[Path, Path] | None:

@@ -57,7 +57,8 @@ ReadOrReportAuth = Annotated[Principal, Depends(BearerScope("read or report"))]
 CacheName = Annotated[str, Path(description="a configured cache name", max_length=64, examples=["prod"])]
 CacheDir = Annotated[str, Query(max_length=1024, pattern=fields.CACHE_DIR,
                                 description="a cache root as a job spells it: an absolute directory, a file:// URL "
-                                            "of one, or gs://bucket/prefix", examples=["/mnt/jax-cache"])]
+                                            "of one, or gs://bucket/prefix, s3://bucket/prefix or "
+                                            "az://container/prefix", examples=["/mnt/jax-cache"])]
 #: The error answers of a route that names its cache by root (``cache_dir``).
 BY_DIR_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorModel, "description": "no configured cache has this root"},

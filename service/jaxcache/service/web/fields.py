@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PlainValidator, WithJsonSchema
 
+from jaxcache.storage import ABSOLUTE_ROOT_PATTERN
+
 #: What ``str.strip()`` removes (every character ``str.isspace()`` holds): a blank glob is refused by the core.
 _BLANK = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 #: JAX's ``<module>-<64 hex>``; no ``/``, NUL or backslash, which no file name or storage accepts.
@@ -26,8 +28,8 @@ PIN = rf"^[^/\x00]*[^/\x00{_BLANK}][^/\x00]*$"
 FUNCTION_GLOB = r"^[^\x00\[]*$"
 #: Free text compared in the catalog (PostgreSQL stores no NUL).
 TEXT = r"^[^\x00]*$"
-#: A cache root as a job spells it: an absolute directory, a file:// URL of one, or gs://.
-CACHE_DIR = r"^(/|file:///|gs://)[^\x00]*$"
+#: A cache root as a job spells it: an absolute directory, a file:// URL of one, or an object store's URL.
+CACHE_DIR = ABSOLUTE_ROOT_PATTERN
 #: ``<value>~<key in base64url>`` (``entries/route.py``); 18 digits keep a value within the catalog's bound, 2**62.
 CURSOR = r"^((-?[0-9]{1,18}(\.[0-9]+)?)?~([A-Za-z0-9_-]{4})*([A-Za-z0-9_-]{2,3})?)?$"
 #: Fits the catalog's signed 64-bit column with room to add, and a double holds it exactly.
