@@ -5,6 +5,8 @@ a new tag."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -51,6 +53,28 @@ def test_an_unchanged_answer_is_304_and_a_change_anywhere_gives_a_new_tag(two_re
         assert key not in {e["key"] for e in changed.json()["entries"]}
     else:
         assert changed.json()["entries"] == first.json()["entries"] - 1
+
+
+def test_a_304_does_not_wait_for_the_pages_being_read(two_replicas):
+    """A revalidation needs the change counts, never the page: it is answered while every turn the listing's page
+    reads take is held (as by the pages of other requests)."""
+    one, _ = two_replicas
+    tag = one.get(PAGE, headers=H_READ).headers["etag"]
+    limiter = one.app.state.jaxcache.read_limiter
+    readers = [object() for _ in range(int(limiter.total_tokens))]
+    for reader in readers:
+        one.portal.call(limiter.acquire_on_behalf_of, reader)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(_revalidate, one, PAGE, tag)
+        try:
+            status = answer.result(timeout=30).status_code
+        except TimeoutError:
+            status = None
+        finally:
+            for reader in readers:
+                one.portal.call(limiter.release_on_behalf_of, reader)
+    assert status == 304, "the revalidation waited for the page reads' turns"
+    assert answer.result().status_code == 304
 
 
 def test_a_304_is_answered_only_to_who_may_read(two_replicas):

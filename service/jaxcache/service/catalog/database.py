@@ -11,8 +11,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import anyio
+import anyio.to_thread
 import msgspec
 from sqlalchemy import (
     BigInteger,
@@ -268,6 +270,15 @@ class Generation:
         return f"{self.entries:x}.{self.usage:x}"
 
 
+@dataclass(slots=True)
+class _Read:
+    """One read of a cache's change counts, and the requests waiting for it (Generations.current)."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    value: Generation | None = None
+    error: Exception | None = None
+
+
 @functools.cache
 def _counts() -> Select:
     # Built once: every listing reads it, and building it cost as much as running it.
@@ -277,6 +288,40 @@ def _counts() -> Select:
 class Generations:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
+        # current()'s reads on the event loop's side, by cache: the one being read, and the one that waits for it.
+        self._reading: dict[str, _Read] = {}
+        self._next: dict[str, _Read] = {}
+
+    async def current(self, cache: str) -> Generation:
+        """:meth:`get` as a request that arrives now must see it, without a thread of its own: one read (in a
+        thread) serves every request that arrived before it began, so revalidations (answered ``304``) cost a wait
+        on the event loop, not a thread and a query each. A read already under way may have begun before this
+        request: this one then waits for the next read, which begins once that one ends."""
+        read = self._next.get(cache)
+        if read is None:
+            read = self._next[cache] = _Read()
+            # Shielded: the requests that joined this read wait for it, even when the one that began it goes away.
+            with anyio.CancelScope(shield=True):
+                await self._read(cache, read)
+        else:
+            await read.done.wait()
+        if read.value is None:
+            assert read.error is not None
+            raise read.error  # what get() raised, in each request that waited for this read
+        return read.value
+
+    async def _read(self, cache: str, read: _Read) -> None:
+        if (ahead := self._reading.get(cache)) is not None:
+            await ahead.done.wait()
+        del self._next[cache]  # requests arriving from now on wait for the read after this one
+        self._reading[cache] = read
+        try:
+            read.value = await anyio.to_thread.run_sync(self.get, cache)
+        except Exception as exc:  # noqa: BLE001 - raised in every request that waited for it
+            read.error = exc
+        finally:
+            del self._reading[cache]
+            read.done.set()
 
     def get(self, cache: str) -> Generation:
         with self.catalog.statements() as conn:

@@ -57,16 +57,21 @@ async def list_entries(
         status=status, job=job, jaxlib=jaxlib, topology=_spelled(topology))
     at = _to_catalog(cursor, sort) if cursor else None
     clock = unused_for is not None or older_than is not None
-    return await anyio.to_thread.run_sync(_page, state, cache, flt, sort, order, limit, at, request, clock,
+    tag = None
+    if conditional.asked(request):
+        # Answered before the page's read takes its turn: a 304 needs the change counts, never the page.
+        tag = conditional.etag(await state.generations.current(cache), clock=clock)
+        if conditional.matches(request, tag):
+            return conditional.not_modified(tag)
+    return await anyio.to_thread.run_sync(_page, state, cache, flt, sort, order, limit, at, tag, clock,
                                           limiter=state.read_limiter)
 
 
 def _page(state: State, cache: str, flt: queries.EntryFilter, sort: str, order: str, limit: int, at: str | None,
-          request: Request, clock: bool) -> Response:
-    """The page, or a 304 when the client holds it already."""
-    tag = conditional.etag(state.generations.get(cache), clock=clock)
-    if conditional.matches(request, tag):  # the change counts are read before the query: see State._computed_at
-        return conditional.not_modified(tag)
+          tag: str | None, clock: bool) -> Response:
+    """The page, tagged ``tag`` (by default the change counts now): counts read before the query, so a change
+    meanwhile gives the next request another tag."""
+    tag = tag or conditional.etag(state.generations.get(cache), clock=clock)
     with state.catalog.reader() as conn:
         rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=at)
     root = state.storages[cache].url

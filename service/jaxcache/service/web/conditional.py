@@ -20,6 +20,11 @@ def etag(generation: Generation, *, clock: bool = False) -> str:
     return f'"{generation.tag()}{minute}"'
 
 
+def asked(request: Request) -> bool:
+    """Whether the request names tags it holds (``If-None-Match``)."""
+    return "if-none-match" in request.headers
+
+
 def matches(request: Request, tag: str) -> bool:
     """Whether the request's ``If-None-Match`` names ``tag`` (or ``*``)."""
     named = {part.strip().removeprefix("W/") for part in request.headers.get("if-none-match", "").split(",")}
