@@ -5,6 +5,7 @@ a new tag."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -75,6 +76,22 @@ def test_a_304_does_not_wait_for_the_pages_being_read(two_replicas):
                 one.portal.call(limiter.release_on_behalf_of, reader)
     assert status == 304, "the revalidation waited for the page reads' turns"
     assert answer.result().status_code == 304
+
+
+def test_statistics_are_computed_once_by_the_change_for_every_replica(two_replicas):
+    """After a change of the entries, the statistics are computed by what made it, before it answers, and every
+    replica answers them as they are: no reader waits to compute them again (each answer says when they were)."""
+    one, other = two_replicas
+    before = one.get(STATS, headers=H_READ).json()
+    key = one.get(PAGE, headers=H_READ).json()["entries"][0]["key"]
+    asked = time.time()
+    assert other.delete(f"/v1/caches/demo/entries/{key}", headers=H_ADMIN).status_code == 204
+    answered = time.time()
+    after = [client.get(STATS, headers=H_READ).json() for client in (one, other, one)]
+    assert after[0]["entries"] == before["entries"] - 1
+    assert asked <= after[0]["computed_s"] <= answered  # by the delete, while it was asked
+    entries_part = ("computed_s", "entries", "size_bytes", "by_function", "growth", "first_created_s")
+    assert all({f: a[f] for f in entries_part} == {f: after[0][f] for f in entries_part} for a in after)
 
 
 def test_a_304_is_answered_only_to_who_may_read(two_replicas):

@@ -3,28 +3,23 @@
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
-from cachetools import TTLCache
 from sqlalchemy import select
 
 from jaxcache.errors import InvalidInputError, InvalidRootError, JaxcacheError, RootGoneError
 from jaxcache.service.auth import Authenticator
 from jaxcache.service.background import Loops
 from jaxcache.service.catalog.coordination import PruneLocks
-from jaxcache.service.catalog.database import ENTRIES, USAGE, Catalog, Generation, Generations
+from jaxcache.service.catalog.database import ENTRIES, USAGE, Catalog, Generations
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.settings import ServiceSettings, cpu_limit
 from jaxcache.storage import Storage, normalise_root, open_storage
 
 log = logging.getLogger("jaxcache.service")
-
-_STATS_TTL_S = 60.0
 
 
 def normal_dir(text: str) -> str | None:
@@ -55,9 +50,6 @@ class State:
         self.report_limiter = anyio.CapacityLimiter(1)  # reports are parsed and stored one at a time
         # Listings read the catalog one per CPU this process may use: more threads only queue on the interpreter lock.
         self.read_limiter = anyio.CapacityLimiter(cpu_limit())
-        # By (what, cache, change counts, minute): the growth and usage windows move with the clock.
-        self._computed: TTLCache[tuple[str, str, Generation, int], dict] = TTLCache(maxsize=256, ttl=_STATS_TTL_S)
-        self._computed_lock = threading.Lock()
         #: ``{normalised root: [cache names]}`` (several names may share a root).
         self.roots: dict[str, list[str]] = {}
         for name, storage in self.storages.items():
@@ -114,18 +106,6 @@ class State:
         """The other caches whose root ``cache_dir`` is: a record filed under ``cache`` that belongs elsewhere."""
         names = self.caches_at(cache_dir)
         return [] if cache in names else sorted(names)
-
-    def computed(self, what: str, name: str, compute: Callable[[str], dict]) -> dict:
-        """``compute(name)``, kept until ``name``'s change counts move or a minute passes."""
-        # The counts are read before computing: a change meanwhile leaves the value filed under the old ones.
-        key = (what, name, self.generations.get(name), int(time.time() // _STATS_TTL_S))
-        with self._computed_lock:
-            found = self._computed.get(key)
-        if found is None:
-            found = compute(name)
-            with self._computed_lock:
-                self._computed[key] = found
-        return found
 
     def _count_misses(self, name: str, counts: Mapping[str, int]) -> None:
         for cause, n in counts.items():

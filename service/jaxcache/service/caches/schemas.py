@@ -89,6 +89,8 @@ class StatsModel(BaseModel):
         "mean bytes added per day over the last 7 days, or over the days the cache has existed when it is younger"
         " (from its oldest entry's creation); null before it is a day old"))
     first_created_s: float | None = Field(None, description="creation time of the cache's oldest entry (null: none)")
+    computed_s: float = Field(description="when the figures above were computed (Unix time): once after each change "
+                                          "of the cache's entries, by the process that made it, for every replica")
     last_24h: UsageWindowModel = Field(
         description="jobs' processes whose run records were updated in the last 24 h (warm-ups are not jobs)")
     last_7d: UsageWindowModel = Field(

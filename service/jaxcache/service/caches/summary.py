@@ -1,18 +1,22 @@
-"""A configured cache as the API and the dashboard show it: its size and last scan, its statistics and usage (kept
-until its entries or usage change, or a minute passes), and its totals' gauges, set again after each change."""
+"""A configured cache as the API and the dashboard show it: its size and last scan, its statistics (its entries',
+kept in the catalog: computed once after each change, by whoever made it, for every replica) and usage (kept by each
+process until it changes or a minute passes), and its totals' gauges, set again after each change."""
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, cast, func, select
+from cachetools import TTLCache, cached
+from sqlalchemy import BigInteger, Integer, Select, bindparam, cast, func, select
 from sqlalchemy.orm import Session
 
 from jaxcache.service.caches.schemas import CacheSummary, SkippedObject
-from jaxcache.service.catalog.database import ENTRIES, Catalog
-from jaxcache.service.catalog.models import CacheRow, EntryRow
+from jaxcache.service.catalog.database import ENTRIES, Catalog, Generation
+from jaxcache.service.catalog.models import CacheRow, CacheStatsRow, EntryRow, table_of
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.reports import queries, queue
 from jaxcache.service.state import State
@@ -45,32 +49,77 @@ def cache_totals(s: Session, cache: str, kind: str = "entry") -> tuple[int, int]
     return int(count), int(size)
 
 
-def stats_of(state: State, name: str) -> dict:
-    """Statistics of one cache (its entries and, :func:`usage_of`, its hit rates)."""
-    return {**state.computed("stats", name, lambda n: _stats(state, n)), **usage_of(state, name)}
+def stats_of(state: State, name: str, generation: Generation | None = None) -> dict:
+    """Statistics of one cache at its change counts ``generation`` (default: now): its entries' (kept in the
+    catalog, :func:`entry_stats`) and its hit rates (:func:`usage_of`)."""
+    generation = generation or state.generations.get(name)
+    return {**_in_window(*entry_stats(state.catalog, name, generation.entries), now=time.time()),
+            **usage_of(state, name, generation)}
 
 
-def usage_of(state: State, name: str) -> dict:
+def entry_stats(catalog: Catalog, name: str, entries: int) -> tuple[float, dict]:
+    """(when computed, what) of the statistics of ``name``'s entries at change count ``entries``: as the catalog
+    keeps them, or computed now and kept when it keeps none that recent (a change whose maker has not kept them yet,
+    a catalog that another version of the service changed)."""
+    with catalog.statements() as conn:
+        row = conn.execute(_kept(), {"cache": name}).first()
+    if row is not None and row.entries >= entries:
+        return row.computed_s, row.stats
+    return _keep(catalog, name, entries)
+
+
+def _keep(catalog: Catalog, name: str, entries: int) -> tuple[float, dict]:
+    """Compute the statistics of ``name``'s entries and keep them at change count ``entries`` (read before
+    computing: a change meanwhile leaves them under the older count), unless more recent ones are kept."""
+    computed_s, stats = time.time(), _stats(catalog, name)
+    table = table_of(CacheStatsRow)
+    insert = catalog.insert(table).values(cache=name, entries=entries, computed_s=computed_s, stats=stats)
+    with catalog.session() as s:  # one statement, a write: no read before it
+        s.execute(insert.on_conflict_do_update(
+            index_elements=["cache"], set_={c: insert.excluded[c] for c in ("entries", "computed_s", "stats")},
+            where=insert.excluded.entries > table.c.entries))
+    return computed_s, stats
+
+
+def usage_of(state: State, name: str, generation: Generation | None = None) -> dict:
     """Hit rate and seconds saved over the last 24 h and 7 d, seconds saved by function, misses by cause."""
-    return state.computed("usage", name, lambda n: _usage(state, n))
+    return _usage(state.catalog, name, generation or state.generations.get(name), int(time.time() // _USAGE_S))
 
 
-def _stats(state: State, cache: str) -> dict:
-    """Totals, by function, by compression, growth per day, corrupt and orphan counts."""
+#: The usage windows move with the clock: kept a minute at most.
+_USAGE_S = 60.0
+
+
+@cached(TTLCache(maxsize=256, ttl=_USAGE_S), lock=threading.Lock(),
+        key=lambda catalog, name, generation, minute: (catalog.url, name, generation, minute))
+def _usage(catalog: Catalog, name: str, generation: Generation, minute: int) -> dict:
+    """``name``'s usage at change counts ``generation``, in the clock's ``minute``: kept under both (cachetools),
+    in this process, for every app in it."""
+    now = time.time()
+    with catalog.reader() as conn:
+        return {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
+                "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
+                "by_function_saved": queries.saved_by_function(conn, name),
+                "misses_by_cause": {"last_24h": queries.misses_by_cause(conn, name, since=now - _DAY_S),
+                                    "last_7d": queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
+
+
+def _stats(catalog: Catalog, cache: str) -> dict:
+    """Totals, by function, by compression, created per day (every day: the growth's window moves with the clock,
+    :func:`_in_window`), the oldest creation, corrupt and orphan counts."""
     base = (EntryRow.cache == cache, EntryRow.kind == "entry")
-    with state.catalog.session() as s:
+    with catalog.session() as s:
         # One grouped pass over the table; totals, functions and compression are folded from it here.
         groups = s.execute(
             select(EntryRow.module, EntryRow.compression, EntryRow.status, func.count(),
                    func.sum(EntryRow.size_bytes), func.coalesce(func.sum(EntryRow.compile_seconds), 0))
             .where(*base).group_by(EntryRow.module, EntryRow.compression, EntryRow.status)).all()
         orphans, orphan_bytes = cache_totals(s, cache, "orphan")
-        now = time.time()
         # Whole days since 1970, rounded down (PostgreSQL's CAST rounds to nearest, hence FLOOR there).
         day = (cast(func.floor(EntryRow.created_s / 86400), BigInteger) if s.get_bind().dialect.name == "postgresql"
                else cast(EntryRow.created_s / 86400, Integer))
-        growth_rows = s.execute(select(day, func.count(), func.sum(EntryRow.size_bytes)).where(
-            *base, EntryRow.created_s >= now - 30 * _DAY_S).group_by(day).order_by(day)).all()
+        days = s.execute(select(day, func.count(), func.sum(EntryRow.size_bytes)).where(*base)
+                         .group_by(day).order_by(day)).all()
         first = s.execute(select(func.min(EntryRow.created_s)).where(*base)).scalar()
     count = size = seconds = corrupt = 0
     compression: dict[str, int] = {}
@@ -83,12 +132,6 @@ def _stats(state: State, cache: str) -> dict:
         f = functions.setdefault(module, [0, 0, 0])
         f[0], f[1], f[2] = f[0] + n, f[1] + b, f[2] + c
     by_fn = sorted(((m, f[0], f[1], f[2]) for m, f in functions.items()), key=lambda t: (-t[2], t[0]))
-    week_start = int(now // _DAY_S) - 6
-    last_week = sum(int(b) for d, _, b in growth_rows if int(d) >= week_start)
-    age_days = 0.0 if first is None else (now - float(first)) / _DAY_S
-    # A cache younger than a week is averaged over its own age, and not before its first whole day.
-    per_day = (None if age_days < 1 else last_week / 7 if age_days >= 7
-               else sum(int(b) for _, _, b in growth_rows) / age_days)
     return {
         "cache": cache, "entries": count, "size_bytes": size, "compile_seconds": seconds, "corrupt": corrupt,
         "orphans": orphans, "orphan_bytes": orphan_bytes, "compression": compression,
@@ -96,28 +139,34 @@ def _stats(state: State, cache: str) -> dict:
         "by_function": [{"function": m, "entries": n, "size_bytes": b, "compile_seconds": c}
                         for m, n, b, c in by_fn[:100]],
         "functions_total": len(by_fn),
-        "growth": [{"day": datetime.fromtimestamp(int(d) * _DAY_S, UTC).date().isoformat(), "entries": int(n),
-                    "size_bytes": int(b)} for d, n, b in growth_rows],
-        "bytes_per_day": per_day,
+        "days": [[int(d), int(n), int(b or 0)] for d, n, b in days],
         "first_created_s": None if first is None else float(first),
     }
 
 
-def _usage(state: State, name: str) -> dict:
-    now = time.time()
-    with state.catalog.reader() as conn:
-        return {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
-                "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
-                "by_function_saved": queries.saved_by_function(conn, name),
-                "misses_by_cause": {"last_24h": queries.misses_by_cause(conn, name, since=now - _DAY_S),
-                                    "last_7d": queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
+def _in_window(computed_s: float, stats: dict, *, now: float) -> dict:
+    """``stats`` as answered at ``now``: growth per day over the last 30 days (today's included), and the mean
+    bytes a day, over the last 7 days or, for a younger cache, over its age."""
+    today = int(now // _DAY_S)
+    growth = [(d, n, b) for d, n, b in stats["days"] if d > today - 30]
+    first = stats["first_created_s"]
+    age_days = 0.0 if first is None else (now - first) / _DAY_S
+    # A cache younger than a week is averaged over its own age, and not before its first whole day.
+    per_day = (None if age_days < 1 else sum(b for d, _, b in growth if d > today - 7) / 7 if age_days >= 7
+               else sum(b for _, _, b in growth) / age_days)
+    return {**{k: v for k, v in stats.items() if k != "days"}, "computed_s": computed_s,
+            "growth": [{"day": datetime.fromtimestamp(d * _DAY_S, UTC).date().isoformat(), "entries": n,
+                        "size_bytes": b} for d, n, b in growth],
+            "bytes_per_day": per_day}
 
 
 def changed(state: State, name: str) -> None:
-    """Entries of ``name`` changed (rescan, prune, delete): cached statistics and listings' ETags are stale, in
-    every process."""
+    """Entries of ``name`` changed (rescan, prune, delete): listings' ETags and kept statistics are stale, in every
+    process. The statistics are computed again here, once, by what made the change, so that no reader waits for
+    them."""
     state.generations.bump(name, ENTRIES)
     refresh_totals(state.metrics, state.catalog, name)
+    _keep(state.catalog, name, state.generations.get(name).entries)
 
 
 def refresh_totals(metrics: Metrics, catalog: Catalog, name: str) -> None:
@@ -126,3 +175,10 @@ def refresh_totals(metrics: Metrics, catalog: Catalog, name: str) -> None:
         count, size = cache_totals(s, name)
     metrics.entries.labels(name).set(count)
     metrics.bytes.labels(name).set(size)
+
+
+@functools.cache
+def _kept() -> Select:
+    # Built once: every answer of the statistics reads it.
+    return (select(CacheStatsRow.entries, CacheStatsRow.computed_s, CacheStatsRow.stats)
+            .where(CacheStatsRow.cache == bindparam("cache")))

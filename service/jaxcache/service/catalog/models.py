@@ -329,6 +329,16 @@ class ChangeCountRow(PerCache, Base):
     usage: Mapped[int] = mapped_column(BigInteger)
 
 
+class CacheStatsRow(PerCache, Base):
+    """A cache's statistics of its entries (``caches/summary.py``), computed once after each change, by whoever made
+    it, for every process of every replica; ``entries`` is the change count they were computed at."""
+
+    __tablename__ = "cache_stats"
+    entries: Mapped[int] = mapped_column(BigInteger)
+    computed_s: Mapped[float] = mapped_column(Float)
+    stats: Mapped[dict] = mapped_column(JSON)
+
+
 class LoopHealthRow(Base):
     """How one background loop is doing, as the process running its passes last said (``background.py``'s
     ``LoopStatus`` as JSON): any process's ``/readyz`` and ``/metrics`` show every loop."""
