@@ -19,6 +19,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -266,8 +267,14 @@ def storm_on(name: str, db: str, root: str, work: str, args, modules: list[str])
                                                        now=now if final else now - 580)]
             with probing(base, paths_file, args.probe_gap_s) as during:
                 before = cpu.snapshot()
+                if args.hold_drain:  # stopped between passes: the inbox is empty before a storm
+                    os.kill(serving_pid[1], signal.SIGSTOP)
                 started = time.perf_counter()
-                storm = asyncio.run(_storm(base, bodies, args.clients))
+                try:
+                    storm = asyncio.run(_storm(base, bodies, args.clients))
+                finally:
+                    if args.hold_drain:
+                        os.kill(serving_pid[1], signal.SIGCONT)
                 folded_s = wait_folded(base) - started
                 after = cpu.snapshot()
                 spent = cpu.by_role(before, after, serving_pid)
@@ -297,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", action="store_true",
                         help="serve as `--role api --workers N` beside one `--role loops` process (the drain and "
                              "rescans in a process that answers no storm), instead of one `jaxcache serve`")
+    parser.add_argument("--hold-drain", action="store_true",
+                        help="with --split: stop the --role loops process (SIGSTOP) while the POSTs are answered and "
+                             "let it fold them after (SIGCONT): accepting without the drain's write transactions "
+                             "beside it, the storm's records folded after")
     parser.add_argument("--service-cpus", metavar="LIST",
                         help="run the service on these CPUs only (taskset -c, e.g. 0,1) and the rest elsewhere: on a "
                              "machine with more cores, the service's figures on that many without the clients' and "
@@ -314,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                              "the service CPU of its own; 0.5 measures the storm with little besides)")
     parser.add_argument("--probe", nargs=3, metavar=("BASE", "PATHS", "GAP_S"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.hold_drain and not args.split:
+        parser.error("--hold-drain needs --split (the drain in a process of its own)")
     if args.probe:
         probe(*args.probe)
         return 0
@@ -342,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"a job of {args.records} processes, {args.keys} keys each, {args.clients} clients posting; "
           f"{args.entries} entries; workers {args.workers or 'default'}"
           f"{' (--role api) beside one --role loops process' if args.split else ''}"
+          f"{', the loops process stopped while the POSTs are answered' if args.hold_drain else ''}"
           f"{f'; the service on CPUs {args.service_cpus}' if args.service_cpus else ''}; {os.cpu_count()} CPUs")
     for fig in figures:
         print(f"{fig['catalog']}: quiet healthz p99 {fig['quiet']['healthz'].get('p99_ms')} ms, listing p99 "
