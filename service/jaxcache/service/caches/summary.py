@@ -1,12 +1,14 @@
-"""A configured cache as the API and the dashboard show it: its size and last scan, its statistics (its entries',
-kept in the catalog: computed once after each change, by whoever made it, for every replica) and usage (kept by each
-process until it changes or a minute passes), and its totals' gauges, set again after each change."""
+"""A configured cache as the API and the dashboard show it: its size and last scan, its statistics (its entries'
+figures and the seconds they saved, kept in the catalog: computed once after a change, for every replica) and its
+usage windows (kept by each process until it changes or a minute passes), and its totals' gauges, set again after
+each change."""
 
 from __future__ import annotations
 
 import functools
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from jaxcache.service.caches.schemas import CacheSummary, SkippedObject
 from jaxcache.service.catalog.database import ENTRIES, Catalog, Generation
-from jaxcache.service.catalog.models import CacheRow, CacheStatsRow, EntryRow, table_of
+from jaxcache.service.catalog.models import CacheRow, CacheStatsRow, EntryRow
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.reports import queries, queue
 from jaxcache.service.state import State
@@ -50,39 +52,42 @@ def cache_totals(s: Session, cache: str, kind: str = "entry") -> tuple[int, int]
 
 
 def stats_of(state: State, name: str, generation: Generation | None = None) -> dict:
-    """Statistics of one cache at its change counts ``generation`` (default: now): its entries' (kept in the
-    catalog, :func:`entry_stats`) and its hit rates (:func:`usage_of`)."""
+    """Statistics of one cache at its change counts ``generation`` (default: now): its entries' and the compile
+    seconds they saved (kept in the catalog, :func:`kept`), and its hit rates (:func:`usage_of`)."""
     generation = generation or state.generations.get(name)
-    return {**_in_window(*entry_stats(state.catalog, name, generation.entries), now=time.time()),
-            **usage_of(state, name, generation)}
+    (computed_s, entries), (_, saved) = kept(state.catalog, name, generation)
+    return {**_in_window(computed_s, entries, now=time.time()), **saved, **usage_of(state, name, generation)}
 
 
-def entry_stats(catalog: Catalog, name: str, entries: int) -> tuple[float, dict]:
-    """(when computed, what) of the statistics of ``name``'s entries at change count ``entries``: as the catalog
-    keeps them, or computed now and kept when it keeps none that recent (a change whose maker has not kept them yet,
-    a catalog that another version of the service changed)."""
+def kept(catalog: Catalog, name: str, generation: Generation) -> list[tuple[float, dict]]:
+    """(when computed, what) of each of :data:`_PARTS` of ``name``'s statistics at ``generation``: as the catalog
+    keeps them, or computed now and kept where it keeps none as recent (the usage changed since, or another version
+    of the service changed the entries)."""
     with catalog.statements() as conn:
-        row = conn.execute(_kept(), {"cache": name}).first()
-    if row is not None and row.entries >= entries:
-        return row.computed_s, row.stats
-    return _keep(catalog, name, entries)
+        rows = {r.part: r for r in conn.execute(_kept(), {"cache": name})}
+    out = []
+    for part, (_, counts_of) in _PARTS.items():
+        row = rows.get(part)
+        out.append((row.computed_s, row.stats) if row is not None and row.counts == counts_of(generation)
+                   else _keep(catalog, name, part, generation))
+    return out
 
 
-def _keep(catalog: Catalog, name: str, entries: int) -> tuple[float, dict]:
-    """Compute the statistics of ``name``'s entries and keep them at change count ``entries`` (read before
-    computing: a change meanwhile leaves them under the older count), unless more recent ones are kept."""
-    computed_s, stats = time.time(), _stats(catalog, name)
-    table = table_of(CacheStatsRow)
-    insert = catalog.insert(table).values(cache=name, entries=entries, computed_s=computed_s, stats=stats)
+def _keep(catalog: Catalog, name: str, part: str, generation: Generation) -> tuple[float, dict]:
+    """Compute ``part`` of ``name``'s statistics and keep it under ``generation`` (read before computing: a change
+    meanwhile leaves it under the older counts, and the next reader computes it again)."""
+    compute, counts_of = _PARTS[part]
+    computed_s, stats = time.time(), compute(catalog, name)
+    insert = catalog.insert(CacheStatsRow).values(cache=name, part=part, counts=counts_of(generation),
+                                                  computed_s=computed_s, stats=stats)
     with catalog.session() as s:  # one statement, a write: no read before it
         s.execute(insert.on_conflict_do_update(
-            index_elements=["cache"], set_={c: insert.excluded[c] for c in ("entries", "computed_s", "stats")},
-            where=insert.excluded.entries > table.c.entries))
+            index_elements=["cache", "part"], set_={c: insert.excluded[c] for c in ("counts", "computed_s", "stats")}))
     return computed_s, stats
 
 
 def usage_of(state: State, name: str, generation: Generation | None = None) -> dict:
-    """Hit rate and seconds saved over the last 24 h and 7 d, seconds saved by function, misses by cause."""
+    """Hit rate and seconds saved over the last 24 h and 7 d, and misses by cause."""
     return _usage(state.catalog, name, generation or state.generations.get(name), int(time.time() // _USAGE_S))
 
 
@@ -99,9 +104,15 @@ def _usage(catalog: Catalog, name: str, generation: Generation, minute: int) -> 
     with catalog.reader() as conn:
         return {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
                 "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
-                "by_function_saved": queries.saved_by_function(conn, name),
                 "misses_by_cause": {"last_24h": queries.misses_by_cause(conn, name, since=now - _DAY_S),
                                     "last_7d": queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
+
+
+def _saved(catalog: Catalog, cache: str) -> dict:
+    """The functions whose entries (in the cache now) saved the most compile seconds: with the entries and with the
+    usage, not with the clock."""
+    with catalog.reader() as conn:
+        return {"by_function_saved": queries.saved_by_function(conn, cache)}
 
 
 def _stats(catalog: Catalog, cache: str) -> dict:
@@ -166,7 +177,9 @@ def changed(state: State, name: str) -> None:
     them."""
     state.generations.bump(name, ENTRIES)
     refresh_totals(state.metrics, state.catalog, name)
-    _keep(state.catalog, name, state.generations.get(name).entries)
+    generation = state.generations.get(name)
+    for part in _PARTS:
+        _keep(state.catalog, name, part, generation)
 
 
 def refresh_totals(metrics: Metrics, catalog: Catalog, name: str) -> None:
@@ -177,8 +190,16 @@ def refresh_totals(metrics: Metrics, catalog: Catalog, name: str) -> None:
     metrics.bytes.labels(name).set(size)
 
 
+#: The parts of a cache's statistics the catalog keeps, each with how it is computed and the counts it depends on
+#: (kept beside it): the entries' figures change only with the entries, the seconds saved also with the usage.
+_PARTS: dict[str, tuple[Callable[[Catalog, str], dict], Callable[[Generation], str]]] = {
+    "entries": (_stats, lambda generation: f"{generation.entries:x}"),
+    "saved": (_saved, Generation.tag),
+}
+
+
 @functools.cache
 def _kept() -> Select:
     # Built once: every answer of the statistics reads it.
-    return (select(CacheStatsRow.entries, CacheStatsRow.computed_s, CacheStatsRow.stats)
+    return (select(CacheStatsRow.part, CacheStatsRow.counts, CacheStatsRow.computed_s, CacheStatsRow.stats)
             .where(CacheStatsRow.cache == bindparam("cache")))

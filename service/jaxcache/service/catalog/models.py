@@ -330,11 +330,12 @@ class ChangeCountRow(PerCache, Base):
 
 
 class CacheStatsRow(PerCache, Base):
-    """A cache's statistics of its entries (``caches/summary.py``), computed once after each change, by whoever made
-    it, for every process of every replica; ``entries`` is the change count they were computed at."""
+    """A part of a cache's statistics (``caches/summary.py``), computed once after a change, for every process of
+    every replica; ``counts``: the change counts it was computed at, as far as it depends on them."""
 
     __tablename__ = "cache_stats"
-    entries: Mapped[int] = mapped_column(BigInteger)
+    part: Mapped[str] = mapped_column(Str(16), primary_key=True)
+    counts: Mapped[str] = mapped_column(Str(64))
     computed_s: Mapped[float] = mapped_column(Float)
     stats: Mapped[dict] = mapped_column(JSON)
 

@@ -1,5 +1,6 @@
-"""Each cache's statistics of its entries, kept in the catalog (``cache_stats``): computed once after each change, by
-whoever made it, and read by every process of every replica, rather than by each process for itself.
+"""Each cache's statistics, kept in the catalog (``cache_stats``, a row per part: the entries' figures, the seconds
+their hits saved) under the change counts they were computed at: computed once after a change and read by every
+process of every replica, rather than by each process for itself.
 
 Revision ID: 8
 Revises: 7
@@ -17,14 +18,19 @@ branch_labels = None
 depends_on = None
 
 
+def _str(length: int) -> sa.String:
+    return sa.String(length).with_variant(sa.String(length, collation="C"), "postgresql")
+
+
 def upgrade() -> None:
     op.create_table(
         "cache_stats",
-        sa.Column("cache", sa.String(64).with_variant(sa.String(64, collation="C"), "postgresql"), nullable=False),
-        sa.Column("entries", sa.BigInteger(), nullable=False),
+        sa.Column("cache", _str(64), nullable=False),
+        sa.Column("part", _str(16), nullable=False),
+        sa.Column("counts", _str(64), nullable=False),
         sa.Column("computed_s", sa.Float(), nullable=False),
         sa.Column("stats", sa.JSON(), nullable=False),
-        sa.PrimaryKeyConstraint("cache"),
+        sa.PrimaryKeyConstraint("cache", "part"),
     )
 
 
