@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Iterator
 from functools import partial
+from itertools import islice
 
 from pydantic import Field
 from sqlalchemy import bindparam, case, delete, func, insert, select, update
@@ -31,7 +33,7 @@ from jaxcache.service.rescan import snapshots
 from jaxcache.service.state import State
 from jaxcache.service.warmups import ingest as warmups
 from jaxcache.storage import ObjectInfo, Storage
-from jaxcache.storage.base import Skipped, Stat, name_problem, same_stat
+from jaxcache.storage.base import Listed, Skipped, Stat, name_problem, same_stat
 
 log = logging.getLogger("jaxcache.service")
 
@@ -51,24 +53,34 @@ class RescanResult(RescanModel):
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
-#: A listed file (name, size, mtime, version), shaped like the catalog's rows: "unchanged" is a set difference, then
-#: storage's one rule for "the same object" (same_stat) on what differs.
-Listed = tuple[str, int, float, str | None]
 
 
-def _by_key(listing: dict[str, Stat], foreign: set[str]) -> tuple[dict[str, Listed], dict[str, Listed]]:
-    # Paired in memory by key, not a request per entry (an -atime's mtime is its access time); names: _drop_foreign.
-    caches = {name[:-6]: (name, *stat) for name, stat in listing.items()
-              if name.endswith("-cache") and name not in foreign}
-    atimes = {name[:-6]: (name, *stat) for name, stat in listing.items()
-              if name.endswith("-atime") and name not in foreign}
-    return caches, atimes
+def _listed(storage: Storage) -> Iterator[tuple[str, Stat]]:
+    """The root's whole listing as (name, stat), one object at a time: a first rescan keeps it by key only."""
+    for info in storage.iter_objects():
+        yield info.name, (info.size_bytes, info.mtime_s, info.version)
 
 
-def _last_use(caches: dict[str, Listed], atimes: dict[str, Listed]) -> dict[str, float]:
-    """Each entry's last use as storage shows it: the newer of its creation and its -atime."""
-    return {key: (item[2] if (a := atimes.get(key)) is None or a[2] < item[2] else a[2])
-            for key, item in caches.items()}
+def _to_parse(caches: dict[str, Stat], known: dict[str, Stat], keys: Iterable[str] | None) -> set[str]:
+    """The entries to (re)parse: new keys and replaced objects, of ``keys`` (None: all). Equality first, as it is
+    C-fast on an unchanged root, then storage's one rule (a version that stayed the same is the same object)."""
+    if keys is None:
+        if caches == known:
+            return set()
+        if not known:
+            return set(caches)
+        keys = caches.keys()
+    return {key for key in keys if (stat := caches.get(key)) is not None
+            and ((was := known.get(key)) is None or (stat != was and not same_stat(stat, was)))}
+
+
+def _last_use(caches: dict[str, Stat], atimes: dict[str, Stat], keys: Iterable[str]) -> dict[str, float]:
+    """The last use of the entries ``keys`` as storage shows it: the newer of its creation and its -atime."""
+    used = {}
+    for key in keys:
+        created, atime = caches[key][1], atimes.get(key)
+        used[key] = created if atime is None or atime[1] < created else atime[1]
+    return used
 
 
 def _skip_reason(name: str) -> str | None:
@@ -81,16 +93,17 @@ def _skip_reason(name: str) -> str | None:
     return None
 
 
-def _drop_foreign(storage: Storage, listed: dict[str, Listed], new_keys: set[str], foreign: set[str]) -> None:
-    """Move to ``foreign`` the new keys in ``listed`` that are not JAX's names or cannot be indexed."""
+def _drop_foreign(storage: Storage, listing: snapshots.Listing, side: dict[str, Stat], suffix: str,
+                  new_keys: set[str]) -> None:
+    """Set aside the new keys of ``side`` (names ending in ``suffix``) that are not JAX's names or cannot be
+    indexed."""
     for key in new_keys:
-        name = listed[key][0]
+        name = key + suffix
         if fmt.parse_name(name) is not None:
             if (why := _skip_reason(name)) is None:
                 continue
             log.warning("%s: skipping %s: %s", storage.url, shown(name[:200]), why)
-        del listed[key]
-        foreign.add(name)
+        listing.set_aside(side, suffix, key)
 
 
 def _count_foreign(skipped: Skipped, foreign: set[str]) -> None:
@@ -171,17 +184,23 @@ def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
                                              EntryRow.key.in_(keys[i : i + _CHUNK])))
 
 
-_KNOWN = select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
-                EntryRow.version, EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache"))
+_KNOWN = select(EntryRow.key, EntryRow.kind, EntryRow.size_bytes, EntryRow.created_s, EntryRow.version,
+                EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache"))
 
 
-def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Listed], dict[str, float], set[str]]:
-    """``cache``'s entry rows as Listed tuples, their last use as storage showed it, and its orphan keys."""
+def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Stat], dict[str, float], set[str]]:
+    """``cache``'s entry rows as their objects' stats by key, their last use as storage showed it, and its orphan
+    keys; read row by row, not as a list of every row first."""
+    entries: dict[str, Stat] = {}
+    seen: dict[str, float] = {}
+    orphans: set[str] = set()
     with catalog.reader() as conn:
-        rows = list(conn.execute(_KNOWN, {"cache": cache}))
-    entries = {r[0]: r[2:6] for r in rows if r[1] == "entry"}
-    seen = {r[0]: r[6] for r in rows if r[1] == "entry"}
-    orphans = {r[0] for r in rows if r[1] != "entry"}
+        for key, kind, size, created, version, seen_used in conn.execute(_KNOWN, {"cache": cache}):
+            if kind == "entry":
+                entries[key] = (size, created, version)
+                seen[key] = seen_used
+            else:
+                orphans.add(key)
     return entries, seen, orphans
 
 
@@ -215,6 +234,9 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
     with catalog.reader() as conn:
         fingerprint = _fingerprint(conn, cache)
     snap = snapshots.take(catalog, cache, storage, fingerprint)
+    touched: set[str] | None = None  # the keys whose objects changed since the kept listing; None: every key
+    known_seen: dict[str, float] | None = None  # read from the catalog; else taken from the kept listing
+    atimes_before: dict[str, Stat] = {}
     if snap is not None:
         changes, gone = storage.list_changes(snap.listing)
         if not changes and not gone:
@@ -222,49 +244,55 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
             result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=0, removed=0,
                              updated=0, entries=snap.entries)
             snap.fingerprint = (fingerprint[0], now, None)
-            snapshots.keep(catalog, cache, storage, snap, listing_changed=False, in_memory_max=in_memory_max)
+            snapshots.keep(catalog, cache, storage, snap, in_memory_max=in_memory_max)
             return result
-        foreign = snap.foreign
-        known, atimes_before = _by_key(snap.listing, foreign)
-        known_seen, known_orphans = _last_use(known, atimes_before), atimes_before.keys() - known.keys()
-        listing = snap.listing
+        # The kept listing stands for the catalog's rows: only the keys of what changed are compared.
+        listing = snapshots.Listing.of(snapshots.popped(snap.listing), aside=snap.foreign)
+        known, atimes_before = dict(listing.caches), dict(listing.atimes)
+        known_orphans = atimes_before.keys() - known.keys()
         for name in gone:
-            del listing[name]
-            foreign.discard(name)
-        foreign.difference_update(changes)  # judged again below
-        listing.update(changes)
+            listing.discard(name)
+        for name, stat in changes.items():
+            listing.add(name, stat)  # judged again below, also where it was set aside
+        touched = {name[:-6] for names in (changes, gone) for name in names}
     else:
-        # From the catalog before the listing: a row deleted after this is gone from storage too.
+        # From the catalog before the listing: a row deleted after this is gone from storage too. The listing is
+        # taken by key as it streams in, each key one string with the catalog's.
         known, known_seen, known_orphans = _known(catalog, cache)
-        listing, _ = storage.list_changes({})
-        foreign = set()
-    caches, atimes = _by_key(listing, foreign)
+        listing = snapshots.Listing.of(_listed(storage), keys={key: key for key in known})
+    caches, atimes = listing.caches, listing.atimes
     known_keys = known.keys() | known_orphans if known_orphans else known.keys()
-    _drop_foreign(storage, caches, caches.keys() - known_keys, foreign)
-    _drop_foreign(storage, atimes, atimes.keys() - known_keys, foreign)
-    # New keys and replaced objects are (re)parsed; dict equality first, as it is C-fast on an unchanged root, then
-    # the rows that differ at all, then the one rule (a version that stayed the same is the same object).
-    changed = set() if caches == known else {key for key, item in caches.items() - known.items()
-                                              if (was := known.get(key)) is None or not same_stat(item[1:], was[1:])}
+    _drop_foreign(storage, listing, caches, "-cache", caches.keys() - known_keys)
+    _drop_foreign(storage, listing, atimes, "-atime", atimes.keys() - known_keys)
+    changed = _to_parse(caches, known, touched)  # new keys and replaced objects are (re)parsed
     vanished = [(k, "entry") for k in known.keys() - caches.keys()]
-    vanished += [(k, "entry") for k in changed if k in known]  # replaced: the old row goes, the new one comes
-    new_items = [(key, caches[key], atimes.get(key)) for key in changed]
-    seen = _last_use(caches, atimes)
+    vanished += [(k, "entry") for k in changed & known.keys()]  # replaced: the old row goes, the new one comes
+    # Entries kept whose last use storage shows may have moved: every one after a catalog read, else the touched.
+    maybe = (known.keys() if touched is None else touched) & caches.keys()
+    maybe.difference_update(changed)
+    seen = _last_use(caches, atimes, maybe)
+    seen_before = _last_use(known, atimes_before, maybe) if known_seen is None else known_seen
     updates = []
-    for key, seen_used in ({}.items() if seen == known_seen else seen.items() - known_seen.items()):
-        if key in changed:
-            continue
-        atime = atimes.get(key)
-        updates.append({"k_cache": cache, "k_key": key, "k_kind": "entry", "seen_used_s": seen_used,
-                        "has_atime": atime is not None, "atime_ns": int(atime[2] * 1e9) if atime is not None else None})
+    for key, seen_used in seen.items():
+        if seen_used != seen_before[key]:
+            atime = atimes.get(key)
+            updates.append({"k_cache": cache, "k_key": key, "k_kind": "entry", "seen_used_s": seen_used,
+                            "has_atime": atime is not None,
+                            "atime_ns": int(atime[1] * 1e9) if atime is not None else None})
+    del maybe, seen, seen_before, known_seen
     lone = atimes.keys() - caches.keys()  # an -atime and no entry
-    orphan_rows = [_base_row(cache, key, "orphan", ObjectInfo(*atimes[key]), None, now) for key in lone - known_orphans]
+    orphan_rows = [_base_row(cache, key, "orphan", ObjectInfo(key + "-atime", *atimes[key]), None, now)
+                   for key in lone - known_orphans]
     vanished += [(k, "orphan") for k in known_orphans - lone]
     entries = len(caches) + len(lone)
     # new_per_write at a time, so a huge first rescan never holds all rows or the lock at once; deletes go first.
-    batches = [new_items[i : i + new_per_write] for i in range(0, len(new_items), new_per_write)] or [[]]
+    # The new entries' names are made a batch at a time too.
+    todo = iter(changed)
+    batches = -(-len(changed) // new_per_write) or 1
     added = len(orphan_rows)
-    for number, batch in enumerate(batches):
+    for number in range(batches):
+        batch = [(key, (key + "-cache", *caches[key]), None if (a := atimes.get(key)) is None else (key + "-atime", *a))
+                 for key in islice(todo, new_per_write)]
         new_rows = [r for r in bounded_map(partial(_new_row, storage, cache, now), batch, workers=storage.io_workers)
                     if r is not None]
         # Under the cache's write lock, so a report ingested meanwhile cannot be overwritten by this commit.
@@ -273,12 +301,12 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                 _delete(s, cache, vanished)
             reported = stats_of(s.connection(), cache, [r["key"] for r in new_rows])
             rows = [_with_reports(r, reported.get(r["key"])) for r in new_rows]
-            if number == len(batches) - 1:
+            if number == batches - 1:
                 rows += orphan_rows
             for i in range(0, len(rows), 5000):
                 s.execute(insert(EntryRow), rows[i : i + 5000])
             added += len(new_rows)
-            if number < len(batches) - 1:
+            if number < batches - 1:
                 continue
             if updates:
                 s.connection().execute(_UPDATE_SEEN, updates)
@@ -289,12 +317,12 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                 analyze(s.connection(), ["entries"])
             # Inside the write lock: nobody else's change can fall between the writes and this count.
             count = _fingerprint(s.connection(), cache)[0]
-    _count_foreign(skipped, foreign)
+    del changed, batch, new_rows, rows  # not held while the listing is kept
+    _count_foreign(skipped, listing.aside())
     result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=added,
                      removed=len(vanished), updated=len(updates), entries=entries, read_catalog=snap is None)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
-    snapshots.keep(catalog, cache, storage, snapshots.Snapshot((count, now, None), listing, foreign, entries),
-                   listing_changed=True, in_memory_max=in_memory_max)
+    snapshots.keep_new(catalog, cache, storage, (count, now, None), listing, entries, in_memory_max=in_memory_max)
     return result
 
 
