@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from functools import partial
 from itertools import islice
 
@@ -53,12 +53,6 @@ class RescanResult(RescanModel):
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
-
-
-def _listed(storage: Storage) -> Iterator[tuple[str, Stat]]:
-    """The root's whole listing as (name, stat), one object at a time: a first rescan keeps it by key only."""
-    for info in storage.iter_objects():
-        yield info.name, (info.size_bytes, info.mtime_s, info.version)
 
 
 def _to_parse(caches: dict[str, Stat], known: dict[str, Stat], keys: Iterable[str] | None) -> set[str]:
@@ -257,9 +251,9 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
         touched = {name[:-6] for names in (changes, gone) for name in names}
     else:
         # From the catalog before the listing: a row deleted after this is gone from storage too. The listing is
-        # taken by key as it streams in, each key one string with the catalog's.
+        # taken by key as storage streams it, each key one string with the catalog's.
         known, known_seen, known_orphans = _known(catalog, cache)
-        listing = snapshots.Listing.of(_listed(storage), keys={key: key for key in known})
+        listing = snapshots.Listing.of(storage.iter_listing(), keys={key: key for key in known})
     caches, atimes = listing.caches, listing.atimes
     known_keys = known.keys() | known_orphans if known_orphans else known.keys()
     _drop_foreign(storage, listing, caches, "-cache", caches.keys() - known_keys)
