@@ -155,8 +155,6 @@ class Loops:
                 result = one_pass()
             finally:
                 self._thread.loop = None
-                with self._lock:  # published with how the round ended, noted next
-                    self._loops[loop] = replace(self._loops[loop], running_since_s=None, **_IDLE)
                 lock.release()
         except Exception as exc:
             self._ended(loop, [("", exc)])
@@ -165,20 +163,17 @@ class Loops:
         return result
 
     def _ended(self, loop: str, failed: Failures) -> None:
-        """Note a round: a success, or each failure (one cache's part, ``where``, or the round's), the first of each
-        kind logged."""
+        """Note a round that ended: a success, or each failure (one cache's part, ``where``, or the round's), the
+        first of each kind logged."""
         now, outage = time.time(), self._outages[loop]
         said = [f"{where}: {describe(exc)}" if where else describe(exc) for where, exc in failed]
         firsts = [outage.failed(f"{where}:{type(exc).__name__}") for where, exc in failed]
-        with self._lock:
-            before = self._loops.get(loop, LoopStatus())
-            if failed:
-                caches = tuple(sorted({where for where, _ in failed if where}))
-                self._loops[loop] = replace(before, last_error=said[-1][:2000], last_error_s=now,
-                                            failures=outage.failures, failed_caches=caches)
-            else:
-                self._loops[loop] = replace(before, last_success_s=now, failures=0, failed_caches=())
-        self._changed(loop)
+        if failed:
+            outcome = {"last_error": said[-1][:2000], "last_error_s": now, "failures": outage.failures,
+                       "failed_caches": tuple(sorted({where for where, _ in failed if where}))}
+        else:
+            outcome = {"last_success_s": now, "failures": 0, "failed_caches": ()}
+        before = self._step(loop, at_once=True, running_since_s=None, **_IDLE, **outcome)
         if not failed and (failures := outage.succeeded()):
             log.info("background %s recovered after %d failed round(s); last error: %s", loop, failures,
                      before.last_error)
@@ -199,17 +194,26 @@ class Loops:
         """The pass this thread runs (if any) took a step: not stuck while steps come."""
         self._step(getattr(self._thread, "loop", None), at_once=False, progress_s=time.time())
 
-    def _step(self, loop: str | None, at_once: bool, **changes: Any) -> None:
-        """Change how ``loop``'s pass is doing; publish it at once, or every PROGRESS_PUBLISH_S while steps come."""
+    def _step(self, loop: str | None, at_once: bool, **changes: Any) -> LoopStatus:
+        """Change how ``loop`` is doing (the status before); published at once, or every PROGRESS_PUBLISH_S while a
+        pass's steps come."""
         if loop is None:  # a request's rescan or verification, not a loop's
-            return
+            return LoopStatus()
         now = time.time()
         with self._lock:
             before = self._loops.get(loop, LoopStatus())
-            self._loops[loop] = replace(before, **changes)
+            self._loops[loop] = status = replace(before, **changes)
         if at_once or before.progress_s is None or now - self._published.get(loop, 0.0) >= PROGRESS_PUBLISH_S:
             self._published[loop] = now
-            self._changed(loop)
+            try:
+                self._statuses.publish(loop, asdict(status))
+            except Exception as exc:  # noqa: BLE001 - other processes show an older status meanwhile
+                if self._publishing.failed():
+                    log.warning("could not publish the %s loop's status: %s (other processes' /readyz shows an "
+                                "older one until it can)", loop, describe(exc))
+            else:
+                self._publishing.succeeded()
+        return before
 
     def running(self) -> list[str]:
         """The passes running now, for a log line."""
@@ -234,16 +238,6 @@ class Loops:
         except Exception:  # noqa: BLE001 - the catalog is away: /readyz says so, and shows what this process knows
             return self.snapshot()
         return {**self.snapshot(), **{loop: LoopStatus.from_dict(status) for loop, status in published.items()}}
-
-    def _changed(self, loop: str) -> None:
-        try:
-            self._statuses.publish(loop, asdict(self.snapshot()[loop]))
-        except Exception as exc:  # noqa: BLE001 - other processes show an older status meanwhile
-            if self._publishing.failed():
-                log.warning("could not publish the %s loop's status: %s (other processes' /readyz shows an older one "
-                            "until it can)", loop, describe(exc))
-        else:
-            self._publishing.succeeded()
 
 
 def export_health(metrics: Metrics, snapshot: dict[str, LoopStatus], now: float) -> None:
