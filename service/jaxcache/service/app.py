@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from functools import partial
 
+import anyio
 from fastapi import FastAPI
 
 from jaxcache.service import dashboard, memory, ops
@@ -41,7 +42,8 @@ def create_app(settings: ServiceSettings | None = None, *, prepared: bool = Fals
         state.root_changes = root_change.register(
             state.catalog, {name: storage.url for name, storage in state.storages.items()}, settings.root_changed)
     state.open()
-    state.metrics.register(UsageCollector(state.catalog, list(settings.caches)))
+    usage = UsageCollector(state.catalog, list(settings.caches))
+    state.metrics.register(usage)
     if settings.role != "api":  # the catalog's gauges from the start, where the loops keep them fresh
         for name in settings.caches:
             summary.refresh_totals(state.metrics, state.catalog, name)
@@ -55,9 +57,11 @@ def create_app(settings: ServiceSettings | None = None, *, prepared: bool = Fals
             loops = background(state.loops, drain=partial(drain_all, state), rescan=partial(rescan_all, state),
                                verify=partial(verification.verify_all, state))
         try:
-            async with loops:
+            async with loops, anyio.create_task_group() as tasks:
+                await tasks.start(usage.refreshing, settings.usage_metrics_s)  # read once before serving
                 memory.settle_startup()
                 yield
+                tasks.cancel_scope.cancel()
         finally:
             state.catalog.dispose()  # what was accepted waits in the inbox for the next drain
 
