@@ -193,15 +193,15 @@ def test_asking_for_xla_sub_caches_on_a_gcs_root_is_refused():
     off = {**args, "env": {"JAXCACHE_LOCAL_DIR": "off"}}
     for asked in ("all", "xla_gpu_per_fusion_autotune_cache_dir"):
         with pytest.raises(InvalidInputError, match="XLA cannot write"):
-            client_options.resolve("gs://b/x", xla_caches=asked, default_xla_caches=None, **off)
+            client_options.resolve("gs://bucket/x", xla_caches=asked, default_xla_caches=None, **off)
         # With a node-local tier they go there; should none be writable after all, they are off again.
-        tiered = client_options.resolve("gs://b/x", xla_caches=asked, default_xla_caches=None, **args)
+        tiered = client_options.resolve("gs://bucket/x", xla_caches=asked, default_xla_caches=None, **args)
         assert tiered.jax_settings("/node/dir")["jax_persistent_cache_enable_xla_caches"] == asked
         assert tiered.jax_settings()["jax_persistent_cache_enable_xla_caches"] == "none"
     for default in (None, "none"):
-        resolved = client_options.resolve("gs://b/x", xla_caches=None, default_xla_caches=default, **args)
+        resolved = client_options.resolve("gs://bucket/x", xla_caches=None, default_xla_caches=default, **args)
         assert resolved.jax_settings()["jax_persistent_cache_enable_xla_caches"] == "none"
-    assert client_options.resolve("gs://b/x", xla_caches="none", default_xla_caches=None, **args).xla_caches == "none"
+    assert client_options.resolve("gs://bucket/x", xla_caches="none", default_xla_caches=None, **args).xla_caches == "none"
     proc = run_job("--cache-dir", "gs://bucket/jax", "--xla-caches", "all", "--local-dir", "off", expect=3)
     assert "InvalidInputError" in proc.stderr and "leave it unset" in proc.stderr
 
