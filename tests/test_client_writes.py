@@ -142,6 +142,8 @@ def test_a_jammed_entry_is_not_claimed_by_the_next_run_either(tmp_path, age_s):
             assert usage.event == records.WRITE and usage.writes == 1, usage
     assert set(writers(record, tmp_path)) == {u.key for u in record.keys} - jammed
     assert "2 unreadable" in out["summary"], out["summary"]
+    # The advice removes exactly those entries, as `jaxcache explain` does (test_explain_jax.py).
+    assert all(f"{cache / key}-cache" in out["summary"] for key in jammed), out["summary"]
 
 
 def test_a_gcs_root_hands_xla_no_path_on_either_jax(tmp_path, gcs_bucket, interpreter):

@@ -16,8 +16,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from jaxcache import entry, signing
-from jaxcache.client.misses import SLACK_S, UNREADABLE_REASON
+from jaxcache import entry, signing, unreadable
 from jaxcache.client.reporting import RecordWriter
 from jaxcache.client.telemetry import Recorder
 from jaxcache.storage import Storage
@@ -88,10 +87,10 @@ class Attestor:
             try:
                 storage = self._entries()
                 info = storage.stat(key + "-cache")  # JAX's entry name for a key
-                if info is not None and info.mtime_s < looked_up_at - SLACK_S:
+                if info is not None and unreadable.there_before(info.mtime_s, looked_up_at):
                     # JAX says "writing" and writes nothing when an entry is there that it could not load: those
                     # bytes are not this process's, and attesting them would vouch for a broken entry.
-                    self._recorder.mark_not_written(key, UNREADABLE_REASON)
+                    self._recorder.mark_not_written(key, unreadable.REASON)
                     continue
                 with self._lock:
                     put = self._puts.pop(key, None)
