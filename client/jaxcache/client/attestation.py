@@ -13,7 +13,7 @@ import hashlib
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from jaxcache import entry, signing, unreadable
@@ -98,7 +98,7 @@ class Attestor:
                     continue  # the put hook heard nothing (a JAX it cannot hook, or too many at once): unattested
                 chunks = storage.read_chunks(key + "-cache")
                 if chunks is not None:
-                    whole, sha, size = _read_whole(chunks)
+                    whole, sha, size = entry.validate_hashing(chunks)
                     if whole.status is not entry.Status.OK:
                         reason = self._broken(key, f"JAX's write left a broken entry ({whole.reason})")
                         self._recorder.mark_not_written(key, reason)
@@ -118,25 +118,6 @@ class Attestor:
                 log.debug("jaxcache: could not read back %s to attest it: %s", key, exc)
             finally:
                 self._queue.task_done()
-
-
-def _read_whole(chunks: Iterable[bytes]) -> tuple[entry.Validation, str, int]:
-    """Decompress an entry whole while hashing its bytes, as one stream (entries of hundreds of MB stay out of
-    memory): what the decompression found, the sha256 of the bytes, their size."""
-    digest, size = hashlib.sha256(), 0
-
-    def hashed() -> Iterator[bytes]:
-        nonlocal size
-        for chunk in chunks:
-            digest.update(chunk)
-            size += len(chunk)
-            yield chunk
-
-    stream = hashed()
-    whole = entry.validate_chunks(stream)
-    for _ in stream:  # bytes the decompression left unread still enter the digest
-        pass
-    return whole, digest.hexdigest(), size
 
 
 def drained(work: queue.Queue[Any], timeout_s: float) -> bool:
