@@ -98,7 +98,8 @@ def test_jobs(svc, keys, reported):
     assert miss == {"key": keys["jit_tiny"], "function": "jit_tiny", "misses": 1, "compiles": 1, "compile_s": 0.5,
                     "written": False, "reason": "only process 0 writes the cache", "in_cache": True}
     # pretrain wrote it two hours before and it is in the cache: eval could not load what was there.
-    assert why["cause"] == "unreadable" and "--corrupt --apply" in why["fix"], why
+    assert why["cause"] == "unreadable" and "remove it: " in why["fix"], why
+    assert f"{keys['jit_tiny']}-" in why["fix"], "the advice names the entry it removes"
     (r,) = d["recent_runs"]
     assert (r["run_id"], r["process_index"], r["process_count"], r["hits"], r["misses"]) == ("e1", 1, 2, 1, 1)
     assert r["fingerprint_digest"] == Fingerprint(jax=NEW, jaxlib=NEW, backend="cpu").digest
