@@ -212,7 +212,8 @@ def test_asking_for_xla_sub_caches_on_a_gcs_root_is_refused():
     for default in (None, "none"):
         resolved = client_options.resolve("gs://bucket/x", xla_caches=None, default_xla_caches=default, **args)
         assert resolved.jax_settings()["jax_persistent_cache_enable_xla_caches"] == "none"
-    assert client_options.resolve("gs://bucket/x", xla_caches="none", default_xla_caches=None, **args).xla_caches == "none"
+    none = client_options.resolve("gs://bucket/x", xla_caches="none", default_xla_caches=None, **args)
+    assert none.xla_caches == "none"
     proc = run_job("--cache-dir", "gs://bucket/jax", "--xla-caches", "all", "--local-dir", "off", expect=3)
     assert "InvalidInputError" in proc.stderr and "leave it unset" in proc.stderr
 
