@@ -229,6 +229,11 @@ class UsageRow(PerCache, Base):
 # --- entries, caches and what only the catalog holds -----------------------------------------------------------------
 
 
+#: Skipped names a cache's row keeps (the count is whole): rescans write them, the API shows them; ``jaxcache doctor``
+#: lists them all.
+SKIPPED_SHOWN = 20
+
+
 class CacheRow(Base):
     """A configured cache root and its last scan."""
 
@@ -240,7 +245,7 @@ class CacheRow(Base):
     last_scan_error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
     # What the last completed rescan skipped (not regular files, names no backend maps): in the catalog, not in a
     # replica's memory, so that every replica shows the same. The names are escaped for display (and so storable as
-    # JSON: a local name that is not UTF-8 holds surrogates): the first few by name (rescan.scan.SKIPPED_SHOWN),
+    # JSON: a local name that is not UTF-8 holds surrogates): the first SKIPPED_SHOWN by name,
     # each {"name", "why"}.
     last_scan_skipped: Mapped[int | None] = mapped_column(Integer, nullable=True)
     last_scan_skipped_names: Mapped[list | None] = mapped_column(NullableJSON, nullable=True)
@@ -346,6 +351,11 @@ class PinRow(PerCache, Base):
     pattern: Mapped[str] = mapped_column(Str(512), primary_key=True)
     created_s: Mapped[float] = mapped_column(Float)
     created_by: Mapped[str] = mapped_column(Str(128))
+
+
+#: A prune's states (PruneRow.state): the prune writes them, the drain and retention read them (a running prune's
+#: deletions are not history yet).
+RUNNING, DONE, FAILED, INTERRUPTED = "running", "done", "failed", "interrupted"
 
 
 class PruneRow(Base):

@@ -6,7 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
 
-from jaxcache.service.integrity import attestations, verification
+from jaxcache.service.catalog import attestations
+from jaxcache.service.integrity import verification
 from jaxcache.service.integrity import queries as verdicts
 from jaxcache.service.integrity.schemas import (
     MAX_DIGEST_KEYS,
@@ -67,6 +68,6 @@ def post_digests(request: Request, _p: ReadOrReportAuth, body: DigestsRequest) -
     name = deps.cache_of_dir(request, body.cache_dir, "integrity")
     with state_of(request).catalog.reader() as conn:
         found = attestations.load(conn, name, body.keys)
-        conflicts = verdicts.conflicts(conn, name, limit=MAX_DIGEST_KEYS, keys=sorted(found))
+        conflicts = attestations.conflicts(conn, name, limit=MAX_DIGEST_KEYS, keys=sorted(found))
     digests = {k: AttestedDigest(sha256=a.sha256, size_bytes=a.size_bytes, writer=a.writer) for k, a in found.items()}
     return AttestedDigests(cache=name, digests=digests, conflicts=conflicts)

@@ -15,7 +15,7 @@ from jaxcache.parallel import bounded_map
 from jaxcache.scan import Entry
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import AttestationRow, EntryRow, VerificationRow
-from jaxcache.service.integrity import attestations, queries
+from jaxcache.service.integrity import queries
 from jaxcache.service.integrity.schemas import VerifyResult
 from jaxcache.service.metrics import Metrics
 from jaxcache.service.rescan.scan import ensure_scanned

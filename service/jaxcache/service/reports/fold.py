@@ -18,7 +18,7 @@ from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
 from jaxcache.records import WRITE, RunRecord, text_of
 from jaxcache.service.catalog.database import Catalog, analyze, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
-from jaxcache.service.integrity import attestations
+from jaxcache.service.catalog import attestations
 from jaxcache.service.metrics import REPORT
 from jaxcache.service.reports import misses, usage
 from jaxcache.service.reports.usage import EXPLANATION, chunks

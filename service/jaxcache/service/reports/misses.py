@@ -19,6 +19,7 @@ from jaxcache.explain.from_root import LIBRARY
 from jaxcache.keyparts import KeyParts, ProgramSignature
 from jaxcache.records import JOB, Fingerprint
 from jaxcache.service.catalog.models import (
+    RUNNING,
     CacheRow,
     EntryRow,
     PruneItemRow,
@@ -30,7 +31,6 @@ from jaxcache.service.catalog.models import (
     WarmupRow,
     table_of,
 )
-from jaxcache.service.prune.audit import RUNNING
 from jaxcache.service.reports.usage import EXPLANATION, is_miss
 
 #: Newest rows read per missed key: enough to hold other processes' latest write, hit and compile.

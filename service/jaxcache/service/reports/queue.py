@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache import records
-from jaxcache.errors import InvalidInputError
+from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog import coordination
 from jaxcache.service.catalog.database import USAGE, Catalog, dialect_insert
@@ -26,12 +26,22 @@ from jaxcache.service.metrics import REPORT
 from jaxcache.service.reports import malformed
 from jaxcache.service.reports.fold import Folded, Item, fold
 from jaxcache.service.state import State
-from jaxcache.service.web.errors import InboxFullError
 
 log = logging.getLogger("jaxcache.service")
 
 #: Records one pass folds at most: other writers of the cache (rescans, prunes) wait for its transaction.
 PASS_RECORDS = 256
+
+
+class InboxFullError(JaxcacheError):
+    """The inbox holds its configured limit of records; ``retry_after_s``: about when the drain will have made room
+    (web/errors.py answers ``http_status`` with Retry-After)."""
+
+    http_status = 503
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from jaxcache.service.caches.schemas import RescanModel
 from jaxcache.service.rescan.scan import rescan_cache
+from jaxcache.service.rescan.schemas import RescanModel
 from jaxcache.service.web.deps import ERRORS, AdminAuth, CacheName, state_of, storage_of
 from jaxcache.service.web.fields import ErrorModel
 

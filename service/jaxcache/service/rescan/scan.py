@@ -17,10 +17,9 @@ from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service import memory
 from jaxcache.service.caches import summary
-from jaxcache.service.caches.schemas import SKIPPED_SHOWN, RescanModel
 from jaxcache.service.catalog.coordination import LockBusyError
 from jaxcache.service.catalog.database import USAGE, Catalog, analyze
-from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
+from jaxcache.service.catalog.models import SKIPPED_SHOWN, CacheRow, EntryRow, max_length, table_of
 from jaxcache.service.metrics import STORAGE
 from jaxcache.service.prune import audit as prune_audit
 from jaxcache.service.reports import retention
@@ -28,6 +27,7 @@ from jaxcache.service.reports.queue import drain, note_folded
 from jaxcache.service.reports.runfiles import scan_records
 from jaxcache.service.reports.usage import EMPTY, stats_of
 from jaxcache.service.rescan import snapshots
+from jaxcache.service.rescan.schemas import RescanModel
 from jaxcache.service.state import State
 from jaxcache.service.warmups import ingest as warmups
 from jaxcache.storage import ObjectInfo, Storage

@@ -14,7 +14,7 @@ from jaxcache.attestations import FILE, from_coverage
 from jaxcache.coverage import WarmupRecord
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import WarmupKeyRow, WarmupRow
-from jaxcache.service.integrity import attestations
+from jaxcache.service.catalog import attestations
 from jaxcache.service.reports import malformed
 from jaxcache.storage import Storage
 
