@@ -57,7 +57,7 @@ def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> di
     """Ingest ``reports`` one at a time (``batch_sizes`` None) or accepted into the inbox in batches of the sizes it
     yields, each batch drained at once; the versions the catalog holds, by process. Older versions must come back
     stale."""
-    from jaxcache.service.reports.queue import accept, drain, ingest
+    from jaxcache.service.reports.ingest.queue import accept, drain, ingest
 
     held: dict[tuple[str, int], RunRecord] = {}
     i = 0
@@ -93,7 +93,7 @@ def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_
 
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, RunRow, UsageRow
-    from jaxcache.service.reports.usage import refresh
+    from jaxcache.service.reports.ingest.usage import refresh
     from jaxcache.service.rescan.scan import rescan as do_rescan
     from jaxcache.storage import open_storage
 
@@ -204,7 +204,7 @@ def test_a_pass_after_one_rolled_back_still_keeps_its_differences(request, tmp_p
     """A pass whose transaction rolls back (a record the catalog refuses) takes the pass's temporary table with
     it: the next pass, on the same connection, makes it again."""
     from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.reports import usage
+    from jaxcache.service.reports.ingest import usage
 
     url = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'c.sqlite'}"
     catalog = Catalog(url)

@@ -31,8 +31,8 @@ from jaxcache.service.catalog.models import (
     WarmupRow,
 )
 from jaxcache.service.prune.candidates import catalog_candidates
-from jaxcache.service.reports import queue
-from jaxcache.service.reports.usage import refresh
+from jaxcache.service.reports.ingest import queue
+from jaxcache.service.reports.ingest.usage import refresh
 from jaxcache.service.rescan.scan import rescan
 from jaxcache.service.warmups import queries as coverage
 from jaxcache.storage import open_storage

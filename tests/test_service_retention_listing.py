@@ -13,7 +13,7 @@ from sqlalchemy import select
 from jaxcache import records
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, KeyStatsRow, RecordFileRow
-from jaxcache.service.reports import runfiles
+from jaxcache.service.reports.records import runfiles
 from jaxcache.service.rescan.scan import rescan
 from jaxcache.storage import Storage, open_storage
 from reports_support import DAY, hit, run, write

@@ -1,4 +1,4 @@
-"""The usage collector (jaxcache.service.reports.gauges): hit rate and compile seconds saved per cache and per job in
+"""The usage collector (jaxcache.service.reports.jobs.gauges): hit rate and compile seconds saved per cache and per job in
 /metrics, equal to what the API answers for the same catalog; the catalog asked at most once per TTL; a failing
 catalog costs the samples and a log line, never the scrape. And refused reports counted by reason."""
 
@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.exc import OperationalError
 
-from jaxcache.service.reports.gauges import MAX_JOBS, UsageCollector
+from jaxcache.service.reports.jobs.gauges import MAX_JOBS, UsageCollector
 from reports_support import DAY, H_ADMIN, H_READ, compiled, hit, post, report, run, write
 
 

@@ -16,10 +16,11 @@ from jaxcache.service.entries import route as entries
 from jaxcache.service.integrity import route as integrity
 from jaxcache.service.integrity import verification
 from jaxcache.service.prune import route as prune
-from jaxcache.service.reports import jobs, root_change
-from jaxcache.service.reports import route as reports
-from jaxcache.service.reports.gauges import UsageCollector
-from jaxcache.service.reports.queue import drain_all
+from jaxcache.service.reports.jobs import route as jobs
+from jaxcache.service.reports.records import root_change
+from jaxcache.service.reports.ingest import route as reports
+from jaxcache.service.reports.jobs.gauges import UsageCollector
+from jaxcache.service.reports.ingest.queue import drain_all
 from jaxcache.service.rescan import route as rescan
 from jaxcache.service.rescan.scan import rescan_all
 from jaxcache.service.settings import ServiceSettings

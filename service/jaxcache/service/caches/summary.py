@@ -14,7 +14,8 @@ from jaxcache.service.caches.schemas import CacheSummary, SkippedObject
 from jaxcache.service.catalog.database import ENTRIES, Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.reports import queries, queue
+from jaxcache.service.reports.ingest import queue
+from jaxcache.service.reports.jobs import queries
 from jaxcache.service.state import State
 
 _DAY_S = 86400.0

@@ -121,7 +121,7 @@ class Catalog:
         self.write_lock = threading.RLock()
         # The last rescan's view of each cache (rescan.snapshots.Snapshot), for the next rescan in this process.
         self.rescan_snapshots: dict[str, object] = {}
-        # What the last listings of each cache's run records found (reports.runfiles._Listings), likewise.
+        # What the last listings of each cache's run records found (reports.records.runfiles), likewise.
         self.record_listings: dict[str, object] = {}
         # Told of the misses this process explains for the first time (cache, {cause: count}), wherever that
         # happens (a POST, a rescan, a prune's own rescans): the service counts them in its metrics.

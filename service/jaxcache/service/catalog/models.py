@@ -309,7 +309,7 @@ class RecordFileRow(PerCache, Base):
 
 
 class InboxRow(PerCache, Base):
-    """A run record accepted and not folded yet (``reports/queue.py``): the newest version of one process's record,
+    """A run record accepted and not folded yet (``reports/ingest/queue.py``): the newest version of one process's record,
     the JSON it came as, zstd-compressed. The drain folds it into the run tables and deletes it."""
 
     __tablename__ = "report_inbox"

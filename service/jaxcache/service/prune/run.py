@@ -20,7 +20,7 @@ from jaxcache.service.catalog.models import EntryRow, PinRow
 from jaxcache.service.integrity import verification
 from jaxcache.service.prune import audit as prune_audit
 from jaxcache.service.prune.candidates import catalog_candidates
-from jaxcache.service.reports import queries
+from jaxcache.service.reports.jobs import queries
 from jaxcache.service.rescan.scan import rescan
 from jaxcache.service.state import State
 from jaxcache.storage import Storage

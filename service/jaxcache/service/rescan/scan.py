@@ -22,10 +22,10 @@ from jaxcache.service.catalog.database import USAGE, Catalog, analyze
 from jaxcache.service.catalog.models import SKIPPED_SHOWN, CacheRow, EntryRow, max_length, table_of
 from jaxcache.service.metrics import STORAGE
 from jaxcache.service.prune import audit as prune_audit
-from jaxcache.service.reports import retention
-from jaxcache.service.reports.queue import drain, note_folded
-from jaxcache.service.reports.runfiles import scan_records
-from jaxcache.service.reports.usage import EMPTY, stats_of
+from jaxcache.service.reports.records import retention
+from jaxcache.service.reports.ingest.queue import drain, note_folded
+from jaxcache.service.reports.records.runfiles import scan_records
+from jaxcache.service.reports.ingest.usage import EMPTY, stats_of
 from jaxcache.service.rescan import snapshots
 from jaxcache.service.rescan.schemas import RescanModel
 from jaxcache.service.state import State

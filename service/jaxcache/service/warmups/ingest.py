@@ -15,7 +15,7 @@ from jaxcache.coverage import WarmupRecord
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import WarmupKeyRow, WarmupRow
 from jaxcache.service.catalog import attestations
-from jaxcache.service.reports import malformed
+from jaxcache.service.reports.records import malformed
 from jaxcache.storage import Storage
 
 

@@ -22,7 +22,7 @@ from jaxcache.service.catalog.models import (
     RunRow,
     UsageRow,
 )
-from jaxcache.service.reports import usage
+from jaxcache.service.reports.ingest import usage
 from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.service")

@@ -1,5 +1,5 @@
-"""The reports' API shapes: what ingesting a POSTed run record did, jobs as their records describe them (totals,
-misses, processes, working sets), and why jobs missed (a miss's cause, what differs, the fix, misses by cause)."""
+"""The job views' API shapes: jobs as their records describe them (totals, misses, processes, working sets), and
+why jobs missed (a miss's cause, what differs, the fix)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,10 @@ from pydantic import BaseModel, Field
 from jaxcache.service.web.fields import CAUSE_HELP, Cause
 
 
-class ReportResult(BaseModel):
-    cache: str = Field(examples=["prod"])
-    run_id: str
-    process_index: int
-    runs: int = Field(description="processes stored (0 when a newer version of this record was already there)")
-    keys: int = Field(description="per-key rows stored for the process")
-    stale: bool = Field(description="an older version of a record already ingested: nothing changed")
-
-
 #: jaxcache.keyparts.ORDER: the parts of a key, in the order JAX hashes them.
 Part = Literal["computation", "jaxlib", "backend", "xla_flags", "compile_options", "devices", "compression",
                "custom_hook"]
+
 
 class PartDifference(BaseModel):
     """One part of the key that differs from the nearest key's, with both values where records show them."""

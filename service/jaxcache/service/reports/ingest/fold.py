@@ -20,8 +20,8 @@ from jaxcache.service.catalog.database import Catalog, analyze, bulk_insert, dia
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
 from jaxcache.service.catalog import attestations
 from jaxcache.service.metrics import REPORT
-from jaxcache.service.reports import misses, usage
-from jaxcache.service.reports.usage import EXPLANATION, chunks
+from jaxcache.service.reports.ingest import misses, usage
+from jaxcache.service.reports.ingest.usage import EXPLANATION, chunks
 
 __all__ = ["Folded", "Item", "fold"]
 

@@ -16,7 +16,8 @@ from jaxcache import records
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow, RunRow, max_length
 from jaxcache.service.metrics import STORAGE
-from jaxcache.service.reports import malformed, queue
+from jaxcache.service.reports.ingest import queue
+from jaxcache.service.reports.records import malformed
 from jaxcache.storage import ObjectInfo, Storage
 
 log = logging.getLogger("jaxcache.service")

@@ -26,7 +26,8 @@ from jaxcache.service.catalog.models import (
     RecordFileRow,
     RunRow,
 )
-from jaxcache.service.reports import malformed, usage
+from jaxcache.service.reports.ingest import usage
+from jaxcache.service.reports.records import malformed
 from jaxcache.storage import Storage, same_stat
 from jaxcache.storage.base import stat_of
 

@@ -22,8 +22,8 @@ from jaxcache.service.catalog.models import (
     WarmupKeyRow,
     WarmupRow,
 )
-from jaxcache.service.reports.misses import decoded
-from jaxcache.service.reports.usage import chunks, is_miss, is_recent
+from jaxcache.service.reports.ingest.misses import decoded
+from jaxcache.service.reports.ingest.usage import chunks, is_miss, is_recent
 from jaxcache.working_set import DEFAULT_DAYS, DEFAULT_RUNS, Wanted, WorkingSet
 
 Reader = Session | Connection

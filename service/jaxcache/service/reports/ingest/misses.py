@@ -31,7 +31,7 @@ from jaxcache.service.catalog.models import (
     WarmupRow,
     table_of,
 )
-from jaxcache.service.reports.usage import EXPLANATION, is_miss
+from jaxcache.service.reports.ingest.usage import EXPLANATION, is_miss
 
 #: Newest rows read per missed key: enough to hold other processes' latest write, hit and compile.
 KEY_ROWS = 200
