@@ -107,7 +107,7 @@ def posts(work: str, i: int, recs: list, explain: bool) -> float:
 
 
 def rescan(work: str, i: int, recs: list, explain: bool) -> float:
-    from jaxcache.service.rescan.scan import rescan
+    from jaxcache.service.rounds import rescan
     from jaxcache.storage import open_storage
 
     root = os.path.join(work, f"root{i}")

@@ -89,7 +89,7 @@ def test_dependency_direction(name):
 #: feature folders (reports, caches, entries, rescan, integrity, prune, warmups) may import each other: no circle.
 SERVICE_LAYERS = (
     ("app", "server", "command"),
-    ("dashboard",),
+    ("dashboard", "rounds"),
     ("caches", "entries", "prune", "rescan", "integrity", "warmups", "reports", "ops"),
     ("web",),
     ("state",),

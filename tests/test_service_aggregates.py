@@ -94,7 +94,7 @@ def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, RunRow, UsageRow
     from jaxcache.service.reports.ingest.usage import refresh
-    from jaxcache.service.rescan.scan import rescan as do_rescan
+    from jaxcache.service.rounds import rescan as do_rescan
     from jaxcache.storage import open_storage
 
     rng = random.Random(seed)
@@ -147,7 +147,7 @@ def test_a_batch_stores_what_its_records_one_at_a_time_store(request, tmp_path, 
 
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import AttestationRow, EntryRow, KeyStatsRow, RunRow, UsageRow
-    from jaxcache.service.rescan.scan import rescan as do_rescan
+    from jaxcache.service.rounds import rescan as do_rescan
     from jaxcache.storage import open_storage
 
     rng = random.Random(seed)

@@ -33,7 +33,7 @@ from jaxcache.service.catalog.models import (
 from jaxcache.service.prune.candidates import catalog_candidates
 from jaxcache.service.reports.ingest import queue
 from jaxcache.service.reports.ingest.usage import refresh
-from jaxcache.service.rescan.scan import rescan
+from jaxcache.service.rounds import rescan
 from jaxcache.service.warmups import queries as coverage
 from jaxcache.storage import open_storage
 from reports_support import DAY, H_ADMIN, H_READ, age, hit, put_record, run, settings, write

@@ -14,7 +14,7 @@ from jaxcache import records
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, KeyStatsRow, RecordFileRow
 from jaxcache.service.reports.records import runfiles
-from jaxcache.service.rescan.scan import rescan
+from jaxcache.service.rounds import rescan
 from jaxcache.storage import Storage, open_storage
 from reports_support import DAY, hit, run, write
 from store_servers import BUCKETS, raw_put

@@ -1,5 +1,5 @@
-"""The usage collector (jaxcache.service.reports.jobs.gauges): hit rate and compile seconds saved per cache and per job in
-/metrics, equal to what the API answers for the same catalog; the catalog asked at most once per TTL; a failing
+"""The usage collector (jaxcache.service.reports.jobs.gauges): hit rate and compile seconds saved per cache and per
+job in /metrics, equal to what the API answers for the same catalog; the catalog asked at most once per TTL; a failing
 catalog costs the samples and a log line, never the scrape. And refused reports counted by reason."""
 
 from __future__ import annotations

@@ -92,6 +92,8 @@ class Aggregates:
 
 #: The names of the aggregate columns, in their order.
 AGGREGATES = tuple(Aggregates.__annotations__)
+#: A key's aggregates when no run record mentions it: a rescan's new rows and a changed root's start there.
+EMPTY: dict[str, Any] = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
 
 
 class KeyStatsRow(PerKey, Aggregates, Base):
@@ -309,8 +311,8 @@ class RecordFileRow(PerCache, Base):
 
 
 class InboxRow(PerCache, Base):
-    """A run record accepted and not folded yet (``reports/ingest/queue.py``): the newest version of one process's record,
-    the JSON it came as, zstd-compressed. The drain folds it into the run tables and deletes it."""
+    """A run record accepted and not folded yet (``reports/ingest/queue.py``): the newest version of one process's
+    record, the JSON it came as, zstd-compressed. The drain folds it into the run tables and deletes it."""
 
     __tablename__ = "report_inbox"
     run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)

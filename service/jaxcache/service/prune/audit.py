@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from jaxcache import prune
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import DONE, FAILED, INTERRUPTED, RUNNING, PruneItemRow, PruneRow
+from jaxcache.service.catalog.models import DONE, INTERRUPTED, RUNNING, PruneItemRow, PruneRow
 from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.service")

@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
 from jaxcache.records import WRITE, RunRecord, text_of
+from jaxcache.service.catalog import attestations
 from jaxcache.service.catalog.database import Catalog, analyze, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
-from jaxcache.service.catalog import attestations
 from jaxcache.service.metrics import REPORT
 from jaxcache.service.reports.ingest import misses, usage
 from jaxcache.service.reports.ingest.usage import EXPLANATION, chunks

@@ -23,8 +23,8 @@ from jaxcache.service.catalog import coordination
 from jaxcache.service.catalog.database import USAGE, Catalog, dialect_insert
 from jaxcache.service.catalog.models import InboxRow, RunRow, table_of
 from jaxcache.service.metrics import REPORT
-from jaxcache.service.reports.records import malformed
 from jaxcache.service.reports.ingest.fold import Folded, Item, fold
+from jaxcache.service.reports.records import malformed
 from jaxcache.service.state import State
 
 log = logging.getLogger("jaxcache.service")

@@ -44,6 +44,7 @@ from jaxcache import usage_rules
 from jaxcache.service.catalog.database import dialect_insert
 from jaxcache.service.catalog.models import (
     AGGREGATES,
+    EMPTY,
     EntryRow,
     KeyHistoryRow,
     KeyStatsRow,
@@ -82,8 +83,6 @@ def first_writer(partition: list[KeyedColumnElement[Any]], at: Col, run_id: Col,
     return func.row_number().over(partition_by=partition, order_by=list(order))
 
 
-#: A key's aggregates when no run record mentions it.
-EMPTY: dict[str, Any] = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
 WRITER = tuple(n for n in AGGREGATES if n.startswith("writer_"))
 #: Keys per statement: bound one parameter each (SQLite allows 32,766 in all).
 CHUNK = 1000
@@ -381,12 +380,6 @@ def _entry_copy() -> Update:
             .where(e.cache == _CACHE, e.kind == "entry", e.key.in_(_KEYS), k.cache == e.cache, k.key == e.key)
             .values(**{n: k[n] for n in AGGREGATES},
                     last_used_s=case((and_(hit.is_not(None), hit > e.seen_used_s), hit), else_=e.seen_used_s)))
-
-
-def stats_of(conn: Connection, cache: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``{key: aggregates}`` for those of ``keys`` that run records mention (for entry rows a rescan adds)."""
-    return {row[0]: dict(zip(AGGREGATES, row[1:], strict=True)) for chunk in chunks(sorted(keys))
-            for row in conn.execute(_stats_of(AGGREGATES), {"b_cache": cache, "b_keys": chunk})}
 
 
 @functools.cache

@@ -9,7 +9,6 @@ from pydantic import BaseModel, Field
 
 from jaxcache.service.web.fields import CAUSE_HELP, Cause
 
-
 #: jaxcache.keyparts.ORDER: the parts of a key, in the order JAX hashes them.
 Part = Literal["computation", "jaxlib", "backend", "xla_flags", "compile_options", "devices", "compression",
                "custom_hook"]
