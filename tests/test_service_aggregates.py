@@ -53,10 +53,11 @@ def _random_reports(rng, pool: list[str], now: float) -> list[tuple[RunRecord, b
     return out
 
 
-def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> dict[tuple[str, int], RunRecord]:
+def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes,
+              on_misses=None) -> dict[tuple[str, int], RunRecord]:
     """Ingest ``reports`` one at a time (``batch_sizes`` None) or accepted into the inbox in batches of the sizes it
-    yields, each batch drained at once; the versions the catalog holds, by process. Older versions must come back
-    stale."""
+    yields, each batch drained at once (``on_misses``: told of misses explained); the versions the catalog holds, by
+    process. Older versions must come back stale."""
     from jaxcache.service.reports.ingest.queue import accept, drain, ingest
 
     held: dict[tuple[str, int], RunRecord] = {}
@@ -66,10 +67,10 @@ def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> di
         chunk = reports[i : i + n]
         i += n
         if batch_sizes is None:
-            results = [ingest(catalog, "demo", chunk[0][0])]
+            results = [ingest(catalog, "demo", chunk[0][0], on_misses=on_misses)]
         else:
             results = [accept(catalog, "demo", r, r.to_json()) for r, _ in chunk]
-            drain(catalog, "demo")
+            drain(catalog, "demo", on_misses=on_misses)
         for (rec, older), result in zip(chunk, results, strict=True):
             if older:
                 assert result.stale
@@ -165,11 +166,10 @@ def test_a_batch_stores_what_its_records_one_at_a_time_store(request, tmp_path, 
         else:
             url = f"sqlite:///{tmp_path / f'{mode}.sqlite'}"
         catalog = Catalog(url)
-        catalog.on_misses = lambda _cache, counts, mode=mode: counted[mode].update(counts)
-        do_rescan(catalog, "demo", open_storage(str(cache_copy)))
+        do_rescan(catalog, "demo", open_storage(str(cache_copy)), on_misses=counted[mode].update)
         counted[mode].clear()  # (the rescan read no records)
         sizes = (rng.randrange(2, 9) for _ in itertools.count()) if mode == "batched" else None
-        _ingested(catalog, reports, sizes)
+        _ingested(catalog, reports, sizes, on_misses=counted[mode].update)
         with catalog.reader() as conn:
             usage = select(*(c for c in UsageRow.__table__.columns if c.name not in ("cause", "differs", "nearest",
                                                                                         "fix")))

@@ -191,7 +191,7 @@ def test_vanished_records_are_judged_only_in_the_days_listed(tmp_path):
     (base / old.name).unlink()
     rescan(catalog, "demo", storage)
     assert rows() == {old.name}  # not listed: not judged
-    catalog.record_listings.clear()
+    runfiles.listings(catalog).clear()
     rescan(catalog, "demo", storage)
     assert rows() == set()
     catalog.dispose()

@@ -37,12 +37,13 @@ from jaxcache.storage import Storage
 log = logging.getLogger("jaxcache.service")
 
 
-def after_rescan(catalog: Catalog, cache: str, storage: Storage, *, retain_s: float | None) -> Followed:
+def after_rescan(catalog: Catalog, cache: str, storage: Storage, *, retain_s: float | None,
+                 on_misses: queue.OnMisses | None) -> Followed:
     """Steps 2 to 5, in the rescan's lock; with ``retain_s`` None, nothing is compacted."""
     found = runfiles.scan_records(catalog, cache, storage)
     warmed = warmup_records(catalog, cache, storage)
     # Once everything this rescan read is in, so misses are explained against all of it.
-    drained = queue.drain(catalog, cache, root=storage.url)
+    drained = queue.drain(catalog, cache, root=storage.url, on_misses=on_misses)
     compacted = retention.compact(catalog, cache, storage, retain_s=retain_s).runs if retain_s is not None else 0
     return Followed(records_ingested=found.ingested, records_malformed=found.malformed, warmups_ingested=warmed[0],
                     records_compacted=compacted, misses_explained=sum(drained.misses.values()),
@@ -60,9 +61,10 @@ def warmup_records(catalog: Catalog, cache: str, storage: Storage) -> tuple[int,
 
 
 def rescan(catalog: Catalog, cache: str, storage: Storage, *, retain_s: float | None = None,
-           **options: Any) -> RescanResult:
+           on_misses: queue.OnMisses | None = None, **options: Any) -> RescanResult:
     """Steps 1 to 5 for ``cache`` (``options``: rescan.scan.rescan's)."""
-    return scan.rescan(catalog, cache, storage, after=partial(after_rescan, retain_s=retain_s), **options)
+    return scan.rescan(catalog, cache, storage, after=partial(after_rescan, retain_s=retain_s, on_misses=on_misses),
+                       **options)
 
 
 def rescan_cache(state: State, name: str, *, wait_s: float | None = None) -> RescanResult:
@@ -71,6 +73,7 @@ def rescan_cache(state: State, name: str, *, wait_s: float | None = None) -> Res
     try:
         result = rescan(state.catalog, name, state.storages[name], wait_s=wait_s,
                         retain_s=state.settings.records_retain_s,
+                        on_misses=partial(queue.count_misses, state.metrics, name),
                         release_from_entries=state.settings.release_memory_from_entries)
     except LockBusyError:
         raise
