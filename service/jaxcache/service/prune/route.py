@@ -15,18 +15,8 @@ from jaxcache.service.catalog.models import PinRow
 from jaxcache.service.prune import audit, run, schemas
 from jaxcache.service.prune.run import EntryNotDeletedError, Handed, PruneInProgressError
 from jaxcache.service.prune.schemas import PinList, PinModel, PruneAudit, PruneAuditList, PruneRequest, PruneResponse
-from jaxcache.service.web import fields
-from jaxcache.service.web.deps import (
-    BEARER_REQUIRED,
-    ERRORS,
-    AdminAuth,
-    CacheName,
-    EntryKey,
-    ReadAuth,
-    check_key,
-    state_of,
-    storage_of,
-)
+from jaxcache.service.web import deps, fields
+from jaxcache.service.web.deps import BEARER_REQUIRED, ERRORS, AdminAuth, CacheName, EntryKey, ReadAuth, state_of
 from jaxcache.service.web.fields import ErrorModel
 
 PinPattern = Annotated[str, Path(max_length=256, pattern=fields.PIN, examples=["jit_train*"],
@@ -46,7 +36,7 @@ def routes(handed: Handed) -> APIRouter:
         """Plan a prune (default: dry run) or, with `dry_run: false` and an admin token, apply it."""
         state = state_of(request)
         principal = state.auth.check(request, "read" if body.dry_run else "admin")
-        storage_of(request, cache)
+        deps.storage_of(request, cache)
         policy, policy_json = schemas.policy_of(body)
         try:
             outcome = run.prune(state, cache, policy, handed=handed, policy_json=policy_json,
@@ -64,14 +54,14 @@ def routes(handed: Handed) -> APIRouter:
     def list_prunes(request: Request, cache: CacheName, _p: ReadAuth,
                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> PruneAuditList:
         """Applied prunes, newest first: who, when, policy, counts, bytes."""
-        storage_of(request, cache)
+        deps.storage_of(request, cache)
         with state_of(request).catalog.reader() as conn:
             return PruneAuditList(prunes=[PruneAudit(**r) for r in audit.prunes(conn, cache, limit=limit)])
 
     @router.get("/v1/caches/{cache}/pins", response_model=PinList, operation_id="listPins")
     def list_pins(request: Request, cache: CacheName, _p: ReadAuth) -> PinList:
         """Keys and globs that prunes never delete."""
-        storage_of(request, cache)
+        deps.storage_of(request, cache)
         with state_of(request).catalog.session() as s:
             rows = s.scalars(select(PinRow).where(PinRow.cache == cache).order_by(PinRow.pattern))
             return PinList(pins=[PinModel.model_validate(r, from_attributes=True) for r in rows])
@@ -79,7 +69,7 @@ def routes(handed: Handed) -> APIRouter:
     @router.put("/v1/caches/{cache}/pins/{pattern}", response_model=PinModel, operation_id="putPin")
     def put_pin(request: Request, cache: CacheName, pattern: PinPattern, p: AdminAuth) -> PinModel:
         """Protect entries matching `pattern` (a key, or a glob such as `jit_train*`) from every prune."""
-        storage_of(request, cache)
+        deps.storage_of(request, cache)
         catalog = state_of(request).catalog
         with catalog.session() as s:
             # An upsert that keeps the first pin: two replicas may get the same PUT.
@@ -91,7 +81,7 @@ def routes(handed: Handed) -> APIRouter:
     @router.delete("/v1/caches/{cache}/pins/{pattern}", status_code=204, operation_id="deletePin")
     def delete_pin(request: Request, cache: CacheName, pattern: PinPattern, _p: AdminAuth) -> Response:
         """Remove a pin."""
-        storage_of(request, cache)
+        deps.storage_of(request, cache)
         with state_of(request).catalog.session() as s:  # a write without a read first: see rescan/scan.py
             result = s.execute(delete(PinRow).where(PinRow.cache == cache, PinRow.pattern == pattern))
             gone = cast(CursorResult[Any], result).rowcount  # Session.execute is typed for any statement
@@ -108,8 +98,8 @@ def routes(handed: Handed) -> APIRouter:
         """Delete one entry (its -cache, then its -atime, under JAX's lock), audited as a prune of one in
         `GET /v1/caches/{cache}/prunes`. Jobs that need it recompile and write it again."""
         state = state_of(request)
-        storage_of(request, cache)
-        check_key(key)
+        deps.storage_of(request, cache)
+        deps.check_key(key)
         try:
             deleted = run.delete_entry(state, cache, key, handed=handed, who=principal.who)
         except PruneInProgressError:

@@ -23,18 +23,10 @@ from jaxcache.errors import NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service import memory
+from jaxcache.service.catalog import models
 from jaxcache.service.catalog.coordination import LockBusyError
 from jaxcache.service.catalog.database import Catalog, analyze
-from jaxcache.service.catalog.models import (
-    AGGREGATES,
-    EMPTY,
-    SKIPPED_SHOWN,
-    CacheRow,
-    EntryRow,
-    KeyStatsRow,
-    max_length,
-    table_of,
-)
+from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
 from jaxcache.service.rescan import snapshots
 from jaxcache.service.rescan.schemas import RescanModel
 from jaxcache.storage import ObjectInfo, Storage
@@ -126,7 +118,7 @@ def _count_foreign(skipped: Skipped, foreign: set[str]) -> None:
 
 def skipped_names(skipped: Skipped) -> list[dict[str, str]]:
     """The first :data:`SKIPPED_SHOWN` skipped names, escaped for display (and JSON), each with why."""
-    return [{"name": shown(name)[:_NAME_SHOWN], "why": why} for name, why in skipped.items()[:SKIPPED_SHOWN]]
+    return [{"name": shown(name)[:_NAME_SHOWN], "why": why} for name, why in skipped.items()[:models.SKIPPED_SHOWN]]
 
 
 def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, Listed, Listed | None]) -> dict | None:
@@ -152,7 +144,7 @@ def _base_row(cache: str, key: str, kind: str, info: ObjectInfo, atime: ObjectIn
         "size_bytes": info.size_bytes, "created_s": info.mtime_s, "last_used_s": seen_used,
         "seen_used_s": seen_used, "version": info.version, "has_atime": atime is not None,
         "atime_ns": atime_ns, "compression": None, "compile_seconds": None, "status": None, "reason": None,
-        "first_seen_s": now, **EMPTY}
+        "first_seen_s": now, **models.EMPTY}
 
 
 def _with_reports(row: dict, stats: dict | None) -> dict:
@@ -346,15 +338,12 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, after: After | None,
 def stats_of(conn: Connection, cache: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``{key: aggregates}`` for those of ``keys`` that run records mention (for entry rows a rescan adds)."""
     ordered = sorted(keys)
-    return {row[0]: dict(zip(AGGREGATES, row[1:], strict=True)) for i in range(0, len(ordered), _STATS_CHUNK)
-            for row in conn.execute(_stats_of(), {"cache": cache, "keys": ordered[i : i + _STATS_CHUNK]})}
+    return {row[0]: dict(zip(models.AGGREGATES, row[1:], strict=True)) for i in range(0, len(ordered), _CHUNK)
+            for row in conn.execute(_stats_of(), {"cache": cache, "keys": ordered[i : i + _CHUNK]})}
 
 
-_STATS_CHUNK = 1000  # keys a statement names (bound one parameter each)
-
-
-@functools.cache
+@functools.cache  # built once: building a statement cost more than running it
 def _stats_of() -> Select:
-    k = KeyStatsRow
-    return select(k.key, *(getattr(k, n) for n in AGGREGATES)).where(
+    k = models.KeyStatsRow
+    return select(k.key, *(getattr(k, n) for n in models.AGGREGATES)).where(
         k.cache == bindparam("cache"), k.key.in_(bindparam("keys", expanding=True)))
