@@ -150,11 +150,6 @@ SERVICE_COMPOSERS = ("app", "dashboard", "rounds")
 SERVICE_FEATURES = tuple(sorted(
     p.name for p in (ROOT / "service" / "jaxcache" / "service").iterdir()
     if (p / "__init__.py").is_file() and p.name not in SERVICE_SHARED + SERVICE_COMPOSERS))
-#: Feature imports of another feature still to remove, each with why it is left (the test fails once one is gone).
-STILL_CROSSING = {
-    ("caches", "reports"): "caches/summary.py's statistics read the usage queries and the inbox's counts; another "
-                           "change reworks that module's caching, and moves them after it",
-}
 
 
 def service_unit(module: str) -> str | None:
@@ -185,13 +180,7 @@ def test_a_feature_imports_no_other_feature(feature):
     assert set(SERVICE_FEATURES) >= {"caches", "entries", "integrity", "prune", "reports", "rescan", "warmups"}
     crossing = {other: sorted(modules) for other, modules in _service_units().get(feature, {}).items()
                 if other in SERVICE_FEATURES}
-    for other in list(crossing):
-        if (feature, other) in STILL_CROSSING:
-            crossing.pop(other)
     assert not crossing, f"{feature} imports other features: {crossing} (hand it what it needs: app.py)"
-    for (mine, other) in STILL_CROSSING:
-        if mine == feature:
-            assert other in _service_units().get(feature, {}), f"{feature} no longer imports {other}: drop it"
 
 
 def _private_uses(path: Path) -> list[str]:

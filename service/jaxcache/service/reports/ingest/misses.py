@@ -31,7 +31,8 @@ from jaxcache.service.catalog.models import (
     WarmupRow,
     table_of,
 )
-from jaxcache.service.reports.ingest.usage import EXPLANATION, is_miss
+from jaxcache.service.catalog.usage import is_miss
+from jaxcache.service.reports.ingest.usage import EXPLANATION
 
 #: Newest rows read per missed key: enough to hold other processes' latest write, hit and compile.
 KEY_ROWS = 200

@@ -127,12 +127,6 @@ def waiting(catalog: Catalog) -> int:
         return int(conn.execute(_waiting()).scalar_one())
 
 
-def waiting_by_cache(catalog: Catalog) -> dict[str, int]:
-    """Records in the inbox, by cache."""
-    with catalog.statements() as conn:
-        return {c: int(n) for c, n in conn.execute(select(InboxRow.cache, func.count()).group_by(InboxRow.cache))}
-
-
 def caches_waiting(catalog: Catalog) -> list[str]:
     """The caches with records in the inbox."""
     with catalog.statements() as conn:

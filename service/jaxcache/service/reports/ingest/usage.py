@@ -7,7 +7,6 @@ import functools
 import operator
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from functools import partial
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -53,24 +52,20 @@ from jaxcache.service.catalog.models import (
     UsageRow,
     table_of,
 )
-from jaxcache.usage_rules import Ops
+from jaxcache.service.catalog.usage import (
+    SQL,
+    event_of,
+    event_rank,
+    hit_at,
+    is_miss,
+    saved,
+    used_hits,
+    write_at,
+    wrote,
+)
 
 T = TypeVar("T")
 Col = ColumnElement[Any]
-
-# --- the usage rules as SQL -----------------------------------------------------------------------------------------
-
-#: The rules' operations as SQLAlchemy expressions.
-SQL = Ops(
-    case=lambda *whens, else_=None: case(*whens, else_=else_), coalesce=func.coalesce, nullif=func.nullif,
-    eq=operator.eq, gt=operator.gt, ge=operator.ge, and_=and_, or_=or_,
-    sub=operator.sub, mul=operator.mul, nulls_last=lambda x: x.asc().nulls_last(),
-)
-
-used_hits, saved, wrote, write_at, hit_at, is_miss, is_recent, event_rank, event_of = (partial(rule, SQL) for rule in (
-    usage_rules.used_hits, usage_rules.saved, usage_rules.wrote, usage_rules.write_at, usage_rules.hit_at,
-    usage_rules.is_miss, usage_rules.is_recent, usage_rules.event_rank, usage_rules.event_of))
-
 
 def most_informative(event: Col) -> Col:
     """The aggregate of processes' events a row keeps: write, else compiled, else hit."""
