@@ -1,7 +1,7 @@
-"""The usage collector (jaxcache.service.reports.gauges): hit rate and compile seconds saved per cache and per job in
-/metrics, equal to what the API answers for the same catalog; read by a task of the app's lifespan, before it serves
-and then every JAXCACHE_USAGE_METRICS_S, never by a scrape; a failing catalog costs the samples and a log line per
-outage, never the scrape. And refused reports counted by reason."""
+"""The usage collector (jaxcache.service.reports.jobs.gauges): hit rate and compile seconds saved per cache and per
+job in /metrics, equal to what the API answers for the same catalog; read by a task of the app's lifespan, before it
+serves and then every JAXCACHE_USAGE_METRICS_S, never by a scrape; a failing catalog costs the samples and a log line
+per outage, never the scrape. And refused reports counted by reason."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sqlalchemy.exc import OperationalError
 
 from conftest import settled
 from jaxcache.service.app import create_app
-from jaxcache.service.reports.gauges import MAX_JOBS, UsageCollector
+from jaxcache.service.reports.jobs.gauges import MAX_JOBS, UsageCollector
 from reports_support import DAY, H_ADMIN, H_READ, USAGE_S, compiled, hit, post, report, run, scraped, settings, write
 
 

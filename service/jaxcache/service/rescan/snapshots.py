@@ -1,5 +1,7 @@
 """A rescan's listing, kept in memory and on disk so the next rescan, even after a restart, compares listings instead
-of reading every row; valid only while the catalog's fingerprint is unchanged (else a full rescan)."""
+of reading every row; valid only while the catalog's fingerprint is unchanged (else a full rescan). In memory they
+are this module's, keyed by the Catalog object (one per app, so a new app starts with none) and held weakly: the
+catalog holds no feature's state, and ``rescan(catalog, ...)`` needs nothing else handed in."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +28,8 @@ _VERSION = 2  # 2: versions are tokens (text), no longer GCS generations
 #: Larger listings stay on disk only between rescans: in memory they would be most of the service's memory.
 IN_MEMORY_MAX = 200_000
 _warned: set[str] = set()
+_kept: weakref.WeakKeyDictionary[Catalog, dict[str, Snapshot]] = weakref.WeakKeyDictionary()
+_kept_lock = threading.Lock()
 
 
 @dataclass(slots=True)
@@ -45,6 +51,12 @@ class _Listing(msgspec.Struct, array_like=True):
     listing: dict[str, Stat]
 
 
+def kept(catalog: Catalog) -> dict[str, Snapshot]:
+    """The snapshots this process keeps in memory for ``catalog``'s caches, by cache."""
+    with _kept_lock:
+        return _kept.setdefault(catalog, {})
+
+
 def _paths(catalog: Catalog, cache: str, storage: Storage) -> tuple[Path, Path] | None:
     if catalog.snapshot_dir is None:
         return None
@@ -55,7 +67,7 @@ def _paths(catalog: Catalog, cache: str, storage: Storage) -> tuple[Path, Path] 
 
 def take(catalog: Catalog, cache: str, storage: Storage, fingerprint: tuple) -> Snapshot | None:
     """The snapshot valid for ``fingerprint`` (this process's, else the disk copy), popped."""
-    snap = catalog.rescan_snapshots.pop(cache, None)
+    snap = kept(catalog).pop(cache, None)
     if isinstance(snap, Snapshot):
         return snap if snap.fingerprint == fingerprint else None
     paths = _paths(catalog, cache, storage)
@@ -79,7 +91,7 @@ def keep(catalog: Catalog, cache: str, storage: Storage, snap: Snapshot, *, list
     """Keep ``snap`` on disk, and in memory unless it is over ``in_memory_max`` and the disk copy was written."""
     paths = _paths(catalog, cache, storage)
     if paths is None:
-        catalog.rescan_snapshots[cache] = snap
+        kept(catalog)[cache] = snap
         return
     listing_path, sidecar_path = paths
     try:
@@ -91,9 +103,9 @@ def keep(catalog: Catalog, cache: str, storage: Storage, snap: Snapshot, *, list
         _write(sidecar_path, json.dumps({"version": _VERSION, "fingerprint": list(snap.fingerprint),
                                          "listing_id": snap.listing_id}).encode())
         if len(snap.listing) <= in_memory_max:
-            catalog.rescan_snapshots[cache] = snap
+            kept(catalog)[cache] = snap
     except OSError as exc:
-        catalog.rescan_snapshots[cache] = snap
+        kept(catalog)[cache] = snap
         if str(listing_path.parent) not in _warned:
             _warned.add(str(listing_path.parent))
             log.warning("cannot keep rescan snapshots in %s (%s): a restarted service's first rescan reads every "

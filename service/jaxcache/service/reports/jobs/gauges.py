@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from jaxcache.service.background import Outage, describe
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.reports import queries
+from jaxcache.service.reports.jobs import queries
 
 log = logging.getLogger("jaxcache.service")
 
