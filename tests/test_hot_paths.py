@@ -21,6 +21,7 @@ from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
 from jaxcache.service.entries import queries as listing
 from jaxcache.service.rescan import scan as rescan_mod
+from jaxcache.service.rescan import snapshots
 from jaxcache.storage import open_storage
 from store_servers import put_dir
 
@@ -177,7 +178,7 @@ def test_a_large_listing_is_kept_on_disk_only_and_read_back_by_the_next_rescan(c
     catalog = _catalog(catalog_url, cache_copy, tmp_path / "snapshots")
     first = rescans(catalog, storage, in_memory_max=3)
     assert first.entries > 3 and rescans.catalog_reads == 1
-    assert "c" not in catalog.rescan_snapshots and list((tmp_path / "snapshots").glob("*.listing"))
+    assert "c" not in snapshots.kept(catalog) and list((tmp_path / "snapshots").glob("*.listing"))
     again = rescans(catalog, storage, in_memory_max=3)
     assert (again.added, again.removed, again.updated) == (0, 0, 0) and rescans.catalog_reads == 1
     shutil.copy(next(cache_copy.glob("*-cache")), cache_copy / f"{NEW_KEY}-cache")
@@ -185,11 +186,11 @@ def test_a_large_listing_is_kept_on_disk_only_and_read_back_by_the_next_rescan(c
     os.utime(sorted(cache_copy.glob("*-atime"))[0], (later, later))
     changed = rescans(catalog, storage, in_memory_max=3)
     assert (changed.added, changed.updated) == (1, 1) and rescans.catalog_reads == 1
-    assert "c" not in catalog.rescan_snapshots
+    assert "c" not in snapshots.kept(catalog)
     assert _rows(catalog, "c") == _fresh_rows(tmp_path, cache_copy)
     # A small listing is still held in memory.
     rescans(catalog, storage, in_memory_max=10_000)
-    assert "c" in catalog.rescan_snapshots and rescans.catalog_reads == 1
+    assert "c" in snapshots.kept(catalog) and rescans.catalog_reads == 1
     catalog.dispose()
 
 
@@ -215,7 +216,7 @@ def test_a_large_rescan_writes_in_batches_the_rows_one_write_makes(catalog_url, 
     replaced.write_bytes(replaced.read_bytes())  # another mtime: a replaced object
     (cache_copy / sorted(cache_copy.glob("*-atime"))[1].name.replace("-atime", "-cache")).unlink()  # an orphan
     shutil.copy(next(cache_copy.glob("*-cache")), cache_copy / f"{NEW_KEY}-cache")
-    catalog.rescan_snapshots.clear()
+    snapshots.kept(catalog).clear()
     result = rescan_mod.rescan(catalog, "c", storage, new_per_write=2)
     assert result.added >= 3 and result.removed >= 2
     batched = _rows(catalog, "c")

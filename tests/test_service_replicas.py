@@ -27,9 +27,9 @@ from jaxcache.records import RunRecord
 from jaxcache.service.catalog.coordination import ClusterLocks, LockBusyError
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
-from jaxcache.service.reports import queue
-from jaxcache.service.reports.usage import refresh
-from jaxcache.service.rescan.scan import rescan
+from jaxcache.service.reports.ingest import queue
+from jaxcache.service.reports.ingest.usage import refresh
+from jaxcache.service.rounds import rescan
 from jaxcache.storage import open_storage
 from reports_support import hit, keys_of, run, write
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -46,7 +46,6 @@ class State:
         self.catalog = Catalog(settings.catalog_url, migrate=not prepared, snapshot_dir=settings.snapshot_dir)
         self.generations = Generations(self.catalog)
         self.metrics = Metrics(list(settings.caches))
-        self.catalog.on_misses = self._count_misses
         self.loops = Loops(self.metrics, self.catalog, settings)
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
@@ -64,7 +63,6 @@ class State:
             if (norm := normal_dir(storage.url)) is not None:
                 self.roots.setdefault(norm, []).append(name)
         self.scanned: set[str] = set()
-        self.rounds_done: set[str] = set()  # caches this process has rescanned in a background round
         self.prepared = prepared
         self.root_changes: list[Any] = []  # caches whose root changed since last served, set by app.create_app
 
@@ -126,7 +124,3 @@ class State:
             with self._computed_lock:
                 self._computed[key] = found
         return found
-
-    def _count_misses(self, name: str, counts: Mapping[str, int]) -> None:
-        for cause, n in counts.items():
-            self.metrics.misses.labels(name, cause).inc(n)

@@ -11,10 +11,11 @@ from sqlalchemy import BigInteger, Integer, cast, func, select
 from sqlalchemy.orm import Session
 
 from jaxcache.service.caches.schemas import CacheSummary, SkippedObject
+from jaxcache.service.catalog import usage as queries
+from jaxcache.service.catalog import usage as queue
 from jaxcache.service.catalog.database import ENTRIES, Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.reports import queries, queue
 from jaxcache.service.state import State
 
 _DAY_S = 86400.0

@@ -1,37 +1,35 @@
 """Rescans: make the catalog match storage, parsing only unseen objects (JAX never rewrites a key); one per cache
-across replicas (the ``scan:<cache>`` lock), as two would insert the same rows."""
+across replicas (the ``scan:<cache>`` lock), as two would insert the same rows. What a round does after the listing
+is handed in (``after``: rounds.py), as are the rescans handed to the features that need one."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
+from typing import Any, Protocol
 
 from pydantic import Field
-from sqlalchemy import bindparam, case, delete, func, insert, select, update
+from sqlalchemy import Select, bindparam, case, delete, func, insert, select, update
+from sqlalchemy.engine import Connection
 
 from jaxcache import entry as fmt
 from jaxcache.display import shown
-from jaxcache.errors import JaxcacheError, NotRegularFileError
+from jaxcache.errors import NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service import memory
-from jaxcache.service.caches import summary
-from jaxcache.service.caches.schemas import SKIPPED_SHOWN, RescanModel
+from jaxcache.service.catalog import models
 from jaxcache.service.catalog.coordination import LockBusyError
-from jaxcache.service.catalog.database import USAGE, Catalog, analyze
+from jaxcache.service.catalog.database import Catalog, analyze
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
-from jaxcache.service.metrics import STORAGE
-from jaxcache.service.prune import audit as prune_audit
-from jaxcache.service.reports import retention
-from jaxcache.service.reports.queue import drain, note_folded
-from jaxcache.service.reports.runfiles import scan_records
-from jaxcache.service.reports.usage import EMPTY, stats_of
 from jaxcache.service.rescan import snapshots
-from jaxcache.service.state import State
-from jaxcache.service.warmups import ingest as warmups
+from jaxcache.service.rescan.schemas import RescanModel
 from jaxcache.storage import ObjectInfo, Storage
 from jaxcache.storage.base import Listed, Skipped, Stat, name_problem, same_stat
 
@@ -41,6 +39,23 @@ _CHUNK = 500
 #: New entries parsed and written per transaction (see :func:`rescan`'s ``new_per_write``).
 NEW_PER_WRITE = 20_000
 _NAME_SHOWN = 512  # characters of an escaped name kept (an escape is up to 10 per character of the name)
+
+
+@dataclass(frozen=True, slots=True)
+class Followed:
+    """What the steps after a rescan's listing did (rounds.py runs them in the scan lock), for the rescan's answer."""
+
+    records_ingested: int = 0
+    records_malformed: int = 0
+    warmups_ingested: int = 0
+    records_compacted: int = 0
+    misses_explained: int = 0
+    folded: dict[str, int] = field(default_factory=dict)  # records the drain folded, by source
+    dropped: dict[str, int] = field(default_factory=dict)  # records the drain dropped, by source
+
+
+#: The steps after the listing, run in the scan lock before the scan's end is noted (rounds.after_rescan).
+After = Callable[[Catalog, str, Storage], Followed]
 
 
 class RescanResult(RescanModel):
@@ -109,7 +124,7 @@ def _count_foreign(skipped: Skipped, foreign: set[str]) -> None:
 
 def skipped_names(skipped: Skipped) -> list[dict[str, str]]:
     """The first :data:`SKIPPED_SHOWN` skipped names, escaped for display (and JSON), each with why."""
-    return [{"name": shown(name)[:_NAME_SHOWN], "why": why} for name, why in skipped.items()[:SKIPPED_SHOWN]]
+    return [{"name": shown(name)[:_NAME_SHOWN], "why": why} for name, why in skipped.items()[:models.SKIPPED_SHOWN]]
 
 
 def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, Listed, Listed | None]) -> dict | None:
@@ -135,7 +150,7 @@ def _base_row(cache: str, key: str, kind: str, info: ObjectInfo, atime: ObjectIn
         "size_bytes": info.size_bytes, "created_s": info.mtime_s, "last_used_s": seen_used,
         "seen_used_s": seen_used, "version": info.version, "has_atime": atime is not None,
         "atime_ns": atime_ns, "compression": None, "compile_seconds": None, "status": None, "reason": None,
-        "first_seen_s": now, **EMPTY}
+        "first_seen_s": now, **models.EMPTY}
 
 
 def _with_reports(row: dict, stats: dict | None) -> dict:
@@ -148,13 +163,19 @@ def _with_reports(row: dict, stats: dict | None) -> dict:
     return row
 
 
+class Rescan(Protocol):
+    """A cache's rescan and the steps after it, as app.py hands it to the rescan route (rounds.rescan_cache)."""
+
+    def __call__(self, name: str, *, wait_s: float | None = None) -> RescanResult: ...
+
+
 def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | None = None,
-           retain_s: float | None = None, new_per_write: int = NEW_PER_WRITE,
+           after: After | None = None, new_per_write: int = NEW_PER_WRITE,
            in_memory_max: int = snapshots.IN_MEMORY_MAX,
            release_from_entries: int = memory.RELEASE_FROM_ENTRIES) -> RescanResult:
-    """Bring ``cache``'s rows in line with ``storage`` and, with ``retain_s``, compact older runs (reports/retention).
-    Waits at most ``wait_s`` for another rescan (then LockBusyError); writes ``new_per_write`` entries a transaction;
-    keeps listings over ``in_memory_max`` on disk only; releases memory from ``release_from_entries`` entries."""
+    """Bring ``cache``'s rows in line with ``storage``, then run ``after`` in the same lock. Waits at most ``wait_s``
+    for another rescan (then LockBusyError); writes ``new_per_write`` entries a transaction; keeps listings over
+    ``in_memory_max`` on disk only; releases memory from ``release_from_entries`` entries."""
     lock = catalog.locks.get(f"scan:{cache}")
     if not lock.acquire(timeout=-1 if wait_s is None else wait_s):
         raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "
@@ -162,7 +183,7 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
     try:
         # What this rescan skips, apart from what the storage (shared with prunes and requests) skipped before.
         with storage.skipped.collecting() as skipped:
-            result = _rescan(catalog, cache, storage, retain_s, skipped, new_per_write, in_memory_max)
+            result = _rescan(catalog, cache, storage, after, skipped, new_per_write, in_memory_max)
     finally:
         lock.release()
     if result.entries >= release_from_entries:
@@ -221,7 +242,7 @@ def _fingerprint(conn, cache: str) -> tuple:
     return tuple(conn.execute(_FINGERPRINT, {"cache": cache}).one())
 
 
-def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
+def _rescan(catalog: Catalog, cache: str, storage: Storage, after: After | None,
             skipped: Skipped, new_per_write: int, in_memory_max: int) -> RescanResult:
     started, now = time.monotonic(), time.time()
     # The last snapshot stands for the catalog's rows unless they changed; popped, so a failed rescan leaves none.
@@ -235,7 +256,7 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
         changes, gone = storage.list_changes(snap.listing)
         if not changes and not gone:
             _count_foreign(skipped, snap.foreign)
-            result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=0, removed=0,
+            result = _finish(catalog, cache, storage, after, started, now, skipped, added=0, removed=0,
                              updated=0, entries=snap.entries)
             snap.fingerprint = (fingerprint[0], now, None)
             snapshots.keep(catalog, cache, storage, snap, in_memory_max=in_memory_max)
@@ -313,22 +334,18 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
             count = _fingerprint(s.connection(), cache)[0]
     del changed, batch, new_rows, rows  # not held while the listing is kept
     _count_foreign(skipped, listing.aside())
-    result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=added,
+    result = _finish(catalog, cache, storage, after, started, now, skipped, added=added,
                      removed=len(vanished), updated=len(updates), entries=entries, read_catalog=snap is None)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
     snapshots.keep_new(catalog, cache, storage, (count, now, None), listing, entries, in_memory_max=in_memory_max)
     return result
 
 
-def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
+def _finish(catalog: Catalog, cache: str, storage: Storage, after: After | None,
             started: float, now: float, skipped: Skipped, *, added: int, removed: int, updated: int,
             entries: int, read_catalog: bool = False) -> RescanResult:
-    """Ingest run and warm-up records, compact the old runs, and note the scan's end and what it skipped."""
-    found = scan_records(catalog, cache, storage)
-    covered = warmups.scan(catalog, cache, storage)
-    # Once everything this rescan read is in, so misses are explained against all of it.
-    drained = drain(catalog, cache, root=storage.url)
-    compacted = retention.compact(catalog, cache, storage, retain_s=retain_s).runs if retain_s is not None else 0
+    """Run the steps after the listing (``after``), and note the scan's end and what it skipped."""
+    followed = Followed() if after is None else after(catalog, cache, storage)
     seconds = time.monotonic() - started
     # One UPDATE, no read first: SQLite fails a read-then-write transaction (SQLITE_BUSY_SNAPSHOT) after another write.
     with catalog.session() as s:
@@ -336,87 +353,18 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                   .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None,
                           last_scan_skipped=skipped.count, last_scan_skipped_names=skipped_names(skipped)))
     return RescanResult(cache=cache, added=added, removed=removed, updated=updated, entries=entries, seconds=seconds,
-                        records_ingested=found.ingested, records_malformed=found.malformed,
-                        warmups_ingested=covered.ingested, records_compacted=compacted,
-                        misses_explained=sum(drained.misses.values()), skipped=skipped.count,
-                        read_catalog=read_catalog, folded=dict(drained.fresh), dropped=dict(drained.malformed))
+                        skipped=skipped.count, read_catalog=read_catalog, **dataclasses.asdict(followed))
 
 
-def rescan_cache(state: State, name: str, *, wait_s: float | None = None) -> RescanResult:
-    """Rescan one cache, waiting at most ``wait_s`` for one running elsewhere (then LockBusyError); records metrics."""
-    try:
-        result = rescan(state.catalog, name, state.storages[name], wait_s=wait_s,
-                        retain_s=state.settings.records_retain_s,
-                        release_from_entries=state.settings.release_memory_from_entries)
-    except LockBusyError:
-        raise
-    except Exception as exc:
-        # Per cache, which the loops' own error count is not: which bucket's scans fail, whatever the cause.
-        state.metrics.scan_errors.labels(name, type(exc).__name__).inc()
-        if isinstance(exc, JaxcacheError):
-            with state.catalog.session() as s:  # a write without a read first: see _finish
-                s.execute(update(CacheRow).where(CacheRow.name == name).values(last_scan_error=str(exc)[:2000]))
-        raise
-    state.scanned.add(name)
-    state.metrics.scan_seconds.labels(name).observe(result.seconds)
-    note_folded(state, name, result.folded, result.misses_explained, result.dropped)
-    if result.records_malformed:
-        state.metrics.reports_malformed.labels(STORAGE).inc(result.records_malformed)
-    if result.records_compacted:
-        state.metrics.records_compacted.labels(name).inc(result.records_compacted)
-        state.generations.bump(name, USAGE)  # the usage windows' runs may be gone
-    if result.added or result.removed or result.updated:
-        summary.changed(state, name)
-        summary.stats_of(state, name)  # computed here, in the scan thread, so this process's requests find it ready
-    return result
+def stats_of(conn: Connection, cache: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``{key: aggregates}`` for those of ``keys`` that run records mention (for entry rows a rescan adds)."""
+    ordered = sorted(keys)
+    return {row[0]: dict(zip(models.AGGREGATES, row[1:], strict=True)) for i in range(0, len(ordered), _CHUNK)
+            for row in conn.execute(_stats_of(), {"cache": cache, "keys": ordered[i : i + _CHUNK]})}
 
 
-def ensure_scanned(state: State, name: str) -> None:
-    """Rescan ``name`` unless this process has seen a scan of it (its own, or another's in the catalog)."""
-    if name not in state.scanned:
-        # Another process may have scanned it: listing again would cost a listing and block the rescan loop.
-        state.follow()
-    if name not in state.scanned:
-        rescan_cache(state, name)
-
-
-def rescan_all(state: State) -> list[tuple[str, Exception]]:
-    """One round of background rescans, skipping those scanned elsewhere lately; returns the failures."""
-    now = time.time()
-    failed: list[tuple[str, Exception]] = []
-    with state.catalog.session() as s:
-        last = {r.name: r.last_scan_s for r in s.scalars(select(CacheRow))}
-    for name in state.settings.caches:
-        at = last.get(name)
-        # A process's first round always rescans: what was written while it was down must not wait a period.
-        if at is not None and name in state.rounds_done and 0 <= now - at < state.settings.rescan_s / 2:
-            log.debug("rescan of %s skipped: scanned %.0f s ago (by another process)", name, now - at)
-            continue
-        state.loops.on_cache(name)
-        try:
-            rescan_cache(state, name, wait_s=0)
-            state.rounds_done.add(name)
-            close_interrupted_prunes(state, name)
-        except LockBusyError:
-            log.info("rescan of %s skipped: another process is running one", name)
-        except Exception as exc:  # noqa: BLE001 - a root or the database gone: the others still get rescanned
-            failed.append((name, exc))
-    return failed
-
-
-def close_interrupted_prunes(state: State, name: str) -> None:
-    """Close the audit rows of prunes of ``name`` whose replica died mid-way, unless a prune holds the lock."""
-    if not prune_audit.any_running(state.catalog, name):
-        # Not waiting for the lock, so a prune asked as soon as the replica is ready is not refused.
-        return
-    lock = state.prune_locks.get(name)
-    if not lock.acquire(blocking=False):
-        return
-    try:
-        interrupted = prune_audit.tally_interrupted(state.catalog, name, state.storages[name])
-    finally:
-        lock.release()
-    # Refreshed after closing, so a reader of the closed audit may prune at once (a prune between closes them first).
-    closed = prune_audit.close(state.catalog, name, interrupted)
-    if closed:
-        summary.changed(state, name)
+@functools.cache  # built once: building a statement cost more than running it
+def _stats_of() -> Select:
+    k = models.KeyStatsRow
+    return select(k.key, *(getattr(k, n) for n in models.AGGREGATES)).where(
+        k.cache == bindparam("cache"), k.key.in_(bindparam("keys", expanding=True)))

@@ -1,6 +1,8 @@
 """A rescan's listing, kept in memory and on disk so the next rescan, even after a restart, compares listings instead
 of reading every row; valid only while the catalog's fingerprint is unchanged (else a full rescan). A rescan works on
-the listing by key (:class:`Listing`); it is kept by name, as Storage.list_changes compares it."""
+the listing by key (:class:`Listing`); it is kept by name, as Storage.list_changes compares it. In memory the kept
+listings are this module's, keyed by the Catalog object (one per app, so a new app starts with none) and held
+weakly: the catalog holds no feature's state, and ``rescan(catalog, ...)`` needs nothing else handed in."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import json
 import logging
 import os
 import struct
+import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -33,6 +37,8 @@ _PART = 1024
 _FRAME = struct.Struct("<I")
 _SUFFIXES = ("-cache", "-atime")
 _warned: set[str] = set()
+_kept: weakref.WeakKeyDictionary[Catalog, dict[str, Snapshot]] = weakref.WeakKeyDictionary()
+_kept_lock = threading.Lock()
 
 
 class Listing:
@@ -141,6 +147,12 @@ _head = msgspec.msgpack.Decoder(_Head)
 _part = msgspec.msgpack.Decoder(dict[str, Stat])
 
 
+def kept(catalog: Catalog) -> dict[str, Snapshot]:
+    """The snapshots this process keeps in memory for ``catalog``'s caches, by cache."""
+    with _kept_lock:
+        return _kept.setdefault(catalog, {})
+
+
 def _paths(catalog: Catalog, cache: str, storage: Storage) -> tuple[Path, Path] | None:
     if catalog.snapshot_dir is None:
         return None
@@ -151,7 +163,7 @@ def _paths(catalog: Catalog, cache: str, storage: Storage) -> tuple[Path, Path] 
 
 def take(catalog: Catalog, cache: str, storage: Storage, fingerprint: tuple) -> Snapshot | None:
     """The snapshot valid for ``fingerprint`` (this process's, else the disk copy), popped."""
-    snap = catalog.rescan_snapshots.pop(cache, None)
+    snap = kept(catalog).pop(cache, None)
     if isinstance(snap, Snapshot):
         return snap if snap.fingerprint == fingerprint else None
     paths = _paths(catalog, cache, storage)
@@ -209,7 +221,7 @@ def _keep(catalog: Catalog, cache: str, storage: Storage, snap: Snapshot, listin
     def hold() -> None:
         if listing is not None:
             snap.listing = dict(listing.by_name())
-        catalog.rescan_snapshots[cache] = snap
+        kept(catalog)[cache] = snap
 
     paths = _paths(catalog, cache, storage)
     if paths is None:
