@@ -191,6 +191,13 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
     return result
 
 
+def wait_for_rescans(catalog: Catalog, cache: str) -> None:
+    """Return once no rescan of ``cache`` runs, on this replica or another: waits for the one that does."""
+    lock = catalog.locks.get(f"scan:{cache}")
+    lock.acquire()
+    lock.release()
+
+
 def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
     for kind in ("entry", "orphan"):
         keys = [k for k, kd in vanished if kd == kind]
