@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, url: str | None) -> int:
     from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.reports import queue
+    from jaxcache.service.reports.ingest import queue
 
     now = time.time()
     modules = ["jit_train_step", "jit_eval_step"]

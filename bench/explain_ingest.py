@@ -88,13 +88,13 @@ def _unexplained():  # type: ignore[no-untyped-def]
     """Misses stored unexplained: the arm without explanations."""
     from collections import Counter
 
-    from jaxcache.service.reports import misses as explaining
+    from jaxcache.service.reports.ingest import misses as explaining
 
     return mock.patch.object(explaining, "explain_pending", lambda *a, **k: Counter())
 
 
 def posts(work: str, i: int, recs: list, explain: bool) -> float:
-    from jaxcache.service.reports.queue import ingest
+    from jaxcache.service.reports.ingest.queue import ingest
 
     catalog = _catalog(work, i)
     t = time.perf_counter()
@@ -107,7 +107,7 @@ def posts(work: str, i: int, recs: list, explain: bool) -> float:
 
 
 def rescan(work: str, i: int, recs: list, explain: bool) -> float:
-    from jaxcache.service.rescan.scan import rescan
+    from jaxcache.service.rounds import rescan
     from jaxcache.storage import open_storage
 
     root = os.path.join(work, f"root{i}")

@@ -99,8 +99,8 @@ def _scanned(c) -> bool:
 def memory(pid: int, pss: bool = True) -> dict:
     """Resident memory of the service, MiB: the serving process and its workers together (``VmRSS``; each one's
     in ``each_VmRSS``, the serving process first), the largest of them, the sum of each one's peak (``VmHWM``; an
-    upper bound of the service's peak), and ``Pss``: the same pages with each shared one (libraries) counted once
-    across the processes, what the machine spends on the service."""
+    upper bound of the service's peak; each one's in ``each_VmHWM``), and ``Pss``: the same pages with each shared
+    one (libraries) counted once across the processes, what the machine spends on the service."""
     pids, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -110,7 +110,8 @@ def memory(pid: int, pss: bool = True) -> dict:
     return {"VmRSS": round(sum(s.get("VmRSS", 0) for s in each), 1),
             "largest_VmRSS": max((s.get("VmRSS", 0) for s in each), default=0),
             "VmHWM": round(sum(s.get("VmHWM", 0) for s in each), 1), "processes": len(each),
-            "Pss": round(sum(s.get("Pss", 0) for s in each), 1), "each_VmRSS": [s.get("VmRSS", 0) for s in each]}
+            "Pss": round(sum(s.get("Pss", 0) for s in each), 1), "each_VmRSS": [s.get("VmRSS", 0) for s in each],
+            "each_VmHWM": [s.get("VmHWM", 0) for s in each]}
 
 
 def settled(pid: int, *, after_s: float = 6.0) -> dict[str, float]:

@@ -56,7 +56,7 @@ def build(root: str, days: int, per_day: int) -> int:
 
 
 def timed(catalog, storage) -> dict:
-    from jaxcache.service.rescan.scan import rescan
+    from jaxcache.service.rounds import rescan
 
     counting = Counting(storage)
     t = time.perf_counter()

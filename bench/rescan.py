@@ -35,7 +35,7 @@ def child(kind: str, root: str, db: str, repeat: int = 1) -> dict:
     """``fill``: one rescan; ``rescans``: a baseline pass and a rescan, ``repeat`` times in this process."""
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import CacheRow
-    from jaxcache.service.rescan.scan import rescan
+    from jaxcache.service.rounds import rescan
     from jaxcache.storage import open_storage
 
     # "first": a restarted process with the listing the last rescan kept on disk; "cold": without one.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -154,14 +155,38 @@ def post(client, record: RunRecord | bytes, query: str = "", headers=H_REPORT):
     return r
 
 
-@pytest.fixture
-def svc(request, tmp_path, cache_copy):
+def _service(request, tmp_path: Path, cache_copy: Path, **kw) -> Iterator[TestClient]:
     age(cache_copy, 10)
     db = request.getfixturevalue("pg_url") if getattr(request, "param", "sqlite") == "postgresql" else None
-    with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}, db=db))) as client:
+    with TestClient(create_app(settings(tmp_path, {"demo": str(cache_copy)}, db=db, **kw))) as client:
         settled(client)
         rescan(client)
         yield client
+
+
+@pytest.fixture
+def svc(request, tmp_path, cache_copy):
+    yield from _service(request, tmp_path, cache_copy)
+
+
+#: How often the ``metered`` service reads its usage gauges from the catalog (``JAXCACHE_USAGE_METRICS_S``).
+USAGE_S = 0.2
+
+
+@pytest.fixture
+def metered(request, tmp_path, cache_copy):
+    """``svc``, reading its usage gauges every :data:`USAGE_S`: for tests that scrape them after posting."""
+    yield from _service(request, tmp_path, cache_copy, usage_metrics_s=USAGE_S)
+
+
+def scraped(client, done: Callable[[str], bool], timeout_s: float = 30.0) -> str:
+    """The first ``/metrics`` text that ``done`` accepts (the usage gauges are read again every
+    ``JAXCACHE_USAGE_METRICS_S``, not at a scrape); a bound on waiting, not a timing."""
+    deadline = time.monotonic() + timeout_s
+    while not done(text := client.get("/metrics").text):
+        assert time.monotonic() < deadline, f"/metrics never showed what the test waits for:\n{text}"
+        time.sleep(0.05)
+    return text
 
 
 @pytest.fixture

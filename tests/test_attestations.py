@@ -24,6 +24,7 @@ from jaxcache.entry import parse_name
 from jaxcache.records import Fingerprint, KeyUsage, RunRecord
 from jaxcache.scan import Entry
 from jaxcache.service.app import create_app
+from jaxcache.service.reports.records import runfiles
 from jaxcache.service.settings import ServiceSettings
 
 JOB = Path(__file__).parent / "programs" / "client_job.py"
@@ -88,7 +89,7 @@ def _h(token: str) -> dict[str, str]:
 
 def _rescan(client: TestClient) -> None:
     # Every record listed, as a process's first rescan does (a back-dated one is otherwise left to the daily one).
-    client.app.state.jaxcache.catalog.record_listings.clear()
+    runfiles.listings(client.app.state.jaxcache.catalog).clear()
     assert client.post("/v1/caches/c/rescan", headers=_h(ADMIN)).status_code == 200
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, event, text
 from conftest import settled
 from jaxcache.service.app import create_app
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.reports import queue
+from jaxcache.service.reports.ingest import queue
 from reports_support import hit, run, settings
 
 PROCESSES, KEYS, PASS = 256, 50, 64

@@ -244,10 +244,10 @@ def test_options_resolution_order_and_checks(tmp_path):
         dict(cache_dir="/c", env={"JAXCACHE_RUN_ID": "../x"}),
         dict(cache_dir="s3a://b/x"),
         dict(cache_dir="az://account@ctr/x"),
-        dict(cache_dir="s3://b/x", max_size_bytes=10, env={"JAXCACHE_LOCAL_DIR": "off"}),
+        dict(cache_dir="s3://bucket/x", max_size_bytes=10, env={"JAXCACHE_LOCAL_DIR": "off"}),
         dict(cache_dir="az://ctr/x", xla_caches="all", env={"JAXCACHE_LOCAL_DIR": "off"}),
-        dict(cache_dir="/c", local_dir="s3://b/tier"),
-        dict(cache_dir="gs://b/x", max_size_bytes=10, env={"JAXCACHE_LOCAL_DIR": "off"}),
+        dict(cache_dir="/c", local_dir="s3://bucket/tier"),
+        dict(cache_dir="gs://bucket/x", max_size_bytes=10, env={"JAXCACHE_LOCAL_DIR": "off"}),
         dict(cache_dir="/c", env={"JAXCACHE_SIGNING_KEY": "/no/such/key"}),
     ]
     for case in bad:

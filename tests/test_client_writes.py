@@ -6,8 +6,10 @@ Real JAX compiles on the CPU in fresh processes (tests/programs/client_job.py), 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -98,6 +100,8 @@ def test_an_entry_torn_after_its_head_is_not_claimed(tmp_path):
         out = result(proc)
         (torn,) = cache.glob("jit_big-*-cache")
         data = torn.read_bytes()
+        checked = subprocess.run([sys.executable, "-m", "jaxcache", "doctor", str(cache), "--verify", "--min-age",
+                                  "0s", "--json"], capture_output=True, text=True, timeout=120, env=clean_env())
 
     assert entry.read_header_bytes(data).status is entry.Status.OK, "the head is there and decodes"
     assert entry.validate(data).status is entry.Status.CORRUPT, "the tail is not"
@@ -107,6 +111,11 @@ def test_an_entry_torn_after_its_head_is_not_claimed(tmp_path):
     (usage,) = [u for u in record.keys if u.key == torn.name.removesuffix("-cache")]
     assert usage.event == records.COMPILED and usage.writes == 0 and usage.sha256 is None, usage
     assert usage.reason.startswith("disk full: ") and "truncated" in usage.reason, usage.reason
+    # The client read it back with the check `doctor --verify` makes (one stream, hashed as it is validated): both
+    # find the same damage.
+    (verdict,) = [v for v in json.loads(checked.stdout)["entries"] if v["name"] == torn.name]
+    assert verdict["class"] == "corrupt" and verdict["sha256"] == hashlib.sha256(data).hexdigest(), verdict
+    assert f"broken entry ({verdict['reasons'][0]})" in usage.reason, (verdict, usage.reason)
     assert writers(record, tmp_path) == {}
     assert "1 compiled, not written (1: disk full: " in out["summary"], out["summary"]
     assert proc.stderr.count("did not leave a whole entry") == 1, proc.stderr
@@ -142,6 +151,8 @@ def test_a_jammed_entry_is_not_claimed_by_the_next_run_either(tmp_path, age_s):
             assert usage.event == records.WRITE and usage.writes == 1, usage
     assert set(writers(record, tmp_path)) == {u.key for u in record.keys} - jammed
     assert "2 unreadable" in out["summary"], out["summary"]
+    # The advice removes exactly those entries, as `jaxcache explain` does (test_explain_jax.py).
+    assert all(f"{cache / key}-cache" in out["summary"] for key in jammed), out["summary"]
 
 
 def test_a_gcs_root_hands_xla_no_path_on_either_jax(tmp_path, gcs_bucket, interpreter):
@@ -193,15 +204,16 @@ def test_asking_for_xla_sub_caches_on_a_gcs_root_is_refused():
     off = {**args, "env": {"JAXCACHE_LOCAL_DIR": "off"}}
     for asked in ("all", "xla_gpu_per_fusion_autotune_cache_dir"):
         with pytest.raises(InvalidInputError, match="XLA cannot write"):
-            client_options.resolve("gs://b/x", xla_caches=asked, default_xla_caches=None, **off)
+            client_options.resolve("gs://bucket/x", xla_caches=asked, default_xla_caches=None, **off)
         # With a node-local tier they go there; should none be writable after all, they are off again.
-        tiered = client_options.resolve("gs://b/x", xla_caches=asked, default_xla_caches=None, **args)
+        tiered = client_options.resolve("gs://bucket/x", xla_caches=asked, default_xla_caches=None, **args)
         assert tiered.jax_settings("/node/dir")["jax_persistent_cache_enable_xla_caches"] == asked
         assert tiered.jax_settings()["jax_persistent_cache_enable_xla_caches"] == "none"
     for default in (None, "none"):
-        resolved = client_options.resolve("gs://b/x", xla_caches=None, default_xla_caches=default, **args)
+        resolved = client_options.resolve("gs://bucket/x", xla_caches=None, default_xla_caches=default, **args)
         assert resolved.jax_settings()["jax_persistent_cache_enable_xla_caches"] == "none"
-    assert client_options.resolve("gs://b/x", xla_caches="none", default_xla_caches=None, **args).xla_caches == "none"
+    none = client_options.resolve("gs://bucket/x", xla_caches="none", default_xla_caches=None, **args)
+    assert none.xla_caches == "none"
     proc = run_job("--cache-dir", "gs://bucket/jax", "--xla-caches", "all", "--local-dir", "off", expect=3)
     assert "InvalidInputError" in proc.stderr and "leave it unset" in proc.stderr
 

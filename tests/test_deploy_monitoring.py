@@ -17,7 +17,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy_support import DEPLOY, K8S, KUSTOMIZATIONS, by_kind, load_docs, one
-from reports_support import H_ADMIN, compiled, hit, report, run
+from reports_support import H_ADMIN, compiled, hit, report, run, scraped
 
 RULES = DEPLOY / "prometheus" / "jaxcache-rules.yml"
 RULES_TEST = DEPLOY / "prometheus" / "jaxcache-rules.test.yml"
@@ -195,14 +195,14 @@ def unknown(queries: list[str], exported: set[str]) -> list[str]:
 
 
 @pytest.fixture
-def exported(svc, keys) -> set[str]:
+def exported(metered, keys) -> set[str]:
     """What the real service exports after a rescan (the fixture's), a POSTed report with a hit and a miss, and an
-    integrity pass: every family, most with labelled series."""
+    integrity pass: every family, most with labelled series (the usage gauges once read after the report)."""
     now = time.time()
-    report(svc, run("metrics-job", "m1", [hit(keys["jit_train_step"], 2, now), compiled(keys["jit_tiny"], 1.0, now)]))
-    assert svc.post("/v1/caches/demo/verify", headers=H_ADMIN).status_code == 200
-    text = svc.get("/metrics").text
-    assert 'jaxcache_job_hit_rate{cache="demo",job="metrics-job"}' in text
+    report(metered, run("metrics-job", "m1", [hit(keys["jit_train_step"], 2, now),
+                                              compiled(keys["jit_tiny"], 1.0, now)]))
+    assert metered.post("/v1/caches/demo/verify", headers=H_ADMIN).status_code == 200
+    text = scraped(metered, lambda text: 'jaxcache_job_hit_rate{cache="demo",job="metrics-job"}' in text)
     assert "jaxcache_misses_total{" in text and 'jaxcache_integrity_entries{cache="demo",class="ok"}' in text
     return exported_names(text)
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from jaxcache import keyparts as kp
-from jaxcache import skips
+from jaxcache import skips, unreadable
 from jaxcache.cli import main as cli_main
 from jaxcache.explain import Deletion, EntryNow, Known, explain
 from jaxcache.keyparts import KeyParts, ProgramSignature
@@ -97,7 +97,28 @@ def test_skipped_comes_first_with_why_and_the_command_that_removes_it():
 def test_unreadable_names_the_command_that_removes_it():
     hist = FakeHistory(entries={K: EntryNow(K, NOW - 100, readable=False, problem="truncated")})
     why = explain(known(K, "compiled", NOW, run="r2"), hist, root="/cache")
-    assert why.cause == "unreadable" and "truncated" in why.fix and "jaxcache prune /cache --corrupt" in why.fix
+    assert why.cause == "unreadable" and "(truncated)" in why.fix
+    assert f"rm -f /cache/{K}-cache /cache/{K}-sig" in why.fix, "the command removes exactly this entry"
+
+
+def test_an_entry_of_this_runs_own_write_in_a_whole_second_store_is_not_unreadable():
+    """S3 and Azure give whole seconds: the entry this run wrote 0.1 s after its lookup at x.7 reads as x.0, 0.7 s
+    before the lookup. That is no entry that was there before (as the client judges it, jaxcache.unreadable)."""
+    at = NOW + 0.7
+    hist = FakeHistory([known(K, "write", at, run="r2")], entries={K: EntryNow(K, float(int(at + 0.1)), readable=True)})
+    why = explain(known(K, "write", at, run="r2"), hist)
+    assert why.cause == "new_program", why
+
+
+def test_the_misss_own_record_that_the_entry_was_there_is_unreadable_whatever_its_age():
+    """The client's put hook found the entry there as JAX went to write: the miss met it, however recent its
+    mtime, and even once it is removed."""
+    miss = known(K, "compiled", NOW, run="r2", reason=unreadable.REASON)
+    cases = {"(truncated)": EntryNow(K, NOW - 0.5, readable=False, problem="truncated"), "removed since": None,
+             "another process was writing it": EntryNow(K, NOW + 0.3, readable=True)}
+    for problem, entry in cases.items():
+        why = explain(miss, FakeHistory(entries={K: entry} if entry else {}), root="/cache")
+        assert why.cause == "unreadable" and problem in why.fix and f"rm -f /cache/{K}-cache" in why.fix, why
 
 
 def test_not_written_says_why_and_what_to_set():

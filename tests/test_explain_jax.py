@@ -133,7 +133,27 @@ def test_a_truncated_entry_is_unreadable(tmp_path, capsys):
     time.sleep(2.5)  # older than the reader's lookup by more than the client's slack
     reader = run(tmp_path)
     miss = only(causes(tmp_path, capsys, reader["run_id"]))
-    assert miss["cause"] == "unreadable" and "--corrupt --apply" in miss["fix"], miss
+    assert miss["cause"] == "unreadable" and f"rm -f {entry} " in miss["fix"], miss
+    # The job's own summary gives the same fix for it: the advice after what is wrong with the entry.
+    fix = miss["fix"].rsplit("; ", 1)[1]
+    assert fix.startswith("JAX recompiles it") and fix in reader["summary"], (fix, reader["summary"])
     # JAX says it writes, and writes nothing over an entry that exists: the record must not claim (or attest) it.
     assert [k["event"] for k in reader["keys"]] == ["compiled"], reader
     assert entry.stat().st_size == stat.st_size // 2
+
+
+@pytest.mark.parametrize(("age_s", "was_there"), [(1.0, False), (3.0, True)])
+def test_the_summary_and_explain_agree_whether_an_entry_was_there_before_the_lookup(tmp_path, capsys, age_s,
+                                                                                    was_there):
+    """JAX does not write the reader's program (under its 1 s compile-time threshold), so its put never finds the
+    entry there: the client's summary and `jaxcache explain` both tell from the entry's age alone whether the miss
+    met an unreadable entry, by one rule. 1 s before the lookup is within the clocks' slack (an object store's
+    whole-second mtime), 3 s is not."""
+    run(tmp_path)
+    (entry,) = tmp_path.glob("jit_step-*-cache")
+    entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
+    reader = run(tmp_path, "--default-thresholds", "--age-entries", str(age_s))
+    assert [k["event"] for k in reader["keys"]] == ["compiled"], reader
+    miss = only(causes(tmp_path, capsys, reader["run_id"]))
+    assert ("1 unreadable" in reader["summary"]) is was_there, reader["summary"]
+    assert (miss["cause"] == "unreadable") is was_there, miss

@@ -59,6 +59,27 @@ def test_the_index_answers_until_size_or_mtime_changes(capsys, cache_copy, jax_c
     assert by_key(run_json(capsys, "ls", root)[0])[second["key"]]["size_bytes"] == st.st_size // 2
 
 
+def test_ls_and_the_services_rescans_take_the_same_objects_as_unchanged(capsys, cache_copy, jax_caches, index_dir):
+    """`jaxcache ls` (its head index) and a rescan's listing (``list_changes``) decide "the same object" by one rule:
+    other bytes under the same size and mtime are the same object to both, a new mtime or a new size a changed one
+    to both."""
+    root = str(cache_copy)
+    run_json(capsys, "ls", root)
+    storage = open_storage(root)
+    listing, _ = storage.list_changes({})
+    same, touched, resized = (cache_copy / e["file"] for e in jax_caches["zstd"].entries[:3])
+    garble_keeping_stamp(same)
+    garble_keeping_stamp(touched)
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 1_000_000_000))
+    st = resized.stat()
+    resized.write_bytes(resized.read_bytes()[: st.st_size // 2])
+    os.utime(resized, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    changed, _ = storage.list_changes(listing)
+    reread = {e["key"] + "-cache" for e in run_json(capsys, "ls", root)[0]["entries"] if e["status"] == "corrupt"}
+    assert {n for n in changed if n.endswith("-cache")} == reread == {touched.name, resized.name}, (changed, reread)
+
+
 def test_new_changed_atime_and_deleted_entries(capsys, cache_copy, jax_caches, index_dir):
     root = str(cache_copy)
     entries = jax_caches["zstd"].entries

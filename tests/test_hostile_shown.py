@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from conftest import settled
 from jaxcache.display import shown
 from jaxcache.service.app import create_app
-from jaxcache.service.rescan.scan import SKIPPED_SHOWN
+from jaxcache.service.catalog.models import SKIPPED_SHOWN
 from reports_support import H_READ, rescan, settings
 from test_hostile_root import BIDI_MODULE, key_of
 

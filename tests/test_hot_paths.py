@@ -3,10 +3,12 @@ pages planned as index ranges, and the page cache of listings."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sqlite3
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,12 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from gc_support import full_collections
+from jaxcache import entry as fmt
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, EntryRow
 from jaxcache.service.entries import queries as listing
 from jaxcache.service.rescan import scan as rescan_mod
+from jaxcache.service.rescan import snapshots
 from jaxcache.storage import open_storage
 from store_servers import put_dir
 
@@ -174,7 +178,7 @@ def test_a_large_listing_is_kept_on_disk_only_and_read_back_by_the_next_rescan(c
     catalog = _catalog(catalog_url, cache_copy, tmp_path / "snapshots")
     first = rescans(catalog, storage, in_memory_max=3)
     assert first.entries > 3 and rescans.catalog_reads == 1
-    assert "c" not in catalog.rescan_snapshots and list((tmp_path / "snapshots").glob("*.listing"))
+    assert "c" not in snapshots.kept(catalog) and list((tmp_path / "snapshots").glob("*.listing"))
     again = rescans(catalog, storage, in_memory_max=3)
     assert (again.added, again.removed, again.updated) == (0, 0, 0) and rescans.catalog_reads == 1
     shutil.copy(next(cache_copy.glob("*-cache")), cache_copy / f"{NEW_KEY}-cache")
@@ -182,11 +186,11 @@ def test_a_large_listing_is_kept_on_disk_only_and_read_back_by_the_next_rescan(c
     os.utime(sorted(cache_copy.glob("*-atime"))[0], (later, later))
     changed = rescans(catalog, storage, in_memory_max=3)
     assert (changed.added, changed.updated) == (1, 1) and rescans.catalog_reads == 1
-    assert "c" not in catalog.rescan_snapshots
+    assert "c" not in snapshots.kept(catalog)
     assert _rows(catalog, "c") == _fresh_rows(tmp_path, cache_copy)
     # A small listing is still held in memory.
     rescans(catalog, storage, in_memory_max=10_000)
-    assert "c" in catalog.rescan_snapshots and rescans.catalog_reads == 1
+    assert "c" in snapshots.kept(catalog) and rescans.catalog_reads == 1
     catalog.dispose()
 
 
@@ -212,7 +216,7 @@ def test_a_large_rescan_writes_in_batches_the_rows_one_write_makes(catalog_url, 
     replaced.write_bytes(replaced.read_bytes())  # another mtime: a replaced object
     (cache_copy / sorted(cache_copy.glob("*-atime"))[1].name.replace("-atime", "-cache")).unlink()  # an orphan
     shutil.copy(next(cache_copy.glob("*-cache")), cache_copy / f"{NEW_KEY}-cache")
-    catalog.rescan_snapshots.clear()
+    snapshots.kept(catalog).clear()
     result = rescan_mod.rescan(catalog, "c", storage, new_per_write=2)
     assert result.added >= 3 and result.removed >= 2
     batched = _rows(catalog, "c")
@@ -299,3 +303,120 @@ def test_rescans_of_an_unchanged_bucket_read_no_object(store_root, cache_copy, t
         status = conn.execute(select(EntryRow.status).where(EntryRow.key == victim[:-6])).scalar_one()
     assert status == "corrupt" and fresh.reads == 1
     restarted.dispose()
+
+
+def _linked(root: Path, source: Path, n: int, *, atimes: int, lone: int) -> None:
+    """``n`` entries under ``root``, hard links to the entry ``source`` under keys of their own, the first ``atimes``
+    with an ``-atime`` (ages spread, each newer than the entry), and ``lone`` ``-atime`` files without an entry."""
+    root.mkdir(exist_ok=True)
+    now = time.time()
+    os.utime(source, (now - 86400, now - 86400))
+    for i in range(n + lone):
+        key = f"jit_many-{hashlib.sha256(str(i).encode()).hexdigest()}"
+        if i < n:
+            os.link(source, root / f"{key}-cache")
+        if i < atimes or i >= n:
+            atime = root / f"{key}-atime"
+            atime.write_bytes(fmt.encode_atime(int((now - i) * 1e9)))
+            os.utime(atime, (now - i, now - i))
+
+
+def _rows_of_files(root: Path) -> set[tuple]:
+    """The rows a root makes by the rules, not by a rescan: an entry per -cache file JAX named, last used at the newer
+    of its mtime and its -atime's; an orphan row per -atime file without its entry."""
+    files = {p.name: p.stat() for p in root.iterdir() if p.is_file()}
+    rows = set()
+    for name, st in files.items():
+        if fmt.parse_name(name) is None:
+            continue
+        key = name[:-6]
+        if name.endswith("-cache"):
+            atime = files.get(f"{key}-atime")
+            seen = st.st_mtime if atime is None else max(st.st_mtime, atime.st_mtime)
+            rows.add((key, "entry", st.st_size, st.st_mtime, seen, atime is not None))
+        elif f"{key}-cache" not in files:
+            rows.add((key, "orphan", st.st_size, st.st_mtime, st.st_mtime, False))
+    return rows
+
+
+def _listed_rows(catalog: Catalog, cache: str) -> set[tuple]:
+    with catalog.session() as s:
+        return {tuple(r) for r in s.execute(select(
+            EntryRow.key, EntryRow.kind, EntryRow.size_bytes, EntryRow.created_s, EntryRow.seen_used_s,
+            EntryRow.has_atime).where(EntryRow.cache == cache))}
+
+
+@pytest.mark.parametrize("kept", ["memory", "disk"])
+def test_first_periodic_and_cold_rescans_make_the_rows_the_files_say(catalog_url, cache_copy, tmp_path, kept):
+    """Entries with and without -atime files, lone -atime files, names JAX did not write: the first rescan, one
+    comparing with the kept listing (in memory or on disk) and one reading the catalog instead all leave exactly the
+    rows the files make."""
+    source = next(p for p in sorted(cache_copy.iterdir()) if p.name.endswith("-cache"))
+    _linked(cache_copy, source, 300, atimes=200, lone=20)
+    (cache_copy / "notes-cache").write_text("not JAX's name")
+    (cache_copy / "notes.txt").write_text("not an entry")
+    catalog = _catalog(catalog_url, cache_copy, tmp_path / "kept")
+    storage, rescans = open_storage(str(cache_copy)), Rescans()
+    in_memory_max = 10_000 if kept == "memory" else 3
+
+    first = rescans(catalog, storage, in_memory_max=in_memory_max, new_per_write=64)
+    assert first.added == len(_rows_of_files(cache_copy))
+    assert _listed_rows(catalog, "c") == _rows_of_files(cache_copy)
+
+    # Used, evicted, written, replaced; a foreign name changed, a lone -atime written.
+    later = time.time() + 120
+    caches = sorted(cache_copy.glob("jit_many-*-cache"))
+    # (An orphan's row keeps the time its -atime had when first listed: lone -atime files are left as they are.)
+    atimes = [p for p in sorted(cache_copy.glob("jit_many-*-atime")) if p.with_name(f"{p.name[:-6]}-cache").exists()]
+    for p in atimes[:30]:
+        os.utime(p, (later, later))
+    for p in caches[:10] + atimes[40:45]:
+        p.unlink()
+    shutil.copy(source, cache_copy / f"{NEW_KEY}-cache")
+    caches[50].unlink()
+    shutil.copy(source, caches[50])
+    os.utime(caches[50], (later, later))
+    (cache_copy / "notes-cache").write_text("not JAX's name, changed")
+    (cache_copy / ("jit_other-" + "cd" * 32 + "-atime")).write_bytes(fmt.encode_atime(time.time_ns()))
+    changed = rescans(catalog, storage, in_memory_max=in_memory_max, new_per_write=7)
+    assert rescans.catalog_reads == 1 and changed.added >= 3 and changed.updated > 0 and changed.removed > 0
+    assert _listed_rows(catalog, "c") == _rows_of_files(cache_copy)
+    assert rescans(catalog, storage, in_memory_max=in_memory_max).added == 0 and rescans.catalog_reads == 1
+
+    catalog.rescan_snapshots.clear()
+    for path in (tmp_path / "kept").iterdir():
+        path.unlink()
+    cold = rescans(catalog, storage, in_memory_max=in_memory_max)
+    assert (cold.added, cold.removed, cold.updated, rescans.catalog_reads) == (0, 0, 0, 2)
+    assert cold.entries == changed.entries == len(_rows_of_files(cache_copy))
+    catalog.dispose()
+
+
+def test_a_first_rescan_holds_its_listing_once(cache_copy, tmp_path):
+    """A first rescan takes the listing by key as it streams in and makes nothing else as large: at a million entries
+    it held the listing by name, a copy by key, and each entry's item and last use (1.7 GB in one process; 2.8 times
+    the listing by name here). Its peak (tracemalloc) stays near what the listing by name alone takes."""
+    root = tmp_path / "many"
+    _linked(root, next(p for p in sorted(cache_copy.iterdir()) if p.name.endswith("-cache")), 10_000,
+            atimes=10_000, lone=0)
+    catalog = _catalog(f"sqlite:///{tmp_path / 'c.sqlite'}", root, tmp_path / "kept")
+    with catalog.session() as s:
+        s.add(CacheRow(name="warm", url=str(cache_copy)))
+    # Statements compiled and pools made once per process: not what this measures.
+    rescan_mod.rescan(catalog, "warm", open_storage(str(cache_copy)))
+    storage = open_storage(str(root))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        by_name, _ = storage.list_changes({})
+        listing_bytes = tracemalloc.get_traced_memory()[0] - before
+        del by_name
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        result = rescan_mod.rescan(catalog, "c", storage, in_memory_max=1000, new_per_write=250)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert result.added == 10_000
+    assert peak < 1.25 * listing_bytes, (peak, listing_bytes)
+    catalog.dispose()

@@ -166,7 +166,8 @@ def test_the_summary_names_the_causes_it_can_tell_and_the_explain_command(tmp_pa
     assert "3 misses" in summary, summary
     assert "1 not written, as JAX said (1: compiled in" in summary, summary
     assert "under jax_persistent_cache_min_compile_time_secs=60)" in summary, summary
-    assert "1 unreadable (the entry is in the cache but could not be read" in summary, summary
+    assert "1 unreadable (the entry is in the cache but JAX could not load it" in summary, summary
+    assert f"remove it: rm -f {entry} " in summary, "the fix removes exactly that entry"
     assert summary.endswith(f"1 to explain: jaxcache explain {cache} --run {run_id}"), summary
     assert summary in run["stderr"], "the summary logged at exit says the same"
 

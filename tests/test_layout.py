@@ -84,12 +84,12 @@ def test_dependency_direction(name):
 
 
 #: The service's layers, top to bottom: a module imports its own layer's and lower ones', never a higher one's. An
-#: entry names a top-level module or folder, or one module of a folder (``reports.route``), and the longest entry that
+#: entry names a top-level module or folder, or one module of a folder (``reports.ingest``), and the longest entry that
 #: names a module decides its layer (modules named nowhere here, such as settings and auth, are below them all). The
-#: feature folders (reports, caches, entries, rescan, integrity, prune, warmups) may import each other: no circle.
+#: feature folders import no other feature (test_a_feature_imports_no_other_feature): the composers put them together.
 SERVICE_LAYERS = (
     ("app", "server", "command"),
-    ("dashboard",),
+    ("dashboard", "rounds"),
     ("caches", "entries", "prune", "rescan", "integrity", "warmups", "reports", "ops"),
     ("web",),
     ("state",),
@@ -110,8 +110,8 @@ def service_layer(module: str) -> int | None:
 
 @pytest.mark.parametrize("name", sorted(n for n, (part, _) in ALL.items() if part == "service"), ids=str)
 def test_the_service_imports_only_downwards(name):
-    """app -> dashboard -> the features -> web -> state -> the loops, metrics, memory -> catalog:
-    nothing reaches back up (features may import each other; test_no_import_circles keeps that acyclic)."""
+    """app -> dashboard, rounds -> the features -> web -> state -> the loops, metrics, memory -> catalog:
+    nothing reaches back up."""
     mine = service_layer(name)
     for imported in imports(ALL[name][1]):
         theirs = service_layer(imported)
@@ -119,24 +119,68 @@ def test_the_service_imports_only_downwards(name):
             f"{name} imports {imported}, a layer above it: {SERVICE_LAYERS}")
 
 
-def test_no_import_circles():
-    graph = {name: {i for i in imports(path) if i in ALL and i != name} for name, (_, path) in ALL.items()}
+def _no_circle(graph: dict[str, set[str]], what: str) -> None:
     done: set[str] = set()
 
     def visit(node: str, stack: list[str]) -> None:
         if node in stack:
             cycle = stack[stack.index(node):] + [node]
-            raise AssertionError("import circle: " + " -> ".join(cycle))
+            raise AssertionError(f"{what} circle: " + " -> ".join(cycle))
         if node in done:
             return
         stack.append(node)
-        for nxt in sorted(graph[node]):
+        for nxt in sorted(graph.get(node, ())):
             visit(nxt, stack)
         stack.pop()
         done.add(node)
 
     for name in sorted(graph):
         visit(name, [])
+
+
+def test_no_import_circles():
+    graph = {name: {i for i in imports(path) if i in ALL and i != name} for name, (_, path) in ALL.items()}
+    _no_circle(graph, "import")
+
+
+#: What every feature of the service may import besides the core: these folders and the top-level modules (state,
+#: settings, metrics, memory, auth, background). The composers put features together: only they import features.
+SERVICE_SHARED = ("catalog", "web")
+SERVICE_COMPOSERS = ("app", "dashboard", "rounds")
+SERVICE_FEATURES = tuple(sorted(
+    p.name for p in (ROOT / "service" / "jaxcache" / "service").iterdir()
+    if (p / "__init__.py").is_file() and p.name not in SERVICE_SHARED + SERVICE_COMPOSERS))
+
+
+def service_unit(module: str) -> str | None:
+    """The service's top-level module or folder that holds ``module`` (``reports`` for reports.ingest.queue)."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["jaxcache", "service"] and len(parts) > 2 else None
+
+
+def _service_units() -> dict[str, dict[str, set[str]]]:
+    """``{unit: {unit it imports: {importing module}}}`` over the service's top-level modules and folders."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for name, (part, path) in ALL.items():
+        if part == "service" and (unit := service_unit(name)) is not None:
+            for other in {service_unit(i) for i in imports(path)} - {None, unit}:
+                graph.setdefault(unit, {}).setdefault(other, set()).add(name)
+    return graph
+
+
+def test_no_import_circles_between_the_service_folders():
+    """Between folders too: modules of several folders can make a circle without any module importing itself."""
+    _no_circle({unit: set(imported) for unit, imported in _service_units().items()}, "folder import")
+
+
+@pytest.mark.parametrize("feature", SERVICE_FEATURES)
+def test_a_feature_imports_no_other_feature(feature):
+    """A feature folder imports only the shared layers and the core; what needs another feature is handed it where
+    the app is assembled (app.py), as the loops are handed their passes."""
+    assert set(SERVICE_FEATURES) >= {"caches", "entries", "integrity", "prune", "reports", "rescan", "warmups"}
+    crossing = {other: sorted(modules) for other, modules in _service_units().get(feature, {}).items()
+                if other in SERVICE_FEATURES}
+    assert not crossing, f"{feature} imports other features: {crossing} (hand it what it needs: app.py)"
 
 
 def _private_uses(path: Path) -> list[str]:

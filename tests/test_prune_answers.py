@@ -4,6 +4,7 @@ collector paused while it is made."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import time
@@ -118,14 +119,18 @@ def test_plan_candidates_share_one_string_per_function(svc):
 
 def test_a_plan_is_made_and_answered_with_the_collector_paused(svc, cache_copy):
     from jaxcache import prune
-    from jaxcache.service.prune import route
+    from jaxcache.service.prune import route, run
     from jaxcache.service.prune.schemas import listed_json
 
+    # The route's code, which every app's copy shares (prune/route.py makes the routes for an app, handed what they
+    # run): collections_in knows a function by its code.
+    made = route.routes(run.Handed(*[None] * len(dataclasses.fields(run.Handed))))
+    post_prune = next(r.endpoint for r in made.routes if getattr(r, "name", None) == "post_prune")
     # The collector made to run at almost every allocation: none of its passes runs while the plan is made or
     # its listed deletions are, though many run in the same request around them.
-    with collections_in(route.post_prune, prune.plan, listed_json) as seen:
+    with collections_in(post_prune, prune.plan, listed_json) as seen:
         assert svc.post("/v1/caches/demo/prune", json={"older_than": "0s"}, headers=H_READ).status_code == 200
-    assert "post_prune" in seen.inside and not seen.inside & {"plan", "listed_json"}, seen.inside
+    assert post_prune.__qualname__ in seen.inside and not seen.inside & {"plan", "listed_json"}, seen.inside
     assert gc.isenabled()
     # What is seen of a plan made with the collector on, as the service made them before.
     candidates = [prune.Candidate.from_record(r) for r in scan(open_storage(str(cache_copy)))]

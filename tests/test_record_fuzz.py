@@ -17,7 +17,7 @@ from jaxcache.errors import InvalidInputError
 from jaxcache.keyparts import ORDER, KeyParts, ProgramSignature
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.metrics import STORAGE
-from jaxcache.service.reports.queue import ingest
+from jaxcache.service.reports.ingest.queue import ingest
 from jaxcache.service.warmups import ingest as warmups
 
 KEY = "jit_train_step-" + "a" * 64

@@ -53,11 +53,12 @@ def _random_reports(rng, pool: list[str], now: float) -> list[tuple[RunRecord, b
     return out
 
 
-def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> dict[tuple[str, int], RunRecord]:
+def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes,
+              on_misses=None) -> dict[tuple[str, int], RunRecord]:
     """Ingest ``reports`` one at a time (``batch_sizes`` None) or accepted into the inbox in batches of the sizes it
-    yields, each batch drained at once; the versions the catalog holds, by process. Older versions must come back
-    stale."""
-    from jaxcache.service.reports.queue import accept, drain, ingest
+    yields, each batch drained at once (``on_misses``: told of misses explained); the versions the catalog holds, by
+    process. Older versions must come back stale."""
+    from jaxcache.service.reports.ingest.queue import accept, drain, ingest
 
     held: dict[tuple[str, int], RunRecord] = {}
     i = 0
@@ -66,10 +67,10 @@ def _ingested(catalog, reports: list[tuple[RunRecord, bool]], batch_sizes) -> di
         chunk = reports[i : i + n]
         i += n
         if batch_sizes is None:
-            results = [ingest(catalog, "demo", chunk[0][0])]
+            results = [ingest(catalog, "demo", chunk[0][0], on_misses=on_misses)]
         else:
             results = [accept(catalog, "demo", r, r.to_json()) for r, _ in chunk]
-            drain(catalog, "demo")
+            drain(catalog, "demo", on_misses=on_misses)
         for (rec, older), result in zip(chunk, results, strict=True):
             if older:
                 assert result.stale
@@ -93,8 +94,8 @@ def test_incremental_aggregates_equal_a_full_recompute(request, tmp_path, cache_
 
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, RunRow, UsageRow
-    from jaxcache.service.reports.usage import refresh
-    from jaxcache.service.rescan.scan import rescan as do_rescan
+    from jaxcache.service.reports.ingest.usage import refresh
+    from jaxcache.service.rounds import rescan as do_rescan
     from jaxcache.storage import open_storage
 
     rng = random.Random(seed)
@@ -147,7 +148,7 @@ def test_a_batch_stores_what_its_records_one_at_a_time_store(request, tmp_path, 
 
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import AttestationRow, EntryRow, KeyStatsRow, RunRow, UsageRow
-    from jaxcache.service.rescan.scan import rescan as do_rescan
+    from jaxcache.service.rounds import rescan as do_rescan
     from jaxcache.storage import open_storage
 
     rng = random.Random(seed)
@@ -165,11 +166,10 @@ def test_a_batch_stores_what_its_records_one_at_a_time_store(request, tmp_path, 
         else:
             url = f"sqlite:///{tmp_path / f'{mode}.sqlite'}"
         catalog = Catalog(url)
-        catalog.on_misses = lambda _cache, counts, mode=mode: counted[mode].update(counts)
-        do_rescan(catalog, "demo", open_storage(str(cache_copy)))
+        do_rescan(catalog, "demo", open_storage(str(cache_copy)), on_misses=counted[mode].update)
         counted[mode].clear()  # (the rescan read no records)
         sizes = (rng.randrange(2, 9) for _ in itertools.count()) if mode == "batched" else None
-        _ingested(catalog, reports, sizes)
+        _ingested(catalog, reports, sizes, on_misses=counted[mode].update)
         with catalog.reader() as conn:
             usage = select(*(c for c in UsageRow.__table__.columns if c.name not in ("cause", "differs", "nearest",
                                                                                         "fix")))
@@ -204,7 +204,7 @@ def test_a_pass_after_one_rolled_back_still_keeps_its_differences(request, tmp_p
     """A pass whose transaction rolls back (a record the catalog refuses) takes the pass's temporary table with
     it: the next pass, on the same connection, makes it again."""
     from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.reports import usage
+    from jaxcache.service.reports.ingest import usage
 
     url = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'c.sqlite'}"
     catalog = Catalog(url)

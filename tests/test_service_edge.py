@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaxcache.service.app import create_app
-from jaxcache.service.reports.route import MAX_PROCESSES
+from jaxcache.service.reports.ingest.route import MAX_PROCESSES
 from jaxcache.service.web import fields
 from jaxcache.service.web.fields import UnprocessableModel
 from reports_support import BOTH, H_ADMIN, H_READ, H_REPORT, post, run, write

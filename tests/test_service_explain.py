@@ -131,7 +131,7 @@ def test_records_without_key_parts_still_ingest_and_say_unknown(svc):
 
 def test_misses_of_the_same_keys_are_explained_in_few_batches():
     """Jobs miss the same keys: one history read serves many runs' misses, bounded by keys and by misses."""
-    from jaxcache.service.reports.misses import BATCH, BATCH_KEYS, Pending, batches
+    from jaxcache.service.reports.ingest.misses import BATCH, BATCH_KEYS, Pending, batches
 
     storm = [Pending(f"run-{p}", "train", f"key-{k}") for p in range(1000) for k in range(60)]
     got = list(batches(storm))

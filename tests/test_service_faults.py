@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 
 from conftest import fake_entries, settled
 from jaxcache.service.app import create_app
-from jaxcache.service.rescan.scan import close_interrupted_prunes
+from jaxcache.service.rounds import close_interrupted_prunes
 from test_service import BOTH, H_ADMIN, H_READ, make_settings
 
 

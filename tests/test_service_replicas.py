@@ -19,19 +19,21 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import make_url
 
 from conftest import kill_service, serve_env, start_serve, stop_serve, wait_ready
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog.coordination import ClusterLocks, LockBusyError
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import EntryRow, KeyStatsRow, UsageRow
-from jaxcache.service.reports import queue
-from jaxcache.service.reports.usage import refresh
-from jaxcache.service.rescan.scan import rescan
+from jaxcache.service.catalog.models import CacheRow, EntryRow, KeyStatsRow, UsageRow
+from jaxcache.service.reports.ingest import queue
+from jaxcache.service.reports.ingest.usage import refresh
+from jaxcache.service.reports.records.root_change import register
+from jaxcache.service.rounds import ensure_scanned, rescan
+from jaxcache.service.state import State
 from jaxcache.storage import open_storage
-from reports_support import hit, keys_of, run, write
+from reports_support import hit, keys_of, run, settings, write
 
 ADMIN, REPORT = "replica-admin-token", "replica-report-token"
 H_ADMIN, H_REPORT = {"Authorization": f"Bearer {ADMIN}"}, {"Authorization": f"Bearer {REPORT}"}
@@ -106,6 +108,30 @@ def test_a_background_rescan_skips_while_another_replica_scans(catalog_url, cach
     finally:
         other.dispose()
         catalog.dispose()
+
+
+def test_a_replica_that_waited_for_anothers_scan_takes_it_as_its_own(catalog_url, cache_copy, tmp_path):
+    """A replica's first need of a scan (its verify pass's) while another replica scans the cache waits for that scan
+    and lists nothing itself: a second first scan right after would list the root again and hold its listing beside
+    the other's (at 1M entries, about 700 MiB more at the service's peak)."""
+    state = State(settings(tmp_path, {"demo": str(cache_copy)}, db=catalog_url))
+    register(state.catalog, {"demo": str(cache_copy)}, "keep")
+    other = ClusterLocks(make_url(catalog_url))
+    try:
+        waiting = threading.Thread(target=ensure_scanned, args=(state, "demo"))
+        with other.get("scan:demo"):  # the other replica's scan
+            waiting.start()
+            waiting.join(timeout=1.0)
+            assert waiting.is_alive(), "ensure_scanned returned while another replica held the scan lock"
+            with state.catalog.session() as s:  # what the other's scan notes as it ends
+                s.execute(update(CacheRow).where(CacheRow.name == "demo").values(last_scan_s=time.time()))
+        waiting.join(timeout=PATIENCE_S)
+        assert not waiting.is_alive() and "demo" in state.scanned
+        with state.catalog.session() as s:
+            assert s.scalar(select(func.count()).select_from(EntryRow)) == 0, "it scanned the root again"
+    finally:
+        other.dispose()
+        state.catalog.dispose()
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -31,9 +31,10 @@ from jaxcache.service.catalog.models import (
     WarmupRow,
 )
 from jaxcache.service.prune.candidates import catalog_candidates
-from jaxcache.service.reports import queue
-from jaxcache.service.reports.usage import refresh
-from jaxcache.service.rescan.scan import rescan
+from jaxcache.service.reports.ingest import queue
+from jaxcache.service.reports.ingest.usage import refresh
+from jaxcache.service.reports.records import runfiles
+from jaxcache.service.rounds import rescan
 from jaxcache.service.warmups import queries as coverage
 from jaxcache.storage import open_storage
 from reports_support import DAY, H_ADMIN, H_READ, age, hit, put_record, run, settings, write
@@ -180,7 +181,7 @@ def test_a_compacted_record_read_or_posted_again_changes_nothing(compacted):
     # Its file put back as it was (a restore from a backup): the next full listing reads it, and it is stale too.
     path = put_record(c.root, c.old[1])
     os.utime(path, (T0 + 10 * DAY, T0 + 10 * DAY))
-    c.catalog.record_listings.clear()  # as a process's first rescan
+    runfiles.listings(c.catalog).clear()  # as a process's first rescan
     again = rescan(c.catalog, "demo", c.storage, retain_s=RETAIN)
     assert again.records_ingested == 1 and again.records_compacted == 0
     assert _snapshot(c.catalog, "demo") == c.before

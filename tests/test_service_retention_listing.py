@@ -13,8 +13,8 @@ from sqlalchemy import select
 from jaxcache import records
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import CacheRow, KeyStatsRow, RecordFileRow
-from jaxcache.service.reports import runfiles
-from jaxcache.service.rescan.scan import rescan
+from jaxcache.service.reports.records import runfiles
+from jaxcache.service.rounds import rescan
 from jaxcache.storage import Storage, open_storage
 from reports_support import DAY, hit, run, write
 from store_servers import BUCKETS, raw_put
@@ -191,7 +191,7 @@ def test_vanished_records_are_judged_only_in_the_days_listed(tmp_path):
     (base / old.name).unlink()
     rescan(catalog, "demo", storage)
     assert rows() == {old.name}  # not listed: not judged
-    catalog.record_listings.clear()
+    runfiles.listings(catalog).clear()
     rescan(catalog, "demo", storage)
     assert rows() == set()
     catalog.dispose()

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 schemathesis = pytest.importorskip("schemathesis")
 
 from jaxcache.service.app import create_app  # noqa: E402
-from jaxcache.service.rescan.scan import rescan_cache  # noqa: E402
+from jaxcache.service.rounds import rescan_cache  # noqa: E402
 from jaxcache.service.settings import ServiceSettings  # noqa: E402
 
 ADMIN = "schema-admin"

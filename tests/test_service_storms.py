@@ -194,7 +194,7 @@ def test_records_of_a_cache_no_replica_serves_are_drained_and_never_fill_the_inb
     by whichever drain runs: rows nobody drains would fill the inbox and refuse every job's report."""
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import RunRow
-    from jaxcache.service.reports import queue
+    from jaxcache.service.reports.ingest import queue
 
     db = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
     rec = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 1)[0]
@@ -221,7 +221,7 @@ def test_an_inbox_row_that_does_not_decode_is_dropped_and_the_others_are_folded(
     loop's, or the first rescan's own), and the records beside it are folded."""
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import InboxRow
-    from jaxcache.service.reports import queue
+    from jaxcache.service.reports.ingest import queue
 
     db = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
     recs = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 2)
@@ -246,7 +246,7 @@ def test_a_row_dropped_in_a_pass_the_catalog_refused_is_counted_once(pg_url, jax
     does not decode) is dropped and counted once, beside the record refused, and the good record is folded."""
     from jaxcache.service.catalog.database import Catalog
     from jaxcache.service.catalog.models import InboxRow, RunRow
-    from jaxcache.service.reports import queue
+    from jaxcache.service.reports.ingest import queue
 
     good, _, refused = _job(keys_of(jax_caches["zstd"])["jit_train_step"], 3)
     refused = msgspec.structs.replace(refused, host="h" * 2000)  # over the column (accepted by another version)
@@ -274,7 +274,7 @@ def test_a_record_accepted_while_a_drain_holds_the_sqlite_catalogs_write_lock_is
     import threading
 
     from jaxcache.service.catalog.database import Catalog
-    from jaxcache.service.reports import queue
+    from jaxcache.service.reports.ingest import queue
 
     db = f"sqlite:///{tmp_path / 'catalog.sqlite'}"
     catalog = Catalog(db)

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from conftest import settled
 from jaxcache.records import Fingerprint
 from jaxcache.service.app import create_app
+from jaxcache.service.reports.records import runfiles
 from reports_support import (
     BOTH,
     DAY,
@@ -98,7 +99,8 @@ def test_jobs(svc, keys, reported):
     assert miss == {"key": keys["jit_tiny"], "function": "jit_tiny", "misses": 1, "compiles": 1, "compile_s": 0.5,
                     "written": False, "reason": "only process 0 writes the cache", "in_cache": True}
     # pretrain wrote it two hours before and it is in the cache: eval could not load what was there.
-    assert why["cause"] == "unreadable" and "--corrupt --apply" in why["fix"], why
+    assert why["cause"] == "unreadable" and "remove it: " in why["fix"], why
+    assert f"{keys['jit_tiny']}-" in why["fix"], "the advice names the entry it removes"
     (r,) = d["recent_runs"]
     assert (r["run_id"], r["process_index"], r["process_count"], r["hits"], r["misses"]) == ("e1", 1, 2, 1, 1)
     assert r["fingerprint_digest"] == Fingerprint(jax=NEW, jaxlib=NEW, backend="cpu").digest
@@ -262,7 +264,7 @@ def test_stale_jaxlib_in_an_object_store(store_svc, jax_caches):
     raw_put(url, old.name, old.to_json())
     # Its day folder is 20 days old: found by a process's first listing (as if the record predated the service)
     # or its daily full one, not by every rescan (see test_service_retention_listing.py).
-    client.app.state.jaxcache.catalog.record_listings.pop("prod")
+    runfiles.listings(client.app.state.jaxcache.catalog).pop("prod")
     assert rescan(client, "prod")["records_ingested"] == 1
     r = post(client, run("new", "n1", [write(other, 5.0, now - 60)], jaxlib=NEW, cache_dir=url + "/"))
     assert r.status_code == 202 and r.json()["cache"] == "prod"

@@ -1,21 +1,24 @@
-"""The usage collector (jaxcache.service.reports.gauges): hit rate and compile seconds saved per cache and per job in
-/metrics, equal to what the API answers for the same catalog; the catalog asked at most once per TTL; a failing
-catalog costs the samples and a log line, never the scrape. And refused reports counted by reason."""
+"""The usage collector (jaxcache.service.reports.jobs.gauges): hit rate and compile seconds saved per cache and per
+job in /metrics, equal to what the API answers for the same catalog; read by a task of the app's lifespan, before it
+serves and then every JAXCACHE_USAGE_METRICS_S, never by a scrape; a failing catalog costs the samples and a log line
+per outage, never the scrape. And refused reports counted by reason."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 
 import pytest
+from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.exc import OperationalError
 
-from jaxcache.service.reports.gauges import MAX_JOBS, UsageCollector
-from reports_support import DAY, H_ADMIN, H_READ, compiled, hit, post, report, run, write
+from conftest import settled
+from jaxcache.service.app import create_app
+from jaxcache.service.reports.jobs.gauges import MAX_JOBS, UsageCollector
+from reports_support import DAY, H_ADMIN, H_READ, USAGE_S, compiled, hit, post, report, run, scraped, settings, write
 
 
 def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -24,22 +27,31 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
             for family in text_string_to_metric_families(text) for s in family.samples if s.name == name}
 
 
+def jobs_shown(text: str) -> set[str]:
+    return {dict(k)["job"] for k in samples(text, "jaxcache_job_saved_seconds")}
+
+
+REPORTED = {"pretrain", "finetune", "eval", "old"}
+
+
 @pytest.fixture
-def reported(svc, keys):
+def reported(metered, keys):
     """pretrain wrote train and tiny; finetune (3 days ago) hit train twice; eval (now) hit train and compiled
-    tiny; old (10 days ago) hit train once. Posted before the first scrape, so the first answer has them all."""
+    tiny; old (10 days ago) hit train once. Each folded before the next is posted; the gauges read after the last."""
     now = time.time()
     train, tiny = keys["jit_train_step"], keys["jit_tiny"]
-    report(svc, run("pretrain", "p1", [write(train, 20.0, now - 7200), write(tiny, 1.0, now - 7200)], at=now - 7000))
-    report(svc, run("finetune", "f1", [hit(train, 2, now - 3 * DAY)], at=now - 3 * DAY))
-    report(svc, run("eval", "e1", [hit(train, 1, now - 100), compiled(tiny, 0.5, now - 100)], at=now - 50))
-    report(svc, run("old", "o1", [hit(train, 1, now - 10 * DAY)], at=now - 10 * DAY))
-    return now
+    report(metered, run("pretrain", "p1", [write(train, 20.0, now - 7200), write(tiny, 1.0, now - 7200)],
+                        at=now - 7000))
+    report(metered, run("finetune", "f1", [hit(train, 2, now - 3 * DAY)], at=now - 3 * DAY))
+    report(metered, run("eval", "e1", [hit(train, 1, now - 100), compiled(tiny, 0.5, now - 100)], at=now - 50))
+    report(metered, run("old", "o1", [hit(train, 1, now - 10 * DAY)], at=now - 10 * DAY))
+    # A read that shows the last job began after every record was folded: it shows them all.
+    return scraped(metered, lambda text: jobs_shown(text) == REPORTED)
 
 
-def test_cache_gauges_equal_the_stats_route(svc, reported):
-    text = svc.get("/metrics").text
-    stats = svc.get("/v1/caches/demo/stats", headers=H_READ).json()
+def test_cache_gauges_equal_the_stats_route(metered, reported):
+    text = reported
+    stats = metered.get("/v1/caches/demo/stats", headers=H_READ).json()
     rate, saved, lookups = (samples(text, n) for n in ("jaxcache_hit_rate", "jaxcache_saved_seconds",
                                                         "jaxcache_lookups"))
     for window, field in (("24h", "last_24h"), ("7d", "last_7d")):
@@ -53,11 +65,11 @@ def test_cache_gauges_equal_the_stats_route(svc, reported):
     assert samples(text, "jaxcache_usage_metrics_failing") == {(): 0.0}
 
 
-def test_job_gauges_equal_the_jobs_route(svc, reported):
-    text = svc.get("/metrics").text
-    listed = {j["job"]: j for j in svc.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"]}
+def test_job_gauges_equal_the_jobs_route(metered, reported):
+    text = reported
+    listed = {j["job"]: j for j in metered.get("/v1/caches/demo/jobs", headers=H_READ).json()["jobs"]}
     rate, saved = samples(text, "jaxcache_job_hit_rate"), samples(text, "jaxcache_job_saved_seconds")
-    assert {dict(k)["job"] for k in saved} == set(listed) == {"pretrain", "finetune", "eval", "old"}
+    assert {dict(k)["job"] for k in saved} == set(listed) == REPORTED
     for job, j in listed.items():
         labels = (("cache", "demo"), ("job", job))
         assert saved[labels] == pytest.approx(j["saved_s"])
@@ -68,13 +80,30 @@ def test_job_gauges_equal_the_jobs_route(svc, reported):
     assert saved[(("cache", "demo"), ("job", "finetune"))] > 0
 
 
-def test_per_job_series_are_bounded_to_the_most_recent_jobs(svc, keys):
+def test_per_job_series_are_bounded_to_the_most_recent_jobs(metered, keys):
     now = time.time()
     train = keys["jit_train_step"]
     for i in range(MAX_JOBS + 5):  # job-0 is the oldest
-        report(svc, run(f"job-{i}", f"r{i}", [hit(train, 1, now - 1000 + i)], at=now - 1000 + i))
-    jobs = {dict(k)["job"] for k in samples(svc.get("/metrics").text, "jaxcache_job_saved_seconds")}
+        report(metered, run(f"job-{i}", f"r{i}", [hit(train, 1, now - 1000 + i)], at=now - 1000 + i))
+    newest = f"job-{MAX_JOBS + 4}"
+    jobs = jobs_shown(scraped(metered, lambda text: newest in jobs_shown(text)))
     assert jobs == {f"job-{i}" for i in range(5, MAX_JOBS + 5)}
+
+
+def test_the_lifespan_reads_the_gauges_before_serving_and_again_every_period(tmp_path, cache_copy, keys):
+    """The first scrape has the catalog's answer (the app serves once it has read it); a record folded later shows
+    within a period, read by the lifespan's task (a scrape reads nothing: the test below)."""
+    app = create_app(settings(tmp_path, {"demo": str(cache_copy)}, usage_metrics_s=USAGE_S))
+    day = (("cache", "demo"), ("window", "24h"))
+    with TestClient(app) as client:
+        first = client.get("/metrics").text
+        assert samples(first, "jaxcache_usage_metrics_failing") == {(): 0.0}
+        assert day in samples(first, "jaxcache_lookups")
+        settled(client)  # the first rescan may read record files from the root meanwhile
+        report(client, run("late", "l1", [hit(keys["jit_train_step"], 3, time.time())]))
+        later = scraped(client, lambda text: "late" in jobs_shown(text))
+        usage = client.get("/v1/caches/demo/stats", headers=H_READ).json()["last_24h"]
+        assert samples(later, "jaxcache_lookups")[day] == usage["hits"] + usage["misses"] >= 3
 
 
 class CountingCatalog:
@@ -98,69 +127,35 @@ def scrape(collector: UsageCollector) -> str:
     return generate_latest(registry).decode()
 
 
-def settle(collector: UsageCollector) -> None:
-    """Wait for a query the last scrape started (a scrape waits only for the very first one)."""
-    deadline = time.monotonic() + 10
-    while collector._running is not None and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-def test_catalog_asked_at_most_once_per_ttl_and_failures_give_no_samples(svc, reported, caplog):
-    state = svc.app.state.jaxcache
-    catalog, now = CountingCatalog(state.catalog), [0.0]
-    collector = UsageCollector(catalog, ["demo"], ttl_s=30.0, clock=lambda: now[0])
-    registry = CollectorRegistry()
-    registry.register(collector)  # registering describes, which must not read the catalog
-    assert catalog.reads == 0
-
+def test_scrapes_answer_the_last_read_and_an_outage_is_logged_once_then_again_after_recovery(metered, reported,
+                                                                                              caplog):
+    catalog = CountingCatalog(metered.app.state.jaxcache.catalog)
+    collector = UsageCollector(catalog, ["demo"])
+    unread = scrape(collector)  # registering describes, and scraping collects: neither reads the catalog
+    assert catalog.reads == 0 and not samples(unread, "jaxcache_usage_metrics_failing")
+    collector.refresh()
     first = scrape(collector)
-    assert catalog.reads == 1 and samples(first, "jaxcache_hit_rate")
-    now[0] = 29.0
-    assert scrape(collector) == first and catalog.reads == 1  # within the TTL: the cached answer
+    assert scrape(collector) == first and catalog.reads == 1 and samples(first, "jaxcache_hit_rate")
 
-    catalog.down = True
-    now[0] = 30.0
     with caplog.at_level(logging.DEBUG, logger="jaxcache.service"):
-        scrape(collector)  # starts the refresh; answers the previous result meanwhile
-        settle(collector)
-        failed = scrape(collector)
-        now[0] = 61.0
-        scrape(collector)
-        settle(collector)
-    assert catalog.reads == 3
-    assert not samples(failed, "jaxcache_hit_rate") and not samples(failed, "jaxcache_job_saved_seconds")
-    assert "# TYPE jaxcache_hit_rate gauge" in failed  # the family stays: dashboards show "no data", not an error
-    assert samples(failed, "jaxcache_usage_metrics_failing") == {(): 1.0}
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "usage metrics" in r.message]
-    assert len(warnings) == 1 and "connection refused" in warnings[0].message  # once per outage
+        for _ in range(2):  # two outages, each of three failed reads
+            catalog.down = True
+            for _ in range(3):
+                collector.refresh()
+            failed = scrape(collector)
+            assert not samples(failed, "jaxcache_hit_rate") and not samples(failed, "jaxcache_job_saved_seconds")
+            assert "# TYPE jaxcache_hit_rate gauge" in failed  # the family stays: dashboards show "no data"
+            assert samples(failed, "jaxcache_usage_metrics_failing") == {(): 1.0}
+            catalog.down = False
+            collector.refresh()
+            assert samples(scrape(collector), "jaxcache_hit_rate") == samples(first, "jaxcache_hit_rate")
+            assert samples(scrape(collector), "jaxcache_usage_metrics_failing") == {(): 0.0}
+    assert catalog.reads == 1 + 2 * 4
+    said = [r for r in caplog.records if "usage metrics" in r.getMessage()]
+    warnings = [r for r in said if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all("connection refused" in r.getMessage() for r in warnings)  # once an outage
+    assert len([r for r in said if "recovered" in r.getMessage()]) == 2
     assert not any(r.exc_info for r in caplog.records)
-
-    catalog.down = False
-    now[0] = 92.0
-    scrape(collector)
-    settle(collector)
-    assert samples(scrape(collector), "jaxcache_hit_rate") == samples(first, "jaxcache_hit_rate")
-    assert samples(scrape(collector), "jaxcache_usage_metrics_failing") == {(): 0.0}
-
-
-def test_a_slow_catalog_holds_the_first_scrape_only_briefly(svc):
-    """The catalog answers only once the first scrape has returned: a scrape that waited for it would come back
-    with its samples (after the bound on the wait below), not without them."""
-    answer = threading.Event()
-
-    class Slow(CountingCatalog):
-        @contextlib.contextmanager
-        def reader(self):
-            answer.wait(60)
-            with super().reader() as conn:
-                yield conn
-
-    collector = UsageCollector(Slow(svc.app.state.jaxcache.catalog), ["demo"], wait_s=0.2)
-    text = scrape(collector)
-    answer.set()
-    assert not samples(text, "jaxcache_saved_seconds")
-    settle(collector)
-    assert samples(scrape(collector), "jaxcache_saved_seconds")
 
 
 def test_refused_reports_are_counted_by_reason(svc, keys):

@@ -210,6 +210,7 @@ def test_list_changes_against_an_earlier_listing(storage):
     everything, gone = storage.list_changes({})
     assert gone == set() and sorted(everything) == ["a-atime", "a-cache", "b-cache"]  # the root's own objects
     assert everything == {o.name: (o.size_bytes, o.mtime_s, o.version) for o in storage.iter_objects()}
+    assert dict(storage.iter_listing()) == everything  # the same, one at a time
     assert storage.list_changes(everything) == ({}, set())  # nothing changed: nothing to report
     storage.write_atomic("a-atime", b"longer")  # rewritten
     storage.write_atomic("c-cache", b"x")  # new

@@ -14,7 +14,8 @@ from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, Table, crea
 from jaxcache import usage_rules
 from jaxcache.records import COMPILED, HIT, JOB, WRITE
 from jaxcache.service.catalog.models import Str
-from jaxcache.service.reports.usage import SQL, first_writer, most_informative
+from jaxcache.service.catalog.usage import SQL
+from jaxcache.service.reports.ingest.usage import first_writer, most_informative
 from jaxcache.usage_rules import PY
 
 #: Each rule that gives one value per row, and the columns it takes.

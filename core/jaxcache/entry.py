@@ -9,13 +9,14 @@ compression is zstd or zlib depending on what the *writing* process could import
 from __future__ import annotations
 
 import enum
+import hashlib
 import itertools
 import os
 import re
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -341,6 +342,27 @@ def validate_chunks(chunks: Iterable[bytes], *, max_bytes: int | None = None) ->
         return Validation(Status.CORRUPT, compression, "no executable after the compile-time header")
     seconds = int.from_bytes(head[:TIME_HEADER_BYTES], "big")
     return Validation(Status.OK, compression, None, seconds, total - TIME_HEADER_BYTES, bytes(head))
+
+
+def validate_hashing(chunks: Iterable[bytes]) -> tuple[Validation, str, int]:
+    """:func:`validate_chunks` while hashing the same stream, read once (an entry of hundreds of MB stays out of
+    memory): what the decompression found, the sha256 of every byte, and their count. The digest covers the bytes
+    the decompression left unread (after damage, or past the frame's end) too: it is the stored object's, the one
+    writers record and sign, which a check of an entry compares with."""
+    digest, size = hashlib.sha256(), 0
+
+    def hashed() -> Iterator[bytes]:
+        nonlocal size
+        for chunk in chunks:
+            digest.update(chunk)
+            size += len(chunk)
+            yield chunk
+
+    stream = hashed()
+    validation = validate_chunks(stream)
+    for _ in stream:
+        pass
+    return validation, digest.hexdigest(), size
 
 
 def validate(data: bytes, *, max_bytes: int | None = None) -> Validation:

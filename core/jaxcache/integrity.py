@@ -16,7 +16,7 @@ from functools import partial
 
 from jaxcache import signing, skips
 from jaxcache.attestations import Attestation, from_signature, load
-from jaxcache.entry import Status, validate_chunks
+from jaxcache.entry import Status, validate_hashing
 from jaxcache.errors import NotRegularFileError
 from jaxcache.executable import embedded_module
 from jaxcache.parallel import bounded_map
@@ -76,21 +76,7 @@ def judge(entry: Entry, chunks: Iterable[bytes], attestation: Attestation | None
     (a mismatch is ``differs``). Entries younger than ``min_age_s`` that look broken are ``pending``: JAX writes
     non-atomically, so a file being written looks truncated. ``signature``: what the signatures beside it were
     found to be (``bad signature``), named on the verdict whatever its class."""
-    digest = hashlib.sha256()
-    size = 0
-
-    def fed() -> Iterator[bytes]:
-        nonlocal size
-        for chunk in chunks:
-            digest.update(chunk)
-            size += len(chunk)
-            yield chunk
-
-    stream = fed()
-    validation = validate_chunks(stream)
-    for _ in stream:  # validation may stop at the first damage; the digest covers every byte
-        pass
-    sha = digest.hexdigest()
+    validation, sha, size = validate_hashing(chunks)
     module = embedded_module(validation.head) if validation.status is Status.OK else None
     classes: list[str] = []
     reasons: list[str] = list(notes)

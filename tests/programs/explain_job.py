@@ -29,6 +29,9 @@ def main() -> int:
     ap.add_argument("--default-thresholds", action="store_true", help="JAX's 1 s minimum compile time to write")
     ap.add_argument("--plain", action="store_true", help="JAX's cache without jaxcache.client")
     ap.add_argument("--hide-zstandard", action="store_true", help="JAX compresses with zlib (plain only)")
+    ap.add_argument("--age-entries", type=float, metavar="SECONDS",
+                    help="right before the first call, make the local cache's entries this much older than now (an"
+                         " entry written that long before this job's lookup)")
     args = ap.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.hide_zstandard:
@@ -68,6 +71,12 @@ def main() -> int:
         mesh = jax.make_mesh((len(jax.devices()),), ("x",))
         return jax.device_put(value, NamedSharding(mesh, PartitionSpec()))
 
+    if args.age_entries is not None:
+        from pathlib import Path
+
+        then = time.time() - args.age_entries
+        for entry in Path(args.cache_dir).glob("*-cache"):
+            os.utime(entry, (then, then))
     for rows in (args.rows, *args.then_rows):
         out = compiled(placed(np.ones((rows, 16), np.float32), 0), placed(np.ones((16, 8), np.float32), 1))
         jax.block_until_ready(out)

@@ -13,11 +13,10 @@ import hashlib
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from jaxcache import entry, signing
-from jaxcache.client.misses import SLACK_S, UNREADABLE_REASON
+from jaxcache import entry, signing, unreadable
 from jaxcache.client.reporting import RecordWriter
 from jaxcache.client.telemetry import Recorder
 from jaxcache.storage import Storage
@@ -88,10 +87,10 @@ class Attestor:
             try:
                 storage = self._entries()
                 info = storage.stat(key + "-cache")  # JAX's entry name for a key
-                if info is not None and info.mtime_s < looked_up_at - SLACK_S:
+                if info is not None and unreadable.there_before(info.mtime_s, looked_up_at):
                     # JAX says "writing" and writes nothing when an entry is there that it could not load: those
                     # bytes are not this process's, and attesting them would vouch for a broken entry.
-                    self._recorder.mark_not_written(key, UNREADABLE_REASON)
+                    self._recorder.mark_not_written(key, unreadable.REASON)
                     continue
                 with self._lock:
                     put = self._puts.pop(key, None)
@@ -99,7 +98,7 @@ class Attestor:
                     continue  # the put hook heard nothing (a JAX it cannot hook, or too many at once): unattested
                 chunks = storage.read_chunks(key + "-cache")
                 if chunks is not None:
-                    whole, sha, size = _read_whole(chunks)
+                    whole, sha, size = entry.validate_hashing(chunks)
                     if whole.status is not entry.Status.OK:
                         reason = self._broken(key, f"JAX's write left a broken entry ({whole.reason})")
                         self._recorder.mark_not_written(key, reason)
@@ -119,25 +118,6 @@ class Attestor:
                 log.debug("jaxcache: could not read back %s to attest it: %s", key, exc)
             finally:
                 self._queue.task_done()
-
-
-def _read_whole(chunks: Iterable[bytes]) -> tuple[entry.Validation, str, int]:
-    """Decompress an entry whole while hashing its bytes, as one stream (entries of hundreds of MB stay out of
-    memory): what the decompression found, the sha256 of the bytes, their size."""
-    digest, size = hashlib.sha256(), 0
-
-    def hashed() -> Iterator[bytes]:
-        nonlocal size
-        for chunk in chunks:
-            digest.update(chunk)
-            size += len(chunk)
-            yield chunk
-
-    stream = hashed()
-    whole = entry.validate_chunks(stream)
-    for _ in stream:  # bytes the decompression left unread still enter the digest
-        pass
-    return whole, digest.hexdigest(), size
 
 
 def drained(work: queue.Queue[Any], timeout_s: float) -> bool:

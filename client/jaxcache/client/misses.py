@@ -15,16 +15,11 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from jaxcache import skips
+from jaxcache import skips, unreadable
 from jaxcache.records import COMPILED, KeyUsage
 from jaxcache.storage import ObjectInfo
 from jaxcache.units import plural
 
-#: An entry older than its miss by more than this existed before the lookup (clocks and mtime granularity aside).
-SLACK_S = 2.0
-#: Why a compiled program is not this process's write when its entry was there already.
-UNREADABLE_REASON = ("the cache holds an entry for this key that JAX could not load; JAX does not rewrite an entry"
-                     " that exists")
 #: Entries looked at per process, local and in an object store (one request each there): bounds what a summary costs.
 MAX_CHECKED, MAX_CHECKED_REMOTE = 1000, 100
 _THRESHOLD = re.compile(r", (under \S+=\S+)$")
@@ -38,6 +33,8 @@ class MissCauses:
     misses: int
     not_written: tuple[tuple[str, int], ...] = ()
     unreadable: int = 0
+    #: The keys of those misses: the advice removes exactly their entries.
+    unreadable_keys: tuple[str, ...] = ()
     failed_writes: tuple[tuple[str, int], ...] = ()
     #: key → why, of the entries this process refused to load (``verify=``); their misses are ``skipped_misses``.
     skipped: tuple[tuple[str, str], ...] = ()
@@ -63,8 +60,7 @@ class MissCauses:
             said.append(f"{sum(n for _, n in self.failed_writes)} compiled, not written ("
                         + "; ".join(f"{n}: {why}" for why, n in self.failed_writes) + ")")
         if self.unreadable:
-            said.append(f"{self.unreadable} unreadable (the entry is in the cache but could not be read: corrupt or"
-                        f" torn, and JAX never rewrites it; jaxcache doctor {shlex.quote(cache_dir)} lists it)")
+            said.append(f"{self.unreadable} unreadable ({unreadable.fix(cache_dir, self.unreadable_keys)})")
         if self.unexplained:
             said.append(f"{self.unexplained} to explain: jaxcache explain {shlex.quote(cache_dir)} --run"
                         f" {shlex.quote(run_id)}")
@@ -83,7 +79,8 @@ class MissCheck:
         """``failed``: the keys whose write left no whole entry, with why (``Recorder.failed_writes()``)."""
         groups: dict[str, list[KeyUsage]] = {}
         failures: dict[str, tuple[str, int]] = {}  # cause -> (the first such reason, misses)
-        unreadable = skipped_misses = 0
+        unreadable_misses = skipped_misses = 0
+        unreadable_keys: list[str] = []
         skipped: dict[str, str] = {}
         for usage in usages:
             if not usage.compiles:
@@ -95,7 +92,8 @@ class MissCheck:
                 continue
             # First: an entry there before the lookup is why it missed, whatever JAX then said about writing it.
             if not usage.hits and self._is_unreadable(usage):
-                unreadable += usage.compiles
+                unreadable_misses += usage.compiles
+                unreadable_keys.append(usage.key)
             elif failed and usage.key in failed:
                 why = failed[usage.key]
                 first, n = failures.get(_cause(why), (why, 0))
@@ -104,12 +102,13 @@ class MissCheck:
                 m = _THRESHOLD.search(usage.reason)
                 groups.setdefault(m.group(1) if m else usage.reason, []).append(usage)
         not_written = tuple((_said(why, found), sum(u.compiles for u in found)) for why, found in groups.items())
-        return MissCauses(misses=misses, not_written=not_written, unreadable=unreadable,
+        return MissCauses(misses=misses, not_written=not_written, unreadable=unreadable_misses,
+                          unreadable_keys=tuple(sorted(unreadable_keys)),
                           failed_writes=tuple(failures.values()), skipped=tuple(sorted(skipped.items())),
                           skipped_misses=skipped_misses)
 
     def _is_unreadable(self, usage: KeyUsage) -> bool:
-        if usage.reason == UNREADABLE_REASON:  # the write check found the entry there as JAX went to put it
+        if unreadable.said(usage.reason):  # the write check found the entry there as JAX went to put it
             return True
         known = self._unreadable.get(usage.key)
         if known is not None or len(self._unreadable) >= self._limit:
@@ -119,7 +118,7 @@ class MissCheck:
         except Exception:  # noqa: BLE001 - storage trouble: unknown, ask again next time
             return False
         # An entry this process wrote is newer than its lookup; one there before the lookup could not be read.
-        self._unreadable[usage.key] = info is not None and info.mtime_s < usage.first_at - SLACK_S
+        self._unreadable[usage.key] = info is not None and unreadable.there_before(info.mtime_s, usage.first_at)
         return self._unreadable[usage.key]
 
 

@@ -19,8 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from jaxcache import entry
-from jaxcache.client.misses import SLACK_S, UNREADABLE_REASON
+from jaxcache import entry, unreadable
 from jaxcache.storage import Storage
 from jaxcache.units import format_bytes
 
@@ -54,7 +53,7 @@ class WriteCheck:
 
     def __call__(self, key: str, looked_up_at: float) -> str | None:
         reason = self._check(key, looked_up_at)
-        if reason is not None and reason != UNREADABLE_REASON:
+        if reason is not None and not unreadable.said(reason):
             self._warn_once(key, reason)
         return reason
 
@@ -75,15 +74,15 @@ class WriteCheck:
         with self._lock:
             there_at_put = self._there_at_put.pop(key, False)
         if there_at_put:
-            return UNREADABLE_REASON
+            return unreadable.REASON
         try:
             storage = self._storage()
             info = storage.stat(name)
             if info is None:
                 return self.broken("JAX said it was writing the entry, and none is there")
-            if info.mtime_s < looked_up_at - SLACK_S:  # where JAX has no put hook: the entry's age tells
+            if unreadable.there_before(info.mtime_s, looked_up_at):  # without a put hook: the entry's age tells
                 # There before the lookup: JAX could not load it, and writes nothing over an entry that exists.
-                return UNREADABLE_REASON
+                return unreadable.REASON
             header = entry.read_header(lambda offset, length: storage.read_range(name, offset, length) or b"",
                                        info.size_bytes, first_read_bytes=storage.head_first_read(info.size_bytes))
         except Exception as exc:  # noqa: BLE001 - telemetry must never break a compile; an unchecked write is no claim

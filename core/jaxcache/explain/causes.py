@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from jaxcache import keyparts as kp
+from jaxcache import unreadable
 
 SKIPPED: Final = "skipped"
 EVICTED: Final = "evicted"
@@ -24,8 +25,6 @@ _FIX = {
              "every verifying job skips it until it is removed: {removal}",
     EVICTED: "it was deleted {how}; this run wrote it again. If it is still used, pin it (PUT "
              "/v1/caches/CACHE/pins/{function}*) or loosen the prune policy",
-    UNREADABLE: "the entry is there but could not be loaded ({problem}); JAX recompiles it every time and never "
-                "rewrites it: remove it with `jaxcache prune {root} --corrupt --apply`",
     NEW_PROGRAM: "the first time this cache sees {function}: warm it up (`warmup --entrypoint ...` with the job's "
                  "topology) or let one run write it",
     UNSTABLE_PROGRAM: "the same job compiled {function} with the same signature and environment in {runs} runs and "
@@ -66,6 +65,9 @@ _NOT_WRITTEN = (
 
 def fix(cause: str, **facts: object) -> str:
     """The advice for ``cause``, its blanks filled from ``facts``."""
+    if cause == UNREADABLE:  # the client's summary gives the same advice (jaxcache.unreadable)
+        return unreadable.fix(str(facts.get("root") or "ROOT"), [str(facts.get("key") or "KEY")],
+                              str(facts.get("problem") or "") or None)
     if cause == NOT_WRITTEN:
         reason = str(facts.get("reason") or "")
         for marker, text in _NOT_WRITTEN:
@@ -84,4 +86,4 @@ def fix(cause: str, **facts: object) -> str:
 
 class _Blank(dict[str, object]):
     def __missing__(self, name: str) -> str:
-        return "?" if name not in ("root",) else "ROOT"
+        return "?"

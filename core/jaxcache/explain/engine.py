@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from jaxcache import keyparts as kp
-from jaxcache import skips
+from jaxcache import skips, unreadable
 from jaxcache.explain import causes as c
 from jaxcache.explain.model import EntryNow, Explanation, History, Known, Miss, PartDiff
 from jaxcache.explain.values import diff
@@ -13,8 +13,6 @@ from jaxcache.keyparts import KeyParts
 # The processes of one run compile the same programs at about the same time, each missing them: what the miss's own
 # run says is no evidence about the cache it found. Only other runs' words count.
 _EARLIER_EVENTS = ("write", "hit")
-#: An entry written this little before a miss (or with a clock this far off) is no evidence that it was there.
-RACE_S = 0.5
 
 
 def explain(miss: Miss, history: History, *, root: str = "ROOT") -> Explanation:
@@ -77,25 +75,39 @@ def _about_the_key(miss: Miss, history: History, others: list[Known], root: str)
         return Explanation(c.EVICTED, c.fix(c.EVICTED, how=how, function=miss.function),
                            detail={"deleted_at": _when(deletion.at_s), "by": deletion.by, "how": deletion.how})
     entry = history.entry(miss.key)
-    present_then = entry is not None and entry.created_s <= miss.at - RACE_S
-    if present_then and entry is not None and entry.readable is not True:
-        problem = entry.problem or ("it could not be checked" if entry.readable is None else "unreadable")
-        return Explanation(c.UNREADABLE, c.fix(c.UNREADABLE, problem=problem, root=root))
+    # The miss's own word first (its put found the entry there), else the entry's age: the client's summary decides
+    # "unreadable" by the same two (jaxcache.unreadable), so both name one cause.
+    present_then = unreadable.said(miss.reason) or (
+        entry is not None and unreadable.there_before(entry.created_s, miss.at))
+    if present_then:
+        fix = c.fix(c.UNREADABLE, problem=_problem(entry, miss.at), root=root, key=miss.key)
+        return Explanation(c.UNREADABLE, fix)
     stored = [k for k in others if k.event in _EARLIER_EVENTS]
-    if stored and not present_then:
+    if stored:
         when = _when(max(k.at for k in stored))
         how = (f"after {when} (it was in the cache then); by whom is not recorded here: the service's prune audit "
                "log names prunes and deletes")
         return Explanation(c.EVICTED, c.fix(c.EVICTED, how=how, function=miss.function))
-    if present_then:
-        problem = "it reads fine now: the job could not read it at the time (a storage error?)"
-        return Explanation(c.UNREADABLE, c.fix(c.UNREADABLE, problem=problem, root=root))
     unwritten = [k for k in others if k.event == "compiled"]
     if unwritten:
         last = max(unwritten, key=lambda k: k.at)
         return Explanation(c.NOT_WRITTEN, c.fix(c.NOT_WRITTEN, reason=last.reason),
                            detail={"reason": last.reason or "", "run_id": last.run_id or ""})
     return None
+
+
+def _problem(entry: EntryNow | None, at: float) -> str:
+    """What is wrong with an entry a miss found there and JAX could not load, as far as it can be told now."""
+    if entry is None:
+        return "it has been removed since"
+    if entry.readable is False:
+        return entry.problem or "unreadable"
+    if entry.readable is None:
+        return entry.problem or "it could not be checked"
+    if not unreadable.there_before(entry.created_s, at):
+        return ("it reads fine now and was written about when the job looked it up: another process was writing it"
+                " then")
+    return "it reads fine now: the job could not read it at the time (a storage error?)"
 
 
 def _without_parts(miss: Miss, entries: list[EntryNow], family: list[Known]) -> Explanation:

@@ -268,6 +268,12 @@ class Storage(abc.ABC):
                 seen += 1
         return changed, names_gone(previous, changed, seen, self)
 
+    def iter_listing(self) -> Iterator[tuple[str, Stat]]:
+        """What ``list_changes({})`` answers, as (name, stat) pairs one at a time: for a caller that keeps the listing
+        in a shape of its own (the service's first rescan), without the whole dict by name first."""
+        for info in self.iter_objects():
+            yield info.name, (info.size_bytes, info.mtime_s, info.version)
+
     def list_stats(self, suffixes: tuple[str, ...] = ()) -> list[Listed]:
         """The objects directly under the root whose names end in one of ``suffixes`` (every object without), in
         listing order, as ``(name, size_bytes, mtime_s, version)`` tuples: a whole listing without an object per

@@ -29,6 +29,7 @@ from jaxcache.storage.base import (
     check_name,
     check_prefix,
     names_gone,
+    same_stat,
 )
 from jaxcache.storage.files import (
     DIR_FLAGS,
@@ -225,9 +226,18 @@ class LocalStorage(Storage):
             os.close(fd)
 
     def list_changes(self, previous: Mapping[str, Stat]) -> tuple[dict[str, Stat], set[str]]:
+        seen = [0]
+        changed = dict(self._changes(previous, seen))
+        return changed, names_gone(previous, changed, seen[0], self)
+
+    def iter_listing(self) -> Iterator[tuple[str, Stat]]:
+        return self._changes({}, [0])
+
+    def _changes(self, previous: Mapping[str, Stat], seen_out: list[int]) -> Iterator[tuple[str, Stat]]:
+        """The root's files that are new or differ from ``previous`` (every one, against none), as (name, stat); how
+        many of ``previous`` were listed unchanged or changed goes in ``seen_out[0]`` at the end."""
         # _walk for the root only, comparing as it goes: a rescan lists every file of a large root every few
         # minutes, mostly unchanged, so an unchanged file costs one lookup and no object of its own.
-        changed: dict[str, Stat] = {}
         seen = 0
         if gone := self._gone():
             raise gone
@@ -245,16 +255,17 @@ class LocalStorage(Storage):
                 except FileNotFoundError:
                     continue  # deleted while we listed
                 old = previous.get(name)
-                # same_stat's rule for a directory (no versions: size and mtime), inline in this tight loop.
-                if old is not None and old[0] == st.st_size and old[1] == st.st_mtime:
+                stat = (st.st_size, st.st_mtime, None)
+                # Equal tuples first (C-fast, and what an unchanged file gives), then storage's one rule on the rest.
+                if old is not None and (old == stat or same_stat(old, stat)):
                     seen += 1
                     continue
                 if de.is_file(follow_symlinks=False) and not name.startswith(_TMP_PREFIX):
                     seen += old is not None
-                    changed[name] = (st.st_size, st.st_mtime, None)
+                    yield name, stat
                 elif name.endswith(OBJECT_SUFFIXES) and not st_mode.S_ISREG(st.st_mode):  # a rescan shows these
                     self.skipped.add(name, not_regular_why(kind_of(st.st_mode)))
-        return changed, names_gone(previous, changed, seen, self)
+        seen_out[0] = seen
 
     def list_stats(self, suffixes: tuple[str, ...] = ()) -> list[Listed]:
         # The root only, as list_changes: a repeated `jaxcache ls` costs this listing and little else, so it is the

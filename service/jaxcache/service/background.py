@@ -8,8 +8,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -29,17 +29,50 @@ RESCAN, VERIFY, DRAIN = "rescan", "verify", "drain"
 #: How often the drain looks at the inbox on SQLite when no POST to this process woke it.
 DRAIN_POLL_S = 1.0
 
-#: The first retry after an error; each further failure doubles it, up to the loop's period.
+#: The first retry after an error; each further failure doubles it (:func:`backoff_s`).
 BACKOFF_FIRST_S = 1.0
+#: The longest wait before the drain listens again after its connection was lost.
+RELISTEN_MAX_S = 60.0
 #: A pass is stuck past this many of its loop's periods, never sooner than STUCK_MIN_S (a large bucket's rescan).
 STUCK_PERIODS, STUCK_MIN_S = 3, 600.0
 PROGRESS_PUBLISH_S = 5.0  # how often a pass's steps are published: far below any stuck bound
 
 Health = Literal["ok", "failing", "stuck"]
 T = TypeVar("T")
-#: A pass over every cache: the caches whose part failed, with why.
-Failing = Callable[[], list[tuple[str, Exception]]]
+#: What went wrong in a round: each cache whose part failed (or "": the whole round), with why.
+Failures = list[tuple[str, Exception]]
+#: A pass over every cache.
+Failing = Callable[[], Failures]
 _IDLE: dict[str, Any] = {"running_cache": None, "cache_since_s": None, "progress_s": None}  # no pass on a cache
+
+
+def backoff_s(failures: int, most_s: float) -> float:
+    """The wait before trying again after ``failures`` failures in a row: 1 s, doubling, at most ``most_s``."""
+    return min(most_s, BACKOFF_FIRST_S * 2 ** min(failures - 1, 30))
+
+
+class Outage:
+    """Failures in a row, so that each kind is logged once until a success ends them, not at every retry."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self._kinds: set[str] = set()
+        self._lock = threading.Lock()
+
+    def failed(self, kind: str = "") -> bool:
+        """Count a failure; whether it is the first of its ``kind`` since the last success (the one to log)."""
+        with self._lock:
+            self.failures += 1
+            first = kind not in self._kinds
+            self._kinds.add(kind)
+        return first
+
+    def succeeded(self) -> int:
+        """End the outage; how many failures it had (0: there was none, nothing to say)."""
+        with self._lock:
+            failures, self.failures = self.failures, 0
+            self._kinds.clear()
+        return failures
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +128,10 @@ class Loops:
         self._statuses = LoopStatuses(catalog.engine)  # where each change is published for every process
         self._lock = threading.Lock()
         self._loops: dict[str, LoopStatus] = {}
-        self._logged: dict[str, set[str]] = {}  # loop -> kinds of error logged since it last succeeded
-        self._round_failed: dict[str, set[str]] = {}  # loop -> caches whose part of its last round failed
+        self._outages: defaultdict[str, Outage] = defaultdict(Outage)  # each loop's failed rounds since a success
+        self._publishing = Outage()
         self._thread = threading.local()  # .loop: the loop whose pass the calling thread runs
         self._published: dict[str, float] = {}  # loop -> when its progress was last published
-        self._publish_failed = False
         self.arrived: threading.Event | None = None  # the drain's wake-up, while this process runs one
         self.rescan_rounds = 0  # background rescan rounds finished (or failed) since start
 
@@ -109,98 +141,79 @@ class Loops:
             self.arrived.set()
 
     def one_round(self, loop: str, period_s: float, one_pass: Callable[[], T],
-                  failures: Callable[[T], list[tuple[str, Exception]]] = lambda _: []) -> T | None:
-        """``one_pass()`` if this process claims the loop's lock, else None; noted once the lock is released."""
+                  failures: Callable[[T], Failures] = lambda _: []) -> T | None:
+        """``one_pass()`` if this process claims the loop's lock, else None; shown running (or stuck) until it
+        returns, and how it ended noted once the lock is released."""
         lock = self.catalog.locks.get(f"loop:{loop}")
         try:
             if not lock.acquire(blocking=False):
                 return None
             try:
-                with self.passing(loop, stuck_after(period_s, self.settings.stuck_after_s)):
-                    result = one_pass()
+                self._thread.loop = loop
+                self._step(loop, at_once=True, running_since_s=time.time(), **_IDLE,
+                           stuck_after_s=stuck_after(period_s, self.settings.stuck_after_s))
+                result = one_pass()
             finally:
+                self._thread.loop = None
                 lock.release()
         except Exception as exc:
-            self.failed(loop, exc)
+            self._ended(loop, [("", exc)])
             raise
-        for where, failure in (noted := failures(result)):
-            self.failed(loop, failure, where)
-        if not noted:
-            self.succeeded(loop)
+        self._ended(loop, failures(result))
         return result
 
-    def succeeded(self, loop: str) -> None:
-        now = time.time()
-        with self._lock:
-            before = self._loops.get(loop, LoopStatus())
-            self._loops[loop] = replace(before, last_success_s=now, failures=0, failed_caches=())
-            self._logged.pop(loop, None)
-        if before.failures:
-            log.info("background %s recovered after %d failed round(s); last error: %s", loop, before.failures,
-                     before.last_error)
-        self.metrics.loop_last_success.labels(loop).set(now)
-        self.metrics.loop_failing.labels(loop).set(0)
-        self._changed(loop)
-
-    def failed(self, loop: str, exc: BaseException, where: str = "") -> None:
-        """Note one failed round (or one cache's part of it, ``where``); log the first error of each kind."""
-        kind = f"{where}:{type(exc).__name__}" if where else type(exc).__name__
-        message = f"{where}: {describe(exc)}" if where else describe(exc)
-        with self._lock:
-            before = self._loops.get(loop, LoopStatus())
-            failed = self._round_failed.setdefault(loop, set())
-            if where:
-                failed.add(where)
-            self._loops[loop] = replace(before, last_error=message[:2000], last_error_s=time.time(),
-                                        failures=before.failures + 1, failed_caches=tuple(sorted(failed)))
-            first = kind not in self._logged.setdefault(loop, set())
-            self._logged[loop].add(kind)
-        self.metrics.loop_errors.labels(loop, type(exc).__name__).inc()
-        self.metrics.loop_failing.labels(loop).set(1)
-        self._changed(loop)
-        if first:
-            # Our own errors and a database that is down say what to do; anything else is a bug: its traceback helps.
-            log.error("background %s failed: %s (retrying with backoff; this is logged once until it recovers)",
-                      loop, message, exc_info=None if isinstance(exc, JaxcacheError | OperationalError) else exc)
+    def _ended(self, loop: str, failed: Failures) -> None:
+        """Note a round that ended: a success, or each failure (one cache's part, ``where``, or the round's), the
+        first of each kind logged."""
+        now, outage = time.time(), self._outages[loop]
+        said = [f"{where}: {describe(exc)}" if where else describe(exc) for where, exc in failed]
+        firsts = [outage.failed(f"{where}:{type(exc).__name__}") for where, exc in failed]
+        if failed:
+            outcome = {"last_error": said[-1][:2000], "last_error_s": now, "failures": outage.failures,
+                       "failed_caches": tuple(sorted({where for where, _ in failed if where}))}
         else:
-            log.debug("background %s failed again: %s", loop, message)
-
-    @contextmanager
-    def passing(self, loop: str, stuck_after_s: float) -> Iterator[None]:
-        """Around one pass of ``loop``, in the thread that runs it: shown running (or stuck) until it returns."""
-        with self._lock:
-            self._loops[loop] = replace(self._loops.get(loop, LoopStatus()), running_since_s=time.time(),
-                                        stuck_after_s=stuck_after_s, **_IDLE)
-            self._round_failed[loop] = set()  # its failures, noted after it returns, are this round's
-        self._thread.loop = loop
-        self._changed(loop)
-        try:
-            yield
-        finally:
-            self._thread.loop = None
-            with self._lock:  # published with the round's success or failure, which the loop notes next
-                self._loops[loop] = replace(self._loops[loop], running_since_s=None, **_IDLE)
+            outcome = {"last_success_s": now, "failures": 0, "failed_caches": ()}
+        before = self._step(loop, at_once=True, running_since_s=None, **_IDLE, **outcome)
+        if not failed and (failures := outage.succeeded()):
+            log.info("background %s recovered after %d failed round(s); last error: %s", loop, failures,
+                     before.last_error)
+        for (_, exc), message, first in zip(failed, said, firsts, strict=True):
+            self.metrics.loop_errors.labels(loop, type(exc).__name__).inc()
+            if first:
+                # Our own errors and a database that is down say what to do; else a bug, whose traceback helps.
+                log.error("background %s failed: %s (retrying with backoff; this is logged once until it recovers)",
+                          loop, message, exc_info=None if isinstance(exc, JaxcacheError | OperationalError) else exc)
+            else:
+                log.debug("background %s failed again: %s", loop, message)
 
     def on_cache(self, cache: str) -> None:
         """The pass this thread runs (if it runs one) moves on to ``cache``."""
-        loop = getattr(self._thread, "loop", None)
-        if loop is None:  # a request's rescan or verification, not a loop's
-            return
-        with self._lock:
-            self._loops[loop] = replace(self._loops[loop], running_cache=cache, cache_since_s=time.time())
-        self._changed(loop)
+        self._step(getattr(self._thread, "loop", None), at_once=True, running_cache=cache, cache_since_s=time.time())
 
     def progress(self) -> None:
         """The pass this thread runs (if any) took a step: not stuck while steps come."""
-        loop = getattr(self._thread, "loop", None)
-        if loop is None:
-            return
+        self._step(getattr(self._thread, "loop", None), at_once=False, progress_s=time.time())
+
+    def _step(self, loop: str | None, at_once: bool, **changes: Any) -> LoopStatus:
+        """Change how ``loop`` is doing (the status before); published at once, or every PROGRESS_PUBLISH_S while a
+        pass's steps come."""
+        if loop is None:  # a request's rescan or verification, not a loop's
+            return LoopStatus()
         now = time.time()
         with self._lock:
-            before, self._loops[loop] = self._loops[loop], replace(self._loops[loop], progress_s=now)
-        if before.progress_s is None or now - self._published.get(loop, 0.0) >= PROGRESS_PUBLISH_S:
+            before = self._loops.get(loop, LoopStatus())
+            self._loops[loop] = status = replace(before, **changes)
+        if at_once or before.progress_s is None or now - self._published.get(loop, 0.0) >= PROGRESS_PUBLISH_S:
             self._published[loop] = now
-            self._changed(loop)
+            try:
+                self._statuses.publish(loop, asdict(status))
+            except Exception as exc:  # noqa: BLE001 - other processes show an older status meanwhile
+                if self._publishing.failed():
+                    log.warning("could not publish the %s loop's status: %s (other processes' /readyz shows an "
+                                "older one until it can)", loop, describe(exc))
+            else:
+                self._publishing.succeeded()
+        return before
 
     def running(self) -> list[str]:
         """The passes running now, for a log line."""
@@ -211,12 +224,8 @@ class Loops:
 
     def wait_s(self, loop: str, period_s: float) -> float:
         """Seconds until the loop's next round: its period, or a doubling backoff while rounds fail."""
-        failures = self.status(loop).failures
-        return min(period_s, BACKOFF_FIRST_S * 2 ** min(failures - 1, 30)) if failures else period_s
-
-    def status(self, loop: str) -> LoopStatus:
-        with self._lock:
-            return self._loops.get(loop, LoopStatus())
+        failures = self._outages[loop].failures
+        return backoff_s(failures, period_s) if failures else period_s
 
     def snapshot(self) -> dict[str, LoopStatus]:
         with self._lock:
@@ -229,16 +238,6 @@ class Loops:
         except Exception:  # noqa: BLE001 - the catalog is away: /readyz says so, and shows what this process knows
             return self.snapshot()
         return {**self.snapshot(), **{loop: LoopStatus.from_dict(status) for loop, status in published.items()}}
-
-    def _changed(self, loop: str) -> None:
-        try:
-            self._statuses.publish(loop, asdict(self.status(loop)))
-            self._publish_failed = False
-        except Exception as exc:  # noqa: BLE001 - other processes show an older status meanwhile
-            if not self._publish_failed:
-                log.warning("could not publish the %s loop's status: %s (other processes' /readyz shows an older one "
-                            "until it can)", loop, describe(exc))
-            self._publish_failed = True
 
 
 def export_health(metrics: Metrics, snapshot: dict[str, LoopStatus], now: float) -> None:
@@ -261,7 +260,7 @@ def describe(exc: BaseException) -> str:
 
 @contextlib.asynccontextmanager
 async def background(loops: Loops, *, drain: Callable[[], int], rescan: Failing,
-                     verify: Callable[[threading.Event], list[tuple[str, Exception]]]) -> AsyncIterator[None]:
+                     verify: Callable[[threading.Event], Failures]) -> AsyncIterator[None]:
     """Run the loops' passes (``verify`` is handed the stop event) while the app serves; stop them when it stops."""
     catalog, settings = loops.catalog, loops.settings
     period_s = settings.rescan_s
@@ -286,7 +285,7 @@ async def background(loops: Loops, *, drain: Callable[[], int], rescan: Failing,
 
     def draining() -> None:
         listener = InboxListener(catalog.engine.url) if catalog.dialect == "postgresql" else None
-        lost = 0  # connections to listen on lost in a row
+        lost = Outage()  # of the connection listening for reports
         try:
             while not stop.is_set():
                 arrived.clear()  # before the pass: a record accepted during it wakes the next one at once
@@ -296,12 +295,12 @@ async def background(loops: Loops, *, drain: Callable[[], int], rescan: Failing,
                     folded = None
                 if folded:  # records arrive while a round folds: look again at once
                     continue
-                if folded is None or loops.status(DRAIN).failures:  # records hurry no backoff
+                if folded is None:  # failed (records hurry no backoff), or another process drains
                     stop.wait(loops.wait_s(DRAIN, DRAIN_POLL_S))
                 elif listener is None:  # SQLite: only a POST to this process wakes it; others' records are polled
                     arrived.wait(DRAIN_POLL_S)
                 else:
-                    lost = _listen(listener, stop, lost)
+                    _listen(listener, stop, lost)
         finally:
             if listener is not None:
                 listener.close()
@@ -324,19 +323,18 @@ async def background(loops: Loops, *, drain: Callable[[], int], rescan: Failing,
                         "; ".join(loops.running()) or "a background pass", settings.shutdown_wait_s)
 
 
-def _listen(listener: InboxListener, stop: threading.Event, lost: int) -> int:
-    """Wait for a NOTIFY, looking at ``stop`` each second, or back off after a lost connection; the new ``lost``."""
+def _listen(listener: InboxListener, stop: threading.Event, lost: Outage) -> None:
+    """Wait for a NOTIFY, looking at ``stop`` each second, or back off after a lost connection."""
     try:
         while not stop.is_set() and not listener.wait(1.0):
             pass
     except Exception as exc:  # noqa: BLE001 - the database is away: the drain's own pass says so in its health
-        lost += 1
-        if lost == 1:  # once per outage, not at each try
+        if lost.failed():
             log.warning("the drain's connection listening for reports was lost (%s): connecting again; meanwhile "
                         "reports wait in the inbox", describe(exc)[:300])
-        stop.wait(min(60.0, BACKOFF_FIRST_S * 2 ** min(lost - 1, 6)))
-        return lost
-    return 0
+        stop.wait(backoff_s(lost.failures, RELISTEN_MAX_S))
+    else:
+        lost.succeeded()
 
 
 def _join(threads: list[threading.Thread], wait_s: float) -> bool:

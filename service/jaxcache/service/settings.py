@@ -88,6 +88,9 @@ class ServiceSettings(BaseSettings):
         None, gt=0, description="seconds a background pass (rescan, verify, drain) may run before /readyz, the "
         "dashboard and jaxcache_loop_stuck call it stuck; default: 3 of its loop's periods, at least 600 (a stuck "
         "pass never makes the replica unready)")
+    usage_metrics_s: float = Field(
+        30.0, gt=0, description="seconds between reads of the usage gauges (jaxcache_hit_rate, jaxcache_saved_seconds "
+        "and the like) from the catalog, in each process; a scrape answers the last read")
     shutdown_wait_s: float = Field(
         20.0, ge=0, description="on SIGTERM or Ctrl-C, seconds to wait for background passes still running; past "
         "that the service logs which one and exits without it (under Kubernetes' default 30 s grace period, so "

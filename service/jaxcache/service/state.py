@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -41,7 +40,6 @@ class State:
         self.catalog = Catalog(settings.catalog_url, migrate=not prepared, snapshot_dir=settings.snapshot_dir)
         self.generations = Generations(self.catalog)
         self.metrics = Metrics(list(settings.caches))
-        self.catalog.on_misses = self._count_misses
         self.loops = Loops(self.metrics, self.catalog, settings)
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
@@ -56,7 +54,6 @@ class State:
             if (norm := normal_dir(storage.url)) is not None:
                 self.roots.setdefault(norm, []).append(name)
         self.scanned: set[str] = set()
-        self.rounds_done: set[str] = set()  # caches this process has rescanned in a background round
         self.prepared = prepared
         self.root_changes: list[Any] = []  # caches whose root changed since last served, set by app.create_app
 
@@ -107,6 +104,3 @@ class State:
         names = self.caches_at(cache_dir)
         return [] if cache in names else sorted(names)
 
-    def _count_misses(self, name: str, counts: Mapping[str, int]) -> None:
-        for cause, n in counts.items():
-            self.metrics.misses.labels(name, cause).inc(n)

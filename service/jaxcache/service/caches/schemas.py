@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from jaxcache.service.reports.schemas import MissesByCause
-
-#: Skipped names kept for a cache's status (the count is whole); ``jaxcache doctor`` lists them all.
-SKIPPED_SHOWN = 20
+from jaxcache.service.catalog.models import SKIPPED_SHOWN
+from jaxcache.service.web.fields import CAUSE_HELP, Cause
 
 
 class SkippedObject(BaseModel):
@@ -72,6 +70,25 @@ class UsageWindowModel(BaseModel):
     saved_s: float = Field(description="compile seconds saved by hits")
 
 
+class CauseTotal(BaseModel):
+    cause: Cause = Field(description=CAUSE_HELP)
+    misses: int = Field(description="jobs' misses of this cause (one per process and key)")
+    compile_s: float = Field(description="compile seconds those misses spent (measured by the jobs)")
+
+
+class CausesWindow(BaseModel):
+    since_s: float = Field(description="start of the window (Unix time)")
+    causes: list[CauseTotal] = Field(description="causes, most compile seconds lost first")
+    unexplained: int = Field(0, description="jobs' misses in the window not explained yet (ingested before "
+                                            "explanations, or by a replica of an older version)")
+
+
+class MissesByCause(BaseModel):
+    last_24h: CausesWindow = Field(description="jobs' processes whose run records were updated in the last 24 h "
+                                               "(warm-ups are not jobs)")
+    last_7d: CausesWindow = Field(description="jobs' processes whose run records were updated in the last 7 days")
+
+
 class StatsModel(BaseModel):
     cache: str
     entries: int
@@ -99,19 +116,3 @@ class StatsModel(BaseModel):
         default_factory=list, description="top 100 functions by compile seconds their entries (in the cache now) saved")
     misses_by_cause: MissesByCause = Field(
         description="jobs' misses over the last 24 h and 7 d by cause, with the compile seconds each cause cost")
-
-
-class RescanModel(BaseModel):
-    cache: str
-    added: int
-    removed: int
-    updated: int
-    entries: int
-    seconds: float
-    records_ingested: int = Field(0, description="run records read because they were new or changed")
-    records_malformed: int = Field(0, description="run records skipped as malformed (one warning per rescan)")
-    warmups_ingested: int = Field(0, description="warm-up coverage records read because they were new or changed")
-    records_compacted: int = Field(0, description="run records (processes) older than JAXCACHE_RECORDS_RETAIN_D "
-                                                  "folded into per-key history, their runs and files deleted")
-    skipped: int = Field(0, description="objects named like entries or records that were not read (not regular "
-                                        "files, names the storage cannot map): see GET /v1/caches")

@@ -17,10 +17,10 @@ from sqlalchemy import BigInteger, Integer, Select, bindparam, cast, func, selec
 from sqlalchemy.orm import Session
 
 from jaxcache.service.caches.schemas import CacheSummary, SkippedObject
+from jaxcache.service.catalog import usage
 from jaxcache.service.catalog.database import ENTRIES, Catalog, Generation
 from jaxcache.service.catalog.models import CacheRow, CacheStatsRow, EntryRow
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.reports import queries, queue
 from jaxcache.service.state import State
 
 _DAY_S = 86400.0
@@ -29,7 +29,7 @@ _DAY_S = 86400.0
 def caches(state: State) -> list[CacheSummary]:
     """Every configured cache with its size and last scan."""
     out = []
-    waiting = queue.waiting_by_cache(state.catalog)
+    waiting = usage.waiting_by_cache(state.catalog)
     with state.catalog.session() as s:
         for name in state.settings.caches:
             row = s.get(CacheRow, name)
@@ -102,17 +102,17 @@ def _usage(catalog: Catalog, name: str, generation: Generation, minute: int) -> 
     in this process, for every app in it."""
     now = time.time()
     with catalog.reader() as conn:
-        return {"last_24h": queries.usage_window(conn, name, since=now - _DAY_S),
-                "last_7d": queries.usage_window(conn, name, since=now - 7 * _DAY_S),
-                "misses_by_cause": {"last_24h": queries.misses_by_cause(conn, name, since=now - _DAY_S),
-                                    "last_7d": queries.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
+        return {"last_24h": usage.usage_window(conn, name, since=now - _DAY_S),
+                "last_7d": usage.usage_window(conn, name, since=now - 7 * _DAY_S),
+                "misses_by_cause": {"last_24h": usage.misses_by_cause(conn, name, since=now - _DAY_S),
+                                    "last_7d": usage.misses_by_cause(conn, name, since=now - 7 * _DAY_S)}}
 
 
 def _saved(catalog: Catalog, cache: str) -> dict:
     """The functions whose entries (in the cache now) saved the most compile seconds: with the entries and with the
     usage, not with the clock."""
     with catalog.reader() as conn:
-        return {"by_function_saved": queries.saved_by_function(conn, cache)}
+        return {"by_function_saved": usage.saved_by_function(conn, cache)}
 
 
 def _stats(catalog: Catalog, cache: str) -> dict:

@@ -227,13 +227,12 @@ class InboxListener:
 
 class LoopStatuses:
     """Each background loop's status (a JSON object) as the process running its passes last published it, read by
-    every process: files beside an SQLite file, ``loop_health`` on PostgreSQL, a dict for an in-memory catalog."""
+    every process: ``loop_health`` on PostgreSQL, files beside an SQLite file; none for an in-memory catalog, which
+    no other process reads."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine if engine.dialect.name == "postgresql" else None
         self._database = _sqlite_file(engine.url)
-        self._memory: dict[str, dict[str, Any]] = {}
-        self._lock = threading.Lock()
 
     def publish(self, loop: str, status: Mapping[str, Any]) -> None:
         """Replace the loop's status, keeping the latest last success and last error any process published: one
@@ -253,9 +252,6 @@ class LoopStatuses:
                 with open(f"{path}.tmp", "w") as out:
                     json.dump(merged, out)
                 os.replace(f"{path}.tmp", path)
-        else:
-            with self._lock:
-                self._memory[loop] = _with_history(dict(status), self._memory.get(loop, {}))
 
     def read(self) -> dict[str, dict[str, Any]]:
         """Every loop's last published status, by loop."""
@@ -267,8 +263,7 @@ class LoopStatuses:
             found = {path[len(prefix):-len(".json")]: _read_json(path)
                      for path in glob.glob(f"{glob.escape(prefix)}*.json")}
             return {loop: status for loop, status in found.items() if status}
-        with self._lock:
-            return dict(self._memory)
+        return {}
 
 
 def _read_json(path: str) -> dict[str, Any]:

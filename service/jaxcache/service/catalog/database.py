@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -121,13 +121,6 @@ class Catalog:
         # Writers that read then write (report ingestion, a rescan's commit) take turns in this process before
         # they take the database's own lock (see writing()), so they never wait on each other inside the database.
         self.write_lock = threading.RLock()
-        # The last rescan's view of each cache (rescan.snapshots.Snapshot), for the next rescan in this process.
-        self.rescan_snapshots: dict[str, object] = {}
-        # What the last listings of each cache's run records found (reports.runfiles._Listings), likewise.
-        self.record_listings: dict[str, object] = {}
-        # Told of the misses this process explains for the first time (cache, {cause: count}), wherever that
-        # happens (a POST, a rescan, a prune's own rescans): the service counts them in its metrics.
-        self.on_misses: Callable[[str, Mapping[str, int]], None] | None = None
 
     @staticmethod
     def _write_engine(engine: Engine) -> Engine:
@@ -141,11 +134,6 @@ class Catalog:
                                json_deserializer=msgspec.json.decode)
         _sqlite_events(writes, cache=_WRITE_CACHE)
         return writes
-
-    def count_misses(self, cache: str, counts: Mapping[str, int]) -> None:
-        """Pass misses explained for the first time (committed) to whoever listens."""
-        if counts and self.on_misses is not None:
-            self.on_misses(cache, counts)
 
     @contextmanager
     def writing(self, cache: str) -> Iterator[Session]:

@@ -92,6 +92,8 @@ class Aggregates:
 
 #: The names of the aggregate columns, in their order.
 AGGREGATES = tuple(Aggregates.__annotations__)
+#: A key's aggregates when no run record mentions it: a rescan's new rows and a changed root's start there.
+EMPTY: dict[str, Any] = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
 
 
 class KeyStatsRow(PerKey, Aggregates, Base):
@@ -229,6 +231,11 @@ class UsageRow(PerCache, Base):
 # --- entries, caches and what only the catalog holds -----------------------------------------------------------------
 
 
+#: Skipped names a cache's row keeps (the count is whole): rescans write them, the API shows them; ``jaxcache doctor``
+#: lists them all.
+SKIPPED_SHOWN = 20
+
+
 class CacheRow(Base):
     """A configured cache root and its last scan."""
 
@@ -240,7 +247,7 @@ class CacheRow(Base):
     last_scan_error: Mapped[str | None] = mapped_column(Str(2048), nullable=True)
     # What the last completed rescan skipped (not regular files, names no backend maps): in the catalog, not in a
     # replica's memory, so that every replica shows the same. The names are escaped for display (and so storable as
-    # JSON: a local name that is not UTF-8 holds surrogates): the first few by name (rescan.scan.SKIPPED_SHOWN),
+    # JSON: a local name that is not UTF-8 holds surrogates): the first SKIPPED_SHOWN by name,
     # each {"name", "why"}.
     last_scan_skipped: Mapped[int | None] = mapped_column(Integer, nullable=True)
     last_scan_skipped_names: Mapped[list | None] = mapped_column(NullableJSON, nullable=True)
@@ -304,8 +311,8 @@ class RecordFileRow(PerCache, Base):
 
 
 class InboxRow(PerCache, Base):
-    """A run record accepted and not folded yet (``reports/queue.py``): the newest version of one process's record,
-    the JSON it came as, zstd-compressed. The drain folds it into the run tables and deletes it."""
+    """A run record accepted and not folded yet (``reports/ingest/queue.py``): the newest version of one process's
+    record, the JSON it came as, zstd-compressed. The drain folds it into the run tables and deletes it."""
 
     __tablename__ = "report_inbox"
     run_id: Mapped[str] = mapped_column(Str(128), primary_key=True)
@@ -357,6 +364,11 @@ class PinRow(PerCache, Base):
     pattern: Mapped[str] = mapped_column(Str(512), primary_key=True)
     created_s: Mapped[float] = mapped_column(Float)
     created_by: Mapped[str] = mapped_column(Str(128))
+
+
+#: A prune's states (PruneRow.state): the prune writes them, the drain and retention read them (a running prune's
+#: deletions are not history yet).
+RUNNING, DONE, FAILED, INTERRUPTED = "running", "done", "failed", "interrupted"
 
 
 class PruneRow(Base):

@@ -17,7 +17,7 @@ from jaxcache.service.dashboard.site import COOKIE, Dashboard, Viewer, credentia
 from jaxcache.service.entries import queries
 from jaxcache.service.integrity import queries as verdicts
 from jaxcache.service.ops import loop_models
-from jaxcache.service.reports import queries as runs
+from jaxcache.service.reports.jobs import queries as runs
 from jaxcache.service.warmups import queries as warmup_queries
 from jaxcache.service.web.deps import check_key
 from jaxcache.units import parse_bytes, parse_duration

@@ -17,7 +17,7 @@ from jaxcache.errors import InvalidInputError
 from jaxcache.service.dashboard.site import MAX_SHOWN, Dashboard, ToLogin, Viewer, html_route, read_form
 from jaxcache.service.prune import audit as prune_audit
 from jaxcache.service.prune import run as pruning
-from jaxcache.service.prune.run import PruneInProgressError
+from jaxcache.service.prune.run import Handed, PruneInProgressError
 from jaxcache.service.prune.schemas import PruneRequest, policy_of, response_of
 
 POLICY_TEXT = ("max_total_bytes", "unused_for", "older_than", "min_age", "stale_jaxlib_window")
@@ -67,7 +67,7 @@ def policy_request(form: Mapping[str, str], *, dry_run: bool) -> PruneRequest:
         raise InvalidInputError("; ".join(dict.fromkeys(_problem(e) for e in exc.errors()))) from None
 
 
-def routes(dash: Dashboard) -> APIRouter:
+def routes(dash: Dashboard, handed: Handed) -> APIRouter:
     state = dash.state
     router = APIRouter(route_class=html_route(dash), include_in_schema=False)
 
@@ -95,7 +95,8 @@ def routes(dash: Dashboard) -> APIRouter:
         if q.get("preview"):
             try:
                 policy, policy_json = policy_of(policy_request(form, dry_run=True))
-                outcome = pruning.prune(state, cache, policy, policy_json=policy_json, dry_run=True, who=viewer.who)
+                outcome = pruning.prune(state, cache, policy, handed=handed, policy_json=policy_json, dry_run=True,
+                                        who=viewer.who)
                 planned = response_of(outcome, dry_run=True, limit=MAX_SHOWN)
             except InvalidInputError as exc:
                 error, status = worded(str(exc)), 400
@@ -129,7 +130,8 @@ def routes(dash: Dashboard) -> APIRouter:
                               f"({cache}) in the confirmation box. Nothing was deleted.")
         try:
             policy, policy_json = policy_of(policy_request(form, dry_run=False))
-            outcome = pruning.prune(state, cache, policy, policy_json=policy_json, dry_run=False, who=viewer.who)
+            outcome = pruning.prune(state, cache, policy, handed=handed, policy_json=policy_json, dry_run=False,
+                                    who=viewer.who)
         except InvalidInputError as exc:
             return prune_page(request, viewer, cache, form, status=400,
                               error=f"{worded(str(exc))}. Nothing was deleted.")

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from jaxcache.errors import InvalidInputError
 from jaxcache.records import JOB
+from jaxcache.service.catalog import attestations
 from jaxcache.service.catalog.models import EntryRow, UsageRow, VerificationRow
-from jaxcache.service.integrity import queries as verdicts
 from jaxcache.storage import generation_of
 
 # "compile" is literally the indexed expression (catalog.COMPILE_SORT_SQL): a bound -1 would not match the index.
@@ -198,5 +198,5 @@ def entry_detail(conn: Connection, cache: str, key: str,
         return None
     verdict = conn.execute(select(VerificationRow).where(VerificationRow.cache == cache,
                                                           VerificationRow.key == key)).first()
-    conflict = next(iter(verdicts.conflicts(conn, cache, keys=[key])), None)
+    conflict = next(iter(attestations.conflicts(conn, cache, keys=[key])), None)
     return page_entry(row, root), entry_jobs(conn, cache, key), verdict, conflict

@@ -12,12 +12,10 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.entries import queries
 from jaxcache.service.entries.schemas import EntryDetail, EntryPage
-from jaxcache.service.prune import run as pruning
-from jaxcache.service.prune.run import EntryNotDeletedError, PruneInProgressError
 from jaxcache.service.state import State
 from jaxcache.service.web import conditional, deps
-from jaxcache.service.web.deps import ERRORS, AdminAuth, CacheName, EntryKey, ReadAuth, check_key, state_of, storage_of
-from jaxcache.service.web.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText, ErrorModel
+from jaxcache.service.web.deps import ERRORS, CacheName, EntryKey, ReadAuth, check_key, state_of, storage_of
+from jaxcache.service.web.fields import CURSOR, FUNCTION_GLOB, MAX_BYTES, TEXT, DurationText
 from jaxcache.topology import parse_any_topology
 
 router = APIRouter(tags=["entries"], responses=ERRORS)
@@ -135,27 +133,3 @@ def get_entry(request: Request, cache: CacheName, key: EntryKey, _p: ReadAuth) -
         integrity=verdict.classification, integrity_reasons=verdict.reasons, sha256=verdict.sha256,
         attested_by=verdict.attested_by, integrity_signature=verdict.signature)
     return EntryDetail.model_validate({**entry, "jobs": jobs, **checked, "conflict": conflict})
-
-
-@router.delete("/v1/caches/{cache}/entries/{key}", status_code=204, operation_id="deleteEntry",
-               responses={409: {"model": ErrorModel, "description": "a prune of this cache is running, the entry was"
-                                                                     " written again since it was listed, or its file"
-                                                                     " could not be removed (the detail says why; the"
-                                                                     " entry stays listed)"}})
-def delete_entry(request: Request, cache: CacheName, key: EntryKey, principal: AdminAuth) -> Response:
-    """Delete one entry (its -cache, then its -atime, under JAX's lock), audited as a prune of one in
-    `GET /v1/caches/{cache}/prunes`. Jobs that need it recompile and write it again."""
-    state = state_of(request)
-    storage_of(request, cache)
-    check_key(key)
-    try:
-        deleted = pruning.delete_entry(state, cache, key, who=principal.who)
-    except PruneInProgressError:
-        raise HTTPException(409, f"a prune of {cache!r} is running (on this or another replica of the service);"
-                                 " try again when it ends") from None
-    except EntryNotDeletedError as exc:
-        # Not 502: storage answered, and retrying changes nothing until someone fixes what the detail names.
-        raise HTTPException(409, str(exc)) from None
-    if not deleted:
-        raise HTTPException(404, f"no entry {key!r} in {cache!r}")
-    return Response(status_code=204)

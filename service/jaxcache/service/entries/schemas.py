@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from jaxcache.service.integrity.schemas import DigestConflict
-from jaxcache.service.web.fields import CURSOR
+from jaxcache.service.web.fields import CURSOR, DigestConflict
 from jaxcache.storage import STORES
 
 #: What `version` holds on each store (the storage package's own words for its stores).

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.engine import Connection
 
 from jaxcache import integrity
-from jaxcache.service.catalog.models import AttestationConflictRow, AttestationRow, EntryRow, VerificationRow
-from jaxcache.service.integrity.attestations import CHUNK
+from jaxcache.service.catalog.attestations import conflicts
+from jaxcache.service.catalog.models import AttestationRow, EntryRow, VerificationRow
 
 
 def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
@@ -47,31 +45,3 @@ def summary(conn: Connection, cache: str, *, limit: int = 1000) -> dict:
             "problems": [dict(r._mapping) | {"class": r.classification, "held_up": r.classification in held}
                          for r in bad],
             "conflicts": conflicts(conn, cache, limit=limit)}
-
-
-def conflicts(conn: Connection, cache: str, *, limit: int = 1000,
-              keys: list[str] | None = None) -> list[dict[str, Any]]:
-    """Entries (or those of ``keys``) with several recorded digests: the one that counts, then the others newest
-    first; ``limit`` digests in all."""
-    a, c = AttestationRow, AttestationConflictRow
-    query = (select(c.key, c.sha256, c.writer, c.source, c.record, c.seen_s, a.sha256.label("counted"),
-                    a.writer.label("counted_by"), a.source.label("counted_source"))
-             .join(a, and_(a.cache == c.cache, a.key == c.key)).where(c.cache == cache))
-    rows: list[Any] = []
-    for part in [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]:
-        if len(rows) < limit:
-            which = query if part is None else query.where(c.key.in_(part))
-            rows += conn.execute(which.order_by(c.key, c.seen_s.desc()).limit(limit - len(rows))).all()
-    out: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        found = out.setdefault(r.key, {"key": r.key, "sha256": r.counted, "writer": r.counted_by,
-                                       "source": r.counted_source, "others": []})
-        found["others"].append({"sha256": r.sha256, "writer": r.writer, "source": r.source, "record": r.record,
-                                "seen_s": r.seen_s})
-    return list(out.values())
-
-
-def classes_of(conn: Connection, cache: str) -> dict[str, str]:
-    """``{key: class}`` of every verified entry (for prune policies)."""
-    v = VerificationRow
-    return {r.key: r.classification for r in conn.execute(select(v.key, v.classification).where(v.cache == cache))}

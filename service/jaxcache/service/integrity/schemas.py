@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from jaxcache.service.web import fields
-from jaxcache.service.web.fields import integral
+from jaxcache.service.web.fields import DigestConflict, integral
 
 #: Keys a digests request may name. JAXCACHE_MAX_BODY_BYTES bounds them first (about 700 keys in its default 64 KiB,
 #: a 413 beyond): the route refuses more (422) where the limit was raised. Not the schema's maxItems, which a body
@@ -51,24 +51,6 @@ class IntegrityProblem(BaseModel):
     held_up: bool = Field(False, description="proven bad (tampered, corrupt, or a mismatch where its check is "
                           "pinned): JAX never overwrites an entry, so no job gets a good one for this key until "
                           "this one is removed")
-
-
-class OtherDigest(BaseModel):
-    sha256: str
-    writer: str
-    source: str = Field(description="reported or file: how the unsigned digest reached the service")
-    record: str | None = Field(None, description="the record file it was read from")
-    seen_s: float
-
-
-class DigestConflict(BaseModel):
-    """An entry for which writers recorded different digests: the one that counts, and the others."""
-
-    key: str
-    sha256: str = Field(description="the digest the entry is judged against")
-    writer: str
-    source: str
-    others: list[OtherDigest]
 
 
 class IntegritySummary(BaseModel):

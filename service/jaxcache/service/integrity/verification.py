@@ -13,12 +13,12 @@ from sqlalchemy import and_, delete, func, or_, select
 from jaxcache import integrity
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import Entry
+from jaxcache.service.catalog import attestations
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import AttestationRow, EntryRow, VerificationRow
-from jaxcache.service.integrity import attestations, queries
+from jaxcache.service.integrity import queries
 from jaxcache.service.integrity.schemas import VerifyResult
 from jaxcache.service.metrics import Metrics
-from jaxcache.service.rescan.scan import ensure_scanned
 from jaxcache.service.state import State
 from jaxcache.signing import TrustedKeys
 from jaxcache.storage import Storage
@@ -126,10 +126,14 @@ def unjudged(catalog: Catalog, cache: str, trusted: TrustedKeys) -> int:
     return count
 
 
-def verify(state: State, name: str, *, max_entries: int | None = None, recheck_all: bool = False,
-           stop: threading.Event | None = None, throttled: bool = False) -> VerifyResult:
-    """One integrity pass over ``name`` (only what needs it unless ``recheck_all``)."""
-    ensure_scanned(state, name)
+#: Rescans ``name`` unless this process has seen a scan of it (rounds.ensure_scanned, handed in by app.py).
+Scanned = Callable[[str], None]
+
+
+def verify(state: State, name: str, *, ensure_scanned: Scanned, max_entries: int | None = None,
+           recheck_all: bool = False, stop: threading.Event | None = None, throttled: bool = False) -> VerifyResult:
+    """One integrity pass over ``name`` (only what needs it unless ``recheck_all``), once it was scanned."""
+    ensure_scanned(name)
     settings = state.settings
     result = run_pass(
         state.catalog, name, state.storages[name], min_age_s=settings.verify_min_age_s, max_entries=max_entries,
@@ -148,7 +152,7 @@ def refresh_gauges(metrics: Metrics, catalog: Catalog, name: str) -> None:
         metrics.integrity.labels(name, cls).set(n)
 
 
-def verify_all(state: State, stop: threading.Event) -> list[tuple[str, Exception]]:
+def verify_all(state: State, stop: threading.Event, *, ensure_scanned: Scanned) -> list[tuple[str, Exception]]:
     """One throttled integrity pass over every cache; the caches whose pass failed, with why."""
     failed: list[tuple[str, Exception]] = []
     for name in state.settings.caches:
@@ -156,7 +160,7 @@ def verify_all(state: State, stop: threading.Event) -> list[tuple[str, Exception
             break
         state.loops.on_cache(name)
         try:
-            verify(state, name, stop=stop, throttled=True)
+            verify(state, name, ensure_scanned=ensure_scanned, stop=stop, throttled=True)
         except Exception as exc:  # noqa: BLE001 - one cache's failure must not stop the others' passes
             failed.append((name, exc))
     return failed

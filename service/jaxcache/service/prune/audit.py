@@ -15,12 +15,11 @@ from sqlalchemy.orm import Session
 
 from jaxcache import prune
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import PruneItemRow, PruneRow
+from jaxcache.service.catalog.models import DONE, INTERRUPTED, RUNNING, PruneItemRow, PruneRow
 from jaxcache.storage import Storage
 
 log = logging.getLogger("jaxcache.service")
 
-RUNNING, DONE, FAILED, INTERRUPTED = "running", "done", "failed", "interrupted"
 _CHUNK = 5000
 
 

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from functools import cached_property
 
 from sqlalchemy import bindparam, select
+from sqlalchemy.engine import Connection
 
 from jaxcache import entry as fmt
 from jaxcache import prune
 from jaxcache.prune.candidates import newest_use
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import EntryRow
-from jaxcache.service.integrity import queries as verdicts_q
+from jaxcache.service.catalog.models import EntryRow, VerificationRow
 
 
 class CatalogCandidates(prune.CandidateColumns):
@@ -87,10 +87,16 @@ def catalog_candidates(catalog: Catalog, cache: str, *, with_integrity: bool = F
     verdicts: dict[str, str] = {}
     if with_integrity:
         with catalog.reader() as conn:
-            verdicts = verdicts_q.classes_of(conn, cache)
+            verdicts = _classes_of(conn, cache)
     table = CatalogCandidates(verdicts)
     with catalog.reader() as conn:
         result = conn.execution_options(yield_per=10_000).execute(_ROWS, {"cache": cache})
         for rows in result.partitions():
             table.add(rows)
     return table
+
+
+def _classes_of(conn: Connection, cache: str) -> dict[str, str]:
+    """``{key: class}`` of every verified entry (for prune policies)."""
+    v = VerificationRow
+    return {r.key: r.classification for r in conn.execute(select(v.key, v.classification).where(v.cache == cache))}

@@ -1,10 +1,12 @@
 """Prunes and single-entry deletes: catalog candidates, core's plan, the executor's deletions; one per cache across
-replicas (the ``prune:<cache>`` lock, else PruneInProgressError), audited before anything is deleted."""
+replicas (the ``prune:<cache>`` lock, else PruneInProgressError), audited before anything is deleted. What a prune
+runs of other features (the rescan, integrity passes, the runs' jaxlibs) is handed in by app.py (:class:`Handed`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import delete, select
@@ -14,17 +16,24 @@ from jaxcache import prune as core_prune
 from jaxcache import signing
 from jaxcache.errors import InvalidInputError, JaxcacheError, PreconditionFailedError
 from jaxcache.service import memory
-from jaxcache.service.caches import summary
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.catalog.models import EntryRow, PinRow
-from jaxcache.service.integrity import verification
+from jaxcache.service.catalog.models import FAILED, EntryRow, PinRow
 from jaxcache.service.prune import audit as prune_audit
 from jaxcache.service.prune.candidates import catalog_candidates
-from jaxcache.service.reports import queries
-from jaxcache.service.rescan.scan import rescan
 from jaxcache.service.state import State
 from jaxcache.storage import Storage
 from jaxcache.units import plural
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Handed:
+    """What a prune runs of other features, handed in where the app is assembled (app.py): prune imports none."""
+
+    rescan: Callable[[str], object]  # a cache's round (rounds.rescan_cache): the index as storage is now
+    verify: Callable[[str, float], object]  # judge what needs it, throttled as the background pass (min_age_s)
+    unjudged: Callable[[str], int]  # entries with no verdict for their version and the trusted keys yet
+    recent_jaxlibs: Callable[[str, float], set[str]]  # jaxlibs of the runs updated since (warm-ups' too)
+    changed: Callable[[str], None]  # a cache's entries changed: statistics and listings' ETags are stale
 
 
 class PruneInProgressError(Exception):
@@ -45,12 +54,11 @@ def _check_window(policy: core_prune.PrunePolicy, retain_s: float) -> None:
             f"window of at most {retain}d, or raise JAXCACHE_RECORDS_RETAIN_D")
 
 
-def _plan(catalog: Catalog, cache: str, policy: core_prune.PrunePolicy) -> core_prune.PrunePlan:
+def _plan(catalog: Catalog, cache: str, policy: core_prune.PrunePolicy, handed: Handed) -> core_prune.PrunePlan:
     now = time.time()
     recent = None
     if policy.stale_jaxlib:
-        with catalog.reader() as conn:
-            recent = queries.recent_jaxlibs(conn, cache, since=now - policy.stale_jaxlib_window_s)
+        recent = handed.recent_jaxlibs(cache, now - policy.stale_jaxlib_window_s)
     with memory.gc_paused():
         candidates = catalog_candidates(catalog, cache, with_integrity=bool(policy.integrity))
         return core_prune.plan(candidates, policy, now=now, recent_jaxlibs=recent)
@@ -63,8 +71,8 @@ class Outcome:
     audit_id: int | None = None
 
 
-def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, policy_json: dict[str, Any], dry_run: bool,
-          who: str) -> Outcome:
+def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, handed: Handed, policy_json: dict[str, Any],
+          dry_run: bool, who: str) -> Outcome:
     """Plan a prune of one cache and, unless ``dry_run`` (the caller checked the scope), judge what ``integrity``
     needs, audit and apply it. Raises PruneInProgressError, and InvalidInputError for too long a stale_jaxlib window."""
     catalog, storage, settings = state.catalog, state.storages[cache], state.settings
@@ -74,8 +82,8 @@ def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, policy_js
     policy = dataclasses.replace(policy, keep=policy.keep + pins)
     if dry_run:
         storage.ping()  # a root that is gone (unmounted) refuses: its rows are not what is there
-        plan = _plan(catalog, cache, policy)
-        if policy.integrity and (unjudged := verification.unjudged(catalog, cache, settings.trusted)):
+        plan = _plan(catalog, cache, policy, handed)
+        if policy.integrity and (unjudged := handed.unjudged(cache)):
             are = "is" if unjudged == 1 else "are"
             plan.notes.append(f"integrity used the verdicts made so far: {plural(unjudged, 'entry')} {are} not judged"
                               " yet (the background pass will judge them; applying this prune judges them first)")
@@ -85,25 +93,23 @@ def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, policy_js
         raise PruneInProgressError(cache)
     try:
         # Storage is the truth: refresh the index first so the plan sees entries written since the last scan.
-        rescan(catalog, cache, storage)
+        handed.rescan(cache)
         prune_audit.close(catalog, cache, prune_audit.tally_interrupted(catalog, cache, storage))
         if policy.integrity:  # throttled as the background pass is
-            verification.run_pass(catalog, cache, storage, min_age_s=policy.min_age_s,
-                                  bytes_per_s=settings.verify_bytes_per_s, cpu_share=settings.verify_cpu_share,
-                                  trusted=settings.trusted)
-        plan = _plan(catalog, cache, policy)
+            handed.verify(cache, policy.min_age_s)
+        plan = _plan(catalog, cache, policy, handed)
         audit_id = prune_audit.begin(catalog, cache, plan.delete, who=who, policy_json=policy_json)
         result = _apply_audited(catalog, audit_id, storage, plan)
         if policy.orphans:
             # Signatures whose entry is gone (JAX's own LRU deletes only -cache and -atime): not catalog rows.
             for name in signing.orphans(storage):
                 storage.delete(name)
-        rescan(catalog, cache, storage)
+        handed.rescan(cache)
     finally:
         lock.release()
     state.metrics.prune_deleted.labels(cache).inc(result.deleted)
     state.metrics.prune_bytes.labels(cache).inc(result.bytes_freed)
-    summary.changed(state, cache)
+    handed.changed(cache)
     return Outcome(plan, result, audit_id)
 
 
@@ -119,11 +125,11 @@ def _apply_audited(catalog: Catalog, audit_id: int, storage: Storage,
     try:
         result = core_prune.apply(storage, plan, on_deleted=count)
     except Exception as exc:
-        prune_audit.finish(catalog, audit_id, done, state=prune_audit.FAILED,
+        prune_audit.finish(catalog, audit_id, done, state=FAILED,
                            error=f"stopped after {done.deleted} of {plural(len(plan.delete), 'object')}: {exc}")
         raise
     if result.failed:
-        prune_audit.finish(catalog, audit_id, result, state=prune_audit.FAILED,
+        prune_audit.finish(catalog, audit_id, result, state=FAILED,
                            error=f"{result.failed} of {len(plan.delete)} planned objects could not be deleted and "
                                  "are still there (each error below says why)")
     else:
@@ -131,7 +137,7 @@ def _apply_audited(catalog: Catalog, audit_id: int, storage: Storage,
     return result
 
 
-def delete_entry(state: State, cache: str, key: str, *, who: str) -> bool:
+def delete_entry(state: State, cache: str, key: str, *, handed: Handed, who: str) -> bool:
     """Delete one entry as a one-entry prune would, audited; False when neither storage nor catalog had it. Raises
     PruneInProgressError, and EntryNotDeletedError when its file is still there (its row stays)."""
     catalog, storage = state.catalog, state.storages[cache]
@@ -161,6 +167,6 @@ def delete_entry(state: State, cache: str, key: str, *, who: str) -> bool:
             s.execute(delete(EntryRow).where(EntryRow.cache == cache, EntryRow.key == key))
     finally:
         lock.release()
-    summary.changed(state, cache)
+    handed.changed(cache)
     return True
 

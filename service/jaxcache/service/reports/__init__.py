@@ -1,1 +1,1 @@
-"""Run reports: the route, the inbox and its drain, the fold, and the jobs and usage queries."""
+"""Run reports: taking them in (ingest/), the job views (jobs/), and the record files on storage (records/)."""

@@ -1,37 +1,37 @@
 """Rescans: make the catalog match storage, parsing only unseen objects (JAX never rewrites a key); one per cache
-across replicas (the ``scan:<cache>`` lock), as two would insert the same rows."""
+across replicas (the ``scan:<cache>`` lock), as two would insert the same rows. What a round does after the listing
+is handed in (``after``: rounds.py), as are the rescans handed to the features that need one."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
+from itertools import islice
+from typing import Any, Protocol
 
 from pydantic import Field
-from sqlalchemy import bindparam, case, delete, func, insert, select, update
+from sqlalchemy import Select, bindparam, case, delete, func, insert, select, update
+from sqlalchemy.engine import Connection
 
 from jaxcache import entry as fmt
 from jaxcache.display import shown
-from jaxcache.errors import JaxcacheError, NotRegularFileError
+from jaxcache.errors import NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import read_head
 from jaxcache.service import memory
-from jaxcache.service.caches import summary
-from jaxcache.service.caches.schemas import SKIPPED_SHOWN, RescanModel
+from jaxcache.service.catalog import models
 from jaxcache.service.catalog.coordination import LockBusyError
-from jaxcache.service.catalog.database import USAGE, Catalog, analyze
+from jaxcache.service.catalog.database import Catalog, analyze
 from jaxcache.service.catalog.models import CacheRow, EntryRow, max_length, table_of
-from jaxcache.service.metrics import STORAGE
-from jaxcache.service.prune import audit as prune_audit
-from jaxcache.service.reports import retention
-from jaxcache.service.reports.queue import drain, note_folded
-from jaxcache.service.reports.runfiles import scan_records
-from jaxcache.service.reports.usage import EMPTY, stats_of
 from jaxcache.service.rescan import snapshots
-from jaxcache.service.state import State
-from jaxcache.service.warmups import ingest as warmups
+from jaxcache.service.rescan.schemas import RescanModel
 from jaxcache.storage import ObjectInfo, Storage
-from jaxcache.storage.base import Skipped, Stat, name_problem, same_stat
+from jaxcache.storage.base import Listed, Skipped, Stat, name_problem, same_stat
 
 log = logging.getLogger("jaxcache.service")
 
@@ -39,6 +39,23 @@ _CHUNK = 500
 #: New entries parsed and written per transaction (see :func:`rescan`'s ``new_per_write``).
 NEW_PER_WRITE = 20_000
 _NAME_SHOWN = 512  # characters of an escaped name kept (an escape is up to 10 per character of the name)
+
+
+@dataclass(frozen=True, slots=True)
+class Followed:
+    """What the steps after a rescan's listing did (rounds.py runs them in the scan lock), for the rescan's answer."""
+
+    records_ingested: int = 0
+    records_malformed: int = 0
+    warmups_ingested: int = 0
+    records_compacted: int = 0
+    misses_explained: int = 0
+    folded: dict[str, int] = field(default_factory=dict)  # records the drain folded, by source
+    dropped: dict[str, int] = field(default_factory=dict)  # records the drain dropped, by source
+
+
+#: The steps after the listing, run in the scan lock before the scan's end is noted (rounds.after_rescan).
+After = Callable[[Catalog, str, Storage], Followed]
 
 
 class RescanResult(RescanModel):
@@ -51,24 +68,28 @@ class RescanResult(RescanModel):
 
 
 _KEY_MAX = max_length(EntryRow.__table__.c.key)
-#: A listed file (name, size, mtime, version), shaped like the catalog's rows: "unchanged" is a set difference, then
-#: storage's one rule for "the same object" (same_stat) on what differs.
-Listed = tuple[str, int, float, str | None]
 
 
-def _by_key(listing: dict[str, Stat], foreign: set[str]) -> tuple[dict[str, Listed], dict[str, Listed]]:
-    # Paired in memory by key, not a request per entry (an -atime's mtime is its access time); names: _drop_foreign.
-    caches = {name[:-6]: (name, *stat) for name, stat in listing.items()
-              if name.endswith("-cache") and name not in foreign}
-    atimes = {name[:-6]: (name, *stat) for name, stat in listing.items()
-              if name.endswith("-atime") and name not in foreign}
-    return caches, atimes
+def _to_parse(caches: dict[str, Stat], known: dict[str, Stat], keys: Iterable[str] | None) -> set[str]:
+    """The entries to (re)parse: new keys and replaced objects, of ``keys`` (None: all). Equality first, as it is
+    C-fast on an unchanged root, then storage's one rule (a version that stayed the same is the same object)."""
+    if keys is None:
+        if caches == known:
+            return set()
+        if not known:
+            return set(caches)
+        keys = caches.keys()
+    return {key for key in keys if (stat := caches.get(key)) is not None
+            and ((was := known.get(key)) is None or (stat != was and not same_stat(stat, was)))}
 
 
-def _last_use(caches: dict[str, Listed], atimes: dict[str, Listed]) -> dict[str, float]:
-    """Each entry's last use as storage shows it: the newer of its creation and its -atime."""
-    return {key: (item[2] if (a := atimes.get(key)) is None or a[2] < item[2] else a[2])
-            for key, item in caches.items()}
+def _last_use(caches: dict[str, Stat], atimes: dict[str, Stat], keys: Iterable[str]) -> dict[str, float]:
+    """The last use of the entries ``keys`` as storage shows it: the newer of its creation and its -atime."""
+    used = {}
+    for key in keys:
+        created, atime = caches[key][1], atimes.get(key)
+        used[key] = created if atime is None or atime[1] < created else atime[1]
+    return used
 
 
 def _skip_reason(name: str) -> str | None:
@@ -81,16 +102,17 @@ def _skip_reason(name: str) -> str | None:
     return None
 
 
-def _drop_foreign(storage: Storage, listed: dict[str, Listed], new_keys: set[str], foreign: set[str]) -> None:
-    """Move to ``foreign`` the new keys in ``listed`` that are not JAX's names or cannot be indexed."""
+def _drop_foreign(storage: Storage, listing: snapshots.Listing, side: dict[str, Stat], suffix: str,
+                  new_keys: set[str]) -> None:
+    """Set aside the new keys of ``side`` (names ending in ``suffix``) that are not JAX's names or cannot be
+    indexed."""
     for key in new_keys:
-        name = listed[key][0]
+        name = key + suffix
         if fmt.parse_name(name) is not None:
             if (why := _skip_reason(name)) is None:
                 continue
             log.warning("%s: skipping %s: %s", storage.url, shown(name[:200]), why)
-        del listed[key]
-        foreign.add(name)
+        listing.set_aside(side, suffix, key)
 
 
 def _count_foreign(skipped: Skipped, foreign: set[str]) -> None:
@@ -102,7 +124,7 @@ def _count_foreign(skipped: Skipped, foreign: set[str]) -> None:
 
 def skipped_names(skipped: Skipped) -> list[dict[str, str]]:
     """The first :data:`SKIPPED_SHOWN` skipped names, escaped for display (and JSON), each with why."""
-    return [{"name": shown(name)[:_NAME_SHOWN], "why": why} for name, why in skipped.items()[:SKIPPED_SHOWN]]
+    return [{"name": shown(name)[:_NAME_SHOWN], "why": why} for name, why in skipped.items()[:models.SKIPPED_SHOWN]]
 
 
 def _new_row(storage: Storage, cache: str, now: float, item: tuple[str, Listed, Listed | None]) -> dict | None:
@@ -128,7 +150,7 @@ def _base_row(cache: str, key: str, kind: str, info: ObjectInfo, atime: ObjectIn
         "size_bytes": info.size_bytes, "created_s": info.mtime_s, "last_used_s": seen_used,
         "seen_used_s": seen_used, "version": info.version, "has_atime": atime is not None,
         "atime_ns": atime_ns, "compression": None, "compile_seconds": None, "status": None, "reason": None,
-        "first_seen_s": now, **EMPTY}
+        "first_seen_s": now, **models.EMPTY}
 
 
 def _with_reports(row: dict, stats: dict | None) -> dict:
@@ -141,13 +163,19 @@ def _with_reports(row: dict, stats: dict | None) -> dict:
     return row
 
 
+class Rescan(Protocol):
+    """A cache's rescan and the steps after it, as app.py hands it to the rescan route (rounds.rescan_cache)."""
+
+    def __call__(self, name: str, *, wait_s: float | None = None) -> RescanResult: ...
+
+
 def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | None = None,
-           retain_s: float | None = None, new_per_write: int = NEW_PER_WRITE,
+           after: After | None = None, new_per_write: int = NEW_PER_WRITE,
            in_memory_max: int = snapshots.IN_MEMORY_MAX,
            release_from_entries: int = memory.RELEASE_FROM_ENTRIES) -> RescanResult:
-    """Bring ``cache``'s rows in line with ``storage`` and, with ``retain_s``, compact older runs (reports/retention).
-    Waits at most ``wait_s`` for another rescan (then LockBusyError); writes ``new_per_write`` entries a transaction;
-    keeps listings over ``in_memory_max`` on disk only; releases memory from ``release_from_entries`` entries."""
+    """Bring ``cache``'s rows in line with ``storage``, then run ``after`` in the same lock. Waits at most ``wait_s``
+    for another rescan (then LockBusyError); writes ``new_per_write`` entries a transaction; keeps listings over
+    ``in_memory_max`` on disk only; releases memory from ``release_from_entries`` entries."""
     lock = catalog.locks.get(f"scan:{cache}")
     if not lock.acquire(timeout=-1 if wait_s is None else wait_s):
         raise LockBusyError(f"a rescan of {cache!r} is already running (on this or another replica of the "
@@ -155,12 +183,19 @@ def rescan(catalog: Catalog, cache: str, storage: Storage, *, wait_s: float | No
     try:
         # What this rescan skips, apart from what the storage (shared with prunes and requests) skipped before.
         with storage.skipped.collecting() as skipped:
-            result = _rescan(catalog, cache, storage, retain_s, skipped, new_per_write, in_memory_max)
+            result = _rescan(catalog, cache, storage, after, skipped, new_per_write, in_memory_max)
     finally:
         lock.release()
     if result.entries >= release_from_entries:
         memory.release()
     return result
+
+
+def wait_for_rescans(catalog: Catalog, cache: str) -> None:
+    """Return once no rescan of ``cache`` runs, on this replica or another: waits for the one that does."""
+    lock = catalog.locks.get(f"scan:{cache}")
+    lock.acquire()
+    lock.release()
 
 
 def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
@@ -171,17 +206,23 @@ def _delete(s, cache: str, vanished: list[tuple[str, str]]) -> None:
                                              EntryRow.key.in_(keys[i : i + _CHUNK])))
 
 
-_KNOWN = select(EntryRow.key, EntryRow.kind, EntryRow.name, EntryRow.size_bytes, EntryRow.created_s,
-                EntryRow.version, EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache"))
+_KNOWN = select(EntryRow.key, EntryRow.kind, EntryRow.size_bytes, EntryRow.created_s, EntryRow.version,
+                EntryRow.seen_used_s).where(EntryRow.cache == bindparam("cache"))
 
 
-def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Listed], dict[str, float], set[str]]:
-    """``cache``'s entry rows as Listed tuples, their last use as storage showed it, and its orphan keys."""
+def _known(catalog: Catalog, cache: str) -> tuple[dict[str, Stat], dict[str, float], set[str]]:
+    """``cache``'s entry rows as their objects' stats by key, their last use as storage showed it, and its orphan
+    keys; read row by row, not as a list of every row first."""
+    entries: dict[str, Stat] = {}
+    seen: dict[str, float] = {}
+    orphans: set[str] = set()
     with catalog.reader() as conn:
-        rows = list(conn.execute(_KNOWN, {"cache": cache}))
-    entries = {r[0]: r[2:6] for r in rows if r[1] == "entry"}
-    seen = {r[0]: r[6] for r in rows if r[1] == "entry"}
-    orphans = {r[0] for r in rows if r[1] != "entry"}
+        for key, kind, size, created, version, seen_used in conn.execute(_KNOWN, {"cache": cache}):
+            if kind == "entry":
+                entries[key] = (size, created, version)
+                seen[key] = seen_used
+            else:
+                orphans.add(key)
     return entries, seen, orphans
 
 
@@ -208,63 +249,72 @@ def _fingerprint(conn, cache: str) -> tuple:
     return tuple(conn.execute(_FINGERPRINT, {"cache": cache}).one())
 
 
-def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
+def _rescan(catalog: Catalog, cache: str, storage: Storage, after: After | None,
             skipped: Skipped, new_per_write: int, in_memory_max: int) -> RescanResult:
     started, now = time.monotonic(), time.time()
     # The last snapshot stands for the catalog's rows unless they changed; popped, so a failed rescan leaves none.
     with catalog.reader() as conn:
         fingerprint = _fingerprint(conn, cache)
     snap = snapshots.take(catalog, cache, storage, fingerprint)
+    touched: set[str] | None = None  # the keys whose objects changed since the kept listing; None: every key
+    known_seen: dict[str, float] | None = None  # read from the catalog; else taken from the kept listing
+    atimes_before: dict[str, Stat] = {}
     if snap is not None:
         changes, gone = storage.list_changes(snap.listing)
         if not changes and not gone:
             _count_foreign(skipped, snap.foreign)
-            result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=0, removed=0,
+            result = _finish(catalog, cache, storage, after, started, now, skipped, added=0, removed=0,
                              updated=0, entries=snap.entries)
             snap.fingerprint = (fingerprint[0], now, None)
-            snapshots.keep(catalog, cache, storage, snap, listing_changed=False, in_memory_max=in_memory_max)
+            snapshots.keep(catalog, cache, storage, snap, in_memory_max=in_memory_max)
             return result
-        foreign = snap.foreign
-        known, atimes_before = _by_key(snap.listing, foreign)
-        known_seen, known_orphans = _last_use(known, atimes_before), atimes_before.keys() - known.keys()
-        listing = snap.listing
+        # The kept listing stands for the catalog's rows: only the keys of what changed are compared.
+        listing = snapshots.Listing.of(snapshots.popped(snap.listing), aside=snap.foreign)
+        known, atimes_before = dict(listing.caches), dict(listing.atimes)
+        known_orphans = atimes_before.keys() - known.keys()
         for name in gone:
-            del listing[name]
-            foreign.discard(name)
-        foreign.difference_update(changes)  # judged again below
-        listing.update(changes)
+            listing.discard(name)
+        for name, stat in changes.items():
+            listing.add(name, stat)  # judged again below, also where it was set aside
+        touched = {name[:-6] for names in (changes, gone) for name in names}
     else:
-        # From the catalog before the listing: a row deleted after this is gone from storage too.
+        # From the catalog before the listing: a row deleted after this is gone from storage too. The listing is
+        # taken by key as storage streams it, each key one string with the catalog's.
         known, known_seen, known_orphans = _known(catalog, cache)
-        listing, _ = storage.list_changes({})
-        foreign = set()
-    caches, atimes = _by_key(listing, foreign)
+        listing = snapshots.Listing.of(storage.iter_listing(), keys={key: key for key in known})
+    caches, atimes = listing.caches, listing.atimes
     known_keys = known.keys() | known_orphans if known_orphans else known.keys()
-    _drop_foreign(storage, caches, caches.keys() - known_keys, foreign)
-    _drop_foreign(storage, atimes, atimes.keys() - known_keys, foreign)
-    # New keys and replaced objects are (re)parsed; dict equality first, as it is C-fast on an unchanged root, then
-    # the rows that differ at all, then the one rule (a version that stayed the same is the same object).
-    changed = set() if caches == known else {key for key, item in caches.items() - known.items()
-                                              if (was := known.get(key)) is None or not same_stat(item[1:], was[1:])}
+    _drop_foreign(storage, listing, caches, "-cache", caches.keys() - known_keys)
+    _drop_foreign(storage, listing, atimes, "-atime", atimes.keys() - known_keys)
+    changed = _to_parse(caches, known, touched)  # new keys and replaced objects are (re)parsed
     vanished = [(k, "entry") for k in known.keys() - caches.keys()]
-    vanished += [(k, "entry") for k in changed if k in known]  # replaced: the old row goes, the new one comes
-    new_items = [(key, caches[key], atimes.get(key)) for key in changed]
-    seen = _last_use(caches, atimes)
+    vanished += [(k, "entry") for k in changed & known.keys()]  # replaced: the old row goes, the new one comes
+    # Entries kept whose last use storage shows may have moved: every one after a catalog read, else the touched.
+    maybe = (known.keys() if touched is None else touched) & caches.keys()
+    maybe.difference_update(changed)
+    seen = _last_use(caches, atimes, maybe)
+    seen_before = _last_use(known, atimes_before, maybe) if known_seen is None else known_seen
     updates = []
-    for key, seen_used in ({}.items() if seen == known_seen else seen.items() - known_seen.items()):
-        if key in changed:
-            continue
-        atime = atimes.get(key)
-        updates.append({"k_cache": cache, "k_key": key, "k_kind": "entry", "seen_used_s": seen_used,
-                        "has_atime": atime is not None, "atime_ns": int(atime[2] * 1e9) if atime is not None else None})
+    for key, seen_used in seen.items():
+        if seen_used != seen_before[key]:
+            atime = atimes.get(key)
+            updates.append({"k_cache": cache, "k_key": key, "k_kind": "entry", "seen_used_s": seen_used,
+                            "has_atime": atime is not None,
+                            "atime_ns": int(atime[1] * 1e9) if atime is not None else None})
+    del maybe, seen, seen_before, known_seen
     lone = atimes.keys() - caches.keys()  # an -atime and no entry
-    orphan_rows = [_base_row(cache, key, "orphan", ObjectInfo(*atimes[key]), None, now) for key in lone - known_orphans]
+    orphan_rows = [_base_row(cache, key, "orphan", ObjectInfo(key + "-atime", *atimes[key]), None, now)
+                   for key in lone - known_orphans]
     vanished += [(k, "orphan") for k in known_orphans - lone]
     entries = len(caches) + len(lone)
     # new_per_write at a time, so a huge first rescan never holds all rows or the lock at once; deletes go first.
-    batches = [new_items[i : i + new_per_write] for i in range(0, len(new_items), new_per_write)] or [[]]
+    # The new entries' names are made a batch at a time too.
+    todo = iter(changed)
+    batches = -(-len(changed) // new_per_write) or 1
     added = len(orphan_rows)
-    for number, batch in enumerate(batches):
+    for number in range(batches):
+        batch = [(key, (key + "-cache", *caches[key]), None if (a := atimes.get(key)) is None else (key + "-atime", *a))
+                 for key in islice(todo, new_per_write)]
         new_rows = [r for r in bounded_map(partial(_new_row, storage, cache, now), batch, workers=storage.io_workers)
                     if r is not None]
         # Under the cache's write lock, so a report ingested meanwhile cannot be overwritten by this commit.
@@ -273,12 +323,12 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                 _delete(s, cache, vanished)
             reported = stats_of(s.connection(), cache, [r["key"] for r in new_rows])
             rows = [_with_reports(r, reported.get(r["key"])) for r in new_rows]
-            if number == len(batches) - 1:
+            if number == batches - 1:
                 rows += orphan_rows
             for i in range(0, len(rows), 5000):
                 s.execute(insert(EntryRow), rows[i : i + 5000])
             added += len(new_rows)
-            if number < len(batches) - 1:
+            if number < batches - 1:
                 continue
             if updates:
                 s.connection().execute(_UPDATE_SEEN, updates)
@@ -289,24 +339,20 @@ def _rescan(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                 analyze(s.connection(), ["entries"])
             # Inside the write lock: nobody else's change can fall between the writes and this count.
             count = _fingerprint(s.connection(), cache)[0]
-    _count_foreign(skipped, foreign)
-    result = _finish(catalog, cache, storage, retain_s, started, now, skipped, added=added,
+    del changed, batch, new_rows, rows  # not held while the listing is kept
+    _count_foreign(skipped, listing.aside())
+    result = _finish(catalog, cache, storage, after, started, now, skipped, added=added,
                      removed=len(vanished), updated=len(updates), entries=entries, read_catalog=snap is None)
     # What _finish noted (this scan's time, no error) is part of the fingerprint.
-    snapshots.keep(catalog, cache, storage, snapshots.Snapshot((count, now, None), listing, foreign, entries),
-                   listing_changed=True, in_memory_max=in_memory_max)
+    snapshots.keep_new(catalog, cache, storage, (count, now, None), listing, entries, in_memory_max=in_memory_max)
     return result
 
 
-def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | None,
+def _finish(catalog: Catalog, cache: str, storage: Storage, after: After | None,
             started: float, now: float, skipped: Skipped, *, added: int, removed: int, updated: int,
             entries: int, read_catalog: bool = False) -> RescanResult:
-    """Ingest run and warm-up records, compact the old runs, and note the scan's end and what it skipped."""
-    found = scan_records(catalog, cache, storage)
-    covered = warmups.scan(catalog, cache, storage)
-    # Once everything this rescan read is in, so misses are explained against all of it.
-    drained = drain(catalog, cache, root=storage.url)
-    compacted = retention.compact(catalog, cache, storage, retain_s=retain_s).runs if retain_s is not None else 0
+    """Run the steps after the listing (``after``), and note the scan's end and what it skipped."""
+    followed = Followed() if after is None else after(catalog, cache, storage)
     seconds = time.monotonic() - started
     # One UPDATE, no read first: SQLite fails a read-then-write transaction (SQLITE_BUSY_SNAPSHOT) after another write.
     with catalog.session() as s:
@@ -314,87 +360,18 @@ def _finish(catalog: Catalog, cache: str, storage: Storage, retain_s: float | No
                   .values(last_scan_s=now, last_scan_seconds=seconds, last_scan_error=None,
                           last_scan_skipped=skipped.count, last_scan_skipped_names=skipped_names(skipped)))
     return RescanResult(cache=cache, added=added, removed=removed, updated=updated, entries=entries, seconds=seconds,
-                        records_ingested=found.ingested, records_malformed=found.malformed,
-                        warmups_ingested=covered.ingested, records_compacted=compacted,
-                        misses_explained=sum(drained.misses.values()), skipped=skipped.count,
-                        read_catalog=read_catalog, folded=dict(drained.fresh), dropped=dict(drained.malformed))
+                        skipped=skipped.count, read_catalog=read_catalog, **dataclasses.asdict(followed))
 
 
-def rescan_cache(state: State, name: str, *, wait_s: float | None = None) -> RescanResult:
-    """Rescan one cache, waiting at most ``wait_s`` for one running elsewhere (then LockBusyError); records metrics."""
-    try:
-        result = rescan(state.catalog, name, state.storages[name], wait_s=wait_s,
-                        retain_s=state.settings.records_retain_s,
-                        release_from_entries=state.settings.release_memory_from_entries)
-    except LockBusyError:
-        raise
-    except Exception as exc:
-        # Per cache, which the loops' own error count is not: which bucket's scans fail, whatever the cause.
-        state.metrics.scan_errors.labels(name, type(exc).__name__).inc()
-        if isinstance(exc, JaxcacheError):
-            with state.catalog.session() as s:  # a write without a read first: see _finish
-                s.execute(update(CacheRow).where(CacheRow.name == name).values(last_scan_error=str(exc)[:2000]))
-        raise
-    state.scanned.add(name)
-    state.metrics.scan_seconds.labels(name).observe(result.seconds)
-    note_folded(state, name, result.folded, result.misses_explained, result.dropped)
-    if result.records_malformed:
-        state.metrics.reports_malformed.labels(STORAGE).inc(result.records_malformed)
-    if result.records_compacted:
-        state.metrics.records_compacted.labels(name).inc(result.records_compacted)
-        state.generations.bump(name, USAGE)  # the usage windows' runs may be gone
-    if result.added or result.removed or result.updated:
-        summary.changed(state, name)
-        summary.stats_of(state, name)  # computed here, in the scan thread, so this process's requests find it ready
-    return result
+def stats_of(conn: Connection, cache: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``{key: aggregates}`` for those of ``keys`` that run records mention (for entry rows a rescan adds)."""
+    ordered = sorted(keys)
+    return {row[0]: dict(zip(models.AGGREGATES, row[1:], strict=True)) for i in range(0, len(ordered), _CHUNK)
+            for row in conn.execute(_stats_of(), {"cache": cache, "keys": ordered[i : i + _CHUNK]})}
 
 
-def ensure_scanned(state: State, name: str) -> None:
-    """Rescan ``name`` unless this process has seen a scan of it (its own, or another's in the catalog)."""
-    if name not in state.scanned:
-        # Another process may have scanned it: listing again would cost a listing and block the rescan loop.
-        state.follow()
-    if name not in state.scanned:
-        rescan_cache(state, name)
-
-
-def rescan_all(state: State) -> list[tuple[str, Exception]]:
-    """One round of background rescans, skipping those scanned elsewhere lately; returns the failures."""
-    now = time.time()
-    failed: list[tuple[str, Exception]] = []
-    with state.catalog.session() as s:
-        last = {r.name: r.last_scan_s for r in s.scalars(select(CacheRow))}
-    for name in state.settings.caches:
-        at = last.get(name)
-        # A process's first round always rescans: what was written while it was down must not wait a period.
-        if at is not None and name in state.rounds_done and 0 <= now - at < state.settings.rescan_s / 2:
-            log.debug("rescan of %s skipped: scanned %.0f s ago (by another process)", name, now - at)
-            continue
-        state.loops.on_cache(name)
-        try:
-            rescan_cache(state, name, wait_s=0)
-            state.rounds_done.add(name)
-            close_interrupted_prunes(state, name)
-        except LockBusyError:
-            log.info("rescan of %s skipped: another process is running one", name)
-        except Exception as exc:  # noqa: BLE001 - a root or the database gone: the others still get rescanned
-            failed.append((name, exc))
-    return failed
-
-
-def close_interrupted_prunes(state: State, name: str) -> None:
-    """Close the audit rows of prunes of ``name`` whose replica died mid-way, unless a prune holds the lock."""
-    if not prune_audit.any_running(state.catalog, name):
-        # Not waiting for the lock, so a prune asked as soon as the replica is ready is not refused.
-        return
-    lock = state.prune_locks.get(name)
-    if not lock.acquire(blocking=False):
-        return
-    try:
-        interrupted = prune_audit.tally_interrupted(state.catalog, name, state.storages[name])
-    finally:
-        lock.release()
-    # Refreshed after closing, so a reader of the closed audit may prune at once (a prune between closes them first).
-    closed = prune_audit.close(state.catalog, name, interrupted)
-    if closed:
-        summary.changed(state, name)
+@functools.cache  # built once: building a statement cost more than running it
+def _stats_of() -> Select:
+    k = models.KeyStatsRow
+    return select(k.key, *(getattr(k, n) for n in models.AGGREGATES)).where(
+        k.cache == bindparam("cache"), k.key.in_(bindparam("keys", expanding=True)))

@@ -1,10 +1,9 @@
-"""Warm-up coverage records (``.jaxcache/warmups/<id>.json``, written once) into the catalog, replacing that
-warm-up's rows, and which of its programs jobs hit since."""
+"""Warm-up coverage records (``.jaxcache/warmups/<id>.json``, written once; a round reads the new ones: rounds.py)
+into the catalog, replacing that warm-up's rows."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import msgspec
 from sqlalchemy import delete, insert
@@ -12,17 +11,9 @@ from sqlalchemy import delete, insert
 from jaxcache import coverage
 from jaxcache.attestations import FILE, from_coverage
 from jaxcache.coverage import WarmupRecord
+from jaxcache.service.catalog import attestations
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import WarmupKeyRow, WarmupRow
-from jaxcache.service.integrity import attestations
-from jaxcache.service.reports import malformed
-from jaxcache.storage import Storage
-
-
-@dataclass(frozen=True, slots=True)
-class CoverageScan:
-    ingested: int
-    malformed: int
 
 
 def ingest(catalog: Catalog, cache: str, record: WarmupRecord, *, record_name: str | None = None) -> None:
@@ -46,13 +37,3 @@ def ingest(catalog: Catalog, cache: str, record: WarmupRecord, *, record_name: s
         for i in range(0, len(rows), 5000):
             s.execute(insert(WarmupKeyRow), rows[i : i + 5000])
     attestations.record(catalog, cache, from_coverage(record, source=FILE, at=time.time(), record=record_name))
-
-
-def scan(catalog: Catalog, cache: str, storage: Storage) -> CoverageScan:
-    """Ingest coverage records that are new or changed since the last rescan (malformed ones: counted, one warning)."""
-    listing = {i.name: i for i in storage.iter_objects(coverage.WARMUPS_PREFIX, recursive=True)
-               if i.name.endswith(".json")}
-    todo = malformed.changed(listing, malformed.known(catalog, cache, [coverage.WARMUPS_PREFIX]))
-    return CoverageScan(*malformed.ingest_files(
-        catalog, cache, storage, todo, what="warm-up record", max_bytes=coverage.MAX_COVERAGE_BYTES,
-        ingest=lambda info, data: ingest(catalog, cache, coverage.parse(data), record_name=info.name)))

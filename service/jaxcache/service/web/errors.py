@@ -17,18 +17,12 @@ from jaxcache.jsontree import leaves, map_leaves
 from jaxcache.service.catalog.coordination import LockBusyError
 
 
-class InboxFullError(JaxcacheError):
-    """The inbox holds its configured limit of records; ``retry_after_s``: about when the drain will have made room."""
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
 def status_of(exc: JaxcacheError) -> int:
-    """400 for bad input, 409 for a conflict, 502 when storage failed, 503 when the inbox is full, 500 otherwise."""
-    for kind, status in ((InvalidInputError, 400), (PreconditionFailedError | LockBusyError, 409), (StorageError, 502),
-                         (InboxFullError, 503)):
+    """The error's own ``http_status`` where its feature gives one (a full inbox's 503), else 400 for bad input, 409
+    for a conflict, 502 when storage failed, 500 otherwise: features' types are mapped without importing them."""
+    if isinstance(own := getattr(exc, "http_status", None), int):
+        return own
+    for kind, status in ((InvalidInputError, 400), (PreconditionFailedError | LockBusyError, 409), (StorageError, 502)):
         if isinstance(exc, kind):
             return status
     return 500
@@ -76,11 +70,12 @@ def allowed_methods(request: Request) -> list[str]:
 
 
 def install(app: FastAPI) -> None:
-    """Install the handlers for JaxcacheError (a full inbox's with Retry-After), 422 and 405."""
+    """Install the handlers for JaxcacheError (with Retry-After where it has ``retry_after_s``), 422 and 405."""
 
     @app.exception_handler(JaxcacheError)
     async def jaxcache_error(_request: Request, exc: JaxcacheError) -> JSONResponse:
-        retry = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, InboxFullError) else None
+        after = getattr(exc, "retry_after_s", None)
+        retry = {"Retry-After": str(after)} if after is not None else None
         return JSONResponse({"detail": str(exc)}, status_code=status_of(exc), headers=retry)
 
     # FastAPI's own handler echoes each input back and fails on NaN (the JSON encoder refuses it): a 500.

@@ -1,5 +1,6 @@
 """The API's string and number rules, declared in OpenAPI and enforced as declared (ASCII classes only, each a subset
-of the core's parsers), and the answers every part of it shares (errors, health)."""
+of the core's parsers), and the answers several parts of it share (errors, health, a miss's cause, digest
+conflicts)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,20 @@ TEXT = r"^[^\x00]*$"
 CACHE_DIR = ABSOLUTE_ROOT_PATTERN
 #: ``<value>~<key in base64url>`` (``entries/route.py``); 18 digits keep a value within the catalog's bound, 2**62.
 CURSOR = r"^((-?[0-9]{1,18}(\.[0-9]+)?)?~([A-Za-z0-9_-]{4})*([A-Za-z0-9_-]{2,3})?)?$"
+#: jaxcache.explain.CAUSES, in the order they are decided (a test checks the two agree): a miss's cause, as the
+#: jobs' pages and a cache's statistics show it.
+Cause = Literal["skipped", "evicted", "unreadable", "not_written", "new_program", "unstable_program",
+                "program_changed", "jaxlib", "backend", "xla_flags", "compile_options", "devices", "compression",
+                "custom_hook", "unknown"]
+CAUSE_HELP = (
+    "why the cache did not give the program: skipped (the job's verify mode refused the entry; fix says why and what"
+    " removes it), evicted (deleted: the prune or DELETE is named in fix), unreadable "
+    "(the entry is there but cannot be loaded), not_written (an earlier run compiled it and JAX did not store it), "
+    "new_program (the first time this cache sees the function), unstable_program (the same job's program differs "
+    "every run), program_changed (the function changed: its signature or body), or the part of the key that "
+    "differs from the nearest key of the function (jaxlib, backend, xla_flags, compile_options, devices, "
+    "compression, custom_hook); unknown when nothing recorded tells"
+)
 #: Fits the catalog's signed 64-bit column with room to add, and a double holds it exactly.
 MAX_BYTES = 10**18
 _TEXT_MAX = 32
@@ -148,3 +163,21 @@ class UnprocessableModel(BaseModel):
     """A 422: a list when the request does not match the schema, a string when a route refuses what it read."""
 
     detail: str | list[ValidationProblem]
+
+
+class OtherDigest(BaseModel):
+    sha256: str
+    writer: str
+    source: str = Field(description="reported or file: how the unsigned digest reached the service")
+    record: str | None = Field(None, description="the record file it was read from")
+    seen_s: float
+
+
+class DigestConflict(BaseModel):
+    """An entry for which writers recorded different digests: the one that counts, and the others."""
+
+    key: str
+    sha256: str = Field(description="the digest the entry is judged against")
+    writer: str
+    source: str
+    others: list[OtherDigest]

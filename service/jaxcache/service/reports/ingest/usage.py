@@ -7,7 +7,6 @@ import functools
 import operator
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from functools import partial
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -44,6 +43,7 @@ from jaxcache import usage_rules
 from jaxcache.service.catalog.database import dialect_insert
 from jaxcache.service.catalog.models import (
     AGGREGATES,
+    EMPTY,
     EntryRow,
     KeyHistoryRow,
     KeyStatsRow,
@@ -52,24 +52,20 @@ from jaxcache.service.catalog.models import (
     UsageRow,
     table_of,
 )
-from jaxcache.usage_rules import Ops
+from jaxcache.service.catalog.usage import (
+    SQL,
+    event_of,
+    event_rank,
+    hit_at,
+    is_miss,
+    saved,
+    used_hits,
+    write_at,
+    wrote,
+)
 
 T = TypeVar("T")
 Col = ColumnElement[Any]
-
-# --- the usage rules as SQL -----------------------------------------------------------------------------------------
-
-#: The rules' operations as SQLAlchemy expressions.
-SQL = Ops(
-    case=lambda *whens, else_=None: case(*whens, else_=else_), coalesce=func.coalesce, nullif=func.nullif,
-    eq=operator.eq, gt=operator.gt, ge=operator.ge, and_=and_, or_=or_,
-    sub=operator.sub, mul=operator.mul, nulls_last=lambda x: x.asc().nulls_last(),
-)
-
-used_hits, saved, wrote, write_at, hit_at, is_miss, is_recent, event_rank, event_of = (partial(rule, SQL) for rule in (
-    usage_rules.used_hits, usage_rules.saved, usage_rules.wrote, usage_rules.write_at, usage_rules.hit_at,
-    usage_rules.is_miss, usage_rules.is_recent, usage_rules.event_rank, usage_rules.event_of))
-
 
 def most_informative(event: Col) -> Col:
     """The aggregate of processes' events a row keeps: write, else compiled, else hit."""
@@ -82,8 +78,6 @@ def first_writer(partition: list[KeyedColumnElement[Any]], at: Col, run_id: Col,
     return func.row_number().over(partition_by=partition, order_by=list(order))
 
 
-#: A key's aggregates when no run record mentions it.
-EMPTY: dict[str, Any] = {name: None for name in AGGREGATES} | {"hits": 0, "saved_s": 0.0}
 WRITER = tuple(n for n in AGGREGATES if n.startswith("writer_"))
 #: Keys per statement: bound one parameter each (SQLite allows 32,766 in all).
 CHUNK = 1000
@@ -381,12 +375,6 @@ def _entry_copy() -> Update:
             .where(e.cache == _CACHE, e.kind == "entry", e.key.in_(_KEYS), k.cache == e.cache, k.key == e.key)
             .values(**{n: k[n] for n in AGGREGATES},
                     last_used_s=case((and_(hit.is_not(None), hit > e.seen_used_s), hit), else_=e.seen_used_s)))
-
-
-def stats_of(conn: Connection, cache: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``{key: aggregates}`` for those of ``keys`` that run records mention (for entry rows a rescan adds)."""
-    return {row[0]: dict(zip(AGGREGATES, row[1:], strict=True)) for chunk in chunks(sorted(keys))
-            for row in conn.execute(_stats_of(AGGREGATES), {"b_cache": cache, "b_keys": chunk})}
 
 
 @functools.cache

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -70,3 +70,25 @@ def load(conn: Connection, cache: str, keys: list[str]) -> dict[str, Attestation
     q = select(AttestationRow).where(AttestationRow.cache == cache)
     return {r.key: _attestation(r) for i in range(0, len(keys), CHUNK)
             for r in conn.execute(q.where(AttestationRow.key.in_(keys[i : i + CHUNK])))}
+
+
+def conflicts(conn: Connection, cache: str, *, limit: int = 1000,
+              keys: list[str] | None = None) -> list[dict[str, Any]]:
+    """Entries (or those of ``keys``) with several recorded digests: the one that counts, then the others newest
+    first; ``limit`` digests in all."""
+    a, c = AttestationRow, AttestationConflictRow
+    query = (select(c.key, c.sha256, c.writer, c.source, c.record, c.seen_s, a.sha256.label("counted"),
+                    a.writer.label("counted_by"), a.source.label("counted_source"))
+             .join(a, and_(a.cache == c.cache, a.key == c.key)).where(c.cache == cache))
+    rows: list[Any] = []
+    for part in [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]:
+        if len(rows) < limit:
+            which = query if part is None else query.where(c.key.in_(part))
+            rows += conn.execute(which.order_by(c.key, c.seen_s.desc()).limit(limit - len(rows))).all()
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        found = out.setdefault(r.key, {"key": r.key, "sha256": r.counted, "writer": r.counted_by,
+                                       "source": r.counted_source, "others": []})
+        found["others"].append({"sha256": r.sha256, "writer": r.writer, "source": r.source, "record": r.record,
+                                "seen_s": r.seen_s})
+    return list(out.values())

@@ -22,44 +22,16 @@ from jaxcache.service.catalog.models import (
     WarmupKeyRow,
     WarmupRow,
 )
-from jaxcache.service.reports.misses import decoded
-from jaxcache.service.reports.usage import chunks, is_miss, is_recent
+from jaxcache.service.catalog.usage import MISS, hit_rate, is_recent
+from jaxcache.service.catalog.usage import usage_window as usage_window  # the usage gauges read it here
+from jaxcache.service.reports.ingest.misses import decoded
+from jaxcache.service.reports.ingest.usage import chunks
 from jaxcache.working_set import DEFAULT_DAYS, DEFAULT_RUNS, Wanted, WorkingSet
 
 Reader = Session | Connection
 DAY = 86400.0
 _CHUNK = 500
-_MISS = (is_miss(UsageRow.kind, UsageRow.event),)
 _SEEN = ("jax", "jaxlib", "topologies")
-
-
-def _rate(hits: int, misses: int) -> float | None:
-    return hits / (hits + misses) if hits + misses else None
-
-
-def usage_window(s: Reader, cache: str, *, since: float) -> dict:
-    """Hits, misses, hit rate and seconds saved by the processes whose records were updated since ``since``."""
-    processes, runs, jobs, hits, misses, saved = s.execute(
-        select(func.count(), func.count(func.distinct(RunRow.run_id)), func.count(func.distinct(RunRow.job)),
-               func.coalesce(func.sum(RunRow.hits), 0), func.coalesce(func.sum(RunRow.compiles), 0),
-               func.coalesce(func.sum(RunRow.saved_s), 0.0))
-        .where(RunRow.cache == cache, RunRow.updated_s >= since, RunRow.kind == JOB)
-    ).one()
-    hits, misses = int(hits), int(misses)
-    return {"since_s": since, "jobs": int(jobs), "runs": int(runs), "processes": int(processes), "hits": hits,
-            "misses": misses, "hit_rate": _rate(hits, misses), "saved_s": float(saved)}
-
-
-def saved_by_function(s: Reader, cache: str, *, limit: int = 100) -> list[dict]:
-    """Functions whose entries (in the cache now) saved the most compile seconds: entries, hits, seconds saved."""
-    saved = func.sum(EntryRow.saved_s)
-    rows = s.execute(
-        select(EntryRow.module, func.count(), func.sum(EntryRow.hits), saved)
-        .where(EntryRow.cache == cache, EntryRow.kind == "entry", EntryRow.saved_s > 0)
-        .group_by(EntryRow.module).order_by(saved.desc(), EntryRow.module).limit(limit)
-    ).all()
-    return [{"function": m, "entries": int(n), "hits": int(h or 0), "saved_s": float(sv or 0)}
-            for m, n, h, sv in rows]
 
 
 def recent_jaxlibs(s: Reader, cache: str, *, since: float) -> set[str]:
@@ -90,7 +62,7 @@ def jobs(s: Reader, cache: str, *, job: str | None = None, limit: int = 1000) ->
         .where(UsageRow.cache == cache, UsageRow.job.in_(names), UsageRow.kind == JOB).group_by(UsageRow.job)
     ):
         out[j].update(hits=int(h or 0), misses=int(m or 0), writes=int(w or 0), compile_s=float(c or 0),
-                      saved_s=float(sv or 0), hit_rate=_rate(int(h or 0), int(m or 0)))
+                      saved_s=float(sv or 0), hit_rate=hit_rate(int(h or 0), int(m or 0)))
     for j, *seen in s.execute(select(RunRow.job, RunRow.jax, RunRow.jaxlib, RunRow.topology)
                               .where(RunRow.cache == cache, RunRow.job.in_(names), RunRow.kind == JOB).distinct()):
         for field, value in zip(_SEEN, seen, strict=True):
@@ -107,7 +79,7 @@ def job_misses(s: Reader, cache: str, job: str, *, limit: int) -> list[dict]:
     rows = s.execute(
         select(UsageRow.key, UsageRow.function, UsageRow.cause, func.sum(UsageRow.missed), func.sum(UsageRow.compiles),
                spent, func.sum(UsageRow.writes), func.max(UsageRow.reason))
-        .where(UsageRow.cache == cache, UsageRow.job == job, *_MISS)
+        .where(UsageRow.cache == cache, UsageRow.job == job, *MISS)
         .group_by(UsageRow.key, UsageRow.function, UsageRow.cause)
         .order_by(spent.desc(), UsageRow.key, UsageRow.cause).limit(limit)
     ).all()
@@ -129,21 +101,7 @@ def job_runs(s: Reader, cache: str, job: str, *, limit: int) -> list[dict]:
         .where(RunRow.cache == cache, RunRow.job == job, RunRow.kind == JOB)
         .order_by(RunRow.updated_s.desc(), RunRow.run_id, RunRow.process_index).limit(limit)
     ).all()
-    return [{**r._asdict(), "hit_rate": _rate(r.hits, r.misses)} for r in rows]
-
-
-def misses_by_cause(s: Reader, cache: str, *, since: float) -> dict:
-    """Misses of runs updated since ``since`` by cause, most compile seconds first, and how many are unexplained."""
-    rows = s.execute(
-        select(UsageRow.cause, func.sum(UsageRow.missed), func.sum(UsageRow.compile_s))
-        .where(UsageRow.cache == cache, UsageRow.updated_s >= since, *_MISS)
-        .group_by(UsageRow.cause)
-    ).all()
-    ranked = sorted(((float(sec or 0), int(n or 0), c) for c, n, sec in rows if c),
-                    key=lambda t: (-t[0], -t[1], t[2]))
-    causes = [{"cause": c, "misses": n, "compile_s": sec} for sec, n, c in ranked]
-    unexplained = sum(int(n or 0) for c, n, _ in rows if c is None)
-    return {"since_s": since, "causes": causes, "unexplained": unexplained}
+    return [{**r._asdict(), "hit_rate": hit_rate(r.hits, r.misses)} for r in rows]
 
 
 def latest_explanations(s: Reader, cache: str, job: str, keys: list[str]) -> dict[tuple[str, str | None], dict]:
@@ -153,13 +111,13 @@ def latest_explanations(s: Reader, cache: str, job: str, keys: list[str]) -> dic
     for part in chunks(keys, _CHUNK):
         latest = (select(UsageRow.key, UsageRow.cause, at.label("at"))
                   .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.key.in_(part),
-                         UsageRow.cause.is_not(None), *_MISS)
+                         UsageRow.cause.is_not(None), *MISS)
                   .group_by(UsageRow.key, UsageRow.cause).subquery())
         for r in s.execute(
             select(UsageRow.key, UsageRow.cause, UsageRow.differs, UsageRow.nearest, UsageRow.fix)
             .join(latest, and_(latest.c.key == UsageRow.key, latest.c.cause == UsageRow.cause,
                                latest.c.at == UsageRow.first_at))
-            .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.cause.is_not(None), *_MISS)
+            .where(UsageRow.cache == cache, UsageRow.job == job, UsageRow.cause.is_not(None), *MISS)
             .order_by(UsageRow.key, UsageRow.run_id.desc(), UsageRow.process_index)
         ):
             out.setdefault((r.key, r.cause), {"cause": r.cause, "differs": r.differs or [], "nearest": r.nearest,

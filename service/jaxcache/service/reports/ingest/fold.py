@@ -16,12 +16,13 @@ from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
 from jaxcache.records import WRITE, RunRecord, text_of
+from jaxcache.service.catalog import attestations
 from jaxcache.service.catalog.database import Catalog, analyze, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
-from jaxcache.service.integrity import attestations
+from jaxcache.service.catalog.usage import is_miss
 from jaxcache.service.metrics import REPORT
-from jaxcache.service.reports import misses, usage
-from jaxcache.service.reports.usage import EXPLANATION, chunks
+from jaxcache.service.reports.ingest import misses, usage
+from jaxcache.service.reports.ingest.usage import EXPLANATION, chunks
 
 __all__ = ["Folded", "Item", "fold"]
 
@@ -202,7 +203,7 @@ def _misses(conn: Connection, cache: str, touched: dict[str, set[str]], root: st
                 select(c.cause, func.sum(c.missed - c.counted)).where(*joined).group_by(c.cause))})
             conn.execute(update(_usage).where(*joined).values(counted=c.missed))
             pending += [misses.Pending(*row) for row in conn.execute(
-                select(c.run_id, c.job, c.key).where(*mine, usage.is_miss(c.kind, c.event), c.cause.is_(None)))]
+                select(c.run_id, c.job, c.key).where(*mine, is_miss(c.kind, c.event), c.cause.is_(None)))]
     if pending:
         counts.update(misses.explain_pending(conn, cache, pending, root=root))
     return counts

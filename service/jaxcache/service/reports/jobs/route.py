@@ -8,8 +8,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 
-from jaxcache.service.reports import queries
-from jaxcache.service.reports.schemas import JobDetail, JobList, JobSummary, WorkingSet
+from jaxcache.service.reports.jobs import queries
+from jaxcache.service.reports.jobs.schemas import JobDetail, JobList, JobSummary, WorkingSet
 from jaxcache.service.web.deps import (
     BY_DIR_ERRORS,
     ERRORS,

@@ -19,6 +19,7 @@ from jaxcache.explain.from_root import LIBRARY
 from jaxcache.keyparts import KeyParts, ProgramSignature
 from jaxcache.records import JOB, Fingerprint
 from jaxcache.service.catalog.models import (
+    RUNNING,
     CacheRow,
     EntryRow,
     PruneItemRow,
@@ -30,8 +31,8 @@ from jaxcache.service.catalog.models import (
     WarmupRow,
     table_of,
 )
-from jaxcache.service.prune.audit import RUNNING
-from jaxcache.service.reports.usage import EXPLANATION, is_miss
+from jaxcache.service.catalog.usage import is_miss
+from jaxcache.service.reports.ingest.usage import EXPLANATION
 
 #: Newest rows read per missed key: enough to hold other processes' latest write, hit and compile.
 KEY_ROWS = 200

@@ -12,8 +12,8 @@ from starlette.requests import ClientDisconnect
 from jaxcache import records
 from jaxcache.errors import InvalidInputError
 from jaxcache.service.metrics import REPORT
-from jaxcache.service.reports import queue
-from jaxcache.service.reports.schemas import ReportResult
+from jaxcache.service.reports.ingest import queue
+from jaxcache.service.reports.ingest.schemas import ReportResult
 from jaxcache.service.state import State
 from jaxcache.service.web.deps import ERRORS, UNPROCESSABLE, ReportAuth, state_of, storage_of, unroutable
 from jaxcache.service.web.fields import ErrorModel

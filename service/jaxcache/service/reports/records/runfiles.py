@@ -1,12 +1,15 @@
 """Run records on storage (``<root>/.jaxcache/runs/<day>/``): a rescan puts new or changed ones into the report
-inbox and drains it, listing only unsettled days between full listings, as listing all costs as much as all kept."""
+inbox and drains it, listing only unsettled days between full listings, as listing all costs as much as all kept.
+What the last listings found is this module's, keyed by the Catalog object (one per app) and held weakly."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import re
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import cast
 
@@ -16,7 +19,8 @@ from jaxcache import records
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow, RunRow, max_length
 from jaxcache.service.metrics import STORAGE
-from jaxcache.service.reports import malformed, queue
+from jaxcache.service.reports.ingest import queue
+from jaxcache.service.reports.records import malformed
 from jaxcache.storage import ObjectInfo, Storage
 
 log = logging.getLogger("jaxcache.service")
@@ -44,6 +48,16 @@ class _Listings:
 
     full_at: float
     changed: dict[str, bool]
+
+
+_listings: weakref.WeakKeyDictionary[Catalog, dict[str, _Listings]] = weakref.WeakKeyDictionary()
+_listings_lock = threading.Lock()
+
+
+def listings(catalog: Catalog) -> dict[str, _Listings]:
+    """What this process's last listings of ``catalog``'s caches found, by cache (clear it: as a first rescan)."""
+    with _listings_lock:
+        return _listings.setdefault(catalog, {})
 
 
 def day_dir(name: str) -> str | None:
@@ -83,7 +97,7 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, now: float |
     """Put new or changed run records into the inbox (the caller drains it); malformed ones are counted."""
     now = time.time() if now is None else now
     # Popped: a failed scan leaves none, and the next one lists everything.
-    state = cast(_Listings | None, catalog.record_listings.pop(cache, None))  # the catalog keeps them opaque
+    state = listings(catalog).pop(cache, None)
     full = state is None or not 0 <= now - state.full_at < FULL_LISTING_S
     days = None if full or state is None else _days_to_list(catalog, cache, state, now)
     listing = _list(storage, days)
@@ -100,5 +114,5 @@ def scan_records(catalog: Catalog, cache: str, storage: Storage, *, now: float |
     found = ({day_dir(n) for n in listing} | {day_dir(n) for n in vanished}) - {None}
     changed = {} if state is None or full else {d: c for d, c in state.changed.items() if d not in (days or ())}
     changed.update({cast(str, d): d in touched for d in found})
-    catalog.record_listings[cache] = _Listings(now if full or state is None else state.full_at, changed)
+    listings(catalog)[cache] = _Listings(now if full or state is None else state.full_at, changed)
     return RecordScan(ingested, bad, len(listing) - len(todo), None if days is None else tuple(days))

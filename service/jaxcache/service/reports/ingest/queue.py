@@ -7,8 +7,9 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import zstandard
@@ -17,21 +18,33 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache import records
-from jaxcache.errors import InvalidInputError
+from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.records import RunRecord
 from jaxcache.service.catalog import coordination
 from jaxcache.service.catalog.database import USAGE, Catalog, dialect_insert
 from jaxcache.service.catalog.models import InboxRow, RunRow, table_of
-from jaxcache.service.metrics import REPORT
-from jaxcache.service.reports import malformed
-from jaxcache.service.reports.fold import Folded, Item, fold
+from jaxcache.service.metrics import REPORT, Metrics
+from jaxcache.service.reports.ingest.fold import Folded, Item, fold
+from jaxcache.service.reports.records import malformed
 from jaxcache.service.state import State
-from jaxcache.service.web.errors import InboxFullError
 
 log = logging.getLogger("jaxcache.service")
 
+#: Told of the misses a drain's pass explained for the first time, by cause, once committed.
+OnMisses = Callable[[Mapping[str, int]], None]
 #: Records one pass folds at most: other writers of the cache (rescans, prunes) wait for its transaction.
 PASS_RECORDS = 256
+
+
+class InboxFullError(JaxcacheError):
+    """The inbox holds its configured limit of records; ``retry_after_s``: about when the drain will have made room
+    (web/errors.py answers ``http_status`` with Retry-After)."""
+
+    http_status = 503
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +127,6 @@ def waiting(catalog: Catalog) -> int:
         return int(conn.execute(_waiting()).scalar_one())
 
 
-def waiting_by_cache(catalog: Catalog) -> dict[str, int]:
-    """Records in the inbox, by cache."""
-    with catalog.statements() as conn:
-        return {c: int(n) for c, n in conn.execute(select(InboxRow.cache, func.count()).group_by(InboxRow.cache))}
-
-
 def caches_waiting(catalog: Catalog) -> list[str]:
     """The caches with records in the inbox."""
     with catalog.statements() as conn:
@@ -127,32 +134,34 @@ def caches_waiting(catalog: Catalog) -> list[str]:
 
 
 def ingest(catalog: Catalog, cache: str, record: RunRecord, *, source: str = REPORT, name: str | None = None,
-           root: str | None = None) -> Accepted:
+           root: str | None = None, on_misses: OnMisses | None = None) -> Accepted:
     """Accept ``record`` and drain ``cache``: folded before this returns; ``stale`` also when the fold found it
     older than the catalog's. InvalidInputError for a record the catalog cannot hold."""
     accepted = accept(catalog, cache, record, record.to_json(), source=source, name=name)
-    drained = drain(catalog, cache, root=root)
+    drained = drain(catalog, cache, root=root, on_misses=on_misses)
     if drained.malformed:
         raise InvalidInputError(f"run record {record.run_id}-p{record.process_index}: the catalog refused it (the "
                                 "service's log says why)")
     return replace(accepted, stale=accepted.stale or (drained.stale > 0 and not drained.fresh))
 
 
-def drain(catalog: Catalog, cache: str, *, root: str | None = None) -> Drained:
-    """Fold every record of ``cache`` in the inbox, a pass at a time. A pass the catalog refuses is folded again a
-    record at a time, and the record it refuses is dropped and counted: one record never stops the others."""
+def drain(catalog: Catalog, cache: str, *, root: str | None = None, on_misses: OnMisses | None = None) -> Drained:
+    """Fold every record of ``cache`` in the inbox, a pass at a time; ``on_misses`` is told of each committed pass's
+    misses explained for the first time. A pass the catalog refuses is folded again a record at a time, and the record
+    it refuses is dropped and counted: one record never stops the others."""
     out = Drained()
     while True:
         try:
-            taken = _pass(catalog, cache, out, root=root)
+            taken = _pass(catalog, cache, out, root=root, on_misses=on_misses)
         except malformed.REFUSALS:
-            taken = _pass(catalog, cache, out, root=root, one_at_a_time=True)
+            taken = _pass(catalog, cache, out, root=root, on_misses=on_misses, one_at_a_time=True)
         if taken < PASS_RECORDS:
             break
     return out
 
 
-def _pass(catalog: Catalog, cache: str, out: Drained, *, root: str | None, one_at_a_time: bool = False) -> int:
+def _pass(catalog: Catalog, cache: str, out: Drained, *, root: str | None, on_misses: OnMisses | None,
+          one_at_a_time: bool = False) -> int:
     """Claim, fold and delete up to PASS_RECORDS rows of ``cache`` in one write transaction (one per row when
     ``one_at_a_time``); the rows taken."""
     taken = 0
@@ -166,7 +175,8 @@ def _pass(catalog: Catalog, cache: str, out: Drained, *, root: str | None, one_a
             _delete(s.connection(), cache, rows)
         for row, exc in dropped:  # deleted for good: counted once (a pass refused and taken again drops them anew)
             _dropped(cache, row, exc, out)
-        catalog.count_misses(cache, folded.misses)  # committed: counted once
+        if on_misses is not None and folded.misses:  # committed: counted once
+            on_misses(folded.misses)
         out.fresh.update(folded.fresh)
         out.stale += folded.stale
         out.misses.update(folded.misses)
@@ -227,11 +237,18 @@ def drain_all(state: State) -> int:
         state.loops.on_cache(name)
         # Another replica's cache, or one dropped from the settings, too: rows nobody drains would fill the inbox.
         storage = state.storages.get(name)
-        drained = drain(state.catalog, name, root=storage.url if storage is not None else None)
+        drained = drain(state.catalog, name, root=storage.url if storage is not None else None,
+                        on_misses=partial(count_misses, state.metrics, name))
         note_folded(state, name, drained.fresh, sum(drained.misses.values()), drained.malformed,
                     configured=storage is not None)
         fresh += sum(drained.fresh.values())
     return fresh
+
+
+def count_misses(metrics: Metrics, cache: str, counts: Mapping[str, int]) -> None:
+    """Count in the metrics misses explained for the first time, by cause (a drain's ``on_misses``)."""
+    for cause, n in counts.items():
+        metrics.misses.labels(cache, cause).inc(n)
 
 
 def note_folded(state: State, name: str, fresh: Mapping[str, int], misses: int, dropped: Mapping[str, int], *,

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import (
+    EMPTY,
     CacheRow,
     EntryRow,
     KeyHistoryRow,
@@ -22,7 +23,6 @@ from jaxcache.service.catalog.models import (
     RunRow,
     UsageRow,
 )
-from jaxcache.service.reports import usage
 from jaxcache.units import plural
 
 log = logging.getLogger("jaxcache.service")
@@ -77,5 +77,5 @@ def _drop_history(s: Session, cache: str) -> None:
     s.execute(delete(RecordFileRow).where(RecordFileRow.cache == cache))
     # No compacted history is left for a record to be older than.
     s.execute(update(CacheRow).where(CacheRow.name == cache).values(compacted_before_s=None))
-    s.execute(update(EntryRow).where(EntryRow.cache == cache).values(**usage.EMPTY,
+    s.execute(update(EntryRow).where(EntryRow.cache == cache).values(**EMPTY,
                                                                       last_used_s=EntryRow.seen_used_s))

@@ -1,21 +1,23 @@
-"""Hit rate and seconds saved per cache and job, as gauges from the catalog, asked at most every :data:`TTL_S` in a
-thread of its own; a failed query leaves the series absent. Replicas export the same values: aggregate with ``max``."""
+"""Hit rate and seconds saved per cache and job, as gauges read from the catalog by a task of the app's lifespan,
+before it serves and then every ``JAXCACHE_USAGE_METRICS_S``: a scrape answers the last read, and a failed read
+leaves the series absent. Replicas export the same values: aggregate with ``max``."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from jaxcache.service.background import describe
+from jaxcache.service.background import Outage, describe
 from jaxcache.service.catalog.database import Catalog
-from jaxcache.service.reports import queries
+from jaxcache.service.reports.jobs import queries
 
 log = logging.getLogger("jaxcache.service")
 
@@ -23,10 +25,6 @@ log = logging.getLogger("jaxcache.service")
 WINDOWS = {"24h": 86400.0, "7d": 7 * 86400.0}
 #: Per-job series per cache: the most recently active only, so job names cannot grow the scrape without bound.
 MAX_JOBS = 50
-#: Ask the catalog at most this often; the ServiceMonitor scrapes every 30 s too.
-TTL_S = 30.0
-#: The longest a scrape waits for the first answer (later scrapes answer the previous one at once).
-WAIT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,52 +34,41 @@ class _Answer:
 
 
 class UsageCollector(Collector):
-    """The hit-rate, saved-seconds and lookup gauges of ``caches`` and their jobs, and whether the query fails."""
+    """The hit-rate, saved-seconds and lookup gauges of ``caches`` and their jobs, and whether reading them fails."""
 
-    def __init__(self, catalog: Catalog, caches: Sequence[str], *, ttl_s: float = TTL_S, wait_s: float = WAIT_S,
-                 max_jobs: int = MAX_JOBS, clock: Callable[[], float] = time.monotonic) -> None:
-        self._catalog, self._caches = catalog, list(caches)
-        self._ttl_s, self._wait_s, self._max_jobs, self._clock = ttl_s, wait_s, max_jobs, clock
-        self._lock = threading.Lock()
-        self._answer: _Answer | None = None
-        self._failing: bool | None = None  # None until the first query ends
-        self._asked_at: float | None = None
-        self._running: threading.Event | None = None
+    def __init__(self, catalog: Catalog, caches: Sequence[str], *, max_jobs: int = MAX_JOBS) -> None:
+        self._catalog, self._caches, self._max_jobs = catalog, list(caches), max_jobs
+        self._last: tuple[_Answer | None, bool | None] = (None, None)  # the last read, and whether it failed
+        self._outage = Outage()
 
     def describe(self) -> Iterable[Metric]:
         # What the registry checks names with at registration: no query, no samples.
         return self._families(None, None)
 
     def collect(self) -> Iterable[Metric]:
-        with self._lock:
-            if self._running is None and (self._asked_at is None or self._clock() - self._asked_at >= self._ttl_s):
-                self._asked_at = self._clock()
-                self._running = threading.Event()
-                threading.Thread(target=self._query, args=(self._running,), name="jaxcache-usage-metrics",
-                                 daemon=True).start()
-            waiting = self._running if self._answer is None and self._failing is None else None
-        if waiting is not None:
-            waiting.wait(self._wait_s)
-        with self._lock:
-            return self._families(self._answer, self._failing)
+        return self._families(*self._last)
 
-    def _query(self, done: threading.Event) -> None:
-        answer: _Answer | None = None
-        error: Exception | None = None
+    async def refreshing(self, period_s: float, *,
+                         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Read now, then every ``period_s`` until cancelled (a task of the app's lifespan, started once read)."""
+        await anyio.to_thread.run_sync(self.refresh)
+        task_status.started()
+        while True:
+            await anyio.sleep(period_s)
+            await anyio.to_thread.run_sync(self.refresh)
+
+    def refresh(self) -> None:
+        """Read the gauges from the catalog (it blocks: in a thread); a failure is logged once until a read works."""
         try:
             answer = self._compute()
         except Exception as exc:  # noqa: BLE001 - a scrape must never fail: no samples, one line in the log
-            error = exc
-        with self._lock:
-            was_failing = self._failing
-            self._answer, self._failing, self._running = answer, error is not None, None
-        done.set()
-        if error is not None:
-            # Said once per outage, like the background loops' errors, not every 30 s.
-            (log.debug if was_failing else log.warning)(
+            self._last = (None, True)
+            (log.warning if self._outage.failed() else log.debug)(
                 "usage metrics (jaxcache_hit_rate and the like) have no samples: reading the catalog failed: %s",
-                describe(error))
-        elif was_failing:
+                describe(exc))
+            return
+        self._last = (answer, False)
+        if self._outage.succeeded():
             log.info("usage metrics recovered: the catalog answers again")
 
     def _compute(self) -> _Answer:

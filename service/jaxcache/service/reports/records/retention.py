@@ -18,6 +18,7 @@ from jaxcache.errors import PreconditionFailedError, StorageError
 from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import (
+    RUNNING,
     CacheRow,
     ProcessKeysRow,
     PruneItemRow,
@@ -25,8 +26,8 @@ from jaxcache.service.catalog.models import (
     RecordFileRow,
     RunRow,
 )
-from jaxcache.service.prune.audit import RUNNING
-from jaxcache.service.reports import malformed, usage
+from jaxcache.service.reports.ingest import usage
+from jaxcache.service.reports.records import malformed
 from jaxcache.storage import Storage, same_stat
 from jaxcache.storage.base import stat_of
 

@@ -15,7 +15,7 @@ from jaxcache.errors import InvalidInputError, NotRegularFileError, TooLargeErro
 from jaxcache.parallel import bounded_map
 from jaxcache.service.catalog.database import Catalog
 from jaxcache.service.catalog.models import RecordFileRow
-from jaxcache.service.reports.usage import chunks
+from jaxcache.service.reports.ingest.usage import chunks
 from jaxcache.storage import ObjectInfo, Storage
 from jaxcache.storage.base import Stat, name_problem, same_stat
 from jaxcache.units import plural

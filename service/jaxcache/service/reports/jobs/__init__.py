@@ -1,0 +1,1 @@
+"""The job views: the jobs' routes, their queries, and the usage gauges."""
