@@ -383,7 +383,7 @@ def test_first_periodic_and_cold_rescans_make_the_rows_the_files_say(catalog_url
     assert _listed_rows(catalog, "c") == _rows_of_files(cache_copy)
     assert rescans(catalog, storage, in_memory_max=in_memory_max).added == 0 and rescans.catalog_reads == 1
 
-    catalog.rescan_snapshots.clear()
+    snapshots.kept(catalog).clear()
     for path in (tmp_path / "kept").iterdir():
         path.unlink()
     cold = rescans(catalog, storage, in_memory_max=in_memory_max)
