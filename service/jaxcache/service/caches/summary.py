@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from cachetools import TTLCache, cached
+from cachetools import LRUCache, TTLCache, cached
 from sqlalchemy import BigInteger, Integer, Select, bindparam, cast, func, select
 from sqlalchemy.orm import Session
 
@@ -61,16 +61,23 @@ def stats_of(state: State, name: str, generation: Generation | None = None) -> d
 
 def kept(catalog: Catalog, name: str, generation: Generation) -> list[tuple[float, dict]]:
     """(when computed, what) of each of :data:`_PARTS` of ``name``'s statistics at ``generation``: as the catalog
-    keeps them, or computed now and kept where it keeps none as recent (the usage changed since, or another version
-    of the service changed the entries)."""
+    keeps them, else (the usage changed since, or another version of the service changed the entries) computed by
+    this process once for those counts. A reader never writes: a page must not wait for the catalog's write lock."""
     with catalog.statements() as conn:
         rows = {r.part: r for r in conn.execute(_kept(), {"cache": name})}
     out = []
     for part, (_, counts_of) in _PARTS.items():
         row = rows.get(part)
-        out.append((row.computed_s, row.stats) if row is not None and row.counts == counts_of(generation)
-                   else _keep(catalog, name, part, generation))
+        counts = counts_of(generation)
+        out.append((row.computed_s, row.stats) if row is not None and row.counts == counts
+                   else _computed(catalog, name, part, counts))
     return out
+
+
+@cached(LRUCache(maxsize=256), lock=threading.Lock(),
+        key=lambda catalog, name, part, counts: (catalog.url, name, part, counts))
+def _computed(catalog: Catalog, name: str, part: str, counts: str) -> tuple[float, dict]:
+    return time.time(), _PARTS[part][0](catalog, name)
 
 
 def _keep(catalog: Catalog, name: str, part: str, generation: Generation) -> tuple[float, dict]:
