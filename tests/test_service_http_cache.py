@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import anyio.to_thread
 import pytest
 from fastapi.testclient import TestClient
 
@@ -20,9 +21,9 @@ STATS = "/v1/caches/demo/stats"
 
 
 @pytest.fixture
-def two_replicas(tmp_path, cache_copy):
-    """Two apps on one SQLite catalog, as two replicas (or workers) are."""
-    settings = make_settings(tmp_path, {"demo": str(cache_copy)})
+def two_replicas(tmp_path, cache_copy, catalog_url):
+    """Two apps on one catalog (SQLite, then PostgreSQL), as two replicas (or workers) are."""
+    settings = make_settings(tmp_path, {"demo": str(cache_copy)}, db=catalog_url)
     with TestClient(create_app(settings)) as one, TestClient(create_app(settings)) as other:
         settled(one)
         settled(other)
@@ -60,22 +61,37 @@ def test_a_304_does_not_wait_for_the_pages_being_read(two_replicas):
     """A revalidation needs the change counts, never the page: it is answered while every turn the listing's page
     reads take is held (as by the pages of other requests)."""
     one, _ = two_replicas
-    tag = one.get(PAGE, headers=H_READ).headers["etag"]
-    limiter = one.app.state.jaxcache.read_limiter
-    readers = [object() for _ in range(int(limiter.total_tokens))]
-    for reader in readers:
-        one.portal.call(limiter.acquire_on_behalf_of, reader)
+    assert _revalidated_while_taken(one, one.app.state.jaxcache.read_limiter) == 304, \
+        "the revalidation waited for the page reads' turns"
+
+
+@pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)
+def test_on_sqlite_a_304_takes_no_thread(two_replicas):
+    """On SQLite the change counts are read on the event loop (in WAL mode a reader waits for no writer): a
+    revalidation is answered while every thread of the framework's pool is taken, as by slow requests."""
+    one, _ = two_replicas
+    threads = one.portal.call(anyio.to_thread.current_default_thread_limiter)
+    assert _revalidated_while_taken(one, threads) == 304, "the revalidation waited for a thread"
+
+
+def _revalidated_while_taken(client: TestClient, limiter: anyio.CapacityLimiter) -> int | None:
+    """The status of a revalidation of PAGE asked while every token of ``limiter`` is taken; None if it waited for
+    one (it is then answered once they are given back)."""
+    tag = client.get(PAGE, headers=H_READ).headers["etag"]
+    takers = [object() for _ in range(int(limiter.total_tokens))]
+    for taker in takers:
+        client.portal.call(limiter.acquire_on_behalf_of, taker)
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(_revalidate, one, PAGE, tag)
+        answer = pool.submit(_revalidate, client, PAGE, tag)
         try:
             status = answer.result(timeout=30).status_code
         except TimeoutError:
             status = None
         finally:
-            for reader in readers:
-                one.portal.call(limiter.release_on_behalf_of, reader)
-    assert status == 304, "the revalidation waited for the page reads' turns"
-    assert answer.result().status_code == 304
+            for taker in takers:
+                client.portal.call(limiter.release_on_behalf_of, taker)
+        assert answer.result().status_code == 304
+    return status
 
 
 def test_statistics_are_computed_once_by_the_change_for_every_replica(two_replicas):

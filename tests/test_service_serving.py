@@ -25,7 +25,9 @@ from serving_support import PATIENCE_S, HeldTable, wait_for
 ASYNC_ROUTES = {
     "healthz",  # answers a constant
     "list_entries",  # the catalog read in one hop to the framework's pool, one per core at a time
-    "get_stats",  # the change counts read in a shared hop (a 304 answers there), the statistics in one hop
+    # list_entries and get_stats read the change counts (a 304 answers there) on SQLite with a connection that never
+    # waits, elsewhere in one hop that the requests waiting share; get_stats reads the statistics in one hop
+    "get_stats",
     "ingest_report",  # awaits the body, then parses and stores it in one hop to the framework's pool
     "swagger_ui", "redoc",  # render a page of links to packaged assets
     "login", "logout",  # a small form and a token's hash
