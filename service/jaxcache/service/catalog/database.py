@@ -352,9 +352,13 @@ class Generations:
             return None
         return Generation(*rows[0]) if rows else Generation()
 
-    def get(self, cache: str) -> Generation:
-        with self.catalog.statements() as conn:
-            row = conn.execute(_counts(), {"cache": cache}).first()
+    def get(self, cache: str, conn: Connection | None = None) -> Generation:
+        """The counts now; ``conn``: read in that connection's transaction, as a page's first statement (on SQLite
+        the page then comes from the same snapshot as its tag, and one checkout of the pool serves both)."""
+        if conn is None:
+            with self.catalog.statements() as own:
+                return self.get(cache, own)
+        row = conn.execute(_counts(), {"cache": cache}).first()
         return Generation() if row is None else Generation(row.entries, row.usage)
 
     def bump(self, cache: str, *what: str) -> None:

@@ -69,8 +69,8 @@ def _page(state: State, cache: str, flt: queries.EntryFilter, sort: str, order: 
           tag: str | None, clock: bool) -> Response:
     """The page, tagged ``tag`` (by default the change counts now): counts read before the query, so a change
     meanwhile gives the next request another tag."""
-    tag = tag or conditional.etag(state.generations.get(cache), clock=clock)
     with state.catalog.reader() as conn:
+        tag = tag or conditional.etag(state.generations.get(cache, conn), clock=clock)
         rows, nxt = queries.list_entries(conn, cache, flt, sort=sort, order=order, limit=limit, cursor=at)
     root = state.storages[cache].url
     page = EntryPage.model_validate({"entries": [queries.page_entry(r, root) for r in rows],
