@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             fig["after_prune_plan_listing_all_mib"] = settled(server.pid)
 
         if shutil.which("wrk"):
+            # Whether the first integrity pass (it reads every entry, throttled) still runs beside the pages.
+            loops = httpx.get(f"{base}/readyz", timeout=30).json().get("loops", {})
+            fig["verify_done_before_pages"] = bool(loops.get("verify", {}).get("last_success_s"))
             pages = distinct_pages(base, 100)
             cold = wrk_cycle(base, pages, args.clients, args.seconds, work)
             health = wrk(base + "/healthz", args.clients, 4)
