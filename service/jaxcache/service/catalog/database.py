@@ -342,14 +342,14 @@ class Generations:
 
     def _without_waiting(self, cache: str) -> Generation | None:
         """The counts read on the event loop, or None where that could wait (see current())."""
-        if (conn := self.catalog.loop_reader()) is None:
-            return None
         try:
+            if (conn := self.catalog.loop_reader()) is None:
+                return None
             # fetchall: the statement runs to its end, which ends its read transaction (a snapshot kept open would
             # hide later commits and hold back the WAL's checkpoints).
             rows = conn.execute(_counts_sql(), (cache,)).fetchall()
-        except sqlite3.OperationalError:  # the database is locked (a checkpoint, a recovery, an exclusive writer)
-            return None
+        except sqlite3.Error:  # locked (a checkpoint, a recovery, an exclusive writer), or worse: the read in a
+            return None  # thread waits, or fails as every other read does
         return Generation(*rows[0]) if rows else Generation()
 
     def get(self, cache: str, conn: Connection | None = None) -> Generation:
