@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import pathlib
 import sqlite3
 import threading
 import time
@@ -159,7 +160,9 @@ class Catalog:
         if self.dialect != "sqlite" or path in (None, "", ":memory:"):
             return None
         if self._on_loop is None:
-            self._on_loop = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+            # mode=rw: a catalog file gone meanwhile is an error (which the pool's read then names), not a new one.
+            uri = f"{pathlib.Path(path).absolute().as_uri()}?mode=rw"
+            self._on_loop = sqlite3.connect(uri, uri=True, timeout=0, isolation_level=None, check_same_thread=False)
         return self._on_loop
 
     def insert(self, table):
