@@ -95,8 +95,9 @@ def _revalidated_while_taken(client: TestClient, limiter: anyio.CapacityLimiter)
 
 
 def test_statistics_are_computed_once_by_the_change_for_every_replica(two_replicas):
-    """After a change of the entries, the statistics are computed by what made it, before it answers, and every
-    replica answers them as they are: no reader waits to compute them again (each answer says when they were)."""
+    """After a change of the entries, the statistics are computed by what made it (a DELETE: once it has answered,
+    which the test client waits for), and every replica answers them as they are: no reader waits to compute them
+    again (each answer says when they were)."""
     one, other = two_replicas
     before = one.get(STATS, headers=H_READ).json()
     key = one.get(PAGE, headers=H_READ).json()["entries"][0]["key"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import create_engine, func, select, update
 from sqlalchemy.engine import make_url
 
 from conftest import kill_service, serve_env, start_serve, stop_serve, wait_ready
@@ -362,3 +362,34 @@ def test_killing_the_replica_that_holds_the_lock_hands_over(replicas, catalog_ur
     assert r.json()["deleted"] >= 1 and not any(n.startswith("jit_train") for n in _files(cache_copy))
     assert [p["id"] for p in survivor.client.get("/v1/caches/demo/prunes").json()["prunes"]] == [r.json()["audit_id"]]
     assert survivor.client.post("/v1/caches/demo/rescan").status_code == 200
+
+
+@pytest.mark.parametrize("catalog_url", ["postgresql"], indirect=True)
+def test_a_delete_answers_before_the_statistics_are_kept(replicas, catalog_url):
+    """A single-entry DELETE is answered once the entry is gone: the cache's statistics (a pass over every entry)
+    are computed and kept after it. Here another connection holds their table's write lock, and the DELETE is
+    answered meanwhile; once it is let go, both replicas answer the one kept copy, without the entry."""
+    a, b = replicas
+    stats = "/v1/caches/demo/stats"
+    before = a.client.get(stats).json()
+    key = a.entries()[0]["key"]
+    engine = create_engine(catalog_url)
+    try:
+        with engine.connect() as conn, ThreadPoolExecutor(1) as pool:
+            conn.exec_driver_sql("LOCK TABLE cache_stats IN EXCLUSIVE MODE")  # reads go on; writes wait
+            deleting = pool.submit(a.client.delete, f"/v1/caches/demo/entries/{key}")
+            try:
+                assert deleting.result(timeout=PATIENCE_S).status_code == 204
+            except TimeoutError:
+                raise AssertionError("the DELETE waited for the statistics to be kept") from None
+            finally:
+                conn.rollback()
+    finally:
+        engine.dispose()
+    deadline = time.monotonic() + PATIENCE_S  # until the kept copy is written; not asserted on
+    while True:
+        after = [r.client.get(stats).json() for r in (a, b)]
+        if after[0]["computed_s"] == after[1]["computed_s"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert after[0]["computed_s"] == after[1]["computed_s"] and after[0]["entries"] == before["entries"] - 1

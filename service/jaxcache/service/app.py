@@ -103,4 +103,5 @@ def _pruning(state: State) -> Handed:
 
     return Handed(rescan=partial(rounds.rescan_cache, state), verify=verify,
                   unjudged=lambda name: verification.unjudged(state.catalog, name, settings.trusted),
-                  recent_jaxlibs=recent_jaxlibs, changed=partial(summary.changed, state))
+                  recent_jaxlibs=recent_jaxlibs, changed=partial(summary.changed, state),
+                  keep=partial(summary.keep, state))

@@ -94,7 +94,7 @@ def rescan_cache(state: State, name: str, *, wait_s: float | None = None) -> Res
         state.generations.bump(name, USAGE)  # the usage windows' runs may be gone
     if result.added or result.removed or result.updated:
         summary.changed(state, name)
-        summary.stats_of(state, name)  # computed here, in the scan thread, so this process's requests find it ready
+        summary.keep(state, name)
     return result
 
 
@@ -158,3 +158,4 @@ def close_interrupted_prunes(state: State, name: str) -> None:
     closed = prune_audit.close(state.catalog, name, interrupted)
     if closed:
         summary.changed(state, name)
+        summary.keep(state, name)

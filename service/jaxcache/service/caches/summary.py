@@ -180,10 +180,14 @@ def _in_window(computed_s: float, stats: dict, *, now: float) -> dict:
 
 def changed(state: State, name: str) -> None:
     """Entries of ``name`` changed (rescan, prune, delete): listings' ETags and kept statistics are stale, in every
-    process. The statistics are computed again here, once, by what made the change, so that no reader waits for
-    them."""
+    process, and the totals' gauges are set again. What made the change then calls :func:`keep`."""
     state.generations.bump(name, ENTRIES)
     refresh_totals(state.metrics, state.catalog, name)
+
+
+def keep(state: State, name: str) -> None:
+    """Compute ``name``'s statistics at its change counts now and keep them in the catalog: once, by what changed
+    the entries, so that no reader waits for them (a DELETE's answer does not either: it runs this after)."""
     generation = state.generations.get(name)
     for part in _PARTS:
         _keep(state.catalog, name, part, generation)

@@ -94,7 +94,8 @@ def routes(handed: Handed) -> APIRouter:
                                                                          " was written again since it was listed, or"
                                                                          " its file could not be removed (the detail"
                                                                          " says why; the entry stays listed)"}})
-    def delete_entry(request: Request, cache: CacheName, key: EntryKey, principal: AdminAuth) -> Response:
+    def delete_entry(request: Request, cache: CacheName, key: EntryKey, principal: AdminAuth,
+                     background: BackgroundTasks) -> Response:
         """Delete one entry (its -cache, then its -atime, under JAX's lock), audited as a prune of one in
         `GET /v1/caches/{cache}/prunes`. Jobs that need it recompile and write it again."""
         state = state_of(request)
@@ -110,6 +111,8 @@ def routes(handed: Handed) -> APIRouter:
             raise HTTPException(409, str(exc)) from None
         if not deleted:
             raise HTTPException(404, f"no entry {key!r} in {cache!r}")
+        # The cache's statistics, computed once the answer is sent: a whole-cache pass that one entry must not wait for.
+        background.add_task(handed.keep, cache)
         return Response(status_code=204)
 
     return router

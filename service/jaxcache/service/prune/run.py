@@ -34,6 +34,7 @@ class Handed:
     unjudged: Callable[[str], int]  # entries with no verdict for their version and the trusted keys yet
     recent_jaxlibs: Callable[[str, float], set[str]]  # jaxlibs of the runs updated since (warm-ups' too)
     changed: Callable[[str], None]  # a cache's entries changed: statistics and listings' ETags are stale
+    keep: Callable[[str], None]  # compute a cache's statistics again and keep them, for every replica
 
 
 class PruneInProgressError(Exception):
@@ -110,6 +111,7 @@ def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, handed: H
     state.metrics.prune_deleted.labels(cache).inc(result.deleted)
     state.metrics.prune_bytes.labels(cache).inc(result.bytes_freed)
     handed.changed(cache)
+    handed.keep(cache)
     return Outcome(plan, result, audit_id)
 
 
@@ -139,7 +141,8 @@ def _apply_audited(catalog: Catalog, audit_id: int, storage: Storage,
 
 def delete_entry(state: State, cache: str, key: str, *, handed: Handed, who: str) -> bool:
     """Delete one entry as a one-entry prune would, audited; False when neither storage nor catalog had it. Raises
-    PruneInProgressError, and EntryNotDeletedError when its file is still there (its row stays)."""
+    PruneInProgressError, and EntryNotDeletedError when its file is still there (its row stays). The statistics are
+    the caller's to keep (``handed.keep``): a request answers first."""
     catalog, storage = state.catalog, state.storages[cache]
     lock = state.prune_locks.get(cache)
     if not lock.acquire(blocking=False):
