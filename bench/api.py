@@ -1,8 +1,8 @@
 """Latency of the catalog service's API over N real-format entries under concurrent clients: repeated listing
 pages, the same pages revalidated (``If-None-Match`` with their ``ETag``: answered 304), distinct pages and
-``GET /healthz`` (the baseline) at ``--clients`` connections, and stats sequentially; with ``--workers 1,2``, for
-each number of worker processes in turn over the same root and catalog. Figures, not assertions; what each figure
-means: README.md.
+``GET /healthz`` (the baseline) at ``--clients`` connections, then stats and ten single-entry DELETEs one at a
+time; with ``--workers 1,2``, for each number of worker processes in turn over the same root and catalog. Figures,
+not assertions; what each figure means: README.md.
 
     .venv/bin/python bench/api.py --entries 100000 --workers 1,2
 """
@@ -215,6 +215,15 @@ def measure(base: str, args, work: str) -> dict:
         stats = raw["stats"]
     fig["stats_median_ms"] = round(statistics.median(stats) * 1000, 2)
     fig["stats_p99_ms"] = round(pct(stats, 99) * 1000, 2)
+    # Last: it changes the entries. Each DELETE is answered before the cache's statistics are kept again.
+    deletes = []
+    with httpx.Client(base_url=base, timeout=600) as c:
+        for entry in c.get("/v1/caches/bench/entries?limit=10&sort=size").json()["entries"]:
+            t = time.perf_counter()
+            assert c.delete(f"/v1/caches/bench/entries/{entry['key']}").status_code == 204
+            deletes.append(time.perf_counter() - t)
+    fig["delete_median_ms"] = round(statistics.median(deletes) * 1000, 2)
+    fig["delete_max_ms"] = round(max(deletes) * 1000, 2)
     fig["entries_vs_healthz_p50"] = (
         round(fig["entries_p50_ms"] / fig["healthz_p50_ms"], 2) if fig["healthz_p50_ms"] else None
     )
@@ -297,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'GET /healthz (floor, same load)':34} {fig['healthz_p50_ms']:8.2f} {fig['healthz_p99_ms']:8.2f}")
         print(f"{'GET stats (sequential, median)':34} {fig['stats_median_ms']:8.2f} {fig['stats_p99_ms']:8.2f}   "
               "<= 100")
+        print(f"{'DELETE one entry (10, median, max)':34} {fig['delete_median_ms']:8.2f} {fig['delete_max_ms']:8.2f}")
         print(f"entries/healthz p50 ratio: {fig['entries_vs_healthz_p50']}")
     return 0
 
