@@ -111,6 +111,22 @@ def test_statistics_are_computed_once_by_the_change_for_every_replica(two_replic
     assert all({f: a[f] for f in entries_part} == {f: after[0][f] for f in entries_part} for a in after)
 
 
+def test_a_prune_that_deletes_nothing_leaves_the_tags(two_replicas):
+    """An applied prune that matches no entry changes nothing, so a client's tags still match (the statistics are
+    not computed again either); one that deletes an entry gives new ones."""
+    one, other = two_replicas
+    first = one.get(PAGE, headers=H_READ)
+    tags = {url: one.get(url, headers=H_READ).headers["etag"] for url in (PAGE, STATS)}
+    apply = {"min_age": "0s", "dry_run": False}
+    nothing = other.post("/v1/caches/demo/prune", headers=H_ADMIN, json={**apply, "functions": ["no_such_fn*"]})
+    assert nothing.status_code == 200 and nothing.json()["deleted"] == 0, nothing.text
+    assert all(_revalidate(one, url, tag).status_code == 304 for url, tag in tags.items())
+    function = first.json()["entries"][0]["function"]
+    some = other.post("/v1/caches/demo/prune", headers=H_ADMIN, json={**apply, "functions": [function]})
+    assert some.status_code == 200 and some.json()["deleted"] >= 1, some.text
+    assert all(_revalidate(one, url, tag).status_code == 200 for url, tag in tags.items())
+
+
 def test_a_304_is_answered_only_to_who_may_read(two_replicas):
     one, _ = two_replicas
     tag = one.get(PAGE, headers=H_READ).headers["etag"]

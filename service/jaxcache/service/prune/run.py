@@ -33,7 +33,7 @@ class Handed:
     verify: Callable[[str, float], object]  # judge what needs it, throttled as the background pass (min_age_s)
     unjudged: Callable[[str], int]  # entries with no verdict for their version and the trusted keys yet
     recent_jaxlibs: Callable[[str, float], set[str]]  # jaxlibs of the runs updated since (warm-ups' too)
-    changed: Callable[[str], None]  # a cache's entries changed: statistics and listings' ETags are stale
+    changed: Callable[[str], None]  # an entry deleted: statistics and listings' ETags are stale
     keep: Callable[[str], None]  # compute a cache's statistics again and keep them, for every replica
 
 
@@ -110,8 +110,8 @@ def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, handed: H
         lock.release()
     state.metrics.prune_deleted.labels(cache).inc(result.deleted)
     state.metrics.prune_bytes.labels(cache).inc(result.bytes_freed)
-    handed.changed(cache)
-    handed.keep(cache)
+    # No change of its own to announce: the rescan above found what the prune deleted, and moved the counts and kept
+    # the statistics if it found anything.
     return Outcome(plan, result, audit_id)
 
 
