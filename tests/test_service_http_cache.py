@@ -112,8 +112,8 @@ def test_statistics_are_computed_once_by_the_change_for_every_replica(two_replic
 
 
 def test_a_prune_that_deletes_nothing_leaves_the_tags(two_replicas):
-    """An applied prune that matches no entry changes nothing, so a client's tags still match (the statistics are
-    not computed again either); one that deletes an entry gives new ones."""
+    """An applied prune that matches no entry changes nothing, so a client's tags of the listing and of the
+    statistics still match; one that deletes an entry gives new ones."""
     one, other = two_replicas
     first = one.get(PAGE, headers=H_READ)
     tags = {url: one.get(url, headers=H_READ).headers["etag"] for url in (PAGE, STATS)}

@@ -179,8 +179,9 @@ def _in_window(computed_s: float, stats: dict, *, now: float) -> dict:
 
 
 def changed(state: State, name: str) -> None:
-    """Entries of ``name`` changed (rescan, prune, delete): listings' ETags and kept statistics are stale, in every
-    process, and the totals' gauges are set again. What made the change then calls :func:`keep`."""
+    """Entries of ``name`` changed (a rescan, which a prune ends with too; a DELETE): listings' ETags and kept
+    statistics are stale, in every process, and the totals' gauges are set again. What made the change then calls
+    :func:`keep`."""
     state.generations.bump(name, ENTRIES)
     refresh_totals(state.metrics, state.catalog, name)
 
