@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -169,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             build(load_sources(args.source or make_source(work)), root, args.entries)
             open(os.path.join(work, f"built-{args.entries}"), "w").close()
         fig["build_s"] = round(time.perf_counter() - t, 1)
-        for stale in ("catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm", "kept"):
+        # The catalog and what lies beside it: the loops' statuses there outlive the file, and a last run's would
+        # say the integrity pass is done.
+        for stale in ("kept", *glob.glob(os.path.join(glob.escape(work), "catalog.sqlite*"))):
             shutil.rmtree(os.path.join(work, stale), ignore_errors=True)
             if os.path.isfile(os.path.join(work, stale)):
                 os.unlink(os.path.join(work, stale))
@@ -247,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             # Whether the first integrity pass (it reads every entry, throttled) still runs beside the pages.
             loops = httpx.get(f"{base}/readyz", timeout=30).json().get("loops", {})
             fig["verify_done_before_pages"] = bool(loops.get("verify", {}).get("last_success_s"))
+            # A first pass at 1M reads every entry at JAXCACHE_VERIFY_BYTES_PER_S, longer than the phases above.
+            fig["verify_running_during_pages"] = bool(loops.get("verify", {}).get("running_since_s"))
             pages = distinct_pages(base, 100)
             cold = wrk_cycle(base, pages, args.clients, args.seconds, work)
             health = wrk(base + "/healthz", args.clients, 4)
