@@ -172,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         fig["build_s"] = round(time.perf_counter() - t, 1)
         # The catalog and what lies beside it: the loops' statuses there outlive the file, and a last run's would
         # say the integrity pass is done.
-        for stale in ("kept", *glob.glob(os.path.join(glob.escape(work), "catalog.sqlite*"))):
-            shutil.rmtree(os.path.join(work, stale), ignore_errors=True)
-            if os.path.isfile(os.path.join(work, stale)):
-                os.unlink(os.path.join(work, stale))
+        for stale in (os.path.join(work, "kept"), *glob.glob(os.path.join(glob.escape(work), "catalog.sqlite*"))):
+            shutil.rmtree(stale, ignore_errors=True)
+            if os.path.isfile(stale):
+                os.unlink(stale)
         port, db = free_port(), os.path.join(work, "catalog.sqlite")
         base = f"http://127.0.0.1:{port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCACHE_")}
