@@ -42,8 +42,8 @@ def busy_neighbor(on: bool) -> Iterator[None]:
         spinner.wait()
 
 
-def timed_statements(engine) -> collections.Counter:
-    """Seconds by ingestion function and statement, from now on."""
+def timed_statements(*engines) -> collections.Counter:
+    """Seconds by ingestion function and statement on ``engines``, from now on."""
     from sqlalchemy import event
 
     spent: collections.Counter = collections.Counter()
@@ -56,8 +56,9 @@ def timed_statements(engine) -> collections.Counter:
         where = f"{os.path.basename(ours[-1].filename)}:{ours[-1].name}" if ours else "?"
         spent[f"{where}  {' '.join(statement.split())[:60]}"] += time.perf_counter() - conn.info["bench_t"]
 
-    event.listen(engine, "before_cursor_execute", before)
-    event.listen(engine, "after_cursor_execute", after)
+    for e in engines:
+        event.listen(e, "before_cursor_execute", before)
+        event.listen(e, "after_cursor_execute", after)
     return spent
 
 
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace, url: str | None) -> int:
         with busy_neighbor(args.busy_neighbor):
             for phase, records in phases.items():
                 if phase == "final" and args.statements:
-                    spent = timed_statements(catalog.engine)
+                    spent = timed_statements(catalog.engine, catalog.write_engine)
                 wall = cpu = 0.0
                 first = args.first_pass if phase == "start" and args.first_pass else args.pass_records
                 for i, j in itertools.pairwise([0, *range(first, len(records), args.pass_records), len(records)]):
