@@ -40,6 +40,10 @@ class NotRegularFileError(StorageError):
     would block the reader, a link could lead it out of the root), and a reader skips it and goes on."""
 
 
+class UnreachableError(StorageError):
+    """A store did not answer within a deadline (stopped, unreachable, or too slow): the caller goes on without it."""
+
+
 class PreconditionFailedError(StorageError):
     """The object changed since it was listed (another version), or already exists on a create-only write."""
 
