@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from jaxcache.errors import InvalidRootError, PathEscapeError, PreconditionFailedError
+from jaxcache.errors import InvalidInputError, InvalidRootError, PathEscapeError, PreconditionFailedError
 from jaxcache.storage import LocalStorage, Storage, open_storage, same_stat
 from jaxcache.storage.base import stat_of
 from store_servers import BUCKETS
@@ -64,6 +64,61 @@ def test_overwrite_and_create_only(storage):
     assert storage.read("x") == b"two"
     storage.write_atomic("y", b"new", create_only=True)
     assert storage.read("y") == b"new"
+
+
+def test_a_conditional_replace_loses_no_other_writers_update(storage):
+    """write_atomic(if_version=...) replaces only the version read earlier: a stale token, or an object deleted since,
+    is PreconditionFailedError and leaves the object as it is. On a directory the token is the size and mtime, and a
+    replacement of the same size at once is still a new version."""
+    name = ".jaxcache/jobs/index.json"
+    storage.write_atomic(name, b"one")
+    data, info = storage.read_with_info(name)
+    first = storage.version_token(info)
+    storage.write_atomic(name, b"two", if_version=first)
+    assert storage.read(name) == b"two"
+    with pytest.raises(PreconditionFailedError):
+        storage.write_atomic(name, b"three", if_version=first)
+    assert storage.read(name) == b"two"
+    second = storage.version_token(storage.read_with_info(name)[1])
+    storage.write_atomic(name, b"owt", if_version=second)  # the same size, within the clock's tick
+    with pytest.raises(PreconditionFailedError):
+        storage.write_atomic(name, b"xxx", if_version=second)
+    third = storage.version_token(storage.stat(name))
+    assert storage.read(name) == b"owt" and third not in (first, second)
+    storage.delete(name)
+    with pytest.raises(PreconditionFailedError):
+        storage.write_atomic(name, b"back", if_version=third)
+    assert storage.read(name) is None
+    with pytest.raises(InvalidInputError, match="exclude each other"):
+        storage.write_atomic(name, b"x", create_only=True, if_version=third)
+
+
+def test_conditional_replaces_at_once_count_every_update(storage):
+    """Four writers add to one counter by read-modify-write at once, trying again when told another was first: no
+    update is lost (on a directory through its lock, on the stores through their preconditions)."""
+    import threading
+
+    name = ".jaxcache/jobs/counter"
+    storage.write_atomic(name, b"0")
+    start, refused = threading.Barrier(4), []
+
+    def add(times: int) -> None:
+        start.wait()
+        for _ in range(times):
+            while True:
+                data, info = storage.read_with_info(name)
+                try:
+                    storage.write_atomic(name, str(int(data) + 1).encode(), if_version=storage.version_token(info))
+                    break
+                except PreconditionFailedError:
+                    refused.append(1)
+
+    threads = [threading.Thread(target=add, args=(5,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert storage.read(name) == b"20"
 
 
 def test_listing_is_lazy_flat_or_recursive(storage):

@@ -310,16 +310,21 @@ class AzureStorage(ObjectStore):
             raise
         return True
 
-    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:
+    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False, if_version: str | None = None) -> None:
         # One Put Blob (or, past 64 MiB, blocks committed at once): readers see the old blob or the whole new one.
-        # overwrite=False sends If-None-Match: *.
+        # overwrite=False sends If-None-Match: *; if_version, If-Match (412 when replaced or deleted since).
+        if create_only and if_version is not None:
+            raise InvalidInputError("create_only and if_version exclude each other: a create has no earlier version")
+        condition: dict[str, Any] = {}
+        if if_version is not None:
+            condition = {"etag": if_version, "match_condition": MatchConditions.IfNotModified}
         with self._translate("write", name):
             try:
                 self._container.upload_blob(self._key(name), data, overwrite=not create_only,
-                                            content_settings=_OCTETS)
+                                            content_settings=_OCTETS, **condition)
             except (ResourceExistsError, ResourceModifiedError):
-                # The library retries a Put whose answer was lost; when that attempt had created the blob, the
-                # retry's 409 is about our own write. A blob holding exactly our bytes means the create happened;
-                # anything else (or nothing) there is someone else's doing.
+                # The library retries a Put whose answer was lost; when that attempt had created the blob, the retry's
+                # 409 is about our own write. A blob holding exactly our bytes means the create happened; anything
+                # else (or nothing) there is someone else's doing. (Not for a replace: see Storage.write_atomic.)
                 if not create_only or self.read(name) != data:
                     raise

@@ -246,12 +246,25 @@ class Storage(abc.ABC):
         """
 
     @abc.abstractmethod
-    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:
+    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False, if_version: str | None = None) -> None:
         """Write a whole object so that readers see either nothing/the old bytes or all of the new ones.
 
         ``create_only`` raises :class:`~jaxcache.errors.PreconditionFailedError` if the object exists with
         other bytes (a backend may accept an existing object that holds exactly ``data``: a retried create).
+        ``if_version`` (:meth:`version_token` of the object as read earlier) replaces the object only if it is still
+        that version, and raises :class:`~jaxcache.errors.PreconditionFailedError` if it was replaced or deleted
+        since: a read-modify-write that loses no other writer's update. Unlike a create, an object that holds exactly
+        ``data`` is no proof that this write happened (two writers may add the same update), so a library's retry
+        of a replace whose first answer was lost may report the precondition failed: read again and redo the
+        update (an idempotent one, such as adding to a set, is then found done).
         """
+
+    def version_token(self, info: ObjectInfo) -> str:
+        """What :meth:`write_atomic`'s ``if_version`` takes for the object ``info`` describes (from :meth:`stat`,
+        :meth:`read_with_info` or a listing): its :attr:`ObjectInfo.version` where the store has versions."""
+        if info.version is None:
+            raise InvalidInputError(f"{info.name!r} in {self.url} was described without its version")
+        return info.version
 
     def list_changes(self, previous: Mapping[str, Stat]) -> tuple[dict[str, Stat], set[str]]:
         """Compare the objects directly under the root with ``previous`` (``{name: (size_bytes, mtime_s,

@@ -219,11 +219,8 @@ class GcsStorage(ObjectStore):
 
     def delete(self, name: str, *, if_version: str | None = None) -> bool:
         blob = self._bucket.blob(self._key(name))
-        if_generation = None
-        if if_version is not None:  # ifGenerationMatch: GCS refuses the delete if the object was replaced since listed
-            if not (if_version.isascii() and if_version.isdigit()):
-                raise InvalidInputError(f"{if_version!r} is not the generation of {name!r} in {self.url}")
-            if_generation = int(if_version)
+        # ifGenerationMatch: GCS refuses the delete if the object was replaced since listed
+        if_generation = None if if_version is None else self._generation(name, if_version)
         with self._translate("delete", name):
             try:
                 blob.delete(if_generation_match=if_generation, retry=self._retry)
@@ -231,20 +228,30 @@ class GcsStorage(ObjectStore):
                 return False
         return True
 
-    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:
-        # A GCS upload is atomic by itself: readers see the old object or the whole new one.
+    def _generation(self, name: str, version: str) -> int:
+        if not (version.isascii() and version.isdigit()):
+            raise InvalidInputError(f"{version!r} is not the generation of {name!r} in {self.url}")
+        return int(version)
+
+    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False, if_version: str | None = None) -> None:
+        # A GCS upload is atomic by itself: readers see the old object or the whole new one. ifGenerationMatch: 0
+        # creates only; the generation read earlier replaces only that one (412 when replaced or deleted since).
+        if create_only and if_version is not None:
+            raise InvalidInputError("create_only and if_version exclude each other: a create has no earlier version")
+        if_generation = 0 if create_only else None if if_version is None else self._generation(name, if_version)
         blob = self._bucket.blob(self._key(name))
         with self._translate("write", name):
             try:
                 blob.upload_from_string(
                     data,
                     content_type="application/octet-stream",
-                    if_generation_match=0 if create_only else None,
+                    if_generation_match=if_generation,
                     retry=self._retry,
                 )
             except gexc.PreconditionFailed:
-                # The library retries an upload whose response was lost; when that attempt had created the
-                # object, the retry's 412 is about our own write. An object holding exactly our bytes means the
-                # create happened; anything else (or nothing) there is someone else's doing.
+                # The library retries an upload whose response was lost; when that attempt had created the object,
+                # the retry's 412 is about our own write. An object holding exactly our bytes means the create
+                # happened; anything else (or nothing) there is someone else's doing. (Not for a replace: see
+                # Storage.write_atomic.)
                 if not create_only or self.read(name) != data:
                     raise

@@ -11,6 +11,7 @@ from functools import partial
 from typing import BinaryIO, cast
 
 from jaxcache.errors import (
+    InvalidInputError,
     InvalidRootError,
     NotRegularFileError,
     PreconditionFailedError,
@@ -44,6 +45,8 @@ from jaxcache.storage.files import (
 )
 
 _TMP_PREFIX = ".jaxcache-tmp-"
+#: How a directory's version tokens begin (LocalStorage.version_token): its size and mtime follow.
+_TOKEN_PREFIX = "stat:"
 
 
 #: A listing of at least this many files stats its second half in a forked child meanwhile (jaxcache.parallel):
@@ -393,7 +396,21 @@ class LocalStorage(Storage):
                     os.close(dir_fd)
         return True
 
-    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:
+    def version_token(self, info: ObjectInfo) -> str:
+        """A directory has no versions: the token is the object's size and mtime, which :meth:`write_atomic` compares
+        (:func:`same_stat`) with the object's when it replaces it."""
+        return f"{_TOKEN_PREFIX}{info.size_bytes}:{info.mtime_s!r}"
+
+    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False, if_version: str | None = None) -> None:
+        """A new file renamed over the old one (readers see either). With ``if_version``, the rename happens under an
+        exclusive lock (flock) on the file it replaces, once the path is seen to still name that locked file and its
+        size and mtime to be those of the token: conditional writers of one object take turns, and each makes a file
+        whose size or mtime differs from the one it replaced (its mtime moved on past the old one where a coarse
+        clock left them equal), so a token never matches a later version. A replacement without ``if_version``
+        (or a delete) does not wait for the lock."""
+        expected = None if if_version is None else self._token_stat(name, if_version)
+        if create_only and expected is not None:
+            raise InvalidInputError("create_only and if_version exclude each other: a create has no earlier version")
         path = self._path(name)
         directory = os.path.dirname(path)
         with self._translate("write", name):
@@ -415,8 +432,71 @@ class LocalStorage(Storage):
                         os.link(tmp, path)
                     except FileExistsError:
                         raise PreconditionFailedError(f"{name!r} already exists under {self.root}") from None
+                elif expected is not None:
+                    self._replace_if(name, path, tmp, expected)
                 else:
                     os.replace(tmp, path)
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+
+    def _token_stat(self, name: str, token: str) -> Stat:
+        size, sep, mtime = token.removeprefix(_TOKEN_PREFIX).partition(":")
+        try:
+            if not (token.startswith(_TOKEN_PREFIX) and sep):
+                raise ValueError(token)
+            return int(size), float(mtime), None
+        except ValueError:
+            raise InvalidInputError(f"{token!r} is not a version token of {name!r} under {self.root} (see "
+                                    "Storage.version_token)") from None
+
+    def _replace_if(self, name: str, path: str, tmp: str, expected: Stat) -> None:
+        """Rename ``tmp`` over ``path`` if the file there is still the version ``expected`` (see write_atomic)."""
+        import fcntl
+
+        changed = f"replace {name!r} under {self.root}: the object was replaced or deleted since it was read"
+        while True:
+            try:
+                # For writing where allowed: on NFS, flock is a lock over the protocol that needs a file open for
+                # writing to be exclusive. O_NOFOLLOW and O_NONBLOCK: never a link, never a wait on a FIFO.
+                try:
+                    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                except PermissionError:
+                    fd = os.open(path, READ_FLAGS)
+            except OSError as exc:
+                if absent(exc) or exc.errno == errno.ENOTDIR:
+                    raise PreconditionFailedError(changed) from None
+                if exc.errno in NOT_REGULAR_ERRNOS or exc.errno == errno.EISDIR:
+                    kind = {errno.ENXIO: "a socket", errno.EISDIR: "a directory"}.get(exc.errno, "a symbolic link")
+                    raise self._not_regular(name, kind) from None
+                raise
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                held = os.fstat(fd)
+                try:
+                    there = os.stat(path, follow_symlinks=False)
+                except FileNotFoundError:
+                    raise PreconditionFailedError(changed) from None
+                if (there.st_dev, there.st_ino) != (held.st_dev, held.st_ino):
+                    continue  # replaced while this waited for the lock: judge the file there now
+                if not st_mode.S_ISREG(held.st_mode):
+                    raise self._not_regular(name, kind_of(held.st_mode))
+                if not same_stat((held.st_size, held.st_mtime, None), expected):
+                    raise PreconditionFailedError(changed)
+                _move_past(tmp, held)
+                os.replace(tmp, path)
+                return
+            finally:
+                os.close(fd)  # releases the lock, after the rename
+
+
+def _move_past(tmp: str, old: os.stat_result) -> None:
+    """Give the file ``tmp`` an mtime other than ``old``'s where their sizes are equal: a file system's clock ticks
+    in steps (the kernel's coarse clock, whole seconds on some), and a version must never read as the one it
+    replaced. The step is the smallest this file system keeps."""
+    new = os.stat(tmp)
+    for step_ns in (1_000, 1_000_000, 1_000_000_000, 2_000_000_000):
+        if new.st_size != old.st_size or new.st_mtime != old.st_mtime:
+            return
+        os.utime(tmp, ns=(new.st_atime_ns, old.st_mtime_ns + step_ns))
+        new = os.stat(tmp)

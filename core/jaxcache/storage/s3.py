@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from jaxcache.errors import (
+    InvalidInputError,
     InvalidRootError,
     JaxcacheError,
     MissingDependencyError,
@@ -123,6 +124,8 @@ class S3Storage(ObjectStore):
         self.endpoint = str(self._client.meta.endpoint_url)
         #: Whether deletes carry If-Match: until the store answers one with 501 Not Implemented.
         self._conditional_deletes = True
+        #: Whether replacing writes carry If-Match, until the same answer to one of them.
+        self._conditional_writes = True
 
     @property
     def identity(self) -> str:
@@ -302,21 +305,49 @@ class S3Storage(ObjectStore):
     def _delete(self, name: str, etag: str | None) -> None:
         self._client.delete_object(Bucket=self.bucket_name, Key=self._key(name), **({"IfMatch": etag} if etag else {}))
 
-    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False) -> None:
-        # A PUT is atomic by itself: readers see the old object or the whole new one.
+    def write_atomic(self, name: str, data: bytes, *, create_only: bool = False, if_version: str | None = None) -> None:
+        # A PUT is atomic by itself: readers see the old object or the whole new one. If-None-Match: * creates only;
+        # If-Match replaces only the version read (S3 answers 412 when another replaced it, 404 when it is gone).
+        if create_only and if_version is not None:
+            raise InvalidInputError("create_only and if_version exclude each other: a create has no earlier version")
+        condition = {"IfNoneMatch": "*"} if create_only else {}
         with self._translate("write", name):
+            if if_version is not None:
+                condition = self._replace_condition(name, if_version)
             try:
-                self._client.put_object(Bucket=self.bucket_name, Key=self._key(name), Body=data,
-                                        ContentType="application/octet-stream",
-                                        **({"IfNoneMatch": "*"} if create_only else {}))
+                self._put(name, data, condition)
             except ClientError as exc:
+                if if_version is not None and condition and _code(exc) == "NotImplemented":
+                    # A store without conditional writes that says so: as for deletes, a check of the version just
+                    # before the write is all there is, from now on.
+                    self._conditional_writes = False
+                    self._put(name, data, self._replace_condition(name, if_version))
+                    return
                 # botocore retries a PUT whose answer was lost; when that attempt had created the object, the retry's
-                # 412 is about our own write. An object holding exactly our bytes means the create happened;
-                # anything else (or nothing) there is someone else's doing.
+                # 412 is about our own write. An object holding exactly our bytes means the create happened; anything
+                # else (or nothing) there is someone else's doing. (Not for a replace: see Storage.write_atomic.)
                 conflict = _status(exc) == 412 or _code(exc) == "ConditionalRequestConflict"
-                if not (create_only and conflict) or self.read(name) != data:
-                    raise
+                if create_only and conflict and self.read(name) == data:
+                    return
+                if if_version is not None and _missing(exc):
+                    raise PreconditionFailedError(f"replace {name!r} in {self.url}: the object was deleted since it "
+                                                  "was read") from exc
+                raise
 
+    def _replace_condition(self, name: str, if_version: str) -> dict[str, str]:
+        """What a PUT that replaces only the version ``if_version`` sends: If-Match, or, on a store that has none,
+        nothing once a HEAD just before it saw that version."""
+        if self._conditional_writes:
+            return {"IfMatch": if_version}
+        head = self._head(name)
+        if head is None or etag_token(str(head.get("ETag", ""))) != if_version:
+            raise PreconditionFailedError(f"replace {name!r} in {self.url}: the object was replaced or deleted since "
+                                          "it was read")
+        return {}
+
+    def _put(self, name: str, data: bytes, condition: dict[str, str]) -> None:
+        self._client.put_object(Bucket=self.bucket_name, Key=self._key(name), Body=data,
+                                ContentType="application/octet-stream", **condition)
 
 def _etag(item: dict[str, Any]) -> str | None:
     """The version token of a listed object, a HEAD or a GET: its ETag, quoted as headers carry it."""
