@@ -296,24 +296,29 @@ def _split(root: str) -> tuple[str, str, str]:
     return scheme, bucket, prefix.strip("/")
 
 
-def raw_put(root: str, name: str, data: bytes) -> None:
+def raw_put(root: str, name: str, data: bytes, *, content_encoding: str | None = None) -> None:
     """Write ``data`` as the object ``name`` under the object-store root ``root`` with the store's own client library,
-    whatever the name: what a writer past jaxcache's name checks can leave there."""
+    whatever the name (and with a ``Content-Encoding`` where given): what a writer past jaxcache's checks can leave
+    there."""
     scheme, bucket, prefix = _split(root)
     key = f"{prefix}/{name}" if prefix else name
     if scheme == "gs":
         from google.cloud import storage
 
-        storage.Client().bucket(bucket).blob(key).upload_from_string(data)
+        blob = storage.Client().bucket(bucket).blob(key)
+        blob.content_encoding = content_encoding
+        blob.upload_from_string(data)
     elif scheme == "s3":
         import boto3
 
-        boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=data)
+        extra = {"ContentEncoding": content_encoding} if content_encoding else {}
+        boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=data, **extra)
     else:
-        from azure.storage.blob import BlobServiceClient
+        from azure.storage.blob import BlobServiceClient, ContentSettings
 
         service = BlobServiceClient.from_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"])
-        service.get_blob_client(bucket, key).upload_blob(data, overwrite=True)
+        service.get_blob_client(bucket, key).upload_blob(
+            data, overwrite=True, content_settings=ContentSettings(content_encoding=content_encoding))
 
 
 def raw_names(root: str) -> set[str]:

@@ -56,7 +56,8 @@ class Diagnosis:
         if self.skipped_total:
             notes.append(
                 "skipped objects are named like entries (or run records) but are not regular files (FIFOs, sockets, "
-                "symbolic links, folders) or have names that cannot be read safely (a backslash, a '..' part): "
+                "symbolic links, folders), have names that cannot be read safely (a backslash, a '..' part), or are "
+                "stored with a Content-Encoding (which a store's library would decode, however large it grows): "
                 "JAX did not write them, and nothing reads them. Find out who could write to the root, then remove "
                 "them by hand."
             )

@@ -40,6 +40,12 @@ class NotRegularFileError(StorageError):
     would block the reader, a link could lead it out of the root), and a reader skips it and goes on."""
 
 
+class EncodedObjectError(NotRegularFileError):
+    """An object stored with a Content-Encoding (``gzip``): neither JAX nor jaxcache writes one, and a store's library
+    would hand back its bytes decoded, however large they grow. It is never read past its answer's headers; a reader
+    skips it as it skips a FIFO, and it is named (``storage.skipped``) as not an entry or record jaxcache wrote."""
+
+
 class UnreachableError(StorageError):
     """A store did not answer within a deadline (stopped, unreachable, or too slow): the caller goes on without it."""
 

@@ -29,7 +29,7 @@ import msgspec
 
 from jaxcache import skips
 from jaxcache.entry import is_valid_key
-from jaxcache.errors import InvalidInputError, NotRegularFileError, PreconditionFailedError
+from jaxcache.errors import EncodedObjectError, InvalidInputError, NotRegularFileError, PreconditionFailedError
 from jaxcache.storage.base import Storage
 
 SIGNING_KEY_ENV = "JAXCACHE_SIGNING_KEY"
@@ -371,6 +371,8 @@ def read(storage: Storage, key: str, trusted: TrustedKeys) -> Found:
     """The trusted signatures of ``key``'s entry (one small read; nothing when there is no ``-sig`` object)."""
     try:
         data = read_object(storage, key)
+    except EncodedObjectError as exc:  # stored with a Content-Encoding: someone wrote it there, as a malformed one
+        return Found(notes=(f"{exc}: ignored",), refused=(skips.BAD_SIGNATURE,))
     except NotRegularFileError:
         return Found(notes=(f"{sig_name(key)} is not a file: ignored",))
     return found_in(data, key, trusted)

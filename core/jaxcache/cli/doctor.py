@@ -90,7 +90,8 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
               f" not used); the first: {first}: {why}")
     if storage.skipped.count:
         print(f"\nnote: skipped {plural(storage.skipped.count, 'object')} named like entries or records that are not"
-              " regular files or whose names cannot be read safely; `jaxcache doctor ROOT` lists them")
+              " regular files, whose names cannot be read safely, or that are stored with a Content-Encoding;"
+              " `jaxcache doctor ROOT` lists them")
     if counts[integrity.UNATTESTED]:
         n = counts[integrity.UNATTESTED]
         print(f"\nnote: {plural(n, 'entry')} {'has' if n == 1 else 'have'} no recorded digest (written by plain JAX,"

@@ -240,7 +240,10 @@ class AzureStorage(ObjectStore):
         self.reads += 1
         with self._translate("read", name):
             try:
-                stream = self._container.download_blob(self._key(name), **params)
+                # decompress=False: the bytes as stored (the library decodes a Content-Encoding by default), and a
+                # blob that has one is refused before more than the first piece of it was read.
+                stream = self._container.download_blob(self._key(name), decompress=False, **params)
+                self._as_stored(name, stream.properties.content_settings.content_encoding)
                 data: bytes = stream.readall()
                 return data, stream.properties
             except ResourceNotFoundError as exc:
@@ -272,6 +275,7 @@ class AzureStorage(ObjectStore):
         blob = self._properties(name)
         if blob is None:
             return None
+        self._as_stored(name, blob.content_settings.content_encoding)  # the ranges come from this version only
         return self._chunks(name, int(blob.size or 0), str(blob.etag), chunk_bytes)
 
     def _chunks(self, name: str, size: int, etag: str, chunk_bytes: int) -> Iterator[bytes]:
@@ -283,7 +287,7 @@ class AzureStorage(ObjectStore):
                 try:
                     chunk: bytes = self._container.download_blob(
                         self._key(name), offset=start, length=min(step, size - start), etag=etag,
-                        match_condition=MatchConditions.IfNotModified,
+                        match_condition=MatchConditions.IfNotModified, decompress=False,
                     ).readall()
                 except (ResourceNotFoundError, ResourceModifiedError) as exc:
                     if _code(exc) == "ContainerNotFound":

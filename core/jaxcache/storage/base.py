@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from jaxcache.errors import InvalidInputError, PathEscapeError, StorageError, TooLargeError
+from jaxcache.errors import EncodedObjectError, InvalidInputError, PathEscapeError, StorageError, TooLargeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,19 @@ def etag_token(etag: str) -> str:
 
 #: How much of an object a streaming read holds at a time (Storage.read_chunks).
 CHUNK_BYTES = 1 << 20
+
+#: Content codings that leave an object's bytes as stored: ``identity``, and ``aws-chunked``, a framing of an upload
+#: that S3 takes off before it stores the bytes (some S3-compatible stores keep the word in the object's metadata).
+_AS_STORED = frozenset({"", "identity", "aws-chunked"})
+
+
+def content_coding(header: str | None) -> str | None:
+    """The content codings an answer's ``Content-Encoding`` names that change the bytes from those stored (``gzip``),
+    or None where it names none: such an object is not one JAX or jaxcache wrote (:class:`EncodedObjectError`)."""
+    if not header:
+        return None
+    codings = [c for c in (part.strip().lower() for part in header.split(",")) if c not in _AS_STORED]
+    return ", ".join(codings) or None
 
 def env_seconds(name: str, what: str, most: float) -> float | None:
     """The seconds set in the environment variable ``name`` (0 < s <= ``most``), None where it is unset."""
@@ -349,6 +362,19 @@ class ObjectStore(Storage):
     def _key(self, name: str) -> str:
         """The store's key of the object ``name`` under the root."""
         return self._base + check_name(name)
+
+    def _as_stored(self, name: str, content_encoding: str | None) -> None:
+        """Raise :class:`EncodedObjectError` (and count ``name`` in :attr:`skipped`) where the ``Content-Encoding`` of
+        an answer about the object says its bytes are not as stored: each store's library would decode them, and a
+        few MB of gzip grow to GBs before any bound on their size applies. Called before any of its bytes are read
+        (after them on GCS, whose library reads the body first: as stored, so within the bound of the request)."""
+        coding = content_coding(content_encoding)
+        if coding is None:
+            return
+        why = (f"stored with Content-Encoding {coding[:40]!r}: not an entry, record or signature jaxcache wrote"
+               " (never decoded, never read)")
+        self.skipped.add(name, why)
+        raise EncodedObjectError(f"{self.url}/{name} is {why}")
 
     def _replaced(self, name: str) -> StorageError:
         """What a streaming read (:meth:`read_chunks`) raises when the version it began with is gone."""

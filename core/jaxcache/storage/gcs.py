@@ -167,23 +167,25 @@ class GcsStorage(ObjectStore):
         with self._translate("read", name):
             try:
                 data: bytes = blob.download_as_bytes(
-                    start=offset, end=offset + length - 1, checksum=None, retry=self._retry
+                    start=offset, end=offset + length - 1, checksum=None, retry=self._retry, raw_download=True
                 )
-                return data
             except gexc.NotFound:
                 return None
             except gexc.RequestRangeNotSatisfiable:
                 return b""
+        self._as_stored(name, blob.content_encoding)
+        return data
 
     def read(self, name: str) -> bytes | None:
         blob = self._bucket.blob(self._key(name))
         self.reads += 1
         with self._translate("read", name):
             try:
-                data: bytes = blob.download_as_bytes(retry=self._retry)
-                return data
+                data: bytes = blob.download_as_bytes(retry=self._retry, raw_download=True)
             except gexc.NotFound:
                 return None
+        self._as_stored(name, blob.content_encoding)
+        return data
 
     def read_with_info(self, name: str) -> tuple[bytes, ObjectInfo] | None:
         # One request: the download's headers name the generation of exactly the bytes it returned (the library
@@ -192,9 +194,10 @@ class GcsStorage(ObjectStore):
         self.reads += 1
         with self._translate("read", name):
             try:
-                data: bytes = blob.download_as_bytes(retry=self._retry)
+                data: bytes = blob.download_as_bytes(retry=self._retry, raw_download=True)
             except gexc.NotFound:
                 return None
+        self._as_stored(name, blob.content_encoding)
         return data, ObjectInfo(name, len(data), 0.0, _version(blob.generation))
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
@@ -202,6 +205,7 @@ class GcsStorage(ObjectStore):
             blob = self._bucket.get_blob(self._key(name), retry=self._retry)
         if blob is None:
             return None
+        self._as_stored(name, blob.content_encoding)
         # Ranges pinned to the generation listed first: a replaced object cannot splice into the bytes read.
         pinned = self._bucket.blob(self._key(name), generation=blob.generation)
         return self._chunks(pinned, name, blob.size or 0, chunk_bytes)
@@ -212,7 +216,8 @@ class GcsStorage(ObjectStore):
             self.reads += 1
             with self._translate("read", name):
                 try:
-                    chunk: bytes = blob.download_as_bytes(start=start, end=end, checksum=None, retry=self._retry)
+                    chunk: bytes = blob.download_as_bytes(start=start, end=end, checksum=None, retry=self._retry,
+                                                          raw_download=True)
                 except gexc.NotFound:
                     raise self._replaced(name) from None
             yield chunk

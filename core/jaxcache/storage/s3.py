@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from jaxcache.errors import (
+    EncodedObjectError,
     InvalidInputError,
     InvalidRootError,
     JaxcacheError,
@@ -226,7 +227,15 @@ class S3Storage(ObjectStore):
         with self._translate("read", name):
             try:
                 answer = self._client.get_object(Bucket=self.bucket_name, Key=self._key(name), **params)
-                data: bytes = answer["Body"].read()  # botocore checks the length it was told
+                body = answer["Body"]
+                try:
+                    # botocore hands back the bytes as stored, whatever their Content-Encoding; such an object is
+                    # still not one jaxcache wrote, named as on the other stores.
+                    self._as_stored(name, answer.get("ContentEncoding"))
+                except EncodedObjectError:
+                    body.close()  # its bytes unread: the connection goes, not back to the pool half read
+                    raise
+                data: bytes = body.read()  # botocore checks the length it was told
                 return data, answer
             except ClientError as exc:
                 if _missing(exc):
@@ -255,6 +264,7 @@ class S3Storage(ObjectStore):
         head = self._head(name)
         if head is None:
             return None
+        self._as_stored(name, head.get("ContentEncoding"))  # the ranges come from this version only (If-Match)
         return self._chunks(name, int(head.get("ContentLength", 0)), head["ETag"], chunk_bytes)
 
     def _chunks(self, name: str, size: int, etag: str, chunk_bytes: int) -> Iterator[bytes]:
