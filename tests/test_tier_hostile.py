@@ -370,7 +370,7 @@ from jaxcache.storage import open_storage
 directory, url, key, source = sys.argv[1:]
 root = open_storage(url)
 tier = LocalTier(directory, lambda: root, policy=None, refused=lambda key, why: None, max_size_bytes=None)
-uploader = Uploader(tier, lambda: root, signing_key=None)
+uploader = Uploader(tier, signing_key=None)
 data = open(source, "rb").read()
 sha = hashlib.sha256(data).hexdigest()
 uploader.on_put(key, sha, len(data))  # JAX's put heard: marked pending; JAX has not written the file yet

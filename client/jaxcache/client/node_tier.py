@@ -1,5 +1,7 @@
-"""The node-local tier as a session runs it: the directory JAX reads (:mod:`jaxcache.client.local_tier`) and the
-write-behind uploads of what JAX writes there (:mod:`jaxcache.client.uploads`)."""
+"""The node-local tier as a session runs it: the directory JAX reads (:mod:`jaxcache.client.local_tier`), the
+write-behind uploads of what JAX writes there (:mod:`jaxcache.client.uploads`), and the start's work beside the job's
+own start-up: the working set fetched and its copies checked (:mod:`jaxcache.client.prefetch`), a small root listed
+once (:mod:`jaxcache.client.copy_checks`), then the copies no job asks for checked, at most once a day each."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from jaxcache.client.loads import LoadPolicy
 from jaxcache.client.local_tier import LocalTier
 from jaxcache.client.options import DEFAULT_LOCAL_MAX_BYTES, ClientOptions
 from jaxcache.client.prefetch import Prefetcher
+from jaxcache.client.root_calls import RootCalls
 from jaxcache.client.uploads import Uploader
 from jaxcache.records import Fingerprint, LocalTierCounts
 from jaxcache.storage import Storage
@@ -28,18 +31,20 @@ class NodeTier:
                  policy: LoadPolicy | None, refused: Callable[[str, str], None] | None,
                  writer_name: Callable[[], str], fingerprint: Callable[[], Fingerprint]) -> None:
         self.policy = policy
-        self.tier = LocalTier(directory, root, policy=policy, refused=refused or (lambda _key, _why: None),
+        #: Every request the tier (and the session's records) make to the root: bounded, none while it is silent.
+        self.calls = calls = RootCalls(root, deadline_s=options.lookup_deadline_s, url=options.cache_dir)
+        self.tier = LocalTier(directory, calls, policy=policy, refused=refused or (lambda _key, _why: None),
                               max_size_bytes=options.max_size_bytes or DEFAULT_LOCAL_MAX_BYTES)
-        self.uploader = Uploader(self.tier, root, signing_key=options.signing_key, writer_name=writer_name,
+        self.uploader = Uploader(self.tier, signing_key=options.signing_key, writer_name=writer_name,
                                  signed_dir=policy is not None and policy.mode == "signed")
         self.prefetcher: Prefetcher | None = None
-        self._tidy: threading.Thread | None = None
+        self._started: threading.Thread | None = None
         self.healed: list[tuple[str, str]] = []  # what would have stopped JAX's writes, healed at start (JaxDir.heal)
         if options.prefetch:
             url = options.service_url
             ask = None if url is None else (lambda wanted: prefetch.from_service(
                 url, options.token, options.cache_dir, options.job, wanted))
-            find = prefetch.finder(options.job, lambda: Wanted.of(fingerprint()), root, ask)
+            find = prefetch.finder(options.job, lambda: Wanted.of(fingerprint()), calls, ask)
             self.prefetcher = self.tier.prefetch = Prefetcher(self.tier, find, options.prefetch)
 
     @property
@@ -52,42 +57,50 @@ class NodeTier:
         return self.tier.storage
 
     def start(self) -> None:
-        """Revalidate the local copies, resume earlier processes' uploads, then answer JAX's lookups."""
+        """Drop what is known bad, resume earlier processes' uploads, answer JAX's lookups, and start the start's
+        work beside the job's own start-up. No request to the root on this thread."""
         policy = self.policy
-        self.healed = self.tier.heal()  # before JAX writes here: one entry without its -atime fails them all
+        tier = self.tier
+        self.healed = tier.heal()  # before JAX writes here: one entry without its -atime fails them all
         bad = set() if policy is None else set(policy.bad)
         if policy is not None and policy.attested is not None:
             # Before JAX reads anything here: copies whose bytes are not what the service attests for their key.
-            bad |= self.tier.unattested(policy.attested, self.uploader.pending())
-        if policy is not None and policy.mode == "signed":
-            # What the root signs decides what loads: its listing is read before JAX reads anything here.
-            unverified = set(self.uploader.unverified())
-            dropped = self.tier.revalidate(bad, pending=self.uploader.pending, need_signature=True,
-                                           unverified=unverified)
-            # Dropped here, or evicted since: their marks go too.
-            self.uploader.forget_unverified([k for k in unverified if k in dropped or not os.path.exists(
-                os.path.join(self.tier.directory, entry.cache_name(k)))])
-        else:
-            # What this process knows is bad goes now. Copies the root no longer has (pruned, deleted) are only
-            # stale, so the root's listing (and google-cloud-storage's import) runs beside the job's start-up.
-            self.tier.revalidate(bad, pending=self.uploader.pending, need_signature=False, list_root=False)
-            self._tidy = threading.Thread(target=self.tier.revalidate, args=((),), daemon=True,
-                                          kwargs=dict(pending=self.uploader.pending, need_signature=False),
-                                          name="jaxcache-revalidate")
-            self._tidy.start()
+            bad |= tier.unattested(policy.attested, self.uploader.pending())
+        unverified = set(self.uploader.unverified())  # signed: local writes no signature of this client covers
+        dropped = tier.drop(bad | unverified, self.uploader.pending())
+        # Dropped here, or evicted since: their marks go too.
+        self.uploader.forget_unverified([k for k in unverified if k in dropped or not os.path.exists(
+            os.path.join(tier.directory, entry.cache_name(k)))])
         self.uploader.resume(self.uploader.pending())
-        self.tier.install()  # it judges what it fetches; a local file is loaded while its origin is the root's
+        tier.checks.note_copies()
+        tier.install()  # it judges what it fetches; a local copy loads once checked against the root
         if self.prefetcher is not None:
             self.prefetcher.start()  # off this thread: the job's own start-up runs meanwhile
+        self._started = threading.Thread(target=self._start_work, name="jaxcache-tier-start", daemon=True)
+        self._started.start()
+
+    def _start_work(self) -> None:
+        """A small root's one listing (checking every copy at once); once the working set is fetched and checked,
+        the copies no job asks for."""
+        checks = self.tier.checks
+        checks.list_small(self.uploader.pending)
+        if self.prefetcher is not None:
+            self.prefetcher.done.wait()  # each of its requests is bounded: it ends
+        checks.sweep(self.uploader.pending)
 
     def settle(self, wait_s: float, *, final: bool = False) -> bool:
-        """Wait up to ``wait_s`` for the start's revalidation and the uploads still running; whether both ended.
-        At exit (``final``) unfinished uploads are counted as pending."""
+        """Wait up to ``wait_s`` for the start's work (not at exit: ``final``) and the uploads still running; whether
+        all ended. At exit unfinished uploads are counted as pending."""
         deadline = time.monotonic() + wait_s
-        if self._tidy is not None:
-            self._tidy.join(wait_s)
-        return self.uploader.drain(max(0.0, deadline - time.monotonic()), final=final) and not (
-            self._tidy is not None and self._tidy.is_alive())
+        if self._started is not None and not final:
+            self._started.join(wait_s)
+        return self.uploader.drain(max(0.0, deadline - time.monotonic()), final=final) and (
+            final or self._started is None or not self._started.is_alive())
+
+    def close(self, wait_s: float) -> None:
+        """At exit: the uploads still running, waited for within ``wait_s`` less what the writes after them keep
+        (a deadline, or half of it), not at all while the root is silent; the unfinished ones counted as pending."""
+        self.settle(wait_s - min(self.calls.deadline_s, wait_s / 2), final=True)
 
     def counts(self) -> LocalTierCounts:
         """What the tier did so far in this process."""

@@ -40,11 +40,16 @@ ENV_VARS = (
     "JAXCACHE_LOCAL_DIR",
     "JAXCACHE_UPLOAD_WAIT_S",
     "JAXCACHE_PREFETCH",
+    "JAXCACHE_LOOKUP_DEADLINE_S",
 )
 #: The node-local tier's size cap when ``max_size_bytes`` is unset (JAX's own LRU on the local directory).
 DEFAULT_LOCAL_MAX_BYTES = 16 * 1024**3
 DEFAULT_UPLOAD_WAIT_S = 30.0  # at exit: uploads still running; bounded so exit never hangs on storage
 DEFAULT_PREFETCH = 8  # parallel fetches of the working set: enough to hide a remote root's per-request latency
+# The longest the node-local tier waits for the root's answers to one lookup (or one request of its own), beyond
+# which the root is taken as not answering for a while: about ten round trips of a busy store, far below its
+# library's retries (minutes).
+DEFAULT_LOOKUP_DEADLINE_S = 10.0
 _OFF = ("off", "none", "0", "false")
 
 
@@ -74,6 +79,7 @@ class ClientOptions:
     local_dir_named: bool = False  # local_dirs is the one the user named (judged strictly), not the defaults
     upload_wait_s: float = DEFAULT_UPLOAD_WAIT_S
     prefetch: int = DEFAULT_PREFETCH  # parallel fetches of the job's working set into the tier at start; 0: none
+    lookup_deadline_s: float = DEFAULT_LOOKUP_DEADLINE_S  # JAXCACHE_LOOKUP_DEADLINE_S
 
     @property
     def in_object_store(self) -> bool:
@@ -184,6 +190,10 @@ def resolve(
     prefetch = 0 if text in _OFF else _int("JAXCACHE_PREFETCH", text)
     if not 0 <= prefetch <= 64:
         raise InvalidInputError(f"JAXCACHE_PREFETCH={text!r}: use a number of parallel fetches from 0 (off) to 64")
+    deadline_s = _float("JAXCACHE_LOOKUP_DEADLINE_S",
+                        env.get("JAXCACHE_LOOKUP_DEADLINE_S") or str(DEFAULT_LOOKUP_DEADLINE_S))
+    if not 0 < deadline_s <= 3600:
+        raise InvalidInputError("JAXCACHE_LOOKUP_DEADLINE_S must be a number of seconds above 0, at most 3600")
     parts = (env.get("JAXCACHE_KEY_PARTS") or "on").strip().lower()
     if parts not in ("on", "off"):
         raise InvalidInputError(f"JAXCACHE_KEY_PARTS={parts!r}: use on or off")
@@ -208,6 +218,7 @@ def resolve(
         local_dir_named=bool(local_dirs) and (local_dir is not None or bool(env.get("JAXCACHE_LOCAL_DIR", "").strip())),
         upload_wait_s=wait_s,
         prefetch=prefetch,
+        lookup_deadline_s=deadline_s,
     )
 
 

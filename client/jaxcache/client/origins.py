@@ -6,7 +6,9 @@ from (its version in an object store; its size and modification time on a direct
 bytes (taken when they were uploaded, or admitted under ``verify="attested"``, which compares it with the
 service's attested digest at each start) and, under ``verify="signed"``, the ``-sig`` object that vouched for
 those bytes then. Written once the copy is in place and removed with it; a copy without one (cut off between the
-two, or kept by a client before this file existed) is dropped at the next start and fetched again.
+two, or kept by a client before this file existed) is never loaded: it is dropped and fetched again. The file's
+modification time is when the copy was last found to be the root's current object (:meth:`Origins.checked`), so
+that copies no job asks for are checked at most once a day (:mod:`jaxcache.client.copy_checks`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,19 @@ class Origins:
         try:
             return _DECODE(raw)
         except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+
+    def checked(self, key: str) -> None:
+        """``key``'s copy was just found to be the root's current object."""
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(os.path.join(self.directory, key))
+
+    def checked_at(self, key: str) -> float | None:
+        """When ``key``'s copy was last found to be the root's current object (admitted, uploaded or checked): a
+        Unix time; None without an origin."""
+        try:
+            return os.stat(os.path.join(self.directory, key)).st_mtime
+        except FileNotFoundError:
             return None
 
     def forget(self, key: str) -> None:

@@ -2,25 +2,31 @@
 
 At ``enable_cache`` a daemon thread asks for the set (:mod:`jaxcache.working_set`: the keys the job's recent runs
 with this fingerprint hit or wrote, and its warm-ups' coverage) from the service when the job reports to one (one
-request), else from the root's records, then fetches the keys not already local, a bounded number at a time,
-through the tier's own checks and admission. A lookup of a key whose fetch is under way waits for it; one whose
-fetch has not started takes it over. Keys fetched and never asked for are counted, so the set can be judged.
+request), else from the root's records, then fetches the keys not already local and checks the copies that are
+(:mod:`jaxcache.client.copy_checks`), a bounded number at a time on daemon threads, through the tier's own checks
+and admission. A lookup of a key whose fetch is under way waits for it (within its deadline); one whose fetch has
+not started takes it over. Keys fetched and never asked for are counted, so the set can be judged.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_all
+from typing import Any
 
 from jaxcache import entry, working_set
-from jaxcache.client.local_tier import LocalTier, Pulled
+from jaxcache.client.local_tier import PENDING_DIR, LocalTier, Pulled
 from jaxcache.client.reporting import ask_service
+from jaxcache.client.root_calls import RootCalls
+from jaxcache.client.workers import DaemonPool
 from jaxcache.records import LocalTierCounts
-from jaxcache.storage import Storage
 from jaxcache.working_set import Wanted, WorkingSet
 
 log = logging.getLogger("jaxcache.client")
@@ -47,6 +53,8 @@ class Prefetcher:
         self._asked: set[str] = set()
         self._started = time.monotonic()
         self._done_s = 0.0  # from the start until the last key was fetched
+        #: Set once the set's keys were fetched and its copies checked (or the set could not be found).
+        self.done = threading.Event()
 
     def start(self) -> None:
         """Find the set and fetch it, off the caller's thread."""
@@ -54,22 +62,38 @@ class Prefetcher:
 
     def _run(self) -> None:
         try:
+            self._prefetch()
+        finally:
+            self.done.set()
+
+    def _prefetch(self) -> None:
+        tier = self._tier
+        try:
             found = self._find()
         except Exception as exc:  # noqa: BLE001 - a set that cannot be found only means fetching on demand
             log.warning("jaxcache: could not find this job's working set to prefetch (%s); the node-local tier"
                         " fetches on demand", exc)
             return
-        here = set(os.listdir(self._tier.directory))
-        keys = [k for k in found.keys if entry.cache_name(k) not in here]
-        self._tier.add(prefetch_wanted=len(found.keys))
-        log.debug("jaxcache: prefetching %d of the %d keys of job %s's working set", len(keys), len(found.keys),
-                  found.job)
-        pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="jaxcache-prefetch")
+        tier.add(prefetch_wanted=len(found.keys))
+        # The start's listing of a small root checks every copy in one request: the set's are checked after it.
+        tier.checks.listed.wait(tier.calls.deadline_s)
+        here = set(os.listdir(tier.directory))
+        pending = set(os.listdir(os.path.join(tier.directory, PENDING_DIR)))
+        log.debug("jaxcache: prefetching the %d keys of job %s's working set", len(found.keys), found.job)
+        pool = DaemonPool(self._workers, "jaxcache-prefetch")
+        work: list[Future[Any]] = []
         with self._lock:
-            for key in keys:
-                if key not in self._asked:
-                    self._fetches[key] = pool.submit(self._fetch, key)
-        pool.shutdown(wait=False)
+            for key in found.keys:
+                if key in self._asked or key in pending:
+                    continue
+                if entry.cache_name(key) in here:
+                    if key in tier.checks.copies:  # else admitted or written since: the root's, or JAX's own
+                        work.append(pool.submit(functools.partial(tier.checks.check, key)))  # may it load?
+                else:
+                    self._fetches[key] = pool.submit(functools.partial(self._fetch, key))
+                    work.append(self._fetches[key])
+        pool.close()
+        wait_all(work)
 
     def _fetch(self, key: str) -> Pulled:
         pulled = self._tier.pull(key)
@@ -78,10 +102,12 @@ class Prefetcher:
                 self._fetched.add(key)
                 self._done_s = time.monotonic() - self._started
             self._tier.add(prefetched=1, prefetched_bytes=len(pulled.data))
-        return Pulled(None, pulled.reason, pulled.admitted)  # JAX reads the admitted file: the bytes can go
+        # JAX reads the admitted file: the bytes can go
+        return Pulled(None, pulled.reason, pulled.admitted, unanswered=pulled.unanswered)
 
-    def take(self, key: str) -> Pulled | None:
-        """The fetch of ``key``: waited for when under way; None when none was started (JAX's lookup fetches)."""
+    def take(self, key: str, until: float) -> Pulled | None:
+        """The fetch of ``key``: waited for when under way, until ``until`` (``time.monotonic()``); None when none
+        was started (JAX's lookup fetches)."""
         with self._lock:
             self._asked.add(key)
             fetch = self._fetches.pop(key, None)
@@ -89,7 +115,10 @@ class Prefetcher:
             return None
         if not fetch.done():
             self._tier.add(prefetch_waited=1)
-        return fetch.result()
+        try:
+            return fetch.result(timeout=max(0.0, until - time.monotonic()))
+        except FutureTimeout:  # its own deadline, which began before this lookup's, ends first and says so
+            return Pulled(None, None, False, unanswered=True)
 
     def asked(self, key: str) -> None:
         """JAX loaded ``key`` locally."""
@@ -104,10 +133,10 @@ class Prefetcher:
         return counts
 
 
-def finder(job: str, wanted: Callable[[], Wanted], root: Callable[[], Storage],
+def finder(job: str, wanted: Callable[[], Wanted], calls: RootCalls,
            ask: Callable[[Wanted], WorkingSet] | None) -> Callable[[], WorkingSet]:
     """How the set is found: the service's answer when it reports to one, else (or when it cannot answer) the
-    root's records."""
+    root's records (within the tier's deadline)."""
 
     def find() -> WorkingSet:
         known = wanted()
@@ -117,6 +146,6 @@ def finder(job: str, wanted: Callable[[], Wanted], root: Callable[[], Storage],
             except Exception as exc:  # noqa: BLE001 - the root's records say the same, only slower
                 log.info("jaxcache: the service could not give this job's working set (%s); reading the root's"
                          " records", exc)
-        return working_set.from_root(root(), job, known)
+        return calls.ask(lambda root: working_set.from_root(root, job, known), what="this job's working set")
 
     return find

@@ -1,7 +1,9 @@
 """Run records out of the process: a JSON file under ``<root>/.jaxcache/runs/`` and, optionally, the service.
 
 Both fail open. A training job must never stop or wait because its cache telemetry could not be written: each
-failure is logged once as a warning and the job goes on.
+failure is logged once as a warning and the job goes on. With a node-local tier the root is asked through the tier's
+bounded calls (:mod:`jaxcache.client.root_calls`): not at all while it does not answer, and at exit within what is
+left of the exit's bound (:attr:`RecordWriter.until`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,16 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jaxcache.records import RunRecord
 from jaxcache.storage import Storage, open_storage
+from jaxcache.storage.base import ObjectInfo
+
+if TYPE_CHECKING:
+    from jaxcache.client.root_calls import RootCalls
+
+T = TypeVar("T")
 
 log = logging.getLogger("jaxcache.client")
 
@@ -29,25 +37,45 @@ class RecordWriter:
         self._storage: Storage | None = None
         self._warned = False
         self._lock = threading.Lock()
+        self._opening = threading.Lock()
+        self._calls: RootCalls | None = None
+        #: ``time.monotonic()`` by which its requests must be answered (the exit's bound), or None: a deadline each.
+        self.until: float | None = None
 
     def storage(self) -> Storage:
         """The cache root (opened on first use: a store's client library loads only for its roots)."""
-        if self._storage is None:
-            self._storage = open_storage(self._cache_dir, must_exist=False)
-        return self._storage
+        with self._opening:  # one client for the process, whichever thread asks first
+            if self._storage is None:
+                self._storage = open_storage(self._cache_dir, must_exist=False)
+            return self._storage
+
+    def bind(self, calls: RootCalls) -> None:
+        """Ask the root through the node-local tier's bounded calls from now on."""
+        self._calls = calls
+
+    def _ask(self, call: Callable[[Storage], T], what: str) -> T:
+        if self._calls is None:
+            return call(self.storage())
+        return self._calls.ask(call, what=what, until=self.until)
+
+    def stat(self, name: str) -> ObjectInfo | None:
+        """An object's metadata in the root (None: not there)."""
+        return self._ask(lambda root: root.stat(name), f"a stat of {name}")
 
     def sizes(self, keys: list[str], local: Storage | None = None) -> dict[str, int]:
         """Sizes of entries, for records that do not know them yet: from the node-local tier's copies (``local``:
         no request, and there before an upload lands), else from the root; missing ones are left out."""
         found: dict[str, int] = {}
         try:
-            for storage in (local, self.storage()) if local is not None else (self.storage(),):
+            if local is not None:
                 for key in keys:
-                    info = None if key in found else storage.stat(key + "-cache")  # JAX's entry name for a key
+                    info = local.stat(key + "-cache")  # JAX's entry name for a key
                     if info is not None:
                         found[key] = info.size_bytes
-                if len(found) == len(keys):
-                    break
+            for key in keys:
+                info = None if key in found else self.stat(key + "-cache")
+                if info is not None:
+                    found[key] = info.size_bytes
         except Exception as exc:  # noqa: BLE001 - telemetry must not break the job
             self._warn_once(f"could not read entry sizes from {self._cache_dir}: {exc}")
         return found
@@ -56,7 +84,8 @@ class RecordWriter:
         """Write (or rewrite) the record; False, with one warning per process, when the root refuses."""
         with self._lock:
             try:
-                self.storage().write_atomic(record.name, record.to_json(), create_only=create_only)
+                self._ask(lambda root: root.write_atomic(record.name, record.to_json(), create_only=create_only),
+                          f"the write of {record.name}")
                 return True
             except Exception as exc:  # noqa: BLE001
                 self._warn_once(f"could not write the run record {record.name} under {self._cache_dir}: {exc}")

@@ -56,6 +56,8 @@ class CacheSession:
         self._tier = tier = None if tier_dir is None else NodeTier(
             tier_dir, self._writer.storage, options, policy=loads, writer_name=self._writer_name,
             refused=self._loads.refused if self._loads is not None else None, fingerprint=lambda: self.fingerprint)
+        if tier is not None:
+            self._writer.bind(tier.calls)  # the records' requests too: bounded, and none while the root is silent
         # The directory JAX reads and writes, whose reads the client answers so that nothing there can block them:
         # the tier, else a directory root (JAX reads an object store's root through a library of its own).
         self._dir: JaxDir | None = tier.tier if tier is not None else None if options.in_object_store else JaxDir(
@@ -65,7 +67,7 @@ class CacheSession:
             self._writer.storage, None if options.in_object_store else options.cache_dir)
         self._recorder = Recorder(key_parts=options.key_parts, check_write=check,
                                   skipped=self._loads.why if self._loads is not None else None)
-        self._misses = MissCheck(lambda name: self._writer.storage().stat(name),
+        self._misses = MissCheck(self._writer.stat,
                                  limit=MAX_CHECKED_REMOTE if options.in_object_store else MAX_CHECKED)
         self._attestor = Attestor(self._writer, self._recorder, signing_key=options.signing_key, broken=check.torn,
                                   writer_name=self._writer_name, entries=None if tier is None else tier.storage,
@@ -209,7 +211,9 @@ class CacheSession:
         try:
             self._attestor.drain(ATTEST_WAIT_S)  # then the uploads, within their own bound
             if self._tier is not None:
-                self._tier.settle(self.options.upload_wait_s, final=True)
+                # The uploads, then the final record's writes, all within the upload bound.
+                self._writer.until = time.monotonic() + self.options.upload_wait_s
+                self._tier.close(self.options.upload_wait_s)
             self.check_sample()
             self.flush(final=True)
             if self._reporter is not None:

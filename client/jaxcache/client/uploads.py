@@ -7,7 +7,9 @@ their signature (``JAXCACHE_SIGNING_KEY``, made then from the bytes in memory) a
 that signature, and leaves a running process's mark alone (its file may not be written yet). Once the attestor
 found the write whole and as put, one thread creates the entry in the root (create-only), then its signature, and
 keeps the copy's origin (:mod:`jaxcache.client.origins`, with the digest). A failed upload is a warning and a count;
-the mark stays for the node's next process. In a signed directory a write is also marked unverified
+the mark stays for the node's next process. While the root is taken as not answering
+(:mod:`jaxcache.client.root_calls`) no upload is tried: the marks wait for it to answer again, or for the node's
+next process, and the exit does not wait for them. In a signed directory a write is also marked unverified
 (``.jaxcache/unverified/``) until this process signs exactly those bytes in the root: the next start drops it for a
 verified copy.
 """
@@ -30,11 +32,10 @@ import filelock
 import msgspec
 
 from jaxcache import entry, signing
-from jaxcache.client.attestation import drained
-from jaxcache.client.local_tier import PENDING_DIR, TEMP_AGE_S, UNVERIFIED_DIR, LocalTier
+from jaxcache.client.copy_checks import TEMP_AGE_S
+from jaxcache.client.local_tier import PENDING_DIR, UNVERIFIED_DIR, LocalTier
 from jaxcache.client.origins import Origin, stat_of
-from jaxcache.errors import PreconditionFailedError
-from jaxcache.storage import Storage
+from jaxcache.errors import PreconditionFailedError, UnreachableError
 from jaxcache.storage.files import read_small, write_small
 from jaxcache.units import plural
 
@@ -74,10 +75,10 @@ class Put:
 class Uploader:
     """Uploads local writes to the root on one daemon thread, fed by a bounded queue (never blocking JAX)."""
 
-    def __init__(self, tier: LocalTier, root: Callable[[], Storage], *, signing_key: signing.SigningKey | None,
+    def __init__(self, tier: LocalTier, *, signing_key: signing.SigningKey | None,
                  writer_name: Callable[[], str] = lambda: "", signed_dir: bool = False) -> None:
         self._tier = tier
-        self._root = root
+        self._calls = tier.calls
         self._key = signing_key
         self._writer_name = writer_name
         self._pending = os.path.join(tier.directory, PENDING_DIR)
@@ -90,6 +91,9 @@ class Uploader:
         self._queue: queue.Queue[tuple[str, tuple[str, int] | None]] = queue.Queue(maxsize=QUEUE_SIZE)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._waiting: set[str] = set()  # not tried while the root did not answer: tried once it answers again
+        self._calls.on_answer(self._root_answers)
+        self._calls.on_silent(self._root_silent)
         self._live = os.path.join(tier.directory, LIVE_DIR)
         os.makedirs(self._live, mode=0o700, exist_ok=True)
         self.owner: str | None = None  # without a lock file, marks say no owner (as an older client's)
@@ -178,17 +182,33 @@ class Uploader:
             pass  # stays pending: the next process on this node uploads it
 
     def drain(self, timeout_s: float, *, final: bool = False) -> bool:
-        """Wait up to ``timeout_s`` for queued uploads; at exit (``final``) the unfinished ones are counted as
-        pending, with a warning."""
-        if drained(self._queue, timeout_s):
+        """Wait up to ``timeout_s`` for queued uploads, and not at all while the root is taken as not answering; at
+        exit (``final``) the unfinished ones are counted as pending, with a warning."""
+        work = self._queue
+        with work.all_tasks_done:
+            done = work.all_tasks_done.wait_for(lambda: not work.unfinished_tasks or not self._calls.answering,
+                                                timeout_s)
+            left = work.unfinished_tasks
+        with self._lock:
+            waiting = len(self._waiting)
+        if done and not left and not waiting:
             return True
         if final:
-            left = self._queue.unfinished_tasks
-            self._tier.add(upload_pending=left)
-            log.warning("jaxcache: %s to the shared root did not finish within %.0f s; their entries stay"
-                        " in %s and the next job on this node uploads them", plural(left, "upload"), timeout_s,
+            self._tier.add(upload_pending=left + waiting)
+            log.warning("jaxcache: %s to the shared root did not finish %s; their entries stay in %s and the next"
+                        " job on this node uploads them", plural(left + waiting, "upload"),
+                        "as it did not answer" if not self._calls.answering else f"within {timeout_s:.0f} s",
                         self._tier.directory)
         return False
+
+    def _root_silent(self) -> None:
+        with self._queue.all_tasks_done:
+            self._queue.all_tasks_done.notify_all()  # the exit's wait for uploads ends
+
+    def _root_answers(self) -> None:
+        with self._lock:
+            keys, self._waiting = sorted(self._waiting), set()
+        self.resume(keys)
 
     def _run(self) -> None:
         while True:
@@ -201,6 +221,9 @@ class Uploader:
     def _handle(self, key: str, put: tuple[str, int] | None) -> None:
         try:
             self._upload(key, put)
+        except UnreachableError:
+            with self._lock:
+                self._waiting.add(key)  # its mark stays: uploaded once the root answers, or by the node's next job
         except Exception as exc:  # noqa: BLE001 - a failed upload never fails the job
             self._tier.add(upload_failed=1)
             self._tier.warn_once("upload", "jaxcache: could not upload %s to the shared root (%s); it stays in %s"
@@ -228,21 +251,22 @@ class Uploader:
             kept = None  # this process's own put, whose mark was lost: the attestor found the bytes JAX put
         sig = kept.signature if kept is not None else (
             None if self._key is None else self._key.sign(key, sha, size, writer=self._writer_name()))
-        root = self._root()
+        # Not bounded by the lookups' deadline: an entry may take longer than that to send. The exit's wait is.
         try:
-            root.write_atomic(name, data, create_only=True)
+            self._calls.send(lambda root: root.write_atomic(name, data, create_only=True))
         except PreconditionFailedError:
             self._done(key)  # another writer's entry is there: the root keeps the first
             return
         self._tier.add(uploaded=1, uploaded_bytes=size, uploaded_s=time.monotonic() - started)
         try:  # the copy is the root's object now; without its origin the next start fetches it again
-            info = root.stat(name)
+            info = self._calls.send(lambda root: root.stat(name))
             if info is not None:
                 self._tier.origins.write(key, Origin(stat_of(info), sha256=sha))  # the digest JAX put
+                self._tier.checks.vouch(key)
         except Exception as exc:  # noqa: BLE001 - uploaded all the same
             log.debug("jaxcache: could not read back what %s is in the root: %s", key, exc)
         if sig is not None:
-            if signing.write(root, sig):
+            if self._calls.send(lambda root: signing.write(root, sig)):
                 self._unmark(self._unverified, key)  # signed: exactly these bytes, in the root and here
             else:
                 log.warning("jaxcache: %s already has a signature object; this write is left unsigned", key)
