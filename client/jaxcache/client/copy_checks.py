@@ -12,7 +12,7 @@ a root small enough to list in one request (:func:`jaxcache.storage.small_listin
 instead, vouching for every copy at once. Copies no job asks for are checked in the background after the start's
 work, each at most once a day (the modification time of its origin file says when it last was), so those the root
 no longer has leave the disk. A check the root does not answer (:mod:`jaxcache.client.root_calls`) loads nothing:
-JAX compiles that program, and the copy stays for a job that can ask.
+JAX compiles that program (the lookup removes the copy, so JAX's own write takes its place).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ Verdict = Literal["load", "dropped", "absent", "unanswered"]
 LOAD: Final = "load"  # the root's current object: loads
 DROPPED: Final = "dropped"  # gone from the root, replaced, no longer signed, or without an origin: removed
 ABSENT: Final = "absent"  # no copy here
-UNANSWERED: Final = "unanswered"  # the root did not answer: not loaded this time, kept
+UNANSWERED: Final = "unanswered"  # the root did not answer (or not usefully): not loaded
 
 #: A copy no job asks for is checked again once its last check is this old.
 CHECK_EVERY_S = 86400.0
@@ -122,9 +122,9 @@ class CopyChecks:
             cache, sig = calls.ask(lambda root: self._look(root, key), what=f"a check of {key}", until=until)
         except UnreachableError:
             return UNANSWERED
-        except Exception as exc:  # noqa: BLE001 - not loaded unchecked: compiled, the copy kept for a later job
-            tier.warn_once("stat", "jaxcache: could not ask the shared root for %s (%s); JAX compiles it, and its"
-                           " local copy is kept for a job that can ask", key, exc)
+        except Exception as exc:  # noqa: BLE001 - never loaded unchecked: compiled
+            tier.warn_once("stat", "jaxcache: could not ask the shared root for %s (%s); JAX compiles it rather than"
+                           " load a copy it could not check", key, exc)
             return UNANSWERED
         return self._judge(key, origin, cache, sig, until)
 

@@ -140,7 +140,8 @@ class LocalTier(JaxDir):
         """The local copy of ``key`` if it may be loaded: JAX wrote it here and its upload is pending, or this
         process found its object in the root to be the one it came from (:class:`CopyChecks`); a copy found gone
         or replaced is dropped (JAX's lookup then fetches the root's entry, or compiles when there is none). With
-        it, True where a copy is here that could not be checked in time: JAX compiles, the copy stays."""
+        it, True where a copy was here that could not be checked (the root did not answer): it is removed, and JAX
+        compiles without asking the root again."""
         if not os.path.lexists(os.path.join(self.directory, entry.cache_name(key))):
             return None, False
         if os.path.exists(os.path.join(self.directory, PENDING_DIR, key)):
@@ -148,7 +149,13 @@ class LocalTier(JaxDir):
         verdict = self.checks.check(key, until)
         if verdict == LOAD:
             return self.read(key), False
-        return None, verdict == UNANSWERED
+        if verdict == UNANSWERED:
+            # JAX compiles the program and puts its own entry here (it never writes over a file): what the node keeps
+            # is then that write, waiting for its upload (and loaded by the node's next jobs meanwhile).
+            with self._lock:
+                self.remove(key)
+            return None, True
+        return None, False
 
     def fetch(self, key: str, until: float | None = None) -> bytes | None:
         """The root's entry for ``key`` when it passes the job's checks, admitted locally first; else None (JAX

@@ -26,6 +26,7 @@ from jaxcache.client.local_tier import PENDING_DIR, LocalTier, Pulled
 from jaxcache.client.reporting import ask_service
 from jaxcache.client.root_calls import RootCalls
 from jaxcache.client.workers import DaemonPool
+from jaxcache.errors import UnreachableError
 from jaxcache.records import LocalTierCounts
 from jaxcache.working_set import Wanted, WorkingSet
 
@@ -70,6 +71,9 @@ class Prefetcher:
         tier = self._tier
         try:
             found = self._find()
+        except UnreachableError as exc:  # the tier said so once, for everything it asks the root
+            log.info("jaxcache: could not find this job's working set to prefetch (%s)", exc)
+            return
         except Exception as exc:  # noqa: BLE001 - a set that cannot be found only means fetching on demand
             log.warning("jaxcache: could not find this job's working set to prefetch (%s); the node-local tier"
                         " fetches on demand", exc)
