@@ -28,3 +28,15 @@ def shown(text: str) -> str:
     if text.isprintable() and "\\" not in text:  # nearly every name: one C-level test
         return text
     return "".join(ch if ch.isprintable() and ch != "\\" else _escape(ch) for ch in text)
+
+
+#: How much of a value from input (a file's line, a flag) a message quotes.
+EXCERPT_CHARS = 80
+
+
+def excerpt(text: str, most: int = EXCERPT_CHARS) -> str:
+    """``text`` as a message quotes input: :func:`shown`, in quotes, cut after ``most`` characters (saying how many
+    more there were), so that a 600 MB line or a 5,000-digit number never floods the terminal or a log."""
+    if len(text) <= most:
+        return repr(shown(text))
+    return f"{shown(text[:most])!r}... ({len(text) - most} more characters)"

@@ -17,7 +17,9 @@ import math
 import re
 from dataclasses import dataclass
 
+from jaxcache.display import excerpt
 from jaxcache.errors import InvalidInputError
+from jaxcache.numbers import MAX_NUMBER_CHARS, whole
 
 # Beyond these the string is a typo, not a cluster: the largest GPU jobs today are ~10^5 devices.
 MAX_PROCESSES = 65536
@@ -51,27 +53,27 @@ class Topology:
 def parse_topology(text: str) -> Topology:
     """Parse ``"4x8x1"``; raises :class:`InvalidInputError` naming what is wrong and the accepted form."""
     if not isinstance(text, str):
-        raise InvalidInputError(f"topology {text!r}: {_FORM}")
+        raise InvalidInputError(f"topology {excerpt(text)}: {_FORM}")
     parts = text.strip().lower().split("x")
     if len(parts) != 3 or _RE.fullmatch(text) is None:
-        raise InvalidInputError(f"topology {text!r} has {len(parts)} part(s), not 3: {_FORM}")
+        raise InvalidInputError(f"topology {excerpt(text)} has {len(parts)} part(s), not 3: {_FORM}")
     values = []
     for label, part in zip(("slices", "hosts", "devices"), parts, strict=True):
-        part = part.strip()
-        if not part.isdigit() or not part.isascii():
-            raise InvalidInputError(f"topology {text!r}: {label} {part!r} is not a positive integer; {_FORM}")
-        value = int(part)
+        value = whole(part)
+        if value is None or not part.strip().isdigit():
+            raise InvalidInputError(f"topology {excerpt(text)}: {label} {excerpt(part.strip())} is not a positive"
+                                    f" integer; {_FORM}")
         if value < 1:
-            raise InvalidInputError(f"topology {text!r}: {label} must be at least 1; {_FORM}")
+            raise InvalidInputError(f"topology {excerpt(text)}: {label} must be at least 1; {_FORM}")
         values.append(value)
     topology = Topology(*values)
     if topology.processes > MAX_PROCESSES:
         raise InvalidInputError(
-            f"topology {text!r}: {topology.processes} processes is more than {MAX_PROCESSES}; is it a typo?"
+            f"topology {excerpt(text)}: {topology.processes} processes is more than {MAX_PROCESSES}; is it a typo?"
         )
     if topology.devices > MAX_DEVICES_PER_PROCESS:
         raise InvalidInputError(
-            f"topology {text!r}: {topology.devices} devices per process is more than {MAX_DEVICES_PER_PROCESS};"
+            f"topology {excerpt(text)}: {topology.devices} devices per process is more than {MAX_DEVICES_PER_PROCESS};"
             " D is the GPU count of one node"
         )
     return topology
@@ -89,7 +91,8 @@ GENERATIONS = ("v5e", "v5p", "v6e")
 MAX_V5P_CHIPS = 8960
 # Slices of a multi-slice job (joined over the data-centre network): beyond this the count is a typo, not a job.
 MAX_SLICES = 1024
-_TPU_RE = re.compile(r"(?:(\d+)x)?(v5e|v5p|v6e):(\d+(?:x\d+)+)(?:@(\d+x\d+(?:x\d+)?))?")
+# ASCII digits only ([0-9]: \d takes every script's), each number read by numbers.whole, which bounds its length.
+_TPU_RE = re.compile(r"(?:([0-9]+)x)?(v5e|v5p|v6e):([0-9]+(?:x[0-9]+)+)(?:@([0-9]+x[0-9]+(?:x[0-9]+)?))?")
 TPU_FORMS = ("v5e:AxB or v6e:AxB with AxB one of " + ", ".join(f"{a}x{b}" for a, b in _LITE_SHAPES)
              + "; v5p:AxBxC (2x2x1, 2x2x2, 2x2x4, 2x4x4, or multiples of 4 such as 4x4x8);"
              " optionally @XxYxZ chips per host; N slices of one: Nx before it, e.g. 2xv5e:16x16")
@@ -177,22 +180,23 @@ def parse_tpu_slice(text: str, chips_per_host: str | None = None, num_slices: in
     the standard bounds, ``num_slices`` sets the slice count. Raises :class:`InvalidInputError` naming the valid
     forms."""
     form = f"TPU topologies are {TPU_FORMS}"
-    if isinstance(text, str) and re.match(r"(\d+x)?v4:", text.strip().lower()):
-        raise InvalidInputError(f"topology {text!r}: v4 is not supported yet (its megacore chips show to a"
+    if isinstance(text, str) and re.match(r"([0-9]+x)?v4:", text.strip().lower()):
+        raise InvalidInputError(f"topology {excerpt(text)}: v4 is not supported yet (its megacore chips show to a"
                                 f" compile-only topology as two devices each, unchecked against a real v4 job); {form}")
     match = _TPU_RE.fullmatch(text.strip().lower()) if isinstance(text, str) else None
     if match is None:
-        raise InvalidInputError(f"topology {text!r} is not a TPU slice name: {form}")
+        raise InvalidInputError(f"topology {excerpt(text)} is not a TPU slice name: {form}")
     slices_text, generation, dims_text, at = match.groups()
     slices = _slice_count(text, slices_text, num_slices)
-    shape = tuple(int(d) for d in dims_text.split("x"))
+    shape = _numbers(text, dims_text, "chips")
     lite = generation in ("v5e", "v6e")
     if lite and shape not in _LITE_SHAPES:
-        raise InvalidInputError(f"topology {text!r}: {generation} makes no {dims_text} slice; {form}")
+        raise InvalidInputError(f"topology {excerpt(text)}: {generation} makes no {dims_text} slice; {form}")
     if not lite and not _v5p_shape_ok(shape):
-        raise InvalidInputError(f"topology {text!r}: v5p makes no {dims_text} slice; {form}")
+        raise InvalidInputError(f"topology {excerpt(text)}: v5p makes no {dims_text} slice; {form}")
     if chips_per_host is not None and at is not None and chips_per_host != at:
-        raise InvalidInputError(f"topology {text!r} names chips per host @{at}, --chips-per-host says {chips_per_host}")
+        raise InvalidInputError(f"topology {excerpt(text)} names chips per host @{excerpt(at)}, --chips-per-host says"
+                                f" {excerpt(chips_per_host)}")
     bounds_text = chips_per_host or at
     bounds = _host_bounds(text, bounds_text, shape) if bounds_text else standard_chips_per_host(generation, shape)
     wrap = _LITE_SHAPES[shape] if lite else _v5p_wrap(shape)
@@ -200,12 +204,12 @@ def parse_tpu_slice(text: str, chips_per_host: str | None = None, num_slices: in
 
 
 def _slice_count(text: str, slices_text: str | None, num_slices: int | None) -> int:
-    named = int(slices_text) if slices_text is not None else None
+    named = _numbers(text, slices_text, "slices")[0] if slices_text is not None else None
     if named is not None and num_slices is not None and named != num_slices:
-        raise InvalidInputError(f"topology {text!r} names {named} slices, --num-slices says {num_slices}")
+        raise InvalidInputError(f"topology {excerpt(text)} names {named} slices, --num-slices says {num_slices}")
     count = named if named is not None else (num_slices if num_slices is not None else 1)
     if not 1 <= count <= MAX_SLICES:
-        raise InvalidInputError(f"topology {text!r}: {count} slices; a multi-slice job has 1 to {MAX_SLICES}"
+        raise InvalidInputError(f"topology {excerpt(text)}: {count} slices; a multi-slice job has 1 to {MAX_SLICES}"
                                 " (write N slices of one as Nxv5e:16x16)")
     return count
 
@@ -213,6 +217,18 @@ def _slice_count(text: str, slices_text: str | None, num_slices: int | None) -> 
 def parse_any_topology(text: str) -> AnyTopology:
     """``SxHxD`` or a TPU slice name, each in its one spelling."""
     return parse_tpu_slice(text) if is_tpu_name(text) else parse_topology(text)
+
+
+def _numbers(text: str, numbers_text: str, what: str) -> tuple[int, ...]:
+    """The ``x``-separated numbers of a slice name (``4x8``): at most three, each of bounded length."""
+    values = [whole(d) for d in numbers_text.split("x")]
+    if len(values) > 3:
+        raise InvalidInputError(f"topology {excerpt(text)}: no slice has {len(values)} axes; TPU topologies are"
+                                f" {TPU_FORMS}")
+    if not all(v is not None for v in values):
+        raise InvalidInputError(f"topology {excerpt(text)}: {what} {excerpt(numbers_text)}: a number of more than"
+                                f" {MAX_NUMBER_CHARS} digits is no slice's; TPU topologies are {TPU_FORMS}")
+    return tuple(v for v in values if v is not None)
 
 
 def _v5p_shape_ok(shape: tuple[int, ...]) -> bool:
@@ -229,12 +245,13 @@ def _v5p_wrap(shape: tuple[int, ...]) -> tuple[bool, bool, bool]:
 
 def _host_bounds(text: str, bounds_text: str, shape: tuple[int, ...]) -> tuple[int, int, int]:
     parts = bounds_text.strip().lower().split("x")
-    if not 2 <= len(parts) <= 3 or not all(p.isascii() and p.isdigit() and int(p) >= 1 for p in parts):
-        raise InvalidInputError(f"chips per host {bounds_text!r}: write it as XxY or XxYxZ, positive integers,"
-                                " e.g. 2x2 (4 chips a host)")
-    bounds = tuple(int(p) for p in parts) + (1,) * (3 - len(parts))
+    values = [whole(p) if p.isdigit() else None for p in parts]
+    if not 2 <= len(parts) <= 3 or not all(v is not None and v >= 1 for v in values):
+        raise InvalidInputError(f"topology {excerpt(text)}: chips per host {excerpt(bounds_text)}: write them as XxY or"
+                                " XxYxZ, positive integers, e.g. 2x2 (4 chips a host)")
+    bounds = tuple(v for v in values if v is not None) + (1,) * (3 - len(parts))
     full = shape + (1,) * (3 - len(shape))
     if any(s % b for s, b in zip(full, bounds, strict=True)):
-        raise InvalidInputError(f"topology {text!r}: {'x'.join(map(str, shape))} chips do not divide into hosts of"
-                                f" {'x'.join(map(str, bounds))} chips")
+        raise InvalidInputError(f"topology {excerpt(text)}: {'x'.join(map(str, shape))} chips do not divide into"
+                                f" hosts of {'x'.join(map(str, bounds))} chips")
     return bounds  # type: ignore[return-value]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
+from jaxcache.display import excerpt
 from jaxcache.errors import InvalidInputError
+from jaxcache.numbers import decimal
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -12,7 +14,8 @@ _SIZE_UNITS = {
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
 }
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_NUMBER_UNIT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+# ASCII digits ([0-9]: \d takes every script's); numbers.decimal bounds the number's length.
+_NUMBER_UNIT = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*")
 
 
 def format_bytes(n: int | float) -> str:
@@ -29,11 +32,13 @@ def parse_bytes(text: str) -> int:
     """``50GiB``, ``2.5 GB``, ``1000`` → bytes. Raises :class:`InvalidInputError` with the accepted forms."""
     m = _NUMBER_UNIT.fullmatch(text)
     unit = m.group(2).lower() if m else None
-    if m is None or unit not in _SIZE_UNITS:
+    value = decimal(m.group(1)) if m else None
+    if m is None or unit not in _SIZE_UNITS or value is None:
         if _negative(text, _SIZE_UNITS):
-            raise InvalidInputError(f"{text!r} is negative: a size is 0 or more, like 500MiB or 50GB")
-        raise InvalidInputError(f"{text!r} is not a size: use a number with an optional unit, like 500MiB or 50GB")
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+            raise InvalidInputError(f"{excerpt(text)} is negative: a size is 0 or more, like 500MiB or 50GB")
+        raise InvalidInputError(f"{excerpt(text)} is not a size: use a number with an optional unit, like 500MiB or"
+                                " 50GB")
+    return int(value * _SIZE_UNITS[unit])
 
 
 def format_duration(seconds: float) -> str:
@@ -68,11 +73,12 @@ def parse_duration(text: str) -> float:
     """``14d``, ``12h``, ``30m``, ``45s``, ``2w`` or plain seconds → seconds."""
     m = _NUMBER_UNIT.fullmatch(text)
     unit = (m.group(2).lower() or "s") if m else None
-    if m is None or unit not in _DURATION_UNITS:
+    value = decimal(m.group(1)) if m else None
+    if m is None or unit not in _DURATION_UNITS or value is None:
         if _negative(text, _DURATION_UNITS):
-            raise InvalidInputError(f"{text!r} is negative: a duration is 0 or more, like 14d")
-        raise InvalidInputError(f"{text!r} is not a duration: use a number with s, m, h, d or w, like 14d")
-    return float(m.group(1)) * _DURATION_UNITS[unit]
+            raise InvalidInputError(f"{excerpt(text)} is negative: a duration is 0 or more, like 14d")
+        raise InvalidInputError(f"{excerpt(text)} is not a duration: use a number with s, m, h, d or w, like 14d")
+    return value * _DURATION_UNITS[unit]
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO, TypeVar
 import msgspec
 
 from jaxcache.errors import InvalidInputError
+from jaxcache.numbers import parse_int
 from jaxcache.storage import ROOT_FORMS
 
 T = TypeVar("T")
@@ -123,12 +124,15 @@ def not_recorded(flag: str, value: str, named: Iterable[str], what: str, url: st
     return f"{flag} {shown(value)!r}: no run or warm-up record in {url} names that {what}; {hint}"
 
 
-def non_negative(text: str) -> int:
-    """An argparse type: a whole number >= 0."""
+def as_argument(parse: Callable[..., T], text: str, **limits: Any) -> T:
+    """``parse(text, **limits)`` (a parser of :mod:`jaxcache.numbers`) for an argparse type: its one line, which
+    argparse prefixes with the flag, exit 2."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
+        return parse(text, **limits)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def non_negative(text: str) -> int:
+    """An argparse type: a whole number >= 0, in ASCII digits of bounded length."""
+    return as_argument(parse_int, text, least=0)

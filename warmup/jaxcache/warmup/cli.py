@@ -12,9 +12,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
+from jaxcache.cli.output import as_argument
 from jaxcache.cli.parser import ArgumentParser
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, WarmupRecord
 from jaxcache.errors import InvalidInputError, JaxcacheError
+from jaxcache.numbers import parse_float, parse_int
+from jaxcache.reach import reach
 from jaxcache.records import WARMUP_VERIFY, KeyUsage
 from jaxcache.storage import Storage, is_object_store, open_storage
 from jaxcache.table import render
@@ -150,25 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: use a positive number of seconds")
-    return value
+    return as_argument(parse_float, text, above=0, most=7 * 86400, unit="seconds")
 
 
 def _count(text: str) -> int:
-    if not (text.isascii() and text.isdigit() and int(text) >= 1):
-        raise argparse.ArgumentTypeError(f"{text!r}: use a whole number, 1 or more")
-    return int(text)
+    return as_argument(parse_int, text, least=1)
 
 
 def _index(text: str) -> int:
-    if not (text.isascii() and text.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r}: use a whole number, 0 or more (the Job's completion index)")
-    return int(text)
+    return as_argument(parse_int, text, least=0, hint="(the Job's completion index)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -248,7 +241,7 @@ def _open_cache(args: argparse.Namespace) -> tuple[str, Storage]:
     cache_dir = check_cache_dir(args.cache_dir, trust=args.trust)
     storage = open_storage(cache_dir, must_exist=False)
     if is_object_store(cache_dir):
-        storage.ping()  # an unreachable bucket should fail here, not after an hour of compiling
+        reach(storage)  # an unreachable bucket fails here, within seconds, not after an hour of compiling
     return cache_dir, storage
 
 
