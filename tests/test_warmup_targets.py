@@ -37,7 +37,7 @@ def test_a_targets_file_lists_one_a_line(tmp_path):
     listed.write_text("v5e:2x4\nv5e:4x8\n")
     with pytest.raises(InvalidInputError, match="--index 2: the list has 2 target"):
         targets.from_args(None, str(listed), 2)
-    with pytest.raises(InvalidInputError, match="cannot read it"):
+    with pytest.raises(InvalidInputError, match="missing.txt: no such file"):
         targets.from_args(None, str(tmp_path / "missing.txt"), None)
 
 

@@ -9,7 +9,6 @@ is left out with why; a refused archive writes nothing. Each member is checked a
 from __future__ import annotations
 
 import os
-import stat
 import tarfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from jaxcache.entry import Status, cache_name, validate
 from jaxcache.errors import InvalidInputError, NotRegularFileError, PreconditionFailedError
 from jaxcache.parallel import bounded_map
 from jaxcache.storage.base import Storage
+from jaxcache.storage.named import open_named
 
 SIGNATURES, DIGESTS = "signatures", "digests"
 DIGESTS_ONLY = "checked against the manifest's digests only: proves the archive is whole, not who made it"
@@ -94,13 +94,13 @@ def _refuse(path: str, why: str) -> BundleRefusedError:
     return BundleRefusedError(f"{path}: {why}; nothing was imported")
 
 
-def _structure(path: str, size: int) -> tuple[Manifest, dict[str, _Member], dict[str, _Member]]:
-    """The manifest and where each listed member's bytes are, reading no entry."""
+def _structure(path: str, fd: int, size: int) -> tuple[Manifest, dict[str, _Member], dict[str, _Member]]:
+    """The manifest and where each listed member's bytes are in the archive open at ``fd``, reading no entry."""
     entries: dict[str, _Member] = {}
     sigs: dict[str, _Member] = {}
     manifest: Manifest | None = None
     try:
-        with tarfile.open(path, mode="r:") as tar:
+        with open(os.dup(fd), "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
             for info in tar:
                 if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE) or info.issparse():
                     raise _refuse(path, f"member {info.name!r} is not a regular file (a link, folder or device)")
@@ -182,16 +182,9 @@ class Checked:
 def check_archive(path: str, trusted: signing.TrustedKeys, *, progress: Progress = quiet) -> Checked:
     """Check the whole archive, writing nothing: what would be imported, and each refused entry with why.
     :class:`BundleRefusedError` when the archive as a whole is refused."""
+    fd = open_named(path, "the bundle")  # judged as named; a FIFO or a device is refused, never waited on
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidInputError(f"the bundle {path} is not a file")
-        size = st.st_size
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise InvalidInputError(f"cannot read the bundle {path}: {exc.strerror}") from None
-    try:
-        manifest, entries, sigs = _structure(path, size)
+        manifest, entries, sigs = _structure(path, fd, os.fstat(fd).st_size)
         done = Imported(manifest, SIGNATURES if trusted else DIGESTS, sorted(trusted.keys))
         accepted: list[_Accepted] = []
         for item in progress(manifest.entries, "checking entries"):
@@ -248,7 +241,7 @@ def add_checked(checked: Checked, storage: Storage, *, progress: Progress = quie
     """Add what passed :func:`check_archive` to ``storage``, create-only (an entry, then its ``-sig``), in parallel;
     each member's bytes are checked again as they are read."""
     done = checked.result
-    fd = os.open(checked.path, os.O_RDONLY)
+    fd = open_named(checked.path, "the bundle")
     try:
         work = lambda c: _put(storage, fd, c)  # noqa: E731
         outcomes = bounded_map(work, checked.accepted, workers=storage.io_workers)

@@ -31,12 +31,14 @@ from jaxcache import skips
 from jaxcache.entry import is_valid_key
 from jaxcache.errors import EncodedObjectError, InvalidInputError, NotRegularFileError, PreconditionFailedError
 from jaxcache.storage.base import Storage
+from jaxcache.storage.named import read_named
 
 SIGNING_KEY_ENV = "JAXCACHE_SIGNING_KEY"
 TRUSTED_KEYS_ENV = "JAXCACHE_TRUSTED_KEYS"
 SIG_SUFFIX = "-sig"
 FORMAT = "jaxcache-sig/1"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_KEY_FILE_BYTES = 4096  # a key file is one line of some 60 bytes
 MAX_SIG_BYTES = 64 * 1024  # a -sig object holds a few signatures; anything bigger is not one of ours
 
 
@@ -141,15 +143,13 @@ def load_key(path: str) -> SigningKey:
     ACL (which the mode does not show), or because its owner is another user (who could rewrite it). Group read
     stays allowed, and an owner root: a Kubernetes Secret's files are root's, mounted with defaultMode 0440 and read
     by a non-root pod through its fsGroup."""
+    # Judged as named (a link another user owns is not followed), never waiting on a FIFO; the owner, mode and ACL
+    # of the file opened, not of a name swapped after.
+    data = read_named(path, "the signing key", MAX_KEY_FILE_BYTES, check=lambda fd, found: _exposed(path, fd, found))
     try:
-        with open(path) as f:
-            found = os.fstat(f.fileno())  # of the file opened, not of a name swapped after
-            problem = _exposed(path, f.fileno(), found)
-            if problem is not None:
-                raise InvalidInputError(f"the signing key {path} {problem}")
-            text = f.read(4096).strip()
-    except OSError as exc:
-        raise InvalidInputError(f"cannot read the signing key {path}: {exc.strerror}") from None
+        text = data.decode().strip()
+    except UnicodeDecodeError:
+        text = ""
     name, sep, body = text.partition(":")
     if not sep:
         raise InvalidInputError(f"{path} is not a jaxcache signing key (expected NAME:base64, as `jaxcache keys new`"

@@ -16,9 +16,10 @@ from jaxcache.client import trust as trust_mod
 from jaxcache.client.errors import CacheNotConfiguredError, UntrustedCacheDirError
 from jaxcache.client.trust import TRUST_MODES
 from jaxcache.errors import InvalidInputError, InvalidRootError
+from jaxcache.numbers import parse_float, parse_int
 from jaxcache.records import check_job, check_run_id
 from jaxcache.signing import SigningKey, TrustedKeys, key_from_env
-from jaxcache.storage import ROOT_FORMS, is_object_store, normalise_root
+from jaxcache.storage import ROOT_FORMS, is_object_store, normalise_root, spelled_root
 
 DEFAULT_RECORD_EVERY_S = 300.0
 
@@ -77,6 +78,8 @@ class ClientOptions:
     # The node-local tier's directory, by preference (the first writable one is used); empty: JAX reads cache_dir.
     local_dirs: tuple[str, ...] = ()
     local_dir_named: bool = False  # local_dirs is the one the user named (judged strictly), not the defaults
+    # cache_dir as the user named it (storage.spelled_root: links unresolved), which the trust judgement walks
+    cache_dir_spelled: str = ""
     upload_wait_s: float = DEFAULT_UPLOAD_WAIT_S
     prefetch: int = DEFAULT_PREFETCH  # parallel fetches of the job's working set into the tier at start; 0: none
     lookup_deadline_s: float = DEFAULT_LOOKUP_DEADLINE_S  # JAXCACHE_LOOKUP_DEADLINE_S
@@ -130,7 +133,8 @@ def resolve(
             f"no cache directory: pass enable_cache() {ROOT_FORMS}, or set JAXCACHE_DIR (or JAX_COMPILATION_CACHE_DIR)"
         )
     # One spelling per root, as the service and the CLI spell it, so every process configures JAX with one string.
-    directory = normalise_root(raw_dir)
+    spelled = spelled_root(raw_dir)  # judged as named (trust.check), then read where it leads
+    directory = normalise_root(spelled)
     if trust not in TRUST_MODES:
         raise InvalidInputError(f"trust={trust!r}: use one of {', '.join(TRUST_MODES)}")
     min_time = min_compile_time_secs
@@ -199,6 +203,7 @@ def resolve(
         raise InvalidInputError(f"JAXCACHE_KEY_PARTS={parts!r}: use on or off")
     return ClientOptions(
         cache_dir=directory,
+        cache_dir_spelled=spelled,
         job=check_job(job if job is not None else env.get("JAXCACHE_JOB") or _default_job()),
         run_id=check_run_id(env.get("JAXCACHE_RUN_ID") or _new_run_id()),
         min_compile_time_secs=None if min_time is None else float(min_time),
@@ -231,12 +236,13 @@ def local_candidates(root: str, local_dir: str | os.PathLike[str] | None, env: M
         if raw.strip().lower() in _OFF:
             return ()
         try:
-            chosen = None if is_object_store(raw) else normalise_root(raw)
+            # As named: tier_dir judges its links and folders before resolving it.
+            chosen = None if is_object_store(raw) else spelled_root(raw)
         except InvalidRootError:
             chosen = None
         if chosen is None:
             raise InvalidInputError(f"local_dir={raw!r}: the node-local tier is a directory on this node")
-        if chosen == root:
+        if os.path.realpath(chosen) == root:
             raise InvalidInputError(f"local_dir={raw!r} is the cache root itself: give a directory of its own")
         return (chosen,)
     if not is_object_store(root):
@@ -271,17 +277,11 @@ def _is_number(value: object) -> bool:
 
 
 def _float(name: str, text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise InvalidInputError(f"{name}={text!r} is not a number") from None
+    return parse_float(text, name)  # finite, ASCII, bounded: float() takes "nan", "inf" and "١"
 
 
 def _int(name: str, text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidInputError(f"{name}={text!r} is not an integer") from None
+    return parse_int(text, name)
 
 
 log = logging.getLogger("jaxcache.client")
@@ -301,14 +301,14 @@ def say_xla_caches_off(options: ClientOptions, jax_dir: str | None = None) -> No
 
 
 def check_cache_dir(cache_dir: str | os.PathLike[str], *, trust: str = "strict") -> str:
-    """Normalise and judge a cache directory as :func:`enable_cache` would, changing nothing (dry runs).
+    """Normalise and judge a cache directory as :func:`enable_cache` would, changing nothing (dry runs): judged as
+    named, links unresolved (:func:`jaxcache.storage.spelled_root`), then resolved.
 
     Returns the normalised directory; raises :class:`UntrustedCacheDirError` in strict mode.
     """
-    directory = normalise_root(cache_dir)
-    if trust == "off" or is_object_store(directory):
-        return directory
-    found = trust_mod.problems(directory)
-    if found and trust == "strict":
-        raise UntrustedCacheDirError(trust_mod.untrusted_message(directory, found))
-    return directory
+    spelled = spelled_root(cache_dir)
+    if trust != "off" and not is_object_store(spelled):
+        found = trust_mod.problems(spelled)
+        if found and trust == "strict":
+            raise UntrustedCacheDirError(trust_mod.untrusted_message(spelled, found))
+    return normalise_root(spelled)

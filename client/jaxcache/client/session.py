@@ -198,6 +198,8 @@ class CacheSession:
                 # Jobs' bucket identities may create objects but never overwrite them (deploy/terraform), so a
                 # bucket gets one record per process, at exit; periodic updates go to the service only.
                 self._writer.write(record, create_only=True)
+            if final:
+                self._writer.index(record)  # process 0's: the job's working set for its next starts, in one object
             if self._reporter is not None:
                 self._reporter.submit(record.to_json())
             return record
@@ -394,7 +396,9 @@ def enable_cache(
             return _same_session(_session, options)
         ji.check_not_compiled(options.cache_dir)  # the first thing: a refused call changes nothing
         compression = ji.compression_library()
-        trust_mod.check(options.cache_dir, mode=options.trust, in_object_store=options.in_object_store)
+        # Judged as named (links unresolved), then JAX reads where it leads (options.cache_dir).
+        trust_mod.check(options.cache_dir_spelled or options.cache_dir, mode=options.trust,
+                        in_object_store=options.in_object_store)
         loads = None
         writer = RecordWriter(options.cache_dir)  # its root (opened when first used) is the signed judge's too
         if options.verify != "off":

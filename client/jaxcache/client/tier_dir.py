@@ -29,15 +29,20 @@ def open_dir(candidates: tuple[str, ...], policy: str, trust: str, *,
     directory is the one checked, resolved (no link in it), so JAX reads what was judged. With it, the default
     candidates passed over as not trustworthy, and why.
 
-    A directory the user ``named`` is judged like any cache directory (``trust``: strict raises). A default
+    Each candidate is judged as spelled (its links and folders), before anything is made in it or resolved. A
+    directory the user ``named`` is judged like any cache directory (``trust``: strict raises). A default
     candidate that is not trustworthy (another user's directory or link there: on a shared temp dir anyone can
     make ``jaxcache-<uid>`` first) is passed over like one that cannot be written, with one warning."""
     passed: list[str] = []
     for base in candidates:
         path = os.path.join(base, policy)
-        if not named and trust != "off" and (found := trust_mod.problems(path)):
-            passed.append(f"{base} ({'; '.join(found)})")  # before creating anything in another user's tree
+        # As spelled, before creating anything in another user's tree or through another user's link.
+        found = trust_mod.problems(path) if trust != "off" else []
+        if found and not named:
+            passed.append(f"{base} ({'; '.join(found)})")
             continue
+        if found:
+            trust_mod.verdict(path, found, trust)  # strict: refused; warn: said once, and used
         try:
             # 0700 on what this process creates (a base that was there keeps its mode: it may be a user's folder).
             os.makedirs(base, mode=0o700, exist_ok=True)
@@ -48,8 +53,8 @@ def open_dir(candidates: tuple[str, ...], policy: str, trust: str, *,
             log.debug("jaxcache: %s cannot hold the node-local tier: %s", path, exc)
             continue
         if named:
-            # JAX executes what it loads from here: the links on the way are judged, then where they lead.
-            trust_mod.check(path, mode=trust, in_object_store=False)
+            if not found:  # JAX executes what it loads from here: judged again once made (someone may slip in)
+                trust_mod.check(path, mode=trust, in_object_store=False)
         elif trust != "off" and (found := trust_mod.problems(path)):
             passed.append(f"{base} ({'; '.join(found)})")  # someone slipped in meanwhile
             continue

@@ -5,9 +5,9 @@ JAX executes what it loads from the cache, so anyone who can write the directory
 not group- or world-writable and is owned by us or root. The parents matter too: whoever can rename a parent
 can swap the whole directory, unless the parent has the sticky bit (like /tmp), which forbids renaming other
 users' entries. A directory that does not exist yet is judged by the parent it will be created under, then
-again once created (so a directory someone else slipped in first is caught). A symbolic link on the way is never
-taken on another user's word: one owned by anyone but this user or root is a problem (its owner can point it
-elsewhere after the check), and the directory judged is the one the path resolves to.
+again once created (so a directory someone else slipped in first is caught). The path is judged as the user spelled
+it, before anything resolves it: a symbolic link on the way owned by anyone but this user or root is a problem (its
+owner can point it elsewhere after the check), and so is each folder on the way, and where the links lead.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import stat
 
 from jaxcache.client.errors import UntrustedCacheDirError
+from jaxcache.storage import named
 
 log = logging.getLogger("jaxcache.client")
 
@@ -25,48 +26,18 @@ _bucket_notice_given = False
 
 
 def problems(path: str) -> list[str]:
-    """Why ``path`` (absolute, normalised) is not trustworthy; empty when it is. The links on the way are judged by
-    their owners, then the directories of the path they resolve to (:func:`os.path.realpath`)."""
+    """Why ``path`` is not trustworthy; empty when it is. ``path`` is absolute and as the user spelled it
+    (:func:`jaxcache.storage.spelled_root`), never resolved first: each link on the way is judged by its owner, each
+    folder a name is looked up in (along the path and the links' targets) as a parent, then where it leads as the
+    cache directory (not there yet: the folder it will be made in, as a parent)."""
     me = os.geteuid()
-    found = _links(path, me)
-    current = os.path.realpath(path)
-    is_target = True
-    while True:
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            parent = os.path.dirname(current)
-            if parent == current:
-                break
-            # Not there yet: it will be created under the nearest existing ancestor, then judged itself.
-            current, is_target = parent, False
-            continue
-        except OSError as exc:
-            found.append(f"cannot inspect {current}: {exc.strerror}")
-            break
-        found.extend(_judge(current, st, me, is_target))
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current, is_target = parent, False
-    return found
-
-
-def _links(path: str, me: int) -> list[str]:
-    """The links along ``path`` (as spelled) that another user owns: whoever owns a link can re-point it."""
-    found = []
-    current = os.sep
-    for part in path.split(os.sep):
-        if not part:
-            continue
-        current = os.path.join(current, part)
-        try:
-            st = os.lstat(current)
-        except OSError:
-            break  # not there yet: nothing further on the way exists either
-        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, me):
-            found.append(f"{current} is a symbolic link owned by uid {st.st_uid}, not by you (uid {me}) or root")
-    return found
+    found = named.walk(path)
+    out = named.links_problems(found)
+    if found.target is not None:
+        out.extend(_judge(found.target.path, found.target.st, me, is_target=True))
+    for step in reversed(found.dirs):  # the nearest first
+        out.extend(_judge(step.path, step.st, me, is_target=False))
+    return list(dict.fromkeys(out))  # a folder met twice on the way is said once
 
 
 def _judge(path: str, st: os.stat_result, me: int, is_target: bool) -> list[str]:
@@ -132,9 +103,14 @@ def check(cache_dir: str, *, mode: str, in_object_store: bool) -> None:
         except OSError as exc:
             raise UntrustedCacheDirError(f"cannot create the cache directory {cache_dir}: {exc.strerror}") from None
         found = problems(cache_dir)
-    if not found:
-        return
-    message = untrusted_message(cache_dir, found)
+    if found:
+        verdict(cache_dir, found, mode)
+
+
+def verdict(directory: str, found: list[str], mode: str) -> None:
+    """What the trust mode does with a directory's problems: ``strict`` raises :class:`UntrustedCacheDirError`,
+    ``warn`` logs them."""
+    message = untrusted_message(directory, found)
     if mode == "strict":
         raise UntrustedCacheDirError(message)
     log.warning("jaxcache: %s", message)

@@ -16,7 +16,7 @@ from jaxcache.cli import plugins
 from jaxcache.cli.output import EXIT_OK, EXIT_USAGE
 from jaxcache.cli.parser import ArgumentParser
 from jaxcache.errors import JaxcacheError
-from jaxcache.storage import open_storage
+from jaxcache.storage import open_named_root
 
 #: The core's commands, and the module under jaxcache.cli that defines each. A command's module is imported only
 #: to run it or for --help: `jaxcache ls` of a large root takes well under a second, of which importing every
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command is not None:
             assert command.run is not None
             return command.run(args)
-        storage = open_storage(args.root) if args.root is not None else None  # `keys new` has no root
+        storage = open_named_root(args.root) if args.root is not None else None  # `keys new` has no root
         exit_code: int = args.run(args, storage)
         return exit_code
     except JaxcacheError as exc:

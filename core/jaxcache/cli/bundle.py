@@ -13,7 +13,8 @@ from jaxcache.bundle_import import add_checked, check_archive
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, non_negative, not_recorded, print_json, progress
 from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError
-from jaxcache.storage import LocalStorage, Storage, open_storage
+from jaxcache.storage import LocalStorage, Storage, open_named_root
+from jaxcache.storage.named import check_named
 from jaxcache.units import format_bytes
 from jaxcache.working_set import DEFAULT_DAYS, DEFAULT_RUNS, Wanted, from_root
 
@@ -32,6 +33,7 @@ def cmd_export(args: argparse.Namespace, storage: Storage | None) -> int:
         raise InvalidInputError("--runs and --days must be 1 or more")
     wanted = Wanted(jaxlib=args.jaxlib, backend=args.backend, device_kind=args.device_kind,
                     device_count=args.device_count)
+    check_named(args.out, "--out")  # before anything is read: a link another user owns on the way is not followed
     working = from_root(storage, args.job, wanted, runs=args.runs, days=args.days)
     if not working.keys:
         from jaxcache.explain.from_root import read_root
@@ -60,7 +62,7 @@ def cmd_export(args: argparse.Namespace, storage: Storage | None) -> int:
 
 def cmd_import(args: argparse.Namespace, storage: Storage | None) -> int:
     """Check a bundle and add what passes to a root, create-only."""
-    root = open_storage(args.dest, must_exist=False)
+    root = open_named_root(args.dest, must_exist=False)
     checked = check_archive(args.bundle, signing.TrustedKeys.from_env(), progress=progress)  # before any write
     if isinstance(root, LocalStorage) and not os.path.isdir(root.root):
         try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import sys
 from typing import Any
 
@@ -14,12 +13,14 @@ from jaxcache.errors import InvalidInputError, NotRegularFileError
 from jaxcache.parallel import bounded_map
 from jaxcache.scan import Entry, scan
 from jaxcache.storage import Storage
+from jaxcache.storage.named import check_named, spelled
 from jaxcache.units import plural
 
 
 def cmd_new(args: argparse.Namespace, storage: Storage | None) -> int:
     """Write a private key file (0600) and print its public key."""
-    path = os.path.abspath(args.out or f"{args.name}.key")
+    path = spelled(args.out or f"{args.name}.key")  # as named: `..` after a link is the link target's parent
+    check_named(path, "--out")  # a link another user owns on the way would choose where the key goes
     key = signing.new_key(args.name, path)
     print(f"private key written to {path} (mode 0600): give it to writers as {signing.SIGNING_KEY_ENV}={path}",
           file=sys.stderr)

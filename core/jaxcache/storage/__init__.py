@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 from jaxcache.errors import InvalidRootError, PathEscapeError
+from jaxcache.numbers import whole
 from jaxcache.storage.base import ObjectInfo, Storage, check_name, same_object, same_stat
 from jaxcache.storage.local import LocalStorage
+from jaxcache.storage.named import check_named, spelled
 
 __all__ = [
     "ObjectInfo", "Storage", "LocalStorage", "STORES", "Store", "check_name", "open_storage", "normalise_root",
+    "open_named_root", "spelled_root",
     "ABSOLUTE_ROOT_PATTERN", "ROOT_FORMS", "generation_of", "is_object_store", "removal_command", "same_object",
     "same_stat", "scheme_of", "split_root",
 ]
@@ -115,7 +118,7 @@ def generation_of(url: str | os.PathLike[str], version: str | None) -> int | Non
     scheme = scheme_of(url)
     if version is None or scheme is None or not STORES[scheme].integer_versions:
         return None
-    return int(version) if version.isascii() and version.isdigit() else None
+    return whole(version) if version.isdigit() else None  # ASCII, bounded: numbers.whole
 
 
 def removal_command(url: str, globs: list[str]) -> str:
@@ -176,8 +179,17 @@ def normalise_root(url: str | os.PathLike[str], *, relative: bool = True) -> str
     ``gs://b/p``); ``file:///p`` (or ``file://localhost/p``, %-escapes decoded) is ``/p``; a local path becomes
     absolute, ``~`` expanded and links resolved. Raises :class:`InvalidRootError` for what is no root (see
     :func:`split_root`), and without ``relative`` for a relative path (or ``~``): one another process spelled, whose
-    folder (or home) is not this one's.
+    folder (or home) is not this one's. Whatever judges a local root (whose links may lead where) judges
+    :func:`spelled_root`'s path, then reads this one.
     """
+    text = spelled_root(url, relative=relative)
+    return text if is_object_store(text) else os.path.realpath(text)
+
+
+def spelled_root(url: str | os.PathLike[str], *, relative: bool = True) -> str:
+    """A root as :func:`normalise_root` spells it, but a local path only made absolute (``~`` expanded, after the
+    working folder when relative), no link resolved nor ``..`` folded: the path as the user named it, for a judge
+    of the links and folders on the way (jaxcache.storage.named)."""
     text = os.fspath(url).strip()
     if not text:
         raise InvalidRootError(f"empty cache root: give {ROOT_FORMS}")
@@ -191,7 +203,7 @@ def normalise_root(url: str | os.PathLike[str], *, relative: bool = True) -> str
         path = text
     if not relative and not os.path.isabs(path):
         raise InvalidRootError(f"{text!r} is a relative path: it names a root only in the process that spelled it")
-    return os.path.realpath(os.path.expanduser(path) if relative else path)
+    return spelled(path) if relative else path
 
 
 def open_storage(url: str | os.PathLike[str], *, must_exist: bool = True) -> Storage:
@@ -214,3 +226,11 @@ def open_storage(url: str | os.PathLike[str], *, must_exist: bool = True) -> Sto
     if "://" in text:
         raise _unsupported(text)
     return LocalStorage(text, must_exist=must_exist)
+
+
+def open_named_root(url: str | os.PathLike[str], *, must_exist: bool = True) -> Storage:
+    """:func:`open_storage` for a root a user named on a command line: a directory is judged as spelled first, so
+    that no command reads, writes or deletes where a link another user owns leads (jaxcache.storage.named)."""
+    if not is_object_store(url):
+        check_named(spelled_root(url), "the root")
+    return open_storage(url, must_exist=must_exist)

@@ -12,10 +12,14 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from jaxcache.display import excerpt
 from jaxcache.errors import InvalidInputError
 from jaxcache.signing import TrustedKeys
+from jaxcache.storage.named import read_named
 
 SCOPES = ("read", "report", "admin")
+MAX_TOKENS_FILE_BYTES = 1 << 20  # some 80 bytes a token: thousands of tokens
+MAX_PERIOD_S = 366 * 86400.0
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -63,7 +67,8 @@ def _cgroup_quota() -> float | None:
 class ServiceSettings(BaseSettings):
     """Every setting of the catalog service. Environment variables use the ``JAXCACHE_`` prefix."""
 
-    model_config = SettingsConfigDict(env_prefix="JAXCACHE_", extra="ignore")
+    # No inf or nan in any number (a wait of inf seconds raises inside a loop, far from the setting).
+    model_config = SettingsConfigDict(env_prefix="JAXCACHE_", extra="ignore", allow_inf_nan=False)
 
     caches: dict[str, str] = Field(default_factory=dict, description='cache roots by name, e.g. {"prod": '
                                    '"gs://bucket/jax-cache", "aws": "s3://bucket/jax-cache", "ci": "/mnt/nfs/jax"}')
@@ -139,6 +144,14 @@ class ServiceSettings(BaseSettings):
     def _no_snapshot_dir(cls, value: object) -> object:
         return None if value == "" else value
 
+    @field_validator("rescan_s", "stuck_after_s", "usage_metrics_s", "shutdown_wait_s", "verify_min_age_s")
+    @classmethod
+    def _seconds(cls, value: float | None) -> float | None:
+        # A timer past the platform's time_t (1e12 s) raises inside a loop: no period here is longer than a year.
+        if value is not None and value > MAX_PERIOD_S:
+            raise ValueError(f"{value:g} seconds is more than a year ({MAX_PERIOD_S:g})")
+        return value
+
     @field_validator("caches")
     @classmethod
     def _names(cls, caches: dict[str, str]) -> dict[str, str]:
@@ -167,10 +180,9 @@ class ServiceSettings(BaseSettings):
         """Every configured token hash with its scope, from ``tokens`` and ``tokens_file``."""
         merged = dict(self.tokens)
         if self.tokens_file is not None:
-            try:
-                text = self.tokens_file.read_text()
-            except OSError as exc:
-                raise InvalidInputError(f"cannot read tokens file {self.tokens_file}: {exc.strerror}") from exc
+            # Judged and read as every file a user names is: no link of another user's, no FIFO, bounded.
+            data = read_named(self.tokens_file, "the tokens file (JAXCACHE_TOKENS_FILE)", MAX_TOKENS_FILE_BYTES)
+            text = data.decode(errors="replace")
             for n, line in enumerate(text.splitlines(), 1):
                 parts = line.split("#", 1)[0].split()
                 if not parts:
@@ -211,4 +223,4 @@ def _check_token(digest: str, scope: str) -> None:
     if not _SHA256_RE.fullmatch(digest):
         raise ValueError("token entries are SHA-256 hex digests of the token (64 lower-case hex), not tokens")
     if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}: use one of {', '.join(SCOPES)}")
+        raise ValueError(f"unknown scope {excerpt(scope)}: use one of {', '.join(SCOPES)}")

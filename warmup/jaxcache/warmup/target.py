@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxcache.errors import InvalidInputError, JaxcacheError
+from jaxcache.storage.named import check_named
 
 
 class UserCodeError(JaxcacheError):
@@ -61,6 +62,7 @@ def make_target(entrypoint: str | None, script: str | None, script_args: Sequenc
                                     " that holds it, or install its package")
         return Target(entrypoint=entrypoint)
     assert script is not None
+    check_named(script, "--script")  # the warm-up runs it: never through a link another user could re-point
     if not os.path.isfile(script):
         raise InvalidInputError(f"--script {script!r}: no such file")
     return Target(script=script, script_args=tuple(script_args))

@@ -7,7 +7,9 @@ import argparse
 import copy
 from collections.abc import Sequence
 
+from jaxcache.display import excerpt, shown
 from jaxcache.errors import InvalidInputError
+from jaxcache.storage.named import read_named
 from jaxcache.topology import is_tpu_name, parse_any_topology
 
 # Options the command that runs many targets keeps to itself; a target's process gets the rest as given.
@@ -18,28 +20,29 @@ TPU_OPTIONS = frozenset({"libtpu_init_args", "target_xla_flags", "flags_from_job
 # The options that give a TPU target's flags: a target's process handed the flags the command checked takes none.
 FLAG_OPTIONS = frozenset({"libtpu_init_args", "target_xla_flags", "flags_from_job"})
 MAX_TARGETS = 256  # a list longer than this is a mistake, not a release's shapes
+MAX_FILE_BYTES = 1 << 20  # 256 targets with comments take a few KiB
 
 
 def read_file(path: str) -> list[str]:
-    """The targets a file lists: one a line; blank lines and text after ``#`` are left out."""
+    """The targets a file lists: one a line; blank lines and text after ``#`` are left out. The file is judged and
+    read as every file a user names is (jaxcache.storage.named: no link of another user's, no FIFO or device, at most
+    :data:`MAX_FILE_BYTES`)."""
+    said = f"--targets {shown(path)}"
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as exc:
-        raise InvalidInputError(f"--targets {path}: cannot read it ({exc.strerror or exc})") from None
+        lines = read_named(path, "--targets", MAX_FILE_BYTES).decode("utf-8").splitlines()
     except UnicodeDecodeError:
-        raise InvalidInputError(f"--targets {path}: not UTF-8 text; list the targets one a line") from None
+        raise InvalidInputError(f"{said}: not UTF-8 text; list the targets one a line") from None
     out = []
     for number, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
         if len(text.split()) != 1:
-            raise InvalidInputError(f"--targets {path}, line {number}: {text!r}: one target a line, e.g. v5e:4x8,"
+            raise InvalidInputError(f"{said}, line {number}: {excerpt(text)}: one target a line, e.g. v5e:4x8,"
                                     " 2xv5e:16x16 or 4x8x1")
         out.append(text)
     if not out:
-        raise InvalidInputError(f"--targets {path} lists no target: write one a line, e.g. v5e:4x8")
+        raise InvalidInputError(f"{said} lists no target: write one a line, e.g. v5e:4x8")
     return out
 
 
