@@ -33,6 +33,7 @@ from jaxcache.storage.base import (
     check_prefix,
     env_seconds,
     etag_token,
+    without_userinfo,
 )
 
 try:
@@ -138,7 +139,8 @@ class AzureStorage(ObjectStore):
                 try:
                     service = BlobServiceClient.from_connection_string(connection, **options)
                 except ValueError as exc:
-                    raise InvalidInputError(f"{CONNECTION_STRING_ENV} is not a connection string ({exc})") from None
+                    raise InvalidInputError(f"{CONNECTION_STRING_ENV} is not a connection string "
+                                            f"({without_userinfo(str(exc))})") from None
             elif account := os.environ.get(ACCOUNT_ENV):
                 service = BlobServiceClient(f"https://{account}.blob.core.windows.net", credential=_credential(),
                                             **options)
@@ -146,21 +148,23 @@ class AzureStorage(ObjectStore):
                 raise StorageError(f"no Azure storage account for {self.url}: {_CREDENTIALS_HELP}")
         self._service = service
         self._container = service.get_container_client(container)
-        # The account's endpoint, without a SAS token: az:// names no account, so the endpoint is part of the root.
+        # The account's endpoint, without a SAS token or a user and password (a BlobEndpoint's userinfo): az:// names
+        # no account, so the endpoint is part of the root, and it shows in messages and the service's answers.
         parts = urlsplit(service.primary_endpoint)
-        self.endpoint = f"{parts.scheme}://{parts.netloc}{parts.path}".rstrip("/")
+        self.endpoint = without_userinfo(f"{parts.scheme}://{parts.netloc}{parts.path}".rstrip("/"))
 
     @property
     def identity(self) -> str:
         return f"{self.url} at {self.endpoint}"
 
     def _error(self, where: str, exc: AzureError) -> JaxcacheError:
+        said = without_userinfo(str(exc.message))  # azure-core's text names the URL it asked
         if isinstance(exc, ClientAuthenticationError) and exc.status_code is None:  # the credential's, no request
-            return StorageError(f"{where}: no Azure credentials ({exc.message}): {_CREDENTIALS_HELP}")
+            return StorageError(f"{where}: no Azure credentials ({said}): {_CREDENTIALS_HELP}")
         if isinstance(exc, (ServiceRequestError, ServiceResponseError)):
-            return StorageError(f"{where} failed: cannot reach Azure Blob Storage at {self.endpoint} ({exc.message})")
+            return StorageError(f"{where} failed: cannot reach Azure Blob Storage at {self.endpoint} ({said})")
         if not isinstance(exc, HttpResponseError):
-            return StorageError(f"{where} failed: {exc.message}")
+            return StorageError(f"{where} failed: {said}")
         code, status = _code(exc), exc.status_code or 0
         if status == 412 or code == "ConditionNotMet":
             return PreconditionFailedError(f"{where}: the object changed since it was listed")
@@ -176,7 +180,8 @@ class AzureStorage(ObjectStore):
                 f"container {self.bucket_name} (Reader, to read only), and check the credentials: "
                 f"{_CREDENTIALS_HELP}"
             )
-        return StorageError(f"{where} failed: {code or status}: {exc.reason or exc.message}")
+        reason = without_userinfo(str(exc.reason)) if exc.reason else said
+        return StorageError(f"{where} failed: {code or status}: {reason}")
 
     @contextlib.contextmanager
     def _translate(self, op: str, name: str) -> Iterator[None]:

@@ -6,6 +6,7 @@ import abc
 import contextlib
 import math
 import os
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -68,6 +69,18 @@ CHUNK_BYTES = 1 << 20
 #: Content codings that leave an object's bytes as stored: ``identity``, and ``aws-chunked``, a framing of an upload
 #: that S3 takes off before it stores the bytes (some S3-compatible stores keep the word in the object's metadata).
 _AS_STORED = frozenset({"", "identity", "aws-chunked"})
+
+
+#: A URL's user and password (``user:pass@`` in ``http://user:pass@host/``). A password may hold a ``/`` its writer
+#: did not escape: everything up to the ``@`` goes, which at worst leaves out part of a path in a message.
+_USERINFO = re.compile(r"(?<=://)[^\s@'\"<>]*@")
+
+
+def without_userinfo(text: str) -> str:
+    """``text`` with the user and password of every URL in it left out (``http://user:pass@host/`` shows as
+    ``http://host/``): how an endpoint shows in messages, logs and :attr:`Storage.identity`, and how the text of a
+    store library's error that names the URL it asked is passed on."""
+    return _USERINFO.sub("", text) if "@" in text else text
 
 
 def content_coding(header: str | None) -> str | None:

@@ -24,6 +24,7 @@ from jaxcache.storage.base import (
     ObjectStore,
     check_prefix,
     env_seconds,
+    without_userinfo,
 )
 
 try:
@@ -91,10 +92,14 @@ class GcsStorage(ObjectStore):
         _size_pools(self._client, self.io_workers + 1)
 
     @property
+    def endpoint(self) -> str:
+        """Where requests go (``STORAGE_EMULATOR_HOST`` changes it), without a user and password it may carry."""
+        return without_userinfo(getattr(self._client, "api_endpoint", None) or _PUBLIC_ENDPOINT).rstrip("/")
+
+    @property
     def identity(self) -> str:
-        endpoint = getattr(self._client, "api_endpoint", None) or ""
         # The same gs:// URL on an emulator (STORAGE_EMULATOR_HOST) is another bucket altogether.
-        return self.url if endpoint.rstrip("/") == _PUBLIC_ENDPOINT else f"{self.url} at {endpoint}"
+        return self.url if self.endpoint == _PUBLIC_ENDPOINT else f"{self.url} at {self.endpoint}"
 
     @contextlib.contextmanager
     def _translate(self, op: str, name: str) -> Iterator[None]:
@@ -111,13 +116,18 @@ class GcsStorage(ObjectStore):
                 f"bucket {self.bucket_name} (see deploy/README.md)"
             ) from exc
         except gexc.Unauthorized as exc:
-            raise StoragePermissionError(f"{where}: credentials were rejected ({exc.message})") from exc
+            said = without_userinfo(exc.message)
+            raise StoragePermissionError(f"{where}: credentials were rejected ({said})") from exc
         except auth_exc.GoogleAuthError as exc:
-            raise StorageError(f"{where}: authentication failed: {exc}") from exc
+            raise StorageError(f"{where}: authentication failed: {without_userinfo(str(exc))}") from exc
+        except gexc.RetryError as exc:  # the retries' deadline passed: the last one's error says why
+            reach = f"cannot reach Cloud Storage at {self.endpoint}: " if isinstance(exc.cause, OSError) else ""
+            raise StorageError(f"{where} failed: {reach}{without_userinfo(str(exc))}") from exc
         except gexc.GoogleAPIError as exc:
-            raise StorageError(f"{where} failed: {exc}") from exc
+            raise StorageError(f"{where} failed: {without_userinfo(str(exc))}") from exc
         except OSError as exc:  # connection refused, DNS, TLS: requests raises OSError subclasses
-            raise StorageError(f"{where} failed: cannot reach Cloud Storage ({exc})") from exc
+            said = without_userinfo(str(exc))
+            raise StorageError(f"{where} failed: cannot reach Cloud Storage at {self.endpoint} ({said})") from exc
 
     def _info(self, blob: gcs.Blob) -> ObjectInfo:
         updated = blob.updated.timestamp() if blob.updated is not None else 0.0

@@ -33,6 +33,7 @@ from jaxcache.storage.base import (
     ObjectStore,
     check_prefix,
     etag_token,
+    without_userinfo,
 )
 
 try:
@@ -115,14 +116,17 @@ class S3Storage(ObjectStore):
             config = Config(retries=retry_settings(session), max_pool_connections=_POOL)
             self._client = session.create_client("s3", config=config)
         except ProfileNotFound as exc:
-            raise StorageError(f"cannot open {self.url}: {exc}; set AWS_PROFILE to a profile in ~/.aws/config") from exc
+            raise StorageError(f"cannot open {self.url}: {without_userinfo(str(exc))}; set AWS_PROFILE to a profile in "
+                               "~/.aws/config") from exc
         except PartialCredentialsError as exc:
-            raise StorageError(f"cannot open {self.url}: {exc}; {_CREDENTIALS_HELP}") from exc
+            raise StorageError(f"cannot open {self.url}: {without_userinfo(str(exc))}; {_CREDENTIALS_HELP}") from exc
         except BotoCoreError as exc:
-            raise StorageError(f"cannot open {self.url}: {exc}") from exc
+            raise StorageError(f"cannot open {self.url}: {without_userinfo(str(exc))}") from exc
         if credentials is None:
             raise StorageError(f"no AWS credentials for {self.url}: {_CREDENTIALS_HELP}")
-        self.endpoint = str(self._client.meta.endpoint_url)
+        # Without a user and password the URL may carry (AWS_ENDPOINT_URL=http://user:pass@host): it shows in
+        # messages, in the service's answers and in the identity kept beside the head index.
+        self.endpoint = without_userinfo(str(self._client.meta.endpoint_url))
         #: Whether deletes carry If-Match: until the store answers one with 501 Not Implemented.
         self._conditional_deletes = True
         #: Whether replacing writes carry If-Match, until the same answer to one of them.
@@ -151,7 +155,7 @@ class S3Storage(ObjectStore):
                 f"{where}: permission denied ({code}); grant the role s3:ListBucket on bucket {self.bucket_name} and "
                 "s3:GetObject, s3:PutObject, s3:DeleteObject on its objects"
             )
-        return StorageError(f"{where} failed: {message} ({code or status})")
+        return StorageError(f"{where} failed: {without_userinfo(str(message))} ({code or status})")
 
     @contextlib.contextmanager
     def _translate(self, op: str, name: str) -> Iterator[None]:
@@ -165,9 +169,10 @@ class S3Storage(ObjectStore):
         except NoCredentialsError as exc:
             raise StorageError(f"{where}: no AWS credentials: {_CREDENTIALS_HELP}") from exc
         except (BotoConnectionError, HTTPClientError) as exc:  # refused, DNS, TLS, timeouts: after the retries
-            raise StorageError(f"{where} failed: cannot reach S3 at {self.endpoint} ({exc})") from exc
+            said = without_userinfo(str(exc))
+            raise StorageError(f"{where} failed: cannot reach S3 at {self.endpoint} ({said})") from exc
         except BotoCoreError as exc:
-            raise StorageError(f"{where} failed: {exc}") from exc
+            raise StorageError(f"{where} failed: {without_userinfo(str(exc))}") from exc
 
     def _listed(self, item: dict[str, Any]) -> ObjectInfo:
         return ObjectInfo(item["Key"][len(self._base):], int(item.get("Size", 0)), _seconds(item["LastModified"]),
