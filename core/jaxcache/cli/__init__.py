@@ -1,6 +1,8 @@
 """The ``jaxcache`` command: wires storage, scanning and output together for each subcommand.
 
-Exit codes: 0 ok, 1 problems found (``doctor``; some of a bundle left out), 2 usage or input error.
+Exit codes: 0 ok, 1 problems found (``doctor``; some of a bundle left out), 2 usage or input error, or a store that
+fails or cannot be reached (one line: a root in an object store is asked first whether it answers, within
+``JAXCACHE_REACH_S``: :mod:`jaxcache.reach`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from jaxcache.cli import plugins
 from jaxcache.cli.output import EXIT_OK, EXIT_USAGE
 from jaxcache.cli.parser import ArgumentParser
 from jaxcache.errors import JaxcacheError
+from jaxcache.reach import answering
 from jaxcache.storage import open_named_root
 
 #: The core's commands, and the module under jaxcache.cli that defines each. A command's module is imported only
@@ -60,7 +63,8 @@ def build_parser(command: plugins.Command | None = None, *, only: str | None = N
         prog="jaxcache",
         description="Inspect and manage JAX persistent compilation caches on local/NFS directories and object stores "
                     "(GCS, S3, Azure Blob).",
-        epilog="Exit codes: 0 ok, 1 problems found (doctor; bundle: see its --help), 2 usage or input error.",
+        epilog="Exit codes: 0 ok, 1 problems found (doctor; bundle: see its --help), 2 usage or input error, or a store"
+               " that fails or does not answer.",
     )
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -89,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command is not None:
             assert command.run is not None
             return command.run(args)
-        storage = open_named_root(args.root) if args.root is not None else None  # `keys new` has no root
+        # A store that does not answer is one line within seconds, not the minutes of its library's retries.
+        storage = answering(open_named_root(args.root)) if args.root is not None else None  # `keys new`: no root
         exit_code: int = args.run(args, storage)
         return exit_code
     except JaxcacheError as exc:

@@ -13,6 +13,7 @@ from jaxcache.bundle_import import add_checked, check_archive
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, non_negative, not_recorded, print_json, progress
 from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError
+from jaxcache.reach import answering
 from jaxcache.storage import LocalStorage, Storage, open_named_root
 from jaxcache.storage.named import check_named
 from jaxcache.units import format_bytes
@@ -62,7 +63,7 @@ def cmd_export(args: argparse.Namespace, storage: Storage | None) -> int:
 
 def cmd_import(args: argparse.Namespace, storage: Storage | None) -> int:
     """Check a bundle and add what passes to a root, create-only."""
-    root = open_named_root(args.dest, must_exist=False)
+    root = answering(open_named_root(args.dest, must_exist=False))  # a store that does not answer: one line, now
     checked = check_archive(args.bundle, signing.TrustedKeys.from_env(), progress=progress)  # before any write
     if isinstance(root, LocalStorage) and not os.path.isdir(root.root):
         try:
