@@ -10,8 +10,10 @@ login``; azure-identity's ``DefaultAzureCredential``).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,6 +32,7 @@ from jaxcache.storage.base import (
     Listed,
     ObjectInfo,
     ObjectStore,
+    check_endpoint,
     check_prefix,
     env_seconds,
     etag_token,
@@ -60,6 +63,8 @@ ACCOUNT_ENV = "AZURE_STORAGE_ACCOUNT_NAME"
 #: ServerBusy is its throttling) or whose answer was lost: retry n waits this plus 3^n seconds. Unset: the library's
 #: own policy (15 s, so 18 s, 24 s, 42 s, each give or take 3 s).
 RETRY_DELAY_ENV = "JAXCACHE_AZURE_RETRY_DELAY_S"
+#: A storage account's name, as Azure allows it (and it becomes a host name).
+_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
 _PAGE = 5000  # the most one listing request returns
 _POOL = 32  # connections kept to the endpoint: the threads of AzureStorage.io_workers and a listing beside them
 # azure-core gathers an answer's body with list() over a generator whose len() is the body's length: a list slot (8
@@ -96,11 +101,32 @@ def _transport() -> RequestsTransport:
     return transport
 
 
+def _check_key(where: str, key: str) -> None:
+    # An account key is base64; another is refused only by the first request, as "no Azure credentials".
+    try:
+        base64.b64decode(key.strip(), validate=True)
+    except ValueError:
+        raise InvalidInputError(f"{where} is not an account key (base64): copy it again from the storage account's "
+                                "access keys") from None
+
+
+def _check_connection_string(connection: str) -> None:
+    """One line naming what to fix in ``AZURE_STORAGE_CONNECTION_STRING`` where the library would take it and then
+    fail on each request: a BlobEndpoint that is no URL (``notaurl`` becomes ``https://notaurl``, tried for minutes),
+    an AccountKey that is not base64."""
+    fields = {k.strip().lower(): v.strip() for k, _, v in (p.partition("=") for p in connection.split(";")) if k}
+    if (endpoint := fields.get("blobendpoint")) is not None:
+        check_endpoint(f"{CONNECTION_STRING_ENV}: BlobEndpoint", endpoint, "or leave it out for the account's own")
+    if (key := fields.get("accountkey")) is not None:
+        _check_key(f"{CONNECTION_STRING_ENV}: its AccountKey", key)
+
+
 def _credential() -> Any:
     """The credential for ``AZURE_STORAGE_ACCOUNT_NAME``, chosen as adlfs chooses it."""
     env = os.environ
     account = env[ACCOUNT_ENV]
     if env.get("AZURE_STORAGE_ACCOUNT_KEY"):
+        _check_key("AZURE_STORAGE_ACCOUNT_KEY", env["AZURE_STORAGE_ACCOUNT_KEY"])
         return AzureNamedKeyCredential(account, env["AZURE_STORAGE_ACCOUNT_KEY"])
     if env.get("AZURE_STORAGE_SAS_TOKEN"):
         return AzureSasCredential(env["AZURE_STORAGE_SAS_TOKEN"].lstrip("?"))
@@ -136,12 +162,16 @@ class AzureStorage(ObjectStore):
             if (policy := retry_policy()) is not None:
                 options["retry_policy"] = policy
             if connection := os.environ.get(CONNECTION_STRING_ENV):
+                _check_connection_string(connection)
                 try:
                     service = BlobServiceClient.from_connection_string(connection, **options)
                 except ValueError as exc:
                     raise InvalidInputError(f"{CONNECTION_STRING_ENV} is not a connection string "
                                             f"({without_userinfo(str(exc))})") from None
             elif account := os.environ.get(ACCOUNT_ENV):
+                if not _ACCOUNT.fullmatch(account):
+                    raise InvalidInputError(f"{ACCOUNT_ENV}={account[:80]!r} is not a storage account's name (3-24 "
+                                            "lowercase letters and digits)")
                 service = BlobServiceClient(f"https://{account}.blob.core.windows.net", credential=_credential(),
                                             **options)
             else:

@@ -10,6 +10,7 @@ import re
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from jaxcache.errors import EncodedObjectError, InvalidInputError, PathEscapeError, StorageError, TooLargeError
 
@@ -81,6 +82,20 @@ def without_userinfo(text: str) -> str:
     ``http://host/``): how an endpoint shows in messages, logs and :attr:`Storage.identity`, and how the text of a
     store library's error that names the URL it asked is passed on."""
     return _USERINFO.sub("", text) if "@" in text else text
+
+
+def check_endpoint(name: str, value: str, otherwise: str) -> None:
+    """Raise :class:`InvalidInputError` naming the variable ``name`` where its ``value`` is not an http(s) URL with a
+    host (``notaurl``, ``http://[::1``): a store's library would fail on it with a traceback of its own, or try to
+    reach it for minutes. ``otherwise``: what else the user may do (``or unset it for AWS's own``)."""
+    try:
+        parts = urlsplit(value.strip())
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except ValueError:  # a bracket without its end, a port that is not a number
+        ok = False
+    if not ok:
+        raise InvalidInputError(f"{name}={without_userinfo(value)[:200]!r} is not an endpoint URL: give "
+                                f"http://host:port or https://host, {otherwise}")
 
 
 def content_coding(header: str | None) -> str | None:

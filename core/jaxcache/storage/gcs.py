@@ -7,6 +7,7 @@ Honours ``STORAGE_EMULATOR_HOST`` (the library does) for fake-gcs-server in test
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 from jaxcache.errors import (
@@ -22,6 +23,7 @@ from jaxcache.storage.base import (
     Listed,
     ObjectInfo,
     ObjectStore,
+    check_endpoint,
     check_prefix,
     env_seconds,
     without_userinfo,
@@ -40,6 +42,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 
 _PUBLIC_ENDPOINT = "https://storage.googleapis.com"
+#: Where google-cloud-storage finds an emulator (fake-gcs-server), its scheme included.
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
 #: Seconds to wait before retrying a request GCS answered 429 or 5xx (or whose answer was lost), doubling at each
 #: retry up to a minute; unset: google-cloud-storage's own policy (from 1 s).
 RETRY_DELAY_ENV = "JAXCACHE_GCS_RETRY_DELAY_S"
@@ -81,9 +86,15 @@ class GcsStorage(ObjectStore):
     def __init__(self, bucket: str, prefix: str, *, client: gcs.Client | None = None) -> None:
         self._retry = retry_policy()
         self._set_root("gs", bucket, prefix)
+        if emulator := os.environ.get(EMULATOR_ENV):  # the library takes it as it is: "host:port" fails each request
+            check_endpoint(EMULATOR_ENV, emulator, "or unset it for Cloud Storage itself")
         try:
             self._client = client or gcs.Client()
         except auth_exc.DefaultCredentialsError as exc:
+            if credentials := os.environ.get(CREDENTIALS_ENV):  # named, and not what it should be: say so
+                said = str(exc.args[0] if exc.args else exc)[:300]  # google-auth's first argument says what is wrong
+                raise InvalidInputError(f"{CREDENTIALS_ENV}={credentials[:200]!r}: {said.rstrip('.')}; give the path"
+                                        " of a service account's key file (JSON), or unset it") from None
             raise StorageError(
                 f"no Google Cloud credentials for {self.url}: run `gcloud auth application-default login`, "
                 "set GOOGLE_APPLICATION_CREDENTIALS, or run with a Workload Identity service account"

@@ -31,6 +31,7 @@ from jaxcache.storage.base import (
     Listed,
     ObjectInfo,
     ObjectStore,
+    check_endpoint,
     check_prefix,
     etag_token,
     without_userinfo,
@@ -43,6 +44,8 @@ try:
         BotoCoreError,
         ClientError,
         HTTPClientError,
+        InvalidRegionError,
+        InvalidRetryConfigurationError,
         NoCredentialsError,
         PartialCredentialsError,
         ProfileNotFound,
@@ -61,6 +64,8 @@ _CREDENTIALS_HELP = (
     "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run with an IAM role (a pod's service "
     "account through IRSA, an instance profile)"
 )
+#: What botocore takes in AWS_RETRY_MODE.
+_RETRY_MODES = ("legacy", "standard", "adaptive")
 # Answers that say the credentials themselves are wrong, not that they may not do this.
 _REJECTED = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
              "AuthorizationHeaderMalformed"}
@@ -86,6 +91,24 @@ def retry_settings(session: botocore.session.Session) -> dict[str, Any]:
     return retries
 
 
+def _check_settings() -> None:
+    """One line naming the variable, where ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, ``AWS_MAX_ATTEMPTS`` or
+    ``AWS_RETRY_MODE`` holds what botocore cannot take: it ends in a ValueError of its own for some (``Invalid
+    endpoint: notaurl``), and names none of them."""
+    env = os.environ
+    if env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").strip().lower() != "true":
+        for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            if env.get(name):
+                check_endpoint(name, env[name], "or unset it for AWS's own")
+    attempts = env.get("AWS_MAX_ATTEMPTS", "").strip()
+    if attempts and not (attempts.isascii() and attempts.isdigit() and 0 < int(attempts[:6])):
+        raise InvalidInputError(f"AWS_MAX_ATTEMPTS={attempts[:40]!r}: give the tries of a request in all (the first "
+                                "and its retries), a whole number from 1")
+    mode = env.get("AWS_RETRY_MODE", "").strip()
+    if mode and mode not in _RETRY_MODES:
+        raise InvalidInputError(f"AWS_RETRY_MODE={mode[:40]!r}: use one of {', '.join(_RETRY_MODES)}")
+
+
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
@@ -105,6 +128,7 @@ class S3Storage(ObjectStore):
 
     def __init__(self, bucket: str, prefix: str, *, session: botocore.session.Session | None = None) -> None:
         self._set_root("s3", bucket, prefix)
+        _check_settings()
         try:
             if session is None:
                 # A session of its own reads the environment and profiles as they are now; the service models it
@@ -115,6 +139,16 @@ class S3Storage(ObjectStore):
             credentials = session.get_credentials()
             config = Config(retries=retry_settings(session), max_pool_connections=_POOL)
             self._client = session.create_client("s3", config=config)
+        except InvalidRegionError as exc:
+            where = "AWS_DEFAULT_REGION" if os.environ.get("AWS_DEFAULT_REGION") else "the profile's region"
+            raise InvalidInputError(f"cannot open {self.url}: {str(exc).rstrip('.')}; set {where} to a region such as"
+                                    " us-east-1") from None
+        except InvalidRetryConfigurationError as exc:  # a profile's max_attempts or retry_mode (the variables: above)
+            raise InvalidInputError(f"cannot open {self.url}: {str(exc).rstrip('.')}; check max_attempts and retry_mode"
+                                    " in the profile (~/.aws/config)") from None
+        except ValueError as exc:  # botocore's own: an endpoint_url in the profile it cannot parse, and the like
+            raise InvalidInputError(f"cannot open {self.url}: {without_userinfo(str(exc)).rstrip('.')}; check the"
+                                    " profile's settings (~/.aws/config)") from None
         except ProfileNotFound as exc:
             raise StorageError(f"cannot open {self.url}: {without_userinfo(str(exc))}; set AWS_PROFILE to a profile in "
                                "~/.aws/config") from exc
