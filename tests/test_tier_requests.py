@@ -35,8 +35,9 @@ def through(proxy: S3Faults) -> dict[str, str]:
 
 
 def kinds(log: list[tuple[str, str, int | str]]) -> Counter[str]:
-    """The requests of the proxy's log by kind: ``list`` (a listing page; ``list records`` of jaxcache's records),
-    ``head`` (an object's metadata), ``get`` (an object's bytes; ``get records``), ``put``, ``other``."""
+    """The requests of the proxy's log by kind: ``list`` (a listing page), ``head`` (an object's metadata), ``get`` (an
+    object's bytes), ``put``, ``other``; ``list records``, ``head records``, ``get records`` of jaxcache's own
+    objects (``.jaxcache/``: run records, working-set indexes)."""
     found: Counter[str] = Counter()
     for method, raw, _status in log:
         split = urlsplit(raw)
@@ -47,7 +48,7 @@ def kinds(log: list[tuple[str, str, int | str]]) -> Counter[str]:
             kind = "list" if method == "GET" and ("list-type" in query or "prefix" in query) else "other"
         else:
             kind = {"HEAD": "head", "GET": "get", "PUT": "put", "POST": "put"}.get(method, "other")
-        found[f"{kind} records" if records and kind in ("list", "get") else kind] += 1
+        found[f"{kind} records" if records and kind in ("list", "head", "get") else kind] += 1
     return found
 
 
@@ -76,9 +77,13 @@ def test_a_warm_start_asks_the_root_the_same_whatever_its_size(tmp_path, proxy, 
         assert warm["local"]["dropped"] == 0 and warm["local"]["fetched"] == 0, warm["local"]
         counted.append(kinds(proxy.log))
     small, large = counted
-    assert small["list"] == large["list"] == 1, counted  # one page, which says the root is not small
-    assert small["head"] == large["head"] == len(PROGRAMS), counted  # each copy JAX asks for, checked once
-    assert small["list records"] == large["list records"], counted
+    assert small == large, counted
+    assert small["list"] == 1, counted  # one page, which says the root is not small
+    assert small["head"] == len(PROGRAMS), counted  # each copy JAX asks for, checked once
+    # The working set: the job's index, one GET at start (and at exit process 0's update: a stat, a GET, a PUT
+    # beside its run record's); no listing of records, none of them read.
+    assert small["list records"] == 0 and small["get records"] == 2 and small["head records"] == 1, counted
+    assert small["put"] == 2 and small["get"] == 0, counted
 
 
 def test_copies_no_job_asks_for_leave_the_disk_checked_at_most_once_a_day(tmp_path, proxy, s3_client, s3_bucket):
@@ -104,7 +109,8 @@ def test_copies_no_job_asks_for_leave_the_disk_checked_at_most_once_a_day(tmp_pa
     requests = kinds(proxy.log)
     # affine (JAX asked for it) and the two not checked within a day; grad, checked today, is not asked about.
     assert requests["head"] == 3 and requests["list"] == 1, requests
-    heads = {unquote(urlsplit(path).path).rsplit("/", 1)[1] for method, path, _ in proxy.log if method == "HEAD"}
+    heads = {name for method, path, _ in proxy.log
+             if method == "HEAD" and (name := unquote(urlsplit(path).path).rsplit("/", 1)[1]).endswith("-cache")}
     assert heads == {copies[p] for p in ("jit_affine", "jit_gram", "jit_wave")}, heads
     wave_checked = (local / ".jaxcache" / "origin" / copies["jit_wave"].removesuffix("-cache")).stat().st_mtime
     assert time.time() - wave_checked < 86400  # checked now: not again for a day

@@ -100,7 +100,9 @@ class _Shape(msgspec.Struct):
                           fingerprint=self.fingerprint, runs=self.runs, warmups=self.warmups)
 
 
-class _Builder:
+class Builder:
+    """A set as its sources are read: each key once, where it first came; the first digest a source gives."""
+
     def __init__(self, job: str) -> None:
         self.found = WorkingSet(job=job)
         self._seen: dict[str, None] = {}
@@ -165,7 +167,7 @@ def from_root(storage: Storage, job: str, wanted: Wanted, *, runs: int = DEFAULT
               now: float | None = None) -> WorkingSet:
     """``job``'s working set from the records under ``storage``: its newest ``runs`` matching runs within
     ``days`` days, and its warm-ups' coverage for the same fingerprint."""
-    built = _Builder(records.check_job(job))
+    built = Builder(records.check_job(job))
     taken: list[RunRecord] = []
     now = time.time() if now is None else now
     for record in job_runs(storage, job, days=days, now=now):

@@ -2,10 +2,11 @@
 
 At ``enable_cache`` a daemon thread asks for the set (:mod:`jaxcache.working_set`: the keys the job's recent runs
 with this fingerprint hit or wrote, and its warm-ups' coverage) from the service when the job reports to one (one
-request), else from the root's records, then fetches the keys not already local and checks the copies that are
-(:mod:`jaxcache.client.copy_checks`), a bounded number at a time on daemon threads, through the tier's own checks
-and admission. A lookup of a key whose fetch is under way waits for it (within its deadline); one whose fetch has
-not started takes it over. Keys fetched and never asked for are counted, so the set can be judged.
+request), else from the job's index in the root (one request: :mod:`jaxcache.working_set_index`), then fetches the
+keys not already local and checks the copies that are (:mod:`jaxcache.client.copy_checks`), a bounded number at a
+time on daemon threads, through the tier's own checks and admission. A lookup of a key whose fetch is under way
+waits for it (within its deadline); one whose fetch has not started takes it over. Keys fetched and never asked for
+are counted, so the set can be judged.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_all
 from typing import Any
 
-from jaxcache import entry, working_set
+from jaxcache import entry, working_set_index
 from jaxcache.client.local_tier import PENDING_DIR, LocalTier, Pulled
 from jaxcache.client.reporting import ask_service
 from jaxcache.client.root_calls import RootCalls
@@ -139,17 +140,22 @@ class Prefetcher:
 
 def finder(job: str, wanted: Callable[[], Wanted], calls: RootCalls,
            ask: Callable[[Wanted], WorkingSet] | None) -> Callable[[], WorkingSet]:
-    """How the set is found: the service's answer when it reports to one, else (or when it cannot answer) the
-    root's records (within the tier's deadline)."""
+    """How the set is found: the service's answer when it reports to one, else (or when it cannot answer) the job's
+    index in the root (:mod:`jaxcache.working_set_index`: one request, within the tier's deadline). Without an index
+    (the job's first run, or a root written by older clients only) the set is empty: nothing more is read."""
 
     def find() -> WorkingSet:
         known = wanted()
         if ask is not None:
             try:
                 return ask(known)
-            except Exception as exc:  # noqa: BLE001 - the root's records say the same, only slower
-                log.info("jaxcache: the service could not give this job's working set (%s); reading the root's"
-                         " records", exc)
-        return calls.ask(lambda root: working_set.from_root(root, job, known), what="this job's working set")
+            except Exception as exc:  # noqa: BLE001 - the root's index says the same
+                log.info("jaxcache: the service could not give this job's working set (%s); reading its index in"
+                         " the root", exc)
+        found = calls.ask(lambda root: working_set_index.from_index(root, job, known), what="this job's working set")
+        if found is None:
+            log.debug("jaxcache: no working-set index for job %s in the root: nothing to prefetch", job)
+            return WorkingSet(job=job)
+        return found
 
     return find

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jaxcache.records import RunRecord
+from jaxcache import working_set_index
+from jaxcache.records import JOB, RunRecord
 from jaxcache.storage import Storage, open_storage
 from jaxcache.storage.base import ObjectInfo
 
@@ -90,6 +91,21 @@ class RecordWriter:
             except Exception as exc:  # noqa: BLE001
                 self._warn_once(f"could not write the run record {record.name} under {self._cache_dir}: {exc}")
                 return False
+
+    def index(self, record: RunRecord) -> bool:
+        """Merge process 0's final record of a job's run into the job's working-set index in the root
+        (:mod:`jaxcache.working_set_index`), which the job's next starts read; False, with a warning, when it could
+        not be."""
+        if record.process_index != 0 or record.kind != JOB:
+            return True  # adds nothing (working_set_index.add_run): no warning either
+        try:
+            self._ask(lambda root: working_set_index.add_run(root, record), "an update of the job's working-set index")
+            return True
+        except Exception as exc:  # noqa: BLE001 - a job's exit never fails for it
+            log.warning("jaxcache: could not update job %s's working-set index %s under %s (%s); the job goes on, and"
+                        " its next starts prefetch what the index said before", record.job,
+                        working_set_index.index_name(record.job), self._cache_dir, exc)
+            return False
 
     def _warn_once(self, message: str) -> None:
         if not self._warned:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 import sys
 import time
@@ -12,6 +13,7 @@ from typing import TypedDict
 
 import msgspec
 
+from jaxcache import working_set_index
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, ProgramCoverage, Status, WarmupRecord
 from jaxcache.entry import cache_name
 from jaxcache.errors import JaxcacheError
@@ -23,6 +25,8 @@ from jaxcache.warmup import devices as dev
 from jaxcache.warmup import target as tgt
 from jaxcache.warmup import tpu
 from jaxcache.warmup.context import WarmupContext
+
+log = logging.getLogger("jaxcache.warmup")
 
 
 class _Thresholds(TypedDict):
@@ -170,6 +174,11 @@ def run_warmup(
     )
     if programs and write_coverage and not check:
         storage.write_atomic(result.name, result.to_json())
+        try:  # the job's index, which its starts read in one request: the warmed programs are in its working set
+            working_set_index.add_warmup(storage, result)
+        except Exception as exc:  # noqa: BLE001 - the coverage is written; the job's starts just do not prefetch it
+            log.warning("warmup: could not add this warm-up to job %s's working-set index %s (%s): its starts without"
+                        " a service do not prefetch these programs", config.job, config.cache_dir, exc)
     if failure is not None:
         raise failure
     return result

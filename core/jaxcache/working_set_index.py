@@ -1,0 +1,258 @@
+"""A job's working sets in one small object of the root: what a node's start reads, in one request, where no service
+answers (``<root>/.jaxcache/working-sets/<job>.json``, schema ``jaxcache.working-sets/1``).
+
+:func:`jaxcache.working_set.from_root` finds a job's set from its run records and warm-ups' coverage: a listing per
+day of records and of every warm-up, then the records they name, on every start of every node. Instead, process 0 of
+each run of a job merges what its run hit and wrote into this index at exit, and a warm-up merges its coverage when it
+writes it: read with its version, merged, written only if still that version (``write_atomic(if_version=...)``,
+``create_only`` when absent), read and merged again when another writer came first. A start reads it with one GET
+(:func:`from_index`) and picks as ``from_root`` does: the newest matching runs' hits and writes in order of first use,
+then the warm-ups' keys, for the fingerprint of the newest matching run (:class:`jaxcache.working_set.Wanted`).
+
+Bounded, so that one GET stays small: per fingerprint (the :data:`~jaxcache.working_set.MATCHED` fields) the newest
+:data:`~jaxcache.working_set.DEFAULT_RUNS` runs (all a set takes) and :data:`MAX_WARMUPS` warm-ups, nothing older
+than :data:`~jaxcache.working_set.DEFAULT_DAYS` days (what a set takes), :data:`MAX_GROUPS` fingerprints (a job
+moved across that many jaxlib versions or device layouts within those days), and :data:`MAX_INDEX_BYTES` in all (the
+oldest fingerprints, then the oldest runs and warm-ups, go first; a single run larger than that keeps the keys it
+used first).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import urllib.parse
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import msgspec
+
+from jaxcache import coverage, records
+from jaxcache.errors import InvalidInputError, PreconditionFailedError, TooLargeError
+from jaxcache.records import Fingerprint, Key, RunRecord, Sha256
+from jaxcache.storage.base import Storage
+from jaxcache.working_set import DEFAULT_DAYS, DEFAULT_RUNS, MATCHED, Builder, Wanted, WorkingSet
+
+SCHEMA = "jaxcache.working-sets/1"
+INDEX_PREFIX = f"{records.RECORDS_DIR}/working-sets/"
+MAX_INDEX_BYTES = 8 * 1024 * 1024  # some 50,000 keys with their digests: one GET of a few MB at most
+MAX_GROUPS = 8
+MAX_WARMUPS = 8
+UPDATE_ATTEMPTS = 5  # read-merge-write rounds against other writers of the same job's index
+
+
+class Source(msgspec.Struct, frozen=True, gc=False):
+    """One run (its process 0) or warm-up: its keys that a set takes (a run's hits and writes in order of first use,
+    a warm-up's programs that are there), with the digests its writer recorded."""
+
+    id: records.RunId
+    at: records.Seconds  # when it ended (a run's last record, a warm-up's finish)
+    keys: list[Key] = []
+    sha256: dict[Key, Sha256] = {}
+
+
+class Group(msgspec.Struct, gc=False):
+    """The runs and warm-ups of one fingerprint (its :data:`MATCHED` fields), newest first."""
+
+    fingerprint: Fingerprint  # of the newest run (else warm-up) of the group
+    runs: list[Source] = []
+    warmups: list[Source] = []
+
+    @property
+    def newest_run_at(self) -> float:
+        return max((s.at for s in self.runs), default=-1.0)
+
+    @property
+    def newest_at(self) -> float:
+        return max(self.newest_run_at, max((s.at for s in self.warmups), default=-1.0))
+
+
+class JobIndex(msgspec.Struct, tag_field="schema", tag=SCHEMA):
+    """One job's index. Its ``schema`` field (``jaxcache.working-sets/1``) is the struct's tag."""
+
+    job: Annotated[str, msgspec.Meta(pattern=r"^[^\x00-\x1f/\\]{1,200}$")]
+    groups: list[Group] = []
+
+
+def index_name(job: str) -> str:
+    """The index's object name under the root: the job's name percent-encoded (any job name is one object name)."""
+    return f"{INDEX_PREFIX}{urllib.parse.quote(records.check_job(job), safe='')}.json"
+
+
+def parse(data: bytes) -> JobIndex:
+    """An index as stored; :class:`InvalidInputError` says what is wrong."""
+    found: JobIndex = records.decode(data, JobIndex, "working-set index", MAX_INDEX_BYTES)
+    return found
+
+
+def read_index(storage: Storage, job: str) -> JobIndex | None:
+    """The job's index (one read of at most :data:`MAX_INDEX_BYTES`), None where there is none; raises
+    :class:`InvalidInputError` for one that is not an index (or not this job's)."""
+    try:
+        data = storage.read_bounded(index_name(job), MAX_INDEX_BYTES)
+    except TooLargeError as exc:
+        raise InvalidInputError(f"{index_name(job)} in {storage.url} is {exc}: not a working-set index") from None
+    if data is None:
+        return None
+    index = parse(data)
+    if index.job != job:
+        raise InvalidInputError(f"{index_name(job)} in {storage.url} is the index of job {index.job!r}")
+    return index
+
+
+def from_index(storage: Storage, job: str, wanted: Wanted, *, runs: int = DEFAULT_RUNS, days: int = DEFAULT_DAYS,
+               now: float | None = None) -> WorkingSet | None:
+    """``job``'s working set from its index (one request), chosen as :func:`jaxcache.working_set.from_root` chooses
+    from the records; None where the root holds no index for the job."""
+    index = read_index(storage, job)
+    if index is None:
+        return None
+    return choose(index, wanted, runs=runs, days=days, now=now)
+
+
+def choose(index: JobIndex, wanted: Wanted, *, runs: int = DEFAULT_RUNS, days: int = DEFAULT_DAYS,
+           now: float | None = None) -> WorkingSet:
+    """The set of ``index``: the fingerprint of the newest run matching ``wanted`` (else of the newest warm-up), its
+    newest ``runs`` runs' keys in order, then its warm-ups', all within ``days`` days."""
+    since = (time.time() if now is None else now) - days * 86400.0
+    fresh = [_within(g, since) for g in index.groups if wanted.matches(g.fingerprint)]
+    fresh = [g for g in fresh if g.runs or g.warmups]
+    built = Builder(index.job)
+    if not fresh:
+        return built.done()
+    with_runs = [g for g in fresh if g.runs]
+    group = max(with_runs, key=lambda g: g.newest_run_at) if with_runs else max(fresh, key=lambda g: g.newest_at)
+    built.found.fingerprint = group.fingerprint
+    for run in group.runs[:runs]:
+        built.found.runs.append(run.id)
+        for key in run.keys:
+            built.add(key, run.sha256.get(key))
+    for warm in group.warmups:
+        built.found.warmups.append(warm.id)
+        for key in warm.keys:
+            built.add(key, warm.sha256.get(key))
+    return built.done()
+
+
+def _within(group: Group, since: float) -> Group:
+    return Group(group.fingerprint, [s for s in group.runs if s.at >= since],
+                 [s for s in group.warmups if s.at >= since])
+
+
+# -- updates -------------------------------------------------------------------------------------------------------
+
+
+def run_source(record: RunRecord) -> Source:
+    """What a run record adds: its hits and writes, in order of first use (keys only compiled are left out)."""
+    used = [u for u in sorted(record.keys, key=lambda u: u.first_at) if u.event != records.COMPILED]
+    return Source(record.run_id, record.updated_at, [u.key for u in used],
+                  {u.key: u.sha256 for u in used if u.sha256 is not None})
+
+
+def warmup_source(record: coverage.WarmupRecord) -> Source:
+    """What a warm-up's coverage adds: the programs it found or put there."""
+    there = [p for p in record.programs if p.status != coverage.NOT_WRITTEN]
+    return Source(record.id, record.finished_at, [p.key for p in there],
+                  {p.key: p.sha256 for p in there if p.sha256 is not None})
+
+
+def with_source(index: JobIndex, fingerprint: Fingerprint, source: Source, *, warmup: bool,
+                now: float | None = None) -> JobIndex:
+    """``index`` with ``source`` (a run's, or a warm-up's) in its fingerprint's group, and bounded (see the module)."""
+    since = (time.time() if now is None else now) - DEFAULT_DAYS * 86400.0
+    groups = [_within(g, since) for g in index.groups]
+    group = next((g for g in groups if _matched(g.fingerprint) == _matched(fingerprint)), None)
+    if group is None:
+        group = Group(fingerprint)
+        groups.append(group)
+    if warmup:
+        group.warmups = _newest([source, *(s for s in group.warmups if s.id != source.id)], MAX_WARMUPS)
+    else:
+        group.runs = _newest([source, *(s for s in group.runs if s.id != source.id)], DEFAULT_RUNS)
+    # The group's fingerprint is its newest run's (a warm-up's only while it has no run), as a set reports it.
+    if (group.runs[:1] == [source]) if not warmup else (not group.runs and group.warmups[:1] == [source]):
+        group.fingerprint = fingerprint
+    groups = [g for g in groups if g.runs or g.warmups]
+    groups.sort(key=lambda g: g.newest_at, reverse=True)
+    return _bounded(JobIndex(index.job, groups[:MAX_GROUPS]))
+
+
+def _matched(fingerprint: Fingerprint) -> tuple[Any, ...]:
+    return tuple(getattr(fingerprint, f) for f in MATCHED)
+
+
+def _newest(sources: list[Source], most: int) -> list[Source]:
+    return sorted(sources, key=lambda s: s.at, reverse=True)[:most]
+
+
+def _bounded(index: JobIndex) -> JobIndex:
+    """``index`` within :data:`MAX_INDEX_BYTES`: the oldest groups go, then the oldest sources of what is left, and
+    last the latest keys of the one source left."""
+    while len(encode(index)) > MAX_INDEX_BYTES:
+        if len(index.groups) > 1:
+            index.groups.pop()
+            continue
+        (group,) = index.groups
+        sources = group.runs + group.warmups
+        if len(sources) > 1:
+            oldest = min(sources, key=lambda s: s.at)
+            group.runs = [s for s in group.runs if s is not oldest]
+            group.warmups = [s for s in group.warmups if s is not oldest]
+            continue
+        (only,) = sources
+        keys = only.keys[: len(only.keys) * 3 // 4]
+        kept = set(keys)
+        trimmed = Source(only.id, only.at, keys, {k: v for k, v in only.sha256.items() if k in kept})
+        group.runs, group.warmups = ([trimmed], []) if group.runs else ([], [trimmed])
+    return index
+
+
+def encode(index: JobIndex) -> bytes:
+    """As stored."""
+    return msgspec.json.encode(index)
+
+
+def update(storage: Storage, job: str, change: Callable[[JobIndex], JobIndex], *,
+           attempts: int = UPDATE_ATTEMPTS) -> None:
+    """Apply ``change`` to the job's index in the root, losing no other writer's update: read with its version
+    (a stat, then at most :data:`MAX_INDEX_BYTES`), change, written only if still that version (created where there
+    was none); read and changed again when another writer came first. An object there that is not an index is
+    replaced. Raises :class:`PreconditionFailedError` after ``attempts`` rounds lost, and storage's errors."""
+    name = index_name(job)
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(random.uniform(0, 0.1 * 2**attempt))  # writers that collided spread out
+        info = storage.stat(name)
+        current = JobIndex(job)
+        if info is not None:
+            try:
+                data = storage.read_bounded(name, MAX_INDEX_BYTES, listed_bytes=info.size_bytes)
+                found = None if data is None else parse(data)
+                if found is not None and found.job == job:
+                    current = found
+            except (InvalidInputError, TooLargeError):
+                pass  # not an index of this job's: this write replaces it
+        try:
+            if info is None:
+                storage.write_atomic(name, encode(change(current)), create_only=True)
+            else:
+                storage.write_atomic(name, encode(change(current)), if_version=storage.version_token(info))
+            return
+        except PreconditionFailedError:
+            continue
+    raise PreconditionFailedError(f"{name} in {storage.url} kept changing under {attempts} updates")
+
+
+def add_run(storage: Storage, record: RunRecord) -> None:
+    """Merge process 0's final record of a job's run into the job's index (see :func:`update`). The records of other
+    processes (SPMD processes compile the same programs) and of warm-ups' own runs add nothing, and ask nothing."""
+    if record.process_index != 0 or record.kind != records.JOB:
+        return
+    source = run_source(record)
+    update(storage, record.job, lambda index: with_source(index, record.fingerprint, source, warmup=False))
+
+
+def add_warmup(storage: Storage, record: coverage.WarmupRecord) -> None:
+    """Merge a warm-up's coverage into the index of the job it warmed (see :func:`update`)."""
+    source = warmup_source(record)
+    update(storage, record.job, lambda index: with_source(index, record.fingerprint, source, warmup=True))
