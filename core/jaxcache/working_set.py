@@ -1,7 +1,9 @@
 """A job's working set: the cache keys it is about to need, read from what its recent runs and warm-ups recorded.
 
 The node-local tier prefetches it before JAX asks (``jaxcache.client``), and ``jaxcache bundle export`` carries it
-as one archive. The set comes from the root's records here; the service answers the same set from its catalog.
+as one archive. The set comes from the root's records here; the service answers the same set from its catalog, and
+a job's starts read it from the job's index in the root (:mod:`jaxcache.working_set_index`, one request), which
+chooses the same way.
 
 Which runs count: the job's newest process-0 records (jobs, not warm-ups) whose fingerprint matches what the
 process knows of itself (jaxlib, backend, device kind and count). A field not known yet (the backend starts at the
