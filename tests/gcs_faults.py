@@ -5,7 +5,8 @@ Everything is forwarded to the emulator unchanged unless a test asked otherwise 
 emulator do the rest.
 Clients created after STORAGE_EMULATOR_HOST names :attr:`GcsFaults.url` (subprocesses too) go through it.
 ``delay_s`` adds that much latency to every request (each on its own thread, so concurrent requests overlap);
-bench/start.py uses it as a network round trip.
+bench/start.py uses it as a network round trip. :meth:`GcsFaults.throttle` answers 503 past a rate, as a store's
+request-rate limit does (bench/fleet_start.py's fleet).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -58,6 +60,8 @@ class GcsFaults:
         #: The most requests that were in ``delay_s`` at once (concurrent requests overlap, they do not queue).
         self.most_delayed_at_once = 0
         self._delayed = 0
+        self._rate: float | None = None  # throttle(): requests forwarded per second, at most
+        self._forwarded: deque[float] = deque()  # time.monotonic() of those forwarded in the last second
         self._server = _Server(self)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="gcs-faults", daemon=True)
@@ -77,6 +81,13 @@ class GcsFaults:
         fault = _Fault(status, 1 << 62, method, re.compile(path) if path else None,
                        until=time.monotonic() + seconds)
         self._add(fault)
+
+    def throttle(self, per_s: float | None) -> None:
+        """From now on answer 503 (the store's way, as :meth:`fail`) to every request that arrives when ``per_s``
+        were already let through in the last second, without forwarding it; None: let everything through again."""
+        with self._lock:
+            self._rate = per_s
+            self._forwarded.clear()
 
     def tear(self, count: int = 1, *, method: str | None = None, path: str | None = None) -> None:
         """Forward the next ``count`` matching requests, then send the whole answer's headers (its full length)
@@ -134,6 +145,18 @@ class GcsFaults:
             with self._lock:
                 self._delayed -= 1
 
+    def _over_rate(self) -> bool:
+        with self._lock:
+            if self._rate is None:
+                return False
+            now = time.monotonic()
+            while self._forwarded and now - self._forwarded[0] >= 1.0:
+                self._forwarded.popleft()
+            if len(self._forwarded) >= self._rate:
+                return True
+            self._forwarded.append(now)
+            return False
+
     def _add(self, fault: _Fault) -> None:
         with self._lock:
             self._faults.append(fault)
@@ -179,6 +202,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_error(501, "the fault proxy does not read chunked request bodies")
             return
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if faults._over_rate():
+            faults._record(self.command, self.path, 503, arrived)
+            self._answer(503, *faults.error_answer(503))
+            return
         if faults.delay_s:
             faults._delay()
         fault = faults._take(self.command, self.path, body)
