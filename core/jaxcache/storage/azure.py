@@ -36,6 +36,7 @@ from jaxcache.storage.base import (
     check_prefix,
     env_seconds,
     etag_token,
+    store_timeout_s,
     without_userinfo,
 )
 
@@ -63,6 +64,9 @@ ACCOUNT_ENV = "AZURE_STORAGE_ACCOUNT_NAME"
 #: ServerBusy is its throttling) or whose answer was lost: retry n waits this plus 3^n seconds. Unset: the library's
 #: own policy (15 s, so 18 s, 24 s, 42 s, each give or take 3 s).
 RETRY_DELAY_ENV = "JAXCACHE_AZURE_RETRY_DELAY_S"
+#: How many times that policy tries a request again (retry_total), as AWS_MAX_ATTEMPTS bounds botocore's tries and
+#: JAXCACHE_GCS_RETRY_DEADLINE_S google-cloud-storage's. Unset: the library's 3, which wait 42-84 s in all.
+RETRIES_ENV = "JAXCACHE_AZURE_RETRIES"
 #: A storage account's name, as Azure allows it (and it becomes a host name).
 _ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
 _PAGE = 5000  # the most one listing request returns
@@ -82,19 +86,26 @@ _OCTETS = ContentSettings(content_type="application/octet-stream")
 
 
 def retry_policy() -> ExponentialRetry | None:
-    """azure-storage-blob's ExponentialRetry with its initial backoff from :data:`RETRY_DELAY_ENV`; None (the
-    library's own) where that is unset."""
+    """azure-storage-blob's ExponentialRetry with its initial backoff from :data:`RETRY_DELAY_ENV` and its retries
+    from :data:`RETRIES_ENV`; None (the library's own) where neither is set."""
     delay = env_seconds(RETRY_DELAY_ENV, "added to each wait before a retry", 60)
-    if delay is None:
-        return None
-    # The library types its seconds as int; it computes with floats.
-    return ExponentialRetry(initial_backoff=delay, random_jitter_range=min(3, delay))  # type: ignore[arg-type]
+    text = os.environ.get(RETRIES_ENV, "").strip()
+    if text and not (text.isascii() and text.isdigit() and int(text[:3]) <= 10):
+        raise InvalidInputError(f"{RETRIES_ENV}={text[:40]!r}: give how many times a request is tried again, 0 to 10")
+    settings: dict[str, Any] = {}
+    if delay is not None:  # the library types its seconds as int; it computes with floats
+        settings.update(initial_backoff=delay, random_jitter_range=min(3, delay))
+    if text:
+        settings["retry_total"] = int(text)
+    return ExponentialRetry(**settings) if settings else None
 
 
 def _transport() -> RequestsTransport:
     """azure-core's transport, its connection pools as large as :attr:`AzureStorage.io_workers` needs (requests'
-    default of 10 discards the connections of the threads past it, with a warning each)."""
-    transport = RequestsTransport()
+    default of 10 discards the connections of the threads past it, with a warning each), its timeouts
+    :func:`store_timeout_s` (a transport handed to the client keeps azure-core's 300 s, not the client's own)."""
+    timeout = store_timeout_s()
+    transport = RequestsTransport(connection_timeout=timeout, read_timeout=timeout)
     transport.open()  # azure-core sets up its session and adapters (no urllib3 retries of their own)
     for adapter in transport.session.adapters.values():
         adapter.init_poolmanager(_POOL, _POOL)

@@ -120,6 +120,26 @@ def env_seconds(name: str, what: str, most: float) -> float | None:
     return seconds
 
 
+#: Seconds a request to a store waits to connect, and then for each next bytes of its answer: one setting for both,
+#: for every request of every store, through each library's own (botocore's Config, azure-core's transport,
+#: google-cloud-storage's ``timeout`` of each call). Each library's retry policy then tries again as for a dropped
+#: connection.
+STORE_TIMEOUT_ENV = "JAXCACHE_STORE_TIMEOUT_S"
+#: The libraries' own are 60 s (botocore, google-cloud-storage) and 300 s (azure-core), which, times their tries,
+#: held a job on a store that stopped answering for minutes. A read timeout bounds the wait between bytes, not a whole
+#: object, and what a store sends first comes within a second or two: a listing page (1,000 objects on S3 and GCS,
+#: 5,000 on Azure) answers in well under a second on a real store even for a large root, and a store that throttles
+#: answers at once (503 SlowDown, 429, 503 ServerBusy; the libraries retry those). 20 s without a byte is a store, or
+#: a path to it, that stopped; it leaves ten times the slowest first byte seen on a loaded store.
+DEFAULT_STORE_TIMEOUT_S = 20.0
+
+
+def store_timeout_s() -> float:
+    """The connect and read timeout of every request to a store (:data:`STORE_TIMEOUT_ENV`, else the default)."""
+    seconds = env_seconds(STORE_TIMEOUT_ENV, "a request to a store waits to connect, and for each next bytes", 600)
+    return DEFAULT_STORE_TIMEOUT_S if seconds is None else seconds
+
+
 def names_gone(previous: Mapping[str, Stat], changed: Mapping[str, Stat], seen: int, storage: Storage) -> set[str]:
     """The names of ``previous`` that a listing which saw ``seen`` of them no longer has. All seen: none (the
     common case, decided by a count); otherwise the root is listed again to find which."""

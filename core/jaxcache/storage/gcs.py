@@ -26,6 +26,7 @@ from jaxcache.storage.base import (
     check_endpoint,
     check_prefix,
     env_seconds,
+    store_timeout_s,
     without_userinfo,
 )
 
@@ -85,6 +86,9 @@ class GcsStorage(ObjectStore):
 
     def __init__(self, bucket: str, prefix: str, *, client: gcs.Client | None = None) -> None:
         self._retry = retry_policy()
+        # (connect, read) of every request, listings' pages included: the library's own is 60 s each.
+        timeout = store_timeout_s()
+        self._timeout = (timeout, timeout)
         self._set_root("gs", bucket, prefix)
         if emulator := os.environ.get(EMULATOR_ENV):  # the library takes it as it is: "host:port" fails each request
             check_endpoint(EMULATOR_ENV, emulator, "or unset it for Cloud Storage itself")
@@ -149,7 +153,8 @@ class GcsStorage(ObjectStore):
         full = self._base + prefix
         with self._translate("list", prefix or "."):
             pages = self._client.list_blobs(
-                self._bucket, prefix=full, delimiter=None if recursive else "/", retry=self._retry
+                self._bucket, prefix=full, delimiter=None if recursive else "/", retry=self._retry,
+                timeout=self._timeout,
             )
             try:
                 for blob in pages:
@@ -162,7 +167,8 @@ class GcsStorage(ObjectStore):
         out: list[Listed] = []
         with self._translate("list", "."):
             pages = self._client.list_blobs(
-                self._bucket, prefix=self._base, delimiter="/", fields=_LIST_FIELDS, retry=self._retry
+                self._bucket, prefix=self._base, delimiter="/", fields=_LIST_FIELDS, retry=self._retry,
+                timeout=self._timeout,
             )
             try:
                 for blob in pages:
@@ -177,7 +183,7 @@ class GcsStorage(ObjectStore):
 
     def stat(self, name: str) -> ObjectInfo | None:
         with self._translate("stat", name):
-            blob = self._bucket.get_blob(self._key(name), retry=self._retry)
+            blob = self._bucket.get_blob(self._key(name), retry=self._retry, timeout=self._timeout)
         return None if blob is None else self._info(blob)
 
     def read_range(self, name: str, offset: int, length: int) -> bytes | None:
@@ -188,7 +194,8 @@ class GcsStorage(ObjectStore):
         with self._translate("read", name):
             try:
                 data: bytes = blob.download_as_bytes(
-                    start=offset, end=offset + length - 1, checksum=None, retry=self._retry, raw_download=True
+                    start=offset, end=offset + length - 1, checksum=None, retry=self._retry, timeout=self._timeout,
+                    raw_download=True,
                 )
             except gexc.NotFound:
                 return None
@@ -202,7 +209,7 @@ class GcsStorage(ObjectStore):
         self.reads += 1
         with self._translate("read", name):
             try:
-                data: bytes = blob.download_as_bytes(retry=self._retry, raw_download=True)
+                data: bytes = blob.download_as_bytes(retry=self._retry, timeout=self._timeout, raw_download=True)
             except gexc.NotFound:
                 return None
         self._as_stored(name, blob.content_encoding)
@@ -215,7 +222,7 @@ class GcsStorage(ObjectStore):
         self.reads += 1
         with self._translate("read", name):
             try:
-                data: bytes = blob.download_as_bytes(retry=self._retry, raw_download=True)
+                data: bytes = blob.download_as_bytes(retry=self._retry, timeout=self._timeout, raw_download=True)
             except gexc.NotFound:
                 return None
         self._as_stored(name, blob.content_encoding)
@@ -223,7 +230,7 @@ class GcsStorage(ObjectStore):
 
     def read_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes] | None:
         with self._translate("read", name):
-            blob = self._bucket.get_blob(self._key(name), retry=self._retry)
+            blob = self._bucket.get_blob(self._key(name), retry=self._retry, timeout=self._timeout)
         if blob is None:
             return None
         self._as_stored(name, blob.content_encoding)
@@ -238,7 +245,7 @@ class GcsStorage(ObjectStore):
             with self._translate("read", name):
                 try:
                     chunk: bytes = blob.download_as_bytes(start=start, end=end, checksum=None, retry=self._retry,
-                                                          raw_download=True)
+                                                          timeout=self._timeout, raw_download=True)
                 except gexc.NotFound:
                     raise self._replaced(name) from None
             yield chunk
@@ -249,7 +256,7 @@ class GcsStorage(ObjectStore):
         if_generation = None if if_version is None else self._generation(name, if_version)
         with self._translate("delete", name):
             try:
-                blob.delete(if_generation_match=if_generation, retry=self._retry)
+                blob.delete(if_generation_match=if_generation, retry=self._retry, timeout=self._timeout)
             except gexc.NotFound:
                 return False
         return True
@@ -272,7 +279,7 @@ class GcsStorage(ObjectStore):
                     data,
                     content_type="application/octet-stream",
                     if_generation_match=if_generation,
-                    retry=self._retry,
+                    retry=self._retry, timeout=self._timeout,
                 )
             except gexc.PreconditionFailed:
                 # The library retries an upload whose response was lost; when that attempt had created the object,

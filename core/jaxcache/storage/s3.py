@@ -34,6 +34,7 @@ from jaxcache.storage.base import (
     check_endpoint,
     check_prefix,
     etag_token,
+    store_timeout_s,
     without_userinfo,
 )
 
@@ -137,7 +138,9 @@ class S3Storage(ObjectStore):
                 session.register_component("data_loader", _models())
             # Resolved once, here: a root without credentials is one clear error when it is opened, as on gs://.
             credentials = session.get_credentials()
-            config = Config(retries=retry_settings(session), max_pool_connections=_POOL)
+            timeout = store_timeout_s()
+            config = Config(retries=retry_settings(session), max_pool_connections=_POOL, connect_timeout=timeout,
+                            read_timeout=timeout)
             self._client = session.create_client("s3", config=config)
         except InvalidRegionError as exc:
             where = "AWS_DEFAULT_REGION" if os.environ.get("AWS_DEFAULT_REGION") else "the profile's region"
