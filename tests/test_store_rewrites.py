@@ -126,3 +126,20 @@ def test_the_service_skips_and_names_encoded_objects(planted, tmp_path, monkeypa
         [problem] = [p for p in summary["problems"] if p["signature"]]
         assert problem["key"] == beside and any("Content-Encoding 'gzip'" in r for r in problem["reasons"]), problem
 
+
+
+def test_explain_goes_past_an_encoded_entry_of_the_function_it_explains(store_root, bomb, capsys):
+    """explain reads the first bytes of a missed function's other entries (their compression): an encoded one is
+    passed over (named in what the storage skipped), not the end of the command."""
+    import time
+
+    from reports_support import run, write
+
+    now = time.time()
+    old, new = f"jit_step-{'1' * 64}", f"jit_step-{'2' * 64}"
+    raw_put(store_root, f"{old}-cache", bomb, content_encoding="gzip")
+    record = run("train", "r1", [write(new, 3.5, now + 60)], at=now + 60)
+    open_storage(store_root).write_atomic(record.name, record.to_json())
+    assert main(["explain", store_root, "--json"]) == 0
+    [miss] = json.loads(capsys.readouterr().out)["misses"]
+    assert miss["key"] == new, miss

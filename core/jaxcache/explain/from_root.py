@@ -96,7 +96,10 @@ class RootHistory:
         out = []
         for key in self._of_module.get(function, [])[:3]:
             info = self._entries[key]
-            head = self._storage.read_range(info.name, 0, 8) or b""
+            try:
+                head = self._storage.read_range(info.name, 0, 8) or b""
+            except NotRegularFileError:
+                continue  # not a regular file, or stored with a Content-Encoding: skipped (counted in storage.skipped)
             out.append(EntryNow(key, info.mtime_s, compression=LIBRARY.get(fmt.sniff_compression(head))))
         return out
 
