@@ -111,6 +111,24 @@ def test_a_store_without_conditional_deletes_is_checked_just_before(faults, s3_b
     assert ["IfMatch" in p for p in events["DeleteObject"]] == [True, False, False]
 
 
+def test_a_store_without_conditional_writes_is_checked_just_before(faults, s3_bucket):
+    """An S3-compatible store that answers If-Match on PutObject with 501: a conditional replace goes on without it
+    once a HEAD just before saw the version read, later ones no longer send it, and a stale version is still
+    refused (by that HEAD)."""
+    events: dict[str, list] = {}
+    storage = S3Storage(s3_bucket, "c", session=_watched(events))
+    storage.write_atomic("index", b"one")
+    first = storage.version_token(storage.stat("index"))
+    faults.fail(1, 501, method="PUT")
+    storage.write_atomic("index", b"two", if_version=first)
+    assert storage.read("index") == b"two"
+    with pytest.raises(PreconditionFailedError):
+        storage.write_atomic("index", b"three", if_version=first)
+    storage.write_atomic("index", b"three", if_version=storage.version_token(storage.stat("index")))
+    assert storage.read("index") == b"three"
+    assert ["IfMatch" in p for p in events["PutObject"]] == [False, True, False, False]
+
+
 def test_a_signature_object_is_read_with_one_bounded_ranged_get(s3_bucket):
     """A `-sig` object is read up to signing.MAX_SIG_BYTES + 1, however large it is: one GET with a Range."""
     events: dict[str, list] = {}
