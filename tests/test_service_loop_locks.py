@@ -15,9 +15,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from conftest import settled
+from jaxcache.errors import UnreachableError
 from jaxcache.service.app import create_app
+from jaxcache.service.background import Loops
 from jaxcache.service.catalog.coordination import ClusterLocks, LoopStatuses
 from jaxcache.service.catalog.database import Catalog
+from jaxcache.service.metrics import Metrics
 from reports_support import hit, keys_of, run
 from test_service import H_ADMIN, H_READ, REPORT, make_settings
 
@@ -101,6 +104,45 @@ def test_a_pass_starting_in_another_process_keeps_the_last_success_and_error_sho
         assert (shown["last_error"], shown["last_error_s"]) == ("root gone", 90.0)
     finally:
         catalog.dispose()
+
+
+def test_a_pass_starting_in_another_process_keeps_its_loop_shown_failing(tmp_path, db):
+    """#71: with two workers, each one's rescan pass published the loop as that worker last saw it (no failure of its
+    own: "ok") while every round failed on a root that did not answer. A pass shows the last round's outcome, any
+    process's, until it ends; the failed rounds in a row count across processes."""
+    settings = make_settings(tmp_path, {"demo": str(tmp_path)}, db=db)
+    catalogs = [Catalog(db), Catalog(db)]  # two processes': each its own engine and locks
+    mine, other = (Loops(Metrics(["demo"]), catalog, settings) for catalog in catalogs)
+    running, finish = threading.Event(), threading.Event()
+
+    def unreachable() -> list[tuple[str, Exception]]:
+        return [("demo", UnreachableError("s3://bucket/cache at http://10.0.0.9:9000 did not answer within 20 s"))]
+
+    def hanging() -> list[tuple[str, Exception]]:
+        running.set()
+        finish.wait(PATIENCE_S)
+        return unreachable()
+
+    try:
+        mine.one_round("rescan", 300, unreachable, failures=lambda failed: failed)
+        passing = threading.Thread(target=other.one_round, args=("rescan", 300, hanging),
+                                   kwargs={"failures": lambda failed: failed})
+        passing.start()
+        assert running.wait(PATIENCE_S)
+        for loops in (mine, other):  # what any process's /readyz shows while the other's pass runs
+            shown = loops.shared()["rescan"]
+            assert (shown.health(time.time()), shown.failed_caches, shown.failures) == ("failing", ("demo",), 1)
+            assert shown.running_since_s is not None and "did not answer" in (shown.last_error or "")
+        finish.set()
+        passing.join(PATIENCE_S)
+        assert mine.shared()["rescan"].failures == 2  # rounds failed in a row, whichever process ran them
+        mine.one_round("rescan", 300, list, failures=lambda failed: failed)
+        shown = other.shared()["rescan"]
+        assert (shown.health(time.time()), shown.failures, shown.failed_caches) == ("ok", 0, ())
+    finally:
+        finish.set()
+        for catalog in catalogs:
+            catalog.dispose()
 
 
 def test_on_sqlite_a_status_is_published_while_another_process_holds_the_catalogs_write_lock(tmp_path):

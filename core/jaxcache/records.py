@@ -149,7 +149,7 @@ class LocalTierCounts(msgspec.Struct, gc=False):
     uploaded_s: Seconds = 0.0
     upload_failed: Count = 0  # uploads that failed: the entry stays local, and is tried again at the next start
     upload_pending: Count = 0  # uploads not finished when the process exited (tried again at the next start)
-    dropped: Count = 0  # local copies removed at start: gone from the root, or judged bad
+    dropped: Count = 0  # local copies removed: gone from the root or replaced there (found at their check), or bad
     evicted: Count = 0  # local copies the client evicted to stay under the size cap
     # Resumed uploads refused: the local file is not the bytes JAX put (the digest kept with the pending mark).
     upload_refused: Count = 0

@@ -61,16 +61,20 @@ class CopyChecks:
         self._lock = threading.Lock()
         self._vouched: set[str] = set()
         self._under_way: dict[str, Future[Verdict]] = {}
-        #: Set once the start's listing ended, whether or not it vouched for the copies (or when none was made).
+        #: Clear while the start's listing is to come or under way (:meth:`note_copies`, :meth:`list_small`).
         self.listed = threading.Event()
+        self.listed.set()
         # The copies here at start, which the start's listing and the sweep check: what this process wrote or
         # admitted since is the root's object, or JAX's own write the root kept another's for (dropped next start).
         self.copies: frozenset[str] = frozenset()
 
     def note_copies(self) -> None:
-        """Take the copies here now as the ones the start's work is about (before JAX reads or writes here)."""
+        """Take the copies here now as the ones the start's work is about (before JAX reads or writes here); where
+        there are some, checks wait for :meth:`list_small` (within their deadline) from now on."""
         self.copies = frozenset(n.removesuffix("-cache") for n in os.listdir(self._tier.directory)
                                 if n.endswith("-cache"))
+        if self.copies:
+            self.listed.clear()
 
     def vouch(self, key: str) -> None:
         """``key``'s copy is the root's current object: admitted from it or uploaded to it by this process."""

@@ -54,6 +54,7 @@ def create_app(settings: ServiceSettings | None = None, *, prepared: bool = Fals
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.reach.look_all()  # in the background: readiness and pages say what it finds
         if settings.role == "api":  # another process (--role loops) runs them
             loops: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
         else:  # each of its passes claimed by a lock: see background.py

@@ -115,6 +115,15 @@ class LoopStatus:
         return since is not None and self.stuck_after_s is not None and now - since > self.stuck_after_s
 
 
+#: What says how a loop's last round ended (as opposed to the pass running now).
+_OUTCOME = ("last_success_s", "last_error", "last_error_s", "failures", "failed_caches")
+
+
+def _ended_s(status: LoopStatus) -> float:
+    """When the round whose outcome ``status`` shows ended."""
+    return max(status.last_success_s or 0.0, status.last_error_s or 0.0)
+
+
 def stuck_after(period_s: float, setting: float | None) -> float:
     """How long a pass of a loop run every ``period_s`` may take before it is stuck (``JAXCACHE_STUCK_AFTER_S``)."""
     return setting if setting is not None else max(STUCK_PERIODS * period_s, STUCK_MIN_S)
@@ -143,24 +152,48 @@ class Loops:
     def one_round(self, loop: str, period_s: float, one_pass: Callable[[], T],
                   failures: Callable[[T], Failures] = lambda _: []) -> T | None:
         """``one_pass()`` if this process claims the loop's lock, else None; shown running (or stuck) until it
-        returns, and how it ended noted once the lock is released."""
+        returns, with the outcome of the loop's last round (any process's), and how it ended noted before the lock
+        is released."""
         lock = self.catalog.locks.get(f"loop:{loop}")
         try:
             if not lock.acquire(blocking=False):
                 return None
-            try:
-                self._thread.loop = loop
-                self._step(loop, at_once=True, running_since_s=time.time(), **_IDLE,
-                           stuck_after_s=stuck_after(period_s, self.settings.stuck_after_s))
-                result = one_pass()
-            finally:
-                self._thread.loop = None
-                lock.release()
         except Exception as exc:
             self._ended(loop, [("", exc)])
             raise
-        self._ended(loop, failures(result))
-        return result
+        try:
+            self._thread.loop = loop
+            # The last round may have been another process's: its outcome stays shown while this pass runs (a pass
+            # published as this process last saw the loop said "ok" while every other process's rounds failed).
+            self._adopt(loop)
+            self._step(loop, at_once=True, running_since_s=time.time(), **_IDLE,
+                       stuck_after_s=stuck_after(period_s, self.settings.stuck_after_s))
+            try:
+                result = one_pass()
+            except Exception as exc:
+                self._ended(loop, [("", exc)])
+                raise
+            # Noted before the lock is released, so that the next process to claim it adopts this outcome.
+            self._ended(loop, failures(result))
+            return result
+        finally:
+            self._thread.loop = None
+            lock.release()
+
+    def _adopt(self, loop: str) -> None:
+        """Take the loop's last outcome (successes, errors, failed rounds in a row, failing caches) from what was
+        published, where another process's round ended after this process's last one."""
+        try:
+            published = self._statuses.read().get(loop)
+        except Exception:  # noqa: BLE001 - the catalog is away: this process's own view, and this round says more
+            return
+        if not published:
+            return
+        theirs = LoopStatus.from_dict(published)
+        with self._lock:
+            mine = self._loops.get(loop, LoopStatus())
+            if _ended_s(theirs) > _ended_s(mine):
+                self._loops[loop] = replace(mine, **{name: getattr(theirs, name) for name in _OUTCOME})
 
     def _ended(self, loop: str, failed: Failures) -> None:
         """Note a round that ended: a success, or each failure (one cache's part, ``where``, or the round's), the
@@ -168,8 +201,10 @@ class Loops:
         now, outage = time.time(), self._outages[loop]
         said = [f"{where}: {describe(exc)}" if where else describe(exc) for where, exc in failed]
         firsts = [outage.failed(f"{where}:{type(exc).__name__}") for where, exc in failed]
-        if failed:
-            outcome = {"last_error": said[-1][:2000], "last_error_s": now, "failures": outage.failures,
+        if failed:  # rounds failed in a row, whichever process ran them (each adopts the last outcome: _adopt)
+            with self._lock:
+                before_failures = self._loops.get(loop, LoopStatus()).failures
+            outcome = {"last_error": said[-1][:2000], "last_error_s": now, "failures": before_failures + 1,
                        "failed_caches": tuple(sorted({where for where, _ in failed if where}))}
         else:
             outcome = {"last_success_s": now, "failures": 0, "failed_caches": ()}

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 
-from jaxcache.errors import JaxcacheError
 from jaxcache.service.background import export_health
+from jaxcache.service.reachability import Reach
 from jaxcache.service.state import State
 from jaxcache.service.web.deps import state_of
 from jaxcache.service.web.fields import Health, LoopModel, Readiness
@@ -24,10 +26,25 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Readiness, operation_id="readyz",
-            responses={503: {"model": Readiness, "description": "not ready"}})
+class RootModel(BaseModel):
+    """A cache's root as this process last looked at it (within JAXCACHE_REACH_S; again when asked, 10 s on)."""
+
+    reachable: bool | None = Field(description="whether the root answered the last look; null before the first ends")
+    unreachable_since_s: float | None = Field(None, description="when the looks began to fail (null while it answers)")
+    error: str | None = Field(None, description="why the last look failed: the store's error, or no answer in time")
+    looked_s: float | None = Field(None, description="when the last look ended")
+
+
+class ReadinessModel(Readiness):
+    roots: dict[str, RootModel] = Field(default_factory=dict, description="each cache's root, as this process last "
+                                        "looked at it: a root that cannot be reached makes the replica unready")
+
+
+@router.get("/readyz", response_model=ReadinessModel, operation_id="readyz",
+            responses={503: {"model": ReadinessModel, "description": "not ready"}})
 def readyz(request: Request) -> Response:
-    """Ready once the catalog answers and every cache is scanned and reachable; ``loops`` never makes it unready."""
+    """Ready once the catalog answers and every cache is scanned and its root answered the last look; ``loops`` never
+    makes it unready. No store is asked while answering: a look older than 10 s is taken again in the background."""
     state = state_of(request)
     detail: dict[str, str] = {}
     try:
@@ -37,16 +54,27 @@ def readyz(request: Request) -> Response:
         detail["catalog"] = f"unreachable: {exc.__class__.__name__}"
     if not detail and set(state.storages) - state.scanned:
         state.follow()  # another replica may have done the first scan
-    for name, storage in state.storages.items():
+    roots = {name: state.reach.fresh(name) for name in state.storages}
+    for name, reach in roots.items():
+        away = None if reach.reachable is not False else \
+            f"the root cannot be reached (since {utc_text(reach.since_s)}): {reach.error}"
         if name not in state.scanned:
-            detail[name] = "first scan not finished"
-            continue
-        try:
-            storage.ping()
-        except JaxcacheError as exc:
-            detail[name] = str(exc)
-    body = Readiness(status="not ready" if detail else "ok", detail=detail, loops=loop_models(state))
+            detail[name] = "first scan not finished" + (f"; {away}" if away else "")
+        elif away:
+            detail[name] = away
+    body = ReadinessModel(status="not ready" if detail else "ok", detail=detail, loops=loop_models(state),
+                          roots={name: root_model(reach) for name, reach in roots.items()})
     return JSONResponse(body.model_dump(), status_code=503 if detail else 200)
+
+
+def root_model(reach: Reach) -> RootModel:
+    return RootModel(reachable=reach.reachable, unreachable_since_s=reach.since_s, error=reach.error,
+                     looked_s=reach.looked_s)
+
+
+def utc_text(at: float | None) -> str:
+    """``at`` in ISO 8601, UTC, to the second (``2026-12-01T08:15:02Z``)."""
+    return "?" if at is None else datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def loop_models(state: State) -> dict[str, LoopModel]:

@@ -1,6 +1,7 @@
 """A round: a cache's rescan and what follows it, in this order (the one module that puts features together for it):
 
-1. rescan: the entry rows in line with storage (rescan/scan.py), under the cache's scan lock, in which
+1. rescan: the root asked whether it answers, within a deadline (reachability.py), then the entry rows in line with
+   storage (rescan/scan.py), under the cache's scan lock, in which
 2. run records: new or changed record files go into the report inbox (reports/records/runfiles.py);
 3. warm-up records: new or changed coverage records are stored (warmups/ingest.py);
 4. drain: the inbox is folded, so misses are explained against all the rescan read (reports/ingest/queue.py);
@@ -71,6 +72,9 @@ def rescan_cache(state: State, name: str, *, wait_s: float | None = None) -> Res
     """A round of ``name``, waiting at most ``wait_s`` for one running elsewhere (then LockBusyError); records
     metrics."""
     try:
+        # The root's first answer is bounded (jaxcache.reach): a store that stopped answering fails the rescan within
+        # seconds, and the loop shows failing, rather than a pass waiting minutes on its library's retries.
+        state.reach.check(name)
         result = rescan(state.catalog, name, state.storages[name], wait_s=wait_s,
                         retain_s=state.settings.records_retain_s,
                         on_misses=partial(queue.count_misses, state.metrics, name),
@@ -99,7 +103,9 @@ def rescan_cache(state: State, name: str, *, wait_s: float | None = None) -> Res
 
 
 def ensure_scanned(state: State, name: str) -> None:
-    """Rescan ``name`` unless this process has seen a scan of it (its own, or another's in the catalog)."""
+    """Rescan ``name`` unless this process has seen a scan of it (its own, or another's in the catalog); raise why its
+    root cannot be reached (within the deadline), so that an integrity pass fails at once, not entry by entry."""
+    state.reach.check(name)
     if name not in state.scanned:
         # Another process may have scanned it: listing again would cost a listing and block the rescan loop.
         state.follow()

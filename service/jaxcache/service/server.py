@@ -88,12 +88,10 @@ def serve(settings: ServiceSettings) -> None:
     processes = f"; {settings.workers} worker processes" if workers else ""
     print(f"jaxcache service: http://{shown}:{port}/ (dashboard; API docs at /docs; catalog"
           f" {masked(settings.catalog_url)}{processes})", file=sys.stderr, flush=True)
+    # No store is asked here: one that does not answer must not keep the port from answering. Each root is looked at
+    # once the app serves, and one that cannot be reached is a line of its own (reachability.py) and in /readyz.
     for name, storage in app.state.jaxcache.storages.items():
-        try:
-            storage.ping()
-            print(f"  cache {name!r}: {storage.url}", file=sys.stderr)
-        except JaxcacheError as exc:  # served anyway: the rows it has stay, and it is rescanned once it is back
-            print(f"  cache {name!r}: {storage.url} (not readable now: {exc})", file=sys.stderr)
+        print(f"  cache {name!r}: {storage.url}", file=sys.stderr)
     for change in app.state.jaxcache.root_changes:
         print(f"  {change.line()}", file=sys.stderr, flush=True)
     if not workers:

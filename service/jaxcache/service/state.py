@@ -9,14 +9,16 @@ import anyio
 from sqlalchemy import select
 
 from jaxcache.errors import InvalidInputError, InvalidRootError, JaxcacheError, RootGoneError
+from jaxcache.reach import deadline_s, reach
 from jaxcache.service.auth import Authenticator
 from jaxcache.service.background import Loops
 from jaxcache.service.catalog.coordination import PruneLocks
 from jaxcache.service.catalog.database import ENTRIES, USAGE, Catalog, Generations
 from jaxcache.service.catalog.models import CacheRow
 from jaxcache.service.metrics import Metrics
+from jaxcache.service.reachability import Reachability
 from jaxcache.service.settings import ServiceSettings, cpu_limit
-from jaxcache.storage import Storage, normalise_root, open_storage
+from jaxcache.storage import Storage, is_object_store, normalise_root, open_storage
 
 log = logging.getLogger("jaxcache.service")
 
@@ -44,6 +46,8 @@ class State:
         # A root missing now (a volume not mounted yet) is a scan error to show, not a reason to serve no cache.
         self.storages: dict[str, Storage] = {name: open_storage(url, must_exist=False)
                                              for name, url in settings.caches.items()}
+        #: How each root answered this process's last look (readiness, the caches' list, the dashboard, rescans).
+        self.reach = Reachability(self.storages, deadline_s())
         self.prune_locks = PruneLocks(self.catalog.locks)
         self.report_limiter = anyio.CapacityLimiter(1)  # reports are parsed and stored one at a time
         # Listings read the catalog one per CPU this process may use: more threads only queue on the interpreter lock.
@@ -63,12 +67,14 @@ class State:
             for name in self.settings.caches:
                 self.generations.bump(name, ENTRIES, USAGE)
         self.follow()
-        # A root scanned before and gone now (an unmounted volume) is served from its rows; a new one is a typo.
+        # A root scanned before and gone now (an unmounted volume) is served from its rows; a new one is a typo. A
+        # store is looked at once the app serves (Reachability.look_all): one that does not answer must not hold the
+        # listening socket back.
         for name, storage in self.storages.items():
-            if name in self.scanned:
+            if name in self.scanned or is_object_store(storage.url):
                 continue
             try:
-                storage.ping()
+                reach(storage, self.reach.deadline_s)
             except RootGoneError:
                 raise InvalidRootError(f"cache {name!r}: {storage.url} does not exist or is not a directory: check"
                                        " the path, or run a JAX job with jax_compilation_cache_dir pointing there"

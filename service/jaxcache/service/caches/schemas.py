@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from jaxcache.service.catalog.models import SKIPPED_SHOWN
@@ -15,11 +17,30 @@ class SkippedObject(BaseModel):
     why: str = Field(examples=["a FIFO, not a regular file"])
 
 
+#: What a cache's figures are: ``ok`` (its last scan succeeded), ``pending`` (never scanned yet, the first scan to
+#: come), ``failing`` (its last scan failed: the figures are the last good scan's, or none), ``unreachable`` (its
+#: root did not answer this replica's last look: the same).
+ScanState = Literal["ok", "pending", "failing", "unreachable"]
+SCAN_STATE_HELP = (
+    "ok: the last scan succeeded; pending: not scanned yet (entries and sizes are 0 until the first scan, not an "
+    "empty cache); failing: the last scan failed (last_scan_error; the figures are the last good scan's, or none "
+    "when last_scan_s is null); unreachable: the root did not answer this replica's last look (root_error), the "
+    "figures as for failing")
+
+
 class CacheSummary(BaseModel):
     name: str = Field(examples=["prod"])
     url: str = Field(examples=["gs://ml-jax-cache/prod"])
     entries: int
     size_bytes: int
+    scan_state: ScanState = Field(description=SCAN_STATE_HELP)
+    reachable: bool | None = Field(None, description=(
+        "whether the root answered this replica's last look (within JAXCACHE_REACH_S; looked at again when asked, "
+        "10 s on, and before each rescan); null before its first look ends"))
+    unreachable_since_s: float | None = Field(None, description="Unix time the root's looks began to fail (null while "
+                                                                "it answers)")
+    root_error: str | None = Field(None, description="why the root could not be reached at the last look: the "
+                                                     "store's error, or no answer within JAXCACHE_REACH_S")
     last_scan_s: float | None = Field(None, description="Unix time of the last completed scan")
     last_scan_seconds: float | None = None
     last_scan_error: str | None = None
@@ -91,6 +112,8 @@ class MissesByCause(BaseModel):
 
 class StatsModel(BaseModel):
     cache: str
+    scan_state: ScanState = Field(description=SCAN_STATE_HELP + " (as GET /v1/caches says it; within the minute "
+                                  "under an ETag, which moves with the minute)")
     entries: int
     size_bytes: int
     compile_seconds: int

@@ -16,32 +16,51 @@ from cachetools import LRUCache, TTLCache, cached
 from sqlalchemy import BigInteger, Integer, Select, bindparam, cast, func, select
 from sqlalchemy.orm import Session
 
-from jaxcache.service.caches.schemas import CacheSummary, SkippedObject
+from jaxcache.service.caches.schemas import CacheSummary, ScanState, SkippedObject
 from jaxcache.service.catalog import usage
 from jaxcache.service.catalog.database import ENTRIES, Catalog, Generation
 from jaxcache.service.catalog.models import CacheRow, CacheStatsRow, EntryRow
 from jaxcache.service.metrics import Metrics
+from jaxcache.service.reachability import Reach
 from jaxcache.service.state import State
 
 _DAY_S = 86400.0
 
 
 def caches(state: State) -> list[CacheSummary]:
-    """Every configured cache with its size and last scan."""
+    """Every configured cache with its size, last scan, and whether its root answers (this process's last look)."""
     out = []
     waiting = usage.waiting_by_cache(state.catalog)
     with state.catalog.session() as s:
         for name in state.settings.caches:
             row = s.get(CacheRow, name)
             count, size = cache_totals(s, name)
+            reach = state.reach.fresh(name)
             scan: dict[str, Any] = {} if row is None else dict(
                 last_scan_s=row.last_scan_s, last_scan_seconds=row.last_scan_seconds,
                 last_scan_error=row.last_scan_error, last_scan_skipped=row.last_scan_skipped,
                 last_scan_skipped_names=[SkippedObject(name=str(n.get("name", "")), why=str(n.get("why", "")))
                                          for n in row.last_scan_skipped_names or ()])
             out.append(CacheSummary(name=name, url=state.storages[name].url, entries=count, size_bytes=size,
-                                    reports_waiting=waiting.get(name, 0), **scan))
+                                    reports_waiting=waiting.get(name, 0), scan_state=scan_state(row, reach),
+                                    reachable=reach.reachable, unreachable_since_s=reach.since_s,
+                                    root_error=reach.error, **scan))
     return out
+
+
+def scan_state(row: CacheRow | None, reach: Reach) -> ScanState:
+    """What ``row``'s figures are (schemas.ScanState): a root that does not answer first, then the last scan's end."""
+    if reach.reachable is False:
+        return "unreachable"
+    if row is not None and row.last_scan_error:
+        return "failing"
+    return "pending" if row is None or row.last_scan_s is None else "ok"
+
+
+def scan_state_of(state: State, name: str) -> ScanState:
+    """:func:`scan_state` of ``name``, read now."""
+    with state.catalog.session() as s:
+        return scan_state(s.get(CacheRow, name), state.reach.fresh(name))
 
 
 def cache_totals(s: Session, cache: str, kind: str = "entry") -> tuple[int, int]:
@@ -56,7 +75,8 @@ def stats_of(state: State, name: str, generation: Generation | None = None) -> d
     seconds they saved (kept in the catalog, :func:`kept`), and its hit rates (:func:`usage_of`)."""
     generation = generation or state.generations.get(name)
     (computed_s, entries), (_, saved) = kept(state.catalog, name, generation)
-    return {**_in_window(computed_s, entries, now=time.time()), **saved, **usage_of(state, name, generation)}
+    return {**_in_window(computed_s, entries, now=time.time()), **saved, **usage_of(state, name, generation),
+            "scan_state": scan_state_of(state, name)}
 
 
 def kept(catalog: Catalog, name: str, generation: Generation) -> list[tuple[float, dict]]:

@@ -82,7 +82,7 @@ def prune(state: State, cache: str, policy: core_prune.PrunePolicy, *, handed: H
         pins = tuple(s.scalars(select(PinRow.pattern).where(PinRow.cache == cache).order_by(PinRow.pattern)))
     policy = dataclasses.replace(policy, keep=policy.keep + pins)
     if dry_run:
-        storage.ping()  # a root that is gone (unmounted) refuses: its rows are not what is there
+        state.reach.check(cache)  # a root gone (unmounted) or not answering (within seconds) refuses: rows are not it
         plan = _plan(catalog, cache, policy, handed)
         if policy.integrity and (unjudged := handed.unjudged(cache)):
             are = "is" if unjudged == 1 else "are"
