@@ -1,19 +1,13 @@
-"""A job's working sets in one small object of the root: what a node's start reads, in one request, where no service
-answers (``<root>/.jaxcache/working-sets/<job>.json``, schema ``jaxcache.working-sets/1``).
+"""A job's working sets in one small object of the root, which a node's start reads in one request where no service
+answers (``<root>/.jaxcache/working-sets/<job>.json``, schema ``jaxcache.working-sets/1``), instead of listing days
+of run records and every warm-up's coverage (:func:`jaxcache.working_set.from_root`) on every start of every node.
 
-:func:`jaxcache.working_set.from_root` finds a job's set from its run records and warm-ups' coverage: a listing per
-day of records and of every warm-up, then the records they name, on every start of every node. Instead, process 0 of
-each run of a job merges what its run hit and wrote into this index at exit, and a warm-up merges its coverage when it
-writes it: read with its version, merged, written only if still that version (``write_atomic(if_version=...)``,
-``create_only`` when absent), read and merged again when another writer came first. A start reads it with one GET
-(:func:`from_index`) and picks as ``from_root`` does: the newest matching runs' hits and writes in order of first use,
-then the warm-ups' keys, for the fingerprint of the newest matching run (:class:`jaxcache.working_set.Wanted`).
-
-Bounded, so that one GET stays small: per fingerprint (the :data:`~jaxcache.working_set.MATCHED` fields) the newest
-:data:`~jaxcache.working_set.DEFAULT_RUNS` runs (all a set takes) and :data:`MAX_WARMUPS` warm-ups, nothing older
-than :data:`~jaxcache.working_set.DEFAULT_DAYS` days (what a set takes), :data:`MAX_GROUPS` fingerprints (a job
-moved across that many jaxlib versions or device layouts within those days), and :data:`MAX_INDEX_BYTES` in all (the
-oldest fingerprints, then the oldest runs and warm-ups, go first; a single run larger than that keeps the keys it
+Process 0 of each run merges what it hit and wrote at exit, a warm-up its coverage: read with its version, merged,
+written only if still that version (created where absent), merged again when another writer came first. A start
+chooses from it as ``from_root`` does. Bounded, so one GET stays small: per fingerprint (the ``MATCHED`` fields) the
+newest 3 runs (all a set takes) and :data:`MAX_WARMUPS` warm-ups of the last 14 days, :data:`MAX_GROUPS`
+fingerprints (a job moved across that many jaxlibs or device layouts within them), :data:`MAX_INDEX_BYTES` in all
+(the oldest fingerprints, then the oldest runs and warm-ups go first; one run larger than that keeps the keys it
 used first).
 """
 

@@ -1,18 +1,12 @@
 """Whether a copy in the node-local tier may load: checked against the shared root in this process, one at a time.
 
-A copy loads once this process found the root's object it came from to be still the root's current one (its origin,
-:mod:`jaxcache.client.origins`: a stat of ``<key>-cache`` compared by :func:`jaxcache.storage.base.same_stat`; under
-``verify="signed"`` also its ``-sig`` object, unchanged since it vouched for the copy or read again and found to cover
-the copy's bytes), or once this process admitted or uploaded it (then it is that object). A copy whose object is
-gone, replaced or no longer signed is dropped, and JAX's lookup fetches the root's entry (or compiles).
-
-What the root is asked grows with the copies a job uses, never with the root: a lookup's copy is checked when JAX
-asks for it (joining a check under way), the working set's copies in parallel at start (the prefetch's workers), and
-a root small enough to list in one request (:func:`jaxcache.storage.small_listing.small_listing`) is listed once
-instead, vouching for every copy at once. Copies no job asks for are checked in the background after the start's
-work, each at most once a day (the modification time of its origin file says when it last was), so those the root
-no longer has leave the disk. A check the root does not answer (:mod:`jaxcache.client.root_calls`) loads nothing:
-JAX compiles that program (the lookup removes the copy, so JAX's own write takes its place).
+A copy loads once this process found the root's object it came from (its origin) still the root's current one (a
+stat of ``<key>-cache``; ``verify="signed"``: of its ``-sig`` too, read again where it changed), or once this process
+admitted or uploaded it. One gone, replaced or no longer signed is dropped; one the root did not answer about loads
+nothing (JAX compiles). Requests grow with the copies a job uses, never with the root: a lookup's copy is checked
+when JAX asks (joining a check under way), the working set's at start in parallel, a root of one listing page all at
+once (:func:`jaxcache.storage.small_listing.small_listing`), and copies no job asks for in the background, each at
+most once a day (its origin file's mtime says when it last was), so those the root no longer has leave the disk.
 """
 
 from __future__ import annotations
@@ -25,18 +19,18 @@ import time
 from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Any, Final, Literal, Protocol
+
+import filelock
 
 from jaxcache import entry, signing
-from jaxcache.client.origins import Origin, same, stat_of
+from jaxcache.client.origins import Origin, Origins, same, stat_of
+from jaxcache.client.root_calls import RootCalls
 from jaxcache.client.workers import DaemonPool
 from jaxcache.errors import NotRegularFileError, UnreachableError
-from jaxcache.storage import Storage
+from jaxcache.storage import LocalStorage, Storage
 from jaxcache.storage.base import Stat
 from jaxcache.storage.small_listing import small_listing
-
-if TYPE_CHECKING:
-    from jaxcache.client.local_tier import LocalTier
 
 Verdict = Literal["load", "dropped", "absent", "unanswered"]
 LOAD: Final = "load"  # the root's current object: loads
@@ -52,10 +46,31 @@ TEMP_PREFIXES = (".jaxcache-tmp-", ".jaxcache-probe-")  # LocalStorage.write_ato
 TEMP_AGE_S = 3600.0
 
 
+class Tier(Protocol):
+    """What the checks use of the tier (:class:`jaxcache.client.local_tier.LocalTier`)."""
+
+    directory: str
+    storage: LocalStorage
+    origins: Origins
+    calls: RootCalls
+    signed: bool
+    sigs: dict[str, Stat]
+
+    def lock(self) -> filelock.FileLock: ...
+
+    def remove(self, key: str) -> bool: ...
+
+    def add(self, **deltas: float) -> None: ...
+
+    def warn_once(self, what: str, text: str, *args: Any) -> None: ...
+
+    def reason(self, key: str, data: bytes) -> str | None: ...
+
+
 class CopyChecks:
     """The checks of one process's tier: each key's at most once at a time, its verdict kept. Thread-safe."""
 
-    def __init__(self, tier: LocalTier) -> None:
+    def __init__(self, tier: Tier) -> None:
         self._tier = tier
         self._signed = tier.signed
         self._lock = threading.Lock()

@@ -4,13 +4,11 @@ shared root on demand, one policy's worth of checked files at a time.
 On a local miss, JAX's lookup fetches the entry from the root, the job's ``verify`` mode judges those bytes, and a
 whole entry is admitted (temporary name, then rename) before JAX gets the bytes. Each trust policy has its own
 subdirectory, so files admitted unchecked never reach a job that checks. Admission and eviction run under JAX's
-own LRU lock (``.lockfile``) and keep its ``-atime`` files; no remote read happens while it is held. Each copy's
-origin is kept (:mod:`jaxcache.client.origins`): the root's object it was read from, and the digest of its bytes. A
-copy loads only once this process found that object to be still the root's current one
-(:mod:`jaxcache.client.copy_checks`), or while it is a write of this node's waiting for its upload. At start the
-copies judged bad are dropped, and (``verify="attested"``) those whose bytes are not the digest the service attests
-for their key (:meth:`LocalTier.unattested`). Every request to the root is bounded in time
-(:mod:`jaxcache.client.root_calls`): a lookup the root does not answer in time is a miss.
+own LRU lock (``.lockfile``) and keep its ``-atime`` files; no remote read happens while it is held. Each copy keeps
+its origin (:mod:`jaxcache.client.origins`) and loads once checked against the root in this process
+(:mod:`jaxcache.client.copy_checks`), or while a write of this node's waits for its upload. Copies judged bad (and,
+``verify="attested"``, those whose bytes are not the digest the service attests) are dropped at start. Every request
+to the root is bounded (:mod:`jaxcache.client.root_calls`): a lookup the root does not answer in time is a miss.
 """
 
 from __future__ import annotations

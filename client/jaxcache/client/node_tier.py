@@ -5,6 +5,7 @@ once (:mod:`jaxcache.client.copy_checks`), then the copies no job asks for check
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -22,6 +23,8 @@ from jaxcache.client.uploads import Uploader
 from jaxcache.records import Fingerprint, LocalTierCounts
 from jaxcache.storage import Storage
 from jaxcache.working_set import Wanted
+
+log = logging.getLogger("jaxcache.client")
 
 
 class NodeTier:
@@ -83,10 +86,13 @@ class NodeTier:
         """A small root's one listing (checking every copy at once); once the working set is fetched and checked,
         the copies no job asks for."""
         checks = self.tier.checks
-        checks.list_small(self.uploader.pending)
-        if self.prefetcher is not None:
-            self.prefetcher.done.wait()  # each of its requests is bounded: it ends
-        checks.sweep(self.uploader.pending)
+        try:
+            checks.list_small(self.uploader.pending)
+            if self.prefetcher is not None:
+                self.prefetcher.done.wait()  # each of its requests is bounded: it ends
+            checks.sweep(self.uploader.pending)
+        except Exception as exc:  # noqa: BLE001 - lookups check their own copies all the same
+            log.warning("jaxcache: the node-local tier's start in %s stopped: %s", self.tier.directory, exc)
 
     def settle(self, wait_s: float, *, final: bool = False) -> bool:
         """Wait up to ``wait_s`` for the start's work (not at exit: ``final``) and the uploads still running; whether

@@ -2,16 +2,13 @@
 
 JAX's put is heard before it stores (the put hook): the key is marked pending (``.jaxcache/pending/<key>``), so no
 other process drops it as "gone from the root" meanwhile. The mark holds the digest and size of the bytes JAX put,
-their signature (``JAXCACHE_SIGNING_KEY``, made then from the bytes in memory) and the process's lock file under
-``.jaxcache/live/``, held while it runs: a later process resuming the upload sends only a file that matches, with
-that signature, and leaves a running process's mark alone (its file may not be written yet). Once the attestor
-found the write whole and as put, one thread creates the entry in the root (create-only), then its signature, and
-keeps the copy's origin (:mod:`jaxcache.client.origins`, with the digest). A failed upload is a warning and a count;
-the mark stays for the node's next process. While the root is taken as not answering
-(:mod:`jaxcache.client.root_calls`) no upload is tried: the marks wait for it to answer again, or for the node's
-next process, and the exit does not wait for them. In a signed directory a write is also marked unverified
-(``.jaxcache/unverified/``) until this process signs exactly those bytes in the root: the next start drops it for a
-verified copy.
+their signature (``JAXCACHE_SIGNING_KEY``) and the process's lock file under ``.jaxcache/live/``, held while it runs:
+a later process resuming the upload sends only a file that matches, with that signature, and leaves a running
+process's mark alone. Once the attestor found the write whole and as put, one thread creates the entry in the root
+(create-only), then its signature, and keeps the copy's origin. A failed upload is a warning and a count; the mark
+stays for the node's next process, as it does while the root is not answering (no upload tried then, none waited
+for at exit: :mod:`jaxcache.client.root_calls`). In a signed directory a write is also marked unverified
+(``.jaxcache/unverified/``) until this process signs exactly those bytes in the root: the next start drops it.
 """
 
 from __future__ import annotations
