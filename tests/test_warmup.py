@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from jaxcache import coverage, keyparts, records
+from jaxcache import coverage, keyparts, records, working_set_index
 from jaxcache.errors import InvalidInputError
+from jaxcache.storage import LocalStorage
 from jaxcache.topology import Topology
 from jaxcache.warmup import devices as dev
+from jaxcache.working_set import Wanted
 
 PROGRAMS = Path(__file__).parent / "programs"
 EXAMPLE = "jaxcache.warmup.examples:warm"
@@ -136,6 +138,10 @@ def test_a_script_that_enables_the_cache_itself_runs_under_the_warmups_settings(
     record = coverage.parse(coverage_file.read_bytes())
     assert record.programs and all(p.status == coverage.WRITTEN for p in record.programs)
     assert all((cache / f"{p.key}-cache").is_file() for p in record.programs)
+    # In the job's working-set index too, which its starts read in one request (the warm-up's own runs add nothing).
+    found = working_set_index.from_index(LocalStorage(str(cache)), "warmup", Wanted())
+    assert found is not None and found.warmups == [record.id] and found.runs == []
+    assert found.keys == [p.key for p in record.programs]
 
 
 def test_a_verify_process_past_its_timeout_fails_without_a_traceback(tmp_path):
