@@ -59,7 +59,7 @@ def test_local_spellings(tmp_path, monkeypatch):
         ("   ", "empty cache root"),
         ("file://host/p", "must name a local path"),
         ("http://host/p", "unsupported scheme 'http'"),
-        ("S3://bucket/p", "unsupported scheme 'S3'"),
+        ("S3://bucket/p", "did you mean s3://bucket/p"),
         ("gcs://bucket/p", "write gs://"),
         ("s3a://bucket/p", "write s3://"),
         ("abfss://container/p", "write az://"),

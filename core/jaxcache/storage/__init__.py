@@ -75,19 +75,21 @@ def _az_rm(container: str, prefix: str, globs: list[str]) -> str:
 
 
 STORES: dict[str, Store] = {s.scheme: s for s in (
+    # Each help says what its rule admits, no more and no less (tests/test_root_spelling.py holds them together).
     Store("gs", "jaxcache.storage.gcs", "GcsStorage", "gcs", "bucket",
           re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"),
-          "3-222 lowercase letters, digits, dots, hyphens and underscores",
+          "3-222 lowercase letters, digits, dots, hyphens and underscores, a letter or digit at each end",
           "the object's generation, in decimal digits", _gcloud_rm, integer_versions=True),
-    # Today's rules (3-63 lowercase letters, digits, dots and hyphens) and the older ones some buckets still have
-    # (up to 255 characters, capitals and underscores).
+    # Today's rules (3-63 lowercase letters, digits, dots and hyphens) and, on purpose, the older ones some buckets
+    # still have (up to 255 characters, capitals and underscores): such a bucket is still a root.
     Store("s3", "jaxcache.storage.s3", "S3Storage", "s3", "bucket",
           re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]"),
-          "3-63 lowercase letters, digits, dots and hyphens",
+          "3-255 letters, digits, dots, hyphens and underscores, a letter or digit at each end: today's buckets "
+          "take 3-63 lowercase letters, digits, dots and hyphens, older ones may have capitals and underscores",
           "the object's ETag, in its double quotes", _aws_rm),
     Store("az", "jaxcache.storage.azure", "AzureStorage", "azure", "container",
           re.compile(r"[a-z0-9](?:[a-z0-9]|-(?!-)){1,61}[a-z0-9]"),
-          "3-63 lowercase letters, digits and single hyphens",
+          "3-63 lowercase letters, digits and hyphens, a letter or digit at each end, no two hyphens in a row",
           "the blob's ETag, in its double quotes", _az_rm),
 )}
 
@@ -98,6 +100,10 @@ _OTHER_SCHEMES = {"gcs": "gs", "s3a": "s3", "s3n": "s3", "abfs": "az", "abfss": 
 ABSOLUTE_ROOT_PATTERN = "^(/|file://|" + "|".join(f"{scheme}://" for scheme in STORES) + r")[^\x00]*$"
 #: Every spelling of a cache root, for messages and help texts.
 ROOT_FORMS = "a directory, file:///path, gs://bucket/prefix, s3://bucket/prefix or az://container/prefix"
+# A URL of a known scheme spelled amiss: a slash or two missing (`s3:/b`, `gs:b`), backslashes (`s3:\\b`), no colon
+# (`s3//b`), a slash too many (`s3:///b`) or the scheme in capitals (`S3://b`). Taken as a path it would quietly be
+# a directory here named so, which a job would fill and the CLI find empty.
+_AMISS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9]*)(?P<sep>:[/\\]*|//)(?P<rest>.*)", re.DOTALL)
 
 
 def scheme_of(url: str | os.PathLike[str]) -> str | None:
@@ -137,6 +143,9 @@ def split_root(url: str) -> tuple[Store, str, str]:
     if store is None:
         raise InvalidRootError(f"{url!r} is not an object-store root ({', '.join(f'{s}://' for s in STORES)})")
     bucket, _, prefix = rest.partition("/")
+    amiss = _amiss(url) if not bucket else None  # s3:///b
+    if amiss is not None:
+        raise amiss
     if store.scheme == "az" and "@" in bucket:
         # adlfs would read the part after @ as the account only in its abfs:// form, and etils hands it az:// with
         # an account from the environment: JAX would write elsewhere than this names.
@@ -156,8 +165,9 @@ def split_root(url: str) -> tuple[Store, str, str]:
 
 
 def _local_path(text: str) -> str | None:
-    """The path a ``file://`` URL names, None for anything else; raises for a URL on another host."""
-    if not text.startswith("file://"):
+    """The path a ``file://`` (or ``file:/``) URL names, None for anything else; raises for a URL on another
+    host."""
+    if not text.startswith("file:/"):
         return None
     parsed = urlparse(text)
     if parsed.netloc not in ("", "localhost"):
@@ -171,15 +181,51 @@ def _unsupported(text: str) -> InvalidRootError:
     return InvalidRootError(f"{text!r}: unsupported scheme {scheme!r}{hint}; use {ROOT_FORMS}")
 
 
+def _amiss(text: str) -> InvalidRootError | None:
+    """The one-line refusal, naming the spelling meant, of a root that reads as a store's (or a file) URL spelled
+    amiss (:data:`_AMISS`); None for anything else, such as ``./data:v2`` or ``runs/a:b``."""
+    m = _AMISS.fullmatch(text)
+    scheme = m["scheme"].lower() if m else ""
+    if m is None or scheme not in (*STORES, *_OTHER_SCHEMES, "file"):
+        return None
+    if m["sep"] == "://" and m["scheme"] == scheme:
+        return None  # spelled right: a root, or another tool's scheme (_unsupported says which to write)
+    if scheme == "file" and m["sep"] == ":/":
+        return None  # file:/path, RFC 8089's form: a root (_local_path)
+    rest = m["rest"].replace("\\", "/").lstrip("/")
+    if scheme == "file":
+        meant = f"file:///{rest}"
+    else:
+        meant = f"{_OTHER_SCHEMES.get(scheme, scheme)}://{rest or 'bucket/prefix'}"
+    # A directory may be named so: ./ keeps it from reading as a URL (no "://", which no directory root takes).
+    directory = "" if "://" in text else f" (a directory so named: write ./{text})"
+    return InvalidRootError(f"{text!r} looks like a misspelled URL: did you mean {meant}?{directory}")
+
+
+def _directory(text: str) -> str:
+    """The directory a root that is no object store's names: a path, or a file URL's path. Raises for a URL of
+    another scheme and for a store's URL spelled amiss."""
+    path = _local_path(text)
+    if path is not None:
+        return path
+    amiss = _amiss(text.strip())
+    if amiss is not None:
+        raise amiss
+    if "://" in text:
+        raise _unsupported(text)
+    return text
+
+
 def normalise_root(url: str | os.PathLike[str], *, relative: bool = True) -> str:
     """One spelling per cache root, so that every process (the client configuring JAX, the service, the CLI) names
     a root the same way and reaches the same cache.
 
     An object-store root loses surrounding blanks, empty parts and the slash at the end (``gs://b//p/`` is
-    ``gs://b/p``); ``file:///p`` (or ``file://localhost/p``, %-escapes decoded) is ``/p``; a local path becomes
-    absolute, ``~`` expanded and links resolved. Raises :class:`InvalidRootError` for what is no root (see
-    :func:`split_root`), and without ``relative`` for a relative path (or ``~``): one another process spelled, whose
-    folder (or home) is not this one's. Whatever judges a local root (whose links may lead where) judges
+    ``gs://b/p``); ``file:///p`` (or ``file://localhost/p`` or ``file:/p``, %-escapes decoded) is ``/p``; a local
+    path becomes absolute, ``~`` expanded and links resolved. Raises :class:`InvalidRootError` for what is no root
+    (see :func:`split_root`; a store's URL spelled amiss, ``s3:/b``, names the spelling meant), and without
+    ``relative`` for a relative path (or ``~``): one another process spelled, whose folder (or home) is not this
+    one's. Whatever judges a local root (whose links may lead where) judges
     :func:`spelled_root`'s path, then reads this one.
     """
     text = spelled_root(url, relative=relative)
@@ -196,11 +242,7 @@ def spelled_root(url: str | os.PathLike[str], *, relative: bool = True) -> str:
     if is_object_store(text):
         store, bucket, prefix = split_root(text)
         return f"{store.scheme}://{bucket}/{prefix}" if prefix else f"{store.scheme}://{bucket}"
-    path = _local_path(text)
-    if path is None:
-        if "://" in text:
-            raise _unsupported(text)
-        path = text
+    path = _directory(text)
     if not relative and not os.path.isabs(path):
         raise InvalidRootError(f"{text!r} is a relative path: it names a root only in the process that spelled it")
     return spelled(path) if relative else path
@@ -220,12 +262,7 @@ def open_storage(url: str | os.PathLike[str], *, must_exist: bool = True) -> Sto
         store, bucket, prefix = split_root(text.strip())
         backend: Callable[[str, str], Storage] = getattr(importlib.import_module(store.module), store.cls)
         return backend(bucket, prefix)
-    path = _local_path(text)
-    if path is not None:
-        return LocalStorage(path, must_exist=must_exist)
-    if "://" in text:
-        raise _unsupported(text)
-    return LocalStorage(text, must_exist=must_exist)
+    return LocalStorage(_directory(text), must_exist=must_exist)
 
 
 def open_named_root(url: str | os.PathLike[str], *, must_exist: bool = True) -> Storage:

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from jaxcache.display import excerpt
 from jaxcache.errors import InvalidInputError
 from jaxcache.signing import TrustedKeys
+from jaxcache.storage import normalise_root
 from jaxcache.storage.named import read_named
 
 SCOPES = ("read", "report", "admin")
@@ -155,9 +156,13 @@ class ServiceSettings(BaseSettings):
     @field_validator("caches")
     @classmethod
     def _names(cls, caches: dict[str, str]) -> dict[str, str]:
-        for name in caches:
+        for name, url in caches.items():
             if not _NAME_RE.fullmatch(name):
                 raise ValueError(f"cache name {name!r}: use 1-63 lower-case letters, digits, '.', '_' or '-'")
+            try:  # a root spelled amiss (s3:/b) is refused before any catalog is opened for it
+                normalise_root(url)
+            except InvalidInputError as exc:
+                raise ValueError(f"cache {name!r}: {exc}") from None
         return caches
 
     @field_validator("trusted_keys")
