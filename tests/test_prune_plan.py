@@ -185,7 +185,7 @@ def test_plan_accepts_any_iterable():
 
 def test_policy_from_mapping_reads_sizes_durations_and_lists():
     policy = policy_from_mapping({
-        "max_total_bytes": "50GiB", "unused_for": "14d", "older_than": 86400, "functions": ["jit_old*"],
+        "max_total_bytes": "50GiB", "unused_for": "14d", "older_than": "1d", "functions": ["jit_old*"],
         "corrupt": True, "orphans": False, "keep": "jit_train*", "min_age": "30m",
     })
     assert policy == PrunePolicy(
@@ -219,7 +219,11 @@ def test_policy_from_mapping_rejects_unknown_fields():
         ({"unused_for": "-3d"}, "'unused_for'.*'-3d' is negative: a duration is 0 or more"),
         ({"older_than": -5}, "'older_than' must be 0 or more"),
         ({"older_than": float("nan")}, "'older_than' must be 0 or more"),
-        ({"min_age": [1]}, "'min_age' must be seconds or a duration"),
+        ({"min_age": [1]}, "'min_age' must be a duration like '14d'"),
+        # A number reads as days as well as seconds (policies.json's "unused_for": 14): only 0 goes without a unit.
+        ({"unused_for": 14}, "'unused_for': '14' has no unit: write 14d for days or 14s for seconds"),
+        ({"older_than": 86400.0}, "'older_than': '86400' has no unit: write 86400d for days or 86400s for seconds"),
+        ({"stale_jaxlib": True, "stale_jaxlib_window": "7"}, "'stale_jaxlib_window': '7' has no unit"),
         ({"functions": [1, 2]}, "functions must be a list of patterns"),
         ({"keep": ["ok", ""]}, "keep has an empty pattern"),
         ({"corrupt": "yes"}, "'corrupt' must be true or false"),

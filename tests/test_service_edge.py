@@ -49,6 +49,9 @@ def test_a_405_allows_every_method_of_the_path(svc, path, allowed):
     {"unused_for": -1}, {"unused_for": "14d\n"}, {"unused_for": "fortnight"}, {"max_total_bytes": "50XB"},
     {"functions": [" "]}, {"keep": ["\u3000"], "corrupt": True}, {"functions": "jit_*"},
     {"max_total_bytes": fields.MAX_BYTES + 1},
+    # A duration without its unit reads as days as well as seconds: only 0 goes without one.
+    {"older_than": 3600}, {"min_age": 1e300, "corrupt": True}, {"unused_for": "14"}, {"unused_for": 0.5},
+    {"stale_jaxlib": True, "stale_jaxlib_window": 7},
 ])
 def test_prune_bodies_are_strictly_typed(svc, body):
     # A string "false" for dry_run once meant False: an applied prune. Now it is a 422, like every mistyped field.
@@ -59,8 +62,9 @@ def test_prune_bodies_are_strictly_typed(svc, body):
 
 @pytest.mark.parametrize("body", [
     {"max_total_bytes": "50 GiB", "unused_for": "14 d", "min_age": 0}, {"max_total_bytes": 50.0},
-    {"older_than": 3600, "keep": ["jit_train*"]}, {"stale_jaxlib": True, "stale_jaxlib_window": "7d"},
-    {"functions": ["jit_*"], "min_age": "1H"}, {"max_total_bytes": fields.MAX_BYTES, "min_age": 1e300},
+    {"older_than": "1h", "keep": ["jit_train*"]}, {"stale_jaxlib": True, "stale_jaxlib_window": "7d"},
+    {"functions": ["jit_*"], "min_age": "1H"}, {"max_total_bytes": fields.MAX_BYTES, "min_age": "99999999999w"},
+    {"older_than": "0", "min_age": 0.0},
 ])
 def test_well_typed_prune_bodies_are_planned_as_before(svc, body):
     r = svc.post("/v1/caches/demo/prune", json=body, headers=H_READ)
@@ -159,7 +163,7 @@ def test_pages_by_each_sort_follow_the_issued_cursors(svc):
 
 def test_listing_filters_state_their_rules(svc):
     for query in ("function=jit_%5Bab%5D", "function=a%00b", "unused_for=14d%0A", "older_than=soon",
-                  "cursor=garbage!!", "min_size=-1", "job=a%00"):
+                  "cursor=garbage!!", "min_size=-1", "job=a%00", "unused_for=14", "older_than=0.5"):
         r = svc.get(f"{ENTRIES}?{query}", headers=H_READ)
         assert r.status_code == 422, (query, r.text)
         UnprocessableModel.model_validate(r.json())

@@ -70,15 +70,28 @@ def _negative(text: str, units: dict[str, int]) -> bool:
 
 
 def parse_duration(text: str) -> float:
-    """``14d``, ``12h``, ``30m``, ``45s``, ``2w`` or plain seconds → seconds."""
+    """``14d``, ``12h``, ``30m``, ``45s``, ``2w`` → seconds. A number without a unit is refused, 0 aside (zero is
+    zero in every unit): ``--unused-for 14`` read as seconds would prune all but the last 14 s of use."""
     m = _NUMBER_UNIT.fullmatch(text)
-    unit = (m.group(2).lower() or "s") if m else None
+    unit = m.group(2).lower() if m else None
     value = decimal(m.group(1)) if m else None
+    if m is not None and unit == "" and value is not None:
+        if value == 0:
+            return 0.0
+        raise no_unit(m.group(1))
     if m is None or unit not in _DURATION_UNITS or value is None:
         if _negative(text, _DURATION_UNITS):
             raise InvalidInputError(f"{excerpt(text)} is negative: a duration is 0 or more, like 14d")
         raise InvalidInputError(f"{excerpt(text)} is not a duration: use a number with s, m, h, d or w, like 14d")
     return value * _DURATION_UNITS[unit]
+
+
+def no_unit(number: str) -> InvalidInputError:
+    """The refusal of a duration given as a bare number (``14``), with the spellings to use (``14d``, ``14s``): which
+    one was meant, no reader can tell."""
+    n = number if decimal(number) is not None else "14"  # never a 5,000-digit example
+    return InvalidInputError(f"{excerpt(number)} has no unit: write {n}d for days or {n}s for seconds (m, h and w: "
+                             "minutes, hours and weeks)")
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, json_name, print_json, progress
+from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, flag_value, json_name, print_json, progress
 from jaxcache.display import shown
 from jaxcache.doctor import Diagnosis, check, diagnose
 from jaxcache.scan import Entry, scan
@@ -36,7 +36,7 @@ def cmd_verify(args: argparse.Namespace, storage: Storage) -> int:
     from jaxcache import attestations as att
     from jaxcache import integrity
 
-    min_age_s = parse_duration(args.min_age)
+    min_age_s = flag_value("--min-age", parse_duration, args.min_age) or 0.0
     found = att.load(storage)
     attestations = found.by_key
     entries = (r for r in scan(storage, read_headers=False) if isinstance(r, Entry))
@@ -143,6 +143,7 @@ def add_parser(sub: Any) -> None:
                          "report, not proof), mismatched, corrupt (including one that expands to more than "
                          "JAXCACHE_MAX_DECOMPRESSED_BYTES, default 4GiB), pending (younger than --min-age), unattested")
     dr.add_argument("--min-age", default="1h", metavar="DURATION",
-                    help="with --verify: entries younger than this that look broken are pending (default 1h)")
+                    help="with --verify: entries younger than this that look broken are pending (default 1h; a "
+                         "unit is needed: 45s, 30m, 12h, 14d, 2w)")
     dr.add_argument("--json", action="store_true", help="print JSON (stable field names)")
     dr.set_defaults(run=cmd_doctor)

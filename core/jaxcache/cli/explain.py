@@ -117,7 +117,7 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--run", dest="run_id", metavar="RUN_ID",
                     help="only this run's misses (the id the client's summary prints; one no record names:"
                          " exit 2)")
-    ex.add_argument("--since", metavar="DURATION", help="only misses of the last DURATION (e.g. 7d, 12h)")
+    ex.add_argument("--since", metavar="DURATION", help="only misses of the last DURATION, with its unit (7d, 12h)")
     ex.add_argument("--json", action="store_true",
                     help="one object per miss: function, key, cause, differs, nearest, fix, compile_s, job, run_id")
     ex.set_defaults(run=cmd_explain)

@@ -282,8 +282,8 @@ def add_parser(sub: Any) -> None:
                     "protects them (--keep, --min-age). Prints what would go and why; nothing is deleted without "
                     "--apply. Deleting entries while jobs run is safe: JAX recompiles what is missing. Rules about "
                     "use read the root's run records (.jaxcache/runs/) for reported hits and writers.",
-        epilog="Sizes: 500MiB, 50GiB, 50GB. Durations: 45s, 30m, 12h, 14d, 2w. Exit codes: 0 ok, 1 some "
-               "deletions failed, 2 usage or input error.",
+        epilog="Sizes: 500MiB, 50GiB, 50GB. Durations take a unit: 45s, 30m, 12h, 14d, 2w (14 alone is refused). "
+               "Exit codes: 0 ok, 1 some deletions failed, 2 usage or input error.",
     )
     pr.add_argument("root", metavar="ROOT", help=ROOT_HELP)
     pr.add_argument("--max-size", metavar="SIZE",

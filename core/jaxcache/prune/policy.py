@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxcache.errors import InvalidInputError
-from jaxcache.units import parse_bytes, parse_duration
+from jaxcache.units import no_unit, parse_bytes, parse_duration
 
 STALE_JAXLIB_WINDOW_S = 14 * 86400.0
 #: Integrity classes a policy may select: the ones that are evidence of harm.
@@ -132,7 +132,7 @@ def policy_from_mapping(data: Mapping[str, Any]) -> PrunePolicy:
     """Build a policy from user input (JSON, YAML, a form), rejecting anything it does not understand.
 
     Fields: ``max_total_bytes`` (bytes or a size like ``"50GiB"``), ``unused_for``, ``older_than`` and
-    ``min_age`` (seconds or a duration like ``"14d"``), ``functions`` and ``keep`` (lists of globs; a single
+    ``min_age`` (a duration like ``"14d"``; a number only when 0), ``functions`` and ``keep`` (lists of globs; a single
     string is one glob), ``corrupt``, ``orphans`` and ``stale_jaxlib`` (booleans), ``stale_jaxlib_window`` (a
     duration, default 14d; only with ``stale_jaxlib``). Absent or null fields take their defaults.
     An unknown field is an error: a typo in a prune policy must not silently widen it.
@@ -190,9 +190,12 @@ def _duration(key: str, value: Any) -> float:
         except InvalidInputError as exc:
             raise InvalidInputError(f"prune policy field {key!r}: {exc}") from None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInputError(
-            f"prune policy field {key!r} must be seconds or a duration like '14d', not {value!r}"
-        )
+        raise InvalidInputError(f"prune policy field {key!r} must be a duration like '14d' (a number only when 0), "
+                                f"not {value!r}")
     if not math.isfinite(value) or value < 0:
-        raise InvalidInputError(f"prune policy field {key!r} must be 0 or more seconds, not {value!r}")
-    return float(value)
+        raise InvalidInputError(f"prune policy field {key!r} must be 0 or more, like '14d', not {value!r}")
+    if value != 0:
+        # As for a flag (units.parse_duration): `"unused_for": 14` reads as days as well as seconds.
+        number = str(int(value)) if float(value).is_integer() else repr(float(value))
+        raise InvalidInputError(f"prune policy field {key!r}: {no_unit(number)}")
+    return 0.0

@@ -41,7 +41,7 @@ class PruneRequest(BaseModel):
 
     dry_run: bool = Field(True, description="only report what would be deleted (the default)")
     max_total_bytes: Size = Field(None, description="evict least recently used until under this")
-    unused_for: Duration = Field(None, description="seconds or a duration like 14d")
+    unused_for: Duration = Field(None, description="a duration with its unit, like 14d (a number only when 0)")
     older_than: Duration = Field(None, description="created longer ago than this")
     functions: list[Glob] = Field(default_factory=list, description="globs over function names")
     corrupt: bool = False

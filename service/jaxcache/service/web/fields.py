@@ -11,14 +11,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PlainValidator, WithJsonSchema
 
+from jaxcache.errors import InvalidInputError
 from jaxcache.storage import ABSOLUTE_ROOT_PATTERN
+from jaxcache.units import no_unit, parse_duration
 
 #: What ``str.strip()`` removes (every character ``str.isspace()`` holds): a blank glob is refused by the core.
 _BLANK = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 #: JAX's ``<module>-<64 hex>``; no ``/``, NUL or backslash, which no file name or storage accepts.
 KEY = r"^[^/\\\x00]*-[0-9a-f]{64}$"
-#: ``jaxcache.units.parse_duration``: seconds, or a number with s, m, h, d or w.
-DURATION = r"^ *[0-9]+(\.[0-9]+)? *[smhdwSMHDW]? *$"
+#: ``jaxcache.units.parse_duration``: a number with s, m, h, d or w; without a unit only 0.
+DURATION = r"^ *([0-9]+(\.[0-9]+)? *[smhdwSMHDW]|0+(\.0+)?) *$"
 #: ``jaxcache.units.parse_bytes``: bytes, or a number with B, k/kB, M/MB, ..., KiB, MiB, GiB or TiB.
 SIZE = r"^ *[0-9]+(\.[0-9]+)? *([bB]|[kKmMgGtT]([iI]?[bB])?)? *$"
 #: A glob over keys or function names: not blank, no NUL.
@@ -70,22 +72,32 @@ def matcher(pattern: str, complaint: Callable[[str], str], max_length: int | Non
     return check
 
 
-_duration_text = matcher(DURATION, lambda v: f"{v!r} is not a duration: use a number with s, m, h, d or w, like 14d",
-                         _TEXT_MAX)
+def _not_a_duration(value: str) -> str:
+    try:
+        parse_duration(value)
+    except InvalidInputError as exc:
+        return str(exc)  # the core's words: a number without a unit is told which to write
+    return f"{value!r} is not a duration: use a number with s, m, h, d or w, like 14d"
+
+
+_duration_text = matcher(DURATION, _not_a_duration, _TEXT_MAX)
 _size_text = matcher(SIZE, lambda v: f"{v!r} is not a size: use a number with an optional unit, like 500MiB or 50GB",
                      _TEXT_MAX)
 _glob = matcher(GLOB, lambda v: f"{v!r} is not a glob: give one like 'jit_train*' (not blank, no NUL)")
 
 
 # One validator for a whole field: a union's errors would name each branch, and the dashboard shows them.
-def _seconds_or_duration(value: Any) -> float | str | None:
+def _duration_or_zero(value: Any) -> float | str | None:
     if value is None or isinstance(value, str):
         return value if value is None else _duration_text(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{value!r} is neither seconds (a number) nor a duration like '14d'")
-    if not 0 <= value <= _MAX_FLOAT:  # also NaN, and JSON integers too long for a float
-        raise ValueError(f"{value!r} is not 0 or more seconds")
-    return float(value)
+        raise ValueError(f"{value!r} is not a duration like '14d'")
+    if value == 0:
+        return 0.0
+    if not 0 < value <= _MAX_FLOAT:  # also NaN, and JSON integers too long for a float
+        raise ValueError(f"{value!r} is not a duration of 0 or more, like '14d'")
+    # `14` reads as days as well as seconds: only 0 is the same in every unit.
+    raise ValueError(str(no_unit(str(int(value)) if float(value).is_integer() else repr(float(value)))))
 
 
 def _bytes_or_size(value: Any) -> int | str | None:
@@ -99,9 +111,9 @@ def _bytes_or_size(value: Any) -> int | str | None:
     return value
 
 
-#: Seconds (a number) or a duration such as ``14d``; null for none.
-Duration = Annotated[float | str | None, PlainValidator(_seconds_or_duration), WithJsonSchema({"anyOf": [
-    {"type": "number", "minimum": 0, "maximum": _MAX_FLOAT},
+#: A duration such as ``14d`` (a number only when 0); null for none.
+Duration = Annotated[float | str | None, PlainValidator(_duration_or_zero), WithJsonSchema({"anyOf": [
+    {"type": "number", "const": 0},
     {"type": "string", "pattern": DURATION, "maxLength": _TEXT_MAX, "examples": ["14d"]}, {"type": "null"}]})]
 #: Bytes (a whole number) or a size such as ``50GiB``; null for none.
 Size = Annotated[int | str | None, PlainValidator(_bytes_or_size), WithJsonSchema({"anyOf": [
