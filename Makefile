@@ -83,7 +83,7 @@ $(NEXT_VENV)/.stamp: $(PART_FILES) | $(VENV)/.stamp-dev $(NEXT_VENV)/.stamp-jax
 	    || echo "could not install the parts in $(NEXT_VENV): second-JAX contract tests will skip"; fi
 
 $(TPU_VENV)/.stamp-jax:
-	@echo "building $(TPU_VENV) with jax $(FLOOR_JAX) and the libtpu it pins (jaxcache-warmup[tpu])"
+	@echo "building $(TPU_VENV) with jax $(FLOOR_JAX) and the libtpu it pins (./warmup[tpu])"
 	@($(PYTHON) -m venv $(TPU_VENV) && $(TPU_VENV)/bin/$(PIP) --upgrade pip \
 	  && $(TPU_VENV)/bin/$(PIP) 'jax[tpu]==$(FLOOR_JAX)' 'jaxlib==$(FLOOR_JAX)' $(ML_DTYPES) && touch $@) \
 	  || echo "could not build $(TPU_VENV): the compile-only TPU tests will skip"

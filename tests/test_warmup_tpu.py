@@ -132,14 +132,46 @@ def test_script_refused_for_a_slice(tmp_path):
     assert len(lines) == 1 and "this host's CPUs" in lines[0] and "never runs" not in proc.stdout
 
 
+def _works_from_a_clone(command: str) -> None:
+    """`pip install ./core './warmup[tpu]'`: each argument is a part's folder in this checkout, and each extra it
+    names is one of that part's (jaxcache's parts are on no package index: a distribution's name installs
+    nothing)."""
+    import shlex
+    import tomllib
+
+    words = shlex.split(command)
+    assert words[:2] == ["pip", "install"] and len(words) > 2, command
+    for word in words[2:]:
+        folder, _, extras = word.partition("[")
+        assert folder.startswith("./"), f"{word}: not a folder of the clone"
+        project = tomllib.loads((Path(__file__).parents[1] / folder / "pyproject.toml").read_text())["project"]
+        for extra in filter(None, extras.rstrip("]").split(",")):
+            assert extra in project.get("optional-dependencies", {}), f"{word}: {project['name']} has no {extra!r}"
+
+
 def test_without_libtpu_one_line_says_how_to_install(tmp_path):
+    import importlib.metadata
     import importlib.util
+    import re
+
+    from jaxcache.warmup.cli import build_parser
 
     if importlib.util.find_spec("libtpu") is not None:
         pytest.skip("libtpu is installed in this interpreter")
     proc = warmup("--topology", "v5e:2x2", "--cache-dir", str(tmp_path / "c"), "--entrypoint", EXAMPLE, expect=2)
     lines = error_lines(proc)
-    assert len(lines) == 1 and "pip install 'jaxcache-warmup[tpu]'" in lines[0], proc.stderr
+    assert len(lines) == 1, proc.stderr
+    # What works wherever jaxcache is installed (an image too): the libtpu this JAX pins, through JAX's own extra.
+    jax = importlib.metadata.version("jax")
+    assert f"pip install 'jax[tpu]=={jax}'" in lines[0]
+    assert "tpu" in (importlib.metadata.metadata("jax").get_all("Provides-Extra") or [])
+    # And from a clone, the warm-up's extra: --help names the same commands.
+    clone = re.search(r"from a jaxcache clone (pip install [^;]*\S)", lines[0])
+    assert clone is not None, lines[0]
+    _works_from_a_clone(clone[1])
+    helped = " ".join(build_parser().format_help().split())
+    assert f"pip install 'jax[tpu]=={jax}'" in helped and f"from a jaxcache clone {clone[1]}" in helped, helped
+    assert "jaxcache-warmup[" not in lines[0] + helped
 
 
 # --- real compile-only warm-ups, with libtpu ------------------------------------------------------------------
@@ -150,7 +182,7 @@ def tpu_python() -> str:
     python = os.environ.get("JAXCACHE_TPU_PYTHON", "")
     if not python or not os.path.exists(python):
         pytest.skip("no interpreter with libtpu: JAXCACHE_TPU_PYTHON is unset or missing (`make test` builds"
-                    " .venv-tpu, pip install 'jaxcache-warmup[tpu]'; it needs the 213 MB libtpu wheel)")
+                    " .venv-tpu with pip install ./core ./client './warmup[tpu]'; it needs the 213 MB libtpu wheel)")
     return python
 
 

@@ -43,12 +43,14 @@ entries only serve nodes with the same GPU model and count; JAX mocks the S x H 
 CPU jobs never hit pre-filled entries); D becomes jax_num_cpu_devices.
 
 TPU: TOPOLOGY is a slice as JAX names it (v5e:2x2, v5e:4x8, v5p:2x2x2, v6e:4x4), compiled on any x86-64
-Linux machine with libtpu and no chip (pip install 'jaxcache-warmup[tpu]'). The chips per host enter the key:
-the default is Cloud TPU's standard shape (1x1 for a single chip, else 2x2 a host), --chips-per-host
-overrides. The target job's flags enter the key too: give them (--libtpu-init-args, --target-xla-flags) or
-take them from the job's run records (--flags-from-job). The entrypoint's ctx.devices() are the slice's
-chips; a --script is refused (its jax.devices() would be this host's CPUs). A multi-slice job, N slices joined
-over the data-centre network, is Nxv5e:16x16 (or --num-slices N beside one --topology).
+Linux machine with libtpu and no chip (below: how to install it). The chips per host enter the key: the
+default is Cloud TPU's standard shape (1x1 for a single chip, else 2x2 a host), --chips-per-host overrides.
+The target job's flags enter the key too: give them (--libtpu-init-args, --target-xla-flags) or take them
+from the job's run records (--flags-from-job). The entrypoint's ctx.devices() are the slice's chips; a
+--script is refused (its jax.devices() would be this host's CPUs). A multi-slice job, N slices joined over
+the data-centre network, is Nxv5e:16x16 (or --num-slices N beside one --topology).
+
+{libtpu}
 
 Several targets (--topology repeated, or --targets FILE, one a line) are each compiled in a process of their
 own, --parallel N at a time, and summed up in one table; every target is checked before any starts.
@@ -89,7 +91,10 @@ class _Parser(ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (docs/user-guide.md, "Warm-up", explains its options)."""
-    p = _Parser(prog="warmup", description=_DESCRIPTION, epilog=_EPILOG,
+    libtpu = (f"libtpu: {tpu.jax_install()}, the libtpu this JAX pins, or from a jaxcache clone\n"
+              f"{tpu.CLONE_INSTALL}. The warm-up image (deploy/docker/warmup.Dockerfile) is for GPUs\n"
+              "and has none: install it into the training image.")
+    p = _Parser(prog="warmup", description=_DESCRIPTION.format(libtpu=libtpu), epilog=_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", action="append", metavar="SxHxD|TPU",
                    help="target cluster, e.g. 4x8x1, or a TPU slice, e.g. v5e:4x8 (implies --platform tpu), or N"

@@ -40,17 +40,29 @@ class TpuSetupError(JaxcacheError):
     """This machine cannot warm up the slice: libtpu missing, or the attached chips are not the slice."""
 
 
+#: How to install libtpu from a clone of jaxcache: the `tpu` extra of warmup/pyproject.toml. jaxcache's parts are
+#: not on a package index, so a hint naming a distribution (jaxcache-warmup[tpu]) would name nothing installable.
+CLONE_INSTALL = "pip install ./core ./client './warmup[tpu]'"
+
+
+def jax_install() -> str:
+    """The command that installs the libtpu this JAX pins: it works wherever jaxcache is installed (an image too)."""
+    try:
+        return f"pip install 'jax[tpu]=={importlib.metadata.version('jax')}'"
+    except importlib.metadata.PackageNotFoundError:
+        return "pip install 'jax[tpu]'"
+
+
+def install_hint() -> str:
+    """How to install libtpu, in one line: :func:`jax_install`, or :data:`CLONE_INSTALL` from a clone."""
+    return f"{jax_install()} (the libtpu this JAX pins), or from a jaxcache clone {CLONE_INSTALL}"
+
+
 def require_libtpu() -> None:
     """Raise, in one line saying how to install it, when libtpu is not importable here."""
     if importlib.util.find_spec("libtpu") is None:
-        try:
-            jax = importlib.metadata.version("jax")
-        except importlib.metadata.PackageNotFoundError:
-            jax = "X"
-        raise TpuSetupError(
-            "--platform tpu needs libtpu, the TPU compiler, which is not installed here: pip install"
-            f" 'jaxcache-warmup[tpu]' (the libtpu that jax[tpu]=={jax} pins; no chip needed)"
-        )
+        raise TpuSetupError(f"--platform tpu needs libtpu, the TPU compiler, which is not installed here (no chip "
+                            f"is needed): {install_hint()}")
 
 
 def libtpu_version() -> str | None:
