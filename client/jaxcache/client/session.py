@@ -200,8 +200,6 @@ class CacheSession:
                 self._writer.write(record, create_only=True)
             if final:
                 self._writer.index(record)  # process 0's: the job's working set for its next starts, in one object
-            if final:
-                self._writer.index(record)  # process 0's: the job's working set for its next starts, in one object
             if self._reporter is not None:
                 self._reporter.submit(record.to_json())
             return record
