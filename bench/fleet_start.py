@@ -1,44 +1,11 @@
 """A job's start on a large shared root, one node and a fleet (#71 item 5): the node-local tier against plain JAX on
 roots of ``--sizes`` entries on each store's emulator (moto, fake-gcs-server, Azurite), the requests a start makes by
 kind, a throttled fleet of ``--fleet-nodes`` nodes starting at once, the same on paper for 1,000 and 10,000 nodes
-against GCS's and S3's published rates, and a job on a store that stops answering. bench/README.md says the rest.
+against GCS's and S3's published rates, and a job on a store that stops answering. bench/README.md says how each is
+measured and why (JAX's import left out of the fleet's times: 32 imports on two cores measure the CPU, not the store).
 
     .venv/bin/python bench/fleet_start.py                  # the whole matrix: 1k, 20k, 100k on s3, gs and az
     .venv/bin/python bench/fleet_start.py --quick --sizes 1000 --stores s3     # a check that it runs
-
-The job (bench/fleet_worker.py, a fresh process per start) runs five small distinct jitted programs, storing every
-one (no compile-time or size threshold) in both arms: ``tier`` is ``enable_cache(root)`` with its node-local tier
-(``JAXCACHE_LOCAL_DIR``, a directory per node), ``plain`` is JAX with ``jax_compilation_cache_dir`` set to the
-root. A start's time is from just before its process starts to its last program's result ("done"; JAX's import
-included, as a job pays it) and to its exit (run records, uploads). Every start's requests are counted by kind at a
-proxy in front of the emulator (tests/gcs_faults.py, tests/store_faults.py), which both arms go through (the store's
-client library and fsspec follow the same variables).
-
-Per store and size, in this order:
-
-* a root of its own (a new bucket, so every size starts from the same records): filler objects named like entries
-  up to the size, a first tier run that fills the root with the job's entries and the warm node's tier, and other
-  jobs' run records over ``--record-days`` days;
-* warm starts, rounds rotating the arms: ``tier, warm node`` (the tier holds the copies: the case that lists the
-  root), ``tier, fresh node`` (an empty tier), ``plain JAX``; target: tier at most 1.1x plain JAX at every size;
-* cold starts (another salt, another job name each: nothing in the root or the tier), ``tier, cold`` and
-  ``plain JAX, cold``: what writing five entries to the root costs each arm (plain JAX writes as it compiles; the
-  tier writes behind and waits for its uploads at exit);
-* on s3 only, the fleet: ``--fleet-nodes`` processes, each with its own empty tier, import JAX and define the
-  programs first, then start at one signal while the proxy answers 503 SlowDown past ``--fleet-rate`` requests a
-  second. A node is ready when its last program has run; "seeded" is when its tier directory first held the five
-  entries (the store's part, as the file system shows it). JAX's import is left out of the time because 32 imports
-  on two cores measure the CPU, not the store; the five small programs' tracing and loading stay in (what a node
-  does once seeded). The rate defaults to S3's 5,500 reads a second a prefix shared by 10,000 nodes, scaled to
-  this fleet (5,500 * 32 / 10,000 = 17.6/s), so each node gets the share of the bucket it would get among 10,000.
-  The rounds alternate the fleet's arms (:data:`FLEET_ARMS`): today only "without the pack"; "with the pack" goes
-  there once the pack exists;
-* at the first size, a store that stops answering: the tier arm's job with the emulator SIGSTOPped (connections
-  accepted, nothing answered) and with a closed port, on a warm and a fresh node, against the same job on the
-  healthy store (these jobs reach the emulator directly); the seconds a job loses to its exit (target: at most
-  30 s a job). A job past ``--fault-timeout-s`` is killed (it lost at least that) and its case not run again.
-
-Then on paper (bench/fleet_paper.py), from each size's measured requests.
 """
 
 from __future__ import annotations
