@@ -11,9 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PlainValidator, WithJsonSchema
 
-from jaxcache.errors import InvalidInputError
 from jaxcache.storage import ABSOLUTE_ROOT_PATTERN
-from jaxcache.units import no_unit, parse_duration
+from jaxcache.units import no_unit
 
 #: What ``str.strip()`` removes (every character ``str.isspace()`` holds): a blank glob is refused by the core.
 _BLANK = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -73,10 +72,9 @@ def matcher(pattern: str, complaint: Callable[[str], str], max_length: int | Non
 
 
 def _not_a_duration(value: str) -> str:
-    try:
-        parse_duration(value)
-    except InvalidInputError as exc:
-        return str(exc)  # the core's words: a number without a unit is told which to write
+    number = value.strip(" ")
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", number):  # DURATION without its unit
+        return str(no_unit(number))  # the core's words (units.parse_duration): which unit to write
     return f"{value!r} is not a duration: use a number with s, m, h, d or w, like 14d"
 
 
