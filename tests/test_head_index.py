@@ -185,6 +185,22 @@ def test_a_corrupt_index_is_ignored_with_one_warning_and_rebuilt(capsys, cache_c
         assert again == expected and err == ""
 
 
+def test_a_fifo_in_the_index_s_place_is_passed_over_with_one_warning(cache_copy, index_dir):
+    # JAXCACHE_INDEX_DIR is a folder a user names: a FIFO under the index's name would hang a reader that opens it
+    # plainly (open() waits for a writer). The listing answers, reading every head, and says why once.
+    root = str(cache_copy)
+    env = {**os.environ, "JAXCACHE_INDEX_DIR": str(index_dir)}
+    cli = [sys.executable, "-m", "jaxcache", "stats", root, "--json"]
+    subprocess.run(cli, env=env, check=True, capture_output=True, timeout=60)
+    (path,) = index_dir.glob("*.heads")
+    path.unlink()
+    os.mkfifo(path)
+    forget_answers(index_dir)
+    done = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("warning") == 1 and "not a regular file" in done.stderr, done.stderr
+
+
 def test_an_index_whose_parts_disagree_is_ignored_with_one_warning(capsys, cache_copy, jax_caches, index_dir):
     root = str(cache_copy)
     run_json(capsys, "ls", root)

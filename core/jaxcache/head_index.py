@@ -14,8 +14,10 @@ one. Saving an index sweeps the files of roots nobody listed for :data:`UNUSED_D
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import stat
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -24,6 +26,7 @@ import msgspec
 
 from jaxcache.scan import Entry, Orphan
 from jaxcache.storage.base import Listed, Storage
+from jaxcache.storage.files import READ_FLAGS
 
 INDEX_ENV = "JAXCACHE_INDEX"
 INDEX_DIR_ENV = "JAXCACHE_INDEX_DIR"
@@ -158,7 +161,11 @@ class HeadIndex:
     def load(self) -> Snapshot | None:
         """What the last listing saved, or None (no index yet, another format, or unusable: warned)."""
         try:
-            with open(self.path, "rb") as f:
+            # Never through a link, never waiting on a FIFO planted under its name: a listing must not hang on it.
+            fd = os.open(self.path, READ_FLAGS)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file")
                 data = f.read()
         except (FileNotFoundError, NotADirectoryError):
             return None  # none yet (saving says so if it cannot be made)
