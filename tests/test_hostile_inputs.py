@@ -19,6 +19,7 @@ from jaxcache.client import check_cache_dir
 from jaxcache.client import options as client_options
 from jaxcache.client.errors import UntrustedCacheDirError
 from jaxcache.errors import InvalidInputError
+from jaxcache.storage.base import store_timeout_s
 from jaxcache.warmup import targets
 from test_client_service import KEY_PATH, _env
 from test_local_tier import faults, root_objects, run_job  # noqa: F401 - a fixture
@@ -169,7 +170,7 @@ def test_a_topology_with_a_huge_or_foreign_number_is_one_line(tmp_path, topology
     assert not (tmp_path / "c").exists()
 
 
-def test_numbers_from_flags_variables_and_settings_are_ascii_bounded_and_one_line(tmp_path):
+def test_numbers_from_flags_variables_and_settings_are_ascii_bounded_and_one_line(tmp_path, monkeypatch):
     """Other scripts' digits, inf, nan, 1e999 and 5,000 digits in a flag, a client variable or a service setting:
     refused in one line (they were taken as numbers, waited on for ever, or ended in a traceback)."""
     (tmp_path / "root").mkdir()
@@ -179,12 +180,18 @@ def test_numbers_from_flags_variables_and_settings_are_ascii_bounded_and_one_lin
         one_line(cli(*args))
     for name, value in (("JAXCACHE_UPLOAD_WAIT_S", "nan"), ("JAXCACHE_UPLOAD_WAIT_S", "inf"),
                         ("JAXCACHE_RECORD_EVERY_S", "1e999"), ("JAXCACHE_MIN_COMPILE_TIME_S", "\u0661"),
-                        ("JAXCACHE_PREFETCH", "\u0668"), ("JAXCACHE_MIN_ENTRY_SIZE_BYTES", BIG)):
+                        ("JAXCACHE_PREFETCH", "\u0668"), ("JAXCACHE_MIN_ENTRY_SIZE_BYTES", BIG),
+                        ("JAXCACHE_LOOKUP_DEADLINE_S", "inf"), ("JAXCACHE_LOOKUP_DEADLINE_S", "\u0662")):
         with pytest.raises(InvalidInputError, match=name) as refused:
             client_options.resolve(str(tmp_path / "root"), env={name: value}, job=None, min_compile_time_secs=None,
                                    min_entry_size_bytes=None, xla_caches=None, max_size_bytes=None, service_url=None,
                                    token=None, trust="off", default_xla_caches="none")
         assert len(str(refused.value)) < 300
+    for value in ("\u0662", "inf", BIG):  # a store's request timeout: float() took other scripts' digits
+        monkeypatch.setenv("JAXCACHE_STORE_TIMEOUT_S", value)
+        with pytest.raises(InvalidInputError, match="JAXCACHE_STORE_TIMEOUT_S"):
+            store_timeout_s()
+    monkeypatch.delenv("JAXCACHE_STORE_TIMEOUT_S")
     for value in ("inf", "1e12"):  # a wait past time_t raised inside the rescan loop
         serve = subprocess.run([str(Path(sys.executable).with_name("jaxcache")), "serve", "--cache",
                                 f"c={tmp_path / 'root'}", "--db", f"sqlite:///{tmp_path / 'c.sqlite'}", "--rescan-s",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from jaxcache.errors import EncodedObjectError, InvalidInputError, PathEscapeError, StorageError, TooLargeError
+from jaxcache.numbers import decimal
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +112,8 @@ def env_seconds(name: str, what: str, most: float) -> float | None:
     text = os.environ.get(name, "").strip()
     if not text:
         return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
+    found = decimal(text)  # ASCII digits of bounded length only: float() takes other scripts' digits and "inf"
+    seconds = math.nan if found is None else found
     if not 0 < seconds <= most:
         raise InvalidInputError(f"{name}={text!r}: give the seconds {what} (0 < s <= {most:g})")
     return seconds
