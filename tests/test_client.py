@@ -237,6 +237,8 @@ def test_options_resolution_order_and_checks(tmp_path):
     bad = [
         dict(cache_dir="/c", trust="maybe"),
         dict(cache_dir="/c", min_compile_time_secs=-1),
+        dict(cache_dir="/c", min_compile_time_secs=float("nan")),
+        dict(cache_dir="/c", min_compile_time_secs=float("inf")),
         dict(cache_dir="/c", min_entry_size_bytes=-2),
         dict(cache_dir="/c", env={"JAXCACHE_MIN_COMPILE_TIME_S": "soon"}),
         dict(cache_dir="/c", service_url="svc:8080"),

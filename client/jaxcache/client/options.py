@@ -6,6 +6,7 @@ Resolution happens before JAX is touched, so every mistake here is reported befo
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -273,7 +274,8 @@ def _new_run_id() -> str:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    # A finite one: float("nan") < 0 is False, so a NaN threshold would pass a range check and reach JAX.
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _float(name: str, text: str) -> float:
