@@ -157,3 +157,19 @@ def test_the_summary_and_explain_agree_whether_an_entry_was_there_before_the_loo
     miss = only(causes(tmp_path, capsys, reader["run_id"]))
     assert ("1 unreadable" in reader["summary"]) is was_there, reader["summary"]
     assert (miss["cause"] == "unreadable") is was_there, miss
+
+
+@pytest.mark.parametrize("store", ["directory", "gs", "s3", "az"])
+def test_a_first_run_gets_the_same_account_on_every_store(tmp_path, capsys, request, store):
+    """A job's first run on a fresh root compiles one function at three shapes: the first is new to the cache, the
+    others changed programs, whatever the store. S3 and Azure keep whole-second mtimes: the entries the run writes in
+    the second of its first lookup read as older than it, and must not pass for another writer's (plain JAX's)."""
+    from store_servers import BUCKETS
+
+    root = str(tmp_path) if store == "directory" else f"{store}://{request.getfixturevalue(BUCKETS[store])}/cache3"
+    run(root, "--rows", "32", "--then-rows", "16", "--then-rows", "8", "--on-the-second")
+    capsys.readouterr()
+    assert cli_main(["explain", root, "--job", "train", "--json"]) == 0
+    misses = json.loads(capsys.readouterr().out)["misses"]
+    assert sorted(m["cause"] for m in misses) == ["new_program", "program_changed", "program_changed"], misses
+    assert not any("plain JAX" in m["fix"] for m in misses), misses

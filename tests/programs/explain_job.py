@@ -32,6 +32,10 @@ def main() -> int:
     ap.add_argument("--age-entries", type=float, metavar="SECONDS",
                     help="right before the first call, make the local cache's entries this much older than now (an"
                          " entry written that long before this job's lookup)")
+    ap.add_argument("--on-the-second", action="store_true",
+                    help="make the first call just after a whole second, so that what the run writes in that second "
+                         "reads, on a store whose mtimes are whole seconds (S3, Azure), as written at its start: "
+                         "before the run's first lookup")
     args = ap.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.hide_zstandard:
@@ -77,6 +81,8 @@ def main() -> int:
         then = time.time() - args.age_entries
         for entry in Path(args.cache_dir).glob("*-cache"):
             os.utime(entry, (then, then))
+    if args.on_the_second:
+        time.sleep(1.0 - time.time() % 1.0)
     for rows in (args.rows, *args.then_rows):
         out = compiled(placed(np.ones((rows, 16), np.float32), 0), placed(np.ones((16, 8), np.float32), 1))
         jax.block_until_ready(out)

@@ -23,8 +23,12 @@ def explain(miss: Miss, history: History, *, root: str = "ROOT") -> Explanation:
         return found
     # What the cache could have given at the time: keys recorded, and entries written, before the miss. Other keys
     # of the function that the miss's own run wrote earlier count: one run compiles a function at several shapes.
+    # An entry's time is the store's mtime (whole seconds on S3 and Azure), the miss's the process's clock: an entry
+    # was there before the miss only by the rule the client's summary uses too. Else what this very run wrote in the
+    # second of its lookup would pass for an entry someone else (plain JAX) wrote earlier.
     family = [k for k in history.of_function(miss.function) if k.key != miss.key and k.at < miss.at]
-    entries = [e for e in history.entries_of_function(miss.function) if e.key != miss.key and e.created_s < miss.at]
+    entries = [e for e in history.entries_of_function(miss.function)
+               if e.key != miss.key and unreadable.there_before(e.created_s, miss.at)]
     if not family and not entries:
         return Explanation(c.NEW_PROGRAM, c.fix(c.NEW_PROGRAM, function=miss.function))
     mine = miss.parts
