@@ -166,7 +166,7 @@ postgres:
 demo-cache: $(VENV)/.stamp-run
 	$(PY) -m jaxcache.warmup.demo $(DEMO_CACHE)
 	$(PY) -m jaxcache.warmup --topology 1x1x2 --platform cpu --cache-dir $(DEMO_CACHE) --job demo-warmup \
-	  --entrypoint jaxcache.warmup.examples:warm --ok-if-warm
+	  --entrypoint jaxcache.warmup.examples:warm
 	JAX_PLATFORMS=cpu JAXCACHE_DIR=$(DEMO_CACHE) JAXCACHE_JOB=demo-job $(PY) -m jaxcache.warmup.examples --devices 2
 	JAX_PLATFORMS=cpu JAXCACHE_DIR=$(DEMO_CACHE) JAXCACHE_JOB=demo-job $(PY) -m jaxcache.warmup.examples --devices 2 \
 	  --per-device-batch 16

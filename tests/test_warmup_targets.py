@@ -115,6 +115,15 @@ def test_a_failing_target_does_not_stop_the_others(tmp_path):
     (record,) = cache.glob(".jaxcache/warmups/*.json")
     assert coverage.parse(record.read_bytes()).topology == "1x1x4"
 
+    # Again: the target that wrote its program finds it there, a success the table names; the other fails again.
+    again = warmup("--topology", "1x1x2", "--topology", "1x1x4", "--cache-dir", str(cache), "--platform", "cpu",
+                   "--entrypoint", "warm_targets:fails_on_two_devices", "--parallel", "1", expect=1)
+    lines = again.stdout.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines[next(i for i, line in enumerate(lines)
+                                                                  if line.startswith("target ")) + 1:][:2]}
+    assert rows["1x1x4"][-3:] == ["0", "already", "warm"] and rows["1x1x4"][2:5] == ["1", "0", "1"], again.stdout
+    assert rows["1x1x2"][-2:] == ["1", "failed"] and "---- 1x1x4 ----" not in again.stdout
+
 
 def test_a_targets_process_gets_the_commands_options_for_it_alone():
     parser = build_parser()

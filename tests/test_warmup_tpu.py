@@ -232,10 +232,10 @@ examples.warm(WarmupContext(s, "tpu", None, list(devices)))
 def test_tpu_rerun_is_already_warm_without_load_warnings(warmed, tpu_python):
     cache = str(warmed["cache"])
     proc = warmup("--topology", "v5e:2x2", "--cache-dir", cache, "--entrypoint", EXAMPLE, "--json",
-                  f"--libtpu-init-args={BARRIER}", python=tpu_python, expect=1)
+                  f"--libtpu-init-args={BARRIER}", python=tpu_python)
     summary = json.loads(proc.stdout)
     assert (summary["written"], summary["already_warm"]) == (0, summary["programs"])
-    assert "already warm" in proc.stderr and "Error reading persistent compilation cache entry" not in proc.stderr
+    assert "error" not in proc.stderr and "Error reading persistent compilation cache entry" not in proc.stderr
     assert "already present" in proc.stderr and "could not load" not in proc.stderr
 
 
@@ -520,10 +520,9 @@ def test_a_two_slice_key_differs_from_the_one_slice_key(multislice, warmed):
 
 def test_a_two_slice_rerun_finds_it_warm(multislice, tpu_python):
     proc = warmup("--topology", "2xv5e:2x2", "--cache-dir", str(multislice["cache"]), "--entrypoint", EXAMPLE,
-                  "--json", f"--libtpu-init-args={BARRIER}", python=tpu_python, expect=1)
+                  "--json", f"--libtpu-init-args={BARRIER}", python=tpu_python)
     summary = json.loads(proc.stdout)
     assert summary["topology"] == "2xv5e:2x2" and (summary["written"], summary["already_warm"]) == (0, 1)
-    assert "already warm" in proc.stderr
 
 
 def test_a_two_slice_key_is_a_jobs_with_jaxs_hybrid_mesh(multislice, tpu_python, tmp_path):

@@ -27,7 +27,7 @@ from jaxcache.warmup import devices as dev
 from jaxcache.warmup import pool, targets, tpu
 from jaxcache.warmup import target as tgt
 from jaxcache.warmup.check import BundleRoot, bundle_root, check_summary, check_text
-from jaxcache.warmup.runner import WarmupConfig, explain_nothing_compiled, run_warmup
+from jaxcache.warmup.runner import WarmupConfig, already_warm, explain_nothing_compiled, run_warmup
 from jaxcache.warmup.verify import VERIFY_TIMEOUT_S, verify
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -74,9 +74,10 @@ examples:
   warmup --topology 4x8x1 --cache-dir gs://bucket/jax-cache --entrypoint myjob.warm:programs --check
   warmup --topology 4x8x1 --cache-dir train.bundle --entrypoint myjob.warm:programs --check
 
-exit codes: 0 the cache holds the programs (and --verify passed; with --check: every program hit); 1 the target
-failed, nothing was stored, --verify or --check found misses, or --verify ran past --verify-timeout; 2 bad input
-(nothing written). With several targets: the worst target's."""
+exit codes: 0 the cache holds the programs, whether this run wrote them or found them there already (and
+--verify passed; with --check: every program hit); 1 the target failed, compiled nothing, or stored none of the
+programs it missed, --verify or --check found misses, or --verify ran past --verify-timeout; 2 bad input (nothing
+written). With several targets: the worst target's."""
 
 
 class _Parser(ArgumentParser):
@@ -146,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-timeout", type=_seconds, default=VERIFY_TIMEOUT_S, metavar="SECONDS",
                    help=f"stop --verify's process after this long and fail (default {VERIFY_TIMEOUT_S:g})")
     p.add_argument("--ok-if-warm", action="store_true",
-                   help="exit 0 when every program was already cached (scheduled re-runs); default exit 1")
+                   help="deprecated, does nothing: a cache that already holds every program is a success (exit 0)"
+                        " without it; still accepted so that existing scripts and Jobs keep working")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--verify-child", help=argparse.SUPPRESS)
     # A target's own process, started by a command with several: --check on the attached chips, or compile-only.
@@ -367,22 +369,21 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
     summary = _summary(record)
     session = current_session()
     why = explain_nothing_compiled(record, unrecognised=session.stats().unrecognised if session else 0)
-    failed = why is not None and not (args.ok_if_warm and why.startswith("already warm"))
+    warm = already_warm(record)  # a success: the cache holds every program (a scheduled re-run, a Job's retry)
     verdict = None
-    if args.verify and not failed:
+    if args.verify and why is None:
         verdict = verify(config, record, timeout_s=args.verify_timeout)
         summary["verify"] = verdict.as_dict()
     if args.json:
-        print(json.dumps(summary, sort_keys=True))
+        print(json.dumps(summary, sort_keys=True))  # already_warm == programs says it
     else:
-        print(_summary_table(summary))
+        print(_summary_table(summary) + (f"\n{warm}" if warm is not None else ""))
         if verdict is not None:
             print(verdict.explain())
     if why is not None:
-        print(f"warmup: {'error: ' if failed else ''}nothing stored: {why}", file=sys.stderr)
-    if failed or (verdict is not None and not verdict.ok):
+        print(f"warmup: error: nothing stored: {why}", file=sys.stderr)
         return EXIT_FAILED
-    return EXIT_OK
+    return EXIT_FAILED if verdict is not None and not verdict.ok else EXIT_OK
 
 
 def _run_targets(parser: argparse.ArgumentParser, args: argparse.Namespace, texts: list[str],
@@ -475,12 +476,20 @@ def _target_json(done: pool.Done, on: dict[str, str]) -> dict[str, Any]:
 _RESULTS = {EXIT_OK: "ok", EXIT_FAILED: "failed", EXIT_USAGE: "bad input"}
 
 
+def _result(done: pool.Done) -> str:
+    """A target's result in a word or two: ok, already warm (ok, every program was there), failed, bad input."""
+    code, s = _exit_of(done), done.summary or {}
+    if code == EXIT_OK and s.get("programs") and s.get("already_warm") == s["programs"]:
+        return "already warm"
+    return _RESULTS[code]
+
+
 def _targets_table(done: list[pool.Done], args: argparse.Namespace, on: dict[str, str]) -> str:
     def cell(d: pool.Done, name: str, fmt: str = "{}") -> str:
         return fmt.format(d.summary[name]) if d.summary and d.summary.get(name) is not None else "-"
 
     def tail(d: pool.Done) -> list[str]:
-        return [f"{d.wall_s:.1f}", format_bytes(d.peak_rss_bytes), f"{_exit_of(d)} {_RESULTS[_exit_of(d)]}"]
+        return [f"{d.wall_s:.1f}", format_bytes(d.peak_rss_bytes), f"{_exit_of(d)} {_result(d)}"]
 
     if args.dry_run:
         headers = ["target", "platform", "processes", "devices a process", "global devices"]
@@ -530,8 +539,7 @@ class _TargetPrinter:
         self._total = total
 
     def __call__(self, done: pool.Done) -> None:
-        code = _exit_of(done)
-        self._lines.show(f"  [{self._lines.count + 1}/{self._total}] {done.job.target:16} {_RESULTS[code]:9}"
+        self._lines.show(f"  [{self._lines.count + 1}/{self._total}] {done.job.target:16} {_result(done):12}"
                          f" {done.wall_s:7.1f} s  peak {format_bytes(done.peak_rss_bytes)}")
 
     def close(self) -> None:

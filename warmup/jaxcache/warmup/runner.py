@@ -41,7 +41,7 @@ STORE_NOTHING: _Thresholds = {"min_compile_time_secs": 0.0, "min_entry_size_byte
 
 
 class NothingCompiledError(JaxcacheError):
-    """The warm-up put nothing in the cache; the message says why (no jit calls, thresholds, already warm)."""
+    """The warm-up put nothing in the cache; the message says why (no jit calls, thresholds)."""
 
 
 @dataclass(frozen=True)
@@ -192,8 +192,9 @@ def _compile_only_status(usage: KeyUsage, storage: Storage) -> Status:
 
 
 def explain_nothing_compiled(record: WarmupRecord, *, unrecognised: int = 0) -> str | None:
-    """Why a warm-up that stored nothing new is a failure, or None when it stored something. ``unrecognised``:
-    lookups JAX made whose keys the client could not tell (see CacheStats.unrecognised)."""
+    """Why a warm-up that stored nothing new is a failure, or None when it stored something or found every program
+    in the cache already (:func:`already_warm` says so). ``unrecognised``: lookups JAX made whose keys the client
+    could not tell (see CacheStats.unrecognised)."""
     programs = record.programs
     if not programs and unrecognised:
         return (
@@ -208,16 +209,23 @@ def explain_nothing_compiled(record: WarmupRecord, *, unrecognised: int = 0) -> 
         )
     written = sum(p.status == WRITTEN for p in programs)
     present = sum(p.status == PRESENT for p in programs)
-    if written:
+    if written or present == len(programs):
         return None
-    if present == len(programs):
-        every = "the 1 program was" if present == 1 else f"all {present} programs were"
-        return f"already warm: {every} in the cache before this run; nothing to write"
     reasons = sorted({p.reason for p in programs if p.status == NOT_WRITTEN and p.reason})
     return (
         f"thresholds: JAX compiled {plural(len(programs) - present, 'program')} but stored none"
         + (f" ({'; '.join(reasons)})" if reasons else "")
     )
+
+
+def already_warm(record: WarmupRecord) -> str | None:
+    """What to say of a warm-up that found every program it compiled in the cache already (a scheduled re-run, a
+    Job's retry): the cache holds them, a success; None otherwise."""
+    present = len(record.programs)
+    if not present or any(p.status != PRESENT for p in record.programs):
+        return None
+    every = "the 1 program was" if present == 1 else f"all {present} programs were"
+    return f"already warm: {every} in the cache before this run; nothing to write"
 
 
 def _new_id() -> str:
