@@ -55,4 +55,4 @@ class PreconditionFailedError(StorageError):
 
 
 class MissingDependencyError(JaxcacheError):
-    """An optional extra is needed for this operation (for example `pip install 'jaxcache[gcs]'`)."""
+    """An optional library is needed for this operation (for example google-cloud-storage for gs:// roots)."""

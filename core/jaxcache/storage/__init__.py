@@ -39,7 +39,7 @@ class Store:
     scheme: str
     module: str
     cls: str
-    #: The extra of jaxcache's distributions that brings the store's client library (``pip install 'jaxcache[...]'``).
+    #: The extra of jaxcache's distributions that brings the store's client library (``pip install './core[...]'``).
     extra: str
     #: What the store calls the first part of the URL, for messages ("bucket", "container").
     bucket_word: str

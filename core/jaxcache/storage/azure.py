@@ -36,6 +36,7 @@ from jaxcache.storage.base import (
     check_prefix,
     env_seconds,
     etag_token,
+    missing_library,
     store_timeout_s,
     without_userinfo,
 )
@@ -56,7 +57,7 @@ try:
     from azure.core.pipeline.transport import RequestsTransport
     from azure.storage.blob import BlobProperties, BlobServiceClient, ContentSettings, ExponentialRetry
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependencyError("az:// cache roots need azure-storage-blob: pip install 'jaxcache[azure]'") from exc
+    raise MissingDependencyError(missing_library("az://", "azure-storage-blob azure-identity", "azure")) from exc
 
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 ACCOUNT_ENV = "AZURE_STORAGE_ACCOUNT_NAME"
@@ -147,7 +148,7 @@ def _credential() -> Any:
         from azure import identity
     except ImportError as exc:
         raise MissingDependencyError(
-            f"az:// roots without a key or SAS token sign in through azure-identity: pip install 'jaxcache[azure]' "
+            f"az:// roots without a key or SAS token sign in through azure-identity: pip install azure-identity "
             f"(or set {CONNECTION_STRING_ENV}, AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN)"
         ) from exc
     if env.get("AZURE_STORAGE_CLIENT_ID"):

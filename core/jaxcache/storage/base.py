@@ -107,6 +107,13 @@ def content_coding(header: str | None) -> str | None:
     codings = [c for c in (part.strip().lower() for part in header.split(",")) if c not in _AS_STORED]
     return ", ".join(codings) or None
 
+def missing_library(scheme: str, libraries: str, extra: str) -> str:
+    """What to install for a store's roots: its libraries from the package index, or the core's extra from a clone of
+    jaxcache (no jaxcache distribution is on an index to name)."""
+    return (f"{scheme} cache roots need {libraries}: pip install {libraries} (from a clone of jaxcache: pip install"
+            f" './core[{extra}]')")
+
+
 def env_seconds(name: str, what: str, most: float) -> float | None:
     """The seconds set in the environment variable ``name`` (0 < s <= ``most``), None where it is unset."""
     text = os.environ.get(name, "").strip()

@@ -26,6 +26,7 @@ from jaxcache.storage.base import (
     check_endpoint,
     check_prefix,
     env_seconds,
+    missing_library,
     store_timeout_s,
     without_userinfo,
 )
@@ -38,7 +39,7 @@ try:
     from google.cloud.storage.retry import DEFAULT_RETRY
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError(
-        "gs:// cache roots need google-cloud-storage: pip install 'jaxcache[gcs]'"
+        missing_library("gs://", "google-cloud-storage", "gcs")
     ) from exc
 
 

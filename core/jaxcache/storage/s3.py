@@ -34,6 +34,7 @@ from jaxcache.storage.base import (
     check_endpoint,
     check_prefix,
     etag_token,
+    missing_library,
     store_timeout_s,
     without_userinfo,
 )
@@ -53,7 +54,7 @@ try:
     )
     from botocore.exceptions import ConnectionError as BotoConnectionError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependencyError("s3:// cache roots need boto3: pip install 'jaxcache[s3]'") from exc
+    raise MissingDependencyError(missing_library("s3://", "boto3", "s3")) from exc
 
 #: Tries of one request in all (the first and its retries) where neither ``AWS_MAX_ATTEMPTS`` nor the profile's
 #: ``max_attempts`` says otherwise: botocore's standard mode backs off up to 20 s a retry, so about two minutes in
