@@ -34,7 +34,12 @@ def test_check_on_a_node_with_other_flags_exits_1_naming_the_flag(tmp_path):
     flags = next(d for d in miss["differs"] if d["part"] == "xla_flags")
     assert flags["changes"] == ["added --xla_cpu_enable_fast_math=true"]
     text = warmup(*args, "--check", expect=1, env=node).stdout
-    assert "0 of 1 program hit" in text and "give the warm-up the job's XLA_FLAGS" in text
+    words = " ".join(text.split())
+    assert "0 of 1 program hit" in words and "give the warm-up the job's XLA_FLAGS" in words
+    # Wrapped as `jaxcache explain` prints it: a heading, each change on a line of its own, the fix under them.
+    lines = text.splitlines()
+    assert max(map(len, lines[1:])) <= 100, text  # the first names the cache, whatever its length
+    assert "xla_flags: jit_" in text and "    - added --xla_cpu_enable_fast_math=true" in lines, text
     assert snapshot(cache) == before
 
 

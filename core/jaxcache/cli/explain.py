@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import shutil
-import textwrap
 import time
-from collections import defaultdict
 from typing import Any
 
 from jaxcache.cli.output import EXIT_OK, ROOT_HELP, flag_value, not_recorded, print_json
-from jaxcache.display import shown
 from jaxcache.errors import InvalidInputError
 from jaxcache.explain import Explanation, Known, explain
 from jaxcache.explain.from_root import RootHistory, is_miss, read_root
+from jaxcache.explain.text import blocks
 from jaxcache.records import check_job, check_run_id
 from jaxcache.storage import Storage
 from jaxcache.units import parse_duration, plural
-
-#: The text output's width: the terminal's, at most 100 columns (and at least 60 where it is narrower).
-_MAX_WIDTH, _MIN_WIDTH = 100, 60
-_LABEL = "  "
 
 
 def explained(storage: Storage, *, job: str | None = None, run: str | None = None,
@@ -62,44 +55,11 @@ def cmd_explain(args: argparse.Namespace, storage: Storage) -> int:
     if not rows:
         print(f"no misses recorded in {storage.url}" + (" for that selection" if job or run or since else ""))
         return EXIT_OK
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        groups[(r["cause"], r["function"])].append(r)
-    width = max(_MIN_WIDTH, min(_MAX_WIDTH, shutil.get_terminal_size((_MAX_WIDTH, 24)).columns))
-    blocks = sorted(groups.items(), key=lambda g: -sum(r["compile_s"] or 0 for r in g[1]))
-    print("\n\n".join(_block(cause, function, g, width) for (cause, function), g in blocks))
+    print(blocks(rows))
     total = sum(r["compile_s"] or 0 for r in rows)
     print(f"\n{plural(len(rows), 'miss')}, {total:.1f} compile seconds" + (
         f"; {skipped} malformed records skipped" if skipped else ""))
     return EXIT_OK
-
-
-def _block(cause: str, function: str, misses: list[dict[str, Any]], width: int) -> str:
-    """One cause of one function's misses, as git and cargo print explanations: a heading line, then what differs
-    (each change on its own lines) and the fix, wrapped to ``width``. The fix names the changes already listed
-    above it by reference, not again."""
-    first = misses[0]
-    seconds = sum(r["compile_s"] or 0 for r in misses)
-    lines = [f"{shown(cause)}: {shown(function)}, {plural(len(misses), 'miss')}, {seconds:.1f} compile seconds"]
-    fix = first["fix"] or ""
-    for d in first["differs"]:
-        said = list(d["changes"]) or ([f"{d['theirs'] or '?'} → {d['mine'] or '?'}"] if d["mine"] or d["theirs"]
-                                      else [])
-        lines += _wrapped(f"{d['part']} differs" + (":" if said else ""), width, _LABEL)
-        for change in said:
-            lines += _wrapped(change, width, _LABEL + "  ", "- ")
-        if said:
-            fix = fix.replace("; ".join(said), "the changes above" if d["changes"] else "as above")
-    if first["nearest"]:
-        lines += _wrapped(f"nearest key: {first['nearest']}", width, _LABEL)
-    lines += _wrapped(fix, width, _LABEL, "fix: ")
-    return "\n".join(lines)
-
-
-def _wrapped(text: str, width: int, indent: str, bullet: str = "") -> list[str]:
-    """``text`` in lines of at most ``width``, the first after ``bullet``, the rest under its text."""
-    return textwrap.wrap(shown(text), width, initial_indent=indent + bullet,
-                         subsequent_indent=indent + " " * len(bullet), break_on_hyphens=False)
 
 
 def add_parser(sub: Any) -> None:

@@ -20,9 +20,8 @@ from jaxcache.coverage import PRESENT, ProgramCoverage, WarmupRecord
 from jaxcache.entry import cache_name
 from jaxcache.errors import InvalidInputError
 from jaxcache.explain.from_root import read_records
-from jaxcache.explain.values import differs_text
+from jaxcache.explain.text import blocks
 from jaxcache.storage import LocalStorage, Storage, open_storage
-from jaxcache.table import render
 from jaxcache.units import plural
 from jaxcache.warmup.misses import explained, miss_of, program_dict
 from jaxcache.warmup.runner import WarmupConfig
@@ -36,6 +35,9 @@ def check_summary(config: WarmupConfig, record: WarmupRecord) -> dict[str, Any]:
     misses = [miss_of(program_dict(p), record.fingerprint, run_id=record.id, job=config.job,
                       topology=record.topology) for p in missed]
     found = explained(storage, misses, knowns)
+    seconds = {p.key: p.compile_s for p in missed}  # what the job would spend compiling each, as this node did
+    for m in found:
+        m["compile_s"] = seconds.get(m["key"])
     trusted = signing.TrustedKeys.from_env()
     unsigned = _unsigned(storage, [p for p in record.programs if p.status == PRESENT], trusted) if trusted else []
     programs = len(record.programs)
@@ -53,8 +55,7 @@ def check_text(s: dict[str, Any]) -> str:
             f"({100 * s['coverage']:.0f}%) on {s['topology']} {s['platform']}; nothing was written")
     if not s["misses"]:
         return head
-    rows = [[m["function"], m["cause"], differs_text(m["differs"]), m["fix"]] for m in s["misses"]]
-    return f"{head}\n\n" + render(["function", "cause", "what differs", "fix"], rows)
+    return f"{head}\n\n{blocks(s['misses'])}"
 
 
 def _unsigned(storage: Storage, present: list[ProgramCoverage], trusted: signing.TrustedKeys) -> list[dict[str, Any]]:

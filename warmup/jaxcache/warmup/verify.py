@@ -17,7 +17,7 @@ import msgspec
 
 from jaxcache.coverage import WarmupRecord
 from jaxcache.explain.from_root import knowns_of_warmup
-from jaxcache.explain.values import differs_text
+from jaxcache.explain.text import blocks
 from jaxcache.records import HIT, WARMUP_VERIFY, Fingerprint, KeyUsage
 from jaxcache.storage import open_storage
 from jaxcache.table import render
@@ -51,8 +51,7 @@ class VerifyResult:
         if self.error:
             return f"verify: FAILED: {self.error}"
         lines = [f"verify: FAILED: {plural(len(self.misses), 'program')} missed in a fresh process:", ""]
-        lines.append(render(["function", "cause", "what differs", "fix"],
-                            [[m["function"], m["cause"], differs_text(m["differs"]), m["fix"]] for m in self.misses]))
+        lines.append(blocks(self.misses))
         rows = [
             [name, str(self.warmup_fingerprint.get(name)), str(self.fingerprint.get(name)),
              "" if self.warmup_fingerprint.get(name) == self.fingerprint.get(name) else "<- differs"]
