@@ -148,7 +148,11 @@ def test_bad_roots_exit_2_with_one_line(capsys, argv, message):
      (["ls", "x", "--limit", "-3"], "jaxcache ls: error: argument --limit: '-3': use a whole number, 0 or more"),
      (["prune", "x", "--unused-for"], "jaxcache prune: error: argument --unused-for: expected one argument"),
      (["bundle", "export", "x", "--job"], "jaxcache bundle export: error: argument --job: expected one argument"),
-     (["frobnicate", "x"], "jaxcache: error: argument COMMAND: invalid choice: 'frobnicate'")],
+     (["frobnicate", "x"], "jaxcache: error: argument COMMAND: invalid choice: 'frobnicate'"),
+     # A mistyped option is named with the one meant, not the root its value pushed out (#73).
+     (["ls", "--srot", "size", "x"], "jaxcache ls: error: unrecognized arguments: --srot: did you mean --sort?"),
+     (["ls", "x", "--heds"], "jaxcache ls: error: unrecognized arguments: --heds: did you mean --heads?"),
+     (["ls", "x", "y"], "jaxcache ls: error: unrecognized arguments: y")],
 )
 def test_usage_errors_are_one_line_on_stderr(capsys, argv, said):
     """The user guide's promise (#60): one line that names the option and what it takes, not the usage block."""
