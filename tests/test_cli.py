@@ -185,6 +185,19 @@ def test_an_object_store_root(capsys, store_root, jax_caches):
     code, out, _ = run(capsys, "doctor", store_root)
     assert code == 0, out
 
+    # A prefix mistyped lists as an empty root (a store has no folders to be missing): it says so, and what is beside.
+    scheme, _, rest = store_root.partition("://")
+    bucket = rest.split("/")[0]
+    code, out, err = run(capsys, "ls", f"{scheme}://{bucket}/jax-cahce")
+    assert code == 0 and "0 entries" in out, out
+    assert err == (f"jaxcache ls: nothing is under {scheme}://{bucket}/jax-cahce/ (no object at all): did you mean"
+                   f" {store_root}? Beside it: {store_root}\n"), err
+    code, _, err = run(capsys, "stats", f"{scheme}://{bucket}/elsewhere/jax-cache")
+    assert code == 0 and err.endswith(f"is the prefix spelled as the jobs spell it? No prefix is beside it in"
+                                      f" {scheme}://{bucket}/elsewhere\n"), err
+    code, out, err = run(capsys, "ls", store_root, "--function", "jit_nothing*")
+    assert code == 0 and err == "", "a filter that chose nothing is no empty prefix"
+
 
 def test_console_script_and_help(cache_copy):
     exe = Path(sys.executable).with_name("jaxcache")

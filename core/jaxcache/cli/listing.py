@@ -11,8 +11,11 @@ come from the listing and the ``-atime`` files.
 from __future__ import annotations
 
 import argparse
+import difflib
 import fnmatch
 import heapq
+import itertools
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from operator import attrgetter
@@ -26,10 +29,10 @@ from jaxcache.cli.indexed import INDEX_HELP, IndexedRoot
 from jaxcache.cli.output import EXIT_OK, ROOT_HELP, json_text, non_negative, progress, send_out, write_out
 from jaxcache.display import shown
 from jaxcache.entry import Compression, Status
-from jaxcache.errors import InvalidInputError
+from jaxcache.errors import InvalidInputError, StorageError
 from jaxcache.scan import Entry, Record
 from jaxcache.stats import CacheStats, summarize
-from jaxcache.storage import Storage, is_object_store
+from jaxcache.storage import Storage, is_object_store, open_storage, split_root
 from jaxcache.table import render
 from jaxcache.units import format_bytes, format_duration, plural
 
@@ -44,6 +47,8 @@ SORTS: dict[str, Callable[[Entry], Any]] = {
 #: The sorts that need every entry's head.
 HEAD_SORTS = frozenset({"compile"})
 _UNREAD = "not read"
+#: Names read of the parent of an object-store root that holds nothing, for the prefixes beside it: one listing page.
+_NEARBY_NAMES = 1000
 _ONCE = "; each object's head is read once: the head index keeps it"
 
 
@@ -121,6 +126,45 @@ def _sorted(entries: Iterable[Entry], sort: str, limit: int | None) -> list[Entr
 _KEY, _SIZE, _MTIME = attrgetter("key"), attrgetter("size_bytes"), attrgetter("mtime_s")
 
 
+def empty_prefix_note(storage: Storage) -> str | None:
+    """For a root in an object store that holds no object at all, where a mistyped prefix lists as an empty root
+    (an object store has no folders to be missing): a line that says so, with the prefixes beside it that one listing
+    page of its parent shows, the likeliest meant first. None for a directory (a missing one is an error already)
+    and a root with anything in it."""
+    if not is_object_store(storage.url) or next(iter(storage.iter_objects("", recursive=True)), None) is not None:
+        return None
+    store, bucket, prefix = split_root(storage.url)
+    parent, _, name = prefix.rpartition("/")
+    above = f"{store.scheme}://{bucket}" + (f"/{parent}" if parent else "")
+    note = f"nothing is under {storage.url}/ (no object at all)"
+    ask = f"{note}: is the {'prefix' if prefix else 'bucket'} spelled as the jobs spell it?"
+    if not prefix:
+        return ask
+    try:
+        names = [i.name for i in itertools.islice(open_storage(above).iter_objects("", recursive=True), _NEARBY_NAMES)]
+    except StorageError:  # allowed to list the root's prefix, not its parent's: the note without neighbours
+        return ask
+    from jaxcache.records import RECORDS_DIR  # here: ls of a root with entries never needs it
+
+    beside = sorted({n.split("/", 1)[0] for n in names if "/" in n} - {RECORDS_DIR})  # that root's own records
+    if not beside:
+        return f"{ask} No prefix is beside it in {above}"
+    meant = difflib.get_close_matches(name, beside, n=1, cutoff=0.6)
+    listed = ", ".join(shown(f"{above}/{b}") for b in beside[:5]) + (
+        ", ..." if len(beside) > 5 or len(names) == _NEARBY_NAMES else "")
+    return (f"{note}: did you mean {shown(f'{above}/{meant[0]}')}? Beside it: {listed}" if meant
+            else f"{ask} Beside it: {listed}")
+
+
+def _say_if_empty(storage: Storage, entries: int, args: argparse.Namespace) -> None:
+    """The empty-prefix note on stderr, under a table with no entry (unless a filter chose none); --json's
+    ``entries: []`` says it to a program."""
+    if entries == 0 and getattr(args, "function", None) is None:
+        note = empty_prefix_note(storage)
+        if note is not None:
+            print(f"jaxcache {args.command}: {note}", file=sys.stderr)
+
+
 def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
     heads = reads_heads(args, storage)
     if args.sort in HEAD_SORTS and not heads:
@@ -136,6 +180,7 @@ def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
         table = ls_table.decode(answer) if kept is not None and (answer := kept.get()) is not None else None
         if table is not None:
             write_out(table.render(time.time()))
+            _say_if_empty(storage, len(table.before), args)
             return EXIT_OK
     entries = _select(progress(source.records(read_headers=heads), "scanning"), args.function)
     chosen = _sorted(entries, args.sort, args.limit)
@@ -148,6 +193,7 @@ def cmd_ls(args: argparse.Namespace, storage: Storage) -> int:
         table = ls_table.build(chosen, heads=heads, url=storage.url, skipped=skipped)
         write_out(table.render(time.time()))
         answer = table.encode()
+        _say_if_empty(storage, len(chosen), args)
     if kept is not None:
         kept.put(answer)
     return EXIT_OK
@@ -228,6 +274,7 @@ def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
         rows = [[f["function"], str(f["entries"]), format_bytes(f["size_bytes"]),
                  "-" if f["compile_seconds"] is None else f"{f['compile_seconds']} s"] for f in top]
         print(render(["FUNCTION", "ENTRIES", "SIZE", "COMPILE"], rows, right=frozenset({1, 2, 3})))
+    _say_if_empty(storage, data["entries"], args)
     return EXIT_OK
 
 
