@@ -60,6 +60,26 @@ def masked(url: str) -> str:
         return "<not a database URL>"
 
 
+#: PostgreSQL through psycopg (3), the driver jaxcache-service installs.
+_PSYCOPG = "postgresql+psycopg"
+
+
+def with_driver(url: str) -> URL:
+    """``url`` as SQLAlchemy takes it, PostgreSQL's with its driver: a bare ``postgresql://`` gets psycopg, which
+    jaxcache-service installs (SQLAlchemy's default before 2.1 is psycopg2, which it does not). ``postgres://``, the
+    alias libpq and some hosts' DATABASE_URL use, is SQLAlchemy's "Can't load plugin": refused in one line naming the
+    URL to write, rather than taken silently for another spelling."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise InvalidInputError(f"catalog database URL {masked(url)!r} is not usable: {exc}") from None
+    if parsed.drivername == "postgres" or parsed.drivername.startswith("postgres+"):
+        meant = parsed.set(drivername=_PSYCOPG).render_as_string(hide_password=True)
+        raise InvalidInputError(f"catalog database URL {masked(url)!r}: SQLAlchemy names PostgreSQL 'postgresql'"
+                                f" and its driver here is psycopg: write {meant}")
+    return parsed.set(drivername=_PSYCOPG) if parsed.drivername == "postgresql" else parsed
+
+
 def unreachable(url: URL, exc: OperationalError) -> str:
     """One line on a catalog that does not answer: which server, what it said, what to check."""
     said = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc).splitlines()[0]
@@ -89,10 +109,14 @@ class Catalog:
             # instead of failing the request that draws it.
             # JSON columns through msgspec: every usage row carries its key's parts, and the standard library's
             # encoder was a tenth of a record's ingestion.
-            self.engine: Engine = create_engine(url, pool_pre_ping=not url.startswith("sqlite"),
+            self.engine: Engine = create_engine(with_driver(url), pool_pre_ping=not url.startswith("sqlite"),
                                                 json_serializer=_json_text, json_deserializer=msgspec.json.decode)
+        except InvalidInputError:
+            raise
         except Exception as exc:  # SQLAlchemy raises several types for a bad URL or a missing driver
-            raise InvalidInputError(f"catalog database URL {shown!r} is not usable: {exc}") from None
+            hint = (f": PostgreSQL's driver here is psycopg, {_PSYCOPG}://user:password@host/db"
+                    if url.startswith("postgres") else "")
+            raise InvalidInputError(f"catalog database URL {shown!r} is not usable: {exc}{hint}") from None
         self.dialect = self.engine.dialect.name
         if self.dialect not in ("sqlite", "postgresql"):
             # Upserts and the replicas' locks are written for these two (and tested on both).
