@@ -23,7 +23,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
-from jaxcache.errors import JaxcacheError
+from jaxcache.errors import InvalidInputError, JaxcacheError
 from jaxcache.service.catalog.models import LoopHealthRow
 
 log = logging.getLogger("jaxcache.service")
@@ -52,22 +52,54 @@ def _sqlite_file(url: URL) -> str | None:
     return os.path.abspath(database)
 
 
+def state_dir(database: str) -> str:
+    """The folder beside an SQLite catalog's file that holds its lock and status files: ``<catalog file>.d``. (SQLite
+    keeps its own ``-wal`` and ``-shm`` files beside the catalog: they stay there.)"""
+    return f"{database}.d"
+
+
+def _made(folder: str) -> str:
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot make the catalog's folder of locks and statuses {folder}: "
+                                f"{exc.strerror or exc}") from None
+    return folder
+
+
 class _FileLocks:
-    """``<database file>.<name>.lock`` files beside an SQLite catalog."""
+    """``<name>.lock`` files in the SQLite catalog's :func:`state_dir`.
+
+    Versions before it kept them beside the catalog file (``catalog.sqlite.<name>.lock``). Where such a file is
+    there, a version before this one may be running on the same catalog (a rolling restart, a rollback), so that lock
+    is taken too, after this one's: an older process never waits on the folder's, so the two never wait on each
+    other. They stay until removed by hand (docs/operator-guide.md): a lock file deleted while an older process may
+    open it again would no longer keep it out."""
 
     def __init__(self, database: str) -> None:
         self.database = database
+        self.folder = _made(state_dir(database))
 
     def acquire(self, name: str, timeout_s: float | None) -> object | None:
-        lock = filelock.FileLock(f"{self.database}.{re.sub(r'[^A-Za-z0-9_.-]', '-', name)}.lock")
-        try:
-            lock.acquire(timeout=-1 if timeout_s is None else timeout_s, poll_interval=0.1)
-        except filelock.Timeout:
-            return None
-        return lock
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        held: list[filelock.FileLock] = []
+        for path in (os.path.join(self.folder, f"{safe}.lock"), f"{self.database}.{safe}.lock"):
+            if held and not os.path.exists(path):
+                break
+            lock = filelock.FileLock(path)
+            try:
+                lock.acquire(timeout=-1 if deadline is None else max(deadline - time.monotonic(), 0),
+                             poll_interval=0.1)
+            except filelock.Timeout:
+                self.release(held)
+                return None
+            held.append(lock)
+        return held
 
     def release(self, handle: object) -> None:
-        handle.release()  # type: ignore[attr-defined]
+        for lock in reversed(cast(list[filelock.FileLock], handle)):
+            lock.release()
 
 
 class _AdvisoryLocks:
@@ -227,8 +259,10 @@ class InboxListener:
 
 class LoopStatuses:
     """Each background loop's status (a JSON object) as the process running its passes last published it, read by
-    every process: ``loop_health`` on PostgreSQL, files beside an SQLite file; none for an in-memory catalog, which
-    no other process reads."""
+    every process: ``loop_health`` on PostgreSQL, ``loop-<loop>.json`` files in an SQLite catalog's
+    :func:`state_dir`; none for an in-memory catalog, which no other process reads. A version before this one
+    published them beside the catalog file (``catalog.sqlite.loop-<loop>.json``): while one of those is there, the
+    newer of the two is the loop's status (during a rolling restart the older version may be running the loop)."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine if engine.dialect.name == "postgresql" else None
@@ -246,7 +280,7 @@ class LoopStatuses:
                              .on_conflict_do_update(index_elements=["loop"], set_={"status": merged, "updated_s": now}))
         elif self._database is not None:
             # Not under the catalog's write lock (a blocked pass may wait for it); a flock keeps merges apart.
-            path = f"{self._database}.loop-{loop}.json"
+            path = os.path.join(_made(state_dir(self._database)), f"loop-{loop}.json")
             with filelock.FileLock(f"{path}.lock"):
                 merged = _with_history(dict(status), _read_json(path))
                 with open(f"{path}.tmp", "w") as out:
@@ -259,11 +293,21 @@ class LoopStatuses:
             with self._engine.connect() as conn:
                 return dict(conn.execute(select(LoopHealthRow.loop, LoopHealthRow.status)).all())
         if self._database is not None:
-            prefix = f"{self._database}.loop-"
-            found = {path[len(prefix):-len(".json")]: _read_json(path)
-                     for path in glob.glob(f"{glob.escape(prefix)}*.json")}
-            return {loop: status for loop, status in found.items() if status}
+            found: dict[str, tuple[float, dict[str, Any]]] = {}
+            for prefix in (f"{self._database}.loop-", os.path.join(state_dir(self._database), "loop-")):
+                for path in glob.glob(f"{glob.escape(prefix)}*.json"):
+                    loop, at = path[len(prefix):-len(".json")], _mtime(path)
+                    if loop not in found or at >= found[loop][0]:
+                        found[loop] = (at, _read_json(path))
+            return {loop: status for loop, (_, status) in found.items() if status}
         return {}
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
 def _read_json(path: str) -> dict[str, Any]:
