@@ -176,7 +176,7 @@ demo-cache: $(VENV)/.stamp-run
 run: demo-cache
 	$(VENV)/bin/jaxcache stats $(DEMO_CACHE) --top 5
 	@echo "the CLI: $(VENV)/bin/jaxcache (or: . $(VENV)/bin/activate, then jaxcache), e.g. $(VENV)/bin/jaxcache ls $(DEMO_CACHE)"
-	@$(PY) -m jaxcache.service.demo_token $(dir $(DEMO_CATALOG))
+	@$(PY) -m jaxcache.service.demo $(dir $(DEMO_CATALOG)) --host $(HOST) --port $(PORT)
 	$(VENV)/bin/jaxcache serve --cache demo=$(DEMO_CACHE) --db sqlite:///$(abspath $(DEMO_CATALOG)) --host $(HOST) \
 	  --port $(PORT)
 

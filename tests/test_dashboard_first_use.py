@@ -92,14 +92,14 @@ def test_the_demo_says_how_to_apply_a_prune(tmp_path, seeded):
         assert "JAXCACHE_TOKENS_FILE=demo-catalog/tokens make run" in denied
         assert "you are not signed in with one. This service has no tokens" in " ".join(shown_text(denied).split())
     demo = tmp_path / "demo-catalog"
-    made = subprocess.run([sys.executable, "-m", "jaxcache.service.demo_token", str(demo)], capture_output=True,
+    made = subprocess.run([sys.executable, "-m", "jaxcache.service.demo", str(demo)], capture_output=True,
                           text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     assert f"JAXCACHE_TOKENS_FILE={demo / 'tokens'} make run" in made.stderr
     assert str(demo / "admin-token") in made.stderr
     token = (demo / "admin-token").read_text().strip()
     assert (demo / "admin-token").stat().st_mode & 0o077 == 0  # the token is the owner's only
-    again = subprocess.run([sys.executable, "-m", "jaxcache.service.demo_token", str(demo)], capture_output=True,
+    again = subprocess.run([sys.executable, "-m", "jaxcache.service.demo", str(demo)], capture_output=True,
                            text=True, timeout=60)
     assert again.returncode == 0 and (demo / "admin-token").read_text().strip() == token  # kept across runs
     with TestClient(create_app(settings(tmp_path, seeded, tokens={}, tokens_file=demo / "tokens")),

@@ -23,9 +23,10 @@ def check_exposure(settings: ServiceSettings) -> None:
         "hashes), listen on 127.0.0.1, or pass --insecure-no-auth for a lab.")
 
 
-def listen(host: str, port: int, *, shared: bool = False) -> socket.socket:
+def listen(host: str, port: int, *, shared: bool = False,
+           elsewhere: str = "pass --port, or --port 0 for any free one") -> socket.socket:
     """A TCP socket on ``host:port``, listening or (``shared``) only bound; its protocol named, or asyncio sets no
-    TCP_NODELAY on it."""
+    TCP_NODELAY on it. ``elsewhere``: how to choose another port, where the caller knows (``make run PORT=``)."""
     try:
         address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP,
                                      flags=socket.AI_PASSIVE)[0]
@@ -34,7 +35,7 @@ def listen(host: str, port: int, *, shared: bool = False) -> socket.socket:
             sock.listen(2048)
     except OSError as exc:
         raise InvalidInputError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another process on that "
-                                "port? pass --port, or --port 0 for any free one)") from None
+                                f"port? {elsewhere})") from None
     return sock
 
 
