@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,10 +226,29 @@ def _create(storage: Storage, name: str, data: bytes) -> str:
     return _SAME if there == data else _DIFFERS
 
 
-def _put(storage: Storage, fd: int, checked: _Accepted) -> tuple[str, str | None]:
+def _read_accepted(fd: int, checked: _Accepted) -> bytes:
+    """An accepted entry's bytes, read again and checked against the digest that passed (the file may have changed
+    since it was checked)."""
     data = _pread(fd, checked.entry)
     if sha256_of(data) != checked.sha256:
         raise BundleRefusedError("the archive changed while it was imported: nothing more was imported")
+    return data
+
+
+def accepted_entries(checked: Checked) -> Iterator[tuple[str, bytes, str, bytes | None]]:
+    """What passed :func:`check_archive`, in the archive's order: each key with its entry's bytes (read again and
+    checked against the digest that passed), their sha256 and the ``-sig`` member's bytes when it signs exactly
+    them. Reads one entry at a time (a node-local tier seeds itself from a pack this way)."""
+    fd = open_named(checked.path, "the bundle")
+    try:
+        for accepted in checked.accepted:
+            yield accepted.key, _read_accepted(fd, accepted), accepted.sha256, accepted.sig
+    finally:
+        os.close(fd)
+
+
+def _put(storage: Storage, fd: int, checked: _Accepted) -> tuple[str, str | None]:
+    data = _read_accepted(fd, checked)
     entry = _create(storage, cache_name(checked.key), data)
     if entry == _DIFFERS:
         return _DIFFERS, "the root holds other bytes under this key: left as they are"

@@ -17,7 +17,7 @@ from jaxcache.errors import InvalidInputError
 from jaxcache.storage import normalise_root
 
 SETTINGS = ("cache_dir", "job", "min_compile_time_secs", "min_entry_size_bytes", "xla_caches", "max_size_bytes",
-            "service_url", "token", "trust", "verify")
+            "service_url", "token", "trust", "verify", "pack")
 
 
 def overridden(mine: ClientOptions, asked: Mapping[str, object]) -> dict[str, object]:

@@ -7,12 +7,14 @@ nothing (JAX compiles). Requests grow with the copies a job uses, never with the
 when JAX asks (joining a check under way), the working set's at start in parallel, a root of one listing page all at
 once (:func:`jaxcache.storage.small_listing.small_listing`), and copies no job asks for in the background, each at
 most once a day (its origin file's mtime says when it last was), so those the root no longer has leave the disk.
+A copy seeded from the job's named pack loads while that pack is unchanged (:mod:`jaxcache.client.pack_seed`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import threading
 import time
@@ -46,6 +48,15 @@ TEMP_PREFIXES = (".jaxcache-tmp-", ".jaxcache-probe-")  # LocalStorage.write_ato
 TEMP_AGE_S = 3600.0
 
 
+class PackVouch(Protocol):
+    """The job's named pack as its start finds it (:class:`jaxcache.client.pack_seed.PackSeeder`), which vouches
+    for the copies it seeded while it is still that object: they load without a request of their own."""
+
+    def settle(self, key: str, until: float | None) -> bool:
+        """Wait (until ``until``) for what the start does about ``key``: its look at the pack and, where the pack
+        brings the key, its seeding; False when it did not end in time."""
+
+
 class Tier(Protocol):
     """What the checks use of the tier (:class:`jaxcache.client.local_tier.LocalTier`)."""
 
@@ -55,6 +66,7 @@ class Tier(Protocol):
     calls: RootCalls
     signed: bool
     sigs: dict[str, Stat]
+    pack: PackVouch | None
 
     def lock(self) -> filelock.FileLock: ...
 
@@ -135,8 +147,19 @@ class CopyChecks:
         if not os.path.lexists(os.path.join(tier.directory, entry.cache_name(key))):
             return ABSENT
         origin = tier.origins.read(key)
+        if origin is not None and origin.pack is not None and tier.pack is not None:
+            # A pack's copy: the job's pack vouches for it (this process vouched for it when its start found the
+            # pack unchanged, or seeded it) once the start has looked at the pack.
+            if not tier.pack.settle(key, until):
+                return UNANSWERED
+            with self._lock:
+                if key in self._vouched:
+                    return LOAD
+            origin = tier.origins.read(key)  # the seeding may have put another copy here meanwhile
         if origin is None:
             return self._drop(key, "origin")
+        if origin.cache is None:
+            return self._check_bytes(key, origin, until)
         try:
             cache, sig = calls.ask(lambda root: self._look(root, key), what=f"a check of {key}", until=until)
         except UnreachableError:
@@ -146,6 +169,39 @@ class CopyChecks:
                            " load a copy it could not check", key, exc)
             return UNANSWERED
         return self._judge(key, origin, cache, sig, until)
+
+    def _check_bytes(self, key: str, origin: Origin, until: float | None) -> Verdict:
+        """A pack's copy that no pack vouches for (the job names none, or its pack was replaced or removed): checked
+        against the root's entry by its bytes (one read), since nothing else of the root's object was seen when the
+        copy was seeded; the same bytes make it a copy of that object from then on, checked as any other."""
+        tier = self._tier
+        try:
+            found = tier.calls.ask(lambda root: self._read(root, key), what=f"a check of {key}", until=until)
+        except UnreachableError:
+            return UNANSWERED
+        except Exception as exc:  # noqa: BLE001 - never loaded unchecked: compiled
+            tier.warn_once("stat", "jaxcache: could not ask the shared root for %s (%s); JAX compiles it rather than"
+                           " load a copy it could not check", key, exc)
+            return UNANSWERED
+        cache, digest, sig = found
+        if cache is None:
+            return self._drop(key, "gone")
+        if digest != origin.sha256:
+            return self._drop(key, "replaced")
+        origin = Origin(cache, origin.sig, origin.sha256, origin.pack)
+        tier.origins.write(key, origin)
+        return self._judge(key, origin, cache, sig, until)
+
+    def _read(self, root: Storage, key: str) -> tuple[Stat | None, str | None, Stat | None]:
+        try:
+            found = root.read_with_info(entry.cache_name(key))
+        except NotRegularFileError:
+            found = None
+        if found is None:
+            return None, None, None
+        data, info = found
+        sig = root.stat(signing.sig_name(key)) if self._signed else None
+        return stat_of(info), hashlib.sha256(data).hexdigest(), (None if sig is None else stat_of(sig))
 
     def _look(self, root: Storage, key: str) -> tuple[Stat | None, Stat | None]:
         info = root.stat(entry.cache_name(key))
@@ -176,7 +232,7 @@ class CopyChecks:
                     return UNANSWERED
                 if reason is not None:
                     return self._drop(key, "unsigned")
-                tier.origins.write(key, Origin(origin.cache, sig, origin.sha256))
+                tier.origins.write(key, Origin(origin.cache, sig, origin.sha256, origin.pack))
                 return LOAD
         tier.origins.checked(key)
         return LOAD
@@ -237,6 +293,8 @@ class CopyChecks:
                 if key in self._vouched:
                     continue
             origin = tier.origins.read(key)
+            if origin is not None and origin.cache is None:
+                continue  # a pack's copy: its pack vouches for it, or its bytes are compared when it is checked
             verdict = self._drop(key, "origin") if origin is None else self._judge(
                 key, origin, stats.get(entry.cache_name(key)), stats.get(signing.sig_name(key)), None)
             if verdict == LOAD:

@@ -18,14 +18,14 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import filelock
 
 from jaxcache import entry, signing
-from jaxcache.client.copy_checks import LOAD, UNANSWERED, CopyChecks
+from jaxcache.client.copy_checks import LOAD, UNANSWERED, CopyChecks, PackVouch
 from jaxcache.client.jax_dir import ATIME_SUFFIX, JaxDir
 from jaxcache.client.jax_internals import reads as jax_reads
 from jaxcache.client.loads import LoadPolicy
@@ -43,6 +43,9 @@ UNVERIFIED_DIR = os.path.join(".jaxcache", "unverified")  # signed directories: 
 FETCHING_DIR = os.path.join(".jaxcache", "fetching")  # the per-key turns of processes fetching from the root
 FETCH_STRIPES = 64  # lock files, keys spread over them: bounded, however many keys the node sees
 FETCH_TURN_S = 60.0  # the longest a process waits for another's download of the same stripe
+# A pack's entries admitted under one hold of JAX's lock (and one eviction's listing): JAX's own writes wait for it.
+ADMIT_BATCH = 256
+ADMIT_BATCH_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,8 @@ class LocalTier(JaxDir):
         os.makedirs(self._turns, mode=0o700, exist_ok=True)
         self.origins = Origins(directory)
         self.counts = LocalTierCounts(directory=directory)
-        self.prefetch: Ahead | None = None  # the working set's fetches, when the session starts them
+        self.prefetch: Ahead | None = None  # the working set's fetches (or the named pack's), as the session starts
+        self.pack: PackVouch | None = None  # the job's named pack, which vouches for the copies it seeded
         # What loads is what this process checked against the root (or wrote): verify="signed" checks the -sig too.
         self.signed = policy is not None and policy.mode == "signed"
         self.checks = CopyChecks(self)
@@ -271,6 +275,48 @@ class LocalTier(JaxDir):
                 return False
             self.origins.write(key, origin)
         return True
+
+    def admit_all(self, items: Iterable[tuple[str, bytes, Origin]], *, keep: Collection[str]) -> list[str]:
+        """Put checked entries in place as :meth:`admit` does (a pack's seeding), under JAX's lock a batch at a time
+        with one eviction a batch. A copy already here with the same bytes takes the new origin; one with other bytes
+        (or no origin) is replaced, but never JAX's own write waiting for its upload (``keep``). Returns the keys
+        whose copies are now the ``items``' bytes."""
+        placed: list[str] = []
+        batch: list[tuple[str, bytes, Origin]] = []
+        for item in items:
+            batch.append(item)
+            if len(batch) >= ADMIT_BATCH or sum(len(d) for _, d, _ in batch) >= ADMIT_BATCH_BYTES:
+                placed += self._admit_batch(batch, keep)
+                batch = []
+        return placed + self._admit_batch(batch, keep)
+
+    def _admit_batch(self, batch: list[tuple[str, bytes, Origin]], keep: Collection[str]) -> list[str]:
+        placed = []
+        with self._lock:
+            self._evict(sum(len(data) for _key, data, _origin in batch))
+            for key, data, origin in batch:
+                if key in keep:
+                    continue
+                name = entry.cache_name(key)
+                if os.path.lexists(os.path.join(self.directory, name)):
+                    try:
+                        here = self.storage.read(name)
+                    except NotRegularFileError:
+                        here = None
+                    old = self.origins.read(key)
+                    if here is not None and old is not None and hashlib.sha256(here).hexdigest() == origin.sha256:
+                        self.origins.write(key, Origin(old.cache, old.sig, origin.sha256, origin.pack))
+                        placed.append(key)
+                        continue
+                    self.remove(key)
+                self._touch(key)
+                try:
+                    self.storage.write_atomic(name, data, create_only=True)
+                except PreconditionFailedError:
+                    continue
+                self.origins.write(key, origin)
+                placed.append(key)
+        return placed
 
     def _evict(self, additional: int) -> None:
         """JAX's LRU eviction (``_evict_if_needed``), where it would not run: least recently used first. Never an

@@ -1,7 +1,8 @@
 """The node-local tier as a session runs it: the directory JAX reads (:mod:`jaxcache.client.local_tier`), the
 write-behind uploads of what JAX writes there (:mod:`jaxcache.client.uploads`), and the start's work beside the job's
-own start-up: the working set fetched and its copies checked (:mod:`jaxcache.client.prefetch`), a small root listed
-once (:mod:`jaxcache.client.copy_checks`), then the copies no job asks for checked, at most once a day each."""
+own start-up: the working set fetched and its copies checked (:mod:`jaxcache.client.prefetch`), or the job's named
+pack looked at and seeded from (:mod:`jaxcache.client.pack_seed`), a small root listed once
+(:mod:`jaxcache.client.copy_checks`), then the copies no job asks for checked, at most once a day each."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from jaxcache import entry
 from jaxcache.client import prefetch
@@ -23,6 +25,9 @@ from jaxcache.client.uploads import Uploader
 from jaxcache.records import Fingerprint, LocalTierCounts
 from jaxcache.storage import Storage
 from jaxcache.working_set import Wanted
+
+if TYPE_CHECKING:
+    from jaxcache.client.pack_seed import PackSeeder
 
 log = logging.getLogger("jaxcache.client")
 
@@ -41,9 +46,18 @@ class NodeTier:
         self.uploader = Uploader(self.tier, signing_key=options.signing_key, writer_name=writer_name,
                                  signed_dir=policy is not None and policy.mode == "signed")
         self.prefetcher: Prefetcher | None = None
+        self.seeder: PackSeeder | None = None
         self._started: threading.Thread | None = None
         self.healed: list[tuple[str, str]] = []  # what would have stopped JAX's writes, healed at start (JaxDir.heal)
-        if options.prefetch:
+        if options.pack is not None:
+            # The pack is the job's working set: no index read, its ranged reads JAXCACHE_PREFETCH at once.
+            from jaxcache.client.pack_seed import PackSeeder  # the bundle's checks: loaded only for a pack
+
+            self.seeder = PackSeeder(self.tier, options.pack, trusted=options.trusted_keys,
+                                     workers=options.prefetch or 1,
+                                     max_bytes=options.max_size_bytes or DEFAULT_LOCAL_MAX_BYTES)
+            self.tier.prefetch = self.tier.pack = self.seeder
+        elif options.prefetch:
             url = options.service_url
             ask = None if url is None else (lambda wanted: prefetch.from_service(
                 url, options.token, options.cache_dir, options.job, wanted))
@@ -79,6 +93,8 @@ class NodeTier:
         tier.install()  # it judges what it fetches; a local copy loads once checked against the root
         if self.prefetcher is not None:
             self.prefetcher.start()  # off this thread: the job's own start-up runs meanwhile
+        if self.seeder is not None:
+            self.seeder.start()
         self._started = threading.Thread(target=self._start_work, name="jaxcache-tier-start", daemon=True)
         self._started.start()
 
@@ -87,9 +103,14 @@ class NodeTier:
         the copies no job asks for."""
         checks = self.tier.checks
         try:
-            checks.list_small(self.uploader.pending)
+            if self.seeder is None:
+                checks.list_small(self.uploader.pending)
+            else:  # the pack vouches for its copies: a listing page would be a request more per process
+                checks.listed.set()
             if self.prefetcher is not None:
                 self.prefetcher.done.wait()  # each of its requests is bounded: it ends
+            if self.seeder is not None:
+                self.seeder.done.wait()
             checks.sweep(self.uploader.pending)
         except Exception as exc:  # noqa: BLE001 - lookups check their own copies all the same
             log.warning("jaxcache: the node-local tier's start in %s stopped: %s", self.tier.directory, exc)
@@ -111,7 +132,8 @@ class NodeTier:
     def counts(self) -> LocalTierCounts:
         """What the tier did so far in this process."""
         counts = self.tier.snapshot()
-        return counts if self.prefetcher is None else self.prefetcher.fill(counts)
+        ahead = self.prefetcher or self.seeder
+        return counts if ahead is None else ahead.fill(counts)
 
     def summary(self) -> str:
         """The summary line's part about the tier."""
@@ -119,6 +141,8 @@ class NodeTier:
         failed = c.upload_failed + c.upload_pending
         ahead = "" if self.prefetcher is None else (
             f", {c.prefetched} prefetched of a working set of {c.prefetch_wanted} ({c.prefetch_unused} unused)")
+        if self.seeder is not None:
+            ahead = f", {self.seeder.summary()} ({c.prefetch_unused} of its entries unused)"
         return (f"; local tier {c.directory}: {c.loaded} loaded locally{ahead}, {c.fetched} fetched on demand"
                 f" ({c.fetched_s:.2f} s), {c.uploaded} uploaded" + (f", {failed} not uploaded" if failed else "")
                 + (f", {c.upload_refused} not uploaded as not the bytes JAX put" if c.upload_refused else "")

@@ -18,6 +18,7 @@ from jaxcache.client.errors import CacheNotConfiguredError, UntrustedCacheDirErr
 from jaxcache.client.trust import TRUST_MODES
 from jaxcache.errors import InvalidInputError, InvalidRootError
 from jaxcache.numbers import parse_float, parse_int
+from jaxcache.packs import check_name as check_pack_name
 from jaxcache.records import check_job, check_run_id
 from jaxcache.signing import SigningKey, TrustedKeys, key_from_env
 from jaxcache.storage import ROOT_FORMS, is_object_store, normalise_root, spelled_root
@@ -43,6 +44,7 @@ ENV_VARS = (
     "JAXCACHE_UPLOAD_WAIT_S",
     "JAXCACHE_PREFETCH",
     "JAXCACHE_LOOKUP_DEADLINE_S",
+    "JAXCACHE_PACK",
 )
 #: The node-local tier's size cap when ``max_size_bytes`` is unset (JAX's own LRU on the local directory).
 DEFAULT_LOCAL_MAX_BYTES = 16 * 1024**3
@@ -84,6 +86,7 @@ class ClientOptions:
     upload_wait_s: float = DEFAULT_UPLOAD_WAIT_S
     prefetch: int = DEFAULT_PREFETCH  # parallel fetches of the job's working set into the tier at start; 0: none
     lookup_deadline_s: float = DEFAULT_LOOKUP_DEADLINE_S  # JAXCACHE_LOOKUP_DEADLINE_S
+    pack: str | None = None  # JAXCACHE_PACK: the pack in the root that seeds the node-local tier (jaxcache.packs)
 
     @property
     def in_object_store(self) -> bool:
@@ -125,6 +128,7 @@ def resolve(
     verify: str | None = None,
     env: Mapping[str, str] | None = None,
     local_dir: str | os.PathLike[str] | None = None,
+    pack: str | None = None,
 ) -> ClientOptions:
     """Resolve arguments against the environment and check each value."""
     env = os.environ if env is None else env
@@ -199,6 +203,15 @@ def resolve(
                         env.get("JAXCACHE_LOOKUP_DEADLINE_S") or str(DEFAULT_LOOKUP_DEADLINE_S))
     if not 0 < deadline_s <= 3600:
         raise InvalidInputError("JAXCACHE_LOOKUP_DEADLINE_S must be a number of seconds above 0, at most 3600")
+    named_pack = pack if pack is not None else env.get("JAXCACHE_PACK") or None
+    if named_pack is not None:
+        if not isinstance(named_pack, str):
+            raise InvalidInputError(f"pack={named_pack!r}: give the name of a pack in the cache root")
+        check_pack_name(named_pack)
+        if not local_dirs:
+            raise InvalidInputError(
+                f"pack={named_pack!r} seeds the node-local tier, which this job has none of ({directory} is read"
+                " directly): give it one (local_dir=, JAXCACHE_LOCAL_DIR), or name no pack")
     parts = (env.get("JAXCACHE_KEY_PARTS") or "on").strip().lower()
     if parts not in ("on", "off"):
         raise InvalidInputError(f"JAXCACHE_KEY_PARTS={parts!r}: use on or off")
@@ -225,6 +238,7 @@ def resolve(
         upload_wait_s=wait_s,
         prefetch=prefetch,
         lookup_deadline_s=deadline_s,
+        pack=named_pack,
     )
 
 

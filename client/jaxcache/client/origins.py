@@ -2,13 +2,13 @@
 only while that object is still the root's current one (:mod:`jaxcache.client.local_tier`).
 
 One small file per key under ``<tier>/.jaxcache/origin/``: what names the root's ``-cache`` object the copy was read
-from (its version in an object store; its size and modification time on a directory), the sha256 of the copy's
-bytes (taken when they were uploaded, or admitted under ``verify="attested"``, which compares it with the
-service's attested digest at each start) and, under ``verify="signed"``, the ``-sig`` object that vouched for
-those bytes then. Written once the copy is in place and removed with it; a copy without one (cut off between the
-two, or kept by a client before this file existed) is never loaded: it is dropped and fetched again. The file's
-modification time is when the copy was last found to be the root's current object (:meth:`Origins.checked`), so
-that copies no job asks for are checked at most once a day (:mod:`jaxcache.client.copy_checks`).
+from (its version in an object store; its size and modification time on a directory) or the pack it was seeded from
+(:mod:`jaxcache.client.pack_seed`), the sha256 of the copy's bytes (``verify="attested"`` compares it with the
+service's attested digest at each start) and, under ``verify="signed"``, the ``-sig`` object that vouched for those
+bytes then. Written once the copy is in place and removed with it; a copy without one (cut off between the two, or
+kept by a client before this file existed) is never loaded: it is dropped and fetched again. The file's modification
+time is when the copy was last found to be the root's current object (:meth:`Origins.checked`), so that copies no job
+asks for are checked at most once a day (:mod:`jaxcache.client.copy_checks`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from jaxcache.storage.base import stat_of as _stat_of
 from jaxcache.storage.files import read_small, write_small
 
 ORIGIN_DIR = os.path.join(".jaxcache", "origin")
-MAX_BYTES = 4096  # two (size, mtime, version) triples and a digest, far less
+MAX_BYTES = 4096  # three (size, mtime, version) triples, a pack's name and a digest, far less
 
 
 def stat_of(info: ObjectInfo) -> Stat:
@@ -37,13 +37,24 @@ def same(a: Stat | None, b: Stat | None) -> bool:
     return a is not None and b is not None and same_stat(a, b)
 
 
-class Origin(msgspec.Struct, frozen=True):
-    """The root's objects a copy came from: its entry, and (signed) the signature object that vouched for it; and
-    the sha256 of the copy's bytes (None: not taken, as no policy of its directory reads it, or by an older client)."""
+class PackRef(msgspec.Struct, frozen=True):
+    """A pack in the root (:mod:`jaxcache.packs`) as one look saw it: its name and its object's (size, mtime,
+    version)."""
 
-    cache: Stat
+    name: str
+    object: Stat
+
+
+class Origin(msgspec.Struct, frozen=True):
+    """The root's objects a copy came from: its entry (None: a pack's copy, whose entry was never looked at), and
+    (signed) the signature object that vouched for it; the sha256 of the copy's bytes (None: not taken, as no policy
+    of its directory reads it, or by an older client); and the pack it was seeded from, which vouches for it while
+    that pack is the job's named one (:mod:`jaxcache.client.pack_seed`)."""
+
+    cache: Stat | None
     sig: Stat | None = None
     sha256: str | None = None
+    pack: PackRef | None = None
 
 
 _DECODE = msgspec.json.Decoder(Origin).decode

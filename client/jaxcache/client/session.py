@@ -323,6 +323,7 @@ def enable_cache(
     trust: str = "strict",
     verify: str | None = None,
     local_dir: str | os.PathLike[str] | None = None,
+    pack: str | None = None,
 ) -> CacheSession:
     """Point JAX's persistent compilation cache at ``cache_dir`` and start counting what it does.
 
@@ -353,6 +354,9 @@ def enable_cache(
         local_dir: the node-local tier JAX reads, kept in step with ``cache_dir`` (``JAXCACHE_LOCAL_DIR``; "off":
             none). Default for object-store roots: under ``$XDG_CACHE_HOME/jaxcache/local`` (user guide); none for
             local ones.
+        pack: a pack in the root (``JAXCACHE_PACK``; ``jaxcache bundle export --pack``, ``warmup --pack``) that
+            seeds the node-local tier at start in a few large reads, and whose copies load while it is unchanged:
+            the job's working set then (user guide, "Packs").
 
     Returns:
         The process's :class:`CacheSession`; a second call with the same settings returns the same one, and
@@ -376,6 +380,7 @@ def enable_cache(
             "cache_dir": cache_dir, "job": job, "min_compile_time_secs": min_compile_time_secs,
             "min_entry_size_bytes": min_entry_size_bytes, "xla_caches": xla_caches, "max_size_bytes": max_size_bytes,
             "service_url": service_url, "token": token, "trust": trust, "verify": verify, "local_dir": local_dir,
+            "pack": pack,
         })
     options = resolve(
         cache_dir,
@@ -390,6 +395,7 @@ def enable_cache(
         default_xla_caches=ji.default_xla_caches(),
         verify=verify,
         local_dir=local_dir,
+        pack=pack,
     )
     with _lock:
         if _session is not None:

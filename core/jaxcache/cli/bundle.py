@@ -1,5 +1,6 @@
-"""``jaxcache bundle export ROOT --job NAME -o FILE`` and ``jaxcache bundle import FILE ROOT``: a job's working set as
-one archive, checked when it comes back (docs/user-guide.md, "Bundles")."""
+"""``jaxcache bundle export ROOT --job NAME -o FILE`` (or ``--pack NAME``: published into the root) and ``jaxcache
+bundle import FILE ROOT``: a job's working set as one archive, checked when it comes back (docs/user-guide.md,
+"Bundles")."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import os
 from typing import Any
 
-from jaxcache import signing
+from jaxcache import packs, signing
 from jaxcache.bundle import export
 from jaxcache.bundle_import import add_checked, check_archive
 from jaxcache.cli.output import EXIT_OK, EXIT_PROBLEMS, ROOT_HELP, non_negative, not_recorded, print_json, progress
@@ -34,7 +35,10 @@ def cmd_export(args: argparse.Namespace, storage: Storage | None) -> int:
         raise InvalidInputError("--runs and --days must be 1 or more")
     wanted = Wanted(jaxlib=args.jaxlib, backend=args.backend, device_kind=args.device_kind,
                     device_count=args.device_count)
-    check_named(args.out, "--out")  # before anything is read: a link another user owns on the way is not followed
+    if args.pack is not None:
+        packs.object_name(args.pack)  # a bad name: one line, before anything is read
+    else:  # before anything is read: a link another user owns on the way is not followed
+        check_named(args.out, "--out")
     working = from_root(storage, args.job, wanted, runs=args.runs, days=args.days)
     if not working.keys:
         from jaxcache.explain.from_root import read_root
@@ -44,19 +48,30 @@ def cmd_export(args: argparse.Namespace, storage: Storage | None) -> int:
             raise InvalidInputError(not_recorded("--job", args.job, named, "job", storage.url))
         raise InvalidInputError(f"no working set for job {args.job!r} in {storage.url}: no run (process 0) or warm-up"
                                 f" of it within {args.days} days matches the fingerprint asked for; nothing written")
-    done = export(storage, working, args.out, progress=progress)
+    published = None
+    if args.pack is not None:
+        published = packs.publish_set(storage, working, args.pack, progress=progress)
+        done = published.exported
+    else:
+        done = export(storage, working, args.out, progress=progress)
     left = {x.key: x.why for x in done.left_out}
     signed = sum(i.signature for i in done.manifest.entries)
+    info = None if published is None else published.info
+    where = done.path if info is None else f"{storage.url}/{info.name}"
     if args.json:
-        print_json({"path": done.path, "size_bytes": done.size_bytes, "job": working.job,
-                    "keys": [i.key for i in done.manifest.entries], "signed": signed,
-                    "left_out": [{"key": k, "why": w} for k, w in left.items()]})
+        print_json({"path": None if info is not None else done.path, "size_bytes": done.size_bytes,
+                    "job": working.job, "keys": [i.key for i in done.manifest.entries], "signed": signed,
+                    "left_out": [{"key": k, "why": w} for k, w in left.items()],
+                    **({} if args.pack is None else {"pack": args.pack, "object": where,
+                                                      "version": None if info is None else info.version})})
     elif done.path is None:
         print("\n".join([f"nothing written: none of the {len(working.keys)} keys of job {working.job!r} could be"
                          " exported", *_listed("left out", left)]))
     else:
-        print("\n".join([f"wrote {done.path} ({format_bytes(done.size_bytes)}): {done.manifest.described()};"
-                         f" {signed} signed" + (f"; {len(left)} left out" if left else ""),
+        what = "wrote" if info is None else f"published pack {shown(args.pack)} as"
+        version = "" if info is None or info.version is None else f" (version {shown(info.version)})"
+        print("\n".join([f"{what} {shown(str(where))}{version} ({format_bytes(done.size_bytes)}):"
+                         f" {done.manifest.described()}; {signed} signed" + (f"; {len(left)} left out" if left else ""),
                          *_listed("left out", left)]))
     return EXIT_OK if done.path is not None else EXIT_PROBLEMS
 
@@ -90,8 +105,11 @@ _EXPORT_DESCRIPTION = (
     "Write a job's working set (the keys its newest matching runs hit or wrote, and its warm-ups' coverage) as one"
     " uncompressed tar: manifest.json first (job, fingerprint: jaxlib, backend, devices; each key's sha256 and size),"
     " then each <key>-cache and its <key>-sig. An entry that is gone, differs from the digest its writer recorded or"
-    " does not decompress is left out and named. Exit codes: 0 written; 1 no key could be exported (nothing"
-    " written); 2 bad input, or no run or warm-up of the job matches (nothing to export: a wrong --job or filter).")
+    " does not decompress is left out and named. With --pack NAME the archive is published into ROOT instead, as"
+    " the pack NAME (.jaxcache/packs/NAME.tar, replaced whole: a new release): a fleet's nodes read it in a few"
+    " large ranged reads instead of a request per entry. Exit codes: 0 written (published); 1 no key could be"
+    " exported (nothing written); 2 bad input, or no run or warm-up of the job matches (nothing to export: a wrong"
+    " --job or filter).")
 _IMPORT_DESCRIPTION = (
     "Check a bundle and add its entries to ROOT, create-only. With JAXCACHE_TRUSTED_KEYS set, an entry is imported"
     " only with a signature by one of those keys over its bytes (others are refused: unsigned, untrusted key, bad"
@@ -116,8 +134,13 @@ def add_parsers(sub: Any) -> None:
     ex = bs.add_parser("export", help="write a job's working set as a bundle", description=_EXPORT_DESCRIPTION)
     ex.add_argument("root", metavar="ROOT", help=ROOT_HELP)
     ex.add_argument("--job", required=True, metavar="NAME", help="the job whose working set to export")
-    ex.add_argument("-o", "--out", required=True, metavar="FILE",
+    to = ex.add_mutually_exclusive_group(required=True)
+    to.add_argument("-o", "--out", metavar="FILE",
                     help="the archive to write (written beside it first, then renamed: replaced only when whole)")
+    to.add_argument("--pack", metavar="NAME",
+                    help="publish it into ROOT as the pack NAME (.jaxcache/packs/NAME.tar, replaced whole), which"
+                         " jobs naming the pack (JAXCACHE_PACK) and `jaxcache tier seed` read in a few large ranged"
+                         " reads (docs/user-guide.md, \"Packs\")")
     ex.add_argument("--runs", type=non_negative, default=DEFAULT_RUNS, metavar="N",
                     help=f"the job's newest N matching runs (default {DEFAULT_RUNS})")
     ex.add_argument("--days", type=non_negative, default=DEFAULT_DAYS, metavar="N",

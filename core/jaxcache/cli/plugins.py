@@ -1,4 +1,5 @@
-"""Subcommands that other parts add to ``jaxcache`` (``serve`` from the service, ``warmup`` from warm-up).
+"""Subcommands that other parts add to ``jaxcache`` (``serve`` from the service, ``warmup`` from warm-up, ``tier``
+from the client).
 
 The core imports none of them: a part declares its command as an entry point in the group ``jaxcache.commands``
 (its pyproject.toml), and the CLI loads it only when that command is asked for. Where the part is not installed,
@@ -44,6 +45,8 @@ OPTIONAL: dict[str, PartCommand] = {
                       "jaxcache-service", "service"),
     "warmup": PartCommand("pre-fill a cache for a cluster topology (same as `warmup`; see warmup --help)",
                        "jaxcache-warmup", "warmup"),
+    "tier": PartCommand("the node-local tier: seed it from a pack in the root (tier seed; see tier seed --help)",
+                     "jaxcache-client", "client"),
 }
 
 

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
+from jaxcache import packs
 from jaxcache.cli.output import as_argument
 from jaxcache.cli.parser import ArgumentParser
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, WarmupRecord
@@ -22,12 +23,18 @@ from jaxcache.records import WARMUP_VERIFY, KeyUsage
 from jaxcache.storage import Storage, is_object_store, open_storage
 from jaxcache.table import render
 from jaxcache.topology import TpuSlice, parse_topology, parse_tpu_slice
-from jaxcache.units import format_bytes
+from jaxcache.units import format_bytes, plural
 from jaxcache.warmup import devices as dev
 from jaxcache.warmup import pool, targets, tpu
 from jaxcache.warmup import target as tgt
 from jaxcache.warmup.check import BundleRoot, bundle_root, check_summary, check_text
-from jaxcache.warmup.runner import WarmupConfig, already_warm, explain_nothing_compiled, run_warmup
+from jaxcache.warmup.runner import (
+    WarmupConfig,
+    already_warm,
+    explain_nothing_compiled,
+    publish_pack,
+    run_warmup,
+)
 from jaxcache.warmup.verify import VERIFY_TIMEOUT_S, verify
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -149,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ok-if-warm", action="store_true",
                    help="deprecated, does nothing: a cache that already holds every program is a success (exit 0)"
                         " without it; still accepted so that existing scripts and Jobs keep working")
+    p.add_argument("--pack", metavar="NAME",
+                   help="then publish the programs it stored or found (its coverage: the release's working set) as"
+                        " the pack NAME in the root (.jaxcache/packs/NAME.tar, replaced whole), which jobs naming it"
+                        " (JAXCACHE_PACK) seed their node's tier from in a few large reads; one target only, and"
+                        " with --verify only once it passed")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--verify-child", help=argparse.SUPPRESS)
     # A target's own process, started by a command with several: --check on the attached chips, or compile-only.
@@ -186,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         texts = targets.from_args(args.topology, args.targets, args.index)
+        if args.pack is not None:
+            _check_pack(args, texts)
     except JaxcacheError as exc:
         print(f"warmup: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -209,6 +223,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.check:
             return _check(config, args, bundle)
         return _run(config, args)
+
+
+def _check_pack(args: argparse.Namespace, texts: list[str]) -> None:
+    """--pack publishes one target's programs: with several (or a list's pods, all of one name) each would replace
+    the others'; --check writes nothing."""
+    packs.check_name(args.pack)
+    if len(texts) > 1 or args.targets:
+        raise InvalidInputError("--pack publishes one target's programs: with several targets (or --targets) each"
+                                " would replace the others' pack; run one warm-up a pack, each with its own name")
+    if args.check:
+        raise InvalidInputError("--check writes nothing: --pack is for a warm-up that stores its programs")
 
 
 def _validate(args: argparse.Namespace, script_args: list[str],
@@ -374,12 +399,26 @@ def _run(config: WarmupConfig, args: argparse.Namespace) -> int:
     if args.verify and why is None:
         verdict = verify(config, record, timeout_s=args.verify_timeout)
         summary["verify"] = verdict.as_dict()
+    published = None
+    if args.pack is not None and why is None and (verdict is None or verdict.ok):
+        try:
+            published = publish_pack(config, record, args.pack)
+        except JaxcacheError as exc:
+            print(f"warmup: error: could not publish the pack {args.pack!r}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        summary["pack"] = _pack_summary(published)
     if args.json:
         print(json.dumps(summary, sort_keys=True))  # already_warm == programs says it
     else:
         print(_summary_table(summary) + (f"\n{warm}" if warm is not None else ""))
         if verdict is not None:
             print(verdict.explain())
+        if published is not None:
+            print(_pack_text(published, config.cache_dir))
+    if published is not None and published.info is None:
+        print(f"warmup: error: pack {args.pack!r} not published: none of its programs could be exported",
+              file=sys.stderr)
+        return EXIT_FAILED
     if why is not None:
         print(f"warmup: error: nothing stored: {why}", file=sys.stderr)
         return EXIT_FAILED
@@ -594,6 +633,23 @@ def _summary(record: WarmupRecord) -> dict[str, Any]:
         "keys": [{"key": p.key, "function": p.function, "status": p.status, "compile_s": p.compile_s,
                   "size_bytes": p.size_bytes, "reason": p.reason} for p in programs],
     }
+
+
+def _pack_summary(published: packs.Published) -> dict[str, Any]:
+    info, exported = published.info, published.exported
+    return {"name": published.name, "object": None if info is None else info.name,
+            "version": None if info is None else info.version, "size_bytes": exported.size_bytes,
+            "entries": len(exported.manifest.entries),
+            "left_out": [{"key": x.key, "why": x.why} for x in exported.left_out]}
+
+
+def _pack_text(published: packs.Published, cache_dir: str) -> str:
+    if published.info is None:
+        return f"pack {published.name}: nothing published"
+    left = published.exported.left_out
+    return (f"pack {published.name}: published {plural(len(published.exported.manifest.entries), 'program')} as"
+            f" {cache_dir}/{published.info.name} ({format_bytes(published.exported.size_bytes)})"
+            + (f"; {len(left)} left out ({left[0].key}: {left[0].why})" if left else ""))
 
 
 def _summary_table(s: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from typing import TypedDict
 
 import msgspec
 
-from jaxcache import working_set_index
+from jaxcache import packs, working_set_index
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, ProgramCoverage, Status, WarmupRecord
 from jaxcache.entry import cache_name
 from jaxcache.errors import JaxcacheError
@@ -25,6 +25,7 @@ from jaxcache.warmup import devices as dev
 from jaxcache.warmup import target as tgt
 from jaxcache.warmup import tpu
 from jaxcache.warmup.context import WarmupContext
+from jaxcache.working_set import WorkingSet
 
 log = logging.getLogger("jaxcache.warmup")
 
@@ -182,6 +183,16 @@ def run_warmup(
     if failure is not None:
         raise failure
     return result
+
+
+def publish_pack(config: WarmupConfig, record: WarmupRecord, name: str) -> packs.Published:
+    """Publish the programs the warm-up stored or found in the root as the pack ``name`` (:mod:`jaxcache.packs`):
+    its coverage is exactly the release's working set, with the digests of what it wrote."""
+    there = [p for p in record.programs if p.status != NOT_WRITTEN]
+    working = WorkingSet(job=record.job, keys=[p.key for p in there],
+                         sha256={p.key: p.sha256 for p in there if p.sha256 is not None},
+                         fingerprint=record.fingerprint, warmups=[record.id])
+    return packs.publish_set(open_storage(config.cache_dir, must_exist=False), working, name)
 
 
 def _compile_only_status(usage: KeyUsage, storage: Storage) -> Status:
