@@ -42,6 +42,9 @@ def test_a_young_cache_page_says_what_its_figures_are(tmp_path, jax_caches):
     today = dfmt.datetime.fromtimestamp(now, dfmt.UTC).date().isoformat()
     days = re.findall(r"<rect [^>]*class=\"bar\"><title>(\d{4}-\d\d-\d\d):", page)
     assert days == [today], days  # one day of history: one bar, not 29 empty days before it
+    ticks = re.findall(r'<text [^>]*class="tick"[^>]*>([^<]*)</text>', page)
+    assert ticks[-2:] == [f"{today} 00:00", "24:00 UTC"], ticks  # its ends' times, not its date twice (#73)
+    assert f"bytes held, on {today} (UTC)</title>" in page
     summary = re.search(r"<p class=\"meta\" data-integrity-summary>(.*?)</p>", page, re.S).group(1)
     assert " verified" not in summary and " attested" not in summary, summary  # the tiles' words only
     counts = integrity["counts"]
@@ -63,6 +66,8 @@ def test_a_three_day_old_cache_grows_by_its_mean_over_three_days(tmp_path, jax_c
     first = dfmt.datetime.fromtimestamp(then, dfmt.UTC).date()
     days = re.findall(r"<rect [^>]*class=\"bar\"><title>(\d{4}-\d\d-\d\d):", page)
     assert days[0] == first.isoformat() and len(days) == 4, days
+    ticks = re.findall(r'<text [^>]*class="tick"[^>]*>([^<]*)</text>', page)
+    assert ticks[-2:] == [days[0], days[-1]], ticks  # several days: the first's and the last's dates
 
 
 def test_the_growth_chart_starts_at_the_first_day():

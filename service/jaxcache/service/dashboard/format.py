@@ -126,6 +126,9 @@ class Chart:
     bottom: float
     left: float
     right: float
+    start: str  # the x axis's two ends: the first day's date and the last's, or one day's start and end times
+    end: str
+    span: str  # the days shown, in words for the chart's title
 
 
 def growth_label(first_created_s: float | None, now: float | None = None) -> str:
@@ -163,5 +166,8 @@ def growth_chart(growth: list[dict], total_bytes: int, *, today: date | None = N
     # and a line through one point draws nothing.
     line = " ".join(f"{round(left + (i + edge) * step, 2)},{round(y(t), 2)}" for i, t in enumerate(totals)
                     for edge in (0, 1))
+    # A chart of one day spans it from midnight to midnight (UTC): its ends are those times, not its date twice.
+    start, end, span = ((series[0], series[-1], f"{series[0]} to {series[-1]}") if days > 1 else
+                        (f"{series[0]} 00:00", "24:00 UTC", f"on {series[0]} (UTC)"))
     return Chart(width=width, height=height, bars=bars, line=line, y_max_bytes=y_max, top=top, bottom=bottom,
-                 left=left, right=right)
+                 left=left, right=right, start=start, end=end, span=span)
