@@ -35,6 +35,7 @@ PLAIN_MANIFESTS = [
     K8S / "warmup-job.yaml",
     K8S / "tpu-warmup-job.yaml",
     K8S / "warmup-targets-job.yaml",
+    K8S / "node-tier-seed-daemonset.yaml",
     K8S / "base" / "secret.template.yaml",
     *sorted((K8S / "examples").glob("*.yaml")),
 ]

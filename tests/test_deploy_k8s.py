@@ -358,6 +358,67 @@ def test_training_example_configures_the_client_before_training():
     assert calls, "the training command must call enable_cache() before its first compile"
 
 
+def test_the_tier_seed_daemonset_seeds_the_directory_the_training_job_reads():
+    """deploy/k8s/node-tier-seed-daemonset.yaml: on the training nodes, as the training job's user, with its image,
+    root, pack and node-local directory (a hostPath both mount), it runs `jaxcache tier seed --watch`, which the
+    client's own parser and settings accept; only its initContainer runs as root, to hand the hostPath to that user."""
+    from jaxcache.cli import build_parser
+    from jaxcache.cli.plugins import load
+    from jaxcache.client import options as client_options
+    from jaxcache.warmup.cli import build_parser as warmup_parser
+
+    daemonset = one(plain(K8S / "node-tier-seed-daemonset.yaml"), "DaemonSet")
+    spec = pod_spec(daemonset)
+    (seeder,) = spec["containers"]
+    training = one(plain(K8S / "examples" / "training-job.yaml"), "Job")
+    train_spec = pod_spec(training)
+    (train,) = train_spec["containers"]
+    env, train_env = container_env(seeder), container_env(train)
+
+    args = build_parser(load("tier")).parse_args(seeder["command"][1:])
+    assert seeder["command"][0] == "jaxcache" and args.tier_command == "seed" and args.watch > 0, seeder["command"]
+    for name in ("JAXCACHE_DIR", "JAXCACHE_PACK", "JAXCACHE_LOCAL_DIR", "JAXCACHE_VERIFY", "JAXCACHE_TRUSTED_KEYS"):
+        assert env.get(name) == train_env.get(name), f"{name}: the seeder must write what the job's tier reads"
+    assert env["JAXCACHE_PACK"], "name the pack the training job names"
+    warm = pod_spec(one(plain(K8S / "warmup-job.yaml"), "Job"))["containers"][0]
+    assert warmup_parser().parse_args(warm["args"]).pack == env["JAXCACHE_PACK"], "the warm-up publishes that pack"
+    # With the placeholder replaced, as deploy/README.md says to (PROJECT_ID is no bucket's name).
+    placed = {k: v.replace("PROJECT_ID", "my-project") if isinstance(v, str) else v for k, v in env.items()}
+    options = client_options.resolve(None, job=None, min_compile_time_secs=None, min_entry_size_bytes=None,
+                                     xla_caches=None, max_size_bytes=None, service_url=None, token=None,
+                                     trust="strict", default_xla_caches=None, env=placed)
+    assert options.local_dirs == (env["JAXCACHE_LOCAL_DIR"],) and options.pack == env["JAXCACHE_PACK"]
+
+    def host_path(pod: dict, container: dict, path: str) -> str:
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == path]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        return str(volume["hostPath"]["path"])
+
+    local = env["JAXCACHE_LOCAL_DIR"]
+    assert host_path(spec, seeder, local) == host_path(train_spec, train, local), "one hostPath: the node's tier"
+    for field in ("nodeSelector", "tolerations", "serviceAccountName"):
+        assert spec[field] == train_spec[field], f"{field}: the training nodes, with the training identity"
+    assert seeder["image"] == train["image"], "the training image: the job's jaxcache and JAX"
+    context, train_context = spec["securityContext"], train_spec["securityContext"]
+    user = (context["runAsUser"], context["runAsGroup"])
+    assert context["runAsNonRoot"] is True and user == (train_context["runAsUser"], train_context["runAsGroup"]), (
+        "the tier refuses a directory that is not its user's own: seed it as the job's user")
+    assert context["seccompProfile"]["type"] == "RuntimeDefault"
+    sc = seeder["securityContext"]
+    assert (sc["readOnlyRootFilesystem"], sc["allowPrivilegeEscalation"], sc["capabilities"]["drop"]) == (
+        True, False, ["ALL"]) and "runAsUser" not in sc and "add" not in sc["capabilities"]
+    assert "cpu" in seeder["resources"]["requests"] and "memory" in seeder["resources"]["limits"]
+    (init,) = spec["initContainers"]
+    isc = init["securityContext"]
+    assert isc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]} and isc["readOnlyRootFilesystem"]
+    assert isc["allowPrivilegeEscalation"] is False and host_path(spec, init, local) == host_path(spec, seeder, local)
+    assert f"chown {user[0]}:{user[1]} {local}" in init["command"][-1] and f"chmod 0700 {local}" in init["command"][-1]
+    assert "cpu" in init["resources"]["requests"] and "memory" in init["resources"]["limits"]
+    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"], "roll a large pool in steps"
+    readme = (DEPLOY / "README.md").read_text()
+    assert "node-tier-seed-daemonset.yaml" in readme and "### Node-local tiers" in readme
+
+
 def test_gcsfuse_reader_mounts_the_bucket_read_only():
     job = one(plain(K8S / "examples" / "gcsfuse-reader-job.yaml"), "Job")
     assert job["spec"]["template"]["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true", (
