@@ -88,7 +88,7 @@ def test_dependency_direction(name):
 #: names a module decides its layer (modules named nowhere here, such as settings and auth, are below them all). The
 #: feature folders import no other feature (test_a_feature_imports_no_other_feature): the composers put them together.
 SERVICE_LAYERS = (
-    ("app", "server", "command"),
+    ("app", "server", "command", "demo"),
     ("dashboard", "rounds"),
     ("caches", "entries", "prune", "rescan", "integrity", "warmups", "reports", "ops"),
     ("web",),

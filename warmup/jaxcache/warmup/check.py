@@ -66,6 +66,7 @@ def _unsigned(storage: Storage, present: list[ProgramCoverage], trusted: signing
         why = signing.read(storage, p.key, trusted).judge(data) if data is not None else "gone"
         if why is not None:
             out.append({"function": p.function, "key": p.key, "cause": "skipped", "why": why, "differs": [],
+                        "nearest": None,
                         "fix": f"a job with verify='signed' would compile it ({why}): have a trusted writer sign it "
                                f"(jaxcache keys sign ROOT --key K), or remove it so a signing warm-up writes it"})
     return out
