@@ -1,22 +1,21 @@
 """Every install line the README, the guides and the images give resolves (#73 item 1): each names parts and extras
 that exist, and together they resolve against the package index as it is today, so that an upstream release that
 breaks one (a new aiobotocore pinning a botocore no boto3 has, a JAX whose extras change) fails here, not in a
-user's fresh venv.
-
-How, and why so: one `pip install --dry-run --report` of every line's requirements at once, with this venv's pip
-(the current one: `make` upgrades it), run as `python -m pip`. The parts' own requirements are read from their
-pyproject.toml files and given to pip flattened (a part named by another, `jaxcache[s3]==0.1.0`, replaced by that
-part's requirements), so pip builds nothing: building the four parts' metadata in isolated environments cost more
-than resolving. One call for every line: any one line's requirements are a subset of all of them, so a solution of
-the whole satisfies each line, and one resolution shares its index pages and metadata, where a call a line costs
-each line's start and walk again. Measured on the 2-core machine, busy: 29 s for the one call (50-59 s without
-fast-deps, below), against 6-99 s for each line's own `--dry-run` with pip 23.2 and its builds, 7.4 min for all
-of them. What it cannot show is the time pip 23.2 (the one a Python 3.11 venv brings) takes to find the solution:
-that is a property of its backtracking, kept short by the order the client's s3 extra states
-(client/pyproject.toml) and measured by hand for the issue. A lock file kept here was the alternative: free to
-check, but it protects only installs that use it, and it would pin every dependency of a library whose extras are
-ranges on purpose.
+user's fresh venv. How, in one pip call of every line's requirements at once, and why so: the comment below.
 """
+
+# One `pip install --dry-run --report` of every line's requirements at once, with this venv's pip (the current one:
+# `make` upgrades it), run as `python -m pip`. The parts' own requirements are read from their pyproject.toml files
+# and given to pip flattened (a part named by another, `jaxcache[s3]==0.1.0`, replaced by that part's requirements),
+# so pip builds nothing: building the four parts' metadata in isolated environments cost more than resolving. One
+# call for every line: any one line's requirements are a subset of all of them, so a solution of the whole satisfies
+# each line, and one resolution shares its index pages and metadata. Measured on the 2-core machine, busy: 29 s for
+# the one call (50-59 s without fast-deps, below), against 6-99 s for each line's own `--dry-run` with pip 23.2 and
+# its builds, 7.4 min for all of them. What it cannot show is the time pip 23.2 (the one a Python 3.11 venv brings)
+# takes to find the solution: that is a property of its backtracking, kept short by the order the client's s3 extra
+# states (client/pyproject.toml) and measured by hand for the issue. A lock file kept here was the alternative: free
+# to check, but it protects only installs that use it, and it would pin every dependency of a library whose extras
+# are ranges on purpose.
 
 from __future__ import annotations
 
