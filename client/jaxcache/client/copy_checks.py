@@ -53,7 +53,7 @@ class PackVouch(Protocol):
     for the copies it seeded while it is still that object: they load without a request of their own."""
 
     def settle(self, key: str, until: float | None) -> bool:
-        """Wait (until ``until``) for what the start does about ``key``: its look at the pack and, where the pack
+        """Wait (within ``until``) for what the start does about ``key``: its look at the pack and, where the pack
         brings the key, its seeding; False when it did not end in time."""
 
 
@@ -149,12 +149,12 @@ class CopyChecks:
         origin = tier.origins.read(key)
         if origin is not None and origin.pack is not None and tier.pack is not None:
             # A pack's copy: the job's pack vouches for it (this process vouched for it when its start found the
-            # pack unchanged, or seeded it) once the start has looked at the pack.
-            if not tier.pack.settle(key, until):
-                return UNANSWERED
-            with self._lock:
-                if key in self._vouched:
-                    return LOAD
+            # pack unchanged, or seeded it) once the start has looked at the pack; where that takes longer than
+            # half the lookup's time, the copy is checked on its own within the rest.
+            if tier.pack.settle(key, until):
+                with self._lock:
+                    if key in self._vouched:
+                        return LOAD
             origin = tier.origins.read(key)  # the seeding may have put another copy here meanwhile
         if origin is None:
             return self._drop(key, "origin")

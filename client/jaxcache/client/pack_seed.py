@@ -257,8 +257,12 @@ class PackSeeder:
     # -- lookups --------------------------------------------------------------------------------------------------
 
     def settle(self, key: str, until: float | None) -> bool:
-        """Wait (until ``until``: ``time.monotonic()``) for the look at the pack and, where it is being seeded and
-        brings ``key``, for the seeding; False when that did not end in time."""
+        """Wait for the look at the pack and, where it is being seeded and brings ``key``, for the seeding, until
+        halfway to ``until`` (``time.monotonic()``): the other half is left to fetch or check the key on its own,
+        which costs a request, where the pack is not in by then (a large one on a node's first start), rather than
+        a compile. False when it did not end in time."""
+        if until is not None:
+            until = (time.monotonic() + until) / 2
         if not _wait(self.looked, until):
             return False
         with self._lock:
@@ -270,13 +274,13 @@ class PackSeeder:
         return key not in self._incoming or _wait(self.done, until)
 
     def take(self, key: str, until: float) -> Pulled | None:
-        """A lookup of ``key`` with no copy here: the pack's copy once it is in (waited for within ``until``); None
-        when the pack does not bring it (JAX's lookup fetches it)."""
+        """A lookup of ``key`` with no copy here: the pack's copy once it is in (waited for halfway to ``until``);
+        None when the pack does not bring it, or not in time (JAX's lookup fetches it)."""
         with self._lock:
             self._asked.add(key)
         waiting = not self.done.is_set()
         if not self.settle(key, until):
-            return Pulled(None, None, False, unanswered=True)
+            return None  # not in yet: JAX's lookup fetches this entry itself, within the rest of its deadline
         with self._lock:
             here = key in self._here
         if not here:
