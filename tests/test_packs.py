@@ -248,6 +248,24 @@ def test_a_replaced_pack_reseeds_and_its_copies_follow_the_pack_not_the_entries(
     assert asked["entry GET"] == 0, asked  # checked once by their bytes: now copies of the root's objects
 
 
+def test_a_lookup_fetches_its_entry_itself_when_the_pack_is_not_in_by_half_its_deadline(root, proxy, tmp_path):
+    """Another process of the node holds the pack's turn (it is reading a large pack): the job's lookups wait for the
+    pack half their deadline, then fetch their entry themselves, rather than compile."""
+    import filelock
+
+    packs_dir = tmp_path / "node" / "unchecked" / ".jaxcache" / "packs"
+    packs_dir.mkdir(parents=True, mode=0o700)
+    for folder in (packs_dir, packs_dir.parent, packs_dir.parent.parent, packs_dir.parent.parent.parent):
+        folder.chmod(0o700)
+    with filelock.FileLock(str(packs_dir / f"{PACK}.lock")):
+        proxy.log.clear()
+        out, _ = run_job(root, tmp_path / "node", "train", settle=False, JAXCACHE_PACK=PACK,
+                         JAXCACHE_LOOKUP_DEADLINE_S="4", AWS_ENDPOINT_URL=proxy.url)
+    assert out["stats"]["hits"] == len(PROGRAMS) and out["stats"]["misses"] == 0, out["stats"]
+    assert out["local"]["fetched"] == len(PROGRAMS) and out["local"]["prefetched"] == 0, out["local"]
+    assert requests(proxy.log)["pack GET"] == 0  # it never got the turn
+
+
 def test_a_signed_node_admits_only_the_members_a_trusted_key_signed(root, written, proxy, tmp_path, s3_client):
     items = members_of(written[1], tmp_path)
     manifest = json.loads(items["manifest.json"])
