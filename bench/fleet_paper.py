@@ -60,29 +60,23 @@ def full_listing(per_node: Mapping[str, float], entries: int) -> dict[str, float
     return {**per_node, "list": per_node.get("list_records", 0.0) + root_pages}
 
 
-def pack(per_node: Mapping[str, float]) -> dict[str, float]:
-    """A node's start with the pack, modelled until it is measured: the job names its release's pack, one object, so
-    the start reads that one object (no listing, no metadata, no record reads) and writes what it wrote before."""
-    return {"list": 0.0, "head": 0.0, "get": 1.0, "other": 0.0, "put": writes(per_node)}
-
-
-def scenarios(measured: Mapping[str, Mapping[str, float]], entries: int) -> dict[str, dict[str, float]]:
-    """Per-node counts to put on paper: each measured arm as it is, and from the first of them (the fleet's node, or
-    a fresh node) the same start with the old full listing and with the pack."""
+def scenarios(measured: Mapping[str, Mapping[str, float]], entries: int, base: str | None = None
+              ) -> dict[str, dict[str, float]]:
+    """Per-node counts to put on paper: each measured arm as it is (with and without the pack), and from ``base``'s
+    (an arm without the pack; the first measured when None) the same start with the old full listing."""
     out = {f"{arm} (measured)": dict(counts) for arm, counts in measured.items()}
     if measured:
-        base = next(iter(measured.values()))
-        out["full listing (measured, root pages = entries/1000)"] = full_listing(base, entries)
-        out["pack (modelled: one object a node)"] = pack(base)
+        counts = measured[base] if base is not None else next(iter(measured.values()))
+        out["full listing (measured, root pages = entries/1000)"] = full_listing(counts, entries)
     return out
 
 
-def table(measured: Mapping[str, Mapping[str, float]], entries: int, rates_of: tuple[Rates, ...] = RATES
-          ) -> list[dict]:
-    """One row per scenario and store of ``rates_of``: per-node reads and writes, and the bucket's seconds at each
-    of :data:`NODES`."""
+def table(measured: Mapping[str, Mapping[str, float]], entries: int, rates_of: tuple[Rates, ...] = RATES,
+          base: str | None = None) -> list[dict]:
+    """One row per scenario (:func:`scenarios`) and store of ``rates_of``: per-node reads and writes, and the bucket's
+    seconds at each of :data:`NODES`."""
     rows = []
-    for name, per_node in scenarios(measured, entries).items():
+    for name, per_node in scenarios(measured, entries, base).items():
         for rates in rates_of:
             rows.append({"scenario": name, "store": rates.store, "entries": entries, "reads_per_node": reads(per_node),
                          "writes_per_node": writes(per_node),

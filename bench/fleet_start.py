@@ -1,8 +1,9 @@
-"""A job's start on a large shared root, one node and a fleet (#71 item 5): the node-local tier against plain JAX on
-roots of ``--sizes`` entries on each store's emulator (moto, fake-gcs-server, Azurite), the requests a start makes by
-kind, a throttled fleet of ``--fleet-nodes`` nodes starting at once, the same on paper for 1,000 and 10,000 nodes
-against GCS's and S3's published rates, and a job on a store that stops answering. bench/README.md says how each is
-measured and why (JAX's import left out of the fleet's times: 32 imports on two cores measure the CPU, not the store).
+"""A job's start on a large shared root, one node and a fleet (#71 item 5): the node-local tier, with and without the
+job's pack, against plain JAX on roots of ``--sizes`` entries on each store's emulator (moto, fake-gcs-server,
+Azurite), the requests a start makes by kind, a throttled fleet of ``--fleet-nodes`` nodes starting at once, the same
+on paper for 1,000 and 10,000 nodes at GCS's and S3's published rates, and a job on a store that stops answering.
+bench/README.md says how each is measured and why (JAX's import left out of the fleet's times: 32 imports on two
+cores measure the CPU, not the store).
 
     .venv/bin/python bench/fleet_start.py                  # the whole matrix: 1k, 20k, 100k on s3, gs and az
     .venv/bin/python bench/fleet_start.py --quick --sizes 1000 --stores s3     # a check that it runs
@@ -14,6 +15,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -22,7 +24,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,21 +47,21 @@ from store_servers import STARTERS, NotInstalled, Server, azurite_connection_str
 _WORKER = os.path.join(_HERE, "fleet_worker.py")
 _PREFIX = "cache/"
 _JOB = "fleet-bench"
+_PACK = "fleet-bench-release"  # the job's working set, published as a pack after its first run
+_PACK_ENV = {"JAXCACHE_PACK": _PACK}
 _PROGRAMS = 5
 _TARGET = 1.1  # tier / plain JAX, warm, at every size
 _LOSS_TARGET_S = 30.0
 _S3_READS_PER_S, _PAPER_FLEET = 5_500, 10_000  # the fleet's default rate: S3's per prefix, shared by this many
 _PROXIES = {"s3": S3Faults, "gs": GcsFaults, "az": AzureFaults}
-WARM_ARMS = ("tier, warm node", "tier, fresh node", "plain JAX")
+WARM_ARMS = ("tier, warm node", "tier, fresh node", "pack, warm node", "pack, fresh node", "plain JAX")
 COLD_ARMS = ("tier, cold", "plain JAX, cold")
-#: The fleet's arms: the environment each adds to its nodes' jobs.
-FLEET_ARMS: dict[str, dict[str, str]] = {
-    "without the pack": {},
-    # "with the pack": #71's pack (a release's working set published as one object the job names) is being built.
-    # Its arm goes here: the variable (or enable_cache argument, through bench/fleet_worker.py) that names the
-    # release's pack, with a step in seed() publishing the pack after the first run; the rounds then alternate the
-    # two arms, and fleet_paper.pack's model gives way to the arm's measured counts.
-}
+#: The environment a single node's arm adds to its job: the pack arms' jobs name the pack (a warm node's tier holds
+#: its version already, a fresh node's is empty).
+ARM_ENV: dict[str, dict[str, str]] = {"pack, warm node": _PACK_ENV, "pack, fresh node": _PACK_ENV}
+#: The fleet's arms: the environment each adds to its nodes' jobs (every node's tier empty).
+FLEET_ARMS: dict[str, dict[str, str]] = {"without the pack": {}, "with the pack": _PACK_ENV}
+_PACK_SAID = re.compile(r"pack '[^']*' (seeded|held already|refused|not in the root|not read)")
 FAULT_NODES = ("warm node", "fresh node")
 FAULT_STORES = ("healthy", "stopped", "refused")
 
@@ -127,11 +130,20 @@ class Store:
         return env
 
 
+def pack_outcome(summary: str | None) -> str | None:
+    """What a start did with the pack, from its summary line: ``seeded``, ``held already``, ``refused``, ``not in the
+    root``, ``not read``; None when it named none."""
+    found = _PACK_SAID.search(summary or "")
+    return found.group(1) if found else None
+
+
 def start(store: Store, arm: str, *, local_dir: Path | None = None, salt: int = 0, job: str = _JOB,
-          gate: bool = False, url: str | None = None) -> tuple[subprocess.Popen, float]:
-    """Start one job; the process and ``time.time()`` just before it started."""
+          gate: bool = False, url: str | None = None, extra: Mapping[str, str] | None = None
+          ) -> tuple[subprocess.Popen, float]:
+    """Start one job (its environment with ``arm``'s :data:`ARM_ENV` and ``extra``); the process and ``time.time()``
+    just before it started."""
     tier = not arm.startswith("plain")
-    env = store.env(url)
+    env = {**store.env(url), **ARM_ENV.get(arm, {}), **(extra or {})}
     if tier:
         assert local_dir is not None
         env["JAXCACHE_LOCAL_DIR"] = str(local_dir)
@@ -181,7 +193,11 @@ def one(store: Store, arm: str, size: int, r: int, *, timeout_s: float = 1800, m
            "import_s": got["imported_at"] - launched if ended else None,
            "programs_done": _PROGRAMS if ended else got["programs_done"],
            "last_done_s": got["last_done_at"] - launched if got.get("last_done_at") else None,
-           "hits": got.get("hits"), "misses": got.get("misses"), "summary": got.get("summary")}
+           "hits": got.get("hits"), "misses": got.get("misses"), "summary": got.get("summary"),
+           "pack": pack_outcome(got.get("summary"))}
+    if must_pass and ARM_ENV.get(arm) and fig["pack"] not in ("seeded", "held already"):
+        raise SystemExit(f"{store.scheme} {size}: a '{arm}' start did not use the pack ({fig['pack']}): "
+                         f"{fig['summary']}")
     if counted:
         logged = store.proxy.requests(launched, exited)
         fig["requests"] = count(store.scheme, logged)
@@ -193,7 +209,8 @@ def one(store: Store, arm: str, size: int, r: int, *, timeout_s: float = 1800, m
     done = "-" if fig["done_s"] is None else f"{fig['done_s']:.2f}"
     print(f"  {store.scheme} {size:>7} r{r} {arm:18s} done {done:>7} s, exit {fig['exit_s']:7.2f} s, "
           f"{fig['hits']} hits {fig['misses']} misses"
-          + (f", {fig['requests']['total']} requests" if counted else "") + (" KILLED" if killed else ""),
+          + (f", {fig['requests']['total']} requests" if counted else "") + (" KILLED" if killed else "")
+          + (f", pack {fig['pack']}" if fig["pack"] else ""),
           file=sys.stderr)
     return fig
 
@@ -207,8 +224,28 @@ def grow(store: Store, need: int) -> dict:
     return {"filler_written": need, "filler_s": seconds, "filler_per_s": need / seconds if seconds else None}
 
 
+def publish_pack(store: Store) -> dict:
+    """The job's working set, from its runs, published into the root as the pack the pack arms name, as a release
+    would (``jaxcache bundle export ROOT --job J --pack NAME``, the store reached directly)."""
+    began = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "jaxcache", "bundle", "export", store.root, "--job", _JOB, "--pack",
+                           _PACK, "--json"], capture_output=True, text=True, env=store.env(store.server.url),
+                          timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"{store.scheme}: publishing the pack failed with exit code {proc.returncode}: "
+                         f"{(proc.stderr or proc.stdout)[-3000:]}")
+    got = json.loads(proc.stdout)
+    if len(got["keys"]) != _PROGRAMS:
+        raise SystemExit(f"{store.scheme}: the pack should hold the job's {_PROGRAMS} entries: {got}")
+    print(f"{store.scheme}: pack {_PACK!r} published, {got['size_bytes']} bytes, {len(got['keys'])} entries",
+          file=sys.stderr)
+    return {"name": _PACK, "object": got["object"], "version": got["version"], "size_bytes": got["size_bytes"],
+            "keys": len(got["keys"]), "publish_s": time.perf_counter() - began}
+
+
 def seed(store: Store, size: int, folder: Path, args: argparse.Namespace) -> dict:
-    """The job's first run (fills the root and the warm node's tier), then other jobs' records beside its own."""
+    """The job's first run (fills the root and the warm node's tier), other jobs' records beside its own, then the
+    job's pack published and a start naming it on the pack's warm node (its tier then holds the pack's version)."""
     assert store.bucket is not None
     fig = one(store, "tier, cold", size, -1, local_dir=folder / "warm-node")
     if fig["misses"] != _PROGRAMS:
@@ -217,15 +254,18 @@ def seed(store: Store, size: int, folder: Path, args: argparse.Namespace) -> dic
     template = newest_record(store.bucket, _PREFIX, lambda rec: rec.get("job") == _JOB)
     records = other_records(_PREFIX, template, args.record_days, args.records_per_day, time.time())
     seconds = store.bucket.put_many(records, len(records), f"{store.scheme}: {len(records)} other jobs' records")
-    return {"first_run": fig, "other_records": len(records), "other_records_s": seconds}
+    pack = publish_pack(store)
+    pack["first_start"] = one(store, "pack, fresh node", size, -1, local_dir=folder / "pack-warm-node")
+    return {"first_run": fig, "other_records": len(records), "other_records_s": seconds, "pack": pack}
 
 
 def warm_rounds(store: Store, size: int, folder: Path, args: argparse.Namespace) -> list[dict]:
     runs = []
     for r in range(args.repeats):
         for arm in rotated(WARM_ARMS, r):
-            local = (folder / "warm-node" if arm == "tier, warm node"
-                     else folder / f"fresh-{r}" if arm == "tier, fresh node" else None)
+            local = {"tier, warm node": folder / "warm-node", "tier, fresh node": folder / f"fresh-{r}",
+                     "pack, warm node": folder / "pack-warm-node", "pack, fresh node": folder / f"pack-fresh-{r}"
+                     }.get(arm)
             runs.append(one(store, arm, size, r, local_dir=local))
     return runs
 
@@ -246,7 +286,7 @@ def fleet_round(store: Store, size: int, folder: Path, r: int, arm: str, args: a
     slug = arm.replace(" ", "-")
     procs = []
     for n in range(args.fleet_nodes):
-        proc, _ = start(store, "tier", local_dir=folder / f"fleet-{r}-{slug}-{n}", gate=True)
+        proc, _ = start(store, "tier", local_dir=folder / f"fleet-{r}-{slug}-{n}", gate=True, extra=FLEET_ARMS[arm])
         procs.append(proc)
     for proc in procs:
         assert proc.stdout is not None
@@ -282,10 +322,12 @@ def fleet_round(store: Store, size: int, folder: Path, r: int, arm: str, args: a
                       "ready_s": got["done_at"] - go_at if ended else None,
                       "seeded_s": got["seeded_at"] - go_at if got.get("seeded_at") else None,
                       "enable_s": got["enabled_at"] - go_at if ended else None,
-                      "hits": got.get("hits"), "misses": got.get("misses"), "summary": got.get("summary")})
+                      "hits": got.get("hits"), "misses": got.get("misses"), "summary": got.get("summary"),
+                      "pack": pack_outcome(got.get("summary"))})
     last_exit = max(n["exit_s"] for n in nodes) + go_at
     ready = [n["ready_s"] for n in nodes if n["ready_s"] is not None]
     seeded = [n["seeded_s"] for n in nodes if n["seeded_s"] is not None]
+    logged = store.proxy.requests(go_at, last_exit)
     fig = {"store": store.scheme, "size": size, "entries": store.entries, "arm": arm, "round": r,
            "nodes": args.fleet_nodes, "rate_per_s": args.fleet_rate, "failed": sum(n["ready_s"] is None for n in nodes),
            "ready_p50_s": percentile(ready, 50) if ready else None,
@@ -295,13 +337,16 @@ def fleet_round(store: Store, size: int, folder: Path, r: int, arm: str, args: a
            "exit_p50_s": percentile([n["exit_s"] for n in nodes], 50),
            "exit_p99_s": percentile([n["exit_s"] for n in nodes], 99),
            "hits": sum(n["hits"] or 0 for n in nodes), "misses": sum(n["misses"] or 0 for n in nodes),
-           "requests": count(store.scheme, store.proxy.requests(go_at, last_exit)),
+           "requests": count(store.scheme, logged),
+           # What the nodes' starts asked of the bucket: the 503s the throttle answered are retried, so left out.
+           "served": count(store.scheme, [e for e in logged if e[2] != 503]),
+           "pack": dict(Counter(n["pack"] for n in nodes if n["pack"] is not None)),
            "requests_to_ready": count(store.scheme, store.proxy.requests(go_at, go_at + max(ready, default=0.0))),
            "per_node": nodes}
     p99 = "-" if fig["ready_p99_s"] is None else f"{fig['ready_p99_s']:.2f}"
     print(f"  fleet {size:>7} r{r} {arm}: ready p99 {p99} s, {fig['requests']['total']} requests "
           f"({fig['requests']['throttled']} throttled), {fig['hits']} hits {fig['misses']} misses, "
-          f"{fig['failed']} failed", file=sys.stderr)
+          f"{fig['failed']} failed" + "".join(f", pack {k}: {v}" for k, v in fig["pack"].items()), file=sys.stderr)
     return fig
 
 
@@ -365,7 +410,8 @@ def summarize_fleet(runs: list[dict]) -> dict[str, dict]:
             out[arm] = {k: med([x[k] for x in rs]) for k in (
                 "ready_p50_s", "ready_p99_s", "seeded_p50_s", "seeded_p99_s", "exit_p50_s", "exit_p99_s")}
             out[arm].update(requests={k: med([x["requests"][k] for x in rs]) for k in (*KINDS, "total", "throttled")},
-                            per_node={k: med([x["requests"][k] / x["nodes"] for x in rs]) for k in (*KINDS, *DETAILS)},
+                            per_node={k: med([x["served"][k] / x["nodes"] for x in rs]) for k in (*KINDS, *DETAILS)},
+                            pack=dict(sum((Counter(x["pack"]) for x in rs), Counter())),
                             failed=sum(x["failed"] for x in rs), misses=sum(x["misses"] for x in rs),
                             hits=sum(x["hits"] for x in rs), rounds=len(rs), nodes=rs[0]["nodes"],
                             rate_per_s=rs[0]["rate_per_s"])
@@ -395,8 +441,9 @@ def summarize_faults(runs: list[dict]) -> list[dict]:
 
 
 def paper(stores: dict[str, dict]) -> list[dict]:
-    """The bucket's time for 1,000 and 10,000 nodes, per size: GCS's rates with fake-gcs-server's counts, S3's with
-    moto's (either store's counts where the other was not run)."""
+    """The bucket's time for 1,000 and 10,000 nodes, per size, each arm measured (with and without the pack; a fleet
+    node's served requests), and the old full listing from the first arm without the pack: GCS's rates with
+    fake-gcs-server's counts, S3's with moto's (either store's counts where the other was not run)."""
     rows = []
     for rates in fleet_paper.RATES:
         scheme = "gs" if rates.store == "GCS" else "s3"
@@ -405,13 +452,19 @@ def paper(stores: dict[str, dict]) -> list[dict]:
             continue
         for size, fig in source["sizes"].items():
             measured: dict[str, dict[str, float]] = {}
+            unpacked: list[str] = []  # the arms whose jobs name no pack
             fleet = (stores.get("s3") or {}).get("sizes", {}).get(size, {}).get("fleet", {})
             for arm, f in fleet.items():
                 measured[f"fleet node, {arm}"] = f["per_node"]
+                if not FLEET_ARMS[arm]:
+                    unpacked.append(f"fleet node, {arm}")
             for arm in WARM_ARMS:
                 if arm in fig.get("warm", {}):
                     measured[arm] = fig["warm"][arm]["requests"]
-            for row in fleet_paper.table(measured, fig["entries"], (rates,)):
+                    if not ARM_ENV.get(arm):
+                        unpacked.append(arm)
+            base = unpacked[0] if unpacked else None
+            for row in fleet_paper.table(measured, fig["entries"], (rates,), base):
                 rows.append({**row, "size": size, "counted_on": source["scheme"]})
     return rows
 
@@ -468,8 +521,8 @@ def print_table(fig: dict) -> None:
     print(f"\ncode {fig['version']}{' (changed during the run)' if fig['code_changed'] else ''}; "
           f"{fig['programs']} programs; medians of {fig['repeats']} rounds, each start a fresh process; time from "
           "process start; requests counted at the proxy, to exit")
-    rows = [("warm start", "done s", "exit s", "vs plain", f"target <= {_TARGET}x", "hits", *KINDS,
-             "list_records", "get_records", "runs (done s)")]
+    rows = [("warm start", "done s", "exit s", "vs plain", f"target <= {_TARGET}x", "hits", *KINDS, *DETAILS,
+             "runs (done s)")]
     cold = [("cold start (writes five)", "done s", "exit s", "vs plain", "exit vs plain", "misses", "put", "total")]
     for scheme, st in fig["stores"].items():
         for size, s in st["sizes"].items():
@@ -477,7 +530,7 @@ def print_table(fig: dict) -> None:
                 met = "-" if arm == "plain JAX" else "met" if a["vs_plain"] <= _TARGET else "NOT met"
                 rows.append((f"{scheme} {size} ({s['entries']}) {arm}", _f(a["done_s"]), _f(a["exit_s"]),
                              f"{_f(a['vs_plain'])}x", met, str(a["hits_min"]),
-                             *(_f(a["requests"][k], "g") for k in (*KINDS, "list_records", "get_records")),
+                             *(_f(a["requests"][k], "g") for k in (*KINDS, *DETAILS)),
                              " ".join(map(str, a["runs_done_s"]))))
             for arm, a in s.get("cold", {}).items():
                 cold.append((f"{scheme} {size} {arm}", _f(a["done_s"]), _f(a["exit_s"]), f"{_f(a['vs_plain'])}x",
@@ -490,16 +543,17 @@ def print_table(fig: dict) -> None:
         print()
         print_rows(cold)
     fl = [("fleet (moto, throttled)", "nodes", "rate/s", "ready p50", "ready p99", "seeded p50", "seeded p99",
-           "exit p99", "hits", "misses", "failed", *KINDS, "total", "throttled")]
+           "exit p99", "hits", "misses", "failed", "pack", *KINDS, "total", "throttled")]
     for size, s in fig["stores"].get("s3", {}).get("sizes", {}).items():
         for arm, a in s.get("fleet", {}).items():
             fl.append((f"{size} {arm}", str(a["nodes"]), _f(a["rate_per_s"], "g"), _f(a["ready_p50_s"]),
                        _f(a["ready_p99_s"]), _f(a["seeded_p50_s"]), _f(a["seeded_p99_s"]), _f(a["exit_p99_s"]),
                        str(a["hits"]), str(a["misses"]), str(a["failed"]),
+                       ", ".join(f"{v} {k}" for k, v in a["pack"].items()) or "-",
                        *(_f(a["requests"][k], "g") for k in (*KINDS, "total", "throttled"))))
     if len(fl) > 1:
         print("\nfleet: seconds from the signal (imports done); requests of the whole fleet to the last exit, "
-              "medians of the rounds")
+              "medians of the rounds; pack: the nodes' starts by what they did with it, over the rounds")
         print_rows(fl)
     if fig["paper"]:
         pr = [("on paper", "rates", "counted on", "reads/node", "writes/node",
@@ -510,8 +564,8 @@ def print_table(fig: dict) -> None:
                        _f(row["writes_per_node"], "g"),
                        *(_f(row["nodes"][str(n)]["seconds"], ".1f") for n in fleet_paper.NODES)))
         print("\non paper: seconds of the bucket's request budget a fleet start takes (reads and writes apart, the "
-              "longer); " + "; ".join(f"{r.store} {r.read_per_s:g} reads/s, {r.write_per_s:g} writes/s"
-                                      for r in fleet_paper.RATES))
+              "longer; a fleet node's requests those served, the throttle's 503s left out); "
+              + "; ".join(f"{r.store} {r.read_per_s:g} reads/s, {r.write_per_s:g} writes/s" for r in fleet_paper.RATES))
         print_rows(pr)
     ft = [("store stops answering", "runs", "done s", "exit s", f"lost s (target <= {_LOSS_TARGET_S:g})", "killed",
            "failed", "programs done", "hits", "misses")]
@@ -532,8 +586,11 @@ def print_table(fig: dict) -> None:
     for scheme, st in fig["stores"].items():
         for size, s in st["sizes"].items():
             f = s["fill"]
+            pack = s["seed"]["pack"]
             print(f"{scheme} {size}: {f['filler_written']} filler written in {f['filler_s']:.0f} s; "
-                  f"{s['seed']['other_records']} other jobs' records in {s['seed']['other_records_s']:.0f} s")
+                  f"{s['seed']['other_records']} other jobs' records in {s['seed']['other_records_s']:.0f} s; "
+                  f"pack {pack['name']!r} ({pack['keys']} entries, {pack['size_bytes']} bytes) published in "
+                  f"{pack['publish_s']:.1f} s")
 
 
 def _sizes(text: str) -> list[int]:
@@ -546,7 +603,7 @@ def _sizes(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/fleet_start.py", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 1)[1].split("\n\n", 1)[1],
+                                     epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=_sizes, help="entries in the root, comma-separated, each size a root of its"
                         " own (default 1k,20k,100k; --quick: 1k)")

@@ -4,8 +4,9 @@ through the store's own library, plain JAX through fsspec (s3fs, gcsfs, adlfs).
 
 Kinds: ``list`` (a listing page), ``head`` (an object's metadata: S3 and Azure HEAD, a GCS JSON-API object GET
 without ``alt=media``), ``get`` (an object's bytes), ``put`` (an upload, any part of one), ``other`` (bucket
-metadata, deletes, anything else). Listings and gets are also told apart by what they are for: the cache's entries
-or jaxcache's records (``.jaxcache/``), the counts in :data:`DETAILS`.
+metadata, deletes, anything else). Listings and gets are also told apart by what they are for: the cache's entries,
+jaxcache's records (``.jaxcache/``) or a pack (``.jaxcache/packs/``: its stat and its ranged reads), the counts in
+:data:`DETAILS`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from collections.abc import Iterable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 KINDS = ("list", "head", "get", "put", "other")
-#: Finer counts beside :data:`KINDS`: listings of the records' prefixes, gets of records, gets of entries.
-DETAILS = ("list_records", "get_records", "get_entries")
+#: Finer counts beside :data:`KINDS`: listings of the records' prefixes, gets of records, gets of entries, a pack's
+#: stats and its (ranged) gets.
+DETAILS = ("list_records", "get_records", "get_entries", "head_pack", "get_pack")
 RECORDS_MARK = ".jaxcache/"
+PACKS_MARK = ".jaxcache/packs/"
 
 
 def classify(scheme: str, method: str, raw_path: str) -> tuple[str, str | None]:
@@ -36,6 +39,8 @@ def classify(scheme: str, method: str, raw_path: str) -> tuple[str, str | None]:
         raise ValueError(f"unknown scheme {scheme!r}")
     if kind == "list":
         return kind, "list_records" if RECORDS_MARK in (prefix or "") else None
+    if PACKS_MARK in name and kind in ("head", "get"):
+        return kind, f"{kind}_pack"
     if kind == "get":
         return kind, ("get_records" if RECORDS_MARK in name else "get_entries" if name.endswith("-cache") else None)
     return kind, None
