@@ -163,9 +163,11 @@ postgres:
 # A demo cache written by plain JAX, then a warm-up and a job through jaxcache's client, so that every page of the
 # dashboard (jobs, warm-ups, integrity) has something real to show. The job's second run changes its batch size: a
 # miss that `jaxcache explain`, the job's page and "Top miss causes" explain (tests/test_demo.py runs this target).
+# The warm-up names the job it warms (demo-job): its programs join that job's working set, and the job's exit line
+# credits its hits with the warm-up's measured compile time, as the dashboard does.
 demo-cache: $(VENV)/.stamp-run
 	$(PY) -m jaxcache.warmup.demo $(DEMO_CACHE)
-	$(PY) -m jaxcache.warmup --topology 1x1x2 --platform cpu --cache-dir $(DEMO_CACHE) --job demo-warmup \
+	$(PY) -m jaxcache.warmup --topology 1x1x2 --platform cpu --cache-dir $(DEMO_CACHE) --job demo-job \
 	  --entrypoint jaxcache.warmup.examples:warm
 	JAX_PLATFORMS=cpu JAXCACHE_DIR=$(DEMO_CACHE) JAXCACHE_JOB=demo-job $(PY) -m jaxcache.warmup.examples --devices 2
 	JAX_PLATFORMS=cpu JAXCACHE_DIR=$(DEMO_CACHE) JAXCACHE_JOB=demo-job $(PY) -m jaxcache.warmup.examples --devices 2 \

@@ -24,7 +24,8 @@ def test_ls_table_and_json(capsys, cache_copy, jax_caches):
     code, out, _ = run(capsys, "ls", str(cache_copy))
     assert code == 0
     header = out.splitlines()[0]
-    assert header.split() == ["FUNCTION", "HASH", "SIZE", "COMPILE", "AGE", "LAST", "USED", "COMPRESSION", "STATUS"]
+    assert header.split() == ["FUNCTION", "HASH", "SIZE", "STORED", "COMPILE", "AGE", "LAST", "USED", "COMPRESSION",
+                              "STATUS"]
     assert "jit_odd-name.v2" in out and "KiB" in out
     assert out.rstrip().endswith(str(cache_copy))
 

@@ -34,21 +34,23 @@ def clean_env() -> dict[str, str]:
 
 
 def make_demo_cache(demo: Path, **env: str) -> str:
-    """`make demo-cache` into ``demo``, run by this interpreter (-o keeps make from building a venv); its output."""
+    """`make demo-cache` into ``demo``, run by this interpreter (-o keeps make from building a venv); its output,
+    stdout then stderr (where the jobs say their summary at exit)."""
     venv = demo.parent / "venv"
     proc = subprocess.run(["make", "-s", "-o", f"{venv}/.stamp-run", "demo-cache", f"VENV={venv}",
                            f"PY={sys.executable}", f"DEMO_CACHE={demo}"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**clean_env(), **env})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
-    """The cache one `make run` fills (the tests that change it work on a copy)."""
+    """The cache one `make run` fills (the tests that change it work on a copy); what make said is beside it."""
     path = tmp_path_factory.mktemp("demo") / "demo-cache"
     out = make_demo_cache(path)
     assert "1 miss" in out, out  # the job's second run said so itself
+    (path.parent / "make.out").write_text(out)
     return path
 
 
@@ -85,6 +87,23 @@ def test_the_demo_cache_shows_a_miss_explained(demo, tmp_path):
         overview = client.get("/caches/demo").text
         assert '<tr data-cause="program_changed">' in overview
         assert "No explained misses" not in overview
+
+
+def test_the_jobs_say_their_seconds_saved_as_the_dashboard_does(demo, tmp_path):
+    """#73 item 7: a plain script's exit line shows (the example job prints nothing of it), and its seconds saved are
+    the dashboard's: the warm-up's measured time, on its machine, said so in both."""
+    said = re.findall(r"^jaxcache: job demo-job: .*$", (demo.parent / "make.out").read_text(), re.M)
+    assert len(said) == 2, said  # one line per run, on stderr
+    first = re.search(r", ([0-9.]+) s saved \(at the writer's time, compiled on (cpu, [0-9]+ cores?)\);", said[0])
+    assert first is not None, said[0]
+    with served(demo, tmp_path) as client:
+        job = client.get("/v1/caches/demo/jobs/demo-job").json()
+        page = client.get("/caches/demo/jobs/demo-job").text
+    total = sum(float(m) for m in re.findall(r", ([0-9.]+) s saved", "\n".join(said)))
+    assert job["saved_s"] == pytest.approx(total, abs=0.1) and job["saved_writer_s"] == job["saved_s"], (job, said)
+    stat = re.search(r'<dt>Saved s</dt>\s*<dd data-stat="saved_s" data-value="([^"]+)"[^>]*>\s*([^<]+)<', page)
+    assert stat is not None and float(stat.group(1)) == job["saved_s"], page[:3000]
+    assert "(all at the writer's time)" in page
 
 
 # --- one job, one account of its misses (#60) ----------------------------------------------------------------------
@@ -200,7 +219,7 @@ def test_every_link_of_the_demo_dashboard_answers(demo, tmp_path):
     with served(demo, tmp_path) as client:
         assert client.post("/v1/caches/demo/verify", json={"recheck_all": True}).status_code == 200
         entries = client.get("/v1/caches/demo/entries?limit=1000").json()["entries"]
-        warmed = [e["key"] for e in entries if e["first_writer"] and e["first_writer"]["job"] == "demo-warmup"]
+        warmed = [e["key"] for e in entries if e["first_writer"] and e["first_writer"]["job"] == "demo-job"]
         assert warmed, "the warm-up wrote an entry"
         seen = crawl(client, ["/", "/caches/demo/prune?functions=jit_*&min_age=0s&preview=1"])
         listing = client.get("/caches/demo/entries").text
@@ -218,6 +237,6 @@ def test_every_link_of_the_demo_dashboard_answers(demo, tmp_path):
     measured = {e["key"]: e["measured_compile_s"] for e in entries}
     for key in warmed:
         row = re.search(rf'<tr data-key="{re.escape(key)}">(.*?)</tr>', listing, re.S).group(1)
-        assert f'href="/caches/demo/warmups/{warmup_id}"' in row and "/jobs/demo-warmup" not in row, row
-        # Its compile seconds are the writer's measured ones, as on its own page, not JAX's whole "0 s".
-        assert measured[key] and f'data-value="{measured[key]}" title="measured by the writer' in row, row
+        assert f'href="/caches/demo/warmups/{warmup_id}"' in row and "/jobs/demo-job" not in row, row
+        # Its stored compile s are JAX's whole seconds, with the writer's compile s (measured) beside them on hover.
+        assert measured[key] and f"writer&#39;s compile s {measured[key]:.1f} s" in row, row

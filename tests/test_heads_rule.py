@@ -61,7 +61,7 @@ def test_ls_and_stats_read_no_head_in_an_object_store_unless_asked(capsys, store
     assert run_json(capsys, "ls", store_root)[0] == listing
     assert main(["stats", store_root]) == 0
     out = capsys.readouterr().out
-    assert "compile time stored     not read" in out and "corrupt (header check)  not read" in out
+    assert "stored compile s        not read" in out and "corrupt (header check)  not read" in out
     assert "--heads shows compile seconds, the compression mix and corrupt entries" in out
 
 

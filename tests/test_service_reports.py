@@ -62,7 +62,8 @@ def test_rescan_ingests_records_under_the_root(svc, cache_copy, keys, caplog):
     listed = entries(svc)
     e = listed[train]
     assert e["first_writer"] == {"job": "pretrain", "run_id": "r1", "process_index": 0, "host": "node-1",
-                                 "topology": "2x4x8", "jax": NEW, "jaxlib": NEW, "at_s": pytest.approx(now - 3600)}
+                                 "topology": "2x4x8", "jax": NEW, "jaxlib": NEW, "at_s": pytest.approx(now - 3600),
+                                 "machine": "cpu"}  # its record's device kind (and no CPU count)
     assert e["hits"] == 3 and e["last_hit_s"] == pytest.approx(now - 100)
     assert e["measured_compile_s"] == 12.5
     assert e["saved_s"] == pytest.approx(3 * 12.5 - 0.6)  # hits x (writer's compile - mean retrieval)

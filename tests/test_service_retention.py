@@ -133,7 +133,9 @@ def test_compaction_leaves_every_per_key_figure_unchanged(compacted):
         "hits": 3 + 5, "last_hit_s": new[0].keys[0].last_at, "saved_s": 3 * 12.5 - 0.25 + 5 * 12.5 - 0.75,
         "writer_job": "pretrain", "writer_run": "w1", "writer_process": 0, "writer_host": "node-1",
         "writer_topology": "1x1x1", "writer_jax": "0.9", "writer_jaxlib": "0.9", "writer_at_s": T0,
-        "writer_compile_s": 12.5}
+        "writer_compile_s": 12.5, "writer_machine": "cpu",
+        # The writer was a job: its compile is the platform's own measure too.
+        "platform_compile_s": 12.5, "platform_machine": "cpu", "platform_at_s": T0}
     assert before["warmups"] == [("wu1", 2)]  # train (hit since by f1) and tiny (by e1; f2's hit is older)
     # Only the recent runs are left as runs; the old ones' figures live on in key_history.
     with catalog.reader() as conn:

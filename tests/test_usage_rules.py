@@ -22,6 +22,7 @@ from jaxcache.usage_rules import PY
 RULES: dict[str, tuple[Any, tuple[str, ...]]] = {
     "used_hits": (usage_rules.used_hits, ("kind", "hits")),
     "saved": (usage_rules.saved, ("kind", "hits", "retrieval_s", "jax_saved_s", "measure")),
+    "credited_measure": (usage_rules.credited_measure, ("measure", "retrieval_s")),
     "wrote": (usage_rules.wrote, ("event", "writes")),
     "write_at": (usage_rules.write_at, ("event", "writes", "first_at", "started_at")),
     "hit_at": (usage_rules.hit_at, ("kind", "hits", "first_at", "last_at")),

@@ -186,6 +186,9 @@ class RunRecord(msgspec.Struct, tag_field="schema", tag=SCHEMA):
     ))] = JOB
     keys: list[KeyUsage] = msgspec.field(default_factory=list)
     local: LocalTierCounts | None = None  # None: JAX read the root directly
+    # The CPUs this process could run on: XLA compiles on the host's CPUs, so a compile measured here (KeyUsage's
+    # compile_s) is this machine's (machine_of says which). None: not known (a record from before the field).
+    cpus: Annotated[int, msgspec.Meta(ge=1, lt=2**31)] | None = None
 
     def __post_init__(self) -> None:
         if self.process_index >= self.process_count:
@@ -203,6 +206,15 @@ class RunRecord(msgspec.Struct, tag_field="schema", tag=SCHEMA):
         data = msgspec.to_builtins(self)
         data["fingerprint"] = self.fingerprint.as_dict()
         return msgspec.json.encode(data)
+
+
+def machine_of(fingerprint: Fingerprint, cpus: int | None) -> str | None:
+    """The machine a process compiled on, in words (``cpu, 2 cores``, ``TPU v5 lite, 224 cores``): its own device
+    kind (else backend) and CPUs, as its run record says them; None when the record says neither. A warm-up that
+    compiles for a TPU slice or a GPU topology from a CPU node says the node's own (its run record's fingerprint)."""
+    device = fingerprint.device_kind or fingerprint.backend
+    said = [part for part in (device, None if cpus is None else f"{cpus} core{'s' if cpus != 1 else ''}") if part]
+    return ", ".join(said) or None
 
 
 def day_of(at: float) -> str:

@@ -65,10 +65,18 @@ def used_hits(op: Ops, kind: Any, hits: Any) -> Any:
     return op.case((op.eq(kind, JOB), hits), else_=0)
 
 
+def credited_measure(op: Ops, platform_s: Any, writer_s: Any) -> Any:
+    """The compile seconds a hit of a key is credited with: its platform's own (``platform_s``: what a job measured
+    compiling it, on the device kind the key is for) where any job compiled it, else its first writer's (``writer_s``,
+    measured on the writer's machine: a CPU warm-up's for a TPU job's key); NULL: neither is known (then
+    :func:`saved` takes JAX's stored whole seconds, the writer's too)."""
+    return op.coalesce(platform_s, writer_s)
+
+
 def saved(op: Ops, kind: Any, hits: Any, retrieval_s: Any, jax_saved_s: Any, measure: Any) -> Any:
-    """Seconds one process's hits of a key saved: what its first writer measured compiling it (``measure``), once
-    per hit, less the seconds the hits spent loading; JAX's own figure (never below 0) where the catalog knows no
-    measure, or where loading took longer."""
+    """Seconds one process's hits of a key saved: the compile seconds it is credited with (``measure``, see
+    :func:`credited_measure`), once per hit, less the seconds the hits spent loading; JAX's own figure (its stored whole
+    seconds less loading, never below 0) where no measure is known, or where loading took longer."""
     used = used_hits(op, kind, hits)
     ours = op.sub(op.mul(used, measure), retrieval_s)
     return op.case((op.eq(used, 0), 0.0), (op.gt(ours, 0), ours), (op.gt(jax_saved_s, 0), jax_saved_s), else_=0.0)

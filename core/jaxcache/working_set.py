@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -62,6 +62,16 @@ class Wanted:
         return {f: str(v) for f, v in dataclasses.asdict(self).items() if v is not None}
 
 
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What a job's hits of each key are worth, as its working-set index knows (:func:`jaxcache.working_set_index.
+    measured`): the compile seconds its runs measured on this device kind (``platform``), else a warm-up's on the
+    machine it compiled on (``writers``: seconds, machine)."""
+
+    platform: Mapping[str, float] = field(default_factory=dict)
+    writers: Mapping[str, tuple[float, str | None]] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class WorkingSet:
     """The keys a job is expected to need, in the order its newest run first used them (warm-ups' keys last)."""
@@ -72,10 +82,14 @@ class WorkingSet:
     fingerprint: Fingerprint | None = None  # of the newest run or warm-up the set came from
     runs: list[str] = field(default_factory=list)  # the run ids it came from
     warmups: list[str] = field(default_factory=list)  # the warm-up ids it came from
+    #: What its keys' hits are worth, where the set came from the job's index (the client's seconds saved): beside
+    #: the set, neither compared nor in its JSON. None: not known (a set from the records or the service).
+    measured: Measured | None = field(default=None, compare=False, repr=False)
 
     def to_builtins(self) -> dict[str, Any]:
         """As JSON-ready builtins (the service's answer, a bundle's manifest)."""
         data = dataclasses.asdict(self)
+        data.pop("measured")
         data["fingerprint"] = None if self.fingerprint is None else self.fingerprint.as_dict()
         return data
 

@@ -8,7 +8,8 @@ chooses from it as ``from_root`` does. Bounded, so one GET stays small: per fing
 newest 3 runs (all a set takes) and :data:`MAX_WARMUPS` warm-ups of the last 14 days, :data:`MAX_GROUPS`
 fingerprints (a job moved across that many jaxlibs or device layouts within them), :data:`MAX_INDEX_BYTES` in all
 (the oldest fingerprints, then the oldest runs and warm-ups go first; one run larger than that keeps the keys it
-used first).
+used first). It also says what the job's hits are worth (:func:`measured`): the compile seconds its runs measured per
+fingerprint (one device kind: the platform's own), and its warm-ups' with the machine they compiled on.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import msgspec
 
 from jaxcache import coverage, records
 from jaxcache.errors import InvalidInputError, PreconditionFailedError, TooLargeError
-from jaxcache.records import Fingerprint, Key, RunRecord, Sha256
+from jaxcache.records import Fingerprint, Key, RunRecord, Seconds, Sha256, Text
 from jaxcache.storage.base import Storage
-from jaxcache.working_set import DEFAULT_DAYS, DEFAULT_RUNS, MATCHED, Builder, Wanted, WorkingSet
+from jaxcache.working_set import DEFAULT_DAYS, DEFAULT_RUNS, MATCHED, Builder, Measured, Wanted, WorkingSet
 
 SCHEMA = "jaxcache.working-sets/1"
 INDEX_PREFIX = f"{records.RECORDS_DIR}/working-sets/"
@@ -43,6 +44,10 @@ class Source(msgspec.Struct, frozen=True, gc=False):
     at: records.Seconds  # when it ended (a run's last record, a warm-up's finish)
     keys: list[Key] = []
     sha256: dict[Key, Sha256] = {}
+    # A warm-up's: the compile seconds it measured of the programs it wrote, and the machine it compiled them on
+    # (records.machine_of). A run's measures go to its group (Group.compile_s).
+    compile_s: dict[Key, Seconds] = {}
+    machine: Text | None = None
 
 
 class Group(msgspec.Struct, gc=False):
@@ -51,6 +56,9 @@ class Group(msgspec.Struct, gc=False):
     fingerprint: Fingerprint  # of the newest run (else warm-up) of the group
     runs: list[Source] = []
     warmups: list[Source] = []
+    # The compile seconds the group's runs (jobs, on this fingerprint's device kind) measured of each key some source
+    # still names: the earliest measure, as the service credits it (usage_rules.credited_measure).
+    compile_s: dict[Key, Seconds] = {}
 
     @property
     def newest_run_at(self) -> float:
@@ -108,15 +116,12 @@ def choose(index: JobIndex, wanted: Wanted, *, runs: int = DEFAULT_RUNS, days: i
            now: float | None = None) -> WorkingSet:
     """The set of ``index``: the fingerprint of the newest run matching ``wanted`` (else of the newest warm-up), its
     newest ``runs`` runs' keys in order, then its warm-ups', all within ``days`` days."""
-    since = (time.time() if now is None else now) - days * 86400.0
-    fresh = [_within(g, since) for g in index.groups if wanted.matches(g.fingerprint)]
-    fresh = [g for g in fresh if g.runs or g.warmups]
     built = Builder(index.job)
-    if not fresh:
+    group = _chosen(index, wanted, days, now)
+    if group is None:
         return built.done()
-    with_runs = [g for g in fresh if g.runs]
-    group = max(with_runs, key=lambda g: g.newest_run_at) if with_runs else max(fresh, key=lambda g: g.newest_at)
     built.found.fingerprint = group.fingerprint
+    built.found.measured = _measured_of(group)
     for run in group.runs[:runs]:
         built.found.runs.append(run.id)
         for key in run.keys:
@@ -128,26 +133,63 @@ def choose(index: JobIndex, wanted: Wanted, *, runs: int = DEFAULT_RUNS, days: i
     return built.done()
 
 
+def _chosen(index: JobIndex, wanted: Wanted, days: int, now: float | None) -> Group | None:
+    """The group a set comes from: of the newest run matching ``wanted``, else of the newest warm-up; None: none."""
+    since = (time.time() if now is None else now) - days * 86400.0
+    fresh = [_within(g, since) for g in index.groups if wanted.matches(g.fingerprint)]
+    fresh = [g for g in fresh if g.runs or g.warmups]
+    if not fresh:
+        return None
+    with_runs = [g for g in fresh if g.runs]
+    return max(with_runs, key=lambda g: g.newest_run_at) if with_runs else max(fresh, key=lambda g: g.newest_at)
+
+
 def _within(group: Group, since: float) -> Group:
-    return Group(group.fingerprint, [s for s in group.runs if s.at >= since],
-                 [s for s in group.warmups if s.at >= since])
+    return _measures_kept(Group(group.fingerprint, [s for s in group.runs if s.at >= since],
+                                [s for s in group.warmups if s.at >= since], group.compile_s))
+
+
+def _measures_kept(group: Group) -> Group:
+    """``group`` with the measures of the keys its sources still name only (what bounds them)."""
+    named = {k for s in (*group.runs, *group.warmups) for k in s.keys}
+    group.compile_s = {k: v for k, v in group.compile_s.items() if k in named}
+    return group
+
+
+def measured(index: JobIndex | None, wanted: Wanted, *, days: int = DEFAULT_DAYS, now: float | None = None) -> Measured:
+    """The measures of the group a set for ``wanted`` comes from (:func:`choose`'s); empty without one."""
+    group = None if index is None else _chosen(index, wanted, days, now)
+    return Measured() if group is None else _measured_of(group)
+
+
+def _measured_of(group: Group) -> Measured:
+    writers: dict[str, tuple[float, str | None]] = {}
+    for warm in sorted(group.warmups, key=lambda s: s.at):  # the earliest warm-up that wrote a key wrote it
+        for key, seconds in warm.compile_s.items():
+            writers.setdefault(key, (seconds, warm.machine))
+    return Measured(dict(group.compile_s), writers)
 
 
 # -- updates -------------------------------------------------------------------------------------------------------
 
 
 def run_source(record: RunRecord) -> Source:
-    """What a run record adds: its hits and writes, in order of first use (keys only compiled are left out)."""
+    """What a run record adds: its hits and writes, in order of first use (keys only compiled are left out), and the
+    compile seconds it measured of the keys it compiled (moved to its group by :func:`with_source`)."""
     used = [u for u in sorted(record.keys, key=lambda u: u.first_at) if u.event != records.COMPILED]
     return Source(record.run_id, record.updated_at, [u.key for u in used],
-                  {u.key: u.sha256 for u in used if u.sha256 is not None})
+                  {u.key: u.sha256 for u in used if u.sha256 is not None},
+                  {u.key: u.compile_s for u in used if u.compiles and u.compile_s is not None})
 
 
-def warmup_source(record: coverage.WarmupRecord) -> Source:
-    """What a warm-up's coverage adds: the programs it found or put there."""
+def warmup_source(record: coverage.WarmupRecord, machine: str | None = None) -> Source:
+    """What a warm-up's coverage adds: the programs it found or put there, and the compile seconds of those it wrote,
+    measured on ``machine`` (records.machine_of its own run record)."""
     there = [p for p in record.programs if p.status != coverage.NOT_WRITTEN]
     return Source(record.id, record.finished_at, [p.key for p in there],
-                  {p.key: p.sha256 for p in there if p.sha256 is not None})
+                  {p.key: p.sha256 for p in there if p.sha256 is not None},
+                  {p.key: p.compile_s for p in there if p.status == coverage.WRITTEN and p.compile_s is not None},
+                  machine)
 
 
 def with_source(index: JobIndex, fingerprint: Fingerprint, source: Source, *, warmup: bool,
@@ -162,7 +204,10 @@ def with_source(index: JobIndex, fingerprint: Fingerprint, source: Source, *, wa
     if warmup:
         group.warmups = _newest([source, *(s for s in group.warmups if s.id != source.id)], MAX_WARMUPS)
     else:
+        group.compile_s = {**source.compile_s, **group.compile_s}  # the earliest measure of a key stays
+        source = Source(source.id, source.at, source.keys, source.sha256)
         group.runs = _newest([source, *(s for s in group.runs if s.id != source.id)], DEFAULT_RUNS)
+    _measures_kept(group)
     # The group's fingerprint is its newest run's (a warm-up's only while it has no run), as a set reports it.
     if (group.runs[:1] == [source]) if not warmup else (not group.runs and group.warmups[:1] == [source]):
         group.fingerprint = fingerprint
@@ -192,12 +237,15 @@ def _bounded(index: JobIndex) -> JobIndex:
             oldest = min(sources, key=lambda s: s.at)
             group.runs = [s for s in group.runs if s is not oldest]
             group.warmups = [s for s in group.warmups if s is not oldest]
+            _measures_kept(group)
             continue
         (only,) = sources
         keys = only.keys[: len(only.keys) * 3 // 4]
         kept = set(keys)
-        trimmed = Source(only.id, only.at, keys, {k: v for k, v in only.sha256.items() if k in kept})
+        trimmed = Source(only.id, only.at, keys, {k: v for k, v in only.sha256.items() if k in kept},
+                         {k: v for k, v in only.compile_s.items() if k in kept}, only.machine)
         group.runs, group.warmups = ([trimmed], []) if group.runs else ([], [trimmed])
+        _measures_kept(group)
     return index
 
 
@@ -207,11 +255,12 @@ def encode(index: JobIndex) -> bytes:
 
 
 def update(storage: Storage, job: str, change: Callable[[JobIndex], JobIndex], *,
-           attempts: int = UPDATE_ATTEMPTS) -> None:
+           attempts: int = UPDATE_ATTEMPTS) -> JobIndex:
     """Apply ``change`` to the job's index in the root, losing no other writer's update: read with its version
     (a stat, then at most :data:`MAX_INDEX_BYTES`), change, written only if still that version (created where there
     was none); read and changed again when another writer came first. An object there that is not an index is
-    replaced. Raises :class:`PreconditionFailedError` after ``attempts`` rounds lost, and storage's errors."""
+    replaced. Returns the index as read before the change that was written (an empty one where there was none).
+    Raises :class:`PreconditionFailedError` after ``attempts`` rounds lost, and storage's errors."""
     name = index_name(job)
     for attempt in range(attempts):
         if attempt:
@@ -231,22 +280,24 @@ def update(storage: Storage, job: str, change: Callable[[JobIndex], JobIndex], *
                 storage.write_atomic(name, encode(change(current)), create_only=True)
             else:
                 storage.write_atomic(name, encode(change(current)), if_version=storage.version_token(info))
-            return
+            return current  # with_source makes a new index: what was read is as it was
         except PreconditionFailedError:
             continue
     raise PreconditionFailedError(f"{name} in {storage.url} kept changing under {attempts} updates")
 
 
-def add_run(storage: Storage, record: RunRecord) -> None:
-    """Merge process 0's final record of a job's run into the job's index (see :func:`update`). The records of other
-    processes (SPMD processes compile the same programs) and of warm-ups' own runs add nothing, and ask nothing."""
+def add_run(storage: Storage, record: RunRecord) -> JobIndex | None:
+    """Merge process 0's final record of a job's run into the job's index (see :func:`update`); the index as read
+    before (the earlier runs' measures, :func:`measured`). The records of other processes (SPMD processes compile
+    the same programs) and of warm-ups' own runs add nothing, and ask nothing (None)."""
     if record.process_index != 0 or record.kind != records.JOB:
-        return
+        return None
     source = run_source(record)
-    update(storage, record.job, lambda index: with_source(index, record.fingerprint, source, warmup=False))
+    return update(storage, record.job, lambda index: with_source(index, record.fingerprint, source, warmup=False))
 
 
-def add_warmup(storage: Storage, record: coverage.WarmupRecord) -> None:
-    """Merge a warm-up's coverage into the index of the job it warmed (see :func:`update`)."""
-    source = warmup_source(record)
+def add_warmup(storage: Storage, record: coverage.WarmupRecord, machine: str | None = None) -> None:
+    """Merge a warm-up's coverage into the index of the job it warmed (see :func:`update`); ``machine``: where it
+    compiled (records.machine_of its run record), what its hits are credited as."""
+    source = warmup_source(record, machine)
     update(storage, record.job, lambda index: with_source(index, record.fingerprint, source, warmup=True))

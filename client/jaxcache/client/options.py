@@ -45,6 +45,7 @@ ENV_VARS = (
     "JAXCACHE_PREFETCH",
     "JAXCACHE_LOOKUP_DEADLINE_S",
     "JAXCACHE_PACK",
+    "JAXCACHE_SUMMARY",
 )
 #: The node-local tier's size cap when ``max_size_bytes`` is unset (JAX's own LRU on the local directory).
 DEFAULT_LOCAL_MAX_BYTES = 16 * 1024**3

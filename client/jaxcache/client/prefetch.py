@@ -55,6 +55,8 @@ class Prefetcher:
         self._asked: set[str] = set()
         self._started = time.monotonic()
         self._done_s = 0.0  # from the start until the last key was fetched
+        #: The set as found (with what its hits are worth, where it came from the job's index); None until then.
+        self.found: WorkingSet | None = None
         #: Set once the set's keys were fetched and its copies checked (or the set could not be found).
         self.done = threading.Event()
 
@@ -71,7 +73,7 @@ class Prefetcher:
     def _prefetch(self) -> None:
         tier = self._tier
         try:
-            found = self._find()
+            found = self.found = self._find()
         except UnreachableError as exc:  # the tier said so once, for everything it asks the root
             log.info("jaxcache: could not find this job's working set to prefetch (%s)", exc)
             return

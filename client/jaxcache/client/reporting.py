@@ -19,6 +19,7 @@ from jaxcache import working_set_index
 from jaxcache.records import JOB, RunRecord
 from jaxcache.storage import Storage, open_storage
 from jaxcache.storage.base import ObjectInfo
+from jaxcache.working_set_index import JobIndex
 
 if TYPE_CHECKING:
     from jaxcache.client.root_calls import RootCalls
@@ -92,20 +93,30 @@ class RecordWriter:
                 self._warn_once(f"could not write the run record {record.name} under {self._cache_dir}: {exc}")
                 return False
 
-    def index(self, record: RunRecord) -> bool:
+    def index(self, record: RunRecord) -> JobIndex | None:
         """Merge process 0's final record of a job's run into the job's working-set index in the root
-        (:mod:`jaxcache.working_set_index`), which the job's next starts read; False, with a warning, when it could
-        not be."""
+        (:mod:`jaxcache.working_set_index`), which the job's next starts read; the index as it was read (what the
+        job's earlier runs measured). None where the record adds nothing, or, with a warning, where it could not
+        be merged."""
         if record.process_index != 0 or record.kind != JOB:
-            return True  # adds nothing (working_set_index.add_run): no warning either
+            return None  # adds nothing (working_set_index.add_run): no warning either
         try:
-            self._ask(lambda root: working_set_index.add_run(root, record), "an update of the job's working-set index")
-            return True
+            return self._ask(lambda root: working_set_index.add_run(root, record),
+                             "an update of the job's working-set index")
         except Exception as exc:  # noqa: BLE001 - a job's exit never fails for it
             log.warning("jaxcache: could not update job %s's working-set index %s under %s (%s); the job goes on, and"
                         " its next starts prefetch what the index said before", record.job,
                         working_set_index.index_name(record.job), self._cache_dir, exc)
-            return False
+            return None
+
+    def read_index(self, job: str) -> JobIndex | None:
+        """The job's working-set index as the root has it (one read); None where there is none or it cannot be read
+        (said at DEBUG: only the seconds saved are at stake, said as the writer's time instead)."""
+        try:
+            return self._ask(lambda root: working_set_index.read_index(root, job), "a read of the job's index")
+        except Exception as exc:  # noqa: BLE001 - telemetry must not break the job
+            log.debug("jaxcache: could not read job %s's working-set index under %s: %s", job, self._cache_dir, exc)
+            return None
 
     def _warn_once(self, message: str) -> None:
         if not self._warned:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import socket
@@ -11,7 +12,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from jaxcache.client import claim
+from jaxcache import working_set_index
+from jaxcache.client import claim, exit_summary
 from jaxcache.client import jax_internals as ji
 from jaxcache.client import trust as trust_mod
 from jaxcache.client.attestation import Attestor
@@ -21,11 +23,13 @@ from jaxcache.client.misses import MAX_CHECKED, MAX_CHECKED_REMOTE, MissCauses, 
 from jaxcache.client.node_tier import NodeTier
 from jaxcache.client.options import ClientOptions, resolve, say_xla_caches_off
 from jaxcache.client.reporting import RecordWriter, ServiceReporter
+from jaxcache.client.savings import Savings, credit
 from jaxcache.client.telemetry import CacheStats, Recorder
 from jaxcache.client.tier_dir import open_local_dir
 from jaxcache.client.written import WriteCheck
 from jaxcache.records import HIT, JOB, WRITE, Fingerprint, KeyUsage, RunKind, RunRecord
 from jaxcache.units import plural
+from jaxcache.working_set import Measured, Wanted
 
 if TYPE_CHECKING:  # verify mode loads it only when asked for
     from jaxcache.integrity import Verdict
@@ -41,8 +45,13 @@ class CacheSession:
     """One process's use of the cache: settings, telemetry, run records. Made by :func:`enable_cache`."""
 
     def __init__(self, options: ClientOptions, compression: str, loads: LoadPolicy | None = None,
-                 writer: RecordWriter | None = None, tier_dir: str | None = None) -> None:
+                 writer: RecordWriter | None = None, tier_dir: str | None = None,
+                 summary_to: exit_summary.Where = "auto") -> None:
         self.options = options
+        self.summary_to = summary_to  # JAXCACHE_SUMMARY: where the summary goes at exit
+        # What the job's earlier runs and warm-ups measured, from its working-set index: read by the exit's update
+        # of the index, or once by the first summary that needs it (None: not read yet).
+        self._measured: Measured | None = None
         self.compression = compression
         self.started_at = time.time()
         self.topology: str | None = None  # set by warm-up to the topology it mocks; else derived from devices
@@ -123,8 +132,25 @@ class CacheSession:
         self._owner = owner
 
     def stats(self) -> CacheStats:
-        """Hits, misses, writes, hit rate, compile, retrieval and saved seconds so far in this process."""
-        return self._recorder.stats()
+        """Hits, misses, writes, hit rate, compile, retrieval and saved seconds so far in this process (seconds saved
+        as far as this process knows the hits' measures already: :meth:`summary` reads them where it needs to)."""
+        saved = self._savings()
+        return dataclasses.replace(self._recorder.stats(), saved_s=saved.saved_s,
+                                   saved_writer_s=saved.at_writers_time_s)
+
+    def _savings(self, *, read: bool = False) -> Savings:
+        """What the hits saved (:mod:`jaxcache.client.savings`); ``read``: first read the job's index for the hits'
+        measures where none was read yet and a hit has no measure of this process's own (one request, once)."""
+        usages = self._recorder.usages()
+        fp = self.fingerprint
+        found = None if self._tier is None or self._tier.prefetcher is None else self._tier.prefetcher.found
+        if self._measured is None and found is not None and found.measured is not None:
+            self._measured = found.measured  # the start read the job's index already: no request more
+        if read and self.kind == JOB and self._measured is None and any(
+                u.hits and not (u.compiles and u.compile_s is not None) for u in usages):
+            index = self._writer.read_index(self.job)
+            self._measured = working_set_index.measured(index, Wanted.of(fp))
+        return credit(usages, self._measured or Measured(), kind=self.kind, platform=fp.device_kind or fp.backend)
 
     def skipped(self) -> dict[str, str]:
         """The keys whose entries this process refused to load (``verify=``), with why: each was compiled."""
@@ -142,13 +168,14 @@ class CacheSession:
     def summary(self) -> str:
         """One line: what the cache did for this process, and why its misses missed as far as it can tell (a write
         counts only when its entry is there whole; the others are "compiled, not written" with why)."""
-        s = self.stats()
+        s = self._recorder.stats()
+        saved = self._savings(read=True)
         rate = "n/a" if s.hit_rate is None else f"{s.hit_rate:.0%}"
         causes = self.miss_causes().describe(self.cache_dir, self.run_id) if s.misses else ""
         return (
             f"jaxcache: job {self.job}: {plural(s.hits, 'hit')}, {plural(s.misses, 'miss')} ({s.writes} written),"
-            f" hit rate {rate}; {s.compile_s:.1f} s compiling, {s.retrieval_s:.2f} s loading, >= {s.saved_s:.1f} s"
-            f" saved; cache {self.cache_dir}" + (f"; {causes}" if causes else "")
+            f" hit rate {rate}; {s.compile_s:.1f} s compiling, {s.retrieval_s:.2f} s loading, {saved.words()};"
+            f" cache {self.cache_dir}" + (f"; {causes}" if causes else "")
             + ("" if self._tier is None else self._tier.summary())
         )
 
@@ -181,6 +208,7 @@ class CacheSession:
             kind=self.kind,
             keys=sorted(usages, key=lambda u: u.first_at),
             local=None if self._tier is None else self._tier.counts(),
+            cpus=_cpus(),
         )
 
     def flush(self, *, final: bool = False) -> RunRecord:
@@ -198,8 +226,10 @@ class CacheSession:
                 # Jobs' bucket identities may create objects but never overwrite them (deploy/terraform), so a
                 # bucket gets one record per process, at exit; periodic updates go to the service only.
                 self._writer.write(record, create_only=True)
-            if final:
-                self._writer.index(record)  # process 0's: the job's working set for its next starts, in one object
+            if final:  # process 0's: the job's working set for its next starts, in one object
+                read = self._writer.index(record)
+                if read is not None:  # what the job's earlier runs measured, for the summary: no request more
+                    self._measured = working_set_index.measured(read, Wanted.of(record.fingerprint))
             if self._reporter is not None:
                 self._reporter.submit(record.to_json())
             return record
@@ -220,7 +250,7 @@ class CacheSession:
             self.flush(final=True)
             if self._reporter is not None:
                 self._reporter.drain()
-            log.info("%s", self.summary())
+            exit_summary.say(self.summary(), self.summary_to, log, job=self.kind == JOB)
         except Exception as exc:  # noqa: BLE001 - never turn a clean exit into a crash
             log.warning("jaxcache: could not write the final run record: %s", exc)
 
@@ -397,6 +427,7 @@ def enable_cache(
         local_dir=local_dir,
         pack=pack,
     )
+    summary_to = exit_summary.where(os.environ)
     with _lock:
         if _session is not None:
             return _same_session(_session, options)
@@ -413,11 +444,19 @@ def enable_cache(
             loads = load_policy(options, writer.storage)
         say_xla_caches_off(options, tier_dir := open_local_dir(options, loads))
         ji.apply(options.jax_settings(tier_dir))
-        session = CacheSession(options, compression, loads, writer, tier_dir)
+        session = CacheSession(options, compression, loads, writer, tier_dir, summary_to)
         session._start()
         _session = session
         log.debug("jaxcache: cache at %s for job %s (run %s)", options.cache_dir, options.job, options.run_id)
         return session
+
+
+def _cpus() -> int | None:
+    """The CPUs this process may run on (its affinity where the system says it), which XLA compiles on."""
+    try:
+        return len(os.sched_getaffinity(0)) or None
+    except (AttributeError, OSError):  # not on every system
+        return os.cpu_count()
 
 
 def current_session() -> CacheSession | None:

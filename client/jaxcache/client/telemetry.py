@@ -35,13 +35,18 @@ class CacheStats:
     writes: int
     compile_s: float  # seconds spent compiling the misses (measured, not JAX's whole seconds)
     retrieval_s: float  # seconds spent reading and loading hits
-    saved_s: float  # compile seconds the hits saved, by JAX's stored whole seconds (a lower bound)
+    #: Compile seconds the hits saved: each hit credited with its program's compile seconds as measured on this
+    #: platform where known, else the writer's time (jaxcache.client.savings); the recorder's own is JAX's figure,
+    #: its stored whole seconds less loading.
+    saved_s: float
     #: Lookups JAX made whose key jaxcache could not tell (none of JAX's log records that name keys came): this
     #: JAX moved what jaxcache reads, and per-key telemetry is missing for them.
     unrecognised: int = 0
     #: Programs JAX said it was writing whose entry is not there whole afterwards (a full disk, a refused write):
     #: compiled, not written, and not in ``writes``.
     failed_writes: int = 0
+    #: Of ``saved_s``, the seconds credited at the writer's time (no compile of the key measured on this platform).
+    saved_writer_s: float = 0.0
 
     @property
     def requests(self) -> int:
@@ -151,6 +156,7 @@ class Recorder:
                 saved_s=self._saved_s,
                 unrecognised=self._unrecognised,
                 failed_writes=len(self._failed),
+                saved_writer_s=self._saved_s,  # JAX's figure is the writer's stored seconds
             )
 
     def xla_flags(self) -> tuple[str, ...] | None:

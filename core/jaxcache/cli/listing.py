@@ -247,7 +247,7 @@ def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
         ["root", storage.url],
         ["entries", f"{data['entries']} ({data['with_atime']} with an -atime record)"],
         ["size", format_bytes(data["size_bytes"])],
-        ["compile time stored",
+        ["stored compile s",
          f"{data['compile_seconds']} s (JAX stores whole seconds; most small programs store 0)" if read else _UNREAD],
         ["compression",
          (", ".join(f"{k} {v}" for k, v in sorted(data["compression"].items())) or "-") if read else _UNREAD],
@@ -273,7 +273,7 @@ def cmd_stats(args: argparse.Namespace, storage: Storage) -> int:
         print(f"\nby function (top {len(top)} of {len(data['by_function'])} by size):")
         rows = [[f["function"], str(f["entries"]), format_bytes(f["size_bytes"]),
                  "-" if f["compile_seconds"] is None else f"{f['compile_seconds']} s"] for f in top]
-        print(render(["FUNCTION", "ENTRIES", "SIZE", "COMPILE"], rows, right=frozenset({1, 2, 3})))
+        print(render(["FUNCTION", "ENTRIES", "SIZE", "STORED COMPILE"], rows, right=frozenset({1, 2, 3})))
     _say_if_empty(storage, data["entries"], args)
     return EXIT_OK
 

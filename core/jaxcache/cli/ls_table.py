@@ -17,7 +17,8 @@ from jaxcache.display import shown
 from jaxcache.scan import Entry
 from jaxcache.units import format_bytes, format_duration, plural
 
-HEADERS = ("FUNCTION", "HASH", "SIZE", "COMPILE", "AGE", "LAST USED", "COMPRESSION", "STATUS")
+#: STORED COMPILE: the whole seconds JAX stored in the entry (the glossary's "stored compile s", user guide).
+HEADERS = ("FUNCTION", "HASH", "SIZE", "STORED COMPILE", "AGE", "LAST USED", "COMPRESSION", "STATUS")
 _RIGHT = frozenset({2, 3, 4, 5})
 _AGE, _USED = 4, 5  # the columns the clock moves; the cells before and after them are fixed
 _GAP = "  "

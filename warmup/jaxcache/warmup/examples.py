@@ -81,7 +81,7 @@ def run_job(steps: int, per_device_batch: int = PER_DEVICE_BATCH) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the example job with the cache from JAXCACHE_DIR, printing the client's one-line summary."""
+    """Run the example job with the cache from JAXCACHE_DIR; the client says its one-line summary at exit (stderr)."""
     parser = argparse.ArgumentParser(description="the example job that jaxcache.warmup.examples:warm warms up")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--devices", type=int, help="CPU devices (jax_num_cpu_devices); default: JAX's")
@@ -95,10 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.devices:
         jax.config.update("jax_num_cpu_devices", args.devices)
-    session = enable_cache()
+    enable_cache()
     loss = run_job(args.steps, args.per_device_batch)
     print(f"loss {loss:.6f}")
-    print(session.summary())
     return 0
 
 

@@ -17,7 +17,7 @@ from jaxcache import packs, working_set_index
 from jaxcache.coverage import NOT_WRITTEN, PRESENT, WRITTEN, ProgramCoverage, Status, WarmupRecord
 from jaxcache.entry import cache_name
 from jaxcache.errors import JaxcacheError
-from jaxcache.records import HIT, WARMUP, WRITE, KeyUsage, RunKind
+from jaxcache.records import HIT, WARMUP, WRITE, KeyUsage, RunKind, machine_of
 from jaxcache.storage import Storage, open_storage
 from jaxcache.topology import TpuSlice
 from jaxcache.units import plural
@@ -176,7 +176,7 @@ def run_warmup(
     if programs and write_coverage and not check:
         storage.write_atomic(result.name, result.to_json())
         try:  # the job's index, which its starts read in one request: the warmed programs are in its working set
-            working_set_index.add_warmup(storage, result)
+            working_set_index.add_warmup(storage, result, machine_of(record.fingerprint, record.cpus))
         except Exception as exc:  # noqa: BLE001 - the coverage is written; the job's starts just do not prefetch it
             log.warning("warmup: could not add this warm-up to job %s's working-set index %s (%s): its starts without"
                         " a service do not prefetch these programs", config.job, config.cache_dir, exc)

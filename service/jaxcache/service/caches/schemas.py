@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from jaxcache.service.catalog.models import SKIPPED_SHOWN
-from jaxcache.service.web.fields import CAUSE_HELP, Cause
+from jaxcache.service.web.fields import CAUSE_HELP, SAVED_HELP, SAVED_WRITER_HELP, Cause
 
 
 class SkippedObject(BaseModel):
@@ -63,14 +63,15 @@ class FunctionStatsModel(BaseModel):
     function: str
     entries: int
     size_bytes: int
-    compile_seconds: int
+    compile_seconds: int = Field(description="stored compile s: the whole seconds JAX stored in them, summed")
 
 
 class FunctionSavedModel(BaseModel):
     function: str
     entries: int = Field(description="entries of the function that saved time")
     hits: int
-    saved_s: float = Field(description="compile seconds their reported hits saved")
+    saved_s: float = Field(description=SAVED_HELP)
+    saved_writer_s: float = Field(0.0, description=SAVED_WRITER_HELP)
 
 
 class GrowthPoint(BaseModel):
@@ -88,13 +89,14 @@ class UsageWindowModel(BaseModel):
     misses: int = Field(description="programs compiled because the cache did not have them")
     hit_rate: float | None = Field(None, description="hits / (hits + misses); null without lookups",
                                    examples=[0.97])
-    saved_s: float = Field(description="compile seconds saved by hits")
+    saved_s: float = Field(description=SAVED_HELP)
+    saved_writer_s: float = Field(0.0, description=SAVED_WRITER_HELP)
 
 
 class CauseTotal(BaseModel):
     cause: Cause = Field(description=CAUSE_HELP)
     misses: int = Field(description="jobs' misses of this cause (one per process and key)")
-    compile_s: float = Field(description="compile seconds those misses spent (measured by the jobs)")
+    compile_s: float = Field(description="compile s spent: compile seconds those misses spent (measured by the jobs)")
 
 
 class CausesWindow(BaseModel):
@@ -116,7 +118,7 @@ class StatsModel(BaseModel):
                                   "under an ETag, which moves with the minute)")
     entries: int
     size_bytes: int
-    compile_seconds: int
+    compile_seconds: int = Field(description="stored compile s: the whole seconds JAX stored in the entries, summed")
     corrupt: int
     orphans: int
     orphan_bytes: int

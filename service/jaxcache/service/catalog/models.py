@@ -88,6 +88,13 @@ class Aggregates:
     writer_jaxlib: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
     writer_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     writer_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    writer_machine: Mapped[str | None] = mapped_column(Str(1024), nullable=True)  # jaxcache.records.machine_of
+    # The key's platform's own measure: the first job process that compiled it (a key names its platform, so every
+    # job that compiles it does so on that device kind), with its machine and when; what a hit is credited with
+    # before its first writer's measure (jaxcache.usage_rules.credited_measure).
+    platform_compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    platform_machine: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
+    platform_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 #: The names of the aggregate columns, in their order.
@@ -140,6 +147,10 @@ class RunRow(PerCache, Base):
     compiles: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     writes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     saved_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # Of saved_s, the seconds credited at the writer's time: hits of keys no job's compile measured.
+    saved_writer_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # Where the process compiled (jaxcache.records.machine_of its fingerprint and CPUs); NULL: its record says neither.
+    machine: Mapped[str | None] = mapped_column(Str(1024), nullable=True)
     # The node-local tier's counts (jaxcache.records.LocalTierCounts; NULL: none): shown, never summed, so JSON.
     local: Mapped[dict | None] = mapped_column(NullableJSON, nullable=True)
 

@@ -27,9 +27,10 @@ SQL = Ops(
     sub=operator.sub, mul=operator.mul, nulls_last=lambda x: x.asc().nulls_last(),
 )
 
-used_hits, saved, wrote, write_at, hit_at, is_miss, is_recent, event_rank, event_of = (partial(rule, SQL) for rule in (
-    usage_rules.used_hits, usage_rules.saved, usage_rules.wrote, usage_rules.write_at, usage_rules.hit_at,
-    usage_rules.is_miss, usage_rules.is_recent, usage_rules.event_rank, usage_rules.event_of))
+(used_hits, saved, credited_measure, wrote, write_at, hit_at, is_miss, is_recent, event_rank,
+ event_of) = (partial(rule, SQL) for rule in (
+    usage_rules.used_hits, usage_rules.saved, usage_rules.credited_measure, usage_rules.wrote, usage_rules.write_at,
+    usage_rules.hit_at, usage_rules.is_miss, usage_rules.is_recent, usage_rules.event_rank, usage_rules.event_of))
 #: Where a usage row is a job's miss.
 MISS = (is_miss(UsageRow.kind, UsageRow.event),)
 
@@ -39,28 +40,32 @@ def hit_rate(hits: int, misses: int) -> float | None:
 
 
 def usage_window(s: Reader, cache: str, *, since: float) -> dict:
-    """Hits, misses, hit rate and seconds saved by the processes whose records were updated since ``since``."""
-    processes, runs, jobs, hits, misses, saved = s.execute(
+    """Hits, misses, hit rate and seconds saved (and of them, at the writer's time) by the processes whose records
+    were updated since ``since``."""
+    processes, runs, jobs, hits, misses, saved, writer = s.execute(
         select(func.count(), func.count(func.distinct(RunRow.run_id)), func.count(func.distinct(RunRow.job)),
                func.coalesce(func.sum(RunRow.hits), 0), func.coalesce(func.sum(RunRow.compiles), 0),
-               func.coalesce(func.sum(RunRow.saved_s), 0.0))
+               func.coalesce(func.sum(RunRow.saved_s), 0.0), func.coalesce(func.sum(RunRow.saved_writer_s), 0.0))
         .where(RunRow.cache == cache, RunRow.updated_s >= since, RunRow.kind == JOB)
     ).one()
     hits, misses = int(hits), int(misses)
     return {"since_s": since, "jobs": int(jobs), "runs": int(runs), "processes": int(processes), "hits": hits,
-            "misses": misses, "hit_rate": hit_rate(hits, misses), "saved_s": float(saved)}
+            "misses": misses, "hit_rate": hit_rate(hits, misses), "saved_s": float(saved),
+            "saved_writer_s": float(writer)}
 
 
 def saved_by_function(s: Reader, cache: str, *, limit: int = 100) -> list[dict]:
-    """Functions whose entries (in the cache now) saved the most compile seconds: entries, hits, seconds saved."""
+    """Functions whose entries (in the cache now) saved the most compile seconds: entries, hits, seconds saved (and of
+    them, at the writer's time: entries no job compiled)."""
     saved = func.sum(EntryRow.saved_s)
+    writer = func.sum(case((EntryRow.platform_compile_s.is_(None), EntryRow.saved_s), else_=0.0))
     rows = s.execute(
-        select(EntryRow.module, func.count(), func.sum(EntryRow.hits), saved)
+        select(EntryRow.module, func.count(), func.sum(EntryRow.hits), saved, writer)
         .where(EntryRow.cache == cache, EntryRow.kind == "entry", EntryRow.saved_s > 0)
         .group_by(EntryRow.module).order_by(saved.desc(), EntryRow.module).limit(limit)
     ).all()
-    return [{"function": m, "entries": int(n), "hits": int(h or 0), "saved_s": float(sv or 0)}
-            for m, n, h, sv in rows]
+    return [{"function": m, "entries": int(n), "hits": int(h or 0), "saved_s": float(sv or 0),
+             "saved_writer_s": float(w or 0)} for m, n, h, sv, w in rows]
 
 
 def misses_by_cause(s: Reader, cache: str, *, since: float) -> dict:

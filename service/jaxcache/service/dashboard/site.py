@@ -29,7 +29,7 @@ COOKIE = "jaxcache_token"
 COOKIE_MAX_AGE_S = 12 * 3600
 ENTRY_FILTERS = ("function", "min_size", "max_size", "unused_for", "older_than", "status", "job", "jaxlib",
                  "topology")
-ENTRY_SORTS = {"name": "Function / key", "size": "Size", "compile": "Compile s", "created": "Created",
+ENTRY_SORTS = {"name": "Function / key", "size": "Size", "compile": "Stored compile s", "created": "Created",
                "last_used": "Last used", "hits": "Hits"}
 PAGE_SIZES = (25, 50, 100, 250, 1000)
 MAX_SHOWN = 500  # rows of a prune plan shown on the page, and all its preview builds

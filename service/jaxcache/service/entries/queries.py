@@ -26,14 +26,16 @@ SORTS = {"size": EntryRow.size_bytes, "compile": func.coalesce(EntryRow.compile_
 #: A listing row's fields in select order; WRITER_FIELDS follow, nested as ``first_writer`` by :func:`page_entry`.
 PAGE_FIELDS = ("key", "function", "size_bytes", "created_s", "last_used_s", "has_atime", "compression",
                "compile_seconds", "status", "reason", "version", "hits", "last_hit_s", "measured_compile_s",
-               "saved_s")
-WRITER_FIELDS = ("job", "run_id", "process_index", "host", "topology", "jax", "jaxlib", "at_s")
+               "saved_s", "platform_compile_s", "platform_machine")
+WRITER_FIELDS = ("job", "run_id", "process_index", "host", "topology", "jax", "jaxlib", "at_s", "machine")
 _PAGE_COLUMNS = (
     EntryRow.key, EntryRow.module.label("function"), EntryRow.size_bytes, EntryRow.created_s, EntryRow.last_used_s,
     EntryRow.has_atime, EntryRow.compression, EntryRow.compile_seconds, EntryRow.status, EntryRow.reason,
     EntryRow.version, EntryRow.hits, EntryRow.last_hit_s, EntryRow.writer_compile_s, EntryRow.saved_s,
+    EntryRow.platform_compile_s, EntryRow.platform_machine,
     EntryRow.writer_job, EntryRow.writer_run, EntryRow.writer_process, EntryRow.writer_host,
     EntryRow.writer_topology, EntryRow.writer_jax, EntryRow.writer_jaxlib, EntryRow.writer_at_s,
+    EntryRow.writer_machine,
 )
 _N = len(PAGE_FIELDS)
 
@@ -44,6 +46,10 @@ def page_entry(row: Row | tuple, root: str) -> dict:
     out["has_atime"] = bool(out["has_atime"])  # SQLite's raw rows give 0/1
     out["generation"] = generation_of(root, out["version"])  # the integer clients of GCS roots read before versions
     out["first_writer"] = None if row[_N] is None else dict(zip(WRITER_FIELDS, row[_N:], strict=True))
+    # What each hit is credited with (jaxcache.usage_rules.credited_measure): the platform's measure, else the
+    # writer's, else JAX's stored whole seconds.
+    out["saved_basis"] = ("platform" if out["platform_compile_s"] is not None
+                          else "writer" if out["measured_compile_s"] is not None else "stored")
     return out
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
-from jaxcache.service.web.fields import CURSOR, DigestConflict
+from jaxcache.service.web.fields import CURSOR, SAVED_HELP, DigestConflict
 from jaxcache.storage import STORES
 
 #: What `version` holds on each store (the storage package's own words for its stores).
@@ -26,6 +28,10 @@ class WriterModel(BaseModel):
     jax: str | None = Field(None, examples=["0.12.0"])
     jaxlib: str | None = Field(None, examples=["0.12.0"])
     at_s: float | None = Field(None, description="Unix time of the write (the writer's first use of the key)")
+    machine: str | None = Field(None, description=(
+        "where the writer compiled: its own device kind and CPU cores, as its run record says (a warm-up that compiled"
+        " for a TPU slice from a CPU node says the node's); its `measured_compile_s` is this machine's time"),
+        examples=["cpu, 2 cores"])
 
 
 class EntryModel(BaseModel):
@@ -36,7 +42,8 @@ class EntryModel(BaseModel):
     last_used_s: float = Field(description="newest of the -atime file, the last reported hit and creation")
     has_atime: bool
     compression: str | None = Field(None, examples=["zstd"])
-    compile_seconds: int | None = Field(None, description="as JAX stores it: whole seconds, truncated")
+    compile_seconds: int | None = Field(None, description=(
+        "stored compile s: the writer's compile time as JAX stores it in the entry, whole seconds, truncated"))
     status: str | None = Field(None, examples=["ok"])
     reason: str | None = None
     version: str | None = Field(None, description=VERSION_HELP,
@@ -48,9 +55,21 @@ class EntryModel(BaseModel):
     hits: int = Field(0, description="hits reported by run records")
     last_hit_s: float | None = Field(None, description="Unix time of the last reported hit")
     measured_compile_s: float | None = Field(
-        None, description="compile seconds measured by the first writer (not JAX's truncated whole seconds)",
-        examples=[41.7])
-    saved_s: float = Field(0.0, description="compile seconds the reported hits saved so far", examples=[1250.4])
+        None, description=("writer's compile s: compile seconds measured by the first writer, on its machine"
+                           " (`first_writer.machine`; not JAX's truncated whole seconds)"), examples=[41.7])
+    saved_s: float = Field(0.0, description=(
+        "saved s: compile seconds the reported hits saved so far, each hit credited as `saved_basis` says, less the"
+        " seconds it took loading"), examples=[1250.4])
+    platform_compile_s: float | None = Field(None, description=(
+        "platform compile s: the compile seconds the first job that compiled the key measured, on the device kind the"
+        " key is for (null: no job compiled it yet, only its writer, a warm-up say)"), examples=[11.0])
+    platform_machine: str | None = Field(None, description="where that job compiled it (device kind, CPU cores)",
+                                         examples=["TPU v5 lite, 224 cores"])
+    saved_basis: Literal["platform", "writer", "stored"] = Field("stored", description=(
+        "what each hit is credited with in `saved_s`: `platform` (platform_compile_s: measured on the key's own"
+        " platform), `writer` (measured_compile_s: the writer's time, on its machine, `first_writer.machine`) or"
+        " `stored` (compile_seconds: JAX's stored whole seconds, the writer's time truncated; no run record measured"
+        " it)"))
     first_writer: WriterModel | None = Field(None, description="null until a run record reports the write")
 
 
@@ -63,7 +82,7 @@ class EntryJobModel(BaseModel):
     writes: int
     processes: int
     last_s: float | None = Field(None, description="Unix time of the job's last reported use of the key")
-    saved_s: float
+    saved_s: float = Field(description=SAVED_HELP)
 
 
 class EntryDetail(EntryModel):

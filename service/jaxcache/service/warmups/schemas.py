@@ -19,7 +19,7 @@ class WarmupSummary(BaseModel):
     written: int = Field(description="programs it stored")
     already_warm: int = Field(description="programs already in the cache")
     not_written: int = Field(description="programs JAX compiled but did not store")
-    compile_s: float = Field(description="seconds spent compiling")
+    compile_s: float = Field(description="compile s spent: the warm-up's compile seconds, measured on its machine")
     hit_since: int = Field(description="of its programs, how many jobs have reported a hit on since it finished")
 
 

@@ -48,6 +48,14 @@ CAUSE_HELP = (
     "differs from the nearest key of the function (jaxlib, backend, xla_flags, compile_options, devices, "
     "compression, custom_hook); unknown when nothing recorded tells"
 )
+#: Seconds saved, as every answer that sums them says it (jaxcache.usage_rules.credited_measure).
+SAVED_HELP = (
+    "saved s: compile seconds jobs' hits saved: each hit credited with its program's compile seconds as a job measured"
+    " them on the key's own platform (platform compile s), else as its first writer measured them on its machine"
+    " (writer's compile s), else JAX's stored whole seconds (stored compile s), less the seconds it took loading")
+SAVED_WRITER_HELP = (
+    "saved s at the writer's time: the part of saved_s credited with the writer's time (writer's or stored compile"
+    " s), for keys no job has compiled yet: a warm-up's machine may compile much slower or faster than the job's")
 #: Fits the catalog's signed 64-bit column with room to add, and a double holds it exactly.
 MAX_BYTES = 10**18
 _TEXT_MAX = 32

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from jaxcache.attestations import FILE, REPORTED, Attestation, from_run
-from jaxcache.records import WRITE, RunRecord, text_of
+from jaxcache.records import WRITE, RunRecord, machine_of, text_of
 from jaxcache.service.catalog import attestations
 from jaxcache.service.catalog.database import Catalog, analyze, bulk_insert, dialect_insert
 from jaxcache.service.catalog.models import CacheRow, ProcessKeysRow, RunRow, UsageRow, table_of
@@ -151,8 +151,9 @@ def _run_row(cache: str, item: Item, now: float) -> dict[str, Any]:
         "updated_s": record.updated_at, "final": record.final, "pid": record.pid, "keys": len(record.keys),
         "source": item.source, "ingested_s": now, "kind": record.kind,
         "hits": sum(u.hits for u in record.keys), "compiles": sum(u.compiles for u in record.keys),
-        "writes": sum(u.writes for u in record.keys), "saved_s": 0.0,  # computed by usage.process_saved
+        "writes": sum(u.writes for u in record.keys), "saved_s": 0.0, "saved_writer_s": 0.0,  # usage.process_saved
         "local": None if record.local is None else msgspec.to_builtins(record.local),
+        "machine": machine_of(fp, record.cpus),
     }
 
 

@@ -23,11 +23,13 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     delete,
     exists,
     func,
     insert,
     literal,
+    null,
     or_,
     select,
     true,
@@ -40,6 +42,7 @@ from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql.elements import KeyedColumnElement
 
 from jaxcache import usage_rules
+from jaxcache.records import JOB
 from jaxcache.service.catalog.database import dialect_insert
 from jaxcache.service.catalog.models import (
     AGGREGATES,
@@ -54,6 +57,7 @@ from jaxcache.service.catalog.models import (
 )
 from jaxcache.service.catalog.usage import (
     SQL,
+    credited_measure,
     event_of,
     event_rank,
     hit_at,
@@ -79,6 +83,8 @@ def first_writer(partition: list[KeyedColumnElement[Any]], at: Col, run_id: Col,
 
 
 WRITER = tuple(n for n in AGGREGATES if n.startswith("writer_"))
+#: The key's platform's own measure: its first job compile (models.Aggregates).
+PLATFORM = tuple(n for n in AGGREGATES if n.startswith("platform_"))
 #: Keys per statement: bound one parameter each (SQLite allows 32,766 in all).
 CHUNK = 1000
 #: A usage row's columns that its processes' rows make (all but its texts and explanation).
@@ -103,13 +109,20 @@ _pass = Table("pass_usage", MetaData(), Column("sign", Integer),
 _PASS = [c.name for c in _pass.columns]
 
 
+def _none(name: str) -> Any:
+    """NULL as aggregate column ``name``, typed: PostgreSQL types a union's column from its first two parts, and two
+    untyped NULLs make it text."""
+    return cast(null(), _stats.c[name].type).label(name)
+
+
 def chunks(items: Sequence[T], size: int = CHUNK) -> Iterable[Sequence[T]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
 
 
 def _process_run(measure: bool = False) -> Any:
-    """Process rows with their run rows and, with ``measure``, their key's aggregates (its first writer's measure)."""
+    """Process rows with their run rows and, with ``measure``, their key's aggregates (its platform's and first
+    writer's measures)."""
     joined = _pk.join(_runs, and_(_runs.c.cache == _pk.c.cache, _runs.c.run_id == _pk.c.run_id,
                                   _runs.c.process_index == _pk.c.process_index))
     measured = and_(_stats.c.cache == _pk.c.cache, _stats.c.key == _pk.c.key)
@@ -117,7 +130,13 @@ def _process_run(measure: bool = False) -> Any:
 
 
 def _saved(kind: Any) -> Any:
-    return saved(kind, _pk.c.hits, _pk.c.retrieval_s, _pk.c.jax_saved_s, _stats.c.writer_compile_s)
+    measure = credited_measure(_stats.c.platform_compile_s, _stats.c.writer_compile_s)
+    return saved(kind, _pk.c.hits, _pk.c.retrieval_s, _pk.c.jax_saved_s, measure)
+
+
+def _saved_writer(kind: Any) -> Any:
+    """The part of :func:`_saved` credited at the writer's time: a key no job's compile measured yet."""
+    return case((_stats.c.platform_compile_s.is_(None), _saved(kind)), else_=0.0)
 
 
 # --- usage rows -----------------------------------------------------------------------------------------------------
@@ -303,16 +322,24 @@ def _pass_apply(dialect: str) -> Any:
 
 
 def _aggregated(rows: Subquery) -> Select:
-    """Per (cache, key) of ``rows`` (AGGREGATES columns; a write's writer columns or NULLs): the sums, the latest
-    hit, and the first writer."""
-    ranked = select(rows, first_writer([rows.c.cache, rows.c.key], rows.c.writer_at_s, rows.c.writer_run,
-                                       rows.c.writer_process).label("rank")).subquery()
+    """Per (cache, key) of ``rows`` (AGGREGATES columns; a write's writer columns, a job's compile's platform
+    columns, or NULLs): the sums, the latest hit, the first writer and the first job compile."""
+    partition = [rows.c.cache, rows.c.key]
+    # The first job compile: the earliest, then the least measure and its machine, whatever order rows came in.
+    platform_order = [SQL.nulls_last(rows.c.platform_at_s), SQL.nulls_last(rows.c.platform_compile_s),
+                      SQL.nulls_last(rows.c.platform_machine)]
+    ranked = select(rows, first_writer(partition, rows.c.writer_at_s, rows.c.writer_run,
+                                       rows.c.writer_process).label("rank"),
+                    func.row_number().over(partition_by=partition, order_by=platform_order).label("platform_rank")
+                    ).subquery()
     c = ranked.c
     first = and_(c.rank == 1, c.writer_at_s.is_not(None))
+    first_compile = and_(c.platform_rank == 1, c.platform_at_s.is_not(None))
     return (select(c.cache, c.key, func.coalesce(func.sum(c.hits), 0).label("hits"),
                    func.max(c.last_hit_s).label("last_hit_s"),
                    func.coalesce(func.sum(c.saved_s), 0.0).label("saved_s"),
-                   *(func.max(case((first, c[n]))).label(n) for n in WRITER))
+                   *(func.max(case((first, c[n]))).label(n) for n in WRITER),
+                   *(func.max(case((first_compile, c[n]))).label(n) for n in PLATFORM))
             .where(true()).group_by(c.cache, c.key))
 
 
@@ -334,28 +361,47 @@ def _writes(*where: Any) -> Select:
                    p.process_index.label("writer_process"), r.host.label("writer_host"),
                    r.topology.label("writer_topology"), r.jax.label("writer_jax"), r.jaxlib.label("writer_jaxlib"),
                    write_at(p.event, p.writes, p.first_at, r.started_s).label("writer_at_s"),
-                   p.compile_s.label("writer_compile_s"))
+                   p.compile_s.label("writer_compile_s"), r.machine.label("writer_machine"),
+                   *(_none(n) for n in PLATFORM))
             .select_from(_process_run()).where(wrote(p.event, p.writes), *where))
+
+
+def _compiles(*where: Any) -> Select:
+    """The job processes that compiled keys and measured it, as rows of :func:`_aggregated` (with no hits): the
+    platform's own measures (a warm-up's, on its own machine, are its writer's only)."""
+    p, r = _pk.c, _runs.c
+    return (select(p.cache, p.key, literal(0).label("hits"), literal(None).label("last_hit_s"),
+                   literal(0.0).label("saved_s"), *(_none(n) for n in WRITER),
+                   p.compile_s.label("platform_compile_s"), r.machine.label("platform_machine"),
+                   func.coalesce(func.nullif(p.first_at, 0.0), r.started_s).label("platform_at_s"))
+            .select_from(_process_run())
+            .where(r.kind == JOB, p.compiles > 0, p.compile_s.is_not(None), *where))
 
 
 @functools.cache
 def _stats_upsert(dialect: str) -> Any:
     u = _usage.c
-    nothing = (literal(None).label(n) for n in WRITER)
+    nothing = (_none(n) for n in (*WRITER, *PLATFORM))
     of_usage = (select(u.cache, u.key, used_hits(u.kind, u.hits).label("hits"), u.last_hit_s, u.saved_s,
                        *nothing).where(u.cache == _CACHE, u.key.in_(_KEYS)))
     writes = _writes(_pk.c.cache == _CACHE, _pk.c.key.in_(_KEYS))
-    rows = _aggregated(union_all(of_usage, writes, _history_of(_KEYS)).subquery())
-    return _upsert_aggregates(dialect, _stats, rows).returning(_stats.c.key, _stats.c.hits, _stats.c.writer_compile_s)
+    compiles = _compiles(_pk.c.cache == _CACHE, _pk.c.key.in_(_KEYS))
+    rows = _aggregated(union_all(of_usage, writes, compiles, _history_of(_KEYS)).subquery())
+    return _upsert_aggregates(dialect, _stats, rows).returning(_stats.c.key, _stats.c.hits, _CREDITED)
+
+
+#: The measure a key's hits are credited with (its platform's, else its first writer's), as key_stats holds it.
+_CREDITED = credited_measure(_stats.c.platform_compile_s, _stats.c.writer_compile_s).label("credited")
 
 
 def key_stats(conn: Connection, cache: str, keys: Sequence[str]) -> set[str]:
-    """Compute the aggregates of ``keys`` and copy them onto their entry rows; the keys whose first writer's measure
-    changed while they have hits (their seconds saved are to be weighed again)."""
+    """Compute the aggregates of ``keys`` and copy them onto their entry rows; the keys whose credited measure (their
+    platform's, else their first writer's) changed while they have hits (their seconds saved are to be weighed
+    again)."""
     moved: set[str] = set()
     for chunk in chunks(sorted(keys)):
         params = {"b_cache": cache, "b_keys": chunk}
-        before = dict(conn.execute(_stats_of(("writer_compile_s",)), params).all())
+        before = dict(conn.execute(_credited_of(), params).all())
         after = conn.execute(_stats_upsert(conn.dialect.name), params).all()
         moved.update(k for k, hits, measure in after if hits and before.get(k) != measure)
         gone = set(chunk) - {k for k, _, _ in after}
@@ -378,9 +424,8 @@ def _entry_copy() -> Update:
 
 
 @functools.cache
-def _stats_of(columns: tuple[str, ...]) -> Select:
-    return select(_stats.c.key, *(_stats.c[n] for n in columns)).where(_stats.c.cache == _CACHE,
-                                                                       _stats.c.key.in_(_KEYS))
+def _credited_of() -> Select:
+    return select(_stats.c.key, _CREDITED).where(_stats.c.cache == _CACHE, _stats.c.key.in_(_KEYS))
 
 
 # --- processes' own totals ------------------------------------------------------------------------------------------
@@ -417,12 +462,13 @@ def _process_saved(by: str) -> Update:
     r, p = _runs.c, _pk.c
     which = (of_processes(_pk) if by == "processes" else [tuple_(p.run_id, p.process_index).in_(
         select(p.run_id, p.process_index).where(p.cache == _CACHE, p.key.in_(_KEYS)))])
-    totals = (select(p.run_id, p.process_index, func.coalesce(func.sum(_saved(r.kind)), 0.0).label("total"))
+    totals = (select(p.run_id, p.process_index, func.coalesce(func.sum(_saved(r.kind)), 0.0).label("total"),
+                     func.coalesce(func.sum(_saved_writer(r.kind)), 0.0).label("writer"))
               .select_from(_process_run(measure=True)).where(p.cache == _CACHE, *which)
               .group_by(p.run_id, p.process_index).subquery())
     return (update(_runs).where(r.cache == _CACHE, r.run_id == totals.c.run_id,
                                 r.process_index == totals.c.process_index)
-            .values(saved_s=totals.c.total))
+            .values(saved_s=totals.c.total, saved_writer_s=totals.c.writer))
 
 
 def refresh(conn: Connection, cache: str, keys: Sequence[str]) -> None:
@@ -444,11 +490,11 @@ def fold_history(conn: Connection, cache: str, processes: Sequence[tuple[str, in
 def _history_upsert(dialect: str) -> Any:
     p, r = _pk.c, _runs.c
     chosen = [p.cache == _CACHE, tuple_(p.run_id, p.process_index).in_(bindparam("b_pairs", expanding=True))]
-    nothing = (literal(None).label(n) for n in WRITER)
+    nothing = (_none(n) for n in (*WRITER, *PLATFORM))
     done = (select(p.cache, p.key, used_hits(r.kind, p.hits).label("hits"),
                    hit_at(r.kind, p.hits, p.first_at, p.last_at).label("last_hit_s"),
                    _saved(r.kind).label("saved_s"), *nothing)
             .select_from(_process_run(measure=True)).where(*chosen))
     keys = select(p.key).where(*chosen)
-    rows = _aggregated(union_all(done, _writes(*chosen), _history_of(keys)).subquery())
+    rows = _aggregated(union_all(done, _writes(*chosen), _compiles(*chosen), _history_of(keys)).subquery())
     return _upsert_aggregates(dialect, _history, rows)

@@ -51,7 +51,8 @@ def jobs(s: Reader, cache: str, *, job: str | None = None, limit: int = 1000) ->
     runs_q = runs_q.group_by(RunRow.job).order_by(func.max(RunRow.updated_s).desc(), RunRow.job).limit(limit)
     out: dict[str, dict[str, Any]] = {
         j: {"job": j, "runs": int(r), "processes": int(p), "first_run_s": first, "last_run_s": last, "hits": 0,
-            "misses": 0, "writes": 0, "hit_rate": None, "compile_s": 0.0, "saved_s": 0.0, **{f: set() for f in _SEEN}}
+            "misses": 0, "writes": 0, "hit_rate": None, "compile_s": 0.0, "saved_s": 0.0, "saved_writer_s": 0.0,
+            **{f: set() for f in _SEEN}}
         for j, r, p, first, last in s.execute(runs_q)}
     if not out:
         return []
@@ -63,6 +64,10 @@ def jobs(s: Reader, cache: str, *, job: str | None = None, limit: int = 1000) ->
     ):
         out[j].update(hits=int(h or 0), misses=int(m or 0), writes=int(w or 0), compile_s=float(c or 0),
                       saved_s=float(sv or 0), hit_rate=hit_rate(int(h or 0), int(m or 0)))
+    for j, writer in s.execute(select(RunRow.job, func.sum(RunRow.saved_writer_s))
+                               .where(RunRow.cache == cache, RunRow.job.in_(names), RunRow.kind == JOB)
+                               .group_by(RunRow.job)):
+        out[j]["saved_writer_s"] = float(writer or 0)
     for j, *seen in s.execute(select(RunRow.job, RunRow.jax, RunRow.jaxlib, RunRow.topology)
                               .where(RunRow.cache == cache, RunRow.job.in_(names), RunRow.kind == JOB).distinct()):
         for field, value in zip(_SEEN, seen, strict=True):
@@ -97,7 +102,8 @@ def job_runs(s: Reader, cache: str, job: str, *, limit: int) -> list[dict]:
     rows = s.execute(
         select(RunRow.run_id, RunRow.process_index, RunRow.process_count, RunRow.host, RunRow.topology, RunRow.jax,
                RunRow.jaxlib, RunRow.fingerprint_digest, RunRow.started_s, RunRow.updated_s, RunRow.final,
-               RunRow.hits, RunRow.compiles.label("misses"), RunRow.writes, RunRow.saved_s, RunRow.local)
+               RunRow.hits, RunRow.compiles.label("misses"), RunRow.writes, RunRow.saved_s, RunRow.saved_writer_s,
+               RunRow.machine, RunRow.local)
         .where(RunRow.cache == cache, RunRow.job == job, RunRow.kind == JOB)
         .order_by(RunRow.updated_s.desc(), RunRow.run_id, RunRow.process_index).limit(limit)
     ).all()

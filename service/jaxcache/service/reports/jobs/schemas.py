@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from jaxcache.service.web.fields import CAUSE_HELP, Cause
+from jaxcache.service.web.fields import CAUSE_HELP, SAVED_HELP, SAVED_WRITER_HELP, Cause
 
 #: jaxcache.keyparts.ORDER: the parts of a key, in the order JAX hashes them.
 Part = Literal["computation", "jaxlib", "backend", "xla_flags", "compile_options", "devices", "compression",
@@ -44,8 +44,9 @@ class JobSummary(BaseModel):
     misses: int = Field(description="programs compiled because the cache did not have them")
     writes: int
     hit_rate: float | None = Field(None, examples=[0.97])
-    compile_s: float = Field(description="compile seconds spent on misses (measured)")
-    saved_s: float = Field(description="compile seconds saved by hits")
+    compile_s: float = Field(description="compile s spent: compile seconds spent on misses (measured)")
+    saved_s: float = Field(description=SAVED_HELP)
+    saved_writer_s: float = Field(0.0, description=SAVED_WRITER_HELP)
     first_run_s: float
     last_run_s: float = Field(description="Unix time of the newest record update")
     jax: list[str] = Field(examples=[["0.12.0"]])
@@ -67,7 +68,7 @@ class JobMiss(MissExplanation):
     misses: int = Field(description="misses of the key for this cause: one per process that compiled it because "
                                     "the cache did not give it")
     compiles: int
-    compile_s: float = Field(description="measured compile seconds, over the job's processes")
+    compile_s: float = Field(description="compile s spent: measured compile seconds, over the job's processes")
     written: bool = Field(description="a process of the job wrote it to the cache")
     reason: str | None = Field(None, description="why it was not written, as JAX said")
     in_cache: bool = Field(description="the cache holds the entry now")
@@ -117,7 +118,10 @@ class JobRun(BaseModel):
     misses: int
     writes: int
     hit_rate: float | None = None
-    saved_s: float
+    saved_s: float = Field(description=SAVED_HELP)
+    saved_writer_s: float = Field(0.0, description=SAVED_WRITER_HELP)
+    machine: str | None = Field(None, description="where the process compiled: its device kind and CPU cores",
+                                examples=["TPU v5 lite, 224 cores"])
     local: LocalTier | None = Field(None, description="what the process's node-local tier did; null: it had none")
 
 
