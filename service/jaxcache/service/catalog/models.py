@@ -70,6 +70,8 @@ class PerKey(PerCache):
 
 #: A process_keys row of a process that wrote its key (jaxcache.usage_rules.wrote; spelled as the index has it).
 WROTE = "writes > 0 OR event = 'write'"
+#: A process_keys row of a process that compiled its key and measured it: a platform's measure, if a job's.
+MEASURED = "compiles > 0 AND compile_s IS NOT NULL"
 
 
 class Aggregates:
@@ -185,6 +187,10 @@ class ProcessKeysRow(PerKey, Base):
         Index("ix_process_keys_process", "cache", "run_id", "process_index"),
         # The rows of processes that wrote the key, over every run: where its first writer is found.
         Index("ix_process_keys_writes", "cache", "key", sqlite_where=text(WROTE), postgresql_where=text(WROTE)),
+        # The rows of processes that compiled and measured the key: where its platform's measure is found, without
+        # reading the rows of every process that hit it.
+        Index("ix_process_keys_measured", "cache", "key", sqlite_where=text(MEASURED),
+              postgresql_where=text(MEASURED)),
         # SQLite stores the rows in key order: a usage row reads a range, not rows scattered over the file.
         {"sqlite_with_rowid": False},
     )

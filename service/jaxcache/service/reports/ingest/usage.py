@@ -29,6 +29,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     null,
     or_,
     select,
@@ -375,7 +376,8 @@ def _compiles(*where: Any) -> Select:
                    p.compile_s.label("platform_compile_s"), r.machine.label("platform_machine"),
                    func.coalesce(func.nullif(p.first_at, 0.0), r.started_s).label("platform_at_s"))
             .select_from(_process_run())
-            .where(r.kind == JOB, p.compiles > 0, p.compile_s.is_not(None), *where))
+            # Spelled as ix_process_keys_measured's condition (literally: a bound 0 would not imply it).
+            .where(r.kind == JOB, p.compiles > literal_column("0"), p.compile_s.is_not(None), *where))
 
 
 @functools.cache
