@@ -60,7 +60,7 @@ def check_text(s: dict[str, Any]) -> str:
 
 def _unsigned(storage: Storage, present: list[ProgramCoverage], trusted: signing.TrustedKeys) -> list[dict[str, Any]]:
     """The programs a ``verify="signed"`` job would skip: their entry's bytes match no trusted signature."""
-    out = []
+    out: list[dict[str, Any]] = []
     for p in present:
         data = storage.read(cache_name(p.key))
         why = signing.read(storage, p.key, trusted).judge(data) if data is not None else "gone"
