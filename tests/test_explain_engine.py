@@ -209,6 +209,18 @@ def test_plain_jax_entries_reveal_their_compression_else_unknown():
     assert why.cause == "unknown" and "plain JAX" in why.fix
 
 
+def test_an_entry_is_there_before_a_miss_by_its_mtime_unless_the_misss_own_run_wrote_it_later():
+    """S3 and Azure cut an entry's mtime to the whole second: what the miss's own run wrote after it may read as
+    older than the miss. The run's record says it came later; an entry no record names counts by its mtime, however
+    shortly before the miss it was written (plain JAX writing just before a job's start)."""
+    other = key("jit_step", "other")
+    plain = FakeHistory(entries={other: EntryNow(other, NOW - 0.5, compression="zlib")})
+    assert explain(known(K, "write", NOW, p=None), plain).cause == "compression"
+    own_later = FakeHistory([known(other, "write", NOW + 0.4, run="r1")],
+                            entries={other: EntryNow(other, float(int(NOW)) - 0.0, compression="zlib")})
+    assert explain(known(K, "write", NOW + 0.2, run="r1", p=None), own_later).cause == "new_program"
+
+
 def test_the_order_is_evicted_first():
     hist = FakeHistory([known(K, "compiled", NOW - 90, run="r0", reason="only process 0 writes the cache"),
                         known(K, "write", NOW - 100, run="rw")],

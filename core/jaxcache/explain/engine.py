@@ -23,12 +23,15 @@ def explain(miss: Miss, history: History, *, root: str = "ROOT") -> Explanation:
         return found
     # What the cache could have given at the time: keys recorded, and entries written, before the miss. Other keys
     # of the function that the miss's own run wrote earlier count: one run compiles a function at several shapes.
-    # An entry's time is the store's mtime (whole seconds on S3 and Azure), the miss's the process's clock: an entry
-    # was there before the miss only by the rule the client's summary uses too. Else what this very run wrote in the
-    # second of its lookup would pass for an entry someone else (plain JAX) wrote earlier.
-    family = [k for k in history.of_function(miss.function) if k.key != miss.key and k.at < miss.at]
+    # An entry's time is the store's mtime (whole seconds on S3 and Azure, cut down), the miss's the process's clock:
+    # what this very run wrote after its miss can read as older than it. Its record says when it wrote each key, so
+    # those entries are left out by the record, not by their mtime; an entry no record names (plain JAX's) counts by
+    # its mtime, however shortly before the miss it was written.
+    of_function = history.of_function(miss.function)
+    family = [k for k in of_function if k.key != miss.key and k.at < miss.at]
+    later = {k.key for k in of_function if k.run_id == miss.run_id and k.event == "write" and k.at >= miss.at}
     entries = [e for e in history.entries_of_function(miss.function)
-               if e.key != miss.key and unreadable.there_before(e.created_s, miss.at)]
+               if e.key != miss.key and e.key not in later and e.created_s < miss.at]
     if not family and not entries:
         return Explanation(c.NEW_PROGRAM, c.fix(c.NEW_PROGRAM, function=miss.function))
     mine = miss.parts
