@@ -51,6 +51,12 @@ CLIENT_ENV = frozenset(v for v in client_options.ENV_VARS if v.startswith("JAXCA
 PARTS = {d: tomllib.loads((ROOT / d / "pyproject.toml").read_text()) for d in ("core", "client", "warmup", "service")}
 
 
+def filled(value: str) -> str:
+    """A manifest's value with its placeholders replaced, as deploy/README.md tells an operator to: ``PROJECT_ID`` in
+    capitals names no bucket, and the service checks each root's spelling when it reads its settings."""
+    return value.replace("PROJECT_ID", "my-project")
+
+
 def installed_parts(image: str) -> dict[str, set[str]]:
     """The parts an image's ``pip install`` installs (``./core[gcs]`` and the like): folder -> extras."""
     found: dict[str, set[str]] = {}

@@ -23,6 +23,7 @@ from deploy_support import (
     STORE_OVERLAYS,
     by_kind,
     container_env,
+    filled,
     image_env,
     image_user,
     one,
@@ -137,9 +138,7 @@ def test_config_is_accepted_by_the_service_settings(rendered, name, monkeypatch)
         monkeypatch.delenv(key)
     for key, value in {**image_env("service"), **config["data"]}.items():
         if key.startswith("JAXCACHE_"):
-            # PROJECT_ID is the manifests' placeholder, which an operator replaces (deploy/README.md): in capitals it
-            # names no bucket, so it stands for a project id here.
-            monkeypatch.setenv(key, value.replace("PROJECT_ID", "my-project"))
+            monkeypatch.setenv(key, filled(value))
     settings = ServiceSettings()  # raises on a malformed cache map, name or interval
     assert settings.caches, f"deploy/k8s/{name}: JAXCACHE_CACHES names no cache"
     if name in STORE_OVERLAYS:

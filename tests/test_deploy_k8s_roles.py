@@ -11,7 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from deploy_support import K8S, KUSTOMIZATIONS, by_kind, container_env, image_env, load_docs, one, plain, pod_spec
+from deploy_support import (
+    K8S,
+    KUSTOMIZATIONS,
+    by_kind,
+    container_env,
+    filled,
+    image_env,
+    load_docs,
+    one,
+    plain,
+    pod_spec,
+)
 
 #: The service's Deployments and the role (`JAXCACHE_ROLE`, docs/operator-guide.md, "Roles") each one's pods run:
 #: requests go to the api pods, the background loops run in the loops pod (deploy/README.md, "Two Deployments").
@@ -72,7 +83,7 @@ def served_settings(docs: list[dict], deployment: dict, monkeypatch):
             m.delenv(key)
         for key, value in env.items():
             if key.startswith("JAXCACHE_"):
-                m.setenv(key, value)
+                m.setenv(key, filled(value))
         return ServiceSettings()
 
 
