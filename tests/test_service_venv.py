@@ -26,11 +26,17 @@ def service_venv(tmp_path_factory) -> Path:
     for part in ("core", "service"):
         shutil.copytree(ROOT / part, base / part, ignore=ignore)
     venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(base / "core"),
-                           str(base / "service")], capture_output=True, text=True, timeout=900)
+    # Without a pip of its own, installed into by this venv's (`pip --python`): bootstrapping one took 9 of the
+    # fixture's 50 s, and this pip resolves faster than the one a Python 3.11 venv brings.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    proc = subprocess.run([*_pip(venv), "install", "--quiet", str(base / "core"), str(base / "service")],
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return venv
+
+
+def _pip(venv: Path) -> list[str]:
+    return [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
 
 
 def _jaxcache(venv: Path, *args: str) -> subprocess.CompletedProcess:
@@ -39,7 +45,7 @@ def _jaxcache(venv: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_service_venv_has_no_jax(service_venv):
-    listed = subprocess.run([str(service_venv / "bin" / "python"), "-m", "pip", "list", "--format", "json"],
+    listed = subprocess.run([*_pip(service_venv), "list", "--format", "json"],
                             capture_output=True, text=True, check=True, timeout=120).stdout
     names = {d["name"].lower() for d in json.loads(listed)}
     assert {"jaxcache", "jaxcache-service"} <= names
