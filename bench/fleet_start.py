@@ -37,7 +37,7 @@ import fleet_paper  # noqa: E402
 from coldstart import _client_changed, _env, _source_version  # noqa: E402
 from fleet_roots import Bucket, filler, newest_record, other_records  # noqa: E402
 from request_kinds import DETAILS, KINDS, count  # noqa: E402
-from tables import emit, print_rows  # noqa: E402
+from tables import emit, print_rows, save  # noqa: E402
 
 from gcs_faults import GcsFaults  # noqa: E402
 from ports import free_port  # noqa: E402
@@ -659,20 +659,25 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     all_runs: list[dict] = []
     stores: dict[str, dict] = {}
+
+    def figures() -> dict:
+        return {"version": version, "code_changed": args.code is None and _client_changed(version, _source_version()),
+                "programs": _PROGRAMS, "repeats": args.repeats, "sizes": args.sizes, "fleet_rate": args.fleet_rate,
+                "elapsed_s": time.perf_counter() - began, "stores": stores, "paper": paper(stores),
+                "rates": [vars(r) for r in fleet_paper.RATES], "runs": all_runs}
+
     try:
         for scheme in args.stores:
             stores[scheme] = run_store(scheme, args, work, all_runs)
+            # Each store's figures kept as soon as they are measured: a run of hours stopped later keeps them.
+            save(figures(), args.out)
     finally:
         print(f"finished in {time.perf_counter() - began:.0f}s", file=sys.stderr)
         if args.keep:
             print(f"kept {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    after = _source_version() if args.code is None else version
-    fig = {"version": version, "code_changed": args.code is None and _client_changed(version, after),
-           "programs": _PROGRAMS, "repeats": args.repeats, "sizes": args.sizes, "fleet_rate": args.fleet_rate,
-           "elapsed_s": time.perf_counter() - began, "stores": stores, "paper": paper(stores),
-           "rates": [vars(r) for r in fleet_paper.RATES], "runs": all_runs}
+    fig = figures()
     emit(fig, args.out, args.json, print_table)
     return 0
 

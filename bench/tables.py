@@ -17,12 +17,17 @@ def print_rows(rows: Sequence[Sequence[str]]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
-def emit(fig: dict, out: str, as_json: bool, table: Callable[[dict], None]) -> None:
-    """Write ``fig`` (its every run included) to ``out`` as JSON, then print it: as JSON without its ``runs``
-    (``as_json``), else as ``table`` prints it."""
+def save(fig: dict, out: str) -> None:
+    """Write ``fig`` (its every run included) to ``out`` as JSON."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(fig, f, indent=1)
+
+
+def emit(fig: dict, out: str, as_json: bool, table: Callable[[dict], None]) -> None:
+    """Write ``fig`` (its every run included) to ``out`` as JSON, then print it: as JSON without its ``runs``
+    (``as_json``), else as ``table`` prints it."""
+    save(fig, out)
     if as_json:
         print(json.dumps({k: v for k, v in fig.items() if k != "runs"}, indent=1))
     else:
