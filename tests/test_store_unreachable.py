@@ -148,19 +148,23 @@ def test_a_store_that_stops_answering_is_shown_by_a_service_that_listens_at_once
                 # Listening, and answering, while the store answers nothing.
                 ready = _until(lambda: _answer(base, "/readyz"), "/readyz to answer while the store is stopped")
                 assert ready.status_code == 503 and "first scan not finished" in ready.json()["detail"]["demo"]
+                assert ready.json()["status"] == "not ready"
                 ready = _until(lambda: (r := _get(base, "/readyz")).json()["roots"]["demo"]["reachable"] is False
                                and r, "readyz to say the root cannot be reached")
                 said = ready.json()
                 assert ready.status_code == 503 and "cannot be reached" in said["detail"]["demo"]
                 assert root in said["roots"]["demo"]["error"] and endpoint in said["roots"]["demo"]["error"]
-                cache = _cache(base)
-                assert cache["scan_state"] == "unreachable" and cache["reachable"] is False, cache
+                # Each worker shows its own last look, and asking starts one where there is none yet: the
+                # other worker's first answer may be the failed scan's alone.
+                cache = _until(lambda: (c := _cache(base))["scan_state"] == "unreachable" and c, "the API to say so")
+                assert cache["reachable"] is False, cache
                 assert cache["unreachable_since_s"] and endpoint in cache["root_error"] and cache["last_scan_s"] is None
-                assert _get(base, "/v1/caches/demo/stats").json()["scan_state"] == "unreachable"
-                page = _get(base, "/").text
-                assert "not scanned yet" in page and 'data-root="unreachable"' in page and endpoint in page
-                page = _get(base, "/caches/demo").text
-                assert "Not scanned yet: its root cannot be reached" in page and 'data-root="unreachable"' in page
+                _until(lambda: _get(base, "/v1/caches/demo/stats").json()["scan_state"] == "unreachable", "stats")
+                page = _until(lambda: 'data-root="unreachable"' in (t := _get(base, "/").text) and t, "the page")
+                assert "not scanned yet" in page and endpoint in page
+                page = _until(lambda: 'data-root="unreachable"' in (t := _get(base, "/caches/demo").text) and t,
+                              "the cache's page")
+                assert "Not scanned yet: its root cannot be reached" in page
                 # The rescan loop fails (its passes are bounded by the deadline), and stays shown failing while
                 # either worker's next pass runs.
                 _until(lambda: _get(base, "/readyz").json()["loops"].get("rescan", {}).get("state") == "failing",
@@ -181,6 +185,15 @@ def test_a_store_that_stops_answering_is_shown_by_a_service_that_listens_at_once
             assert cache["scan_state"] == "ok" and cache["reachable"] is True and cache["root_error"] is None, cache
             _until(lambda: _get(base, "/readyz").json()["loops"]["rescan"]["state"] == "ok", "the loop to recover")
             assert 'data-root="unreachable"' not in _get(base, "/").text
+            # Stopped again once scanned: the replica stays ready, `degraded` with the root named (every replica
+            # shares the store, and one that went unready would take the dashboard and the reports with it).
+            with _stopped(server):
+                ready = _until(lambda: (r := _get(base, "/readyz")).json()["roots"]["demo"]["reachable"] is False
+                               and r, "readyz to say the scanned root cannot be reached")
+                said = ready.json()
+                assert ready.status_code == 200 and said["status"] == "degraded", said
+                assert "cannot be reached" in said["detail"]["demo"] and endpoint in said["detail"]["demo"], said
+                assert _get(base, "/v1/caches/demo/entries").json()["entries"], "the catalog still served"
         finally:
             stop_serve(proc)
     said = log.read_text()

@@ -16,6 +16,7 @@ from jaxcache.service.reachability import Reach
 from jaxcache.service.state import State
 from jaxcache.service.web.deps import state_of
 from jaxcache.service.web.fields import Health, LoopModel, Readiness
+from jaxcache.storage.base import ObjectStore
 
 router = APIRouter(tags=["ops"])
 
@@ -37,21 +38,26 @@ class RootModel(BaseModel):
 
 class ReadinessModel(Readiness):
     roots: dict[str, RootModel] = Field(default_factory=dict, description="each cache's root, as this process last "
-                                        "looked at it: a root that cannot be reached makes the replica unready")
+                                        "looked at it: a scanned cache whose object store cannot be reached makes the "
+                                        "status `degraded` (still 200); a directory root that cannot, or a cache never "
+                                        "scanned, makes the replica unready")
 
 
 @router.get("/readyz", response_model=ReadinessModel, operation_id="readyz",
             responses={503: {"model": ReadinessModel, "description": "not ready"}})
 def readyz(request: Request) -> Response:
-    """Ready once the catalog answers and every cache is scanned and its root answered the last look; ``loops`` never
-    makes it unready. No store is asked while answering: a look older than 10 s is taken again in the background."""
+    """Ready (200) once the catalog answers and every cache is scanned; ``degraded`` (200, ``detail`` naming it)
+    while a scanned cache's object store does not answer; a directory root gone makes it unready, ``loops``
+    never. No store is asked while answering: a look older than 10 s is taken again in the background."""
     state = state_of(request)
     detail: dict[str, str] = {}
+    unready = False
     try:
         with state.catalog.session() as s:
             s.execute(select(1))
     except Exception as exc:  # any database failure means not ready
         detail["catalog"] = f"unreachable: {exc.__class__.__name__}"
+        unready = True
     if not detail and set(state.storages) - state.scanned:
         state.follow()  # another replica may have done the first scan
     roots = {name: state.reach.fresh(name) for name in state.storages}
@@ -60,11 +66,18 @@ def readyz(request: Request) -> Response:
             f"the root cannot be reached (since {utc_text(reach.since_s)}): {reach.error}"
         if name not in state.scanned:
             detail[name] = "first scan not finished" + (f"; {away}" if away else "")
+            unready = True
         elif away:
             detail[name] = away
-    body = ReadinessModel(status="not ready" if detail else "ok", detail=detail, loops=loop_models(state),
+            # Every replica reaches an object store alike: an outage that made each unready would leave the Service
+            # with no endpoint (dashboard and jobs' reports included) while the catalog can still be served. A
+            # directory root is this replica's own mount, and one that went away is a reason to send requests
+            # elsewhere.
+            unready = unready or not isinstance(state.storages[name], ObjectStore)
+    status = "not ready" if unready else "degraded" if detail else "ok"
+    body = ReadinessModel(status=status, detail=detail, loops=loop_models(state),
                           roots={name: root_model(reach) for name, reach in roots.items()})
-    return JSONResponse(body.model_dump(), status_code=503 if detail else 200)
+    return JSONResponse(body.model_dump(), status_code=503 if unready else 200)
 
 
 def root_model(reach: Reach) -> RootModel:
