@@ -184,7 +184,8 @@ def test_store_overlays_give_the_pods_one_identity_in_their_store(rendered, name
         assert (labels.get("azure.workload.identity/use") == "true") == (scheme == "az"), labels
     if scheme == "s3":
         assert re.fullmatch(r"arn:aws:iam::[A-Z0-9_]+:role/[\w+=,.@-]+", annotations[annotation])
-        assert config.get("AWS_REGION"), "boto3 needs the bucket's region (AWS_REGION)"
+        # boto3 reads AWS_DEFAULT_REGION; AWS_REGION alone left it without one.
+        assert config.get("AWS_DEFAULT_REGION"), "boto3 needs the bucket's region (AWS_DEFAULT_REGION)"
     if scheme == "az":
         assert config.get("AZURE_STORAGE_ACCOUNT_NAME"), "az:// names no account: AZURE_STORAGE_ACCOUNT_NAME does"
 

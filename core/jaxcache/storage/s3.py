@@ -2,9 +2,9 @@
 R2, CoreWeave) that ``AWS_ENDPOINT_URL`` names.
 
 Imported only when an s3:// root is opened. Credentials, region and endpoint come the way every AWS tool takes them:
-the environment (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``), the shared config
-files, a pod's service account through IRSA (``AWS_ROLE_ARN`` and ``AWS_WEB_IDENTITY_TOKEN_FILE``), or an instance
-role.
+the environment (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``), the shared
+config files, a pod's service account through IRSA (``AWS_ROLE_ARN`` and ``AWS_WEB_IDENTITY_TOKEN_FILE``), or an
+instance role.
 """
 
 from __future__ import annotations
