@@ -90,7 +90,8 @@ class LocalTier(BaseModel):
     uploaded_s: float
     upload_failed: int = Field(description="uploads that failed (tried again at the next start)")
     upload_pending: int = Field(description="uploads not finished when the process exited")
-    dropped: int = Field(description="local copies removed at start: gone from the root, or judged bad")
+    dropped: int = Field(description="local copies removed during the run, each when JAX asked for it or at the "
+                         "daily sweep: gone from the root, replaced, or judged bad")
     evicted: int = Field(description="local copies evicted to stay under the size cap")
     upload_refused: int = Field(0, description="resumed uploads refused: the local file is not the bytes JAX put")
     healed: int = Field(0, description="entries found at start without their -atime: healed or, broken, removed")
