@@ -226,6 +226,19 @@ def moto_s3(tmp_path_factory) -> Iterator[str]:
     yield from _session_server("s3", tmp_path_factory)
 
 
+@pytest.fixture
+def s3_proxy(moto_s3):
+    """tests/store_faults.py's fault proxy in front of the session's moto; jobs given ``AWS_ENDPOINT_URL`` its
+    ``url`` go through it, and its ``log`` is their requests."""
+    from store_faults import S3Faults
+
+    faults = S3Faults(moto_s3)
+    try:
+        yield faults
+    finally:
+        faults.close()
+
+
 @pytest.fixture(scope="session")
 def s3_client(moto_s3):
     import boto3

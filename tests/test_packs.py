@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -62,15 +61,6 @@ def root(written, s3_client, request) -> str:
     return f"s3://{bucket}/{prefix}"
 
 
-@pytest.fixture
-def proxy(moto_s3) -> Iterator[S3Faults]:
-    faults = S3Faults(moto_s3)
-    try:
-        yield faults
-    finally:
-        faults.close()
-
-
 def put_pack(s3_client, root: str, data: bytes, name: str = PACK) -> None:
     bucket, _, prefix = root.removeprefix("s3://").partition("/")
     s3_client.put_object(Bucket=bucket, Key=f"{prefix}/{packs.object_name(name)}", Body=data)
@@ -95,21 +85,21 @@ def requests(log: list[tuple[str, str, int | str]]) -> Counter[str]:
     return found
 
 
-def node_job(root: str, node: Path, proxy: S3Faults, *args: str, **env: str) -> tuple[dict, str, Counter[str]]:
+def node_job(root: str, node: Path, s3_proxy: S3Faults, *args: str, **env: str) -> tuple[dict, str, Counter[str]]:
     """One job naming the pack on ``node``, through the proxy: its JSON line, its stderr, and what it asked the
     root."""
-    proxy.log.clear()
-    out, err = run_job(root, node, "train", *args, JAXCACHE_PACK=PACK, AWS_ENDPOINT_URL=proxy.url, **env)
-    return out, err, requests(proxy.log)
+    s3_proxy.log.clear()
+    out, err = run_job(root, node, "train", *args, JAXCACHE_PACK=PACK, AWS_ENDPOINT_URL=s3_proxy.url, **env)
+    return out, err, requests(s3_proxy.log)
 
 
 def tier_record(node: Path, policy: str = "unchecked") -> dict:
     return json.loads((node / policy / ".jaxcache" / "packs" / f"{PACK}.json").read_text())
 
 
-def test_a_fresh_node_loads_every_program_from_the_pack_with_one_stat_and_its_ranged_reads(root, proxy, tmp_path):
+def test_a_fresh_node_loads_every_program_from_the_pack_with_one_stat_and_its_ranged_reads(root, s3_proxy, tmp_path):
     node = tmp_path / "node"
-    out, _, asked = node_job(root, node, proxy)
+    out, _, asked = node_job(root, node, s3_proxy)
     assert out["stats"]["hits"] == len(PROGRAMS) and out["stats"]["misses"] == 0, out["stats"]
     local = out["local"]
     assert local["loaded"] == len(PROGRAMS) and local["fetched"] == 0 and local["prefetched"] == len(PROGRAMS), local
@@ -120,45 +110,45 @@ def test_a_fresh_node_loads_every_program_from_the_pack_with_one_stat_and_its_ra
     assert sorted(tier_record(node)["keys"]) == sorted(k.removesuffix("-cache") for k in entries(node / "unchecked"))
 
     # The node's next start: the stat alone.
-    again, _, asked = node_job(root, node, proxy)
+    again, _, asked = node_job(root, node, s3_proxy)
     assert again["stats"]["hits"] == len(PROGRAMS) and again["local"]["loaded"] == len(PROGRAMS), again
     assert "held already" in again["summary"], again["summary"]
     assert (asked["pack HEAD"], asked["pack GET"], asked["entry HEAD"], asked["entry GET"]) == (1, 0, 0, 0), asked
 
 
-def seed(root: str, node: Path, proxy: S3Faults, *args: str, **env: str) -> subprocess.CompletedProcess:
-    proxy.log.clear()
+def seed(root: str, node: Path, s3_proxy: S3Faults, *args: str, **env: str) -> subprocess.CompletedProcess:
+    s3_proxy.log.clear()
     return subprocess.run([sys.executable, "-m", "jaxcache", "tier", "seed", root, "--local-dir", str(node), *args],
                           capture_output=True, text=True, timeout=120,
-                          env=_node_env(node, AWS_ENDPOINT_URL=proxy.url, **env))
+                          env=_node_env(node, AWS_ENDPOINT_URL=s3_proxy.url, **env))
 
 
-def test_jaxcache_tier_seed_seeds_a_node_before_its_jobs_land(root, proxy, tmp_path):
+def test_jaxcache_tier_seed_seeds_a_node_before_its_jobs_land(root, s3_proxy, tmp_path):
     node = tmp_path / "node"
-    done = seed(root, node, proxy, "--pack", PACK, "--json")
+    done = seed(root, node, s3_proxy, "--pack", PACK, "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     said = json.loads(done.stdout)
     assert (said["outcome"], said["entries"], said["directory"]) == ("seeded", len(PROGRAMS), str(node / "unchecked"))
-    assert requests(proxy.log)["pack GET"] == 1
-    again = seed(root, node, proxy, "--pack", PACK)
+    assert requests(s3_proxy.log)["pack GET"] == 1
+    again = seed(root, node, s3_proxy, "--pack", PACK)
     assert again.returncode == 0 and "as it is now" in again.stdout and "nothing read" in again.stdout, again.stdout
-    assert requests(proxy.log) == Counter({"pack HEAD": 1}), proxy.log
-    out, _, asked = node_job(root, node, proxy)
+    assert requests(s3_proxy.log) == Counter({"pack HEAD": 1}), s3_proxy.log
+    out, _, asked = node_job(root, node, s3_proxy)
     assert out["stats"]["hits"] == len(PROGRAMS) and out["local"]["loaded"] == len(PROGRAMS), out
     assert (asked["pack HEAD"], asked["pack GET"], asked["entry HEAD"], asked["entry GET"]) == (1, 0, 0, 0), asked
 
     # Under the job's verify mode the seeder writes the directory that mode's jobs read, admitting what they would.
-    signed = seed(root, node, proxy, "--pack", PACK, "--verify", "signed", JAXCACHE_TRUSTED_KEYS=PUBLIC)
+    signed = seed(root, node, s3_proxy, "--pack", PACK, "--verify", "signed", JAXCACHE_TRUSTED_KEYS=PUBLIC)
     assert signed.returncode == 0 and "signed-" in signed.stdout, signed.stdout + signed.stderr
-    out, _, asked = node_job(root, node, proxy, **SIGNED)
+    out, _, asked = node_job(root, node, s3_proxy, **SIGNED)
     assert out["stats"]["hits"] == len(PROGRAMS) and out["skipped"] == {}, out
     assert (asked["pack GET"], asked["entry HEAD"], asked["entry GET"]) == (0, 0, 0), asked
 
-    missing = seed(root, node, proxy, "--pack", "no-such-pack")
+    missing = seed(root, node, s3_proxy, "--pack", "no-such-pack")
     assert missing.returncode == 1 and "no pack no-such-pack in" in missing.stdout, missing.stdout
-    unnamed = seed(root, node, proxy)
+    unnamed = seed(root, node, s3_proxy)
     assert unnamed.returncode == 2 and unnamed.stderr.count("\n") == 1 and "--pack NAME" in unnamed.stderr, unnamed
-    bad = seed(root, node, proxy, "--pack", "../x")
+    bad = seed(root, node, s3_proxy, "--pack", "../x")
     assert bad.returncode == 2 and "pack name '../x'" in bad.stderr, bad.stderr
 
 
@@ -192,10 +182,10 @@ def members_of(pack: bytes, tmp_path: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("attack", ["a member's bytes changed", "a member named ../x",
                                     "a member the manifest does not list", "a decompression bomb"])
-def test_a_tampered_pack_is_refused_whole_and_the_job_runs_on(root, written, proxy, tmp_path, s3_client, attack):
+def test_a_tampered_pack_is_refused_whole_and_the_job_runs_on(root, written, s3_proxy, tmp_path, s3_client, attack):
     put_pack(s3_client, root, tampered(written[1], tmp_path, attack))
     node = tmp_path / "node"
-    out, err, asked = node_job(root, node, proxy)
+    out, err, asked = node_job(root, node, s3_proxy)
     # Nothing of the pack is used: the job fetches each program from the root, whose entries are whole.
     assert out["stats"]["hits"] == len(PROGRAMS) and out["local"]["fetched"] == len(PROGRAMS), out["local"]
     assert out["local"]["prefetched"] == 0 and "refused whole" in err, err
@@ -203,11 +193,11 @@ def test_a_tampered_pack_is_refused_whole_and_the_job_runs_on(root, written, pro
     assert asked["pack GET"] == 1 and not list((node / "unchecked" / ".jaxcache" / "packs").glob(".download-*"))
     if attack == "a member's bytes changed":
         # Not read again while it is that version: the node's next start asks the stat alone of it.
-        _, err, asked = node_job(root, node, proxy)
+        _, err, asked = node_job(root, node, s3_proxy)
         assert (asked["pack HEAD"], asked["pack GET"]) == (1, 0) and "refused whole" in err, asked
 
 
-def test_a_replaced_pack_reseeds_and_its_copies_follow_the_pack_not_the_entries(root, written, proxy, tmp_path,
+def test_a_replaced_pack_reseeds_and_its_copies_follow_the_pack_not_the_entries(root, written, s3_proxy, tmp_path,
                                                                                 s3_client):
     items = members_of(written[1], tmp_path)
     manifest = json.loads(items["manifest.json"])
@@ -217,12 +207,12 @@ def test_a_replaced_pack_reseeds_and_its_copies_follow_the_pack_not_the_entries(
             **{f"{e['key']}{s}": items[f"{e['key']}{s}"] for e in first for s in ("-cache", "-sig")}}
     put_pack(s3_client, root, write_tar(tmp_path / "half.tar", list(half.items())).read_bytes())
     node = tmp_path / "node"
-    out, _, asked = node_job(root, node, proxy)
+    out, _, asked = node_job(root, node, s3_proxy)
     assert out["stats"]["hits"] == len(PROGRAMS) and out["local"]["prefetched"] == 2, out["local"]
     assert out["local"]["fetched"] == 2 and asked["entry GET"] == 2, (out["local"], asked)  # the rest, on demand
 
     put_pack(s3_client, root, written[1])  # the next release: every program
-    out, _, asked = node_job(root, node, proxy)
+    out, _, asked = node_job(root, node, s3_proxy)
     assert out["stats"]["hits"] == len(PROGRAMS) and out["local"]["loaded"] == len(PROGRAMS), out["local"]
     assert (asked["pack HEAD"], asked["pack GET"], asked["entry HEAD"], asked["entry GET"]) == (1, 1, 0, 0), asked
     assert len(tier_record(node)["keys"]) == len(PROGRAMS)
@@ -231,24 +221,24 @@ def test_a_replaced_pack_reseeds_and_its_copies_follow_the_pack_not_the_entries(
     pruned = second[0]["key"]
     bucket, prefix = root.removeprefix("s3://").split("/", 1)
     s3_client.delete_object(Bucket=bucket, Key=f"{prefix}/{pruned}-cache")
-    out, _, asked = node_job(root, node, proxy)
+    out, _, asked = node_job(root, node, s3_proxy)
     assert out["stats"]["hits"] == len(PROGRAMS) and out["local"]["dropped"] == 0, out["local"]
     assert asked["entry HEAD"] == asked["entry GET"] == 0, asked
 
     # The pack removed: its copies are checked against the root's entries as any copy, and the pruned one goes.
     s3_client.delete_object(Bucket=bucket, Key=f"{prefix}/{packs.object_name(PACK)}")
-    out, err, asked = node_job(root, node, proxy)
+    out, err, asked = node_job(root, node, s3_proxy)
     assert out["stats"]["misses"] == 1 and out["local"]["dropped"] == 1, (out["stats"], out["local"])
     assert f"no longer has {pruned}" in err and "is not in" in err, err
     assert out["local"]["loaded"] == len(PROGRAMS) - 1, out["local"]
     # Copies seeded from the pack are compared by their bytes once (a GET), copies fetched before by a stat.
     assert asked["entry GET"] + asked["entry HEAD"] >= len(PROGRAMS), asked
-    again, _, asked = node_job(root, node, proxy)
+    again, _, asked = node_job(root, node, s3_proxy)
     assert again["stats"]["hits"] == len(PROGRAMS), again["stats"]  # its own write, uploaded, is the root's now
     assert asked["entry GET"] == 0, asked  # checked once by their bytes: now copies of the root's objects
 
 
-def test_a_lookup_fetches_its_entry_itself_when_the_pack_is_not_in_by_half_its_deadline(root, proxy, tmp_path):
+def test_a_lookup_fetches_its_entry_itself_when_the_pack_is_not_in_by_half_its_deadline(root, s3_proxy, tmp_path):
     """Another process of the node holds the pack's turn (it is reading a large pack): the job's lookups wait for the
     pack half their deadline, then fetch their entry themselves, rather than compile."""
     import filelock
@@ -258,15 +248,15 @@ def test_a_lookup_fetches_its_entry_itself_when_the_pack_is_not_in_by_half_its_d
     for folder in (packs_dir, packs_dir.parent, packs_dir.parent.parent, packs_dir.parent.parent.parent):
         folder.chmod(0o700)
     with filelock.FileLock(str(packs_dir / f"{PACK}.lock")):
-        proxy.log.clear()
+        s3_proxy.log.clear()
         out, _ = run_job(root, tmp_path / "node", "train", settle=False, JAXCACHE_PACK=PACK,
-                         JAXCACHE_LOOKUP_DEADLINE_S="4", AWS_ENDPOINT_URL=proxy.url)
+                         JAXCACHE_LOOKUP_DEADLINE_S="4", AWS_ENDPOINT_URL=s3_proxy.url)
     assert out["stats"]["hits"] == len(PROGRAMS) and out["stats"]["misses"] == 0, out["stats"]
     assert out["local"]["fetched"] == len(PROGRAMS) and out["local"]["prefetched"] == 0, out["local"]
-    assert requests(proxy.log)["pack GET"] == 0  # it never got the turn
+    assert requests(s3_proxy.log)["pack GET"] == 0  # it never got the turn
 
 
-def test_a_signed_node_admits_only_the_members_a_trusted_key_signed(root, written, proxy, tmp_path, s3_client):
+def test_a_signed_node_admits_only_the_members_a_trusted_key_signed(root, written, s3_proxy, tmp_path, s3_client):
     items = members_of(written[1], tmp_path)
     manifest = json.loads(items["manifest.json"])
     unsigned = manifest["entries"][0]["key"]
@@ -275,7 +265,7 @@ def test_a_signed_node_admits_only_the_members_a_trusted_key_signed(root, writte
     items["manifest.json"] = json.dumps(manifest).encode()
     put_pack(s3_client, root, write_tar(tmp_path / "unsigned.tar", list(items.items())).read_bytes())
     node = tmp_path / "node"
-    out, _, asked = node_job(root, node, proxy, **SIGNED)
+    out, _, asked = node_job(root, node, s3_proxy, **SIGNED)
     assert out["local"]["prefetched"] == len(PROGRAMS) - 1, out["local"]
     policy = Path(out["local_dir"]).name
     assert unsigned not in tier_record(node, policy)["keys"]
@@ -289,7 +279,7 @@ def test_a_signed_node_admits_only_the_members_a_trusted_key_signed(root, writte
     data = items[f"{key}-cache"]
     items[f"{key}-sig"] = signing.encode([forger.sign(key, hashlib.sha256(data).hexdigest(), len(data))])
     put_pack(s3_client, root, write_tar(tmp_path / "forged.tar", list(items.items())).read_bytes())
-    out, err, _ = node_job(root, tmp_path / "other", proxy, **SIGNED)
+    out, err, _ = node_job(root, tmp_path / "other", s3_proxy, **SIGNED)
     assert out["local"]["prefetched"] == 0 and "refused whole" in err and "bad signature" in err, err
     assert out["stats"]["hits"] == len(PROGRAMS) and out["skipped"] == {}, out
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -20,18 +19,8 @@ from test_local_tier import PROGRAMS, entries, run_job
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def proxy(moto_s3) -> Iterator[S3Faults]:
-    """The fault proxy in front of moto; jobs given its ``env`` go through it."""
-    faults = S3Faults(moto_s3)
-    try:
-        yield faults
-    finally:
-        faults.close()
-
-
-def through(proxy: S3Faults) -> dict[str, str]:
-    return {"AWS_ENDPOINT_URL": proxy.url}
+def through(s3_proxy: S3Faults) -> dict[str, str]:
+    return {"AWS_ENDPOINT_URL": s3_proxy.url}
 
 
 def kinds(log: list[tuple[str, str, int | str]]) -> Counter[str]:
@@ -61,21 +50,21 @@ def add_unrelated(s3_client, bucket: str, first: int, count: int) -> None:
         list(pool.map(put, range(first, first + count)))
 
 
-def test_a_warm_start_asks_the_root_the_same_whatever_its_size(tmp_path, proxy, s3_client, s3_bucket):
+def test_a_warm_start_asks_the_root_the_same_whatever_its_size(tmp_path, s3_proxy, s3_client, s3_bucket):
     root = f"s3://{s3_bucket}/jc"
     node = tmp_path / "node"
-    first, _ = run_job(root, node, "train", **through(proxy))  # its tier keeps what it wrote and uploaded
+    first, _ = run_job(root, node, "train", **through(s3_proxy))  # its tier keeps what it wrote and uploaded
     assert first["local"]["uploaded"] == len(PROGRAMS), first["local"]
     counted = []
     # More objects than one request lists whole (so each copy is checked on its own), then more than one page of
     # S3's listing (1,000 objects): the old start listed every page.
     for first_new, added in ((0, 550), (550, 550)):
         add_unrelated(s3_client, s3_bucket, first_new, added)
-        proxy.log.clear()
-        warm, _ = run_job(root, node, "train", **through(proxy))
+        s3_proxy.log.clear()
+        warm, _ = run_job(root, node, "train", **through(s3_proxy))
         assert warm["stats"]["hits"] == len(PROGRAMS) and warm["local"]["loaded"] == len(PROGRAMS), warm
         assert warm["local"]["dropped"] == 0 and warm["local"]["fetched"] == 0, warm["local"]
-        counted.append(kinds(proxy.log))
+        counted.append(kinds(s3_proxy.log))
     small, large = counted
     assert small == large, counted
     assert small["list"] == 1, counted  # one page, which says the root is not small
@@ -86,10 +75,10 @@ def test_a_warm_start_asks_the_root_the_same_whatever_its_size(tmp_path, proxy, 
     assert small["put"] == 2 and small["get"] == 0, counted
 
 
-def test_copies_no_job_asks_for_leave_the_disk_checked_at_most_once_a_day(tmp_path, proxy, s3_client, s3_bucket):
+def test_copies_no_job_asks_for_leave_the_disk_checked_at_most_once_a_day(tmp_path, s3_proxy, s3_client, s3_bucket):
     root = f"s3://{s3_bucket}/jc"
     node = tmp_path / "node"
-    run_job(root, node, "train", **through(proxy))
+    run_job(root, node, "train", **through(s3_proxy))
     add_unrelated(s3_client, s3_bucket, 0, 550)  # not small: no listing checks the copies at once
     local = node / "unchecked"
     copies = {name.split("-")[0]: name for name in entries(local)}
@@ -99,17 +88,17 @@ def test_copies_no_job_asks_for_leave_the_disk_checked_at_most_once_a_day(tmp_pa
         old = time.time() - 2 * 86400
         os.utime(local / ".jaxcache" / "origin" / copies[program].removesuffix("-cache"), (old, old))
 
-    proxy.log.clear()
+    s3_proxy.log.clear()
     # The job uses affine alone, and fetches nothing ahead: only the background pass looks at the others.
-    out, err = run_job(root, node, "train", "--programs", "affine", JAXCACHE_PREFETCH="0", **through(proxy))
+    out, err = run_job(root, node, "train", "--programs", "affine", JAXCACHE_PREFETCH="0", **through(s3_proxy))
     assert out["stats"]["hits"] == 1 and out["local"]["loaded"] == 1, out
     assert out["local"]["dropped"] == 1 and "no longer has" in err, (out["local"], err)
     assert set(entries(local)) == set(copies.values()) - {copies["jit_gram"]}
     assert not (local / ".jaxcache" / "origin" / copies["jit_gram"].removesuffix("-cache")).exists()
-    requests = kinds(proxy.log)
+    requests = kinds(s3_proxy.log)
     # affine (JAX asked for it) and the two not checked within a day; grad, checked today, is not asked about.
     assert requests["head"] == 3 and requests["list"] == 1, requests
-    heads = {name for method, path, _ in proxy.log
+    heads = {name for method, path, _ in s3_proxy.log
              if method == "HEAD" and (name := unquote(urlsplit(path).path).rsplit("/", 1)[1]).endswith("-cache")}
     assert heads == {copies[p] for p in ("jit_affine", "jit_gram", "jit_wave")}, heads
     wave_checked = (local / ".jaxcache" / "origin" / copies["jit_wave"].removesuffix("-cache")).stat().st_mtime

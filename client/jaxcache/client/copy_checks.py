@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import filelock
 
@@ -33,6 +33,8 @@ from jaxcache.errors import NotRegularFileError, UnreachableError
 from jaxcache.storage import LocalStorage, Storage
 from jaxcache.storage.base import Stat
 from jaxcache.storage.small_listing import small_listing
+
+T = TypeVar("T")
 
 Verdict = Literal["load", "dropped", "absent", "unanswered"]
 LOAD: Final = "load"  # the root's current object: loads
@@ -160,28 +162,30 @@ class CopyChecks:
             return self._drop(key, "origin")
         if origin.cache is None:
             return self._check_bytes(key, origin, until)
-        try:
-            cache, sig = calls.ask(lambda root: self._look(root, key), what=f"a check of {key}", until=until)
-        except UnreachableError:
+        looked = self._ask(key, lambda root: self._look(root, key), until)
+        if looked is None:
             return UNANSWERED
-        except Exception as exc:  # noqa: BLE001 - never loaded unchecked: compiled
-            tier.warn_once("stat", "jaxcache: could not ask the shared root for %s (%s); JAX compiles it rather than"
-                           " load a copy it could not check", key, exc)
-            return UNANSWERED
+        cache, sig = looked
         return self._judge(key, origin, cache, sig, until)
+
+    def _ask(self, key: str, call: Callable[[Storage], T], until: float | None) -> T | None:
+        """The root's answer for ``key``'s copy, or None where it gave none in time or failed (said once): the
+        copy is then never loaded unchecked, and JAX compiles."""
+        try:
+            return self._tier.calls.ask(call, what=f"a check of {key}", until=until)
+        except UnreachableError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - never loaded unchecked: compiled
+            self._tier.warn_once("stat", "jaxcache: could not ask the shared root for %s (%s); JAX compiles it"
+                                 " rather than load a copy it could not check", key, exc)
+            return None
 
     def _check_bytes(self, key: str, origin: Origin, until: float | None) -> Verdict:
         """A pack's copy that no pack vouches for (the job names none, or its pack was replaced or removed): checked
         against the root's entry by its bytes (one read), since nothing else of the root's object was seen when the
         copy was seeded; the same bytes make it a copy of that object from then on, checked as any other."""
-        tier = self._tier
-        try:
-            found = tier.calls.ask(lambda root: self._read(root, key), what=f"a check of {key}", until=until)
-        except UnreachableError:
-            return UNANSWERED
-        except Exception as exc:  # noqa: BLE001 - never loaded unchecked: compiled
-            tier.warn_once("stat", "jaxcache: could not ask the shared root for %s (%s); JAX compiles it rather than"
-                           " load a copy it could not check", key, exc)
+        found = self._ask(key, lambda root: self._read(root, key), until)
+        if found is None:
             return UNANSWERED
         cache, digest, sig = found
         if cache is None:
@@ -189,7 +193,7 @@ class CopyChecks:
         if digest != origin.sha256:
             return self._drop(key, "replaced")
         origin = Origin(cache, origin.sig, origin.sha256, origin.pack)
-        tier.origins.write(key, origin)
+        self._tier.origins.write(key, origin)
         return self._judge(key, origin, cache, sig, until)
 
     def _read(self, root: Storage, key: str) -> tuple[Stat | None, str | None, Stat | None]:
