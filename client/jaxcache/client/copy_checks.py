@@ -16,6 +16,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -48,6 +49,10 @@ CHECK_EVERY_S = 86400.0
 SWEEP_WORKERS = 2
 TEMP_PREFIXES = (".jaxcache-tmp-", ".jaxcache-probe-")  # LocalStorage.write_atomic's, and tier_dir.open_dir's
 TEMP_AGE_S = 3600.0
+#: In the tier's directory: a file whose modification time is when a start's listing last found the root over one
+#: request's worth. For :data:`CHECK_EVERY_S` after it, starts skip that listing (it would only say the same, on the
+#: first lookup's path) and each copy is checked when JAX asks for it.
+OVER_A_PAGE = os.path.join(".jaxcache", "root-over-a-page")
 
 
 class PackVouch(Protocol):
@@ -96,14 +101,40 @@ class CopyChecks:
         # The copies here at start, which the start's listing and the sweep check: what this process wrote or
         # admitted since is the root's object, or JAX's own write the root kept another's for (dropped next start).
         self.copies: frozenset[str] = frozenset()
+        self._listing = False  # whether this start lists the root (copies here, the root not known to be large)
 
     def note_copies(self) -> None:
         """Take the copies here now as the ones the start's work is about (before JAX reads or writes here); where
-        there are some, checks wait for :meth:`list_small` (within their deadline) from now on."""
+        there are some and the root may be small, checks wait for :meth:`list_small` (within their deadline) from
+        now on."""
         self.copies = frozenset(n.removesuffix("-cache") for n in os.listdir(self._tier.directory)
                                 if n.endswith("-cache"))
-        if self.copies:
+        self._listing = bool(self.copies) and not self._known_large()
+        if self._listing:
             self.listed.clear()
+
+    def _known_large(self) -> bool:
+        try:
+            found = os.stat(os.path.join(self._tier.directory, OVER_A_PAGE), follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISREG(found.st_mode) and 0 <= time.time() - found.st_mtime < CHECK_EVERY_S
+
+    def _note_large(self, large: bool) -> None:
+        """Remember (or forget) that the root is over one listing request's worth, for the next starts."""
+        path = os.path.join(self._tier.directory, OVER_A_PAGE)
+        if not large:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            return
+        try:  # never through a link, never waiting on a FIFO planted there: then the next start lists again
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        except OSError:
+            return
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
 
     def vouch(self, key: str) -> None:
         """``key``'s copy is the root's current object: admitted from it or uploaded to it by this process."""
@@ -275,7 +306,7 @@ class CopyChecks:
         tier = self._tier
         waiting = set(pending())
         local = sorted(k for k in self.copies if k not in waiting)
-        if not local:
+        if not local or not self._listing:
             return []
         try:
             listed = tier.calls.ask(lambda root: small_listing(root, ("-cache", signing.SIG_SUFFIX)),
@@ -286,6 +317,7 @@ class CopyChecks:
             tier.warn_once("list", "jaxcache: could not list the shared root to check the copies in %s (%s); each"
                            " copy is checked when JAX asks for it", tier.directory, exc)
             return []
+        self._note_large(listed is None)
         if listed is None:
             return []  # more than one request's worth: each copy is checked on its own
         stats = {name: (size, mtime, version) for name, size, mtime, version in listed}
